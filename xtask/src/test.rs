@@ -1,0 +1,358 @@
+//! `cargo xtask test`: everything CI runs, in order, installing what it needs.
+//!
+//! Suites: fmt, clippy, test (cargo test --workspace), build (release gregor), then the interop
+//! suites (python, java) against a `gregor` this command starts on a free port (or, with
+//! `--against-kafka`, against the reference Apache Kafka broker, to check the suites
+//! themselves). Every suite runs even if an earlier one failed, except that the interop suites
+//! need the release build. The last line is `N passed, N failed` (suites).
+
+use crate::kafka;
+use crate::proc::{self, repo_root, ChildGuard};
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub enum Suite {
+    /// cargo fmt --all -- --check
+    Fmt,
+    /// cargo clippy --workspace --all-targets -- -D warnings
+    Clippy,
+    /// cargo test --workspace
+    Test,
+    /// cargo build --release -p gregor
+    Build,
+    /// Both interop suites (and the release build they need).
+    Interop,
+    /// interop/python (pytest with confluent-kafka and kafka-python)
+    Python,
+    /// interop/java (Kafka's own command-line tools)
+    Java,
+}
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Run only these suites (repeat or comma-separate). `interop` means python and java.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Suite>,
+    /// Skip the interop suites (and the release build they need).
+    #[arg(long)]
+    skip_interop: bool,
+    /// Run the interop suites against the reference Apache Kafka broker instead of gregor
+    /// (checks the suites themselves; no release build).
+    #[arg(long)]
+    against_kafka: bool,
+}
+
+struct Outcome {
+    name: &'static str,
+    result: Result<()>,
+    seconds: f64,
+}
+
+pub fn run(args: &TestArgs) -> Result<i32> {
+    let root = repo_root();
+    let selected = |s: Suite| -> bool {
+        let interop = matches!(s, Suite::Python | Suite::Java);
+        if interop && args.skip_interop {
+            return false;
+        }
+        if args.only.is_empty() {
+            return true;
+        }
+        args.only.contains(&s)
+            || (interop && args.only.contains(&Suite::Interop))
+            || (s == Suite::Build && args.only.contains(&Suite::Interop) && !args.against_kafka)
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let mut skipped = 0usize;
+
+    let cargo_suites: [(Suite, &'static str, &[&str]); 4] = [
+        (Suite::Fmt, "fmt", &["fmt", "--all", "--", "--check"]),
+        (
+            Suite::Clippy,
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        (Suite::Test, "test", &["test", "--workspace"]),
+        (
+            Suite::Build,
+            "build",
+            &["build", "--release", "-p", "gregor"],
+        ),
+    ];
+    for (suite, name, cargo_args) in cargo_suites {
+        if suite == Suite::Build && args.against_kafka && args.only.is_empty() {
+            skipped += 1;
+            continue;
+        }
+        if !selected(suite) {
+            skipped += 1;
+            continue;
+        }
+        banner(name);
+        let start = Instant::now();
+        let result = proc::run_checked(Command::new(&cargo).args(cargo_args).current_dir(&root));
+        outcomes.push(Outcome {
+            name,
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+
+    let interop: Vec<(Suite, &'static str)> = [
+        (Suite::Python, "interop-python"),
+        (Suite::Java, "interop-java"),
+    ]
+    .into_iter()
+    .filter(|(s, _)| {
+        let keep = selected(*s);
+        if !keep {
+            skipped += 1;
+        }
+        keep
+    })
+    .collect();
+    if !interop.is_empty() {
+        let build_failed = outcomes
+            .iter()
+            .any(|o| o.name == "build" && o.result.is_err());
+        let target = if build_failed {
+            Err(anyhow::anyhow!("the release build failed"))
+        } else {
+            Target::start(&root, args.against_kafka)
+        };
+        match target {
+            Err(e) => {
+                let msg = format!("{e:#}");
+                for (_, name) in interop {
+                    outcomes.push(Outcome {
+                        name,
+                        result: Err(anyhow::anyhow!("no server to test against: {msg}")),
+                        seconds: 0.0,
+                    });
+                }
+            }
+            Ok(mut target) => {
+                for (suite, name) in interop {
+                    banner(name);
+                    let start = Instant::now();
+                    let result = match suite {
+                        Suite::Python => python_suite(&root, &target),
+                        _ => java_suite(&root, &target),
+                    }
+                    .and_then(|()| target.check_alive());
+                    outcomes.push(Outcome {
+                        name,
+                        result,
+                        seconds: start.elapsed().as_secs_f64(),
+                    });
+                }
+                target.stop();
+            }
+        }
+    }
+
+    println!();
+    println!("==== summary ====");
+    for o in &outcomes {
+        match &o.result {
+            Ok(()) => println!("PASS  {:<16} {:>7.1}s", o.name, o.seconds),
+            Err(e) => println!("FAIL  {:<16} {:>7.1}s  {e:#}", o.name, o.seconds),
+        }
+    }
+    let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
+    let passed = outcomes.len() - failed;
+    if skipped > 0 {
+        println!("{passed} passed, {failed} failed, {skipped} skipped");
+    } else {
+        println!("{passed} passed, {failed} failed");
+    }
+    Ok(i32::from(failed > 0 || outcomes.is_empty()))
+}
+
+fn banner(name: &str) {
+    println!("\n==== {name} ====");
+}
+
+/// The server the interop suites talk to, stopped when dropped.
+struct Target {
+    name: &'static str,
+    bootstrap: String,
+    log_dir: PathBuf,
+    log_file: PathBuf,
+    guard: ChildGuard,
+}
+
+impl Target {
+    fn start(root: &Path, against_kafka: bool) -> Result<Self> {
+        let ports = proc::free_ports(2)?;
+        let work = root.join("target").join("interop");
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        if against_kafka {
+            kafka::fetch()?;
+            let instance = kafka::Instance::new(&kafka::StartArgs {
+                port: ports[0],
+                controller_port: Some(ports[1]),
+                data_dir: Some(work.join(format!("kafka-data-{}", ports[0]))),
+            })?;
+            let mut guard = ChildGuard::new("kafka", instance.spawn()?);
+            instance.wait_ready(|| guard.check_alive())?;
+            Ok(Self {
+                name: "kafka",
+                bootstrap: instance.bootstrap(),
+                log_dir: instance.data_dir.clone(),
+                log_file: instance.server_log(),
+                guard,
+            })
+        } else {
+            let binary = root.join("target").join("release").join("gregor");
+            if !binary.exists() {
+                bail!(
+                    "{} is missing: run `cargo build --release -p gregor`",
+                    binary.display()
+                );
+            }
+            let log_dir = work.join(format!("gregor-data-{}", ports[0]));
+            if log_dir.exists() {
+                std::fs::remove_dir_all(&log_dir)?;
+            }
+            std::fs::create_dir_all(&log_dir)?;
+            let log_file = work.join(format!("gregor-{}.log", ports[0]));
+            let log = std::fs::File::create(&log_file)?;
+            let bootstrap = format!("127.0.0.1:{}", ports[0]);
+            let mut cmd = Command::new(&binary);
+            cmd.arg("serve")
+                .arg("--set")
+                .arg(format!("listeners=PLAINTEXT://{bootstrap}"))
+                .arg("--set")
+                .arg(format!("log.dirs={}", log_dir.display()))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            eprintln!(
+                "$ {} (log: {})",
+                proc::display_command(&cmd),
+                log_file.display()
+            );
+            let mut guard = ChildGuard::new("gregor", cmd.spawn().context("starting gregor")?);
+            proc::wait_for_broker(bootstrap.parse()?, 60_000, || guard.check_alive())
+                .with_context(|| {
+                    format!(
+                        "gregor did not come up; last lines of {}:\n{}",
+                        log_file.display(),
+                        proc::tail(&log_file, 30)
+                    )
+                })?;
+            Ok(Self {
+                name: "gregor",
+                bootstrap,
+                log_dir,
+                log_file,
+                guard,
+            })
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.guard.check_alive().with_context(|| {
+            format!(
+                "{} died during the suite; last lines of {}:\n{}",
+                self.name,
+                self.log_file.display(),
+                proc::tail(&self.log_file, 30)
+            )
+        })
+    }
+
+    fn stop(mut self) {
+        eprintln!("Stopping {} (pid {})", self.name, self.guard.id());
+        if let Err(e) = self.guard.stop() {
+            eprintln!("warning: stopping {}: {e:#}", self.name);
+        }
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("GREGOR_BOOTSTRAP", &self.bootstrap)
+            .env("GREGOR_LOG_DIR", &self.log_dir)
+            .env("GREGOR_SERVER", self.name);
+    }
+}
+
+/// Creates `interop/python/.venv` and installs requirements.txt into it when it changed.
+fn python_venv(root: &Path) -> Result<PathBuf> {
+    let dir = root.join("interop").join("python");
+    let venv = dir.join(".venv");
+    let python = venv.join("bin").join("python");
+    let requirements = std::fs::read_to_string(dir.join("requirements.txt"))
+        .context("reading interop/python/requirements.txt")?;
+    let stamp = venv.join(".installed-requirements.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(requirements.as_str())
+        && python.exists()
+    {
+        return Ok(python);
+    }
+    if !python.exists() {
+        let system_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        proc::run_checked(
+            Command::new(&system_python)
+                .arg("-m")
+                .arg("venv")
+                .arg(&venv),
+        )
+        .context("creating the Python venv (on Debian, python3-venv provides `venv`)")?;
+    }
+    proc::run_checked(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "-r",
+            ])
+            .arg(dir.join("requirements.txt")),
+    )
+    .context("installing interop/python/requirements.txt")?;
+    std::fs::write(&stamp, requirements)?;
+    Ok(python)
+}
+
+fn python_suite(root: &Path, target: &Target) -> Result<()> {
+    let python = python_venv(root)?;
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
+        .arg(root.join("interop").join("python"))
+        .current_dir(root);
+    target.env(&mut cmd);
+    let status = proc::run_status(&mut cmd)?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(5) => bail!("pytest collected no tests"),
+        _ => bail!("pytest failed: {status}"),
+    }
+}
+
+fn java_suite(root: &Path, target: &Target) -> Result<()> {
+    kafka::fetch()?;
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("interop").join("java").join("run.sh"))
+        .current_dir(root);
+    // The script runs Kafka's tools through this same binary, without a cargo round trip.
+    if let Ok(exe) = std::env::current_exe() {
+        cmd.env("XTASK", exe);
+    }
+    target.env(&mut cmd);
+    proc::run_checked(&mut cmd)
+}
