@@ -1,1 +1,21 @@
-//! placeholder
+//! gregor-log: Kafka's partition log with Kafka's on-disk layout.
+//!
+//! This crate owns everything under `log.dirs`: segments (`<base offset>.log` with their
+//! `.index` and `.timeindex`), the partition log that appends, reads, rolls and recovers them
+//! ([`PartitionLog`], Kafka's `UnifiedLog`), idempotent-producer state and its snapshots
+//! (`ProducerStateManager`), the leader epoch cache (`leader-epoch-checkpoint`), and the
+//! [`LogManager`] that loads every partition of every log directory, applies the flush policy
+//! and writes the clean-shutdown marker. It stores record batches exactly as produced (after
+//! patching base offset, partition leader epoch and LogAppendTime), so `kafka-dump-log` reads its
+//! segments. It never touches the network and knows nothing of requests, replicas or the
+//! high watermark beyond the bounds callers pass in.
+
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod index;
+mod segment;
+
+pub use config::{LogConfig, TimestampType, TopicPartition};
+pub use error::{LogError, Result};

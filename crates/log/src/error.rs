@@ -1,0 +1,187 @@
+//! The crate's error type and its mapping to Kafka error codes.
+
+use std::io;
+use std::path::Path;
+
+use gregor_protocol::batch::BatchError;
+use thiserror::Error;
+
+/// Everything that can go wrong in a partition log. [`LogError::kafka_error_code`] maps each
+/// variant to the error code Apache Kafka returns for the same condition.
+#[derive(Debug, Error)]
+pub enum LogError {
+    /// A file operation failed; `context` names the operation and the file. Maps to
+    /// KAFKA_STORAGE_ERROR (56).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the file ("writing /data/t-0/000…0.log").
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A produced batch failed validation. CRC, size and structure problems map to
+    /// CORRUPT_MESSAGE (2); rule violations and a magic other than 2 to INVALID_RECORD (87).
+    #[error("invalid record batch: {0}")]
+    Batch(#[from] BatchError),
+    /// A batch is larger than `max.message.bytes`: MESSAGE_TOO_LARGE (10).
+    #[error("record batch of {size_bytes} bytes exceeds max.message.bytes {max_bytes}")]
+    MessageTooLarge {
+        /// Size of the offending batch in bytes.
+        size_bytes: usize,
+        /// The configured limit in bytes.
+        max_bytes: usize,
+    },
+    /// The records of one append are larger than `segment.bytes`: RECORD_LIST_TOO_LARGE (18).
+    #[error("records of {size_bytes} bytes exceed segment.bytes {segment_bytes}")]
+    RecordListTooLarge {
+        /// Size of the append in bytes.
+        size_bytes: usize,
+        /// The configured segment size in bytes.
+        segment_bytes: u64,
+    },
+    /// A read asked for an offset outside `[log_start_offset, log_end_offset]`:
+    /// OFFSET_OUT_OF_RANGE (1).
+    #[error("offset {offset} is out of range [{log_start_offset}, {log_end_offset}]")]
+    OffsetOutOfRange {
+        /// The requested offset.
+        offset: i64,
+        /// First offset in the log.
+        log_start_offset: i64,
+        /// Offset the next appended record will get.
+        log_end_offset: i64,
+    },
+    /// An idempotent producer skipped or repeated sequence numbers: OUT_OF_ORDER_SEQUENCE_NUMBER
+    /// (45).
+    #[error(
+        "out of order sequence number for producer {producer_id} (epoch {producer_epoch}): \
+         got {first_sequence}, expected {expected_sequence}"
+    )]
+    OutOfOrderSequence {
+        /// The producer id.
+        producer_id: i64,
+        /// The producer epoch of the batch.
+        producer_epoch: i16,
+        /// `baseSequence` of the rejected batch.
+        first_sequence: i32,
+        /// The sequence the log expected (last sequence + 1, or 0 for a new epoch/producer).
+        expected_sequence: i32,
+    },
+    /// A batch carries an older producer epoch than the log has seen: INVALID_PRODUCER_EPOCH
+    /// (47).
+    #[error("producer {producer_id}: epoch {producer_epoch} is older than the current epoch {current_epoch}")]
+    InvalidProducerEpoch {
+        /// The producer id.
+        producer_id: i64,
+        /// Epoch in the rejected batch.
+        producer_epoch: i16,
+        /// Latest epoch the log has seen for this producer.
+        current_epoch: i16,
+    },
+    /// A batch breaks one of Kafka's record rules (control batch from a client, producer id
+    /// without a sequence, empty request, trailing bytes, ...): INVALID_RECORD (87).
+    #[error("invalid record: {0}")]
+    InvalidRecord(String),
+    /// A timestamp outside `message.timestamp.before.max.ms` / `after.max.ms`:
+    /// INVALID_TIMESTAMP (32).
+    #[error("invalid timestamp {timestamp_ms} (append time {now_ms}): {reason}")]
+    InvalidTimestamp {
+        /// The offending record timestamp (ms since the epoch).
+        timestamp_ms: i64,
+        /// The broker's clock at append (ms since the epoch).
+        now_ms: i64,
+        /// Which limit was broken.
+        reason: &'static str,
+    },
+    /// A file on disk is unreadable in a way recovery cannot repair (e.g. a bad checkpoint
+    /// file): KAFKA_STORAGE_ERROR (56).
+    #[error("corrupt file {path}: {reason}")]
+    CorruptFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `partition.metadata` names another topic id than the one requested: INCONSISTENT_TOPIC_ID
+    /// (103).
+    #[error("partition {partition} has topic id {on_disk} on disk, but {requested} was requested")]
+    InconsistentTopicId {
+        /// The partition directory name.
+        partition: String,
+        /// Topic id in `partition.metadata` (base64url).
+        on_disk: String,
+        /// The requested topic id (base64url).
+        requested: String,
+    },
+    /// The log was closed or its directory deleted: NOT_LEADER_OR_FOLLOWER (6), as Kafka
+    /// answers for a partition that is going away.
+    #[error("log {0} is closed")]
+    Closed(String),
+    /// The log directory is already locked by another process (Kafka's `.lock`):
+    /// KAFKA_STORAGE_ERROR (56).
+    #[error("log directory {0} is in use by another process")]
+    DirLocked(String),
+}
+
+impl LogError {
+    /// Builds an [`LogError::Io`] whose context names `what` and `path`.
+    pub fn io(what: &str, path: &Path, source: io::Error) -> Self {
+        LogError::Io {
+            context: format!("{what} {}", path.display()),
+            source,
+        }
+    }
+
+    /// The Kafka error code for this error (see the variant docs).
+    pub fn kafka_error_code(&self) -> i16 {
+        match self {
+            LogError::Io { .. } | LogError::CorruptFile { .. } | LogError::DirLocked(_) => 56,
+            LogError::Batch(e) => match e {
+                BatchError::Truncated { .. }
+                | BatchError::Corrupt(_)
+                | BatchError::CrcMismatch { .. } => 2,
+                BatchError::UnsupportedMagic(_) | BatchError::Invalid(_) => 87,
+            },
+            LogError::MessageTooLarge { .. } => 10,
+            LogError::RecordListTooLarge { .. } => 18,
+            LogError::OffsetOutOfRange { .. } => 1,
+            LogError::OutOfOrderSequence { .. } => 45,
+            LogError::InvalidProducerEpoch { .. } => 47,
+            LogError::InvalidRecord(_) => 87,
+            LogError::InvalidTimestamp { .. } => 32,
+            LogError::InconsistentTopicId { .. } => 103,
+            LogError::Closed(_) => 6,
+        }
+    }
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = LogError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_kafka() {
+        assert_eq!(LogError::Batch(BatchError::Corrupt("x".into())).kafka_error_code(), 2);
+        assert_eq!(
+            LogError::Batch(BatchError::CrcMismatch { stored: 1, computed: 2 }).kafka_error_code(),
+            2
+        );
+        assert_eq!(LogError::Batch(BatchError::Invalid("x".into())).kafka_error_code(), 87);
+        assert_eq!(
+            LogError::MessageTooLarge { size_bytes: 2, max_bytes: 1 }.kafka_error_code(),
+            10
+        );
+        assert_eq!(
+            LogError::OffsetOutOfRange { offset: 5, log_start_offset: 0, log_end_offset: 1 }
+                .kafka_error_code(),
+            1
+        );
+        assert_eq!(
+            LogError::io("x", Path::new("/y"), io::Error::other("z")).kafka_error_code(),
+            56
+        );
+    }
+}

@@ -1,0 +1,579 @@
+//! One log segment (Kafka's `LogSegment`): `<base>.log` holding whole v2 batches and nothing
+//! else, plus its `.index` and `.timeindex`.
+//!
+//! The appender (holding the partition's append lock) writes batches at the published size and
+//! then publishes the new size with release ordering; readers load the size with acquire
+//! ordering and never look past it, so they need no lock.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gregor_protocol::batch::{validate_batch, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+use parking_lot::Mutex;
+
+use crate::error::{LogError, Result};
+use crate::index::{OffsetEntry, OffsetIndex, TimeEntry, TimeIndex};
+
+/// Chunk size for header walks on the read path (a walk starts at an index entry, so it spans
+/// about `index.interval.bytes` plus one batch).
+pub(crate) const WALK_CHUNK_BYTES: usize = 16 * 1024;
+/// Chunk size for whole-segment scans (recovery, index rebuild, producer-state replay).
+pub(crate) const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// `<20-digit zero-padded offset>.<ext>`, Kafka's file naming.
+pub(crate) fn file_name(offset: i64, ext: &str) -> String {
+    format!("{offset:020}.{ext}")
+}
+
+/// Total size in bytes of the batch `h` heads, or `None` if its length field is impossible.
+pub(crate) fn checked_total_size(h: &BatchHeader) -> Option<usize> {
+    if h.batch_length < (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 {
+        None
+    } else {
+        Some(h.batch_length as usize + LOG_OVERHEAD)
+    }
+}
+
+/// A timestamp and the offset it belongs to (`TimestampOffset` in Kafka).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TimestampOffset {
+    pub timestamp_ms: i64,
+    pub offset: i64,
+}
+
+/// What a full scan of a segment found.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RecoverResult {
+    /// Valid batches.
+    pub batches: u64,
+    /// Bytes cut from the end of the file.
+    pub truncated_bytes: u64,
+    /// Offset after the last valid batch, `None` if the segment holds none.
+    pub next_offset: Option<i64>,
+}
+
+/// Reads a file through a reusable buffer.
+pub(crate) struct ChunkReader<'a> {
+    file: &'a File,
+    path: &'a Path,
+    end: u64,
+    chunk_bytes: usize,
+    buf: Vec<u8>,
+    buf_start: u64,
+}
+
+impl<'a> ChunkReader<'a> {
+    pub(crate) fn new(file: &'a File, path: &'a Path, end: u64, chunk_bytes: usize) -> Self {
+        Self {
+            file,
+            path,
+            end,
+            chunk_bytes,
+            buf: Vec::new(),
+            buf_start: 0,
+        }
+    }
+
+    /// `len` bytes at `pos`, or `None` if they extend past the end.
+    pub(crate) fn get(&mut self, pos: u64, len: usize) -> Result<Option<&[u8]>> {
+        let Some(stop) = pos.checked_add(len as u64) else {
+            return Ok(None);
+        };
+        if stop > self.end {
+            return Ok(None);
+        }
+        let buffered = pos >= self.buf_start && stop <= self.buf_start + self.buf.len() as u64;
+        if !buffered {
+            let want = (len.max(self.chunk_bytes) as u64).min(self.end - pos) as usize;
+            self.buf.resize(want, 0);
+            self.file
+                .read_exact_at(&mut self.buf, pos)
+                .map_err(|e| LogError::io("reading", self.path, e))?;
+            self.buf_start = pos;
+        }
+        let at = (pos - self.buf_start) as usize;
+        Ok(Some(&self.buf[at..at + len]))
+    }
+}
+
+/// One segment of a partition log.
+pub(crate) struct LogSegment {
+    base_offset: i64,
+    log_path: PathBuf,
+    log: File,
+    size_bytes: AtomicU64,
+    pub(crate) offset_index: OffsetIndex,
+    pub(crate) time_index: TimeIndex,
+    /// Largest batch max timestamp so far and the last offset of the batch holding it.
+    max_timestamp: Mutex<TimestampOffset>,
+    bytes_since_last_index_entry: AtomicU64,
+    /// Max timestamp of the first batch: segment.ms counts from it (Kafka's
+    /// `rollingBasedTimestamp`).
+    rolling_based_timestamp: Mutex<Option<i64>>,
+    /// Wall-clock ms when this segment was created or loaded.
+    created_ms: i64,
+}
+
+const NO_TIMESTAMP: TimestampOffset = TimestampOffset {
+    timestamp_ms: -1,
+    offset: -1,
+};
+
+impl LogSegment {
+    fn open_log(path: &Path, create_new: bool) -> Result<File> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if create_new {
+            opts.create(true).truncate(true);
+        }
+        opts.open(path)
+            .map_err(|e| LogError::io("opening segment", path, e))
+    }
+
+    /// Creates an empty segment in `dir` (truncating leftovers with the same base offset).
+    pub(crate) fn create(
+        dir: &Path,
+        base_offset: i64,
+        segment_index_bytes: u64,
+        now_ms: i64,
+    ) -> Result<Self> {
+        let log_path = dir.join(file_name(base_offset, "log"));
+        let log = Self::open_log(&log_path, true)?;
+        let offset_index =
+            OffsetIndex::create(&dir.join(file_name(base_offset, "index")), segment_index_bytes)?;
+        let time_index = TimeIndex::create(
+            &dir.join(file_name(base_offset, "timeindex")),
+            segment_index_bytes,
+        )?;
+        Ok(Self {
+            base_offset,
+            log_path,
+            log,
+            size_bytes: AtomicU64::new(0),
+            offset_index,
+            time_index,
+            max_timestamp: Mutex::new(NO_TIMESTAMP),
+            bytes_since_last_index_entry: AtomicU64::new(0),
+            rolling_based_timestamp: Mutex::new(None),
+            created_ms: now_ms,
+        })
+    }
+
+    /// Opens an existing segment. Returns it and whether its indexes looked sane; when not, the
+    /// caller must [`LogSegment::recover`] it.
+    pub(crate) fn open(
+        dir: &Path,
+        base_offset: i64,
+        segment_index_bytes: u64,
+        now_ms: i64,
+    ) -> Result<(Self, bool)> {
+        let log_path = dir.join(file_name(base_offset, "log"));
+        let log = Self::open_log(&log_path, false)?;
+        let size = log
+            .metadata()
+            .map_err(|e| LogError::io("reading metadata of", &log_path, e))?
+            .len();
+        let (offset_index, offsets_sane) = OffsetIndex::open(
+            &dir.join(file_name(base_offset, "index")),
+            segment_index_bytes,
+            |e| u64::from(e.position) < size,
+        )?;
+        let (time_index, times_sane) = TimeIndex::open(
+            &dir.join(file_name(base_offset, "timeindex")),
+            segment_index_bytes,
+            |e| e.timestamp_ms >= 0,
+        )?;
+        let max_timestamp = match time_index.last() {
+            Some(e) => TimestampOffset {
+                timestamp_ms: e.timestamp_ms,
+                offset: base_offset + i64::from(e.relative_offset),
+            },
+            None => NO_TIMESTAMP,
+        };
+        let seg = Self {
+            base_offset,
+            log_path,
+            log,
+            size_bytes: AtomicU64::new(size),
+            offset_index,
+            time_index,
+            max_timestamp: Mutex::new(max_timestamp),
+            bytes_since_last_index_entry: AtomicU64::new(0),
+            rolling_based_timestamp: Mutex::new(None),
+            created_ms: now_ms,
+        };
+        let mut sane = offsets_sane && times_sane;
+        // The last offset-index entry must point at a batch ending at its offset.
+        if sane {
+            if let Some(e) = seg.offset_index.last() {
+                let mut hdr = [0u8; BATCH_HEADER_LEN];
+                let ok = seg.log.read_exact_at(&mut hdr, u64::from(e.position)).is_ok()
+                    && BatchHeader::parse(&hdr)
+                        .map(|h| h.last_offset() == base_offset + i64::from(e.relative_offset))
+                        .unwrap_or(false);
+                sane = ok;
+            }
+        }
+        if sane && size > 0 {
+            seg.load_rolling_based_timestamp();
+        }
+        Ok((seg, sane))
+    }
+
+    fn load_rolling_based_timestamp(&self) {
+        let mut hdr = [0u8; BATCH_HEADER_LEN];
+        if self.size() >= BATCH_HEADER_LEN as u64 && self.log.read_exact_at(&mut hdr, 0).is_ok() {
+            if let Ok(h) = BatchHeader::parse(&hdr) {
+                *self.rolling_based_timestamp.lock() = Some(h.max_timestamp);
+            }
+        }
+    }
+
+    /// First offset this segment may hold (its file name).
+    pub(crate) fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
+
+    /// Path of the `.log` file.
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Published size in bytes: readers never look past it.
+    pub(crate) fn size(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// Largest timestamp and the last offset of the batch that holds it.
+    pub(crate) fn max_timestamp(&self) -> TimestampOffset {
+        *self.max_timestamp.lock()
+    }
+
+    /// Kafka's `timeWaitedForRoll`: ms since the first batch's timestamp (measured with the
+    /// timestamp of the incoming batch), or since creation when no batch has a timestamp.
+    pub(crate) fn time_waited_for_roll_ms(&self, now_ms: i64, message_timestamp_ms: i64) -> i64 {
+        match *self.rolling_based_timestamp.lock() {
+            Some(ts) if ts >= 0 => message_timestamp_ms.saturating_sub(ts),
+            _ => now_ms.saturating_sub(self.created_ms),
+        }
+    }
+
+    fn relative(&self, offset: i64) -> u32 {
+        (offset - self.base_offset) as u32
+    }
+
+    /// Whether `offset` fits the 32-bit relative offsets of the indexes.
+    pub(crate) fn can_convert_to_relative_offset(&self, offset: i64) -> bool {
+        let rel = offset - self.base_offset;
+        (0..=i64::from(i32::MAX)).contains(&rel)
+    }
+
+    /// Updates indexes and the max timestamp for a batch at `position` (Kafka's
+    /// `LogSegment.append` loop).
+    fn index_batch(&self, h: &BatchHeader, position: u64, size: u64, index_interval_bytes: u64) -> Result<()> {
+        let max = {
+            let mut max = self.max_timestamp.lock();
+            if h.max_timestamp > max.timestamp_ms {
+                *max = TimestampOffset {
+                    timestamp_ms: h.max_timestamp,
+                    offset: h.last_offset(),
+                };
+            }
+            *max
+        };
+        if self.bytes_since_last_index_entry.load(Ordering::Relaxed) > index_interval_bytes {
+            self.offset_index.append(OffsetEntry {
+                relative_offset: self.relative(h.last_offset()),
+                position: position as u32,
+            })?;
+            if max.timestamp_ms >= 0 {
+                self.time_index.append(TimeEntry {
+                    timestamp_ms: max.timestamp_ms,
+                    relative_offset: self.relative(max.offset),
+                })?;
+            }
+            self.bytes_since_last_index_entry.store(0, Ordering::Relaxed);
+        }
+        self.bytes_since_last_index_entry
+            .fetch_add(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Appends `buf`, which holds exactly the batches `headers` (in order), at the end of the
+    /// segment, indexes them and publishes the new size. Called under the append lock.
+    pub(crate) fn append(
+        &self,
+        buf: &[u8],
+        headers: &[BatchHeader],
+        index_interval_bytes: u64,
+    ) -> Result<()> {
+        let start = self.size();
+        self.log
+            .write_all_at(buf, start)
+            .map_err(|e| LogError::io("appending to", &self.log_path, e))?;
+        let mut pos = start;
+        for h in headers {
+            let size = h.total_size() as u64;
+            self.index_batch(h, pos, size, index_interval_bytes)?;
+            pos += size;
+        }
+        if start == 0 {
+            if let Some(first) = headers.first() {
+                *self.rolling_based_timestamp.lock() = Some(first.max_timestamp);
+            }
+        }
+        debug_assert_eq!(pos, start + buf.len() as u64);
+        self.size_bytes.store(pos, Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `position`.
+    pub(crate) fn read_range(&self, position: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.log
+            .read_exact_at(&mut buf, position)
+            .map_err(|e| LogError::io("reading", &self.log_path, e))?;
+        Ok(buf)
+    }
+
+    /// Walks batch headers from `position` up to `end` (a published size), calling `f` with
+    /// each position and header until it returns `false`. Returns the position where the walk
+    /// stopped (the batch `f` refused, or `end`).
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] if a header inside `[position, end)` is unreadable.
+    pub(crate) fn walk_headers(
+        &self,
+        mut position: u64,
+        end: u64,
+        chunk_bytes: usize,
+        mut f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<u64> {
+        let mut reader = ChunkReader::new(&self.log, &self.log_path, end, chunk_bytes);
+        while position < end {
+            let corrupt = |reason: String| LogError::CorruptFile {
+                path: self.log_path.display().to_string(),
+                reason,
+            };
+            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+                return Err(corrupt(format!("torn batch header at position {position}")));
+            };
+            let h = BatchHeader::parse(raw)?;
+            let Some(total) = checked_total_size(&h) else {
+                return Err(corrupt(format!("bad batch length at position {position}")));
+            };
+            if position + total as u64 > end {
+                return Err(corrupt(format!("torn batch at position {position}")));
+            }
+            if !f(position, &h)? {
+                return Ok(position);
+            }
+            position += total as u64;
+        }
+        Ok(position)
+    }
+
+    /// The position and header of the first batch whose last offset is `>= offset`, looking no
+    /// further than `end`: the offset index gives the starting point, then headers are walked.
+    pub(crate) fn translate_offset(
+        &self,
+        offset: i64,
+        end: u64,
+    ) -> Result<Option<(u64, BatchHeader)>> {
+        let rel = offset - self.base_offset;
+        let start = if rel <= 0 {
+            0
+        } else {
+            self.offset_index
+                .floor_by(|e| i64::from(e.relative_offset) <= rel)
+                .map_or(0, |e| u64::from(e.position))
+        };
+        let mut found = None;
+        self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+            if h.last_offset() >= offset {
+                found = Some((pos, *h));
+                Ok(false)
+            } else {
+                Ok(true)
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// The position to start a timestamp search from (Kafka's `findOffsetByTimestamp`): the
+    /// time index gives an offset, the offset index its position.
+    pub(crate) fn position_for_timestamp(&self, target_ms: i64) -> u64 {
+        let Some(t) = self.time_index.floor_by(|e| e.timestamp_ms <= target_ms) else {
+            return 0;
+        };
+        self.offset_index
+            .floor_by(|e| e.relative_offset <= t.relative_offset)
+            .map_or(0, |e| u64::from(e.position))
+    }
+
+    /// Validates every batch from the start (CRC included), rebuilds both indexes and the max
+    /// timestamp, and truncates the file at the first invalid or torn batch (Kafka's
+    /// `LogSegment.recover`). `expected_first_offset` is the lowest offset the first batch may
+    /// have; `on_batch` sees every valid header.
+    pub(crate) fn recover(
+        &self,
+        expected_first_offset: i64,
+        index_interval_bytes: u64,
+        mut on_batch: impl FnMut(&BatchHeader),
+    ) -> Result<RecoverResult> {
+        self.offset_index.reset()?;
+        self.time_index.reset()?;
+        *self.max_timestamp.lock() = NO_TIMESTAMP;
+        *self.rolling_based_timestamp.lock() = None;
+        self.bytes_since_last_index_entry.store(0, Ordering::Relaxed);
+        let file_len = self
+            .log
+            .metadata()
+            .map_err(|e| LogError::io("reading metadata of", &self.log_path, e))?
+            .len();
+        let mut result = RecoverResult::default();
+        let mut reader = ChunkReader::new(&self.log, &self.log_path, file_len, SCAN_CHUNK_BYTES);
+        let mut position = 0u64;
+        let mut next_offset = expected_first_offset.max(self.base_offset);
+        while position < file_len {
+            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+                break;
+            };
+            let Ok(h) = BatchHeader::parse(raw) else {
+                break;
+            };
+            let Some(total) = checked_total_size(&h) else {
+                break;
+            };
+            let Some(raw) = reader.get(position, total)? else {
+                break;
+            };
+            let Ok(h) = validate_batch(raw) else {
+                break;
+            };
+            if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())
+            {
+                break;
+            }
+            if position == 0 {
+                *self.rolling_based_timestamp.lock() = Some(h.max_timestamp);
+            }
+            self.index_batch(&h, position, total as u64, index_interval_bytes)?;
+            on_batch(&h);
+            next_offset = h.next_offset();
+            result.next_offset = Some(next_offset);
+            result.batches += 1;
+            position += total as u64;
+        }
+        if position < file_len {
+            tracing::warn!(
+                segment = %self.log_path.display(),
+                valid_bytes = position,
+                truncated_bytes = file_len - position,
+                "truncating invalid or torn bytes at the end of the segment"
+            );
+            self.log
+                .set_len(position)
+                .map_err(|e| LogError::io("truncating", &self.log_path, e))?;
+            result.truncated_bytes = file_len - position;
+        }
+        self.size_bytes.store(position, Ordering::Release);
+        Ok(result)
+    }
+
+    /// The offset after the last batch, walking from the last offset-index entry. `None` for an
+    /// empty segment.
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] when the tail is torn (the caller then recovers the segment).
+    pub(crate) fn read_next_offset(&self) -> Result<Option<i64>> {
+        let start = self.offset_index.last().map_or(0, |e| u64::from(e.position));
+        let mut next = None;
+        self.walk_headers(start, self.size(), WALK_CHUNK_BYTES, |_, h| {
+            next = Some(h.next_offset());
+            Ok(true)
+        })?;
+        Ok(next)
+    }
+
+    /// Makes the segment read-only: records the final max timestamp in the time index (Kafka's
+    /// `onBecomeInactiveSegment`) and trims the preallocated indexes.
+    pub(crate) fn on_become_inactive(&self) -> Result<()> {
+        let max = self.max_timestamp();
+        if max.timestamp_ms >= 0 {
+            self.time_index.append(TimeEntry {
+                timestamp_ms: max.timestamp_ms,
+                relative_offset: self.relative(max.offset),
+            })?;
+        }
+        self.offset_index.trim_to_valid_size()?;
+        self.time_index.trim_to_valid_size()
+    }
+
+    /// Grows the indexes back to their preallocated size (the segment is active again).
+    pub(crate) fn preallocate_indexes(&self) -> Result<()> {
+        self.offset_index.preallocate()?;
+        self.time_index.preallocate()
+    }
+
+    /// fsyncs the log and both indexes.
+    pub(crate) fn flush(&self) -> Result<()> {
+        self.log
+            .sync_data()
+            .map_err(|e| LogError::io("syncing", &self.log_path, e))?;
+        self.offset_index.flush()?;
+        self.time_index.flush()
+    }
+
+    /// The file handle, for positional reads by callers that serve file ranges.
+    pub(crate) fn log_file(&self) -> &File {
+        &self.log
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gregor_protocol::batch::{set_base_offset, BatchBuilder};
+
+    fn batch(base: i64, n: usize, ts: i64) -> Vec<u8> {
+        let mut b = BatchBuilder::new(0, ts);
+        for i in 0..n {
+            b = b.record(ts + i as i64, None, Some(&[7u8; 100]), &[]);
+        }
+        let mut v = b.build();
+        set_base_offset(&mut v, base);
+        v
+    }
+
+    #[test]
+    fn append_index_translate_and_recover() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = LogSegment::create(dir.path(), 100, 1024, 0).unwrap();
+        let mut next = 100;
+        let mut positions = Vec::new();
+        for i in 0..50 {
+            let b = batch(next, 3, 1_000 + i);
+            let h = validate_batch(&b).unwrap();
+            positions.push((seg.size(), h));
+            seg.append(&b, &[h], 256).unwrap();
+            next = h.next_offset();
+        }
+        assert!(seg.offset_index.len() > 5);
+        for (pos, h) in &positions {
+            for o in h.base_offset..=h.last_offset() {
+                let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                assert_eq!((p, found.base_offset), (*pos, h.base_offset));
+            }
+        }
+        assert_eq!(seg.read_next_offset().unwrap(), Some(next));
+        let entries = seg.offset_index.len();
+        let r = seg.recover(100, 256, |_| {}).unwrap();
+        assert_eq!(r.batches, 50);
+        assert_eq!(r.next_offset, Some(next));
+        assert_eq!(seg.offset_index.len(), entries);
+        assert_eq!(seg.max_timestamp().timestamp_ms, 1_000 + 49 + 2);
+    }
+}
