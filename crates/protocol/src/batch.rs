@@ -25,7 +25,11 @@
 //! rewritten without recomputing it; setting LogAppendTime changes attributes and maxTimestamp and
 //! so requires a new CRC.
 
+use std::borrow::Cow;
+
 use thiserror::Error;
+
+use crate::compression::{compress, CompressionError};
 
 /// Size of the fixed v2 batch header in bytes.
 pub const BATCH_HEADER_LEN: usize = 61;
@@ -433,8 +437,9 @@ pub fn set_log_append_time(batch: &mut [u8], append_time_ms: i64) {
     batch[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// Builds the raw bytes of an uncompressed v2 batch. Meant for tests and for the broker's own
-/// internal writes (e.g. control records); clients build their own batches.
+/// Builds the raw bytes of a v2 batch, uncompressed unless [`BatchBuilder::compression`] says
+/// otherwise. Meant for tests and for the broker's own internal writes (e.g. control records,
+/// re-compression); clients build their own batches.
 #[derive(Debug, Clone)]
 pub struct BatchBuilder {
     base_offset: i64,
@@ -446,6 +451,9 @@ pub struct BatchBuilder {
     attributes: i16,
     records: Vec<u8>,
     count: i32,
+    next_offset_delta: i32,
+    last_offset_delta: i32,
+    compression: Compression,
 }
 
 /// A header of one record (key and value are raw bytes; `None` is a null value).
@@ -464,6 +472,9 @@ impl BatchBuilder {
             attributes: 0,
             records: Vec::new(),
             count: 0,
+            next_offset_delta: 0,
+            last_offset_delta: 0,
+            compression: Compression::None,
         }
     }
 
@@ -486,9 +497,32 @@ impl BatchBuilder {
         self
     }
 
-    /// Appends a record with the given timestamp (ms), key, value and headers.
+    /// Compresses the records section with `codec` and sets attribute bits 0-2 accordingly.
+    /// The default is [`Compression::None`].
+    pub fn compression(mut self, codec: Compression) -> Self {
+        self.compression = codec;
+        self
+    }
+
+    /// Appends a record with the given timestamp (ms), key, value and headers, at the offset
+    /// delta after the previous record's (0 for the first).
     pub fn record(
+        self,
+        timestamp_ms: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[RecordHeader],
+    ) -> Self {
+        let offset_delta = self.next_offset_delta;
+        self.record_at_offset_delta(offset_delta, timestamp_ms, key, value, headers)
+    }
+
+    /// Appends a record at an explicit `offset_delta`, as in a compacted batch whose offsets
+    /// have gaps. The caller keeps offset deltas increasing; the batch's `lastOffsetDelta` is
+    /// the last record's.
+    pub fn record_at_offset_delta(
         mut self,
+        offset_delta: i32,
         timestamp_ms: i64,
         key: Option<&[u8]>,
         value: Option<&[u8]>,
@@ -497,7 +531,7 @@ impl BatchBuilder {
         let mut body = Vec::new();
         body.push(0u8); // attributes
         put_varlong(&mut body, timestamp_ms - self.base_timestamp);
-        put_varint(&mut body, self.count);
+        put_varint(&mut body, offset_delta);
         put_bytes(&mut body, key);
         put_bytes(&mut body, value);
         put_varint(&mut body, headers.len() as i32);
@@ -508,31 +542,55 @@ impl BatchBuilder {
         put_varint(&mut self.records, body.len() as i32);
         self.records.extend_from_slice(&body);
         self.count += 1;
+        self.last_offset_delta = offset_delta;
+        self.next_offset_delta = offset_delta.wrapping_add(1);
         self.max_timestamp = self.max_timestamp.max(timestamp_ms);
         self
     }
 
-    /// The finished batch, CRC included.
+    /// The finished batch, CRC included, compressed with the configured codec. Should the codec
+    /// fail (only possible for a records section over 4 GiB with snappy, or out of memory), the
+    /// batch is built uncompressed instead; use [`BatchBuilder::try_build`] to see the error.
     pub fn build(self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(BATCH_HEADER_LEN + self.records.len());
+        match self.encode(self.compression) {
+            Ok(b) => b,
+            Err(_) => self.encode(Compression::None).unwrap_or_default(),
+        }
+    }
+
+    /// The finished batch, CRC included, compressed with the configured codec.
+    ///
+    /// # Errors
+    /// [`CompressionError`] if the codec fails.
+    pub fn try_build(self) -> Result<Vec<u8>, CompressionError> {
+        self.encode(self.compression)
+    }
+
+    fn encode(&self, codec: Compression) -> Result<Vec<u8>, CompressionError> {
+        let section: Cow<'_, [u8]> = match codec {
+            Compression::None => Cow::Borrowed(&self.records),
+            _ => Cow::Owned(compress(codec, &self.records)?),
+        };
+        let attributes = (self.attributes & !ATTR_COMPRESSION_MASK) | codec.id();
+        let mut b = Vec::with_capacity(BATCH_HEADER_LEN + section.len());
         b.extend_from_slice(&self.base_offset.to_be_bytes());
-        let batch_length = (BATCH_HEADER_LEN - LOG_OVERHEAD + self.records.len()) as i32;
+        let batch_length = (BATCH_HEADER_LEN - LOG_OVERHEAD + section.len()) as i32;
         b.extend_from_slice(&batch_length.to_be_bytes());
         b.extend_from_slice(&NO_PARTITION_LEADER_EPOCH.to_be_bytes());
         b.push(MAGIC_V2 as u8);
         b.extend_from_slice(&0u32.to_be_bytes());
-        b.extend_from_slice(&self.attributes.to_be_bytes());
-        b.extend_from_slice(&(self.count - 1).max(0).to_be_bytes());
+        b.extend_from_slice(&attributes.to_be_bytes());
+        b.extend_from_slice(&self.last_offset_delta.to_be_bytes());
         b.extend_from_slice(&self.base_timestamp.to_be_bytes());
         b.extend_from_slice(&self.max_timestamp.to_be_bytes());
         b.extend_from_slice(&self.producer_id.to_be_bytes());
         b.extend_from_slice(&self.producer_epoch.to_be_bytes());
         b.extend_from_slice(&self.base_sequence.to_be_bytes());
         b.extend_from_slice(&self.count.to_be_bytes());
-        b.extend_from_slice(&self.records);
+        b.extend_from_slice(&section);
         let crc = compute_crc(&b);
         b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
-        b
+        Ok(b)
     }
 }
 

@@ -8,5 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod compression;
+pub mod records;
 
 pub use kafka_protocol;

@@ -1,0 +1,700 @@
+//! Records inside a v2 batch: decoding (with decompression) and the varint readers.
+//!
+//! Layout of one record, from the Kafka protocol guide, "Record"
+//! (<https://kafka.apache.org/documentation/#record>):
+//!
+//! ```text
+//! length: varint                (bytes of everything below)
+//! attributes: int8              (unused, 0)
+//! timestampDelta: varlong       (ms from the batch's baseTimestamp)
+//! offsetDelta: varint           (from the batch's baseOffset)
+//! keyLength: varint             (-1 = null key)
+//! key: byte[]
+//! valueLen: varint              (-1 = null value)
+//! value: byte[]
+//! headers count: varint
+//! headers: [headerKeyLength: varint, headerKey: utf8, headerValueLength: varint (-1 = null),
+//!           value: byte[]]
+//! ```
+//!
+//! Varints are zigzag-encoded as in protobuf. Decoding is only needed where the broker must
+//! look inside a batch (compaction keys, re-compression, tests); the produce path stores
+//! batches as received.
+//!
+//! Error kinds: bytes that cannot be decoded (truncation, overlong varints, impossible lengths,
+//! invalid UTF-8, codec failures) are [`BatchError::Corrupt`]; well-formed records that break a
+//! rule (record count, offset deltas, size limit) are [`BatchError::Invalid`].
+
+use bytes::Bytes;
+
+use crate::batch::{compute_crc, BatchError, BatchHeader, Compression, BATCH_HEADER_LEN, MAGIC_V2};
+use crate::compression::{decompress_bounded, CompressionError, DEFAULT_MAX_DECOMPRESSED_BYTES};
+
+/// Smallest possible record body in bytes: attributes, timestampDelta, offsetDelta, key
+/// length, value length and header count, one byte each.
+const MIN_RECORD_BODY_BYTES: usize = 6;
+
+/// One record of a v2 batch, as decoded by [`decode_records`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Offset of the record minus the batch's `baseOffset`.
+    pub offset_delta: i32,
+    /// Timestamp of the record minus the batch's `baseTimestamp`, in milliseconds.
+    pub timestamp_delta: i64,
+    /// Record attributes (currently unused by Kafka, 0).
+    pub attributes: i8,
+    /// The key bytes, `None` for a null key (length -1).
+    pub key: Option<Bytes>,
+    /// The value bytes, `None` for a null value (a tombstone in compacted topics).
+    pub value: Option<Bytes>,
+    /// Headers in wire order: UTF-8 key and value bytes (`None` for a null value).
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+/// Reads a zigzag varint (at most 5 bytes) from the front of `buf` and advances it.
+///
+/// # Errors
+/// [`BatchError::Corrupt`] when `buf` ends inside the varint, or the varint is longer than 5
+/// bytes or holds more than 32 bits.
+pub fn get_varint(buf: &mut &[u8]) -> Result<i32, BatchError> {
+    let z = get_unsigned(buf, 5, "varint")?;
+    let z = u32::try_from(z).map_err(|_| BatchError::Corrupt("varint overflows 32 bits".into()))?;
+    Ok(((z >> 1) as i32) ^ -((z & 1) as i32))
+}
+
+/// Reads a zigzag varlong (at most 10 bytes) from the front of `buf` and advances it.
+///
+/// # Errors
+/// [`BatchError::Corrupt`] when `buf` ends inside the varlong, or the varlong is longer than 10
+/// bytes or holds more than 64 bits.
+pub fn get_varlong(buf: &mut &[u8]) -> Result<i64, BatchError> {
+    let z = get_unsigned(buf, 10, "varlong")?;
+    Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
+}
+
+/// Reads an unsigned LEB128 value of at most `max_bytes` bytes.
+fn get_unsigned(buf: &mut &[u8], max_bytes: u32, what: &str) -> Result<u64, BatchError> {
+    let mut value: u64 = 0;
+    for i in 0..max_bytes {
+        let Some((&b, rest)) = buf.split_first() else {
+            return Err(BatchError::Corrupt(format!("truncated {what}")));
+        };
+        *buf = rest;
+        let shift = 7 * i;
+        let bits = u64::from(b & 0x7f);
+        // Bits that would fall off the top of a u64 mean the value overflows.
+        if shift + 7 > 64 && bits >> (64 - shift) != 0 {
+            return Err(BatchError::Corrupt(format!("{what} overflows 64 bits")));
+        }
+        value |= bits << shift;
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(BatchError::Corrupt(format!(
+        "{what} is longer than {max_bytes} bytes"
+    )))
+}
+
+/// Decodes every record of one whole v2 batch (header included), decompressing the records
+/// section with at most [`DEFAULT_MAX_DECOMPRESSED_BYTES`] bytes of output. See
+/// [`decode_records_bounded`].
+///
+/// # Errors
+/// As [`decode_records_bounded`].
+pub fn decode_records(batch: &[u8]) -> Result<Vec<Record>, BatchError> {
+    decode_records_bounded(batch, DEFAULT_MAX_DECOMPRESSED_BYTES)
+}
+
+/// Decodes every record of one whole v2 batch: `batch` holds exactly one batch, its 61-byte
+/// header included. The records section is decompressed per the batch's codec, producing at
+/// most `max_decompressed_bytes` bytes.
+///
+/// Checks, beyond decoding each field: `batchLength` matches `batch.len()`, magic 2, the
+/// CRC-32C, a defined codec, the number of records equals `recordsCount`, each record's length
+/// prefix matches its content exactly, no bytes follow the last record, offset deltas are
+/// non-negative and strictly increasing, and the last one equals `lastOffsetDelta`. Gaps
+/// between offset deltas are allowed: compaction leaves them. A batch with `recordsCount` 0
+/// and no records bytes (what compaction keeps for producer state) decodes to no records.
+///
+/// # Errors
+/// [`BatchError::Truncated`], [`BatchError::UnsupportedMagic`] and
+/// [`BatchError::CrcMismatch`] for the framing; [`BatchError::Corrupt`] for undecodable bytes
+/// and [`BatchError::Invalid`] for rule violations, with a message naming the record (e.g.
+/// "record 3: key length -5").
+pub fn decode_records_bounded(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+) -> Result<Vec<Record>, BatchError> {
+    let h = BatchHeader::parse(batch)?;
+    if h.magic != MAGIC_V2 {
+        return Err(BatchError::UnsupportedMagic(h.magic));
+    }
+    let total = usize::try_from(h.batch_length)
+        .ok()
+        .and_then(|l| l.checked_add(crate::batch::LOG_OVERHEAD))
+        .filter(|&t| t >= BATCH_HEADER_LEN)
+        .ok_or_else(|| {
+            BatchError::Corrupt(format!(
+                "batch length {} is smaller than the v2 header",
+                h.batch_length
+            ))
+        })?;
+    if batch.len() < total {
+        return Err(BatchError::Truncated {
+            needed: total,
+            available: batch.len(),
+        });
+    }
+    if batch.len() > total {
+        return Err(BatchError::Corrupt(format!(
+            "{} bytes follow the batch of {total} bytes",
+            batch.len() - total
+        )));
+    }
+    let computed = compute_crc(batch);
+    if computed != h.crc {
+        return Err(BatchError::CrcMismatch {
+            stored: h.crc,
+            computed,
+        });
+    }
+    let codec = h.compression().ok_or_else(|| {
+        BatchError::Corrupt(format!(
+            "unknown compression codec id {}",
+            h.attributes & 0x07
+        ))
+    })?;
+    let count = usize::try_from(h.records_count)
+        .map_err(|_| BatchError::Corrupt(format!("negative record count {}", h.records_count)))?;
+    let section = batch.get(BATCH_HEADER_LEN..).unwrap_or_default();
+    if count == 0 && section.is_empty() {
+        return Ok(Vec::new());
+    }
+    let records = match codec {
+        Compression::None => {
+            if section.len() > max_decompressed_bytes {
+                return Err(BatchError::Invalid(format!(
+                    "records section of {} bytes exceeds the limit of {max_decompressed_bytes} bytes",
+                    section.len()
+                )));
+            }
+            Bytes::copy_from_slice(section)
+        }
+        _ => Bytes::from(
+            decompress_bounded(codec, section, max_decompressed_bytes).map_err(|e| match e {
+                CompressionError::TooLarge { .. } => BatchError::Invalid(e.to_string()),
+                _ => BatchError::Corrupt(e.to_string()),
+            })?,
+        ),
+    };
+    let out = parse_records(&records, count)?;
+    match out.last() {
+        Some(last) if last.offset_delta != h.last_offset_delta => {
+            Err(BatchError::Invalid(format!(
+                "last record has offset delta {} but the batch header says {}",
+                last.offset_delta, h.last_offset_delta
+            )))
+        }
+        _ => Ok(out),
+    }
+}
+
+/// Parses exactly `count` records filling all of `records`.
+fn parse_records(records: &Bytes, count: usize) -> Result<Vec<Record>, BatchError> {
+    // The count comes from the wire: never reserve more than the bytes could hold.
+    let mut out = Vec::with_capacity(count.min(records.len() / (MIN_RECORD_BODY_BYTES + 1)));
+    let mut rest: &[u8] = records;
+    let mut prev_offset_delta: Option<i32> = None;
+    for i in 0..count {
+        if rest.is_empty() {
+            return Err(BatchError::Invalid(format!(
+                "batch header says {count} records but the records end after {i}"
+            )));
+        }
+        let at = records.len() - rest.len();
+        let record = parse_record(records, &mut rest).map_err(|e| in_record(i, e))?;
+        if record.offset_delta < 0 {
+            return Err(BatchError::Invalid(format!(
+                "record {i}: negative offset delta {}",
+                record.offset_delta
+            )));
+        }
+        if let Some(prev) = prev_offset_delta {
+            if record.offset_delta <= prev {
+                return Err(BatchError::Invalid(format!(
+                    "record {i} (at byte {at}): offset delta {} does not follow {prev}",
+                    record.offset_delta
+                )));
+            }
+        }
+        prev_offset_delta = Some(record.offset_delta);
+        out.push(record);
+    }
+    if !rest.is_empty() {
+        return Err(BatchError::Invalid(format!(
+            "{} bytes follow the last of {count} records",
+            rest.len()
+        )));
+    }
+    Ok(out)
+}
+
+fn in_record(i: usize, e: BatchError) -> BatchError {
+    match e {
+        BatchError::Corrupt(m) => BatchError::Corrupt(format!("record {i}: {m}")),
+        BatchError::Invalid(m) => BatchError::Invalid(format!("record {i}: {m}")),
+        other => other,
+    }
+}
+
+/// Parses one record at the front of `rest` (a suffix of `all`), advancing `rest`.
+fn parse_record(all: &Bytes, rest: &mut &[u8]) -> Result<Record, BatchError> {
+    let length = get_varint(rest)?;
+    let length = usize::try_from(length)
+        .map_err(|_| BatchError::Corrupt(format!("record length {length}")))?;
+    if length > rest.len() {
+        return Err(BatchError::Corrupt(format!(
+            "record length {length} but only {} bytes remain",
+            rest.len()
+        )));
+    }
+    let (mut body, after) = rest.split_at(length);
+    *rest = after;
+
+    let Some((&attributes, tail)) = body.split_first() else {
+        return Err(BatchError::Corrupt("record length 0".into()));
+    };
+    body = tail;
+    let timestamp_delta = get_varlong(&mut body)?;
+    let offset_delta = get_varint(&mut body)?;
+    let key = get_nullable_bytes(all, &mut body, "key")?;
+    let value = get_nullable_bytes(all, &mut body, "value")?;
+    let header_count = get_varint(&mut body)?;
+    let header_count = usize::try_from(header_count)
+        .map_err(|_| BatchError::Corrupt(format!("header count {header_count}")))?;
+    // Each header takes at least two bytes (two lengths).
+    let mut headers = Vec::with_capacity(header_count.min(body.len() / 2));
+    for j in 0..header_count {
+        let key_len = get_varint(&mut body)?;
+        let key_len = usize::try_from(key_len)
+            .map_err(|_| BatchError::Corrupt(format!("header {j}: key length {key_len}")))?;
+        let key_bytes = take(&mut body, key_len).ok_or_else(|| {
+            BatchError::Corrupt(format!(
+                "header {j}: key length {key_len} but only {} bytes remain",
+                body.len()
+            ))
+        })?;
+        let key = std::str::from_utf8(key_bytes)
+            .map_err(|e| BatchError::Corrupt(format!("header {j}: key is not UTF-8: {e}")))?
+            .to_owned();
+        let value = get_nullable_bytes(all, &mut body, &format!("header {j}: value"))?;
+        headers.push((key, value));
+    }
+    if !body.is_empty() {
+        return Err(BatchError::Corrupt(format!(
+            "record length {length} leaves {} bytes unread",
+            body.len()
+        )));
+    }
+    Ok(Record {
+        offset_delta,
+        timestamp_delta,
+        attributes: attributes as i8,
+        key,
+        value,
+        headers,
+    })
+}
+
+/// Splits `n` bytes off the front of `buf`, or `None` if fewer remain.
+fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if n > buf.len() {
+        return None;
+    }
+    let (head, tail) = buf.split_at(n);
+    *buf = tail;
+    Some(head)
+}
+
+/// Reads a varint length (-1 = null) and that many bytes, as a zero-copy slice of `all`.
+fn get_nullable_bytes(
+    all: &Bytes,
+    buf: &mut &[u8],
+    what: &str,
+) -> Result<Option<Bytes>, BatchError> {
+    let len = get_varint(buf)?;
+    if len == -1 {
+        return Ok(None);
+    }
+    let n =
+        usize::try_from(len).map_err(|_| BatchError::Corrupt(format!("{what} length {len}")))?;
+    let bytes = take(buf, n).ok_or_else(|| {
+        BatchError::Corrupt(format!(
+            "{what} length {len} but only {} bytes remain",
+            buf.len()
+        ))
+    })?;
+    Ok(Some(all.slice_ref(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{put_varint, put_varlong, validate_batch, BatchBuilder, RecordHeader};
+    use proptest::prelude::*;
+
+    const ALL: [Compression; 5] = [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ];
+    const OFF_CRC: usize = 17;
+    const OFF_RECORDS_COUNT: usize = 57;
+    const OFF_LAST_OFFSET_DELTA: usize = 23;
+
+    /// Rewrites `batchLength` and the CRC after a test edited `b`.
+    fn reseal(b: &mut [u8]) {
+        let len = (b.len() - crate::batch::LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        let crc = compute_crc(b);
+        b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    }
+
+    /// A v2 batch around a hand-written records section.
+    fn raw_batch(section: &[u8], count: i32, last_offset_delta: i32) -> Vec<u8> {
+        let mut b = BatchBuilder::new(0, 0).build();
+        b[OFF_RECORDS_COUNT..OFF_RECORDS_COUNT + 4].copy_from_slice(&count.to_be_bytes());
+        b[OFF_LAST_OFFSET_DELTA..OFF_LAST_OFFSET_DELTA + 4]
+            .copy_from_slice(&last_offset_delta.to_be_bytes());
+        b.extend_from_slice(section);
+        reseal(&mut b);
+        b
+    }
+
+    fn record_bytes(offset_delta: i32, key_len: i32, key: &[u8]) -> Vec<u8> {
+        let mut body = vec![0u8];
+        put_varlong(&mut body, 0);
+        put_varint(&mut body, offset_delta);
+        put_varint(&mut body, key_len);
+        body.extend_from_slice(key);
+        put_varint(&mut body, -1);
+        put_varint(&mut body, 0);
+        let mut r = Vec::new();
+        put_varint(&mut r, body.len() as i32);
+        r.extend_from_slice(&body);
+        r
+    }
+
+    fn sample(codec: Compression) -> Vec<u8> {
+        BatchBuilder::new(100, 1_000)
+            .compression(codec)
+            .record(1_000, Some(b"k0"), Some(b"v0"), &[])
+            .record(
+                1_005,
+                None,
+                Some(b"v1"),
+                &[("h".into(), Some(b"x".to_vec())), ("n".into(), None)],
+            )
+            .record(990, Some(b"k2"), None, &[])
+            .build()
+    }
+
+    #[test]
+    fn varints_round_trip_at_the_edges() {
+        for v in [0, 1, -1, 63, -64, 64, i32::MAX, i32::MIN] {
+            let mut buf = Vec::new();
+            put_varint(&mut buf, v);
+            let mut s = &buf[..];
+            assert_eq!(get_varint(&mut s).unwrap(), v);
+            assert!(s.is_empty());
+        }
+        for v in [0, -1, i64::from(i32::MAX) + 1, i64::MAX, i64::MIN] {
+            let mut buf = Vec::new();
+            put_varlong(&mut buf, v);
+            let mut s = &buf[..];
+            assert_eq!(get_varlong(&mut s).unwrap(), v);
+            assert!(s.is_empty());
+        }
+    }
+
+    #[test]
+    fn overlong_and_truncated_varints_are_rejected() {
+        let mut s: &[u8] = &[0x80, 0x80, 0x80, 0x80, 0x80, 0x00];
+        assert!(get_varint(&mut s)
+            .unwrap_err()
+            .to_string()
+            .contains("5 bytes"));
+        // Five bytes but more than 32 bits.
+        let mut s: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0x1f];
+        assert!(get_varint(&mut s).is_err());
+        let mut s: &[u8] = &[
+            0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0,
+        ];
+        assert!(get_varlong(&mut s)
+            .unwrap_err()
+            .to_string()
+            .contains("10 bytes"));
+        // Ten bytes but more than 64 bits.
+        let mut s: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert!(get_varlong(&mut s)
+            .unwrap_err()
+            .to_string()
+            .contains("64 bits"));
+        let mut s: &[u8] = &[0x80];
+        assert!(get_varint(&mut s)
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
+        let mut s: &[u8] = &[];
+        assert!(get_varlong(&mut s).is_err());
+    }
+
+    #[test]
+    fn decodes_every_codec() {
+        for codec in ALL {
+            let b = sample(codec);
+            let h = validate_batch(&b).unwrap();
+            assert_eq!(h.compression(), Some(codec));
+            let rs = decode_records(&b).unwrap();
+            assert_eq!(rs.len(), 3, "{codec:?}");
+            assert_eq!(rs[0].key.as_deref(), Some(&b"k0"[..]));
+            assert_eq!(rs[1].key, None);
+            assert_eq!(rs[1].timestamp_delta, 5);
+            assert_eq!(
+                rs[1].headers,
+                vec![
+                    ("h".to_string(), Some(Bytes::from_static(b"x"))),
+                    ("n".to_string(), None)
+                ]
+            );
+            assert_eq!(rs[2].value, None);
+            assert_eq!(rs[2].timestamp_delta, -10);
+            assert_eq!(rs[2].offset_delta, 2);
+        }
+    }
+
+    #[test]
+    fn compacted_batch_with_gaps_decodes() {
+        for codec in ALL {
+            let b = BatchBuilder::new(0, 0)
+                .compression(codec)
+                .record_at_offset_delta(1, 0, Some(b"a"), Some(b"1"), &[])
+                .record_at_offset_delta(4, 0, Some(b"b"), Some(b"2"), &[])
+                .build();
+            let h = BatchHeader::parse(&b).unwrap();
+            assert_eq!(h.last_offset_delta, 4);
+            let rs = decode_records(&b).unwrap();
+            assert_eq!(
+                rs.iter().map(|r| r.offset_delta).collect::<Vec<_>>(),
+                [1, 4]
+            );
+        }
+    }
+
+    #[test]
+    fn empty_batch_left_by_compaction_decodes_to_nothing() {
+        let mut b = raw_batch(&[], 0, 7);
+        // Compaction keeps the original codec bits on an empty batch.
+        b[22] |= Compression::Zstd.id() as u8;
+        reseal(&mut b);
+        assert_eq!(decode_records(&b).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn hand_written_batch_decodes() {
+        // Not from our builder: records section written field by field.
+        let mut section = record_bytes(0, 3, b"abc");
+        section.extend(record_bytes(1, -1, b""));
+        let rs = decode_records(&raw_batch(&section, 2, 1)).unwrap();
+        assert_eq!(rs[0].key.as_deref(), Some(&b"abc"[..]));
+        assert_eq!(rs[1].key, None);
+        assert_eq!(rs[1].value, None);
+    }
+
+    fn err_of(section: &[u8], count: i32, last: i32) -> String {
+        decode_records(&raw_batch(section, count, last))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn structural_errors_name_the_record() {
+        let mut s = record_bytes(0, 1, b"a");
+        s.extend(record_bytes(1, 1, b"b"));
+        s.extend(record_bytes(2, 1, b"c"));
+        s.extend(record_bytes(3, -5, b""));
+        let e = err_of(&s, 4, 3);
+        assert!(e.contains("record 3: key length -5"), "{e}");
+
+        let one = record_bytes(0, 1, b"a");
+        assert!(err_of(&one, 2, 1).contains("says 2 records"));
+        let mut two = one.clone();
+        two.extend(record_bytes(1, 1, b"b"));
+        assert!(err_of(&two, 1, 0).contains("bytes follow the last of 1 records"));
+        assert!(err_of(&one, 1, 5).contains("offset delta 0 but the batch header says 5"));
+
+        let mut dup = one.clone();
+        dup.extend(record_bytes(0, 1, b"b"));
+        assert!(err_of(&dup, 2, 0).contains("record 1 (at byte"));
+
+        // Record length one byte longer than its content: it swallows the next record's byte.
+        let mut long = one.clone();
+        long[0] += 2;
+        long.push(0);
+        let e = err_of(&long, 1, 0);
+        assert!(
+            e.contains("record 0: record length") && e.contains("unread"),
+            "{e}"
+        );
+
+        // Key length beyond the record.
+        let e = err_of(&record_bytes(0, 40, b"a"), 1, 0);
+        assert!(e.contains("record 0: key length 40"), "{e}");
+
+        // Invalid UTF-8 header key.
+        // attributes, timestampDelta 0, offsetDelta 0, null key, null value, one header.
+        let mut body = vec![0u8, 0, 0, 1, 1, 2];
+        // Header key of 2 bytes that are not UTF-8, null value.
+        body.extend([4, 0xff, 0xfe, 1]);
+        let mut r = Vec::new();
+        put_varint(&mut r, body.len() as i32);
+        r.extend(body);
+        assert!(err_of(&r, 1, 0).contains("header 0: key is not UTF-8"));
+    }
+
+    #[test]
+    fn framing_errors() {
+        let b = sample(Compression::None);
+        let mut extra = b.clone();
+        extra.push(0);
+        assert!(matches!(
+            decode_records(&extra),
+            Err(BatchError::Corrupt(_))
+        ));
+        let mut bad = b.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(matches!(
+            decode_records(&bad),
+            Err(BatchError::CrcMismatch { .. })
+        ));
+        let mut magic = b;
+        magic[16] = 1;
+        assert_eq!(decode_records(&magic), Err(BatchError::UnsupportedMagic(1)));
+    }
+
+    #[test]
+    fn over_limit_records_are_rejected() {
+        let value = vec![b'x'; 100_000];
+        for codec in ALL {
+            let b = BatchBuilder::new(0, 0)
+                .compression(codec)
+                .record(0, None, Some(&value), &[])
+                .build();
+            assert_eq!(decode_records(&b).unwrap().len(), 1);
+            let e = decode_records_bounded(&b, 50_000).unwrap_err();
+            assert!(matches!(e, BatchError::Invalid(_)), "{codec:?}: {e}");
+            assert!(e.to_string().contains("50000"), "{e}");
+        }
+    }
+
+    #[test]
+    fn truncation_at_every_byte_is_an_error() {
+        for codec in ALL {
+            let b = sample(codec);
+            for cut in 0..b.len() {
+                // As received: header intact, bytes missing.
+                assert!(decode_records(&b[..cut]).is_err(), "{codec:?} cut {cut}");
+                // Resealed, so the parser itself sees the short records section.
+                if cut > BATCH_HEADER_LEN {
+                    let mut t = b[..cut].to_vec();
+                    reseal(&mut t);
+                    assert!(decode_records(&t).is_err(), "{codec:?} resealed cut {cut}");
+                }
+            }
+        }
+    }
+
+    fn arb_bytes() -> impl Strategy<Value = Option<Vec<u8>>> {
+        proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40))
+    }
+
+    type Spec = (i64, Option<Vec<u8>>, Option<Vec<u8>>, Vec<RecordHeader>);
+
+    fn arb_record() -> impl Strategy<Value = Spec> {
+        (
+            -1_000_000i64..1_000_000,
+            arb_bytes(),
+            arb_bytes(),
+            proptest::collection::vec((".{0,8}", arb_bytes()), 0..4),
+        )
+    }
+
+    fn arb_codec() -> impl Strategy<Value = Compression> {
+        proptest::sample::select(ALL.to_vec())
+    }
+
+    proptest! {
+        #[test]
+        fn built_batches_decode_identically(
+            specs in proptest::collection::vec(arb_record(), 1..20),
+            codec in arb_codec(),
+        ) {
+            let base_ts = 1_700_000_000_000i64;
+            let mut builder = BatchBuilder::new(5, base_ts).compression(codec);
+            for (ts, k, v, hs) in &specs {
+                builder = builder.record(base_ts + ts, k.as_deref(), v.as_deref(), hs);
+            }
+            let b = builder.build();
+            let h = validate_batch(&b).unwrap();
+            prop_assert_eq!(h.compression(), Some(codec));
+            let rs = decode_records(&b).unwrap();
+            prop_assert_eq!(rs.len(), specs.len());
+            for (i, (r, (ts, k, v, hs))) in rs.iter().zip(&specs).enumerate() {
+                prop_assert_eq!(r.offset_delta, i as i32);
+                prop_assert_eq!(r.timestamp_delta, *ts);
+                prop_assert_eq!(r.attributes, 0);
+                prop_assert_eq!(r.key.as_deref(), k.as_deref());
+                prop_assert_eq!(r.value.as_deref(), v.as_deref());
+                let got: Vec<(String, Option<Vec<u8>>)> = r
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_ref().map(|v| v.to_vec())))
+                    .collect();
+                prop_assert_eq!(&got, hs);
+            }
+        }
+
+        #[test]
+        fn mutated_records_never_panic(
+            specs in proptest::collection::vec(arb_record(), 1..5),
+            codec in arb_codec(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        ) {
+            let mut builder = BatchBuilder::new(0, 0).compression(codec);
+            for (ts, k, v, hs) in &specs {
+                builder = builder.record(*ts, k.as_deref(), v.as_deref(), hs);
+            }
+            let mut b = builder.build();
+            let section = b.len() - BATCH_HEADER_LEN;
+            for (at, x) in flips {
+                b[BATCH_HEADER_LEN + at % section] ^= x | 1;
+            }
+            reseal(&mut b);
+            let _ = decode_records(&b);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_records(&data);
+            let mut b = raw_batch(&data, 3, 2);
+            let _ = decode_records(&b);
+            b[22] |= Compression::Snappy.id() as u8;
+            reseal(&mut b);
+            let _ = decode_records(&b);
+        }
+    }
+}
