@@ -194,11 +194,6 @@ impl<E: IndexEntry> Index<E> {
         self.max_entries as u64 * E::SIZE as u64
     }
 
-    /// Path of the index file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Number of entries.
     pub(crate) fn len(&self) -> usize {
         self.entries.read().len()

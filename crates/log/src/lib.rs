@@ -12,10 +12,17 @@
 
 #![deny(missing_docs)]
 
+mod checkpoint;
 mod config;
+mod epoch;
 mod error;
 mod index;
+mod log;
+mod producer_state;
 mod segment;
+mod timestamps;
 
 pub use config::{LogConfig, TimestampType, TopicPartition};
+pub use epoch::EpochEntry;
 pub use error::{LogError, Result};
+pub use log::{AppendInfo, LoadStats, PartitionLog, ReadInfo, TimestampAndOffset};

@@ -526,11 +526,6 @@ impl LogSegment {
         self.offset_index.flush()?;
         self.time_index.flush()
     }
-
-    /// The file handle, for positional reads by callers that serve file ranges.
-    pub(crate) fn log_file(&self) -> &File {
-        &self.log
-    }
 }
 
 #[cfg(test)]

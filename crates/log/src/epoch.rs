@@ -1,0 +1,143 @@
+//! The leader epoch cache (Kafka's `LeaderEpochFileCache`, KIP-101/KIP-279): the first offset
+//! each leader epoch wrote, persisted in `leader-epoch-checkpoint` as
+//! `0\n<count>\n<epoch> <start offset>\n...`.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{parse_checkpoint, write_atomically};
+use crate::error::{LogError, Result};
+
+/// File name of the checkpoint inside a partition directory.
+pub(crate) const LEADER_EPOCH_CHECKPOINT: &str = "leader-epoch-checkpoint";
+
+/// One leader epoch and the first offset appended in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochEntry {
+    /// The leader epoch.
+    pub epoch: i32,
+    /// First offset written by a leader in this epoch.
+    pub start_offset: i64,
+}
+
+pub(crate) struct LeaderEpochCache {
+    path: PathBuf,
+    entries: Vec<EpochEntry>,
+}
+
+impl LeaderEpochCache {
+    /// Loads `dir/leader-epoch-checkpoint` (empty if missing).
+    pub(crate) fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join(LEADER_EPOCH_CHECKPOINT);
+        let entries = match std::fs::read_to_string(&path) {
+            Ok(text) => parse_checkpoint(&path, &text, 0, |f| match f {
+                [e, o] => Some(EpochEntry {
+                    epoch: e.parse().ok()?,
+                    start_offset: o.parse().ok()?,
+                }),
+                _ => None,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(LogError::io("reading", &path, e)),
+        };
+        Ok(Self { path, entries })
+    }
+
+    fn write(&self) -> Result<()> {
+        let mut s = format!("0\n{}\n", self.entries.len());
+        for e in &self.entries {
+            s.push_str(&format!("{} {}\n", e.epoch, e.start_offset));
+        }
+        write_atomically(&self.path, s.as_bytes(), true)
+    }
+
+    /// The newest epoch.
+    pub(crate) fn latest_epoch(&self) -> Option<i32> {
+        self.entries.last().map(|e| e.epoch)
+    }
+
+    /// All entries, oldest first.
+    pub(crate) fn entries(&self) -> &[EpochEntry] {
+        &self.entries
+    }
+
+    /// Records that `epoch` starts at `start_offset` if it is newer than the latest epoch
+    /// (Kafka's `assign`). With `persist` the checkpoint is rewritten.
+    pub(crate) fn assign(&mut self, epoch: i32, start_offset: i64, persist: bool) -> Result<bool> {
+        if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
+            return Ok(false);
+        }
+        self.entries.push(EpochEntry {
+            epoch,
+            start_offset,
+        });
+        if persist {
+            self.write()?;
+        }
+        Ok(true)
+    }
+
+    /// Drops epochs starting at or after `end_offset` (the log was truncated there).
+    pub(crate) fn truncate_from_end(&mut self, end_offset: i64) -> Result<()> {
+        let before = self.entries.len();
+        self.entries.retain(|e| e.start_offset < end_offset);
+        if self.entries.len() != before {
+            self.write()?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the checkpoint.
+    pub(crate) fn persist(&self) -> Result<()> {
+        self.write()
+    }
+
+    /// Kafka's `endOffsetFor` (OffsetForLeaderEpoch): the largest epoch `<= requested` and the
+    /// start offset of the first epoch after it (`log_end_offset` when `requested` is the
+    /// latest); `(-1, -1)` when `requested` is unknown or newer than every epoch.
+    pub(crate) fn end_offset_for(&self, requested: i32, log_end_offset: i64) -> (i32, i64) {
+        if requested < 0 {
+            return (-1, -1);
+        }
+        if self.latest_epoch() == Some(requested) {
+            return (requested, log_end_offset);
+        }
+        let Some(higher) = self.entries.iter().find(|e| e.epoch > requested) else {
+            return (-1, -1);
+        };
+        match self.entries.iter().rev().find(|e| e.epoch <= requested) {
+            Some(floor) => (floor.epoch, higher.start_offset),
+            None => (requested, higher.start_offset),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_round_trip_and_truncate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert!(c.assign(0, 0, true).unwrap());
+        assert!(!c.assign(0, 5, true).unwrap());
+        assert!(c.assign(3, 10, true).unwrap());
+        let text = std::fs::read_to_string(dir.path().join(LEADER_EPOCH_CHECKPOINT)).unwrap();
+        assert_eq!(text, "0\n2\n0 0\n3 10\n");
+        let mut c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert_eq!(c.latest_epoch(), Some(3));
+        assert_eq!(c.end_offset_for(0, 20), (0, 10));
+        assert_eq!(c.end_offset_for(2, 20), (0, 10));
+        assert_eq!(c.end_offset_for(3, 20), (3, 20));
+        assert_eq!(c.end_offset_for(4, 20), (-1, -1));
+        c.truncate_from_end(10).unwrap();
+        assert_eq!(LeaderEpochCache::load(dir.path()).unwrap().latest_epoch(), Some(0));
+    }
+
+    #[test]
+    fn corrupt_checkpoint_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LEADER_EPOCH_CHECKPOINT), "0\n2\n1 0\n").unwrap();
+        assert!(LeaderEpochCache::load(dir.path()).is_err());
+    }
+}

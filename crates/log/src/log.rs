@@ -1,0 +1,944 @@
+//! [`PartitionLog`]: one partition's segmented log (Kafka's `UnifiedLog` and `LogLoader`).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use gregor_protocol::batch::{
+    set_base_offset, set_log_append_time, set_partition_leader_epoch, validate_batch, BatchHeader,
+    Batches, TimestampType,
+};
+use parking_lot::{Mutex, RwLock};
+
+use crate::checkpoint::sync_dir;
+use crate::config::{LogConfig, TopicPartition};
+use crate::epoch::{EpochEntry, LeaderEpochCache};
+use crate::error::{LogError, Result};
+use crate::producer_state::{ProducerCheck, ProducerStateManager};
+use crate::segment::{checked_total_size, LogSegment, WALK_CHUNK_BYTES};
+use crate::timestamps::record_timestamps;
+
+/// Result of an append (Kafka's `LogAppendInfo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendInfo {
+    /// Offset assigned to the first record.
+    pub first_offset: i64,
+    /// Offset assigned to the last record.
+    pub last_offset: i64,
+    /// The broker time (ms) stamped on the batches for `LogAppendTime` topics, else -1.
+    pub log_append_time_ms: i64,
+    /// The log start offset after the append.
+    pub log_start_offset: i64,
+    /// True when the batch was a retry of one already in the log (idempotent producer): the
+    /// offsets are the original ones and nothing was written.
+    pub duplicate: bool,
+    /// Records appended (0 for a duplicate).
+    pub records: u64,
+    /// Bytes appended (0 for a duplicate).
+    pub bytes: u64,
+}
+
+/// Result of a read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadInfo {
+    /// Whole batches, the first one containing the fetch offset; empty when there is nothing to
+    /// return.
+    pub records: Bytes,
+    /// The log start offset when the read happened.
+    pub log_start_offset: i64,
+    /// The log end offset when the read happened.
+    pub log_end_offset: i64,
+}
+
+/// A record found by timestamp (ListOffsets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampAndOffset {
+    /// The record's timestamp (ms since the epoch).
+    pub timestamp_ms: i64,
+    /// The record's offset.
+    pub offset: i64,
+    /// Partition leader epoch of the batch holding the record, if it has one.
+    pub leader_epoch: Option<i32>,
+}
+
+/// What opening a log had to do; lets callers (and tests) see whether recovery ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadStats {
+    /// Segments fully scanned and validated (CRC) because of an unclean shutdown or a bad
+    /// index.
+    pub recovered_segments: usize,
+    /// Batches validated during that scan.
+    pub recovered_batches: u64,
+    /// Bytes cut from the log (torn or corrupt tail), including deleted later segments.
+    pub truncated_bytes: u64,
+    /// Segments whose index files were unusable and were rebuilt.
+    pub rebuilt_indexes: usize,
+    /// Batch headers replayed to rebuild producer state.
+    pub replayed_producer_batches: u64,
+    /// Offset of the producer snapshot loaded, if any.
+    pub producer_snapshot_offset: Option<i64>,
+}
+
+struct Inner {
+    segments: Vec<Arc<LogSegment>>,
+    producer_state: ProducerStateManager,
+    unflushed_messages: u64,
+    /// Closed, deleted, or failed with an I/O error mid-append (Kafka takes the log dir
+    /// offline): appends are refused.
+    closed: bool,
+}
+
+/// One partition's log. `Send + Sync`; share it through `Arc`. Appends are serialised by an
+/// internal lock; reads take no lock shared with appends beyond brief snapshots of the segment
+/// list and index entries, and never look past the published log end offset.
+pub struct PartitionLog {
+    dir: PathBuf,
+    topic_partition: TopicPartition,
+    config: RwLock<LogConfig>,
+    inner: Mutex<Inner>,
+    epoch_cache: Mutex<LeaderEpochCache>,
+    segments: RwLock<Arc<Vec<Arc<LogSegment>>>>,
+    log_end_offset: AtomicI64,
+    log_start_offset: AtomicI64,
+    recovery_point: AtomicI64,
+    latest_epoch: AtomicI32,
+    last_flush_ms: AtomicI64,
+    flush_lock: Mutex<()>,
+    load_stats: LoadStats,
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub(crate) fn wall_clock_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn parse_base_offset(name: &str, ext: &str) -> Option<i64> {
+    let stem = name.strip_suffix(ext)?;
+    if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) {
+        stem.parse().ok()
+    } else {
+        None
+    }
+}
+
+impl PartitionLog {
+    /// Opens (creating if needed) the log in `dir`. When `had_clean_shutdown` is false every
+    /// segment is validated batch by batch (see [`PartitionLog::open_with_recovery_point`]).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] for file errors, [`LogError::CorruptFile`] for an unreadable
+    /// `leader-epoch-checkpoint`.
+    pub fn open(
+        dir: &Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        had_clean_shutdown: bool,
+    ) -> Result<Self> {
+        Self::open_with_recovery_point(dir, topic_partition, config, had_clean_shutdown, None)
+    }
+
+    /// Opens the log, as Kafka's `LogLoader`: deletes temporary files, opens every segment,
+    /// rebuilds unusable indexes, and after an unclean shutdown validates every batch (CRC,
+    /// offsets) from the segment holding `recovery_point` (all segments when `None`),
+    /// truncating at the first torn or corrupt batch and deleting later segments. Then trims the
+    /// leader epoch cache to the log end offset and rebuilds producer state from the newest
+    /// usable snapshot plus the batch headers after it.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    pub fn open_with_recovery_point(
+        dir: &Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        had_clean_shutdown: bool,
+        recovery_point: Option<i64>,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
+        let now_ms = wall_clock_ms();
+        let mut stats = LoadStats::default();
+
+        // Files in the directory.
+        let mut bases = Vec::new();
+        let mut others = Vec::new();
+        let rd = std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if [".tmp", ".deleted", ".cleaned", ".swap"]
+                .iter()
+                .any(|s| name.ends_with(s))
+            {
+                let p = entry.path();
+                std::fs::remove_file(&p).map_err(|e| LogError::io("removing", &p, e))?;
+            } else if let Some(b) = parse_base_offset(&name, ".log") {
+                bases.push(b);
+            } else {
+                others.push(name);
+            }
+        }
+        bases.sort_unstable();
+        for name in others {
+            let orphan = [".index", ".timeindex", ".txnindex"]
+                .iter()
+                .filter_map(|ext| parse_base_offset(&name, ext))
+                .any(|b| bases.binary_search(&b).is_err());
+            if orphan {
+                let p = dir.join(&name);
+                std::fs::remove_file(&p).map_err(|e| LogError::io("removing orphan index", &p, e))?;
+            }
+        }
+
+        let mut epoch_cache = LeaderEpochCache::load(dir)?;
+        let mut segments: Vec<Arc<LogSegment>> = Vec::new();
+        let mut sane = Vec::new();
+        for &b in &bases {
+            let (seg, ok) = LogSegment::open(dir, b, config.segment_index_bytes, now_ms)?;
+            segments.push(Arc::new(seg));
+            sane.push(ok);
+        }
+        if segments.is_empty() {
+            segments.push(Arc::new(LogSegment::create(
+                dir,
+                0,
+                config.segment_index_bytes,
+                now_ms,
+            )?));
+            sane.push(true);
+        }
+
+        let recover_from = if had_clean_shutdown {
+            segments.len()
+        } else {
+            recovery_point.map_or(0, |rp| {
+                segments
+                    .partition_point(|s| s.base_offset() <= rp)
+                    .saturating_sub(1)
+            })
+        };
+        let mut last_next_offset: Option<i64> = None;
+        let mut epochs_changed = false;
+        let mut i = 0;
+        while i < segments.len() {
+            let seg = Arc::clone(&segments[i]);
+            let must_recover = i >= recover_from || !sane[i];
+            if !must_recover {
+                last_next_offset = None;
+                i += 1;
+                continue;
+            }
+            if !sane[i] {
+                tracing::warn!(segment = %seg.log_path().display(), "rebuilding unusable index files");
+                stats.rebuilt_indexes += 1;
+            }
+            let expected = last_next_offset.unwrap_or(seg.base_offset());
+            let r = seg.recover(expected, config.index_interval_bytes, |h| {
+                if let Ok(true) = epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
+                {
+                    epochs_changed = true;
+                }
+            })?;
+            stats.recovered_segments += 1;
+            stats.recovered_batches += r.batches;
+            stats.truncated_bytes += r.truncated_bytes;
+            last_next_offset = Some(r.next_offset.unwrap_or(seg.base_offset()));
+            i += 1;
+            if r.truncated_bytes > 0 {
+                // Everything after a corrupt batch is unreliable: drop later segments.
+                for later in segments.drain(i..) {
+                    stats.truncated_bytes += later.size();
+                    delete_segment_files(dir, later.base_offset())?;
+                }
+                sane.truncate(i);
+            }
+        }
+
+        // The log end offset.
+        let active = Arc::clone(segments.last().ok_or_else(|| LogError::CorruptFile {
+            path: dir.display().to_string(),
+            reason: "no segments".into(),
+        })?);
+        let log_end_offset = if recover_from < segments.len() || !sane[segments.len() - 1] {
+            last_next_offset.unwrap_or(active.base_offset())
+        } else {
+            match active.read_next_offset() {
+                Ok(next) => next.unwrap_or(active.base_offset()),
+                Err(LogError::CorruptFile { reason, .. }) => {
+                    tracing::warn!(segment = %active.log_path().display(), %reason,
+                        "torn active segment despite a clean shutdown; recovering it");
+                    let r = active.recover(active.base_offset(), config.index_interval_bytes, |h| {
+                        if let Ok(true) =
+                            epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
+                        {
+                            epochs_changed = true;
+                        }
+                    })?;
+                    stats.recovered_segments += 1;
+                    stats.recovered_batches += r.batches;
+                    stats.truncated_bytes += r.truncated_bytes;
+                    r.next_offset.unwrap_or(active.base_offset())
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let log_start_offset = segments[0].base_offset();
+        if epochs_changed {
+            epoch_cache.persist()?;
+        }
+        epoch_cache.truncate_from_end(log_end_offset)?;
+
+        // Producer state: newest usable snapshot, then replay headers after it.
+        let mut producer_state = ProducerStateManager::new(dir);
+        let mut replay_from = log_start_offset;
+        for snap in producer_state.list_snapshots()?.into_iter().rev() {
+            if snap > log_end_offset || snap < log_start_offset {
+                producer_state.delete_snapshot(snap)?;
+                continue;
+            }
+            match producer_state.load_snapshot(snap) {
+                Ok(()) => {
+                    replay_from = snap;
+                    stats.producer_snapshot_offset = Some(snap);
+                    break;
+                }
+                Err(LogError::CorruptFile { path, reason }) => {
+                    tracing::warn!(%path, %reason, "deleting unusable producer snapshot");
+                    producer_state.clear();
+                    producer_state.delete_snapshot(snap)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if replay_from < log_end_offset {
+            let first = segments
+                .partition_point(|s| s.base_offset() <= replay_from)
+                .saturating_sub(1);
+            for seg in &segments[first..] {
+                let start = match seg.translate_offset(replay_from, seg.size())? {
+                    Some((pos, _)) => pos,
+                    None => continue,
+                };
+                seg.walk_headers(start, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
+                    if h.base_offset >= replay_from {
+                        producer_state.replay(h);
+                        stats.replayed_producer_batches += 1;
+                    }
+                    Ok(true)
+                })?;
+            }
+        }
+
+        // Inactive segments keep exact-size indexes; the active one is preallocated again.
+        for seg in &segments[..segments.len() - 1] {
+            seg.offset_index.trim_to_valid_size()?;
+            seg.time_index.trim_to_valid_size()?;
+        }
+        active.preallocate_indexes()?;
+        if stats.recovered_segments > 0 {
+            for seg in &segments[recover_from.min(segments.len() - 1)..] {
+                seg.flush()?;
+            }
+        }
+        if stats.recovered_segments > 0 || stats.truncated_bytes > 0 {
+            tracing::info!(
+                partition = %topic_partition,
+                recovered_segments = stats.recovered_segments,
+                recovered_batches = stats.recovered_batches,
+                truncated_bytes = stats.truncated_bytes,
+                log_end_offset,
+                "recovered log"
+            );
+        }
+
+        let latest_epoch = epoch_cache.latest_epoch().unwrap_or(-1);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            topic_partition,
+            config: RwLock::new(config),
+            inner: Mutex::new(Inner {
+                segments: segments.clone(),
+                producer_state,
+                unflushed_messages: 0,
+                closed: false,
+            }),
+            epoch_cache: Mutex::new(epoch_cache),
+            segments: RwLock::new(Arc::new(segments)),
+            log_end_offset: AtomicI64::new(log_end_offset),
+            log_start_offset: AtomicI64::new(log_start_offset),
+            recovery_point: AtomicI64::new(log_end_offset),
+            latest_epoch: AtomicI32::new(latest_epoch),
+            last_flush_ms: AtomicI64::new(now_ms),
+            flush_lock: Mutex::new(()),
+            load_stats: stats,
+        })
+    }
+
+    /// The partition this log belongs to.
+    pub fn topic_partition(&self) -> &TopicPartition {
+        &self.topic_partition
+    }
+
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A copy of the current configuration.
+    pub fn config(&self) -> LogConfig {
+        self.config.read().clone()
+    }
+
+    /// Replaces the configuration (topic config change); takes effect from the next append.
+    pub fn update_config(&self, config: LogConfig) {
+        *self.config.write() = config;
+    }
+
+    /// What opening the log had to do.
+    pub fn load_stats(&self) -> LoadStats {
+        self.load_stats
+    }
+
+    /// First offset in the log.
+    pub fn log_start_offset(&self) -> i64 {
+        self.log_start_offset.load(Ordering::Acquire)
+    }
+
+    /// Offset the next appended record will get.
+    pub fn log_end_offset(&self) -> i64 {
+        self.log_end_offset.load(Ordering::Acquire)
+    }
+
+    /// Offsets below this are fsynced (Kafka's recovery point).
+    pub fn recovery_point(&self) -> i64 {
+        self.recovery_point.load(Ordering::Acquire)
+    }
+
+    /// The newest leader epoch recorded in `leader-epoch-checkpoint`.
+    pub fn latest_leader_epoch(&self) -> Option<i32> {
+        let e = self.latest_epoch.load(Ordering::Acquire);
+        (e >= 0).then_some(e)
+    }
+
+    /// The leader epoch cache, oldest epoch first.
+    pub fn leader_epoch_entries(&self) -> Vec<EpochEntry> {
+        self.epoch_cache.lock().entries().to_vec()
+    }
+
+    /// OffsetForLeaderEpoch (KIP-101, Kafka's `endOffsetForEpoch`): `(epoch, end offset)` for
+    /// the largest epoch `<= requested_epoch`; `(-1, -1)` when unknown.
+    pub fn end_offset_for_leader_epoch(&self, requested_epoch: i32) -> (i32, i64) {
+        let leo = self.log_end_offset();
+        self.epoch_cache.lock().end_offset_for(requested_epoch, leo)
+    }
+
+    fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
+        Arc::clone(&self.segments.read())
+    }
+
+    /// Total bytes of all segments.
+    pub fn size_in_bytes(&self) -> u64 {
+        self.published_segments().iter().map(|s| s.size()).sum()
+    }
+
+    /// Number of segments.
+    pub fn num_segments(&self) -> usize {
+        self.published_segments().len()
+    }
+
+    /// Base offsets of the segments, ascending.
+    pub fn segment_base_offsets(&self) -> Vec<i64> {
+        self.published_segments()
+            .iter()
+            .map(|s| s.base_offset())
+            .collect()
+    }
+
+    /// Validates `records` (whole v2 batches produced by a client), assigns offsets, stamps
+    /// `leader_epoch` (and `now_ms` for LogAppendTime topics), and appends them; Kafka's
+    /// `UnifiedLog.appendAsLeader`. `now_ms` is the broker clock in ms since the epoch.
+    ///
+    /// Rolls the active segment first when the append would make it exceed `segment.bytes`,
+    /// when `segment.ms` has passed, or when an index is full. Fsyncs when
+    /// `flush.messages` records are unflushed.
+    ///
+    /// # Errors
+    /// - [`LogError::InvalidRecord`]: empty, a control batch, or a producer id without a
+    ///   sequence;
+    /// - [`LogError::Batch`]: bad CRC, magic, lengths, trailing bytes or record count;
+    /// - [`LogError::MessageTooLarge`], [`LogError::RecordListTooLarge`];
+    /// - [`LogError::InvalidTimestamp`] (CreateTime outside `message.timestamp.*.max.ms`);
+    /// - [`LogError::OutOfOrderSequence`], [`LogError::InvalidProducerEpoch`];
+    /// - [`LogError::Closed`] after close/delete or an earlier write failure;
+    /// - [`LogError::Io`].
+    pub fn append_as_leader(
+        &self,
+        records: &mut [u8],
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
+        let config = self.config.read().clone();
+        let mut headers = self.analyze_and_validate(records, &config, now_ms)?;
+
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(LogError::Closed(self.topic_partition.to_string()));
+        }
+        let first_offset = self.log_end_offset();
+        let mut next = first_offset;
+        for h in &mut headers {
+            let count = h.next_offset() - h.base_offset;
+            h.base_offset = next;
+            next += count;
+        }
+        let updated = match inner.producer_state.check_client_batches(&headers)? {
+            ProducerCheck::Duplicate(b) => {
+                return Ok(AppendInfo {
+                    first_offset: b.first_offset,
+                    last_offset: b.last_offset,
+                    log_append_time_ms: if config.message_timestamp_type
+                        == TimestampType::LogAppendTime
+                    {
+                        b.timestamp_ms
+                    } else {
+                        -1
+                    },
+                    log_start_offset: self.log_start_offset(),
+                    duplicate: true,
+                    records: 0,
+                    bytes: 0,
+                });
+            }
+            ProducerCheck::Valid(u) => u,
+        };
+        let log_append = config.message_timestamp_type == TimestampType::LogAppendTime;
+        let mut pos = 0;
+        let mut record_count = 0u64;
+        for h in &mut headers {
+            let size = h.total_size();
+            let b = &mut records[pos..pos + size];
+            set_base_offset(b, h.base_offset);
+            set_partition_leader_epoch(b, leader_epoch);
+            if log_append {
+                set_log_append_time(b, now_ms);
+            }
+            *h = BatchHeader::parse(b)?;
+            record_count += u64::try_from(h.records_count).unwrap_or(0);
+            pos += size;
+        }
+        let last_offset = next - 1;
+        let max_timestamp = headers.iter().map(|h| h.max_timestamp).max().unwrap_or(-1);
+
+        if self.should_roll(&inner, &config, records.len(), last_offset, max_timestamp, now_ms) {
+            self.roll(&mut inner, first_offset, &config, now_ms)?;
+        }
+        if leader_epoch >= 0 {
+            let mut cache = self.epoch_cache.lock();
+            if cache.assign(leader_epoch, first_offset, true)? {
+                self.latest_epoch.store(leader_epoch, Ordering::Release);
+            }
+        }
+        let active = Arc::clone(inner.segments.last().ok_or_else(|| {
+            LogError::Closed(self.topic_partition.to_string())
+        })?);
+        if let Err(e) = active.append(records, &headers, config.index_interval_bytes) {
+            tracing::error!(partition = %self.topic_partition, error = %e,
+                "append failed; refusing further appends to this log");
+            inner.closed = true;
+            return Err(e);
+        }
+        inner.producer_state.commit(updated);
+        debug_assert!(next > self.log_end_offset());
+        self.log_end_offset.store(next, Ordering::Release);
+        inner.unflushed_messages += record_count;
+        let flush_now = inner.unflushed_messages >= config.flush_interval_messages;
+        drop(inner);
+        if flush_now {
+            self.flush()?;
+        }
+        Ok(AppendInfo {
+            first_offset,
+            last_offset,
+            log_append_time_ms: if log_append { now_ms } else { -1 },
+            log_start_offset: self.log_start_offset(),
+            duplicate: false,
+            records: record_count,
+            bytes: records.len() as u64,
+        })
+    }
+
+    /// Kafka's `analyzeAndValidateRecords` plus the client checks of `LogValidator`.
+    fn analyze_and_validate(
+        &self,
+        records: &[u8],
+        config: &LogConfig,
+        now_ms: i64,
+    ) -> Result<Vec<BatchHeader>> {
+        if records.is_empty() {
+            return Err(LogError::InvalidRecord(
+                "produce request has no record batch for the partition".into(),
+            ));
+        }
+        if records.len() as u64 > config.segment_bytes {
+            return Err(LogError::RecordListTooLarge {
+                size_bytes: records.len(),
+                segment_bytes: config.segment_bytes,
+            });
+        }
+        let mut headers = Vec::new();
+        let mut pos = 0;
+        while pos < records.len() {
+            let rest = &records[pos..];
+            let h = BatchHeader::parse(rest)?;
+            if let Some(size) = checked_total_size(&h) {
+                if size > config.max_message_bytes {
+                    return Err(LogError::MessageTooLarge {
+                        size_bytes: size,
+                        max_bytes: config.max_message_bytes,
+                    });
+                }
+            }
+            let h = validate_batch(rest)?;
+            if h.is_control() {
+                return Err(LogError::InvalidRecord(
+                    "clients are not allowed to write control records".into(),
+                ));
+            }
+            if h.has_producer_id() && h.base_sequence < 0 {
+                return Err(LogError::InvalidRecord(format!(
+                    "invalid sequence number {} in record batch with producer id {}",
+                    h.base_sequence, h.producer_id
+                )));
+            }
+            if config.message_timestamp_type == TimestampType::CreateTime {
+                for ts in [h.base_timestamp, h.max_timestamp] {
+                    if ts < 0 {
+                        continue;
+                    }
+                    if now_ms.saturating_sub(ts) > config.message_timestamp_before_max_ms {
+                        return Err(LogError::InvalidTimestamp {
+                            timestamp_ms: ts,
+                            now_ms,
+                            reason: "older than message.timestamp.before.max.ms",
+                        });
+                    }
+                    if ts.saturating_sub(now_ms) > config.message_timestamp_after_max_ms {
+                        return Err(LogError::InvalidTimestamp {
+                            timestamp_ms: ts,
+                            now_ms,
+                            reason: "newer than message.timestamp.after.max.ms",
+                        });
+                    }
+                }
+            }
+            pos += h.total_size();
+            headers.push(h);
+        }
+        Ok(headers)
+    }
+
+    /// Kafka's `LogSegment.shouldRoll`.
+    fn should_roll(
+        &self,
+        inner: &Inner,
+        config: &LogConfig,
+        append_bytes: usize,
+        last_offset: i64,
+        max_timestamp_ms: i64,
+        now_ms: i64,
+    ) -> bool {
+        let Some(active) = inner.segments.last() else {
+            return false;
+        };
+        let size = active.size();
+        if size == 0 {
+            return false;
+        }
+        size + append_bytes as u64 > config.segment_bytes
+            || active.time_waited_for_roll_ms(now_ms, max_timestamp_ms) > config.segment_ms
+            || active.offset_index.is_full()
+            || active.time_index.is_full()
+            || !active.can_convert_to_relative_offset(last_offset)
+    }
+
+    fn roll(&self, inner: &mut Inner, new_base: i64, config: &LogConfig, now_ms: i64) -> Result<()> {
+        if let Some(active) = inner.segments.last() {
+            active.on_become_inactive()?;
+        }
+        let seg = Arc::new(LogSegment::create(
+            &self.dir,
+            new_base,
+            config.segment_index_bytes,
+            now_ms,
+        )?);
+        inner.segments.push(seg);
+        *self.segments.write() = Arc::new(inner.segments.clone());
+        tracing::debug!(partition = %self.topic_partition, base_offset = new_base, "rolled segment");
+        if let Err(e) = inner.producer_state.take_snapshot(new_base, false) {
+            tracing::warn!(partition = %self.topic_partition, error = %e,
+                "could not write producer snapshot at roll; it will be rebuilt from the log");
+        }
+        Ok(())
+    }
+
+    /// Reads whole batches starting with the one containing `fetch_offset`, up to `max_bytes`
+    /// in total, only batches entirely below `max_offset` (exclusive; the high watermark or
+    /// last stable offset), from one segment. With `min_one_batch` (KIP-74) the first batch is
+    /// returned whole even when larger than `max_bytes`. Takes no append lock.
+    ///
+    /// Returns empty records when `fetch_offset` is the log end offset or `>= max_offset`.
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`] outside `[log_start_offset, log_end_offset]`;
+    /// [`LogError::Io`] / [`LogError::CorruptFile`] for unreadable segments.
+    pub fn read(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+        min_one_batch: bool,
+    ) -> Result<ReadInfo> {
+        let log_end_offset = self.log_end_offset();
+        let segments = self.published_segments();
+        let log_start_offset = self.log_start_offset();
+        if fetch_offset < log_start_offset || fetch_offset > log_end_offset {
+            return Err(LogError::OffsetOutOfRange {
+                offset: fetch_offset,
+                log_start_offset,
+                log_end_offset,
+            });
+        }
+        let empty = ReadInfo {
+            records: Bytes::new(),
+            log_start_offset,
+            log_end_offset,
+        };
+        let upper = max_offset.min(log_end_offset);
+        if fetch_offset >= upper {
+            return Ok(empty);
+        }
+        let first = segments
+            .partition_point(|s| s.base_offset() <= fetch_offset)
+            .saturating_sub(1);
+        for seg in &segments[first..] {
+            let end = seg.size();
+            let Some((pos, h)) = seg.translate_offset(fetch_offset, end)? else {
+                continue;
+            };
+            if h.last_offset() >= upper {
+                return Ok(empty);
+            }
+            let first_size = h.total_size();
+            let want = if min_one_batch {
+                max_bytes.max(first_size)
+            } else {
+                max_bytes
+            };
+            if first_size > want {
+                return Ok(empty);
+            }
+            let len = (want as u64).min(end - pos) as usize;
+            let mut buf = seg.read_range(pos, len)?;
+            let mut keep = 0;
+            for item in Batches::new(&buf) {
+                match item {
+                    Ok((at, b)) if b.last_offset() < upper => keep = at + b.total_size(),
+                    _ => break,
+                }
+            }
+            buf.truncate(keep);
+            return Ok(ReadInfo {
+                records: Bytes::from(buf),
+                log_start_offset,
+                log_end_offset,
+            });
+        }
+        Ok(empty)
+    }
+
+    /// ListOffsets by timestamp: the first record (by offset) whose timestamp is
+    /// `>= target_ms`, found through the first segment whose max timestamp reaches the target,
+    /// its time index, its offset index, then a header walk and one batch decode. `None` when
+    /// no record is that new.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] or [`LogError::CorruptFile`] for unreadable segments.
+    pub fn fetch_offset_by_timestamp(&self, target_ms: i64) -> Result<Option<TimestampAndOffset>> {
+        let segments = self.published_segments();
+        let Some(seg) = segments
+            .iter()
+            .find(|s| s.max_timestamp().timestamp_ms >= target_ms)
+        else {
+            return Ok(None);
+        };
+        let end = seg.size();
+        let start = seg.position_for_timestamp(target_ms);
+        let mut found = None;
+        seg.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+            if h.max_timestamp >= target_ms {
+                found = Some((pos, *h));
+                Ok(false)
+            } else {
+                Ok(true)
+            }
+        })?;
+        let Some((pos, h)) = found else {
+            return Ok(None);
+        };
+        self.find_in_batch(seg, pos, &h, |ts| ts >= target_ms)
+    }
+
+    /// ListOffsets `-3` (KIP-734): the record with the largest timestamp, the earliest one if
+    /// several share it. `None` when no record has a timestamp.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::fetch_offset_by_timestamp`].
+    pub fn max_timestamp_and_offset(&self) -> Result<Option<TimestampAndOffset>> {
+        let segments = self.published_segments();
+        let mut best: Option<&Arc<LogSegment>> = None;
+        for s in segments.iter() {
+            if best.is_none_or(|b| s.max_timestamp().timestamp_ms > b.max_timestamp().timestamp_ms)
+            {
+                best = Some(s);
+            }
+        }
+        let Some(seg) = best else { return Ok(None) };
+        let max = seg.max_timestamp();
+        if max.timestamp_ms < 0 {
+            return Ok(None);
+        }
+        let Some((pos, h)) = seg.translate_offset(max.offset, seg.size())? else {
+            return Ok(None);
+        };
+        let found = self.find_in_batch(seg, pos, &h, |ts| ts == max.timestamp_ms)?;
+        Ok(found.or(Some(TimestampAndOffset {
+            timestamp_ms: max.timestamp_ms,
+            offset: max.offset,
+            leader_epoch: (h.partition_leader_epoch >= 0).then_some(h.partition_leader_epoch),
+        })))
+    }
+
+    fn find_in_batch(
+        &self,
+        seg: &LogSegment,
+        pos: u64,
+        h: &BatchHeader,
+        matches: impl Fn(i64) -> bool,
+    ) -> Result<Option<TimestampAndOffset>> {
+        let batch = seg.read_range(pos, h.total_size())?;
+        let stamps = record_timestamps(&batch, h).map_err(|e| LogError::CorruptFile {
+            path: seg.log_path().display().to_string(),
+            reason: format!("batch at position {pos}: {e}"),
+        })?;
+        let log_start_offset = self.log_start_offset();
+        Ok(stamps
+            .into_iter()
+            .find(|&(o, ts)| o >= log_start_offset && matches(ts))
+            .map(|(offset, timestamp_ms)| TimestampAndOffset {
+                timestamp_ms,
+                offset,
+                leader_epoch: (h.partition_leader_epoch >= 0).then_some(h.partition_leader_epoch),
+            }))
+    }
+
+    /// fsyncs every segment holding offsets at or after the recovery point, then moves the
+    /// recovery point to the log end offset.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn flush(&self) -> Result<()> {
+        self.flush_at(wall_clock_ms())
+    }
+
+    fn flush_at(&self, now_ms: i64) -> Result<()> {
+        let _serial = self.flush_lock.lock();
+        let (segments, log_end_offset) = {
+            let mut inner = self.inner.lock();
+            inner.unflushed_messages = 0;
+            (inner.segments.clone(), self.log_end_offset())
+        };
+        let recovery_point = self.recovery_point();
+        if log_end_offset > recovery_point {
+            let first = segments
+                .partition_point(|s| s.base_offset() <= recovery_point)
+                .saturating_sub(1);
+            for seg in &segments[first..] {
+                seg.flush()?;
+            }
+            sync_dir(&self.dir)?;
+            self.recovery_point.store(log_end_offset, Ordering::Release);
+        }
+        self.last_flush_ms.store(now_ms, Ordering::Release);
+        Ok(())
+    }
+
+    /// Flushes when `flush.ms` has passed since the last flush, or when a rolled segment is
+    /// not yet flushed (Kafka flushes rolled segments in the background). Call it on a timer.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn flush_if_due(&self, now_ms: i64) -> Result<()> {
+        let recovery_point = self.recovery_point();
+        if self.log_end_offset() <= recovery_point {
+            return Ok(());
+        }
+        let interval_ms = self.config.read().flush_interval_ms;
+        let since_ms = now_ms.saturating_sub(self.last_flush_ms.load(Ordering::Acquire));
+        let active_base = self
+            .published_segments()
+            .last()
+            .map_or(0, |s| s.base_offset());
+        if since_ms >= interval_ms || active_base > recovery_point {
+            self.flush_at(now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes, records the active segment's final time-index entry, trims the preallocated
+    /// indexes and writes a producer snapshot at the log end offset. Later appends fail with
+    /// [`LogError::Closed`]; reads keep working. Idempotent.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Ok(());
+        }
+        inner.closed = true;
+        if let Some(active) = inner.segments.last() {
+            active.on_become_inactive()?;
+            active.flush()?;
+        }
+        inner
+            .producer_state
+            .take_snapshot(self.log_end_offset(), true)
+    }
+
+    /// Refuses further appends without writing anything (the directory is being deleted).
+    pub(crate) fn mark_closed(&self) {
+        self.inner.lock().closed = true;
+    }
+
+    /// Number of producer ids with state.
+    pub fn num_producers(&self) -> usize {
+        self.inner.lock().producer_state.len()
+    }
+}
+
+pub(crate) fn delete_segment_files(dir: &Path, base_offset: i64) -> Result<()> {
+    for ext in ["log", "index", "timeindex", "txnindex"] {
+        let p = dir.join(crate::segment::file_name(base_offset, ext));
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io("deleting", &p, e)),
+        }
+    }
+    Ok(())
+}
