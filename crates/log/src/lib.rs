@@ -18,6 +18,7 @@ mod epoch;
 mod error;
 mod index;
 mod log;
+mod manager;
 mod producer_state;
 mod segment;
 mod timestamps;
@@ -26,3 +27,7 @@ pub use config::{LogConfig, TimestampType, TopicPartition};
 pub use epoch::EpochEntry;
 pub use error::{LogError, Result};
 pub use log::{AppendInfo, LoadStats, PartitionLog, ReadInfo, TimestampAndOffset};
+pub use manager::{
+    topic_id_from_string, topic_id_to_string, LogManager, CLEAN_SHUTDOWN_FILE,
+    PARTITION_METADATA_FILE, RECOVERY_POINT_CHECKPOINT,
+};

@@ -1,0 +1,459 @@
+//! [`LogManager`]: every partition log under `log.dirs` (Kafka's `LogManager`).
+//!
+//! Per log directory it keeps Kafka's files: `.lock` (flock, one broker per directory),
+//! `.kafka_cleanshutdown` (written after a clean shutdown, removed once the logs are loaded so
+//! that a later crash is seen as unclean) and `recovery-point-offset-checkpoint`
+//! (`0\n<count>\n<topic> <partition> <offset>\n...`, offsets below which each log is fsynced;
+//! recovery after a crash starts there).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::checkpoint::{parse_checkpoint, sync_dir, write_atomically};
+use crate::config::{LogConfig, TopicPartition};
+use crate::error::{LogError, Result};
+use crate::log::PartitionLog;
+
+/// Kafka's clean-shutdown marker file in each log directory.
+pub const CLEAN_SHUTDOWN_FILE: &str = ".kafka_cleanshutdown";
+/// Kafka's per-directory recovery point checkpoint.
+pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
+/// Kafka's per-partition topic id file.
+pub const PARTITION_METADATA_FILE: &str = "partition.metadata";
+const LOCK_FILE: &str = ".lock";
+
+struct Entry {
+    log: Arc<PartitionLog>,
+    dir_index: usize,
+    topic_id: Option<[u8; 16]>,
+}
+
+/// Owns the log directories and the partition logs in them.
+pub struct LogManager {
+    log_dirs: Vec<PathBuf>,
+    default_config: LogConfig,
+    logs: Mutex<HashMap<TopicPartition, Entry>>,
+    /// Holds each directory's `.lock` flock for the manager's lifetime.
+    _locks: Vec<File>,
+}
+
+/// Encodes a topic id as Kafka's `Uuid.toString`: URL-safe base64 without padding.
+pub fn topic_id_to_string(id: &[u8; 16]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(22);
+    for chunk in id.chunks(3) {
+        let mut n = 0u32;
+        for (i, b) in chunk.iter().enumerate() {
+            n |= u32::from(*b) << (16 - 8 * i);
+        }
+        let chars = chunk.len() + 1;
+        for i in 0..chars {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 0x3f) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Decodes [`topic_id_to_string`]'s format; `None` if it is not 22 base64url characters.
+pub fn topic_id_from_string(s: &str) -> Option<[u8; 16]> {
+    fn val(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        } as u32)
+    }
+    let s = s.as_bytes();
+    if s.len() != 22 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    let mut o = 0;
+    for chunk in s.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= val(*c)? << (18 - 6 * i);
+        }
+        for i in 0..chunk.len() - 1 {
+            out[o] = (n >> (16 - 8 * i)) as u8;
+            o += 1;
+        }
+    }
+    Some(out)
+}
+
+fn read_partition_metadata(dir: &Path) -> Result<Option<[u8; 16]>> {
+    let path = dir.join(PARTITION_METADATA_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LogError::io("reading", &path, e)),
+    };
+    let corrupt = |reason: &str| LogError::CorruptFile {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    };
+    let mut lines = text.lines();
+    if lines.next().map(str::trim) != Some("version: 0") {
+        return Err(corrupt("expected \"version: 0\""));
+    }
+    let id = lines
+        .next()
+        .and_then(|l| l.trim().strip_prefix("topic_id: "))
+        .and_then(|s| topic_id_from_string(s.trim()))
+        .ok_or_else(|| corrupt("expected \"topic_id: <base64url uuid>\""))?;
+    Ok(Some(id))
+}
+
+fn write_partition_metadata(dir: &Path, topic_id: &[u8; 16]) -> Result<()> {
+    let text = format!("version: 0\ntopic_id: {}\n", topic_id_to_string(topic_id));
+    write_atomically(&dir.join(PARTITION_METADATA_FILE), text.as_bytes(), true)
+}
+
+fn read_recovery_points(dir: &Path) -> Result<HashMap<TopicPartition, i64>> {
+    let path = dir.join(RECOVERY_POINT_CHECKPOINT);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(parse_checkpoint(&path, &text, 0, |f| match f {
+            [t, p, o] => Some((TopicPartition::new(*t, p.parse().ok()?), o.parse().ok()?)),
+            _ => None,
+        })?
+        .into_iter()
+        .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(LogError::io("reading", &path, e)),
+    }
+}
+
+impl LogManager {
+    /// Opens every log directory: creates missing ones, checks each is writable, locks it
+    /// (`.lock`), finishes interrupted deletions (`*-delete` directories), and loads every
+    /// `<topic>-<partition>` directory with `default_config`. A directory without
+    /// `.kafka_cleanshutdown` was not shut down cleanly: its logs are recovered from their
+    /// recovery points. The marker is removed once everything is loaded.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] for unwritable directories, [`LogError::DirLocked`] when another
+    /// process holds a directory, [`LogError::CorruptFile`] when a partition appears in two
+    /// directories, and any error from [`PartitionLog::open_with_recovery_point`].
+    pub fn open(
+        log_dirs: &[PathBuf],
+        default_config: LogConfig,
+    ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
+        let mut locks = Vec::new();
+        let mut logs = HashMap::new();
+        let mut loaded = Vec::new();
+        for (dir_index, dir) in log_dirs.iter().enumerate() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| LogError::io("creating log directory", dir, e))?;
+            let probe = dir.join(".gregor-write-check");
+            std::fs::write(&probe, b"ok")
+                .and_then(|()| std::fs::remove_file(&probe))
+                .map_err(|e| LogError::io("checking that the log directory is writable:", dir, e))?;
+            let lock_path = dir.join(LOCK_FILE);
+            let lock = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| LogError::io("opening", &lock_path, e))?;
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
+            locks.push(lock);
+
+            let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+            let clean = marker.exists();
+            let recovery_points = if clean {
+                HashMap::new()
+            } else {
+                read_recovery_points(dir).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "ignoring unreadable recovery point checkpoint; recovering whole logs");
+                    HashMap::new()
+                })
+            };
+            if !clean {
+                tracing::info!(log_dir = %dir.display(), "no clean shutdown marker; logs will be recovered");
+            }
+            let rd = std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))?;
+            let mut names = Vec::new();
+            for entry in rd {
+                let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    if let Ok(name) = entry.file_name().into_string() {
+                        names.push(name);
+                    }
+                }
+            }
+            names.sort();
+            for name in names {
+                let path = dir.join(&name);
+                if name.ends_with("-delete") {
+                    tracing::info!(dir = %path.display(), "finishing deletion of partition directory");
+                    std::fs::remove_dir_all(&path)
+                        .map_err(|e| LogError::io("deleting", &path, e))?;
+                    continue;
+                }
+                if name.ends_with(".deleted") || name.ends_with("-future") || name.ends_with("-stray") {
+                    continue;
+                }
+                let Some(tp) = TopicPartition::parse_dir_name(&name) else {
+                    tracing::debug!(dir = %path.display(), "not a partition directory; ignored");
+                    continue;
+                };
+                if logs.contains_key(&tp) {
+                    return Err(LogError::CorruptFile {
+                        path: path.display().to_string(),
+                        reason: format!("partition {tp} exists in more than one log directory"),
+                    });
+                }
+                let topic_id = read_partition_metadata(&path)?;
+                let log = Arc::new(PartitionLog::open_with_recovery_point(
+                    &path,
+                    tp.clone(),
+                    default_config.clone(),
+                    clean,
+                    recovery_points.get(&tp).copied(),
+                )?);
+                loaded.push(Arc::clone(&log));
+                logs.insert(
+                    tp,
+                    Entry {
+                        log,
+                        dir_index,
+                        topic_id,
+                    },
+                );
+            }
+            if clean {
+                std::fs::remove_file(&marker).map_err(|e| LogError::io("removing", &marker, e))?;
+                sync_dir(dir)?;
+            }
+        }
+        let manager = Self {
+            log_dirs: log_dirs.to_vec(),
+            default_config,
+            logs: Mutex::new(logs),
+            _locks: locks,
+        };
+        manager.checkpoint_recovery_points()?;
+        Ok((manager, loaded))
+    }
+
+    /// The log directories, in configuration order.
+    pub fn log_dirs(&self) -> &[PathBuf] {
+        &self.log_dirs
+    }
+
+    /// The configuration new logs get when none is given.
+    pub fn default_config(&self) -> &LogConfig {
+        &self.default_config
+    }
+
+    /// The log of `tp`, creating it (in the directory with the fewest partitions, as Kafka
+    /// does) with `config` and writing `partition.metadata` with `topic_id` (Kafka's
+    /// `version: 0\ntopic_id: <base64url>`). An existing log keeps its configuration; a missing
+    /// `partition.metadata` is written.
+    ///
+    /// # Errors
+    /// [`LogError::InconsistentTopicId`] when the partition exists with another topic id;
+    /// [`LogError::Io`].
+    pub fn get_or_create(
+        &self,
+        tp: &TopicPartition,
+        topic_id: [u8; 16],
+        config: LogConfig,
+    ) -> Result<Arc<PartitionLog>> {
+        let mut logs = self.logs.lock();
+        if let Some(entry) = logs.get_mut(tp) {
+            match entry.topic_id {
+                Some(existing) if existing != topic_id => {
+                    return Err(LogError::InconsistentTopicId {
+                        partition: tp.to_string(),
+                        on_disk: topic_id_to_string(&existing),
+                        requested: topic_id_to_string(&topic_id),
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    write_partition_metadata(entry.log.dir(), &topic_id)?;
+                    entry.topic_id = Some(topic_id);
+                }
+            }
+            return Ok(Arc::clone(&entry.log));
+        }
+        let mut counts = vec![0usize; self.log_dirs.len()];
+        for e in logs.values() {
+            counts[e.dir_index] += 1;
+        }
+        let dir_index = counts
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| **c)
+            .map_or(0, |(i, _)| i);
+        let parent = self.log_dirs.get(dir_index).ok_or_else(|| LogError::CorruptFile {
+            path: String::new(),
+            reason: "no log directories configured".into(),
+        })?;
+        let path = parent.join(tp.dir_name());
+        let log = Arc::new(PartitionLog::open(&path, tp.clone(), config, true)?);
+        write_partition_metadata(&path, &topic_id)?;
+        sync_dir(parent)?;
+        logs.insert(
+            tp.clone(),
+            Entry {
+                log: Arc::clone(&log),
+                dir_index,
+                topic_id: Some(topic_id),
+            },
+        );
+        Ok(log)
+    }
+
+    /// The log of `tp`, if loaded.
+    pub fn get(&self, tp: &TopicPartition) -> Option<Arc<PartitionLog>> {
+        self.logs.lock().get(tp).map(|e| Arc::clone(&e.log))
+    }
+
+    /// The topic id recorded for `tp` in its `partition.metadata`.
+    pub fn topic_id(&self, tp: &TopicPartition) -> Option<[u8; 16]> {
+        self.logs.lock().get(tp).and_then(|e| e.topic_id)
+    }
+
+    /// Every loaded log.
+    pub fn all(&self) -> Vec<Arc<PartitionLog>> {
+        self.logs.lock().values().map(|e| Arc::clone(&e.log)).collect()
+    }
+
+    /// Deletes the log of `tp`: refuses further appends, renames its directory to
+    /// `<topic>-<partition>.<uuid>-delete` (so a crash midway finishes the deletion at the next
+    /// start) and removes it. Readers holding the log keep reading the unlinked files. Missing
+    /// partitions are ignored.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn delete(&self, tp: &TopicPartition) -> Result<()> {
+        let Some(entry) = self.logs.lock().remove(tp) else {
+            return Ok(());
+        };
+        entry.log.mark_closed();
+        let dir = entry.log.dir().to_path_buf();
+        let doomed = dir.with_file_name(format!(
+            "{}.{}-delete",
+            tp.dir_name(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::rename(&dir, &doomed).map_err(|e| LogError::io("renaming for deletion", &dir, e))?;
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent)?;
+        }
+        std::fs::remove_dir_all(&doomed).map_err(|e| LogError::io("deleting", &doomed, e))?;
+        self.checkpoint_recovery_points()
+    }
+
+    /// Applies every log's flush policy ([`PartitionLog::flush_if_due`]) and checkpoints the
+    /// recovery points when they moved. Errors are logged, not returned: one failing partition
+    /// must not stop the others from being flushed.
+    pub fn flush_if_due(&self, now_ms: i64) {
+        let logs = self.all();
+        let mut moved = false;
+        for log in &logs {
+            let before = log.recovery_point();
+            if let Err(e) = log.flush_if_due(now_ms) {
+                tracing::error!(partition = %log.topic_partition(), error = %e, "flush failed");
+            }
+            moved |= log.recovery_point() != before;
+        }
+        if moved {
+            if let Err(e) = self.checkpoint_recovery_points() {
+                tracing::error!(error = %e, "writing recovery point checkpoint failed");
+            }
+        }
+    }
+
+    /// Writes `recovery-point-offset-checkpoint` in every log directory.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn checkpoint_recovery_points(&self) -> Result<()> {
+        let logs = self.logs.lock();
+        for (i, dir) in self.log_dirs.iter().enumerate() {
+            let mut lines: Vec<String> = logs
+                .iter()
+                .filter(|(_, e)| e.dir_index == i)
+                .map(|(tp, e)| format!("{} {} {}", tp.topic, tp.partition, e.log.recovery_point()))
+                .collect();
+            lines.sort();
+            let mut text = format!("0\n{}\n", lines.len());
+            for l in lines {
+                text.push_str(&l);
+                text.push('\n');
+            }
+            write_atomically(&dir.join(RECOVERY_POINT_CHECKPOINT), text.as_bytes(), true)?;
+        }
+        Ok(())
+    }
+
+    /// Closes every log (flush, producer snapshot, trimmed indexes), checkpoints recovery
+    /// points, then writes `.kafka_cleanshutdown` in each directory whose logs all closed.
+    ///
+    /// # Errors
+    /// The first error met; directories with a failed log get no marker.
+    pub fn shutdown(&self) -> Result<()> {
+        let mut first_error = None;
+        let mut failed_dirs = vec![false; self.log_dirs.len()];
+        {
+            let logs = self.logs.lock();
+            for (tp, e) in logs.iter() {
+                if let Err(err) = e.log.close() {
+                    tracing::error!(partition = %tp, error = %err, "closing log failed");
+                    failed_dirs[e.dir_index] = true;
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if let Err(err) = self.checkpoint_recovery_points() {
+            failed_dirs.iter_mut().for_each(|f| *f = true);
+            first_error.get_or_insert(err);
+        }
+        for (dir, failed) in self.log_dirs.iter().zip(failed_dirs) {
+            if failed {
+                continue;
+            }
+            let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+            if let Err(err) = write_atomically(&marker, br#"{"version":0,"brokerEpoch":-1}"#, true)
+            {
+                first_error.get_or_insert(err);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_id_base64url() {
+        let id: [u8; 16] = [
+            0xfb, 0xff, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c,
+            0x0d, 0xfe,
+        ];
+        let s = topic_id_to_string(&id);
+        assert_eq!(s.len(), 22);
+        assert_eq!(&s[..4], "-_8B");
+        assert_eq!(topic_id_from_string(&s), Some(id));
+        assert_eq!(topic_id_to_string(&[0; 16]), "AAAAAAAAAAAAAAAAAAAAAA");
+        assert_eq!(topic_id_from_string("short"), None);
+    }
+}
