@@ -1,1 +1,161 @@
-//! test support
+//! Test harness for integration tests: runs the real `gregor` binary as a child process on a
+//! free 127.0.0.1 port with its own data directory, waits until it accepts connections, and
+//! restarts it gracefully (SIGTERM) or by crashing it (SIGKILL). The integration tests that use
+//! it live in `crates/cli/tests/` so that cargo builds the binary for them.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A running gregor broker process.
+pub struct Gregor {
+    bin: PathBuf,
+    child: Option<Child>,
+    /// Client port on 127.0.0.1.
+    pub port: u16,
+    data: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding an ephemeral port")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl Gregor {
+    /// Starts `bin` with a fresh data dir, a free port and `extra` as `--set` overrides
+    /// (`key=value`).
+    ///
+    /// # Errors
+    /// When the process cannot start or does not listen within 60 s.
+    pub fn start(bin: impl AsRef<Path>, extra: &[&str]) -> Result<Self> {
+        let mut g = Self {
+            bin: bin.as_ref().to_path_buf(),
+            child: None,
+            port: free_port()?,
+            data: tempfile::tempdir().context("creating a data dir")?,
+            extra: extra.iter().map(|s| (*s).to_string()).collect(),
+        };
+        g.spawn()?;
+        Ok(g)
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The data directory (`log.dirs`).
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve")
+            .arg("--set")
+            .arg(format!("listeners=PLAINTEXT://127.0.0.1:{}", self.port))
+            .arg("--set")
+            .arg(format!("log.dirs={}", self.data.path().display()));
+        for e in &self.extra {
+            cmd.arg("--set").arg(e);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.path().join("gregor-test.log"))
+            .context("opening the server log")?;
+        cmd.stdout(Stdio::null()).stderr(Stdio::from(log));
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", self.bin.display()))?;
+        self.child = Some(child);
+        self.wait_listening(Duration::from_secs(60))
+    }
+
+    fn wait_listening(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Some(status) = c.try_wait()? {
+                    bail!(
+                        "gregor exited with {status} before listening; log:\n{}",
+                        self.server_log()
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("gregor did not listen within {timeout:?}; log:\n{}", self.server_log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server's stderr so far.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.data.path().join("gregor-test.log")).unwrap_or_default()
+    }
+
+    fn signal(&mut self, sig: &str) -> Result<Option<std::process::ExitStatus>> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(None);
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -{sig} failed");
+        }
+        Ok(Some(child.wait().context("waiting for gregor to exit")?))
+    }
+
+    /// Graceful stop (SIGTERM), waiting for the process to exit. Fails if it exits non-zero.
+    ///
+    /// # Errors
+    /// When the process cannot be signalled or exits unsuccessfully.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(status) = self.signal("TERM")? {
+            if !status.success() {
+                bail!("gregor exited with {status} on SIGTERM; log:\n{}", self.server_log());
+            }
+        }
+        Ok(())
+    }
+
+    /// Crash (SIGKILL): no flush, no clean-shutdown marker.
+    ///
+    /// # Errors
+    /// When the process cannot be signalled.
+    pub fn kill9(&mut self) -> Result<()> {
+        self.signal("KILL").map(|_| ())
+    }
+
+    /// Starts the process again on the same port and data dir.
+    ///
+    /// # Errors
+    /// As [`Gregor::start`].
+    pub fn restart(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            self.stop()?;
+        }
+        self.spawn()
+    }
+}
+
+impl Drop for Gregor {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,1 +1,17 @@
-//! placeholder
+//! gregor-broker: the broker. Owns the listeners and connections ([`server`]), one handler
+//! module per Kafka API family ([`handlers`]), the hosted partitions with their leadership
+//! state, high watermark and delayed operations ([`replica_manager`]), and the broker and topic
+//! configuration with Kafka's names and defaults ([`config`]).
+//!
+//! It builds on `gregor-log` (partition data on disk) and `gregor-metadata` (cluster metadata
+//! and the controller); it never parses record batches beyond their headers on the produce path.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod error_codes;
+pub mod handlers;
+pub mod replica_manager;
+pub mod server;
+
+pub use config::BrokerConfig;
+pub use server::{start, Broker, RunningBroker, StartError};

@@ -1,1 +1,131 @@
-fn main() {}
+//! The `gregor` binary: `gregor serve` runs a broker; the other subcommands are Kafka clients
+//! (built on rdkafka) for topics, producing and consuming.
+
+mod client;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "gregor", version, about = "A Kafka-compatible event-streaming platform")]
+struct Cli {
+    /// Log format of the server and tools.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker (with no arguments: a one-node cluster on 127.0.0.1:9092, data in
+    /// ./gregor-data).
+    Serve(ServeArgs),
+    #[command(flatten)]
+    Client(client::ClientCommand),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A Kafka `server.properties` file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one property, e.g. `--set log.dirs=/data/gregor` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn load_properties(args: &ServeArgs) -> Result<BTreeMap<String, String>> {
+    let mut props = BTreeMap::new();
+    if let Some(path) = &args.config {
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("opening config file {}", path.display()))?;
+        let map = java_properties::read(std::io::BufReader::new(file))
+            .with_context(|| format!("parsing config file {}", path.display()))?;
+        props.extend(map);
+    }
+    for kv in &args.overrides {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--set expects KEY=VALUE, got {kv:?}");
+        };
+        props.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(props)
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let props = load_properties(&args)?;
+    let (config, unknown) = gregor_broker::BrokerConfig::from_properties(props)?;
+    if !unknown.is_empty() {
+        warn!(keys = ?unknown, "ignoring unknown configuration keys: {}", unknown.join(", "));
+    }
+    let running = gregor_broker::start(config)
+        .await
+        .context("starting the broker")?;
+    info!(
+        cluster_id = %running.broker.cluster_id,
+        node_id = running.broker.config.node_id,
+        "gregor {} started",
+        env!("CARGO_PKG_VERSION")
+    );
+    wait_for_signal().await?;
+    info!("shutting down: flushing and closing logs");
+    running
+        .shutdown()
+        .await
+        .context("closing logs at shutdown")?;
+    info!("shut down cleanly");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => info!("received SIGTERM"),
+        _ = int.recv() => info!("received SIGINT"),
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(cli.log_format, "info");
+            rt.block_on(serve(args))
+        }
+        Command::Client(cmd) => {
+            init_logging(cli.log_format, "warn");
+            rt.block_on(client::run(cmd))
+        }
+    }
+}

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod compression;
+pub mod frame;
 pub mod records;
 
 pub use kafka_protocol;

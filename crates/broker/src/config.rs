@@ -1,0 +1,655 @@
+//! Broker and topic configuration with Apache Kafka's property names, types and defaults
+//! (Kafka 4.x `KafkaConfig`, `ServerLogConfigs`, `TopicConfig`).
+//!
+//! [`BrokerConfig::from_properties`] takes the key/value pairs of a `server.properties` file
+//! (plus `--set` overrides) and builds the typed config, reporting unknown keys. Topic configs
+//! are resolved per topic by [`TopicConfigs::resolve`]: an override set on the topic, else the
+//! broker's synonym, else Kafka's default.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gregor_log::LogConfig;
+use gregor_protocol::batch::TimestampType;
+use thiserror::Error;
+
+/// A bad config value, naming the key and what is wrong (Kafka's `ConfigException`).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("Invalid value {value} for configuration {name}: {reason}")]
+pub struct ConfigError {
+    /// Config name.
+    pub name: String,
+    /// Offending value.
+    pub value: String,
+    /// Why it is invalid.
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(name: &str, value: &str, reason: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Type of a config, as reported by DescribeConfigs v3+ (`config_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    /// BOOLEAN (1).
+    Boolean,
+    /// STRING (2).
+    String,
+    /// INT (3).
+    Int,
+    /// SHORT (4).
+    Short,
+    /// LONG (5).
+    Long,
+    /// DOUBLE (6).
+    Double,
+    /// LIST (7).
+    List,
+    /// PASSWORD (9).
+    Password,
+}
+
+impl ConfigType {
+    /// DescribeConfigs `config_type` code.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::Boolean => 1,
+            Self::String => 2,
+            Self::Int => 3,
+            Self::Short => 4,
+            Self::Long => 5,
+            Self::Double => 6,
+            Self::List => 7,
+            Self::Password => 9,
+        }
+    }
+
+    /// Checks that `value` parses as this type.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming `name`.
+    pub fn check(self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let v = value.trim();
+        let ok = match self {
+            Self::Boolean => v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("false"),
+            Self::Int => v.parse::<i32>().is_ok(),
+            Self::Short => v.parse::<i16>().is_ok(),
+            Self::Long => v.parse::<i64>().is_ok(),
+            Self::Double => v.parse::<f64>().is_ok(),
+            Self::String | Self::List | Self::Password => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(ConfigError::new(
+                name,
+                value,
+                format!("Expected value to be a {self:?}"),
+            ))
+        }
+    }
+}
+
+/// One topic-level config: its name, the broker config that supplies its default, its type,
+/// Kafka's default, and the values it accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicConfigDef {
+    /// Topic config name, e.g. `retention.ms`.
+    pub name: &'static str,
+    /// Broker config whose value is the default for all topics, e.g. `log.retention.ms`.
+    pub broker_synonym: Option<&'static str>,
+    /// Type.
+    pub config_type: ConfigType,
+    /// Kafka's default value.
+    pub default: &'static str,
+    /// Accepted values for enumerated configs (compared case-sensitively, as Kafka).
+    pub allowed: &'static [&'static str],
+    /// Smallest accepted numeric value.
+    pub min: Option<f64>,
+    /// One-line documentation.
+    pub doc: &'static str,
+}
+
+const LONG_MAX: &str = "9223372036854775807";
+
+macro_rules! tc {
+    ($name:expr, $syn:expr, $ty:ident, $def:expr, $allowed:expr, $min:expr, $doc:expr) => {
+        TopicConfigDef {
+            name: $name,
+            broker_synonym: $syn,
+            config_type: ConfigType::$ty,
+            default: $def,
+            allowed: $allowed,
+            min: $min,
+            doc: $doc,
+        }
+    };
+}
+
+/// Kafka 4.x topic configs (`TopicConfig`), with their broker synonyms and defaults.
+pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
+    tc!("cleanup.policy", Some("log.cleanup.policy"), List, "delete", &["delete", "compact"], None, "Retention policy: delete and/or compact old segments."),
+    tc!("compression.gzip.level", Some("compression.gzip.level"), Int, "-1", &[], Some(-1.0), "gzip level when compression.type is gzip (KIP-390)."),
+    tc!("compression.lz4.level", Some("compression.lz4.level"), Int, "9", &[], Some(1.0), "lz4 level when compression.type is lz4 (KIP-390)."),
+    tc!("compression.type", Some("compression.type"), String, "producer", &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"], None, "Final compression of the topic's batches; producer keeps the producer's codec."),
+    tc!("compression.zstd.level", Some("compression.zstd.level"), Int, "3", &[], Some(-131072.0), "zstd level when compression.type is zstd (KIP-390)."),
+    tc!("delete.retention.ms", Some("log.cleaner.delete.retention.ms"), Long, "86400000", &[], Some(0.0), "How long tombstones are kept on compacted topics (ms)."),
+    tc!("file.delete.delay.ms", Some("log.segment.delete.delay.ms"), Long, "60000", &[], Some(0.0), "Delay before a deleted segment file is removed (ms)."),
+    tc!("flush.messages", Some("log.flush.interval.messages"), Long, LONG_MAX, &[], Some(1.0), "Messages appended before the log is fsynced."),
+    tc!("flush.ms", Some("log.flush.interval.ms"), Long, LONG_MAX, &[], Some(0.0), "Time before the log is fsynced (ms)."),
+    tc!("follower.replication.throttled.replicas", Some("follower.replication.throttled.replicas"), List, "", &[], None, "Replicas throttled on the follower side."),
+    tc!("index.interval.bytes", Some("log.index.interval.bytes"), Int, "4096", &[], Some(0.0), "Bytes between offset index entries."),
+    tc!("leader.replication.throttled.replicas", Some("leader.replication.throttled.replicas"), List, "", &[], None, "Replicas throttled on the leader side."),
+    tc!("local.retention.bytes", Some("log.local.retention.bytes"), Long, "-2", &[], Some(-2.0), "Local retention for tiered storage (bytes)."),
+    tc!("local.retention.ms", Some("log.local.retention.ms"), Long, "-2", &[], Some(-2.0), "Local retention for tiered storage (ms)."),
+    tc!("max.compaction.lag.ms", Some("log.cleaner.max.compaction.lag.ms"), Long, LONG_MAX, &[], Some(1.0), "Longest a record stays uncompacted (ms)."),
+    tc!("max.message.bytes", Some("message.max.bytes"), Int, "1048588", &[], Some(0.0), "Largest record batch the topic accepts (bytes)."),
+    tc!("message.timestamp.after.max.ms", Some("log.message.timestamp.after.max.ms"), Long, "3600000", &[], Some(0.0), "How far a CreateTime timestamp may be ahead of the broker clock (ms)."),
+    tc!("message.timestamp.before.max.ms", Some("log.message.timestamp.before.max.ms"), Long, LONG_MAX, &[], Some(0.0), "How far a CreateTime timestamp may be behind the broker clock (ms)."),
+    tc!("message.timestamp.type", Some("log.message.timestamp.type"), String, "CreateTime", &["CreateTime", "LogAppendTime"], None, "Whether record timestamps are the producer's or the append time."),
+    tc!("min.cleanable.dirty.ratio", Some("log.cleaner.min.cleanable.ratio"), Double, "0.5", &[], Some(0.0), "Dirty ratio that triggers compaction."),
+    tc!("min.compaction.lag.ms", Some("log.cleaner.min.compaction.lag.ms"), Long, "0", &[], Some(0.0), "Shortest time a record stays uncompacted (ms)."),
+    tc!("min.insync.replicas", Some("min.insync.replicas"), Int, "1", &[], Some(1.0), "In-sync replicas needed for an acks=all write."),
+    tc!("preallocate", Some("log.preallocate"), Boolean, "false", &[], None, "Preallocate segment files."),
+    tc!("remote.log.copy.disable", None, Boolean, "false", &[], None, "Stop copying to remote storage (tiered storage)."),
+    tc!("remote.log.delete.on.disable", None, Boolean, "false", &[], None, "Delete remote data when tiered storage is disabled."),
+    tc!("remote.storage.enable", None, Boolean, "false", &[], None, "Tiered storage for the topic."),
+    tc!("retention.bytes", Some("log.retention.bytes"), Long, "-1", &[], None, "Largest size of a partition before old segments are deleted (bytes, -1 = no limit)."),
+    tc!("retention.ms", Some("log.retention.ms"), Long, "604800000", &[], Some(-1.0), "Age after which segments are deleted (ms, -1 = forever)."),
+    tc!("segment.bytes", Some("log.segment.bytes"), Int, "1073741824", &[], Some(1_048_576.0), "Segment file size (bytes)."),
+    tc!("segment.index.bytes", Some("log.index.size.max.bytes"), Int, "10485760", &[], Some(4.0), "Offset index size (bytes)."),
+    tc!("segment.jitter.ms", Some("log.roll.jitter.ms"), Long, "0", &[], Some(0.0), "Random jitter subtracted from segment.ms (ms)."),
+    tc!("segment.ms", Some("log.roll.ms"), Long, "604800000", &[], Some(1.0), "Time after which a segment is rolled (ms)."),
+    tc!("unclean.leader.election.enable", Some("unclean.leader.election.enable"), Boolean, "false", &[], None, "Allow out-of-sync replicas to become leader."),
+];
+
+/// Looks up a topic config definition by name.
+pub fn topic_config_def(name: &str) -> Option<&'static TopicConfigDef> {
+    TOPIC_CONFIGS.iter().find(|d| d.name == name)
+}
+
+/// Validates one topic config value against its definition.
+///
+/// # Errors
+/// [`ConfigError`] for an unknown name, a value of the wrong type, out of range, or not in the
+/// allowed set.
+pub fn validate_topic_config(name: &str, value: &str) -> Result<(), ConfigError> {
+    let def = topic_config_def(name)
+        .ok_or_else(|| ConfigError::new(name, value, "Unknown topic config name"))?;
+    def.config_type.check(name, value)?;
+    if let Some(min) = def.min {
+        if let Ok(v) = value.trim().parse::<f64>() {
+            if v < min {
+                return Err(ConfigError::new(
+                    name,
+                    value,
+                    format!("Value must be at least {min}"),
+                ));
+            }
+        }
+    }
+    if !def.allowed.is_empty() {
+        let items: Vec<&str> = if def.config_type == ConfigType::List {
+            value.split(',').map(str::trim).collect()
+        } else {
+            vec![value.trim()]
+        };
+        if let Some(bad) = items.iter().find(|i| !def.allowed.contains(i)) {
+            return Err(ConfigError::new(
+                name,
+                value,
+                format!("String must be one of: {} (got {bad})", def.allowed.join(", ")),
+            ));
+        }
+    }
+    if name == "segment.bytes" && value.trim().parse::<i64>().is_ok_and(|v| v < 14) {
+        return Err(ConfigError::new(name, value, "Value must be at least 14"));
+    }
+    Ok(())
+}
+
+/// Where a config value comes from (DescribeConfigs `config_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// DYNAMIC_TOPIC_CONFIG (1).
+    DynamicTopic,
+    /// STATIC_BROKER_CONFIG (4): set in server.properties or with --set.
+    StaticBroker,
+    /// DEFAULT_CONFIG (5).
+    Default,
+}
+
+impl ConfigSource {
+    /// DescribeConfigs `config_source` code.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::DynamicTopic => 1,
+            Self::StaticBroker => 4,
+            Self::Default => 5,
+        }
+    }
+}
+
+/// A listener: `NAME://host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Listener name (PLAINTEXT).
+    pub name: String,
+    /// Host or IP to bind or advertise.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl Listener {
+    /// Parses `NAME://host:port` (IPv6 hosts in brackets).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming `config_name`.
+    pub fn parse(config_name: &str, s: &str) -> Result<Self, ConfigError> {
+        let bad = |why: &str| ConfigError::new(config_name, s, why);
+        let (name, rest) = s
+            .split_once("://")
+            .ok_or_else(|| bad("expected NAME://host:port"))?;
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| bad("expected NAME://host:port"))?;
+        let port: u16 = port.parse().map_err(|_| bad("port is not a number"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        if name.is_empty() {
+            return Err(bad("listener name is empty"));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            host,
+            port,
+        })
+    }
+}
+
+/// Broker config keys gregor recognises but does not act on yet (they are accepted from a
+/// Kafka `server.properties` without a warning). Each is either meaningless for a single
+/// process (thread counts) or belongs to a feature of a later release.
+const ACCEPTED_KEYS: &[&str] = &[
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.quorum.bootstrap.servers",
+    "controller.listener.names",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "num.network.threads",
+    "num.io.threads",
+    "num.recovery.threads.per.data.dir",
+    "num.replica.fetchers",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "offsets.topic.replication.factor",
+    "offsets.topic.num.partitions",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "group.initial.rebalance.delay.ms",
+    "log.retention.check.interval.ms",
+    "log.cleaner.enable",
+    "log.cleaner.threads",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+    "broker.id",
+    "cluster.id",
+    "metadata.log.dir",
+];
+
+/// The broker's configuration. Field docs name the Kafka property.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// `node.id` (default 1: gregor runs without a config file).
+    pub node_id: i32,
+    /// `listeners`, default `PLAINTEXT://127.0.0.1:9092`.
+    pub listeners: Vec<Listener>,
+    /// `advertised.listeners`, default: `listeners`.
+    pub advertised_listeners: Vec<Listener>,
+    /// `log.dirs` (or `log.dir`), default `./gregor-data`.
+    pub log_dirs: Vec<PathBuf>,
+    /// `num.partitions`, default 1.
+    pub num_partitions: i32,
+    /// `default.replication.factor`, default 1.
+    pub default_replication_factor: i16,
+    /// `auto.create.topics.enable`, default true.
+    pub auto_create_topics_enable: bool,
+    /// `socket.request.max.bytes`, default 104857600 (100 MiB).
+    pub socket_request_max_bytes: usize,
+    /// `queued.max.requests`, default 500: per connection, requests read ahead of responses.
+    pub queued_max_requests: usize,
+    /// `log.flush.scheduler.interval.ms`: how often the flush policy is checked (ms). Kafka's
+    /// default is Long.MAX; gregor checks every 1000 ms when `log.flush.interval.ms` is set.
+    pub log_flush_scheduler_interval_ms: u64,
+    /// `broker.rack`.
+    pub rack: Option<String>,
+    /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
+    pub raw: BTreeMap<String, String>,
+}
+
+/// Broker keys that are read into [`BrokerConfig`] fields, with Kafka's defaults.
+const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
+    ("node.id", ConfigType::Int, "1"),
+    ("listeners", ConfigType::List, "PLAINTEXT://127.0.0.1:9092"),
+    ("advertised.listeners", ConfigType::List, ""),
+    ("log.dirs", ConfigType::List, "./gregor-data"),
+    ("log.dir", ConfigType::String, ""),
+    ("num.partitions", ConfigType::Int, "1"),
+    ("default.replication.factor", ConfigType::Int, "1"),
+    ("auto.create.topics.enable", ConfigType::Boolean, "true"),
+    ("socket.request.max.bytes", ConfigType::Int, "104857600"),
+    ("queued.max.requests", ConfigType::Int, "500"),
+    ("log.roll.hours", ConfigType::Int, "168"),
+    ("log.retention.hours", ConfigType::Int, "168"),
+    ("log.retention.minutes", ConfigType::Int, ""),
+    ("log.flush.scheduler.interval.ms", ConfigType::Long, LONG_MAX),
+    ("broker.rack", ConfigType::String, ""),
+];
+
+impl BrokerConfig {
+    /// Builds the config from `server.properties` pairs. Returns the config and the unknown keys
+    /// (the caller warns about them).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a value of the wrong type or out of range.
+    pub fn from_properties(
+        props: BTreeMap<String, String>,
+    ) -> Result<(Self, Vec<String>), ConfigError> {
+        let mut unknown = Vec::new();
+        for (k, v) in &props {
+            if let Some((_, ty, _)) = BROKER_KEYS.iter().find(|(n, _, _)| n == k) {
+                ty.check(k, v)?;
+            } else if let Some(def) = TOPIC_CONFIGS.iter().find(|d| d.broker_synonym == Some(k)) {
+                validate_topic_config(def.name, v).map_err(|mut e| {
+                    e.name = k.clone();
+                    e
+                })?;
+            } else if !ACCEPTED_KEYS.contains(&k.as_str()) {
+                unknown.push(k.clone());
+            }
+        }
+        let get = |k: &str| props.get(k).map(|s| s.trim().to_string());
+        let int = |k: &str, d: i64| -> i64 { get(k).and_then(|v| v.parse().ok()).unwrap_or(d) };
+        let listeners = parse_listeners(
+            "listeners",
+            &get("listeners").unwrap_or_else(|| "PLAINTEXT://127.0.0.1:9092".into()),
+        )?;
+        if listeners.is_empty() {
+            return Err(ConfigError::new("listeners", "", "at least one listener is needed"));
+        }
+        let advertised_listeners = match get("advertised.listeners") {
+            Some(v) if !v.is_empty() => parse_listeners("advertised.listeners", &v)?,
+            _ => listeners.clone(),
+        };
+        let log_dirs: Vec<PathBuf> = get("log.dirs")
+            .or_else(|| get("log.dir"))
+            .unwrap_or_else(|| "./gregor-data".into())
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        if log_dirs.is_empty() {
+            return Err(ConfigError::new("log.dirs", "", "at least one directory is needed"));
+        }
+        let num_partitions = int("num.partitions", 1);
+        if num_partitions < 1 {
+            return Err(ConfigError::new(
+                "num.partitions",
+                &num_partitions.to_string(),
+                "Value must be at least 1",
+            ));
+        }
+        let rf = int("default.replication.factor", 1);
+        if !(1..=i64::from(i16::MAX)).contains(&rf) {
+            return Err(ConfigError::new(
+                "default.replication.factor",
+                &rf.to_string(),
+                "Value must be at least 1",
+            ));
+        }
+        let request_max = int("socket.request.max.bytes", 104_857_600);
+        if request_max < 1 {
+            return Err(ConfigError::new(
+                "socket.request.max.bytes",
+                &request_max.to_string(),
+                "Value must be at least 1",
+            ));
+        }
+        let cfg = Self {
+            node_id: int("node.id", 1) as i32,
+            listeners,
+            advertised_listeners,
+            log_dirs,
+            num_partitions: num_partitions as i32,
+            default_replication_factor: rf as i16,
+            auto_create_topics_enable: get("auto.create.topics.enable")
+                .is_none_or(|v| v.eq_ignore_ascii_case("true")),
+            socket_request_max_bytes: request_max as usize,
+            queued_max_requests: int("queued.max.requests", 500).clamp(1, 10_000) as usize,
+            log_flush_scheduler_interval_ms: int("log.flush.scheduler.interval.ms", 1000)
+                .clamp(1, 3_600_000) as u64,
+            rack: get("broker.rack").filter(|s| !s.is_empty()),
+            raw: props,
+        };
+        Ok((cfg, unknown))
+    }
+
+    /// The value a topic gets for `def` when the topic has no override: the broker's synonym
+    /// if set (with Kafka's derived synonyms: `log.retention.hours/minutes` for
+    /// `log.retention.ms`, `log.roll.hours` for `log.roll.ms`), else Kafka's default.
+    pub fn topic_default(&self, def: &TopicConfigDef) -> (String, ConfigSource) {
+        if let Some(syn) = def.broker_synonym {
+            if let Some(v) = self.raw.get(syn) {
+                return (v.trim().to_string(), ConfigSource::StaticBroker);
+            }
+            let derived = match syn {
+                "log.retention.ms" => self
+                    .raw
+                    .get("log.retention.minutes")
+                    .and_then(|m| m.trim().parse::<i64>().ok())
+                    .map(|m| m * 60_000)
+                    .or_else(|| {
+                        self.raw
+                            .get("log.retention.hours")
+                            .and_then(|h| h.trim().parse::<i64>().ok())
+                            .map(|h| h * 3_600_000)
+                    }),
+                "log.roll.ms" => self
+                    .raw
+                    .get("log.roll.hours")
+                    .and_then(|h| h.trim().parse::<i64>().ok())
+                    .map(|h| h * 3_600_000),
+                _ => None,
+            };
+            if let Some(v) = derived {
+                return (v.to_string(), ConfigSource::StaticBroker);
+            }
+        }
+        (def.default.to_string(), ConfigSource::Default)
+    }
+
+    /// The broker-level configs for DescribeConfigs: `(name, value, source, type, sensitive)`.
+    pub fn describe(&self) -> Vec<(String, Option<String>, ConfigSource, ConfigType)> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, ty, default) in BROKER_KEYS {
+            seen.insert(*name);
+            let (value, source) = match self.raw.get(*name) {
+                Some(v) => (Some(v.clone()), ConfigSource::StaticBroker),
+                None => (
+                    (!default.is_empty()).then(|| (*default).to_string()),
+                    ConfigSource::Default,
+                ),
+            };
+            let value = match *name {
+                "listeners" => Some(join_listeners(&self.listeners)),
+                "advertised.listeners" => Some(join_listeners(&self.advertised_listeners)),
+                "log.dirs" => Some(
+                    self.log_dirs
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                _ => value,
+            };
+            out.push(((*name).to_string(), value, source, *ty));
+        }
+        for def in TOPIC_CONFIGS {
+            let Some(syn) = def.broker_synonym else {
+                continue;
+            };
+            if !seen.insert(syn) {
+                continue;
+            }
+            let (v, source) = self.topic_default(def);
+            out.push((syn.to_string(), Some(v), source, def.config_type));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+fn join_listeners(l: &[Listener]) -> String {
+    l.iter()
+        .map(|l| format!("{}://{}:{}", l.name, l.host, l.port))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_listeners(config_name: &str, v: &str) -> Result<Vec<Listener>, ConfigError> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| Listener::parse(config_name, s))
+        .collect()
+}
+
+/// The effective configs of one topic: overrides from metadata over broker defaults.
+#[derive(Debug, Clone)]
+pub struct TopicConfigs {
+    /// Every topic config with its value and source, in [`TOPIC_CONFIGS`] order.
+    pub entries: Vec<(&'static TopicConfigDef, String, ConfigSource)>,
+}
+
+impl TopicConfigs {
+    /// Resolves all topic configs for a topic with `overrides`.
+    pub fn resolve(broker: &BrokerConfig, overrides: &BTreeMap<String, String>) -> Self {
+        let entries = TOPIC_CONFIGS
+            .iter()
+            .map(|def| match overrides.get(def.name) {
+                Some(v) => (def, v.clone(), ConfigSource::DynamicTopic),
+                None => {
+                    let (v, s) = broker.topic_default(def);
+                    (def, v, s)
+                }
+            })
+            .collect();
+        Self { entries }
+    }
+
+    /// The value of `name` (empty if unknown).
+    pub fn get(&self, name: &str) -> &str {
+        self.entries
+            .iter()
+            .find(|(d, _, _)| d.name == name)
+            .map_or("", |(_, v, _)| v.as_str())
+    }
+
+    fn long(&self, name: &str, default: i64) -> i64 {
+        self.get(name).trim().parse().unwrap_or(default)
+    }
+
+    /// The log settings these configs imply.
+    pub fn log_config(&self) -> LogConfig {
+        let d = LogConfig::default();
+        LogConfig {
+            segment_bytes: self.long("segment.bytes", d.segment_bytes as i64).max(14) as u64,
+            segment_ms: self.long("segment.ms", d.segment_ms).max(1),
+            segment_index_bytes: self
+                .long("segment.index.bytes", d.segment_index_bytes as i64)
+                .max(8) as u64,
+            index_interval_bytes: self
+                .long("index.interval.bytes", d.index_interval_bytes as i64)
+                .max(0) as u64,
+            flush_interval_messages: self
+                .long("flush.messages", d.flush_interval_messages as i64)
+                .max(1) as u64,
+            flush_interval_ms: self.long("flush.ms", d.flush_interval_ms).max(0),
+            max_message_bytes: self
+                .long("max.message.bytes", d.max_message_bytes as i64)
+                .max(0) as usize,
+            message_timestamp_type: if self.get("message.timestamp.type") == "LogAppendTime" {
+                TimestampType::LogAppendTime
+            } else {
+                TimestampType::CreateTime
+            },
+            message_timestamp_before_max_ms: self
+                .long("message.timestamp.before.max.ms", d.message_timestamp_before_max_ms)
+                .max(0),
+            message_timestamp_after_max_ms: self
+                .long("message.timestamp.after.max.ms", d.message_timestamp_after_max_ms)
+                .max(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_need_no_config() {
+        let (c, unknown) = BrokerConfig::from_properties(BTreeMap::new()).unwrap();
+        assert!(unknown.is_empty());
+        assert_eq!(c.listeners[0].port, 9092);
+        assert_eq!(c.advertised_listeners, c.listeners);
+        assert_eq!(c.log_dirs, vec![PathBuf::from("./gregor-data")]);
+        let t = TopicConfigs::resolve(&c, &BTreeMap::new());
+        assert_eq!(t.get("retention.ms"), "604800000");
+        assert_eq!(t.log_config().segment_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn broker_synonyms_feed_topic_defaults() {
+        let (c, unknown) = BrokerConfig::from_properties(props(&[
+            ("log.segment.bytes", "2000000"),
+            ("log.retention.hours", "1"),
+            ("no.such.key", "x"),
+        ]))
+        .unwrap();
+        assert_eq!(unknown, vec!["no.such.key".to_string()]);
+        let t = TopicConfigs::resolve(&c, &props(&[("segment.ms", "1000")]));
+        assert_eq!(t.get("segment.bytes"), "2000000");
+        assert_eq!(t.get("retention.ms"), "3600000");
+        assert_eq!(t.log_config().segment_ms, 1000);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = BrokerConfig::from_properties(props(&[("num.partitions", "x")])).unwrap_err();
+        assert_eq!(e.name, "num.partitions");
+        let e = BrokerConfig::from_properties(props(&[("listeners", "nope")])).unwrap_err();
+        assert_eq!(e.name, "listeners");
+        assert!(validate_topic_config("cleanup.policy", "compact,delete").is_ok());
+        assert!(validate_topic_config("cleanup.policy", "shred").is_err());
+        assert!(validate_topic_config("retention.ms", "abc").is_err());
+        assert!(validate_topic_config("no.such", "1").is_err());
+        assert!(validate_topic_config("min.insync.replicas", "0").is_err());
+    }
+}

@@ -1,0 +1,84 @@
+//! ApiVersions (key 18), <https://kafka.apache.org/protocol#The_Messages_ApiVersions>,
+//! KIP-35 and KIP-511 (client software name and version; answering unknown versions with v0).
+
+use bytes::Bytes;
+use gregor_protocol::frame;
+use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
+use gregor_protocol::kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, ResponseKind,
+};
+
+use super::{supported_versions, IMPLEMENTED};
+use crate::error_codes as ec;
+
+fn api_keys() -> Vec<ApiVersion> {
+    let mut keys: Vec<ApiVersion> = IMPLEMENTED
+        .iter()
+        .filter_map(|k| {
+            supported_versions(*k).map(|(min, max)| {
+                ApiVersion::default()
+                    .with_api_key(*k as i16)
+                    .with_min_version(min)
+                    .with_max_version(max)
+            })
+        })
+        .collect();
+    keys.sort_by_key(|k| k.api_key);
+    keys
+}
+
+/// KIP-511: client software name and version must match
+/// `[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?`.
+fn valid_software_field(s: &str) -> bool {
+    let b = s.as_bytes();
+    let edge = |c: &u8| c.is_ascii_alphanumeric();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'.';
+    match b {
+        [] => false,
+        [one] => edge(one),
+        [first, mid @ .., last] => edge(first) && edge(last) && mid.iter().all(inner),
+    }
+}
+
+/// Answers ApiVersions.
+pub fn handle(req: &ApiVersionsRequest, version: i16) -> ApiVersionsResponse {
+    let mut resp = ApiVersionsResponse::default().with_api_keys(api_keys());
+    if version >= 3
+        && (!valid_software_field(&req.client_software_name)
+            || !valid_software_field(&req.client_software_version))
+    {
+        resp.error_code = ec::INVALID_REQUEST;
+    }
+    resp
+}
+
+/// The v0 response to an ApiVersions request at a version gregor does not know: error
+/// UNSUPPORTED_VERSION plus the supported ranges, so the client can retry at a version both
+/// sides know (KIP-511).
+pub fn unsupported_version_response(correlation_id: i32) -> Option<Bytes> {
+    let body = ApiVersionsResponse::default()
+        .with_error_code(ec::UNSUPPORTED_VERSION)
+        .with_api_keys(api_keys());
+    frame::encode_response(
+        ApiKey::ApiVersions,
+        0,
+        correlation_id,
+        &ResponseKind::ApiVersions(body),
+    )
+    .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn software_names() {
+        assert!(valid_software_field("librdkafka"));
+        assert!(valid_software_field("2.12.0"));
+        assert!(valid_software_field("apache-kafka-java"));
+        assert!(!valid_software_field(""));
+        assert!(!valid_software_field("-x"));
+        assert!(!valid_software_field("a b"));
+    }
+}

@@ -1,0 +1,185 @@
+//! Metadata (key 3) and DescribeCluster (key 60),
+//! <https://kafka.apache.org/protocol#The_Messages_Metadata>; topic ids from KIP-516, leader
+//! epochs from KIP-320, auto-creation as `auto.create.topics.enable` and
+//! `allow_auto_topic_creation` (v4+) say.
+
+use std::sync::Arc;
+
+use gregor_metadata::{MetadataImage, TopicImage};
+use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use gregor_protocol::kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use gregor_protocol::kafka_protocol::messages::{
+    BrokerId, DescribeClusterRequest, DescribeClusterResponse, MetadataRequest, MetadataResponse,
+    TopicName,
+};
+use uuid::Uuid;
+
+use super::sb;
+use crate::error_codes as ec;
+use crate::server::Broker;
+
+/// "Authorized operations not requested" (Kafka's `Integer.MIN_VALUE` sentinel).
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+
+fn topic_entry(t: &TopicImage) -> MetadataResponseTopic {
+    let partitions = t
+        .partitions
+        .iter()
+        .map(|(idx, p)| {
+            MetadataResponsePartition::default()
+                .with_error_code(if p.leader < 0 {
+                    ec::LEADER_NOT_AVAILABLE
+                } else {
+                    ec::NONE
+                })
+                .with_partition_index(*idx)
+                .with_leader_id(BrokerId(p.leader))
+                .with_leader_epoch(p.leader_epoch)
+                .with_replica_nodes(p.replicas.iter().map(|b| BrokerId(*b)).collect())
+                .with_isr_nodes(p.isr.iter().map(|b| BrokerId(*b)).collect())
+                .with_offline_replicas(vec![])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(sb(&t.name))))
+        .with_topic_id(t.topic_id)
+        .with_is_internal(t.name.starts_with("__"))
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn error_entry(name: Option<&str>, topic_id: Uuid, code: i16) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_error_code(code)
+        .with_name(name.map(|n| TopicName(sb(n))))
+        .with_topic_id(topic_id)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn brokers(image: &MetadataImage) -> Vec<MetadataResponseBroker> {
+    image
+        .brokers
+        .values()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.broker_id))
+                .with_host(sb(&b.host))
+                .with_port(i32::from(b.port))
+                .with_rack(b.rack.as_deref().map(sb))
+        })
+        .collect()
+}
+
+/// Answers Metadata: null topics = all topics, an empty list = none (v1+; in v0 an empty
+/// list means all). Unknown topics are created when the request allows it (v4+, always
+/// before v4) and `auto.create.topics.enable` is on.
+pub fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+    let mut image = broker.controller.image();
+    let all = match &req.topics {
+        None => true,
+        Some(t) => t.is_empty() && version == 0,
+    };
+    let mut topics = Vec::new();
+    if all {
+        let mut names: Vec<&String> = image.topic_ids.keys().collect();
+        names.sort();
+        for n in names {
+            if let Some(t) = image.topic(n) {
+                topics.push(topic_entry(t));
+            }
+        }
+    } else {
+        let allow_auto = version < 4 || req.allow_auto_topic_creation;
+        for rt in req.topics.unwrap_or_default() {
+            match rt.name.as_ref().map(|n| n.0.to_string()) {
+                None => {
+                    // Lookup by topic id (v10+).
+                    match image.topic_by_id(&rt.topic_id) {
+                        Some(t) => topics.push(topic_entry(t)),
+                        None => topics.push(error_entry(None, rt.topic_id, ec::UNKNOWN_TOPIC_ID)),
+                    }
+                }
+                Some(name) => {
+                    if let Some(t) = image.topic(&name) {
+                        topics.push(topic_entry(t));
+                        continue;
+                    }
+                    if let Err(e) = gregor_metadata::controller::validate_topic_name(&name) {
+                        topics.push(error_entry(
+                            Some(&name),
+                            Uuid::nil(),
+                            e.kafka_error_code(),
+                        ));
+                        continue;
+                    }
+                    if allow_auto && broker.config.auto_create_topics_enable {
+                        match super::topics::auto_create(broker, &name) {
+                            Ok(()) => {
+                                image = broker.controller.image();
+                                match image.topic(&name) {
+                                    Some(t) => topics.push(topic_entry(t)),
+                                    None => topics.push(error_entry(
+                                        Some(&name),
+                                        Uuid::nil(),
+                                        ec::LEADER_NOT_AVAILABLE,
+                                    )),
+                                }
+                            }
+                            Err(code) => {
+                                topics.push(error_entry(Some(&name), Uuid::nil(), code));
+                            }
+                        }
+                    } else {
+                        topics.push(error_entry(
+                            Some(&name),
+                            Uuid::nil(),
+                            ec::UNKNOWN_TOPIC_OR_PARTITION,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    MetadataResponse::default()
+        .with_brokers(brokers(&image))
+        .with_cluster_id(Some(sb(&broker.cluster_id)))
+        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+/// Answers DescribeCluster (KIP-700).
+pub fn describe_cluster(
+    broker: &Arc<Broker>,
+    req: &DescribeClusterRequest,
+    version: i16,
+) -> DescribeClusterResponse {
+    let image = broker.controller.image();
+    let mut resp = DescribeClusterResponse::default()
+        .with_cluster_id(sb(&broker.cluster_id))
+        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_endpoint_type(1)
+        .with_brokers(
+            image
+                .brokers
+                .values()
+                .map(|b| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(b.broker_id))
+                        .with_host(sb(&b.host))
+                        .with_port(i32::from(b.port))
+                        .with_rack(b.rack.as_deref().map(sb))
+                })
+                .collect(),
+        );
+    // KIP-919: only the broker endpoint type (1) is served by brokers.
+    if version >= 1 && req.endpoint_type != 1 {
+        resp.error_code = ec::UNSUPPORTED_ENDPOINT_TYPE;
+        resp.error_message = Some(sb("The target does not support the requested endpoint type."));
+        resp.brokers.clear();
+    }
+    resp
+}

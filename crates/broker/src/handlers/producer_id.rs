@@ -1,0 +1,39 @@
+//! InitProducerId (key 22) for idempotent producers (KIP-98; KIP-360 for epoch bumps).
+//! Transactions (a non-null transactional id) come with the transaction coordinator.
+
+use std::sync::Arc;
+
+use gregor_protocol::kafka_protocol::messages::{
+    InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+};
+use tracing::warn;
+
+use crate::error_codes as ec;
+use crate::server::Broker;
+
+/// Answers InitProducerId. An idempotent producer (null transactional id) always gets a fresh
+/// producer id with epoch 0, as Kafka's `ProducerIdManager` does: a producer that re-initialises
+/// (KIP-360) starts a new sequence space under the new id.
+pub fn handle(
+    broker: &Arc<Broker>,
+    req: &InitProducerIdRequest,
+    _version: i16,
+) -> InitProducerIdResponse {
+    let resp = InitProducerIdResponse::default()
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1)
+        .with_ongoing_txn_producer_id(ProducerId(-1))
+        .with_ongoing_txn_producer_epoch(-1);
+    if req.transactional_id.is_some() {
+        // No transaction coordinator yet: fail fast rather than make the client retry forever.
+        warn!("InitProducerId with a transactional id: transactions are not supported yet");
+        return resp.with_error_code(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    match broker.next_producer_id() {
+        Ok(id) => resp.with_producer_id(ProducerId(id)).with_producer_epoch(0),
+        Err(e) => {
+            warn!(error = %e, "cannot allocate producer ids");
+            resp.with_error_code(ec::COORDINATOR_NOT_AVAILABLE)
+        }
+    }
+}
