@@ -32,7 +32,9 @@ impl TopicPartition {
     /// including Kafka's `*-delete`, `*-future` and `*-stray` directories.
     pub fn parse_dir_name(name: &str) -> Option<Self> {
         let (topic, partition) = name.rsplit_once('-')?;
-        if topic.is_empty() || partition.is_empty() || !partition.bytes().all(|b| b.is_ascii_digit())
+        if topic.is_empty()
+            || partition.is_empty()
+            || !partition.bytes().all(|b| b.is_ascii_digit())
         {
             return None;
         }

@@ -131,7 +131,10 @@ mod tests {
         assert_eq!(c.end_offset_for(3, 20), (3, 20));
         assert_eq!(c.end_offset_for(4, 20), (-1, -1));
         c.truncate_from_end(10).unwrap();
-        assert_eq!(LeaderEpochCache::load(dir.path()).unwrap().latest_epoch(), Some(0));
+        assert_eq!(
+            LeaderEpochCache::load(dir.path()).unwrap().latest_epoch(),
+            Some(0)
+        );
     }
 
     #[test]

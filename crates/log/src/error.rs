@@ -164,19 +164,37 @@ mod tests {
 
     #[test]
     fn codes_follow_kafka() {
-        assert_eq!(LogError::Batch(BatchError::Corrupt("x".into())).kafka_error_code(), 2);
         assert_eq!(
-            LogError::Batch(BatchError::CrcMismatch { stored: 1, computed: 2 }).kafka_error_code(),
+            LogError::Batch(BatchError::Corrupt("x".into())).kafka_error_code(),
             2
         );
-        assert_eq!(LogError::Batch(BatchError::Invalid("x".into())).kafka_error_code(), 87);
         assert_eq!(
-            LogError::MessageTooLarge { size_bytes: 2, max_bytes: 1 }.kafka_error_code(),
+            LogError::Batch(BatchError::CrcMismatch {
+                stored: 1,
+                computed: 2
+            })
+            .kafka_error_code(),
+            2
+        );
+        assert_eq!(
+            LogError::Batch(BatchError::Invalid("x".into())).kafka_error_code(),
+            87
+        );
+        assert_eq!(
+            LogError::MessageTooLarge {
+                size_bytes: 2,
+                max_bytes: 1
+            }
+            .kafka_error_code(),
             10
         );
         assert_eq!(
-            LogError::OffsetOutOfRange { offset: 5, log_start_offset: 0, log_end_offset: 1 }
-                .kafka_error_code(),
+            LogError::OffsetOutOfRange {
+                offset: 5,
+                log_start_offset: 0,
+                log_end_offset: 1
+            }
+            .kafka_error_code(),
             1
         );
         assert_eq!(

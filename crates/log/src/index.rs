@@ -300,10 +300,18 @@ mod tests {
         let idx = OffsetIndex::create(&path, 80).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 80);
         for i in 1..=5u32 {
-            idx.append(OffsetEntry { relative_offset: i * 10, position: i * 100 }).unwrap();
+            idx.append(OffsetEntry {
+                relative_offset: i * 10,
+                position: i * 100,
+            })
+            .unwrap();
         }
         // Not increasing: ignored.
-        idx.append(OffsetEntry { relative_offset: 50, position: 600 }).unwrap();
+        idx.append(OffsetEntry {
+            relative_offset: 50,
+            position: 600,
+        })
+        .unwrap();
         assert_eq!(idx.len(), 5);
         let e = idx.floor_by(|e| e.relative_offset <= 35).unwrap();
         assert_eq!(e.position, 300);
@@ -316,7 +324,13 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
         let (re, sane) = OffsetIndex::open(&path, 80, |_| true).unwrap();
         assert!(sane);
-        assert_eq!(re.last(), Some(OffsetEntry { relative_offset: 50, position: 500 }));
+        assert_eq!(
+            re.last(),
+            Some(OffsetEntry {
+                relative_offset: 50,
+                position: 500
+            })
+        );
     }
 
     #[test]
@@ -324,8 +338,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("0.timeindex");
         let idx = TimeIndex::create(&path, 120).unwrap();
-        idx.append(TimeEntry { timestamp_ms: 10, relative_offset: 1 }).unwrap();
-        idx.append(TimeEntry { timestamp_ms: 20, relative_offset: 2 }).unwrap();
+        idx.append(TimeEntry {
+            timestamp_ms: 10,
+            relative_offset: 1,
+        })
+        .unwrap();
+        idx.append(TimeEntry {
+            timestamp_ms: 20,
+            relative_offset: 2,
+        })
+        .unwrap();
         // Garbage after the entries.
         idx.file.write_all_at(&[1, 2, 3], 40).unwrap();
         let (_, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();

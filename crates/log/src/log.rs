@@ -190,7 +190,8 @@ impl PartitionLog {
                 .any(|b| bases.binary_search(&b).is_err());
             if orphan {
                 let p = dir.join(&name);
-                std::fs::remove_file(&p).map_err(|e| LogError::io("removing orphan index", &p, e))?;
+                std::fs::remove_file(&p)
+                    .map_err(|e| LogError::io("removing orphan index", &p, e))?;
             }
         }
 
@@ -271,13 +272,14 @@ impl PartitionLog {
                 Err(LogError::CorruptFile { reason, .. }) => {
                     tracing::warn!(segment = %active.log_path().display(), %reason,
                         "torn active segment despite a clean shutdown; recovering it");
-                    let r = active.recover(active.base_offset(), config.index_interval_bytes, |h| {
-                        if let Ok(true) =
-                            epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
-                        {
-                            epochs_changed = true;
-                        }
-                    })?;
+                    let r =
+                        active.recover(active.base_offset(), config.index_interval_bytes, |h| {
+                            if let Ok(true) =
+                                epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
+                            {
+                                epochs_changed = true;
+                            }
+                        })?;
                     stats.recovered_segments += 1;
                     stats.recovered_batches += r.batches;
                     stats.truncated_bytes += r.truncated_bytes;
@@ -323,13 +325,18 @@ impl PartitionLog {
                     Some((pos, _)) => pos,
                     None => continue,
                 };
-                seg.walk_headers(start, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
-                    if h.base_offset >= replay_from {
-                        producer_state.replay(h);
-                        stats.replayed_producer_batches += 1;
-                    }
-                    Ok(true)
-                })?;
+                seg.walk_headers(
+                    start,
+                    seg.size(),
+                    crate::segment::SCAN_CHUNK_BYTES,
+                    |_, h| {
+                        if h.base_offset >= replay_from {
+                            producer_state.replay(h);
+                            stats.replayed_producer_batches += 1;
+                        }
+                        Ok(true)
+                    },
+                )?;
             }
         }
 
@@ -533,7 +540,14 @@ impl PartitionLog {
         let last_offset = next - 1;
         let max_timestamp = headers.iter().map(|h| h.max_timestamp).max().unwrap_or(-1);
 
-        if self.should_roll(&inner, &config, records.len(), last_offset, max_timestamp, now_ms) {
+        if self.should_roll(
+            &inner,
+            &config,
+            records.len(),
+            last_offset,
+            max_timestamp,
+            now_ms,
+        ) {
             self.roll(&mut inner, first_offset, &config, now_ms)?;
         }
         if leader_epoch >= 0 {
@@ -542,9 +556,12 @@ impl PartitionLog {
                 self.latest_epoch.store(leader_epoch, Ordering::Release);
             }
         }
-        let active = Arc::clone(inner.segments.last().ok_or_else(|| {
-            LogError::Closed(self.topic_partition.to_string())
-        })?);
+        let active = Arc::clone(
+            inner
+                .segments
+                .last()
+                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
+        );
         if let Err(e) = active.append(records, &headers, config.index_interval_bytes) {
             tracing::error!(partition = %self.topic_partition, error = %e,
                 "append failed; refusing further appends to this log");
@@ -665,7 +682,13 @@ impl PartitionLog {
             || !active.can_convert_to_relative_offset(last_offset)
     }
 
-    fn roll(&self, inner: &mut Inner, new_base: i64, config: &LogConfig, now_ms: i64) -> Result<()> {
+    fn roll(
+        &self,
+        inner: &mut Inner,
+        new_base: i64,
+        config: &LogConfig,
+        now_ms: i64,
+    ) -> Result<()> {
         if let Some(active) = inner.segments.last() {
             active.on_become_inactive()?;
         }
@@ -941,4 +964,16 @@ pub(crate) fn delete_segment_files(dir: &Path, base_offset: i64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl std::fmt::Debug for PartitionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionLog")
+            .field("topic_partition", &self.topic_partition)
+            .field("dir", &self.dir)
+            .field("log_start_offset", &self.log_start_offset())
+            .field("log_end_offset", &self.log_end_offset())
+            .field("recovery_point", &self.recovery_point())
+            .finish_non_exhaustive()
+    }
 }

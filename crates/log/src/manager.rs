@@ -131,6 +131,15 @@ fn read_recovery_points(dir: &Path) -> Result<HashMap<TopicPartition, i64>> {
     }
 }
 
+impl std::fmt::Debug for LogManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogManager")
+            .field("log_dirs", &self.log_dirs)
+            .field("partitions", &self.logs.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl LogManager {
     /// Opens every log directory: creates missing ones, checks each is writable, locks it
     /// (`.lock`), finishes interrupted deletions (`*-delete` directories), and loads every
@@ -155,7 +164,9 @@ impl LogManager {
             let probe = dir.join(".gregor-write-check");
             std::fs::write(&probe, b"ok")
                 .and_then(|()| std::fs::remove_file(&probe))
-                .map_err(|e| LogError::io("checking that the log directory is writable:", dir, e))?;
+                .map_err(|e| {
+                    LogError::io("checking that the log directory is writable:", dir, e)
+                })?;
             let lock_path = dir.join(LOCK_FILE);
             let lock = OpenOptions::new()
                 .read(true)
@@ -200,7 +211,10 @@ impl LogManager {
                         .map_err(|e| LogError::io("deleting", &path, e))?;
                     continue;
                 }
-                if name.ends_with(".deleted") || name.ends_with("-future") || name.ends_with("-stray") {
+                if name.ends_with(".deleted")
+                    || name.ends_with("-future")
+                    || name.ends_with("-stray")
+                {
                     continue;
                 }
                 let Some(tp) = TopicPartition::parse_dir_name(&name) else {
@@ -297,10 +311,13 @@ impl LogManager {
             .enumerate()
             .min_by_key(|(_, c)| **c)
             .map_or(0, |(i, _)| i);
-        let parent = self.log_dirs.get(dir_index).ok_or_else(|| LogError::CorruptFile {
-            path: String::new(),
-            reason: "no log directories configured".into(),
-        })?;
+        let parent = self
+            .log_dirs
+            .get(dir_index)
+            .ok_or_else(|| LogError::CorruptFile {
+                path: String::new(),
+                reason: "no log directories configured".into(),
+            })?;
         let path = parent.join(tp.dir_name());
         let log = Arc::new(PartitionLog::open(&path, tp.clone(), config, true)?);
         write_partition_metadata(&path, &topic_id)?;
@@ -328,7 +345,11 @@ impl LogManager {
 
     /// Every loaded log.
     pub fn all(&self) -> Vec<Arc<PartitionLog>> {
-        self.logs.lock().values().map(|e| Arc::clone(&e.log)).collect()
+        self.logs
+            .lock()
+            .values()
+            .map(|e| Arc::clone(&e.log))
+            .collect()
     }
 
     /// Deletes the log of `tp`: refuses further appends, renames its directory to
@@ -349,7 +370,8 @@ impl LogManager {
             tp.dir_name(),
             uuid::Uuid::new_v4().simple()
         ));
-        std::fs::rename(&dir, &doomed).map_err(|e| LogError::io("renaming for deletion", &dir, e))?;
+        std::fs::rename(&dir, &doomed)
+            .map_err(|e| LogError::io("renaming for deletion", &dir, e))?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }

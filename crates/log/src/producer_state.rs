@@ -207,8 +207,7 @@ impl ProducerStateManager {
     /// Snapshot offsets present in the directory, ascending.
     pub(crate) fn list_snapshots(&self) -> Result<Vec<i64>> {
         let mut out = Vec::new();
-        let rd = std::fs::read_dir(&self.dir)
-            .map_err(|e| LogError::io("listing", &self.dir, e))?;
+        let rd = std::fs::read_dir(&self.dir).map_err(|e| LogError::io("listing", &self.dir, e))?;
         for entry in rd {
             let entry = entry.map_err(|e| LogError::io("listing", &self.dir, e))?;
             let name = entry.file_name();
@@ -351,7 +350,7 @@ impl ProducerStateManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gregor_protocol::batch::{validate_batch, set_base_offset, BatchBuilder};
+    use gregor_protocol::batch::{set_base_offset, validate_batch, BatchBuilder};
 
     fn header(pid: i64, epoch: i16, seq: i32, n: usize, base_offset: i64) -> BatchHeader {
         let mut b = BatchBuilder::new(0, 1).producer(pid, epoch, seq);
@@ -380,7 +379,10 @@ mod tests {
         // Unknown producer must start at 0.
         assert!(matches!(
             append(&mut m, header(1, 0, 5, 1, 0)),
-            Err(LogError::OutOfOrderSequence { expected_sequence: 0, .. })
+            Err(LogError::OutOfOrderSequence {
+                expected_sequence: 0,
+                ..
+            })
         ));
         assert_eq!(append(&mut m, header(1, 0, 0, 3, 0)).unwrap(), None);
         assert_eq!(append(&mut m, header(1, 0, 3, 2, 3)).unwrap(), None);
@@ -388,14 +390,20 @@ mod tests {
         assert_eq!((dup.first_offset, dup.last_offset), (0, 2));
         assert!(matches!(
             append(&mut m, header(1, 0, 6, 1, 5)),
-            Err(LogError::OutOfOrderSequence { expected_sequence: 5, .. })
+            Err(LogError::OutOfOrderSequence {
+                expected_sequence: 5,
+                ..
+            })
         ));
         // New epoch must start at 0; then the old one is fenced.
         assert!(append(&mut m, header(1, 1, 5, 1, 5)).is_err());
         assert_eq!(append(&mut m, header(1, 1, 0, 1, 5)).unwrap(), None);
         assert!(matches!(
             append(&mut m, header(1, 0, 5, 1, 6)),
-            Err(LogError::InvalidProducerEpoch { current_epoch: 1, .. })
+            Err(LogError::InvalidProducerEpoch {
+                current_epoch: 1,
+                ..
+            })
         ));
         // Only the last five batches are remembered.
         for i in 1..=5 {

@@ -141,8 +141,10 @@ impl LogSegment {
     ) -> Result<Self> {
         let log_path = dir.join(file_name(base_offset, "log"));
         let log = Self::open_log(&log_path, true)?;
-        let offset_index =
-            OffsetIndex::create(&dir.join(file_name(base_offset, "index")), segment_index_bytes)?;
+        let offset_index = OffsetIndex::create(
+            &dir.join(file_name(base_offset, "index")),
+            segment_index_bytes,
+        )?;
         let time_index = TimeIndex::create(
             &dir.join(file_name(base_offset, "timeindex")),
             segment_index_bytes,
@@ -209,7 +211,10 @@ impl LogSegment {
         if sane {
             if let Some(e) = seg.offset_index.last() {
                 let mut hdr = [0u8; BATCH_HEADER_LEN];
-                let ok = seg.log.read_exact_at(&mut hdr, u64::from(e.position)).is_ok()
+                let ok = seg
+                    .log
+                    .read_exact_at(&mut hdr, u64::from(e.position))
+                    .is_ok()
                     && BatchHeader::parse(&hdr)
                         .map(|h| h.last_offset() == base_offset + i64::from(e.relative_offset))
                         .unwrap_or(false);
@@ -272,7 +277,13 @@ impl LogSegment {
 
     /// Updates indexes and the max timestamp for a batch at `position` (Kafka's
     /// `LogSegment.append` loop).
-    fn index_batch(&self, h: &BatchHeader, position: u64, size: u64, index_interval_bytes: u64) -> Result<()> {
+    fn index_batch(
+        &self,
+        h: &BatchHeader,
+        position: u64,
+        size: u64,
+        index_interval_bytes: u64,
+    ) -> Result<()> {
         let max = {
             let mut max = self.max_timestamp.lock();
             if h.max_timestamp > max.timestamp_ms {
@@ -294,7 +305,8 @@ impl LogSegment {
                     relative_offset: self.relative(max.offset),
                 })?;
             }
-            self.bytes_since_last_index_entry.store(0, Ordering::Relaxed);
+            self.bytes_since_last_index_entry
+                .store(0, Ordering::Relaxed);
         }
         self.bytes_since_last_index_entry
             .fetch_add(size, Ordering::Relaxed);
@@ -427,7 +439,8 @@ impl LogSegment {
         self.time_index.reset()?;
         *self.max_timestamp.lock() = NO_TIMESTAMP;
         *self.rolling_based_timestamp.lock() = None;
-        self.bytes_since_last_index_entry.store(0, Ordering::Relaxed);
+        self.bytes_since_last_index_entry
+            .store(0, Ordering::Relaxed);
         let file_len = self
             .log
             .metadata()
@@ -489,7 +502,10 @@ impl LogSegment {
     /// # Errors
     /// [`LogError::CorruptFile`] when the tail is torn (the caller then recovers the segment).
     pub(crate) fn read_next_offset(&self) -> Result<Option<i64>> {
-        let start = self.offset_index.last().map_or(0, |e| u64::from(e.position));
+        let start = self
+            .offset_index
+            .last()
+            .map_or(0, |e| u64::from(e.position));
         let mut next = None;
         self.walk_headers(start, self.size(), WALK_CHUNK_BYTES, |_, h| {
             next = Some(h.next_offset());

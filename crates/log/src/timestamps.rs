@@ -1,10 +1,15 @@
 //! Per-record timestamps of a stored batch, for exact ListOffsets-by-timestamp answers.
 
-use gregor_protocol::batch::{BatchError, BatchHeader, Compression, TimestampType, BATCH_HEADER_LEN};
+use gregor_protocol::batch::{
+    BatchError, BatchHeader, Compression, TimestampType, BATCH_HEADER_LEN,
+};
 
 /// `(offset, timestamp_ms)` of every record of `batch` (whole batch bytes, header included).
 /// LogAppendTime batches report the batch's max timestamp for every record, as Kafka does.
-pub(crate) fn record_timestamps(batch: &[u8], h: &BatchHeader) -> Result<Vec<(i64, i64)>, BatchError> {
+pub(crate) fn record_timestamps(
+    batch: &[u8],
+    h: &BatchHeader,
+) -> Result<Vec<(i64, i64)>, BatchError> {
     if h.timestamp_type() == TimestampType::LogAppendTime {
         return Ok((h.base_offset..=h.last_offset())
             .map(|o| (o, h.max_timestamp))

@@ -1,0 +1,620 @@
+//! End-to-end tests of PartitionLog and LogManager against real files.
+
+use std::path::Path;
+
+use gregor_log::{LogConfig, LogError, LogManager, PartitionLog, TimestampType, TopicPartition};
+use gregor_protocol::batch::{validate_batch, BatchBuilder, Batches, Compression};
+
+const NOW_MS: i64 = 1_700_000_000_000;
+
+fn tp(topic: &str, p: i32) -> TopicPartition {
+    TopicPartition::new(topic, p)
+}
+
+fn small_config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 4096,
+        index_interval_bytes: 256,
+        ..LogConfig::default()
+    }
+}
+
+/// A batch of `n` records with increasing timestamps from `ts`, values of `value_len` bytes.
+fn batch(n: usize, ts: i64, value_len: usize) -> Vec<u8> {
+    let mut b = BatchBuilder::new(0, ts);
+    for i in 0..n {
+        b = b.record(
+            ts + i as i64,
+            Some(format!("k{i}").as_bytes()),
+            Some(&vec![b'v'; value_len]),
+            &[],
+        );
+    }
+    b.build()
+}
+
+fn idempotent(pid: i64, epoch: i16, seq: i32, n: usize) -> Vec<u8> {
+    let mut b = BatchBuilder::new(0, NOW_MS).producer(pid, epoch, seq);
+    for _ in 0..n {
+        b = b.record(NOW_MS, None, Some(b"x"), &[]);
+    }
+    b.build()
+}
+
+fn open(dir: &Path, config: LogConfig, clean: bool) -> PartitionLog {
+    PartitionLog::open(dir, tp("t", 0), config, clean).unwrap()
+}
+
+/// Reads the whole log by following fetches; returns (base offset, last offset) per batch.
+fn read_all(log: &PartitionLog) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let mut offset = log.log_start_offset();
+    loop {
+        let r = log.read(offset, 1000, i64::MAX, true).unwrap();
+        if r.records.is_empty() {
+            break;
+        }
+        for item in Batches::new(&r.records) {
+            let (_, h) = item.unwrap();
+            validate_batch(&r.records[..]).unwrap();
+            out.push((h.base_offset, h.last_offset()));
+            offset = h.next_offset();
+        }
+    }
+    out
+}
+
+#[test]
+fn append_read_round_trip_across_rolls_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config(), true);
+    let mut expected = Vec::new();
+    for i in 0..200 {
+        let mut b = batch(1 + i % 4, NOW_MS + i as i64, 20 + (i * 7) % 90);
+        let info = log.append_as_leader(&mut b, 3, NOW_MS).unwrap();
+        assert_eq!(
+            info.first_offset,
+            expected.last().map_or(0, |&(_, l): &(i64, i64)| l + 1)
+        );
+        assert_eq!(info.records, (1 + i % 4) as u64);
+        assert!(!info.duplicate);
+        expected.push((info.first_offset, info.last_offset));
+    }
+    assert!(log.num_segments() > 5, "segments: {}", log.num_segments());
+    assert_eq!(log.log_end_offset(), expected.last().unwrap().1 + 1);
+    // Every segment stays within segment.bytes and holds only whole batches.
+    for base in log.segment_base_offsets() {
+        let bytes = std::fs::read(dir.path().join(format!("{base:020}.log"))).unwrap();
+        assert!(bytes.len() as u64 <= 4096);
+        let mut pos = 0;
+        for item in Batches::new(&bytes) {
+            let (at, h) = item.unwrap();
+            validate_batch(&bytes[at..]).unwrap();
+            assert_eq!(h.partition_leader_epoch, 3);
+            pos = at + h.total_size();
+        }
+        assert_eq!(pos, bytes.len());
+    }
+    assert_eq!(read_all(&log), expected);
+    // Every offset finds its batch through the index.
+    for &(first, last) in &expected {
+        for o in first..=last {
+            let r = log.read(o, 1, i64::MAX, true).unwrap();
+            let h = validate_batch(&r.records).unwrap();
+            assert_eq!(
+                (h.base_offset, h.last_offset()),
+                (first, last),
+                "offset {o}"
+            );
+        }
+    }
+    log.close().unwrap();
+    // Inactive indexes are trimmed to whole entries.
+    for base in log.segment_base_offsets() {
+        let idx = std::fs::metadata(dir.path().join(format!("{base:020}.index")))
+            .unwrap()
+            .len();
+        let tidx = std::fs::metadata(dir.path().join(format!("{base:020}.timeindex")))
+            .unwrap()
+            .len();
+        assert_eq!(idx % 8, 0);
+        assert_eq!(tidx % 12, 0);
+    }
+    drop(log);
+    let log = open(dir.path(), small_config(), true);
+    assert_eq!(log.load_stats().recovered_segments, 0);
+    assert_eq!(read_all(&log), expected);
+    let mut b = batch(2, NOW_MS, 10);
+    let info = log.append_as_leader(&mut b, 3, NOW_MS).unwrap();
+    assert_eq!(info.first_offset, expected.last().unwrap().1 + 1);
+}
+
+#[test]
+fn kip74_min_one_batch_and_max_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    let big = batch(3, NOW_MS, 2000);
+    let big_len = big.len();
+    for _ in 0..3 {
+        log.append_as_leader(&mut big.clone(), 0, NOW_MS).unwrap();
+    }
+    // Larger than max_bytes: whole first batch with min_one_batch, nothing without.
+    let r = log.read(0, 100, i64::MAX, true).unwrap();
+    assert_eq!(r.records.len(), big_len);
+    assert!(log
+        .read(0, 100, i64::MAX, false)
+        .unwrap()
+        .records
+        .is_empty());
+    // Offset inside a batch returns the whole batch.
+    let r = log.read(4, 100, i64::MAX, true).unwrap();
+    assert_eq!(validate_batch(&r.records).unwrap().base_offset, 3);
+    // Two and a half batches of room: two whole batches.
+    let r = log.read(0, big_len * 5 / 2, i64::MAX, false).unwrap();
+    assert_eq!(r.records.len(), 2 * big_len);
+    // max_offset (high watermark) bounds the read.
+    let r = log.read(0, 1 << 20, 6, false).unwrap();
+    assert_eq!(r.records.len(), 2 * big_len);
+    assert!(log.read(6, 1 << 20, 6, true).unwrap().records.is_empty());
+    // At the log end: empty. Beyond: out of range.
+    let r = log.read(9, 1 << 20, i64::MAX, true).unwrap();
+    assert!(r.records.is_empty());
+    assert_eq!(r.log_end_offset, 9);
+    let err = log.read(10, 1 << 20, i64::MAX, true).unwrap_err();
+    assert!(matches!(
+        err,
+        LogError::OffsetOutOfRange {
+            offset: 10,
+            log_end_offset: 9,
+            ..
+        }
+    ));
+    assert_eq!(err.kafka_error_code(), 1);
+    assert_eq!(
+        log.read(-1, 1, i64::MAX, true)
+            .unwrap_err()
+            .kafka_error_code(),
+        1
+    );
+}
+
+#[test]
+fn invalid_appends_are_rejected_with_kafka_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        max_message_bytes: 1000,
+        ..LogConfig::default()
+    };
+    let log = open(dir.path(), config, true);
+    let code = |mut b: Vec<u8>| {
+        log.append_as_leader(&mut b, 0, NOW_MS)
+            .unwrap_err()
+            .kafka_error_code()
+    };
+    assert_eq!(code(batch(1, NOW_MS, 2000)), 10);
+    let mut trailing = batch(1, NOW_MS, 10);
+    trailing.extend_from_slice(&[0, 0, 0]);
+    assert_eq!(code(trailing), 2);
+    let mut bad_crc = batch(1, NOW_MS, 10);
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 0xff;
+    assert_eq!(code(bad_crc), 2);
+    assert_eq!(code(Vec::new()), 87);
+    let control = BatchBuilder::new(0, NOW_MS)
+        .producer(1, 0, 0)
+        .transactional(true, true)
+        .record(NOW_MS, None, None, &[])
+        .build();
+    assert_eq!(code(control), 87);
+    assert_eq!(code(batch(1, NOW_MS + 2 * 3_600_000, 10)), 32);
+    assert_eq!(log.log_end_offset(), 0);
+    assert_eq!(log.size_in_bytes(), 0);
+}
+
+#[test]
+fn log_append_time_is_stamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        message_timestamp_type: TimestampType::LogAppendTime,
+        ..LogConfig::default()
+    };
+    let log = open(dir.path(), config, true);
+    let info = log
+        .append_as_leader(&mut batch(2, 5, 10), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(info.log_append_time_ms, NOW_MS);
+    let r = log.read(0, 1 << 20, i64::MAX, true).unwrap();
+    let h = validate_batch(&r.records).unwrap();
+    assert_eq!(h.max_timestamp, NOW_MS);
+    assert_eq!(h.timestamp_type(), TimestampType::LogAppendTime);
+    let found = log.fetch_offset_by_timestamp(NOW_MS).unwrap().unwrap();
+    assert_eq!((found.offset, found.timestamp_ms), (0, NOW_MS));
+}
+
+/// Writes three batches, then for every cut length of the last batch reopens uncleanly.
+#[test]
+fn recovery_truncates_torn_last_batch_at_every_byte() {
+    let src = tempfile::tempdir().unwrap();
+    let log = open(src.path(), LogConfig::default(), true);
+    for i in 0..3 {
+        log.append_as_leader(&mut batch(2, NOW_MS + i, 30), 1, NOW_MS)
+            .unwrap();
+    }
+    log.flush().unwrap();
+    let seg = std::fs::read(src.path().join(format!("{:020}.log", 0))).unwrap();
+    let last_start = seg.len() - batch(2, NOW_MS, 30).len();
+    drop(log);
+    for cut in last_start..seg.len() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(format!("{:020}.log", 0)), &seg[..cut]).unwrap();
+        let log = open(dir.path(), LogConfig::default(), false);
+        assert_eq!(log.log_end_offset(), 4, "cut at {cut}");
+        assert_eq!(log.size_in_bytes(), last_start as u64);
+        assert!(log.load_stats().recovered_segments >= 1);
+        let info = log
+            .append_as_leader(&mut batch(1, NOW_MS, 5), 1, NOW_MS)
+            .unwrap();
+        assert_eq!(info.first_offset, 4);
+        assert_eq!(read_all(&log), vec![(0, 1), (2, 3), (4, 4)]);
+    }
+    // The whole file survives an unclean open.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(format!("{:020}.log", 0)), &seg).unwrap();
+    assert_eq!(
+        open(dir.path(), LogConfig::default(), false).log_end_offset(),
+        6
+    );
+}
+
+#[test]
+fn corrupt_byte_in_last_segment_truncates_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config(), true);
+    for i in 0..60 {
+        log.append_as_leader(&mut batch(2, NOW_MS + i, 50), 0, NOW_MS)
+            .unwrap();
+    }
+    log.flush().unwrap();
+    let bases = log.segment_base_offsets();
+    assert!(bases.len() >= 3);
+    drop(log);
+    let last = dir
+        .path()
+        .join(format!("{:020}.log", bases[bases.len() - 1]));
+    let mut bytes = std::fs::read(&last).unwrap();
+    let batches: Vec<_> = Batches::new(&bytes).map(|b| b.unwrap()).collect();
+    assert!(batches.len() >= 4);
+    let (pos, h) = batches[batches.len() / 2];
+    bytes[pos + 70] ^= 0x55;
+    std::fs::write(&last, &bytes).unwrap();
+    let log = open(dir.path(), small_config(), false);
+    assert_eq!(log.log_end_offset(), h.base_offset);
+    assert!(log.load_stats().truncated_bytes > 0);
+    let info = log
+        .append_as_leader(&mut batch(1, NOW_MS, 5), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(info.first_offset, h.base_offset);
+    let all = read_all(&log);
+    assert_eq!(all.len(), 60 - (batches.len() - batches.len() / 2) + 1);
+    assert!(all.windows(2).all(|w| w[0].1 + 1 == w[1].0));
+}
+
+#[test]
+fn corrupt_index_is_rebuilt_on_clean_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config(), true);
+    for i in 0..40 {
+        log.append_as_leader(&mut batch(3, NOW_MS + i, 40), 0, NOW_MS)
+            .unwrap();
+    }
+    let expected = read_all(&log);
+    log.close().unwrap();
+    let first = log.segment_base_offsets()[0];
+    drop(log);
+    let idx = dir.path().join(format!("{first:020}.index"));
+    std::fs::write(&idx, [0xAB; 20]).unwrap();
+    let log = open(dir.path(), small_config(), true);
+    assert_eq!(log.load_stats().rebuilt_indexes, 1);
+    assert_eq!(read_all(&log), expected);
+    assert_eq!(std::fs::metadata(&idx).unwrap().len() % 8, 0);
+}
+
+#[test]
+fn timestamp_lookup_finds_exact_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), small_config(), true);
+    // Batches of 5 records, timestamps NOW + 10*i + j; every 7th batch gzip-compressed.
+    for i in 0..50i64 {
+        let mut b = BatchBuilder::new(0, NOW_MS + 10 * i);
+        if i % 7 == 0 {
+            b = b.compression(Compression::Gzip);
+        }
+        for j in 0..5 {
+            b = b.record(NOW_MS + 10 * i + j, None, Some(&[1u8; 40]), &[]);
+        }
+        log.append_as_leader(&mut b.build(), 2, NOW_MS).unwrap();
+    }
+    assert!(log.num_segments() > 1);
+    for i in 0..50i64 {
+        for j in 0..7 {
+            let target = NOW_MS + 10 * i + j;
+            if i == 49 && j >= 5 {
+                assert!(log.fetch_offset_by_timestamp(target).unwrap().is_none());
+                continue;
+            }
+            let found = log.fetch_offset_by_timestamp(target).unwrap().unwrap();
+            let (offset, ts) = if j < 5 {
+                (5 * i + j, target)
+            } else {
+                (5 * (i + 1), target + 10 - j)
+            };
+            assert_eq!(
+                (found.offset, found.timestamp_ms),
+                (offset, ts),
+                "target {target}"
+            );
+            assert_eq!(found.leader_epoch, Some(2));
+        }
+    }
+    assert_eq!(log.fetch_offset_by_timestamp(0).unwrap().unwrap().offset, 0);
+    let max = log.max_timestamp_and_offset().unwrap().unwrap();
+    assert_eq!((max.offset, max.timestamp_ms), (249, NOW_MS + 494));
+}
+
+#[test]
+fn max_timestamp_is_the_earliest_record_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    let b = BatchBuilder::new(0, NOW_MS)
+        .record(NOW_MS, None, None, &[])
+        .record(NOW_MS + 50, None, None, &[])
+        .record(NOW_MS + 10, None, None, &[])
+        .record(NOW_MS + 50, None, None, &[]);
+    log.append_as_leader(&mut b.build(), 0, NOW_MS).unwrap();
+    log.append_as_leader(&mut batch(1, NOW_MS + 50, 1), 0, NOW_MS)
+        .unwrap();
+    let max = log.max_timestamp_and_offset().unwrap().unwrap();
+    assert_eq!((max.offset, max.timestamp_ms), (1, NOW_MS + 50));
+    let f = log.fetch_offset_by_timestamp(NOW_MS + 20).unwrap().unwrap();
+    assert_eq!(f.offset, 1);
+}
+
+#[test]
+fn producer_dedup_gaps_and_fencing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    log.append_as_leader(&mut batch(2, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    let first = log
+        .append_as_leader(&mut idempotent(7, 0, 0, 3), 0, NOW_MS)
+        .unwrap();
+    assert_eq!((first.first_offset, first.last_offset), (2, 4));
+    log.append_as_leader(&mut idempotent(7, 0, 3, 2), 0, NOW_MS)
+        .unwrap();
+    let dup = log
+        .append_as_leader(&mut idempotent(7, 0, 0, 3), 0, NOW_MS)
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!((dup.first_offset, dup.last_offset), (2, 4));
+    assert_eq!(log.log_end_offset(), 7);
+    let gap = log
+        .append_as_leader(&mut idempotent(7, 0, 9, 1), 0, NOW_MS)
+        .unwrap_err();
+    assert_eq!(gap.kafka_error_code(), 45);
+    let unknown = log
+        .append_as_leader(&mut idempotent(8, 0, 4, 1), 0, NOW_MS)
+        .unwrap_err();
+    assert_eq!(unknown.kafka_error_code(), 45);
+    log.append_as_leader(&mut idempotent(7, 1, 0, 1), 0, NOW_MS)
+        .unwrap();
+    let fenced = log
+        .append_as_leader(&mut idempotent(7, 0, 5, 1), 0, NOW_MS)
+        .unwrap_err();
+    assert_eq!(fenced.kafka_error_code(), 47);
+    assert_eq!(log.log_end_offset(), 8);
+
+    // Clean close and reopen: the last batch is still recognised, sequences continue.
+    log.close().unwrap();
+    drop(log);
+    let log = open(dir.path(), LogConfig::default(), true);
+    assert_eq!(log.load_stats().producer_snapshot_offset, Some(8));
+    let dup = log
+        .append_as_leader(&mut idempotent(7, 1, 0, 1), 0, NOW_MS)
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!(dup.first_offset, 7);
+    log.append_as_leader(&mut idempotent(7, 1, 1, 2), 0, NOW_MS)
+        .unwrap();
+    log.flush().unwrap();
+    drop(log); // crash: no snapshot at the end
+
+    // Unclean reopen: snapshot at 8 plus replay of the batch after it.
+    let log = open(dir.path(), LogConfig::default(), false);
+    assert_eq!(log.load_stats().replayed_producer_batches, 1);
+    let dup = log
+        .append_as_leader(&mut idempotent(7, 1, 1, 2), 0, NOW_MS)
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!((dup.first_offset, dup.last_offset), (8, 9));
+    assert_eq!(
+        log.append_as_leader(&mut idempotent(7, 1, 5, 1), 0, NOW_MS)
+            .unwrap_err()
+            .kafka_error_code(),
+        45
+    );
+    drop(log);
+
+    // Without any snapshot the whole log's headers are replayed.
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "snapshot") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let log = open(dir.path(), LogConfig::default(), false);
+    assert_eq!(log.load_stats().producer_snapshot_offset, None);
+    assert!(
+        log.append_as_leader(&mut idempotent(7, 1, 1, 2), 0, NOW_MS)
+            .unwrap()
+            .duplicate
+    );
+    assert!(
+        !log.append_as_leader(&mut idempotent(7, 1, 3, 1), 0, NOW_MS)
+            .unwrap()
+            .duplicate
+    );
+}
+
+#[test]
+fn leader_epoch_checkpoint_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    assert_eq!(log.latest_leader_epoch(), None);
+    log.append_as_leader(&mut batch(2, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    log.append_as_leader(&mut batch(2, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    log.append_as_leader(&mut batch(1, NOW_MS, 1), 4, NOW_MS)
+        .unwrap();
+    assert_eq!(log.latest_leader_epoch(), Some(4));
+    let text = std::fs::read_to_string(dir.path().join("leader-epoch-checkpoint")).unwrap();
+    assert_eq!(text, "0\n2\n0 0\n4 4\n");
+    assert_eq!(log.end_offset_for_leader_epoch(0), (0, 4));
+    assert_eq!(log.end_offset_for_leader_epoch(4), (4, 5));
+    drop(log);
+    let log = open(dir.path(), LogConfig::default(), false);
+    assert_eq!(log.latest_leader_epoch(), Some(4));
+}
+
+#[test]
+fn flush_policy_moves_the_recovery_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        flush_interval_messages: 5,
+        flush_interval_ms: 1000,
+        ..LogConfig::default()
+    };
+    let log = open(dir.path(), config, true);
+    log.append_as_leader(&mut batch(3, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(log.recovery_point(), 0);
+    log.append_as_leader(&mut batch(3, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(log.recovery_point(), 6);
+    log.append_as_leader(&mut batch(1, NOW_MS, 1), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(log.recovery_point(), 6);
+    let now = gregor_log_now();
+    log.flush_if_due(now).unwrap();
+    assert_eq!(log.recovery_point(), 6);
+    log.flush_if_due(now + 5_000).unwrap();
+    assert_eq!(log.recovery_point(), 7);
+}
+
+fn gregor_log_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[test]
+fn log_manager_reload_clean_and_unclean() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = vec![root.path().join("d1"), root.path().join("d2")];
+    let names = [
+        tp("plain", 0),
+        tp("with-dash", 3),
+        tp("dots.and-dash-9", 12),
+        tp("x", 1),
+    ];
+    let id = |i: u8| [i; 16];
+    {
+        let (mgr, loaded) = LogManager::open(&dirs, small_config()).unwrap();
+        assert!(loaded.is_empty());
+        for (i, name) in names.iter().enumerate() {
+            let log = mgr
+                .get_or_create(name, id(i as u8), small_config())
+                .unwrap();
+            for _ in 0..=i {
+                log.append_as_leader(&mut batch(2, NOW_MS, 10), 0, NOW_MS)
+                    .unwrap();
+            }
+        }
+        // Spread over both directories.
+        assert!(std::fs::read_dir(&dirs[0]).unwrap().count() > 2);
+        assert!(std::fs::read_dir(&dirs[1]).unwrap().count() > 2);
+        let again = mgr.get_or_create(&names[0], id(0), small_config()).unwrap();
+        assert_eq!(again.log_end_offset(), 2);
+        let err = mgr
+            .get_or_create(&names[0], id(9), small_config())
+            .unwrap_err();
+        assert_eq!(err.kafka_error_code(), 103);
+        mgr.shutdown().unwrap();
+        assert!(dirs[0].join(".kafka_cleanshutdown").exists());
+    }
+    {
+        let (mgr, loaded) = LogManager::open(&dirs, small_config()).unwrap();
+        assert_eq!(loaded.len(), 4);
+        for log in &loaded {
+            assert_eq!(log.load_stats().recovered_segments, 0, "clean: no scan");
+        }
+        assert!(!dirs[0].join(".kafka_cleanshutdown").exists());
+        for (i, name) in names.iter().enumerate() {
+            let log = mgr.get(name).unwrap();
+            assert_eq!(log.log_end_offset(), 2 * (i as i64 + 1));
+            assert_eq!(mgr.topic_id(name), Some(id(i as u8)));
+            let meta = std::fs::read_to_string(log.dir().join("partition.metadata")).unwrap();
+            assert_eq!(
+                meta,
+                format!(
+                    "version: 0\ntopic_id: {}\n",
+                    gregor_log::topic_id_to_string(&id(i as u8))
+                )
+            );
+        }
+        // Delete one partition; the others stay.
+        let victim = mgr.get(&names[1]).unwrap();
+        let victim_dir = victim.dir().to_path_buf();
+        mgr.delete(&names[1]).unwrap();
+        assert!(!victim_dir.exists());
+        assert!(mgr.get(&names[1]).is_none());
+        assert_eq!(
+            victim
+                .append_as_leader(&mut batch(1, NOW_MS, 1), 0, NOW_MS)
+                .unwrap_err()
+                .kafka_error_code(),
+            6
+        );
+        // Crash: no shutdown.
+        mgr.get(&names[0])
+            .unwrap()
+            .append_as_leader(&mut batch(1, NOW_MS, 1), 0, NOW_MS)
+            .unwrap();
+    }
+    {
+        // Leftover "-delete" directories are finished, stray ones ignored.
+        std::fs::create_dir_all(dirs[0].join("gone-0.0123456789abcdef-delete")).unwrap();
+        std::fs::create_dir_all(dirs[0].join("not_a_partition")).unwrap();
+        let (mgr, loaded) = LogManager::open(&dirs, small_config()).unwrap();
+        assert_eq!(loaded.len(), 3);
+        assert!(
+            loaded.iter().any(|l| l.load_stats().recovered_segments > 0),
+            "unclean: scanned"
+        );
+        assert_eq!(mgr.get(&names[0]).unwrap().log_end_offset(), 3);
+        assert!(!dirs[0].join("gone-0.0123456789abcdef-delete").exists());
+        mgr.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn log_dir_is_locked() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = vec![root.path().join("d")];
+    let (_mgr, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+    assert!(matches!(
+        LogManager::open(&dirs, LogConfig::default()).map(|_| ()),
+        Err(LogError::DirLocked(_))
+    ));
+}
