@@ -675,7 +675,9 @@ impl PartitionLog {
         if size == 0 {
             return false;
         }
-        size + append_bytes as u64 > config.segment_bytes
+        // Index positions are 32-bit: Kafka caps segment.bytes at Int.MaxValue.
+        let segment_bytes = config.segment_bytes.min(i32::MAX as u64);
+        size + append_bytes as u64 > segment_bytes
             || active.time_waited_for_roll_ms(now_ms, max_timestamp_ms) > config.segment_ms
             || active.offset_index.is_full()
             || active.time_index.is_full()

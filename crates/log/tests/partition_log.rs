@@ -618,3 +618,67 @@ fn log_dir_is_locked() {
         Err(LogError::DirLocked(_))
     ));
 }
+
+#[test]
+fn readers_run_concurrently_with_appends() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(open(dir.path(), small_config(), true));
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let log = Arc::clone(&log);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                let mut offset = 0;
+                while !done.load(Ordering::Acquire) || offset < log.log_end_offset() {
+                    let r = log.read(offset, 700, i64::MAX, true).unwrap();
+                    for item in Batches::new(&r.records) {
+                        let (at, h) = item.unwrap();
+                        validate_batch(&r.records[at..]).unwrap();
+                        assert_eq!(h.base_offset, offset);
+                        offset = h.next_offset();
+                    }
+                }
+                offset
+            })
+        })
+        .collect();
+    for i in 0..300 {
+        log.append_as_leader(&mut batch(1 + i % 3, NOW_MS, 30), 0, NOW_MS)
+            .unwrap();
+    }
+    done.store(true, Ordering::Release);
+    for r in readers {
+        assert_eq!(r.join().unwrap(), log.log_end_offset());
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    #[test]
+    fn reads_return_whole_batches_from_the_fetch_offset(
+        sizes in proptest::collection::vec((1usize..5, 0usize..300), 1..60),
+        fetch_pick in 0usize..1000,
+        max_bytes in 1usize..3000,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path(), small_config(), true);
+        let mut ranges = Vec::new();
+        for (n, len) in &sizes {
+            let info = log.append_as_leader(&mut batch(*n, NOW_MS, *len), 0, NOW_MS).unwrap();
+            ranges.push((info.first_offset, info.last_offset));
+        }
+        let leo = log.log_end_offset();
+        let fetch = (fetch_pick as i64) % leo;
+        let r = log.read(fetch, max_bytes, i64::MAX, true).unwrap();
+        let batches: Vec<_> = Batches::new(&r.records).map(|b| b.unwrap().1).collect();
+        proptest::prop_assert!(!batches.is_empty());
+        proptest::prop_assert!(batches[0].base_offset <= fetch && fetch <= batches[0].last_offset());
+        proptest::prop_assert!(batches.len() == 1 || r.records.len() <= max_bytes);
+        for w in batches.windows(2) {
+            proptest::prop_assert_eq!(w[0].next_offset(), w[1].base_offset);
+        }
+    }
+}
