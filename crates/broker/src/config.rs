@@ -135,39 +135,303 @@ macro_rules! tc {
 
 /// Kafka 4.x topic configs (`TopicConfig`), with their broker synonyms and defaults.
 pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
-    tc!("cleanup.policy", Some("log.cleanup.policy"), List, "delete", &["delete", "compact"], None, "Retention policy: delete and/or compact old segments."),
-    tc!("compression.gzip.level", Some("compression.gzip.level"), Int, "-1", &[], Some(-1.0), "gzip level when compression.type is gzip (KIP-390)."),
-    tc!("compression.lz4.level", Some("compression.lz4.level"), Int, "9", &[], Some(1.0), "lz4 level when compression.type is lz4 (KIP-390)."),
-    tc!("compression.type", Some("compression.type"), String, "producer", &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"], None, "Final compression of the topic's batches; producer keeps the producer's codec."),
-    tc!("compression.zstd.level", Some("compression.zstd.level"), Int, "3", &[], Some(-131072.0), "zstd level when compression.type is zstd (KIP-390)."),
-    tc!("delete.retention.ms", Some("log.cleaner.delete.retention.ms"), Long, "86400000", &[], Some(0.0), "How long tombstones are kept on compacted topics (ms)."),
-    tc!("file.delete.delay.ms", Some("log.segment.delete.delay.ms"), Long, "60000", &[], Some(0.0), "Delay before a deleted segment file is removed (ms)."),
-    tc!("flush.messages", Some("log.flush.interval.messages"), Long, LONG_MAX, &[], Some(1.0), "Messages appended before the log is fsynced."),
-    tc!("flush.ms", Some("log.flush.interval.ms"), Long, LONG_MAX, &[], Some(0.0), "Time before the log is fsynced (ms)."),
-    tc!("follower.replication.throttled.replicas", Some("follower.replication.throttled.replicas"), List, "", &[], None, "Replicas throttled on the follower side."),
-    tc!("index.interval.bytes", Some("log.index.interval.bytes"), Int, "4096", &[], Some(0.0), "Bytes between offset index entries."),
-    tc!("leader.replication.throttled.replicas", Some("leader.replication.throttled.replicas"), List, "", &[], None, "Replicas throttled on the leader side."),
-    tc!("local.retention.bytes", Some("log.local.retention.bytes"), Long, "-2", &[], Some(-2.0), "Local retention for tiered storage (bytes)."),
-    tc!("local.retention.ms", Some("log.local.retention.ms"), Long, "-2", &[], Some(-2.0), "Local retention for tiered storage (ms)."),
-    tc!("max.compaction.lag.ms", Some("log.cleaner.max.compaction.lag.ms"), Long, LONG_MAX, &[], Some(1.0), "Longest a record stays uncompacted (ms)."),
-    tc!("max.message.bytes", Some("message.max.bytes"), Int, "1048588", &[], Some(0.0), "Largest record batch the topic accepts (bytes)."),
-    tc!("message.timestamp.after.max.ms", Some("log.message.timestamp.after.max.ms"), Long, "3600000", &[], Some(0.0), "How far a CreateTime timestamp may be ahead of the broker clock (ms)."),
-    tc!("message.timestamp.before.max.ms", Some("log.message.timestamp.before.max.ms"), Long, LONG_MAX, &[], Some(0.0), "How far a CreateTime timestamp may be behind the broker clock (ms)."),
-    tc!("message.timestamp.type", Some("log.message.timestamp.type"), String, "CreateTime", &["CreateTime", "LogAppendTime"], None, "Whether record timestamps are the producer's or the append time."),
-    tc!("min.cleanable.dirty.ratio", Some("log.cleaner.min.cleanable.ratio"), Double, "0.5", &[], Some(0.0), "Dirty ratio that triggers compaction."),
-    tc!("min.compaction.lag.ms", Some("log.cleaner.min.compaction.lag.ms"), Long, "0", &[], Some(0.0), "Shortest time a record stays uncompacted (ms)."),
-    tc!("min.insync.replicas", Some("min.insync.replicas"), Int, "1", &[], Some(1.0), "In-sync replicas needed for an acks=all write."),
-    tc!("preallocate", Some("log.preallocate"), Boolean, "false", &[], None, "Preallocate segment files."),
-    tc!("remote.log.copy.disable", None, Boolean, "false", &[], None, "Stop copying to remote storage (tiered storage)."),
-    tc!("remote.log.delete.on.disable", None, Boolean, "false", &[], None, "Delete remote data when tiered storage is disabled."),
-    tc!("remote.storage.enable", None, Boolean, "false", &[], None, "Tiered storage for the topic."),
-    tc!("retention.bytes", Some("log.retention.bytes"), Long, "-1", &[], None, "Largest size of a partition before old segments are deleted (bytes, -1 = no limit)."),
-    tc!("retention.ms", Some("log.retention.ms"), Long, "604800000", &[], Some(-1.0), "Age after which segments are deleted (ms, -1 = forever)."),
-    tc!("segment.bytes", Some("log.segment.bytes"), Int, "1073741824", &[], Some(1_048_576.0), "Segment file size (bytes)."),
-    tc!("segment.index.bytes", Some("log.index.size.max.bytes"), Int, "10485760", &[], Some(4.0), "Offset index size (bytes)."),
-    tc!("segment.jitter.ms", Some("log.roll.jitter.ms"), Long, "0", &[], Some(0.0), "Random jitter subtracted from segment.ms (ms)."),
-    tc!("segment.ms", Some("log.roll.ms"), Long, "604800000", &[], Some(1.0), "Time after which a segment is rolled (ms)."),
-    tc!("unclean.leader.election.enable", Some("unclean.leader.election.enable"), Boolean, "false", &[], None, "Allow out-of-sync replicas to become leader."),
+    tc!(
+        "cleanup.policy",
+        Some("log.cleanup.policy"),
+        List,
+        "delete",
+        &["delete", "compact"],
+        None,
+        "Retention policy: delete and/or compact old segments."
+    ),
+    tc!(
+        "compression.gzip.level",
+        Some("compression.gzip.level"),
+        Int,
+        "-1",
+        &[],
+        Some(-1.0),
+        "gzip level when compression.type is gzip (KIP-390)."
+    ),
+    tc!(
+        "compression.lz4.level",
+        Some("compression.lz4.level"),
+        Int,
+        "9",
+        &[],
+        Some(1.0),
+        "lz4 level when compression.type is lz4 (KIP-390)."
+    ),
+    tc!(
+        "compression.type",
+        Some("compression.type"),
+        String,
+        "producer",
+        &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"],
+        None,
+        "Final compression of the topic's batches; producer keeps the producer's codec."
+    ),
+    tc!(
+        "compression.zstd.level",
+        Some("compression.zstd.level"),
+        Int,
+        "3",
+        &[],
+        Some(-131072.0),
+        "zstd level when compression.type is zstd (KIP-390)."
+    ),
+    tc!(
+        "delete.retention.ms",
+        Some("log.cleaner.delete.retention.ms"),
+        Long,
+        "86400000",
+        &[],
+        Some(0.0),
+        "How long tombstones are kept on compacted topics (ms)."
+    ),
+    tc!(
+        "file.delete.delay.ms",
+        Some("log.segment.delete.delay.ms"),
+        Long,
+        "60000",
+        &[],
+        Some(0.0),
+        "Delay before a deleted segment file is removed (ms)."
+    ),
+    tc!(
+        "flush.messages",
+        Some("log.flush.interval.messages"),
+        Long,
+        LONG_MAX,
+        &[],
+        Some(1.0),
+        "Messages appended before the log is fsynced."
+    ),
+    tc!(
+        "flush.ms",
+        Some("log.flush.interval.ms"),
+        Long,
+        LONG_MAX,
+        &[],
+        Some(0.0),
+        "Time before the log is fsynced (ms)."
+    ),
+    tc!(
+        "follower.replication.throttled.replicas",
+        Some("follower.replication.throttled.replicas"),
+        List,
+        "",
+        &[],
+        None,
+        "Replicas throttled on the follower side."
+    ),
+    tc!(
+        "index.interval.bytes",
+        Some("log.index.interval.bytes"),
+        Int,
+        "4096",
+        &[],
+        Some(0.0),
+        "Bytes between offset index entries."
+    ),
+    tc!(
+        "leader.replication.throttled.replicas",
+        Some("leader.replication.throttled.replicas"),
+        List,
+        "",
+        &[],
+        None,
+        "Replicas throttled on the leader side."
+    ),
+    tc!(
+        "local.retention.bytes",
+        Some("log.local.retention.bytes"),
+        Long,
+        "-2",
+        &[],
+        Some(-2.0),
+        "Local retention for tiered storage (bytes)."
+    ),
+    tc!(
+        "local.retention.ms",
+        Some("log.local.retention.ms"),
+        Long,
+        "-2",
+        &[],
+        Some(-2.0),
+        "Local retention for tiered storage (ms)."
+    ),
+    tc!(
+        "max.compaction.lag.ms",
+        Some("log.cleaner.max.compaction.lag.ms"),
+        Long,
+        LONG_MAX,
+        &[],
+        Some(1.0),
+        "Longest a record stays uncompacted (ms)."
+    ),
+    tc!(
+        "max.message.bytes",
+        Some("message.max.bytes"),
+        Int,
+        "1048588",
+        &[],
+        Some(0.0),
+        "Largest record batch the topic accepts (bytes)."
+    ),
+    tc!(
+        "message.timestamp.after.max.ms",
+        Some("log.message.timestamp.after.max.ms"),
+        Long,
+        "3600000",
+        &[],
+        Some(0.0),
+        "How far a CreateTime timestamp may be ahead of the broker clock (ms)."
+    ),
+    tc!(
+        "message.timestamp.before.max.ms",
+        Some("log.message.timestamp.before.max.ms"),
+        Long,
+        LONG_MAX,
+        &[],
+        Some(0.0),
+        "How far a CreateTime timestamp may be behind the broker clock (ms)."
+    ),
+    tc!(
+        "message.timestamp.type",
+        Some("log.message.timestamp.type"),
+        String,
+        "CreateTime",
+        &["CreateTime", "LogAppendTime"],
+        None,
+        "Whether record timestamps are the producer's or the append time."
+    ),
+    tc!(
+        "min.cleanable.dirty.ratio",
+        Some("log.cleaner.min.cleanable.ratio"),
+        Double,
+        "0.5",
+        &[],
+        Some(0.0),
+        "Dirty ratio that triggers compaction."
+    ),
+    tc!(
+        "min.compaction.lag.ms",
+        Some("log.cleaner.min.compaction.lag.ms"),
+        Long,
+        "0",
+        &[],
+        Some(0.0),
+        "Shortest time a record stays uncompacted (ms)."
+    ),
+    tc!(
+        "min.insync.replicas",
+        Some("min.insync.replicas"),
+        Int,
+        "1",
+        &[],
+        Some(1.0),
+        "In-sync replicas needed for an acks=all write."
+    ),
+    tc!(
+        "preallocate",
+        Some("log.preallocate"),
+        Boolean,
+        "false",
+        &[],
+        None,
+        "Preallocate segment files."
+    ),
+    tc!(
+        "remote.log.copy.disable",
+        None,
+        Boolean,
+        "false",
+        &[],
+        None,
+        "Stop copying to remote storage (tiered storage)."
+    ),
+    tc!(
+        "remote.log.delete.on.disable",
+        None,
+        Boolean,
+        "false",
+        &[],
+        None,
+        "Delete remote data when tiered storage is disabled."
+    ),
+    tc!(
+        "remote.storage.enable",
+        None,
+        Boolean,
+        "false",
+        &[],
+        None,
+        "Tiered storage for the topic."
+    ),
+    tc!(
+        "retention.bytes",
+        Some("log.retention.bytes"),
+        Long,
+        "-1",
+        &[],
+        None,
+        "Largest size of a partition before old segments are deleted (bytes, -1 = no limit)."
+    ),
+    tc!(
+        "retention.ms",
+        Some("log.retention.ms"),
+        Long,
+        "604800000",
+        &[],
+        Some(-1.0),
+        "Age after which segments are deleted (ms, -1 = forever)."
+    ),
+    tc!(
+        "segment.bytes",
+        Some("log.segment.bytes"),
+        Int,
+        "1073741824",
+        &[],
+        Some(1_048_576.0),
+        "Segment file size (bytes)."
+    ),
+    tc!(
+        "segment.index.bytes",
+        Some("log.index.size.max.bytes"),
+        Int,
+        "10485760",
+        &[],
+        Some(4.0),
+        "Offset index size (bytes)."
+    ),
+    tc!(
+        "segment.jitter.ms",
+        Some("log.roll.jitter.ms"),
+        Long,
+        "0",
+        &[],
+        Some(0.0),
+        "Random jitter subtracted from segment.ms (ms)."
+    ),
+    tc!(
+        "segment.ms",
+        Some("log.roll.ms"),
+        Long,
+        "604800000",
+        &[],
+        Some(1.0),
+        "Time after which a segment is rolled (ms)."
+    ),
+    tc!(
+        "unclean.leader.election.enable",
+        Some("unclean.leader.election.enable"),
+        Boolean,
+        "false",
+        &[],
+        None,
+        "Allow out-of-sync replicas to become leader."
+    ),
 ];
 
 /// Looks up a topic config definition by name.
@@ -205,7 +469,10 @@ pub fn validate_topic_config(name: &str, value: &str) -> Result<(), ConfigError>
             return Err(ConfigError::new(
                 name,
                 value,
-                format!("String must be one of: {} (got {bad})", def.allowed.join(", ")),
+                format!(
+                    "String must be one of: {} (got {bad})",
+                    def.allowed.join(", ")
+                ),
             ));
         }
     }
@@ -262,7 +529,10 @@ impl Listener {
             .rsplit_once(':')
             .ok_or_else(|| bad("expected NAME://host:port"))?;
         let port: u16 = port.parse().map_err(|_| bad("port is not a number"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         if name.is_empty() {
             return Err(bad("listener name is empty"));
         }
@@ -350,7 +620,11 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("log.roll.hours", ConfigType::Int, "168"),
     ("log.retention.hours", ConfigType::Int, "168"),
     ("log.retention.minutes", ConfigType::Int, ""),
-    ("log.flush.scheduler.interval.ms", ConfigType::Long, LONG_MAX),
+    (
+        "log.flush.scheduler.interval.ms",
+        ConfigType::Long,
+        LONG_MAX,
+    ),
     ("broker.rack", ConfigType::String, ""),
 ];
 
@@ -383,7 +657,11 @@ impl BrokerConfig {
             &get("listeners").unwrap_or_else(|| "PLAINTEXT://127.0.0.1:9092".into()),
         )?;
         if listeners.is_empty() {
-            return Err(ConfigError::new("listeners", "", "at least one listener is needed"));
+            return Err(ConfigError::new(
+                "listeners",
+                "",
+                "at least one listener is needed",
+            ));
         }
         let advertised_listeners = match get("advertised.listeners") {
             Some(v) if !v.is_empty() => parse_listeners("advertised.listeners", &v)?,
@@ -398,7 +676,11 @@ impl BrokerConfig {
             .map(PathBuf::from)
             .collect();
         if log_dirs.is_empty() {
-            return Err(ConfigError::new("log.dirs", "", "at least one directory is needed"));
+            return Err(ConfigError::new(
+                "log.dirs",
+                "",
+                "at least one directory is needed",
+            ));
         }
         let num_partitions = int("num.partitions", 1);
         if num_partitions < 1 {
@@ -594,10 +876,16 @@ impl TopicConfigs {
                 TimestampType::CreateTime
             },
             message_timestamp_before_max_ms: self
-                .long("message.timestamp.before.max.ms", d.message_timestamp_before_max_ms)
+                .long(
+                    "message.timestamp.before.max.ms",
+                    d.message_timestamp_before_max_ms,
+                )
                 .max(0),
             message_timestamp_after_max_ms: self
-                .long("message.timestamp.after.max.ms", d.message_timestamp_after_max_ms)
+                .long(
+                    "message.timestamp.after.max.ms",
+                    d.message_timestamp_after_max_ms,
+                )
                 .max(0),
         }
     }

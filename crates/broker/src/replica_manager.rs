@@ -242,12 +242,14 @@ impl ReplicaManager {
         let mut wanted: BTreeMap<(String, i32), (Uuid, PartitionRegistration, TopicConfigs)> =
             BTreeMap::new();
         for t in image.topics.values() {
-            let overrides =
-                image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
+            let overrides = image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
             let configs = TopicConfigs::resolve(&self.config, &overrides);
             for (idx, p) in &t.partitions {
                 if p.replicas.contains(&self.local_broker) {
-                    wanted.insert((t.name.clone(), *idx), (t.topic_id, p.clone(), configs.clone()));
+                    wanted.insert(
+                        (t.name.clone(), *idx),
+                        (t.topic_id, p.clone(), configs.clone()),
+                    );
                 }
             }
         }
@@ -285,9 +287,12 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.clone(), index);
+            let log_config = configs.log_config();
             let log = self
                 .logs
-                .get_or_create(&tp, *topic_id.as_bytes(), configs.log_config())?;
+                .get_or_create(&tp, *topic_id.as_bytes(), log_config.clone())?;
+            // Logs loaded at start-up were opened with the broker defaults.
+            log.update_config(log_config);
             let p = Arc::new(Partition {
                 topic: topic.clone(),
                 topic_id,

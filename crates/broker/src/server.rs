@@ -492,7 +492,10 @@ async fn serve_connection(
                 match handled {
                     Handled::Ready(b) => {
                         span.in_scope(|| {
-                            debug!(duration_us = started.elapsed().as_micros() as u64, "handled")
+                            debug!(
+                                duration_us = started.elapsed().as_micros() as u64,
+                                "handled"
+                            )
                         });
                         Slot::Ready(b)
                     }
@@ -539,4 +542,3 @@ async fn serve_connection(
     let _ = writer.await;
     debug!(%peer, "connection closed");
 }
-

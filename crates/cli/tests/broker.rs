@@ -24,7 +24,12 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn create_topic(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) -> Result<()> {
+fn create_topic(
+    bootstrap: &str,
+    name: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()?;
@@ -113,7 +118,11 @@ fn read_all(bootstrap: &str, topic: &str, partitions: i32, count: usize) -> Resu
     }
     // Nothing beyond `count` may arrive.
     if let Some(Ok(m)) = c.poll(Duration::from_millis(300)) {
-        bail!("unexpected extra record at {}:{}", m.partition(), m.offset());
+        bail!(
+            "unexpected extra record at {}:{}",
+            m.partition(),
+            m.offset()
+        );
     }
     Ok(out)
 }
@@ -139,7 +148,10 @@ fn produce_keyed(bootstrap: &str, topic: &str, codec: &str, n: usize) -> Result<
                 key: "codec",
                 value: Some(codec.as_bytes()),
             });
-        let mut rec = BaseRecord::to(topic).key(&key).payload(&value).headers(headers);
+        let mut rec = BaseRecord::to(topic)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
         loop {
             match p.send(rec) {
                 Ok(()) => break,
@@ -177,7 +189,10 @@ fn check_keyed(got: &[Got], codec: &str, n: usize) -> Result<()> {
                 .strip_prefix("key-")
                 .and_then(|s| s.parse().ok())
                 .context("bad key")?;
-            ensure!(g.value == format!("value-{i}-{codec}").into_bytes(), "value of {key}");
+            ensure!(
+                g.value == format!("value-{i}-{codec}").into_bytes(),
+                "value of {key}"
+            );
             ensure!(
                 g.headers
                     == vec![
@@ -282,7 +297,10 @@ fn oversize_batch_gets_message_too_large() -> Result<()> {
     // The record was not stored.
     let c = consumer(&bs, &[])?;
     let (low, high) = c.fetch_watermarks("small", 0, TIMEOUT)?;
-    ensure!((low, high) == (0, 0), "oversize record was stored: {low}..{high}");
+    ensure!(
+        (low, high) == (0, 0),
+        "oversize record was stored: {low}..{high}"
+    );
     Ok(())
 }
 
@@ -300,6 +318,7 @@ fn tiny_fetch_limit_still_returns_a_200kib_record() -> Result<()> {
         &bs,
         &[
             ("fetch.max.bytes", "1024"),
+            ("message.max.bytes", "1000"),
             ("max.partition.fetch.bytes", "1024"),
         ],
     )?;
@@ -352,7 +371,10 @@ fn list_offsets_by_timestamp_finds_the_exact_record() -> Result<()> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset("times", 0, Offset::Offset(2_000_000))?;
     let res = c.offsets_for_times(tpl, TIMEOUT)?;
-    let off = res.find_partition("times", 0).context("partition")?.offset();
+    let off = res
+        .find_partition("times", 0)
+        .context("partition")?
+        .offset();
     ensure!(off == Offset::End, "after the last record: got {off:?}");
     let (low, high) = c.fetch_watermarks("times", 0, TIMEOUT)?;
     ensure!((low, high) == (0, 10));

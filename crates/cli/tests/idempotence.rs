@@ -50,7 +50,10 @@ impl Conn {
         self.s.read_exact(&mut body)?;
         let mut b = Bytes::from(body);
         let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-        ensure!(h.correlation_id == self.correlation, "correlation id mismatch");
+        ensure!(
+            h.correlation_id == self.correlation,
+            "correlation id mismatch"
+        );
         Ok(Resp::decode(&mut b, version)?)
     }
 }
@@ -95,11 +98,16 @@ fn retried_batch_is_not_duplicated_and_gaps_are_refused() -> Result<()> {
         ApiKey::InitProducerId,
         4,
         &InitProducerIdRequest::default()
+            .with_transactional_id(None)
             .with_transaction_timeout_ms(60_000)
             .with_producer_id(kafka_protocol::messages::ProducerId(-1))
             .with_producer_epoch(-1),
     )?;
-    ensure!(init.error_code == 0, "InitProducerId error {}", init.error_code);
+    ensure!(
+        init.error_code == 0,
+        "InitProducerId error {}",
+        init.error_code
+    );
     let pid = init.producer_id.0;
     let batch = |seq: i32, n: usize| {
         let mut b = BatchBuilder::new(0, 1_000).producer(pid, 0, seq);
@@ -123,7 +131,10 @@ fn retried_batch_is_not_duplicated_and_gaps_are_refused() -> Result<()> {
             .set("group.id", "x")
             .create()?;
         let (_, high) = c.fetch_watermarks("idem", 0, Duration::from_secs(30))?;
-        ensure!(high == expected, "log end offset {high}, expected {expected}");
+        ensure!(
+            high == expected,
+            "log end offset {high}, expected {expected}"
+        );
         Ok(())
     };
     check_end(5)?;
@@ -153,6 +164,7 @@ fn retried_batch_is_not_duplicated_and_gaps_are_refused() -> Result<()> {
         ApiKey::InitProducerId,
         4,
         &InitProducerIdRequest::default()
+            .with_transactional_id(None)
             .with_transaction_timeout_ms(60_000)
             .with_producer_id(kafka_protocol::messages::ProducerId(-1))
             .with_producer_epoch(-1),

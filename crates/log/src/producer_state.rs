@@ -135,8 +135,9 @@ impl ProducerStateManager {
     /// Checks client batches (with offsets already assigned in `headers`) as Kafka's
     /// `ProducerAppendInfo` does: a retried batch (same producer, epoch and sequence range as
     /// one of the last five) is a duplicate; an older epoch is `InvalidProducerEpoch`; a new
-    /// epoch or unknown producer must start at sequence 0 and a known one continue at last + 1
-    /// (wrapping at `i32::MAX`), else `OutOfOrderSequence`.
+    /// epoch must start at sequence 0 and a known producer continue at last + 1 (wrapping at
+    /// `i32::MAX`), else `OutOfOrderSequence`. A producer with no state here may start at any
+    /// sequence, as in Kafka.
     pub(crate) fn check_client_batches(&self, headers: &[BatchHeader]) -> Result<ProducerCheck> {
         for h in headers.iter().filter(|h| h.has_producer_id()) {
             if let Some(e) = self.producers.get(&h.producer_id) {
@@ -166,12 +167,16 @@ impl ProducerStateManager {
                     current_epoch: entry.producer_epoch,
                 });
             }
+            // Kafka's `ProducerAppendInfo.checkSequence`: a new epoch starts at 0, except for a
+            // producer with no state here (new, or whose batches were all removed by retention
+            // or DeleteRecords), which may start anywhere.
+            let unknown = entry.producer_epoch == NO_PRODUCER_EPOCH;
             let expected = if h.producer_epoch != entry.producer_epoch {
                 0
             } else {
                 next_sequence(entry.last_seq())
             };
-            if h.base_sequence != expected {
+            if !unknown && h.base_sequence != expected {
                 return Err(LogError::OutOfOrderSequence {
                     producer_id: h.producer_id,
                     producer_epoch: h.producer_epoch,
@@ -376,11 +381,12 @@ mod tests {
     fn sequences_epochs_duplicates() {
         let dir = tempfile::tempdir().unwrap();
         let mut m = ProducerStateManager::new(dir.path());
-        // Unknown producer must start at 0.
+        // A producer with no state may start at any sequence (Kafka's checkSequence).
+        assert_eq!(append(&mut m, header(2, 0, 5, 1, 0)).unwrap(), None);
         assert!(matches!(
-            append(&mut m, header(1, 0, 5, 1, 0)),
+            append(&mut m, header(2, 0, 7, 1, 1)),
             Err(LogError::OutOfOrderSequence {
-                expected_sequence: 0,
+                expected_sequence: 6,
                 ..
             })
         ));

@@ -401,10 +401,6 @@ fn producer_dedup_gaps_and_fencing() {
         .append_as_leader(&mut idempotent(7, 0, 9, 1), 0, NOW_MS)
         .unwrap_err();
     assert_eq!(gap.kafka_error_code(), 45);
-    let unknown = log
-        .append_as_leader(&mut idempotent(8, 0, 4, 1), 0, NOW_MS)
-        .unwrap_err();
-    assert_eq!(unknown.kafka_error_code(), 45);
     log.append_as_leader(&mut idempotent(7, 1, 0, 1), 0, NOW_MS)
         .unwrap();
     let fenced = log
@@ -681,4 +677,21 @@ proptest::proptest! {
             proptest::prop_assert_eq!(w[0].next_offset(), w[1].base_offset);
         }
     }
+}
+
+#[test]
+fn producer_without_state_may_start_at_any_sequence() {
+    // Kafka's ProducerAppendInfo.checkSequence accepts any first sequence from a producer it has
+    // no state for (its batches may have been removed by retention), then enforces order.
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    log.append_as_leader(&mut idempotent(8, 0, 4, 1), 0, NOW_MS)
+        .unwrap();
+    let gap = log
+        .append_as_leader(&mut idempotent(8, 0, 6, 1), 0, NOW_MS)
+        .unwrap_err();
+    assert_eq!(gap.kafka_error_code(), 45);
+    log.append_as_leader(&mut idempotent(8, 0, 5, 1), 0, NOW_MS)
+        .unwrap();
+    assert_eq!(log.log_end_offset(), 2);
 }

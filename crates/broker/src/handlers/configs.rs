@@ -39,13 +39,12 @@ pub fn describe_configs(
             RESOURCE_TOPIC => {
                 let name = res.resource_name.to_string();
                 if broker.controller.image().topic(&name).is_none() {
-                    r.error_code = if gregor_metadata::controller::validate_topic_name(&name)
-                        .is_err()
-                    {
-                        ec::INVALID_TOPIC_EXCEPTION
-                    } else {
-                        ec::UNKNOWN_TOPIC_OR_PARTITION
-                    };
+                    r.error_code =
+                        if gregor_metadata::controller::validate_topic_name(&name).is_err() {
+                            ec::INVALID_TOPIC_EXCEPTION
+                        } else {
+                            ec::UNKNOWN_TOPIC_OR_PARTITION
+                        };
                     r.error_message = Some(sb(&format!("Topic {name} does not exist.")))
                         .filter(|_| r.error_code == ec::UNKNOWN_TOPIC_OR_PARTITION);
                     results.push(r);
@@ -93,7 +92,11 @@ pub fn describe_configs(
                             .with_config_source(source.code())
                             .with_is_sensitive(false)
                             .with_synonyms(synonyms)
-                            .with_config_type(if version >= 3 { def.config_type.code() } else { 0 })
+                            .with_config_type(if version >= 3 {
+                                def.config_type.code()
+                            } else {
+                                0
+                            })
                             .with_documentation(
                                 (version >= 3 && req.include_documentation).then(|| sb(def.doc)),
                             ),

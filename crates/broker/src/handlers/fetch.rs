@@ -172,7 +172,10 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchRequest) ->
         any_error || total >= min_bytes.max(0) as usize || req.max_wait_ms <= 0 || plan.is_empty()
     };
     if done(total, any_error) {
-        return Handled::Ready(reply(&header, FetchResponse::default().with_responses(topics)));
+        return Handled::Ready(reply(
+            &header,
+            FetchResponse::default().with_responses(topics),
+        ));
     }
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     drop(topics);
@@ -192,7 +195,10 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchRequest) ->
             if any_error || total >= min_bytes.max(0) as usize {
                 break topics;
             }
-            if tokio::time::timeout_at(deadline, notify.notified()).await.is_err() {
+            if tokio::time::timeout_at(deadline, notify.notified())
+                .await
+                .is_err()
+            {
                 // One last read at the deadline; it has what arrived meanwhile.
                 break read_pass(&plan, max_bytes, isolation, version).0;
             }

@@ -28,11 +28,7 @@ pub const EARLIEST_PENDING_UPLOAD_TIMESTAMP: i64 = -5;
 /// Latest offset in tiered storage.
 pub const LATEST_TIERED_TIMESTAMP: i64 = -6;
 
-fn lookup(
-    p: &Partition,
-    timestamp: i64,
-    isolation_level: i8,
-) -> Result<(i64, i64, i32), i16> {
+fn lookup(p: &Partition, timestamp: i64, isolation_level: i8) -> Result<(i64, i64, i32), i16> {
     let epoch = p.log.latest_leader_epoch().unwrap_or(-1);
     match timestamp {
         LATEST_TIMESTAMP => {

@@ -107,11 +107,7 @@ pub fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> Metad
                         continue;
                     }
                     if let Err(e) = gregor_metadata::controller::validate_topic_name(&name) {
-                        topics.push(error_entry(
-                            Some(&name),
-                            Uuid::nil(),
-                            e.kafka_error_code(),
-                        ));
+                        topics.push(error_entry(Some(&name), Uuid::nil(), e.kafka_error_code()));
                         continue;
                     }
                     if allow_auto && broker.config.auto_create_topics_enable {
@@ -178,7 +174,9 @@ pub fn describe_cluster(
     // KIP-919: only the broker endpoint type (1) is served by brokers.
     if version >= 1 && req.endpoint_type != 1 {
         resp.error_code = ec::UNSUPPORTED_ENDPOINT_TYPE;
-        resp.error_message = Some(sb("The target does not support the requested endpoint type."));
+        resp.error_message = Some(sb(
+            "The target does not support the requested endpoint type.",
+        ));
         resp.brokers.clear();
     }
     resp

@@ -65,7 +65,11 @@ pub async fn handle(
         RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r),
         other => {
             // decode_request only lets through versions of implemented APIs.
-            tracing::error!(?api_key, "no handler for {:?}", std::mem::discriminant(&other));
+            tracing::error!(
+                ?api_key,
+                "no handler for {:?}",
+                std::mem::discriminant(&other)
+            );
             Handled::Ready(None)
         }
     }

@@ -65,9 +65,7 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
     let mut waits: Vec<(usize, usize, Arc<Partition>, i64)> = Vec::new();
     for td in req.topic_data {
         let name = if version >= 13 {
-            image
-                .topic_by_id(&td.topic_id)
-                .map(|t| t.name.clone())
+            image.topic_by_id(&td.topic_id).map(|t| t.name.clone())
         } else {
             Some(td.name.0.to_string())
         };
@@ -103,7 +101,12 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
             match p.append_records_as_leader(&mut buf, acks) {
                 Ok(info) => {
                     if acks == -1 && !info.duplicate {
-                        waits.push((topics.len(), responses.len(), p.clone(), info.last_offset + 1));
+                        waits.push((
+                            topics.len(),
+                            responses.len(),
+                            p.clone(),
+                            info.last_offset + 1,
+                        ));
                     }
                     responses.push(
                         PartitionProduceResponse::default()
@@ -121,7 +124,11 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
         }
         topics.push(
             TopicProduceResponse::default()
-                .with_name(if version >= 13 { TopicName::default() } else { td.name })
+                .with_name(if version >= 13 {
+                    TopicName::default()
+                } else {
+                    td.name
+                })
                 .with_topic_id(td.topic_id)
                 .with_partition_responses(responses),
         );
@@ -154,7 +161,10 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
                 if p.high_watermark() >= target {
                     break;
                 }
-                if tokio::time::timeout_at(deadline, notify.notified()).await.is_err() {
+                if tokio::time::timeout_at(deadline, notify.notified())
+                    .await
+                    .is_err()
+                {
                     if p.high_watermark() < target {
                         let r = &mut topics[ti].partition_responses[pi];
                         r.error_code = ec::REQUEST_TIMED_OUT;

@@ -98,7 +98,10 @@ pub fn create_topics(
         let mut config_error = None;
         for c in &t.configs {
             let Some(value) = c.value.as_ref() else {
-                config_error = Some(format!("Null value not supported for topic configs: {}", &*c.name));
+                config_error = Some(format!(
+                    "Null value not supported for topic configs: {}",
+                    &*c.name
+                ));
                 break;
             };
             if let Err(e) = validate_topic_config(&c.name, value) {
@@ -114,10 +117,19 @@ pub fn create_topics(
         let mut assignments: Vec<(i32, Vec<i32>)> = t
             .assignments
             .iter()
-            .map(|a| (a.partition_index, a.broker_ids.iter().map(|b| b.0).collect()))
+            .map(|a| {
+                (
+                    a.partition_index,
+                    a.broker_ids.iter().map(|b| b.0).collect(),
+                )
+            })
             .collect();
         assignments.sort_by_key(|(p, _)| *p);
-        if assignments.iter().enumerate().any(|(i, (p, _))| *p != i as i32) {
+        if assignments
+            .iter()
+            .enumerate()
+            .any(|(i, (p, _))| *p != i as i32)
+        {
             results.push(failed(
                 &t.name,
                 ec::INVALID_REPLICA_ASSIGNMENT,
@@ -228,7 +240,9 @@ pub fn delete_topics(
                         .with_name(name.as_deref().map(|n| TopicName(sb(n))))
                         .with_topic_id(id)
                         .with_error_code(ec::INVALID_REQUEST)
-                        .with_error_message(Some(sb("Topic name and topic id cannot both be set."))),
+                        .with_error_message(Some(sb(
+                            "Topic name and topic id cannot both be set.",
+                        ))),
                 );
                 continue;
             }
