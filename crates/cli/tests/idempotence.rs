@@ -54,7 +54,7 @@ impl Conn {
             h.correlation_id == self.correlation,
             "correlation id mismatch"
         );
-        Ok(Resp::decode(&mut b, version)?)
+        Resp::decode(&mut b, version)
     }
 }
 

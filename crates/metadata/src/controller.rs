@@ -321,12 +321,16 @@ impl Controller {
             topic_id,
         }];
         records.extend(Self::partition_records(topic_id, 0, assignments));
-        records.extend(t.configs.into_iter().map(|(name, value)| MetadataRecord::Config {
-            resource: ConfigResource::Topic,
-            resource_name: t.name.clone(),
-            name,
-            value: Some(value),
-        }));
+        records.extend(
+            t.configs
+                .into_iter()
+                .map(|(name, value)| MetadataRecord::Config {
+                    resource: ConfigResource::Topic,
+                    resource_name: t.name.clone(),
+                    name,
+                    value: Some(value),
+                }),
+        );
         self.commit(&records)?;
         Ok(topic_id)
     }
@@ -501,7 +505,10 @@ mod tests {
         let code = |r: Result<Uuid, ControllerError>| r.unwrap_err().kafka_error_code();
         assert_eq!(code(c.create_topic(topic("", 1, 1), false)), 17);
         assert_eq!(code(c.create_topic(topic("a/b", 1, 1), false)), 17);
-        assert_eq!(code(c.create_topic(topic(&"x".repeat(250), 1, 1), false)), 17);
+        assert_eq!(
+            code(c.create_topic(topic(&"x".repeat(250), 1, 1), false)),
+            17
+        );
         assert_eq!(code(c.create_topic(topic("t", 0, 1), false)), 37);
         assert_eq!(code(c.create_topic(topic("t", 1, 3), false)), 38);
         c.create_topic(topic("a.b", 1, 1), false).unwrap();

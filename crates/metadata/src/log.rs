@@ -116,8 +116,8 @@ fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
     let mut out = Vec::new();
     let mut pos = 0;
     while data.len() - pos >= 8 {
-        let len = u32::from_be_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]])
-            as usize;
+        let len =
+            u32::from_be_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
         let crc = u32::from_be_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
         let Some(body) = data.get(pos + 8..pos + 8 + len) else {
             break;
@@ -197,7 +197,10 @@ mod tests {
             std::fs::write(&path, &full[..cut]).unwrap();
             let log = FileMetadataLog::open(dir.path()).unwrap();
             let got = log.read_all().unwrap();
-            assert!(got.len() == 0 || got.len() == 2 || got.len() == 3, "atomic groups");
+            assert!(
+                matches!(got.len(), 0 | 2 | 3),
+                "atomic groups"
+            );
             assert_eq!(got, (1..=got.len()).map(rec).collect::<Vec<_>>());
             log.append(&[rec(got.len() + 1)]).unwrap();
             assert_eq!(log.read_all().unwrap().len(), got.len() + 1);
