@@ -573,6 +573,8 @@ const ACCEPTED_KEYS: &[&str] = &[
     "broker.id",
     "cluster.id",
     "metadata.log.dir",
+    // Accepted as an alias of `log.index.interval.bytes` (the topic-level name).
+    "index.interval.bytes",
 ];
 
 /// The broker's configuration. Field docs name the Kafka property.
@@ -745,6 +747,11 @@ impl BrokerConfig {
                             .and_then(|h| h.trim().parse::<i64>().ok())
                             .map(|h| h * 3_600_000)
                     }),
+                // `index.interval.bytes` given at broker level (the topic-level name) is accepted too.
+                "log.index.interval.bytes" => self
+                    .raw
+                    .get("index.interval.bytes")
+                    .and_then(|v| v.trim().parse::<i64>().ok()),
                 "log.roll.ms" => self
                     .raw
                     .get("log.roll.hours")

@@ -401,6 +401,10 @@ pub enum Handled {
     Ready(Option<Bytes>),
     /// A response that waits for something (high watermark, new data).
     Deferred(Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>),
+    /// No response, and the connection is closed after the responses before it are sent. Kafka
+    /// does this for an acks=0 produce that failed, so the producer notices and refreshes its
+    /// metadata.
+    CloseConnection,
 }
 
 enum Slot {
@@ -490,6 +494,10 @@ async fn serve_connection(
                     .instrument(span.clone())
                     .await;
                 match handled {
+                    Handled::CloseConnection => {
+                        debug!(%peer, "closing connection after a failed acks=0 produce");
+                        break;
+                    }
                     Handled::Ready(b) => {
                         span.in_scope(|| {
                             debug!(

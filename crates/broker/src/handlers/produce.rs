@@ -134,7 +134,15 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
         );
     }
     if acks == 0 {
-        return Handled::Ready(None);
+        let failed = topics
+            .iter()
+            .flat_map(|t| &t.partition_responses)
+            .any(|p| p.error_code != ec::NONE);
+        return if failed {
+            Handled::CloseConnection
+        } else {
+            Handled::Ready(None)
+        };
     }
     let build = move |topics: Vec<TopicProduceResponse>| {
         respond(
