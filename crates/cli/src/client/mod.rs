@@ -1,0 +1,160 @@
+//! The client side of the `gregor` binary: `topic`, `produce` and `consume`, built on rdkafka
+//! (librdkafka), so they work against gregor and against any Apache Kafka broker alike.
+//!
+//! Tables (comfy-table) are for people; `--output json` is for scripts. Client properties that
+//! have no flag of their own can be passed through with `-X key=value` (librdkafka names).
+
+mod consume;
+mod format;
+mod produce;
+mod topic;
+
+use anyhow::{bail, Result};
+use rdkafka::ClientConfig;
+
+pub use consume::ConsumeArgs;
+pub use produce::ProduceArgs;
+pub use topic::TopicArgs;
+
+/// Client subcommands, flattened into the binary's top-level subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Create, list, describe and delete topics.
+    Topic(TopicArgs),
+    /// Produce records read line by line from stdin or a file.
+    Produce(ProduceArgs),
+    /// Consume records and print them, one per line.
+    Consume(ConsumeArgs),
+}
+
+/// Runs one client subcommand.
+pub async fn run(cmd: ClientCommand) -> Result<()> {
+    match cmd {
+        ClientCommand::Topic(args) => topic::run(args).await,
+        ClientCommand::Produce(args) => produce::run(args).await,
+        ClientCommand::Consume(args) => consume::run(args).await,
+    }
+}
+
+/// How results are printed.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Output {
+    /// Tables and sentences for people.
+    #[default]
+    Table,
+    /// JSON for scripts.
+    Json,
+}
+
+/// Connection options shared by every client subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnectionArgs {
+    /// Broker(s) to bootstrap from, host:port[,host:port...].
+    #[arg(
+        long,
+        short = 'b',
+        env = "GREGOR_BOOTSTRAP",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub bootstrap_server: String,
+    /// Extra client property (librdkafka name), e.g. -X debug=protocol. Repeatable.
+    #[arg(short = 'X', long = "client-property", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub client_properties: Vec<(String, String)>,
+}
+
+impl ConnectionArgs {
+    /// A client configuration with the bootstrap servers and the `-X` properties applied last.
+    pub fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_server);
+        for (k, v) in defaults {
+            config.set(*k, *v);
+        }
+        for (k, v) in &self.client_properties {
+            config.set(k, v);
+        }
+        config
+    }
+}
+
+/// Parses `key=value` (the value may itself contain `=`).
+pub fn parse_key_value(s: &str) -> Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => bail!("expected KEY=VALUE, got {s:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ClientCommand,
+    }
+
+    #[test]
+    fn key_value_splits_at_first_equals() {
+        assert_eq!(
+            parse_key_value("a=b=c").unwrap(),
+            ("a".to_string(), "b=c".to_string())
+        );
+        assert!(parse_key_value("=x").is_err());
+        assert!(parse_key_value("novalue").is_err());
+    }
+
+    #[test]
+    fn command_line_parses() {
+        Cli::try_parse_from([
+            "gregor",
+            "topic",
+            "create",
+            "t",
+            "--partitions",
+            "3",
+            "--config",
+            "cleanup.policy=compact",
+        ])
+        .unwrap();
+        Cli::try_parse_from(["gregor", "topic", "describe", "--output", "json"]).unwrap();
+        Cli::try_parse_from([
+            "gregor",
+            "produce",
+            "t",
+            "--key-separator",
+            ":",
+            "--acks",
+            "all",
+            "--compression",
+            "zstd",
+            "--header",
+            "a=b",
+            "--partition",
+            "0",
+        ])
+        .unwrap();
+        Cli::try_parse_from([
+            "gregor",
+            "consume",
+            "t",
+            "--partition",
+            "0",
+            "--offset",
+            "earliest",
+            "--max-messages",
+            "5",
+            "--format",
+            "%k:%v",
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
