@@ -60,7 +60,7 @@ fn lookup(p: &Partition, timestamp: i64, isolation_level: i8) -> Result<(i64, i6
 }
 
 /// Answers ListOffsets.
-pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, _version: i16) -> ListOffsetsResponse {
+pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
     let rm = &broker.replica_manager;
     let topics = req
         .topics
@@ -82,10 +82,11 @@ pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, _version: i16) -> L
                         return resp.with_error_code(code);
                     }
                     match lookup(&p, rp.timestamp, req.isolation_level) {
+                        // leader_epoch exists from v4 (KIP-320); before that it must stay -1.
                         Ok((ts, off, epoch)) => resp
                             .with_timestamp(ts)
                             .with_offset(off)
-                            .with_leader_epoch(epoch),
+                            .with_leader_epoch(if version >= 4 { epoch } else { -1 }),
                         Err(code) => resp.with_error_code(code),
                     }
                 })

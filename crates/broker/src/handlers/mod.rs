@@ -12,7 +12,11 @@ pub mod produce;
 pub mod producer_id;
 pub mod topics;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use bytes::BytesMut;
+use gregor_protocol::kafka_protocol::messages::ResponseKind;
 
 use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
@@ -34,12 +38,86 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::DescribeCluster,
 ];
 
-/// The version range gregor accepts for `api_key`, or None if not implemented.
-pub fn supported_versions(api_key: ApiKey) -> Option<(i16, i16)> {
-    IMPLEMENTED.contains(&api_key).then(|| {
-        let r = api_key.valid_versions();
-        (r.min, r.max)
+/// A default request and response of `api_key`, to probe which versions the codec handles.
+fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
+    use gregor_protocol::kafka_protocol::messages::*;
+    Some(match api_key {
+        ApiKey::Produce => (
+            ProduceRequest::default().into(),
+            ProduceResponse::default().into(),
+        ),
+        ApiKey::Fetch => (
+            FetchRequest::default().into(),
+            FetchResponse::default().into(),
+        ),
+        ApiKey::ListOffsets => (
+            ListOffsetsRequest::default().into(),
+            ListOffsetsResponse::default().into(),
+        ),
+        ApiKey::Metadata => (
+            MetadataRequest::default().into(),
+            MetadataResponse::default().into(),
+        ),
+        ApiKey::ApiVersions => (
+            ApiVersionsRequest::default().into(),
+            ApiVersionsResponse::default().into(),
+        ),
+        ApiKey::CreateTopics => (
+            CreateTopicsRequest::default().into(),
+            CreateTopicsResponse::default().into(),
+        ),
+        ApiKey::DeleteTopics => (
+            DeleteTopicsRequest::default().into(),
+            DeleteTopicsResponse::default().into(),
+        ),
+        ApiKey::InitProducerId => (
+            InitProducerIdRequest::default().into(),
+            InitProducerIdResponse::default().into(),
+        ),
+        ApiKey::DescribeConfigs => (
+            DescribeConfigsRequest::default().into(),
+            DescribeConfigsResponse::default().into(),
+        ),
+        ApiKey::CreatePartitions => (
+            CreatePartitionsRequest::default().into(),
+            CreatePartitionsResponse::default().into(),
+        ),
+        ApiKey::DescribeCluster => (
+            DescribeClusterRequest::default().into(),
+            DescribeClusterResponse::default().into(),
+        ),
+        _ => return None,
     })
+}
+
+/// The version range gregor accepts for `api_key`, or None if not implemented: Kafka 4.1's
+/// range (`ApiKey::valid_versions`), narrowed to the versions the `kafka-protocol` codec can
+/// actually encode and decode (it declares InitProducerId v6 valid but its message codec stops
+/// at v5, for example). Advertising a version we cannot decode would make clients fail.
+pub fn supported_versions(api_key: ApiKey) -> Option<(i16, i16)> {
+    static RANGES: OnceLock<HashMap<i16, (i16, i16)>> = OnceLock::new();
+    RANGES
+        .get_or_init(|| {
+            let mut m = HashMap::new();
+            for key in IMPLEMENTED {
+                let Some((req, resp)) = defaults(*key) else {
+                    continue;
+                };
+                let r = key.valid_versions();
+                let works = |v: i16| {
+                    let mut b = BytesMut::new();
+                    req.encode(&mut b, v).is_ok() && resp.encode(&mut b, v).is_ok()
+                };
+                let min = (r.min..=r.max).find(|v| works(*v));
+                let max = (r.min..=r.max).rev().find(|v| works(*v));
+                if let (Some(min), Some(max)) = (min, max) {
+                    m.insert(*key as i16, (min, max));
+                }
+            }
+            m
+        })
+        .get(&(api_key as i16))
+        .copied()
 }
 
 /// Runs the handler for one request.
@@ -78,4 +156,21 @@ pub async fn handle(
 /// A `StrBytes` from a `&str`.
 pub fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_implemented_api_is_advertised_within_kafkas_range() {
+        for key in IMPLEMENTED {
+            let (min, max) = supported_versions(*key).expect("advertised");
+            let r = key.valid_versions();
+            assert!(r.min <= min && max <= r.max && min <= max, "{key:?}");
+        }
+        // The kafka-protocol codec stops InitProducerId at v5.
+        assert_eq!(supported_versions(ApiKey::InitProducerId), Some((0, 5)));
+        assert_eq!(supported_versions(ApiKey::Produce), Some((3, 13)));
+    }
 }
