@@ -92,7 +92,10 @@ impl Gregor {
                 }
             }
             if Instant::now() > deadline {
-                bail!("gregor did not listen within {timeout:?}; log:\n{}", self.server_log());
+                bail!(
+                    "gregor did not listen within {timeout:?}; log:\n{}",
+                    self.server_log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -125,7 +128,10 @@ impl Gregor {
     pub fn stop(&mut self) -> Result<()> {
         if let Some(status) = self.signal("TERM")? {
             if !status.success() {
-                bail!("gregor exited with {status} on SIGTERM; log:\n{}", self.server_log());
+                bail!(
+                    "gregor exited with {status} on SIGTERM; log:\n{}",
+                    self.server_log()
+                );
             }
         }
         Ok(())

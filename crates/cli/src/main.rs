@@ -12,7 +12,11 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "gregor", version, about = "A Kafka-compatible event-streaming platform")]
+#[command(
+    name = "gregor",
+    version,
+    about = "A Kafka-compatible event-streaming platform"
+)]
 struct Cli {
     /// Log format of the server and tools.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]

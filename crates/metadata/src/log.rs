@@ -197,10 +197,7 @@ mod tests {
             std::fs::write(&path, &full[..cut]).unwrap();
             let log = FileMetadataLog::open(dir.path()).unwrap();
             let got = log.read_all().unwrap();
-            assert!(
-                matches!(got.len(), 0 | 2 | 3),
-                "atomic groups"
-            );
+            assert!(matches!(got.len(), 0 | 2 | 3), "atomic groups");
             assert_eq!(got, (1..=got.len()).map(rec).collect::<Vec<_>>());
             log.append(&[rec(got.len() + 1)]).unwrap();
             assert_eq!(log.read_all().unwrap().len(), got.len() + 1);
