@@ -281,7 +281,7 @@ fn send_lines(
         *sent += 1;
         producer.poll(Duration::ZERO);
         if let Some(bar) = progress {
-            if line_number % 1024 == 0 {
+            if line_number & 1023 == 0 {
                 bar.set_message(format!("{sent} records"));
             }
         }
