@@ -304,13 +304,25 @@ fn python_venv(root: &Path) -> Result<PathBuf> {
     }
     if !python.exists() {
         let system_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        proc::run_checked(
-            Command::new(&system_python)
-                .arg("-m")
-                .arg("venv")
-                .arg(&venv),
-        )
-        .context("creating the Python venv (on Debian, python3-venv provides `venv`)")?;
+        let create =
+            || proc::run_checked(Command::new(&system_python).args(["-m", "venv"]).arg(&venv));
+        if let Err(first) = create() {
+            // Debian's own python3 ships `venv` without ensurepip; python3-venv adds it.
+            let _ = std::fs::remove_dir_all(&venv);
+            if !is_root() || which("apt-get").is_none() {
+                return Err(first)
+                    .context("creating the Python venv (on Debian, install python3-venv)");
+            }
+            eprintln!("python3 -m venv failed ({first:#}); installing python3-venv with apt-get");
+            proc::run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+            proc::run_checked(Command::new("apt-get").args([
+                "install",
+                "-y",
+                "-qq",
+                "python3-venv",
+            ]))?;
+            create().context("creating the Python venv after installing python3-venv")?;
+        }
     }
     proc::run_checked(
         Command::new(&python)
@@ -355,4 +367,20 @@ fn java_suite(root: &Path, target: &Target) -> Result<()> {
     }
     target.env(&mut cmd);
     proc::run_checked(&mut cmd)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// The path of `program` on PATH, if any.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
 }
