@@ -54,11 +54,12 @@ pub struct ConnectionArgs {
         long,
         short = 'b',
         env = "GREGOR_BOOTSTRAP",
-        default_value = "127.0.0.1:9092"
+        default_value = "127.0.0.1:9092",
+        global = true
     )]
     pub bootstrap_server: String,
     /// Extra client property (librdkafka name), e.g. -X debug=protocol. Repeatable.
-    #[arg(short = 'X', long = "client-property", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    #[arg(short = 'X', long = "client-property", value_name = "KEY=VALUE", value_parser = parse_key_value, global = true)]
     pub client_properties: Vec<(String, String)>,
 }
 
@@ -120,6 +121,16 @@ mod tests {
         ])
         .unwrap();
         Cli::try_parse_from(["gregor", "topic", "describe", "--output", "json"]).unwrap();
+        Cli::try_parse_from([
+            "gregor",
+            "topic",
+            "list",
+            "--bootstrap-server",
+            "h:1",
+            "-X",
+            "a=b",
+        ])
+        .unwrap();
         Cli::try_parse_from([
             "gregor",
             "produce",
