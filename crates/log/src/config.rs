@@ -57,7 +57,7 @@ impl fmt::Display for TopicPartition {
 
 /// Configuration of one partition log. Field names follow Kafka's topic configs (broker-level
 /// names in parentheses); [`Default`] gives Kafka 4's defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogConfig {
     /// `segment.bytes` (`log.segment.bytes`): roll the active segment before an append would
     /// make it larger than this many bytes. Default 1 GiB.
@@ -88,6 +88,37 @@ pub struct LogConfig {
     /// `message.timestamp.after.max.ms`: how far in ms a CreateTime timestamp may be ahead of
     /// the broker clock (KIP-937; Kafka 4 default one hour, KIP-1030).
     pub message_timestamp_after_max_ms: i64,
+    /// `retention.ms` (`log.retention.ms`, `.minutes`, `.hours`): closed segments whose newest
+    /// record is older than this many ms are deleted. Negative: no time limit. Default 7 days.
+    pub retention_ms: i64,
+    /// `retention.bytes` (`log.retention.bytes`): oldest closed segments are deleted while the
+    /// log is larger than this many bytes. Negative: no size limit. Default -1.
+    pub retention_bytes: i64,
+    /// `cleanup.policy` contains `delete` (`log.cleanup.policy`): retention by time and size
+    /// applies. Default true.
+    pub cleanup_delete: bool,
+    /// `cleanup.policy` contains `compact`: the log cleaner keeps the latest record per key.
+    /// Default false.
+    pub cleanup_compact: bool,
+    /// `delete.retention.ms` (`log.cleaner.delete.retention.ms`): how long a tombstone survives
+    /// after the cleaner first saw it (KIP-534 delete horizon), ms. Default 1 day.
+    pub delete_retention_ms: i64,
+    /// `file.delete.delay.ms` (`log.segment.delete.delay.ms`): how long a segment renamed to
+    /// `.deleted` stays on disk before it is removed, ms. Default 60000.
+    pub file_delete_delay_ms: i64,
+    /// `min.cleanable.dirty.ratio` (`log.cleaner.min.cleanable.ratio`): dirty bytes over total
+    /// bytes above which the log is compacted. Default 0.5.
+    pub min_cleanable_dirty_ratio: f64,
+    /// `min.compaction.lag.ms` (`log.cleaner.min.compaction.lag.ms`): records younger than this
+    /// many ms are not compacted. Default 0.
+    pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms` (`log.cleaner.max.compaction.lag.ms`): a dirty segment older than
+    /// this many ms makes the log eligible for compaction whatever its dirty ratio (KIP-354).
+    /// Default `i64::MAX`.
+    pub max_compaction_lag_ms: i64,
+    /// `compression.type`: `None` keeps the producer's codec (`producer`), `Some(codec)`
+    /// re-compresses batches in another codec on append.
+    pub compression: Option<gregor_protocol::batch::Compression>,
 }
 
 impl Default for LogConfig {
@@ -103,6 +134,16 @@ impl Default for LogConfig {
             message_timestamp_type: TimestampType::CreateTime,
             message_timestamp_before_max_ms: i64::MAX,
             message_timestamp_after_max_ms: 3_600_000,
+            retention_ms: 7 * 24 * 60 * 60 * 1000,
+            retention_bytes: -1,
+            cleanup_delete: true,
+            cleanup_compact: false,
+            delete_retention_ms: 24 * 60 * 60 * 1000,
+            file_delete_delay_ms: 60_000,
+            min_cleanable_dirty_ratio: 0.5,
+            min_compaction_lag_ms: 0,
+            max_compaction_lag_ms: i64::MAX,
+            compression: None,
         }
     }
 }

@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
+mod cleaner;
 mod config;
 mod epoch;
 mod error;
@@ -20,14 +21,20 @@ mod index;
 mod log;
 mod manager;
 mod producer_state;
+mod rebuild;
 mod segment;
 mod timestamps;
 
+pub use cleaner::{CleanStats, Cleanability, CleanerConfig, LogCleaner, OFFSET_MAP_ENTRY_BYTES};
 pub use config::{LogConfig, TimestampType, TopicPartition};
 pub use epoch::EpochEntry;
 pub use error::{LogError, Result};
-pub use log::{AppendInfo, LoadStats, PartitionLog, ReadInfo, TimestampAndOffset};
+pub use log::{
+    AppendInfo, DeletionReason, LoadStats, PartitionLog, ReadInfo, RetentionResult,
+    TimestampAndOffset,
+};
 pub use manager::{
-    topic_id_from_string, topic_id_to_string, LogManager, CLEAN_SHUTDOWN_FILE,
-    PARTITION_METADATA_FILE, RECOVERY_POINT_CHECKPOINT,
+    topic_id_from_string, topic_id_to_string, LogManager, CLEANER_OFFSET_CHECKPOINT,
+    CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT, PARTITION_METADATA_FILE,
+    RECOVERY_POINT_CHECKPOINT,
 };

@@ -10,6 +10,7 @@ use gregor_protocol::batch::{
     set_base_offset, set_log_append_time, set_partition_leader_epoch, validate_batch, BatchHeader,
     Batches, TimestampType,
 };
+use gregor_protocol::records::decode_records;
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::sync_dir;
@@ -107,6 +108,20 @@ pub struct PartitionLog {
     last_flush_ms: AtomicI64,
     flush_lock: Mutex<()>,
     load_stats: LoadStats,
+    /// Serialises changes to the set of closed segments: retention deletes and the cleaner's
+    /// swaps. Appends (which only add a segment at the end) do not take it.
+    maintenance_lock: Mutex<()>,
+    /// Files renamed to `.deleted`, with the wall-clock ms after which they may be removed
+    /// (`file.delete.delay.ms`).
+    pending_deletes: Mutex<Vec<(i64, Vec<PathBuf>)>>,
+    /// The cleaner's first dirty offset (Kafka's `cleaner-offset-checkpoint` entry), -1 if never
+    /// cleaned.
+    cleaner_checkpoint: AtomicI64,
+    /// Set while a cleaner thread works on this log.
+    cleaning: std::sync::atomic::AtomicBool,
+    /// Earliest KIP-534 delete horizon (ms) the cleaner wrote in its last round, `i64::MAX`
+    /// when none (or unknown after a restart).
+    min_delete_horizon_ms: AtomicI64,
 }
 
 /// Wall-clock milliseconds since the Unix epoch.
@@ -114,6 +129,98 @@ pub(crate) fn wall_clock_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Suffix of segment files waiting for removal (Kafka's `DeletedFileSuffix`).
+pub(crate) const DELETED_SUFFIX: &str = ".deleted";
+/// Suffix of a segment the cleaner is writing (Kafka's `CleanedFileSuffix`).
+pub(crate) const CLEANED_SUFFIX: &str = ".cleaned";
+/// Suffix of a cleaned segment being swapped in (Kafka's `SwapFileSuffix`).
+pub(crate) const SWAP_SUFFIX: &str = ".swap";
+
+/// Finishes or rolls back a cleaner swap that a crash interrupted (Kafka's
+/// `LogLoader.removeTempFilesAndCollectSwapFiles` and `completeSwapOperations`). The cleaner
+/// writes `<base>.*.cleaned`, fsyncs, renames them to `.swap` (the `.log` last), renames the
+/// replaced segments to `.deleted`, then drops the `.swap` suffix. So:
+/// - any `.cleaned` file means the swap of that round never started: its `.cleaned` and `.swap`
+///   files with a base offset at or above the smallest `.cleaned` one are removed (by the
+///   caller's sweep) and the old segments are intact;
+/// - a `<base>.log.swap` without such a `.cleaned` file is a complete cleaned segment: the old
+///   segments it replaces (base offsets in `[base, its next offset)`) are removed and the swap
+///   files lose their suffix.
+fn complete_interrupted_swaps(dir: &Path) -> Result<()> {
+    let mut min_cleaned = i64::MAX;
+    let mut swaps = Vec::new();
+    let mut logs = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if let Some(stem) = name.strip_suffix(CLEANED_SUFFIX) {
+            if let Some(b) = ["log", "index", "timeindex", "txnindex"]
+                .iter()
+                .find_map(|ext| parse_base_offset(stem, &format!(".{ext}")))
+            {
+                min_cleaned = min_cleaned.min(b);
+            }
+        } else if let Some(stem) = name.strip_suffix(SWAP_SUFFIX) {
+            if let Some(b) = parse_base_offset(stem, ".log") {
+                swaps.push(b);
+            }
+        } else if let Some(b) = parse_base_offset(&name, ".log") {
+            logs.push(b);
+        }
+    }
+    swaps.sort_unstable();
+    logs.sort_unstable();
+    let mut changed = false;
+    for base in swaps.into_iter().filter(|b| *b < min_cleaned) {
+        let swap_path = dir.join(crate::segment::file_name(base, "log") + SWAP_SUFFIX);
+        let next_offset = swap_next_offset(&swap_path)?.unwrap_or(base + 1);
+        for old in logs.iter().filter(|o| **o >= base && **o < next_offset) {
+            delete_segment_files(dir, *old)?;
+        }
+        crate::segment::rename_segment_files(dir, base, SWAP_SUFFIX, "")?;
+        tracing::info!(segment = %swap_path.display(), "completed an interrupted cleaner swap");
+        changed = true;
+    }
+    if changed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// The offset after the last batch of a `.swap` log file (fsynced before it was renamed, so
+/// its headers are walked without CRC checks), `None` if it has none.
+fn swap_next_offset(path: &Path) -> Result<Option<i64>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| LogError::io("opening", path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| LogError::io("reading metadata of", path, e))?
+        .len();
+    let mut next = None;
+    let mut pos = 0u64;
+    let mut hdr = [0u8; gregor_protocol::batch::BATCH_HEADER_LEN];
+    while pos + hdr.len() as u64 <= len {
+        if file.read_exact_at(&mut hdr, pos).is_err() {
+            break;
+        }
+        let Ok(h) = BatchHeader::parse(&hdr) else {
+            break;
+        };
+        let Some(total) = checked_total_size(&h) else {
+            break;
+        };
+        if pos + total as u64 > len {
+            break;
+        }
+        next = Some(h.next_offset());
+        pos += total as u64;
+    }
+    Ok(next)
 }
 
 fn parse_base_offset(name: &str, ext: &str) -> Option<i64> {
@@ -157,9 +264,36 @@ impl PartitionLog {
         had_clean_shutdown: bool,
         recovery_point: Option<i64>,
     ) -> Result<Self> {
+        Self::open_with_checkpoints(
+            dir,
+            topic_partition,
+            config,
+            had_clean_shutdown,
+            recovery_point,
+            None,
+        )
+    }
+
+    /// As [`PartitionLog::open_with_recovery_point`], with the log start offset from Kafka's
+    /// `log-start-offset-checkpoint` (moved by retention and DeleteRecords). The log start
+    /// offset is the larger of it and the first segment's base offset, capped at the log end
+    /// offset. Also finishes or rolls back a cleaner swap a crash interrupted.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    pub fn open_with_checkpoints(
+        dir: &Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        had_clean_shutdown: bool,
+        recovery_point: Option<i64>,
+        checkpointed_log_start_offset: Option<i64>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
         let now_ms = wall_clock_ms();
         let mut stats = LoadStats::default();
+
+        complete_interrupted_swaps(dir)?;
 
         // Files in the directory.
         let mut bases = Vec::new();
@@ -170,7 +304,7 @@ impl PartitionLog {
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
-            if [".tmp", ".deleted", ".cleaned", ".swap"]
+            if [".tmp", DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX]
                 .iter()
                 .any(|s| name.ends_with(s))
             {
@@ -288,7 +422,10 @@ impl PartitionLog {
                 Err(e) => return Err(e),
             }
         };
-        let log_start_offset = segments[0].base_offset();
+        let log_start_offset = checkpointed_log_start_offset
+            .unwrap_or(i64::MIN)
+            .max(segments[0].base_offset())
+            .min(log_end_offset);
         if epochs_changed {
             epoch_cache.persist()?;
         }
@@ -382,6 +519,11 @@ impl PartitionLog {
             last_flush_ms: AtomicI64::new(now_ms),
             flush_lock: Mutex::new(()),
             load_stats: stats,
+            maintenance_lock: Mutex::new(()),
+            pending_deletes: Mutex::new(Vec::new()),
+            cleaner_checkpoint: AtomicI64::new(-1),
+            cleaning: std::sync::atomic::AtomicBool::new(false),
+            min_delete_horizon_ms: AtomicI64::new(i64::MAX),
         })
     }
 
@@ -443,7 +585,7 @@ impl PartitionLog {
         self.epoch_cache.lock().end_offset_for(requested_epoch, leo)
     }
 
-    fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
+    pub(crate) fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
         Arc::clone(&self.segments.read())
     }
 
@@ -490,6 +632,17 @@ impl PartitionLog {
     ) -> Result<AppendInfo> {
         let config = self.config.read().clone();
         let mut headers = self.analyze_and_validate(records, &config, now_ms)?;
+        let mut recompressed;
+        let records: &mut [u8] = match recompress(records, &headers, config.compression)? {
+            Some(buf) => {
+                recompressed = buf;
+                headers = Batches::new(&recompressed)
+                    .map(|b| b.map(|(_, h)| h))
+                    .collect::<std::result::Result<_, _>>()?;
+                &mut recompressed[..]
+            }
+            None => records,
+        };
 
         let mut inner = self.inner.lock();
         if inner.closed {
@@ -620,6 +773,16 @@ impl PartitionLog {
                 }
             }
             let h = validate_batch(rest)?;
+            if config.cleanup_compact && !h.is_control() {
+                // Kafka's `LogValidator.validateKey`: only compacted topics decode records here.
+                let records = decode_records(&rest[..h.total_size()])?;
+                if records.iter().any(|r| r.key.is_none()) {
+                    return Err(LogError::InvalidRecord(format!(
+                        "Compacted topic cannot accept message without key in topic partition {}.",
+                        self.topic_partition
+                    )));
+                }
+            }
             if h.is_control() {
                 return Err(LogError::InvalidRecord(
                     "clients are not allowed to write control records".into(),
@@ -954,6 +1117,401 @@ impl PartitionLog {
     pub fn num_producers(&self) -> usize {
         self.inner.lock().producer_state.len()
     }
+}
+
+/// `compression.type` other than `producer` (Kafka's `LogValidator`, KIP-390): when some
+/// batch's codec differs from `target`, every batch is rebuilt in `target`, keeping producer
+/// fields, timestamps and offset deltas. `None` when nothing needs re-compression.
+fn recompress(
+    records: &[u8],
+    headers: &[BatchHeader],
+    target: Option<gregor_protocol::batch::Compression>,
+) -> Result<Option<Vec<u8>>> {
+    let Some(codec) = target else {
+        return Ok(None);
+    };
+    if headers.iter().all(|h| h.compression() == Some(codec)) {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(records.len());
+    let mut pos = 0;
+    for h in headers {
+        let raw = &records[pos..pos + h.total_size()];
+        pos += h.total_size();
+        if h.compression() == Some(codec) {
+            out.extend_from_slice(raw);
+            continue;
+        }
+        let recs = decode_records(raw)?;
+        let rebuilt = crate::rebuild::rebuild_batch(h, &recs, codec, None)
+            .map_err(|e| LogError::InvalidRecord(format!("re-compressing a batch: {e}")))?;
+        out.extend_from_slice(&rebuilt);
+    }
+    Ok(Some(out))
+}
+
+/// Why segments were deleted (Kafka's `SegmentDeletionReason`), for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletionReason {
+    /// Newest record older than `retention.ms`.
+    RetentionMs,
+    /// The log was larger than `retention.bytes`.
+    RetentionBytes,
+    /// Entirely below the log start offset (DeleteRecords).
+    LogStartOffset,
+}
+
+/// What one retention pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionResult {
+    /// Segments deleted.
+    pub deleted_segments: usize,
+    /// Bytes of those segments.
+    pub deleted_bytes: u64,
+}
+
+impl PartitionLog {
+    /// Kafka's `UnifiedLog.deleteOldSegments`: with `cleanup.policy` containing `delete`, deletes
+    /// the oldest segments whose newest record is older than `retention.ms`, then those that
+    /// make the log larger than `retention.bytes`; with any policy, segments entirely below the
+    /// log start offset. A segment is only deleted once `high_watermark` has passed its end;
+    /// the active segment is deleted too when it qualifies and is not empty, after rolling a
+    /// new one (so the log is never without a segment). Deleted segments are renamed to
+    /// `.deleted` and removed `file.delete.delay.ms` later ([`PartitionLog::delete_due_files`]);
+    /// readers holding them keep reading the open files.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn delete_old_segments(&self, now_ms: i64, high_watermark: i64) -> Result<RetentionResult> {
+        let config = self.config();
+        let mut result = RetentionResult::default();
+        if config.cleanup_delete {
+            if config.retention_ms >= 0 {
+                let r = self.delete_segments_while(
+                    high_watermark,
+                    now_ms,
+                    DeletionReason::RetentionMs,
+                    |seg, _| {
+                        now_ms.saturating_sub(seg.largest_timestamp_ms()) > config.retention_ms
+                    },
+                )?;
+                result.deleted_segments += r.deleted_segments;
+                result.deleted_bytes += r.deleted_bytes;
+            }
+            if config.retention_bytes >= 0 {
+                let mut diff =
+                    i128::from(self.size_in_bytes()) - i128::from(config.retention_bytes);
+                let r = self.delete_segments_while(
+                    high_watermark,
+                    now_ms,
+                    DeletionReason::RetentionBytes,
+                    |seg, _| {
+                        if diff - i128::from(seg.size()) >= 0 {
+                            diff -= i128::from(seg.size());
+                            true
+                        } else {
+                            false
+                        }
+                    },
+                )?;
+                result.deleted_segments += r.deleted_segments;
+                result.deleted_bytes += r.deleted_bytes;
+            }
+        }
+        let log_start_offset = self.log_start_offset();
+        let r = self.delete_segments_while(
+            high_watermark,
+            now_ms,
+            DeletionReason::LogStartOffset,
+            |_, next| next.is_some_and(|n| n.base_offset() <= log_start_offset),
+        )?;
+        result.deleted_segments += r.deleted_segments;
+        result.deleted_bytes += r.deleted_bytes;
+        Ok(result)
+    }
+
+    /// Deletes the longest prefix of segments for which `predicate(segment, next segment)`
+    /// holds (Kafka's `deletableSegments` + `deleteSegments`).
+    fn delete_segments_while(
+        &self,
+        high_watermark: i64,
+        now_ms: i64,
+        reason: DeletionReason,
+        mut predicate: impl FnMut(&LogSegment, Option<&LogSegment>) -> bool,
+    ) -> Result<RetentionResult> {
+        let _maintenance = self.maintenance_lock.lock();
+        let segments = self.published_segments();
+        let log_end_offset = self.log_end_offset();
+        let mut count = 0;
+        for (i, seg) in segments.iter().enumerate() {
+            let next = segments.get(i + 1).map(|s| &**s);
+            let upper = next.map_or(log_end_offset, LogSegment::base_offset);
+            let last_and_empty = next.is_none() && seg.size() == 0;
+            if high_watermark < upper || last_and_empty || !predicate(seg, next) {
+                break;
+            }
+            count += 1;
+        }
+        if count == 0 {
+            return Ok(RetentionResult::default());
+        }
+        let config = self.config();
+        let doomed: Vec<Arc<LogSegment>> = {
+            let mut inner = self.inner.lock();
+            if inner.closed {
+                return Ok(RetentionResult::default());
+            }
+            if count >= inner.segments.len() {
+                // Every segment goes: start a new, empty active segment at the log end offset.
+                self.roll(&mut inner, log_end_offset, &config, now_ms)?;
+            }
+            let doomed: Vec<_> = inner.segments.drain(..count).collect();
+            let new_start = inner
+                .segments
+                .first()
+                .map_or(log_end_offset, |s| s.base_offset());
+            // Readers load the segment list, then the log start offset: publish the offset first
+            // so that whoever sees the shorter list also sees the new start.
+            self.log_start_offset.fetch_max(new_start, Ordering::AcqRel);
+            *self.segments.write() = Arc::new(inner.segments.clone());
+            doomed
+        };
+        let mut result = RetentionResult::default();
+        let mut paths = Vec::new();
+        for seg in &doomed {
+            result.deleted_segments += 1;
+            result.deleted_bytes += seg.size();
+            crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
+            paths.extend(deleted_paths(&self.dir, seg.base_offset()));
+        }
+        sync_dir(&self.dir)?;
+        self.schedule_delete(now_ms, config.file_delete_delay_ms, paths);
+        tracing::info!(
+            partition = %self.topic_partition,
+            ?reason,
+            segments = result.deleted_segments,
+            bytes = result.deleted_bytes,
+            log_start_offset = self.log_start_offset(),
+            "deleted old segments"
+        );
+        self.delete_snapshots_below_log_start()?;
+        Ok(result)
+    }
+
+    fn schedule_delete(&self, now_ms: i64, delay_ms: i64, paths: Vec<PathBuf>) {
+        if paths.is_empty() {
+            return;
+        }
+        let due = now_ms.saturating_add(delay_ms.max(0));
+        self.pending_deletes.lock().push((due, paths));
+    }
+
+    /// Removes the `.deleted` files whose `file.delete.delay.ms` has passed; returns how many
+    /// groups are still waiting. Errors are logged: a file that cannot be removed now is
+    /// removed at the next start.
+    pub fn delete_due_files(&self, now_ms: i64) -> usize {
+        let due: Vec<Vec<PathBuf>> = {
+            let mut pending = self.pending_deletes.lock();
+            let (due, keep): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(t, _)| *t <= now_ms);
+            *pending = keep;
+            due.into_iter().map(|(_, p)| p).collect()
+        };
+        for path in due.into_iter().flatten() {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "could not remove deleted segment file");
+                }
+            }
+        }
+        self.pending_deletes.lock().len()
+    }
+
+    /// When the next `.deleted` file of this log may be removed (wall-clock ms), if any.
+    pub fn next_file_deletion_due_ms(&self) -> Option<i64> {
+        self.pending_deletes.lock().iter().map(|(t, _)| *t).min()
+    }
+
+    fn delete_snapshots_below_log_start(&self) -> Result<()> {
+        let log_start_offset = self.log_start_offset();
+        let inner = self.inner.lock();
+        for snap in inner.producer_state.list_snapshots()? {
+            if snap < log_start_offset {
+                inner.producer_state.delete_snapshot(snap)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// DeleteRecords (Kafka's `UnifiedLog.maybeIncrementLogStartOffset`): moves the log start
+    /// offset up to `new_log_start_offset`; records below it are no longer readable (fetches get
+    /// OFFSET_OUT_OF_RANGE) and the segments entirely below it are deleted by the next
+    /// [`PartitionLog::delete_old_segments`]. A smaller offset changes nothing. Returns the log
+    /// start offset afterwards. The caller checks the high watermark and persists the new
+    /// offset (`log-start-offset-checkpoint`).
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`] beyond the log end offset; [`LogError::Closed`].
+    pub fn maybe_increment_log_start_offset(&self, new_log_start_offset: i64) -> Result<i64> {
+        let inner = self.inner.lock();
+        if inner.closed {
+            return Err(LogError::Closed(self.topic_partition.to_string()));
+        }
+        let log_end_offset = self.log_end_offset();
+        if new_log_start_offset > log_end_offset || new_log_start_offset < 0 {
+            return Err(LogError::OffsetOutOfRange {
+                offset: new_log_start_offset,
+                log_start_offset: self.log_start_offset(),
+                log_end_offset,
+            });
+        }
+        let before = self
+            .log_start_offset
+            .fetch_max(new_log_start_offset, Ordering::AcqRel);
+        if new_log_start_offset > before {
+            tracing::info!(partition = %self.topic_partition, log_start_offset = new_log_start_offset,
+                "incremented log start offset");
+        }
+        Ok(before.max(new_log_start_offset))
+    }
+
+    /// Kafka's `ProducerStateManager.removeExpiredProducers`: forgets producers whose last
+    /// batch is older than `producer_id_expiration_ms` (`producer.id.expiration.ms`, default one
+    /// day). Kafka keeps the state of producers whose batches retention removed until they
+    /// expire this way. Returns how many were removed.
+    pub fn remove_expired_producers(&self, now_ms: i64, producer_id_expiration_ms: i64) -> usize {
+        self.inner
+            .lock()
+            .producer_state
+            .remove_expired(now_ms, producer_id_expiration_ms)
+    }
+
+    /// The cleaner's first dirty offset (`cleaner-offset-checkpoint`), `None` if never cleaned.
+    pub fn cleaner_checkpoint(&self) -> Option<i64> {
+        let o = self.cleaner_checkpoint.load(Ordering::Acquire);
+        (o >= 0).then_some(o)
+    }
+
+    /// Sets the cleaner's first dirty offset (loaded from `cleaner-offset-checkpoint`).
+    pub fn set_cleaner_checkpoint(&self, offset: i64) {
+        self.cleaner_checkpoint.store(offset, Ordering::Release);
+    }
+
+    /// Earliest delete horizon (ms) among the tombstone batches the cleaner last wrote.
+    pub fn min_delete_horizon_ms(&self) -> Option<i64> {
+        let t = self.min_delete_horizon_ms.load(Ordering::Acquire);
+        (t != i64::MAX).then_some(t)
+    }
+
+    pub(crate) fn set_min_delete_horizon_ms(&self, t: Option<i64>) {
+        self.min_delete_horizon_ms
+            .store(t.unwrap_or(i64::MAX), Ordering::Release);
+    }
+
+    /// Claims the log for one cleaner thread; `false` if another one has it.
+    pub(crate) fn try_begin_cleaning(&self) -> bool {
+        !self.cleaning.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn end_cleaning(&self) {
+        self.cleaning.store(false, Ordering::Release);
+    }
+
+    /// Last data offset of each producer with state (Kafka's `lastRecordsOfActiveProducers`):
+    /// the cleaner keeps the batch holding it, even when empty, so the producer's sequence
+    /// survives.
+    pub(crate) fn last_data_offsets_of_producers(&self) -> std::collections::HashMap<i64, i64> {
+        self.inner.lock().producer_state.last_data_offsets()
+    }
+
+    /// Kafka's `UnifiedLog.replaceSegments`: swaps the cleaned segment `cleaned` (files named
+    /// `*.cleaned`, complete and fsynced) in for the consecutive closed segments `old`. The
+    /// order makes a crash at any point recoverable ([`complete_interrupted_swaps`]): rename the
+    /// cleaned files to `.swap` (the `.log` last), rename the old segments to `.deleted`,
+    /// drop the `.swap` suffix, fsyncing the directory after each step; then publish the new
+    /// segment list. Returns `false` (and removes the cleaned files) when retention changed
+    /// the segments meanwhile.
+    ///
+    /// # Errors
+    /// [`LogError::Io`]; the log on disk stays loadable.
+    pub(crate) fn replace_segments(
+        &self,
+        old: &[Arc<LogSegment>],
+        cleaned: LogSegment,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let _maintenance = self.maintenance_lock.lock();
+        let base = cleaned.base_offset();
+        let start = {
+            let inner = self.inner.lock();
+            let start = inner
+                .segments
+                .iter()
+                .position(|s| old.first().is_some_and(|o| Arc::ptr_eq(s, o)));
+            let intact = start.is_some_and(|i| {
+                i + old.len() < inner.segments.len()
+                    && old
+                        .iter()
+                        .zip(&inner.segments[i..])
+                        .all(|(a, b)| Arc::ptr_eq(a, b))
+            });
+            if inner.closed || !intact {
+                drop(inner);
+                drop(cleaned);
+                delete_files_with_suffix(&self.dir, base, CLEANED_SUFFIX)?;
+                return Ok(false);
+            }
+            start.unwrap_or(0)
+        };
+        let config = self.config();
+        drop(cleaned);
+        crate::segment::rename_segment_files(&self.dir, base, CLEANED_SUFFIX, SWAP_SUFFIX)?;
+        sync_dir(&self.dir)?;
+        let mut paths = Vec::new();
+        for seg in old {
+            crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
+            paths.extend(deleted_paths(&self.dir, seg.base_offset()));
+        }
+        sync_dir(&self.dir)?;
+        crate::segment::rename_segment_files(&self.dir, base, SWAP_SUFFIX, "")?;
+        sync_dir(&self.dir)?;
+        let (seg, sane) = LogSegment::open(&self.dir, base, config.segment_index_bytes, now_ms)?;
+        if !sane {
+            seg.recover(base, config.index_interval_bytes, |_| {})?;
+            seg.offset_index.trim_to_valid_size()?;
+            seg.time_index.trim_to_valid_size()?;
+        }
+        {
+            let mut inner = self.inner.lock();
+            inner
+                .segments
+                .splice(start..start + old.len(), [Arc::new(seg)]);
+            *self.segments.write() = Arc::new(inner.segments.clone());
+        }
+        self.schedule_delete(now_ms, config.file_delete_delay_ms, paths);
+        Ok(true)
+    }
+}
+
+fn deleted_paths(dir: &Path, base_offset: i64) -> Vec<PathBuf> {
+    ["log", "index", "timeindex", "txnindex"]
+        .iter()
+        .map(|ext| dir.join(crate::segment::file_name(base_offset, ext) + DELETED_SUFFIX))
+        .collect()
+}
+
+/// Removes the files of segment `base_offset` that carry `suffix`.
+pub(crate) fn delete_files_with_suffix(dir: &Path, base_offset: i64, suffix: &str) -> Result<()> {
+    for ext in ["log", "index", "timeindex", "txnindex"] {
+        let p = dir.join(crate::segment::file_name(base_offset, ext) + suffix);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io("deleting", &p, e)),
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn delete_segment_files(dir: &Path, base_offset: i64) -> Result<()> {

@@ -22,6 +22,10 @@ use crate::log::PartitionLog;
 pub const CLEAN_SHUTDOWN_FILE: &str = ".kafka_cleanshutdown";
 /// Kafka's per-directory recovery point checkpoint.
 pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
+/// Kafka's per-directory log start offset checkpoint (retention and DeleteRecords move it).
+pub const LOG_START_OFFSET_CHECKPOINT: &str = "log-start-offset-checkpoint";
+/// Kafka's per-directory cleaner checkpoint: each compacted log's first dirty offset.
+pub const CLEANER_OFFSET_CHECKPOINT: &str = "cleaner-offset-checkpoint";
 /// Kafka's per-partition topic id file.
 pub const PARTITION_METADATA_FILE: &str = "partition.metadata";
 const LOCK_FILE: &str = ".lock";
@@ -118,7 +122,13 @@ fn write_partition_metadata(dir: &Path, topic_id: &[u8; 16]) -> Result<()> {
 }
 
 fn read_recovery_points(dir: &Path) -> Result<HashMap<TopicPartition, i64>> {
-    let path = dir.join(RECOVERY_POINT_CHECKPOINT);
+    read_offset_checkpoint(dir, RECOVERY_POINT_CHECKPOINT)
+}
+
+/// Reads one of Kafka's offset checkpoint files (`0\n<count>\n<topic> <partition> <offset>`);
+/// a missing file is empty.
+fn read_offset_checkpoint(dir: &Path, file: &str) -> Result<HashMap<TopicPartition, i64>> {
+    let path = dir.join(file);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(parse_checkpoint(&path, &text, 0, |f| match f {
             [t, p, o] => Some((TopicPartition::new(*t, p.parse().ok()?), o.parse().ok()?)),
@@ -181,6 +191,16 @@ impl LogManager {
 
             let marker = dir.join(CLEAN_SHUTDOWN_FILE);
             let clean = marker.exists();
+            let log_start_offsets = read_offset_checkpoint(dir, LOG_START_OFFSET_CHECKPOINT)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "ignoring unreadable log start offset checkpoint");
+                    HashMap::new()
+                });
+            let cleaner_offsets = read_offset_checkpoint(dir, CLEANER_OFFSET_CHECKPOINT)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "ignoring unreadable cleaner offset checkpoint");
+                    HashMap::new()
+                });
             let recovery_points = if clean {
                 HashMap::new()
             } else {
@@ -228,13 +248,17 @@ impl LogManager {
                     });
                 }
                 let topic_id = read_partition_metadata(&path)?;
-                let log = Arc::new(PartitionLog::open_with_recovery_point(
+                let log = Arc::new(PartitionLog::open_with_checkpoints(
                     &path,
                     tp.clone(),
                     default_config.clone(),
                     clean,
                     recovery_points.get(&tp).copied(),
+                    log_start_offsets.get(&tp).copied(),
                 )?);
+                if let Some(o) = cleaner_offsets.get(&tp) {
+                    log.set_cleaner_checkpoint(*o);
+                }
                 loaded.push(Arc::clone(&log));
                 logs.insert(
                     tp,
@@ -404,12 +428,45 @@ impl LogManager {
     /// # Errors
     /// [`LogError::Io`].
     pub fn checkpoint_recovery_points(&self) -> Result<()> {
+        self.write_offset_checkpoint(RECOVERY_POINT_CHECKPOINT, |log| Some(log.recovery_point()))
+    }
+
+    /// Writes `log-start-offset-checkpoint` in every log directory, for the logs whose log
+    /// start offset is above their first segment's base offset (Kafka's
+    /// `checkpointLogStartOffsetsInDir`). Call it after retention or DeleteRecords moved a log
+    /// start offset; the next start restores the offsets from it.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn checkpoint_log_start_offsets(&self) -> Result<()> {
+        self.write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT, |log| {
+            let first_base = log.segment_base_offsets().first().copied().unwrap_or(0);
+            (log.log_start_offset() > first_base).then(|| log.log_start_offset())
+        })
+    }
+
+    /// Writes `cleaner-offset-checkpoint` in every log directory: the first dirty offset of
+    /// each log the cleaner has worked on.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn checkpoint_cleaner_offsets(&self) -> Result<()> {
+        self.write_offset_checkpoint(CLEANER_OFFSET_CHECKPOINT, PartitionLog::cleaner_checkpoint)
+    }
+
+    fn write_offset_checkpoint(
+        &self,
+        file: &str,
+        offset: impl Fn(&PartitionLog) -> Option<i64>,
+    ) -> Result<()> {
         let logs = self.logs.lock();
         for (i, dir) in self.log_dirs.iter().enumerate() {
             let mut lines: Vec<String> = logs
                 .iter()
                 .filter(|(_, e)| e.dir_index == i)
-                .map(|(tp, e)| format!("{} {} {}", tp.topic, tp.partition, e.log.recovery_point()))
+                .filter_map(|(tp, e)| {
+                    offset(&e.log).map(|o| format!("{} {} {}", tp.topic, tp.partition, o))
+                })
                 .collect();
             lines.sort();
             let mut text = format!("0\n{}\n", lines.len());
@@ -417,9 +474,22 @@ impl LogManager {
                 text.push_str(&l);
                 text.push('\n');
             }
-            write_atomically(&dir.join(RECOVERY_POINT_CHECKPOINT), text.as_bytes(), true)?;
+            write_atomically(&dir.join(file), text.as_bytes(), true)?;
         }
         Ok(())
+    }
+
+    /// Removes the `.deleted` segment files of every log whose `file.delete.delay.ms` passed
+    /// ([`PartitionLog::delete_due_files`]); returns when the next one is due (wall-clock ms),
+    /// if any, so the caller can sleep until then.
+    pub fn delete_due_files(&self, now_ms: i64) -> Option<i64> {
+        let logs = self.all();
+        for log in &logs {
+            log.delete_due_files(now_ms);
+        }
+        logs.iter()
+            .filter_map(|l| l.next_file_deletion_due_ms())
+            .min()
     }
 
     /// Closes every log (flush, producer snapshot, trimmed indexes), checkpoints recovery
@@ -440,7 +510,11 @@ impl LogManager {
                 }
             }
         }
-        if let Err(err) = self.checkpoint_recovery_points() {
+        if let Err(err) = self
+            .checkpoint_recovery_points()
+            .and_then(|()| self.checkpoint_log_start_offsets())
+            .and_then(|()| self.checkpoint_cleaner_offsets())
+        {
             failed_dirs.iter_mut().for_each(|f| *f = true);
             first_error.get_or_insert(err);
         }

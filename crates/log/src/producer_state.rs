@@ -205,6 +205,26 @@ impl ProducerStateManager {
     }
 
     /// Drops every producer (before a full rebuild).
+    /// Forgets producers whose last batch timestamp is `expiration_ms` or more before
+    /// `now_ms` and that have no open transaction (Kafka's `isProducerExpired`). Returns how
+    /// many were removed.
+    pub(crate) fn remove_expired(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
+        let before = self.producers.len();
+        self.producers.retain(|_, e| {
+            let last_ts = e.batches.back().map_or(-1, |b| b.timestamp_ms);
+            e.current_txn_first_offset >= 0 || now_ms.saturating_sub(last_ts) < expiration_ms
+        });
+        before - self.producers.len()
+    }
+
+    /// Last offset of the newest batch of each producer that has one.
+    pub(crate) fn last_data_offsets(&self) -> HashMap<i64, i64> {
+        self.producers
+            .iter()
+            .filter_map(|(pid, e)| e.batches.back().map(|b| (*pid, b.last_offset)))
+            .collect()
+    }
+
     pub(crate) fn clear(&mut self) {
         self.producers.clear();
     }

@@ -10,7 +10,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gregor_protocol::batch::{validate_batch, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+use gregor_protocol::batch::{
+    validate_batch, BatchError, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD,
+};
 use parking_lot::Mutex;
 
 use crate::error::{LogError, Result};
@@ -27,12 +29,59 @@ pub(crate) fn file_name(offset: i64, ext: &str) -> String {
     format!("{offset:020}.{ext}")
 }
 
+/// Renames the files of the segment with `base_offset` (`.log`, `.index`, `.timeindex`,
+/// `.txnindex`) from `<name><from>` to `<name><to>`, indexes first and the `.log` file last (so
+/// that the log file's suffix tells how far the rename got), skipping missing files. The caller
+/// fsyncs the directory.
+pub(crate) fn rename_segment_files(
+    dir: &Path,
+    base_offset: i64,
+    from: &str,
+    to: &str,
+) -> Result<()> {
+    for ext in ["index", "timeindex", "txnindex", "log"] {
+        let name = file_name(base_offset, ext);
+        let src = dir.join(format!("{name}{from}"));
+        let dst = dir.join(format!("{name}{to}"));
+        match std::fs::rename(&src, &dst) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io("renaming", &src, e)),
+        }
+    }
+    Ok(())
+}
+
 /// Total size in bytes of the batch `h` heads, or `None` if its length field is impossible.
 pub(crate) fn checked_total_size(h: &BatchHeader) -> Option<usize> {
     if h.batch_length < (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 {
         None
     } else {
         Some(h.batch_length as usize + LOG_OVERHEAD)
+    }
+}
+
+/// Validates one stored batch at the start of `buf`: the framing checks of
+/// [`validate_batch`] (length, magic 2, CRC-32C, defined codec) but, unlike a produced batch, a
+/// stored batch may have fewer records than `lastOffsetDelta + 1` (the cleaner leaves offset gaps
+/// and keeps empty batches for producer state, as Kafka's `MemoryRecords.filterTo` does).
+pub(crate) fn validate_stored_batch(buf: &[u8]) -> std::result::Result<BatchHeader, BatchError> {
+    match validate_batch(buf) {
+        Ok(h) => Ok(h),
+        Err(BatchError::Invalid(_)) => {
+            let h = BatchHeader::parse(buf)?;
+            if h.records_count < 0
+                || h.last_offset_delta < 0
+                || h.last_offset_delta < h.records_count - 1
+            {
+                return Err(BatchError::Invalid(format!(
+                    "last offset delta {} with {} records",
+                    h.last_offset_delta, h.records_count
+                )));
+            }
+            Ok(h)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -139,14 +188,26 @@ impl LogSegment {
         segment_index_bytes: u64,
         now_ms: i64,
     ) -> Result<Self> {
-        let log_path = dir.join(file_name(base_offset, "log"));
+        Self::create_with_suffix(dir, base_offset, segment_index_bytes, now_ms, "")
+    }
+
+    /// Creates an empty segment whose three files carry `suffix` after their usual names (the
+    /// cleaner writes `<base>.log.cleaned`, Kafka's `CleanedFileSuffix`).
+    pub(crate) fn create_with_suffix(
+        dir: &Path,
+        base_offset: i64,
+        segment_index_bytes: u64,
+        now_ms: i64,
+        suffix: &str,
+    ) -> Result<Self> {
+        let log_path = dir.join(file_name(base_offset, "log") + suffix);
         let log = Self::open_log(&log_path, true)?;
         let offset_index = OffsetIndex::create(
-            &dir.join(file_name(base_offset, "index")),
+            &dir.join(file_name(base_offset, "index") + suffix),
             segment_index_bytes,
         )?;
         let time_index = TimeIndex::create(
-            &dir.join(file_name(base_offset, "timeindex")),
+            &dir.join(file_name(base_offset, "timeindex") + suffix),
             segment_index_bytes,
         )?;
         Ok(Self {
@@ -254,6 +315,74 @@ impl LogSegment {
     /// Largest timestamp and the last offset of the batch that holds it.
     pub(crate) fn max_timestamp(&self) -> TimestampOffset {
         *self.max_timestamp.lock()
+    }
+
+    /// Kafka's `LogSegment.largestTimestamp`: the largest record timestamp, or the file's
+    /// modification time (ms) when no batch has a timestamp. Retention by time compares it
+    /// with `retention.ms`.
+    pub(crate) fn largest_timestamp_ms(&self) -> i64 {
+        let max = self.max_timestamp().timestamp_ms;
+        if max > 0 {
+            return max;
+        }
+        self.last_modified_ms()
+    }
+
+    /// The `.log` file's modification time in ms since the epoch (0 if unknown).
+    pub(crate) fn last_modified_ms(&self) -> i64 {
+        self.log
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// Max timestamp of the first batch (Kafka's `rollingBasedTimestamp`), if known: the
+    /// cleaner's `max.compaction.lag.ms` check uses it.
+    pub(crate) fn first_batch_timestamp_ms(&self) -> Option<i64> {
+        if self.rolling_based_timestamp.lock().is_none() && self.size() > 0 {
+            self.load_rolling_based_timestamp();
+        }
+        *self.rolling_based_timestamp.lock()
+    }
+
+    /// Calls `f` with the position, header and bytes of every whole batch in `[start, end)`,
+    /// reading through a buffer of `chunk_bytes` (grown for larger batches), until `f` returns
+    /// `false`.
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] for a torn or unreadable batch; `f`'s errors.
+    pub(crate) fn for_each_batch(
+        &self,
+        start: u64,
+        end: u64,
+        chunk_bytes: usize,
+        mut f: impl FnMut(u64, &BatchHeader, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let mut reader = ChunkReader::new(&self.log, &self.log_path, end, chunk_bytes);
+        let mut position = start;
+        while position < end {
+            let corrupt = |reason: String| LogError::CorruptFile {
+                path: self.log_path.display().to_string(),
+                reason,
+            };
+            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+                return Err(corrupt(format!("torn batch header at position {position}")));
+            };
+            let h = BatchHeader::parse(raw)?;
+            let Some(total) = checked_total_size(&h) else {
+                return Err(corrupt(format!("bad batch length at position {position}")));
+            };
+            let Some(raw) = reader.get(position, total)? else {
+                return Err(corrupt(format!("torn batch at position {position}")));
+            };
+            if !f(position, &h, raw)? {
+                return Ok(());
+            }
+            position += total as u64;
+        }
+        Ok(())
     }
 
     /// Kafka's `timeWaitedForRoll`: ms since the first batch's timestamp (measured with the
@@ -463,7 +592,7 @@ impl LogSegment {
             let Some(raw) = reader.get(position, total)? else {
                 break;
             };
-            let Ok(h) = validate_batch(raw) else {
+            let Ok(h) = validate_stored_batch(raw) else {
                 break;
             };
             if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())

@@ -113,7 +113,8 @@ pub fn decode_records(batch: &[u8]) -> Result<Vec<Record>, BatchError> {
 /// Checks, beyond decoding each field: `batchLength` matches `batch.len()`, magic 2, the
 /// CRC-32C, a defined codec, the number of records equals `recordsCount`, each record's length
 /// prefix matches its content exactly, no bytes follow the last record, offset deltas are
-/// non-negative and strictly increasing, and the last one equals `lastOffsetDelta`. Gaps
+/// non-negative and strictly increasing, and the last one is at most `lastOffsetDelta`
+/// (compaction may drop trailing records and keeps the batch's last offset). Gaps
 /// between offset deltas are allowed: compaction leaves them. A batch with `recordsCount` 0
 /// and no records bytes (what compaction keeps for producer state) decodes to no records.
 ///
@@ -190,12 +191,13 @@ pub fn decode_records_bounded(
     };
     let out = parse_records(&records, count)?;
     match out.last() {
-        Some(last) if last.offset_delta != h.last_offset_delta => {
-            Err(BatchError::Invalid(format!(
-                "last record has offset delta {} but the batch header says {}",
-                last.offset_delta, h.last_offset_delta
-            )))
-        }
+        // The last record may sit below `lastOffsetDelta`: the cleaner keeps the original
+        // batch's last offset when it drops trailing records (Kafka's
+        // `MemoryRecordsBuilder.overrideLastOffset`), so only a larger delta is an error.
+        Some(last) if last.offset_delta > h.last_offset_delta => Err(BatchError::Invalid(format!(
+            "last record has offset delta {} but the batch header says {}",
+            last.offset_delta, h.last_offset_delta
+        ))),
         _ => Ok(out),
     }
 }
@@ -534,7 +536,9 @@ mod tests {
         let mut two = one.clone();
         two.extend(record_bytes(1, 1, b"b"));
         assert!(err_of(&two, 1, 0).contains("bytes follow the last of 1 records"));
-        assert!(err_of(&one, 1, 5).contains("offset delta 0 but the batch header says 5"));
+        let mut late = one.clone();
+        late.extend(record_bytes(7, 1, b"b"));
+        assert!(err_of(&late, 2, 5).contains("offset delta 7 but the batch header says 5"));
 
         let mut dup = one.clone();
         dup.extend(record_bytes(0, 1, b"b"));
