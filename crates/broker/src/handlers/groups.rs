@@ -1,0 +1,648 @@
+//! Group coordinator APIs (classic protocol and offsets):
+//! FindCoordinator (key 10, batched keys from v4, KIP-699), JoinGroup (11), SyncGroup (14),
+//! Heartbeat (12), LeaveGroup (13, batched members from v3, KIP-345), OffsetCommit (8),
+//! OffsetFetch (9, several groups from v8, KIP-709), DescribeGroups (15), ListGroups (16,
+//! states filter from v4 KIP-518, types filter from v5 KIP-848), DeleteGroups (42) and
+//! OffsetDelete (47, KIP-496). <https://kafka.apache.org/protocol#The_Messages_JoinGroup>
+//!
+//! The handlers translate between wire versions and [`crate::group_coordinator`], which owns
+//! the state.
+
+use std::sync::Arc;
+
+use gregor_protocol::kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use gregor_protocol::kafka_protocol::messages::describe_groups_response::{
+    DescribedGroup, DescribedGroupMember,
+};
+use gregor_protocol::kafka_protocol::messages::find_coordinator_response::Coordinator;
+use gregor_protocol::kafka_protocol::messages::leave_group_response::MemberResponse;
+use gregor_protocol::kafka_protocol::messages::list_groups_response::ListedGroup;
+use gregor_protocol::kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use gregor_protocol::kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
+use gregor_protocol::kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use gregor_protocol::kafka_protocol::messages::{
+    ApiKey, BrokerId, DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
+    DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
+    OffsetFetchResponse, RequestHeader, ResponseKind, SyncGroupRequest, SyncGroupResponse,
+    TopicName,
+};
+use indexmap::IndexMap;
+
+use super::sb;
+use crate::error_codes as ec;
+use crate::group_coordinator::classic::{JoinRequest, LeavingMember};
+use crate::group_coordinator::offsets::{CommitRequest, FetchedOffset, OffsetToCommit};
+use crate::group_coordinator::Wait;
+use crate::server::{respond, Broker, Handled, CLIENT_HOST};
+
+/// "/ip" of the connection being served, as Kafka reports client hosts.
+pub(crate) fn client_host() -> String {
+    CLIENT_HOST
+        .try_with(|ip| format!("/{ip}"))
+        .unwrap_or_else(|_| "/unknown".to_string())
+}
+
+fn client_id(header: &RequestHeader) -> String {
+    header
+        .client_id
+        .as_deref()
+        .map(str::to_string)
+        .unwrap_or_default()
+}
+
+/// Turns a coordinator wait into a handler result: deferred until the rebalance completes.
+fn deferred<T: Send + 'static>(
+    header: &RequestHeader,
+    api_key: ApiKey,
+    wait: Wait<T>,
+    on_cancel: T,
+    finish: impl FnOnce(T) -> ResponseKind + Send + 'static,
+) -> Handled {
+    match wait {
+        Wait::Ready(r) => Handled::Ready(respond(header, api_key, finish(r))),
+        Wait::Pending(rx) => {
+            let header = header.clone();
+            Handled::Deferred(Box::pin(async move {
+                let r = rx.await.unwrap_or(on_cancel);
+                respond(&header, api_key, finish(r))
+            }))
+        }
+    }
+}
+
+/// FindCoordinator: this broker, once it leads the group's partition of `__consumer_offsets`
+/// (created on first use). Transaction coordinators (key type 1) are not available yet.
+pub fn find_coordinator(
+    broker: &Arc<Broker>,
+    req: &FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let keys: Vec<String> = if version >= 4 {
+        req.coordinator_keys.iter().map(|k| k.to_string()).collect()
+    } else {
+        vec![req.key.to_string()]
+    };
+    let advertised = &broker.config.advertised_listeners[0];
+    let port = if advertised.port == 0 {
+        broker.bound.first().map_or(0, |a| a.port())
+    } else {
+        advertised.port
+    };
+    let answer = |key: &str| -> (i16, Option<String>, i32) {
+        match req.key_type {
+            0 => {}
+            1 => {
+                return (
+                    ec::COORDINATOR_NOT_AVAILABLE,
+                    Some("transactions are not supported yet".into()),
+                    -1,
+                )
+            }
+            _ => {
+                return (
+                    ec::INVALID_REQUEST,
+                    Some(format!("Unsupported key type {}", req.key_type)),
+                    -1,
+                )
+            }
+        }
+        let c = &broker.group_coordinator;
+        if let Err(e) = c.ensure_offsets_topic(broker) {
+            return (e, None, -1);
+        }
+        match c.check_coordinator(broker, key) {
+            Ok(_) => (ec::NONE, None, broker.config.node_id),
+            Err(_) => (ec::COORDINATOR_NOT_AVAILABLE, None, -1),
+        }
+    };
+    let mut resp = FindCoordinatorResponse::default();
+    if version >= 4 {
+        resp.coordinators = keys
+            .iter()
+            .map(|k| {
+                let (code, msg, node) = answer(k);
+                let ok = code == ec::NONE;
+                Coordinator::default()
+                    .with_key(sb(k))
+                    .with_node_id(BrokerId(node))
+                    .with_host(sb(if ok { &advertised.host } else { "" }))
+                    .with_port(if ok { i32::from(port) } else { -1 })
+                    .with_error_code(code)
+                    .with_error_message(msg.as_deref().map(sb))
+            })
+            .collect();
+    } else {
+        let (code, msg, node) = answer(&keys[0]);
+        let ok = code == ec::NONE;
+        resp = resp
+            .with_error_code(code)
+            .with_error_message(if version >= 1 {
+                msg.as_deref().map(sb)
+            } else {
+                None
+            })
+            .with_node_id(BrokerId(node))
+            .with_host(sb(if ok { &advertised.host } else { "" }))
+            .with_port(if ok { i32::from(port) } else { -1 });
+    }
+    resp
+}
+
+fn fix_join(mut r: JoinGroupResponse, version: i16) -> JoinGroupResponse {
+    if version < 7 && r.protocol_name.is_none() {
+        r.protocol_name = Some(sb(""));
+    }
+    if version < 7 {
+        r.protocol_type = None;
+    }
+    if version < 9 {
+        r.skip_assignment = false;
+    }
+    if version < 5 {
+        for m in &mut r.members {
+            m.group_instance_id = None;
+        }
+    }
+    r
+}
+
+/// JoinGroup: deferred until the join phase of the rebalance completes.
+pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRequest) -> Handled {
+    let version = header.request_api_version;
+    let join = JoinRequest {
+        group_id: req.group_id.to_string(),
+        member_id: req.member_id.to_string(),
+        group_instance_id: if version >= 5 {
+            req.group_instance_id.as_deref().map(str::to_string)
+        } else {
+            None
+        },
+        session_timeout_ms: req.session_timeout_ms,
+        rebalance_timeout_ms: if version >= 1 {
+            req.rebalance_timeout_ms
+        } else {
+            req.session_timeout_ms
+        },
+        protocol_type: req.protocol_type.to_string(),
+        protocols: req
+            .protocols
+            .iter()
+            .map(|p| (p.name.to_string(), p.metadata.clone()))
+            .collect(),
+        client_id: client_id(header),
+        client_host: client_host(),
+        require_known_member_id: version >= 4,
+        reason: req.reason.as_deref().map(str::to_string),
+    };
+    let member_id = join.member_id.clone();
+    let wait = broker.group_coordinator.join_group(broker, join);
+    let cancelled = JoinGroupResponse::default()
+        .with_error_code(ec::UNKNOWN_MEMBER_ID)
+        .with_member_id(sb(&member_id));
+    deferred(header, ApiKey::JoinGroup, wait, cancelled, move |r| {
+        fix_join(r, version).into()
+    })
+}
+
+/// SyncGroup: deferred until the leader's assignment arrives.
+pub fn sync_group(broker: &Arc<Broker>, header: &RequestHeader, req: SyncGroupRequest) -> Handled {
+    let version = header.request_api_version;
+    let wait = broker.group_coordinator.sync_group(
+        broker,
+        &req.group_id,
+        req.generation_id,
+        &req.member_id,
+        if version >= 3 {
+            req.group_instance_id.as_deref()
+        } else {
+            None
+        },
+        if version >= 5 {
+            req.protocol_type.as_deref()
+        } else {
+            None
+        },
+        if version >= 5 {
+            req.protocol_name.as_deref()
+        } else {
+            None
+        },
+        req.assignments
+            .iter()
+            .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+            .collect(),
+    );
+    let cancelled = SyncGroupResponse::default().with_error_code(ec::UNKNOWN_MEMBER_ID);
+    deferred(header, ApiKey::SyncGroup, wait, cancelled, move |mut r| {
+        if version < 5 {
+            r.protocol_type = None;
+            r.protocol_name = None;
+        }
+        r.into()
+    })
+}
+
+/// Heartbeat.
+pub fn heartbeat(broker: &Arc<Broker>, req: &HeartbeatRequest, version: i16) -> HeartbeatResponse {
+    let code = broker.group_coordinator.heartbeat(
+        broker,
+        &req.group_id,
+        req.generation_id,
+        &req.member_id,
+        if version >= 3 {
+            req.group_instance_id.as_deref()
+        } else {
+            None
+        },
+    );
+    HeartbeatResponse::default().with_error_code(code)
+}
+
+/// LeaveGroup: one member (v0-2) or a batch (v3+, KIP-345).
+pub fn leave_group(
+    broker: &Arc<Broker>,
+    req: &LeaveGroupRequest,
+    version: i16,
+) -> LeaveGroupResponse {
+    let members: Vec<LeavingMember> = if version >= 3 {
+        req.members
+            .iter()
+            .map(|m| LeavingMember {
+                member_id: m.member_id.to_string(),
+                group_instance_id: m.group_instance_id.as_deref().map(str::to_string),
+            })
+            .collect()
+    } else {
+        vec![LeavingMember {
+            member_id: req.member_id.to_string(),
+            group_instance_id: None,
+        }]
+    };
+    let (code, errors) = broker
+        .group_coordinator
+        .leave_group(broker, &req.group_id, &members);
+    if version >= 3 {
+        LeaveGroupResponse::default()
+            .with_error_code(code)
+            .with_members(
+                req.members
+                    .iter()
+                    .zip(errors.iter().chain(std::iter::repeat(&code)))
+                    .map(|(m, e)| {
+                        MemberResponse::default()
+                            .with_member_id(m.member_id.clone())
+                            .with_group_instance_id(m.group_instance_id.clone())
+                            .with_error_code(*e)
+                    })
+                    .collect(),
+            )
+    } else {
+        let e = if code != ec::NONE {
+            code
+        } else {
+            errors.first().copied().unwrap_or(ec::NONE)
+        };
+        LeaveGroupResponse::default().with_error_code(e)
+    }
+}
+
+/// OffsetCommit (versions 2-9).
+pub fn offset_commit(
+    broker: &Arc<Broker>,
+    req: &OffsetCommitRequest,
+    version: i16,
+) -> OffsetCommitResponse {
+    let mut offsets = Vec::new();
+    for t in &req.topics {
+        for p in &t.partitions {
+            offsets.push(OffsetToCommit {
+                topic: t.name.to_string(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                leader_epoch: if version >= 6 {
+                    p.committed_leader_epoch
+                } else {
+                    -1
+                },
+                metadata: p.committed_metadata.as_deref().map(str::to_string),
+            });
+        }
+    }
+    let errors = broker.group_coordinator.commit_offsets(
+        broker,
+        CommitRequest {
+            group_id: req.group_id.to_string(),
+            generation_id_or_member_epoch: req.generation_id_or_member_epoch,
+            member_id: req.member_id.to_string(),
+            group_instance_id: if version >= 7 {
+                req.group_instance_id.as_deref().map(str::to_string)
+            } else {
+                None
+            },
+            retention_time_ms: if (2..=4).contains(&version) {
+                req.retention_time_ms
+            } else {
+                -1
+            },
+            api_version: version,
+            offsets,
+        },
+    );
+    let mut it = errors.into_iter();
+    OffsetCommitResponse::default().with_topics(
+        req.topics
+            .iter()
+            .map(|t| {
+                OffsetCommitResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| {
+                                OffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(it.next().unwrap_or(ec::UNKNOWN_SERVER_ERROR))
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
+fn group_topics(fetched: Vec<FetchedOffset>) -> IndexMap<String, Vec<FetchedOffset>> {
+    let mut by_topic: IndexMap<String, Vec<FetchedOffset>> = IndexMap::new();
+    for f in fetched {
+        by_topic.entry(f.topic.clone()).or_default().push(f);
+    }
+    by_topic
+}
+
+/// OffsetFetch: one group (v1-7) or several (v8+, KIP-709). Without offsets a partition
+/// reports -1; `topics` null means every committed offset of the group.
+pub fn offset_fetch(
+    broker: &Arc<Broker>,
+    req: &OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    let c = &broker.group_coordinator;
+    if version < 8 {
+        let topics = req.topics.as_ref().map(|ts| {
+            ts.iter()
+                .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                .collect()
+        });
+        return match c.fetch_offsets(broker, &req.group_id, topics, None) {
+            Ok(fetched) => OffsetFetchResponse::default().with_topics(
+                group_topics(fetched)
+                    .into_iter()
+                    .map(|(t, ps)| {
+                        OffsetFetchResponseTopic::default()
+                            .with_name(TopicName(sb(&t)))
+                            .with_partitions(
+                                ps.into_iter()
+                                    .map(|p| {
+                                        OffsetFetchResponsePartition::default()
+                                            .with_partition_index(p.partition)
+                                            .with_committed_offset(p.offset)
+                                            .with_committed_leader_epoch(if version >= 5 {
+                                                p.leader_epoch
+                                            } else {
+                                                -1
+                                            })
+                                            .with_metadata(Some(sb(&p.metadata)))
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            ),
+            Err(e) => {
+                let mut r = OffsetFetchResponse::default();
+                if version >= 2 {
+                    r.error_code = e;
+                } else {
+                    // v0-1 have no top-level error: every requested partition carries it.
+                    r.topics = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .map(|t| {
+                            OffsetFetchResponseTopic::default()
+                                .with_name(t.name.clone())
+                                .with_partitions(
+                                    t.partition_indexes
+                                        .iter()
+                                        .map(|p| {
+                                            OffsetFetchResponsePartition::default()
+                                                .with_partition_index(*p)
+                                                .with_committed_offset(-1)
+                                                .with_error_code(e)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect();
+                }
+                r
+            }
+        };
+    }
+    let groups = req
+        .groups
+        .iter()
+        .map(|g| {
+            let topics = g.topics.as_ref().map(|ts| {
+                ts.iter()
+                    .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
+                    .collect()
+            });
+            let member = if version >= 9 {
+                g.member_id.as_deref().map(|m| (m, g.member_epoch))
+            } else {
+                None
+            };
+            match c.fetch_offsets(broker, &g.group_id, topics, member) {
+                Ok(fetched) => OffsetFetchResponseGroup::default()
+                    .with_group_id(g.group_id.clone())
+                    .with_topics(
+                        group_topics(fetched)
+                            .into_iter()
+                            .map(|(t, ps)| {
+                                OffsetFetchResponseTopics::default()
+                                    .with_name(TopicName(sb(&t)))
+                                    .with_partitions(
+                                        ps.into_iter()
+                                            .map(|p| {
+                                                OffsetFetchResponsePartitions::default()
+                                                    .with_partition_index(p.partition)
+                                                    .with_committed_offset(p.offset)
+                                                    .with_committed_leader_epoch(p.leader_epoch)
+                                                    .with_metadata(Some(sb(&p.metadata)))
+                                            })
+                                            .collect(),
+                                    )
+                            })
+                            .collect(),
+                    ),
+                Err(e) => OffsetFetchResponseGroup::default()
+                    .with_group_id(g.group_id.clone())
+                    .with_error_code(e),
+            }
+        })
+        .collect();
+    OffsetFetchResponse::default().with_groups(groups)
+}
+
+/// DescribeGroups.
+pub fn describe_groups(
+    broker: &Arc<Broker>,
+    req: &DescribeGroupsRequest,
+    version: i16,
+) -> DescribeGroupsResponse {
+    let groups = req
+        .groups
+        .iter()
+        .map(|gid| {
+            let d = broker
+                .group_coordinator
+                .describe_classic_group(broker, gid, version);
+            DescribedGroup::default()
+                .with_group_id(gid.clone())
+                .with_error_code(d.error_code)
+                .with_error_message(if version >= 6 {
+                    d.error_message.as_deref().map(sb)
+                } else {
+                    None
+                })
+                .with_group_state(sb(&d.state))
+                .with_protocol_type(sb(&d.protocol_type))
+                .with_protocol_data(sb(&d.protocol))
+                .with_authorized_operations(i32::MIN)
+                .with_members(
+                    d.members
+                        .into_iter()
+                        .map(|m| {
+                            DescribedGroupMember::default()
+                                .with_member_id(sb(&m.member_id))
+                                .with_group_instance_id(if version >= 4 {
+                                    m.group_instance_id.as_deref().map(sb)
+                                } else {
+                                    None
+                                })
+                                .with_client_id(sb(&m.client_id))
+                                .with_client_host(sb(&m.client_host))
+                                .with_member_metadata(m.metadata)
+                                .with_member_assignment(m.assignment)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+/// ListGroups.
+pub fn list_groups(
+    broker: &Arc<Broker>,
+    req: &ListGroupsRequest,
+    version: i16,
+) -> ListGroupsResponse {
+    let states: Vec<String> = if version >= 4 {
+        req.states_filter.iter().map(|s| s.to_string()).collect()
+    } else {
+        vec![]
+    };
+    let types: Vec<String> = if version >= 5 {
+        req.types_filter.iter().map(|s| s.to_string()).collect()
+    } else {
+        vec![]
+    };
+    ListGroupsResponse::default().with_groups(
+        broker
+            .group_coordinator
+            .list_groups(&states, &types)
+            .into_iter()
+            .map(|g| {
+                ListedGroup::default()
+                    .with_group_id(GroupId(sb(&g.group_id)))
+                    .with_protocol_type(sb(&g.protocol_type))
+                    .with_group_state(sb(if version >= 4 { &g.state } else { "" }))
+                    .with_group_type(sb(if version >= 5 { &g.group_type } else { "" }))
+            })
+            .collect(),
+    )
+}
+
+/// DeleteGroups.
+pub fn delete_groups(
+    broker: &Arc<Broker>,
+    req: &DeleteGroupsRequest,
+    _version: i16,
+) -> DeleteGroupsResponse {
+    DeleteGroupsResponse::default().with_results(
+        req.groups_names
+            .iter()
+            .map(|g| {
+                DeletableGroupResult::default()
+                    .with_group_id(g.clone())
+                    .with_error_code(broker.group_coordinator.delete_group(broker, g))
+            })
+            .collect(),
+    )
+}
+
+/// OffsetDelete (KIP-496).
+pub fn offset_delete(
+    broker: &Arc<Broker>,
+    req: &OffsetDeleteRequest,
+    _version: i16,
+) -> OffsetDeleteResponse {
+    let parts: Vec<(String, i32)> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.name.to_string(), p.partition_index))
+        })
+        .collect();
+    match broker
+        .group_coordinator
+        .delete_offsets(broker, &req.group_id, &parts)
+    {
+        Err(e) => OffsetDeleteResponse::default().with_error_code(e),
+        Ok(errors) => {
+            let mut it = errors.into_iter();
+            OffsetDeleteResponse::default().with_topics(
+                req.topics
+                    .iter()
+                    .map(|t| {
+                        OffsetDeleteResponseTopic::default()
+                            .with_name(t.name.clone())
+                            .with_partitions(
+                                t.partitions
+                                    .iter()
+                                    .map(|p| {
+                                        OffsetDeleteResponsePartition::default()
+                                            .with_partition_index(p.partition_index)
+                                            .with_error_code(it.next().unwrap_or(ec::NONE))
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            )
+        }
+    }
+}
