@@ -514,7 +514,7 @@ impl LogCleaner {
             )
             .map_err(|e| corrupt(source, &e))?;
             stats.records_read += u64::try_from(h.records_count).unwrap_or(0);
-            let Some((bytes, retained)) = out else {
+            let Some((bytes, retained, tombstones)) = out else {
                 return Ok(true);
             };
             stats.records_retained += retained;
@@ -525,7 +525,7 @@ impl LogCleaner {
             let out_header = crate::segment::validate_stored_batch(written)
                 .map_err(|e| corrupt(source, &e.to_string()))?;
             dest.append(written, &[out_header], index_interval_bytes)?;
-            if out_header.has_delete_horizon() {
+            if out_header.has_delete_horizon() && tombstones {
                 let t = out_header.base_timestamp;
                 stats.min_delete_horizon_ms =
                     Some(stats.min_delete_horizon_ms.map_or(t, |m| m.min(t)));
@@ -537,8 +537,9 @@ impl LogCleaner {
     }
 }
 
-/// What to write for one batch: `None` to drop it; `Some((None, n))` to copy it unchanged
-/// (`n` records); `Some((Some(bytes), n))` to write a rebuilt batch.
+/// What to write for one batch: `None` to drop it; `Some((None, n, t))` to copy it unchanged
+/// (`n` records, `t`: tombstones among them); `Some((Some(bytes), n, t))` to write a rebuilt
+/// batch.
 fn filter_batch(
     h: &BatchHeader,
     raw: &[u8],
@@ -547,10 +548,10 @@ fn filter_batch(
     round_end: i64,
     now_ms: i64,
     delete_retention_ms: i64,
-) -> std::result::Result<Option<(Option<Vec<u8>>, u64)>, String> {
+) -> std::result::Result<Option<(Option<Vec<u8>>, u64, bool)>, String> {
     if h.is_control() {
         // Transaction markers are kept (gregor has no transactions yet to complete them).
-        return Ok(Some((None, 0)));
+        return Ok(Some((None, 0, false)));
     }
     let records = decode_records(raw).map_err(|e| e.to_string())?;
     let horizon = h.has_delete_horizon().then_some(h.base_timestamp);
@@ -577,13 +578,13 @@ fn filter_batch(
         let last_of_producer =
             h.has_producer_id() && producers.get(&h.producer_id) == Some(&h.last_offset());
         if last_of_producer || h.next_offset() == round_end {
-            return Ok(Some((Some(empty_batch(h)), 0)));
+            return Ok(Some((Some(empty_batch(h)), 0, false)));
         }
         return Ok(None);
     }
     let set_horizon = tombstones && horizon.is_none();
     if kept.len() == total && !set_horizon {
-        return Ok(Some((None, kept.len() as u64)));
+        return Ok(Some((None, kept.len() as u64, tombstones)));
     }
     let delete_horizon = if set_horizon {
         Some(now_ms.saturating_add(delete_retention_ms))
@@ -592,7 +593,7 @@ fn filter_batch(
     };
     let codec = h.compression().unwrap_or(Compression::None);
     let rebuilt = rebuild_batch(h, &kept, codec, delete_horizon).map_err(|e| e.to_string())?;
-    Ok(Some((Some(rebuilt), kept.len() as u64)))
+    Ok(Some((Some(rebuilt), kept.len() as u64, tombstones)))
 }
 
 /// Whether segment `s` (one of `segments`) holds `offset`: its base is at or below it and the
