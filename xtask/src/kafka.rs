@@ -385,6 +385,11 @@ impl Instance {
 
     /// Writes the configuration, formats storage and starts the broker; does not wait.
     pub fn spawn(&self) -> Result<Child> {
+        // Otherwise the readiness probe could be answered by whatever already listens there.
+        for port in [self.port, self.controller_port] {
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .with_context(|| format!("port {port} on 127.0.0.1 is not free"))?;
+        }
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
         if self.data_dir.exists() {
