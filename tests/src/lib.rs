@@ -16,8 +16,11 @@ pub struct Gregor {
     child: Option<Child>,
     /// Client port on 127.0.0.1.
     pub port: u16,
+    /// Admin HTTP port (`/metrics`, `/health`, `/ready`) on 127.0.0.1.
+    pub admin_port: u16,
     data: tempfile::TempDir,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// A port that was free a moment ago.
@@ -37,16 +40,76 @@ impl Gregor {
             bin: bin.as_ref().to_path_buf(),
             child: None,
             port: free_port()?,
+            admin_port: free_port()?,
             data: tempfile::tempdir().context("creating a data dir")?,
             extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            env: Vec::new(),
         };
         g.spawn()?;
         Ok(g)
     }
 
+    /// Like [`Gregor::start`] with extra environment variables, and without waiting for the
+    /// client listener (for tests of start-up itself).
+    ///
+    /// # Errors
+    /// When the process cannot be spawned.
+    pub fn spawn_with_env(
+        bin: impl AsRef<Path>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let mut g = Self {
+            bin: bin.as_ref().to_path_buf(),
+            child: None,
+            port: free_port()?,
+            admin_port: free_port()?,
+            data: tempfile::tempdir().context("creating a data dir")?,
+            extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        };
+        g.spawn_process()?;
+        Ok(g)
+    }
+
+    /// Waits until the client listener accepts connections.
+    ///
+    /// # Errors
+    /// When the process exits or does not listen within 60 s.
+    pub fn wait_ready(&mut self) -> Result<()> {
+        self.wait_listening(Duration::from_secs(60))
+    }
+
     /// `127.0.0.1:<port>`.
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// GETs `path` from the admin listener; returns (status code, body).
+    ///
+    /// # Errors
+    /// When the listener cannot be reached or answers something that is not HTTP.
+    pub fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(("127.0.0.1", self.admin_port))
+            .context("connecting to the admin listener")?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw)?;
+        let status: u16 = raw
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("no HTTP status line")?;
+        let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Ok((status, body.to_string()))
     }
 
     /// The data directory (`log.dirs`).
@@ -55,12 +118,20 @@ impl Gregor {
     }
 
     fn spawn(&mut self) -> Result<()> {
+        self.spawn_process()?;
+        self.wait_listening(Duration::from_secs(60))
+    }
+
+    fn spawn_process(&mut self) -> Result<()> {
         let mut cmd = Command::new(&self.bin);
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.arg("serve")
             .arg("--set")
             .arg(format!("listeners=PLAINTEXT://127.0.0.1:{}", self.port))
             .arg("--set")
-            .arg(format!("log.dirs={}", self.data.path().display()));
+            .arg(format!("log.dirs={}", self.data.path().display()))
+            .arg("--set")
+            .arg(format!("admin.listener=127.0.0.1:{}", self.admin_port));
         for e in &self.extra {
             cmd.arg("--set").arg(e);
         }
@@ -74,7 +145,7 @@ impl Gregor {
             .spawn()
             .with_context(|| format!("spawning {}", self.bin.display()))?;
         self.child = Some(child);
-        self.wait_listening(Duration::from_secs(60))
+        Ok(())
     }
 
     fn wait_listening(&mut self, timeout: Duration) -> Result<()> {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gregor_log::LogConfig;
-use gregor_protocol::batch::TimestampType;
+use gregor_protocol::batch::{Compression, TimestampType};
 use thiserror::Error;
 
 /// A bad config value, naming the key and what is wrong (Kafka's `ConfigException`).
@@ -487,6 +487,10 @@ pub fn validate_topic_config(name: &str, value: &str) -> Result<(), ConfigError>
 pub enum ConfigSource {
     /// DYNAMIC_TOPIC_CONFIG (1).
     DynamicTopic,
+    /// DYNAMIC_BROKER_CONFIG (2): set with AlterConfigs for this broker id (KIP-226).
+    DynamicBroker,
+    /// DYNAMIC_DEFAULT_BROKER_CONFIG (3): set with AlterConfigs for the cluster default ("").
+    DynamicDefaultBroker,
     /// STATIC_BROKER_CONFIG (4): set in server.properties or with --set.
     StaticBroker,
     /// DEFAULT_CONFIG (5).
@@ -498,6 +502,8 @@ impl ConfigSource {
     pub fn code(self) -> i8 {
         match self {
             Self::DynamicTopic => 1,
+            Self::DynamicBroker => 2,
+            Self::DynamicDefaultBroker => 3,
             Self::StaticBroker => 4,
             Self::Default => 5,
         }
@@ -560,14 +566,8 @@ const ACCEPTED_KEYS: &[&str] = &[
     "num.replica.fetchers",
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
-    "offsets.topic.replication.factor",
-    "offsets.topic.num.partitions",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
-    "group.initial.rebalance.delay.ms",
-    "log.retention.check.interval.ms",
-    "log.cleaner.enable",
-    "log.cleaner.threads",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
     "broker.id",
@@ -603,6 +603,11 @@ pub struct BrokerConfig {
     pub log_flush_scheduler_interval_ms: u64,
     /// `broker.rack`.
     pub rack: Option<String>,
+    /// `admin.listener`: host:port of the HTTP listener for `/metrics`, `/health` and
+    /// `/ready`; default `127.0.0.1:9644`; `None` when set to an empty value (disabled).
+    pub admin_listener: Option<String>,
+    /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
+    pub groups: crate::group_coordinator::GroupConfig,
     /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
     pub raw: BTreeMap<String, String>,
 }
@@ -628,6 +633,64 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         LONG_MAX,
     ),
     ("broker.rack", ConfigType::String, ""),
+    // Retention and the log cleaner (Kafka's `ServerLogConfigs`, `CleanerConfig`).
+    (
+        "log.retention.check.interval.ms",
+        ConfigType::Long,
+        "300000",
+    ),
+    ("log.cleaner.enable", ConfigType::Boolean, "true"),
+    ("log.cleaner.threads", ConfigType::Int, "1"),
+    ("log.cleaner.backoff.ms", ConfigType::Long, "15000"),
+    (
+        "log.cleaner.dedupe.buffer.size",
+        ConfigType::Long,
+        "134217728",
+    ),
+    ("log.cleaner.io.buffer.size", ConfigType::Int, "524288"),
+    (
+        "log.cleaner.io.buffer.load.factor",
+        ConfigType::Double,
+        "0.9",
+    ),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        ConfigType::Double,
+        "1.7976931348623157E308",
+    ),
+    ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
+    ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
+    // Group coordinator (crate::group_coordinator::GroupConfig).
+    ("group.initial.rebalance.delay.ms", ConfigType::Int, "3000"),
+    ("group.min.session.timeout.ms", ConfigType::Int, "6000"),
+    ("group.max.session.timeout.ms", ConfigType::Int, "1800000"),
+    ("group.max.size", ConfigType::Int, "2147483647"),
+    ("offsets.topic.num.partitions", ConfigType::Int, "50"),
+    ("offsets.topic.replication.factor", ConfigType::Short, "3"),
+    ("offsets.topic.segment.bytes", ConfigType::Int, "104857600"),
+    ("offsets.retention.minutes", ConfigType::Int, "10080"),
+    (
+        "offsets.retention.check.interval.ms",
+        ConfigType::Long,
+        "600000",
+    ),
+    ("offset.metadata.max.bytes", ConfigType::Int, "4096"),
+    (
+        "group.consumer.session.timeout.ms",
+        ConfigType::Int,
+        "45000",
+    ),
+    (
+        "group.consumer.heartbeat.interval.ms",
+        ConfigType::Int,
+        "5000",
+    ),
+    ("group.consumer.max.size", ConfigType::Int, "2147483647"),
+    (
+        "group.consumer.assignors",
+        ConfigType::List,
+        "uniform,range",
+    ),
 ];
 
 impl BrokerConfig {
@@ -722,6 +785,12 @@ impl BrokerConfig {
             log_flush_scheduler_interval_ms: int("log.flush.scheduler.interval.ms", 1000)
                 .clamp(1, 3_600_000) as u64,
             rack: get("broker.rack").filter(|s| !s.is_empty()),
+            admin_listener: match get("admin.listener") {
+                None => Some("127.0.0.1:9644".to_string()),
+                Some(v) if v.is_empty() => None,
+                Some(v) => Some(v),
+            },
+            groups: crate::group_coordinator::GroupConfig::from_properties(&props)?,
             raw: props,
         };
         Ok((cfg, unknown))
@@ -894,7 +963,268 @@ impl TopicConfigs {
                     d.message_timestamp_after_max_ms,
                 )
                 .max(0),
+            retention_ms: self.long("retention.ms", d.retention_ms),
+            retention_bytes: self.long("retention.bytes", d.retention_bytes),
+            cleanup_delete: self
+                .get("cleanup.policy")
+                .split(',')
+                .any(|p| p.trim() == "delete"),
+            cleanup_compact: self
+                .get("cleanup.policy")
+                .split(',')
+                .any(|p| p.trim() == "compact"),
+            delete_retention_ms: self
+                .long("delete.retention.ms", d.delete_retention_ms)
+                .max(0),
+            file_delete_delay_ms: self
+                .long("file.delete.delay.ms", d.file_delete_delay_ms)
+                .max(0),
+            min_cleanable_dirty_ratio: self
+                .get("min.cleanable.dirty.ratio")
+                .trim()
+                .parse()
+                .unwrap_or(d.min_cleanable_dirty_ratio),
+            min_compaction_lag_ms: self
+                .long("min.compaction.lag.ms", d.min_compaction_lag_ms)
+                .max(0),
+            max_compaction_lag_ms: self
+                .long("max.compaction.lag.ms", d.max_compaction_lag_ms)
+                .max(1),
+            compression: match self.get("compression.type") {
+                "uncompressed" => Some(Compression::None),
+                "gzip" => Some(Compression::Gzip),
+                "snappy" => Some(Compression::Snappy),
+                "lz4" => Some(Compression::Lz4),
+                "zstd" => Some(Compression::Zstd),
+                _ => None,
+            },
         }
+    }
+}
+
+/// Broker configs that can be changed at run time with AlterConfigs, per broker or as the
+/// cluster default (KIP-226): the broker synonyms of topic configs (Kafka's
+/// `DynamicLogConfig.ReconfigurableConfigs`) and the log cleaner's settings
+/// (`LogCleaner.ReconfigurableConfigs`). Others are read-only (Kafka: "Cannot update these
+/// configs dynamically").
+pub fn is_dynamic_broker_config(name: &str) -> bool {
+    const CLEANER: &[&str] = &[
+        "log.cleaner.threads",
+        "log.cleaner.dedupe.buffer.size",
+        "log.cleaner.io.buffer.load.factor",
+        "log.cleaner.io.buffer.size",
+        "log.cleaner.io.max.bytes.per.second",
+        "log.cleaner.backoff.ms",
+    ];
+    CLEANER.contains(&name) || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
+}
+
+/// The type and Kafka default of a broker config gregor knows, if any.
+pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
+    BROKER_KEYS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, t, d)| (*t, *d))
+        .or_else(|| {
+            TOPIC_CONFIGS
+                .iter()
+                .find(|d| d.broker_synonym == Some(name))
+                .map(|d| (d.config_type, d.default))
+        })
+}
+
+/// Validates a dynamic broker config change (Kafka's `DynamicBrokerConfig.validateConfigs`).
+/// `value` None is a deletion, always allowed for a dynamic config.
+///
+/// # Errors
+/// [`ConfigError`]: unknown or read-only names, values of the wrong type or range.
+pub fn validate_broker_config(name: &str, value: Option<&str>) -> Result<(), ConfigError> {
+    let shown = value.unwrap_or("");
+    if broker_config_type(name).is_none() {
+        return Err(ConfigError::new(name, shown, "Unknown broker config name"));
+    }
+    if !is_dynamic_broker_config(name) {
+        return Err(ConfigError::new(
+            name,
+            shown,
+            format!("Cannot update these configs dynamically: Set({name})"),
+        ));
+    }
+    let Some(value) = value else { return Ok(()) };
+    if let Some(def) = TOPIC_CONFIGS
+        .iter()
+        .find(|d| d.broker_synonym == Some(name))
+    {
+        return validate_topic_config(def.name, value).map_err(|mut e| {
+            e.name = name.to_string();
+            e
+        });
+    }
+    if let Some((ty, _)) = broker_config_type(name) {
+        ty.check(name, value)?;
+        if name == "log.cleaner.threads" && value.trim().parse::<i64>().is_ok_and(|v| v < 0) {
+            return Err(ConfigError::new(name, value, "Value must be at least 0"));
+        }
+    }
+    Ok(())
+}
+
+/// Dynamic broker configs from the metadata log (KIP-226): this broker's (resource name = its
+/// node id) and the cluster-wide default (resource name ""). Precedence, as Kafka:
+/// dynamic per-broker, dynamic default, static (server.properties / --set), Kafka's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DynamicBrokerConfigs {
+    /// Configs set for this broker id.
+    pub per_broker: BTreeMap<String, String>,
+    /// Configs set as the cluster default.
+    pub cluster_default: BTreeMap<String, String>,
+}
+
+impl DynamicBrokerConfigs {
+    /// This broker's dynamic configs in `image`.
+    pub fn from_image(image: &gregor_metadata::MetadataImage, node_id: i32) -> Self {
+        Self {
+            per_broker: image.configs_of(
+                gregor_metadata::ConfigResource::Broker,
+                &node_id.to_string(),
+            ),
+            cluster_default: image.configs_of(gregor_metadata::ConfigResource::Broker, ""),
+        }
+    }
+
+    /// The dynamic value of `name` and its source, if set.
+    pub fn get(&self, name: &str) -> Option<(&str, ConfigSource)> {
+        self.per_broker
+            .get(name)
+            .map(|v| (v.as_str(), ConfigSource::DynamicBroker))
+            .or_else(|| {
+                self.cluster_default
+                    .get(name)
+                    .map(|v| (v.as_str(), ConfigSource::DynamicDefaultBroker))
+            })
+    }
+}
+
+impl BrokerConfig {
+    /// As [`BrokerConfig::topic_default`], with dynamic broker configs taking precedence.
+    pub fn topic_default_dynamic(
+        &self,
+        dynamic: &DynamicBrokerConfigs,
+        def: &TopicConfigDef,
+    ) -> (String, ConfigSource) {
+        if let Some((v, source)) = def.broker_synonym.and_then(|syn| dynamic.get(syn)) {
+            return (v.trim().to_string(), source);
+        }
+        self.topic_default(def)
+    }
+
+    /// The effective value of broker config `name`: dynamic, static, else Kafka's default.
+    pub fn effective(&self, dynamic: &DynamicBrokerConfigs, name: &str) -> (String, ConfigSource) {
+        if let Some((v, s)) = dynamic.get(name) {
+            return (v.trim().to_string(), s);
+        }
+        if let Some(def) = TOPIC_CONFIGS
+            .iter()
+            .find(|d| d.broker_synonym == Some(name))
+        {
+            return self.topic_default(def);
+        }
+        match self.raw.get(name) {
+            Some(v) => (v.trim().to_string(), ConfigSource::StaticBroker),
+            None => (
+                broker_config_type(name).map_or("", |(_, d)| d).to_string(),
+                ConfigSource::Default,
+            ),
+        }
+    }
+
+    fn effective_f64(&self, dynamic: &DynamicBrokerConfigs, name: &str, default: f64) -> f64 {
+        self.effective(dynamic, name).0.parse().unwrap_or(default)
+    }
+
+    /// `log.retention.check.interval.ms` (default 300000): how often retention runs, in ms.
+    pub fn log_retention_check_interval_ms(&self) -> u64 {
+        self.raw
+            .get("log.retention.check.interval.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(300_000)
+            .max(1)
+    }
+
+    /// `log.cleaner.enable` (default true).
+    pub fn log_cleaner_enable(&self) -> bool {
+        self.raw
+            .get("log.cleaner.enable")
+            .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false"))
+    }
+
+    /// `log.cleaner.threads` (default 1; dynamic in Kafka, read at start-up here).
+    pub fn log_cleaner_threads(&self, dynamic: &DynamicBrokerConfigs) -> usize {
+        self.effective_f64(dynamic, "log.cleaner.threads", 1.0)
+            .clamp(0.0, 64.0) as usize
+    }
+
+    /// `log.cleaner.backoff.ms` (default 15000): a cleaner thread's sleep when no log needs
+    /// cleaning, in ms.
+    pub fn log_cleaner_backoff_ms(&self, dynamic: &DynamicBrokerConfigs) -> u64 {
+        self.effective_f64(dynamic, "log.cleaner.backoff.ms", 15_000.0)
+            .clamp(1.0, 86_400_000.0) as u64
+    }
+
+    /// `producer.id.expiration.ms` (default one day): idle producers' state is dropped after
+    /// this many ms.
+    pub fn producer_id_expiration_ms(&self) -> i64 {
+        self.raw
+            .get("producer.id.expiration.ms")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(86_400_000)
+    }
+
+    /// One cleaner thread's settings: `log.cleaner.dedupe.buffer.size` split over
+    /// `log.cleaner.threads`, `log.cleaner.io.buffer.load.factor`,
+    /// `log.cleaner.io.max.bytes.per.second` (Kafka's `CleanerConfig`).
+    pub fn cleaner_config(&self, dynamic: &DynamicBrokerConfigs) -> gregor_log::CleanerConfig {
+        let threads = self.log_cleaner_threads(dynamic).max(1) as f64;
+        gregor_log::CleanerConfig {
+            dedupe_buffer_bytes: (self.effective_f64(
+                dynamic,
+                "log.cleaner.dedupe.buffer.size",
+                134_217_728.0,
+            ) / threads)
+                .max(1024.0) as u64,
+            io_buffer_load_factor: self.effective_f64(
+                dynamic,
+                "log.cleaner.io.buffer.load.factor",
+                0.9,
+            ),
+            io_max_bytes_per_second: self.effective_f64(
+                dynamic,
+                "log.cleaner.io.max.bytes.per.second",
+                f64::MAX,
+            ),
+        }
+    }
+}
+
+impl TopicConfigs {
+    /// As [`TopicConfigs::resolve`], with dynamic broker configs as defaults above the static
+    /// ones.
+    pub fn resolve_dynamic(
+        broker: &BrokerConfig,
+        dynamic: &DynamicBrokerConfigs,
+        overrides: &BTreeMap<String, String>,
+    ) -> Self {
+        let entries = TOPIC_CONFIGS
+            .iter()
+            .map(|def| match overrides.get(def.name) {
+                Some(v) => (def, v.clone(), ConfigSource::DynamicTopic),
+                None => {
+                    let (v, s) = broker.topic_default_dynamic(dynamic, def);
+                    (def, v, s)
+                }
+            })
+            .collect();
+        Self { entries }
     }
 }
 

@@ -9,7 +9,9 @@
 
 pub mod config;
 pub mod error_codes;
+pub mod group_coordinator;
 pub mod handlers;
+pub mod observability;
 pub mod replica_manager;
 pub mod server;
 

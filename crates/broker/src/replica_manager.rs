@@ -18,8 +18,9 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::config::{BrokerConfig, TopicConfigs};
+use crate::config::{BrokerConfig, DynamicBrokerConfigs, TopicConfigs};
 use crate::error_codes as ec;
+use crate::observability::TopicMetrics;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
@@ -61,6 +62,8 @@ pub struct Partition {
     /// number of in-flight requests (each connection has at most `queued.max.requests`).
     waiters: Mutex<Vec<Arc<Notify>>>,
     local_broker: i32,
+    /// Byte and record counters of the topic (Prometheus handles, created once).
+    pub metrics: TopicMetrics,
 }
 
 impl Partition {
@@ -168,6 +171,10 @@ impl Partition {
             .log
             .append_as_leader(records, leader_epoch, now_ms())
             .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        if !info.duplicate {
+            self.metrics.bytes_in.increment(info.bytes);
+            self.metrics.records_in.increment(info.records);
+        }
         self.maybe_increment_high_watermark();
         Ok(info)
     }
@@ -200,6 +207,8 @@ pub struct ReplicaManager {
     config: BrokerConfig,
     logs: LogManager,
     partitions: RwLock<BTreeMap<(String, i32), Arc<Partition>>>,
+    /// Dynamic broker configs of the latest image applied (KIP-226).
+    dynamic_configs: RwLock<DynamicBrokerConfigs>,
 }
 
 impl ReplicaManager {
@@ -210,6 +219,7 @@ impl ReplicaManager {
             config,
             logs,
             partitions: RwLock::new(BTreeMap::new()),
+            dynamic_configs: RwLock::new(DynamicBrokerConfigs::default()),
         }
     }
 
@@ -224,6 +234,81 @@ impl ReplicaManager {
     /// All hosted partitions.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
         self.partitions.read().values().cloned().collect()
+    }
+
+    /// This broker's dynamic configs as of the latest metadata image.
+    pub fn dynamic_configs(&self) -> DynamicBrokerConfigs {
+        self.dynamic_configs.read().clone()
+    }
+
+    /// The broker configuration.
+    pub fn broker_config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
+    /// `log.retention.check.interval.ms`): deletes segments past `retention.ms`,
+    /// `retention.bytes` or below the log start offset, bounded by each partition's high
+    /// watermark, expires idle producers (`producer.id.expiration.ms`), and checkpoints the
+    /// log start offsets when they moved. Errors are logged per partition.
+    pub fn run_retention(&self, now_ms: i64) {
+        let mut moved = false;
+        for p in self.partitions() {
+            match p.log.delete_old_segments(now_ms, p.high_watermark()) {
+                Ok(r) => moved |= r.deleted_segments > 0,
+                Err(e) => {
+                    tracing::error!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
+                }
+            }
+            p.log
+                .remove_expired_producers(now_ms, self.config.producer_id_expiration_ms());
+        }
+        if moved {
+            if let Err(e) = self.logs.checkpoint_log_start_offsets() {
+                tracing::error!(error = %e, "writing log-start-offset-checkpoint failed");
+            }
+        }
+    }
+
+    /// DeleteRecords for one partition (Kafka's `Partition.deleteRecordsOnLeader`): moves the
+    /// log start offset to `offset` (-1: the high watermark) and persists it. Returns the new
+    /// low watermark (log start offset).
+    ///
+    /// # Errors
+    /// Kafka error codes: NOT_LEADER_OR_FOLLOWER, POLICY_VIOLATION (44) when `cleanup.policy`
+    /// does not contain `delete`, OFFSET_OUT_OF_RANGE for an offset beyond the high watermark
+    /// or negative, KAFKA_STORAGE_ERROR.
+    pub fn delete_records(&self, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
+        if !p.is_leader() {
+            return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
+        }
+        let tp = format!("{}-{}", p.topic, p.index);
+        if !p.log.config().cleanup_delete {
+            return Err((
+                ec::POLICY_VIOLATION,
+                format!(
+                    "Records of partition {tp} can not be deleted due to the configured policy"
+                ),
+            ));
+        }
+        let hw = p.high_watermark();
+        let offset = if offset == -1 { hw } else { offset };
+        if offset < 0 || offset > hw {
+            return Err((
+                ec::OFFSET_OUT_OF_RANGE,
+                format!(
+                    "Cannot increment the log start offset to {offset} of partition {tp} since it is larger than the high watermark {hw}"
+                ),
+            ));
+        }
+        let low = p
+            .log
+            .maybe_increment_log_start_offset(offset)
+            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        self.logs
+            .checkpoint_log_start_offsets()
+            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        Ok(low)
     }
 
     /// The log manager.
@@ -241,9 +326,11 @@ impl ReplicaManager {
     pub fn apply_image(&self, image: &MetadataImage) -> Result<(), LogError> {
         let mut wanted: BTreeMap<(String, i32), (Uuid, PartitionRegistration, TopicConfigs)> =
             BTreeMap::new();
+        let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
+        *self.dynamic_configs.write() = dynamic.clone();
         for t in image.topics.values() {
             let overrides = image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
-            let configs = TopicConfigs::resolve(&self.config, &overrides);
+            let configs = TopicConfigs::resolve_dynamic(&self.config, &dynamic, &overrides);
             for (idx, p) in &t.partitions {
                 if p.replicas.contains(&self.local_broker) {
                     wanted.insert(
@@ -281,6 +368,11 @@ impl ReplicaManager {
                 min_insync_replicas: min_isr,
             };
             if let Some(p) = self.partition(&topic, index) {
+                // Topic and dynamic broker config changes (AlterConfigs) reach the log here.
+                let log_config = configs.log_config();
+                if p.log.config() != log_config {
+                    p.log.update_config(log_config);
+                }
                 *p.state.write() = state;
                 p.maybe_increment_high_watermark();
                 p.wake_waiters();
@@ -303,6 +395,7 @@ impl ReplicaManager {
                 follower_leos: Mutex::new(HashMap::new()),
                 waiters: Mutex::new(Vec::new()),
                 local_broker: self.local_broker,
+                metrics: TopicMetrics::new(&topic),
             });
             p.maybe_increment_high_watermark();
             self.partitions.write().insert((topic, index), p);

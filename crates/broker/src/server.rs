@@ -29,6 +29,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use crate::config::BrokerConfig;
 use crate::handlers;
+use crate::observability::{self, InFlight, RequestMetrics};
 use crate::replica_manager::ReplicaManager;
 
 /// Name of the directory, inside the first log dir, that holds the metadata log.
@@ -77,6 +78,8 @@ pub struct Broker {
     pub controller: Controller,
     /// Hosted partitions.
     pub replica_manager: ReplicaManager,
+    /// Consumer groups and committed offsets (`__consumer_offsets`).
+    pub group_coordinator: crate::group_coordinator::GroupCoordinator,
     publish_lock: Mutex<()>,
     producer_ids: Mutex<ProducerIdBlock>,
     /// Bound listener addresses (the real ports when a listener asked for port 0).
@@ -202,6 +205,9 @@ pub fn base64_url(bytes: &[u8]) -> String {
 pub struct RunningBroker {
     /// Shared state.
     pub broker: Arc<Broker>,
+    /// Address of the admin HTTP listener, if enabled.
+    pub admin_addr: Option<SocketAddr>,
+    admin: Arc<observability::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -213,6 +219,7 @@ impl RunningBroker {
     /// # Errors
     /// The log manager's error when a log cannot be closed cleanly (the next start recovers it).
     pub async fn shutdown(self) -> Result<(), gregor_log::LogError> {
+        self.admin.set_ready(false);
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -234,6 +241,36 @@ impl RunningBroker {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
+    observability::handle();
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    // The admin listener comes up first, so /health answers and /ready says "not ready" while
+    // logs load.
+    let admin = Arc::new(observability::AdminState::default());
+    admin.set_ready(false);
+    let mut admin_addr = None;
+    if let Some(addr) = &config.admin_listener {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: format!("{addr} (admin.listener)"),
+                source,
+            })?;
+        admin_addr = listener.local_addr().ok();
+        info!(addr = %addr, "admin listener: /metrics, /health, /ready");
+        tasks.push(tokio::spawn(observability::serve_admin(
+            listener,
+            admin.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    // Test hook: hold start-up here so tests can observe /ready before the logs are loaded.
+    if let Some(ms) = std::env::var("GREGOR_TEST_STARTUP_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let mut cluster_id: Option<String> = None;
     for dir in &config.log_dirs {
         let id = ensure_meta_properties(dir, config.node_id, cluster_id.as_deref())?;
@@ -295,6 +332,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
     );
     let broker = Arc::new(Broker {
         replica_manager: ReplicaManager::new(config.node_id, config.clone(), logs),
+        group_coordinator: crate::group_coordinator::GroupCoordinator::new(config.groups.clone()),
         config,
         cluster_id,
         controller,
@@ -329,8 +367,11 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         }
     }
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
+    // Groups and committed offsets are rebuilt before clients can ask for them.
+    broker.group_coordinator.load(&broker);
+    tasks.push(tokio::spawn(
+        crate::group_coordinator::offsets_retention_task(broker.clone(), shutdown_rx.clone()),
+    ));
     for (listener, addr) in listeners.into_iter().zip(bound.iter()) {
         info!(%addr, "listening for Kafka clients");
         tasks.push(tokio::spawn(accept_loop(
@@ -343,8 +384,28 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(retention_scheduler(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
+    if broker.config.log_cleaner_enable() {
+        let threads = broker
+            .config
+            .log_cleaner_threads(&broker.replica_manager.dynamic_configs());
+        for thread in 0..threads {
+            tasks.push(tokio::spawn(log_cleaner_thread(
+                broker.clone(),
+                thread,
+                shutdown_rx.clone(),
+            )));
+        }
+    }
+    admin.attach(broker.clone());
+    admin.set_ready(true);
     Ok(RunningBroker {
         broker,
+        admin_addr,
+        admin,
         shutdown: shutdown_tx,
         tasks,
     })
@@ -364,6 +425,93 @@ async fn flush_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool
                 .flush_if_due(crate::replica_manager::now_ms());
         })
         .await;
+    }
+}
+
+/// Kafka's `kafka-log-retention` task: every `log.retention.check.interval.ms` deletes
+/// segments past retention or below the log start offset
+/// ([`ReplicaManager::run_retention`]); in between it wakes only when a `.deleted` file's
+/// `file.delete.delay.ms` expires, to remove it (Kafka schedules one delete task per segment).
+async fn retention_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let check_ms = broker.config.log_retention_check_interval_ms();
+    let mut next_check_ms = crate::replica_manager::now_ms() + check_ms as i64;
+    let mut next_delete_ms: Option<i64> = None;
+    loop {
+        let now = crate::replica_manager::now_ms();
+        let wake_ms = next_delete_ms.map_or(next_check_ms, |d| d.min(next_check_ms));
+        let sleep = Duration::from_millis(wake_ms.saturating_sub(now).max(0) as u64);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = shutdown.changed() => return,
+        }
+        let now = crate::replica_manager::now_ms();
+        let run_check = now >= next_check_ms;
+        if run_check {
+            next_check_ms = now + check_ms as i64;
+        }
+        let b = broker.clone();
+        next_delete_ms = tokio::task::spawn_blocking(move || {
+            if run_check {
+                b.replica_manager.run_retention(now);
+            }
+            b.replica_manager.logs().delete_due_files(now)
+        })
+        .await
+        .unwrap_or(None);
+    }
+}
+
+/// One of `log.cleaner.threads` cleaner threads (Kafka's `CleanerThread`): cleans the
+/// filthiest compacted log (bounded by its high watermark), checkpoints the cleaner offsets,
+/// and sleeps `log.cleaner.backoff.ms` when no log needs cleaning. Cleaner settings are read
+/// each round, so dynamic broker config changes apply.
+async fn log_cleaner_thread(
+    broker: Arc<Broker>,
+    thread: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let b = broker.clone();
+        let cleaned = tokio::task::spawn_blocking(move || {
+            let rm = &b.replica_manager;
+            let dynamic = rm.dynamic_configs();
+            let cleaner = gregor_log::LogCleaner::new(b.config.cleaner_config(&dynamic));
+            let logs: Vec<_> = rm
+                .partitions()
+                .into_iter()
+                .filter(|p| p.log.config().cleanup_compact)
+                .map(|p| (p.log.clone(), p.high_watermark()))
+                .collect();
+            match cleaner.clean_filthiest(&logs, crate::replica_manager::now_ms()) {
+                Ok(Some((log, _stats))) => {
+                    if let Err(e) = rm.logs().checkpoint_cleaner_offsets() {
+                        error!(error = %e, "writing cleaner-offset-checkpoint failed");
+                    }
+                    debug!(thread, partition = %log.topic_partition(), "cleaned");
+                    true
+                }
+                Ok(None) => false,
+                Err(e) => {
+                    error!(thread, error = %e, "log cleaning failed; will retry after the backoff");
+                    false
+                }
+            }
+        })
+        .await
+        .unwrap_or(false);
+        if cleaned {
+            if *shutdown.borrow() {
+                return;
+            }
+            continue;
+        }
+        let backoff = broker
+            .config
+            .log_cleaner_backoff_ms(&broker.replica_manager.dynamic_configs());
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(backoff)) => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 
@@ -395,6 +543,12 @@ async fn accept_loop(
     }
 }
 
+tokio::task_local! {
+    /// The peer address of the connection whose request is being handled (the "client host"
+    /// that DescribeGroups reports). Set only around a handler's immediate part.
+    pub static CLIENT_HOST: std::net::IpAddr;
+}
+
 /// A response in the making: ready now, or computed by a deferred task.
 pub enum Handled {
     /// The encoded response, or None when the request gets no response (acks=0).
@@ -408,8 +562,11 @@ pub enum Handled {
 }
 
 enum Slot {
-    Ready(Option<Bytes>),
-    Pending(tokio::task::JoinHandle<Option<Bytes>>),
+    Ready(Option<Bytes>, Option<Arc<RequestMetrics>>),
+    Pending(
+        tokio::task::JoinHandle<Option<Bytes>>,
+        Option<Arc<RequestMetrics>>,
+    ),
 }
 
 /// Encodes a response body for the request's API, version and correlation id. An encoding
@@ -436,14 +593,16 @@ async fn serve_connection(
     mut shutdown: watch::Receiver<bool>,
 ) {
     debug!(%peer, "connection opened");
+    metrics::counter!(observability::CONNECTIONS_OPENED_TOTAL).increment(1);
+    let _active = InFlight::new(observability::CONNECTIONS_ACTIVE);
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Slot>(broker.config.queued_max_requests);
     let writer = tokio::spawn(async move {
         while let Some(slot) = rx.recv().await {
-            let out = match slot {
-                Slot::Ready(b) => b,
-                Slot::Pending(h) => match h.await {
-                    Ok(b) => b,
+            let (out, m) = match slot {
+                Slot::Ready(b, m) => (b, m),
+                Slot::Pending(h, m) => match h.await {
+                    Ok(b) => (b, m),
                     Err(e) => {
                         error!(error = %e, "request task failed; closing connection");
                         return;
@@ -451,8 +610,12 @@ async fn serve_connection(
                 },
             };
             if let Some(bytes) = out {
+                let started = Instant::now();
                 if wr.write_all(&bytes).await.is_err() {
                     return;
+                }
+                if let Some(m) = m {
+                    m.send.record(started.elapsed().as_secs_f64());
                 }
             }
         }
@@ -476,6 +639,7 @@ async fn serve_connection(
         if rd.read_exact(&mut buf).await.is_err() {
             break;
         }
+        let received = Instant::now();
         let slot = match frame::decode_request(buf.freeze(), &handlers::supported_versions) {
             Ok(DecodedRequest::Request {
                 header,
@@ -489,10 +653,19 @@ async fn serve_connection(
                     correlation_id = header.correlation_id,
                     client_id = header.client_id.as_deref().unwrap_or(""),
                 );
+                let m = observability::request_metrics(api_key, header.request_api_version);
+                m.requests.increment(1);
                 let started = Instant::now();
-                let handled = handlers::handle(&broker, &header, api_key, *body)
+                m.queue
+                    .record(started.duration_since(received).as_secs_f64());
+                let handled = CLIENT_HOST
+                    .scope(
+                        peer.ip(),
+                        handlers::handle(&broker, &header, api_key, *body),
+                    )
                     .instrument(span.clone())
                     .await;
+                m.processing.record(started.elapsed().as_secs_f64());
                 match handled {
                     Handled::CloseConnection => {
                         debug!(%peer, "closing connection after a failed acks=0 produce");
@@ -505,19 +678,27 @@ async fn serve_connection(
                                 "handled"
                             )
                         });
-                        Slot::Ready(b)
+                        Slot::Ready(b, Some(m))
                     }
-                    Handled::Deferred(fut) => Slot::Pending(tokio::spawn(
-                        async move {
-                            let out = fut.await;
-                            debug!(
-                                duration_us = started.elapsed().as_micros() as u64,
-                                "handled"
-                            );
-                            out
-                        }
-                        .instrument(span),
-                    )),
+                    Handled::Deferred(fut) => {
+                        let m2 = m.clone();
+                        Slot::Pending(
+                            tokio::spawn(
+                                async move {
+                                    let waited = Instant::now();
+                                    let out = fut.await;
+                                    m2.remote.record(waited.elapsed().as_secs_f64());
+                                    debug!(
+                                        duration_us = started.elapsed().as_micros() as u64,
+                                        "handled"
+                                    );
+                                    out
+                                }
+                                .instrument(span),
+                            ),
+                            Some(m),
+                        )
+                    }
                 }
             }
             Ok(DecodedRequest::UnsupportedApiVersions {
@@ -525,9 +706,10 @@ async fn serve_connection(
                 version,
             }) => {
                 debug!(%peer, version, "ApiVersions at an unsupported version; answering with v0");
-                Slot::Ready(handlers::api_versions::unsupported_version_response(
-                    correlation_id,
-                ))
+                Slot::Ready(
+                    handlers::api_versions::unsupported_version_response(correlation_id),
+                    None,
+                )
             }
             Ok(DecodedRequest::UnsupportedVersion {
                 api_key,

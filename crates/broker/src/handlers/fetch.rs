@@ -21,8 +21,10 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::error_codes as ec;
+use crate::observability::{self, record_error, InFlight};
 use crate::replica_manager::Partition;
 use crate::server::{respond, Broker, Handled};
+use gregor_protocol::batch::Batches;
 
 struct PartitionPlan {
     index: i32,
@@ -69,12 +71,14 @@ fn read_pass(
                 Ok(p) => p,
                 Err(code) => {
                     any_error = true;
+                    record_error(ApiKey::Fetch, *code);
                     parts.push(empty_partition(pp.index, *code));
                     continue;
                 }
             };
             if let Err(code) = p.check_leader(pp.current_leader_epoch) {
                 any_error = true;
+                record_error(ApiKey::Fetch, code);
                 parts.push(empty_partition(pp.index, code));
                 continue;
             }
@@ -93,6 +97,12 @@ fn read_pass(
                     let n = info.records.len();
                     if n > 0 {
                         min_one_batch = false;
+                        let records: i64 = Batches::new(&info.records)
+                            .filter_map(Result::ok)
+                            .map(|(_, h)| i64::from(h.records_count))
+                            .sum();
+                        p.metrics.bytes_out.increment(n as u64);
+                        p.metrics.records_out.increment(records.max(0) as u64);
                     }
                     remaining = remaining.saturating_sub(n);
                     total += n;
@@ -104,6 +114,7 @@ fn read_pass(
                         LogError::OffsetOutOfRange { .. } => ec::OFFSET_OUT_OF_RANGE,
                         other => other.kafka_error_code(),
                     };
+                    record_error(ApiKey::Fetch, code);
                     parts.push(base.with_error_code(code).with_records(Some(Bytes::new())));
                 }
             }
@@ -180,6 +191,7 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchRequest) ->
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64);
     drop(topics);
     Handled::Deferred(Box::pin(async move {
+        let _delayed = InFlight::new(observability::DELAYED_FETCH_REQUESTS);
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
         let topics = loop {

@@ -12,8 +12,10 @@ use gregor_protocol::kafka_protocol::messages::list_offsets_response::{
 use gregor_protocol::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use crate::error_codes as ec;
+use crate::observability::record_error;
 use crate::replica_manager::Partition;
 use crate::server::Broker;
+use gregor_protocol::kafka_protocol::messages::ApiKey;
 
 /// Earliest offset.
 pub const EARLIEST_TIMESTAMP: i64 = -2;
@@ -76,9 +78,11 @@ pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> Li
                         .with_offset(-1)
                         .with_leader_epoch(-1);
                     let Some(p) = rm.partition(&t.name, rp.partition_index) else {
+                        record_error(ApiKey::ListOffsets, ec::UNKNOWN_TOPIC_OR_PARTITION);
                         return resp.with_error_code(ec::UNKNOWN_TOPIC_OR_PARTITION);
                     };
                     if let Err(code) = p.check_leader(rp.current_leader_epoch) {
+                        record_error(ApiKey::ListOffsets, code);
                         return resp.with_error_code(code);
                     }
                     match lookup(&p, rp.timestamp, req.isolation_level) {
@@ -87,7 +91,10 @@ pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> Li
                             .with_timestamp(ts)
                             .with_offset(off)
                             .with_leader_epoch(if version >= 4 { epoch } else { -1 }),
-                        Err(code) => resp.with_error_code(code),
+                        Err(code) => {
+                            record_error(ApiKey::ListOffsets, code);
+                            resp.with_error_code(code)
+                        }
                     }
                 })
                 .collect();

@@ -51,6 +51,10 @@ fn topic_entry(t: &TopicImage) -> MetadataResponseTopic {
 }
 
 fn error_entry(name: Option<&str>, topic_id: Uuid, code: i16) -> MetadataResponseTopic {
+    crate::observability::record_error(
+        gregor_protocol::kafka_protocol::messages::ApiKey::Metadata,
+        code,
+    );
     MetadataResponseTopic::default()
         .with_error_code(code)
         .with_name(name.map(|n| TopicName(sb(n))))

@@ -17,10 +17,12 @@ use tokio::sync::Notify;
 
 use super::sb;
 use crate::error_codes as ec;
+use crate::observability::{self, record_error, InFlight};
 use crate::replica_manager::Partition;
 use crate::server::{respond, Broker, Handled};
 
 fn partition_error(index: i32, code: i16, message: Option<String>) -> PartitionProduceResponse {
+    record_error(ApiKey::Produce, code);
     PartitionProduceResponse::default()
         .with_index(index)
         .with_error_code(code)
@@ -160,6 +162,7 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64);
     Handled::Deferred(Box::pin(async move {
+        let _delayed = InFlight::new(observability::DELAYED_PRODUCE_REQUESTS);
         let mut topics = topics;
         let deadline = tokio::time::Instant::now() + timeout;
         for (ti, pi, p, target) in pending {
@@ -176,6 +179,7 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
                     if p.high_watermark() < target {
                         let r = &mut topics[ti].partition_responses[pi];
                         r.error_code = ec::REQUEST_TIMED_OUT;
+                        record_error(ApiKey::Produce, ec::REQUEST_TIMED_OUT);
                     }
                     break;
                 }

@@ -54,6 +54,10 @@ fn publish(broker: &Arc<Broker>) -> Result<(), i16> {
 }
 
 fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult {
+    crate::observability::record_error(
+        gregor_protocol::kafka_protocol::messages::ApiKey::CreateTopics,
+        code,
+    );
     CreatableTopicResult::default()
         .with_name(name.clone())
         .with_error_code(code)

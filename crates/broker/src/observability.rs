@@ -1,0 +1,405 @@
+//! Metrics and the admin HTTP listener (`admin.listener`, default `127.0.0.1:9644`):
+//! `/metrics` in the Prometheus text format, `/health` (the process is up) and `/ready` (logs
+//! loaded, listeners accepting, metadata replayed).
+//!
+//! Metrics go through the `metrics` facade into `metrics-exporter-prometheus`; process metrics
+//! (RSS, CPU, open files) come from `metrics-process`. Units are in the names (`_bytes`,
+//! `_seconds`, `_total`). Hot-path handles (per-partition byte and record counters) are created
+//! once and kept, so the produce path does no registry lookups.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gregor_protocol::kafka_protocol::messages::ApiKey;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use metrics::{Counter, Gauge, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use parking_lot::RwLock;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::server::Broker;
+
+/// Requests received, by API and version.
+pub const REQUESTS_TOTAL: &str = "gregor_requests_total";
+/// Error codes returned, by API and Kafka error name (per partition where the API is
+/// partitioned).
+pub const REQUEST_ERRORS_TOTAL: &str = "gregor_request_errors_total";
+/// Time from a request's last byte read to its handler starting.
+pub const REQUEST_QUEUE_SECONDS: &str = "gregor_request_queue_seconds";
+/// Time spent in the handler's immediate part (validation, appends, first read).
+pub const REQUEST_PROCESSING_SECONDS: &str = "gregor_request_processing_seconds";
+/// Time a deferred request waited (acks=all for replication, fetch long poll).
+pub const REQUEST_REMOTE_SECONDS: &str = "gregor_request_remote_seconds";
+/// Time to write a response to the socket.
+pub const RESPONSE_SEND_SECONDS: &str = "gregor_response_send_seconds";
+/// Bytes of record batches appended, by topic.
+pub const TOPIC_BYTES_IN_TOTAL: &str = "gregor_topic_bytes_in_total";
+/// Records appended, by topic.
+pub const TOPIC_RECORDS_IN_TOTAL: &str = "gregor_topic_records_in_total";
+/// Bytes of record batches sent to consumers, by topic.
+pub const TOPIC_BYTES_OUT_TOTAL: &str = "gregor_topic_bytes_out_total";
+/// Records sent to consumers, by topic.
+pub const TOPIC_RECORDS_OUT_TOTAL: &str = "gregor_topic_records_out_total";
+/// Open client connections.
+pub const CONNECTIONS_ACTIVE: &str = "gregor_connections_active";
+/// Client connections accepted.
+pub const CONNECTIONS_OPENED_TOTAL: &str = "gregor_connections_opened_total";
+/// Produce requests waiting for the high watermark (acks=all).
+pub const DELAYED_PRODUCE_REQUESTS: &str = "gregor_delayed_produce_requests";
+/// Fetch requests waiting for data (long poll).
+pub const DELAYED_FETCH_REQUESTS: &str = "gregor_delayed_fetch_requests";
+/// Partitions hosted by this broker.
+pub const PARTITIONS: &str = "gregor_partitions";
+/// Partitions this broker leads.
+pub const LEADER_PARTITIONS: &str = "gregor_leader_partitions";
+/// Led partitions whose ISR is smaller than their replica set.
+pub const UNDER_REPLICATED_PARTITIONS: &str = "gregor_under_replicated_partitions";
+/// Size of a partition's log.
+pub const LOG_SIZE_BYTES: &str = "gregor_log_size_bytes";
+/// Segments of a partition's log.
+pub const LOG_SEGMENTS: &str = "gregor_log_segments";
+/// Log end offset of a partition.
+pub const LOG_END_OFFSET: &str = "gregor_log_end_offset";
+/// Log start offset of a partition.
+pub const LOG_START_OFFSET: &str = "gregor_log_start_offset";
+/// High watermark of a partition.
+pub const HIGH_WATERMARK: &str = "gregor_high_watermark";
+/// Seconds since the broker started.
+pub const UPTIME_SECONDS: &str = "gregor_uptime_seconds";
+/// 1 when the broker is ready (logs loaded, listeners up).
+pub const READY: &str = "gregor_ready";
+
+/// Latency buckets in seconds, from 50 µs to 30 s.
+const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The process-wide Prometheus recorder (installed once).
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS_SECONDS)
+            .map(|b| b.build_recorder())
+            .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            warn!("a metrics recorder was already installed; gregor's metrics will be empty");
+        }
+        describe();
+        metrics_process::Collector::default().describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(REQUESTS_TOTAL, "Requests received, by API and version.");
+    describe_counter!(
+        REQUEST_ERRORS_TOTAL,
+        "Error codes returned, by API and error."
+    );
+    describe_histogram!(
+        REQUEST_QUEUE_SECONDS,
+        Unit::Seconds,
+        "Request wait before its handler started."
+    );
+    describe_histogram!(
+        REQUEST_PROCESSING_SECONDS,
+        Unit::Seconds,
+        "Handler time, immediate part."
+    );
+    describe_histogram!(
+        REQUEST_REMOTE_SECONDS,
+        Unit::Seconds,
+        "Wait of deferred requests (acks=all, long poll)."
+    );
+    describe_histogram!(
+        RESPONSE_SEND_SECONDS,
+        Unit::Seconds,
+        "Time to write a response."
+    );
+    describe_counter!(
+        TOPIC_BYTES_IN_TOTAL,
+        Unit::Bytes,
+        "Record batch bytes appended."
+    );
+    describe_counter!(TOPIC_RECORDS_IN_TOTAL, "Records appended.");
+    describe_counter!(
+        TOPIC_BYTES_OUT_TOTAL,
+        Unit::Bytes,
+        "Record batch bytes fetched by consumers."
+    );
+    describe_counter!(TOPIC_RECORDS_OUT_TOTAL, "Records fetched by consumers.");
+    describe_gauge!(CONNECTIONS_ACTIVE, "Open client connections.");
+    describe_counter!(CONNECTIONS_OPENED_TOTAL, "Client connections accepted.");
+    describe_gauge!(
+        DELAYED_PRODUCE_REQUESTS,
+        "Produce requests waiting for the high watermark."
+    );
+    describe_gauge!(DELAYED_FETCH_REQUESTS, "Fetch requests waiting for data.");
+    describe_gauge!(PARTITIONS, "Partitions hosted by this broker.");
+    describe_gauge!(LEADER_PARTITIONS, "Partitions led by this broker.");
+    describe_gauge!(
+        UNDER_REPLICATED_PARTITIONS,
+        "Led partitions with ISR smaller than replicas."
+    );
+    describe_gauge!(LOG_SIZE_BYTES, Unit::Bytes, "Size of the partition's log.");
+    describe_gauge!(LOG_SEGMENTS, "Segments in the partition's log.");
+    describe_gauge!(LOG_END_OFFSET, "Log end offset.");
+    describe_gauge!(LOG_START_OFFSET, "Log start offset.");
+    describe_gauge!(HIGH_WATERMARK, "High watermark.");
+    describe_gauge!(UPTIME_SECONDS, Unit::Seconds, "Time since start-up.");
+    describe_gauge!(READY, "1 when the broker is ready to serve.");
+}
+
+/// Kafka's name of an API (`Produce`, `Fetch`, ...), for labels.
+pub fn api_name(api_key: ApiKey) -> &'static str {
+    static NAMES: OnceLock<HashMap<i16, &'static str>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            ApiKey::iter()
+                .map(|k| (k as i16, &*Box::leak(format!("{k:?}").into_boxed_str())))
+                .collect()
+        })
+        .get(&(api_key as i16))
+        .copied()
+        .unwrap_or("Unknown")
+}
+
+/// Kafka's name of an error code (`UnknownTopicOrPartition`, ...), for labels.
+pub fn error_name(code: i16) -> &'static str {
+    static NAMES: OnceLock<RwLock<HashMap<i16, &'static str>>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| RwLock::new(HashMap::new()));
+    if let Some(n) = names.read().get(&code) {
+        return n;
+    }
+    let name = gregor_protocol::kafka_protocol::error::ResponseError::try_from_code(code)
+        .map_or_else(|| "None".to_string(), |e| format!("{e:?}"));
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.write().insert(code, leaked);
+    leaked
+}
+
+/// Counts one error code returned by `api` (no-op for NONE).
+pub fn record_error(api_key: ApiKey, code: i16) {
+    if code != 0 {
+        metrics::counter!(REQUEST_ERRORS_TOTAL, "api" => api_name(api_key), "error" => error_name(code))
+            .increment(1);
+    }
+}
+
+/// Per-request metric handles, cached by (api key, version) so the request path does no
+/// registry lookups.
+pub struct RequestMetrics {
+    /// `gregor_requests_total{api,version}`.
+    pub requests: Counter,
+    /// `gregor_request_queue_seconds{api}`.
+    pub queue: Histogram,
+    /// `gregor_request_processing_seconds{api}`.
+    pub processing: Histogram,
+    /// `gregor_request_remote_seconds{api}`.
+    pub remote: Histogram,
+    /// `gregor_response_send_seconds{api}`.
+    pub send: Histogram,
+}
+
+/// The cached handles for one API and version.
+pub fn request_metrics(api_key: ApiKey, version: i16) -> Arc<RequestMetrics> {
+    static CACHE: OnceLock<RwLock<HashMap<(i16, i16), Arc<RequestMetrics>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| RwLock::new(HashMap::new()));
+    let key = (api_key as i16, version);
+    if let Some(m) = cache.read().get(&key) {
+        return m.clone();
+    }
+    let api = api_name(api_key);
+    let m = Arc::new(RequestMetrics {
+        requests: metrics::counter!(REQUESTS_TOTAL, "api" => api, "version" => version.to_string()),
+        queue: metrics::histogram!(REQUEST_QUEUE_SECONDS, "api" => api),
+        processing: metrics::histogram!(REQUEST_PROCESSING_SECONDS, "api" => api),
+        remote: metrics::histogram!(REQUEST_REMOTE_SECONDS, "api" => api),
+        send: metrics::histogram!(RESPONSE_SEND_SECONDS, "api" => api),
+    });
+    cache.write().insert(key, m.clone());
+    m
+}
+
+/// Byte and record counters of one topic, kept by each partition.
+#[derive(Clone)]
+pub struct TopicMetrics {
+    /// `gregor_topic_bytes_in_total{topic}`.
+    pub bytes_in: Counter,
+    /// `gregor_topic_records_in_total{topic}`.
+    pub records_in: Counter,
+    /// `gregor_topic_bytes_out_total{topic}`.
+    pub bytes_out: Counter,
+    /// `gregor_topic_records_out_total{topic}`.
+    pub records_out: Counter,
+}
+
+impl TopicMetrics {
+    /// Handles for `topic`.
+    pub fn new(topic: &str) -> Self {
+        let t = topic.to_string();
+        Self {
+            bytes_in: metrics::counter!(TOPIC_BYTES_IN_TOTAL, "topic" => t.clone()),
+            records_in: metrics::counter!(TOPIC_RECORDS_IN_TOTAL, "topic" => t.clone()),
+            bytes_out: metrics::counter!(TOPIC_BYTES_OUT_TOTAL, "topic" => t.clone()),
+            records_out: metrics::counter!(TOPIC_RECORDS_OUT_TOTAL, "topic" => t),
+        }
+    }
+}
+
+/// A gauge that is incremented now and decremented when dropped (in-flight counts).
+pub struct InFlight(Gauge);
+
+impl InFlight {
+    /// Increments `name`.
+    pub fn new(name: &'static str) -> Self {
+        let g = metrics::gauge!(name);
+        g.increment(1.0);
+        Self(g)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// State the admin listener reports on.
+#[derive(Default)]
+pub struct AdminState {
+    ready: AtomicBool,
+    broker: OnceLock<Arc<Broker>>,
+}
+
+impl AdminState {
+    /// Marks the broker ready (or not) for `/ready`.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+        metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
+    }
+
+    /// Attaches the running broker, whose partitions are reported at each scrape.
+    pub fn attach(&self, broker: Arc<Broker>) {
+        let _ = self.broker.set(broker);
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// Sets the per-partition and broker gauges from the current state. Called at each scrape,
+/// so gauges are exact when read and cost nothing in between.
+fn update_gauges(broker: &Broker) {
+    let partitions = broker.replica_manager.partitions();
+    let (mut leaders, mut under_replicated) = (0u64, 0u64);
+    for p in &partitions {
+        let state = p.state();
+        if p.is_leader() {
+            leaders += 1;
+            if state.isr.len() < state.replicas.len() {
+                under_replicated += 1;
+            }
+        }
+        let labels = [
+            ("topic", p.topic.clone()),
+            ("partition", p.index.to_string()),
+        ];
+        metrics::gauge!(LOG_SIZE_BYTES, &labels).set(p.log.size_in_bytes() as f64);
+        metrics::gauge!(LOG_SEGMENTS, &labels).set(p.log.num_segments() as f64);
+        metrics::gauge!(LOG_END_OFFSET, &labels).set(p.log.log_end_offset() as f64);
+        metrics::gauge!(LOG_START_OFFSET, &labels).set(p.log.log_start_offset() as f64);
+        metrics::gauge!(HIGH_WATERMARK, &labels).set(p.high_watermark() as f64);
+    }
+    metrics::gauge!(PARTITIONS).set(partitions.len() as f64);
+    metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);
+    metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
+    metrics::gauge!(UPTIME_SECONDS).set(broker.uptime().as_secs_f64());
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn route(
+    state: Arc<AdminState>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let plain = "text/plain; charset=utf-8";
+    Ok(match (req.method(), req.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => {
+            if let Some(b) = state.broker.get() {
+                update_gauges(b);
+            }
+            metrics_process::Collector::default().collect();
+            text(
+                StatusCode::OK,
+                handle().render(),
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+        }
+        (&hyper::Method::GET, "/health") => text(StatusCode::OK, "ok\n", plain),
+        (&hyper::Method::GET, "/ready") => {
+            if state.is_ready() {
+                text(StatusCode::OK, "ready\n", plain)
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", plain)
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /health or /ready\n",
+            plain,
+        ),
+    })
+}
+
+/// Serves the admin endpoints on `listener` until `shutdown` changes.
+pub async fn serve_admin(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "admin listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let svc = hyper::service::service_fn(move |req| route(state.clone(), req));
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
+                debug!(%peer, error = %e, "admin connection ended with an error");
+            }
+        });
+    }
+}

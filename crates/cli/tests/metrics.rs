@@ -1,0 +1,191 @@
+//! The admin listener: `/metrics` counters match a known produce and consume (done with
+//! librdkafka), `/health`, `/ready` before and after start-up, and the exposition passes
+//! Prometheus' own linter (`promtool check metrics`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use gregor_tests::Gregor;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Parses the Prometheus text format into `name{labels}` -> value (labels as written).
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn get(m: &BTreeMap<String, f64>, key: &str) -> Result<f64> {
+    m.get(key)
+        .copied()
+        .with_context(|| format!("metric {key} missing"))
+}
+
+fn sum_prefix(m: &BTreeMap<String, f64>, prefix: &str, contains: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.starts_with(prefix) && k.contains(contains))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn counters_match_a_known_produce_and_consume() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &bs).create()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(admin.create_topics(
+        &[NewTopic::new("m", 2, TopicReplication::Fixed(1))],
+        &AdminOptions::new(),
+    ))?;
+
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("linger.ms", "20")
+        .create()?;
+    for i in 0..100 {
+        let v = format!("{i:0>100}");
+        p.send(BaseRecord::<(), _>::to("m").partition(0).payload(&v))
+            .map_err(|(e, _)| e)?;
+    }
+    p.flush(TIMEOUT)?;
+
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("group.id", "unused")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("m", 0, Offset::Beginning)?;
+    c.assign(&tpl)?;
+    let mut got = 0;
+    let deadline = Instant::now() + TIMEOUT;
+    while got < 100 {
+        ensure!(Instant::now() < deadline, "consumed only {got}");
+        if let Some(m) = c.poll(Duration::from_millis(200)) {
+            m?;
+            got += 1;
+        }
+    }
+    // An invalid topic name: counted as an error of the Metadata API.
+    let _ = c.fetch_metadata(Some("bad/name"), Duration::from_secs(5));
+
+    let (status, body) = g.admin_get("/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let m = parse(&body);
+    ensure!(get(&m, "gregor_topic_records_in_total{topic=\"m\"}")? == 100.0);
+    let bytes_in = get(&m, "gregor_topic_bytes_in_total{topic=\"m\"}")?;
+    let log_size = sum_prefix(&m, "gregor_log_size_bytes", "topic=\"m\"");
+    ensure!(
+        bytes_in == log_size && bytes_in > 100.0 * 100.0,
+        "bytes in {bytes_in} vs log size {log_size}"
+    );
+    ensure!(get(&m, "gregor_topic_records_out_total{topic=\"m\"}")? == 100.0);
+    ensure!(get(&m, "gregor_topic_bytes_out_total{topic=\"m\"}")? == bytes_in);
+    ensure!(get(&m, "gregor_log_end_offset{topic=\"m\",partition=\"0\"}")? == 100.0);
+    ensure!(get(&m, "gregor_high_watermark{topic=\"m\",partition=\"0\"}")? == 100.0);
+    ensure!(get(&m, "gregor_log_end_offset{topic=\"m\",partition=\"1\"}")? == 0.0);
+    // Topic m plus __consumer_offsets, which the consumer's group.id brings into being.
+    let partitions = get(&m, "gregor_partitions")?;
+    ensure!(partitions >= 2.0, "{partitions} partitions");
+    ensure!(get(&m, "gregor_leader_partitions")? == partitions);
+    ensure!(get(&m, "gregor_under_replicated_partitions")? == 0.0);
+    ensure!(get(&m, "gregor_connections_active")? >= 2.0);
+    ensure!(sum_prefix(&m, "gregor_requests_total", "api=\"Produce\"") >= 1.0);
+    ensure!(sum_prefix(&m, "gregor_requests_total", "api=\"Fetch\"") >= 1.0);
+    ensure!(
+        sum_prefix(
+            &m,
+            "gregor_request_errors_total",
+            "error=\"InvalidTopicException\""
+        ) >= 1.0,
+        "invalid topic not counted"
+    );
+    ensure!(
+        sum_prefix(
+            &m,
+            "gregor_request_processing_seconds_count",
+            "api=\"Produce\""
+        ) >= 1.0
+    );
+    ensure!(m
+        .keys()
+        .any(|k| k.starts_with("process_resident_memory_bytes")));
+    ensure!(get(&m, "gregor_ready")? == 1.0);
+
+    ensure!(g.admin_get("/health")?.0 == 200);
+    ensure!(g.admin_get("/ready")?.0 == 200);
+    ensure!(g.admin_get("/nope")?.0 == 404);
+
+    // Prometheus' linter accepts the exposition.
+    let promtool = which_promtool().context(
+        "promtool not found: install Debian's `prometheus` package (cargo xtask test does)",
+    )?;
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("promtool stdin")?
+        .write_all(body.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn which_promtool() -> Option<String> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("promtool"))
+            .find(|p| p.is_file())
+            .map(|p| p.display().to_string())
+    })
+}
+
+#[test]
+fn ready_is_false_until_logs_are_loaded() -> Result<()> {
+    let mut g = Gregor::spawn_with_env(BIN, &[], &[("GREGOR_TEST_STARTUP_DELAY_MS", "1500")])?;
+    // The admin listener answers first: healthy, not ready.
+    let deadline = Instant::now() + TIMEOUT;
+    let mut saw_not_ready = false;
+    loop {
+        ensure!(Instant::now() < deadline, "admin listener never answered");
+        match g.admin_get("/ready") {
+            Ok((503, _)) => {
+                saw_not_ready = true;
+                ensure!(g.admin_get("/health")?.0 == 200);
+            }
+            Ok((200, _)) => break,
+            Ok((other, _)) => bail!("/ready answered {other}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    ensure!(saw_not_ready, "/ready was never 503 during start-up");
+    g.wait_ready()?;
+    Ok(())
+}
