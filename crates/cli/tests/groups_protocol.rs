@@ -1,0 +1,487 @@
+//! Group coordinator APIs over the raw protocol: the error codes Kafka returns for unknown
+//! members, wrong generations, JoinGroup v3 vs v4 with an empty member id (KIP-394), static
+//! member fencing (KIP-345), and a decodable response from every group API at every advertised
+//! version.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use anyhow::{bail, ensure, Context, Result};
+use bytes::{BufMut, Bytes, BytesMut};
+use gregor_tests::Gregor;
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::{
+    OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+
+struct Conn {
+    s: TcpStream,
+    correlation: i32,
+}
+
+fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+impl Conn {
+    fn call(&mut self, key: ApiKey, version: i16, req: &RequestKind) -> Result<ResponseKind> {
+        self.correlation += 1;
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(sb("groups-test")))
+            .encode(&mut buf, key.request_header_version(version))?;
+        req.encode(&mut buf, version)
+            .with_context(|| format!("encoding {key:?} v{version}"))?;
+        self.s.write_all(&(buf.len() as i32).to_be_bytes())?;
+        self.s.write_all(&buf)?;
+        let mut len = [0u8; 4];
+        self.s
+            .read_exact(&mut len)
+            .with_context(|| format!("no response to {key:?} v{version}"))?;
+        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.s.read_exact(&mut body)?;
+        let mut b = Bytes::from(body);
+        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
+        ensure!(
+            h.correlation_id == self.correlation,
+            "{key:?} v{version}: correlation id"
+        );
+        let resp = ResponseKind::decode(key, &mut b, version)
+            .with_context(|| format!("decoding {key:?} v{version}"))?;
+        ensure!(b.is_empty(), "{key:?} v{version}: trailing bytes");
+        Ok(resp)
+    }
+}
+
+fn connect(g: &Gregor) -> Result<Conn> {
+    let s = TcpStream::connect(g.bootstrap())?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    Ok(Conn { s, correlation: 0 })
+}
+
+fn subscription() -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_i16(0);
+    b.put_i32(1);
+    b.put_i16(1);
+    b.put_slice(b"t");
+    b.put_i32(-1);
+    b.freeze()
+}
+
+fn join_req(group: &str, member: &str, instance: Option<&str>) -> JoinGroupRequest {
+    JoinGroupRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_session_timeout_ms(10_000)
+        .with_rebalance_timeout_ms(10_000)
+        .with_member_id(sb(member))
+        .with_group_instance_id(instance.map(sb))
+        .with_protocol_type(sb("consumer"))
+        .with_protocols(vec![JoinGroupRequestProtocol::default()
+            .with_name(sb("range"))
+            .with_metadata(subscription())])
+}
+
+fn join(c: &mut Conn, v: i16, r: JoinGroupRequest) -> Result<JoinGroupResponse> {
+    match c.call(ApiKey::JoinGroup, v, &r.into())? {
+        ResponseKind::JoinGroup(r) => Ok(r),
+        o => bail!("{o:?}"),
+    }
+}
+
+fn sync(
+    c: &mut Conn,
+    v: i16,
+    group: &str,
+    gen: i32,
+    member: &str,
+    instance: Option<&str>,
+    assign: bool,
+) -> Result<SyncGroupResponse> {
+    let mut r = SyncGroupRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_generation_id(gen)
+        .with_member_id(sb(member))
+        .with_group_instance_id(instance.map(sb));
+    if assign {
+        r.assignments = vec![sync_group_request::SyncGroupRequestAssignment::default()
+            .with_member_id(sb(member))
+            .with_assignment(Bytes::from_static(b"assignment"))];
+    }
+    match c.call(ApiKey::SyncGroup, v, &r.into())? {
+        ResponseKind::SyncGroup(r) => Ok(r),
+        o => bail!("{o:?}"),
+    }
+}
+
+fn heartbeat(
+    c: &mut Conn,
+    group: &str,
+    gen: i32,
+    member: &str,
+    instance: Option<&str>,
+) -> Result<i16> {
+    let r = HeartbeatRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_generation_id(gen)
+        .with_member_id(sb(member))
+        .with_group_instance_id(instance.map(sb));
+    match c.call(ApiKey::Heartbeat, 4, &r.into())? {
+        ResponseKind::Heartbeat(r) => Ok(r.error_code),
+        o => bail!("{o:?}"),
+    }
+}
+
+fn commit(c: &mut Conn, v: i16, group: &str, gen: i32, member: &str, offset: i64) -> Result<i16> {
+    let r = OffsetCommitRequest::default()
+        .with_group_id(GroupId(sb(group)))
+        .with_generation_id_or_member_epoch(gen)
+        .with_member_id(sb(member))
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(sb("t")))
+            .with_partitions(vec![OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(offset)])]);
+    match c.call(ApiKey::OffsetCommit, v, &r.into())? {
+        ResponseKind::OffsetCommit(r) => Ok(r.topics[0].partitions[0].error_code),
+        o => bail!("{o:?}"),
+    }
+}
+
+fn find(c: &mut Conn, group: &str) -> Result<()> {
+    let r = FindCoordinatorRequest::default().with_key(sb(group));
+    match c.call(ApiKey::FindCoordinator, 3, &r.into())? {
+        ResponseKind::FindCoordinator(r) => {
+            ensure!(r.error_code == 0);
+            Ok(())
+        }
+        o => bail!("{o:?}"),
+    }
+}
+
+#[test]
+fn classic_protocol_errors_are_kafkas() -> Result<()> {
+    let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
+    let mut c = connect(&g)?;
+    find(&mut c, "g")?;
+    // Unknown group, known member id: UNKNOWN_MEMBER_ID.
+    ensure!(join(&mut c, 5, join_req("g", "nobody", None))?.error_code == 25);
+    // v3: an empty member id joins at once.
+    let r = join(&mut c, 3, join_req("g3", "", None))?;
+    ensure!(r.error_code == 0 && r.generation_id == 1, "v3 join: {r:?}");
+    ensure!(r.leader == r.member_id);
+    // v4: MEMBER_ID_REQUIRED with the id to use, then the join succeeds.
+    let r = join(&mut c, 4, join_req("g", "", None))?;
+    ensure!(r.error_code == 79, "v4 join: {}", r.error_code);
+    let member = r.member_id.to_string();
+    ensure!(member.starts_with("groups-test-"));
+    let r = join(&mut c, 4, join_req("g", &member, None))?;
+    ensure!(r.error_code == 0 && r.generation_id == 1 && r.members.len() == 1);
+    // Sync: unknown member, wrong generation, then the leader's assignment.
+    ensure!(sync(&mut c, 3, "g", 1, "nobody", None, false)?.error_code == 25);
+    ensure!(sync(&mut c, 3, "g", 7, &member, None, false)?.error_code == 22);
+    let s = sync(&mut c, 3, "g", 1, &member, None, true)?;
+    ensure!(s.error_code == 0 && &s.assignment[..] == b"assignment");
+    // Heartbeat errors.
+    ensure!(heartbeat(&mut c, "g", 1, &member, None)? == 0);
+    ensure!(heartbeat(&mut c, "g", 2, &member, None)? == 22);
+    ensure!(heartbeat(&mut c, "g", 1, "nobody", None)? == 25);
+    ensure!(heartbeat(&mut c, "nogroup", 1, "x", None)? == 25);
+    // OffsetCommit: generation checks; a simple commit only in an empty group.
+    ensure!(commit(&mut c, 8, "g", 1, &member, 5)? == 0);
+    ensure!(commit(&mut c, 8, "g", 2, &member, 5)? == 22);
+    ensure!(commit(&mut c, 8, "g", 1, "nobody", 5)? == 25);
+    ensure!(
+        commit(&mut c, 8, "g", -1, "", 5)? == 25,
+        "simple commit into a live group"
+    );
+    ensure!(commit(&mut c, 8, "simple", -1, "", 9)? == 0);
+    ensure!(
+        commit(&mut c, 8, "missing", 3, "m", 9)? == 22,
+        "v8 unknown group"
+    );
+    ensure!(
+        commit(&mut c, 9, "missing", 3, "m", 9)? == 69,
+        "v9 unknown group"
+    );
+    // OffsetFetch: committed and missing partitions, several groups at v8.
+    let f = OffsetFetchRequest::default().with_groups(vec![
+        OffsetFetchRequestGroup::default()
+            .with_group_id(GroupId(sb("g")))
+            .with_topics(Some(vec![OffsetFetchRequestTopics::default()
+                .with_name(TopicName(sb("t")))
+                .with_partition_indexes(vec![0, 1])])),
+        OffsetFetchRequestGroup::default()
+            .with_group_id(GroupId(sb("simple")))
+            .with_topics(None),
+    ]);
+    let ResponseKind::OffsetFetch(f) = c.call(ApiKey::OffsetFetch, 8, &f.into())? else {
+        bail!("not an OffsetFetch response")
+    };
+    let p = &f.groups[0].topics[0].partitions;
+    ensure!(
+        p[0].committed_offset == 5 && p[1].committed_offset == -1,
+        "{p:?}"
+    );
+    ensure!(f.groups[1].topics[0].partitions[0].committed_offset == 9);
+    let f = OffsetFetchRequest::default()
+        .with_group_id(GroupId(sb("g")))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+            .with_name(TopicName(sb("t")))
+            .with_partition_indexes(vec![0])]));
+    let ResponseKind::OffsetFetch(f) = c.call(ApiKey::OffsetFetch, 5, &f.into())? else {
+        bail!("not an OffsetFetch response")
+    };
+    ensure!(f.topics[0].partitions[0].committed_offset == 5);
+    // DeleteGroups: live group is NON_EMPTY_GROUP, missing is GROUP_ID_NOT_FOUND.
+    let d = DeleteGroupsRequest::default().with_groups_names(vec![
+        GroupId(sb("g")),
+        GroupId(sb("missing")),
+        GroupId(sb("simple")),
+    ]);
+    let ResponseKind::DeleteGroups(d) = c.call(ApiKey::DeleteGroups, 2, &d.into())? else {
+        bail!("not a DeleteGroups response")
+    };
+    let codes: Vec<i16> = d.results.iter().map(|r| r.error_code).collect();
+    ensure!(codes == vec![68, 69, 0], "{codes:?}");
+    // LeaveGroup v3 batch: the member leaves; an unknown one is UNKNOWN_MEMBER_ID.
+    let l = LeaveGroupRequest::default()
+        .with_group_id(GroupId(sb("g")))
+        .with_members(vec![
+            leave_group_request::MemberIdentity::default().with_member_id(sb(&member)),
+            leave_group_request::MemberIdentity::default().with_member_id(sb("nobody")),
+        ]);
+    let ResponseKind::LeaveGroup(l) = c.call(ApiKey::LeaveGroup, 3, &l.into())? else {
+        bail!("not a LeaveGroup response")
+    };
+    ensure!(l.error_code == 0 && l.members[0].error_code == 0 && l.members[1].error_code == 25);
+    // The group is Empty now; ListGroups with a state filter finds it.
+    let lg = ListGroupsRequest::default().with_states_filter(vec![sb("empty")]);
+    let ResponseKind::ListGroups(lg) = c.call(ApiKey::ListGroups, 4, &lg.into())? else {
+        bail!("not a ListGroups response")
+    };
+    ensure!(lg
+        .groups
+        .iter()
+        .any(|x| &*x.group_id == "g" && &*x.group_state == "Empty"));
+    Ok(())
+}
+
+#[test]
+fn static_member_fencing() -> Result<()> {
+    let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
+    let mut c = connect(&g)?;
+    find(&mut c, "s")?;
+    let r = join(&mut c, 5, join_req("s", "", Some("i1")))?;
+    ensure!(r.error_code == 0 && r.generation_id == 1, "{r:?}");
+    let old = r.member_id.to_string();
+    ensure!(sync(&mut c, 5, "s", 1, &old, Some("i1"), true)?.error_code == 0);
+    // The same instance rejoins with an empty member id: new id, same generation, no
+    // rebalance; the leader is told to skip the assignment (v9).
+    let r = join(&mut c, 9, join_req("s", "", Some("i1")))?;
+    ensure!(r.error_code == 0 && r.generation_id == 1, "{r:?}");
+    ensure!(r.skip_assignment);
+    let new = r.member_id.to_string();
+    ensure!(new != old);
+    // The old member id is fenced everywhere.
+    ensure!(heartbeat(&mut c, "s", 1, &old, Some("i1"))? == 82);
+    ensure!(sync(&mut c, 5, "s", 1, &old, Some("i1"), false)?.error_code == 82);
+    ensure!(join(&mut c, 5, join_req("s", &old, Some("i1")))?.error_code == 82);
+    ensure!(heartbeat(&mut c, "s", 1, &new, Some("i1"))? == 0);
+    // Unknown instance id: UNKNOWN_MEMBER_ID.
+    ensure!(heartbeat(&mut c, "s", 1, &new, Some("other"))? == 25);
+    Ok(())
+}
+
+fn request_for(key: ApiKey, v: i16) -> RequestKind {
+    let gid = GroupId(sb("vg"));
+    match key {
+        ApiKey::FindCoordinator => FindCoordinatorRequest::default()
+            .with_key(if v < 4 { sb("vg") } else { sb("") })
+            .with_coordinator_keys(if v >= 4 {
+                vec![sb("vg"), sb("vg2")]
+            } else {
+                vec![]
+            })
+            .into(),
+        ApiKey::JoinGroup => join_req(&format!("vg-join-{v}"), "", None)
+            .with_group_instance_id(None)
+            .into(),
+        ApiKey::SyncGroup => SyncGroupRequest::default()
+            .with_group_id(gid)
+            .with_member_id(sb("m"))
+            .into(),
+        ApiKey::Heartbeat => HeartbeatRequest::default()
+            .with_group_id(gid)
+            .with_member_id(sb("m"))
+            .into(),
+        ApiKey::LeaveGroup => {
+            let r = LeaveGroupRequest::default().with_group_id(gid);
+            if v >= 3 {
+                r.with_members(vec![
+                    leave_group_request::MemberIdentity::default().with_member_id(sb("m"))
+                ])
+                .into()
+            } else {
+                r.with_member_id(sb("m")).into()
+            }
+        }
+        ApiKey::OffsetCommit => OffsetCommitRequest::default()
+            .with_group_id(gid)
+            .with_generation_id_or_member_epoch(-1)
+            .with_topics(vec![OffsetCommitRequestTopic::default()
+                .with_name(TopicName(sb("t")))
+                .with_partitions(vec![
+                    OffsetCommitRequestPartition::default().with_committed_offset(1)
+                ])])
+            .into(),
+        ApiKey::OffsetFetch => {
+            if v >= 8 {
+                OffsetFetchRequest::default()
+                    .with_groups(vec![OffsetFetchRequestGroup::default().with_group_id(gid)])
+                    .into()
+            } else {
+                OffsetFetchRequest::default()
+                    .with_group_id(gid)
+                    .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+                        .with_name(TopicName(sb("t")))
+                        .with_partition_indexes(vec![0])]))
+                    .into()
+            }
+        }
+        ApiKey::DescribeGroups => DescribeGroupsRequest::default()
+            .with_groups(vec![gid, GroupId(sb("absent"))])
+            .into(),
+        ApiKey::ListGroups => ListGroupsRequest::default().into(),
+        ApiKey::DeleteGroups => DeleteGroupsRequest::default()
+            .with_groups_names(vec![GroupId(sb("absent"))])
+            .into(),
+        ApiKey::OffsetDelete => OffsetDeleteRequest::default()
+            .with_group_id(gid)
+            .with_topics(vec![
+                offset_delete_request::OffsetDeleteRequestTopic::default()
+                    .with_name(TopicName(sb("t")))
+                    .with_partitions(vec![
+                        offset_delete_request::OffsetDeleteRequestPartition::default(),
+                    ]),
+            ])
+            .into(),
+        ApiKey::ConsumerGroupHeartbeat => ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(sb("cg")))
+            .with_member_id(sb("member-1"))
+            .with_member_epoch(0)
+            .with_rebalance_timeout_ms(30_000)
+            .with_subscribed_topic_names(Some(vec![TopicName(sb("t"))]))
+            .with_topic_partitions(Some(vec![]))
+            .into(),
+        ApiKey::ConsumerGroupDescribe => ConsumerGroupDescribeRequest::default()
+            .with_group_ids(vec![GroupId(sb("cg")), gid])
+            .into(),
+        _ => unreachable!(),
+    }
+}
+
+fn advertised(c: &mut Conn) -> Result<Vec<(ApiKey, i16, i16)>> {
+    let ResponseKind::ApiVersions(r) = c.call(
+        ApiKey::ApiVersions,
+        3,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(sb("t"))
+            .with_client_software_version(sb("1"))
+            .into(),
+    )?
+    else {
+        bail!("not ApiVersions")
+    };
+    Ok(r.api_keys
+        .iter()
+        .filter_map(|k| {
+            ApiKey::try_from(k.api_key)
+                .ok()
+                .map(|a| (a, k.min_version, k.max_version))
+        })
+        .collect())
+}
+
+#[test]
+fn every_group_api_at_every_advertised_version() -> Result<()> {
+    let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
+    let mut c = connect(&g)?;
+    let keys = [
+        ApiKey::FindCoordinator,
+        ApiKey::JoinGroup,
+        ApiKey::SyncGroup,
+        ApiKey::Heartbeat,
+        ApiKey::LeaveGroup,
+        ApiKey::OffsetCommit,
+        ApiKey::OffsetFetch,
+        ApiKey::DescribeGroups,
+        ApiKey::ListGroups,
+        ApiKey::DeleteGroups,
+        ApiKey::OffsetDelete,
+        ApiKey::ConsumerGroupHeartbeat,
+        ApiKey::ConsumerGroupDescribe,
+    ];
+    let adv = advertised(&mut c)?;
+    find(&mut c, "vg")?;
+    for key in keys {
+        let Some((_, min, max)) = adv.iter().find(|(k, _, _)| *k == key).copied() else {
+            bail!("{key:?} not advertised");
+        };
+        for v in min..=max {
+            // JoinGroup from v4 answers MEMBER_ID_REQUIRED first; v0-3 joins complete.
+            let resp = c.call(key, v, &request_for(key, v))?;
+            if let ResponseKind::FindCoordinator(r) = &resp {
+                if v >= 4 {
+                    ensure!(
+                        r.coordinators.len() == 2
+                            && r.coordinators.iter().all(|x| x.error_code == 0),
+                        "v{v}: {r:?}"
+                    );
+                } else {
+                    ensure!(r.error_code == 0 && r.port > 0, "v{v}: {r:?}");
+                }
+            }
+            if let ResponseKind::DescribeGroups(r) = &resp {
+                let absent = &r.groups[1];
+                ensure!(absent.group_state.as_str() == "Dead");
+                ensure!(
+                    absent.error_code == if v >= 6 { 69 } else { 0 },
+                    "DescribeGroups v{v}: {absent:?}"
+                );
+            }
+        }
+    }
+    // Transaction coordinators are not available yet.
+    let r = FindCoordinatorRequest::default()
+        .with_key(sb("tx"))
+        .with_key_type(1);
+    let ResponseKind::FindCoordinator(r) = c.call(ApiKey::FindCoordinator, 3, &r.into())? else {
+        bail!("not FindCoordinator")
+    };
+    ensure!(r.error_code == 15);
+    // ListGroups v5 tells the classic and the consumer group apart.
+    let ResponseKind::ListGroups(lg) = c.call(
+        ApiKey::ListGroups,
+        5,
+        &ListGroupsRequest::default()
+            .with_types_filter(vec![sb("consumer")])
+            .into(),
+    )?
+    else {
+        bail!("not ListGroups")
+    };
+    ensure!(lg.groups.iter().all(|x| &*x.group_type == "consumer"));
+    ensure!(lg.groups.iter().any(|x| &*x.group_id == "cg"), "{lg:?}");
+    Ok(())
+}
