@@ -61,3 +61,47 @@ pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 pub const INVALID_RECORD: i16 = 87;
 /// FETCH_SESSION_ID_NOT_FOUND.
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
+/// OFFSET_METADATA_TOO_LARGE (group coordinator).
+pub const OFFSET_METADATA_TOO_LARGE: i16 = 12;
+/// COORDINATOR_LOAD_IN_PROGRESS (group coordinator).
+pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+/// NOT_COORDINATOR (group coordinator).
+pub const NOT_COORDINATOR: i16 = 16;
+/// RECORD_LIST_TOO_LARGE (group coordinator).
+pub const RECORD_LIST_TOO_LARGE: i16 = 18;
+/// ILLEGAL_GENERATION (group coordinator).
+pub const ILLEGAL_GENERATION: i16 = 22;
+/// INCONSISTENT_GROUP_PROTOCOL (group coordinator).
+pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+/// INVALID_GROUP_ID (group coordinator).
+pub const INVALID_GROUP_ID: i16 = 24;
+/// UNKNOWN_MEMBER_ID (group coordinator).
+pub const UNKNOWN_MEMBER_ID: i16 = 25;
+/// INVALID_SESSION_TIMEOUT (group coordinator).
+pub const INVALID_SESSION_TIMEOUT: i16 = 26;
+/// REBALANCE_IN_PROGRESS (group coordinator).
+pub const REBALANCE_IN_PROGRESS: i16 = 27;
+/// INVALID_COMMIT_OFFSET_SIZE (group coordinator).
+pub const INVALID_COMMIT_OFFSET_SIZE: i16 = 28;
+/// NON_EMPTY_GROUP (group coordinator).
+pub const NON_EMPTY_GROUP: i16 = 68;
+/// GROUP_ID_NOT_FOUND (group coordinator).
+pub const GROUP_ID_NOT_FOUND: i16 = 69;
+/// MEMBER_ID_REQUIRED (group coordinator).
+pub const MEMBER_ID_REQUIRED: i16 = 79;
+/// GROUP_MAX_SIZE_REACHED (group coordinator).
+pub const GROUP_MAX_SIZE_REACHED: i16 = 81;
+/// FENCED_INSTANCE_ID (group coordinator).
+pub const FENCED_INSTANCE_ID: i16 = 82;
+/// GROUP_SUBSCRIBED_TO_TOPIC (group coordinator).
+pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
+/// UNSTABLE_OFFSET_COMMIT (group coordinator).
+pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+/// FENCED_MEMBER_EPOCH (group coordinator).
+pub const FENCED_MEMBER_EPOCH: i16 = 110;
+/// UNRELEASED_INSTANCE_ID (group coordinator).
+pub const UNRELEASED_INSTANCE_ID: i16 = 111;
+/// UNSUPPORTED_ASSIGNOR (group coordinator).
+pub const UNSUPPORTED_ASSIGNOR: i16 = 112;
+/// STALE_MEMBER_EPOCH (group coordinator).
+pub const STALE_MEMBER_EPOCH: i16 = 113;

@@ -5,7 +5,9 @@
 
 pub mod api_versions;
 pub mod configs;
+pub mod consumer_group;
 pub mod fetch;
+pub mod groups;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
@@ -36,6 +38,19 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::DescribeConfigs,
     ApiKey::CreatePartitions,
     ApiKey::DescribeCluster,
+    ApiKey::FindCoordinator,
+    ApiKey::JoinGroup,
+    ApiKey::SyncGroup,
+    ApiKey::Heartbeat,
+    ApiKey::LeaveGroup,
+    ApiKey::OffsetCommit,
+    ApiKey::OffsetFetch,
+    ApiKey::DescribeGroups,
+    ApiKey::ListGroups,
+    ApiKey::DeleteGroups,
+    ApiKey::OffsetDelete,
+    ApiKey::ConsumerGroupHeartbeat,
+    ApiKey::ConsumerGroupDescribe,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -85,6 +100,58 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::DescribeCluster => (
             DescribeClusterRequest::default().into(),
             DescribeClusterResponse::default().into(),
+        ),
+        ApiKey::FindCoordinator => (
+            FindCoordinatorRequest::default().into(),
+            FindCoordinatorResponse::default().into(),
+        ),
+        ApiKey::JoinGroup => (
+            JoinGroupRequest::default().into(),
+            JoinGroupResponse::default().into(),
+        ),
+        ApiKey::SyncGroup => (
+            SyncGroupRequest::default().into(),
+            SyncGroupResponse::default().into(),
+        ),
+        ApiKey::Heartbeat => (
+            HeartbeatRequest::default().into(),
+            HeartbeatResponse::default().into(),
+        ),
+        ApiKey::LeaveGroup => (
+            LeaveGroupRequest::default().into(),
+            LeaveGroupResponse::default().into(),
+        ),
+        ApiKey::OffsetCommit => (
+            OffsetCommitRequest::default().into(),
+            OffsetCommitResponse::default().into(),
+        ),
+        ApiKey::OffsetFetch => (
+            OffsetFetchRequest::default().into(),
+            OffsetFetchResponse::default().into(),
+        ),
+        ApiKey::DescribeGroups => (
+            DescribeGroupsRequest::default().into(),
+            DescribeGroupsResponse::default().into(),
+        ),
+        ApiKey::ListGroups => (
+            ListGroupsRequest::default().into(),
+            ListGroupsResponse::default().into(),
+        ),
+        ApiKey::DeleteGroups => (
+            DeleteGroupsRequest::default().into(),
+            DeleteGroupsResponse::default().into(),
+        ),
+        ApiKey::OffsetDelete => (
+            OffsetDeleteRequest::default().into(),
+            OffsetDeleteResponse::default().into(),
+        ),
+        ApiKey::ConsumerGroupHeartbeat => (
+            ConsumerGroupHeartbeatRequest::default().into(),
+            ConsumerGroupHeartbeatResponse::default().into(),
+        ),
+        ApiKey::ConsumerGroupDescribe => (
+            ConsumerGroupDescribeRequest::default().into(),
+            ConsumerGroupDescribeResponse::default().into(),
         ),
         _ => return None,
     })
@@ -141,6 +208,23 @@ pub async fn handle(
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).into()),
         RequestKind::Produce(r) => produce::handle(broker, header.clone(), r),
         RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r),
+        RequestKind::FindCoordinator(r) => ready(groups::find_coordinator(broker, &r, v).into()),
+        RequestKind::JoinGroup(r) => groups::join_group(broker, header, r),
+        RequestKind::SyncGroup(r) => groups::sync_group(broker, header, r),
+        RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, &r, v).into()),
+        RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, &r, v).into()),
+        RequestKind::OffsetCommit(r) => ready(groups::offset_commit(broker, &r, v).into()),
+        RequestKind::OffsetFetch(r) => ready(groups::offset_fetch(broker, &r, v).into()),
+        RequestKind::DescribeGroups(r) => ready(groups::describe_groups(broker, &r, v).into()),
+        RequestKind::ListGroups(r) => ready(groups::list_groups(broker, &r, v).into()),
+        RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, &r, v).into()),
+        RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, &r, v).into()),
+        RequestKind::ConsumerGroupHeartbeat(r) => {
+            ready(consumer_group::heartbeat(broker, header, &r).into())
+        }
+        RequestKind::ConsumerGroupDescribe(r) => {
+            ready(consumer_group::describe(broker, &r, v).into())
+        }
         other => {
             // decode_request only lets through versions of implemented APIs.
             tracing::error!(
