@@ -105,3 +105,5 @@ pub const UNRELEASED_INSTANCE_ID: i16 = 111;
 pub const UNSUPPORTED_ASSIGNOR: i16 = 112;
 /// STALE_MEMBER_EPOCH (group coordinator).
 pub const STALE_MEMBER_EPOCH: i16 = 113;
+/// POLICY_VIOLATION.
+pub const POLICY_VIOLATION: i16 = 44;

@@ -537,6 +537,10 @@ impl LogCleaner {
     }
 }
 
+/// A batch kept by [`filter_batch`]: rebuilt bytes (`None`: copy the original), records kept,
+/// whether tombstones are among them.
+type Retained = (Option<Vec<u8>>, u64, bool);
+
 /// What to write for one batch: `None` to drop it; `Some((None, n, t))` to copy it unchanged
 /// (`n` records, `t`: tombstones among them); `Some((Some(bytes), n, t))` to write a rebuilt
 /// batch.
@@ -548,7 +552,7 @@ fn filter_batch(
     round_end: i64,
     now_ms: i64,
     delete_retention_ms: i64,
-) -> std::result::Result<Option<(Option<Vec<u8>>, u64, bool)>, String> {
+) -> std::result::Result<Option<Retained>, String> {
     if h.is_control() {
         // Transaction markers are kept (gregor has no transactions yet to complete them).
         return Ok(Some((None, 0, false)));

@@ -1,5 +1,11 @@
-//! DescribeConfigs (key 32), <https://kafka.apache.org/protocol#The_Messages_DescribeConfigs>,
-//! KIP-133 (sources and synonyms) and KIP-226 (config types and documentation, v3+).
+//! DescribeConfigs (key 32), AlterConfigs (key 33) and IncrementalAlterConfigs (key 44):
+//! <https://kafka.apache.org/protocol#The_Messages_DescribeConfigs>, KIP-133 (sources and
+//! synonyms), KIP-226 (dynamic broker configs; config types and documentation, v3+), KIP-339
+//! (IncrementalAlterConfigs: SET, DELETE, APPEND, SUBTRACT).
+//!
+//! Changes are validated here (Kafka's names, types, ranges and allowed values; only dynamic
+//! broker configs may change at run time), committed as `ConfigRecord`s through
+//! `Controller::alter_configs`, then applied to the logs by `Broker::publish_metadata`.
 
 use std::sync::Arc;
 
@@ -10,7 +16,7 @@ use gregor_protocol::kafka_protocol::messages::{DescribeConfigsRequest, Describe
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
 
 use super::sb;
-use crate::config::{ConfigSource, TopicConfigs};
+use crate::config::{ConfigSource, ConfigType, TopicConfigs};
 use crate::error_codes as ec;
 use crate::server::Broker;
 
@@ -51,7 +57,8 @@ pub fn describe_configs(
                     continue;
                 }
                 let overrides = super::topics::topic_overrides(broker, &name);
-                let resolved = TopicConfigs::resolve(&broker.config, &overrides);
+                let dynamic = broker.replica_manager.dynamic_configs();
+                let resolved = TopicConfigs::resolve_dynamic(&broker.config, &dynamic, &overrides);
                 for (def, value, source) in &resolved.entries {
                     if !wanted(&res.configuration_keys, def.name) {
                         continue;
@@ -67,13 +74,26 @@ pub fn describe_configs(
                             );
                         }
                         if let Some(syn) = def.broker_synonym {
-                            let (bv, bs) = broker.config.topic_default(def);
-                            if bs == ConfigSource::StaticBroker {
+                            for (sv, ss) in [
+                                dynamic
+                                    .per_broker
+                                    .get(syn)
+                                    .map(|v| (v.clone(), ConfigSource::DynamicBroker)),
+                                dynamic
+                                    .cluster_default
+                                    .get(syn)
+                                    .map(|v| (v.clone(), ConfigSource::DynamicDefaultBroker)),
+                                Some(broker.config.topic_default(def))
+                                    .filter(|(_, s)| *s == ConfigSource::StaticBroker),
+                            ]
+                            .into_iter()
+                            .flatten()
+                            {
                                 synonyms.push(
                                     DescribeConfigsSynonym::default()
                                         .with_name(sb(syn))
-                                        .with_value(Some(sb(&bv)))
-                                        .with_source(bs.code()),
+                                        .with_value(Some(sb(&sv)))
+                                        .with_source(ss.code()),
                                 );
                             }
                         }
@@ -114,20 +134,64 @@ pub fn describe_configs(
                     results.push(r);
                     continue;
                 }
+                let dynamic = broker.replica_manager.dynamic_configs();
+                let synonym = |n: &str, v: &str, s: ConfigSource| {
+                    DescribeConfigsSynonym::default()
+                        .with_name(sb(n))
+                        .with_value(Some(sb(v)))
+                        .with_source(s.code())
+                };
+                if name.is_empty() {
+                    // The cluster-default resource lists only the dynamic defaults, as Kafka.
+                    for (cname, value) in &dynamic.cluster_default {
+                        if !wanted(&res.configuration_keys, cname) {
+                            continue;
+                        }
+                        let ty = crate::config::broker_config_type(cname)
+                            .map_or(ConfigType::String, |(t, _)| t);
+                        r.configs.push(
+                            DescribeConfigsResourceResult::default()
+                                .with_name(sb(cname))
+                                .with_value(Some(sb(value)))
+                                .with_read_only(false)
+                                .with_config_source(ConfigSource::DynamicDefaultBroker.code())
+                                .with_is_sensitive(false)
+                                .with_synonyms(if req.include_synonyms {
+                                    vec![synonym(cname, value, ConfigSource::DynamicDefaultBroker)]
+                                } else {
+                                    vec![]
+                                })
+                                .with_config_type(if version >= 3 { ty.code() } else { 0 }),
+                        );
+                    }
+                    results.push(r);
+                    continue;
+                }
                 for (cname, value, source, ty) in broker.config.describe() {
                     if !wanted(&res.configuration_keys, &cname) {
                         continue;
                     }
-                    // Cluster-default resources ("") only list dynamic defaults; gregor has
-                    // none yet, so they are empty, as on a fresh Kafka cluster.
-                    if name.is_empty() {
-                        continue;
-                    }
+                    let (value, source) = match dynamic.get(&cname) {
+                        Some((v, s)) => (Some(v.to_string()), s),
+                        None => (value, source),
+                    };
                     let synonyms = if req.include_synonyms {
-                        vec![DescribeConfigsSynonym::default()
-                            .with_name(sb(&cname))
-                            .with_value(value.as_deref().map(sb))
-                            .with_source(source.code())]
+                        let mut out = Vec::new();
+                        if let Some(v) = dynamic.per_broker.get(&cname) {
+                            out.push(synonym(&cname, v, ConfigSource::DynamicBroker));
+                        }
+                        if let Some(v) = dynamic.cluster_default.get(&cname) {
+                            out.push(synonym(&cname, v, ConfigSource::DynamicDefaultBroker));
+                        }
+                        if let Some(v) = broker.config.raw.get(&cname) {
+                            out.push(synonym(&cname, v, ConfigSource::StaticBroker));
+                        }
+                        if let Some((_, d)) = crate::config::broker_config_type(&cname) {
+                            if !d.is_empty() {
+                                out.push(synonym(&cname, d, ConfigSource::Default));
+                            }
+                        }
+                        out
                     } else {
                         vec![]
                     };
@@ -135,7 +199,7 @@ pub fn describe_configs(
                         DescribeConfigsResourceResult::default()
                             .with_name(sb(&cname))
                             .with_value(value.as_deref().map(sb))
-                            .with_read_only(true)
+                            .with_read_only(!crate::config::is_dynamic_broker_config(&cname))
                             .with_config_source(source.code())
                             .with_is_sensitive(false)
                             .with_synonyms(synonyms)
@@ -151,4 +215,318 @@ pub fn describe_configs(
         results.push(r);
     }
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// IncrementalAlterConfigs `config_operation` (KIP-339).
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+/// One resource's requested change.
+enum Change {
+    /// AlterConfigs: the complete new set of dynamic configs (absent names are removed).
+    Replace(Vec<(String, Option<String>)>),
+    /// IncrementalAlterConfigs: `(name, operation, value)`.
+    Incremental(Vec<(String, i8, Option<String>)>),
+}
+
+type ApiResult<T> = Result<T, (i16, Option<String>)>;
+
+fn invalid_config(e: &crate::config::ConfigError) -> (i16, Option<String>) {
+    (ec::INVALID_CONFIG, Some(e.to_string()))
+}
+
+/// Validates and (unless `validate_only`) commits a change of one resource's configs.
+fn alter_resource(
+    broker: &Arc<Broker>,
+    resource_type: i8,
+    name: &str,
+    change: Change,
+    validate_only: bool,
+) -> ApiResult<()> {
+    let image = broker.controller.image();
+    let (resource, current, is_topic) = match resource_type {
+        RESOURCE_TOPIC => {
+            if image.topic(name).is_none() {
+                return Err(
+                    if gregor_metadata::controller::validate_topic_name(name).is_err() {
+                        (ec::INVALID_TOPIC_EXCEPTION, None)
+                    } else {
+                        (
+                            ec::UNKNOWN_TOPIC_OR_PARTITION,
+                            Some(format!("Topic {name} does not exist.")),
+                        )
+                    },
+                );
+            }
+            (
+                gregor_metadata::ConfigResource::Topic,
+                image.configs_of(gregor_metadata::ConfigResource::Topic, name),
+                true,
+            )
+        }
+        RESOURCE_BROKER => {
+            if !name.is_empty() && name.parse::<i32>().map_or(true, |id| id < 0) {
+                return Err((
+                    ec::INVALID_REQUEST,
+                    Some(format!(
+                        "Unexpected broker id {name}: expected a node id or the empty string"
+                    )),
+                ));
+            }
+            (
+                gregor_metadata::ConfigResource::Broker,
+                image.configs_of(gregor_metadata::ConfigResource::Broker, name),
+                false,
+            )
+        }
+        other => {
+            return Err((
+                ec::INVALID_REQUEST,
+                Some(format!(
+                    "Unsupported resource type {other} for altering configs"
+                )),
+            ))
+        }
+    };
+    let validate = |key: &str, value: Option<&str>| -> ApiResult<()> {
+        if is_topic {
+            match value {
+                Some(v) => {
+                    crate::config::validate_topic_config(key, v).map_err(|e| invalid_config(&e))
+                }
+                None => crate::config::topic_config_def(key).map(|_| ()).ok_or((
+                    ec::INVALID_CONFIG,
+                    Some(format!("Unknown topic config name: {key}")),
+                )),
+            }
+        } else {
+            crate::config::validate_broker_config(key, value).map_err(|e| invalid_config(&e))
+        }
+    };
+    let config_type = |key: &str| -> Option<ConfigType> {
+        if is_topic {
+            crate::config::topic_config_def(key).map(|d| d.config_type)
+        } else {
+            crate::config::broker_config_type(key).map(|(t, _)| t)
+        }
+    };
+    // The value a key has before the change: the resource's own override, else its default.
+    let base_value = |key: &str| -> String {
+        if let Some(v) = current.get(key) {
+            return v.clone();
+        }
+        let dynamic = broker.replica_manager.dynamic_configs();
+        if is_topic {
+            crate::config::topic_config_def(key)
+                .map(|d| broker.config.topic_default_dynamic(&dynamic, d).0)
+                .unwrap_or_default()
+        } else {
+            broker.config.effective(&dynamic, key).0
+        }
+    };
+    let mut next = current.clone();
+    match change {
+        Change::Replace(configs) => {
+            next.clear();
+            for (key, value) in configs {
+                validate(&key, value.as_deref())?;
+                if let Some(v) = value {
+                    next.insert(key, v);
+                }
+            }
+        }
+        Change::Incremental(ops) => {
+            let mut seen = std::collections::BTreeSet::new();
+            for (key, _, _) in &ops {
+                if !seen.insert(key.clone()) {
+                    return Err((
+                        ec::INVALID_REQUEST,
+                        Some(format!("Error due to duplicate config keys: {key}")),
+                    ));
+                }
+            }
+            for (key, op, value) in ops {
+                match op {
+                    OP_SET => {
+                        validate(&key, Some(value.as_deref().unwrap_or("")))?;
+                        next.insert(key, value.unwrap_or_default());
+                    }
+                    OP_DELETE => {
+                        validate(&key, None)?;
+                        next.remove(&key);
+                    }
+                    OP_APPEND | OP_SUBTRACT => {
+                        let verb = if op == OP_APPEND {
+                            "APPEND"
+                        } else {
+                            "SUBTRACT"
+                        };
+                        match config_type(&key) {
+                            Some(ConfigType::List) => {}
+                            Some(_) => {
+                                return Err((
+                                    ec::INVALID_CONFIG,
+                                    Some(format!(
+                                        "Can't {verb} to key {key} because its type is not LIST."
+                                    )),
+                                ))
+                            }
+                            None => {
+                                validate(&key, value.as_deref())?;
+                                return Err((
+                                    ec::INVALID_CONFIG,
+                                    Some(format!("Unknown config {key}")),
+                                ));
+                            }
+                        }
+                        let mut items: Vec<String> = base_value(&key)
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_string)
+                            .collect();
+                        let given: Vec<String> = value
+                            .as_deref()
+                            .unwrap_or("")
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_string)
+                            .collect();
+                        if op == OP_APPEND {
+                            for g in given {
+                                if !items.contains(&g) {
+                                    items.push(g);
+                                }
+                            }
+                        } else {
+                            items.retain(|i| !given.contains(i));
+                        }
+                        let joined = items.join(",");
+                        validate(&key, Some(&joined))?;
+                        next.insert(key, joined);
+                    }
+                    other => {
+                        return Err((
+                            ec::INVALID_REQUEST,
+                            Some(format!("Unknown config operation {other} for {key}")),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if validate_only {
+        return Ok(());
+    }
+    let mut changes: Vec<(String, Option<String>)> = Vec::new();
+    for (k, v) in &next {
+        if current.get(k) != Some(v) {
+            changes.push((k.clone(), Some(v.clone())));
+        }
+    }
+    for k in current.keys() {
+        if !next.contains_key(k) {
+            changes.push((k.clone(), None));
+        }
+    }
+    if changes.is_empty() {
+        return Ok(());
+    }
+    broker
+        .controller
+        .alter_configs(resource, name, changes)
+        .map_err(|e| (e.kafka_error_code(), Some(e.to_string())))?;
+    broker.publish_metadata().map_err(|e| {
+        (
+            ec::KAFKA_STORAGE_ERROR,
+            Some(format!("configs were stored but applying them failed: {e}")),
+        )
+    })?;
+    Ok(())
+}
+
+/// AlterConfigs (key 33, v0-v2): replaces all dynamic configs of each resource.
+pub fn alter_configs(
+    broker: &Arc<Broker>,
+    req: &gregor_protocol::kafka_protocol::messages::AlterConfigsRequest,
+    _version: i16,
+) -> gregor_protocol::kafka_protocol::messages::AlterConfigsResponse {
+    use gregor_protocol::kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
+    let responses = req
+        .resources
+        .iter()
+        .map(|res| {
+            let change = Change::Replace(
+                res.configs
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name.to_string(),
+                            c.value.as_ref().map(ToString::to_string),
+                        )
+                    })
+                    .collect(),
+            );
+            let outcome = alter_resource(
+                broker,
+                res.resource_type,
+                &res.resource_name,
+                change,
+                req.validate_only,
+            );
+            let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+            AlterConfigsResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(message.as_deref().map(sb))
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name.clone())
+        })
+        .collect();
+    gregor_protocol::kafka_protocol::messages::AlterConfigsResponse::default()
+        .with_responses(responses)
+}
+
+/// IncrementalAlterConfigs (key 44, v0-v1, KIP-339).
+pub fn incremental_alter_configs(
+    broker: &Arc<Broker>,
+    req: &gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsRequest,
+    _version: i16,
+) -> gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsResponse {
+    use gregor_protocol::kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+    let responses = req
+        .resources
+        .iter()
+        .map(|res| {
+            let change = Change::Incremental(
+                res.configs
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name.to_string(),
+                            c.config_operation,
+                            c.value.as_ref().map(ToString::to_string),
+                        )
+                    })
+                    .collect(),
+            );
+            let outcome = alter_resource(
+                broker,
+                res.resource_type,
+                &res.resource_name,
+                change,
+                req.validate_only,
+            );
+            let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+            AlterConfigsResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(message.as_deref().map(sb))
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name.clone())
+        })
+        .collect();
+    gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsResponse::default()
+        .with_responses(responses)
 }

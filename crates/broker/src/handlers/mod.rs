@@ -6,6 +6,7 @@
 pub mod api_versions;
 pub mod configs;
 pub mod consumer_group;
+pub mod delete_records;
 pub mod fetch;
 pub mod groups;
 pub mod list_offsets;
@@ -38,6 +39,9 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::DescribeConfigs,
     ApiKey::CreatePartitions,
     ApiKey::DescribeCluster,
+    ApiKey::DeleteRecords,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
     ApiKey::FindCoordinator,
     ApiKey::JoinGroup,
     ApiKey::SyncGroup,
@@ -96,6 +100,18 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::CreatePartitions => (
             CreatePartitionsRequest::default().into(),
             CreatePartitionsResponse::default().into(),
+        ),
+        ApiKey::DeleteRecords => (
+            DeleteRecordsRequest::default().into(),
+            DeleteRecordsResponse::default().into(),
+        ),
+        ApiKey::AlterConfigs => (
+            AlterConfigsRequest::default().into(),
+            AlterConfigsResponse::default().into(),
+        ),
+        ApiKey::IncrementalAlterConfigs => (
+            IncrementalAlterConfigsRequest::default().into(),
+            IncrementalAlterConfigsResponse::default().into(),
         ),
         ApiKey::DescribeCluster => (
             DescribeClusterRequest::default().into(),
@@ -204,6 +220,11 @@ pub async fn handle(
         RequestKind::DeleteTopics(r) => ready(topics::delete_topics(broker, r, v).into()),
         RequestKind::CreatePartitions(r) => ready(topics::create_partitions(broker, r, v).into()),
         RequestKind::DescribeConfigs(r) => ready(configs::describe_configs(broker, &r, v).into()),
+        RequestKind::AlterConfigs(r) => ready(configs::alter_configs(broker, &r, v).into()),
+        RequestKind::IncrementalAlterConfigs(r) => {
+            ready(configs::incremental_alter_configs(broker, &r, v).into())
+        }
+        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).into()),
         RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).into()),
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).into()),
         RequestKind::Produce(r) => produce::handle(broker, header.clone(), r),

@@ -1,0 +1,56 @@
+//! DeleteRecords (key 21), <https://kafka.apache.org/protocol#The_Messages_DeleteRecords>,
+//! KIP-107: moves each partition's log start offset (its "low watermark") up to the requested
+//! offset, -1 meaning the high watermark. Records below it are no longer served (fetches get
+//! OFFSET_OUT_OF_RANGE, ListOffsets earliest returns the new start) and whole segments below
+//! it are deleted by the next retention check. With one replica the low watermark is final at
+//! once, so no delayed operation waits for followers.
+
+use std::sync::Arc;
+
+use gregor_protocol::kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+};
+use gregor_protocol::kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
+
+use crate::error_codes as ec;
+use crate::server::Broker;
+
+/// Answers DeleteRecords.
+pub fn handle(
+    broker: &Arc<Broker>,
+    req: &DeleteRecordsRequest,
+    _version: i16,
+) -> DeleteRecordsResponse {
+    let rm = &broker.replica_manager;
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let result = DeleteRecordsPartitionResult::default()
+                        .with_partition_index(p.partition_index);
+                    let Some(part) = rm.partition(&t.name, p.partition_index) else {
+                        return result
+                            .with_low_watermark(-1)
+                            .with_error_code(ec::UNKNOWN_TOPIC_OR_PARTITION);
+                    };
+                    match rm.delete_records(&part, p.offset) {
+                        Ok(low) => result.with_low_watermark(low).with_error_code(ec::NONE),
+                        Err((code, message)) => {
+                            tracing::debug!(topic = %&*t.name, partition = p.partition_index, code, %message,
+                                "DeleteRecords refused");
+                            result.with_low_watermark(-1).with_error_code(code)
+                        }
+                    }
+                })
+                .collect();
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name.clone())
+                .with_partitions(partitions)
+        })
+        .collect();
+    DeleteRecordsResponse::default().with_topics(topics)
+}
