@@ -72,6 +72,11 @@ pub const LOG_END_OFFSET: &str = "gregor_log_end_offset";
 pub const LOG_START_OFFSET: &str = "gregor_log_start_offset";
 /// High watermark of a partition.
 pub const HIGH_WATERMARK: &str = "gregor_high_watermark";
+/// Consumer groups hosted by this broker's coordinator, by state and type.
+pub const CONSUMER_GROUPS: &str = "gregor_consumer_groups";
+/// Consumer lag in records: the partition's high watermark minus the group's committed
+/// offset, by group, topic and partition.
+pub const CONSUMER_GROUP_LAG: &str = "gregor_consumer_group_lag";
 /// Seconds since the broker started.
 pub const UPTIME_SECONDS: &str = "gregor_uptime_seconds";
 /// 1 when the broker is ready (logs loaded, listeners up).
@@ -159,6 +164,11 @@ fn describe() {
     describe_gauge!(LOG_START_OFFSET, "Log start offset.");
     describe_gauge!(HIGH_WATERMARK, "High watermark.");
     describe_gauge!(UPTIME_SECONDS, Unit::Seconds, "Time since start-up.");
+    describe_gauge!(CONSUMER_GROUPS, "Consumer groups, by state and type.");
+    describe_gauge!(
+        CONSUMER_GROUP_LAG,
+        "High watermark minus committed offset (records)."
+    );
     describe_gauge!(READY, "1 when the broker is ready to serve.");
 }
 
@@ -328,6 +338,61 @@ fn update_gauges(broker: &Broker) {
     metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);
     metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
     metrics::gauge!(UPTIME_SECONDS).set(broker.uptime().as_secs_f64());
+    update_group_gauges(broker);
+}
+
+/// Group counts by state and type, and lag per committed partition. Groups and partitions
+/// that disappeared since the last scrape read 0 (the exporter keeps series it has seen).
+fn update_group_gauges(broker: &Broker) {
+    static SEEN_STATES: OnceLock<parking_lot::Mutex<std::collections::HashSet<(String, String)>>> =
+        OnceLock::new();
+    static SEEN_LAGS: OnceLock<
+        parking_lot::Mutex<std::collections::HashSet<(String, String, i32)>>,
+    > = OnceLock::new();
+    let mut counts: HashMap<(String, String), u64> = HashMap::new();
+    let mut lags: Vec<((String, String, i32), i64)> = Vec::new();
+    {
+        let state = broker.group_coordinator.state.lock();
+        for g in state.groups.values() {
+            *counts
+                .entry((g.state_name().to_string(), g.type_name().to_string()))
+                .or_default() += 1;
+            for ((topic, partition), committed) in &g.offsets {
+                let Some(p) = broker.replica_manager.partition(topic, *partition) else {
+                    continue;
+                };
+                let lag = (p.high_watermark() - committed.offset).max(0);
+                lags.push(((g.group_id.clone(), topic.clone(), *partition), lag));
+            }
+        }
+    }
+    let seen_states = SEEN_STATES.get_or_init(Default::default);
+    let mut seen = seen_states.lock();
+    for k in seen.iter() {
+        if !counts.contains_key(k) {
+            metrics::gauge!(CONSUMER_GROUPS, "state" => k.0.clone(), "type" => k.1.clone())
+                .set(0.0);
+        }
+    }
+    for (k, n) in counts {
+        metrics::gauge!(CONSUMER_GROUPS, "state" => k.0.clone(), "type" => k.1.clone())
+            .set(n as f64);
+        seen.insert(k);
+    }
+    drop(seen);
+    let seen_lags = SEEN_LAGS.get_or_init(Default::default);
+    let mut seen = seen_lags.lock();
+    let current: std::collections::HashSet<(String, String, i32)> =
+        lags.iter().map(|(k, _)| k.clone()).collect();
+    for k in seen.iter().filter(|k| !current.contains(*k)) {
+        metrics::gauge!(CONSUMER_GROUP_LAG, "group" => k.0.clone(), "topic" => k.1.clone(), "partition" => k.2.to_string())
+            .set(0.0);
+    }
+    for (k, lag) in lags {
+        metrics::gauge!(CONSUMER_GROUP_LAG, "group" => k.0.clone(), "topic" => k.1.clone(), "partition" => k.2.to_string())
+            .set(lag as f64);
+        seen.insert(k);
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {

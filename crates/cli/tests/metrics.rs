@@ -189,3 +189,34 @@ fn ready_is_false_until_logs_are_loaded() -> Result<()> {
     g.wait_ready()?;
     Ok(())
 }
+
+#[test]
+fn lag_is_end_minus_committed_for_a_group_that_stopped_halfway() -> Result<()> {
+    use rdkafka::consumer::CommitMode;
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bs).create()?;
+    for i in 0..100 {
+        let v = format!("v{i}");
+        p.send(BaseRecord::<(), _>::to("lagged").partition(0).payload(&v))
+            .map_err(|(e, _)| e)?;
+    }
+    p.flush(TIMEOUT)?;
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("group.id", "halfway")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("lagged", 0, Offset::Offset(40))?;
+    c.commit(&tpl, CommitMode::Sync)?;
+    let (_, body) = g.admin_get("/metrics")?;
+    let m = parse(&body);
+    let lag = get(
+        &m,
+        "gregor_consumer_group_lag{group=\"halfway\",topic=\"lagged\",partition=\"0\"}",
+    )?;
+    ensure!(lag == 60.0, "lag {lag}");
+    ensure!(sum_prefix(&m, "gregor_consumer_groups", "") >= 1.0);
+    Ok(())
+}
