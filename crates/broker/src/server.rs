@@ -241,7 +241,11 @@ impl RunningBroker {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
-    observability::handle();
+    // With the admin listener off nothing could read the metrics, so no recorder is installed
+    // and every metric call is a no-op.
+    if config.admin_listener.is_some() {
+        observability::handle();
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
