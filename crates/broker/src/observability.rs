@@ -225,7 +225,8 @@ pub struct RequestMetrics {
 
 /// The cached handles for one API and version.
 pub fn request_metrics(api_key: ApiKey, version: i16) -> Arc<RequestMetrics> {
-    static CACHE: OnceLock<RwLock<HashMap<(i16, i16), Arc<RequestMetrics>>>> = OnceLock::new();
+    type Cache = RwLock<HashMap<(i16, i16), Arc<RequestMetrics>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| RwLock::new(HashMap::new()));
     let key = (api_key as i16, version);
     if let Some(m) = cache.read().get(&key) {

@@ -244,6 +244,7 @@ mod raw {
         b.freeze()
     }
 
+    #[allow(clippy::too_many_arguments)] // mirrors JoinGroup's fields one to one
     pub fn join(
         c: &mut Conn,
         version: i16,

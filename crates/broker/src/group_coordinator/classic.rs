@@ -455,7 +455,12 @@ pub(crate) fn spawn_session_timer(
                 "member's session timed out; removing it"
             );
             let mut timers = Vec::new();
-            c.remove_members_and_rebalance(&broker, group, &[member_id.clone()], &mut timers);
+            c.remove_members_and_rebalance(
+                &broker,
+                group,
+                std::slice::from_ref(&member_id),
+                &mut timers,
+            );
             drop(st);
             run_timers(&broker, timers);
             return;

@@ -207,6 +207,8 @@ pub struct CommittedOffset {
 }
 
 /// The protocol-specific part of a group.
+// Groups live in one map for their lifetime; the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum GroupKind {
     /// A classic group (JoinGroup/SyncGroup), also "simple" groups that only commit offsets.
     Classic(ClassicGroup),
