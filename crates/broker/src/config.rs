@@ -998,6 +998,12 @@ impl TopicConfigs {
                 "zstd" => Some(Compression::Zstd),
                 _ => None,
             },
+            compression_level: match self.get("compression.type") {
+                "gzip" => self.get("compression.gzip.level").trim().parse().ok(),
+                "lz4" => self.get("compression.lz4.level").trim().parse().ok(),
+                "zstd" => self.get("compression.zstd.level").trim().parse().ok(),
+                _ => None,
+            },
         }
     }
 }

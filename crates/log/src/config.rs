@@ -119,6 +119,9 @@ pub struct LogConfig {
     /// `compression.type`: `None` keeps the producer's codec (`producer`), `Some(codec)`
     /// re-compresses batches in another codec on append.
     pub compression: Option<gregor_protocol::batch::Compression>,
+    /// KIP-390 level for `compression` (`compression.gzip.level`, `compression.zstd.level`,
+    /// `compression.lz4.level`); `None` for the codec's default.
+    pub compression_level: Option<i32>,
 }
 
 impl Default for LogConfig {
@@ -144,6 +147,7 @@ impl Default for LogConfig {
             min_compaction_lag_ms: 0,
             max_compaction_lag_ms: i64::MAX,
             compression: None,
+            compression_level: None,
         }
     }
 }

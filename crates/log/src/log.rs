@@ -633,7 +633,12 @@ impl PartitionLog {
         let config = self.config.read().clone();
         let mut headers = self.analyze_and_validate(records, &config, now_ms)?;
         let mut recompressed;
-        let records: &mut [u8] = match recompress(records, &headers, config.compression)? {
+        let records: &mut [u8] = match recompress(
+            records,
+            &headers,
+            config.compression,
+            config.compression_level,
+        )? {
             Some(buf) => {
                 recompressed = buf;
                 headers = Batches::new(&recompressed)
@@ -1126,6 +1131,7 @@ fn recompress(
     records: &[u8],
     headers: &[BatchHeader],
     target: Option<gregor_protocol::batch::Compression>,
+    level: Option<i32>,
 ) -> Result<Option<Vec<u8>>> {
     let Some(codec) = target else {
         return Ok(None);
@@ -1143,7 +1149,7 @@ fn recompress(
             continue;
         }
         let recs = decode_records(raw)?;
-        let rebuilt = crate::rebuild::rebuild_batch(h, &recs, codec, None)
+        let rebuilt = crate::rebuild::rebuild_batch(h, &recs, codec, level, None)
             .map_err(|e| LogError::InvalidRecord(format!("re-compressing a batch: {e}")))?;
         out.extend_from_slice(&rebuilt);
     }

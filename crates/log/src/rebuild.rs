@@ -12,7 +12,7 @@ use gregor_protocol::batch::{
     compute_crc, put_varint, put_varlong, BatchHeader, Compression, TimestampType,
     BATCH_HEADER_LEN, LOG_OVERHEAD, MAGIC_V2,
 };
-use gregor_protocol::compression::{compress, CompressionError};
+use gregor_protocol::compression::{compress_with_level, CompressionError};
 use gregor_protocol::records::Record;
 
 /// Attribute bits 0-2: the codec.
@@ -42,7 +42,7 @@ pub(crate) fn record_timestamp(h: &BatchHeader, r: &Record) -> i64 {
 }
 
 /// Builds a batch like `original` holding `records` (a subset of its records, in order),
-/// compressed with `codec`. With `delete_horizon_ms` the batch's base timestamp is the delete
+/// compressed with `codec` at `level` (KIP-390; `None`: the codec's default). With `delete_horizon_ms` the batch's base timestamp is the delete
 /// horizon and attribute bit 6 is set (KIP-534); record timestamps are unchanged.
 ///
 /// # Errors
@@ -51,6 +51,7 @@ pub(crate) fn rebuild_batch(
     original: &BatchHeader,
     records: &[Record],
     codec: Compression,
+    level: Option<i32>,
     delete_horizon_ms: Option<i64>,
 ) -> Result<Vec<u8>, CompressionError> {
     let stamps: Vec<i64> = records
@@ -88,7 +89,7 @@ pub(crate) fn rebuild_batch(
     }
     let section = match codec {
         Compression::None => section,
-        _ => compress(codec, &section)?,
+        _ => compress_with_level(codec, &section, level)?,
     };
     let mut attributes =
         (original.attributes & !(ATTR_COMPRESSION_MASK | ATTR_DELETE_HORIZON)) | codec.id();
@@ -172,7 +173,7 @@ mod tests {
         let h = validate_batch(&raw).unwrap();
         let recs = decode_records(&raw).unwrap();
         let kept = vec![recs[1].clone()];
-        let out = rebuild_batch(&h, &kept, Compression::Gzip, Some(99_999)).unwrap();
+        let out = rebuild_batch(&h, &kept, Compression::Gzip, None, Some(99_999)).unwrap();
         let h2 = crate::segment::validate_stored_batch(&out).unwrap();
         assert_eq!(h2.base_offset, 100);
         assert_eq!(h2.last_offset(), 102);
@@ -187,6 +188,10 @@ mod tests {
         assert_eq!(back[0].offset_delta, 1);
         assert_eq!(record_timestamp(&h2, &back[0]), 1_005);
         assert_eq!(back[0].headers, recs[1].headers);
+        for (codec, level) in [(Compression::Zstd, Some(19)), (Compression::Gzip, Some(1))] {
+            let out = rebuild_batch(&h, &recs, codec, level, None).unwrap();
+            assert_eq!(decode_records(&out).unwrap().len(), 3);
+        }
         let empty = empty_batch(&h);
         let he = crate::segment::validate_stored_batch(&empty).unwrap();
         assert_eq!(

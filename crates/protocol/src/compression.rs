@@ -80,6 +80,20 @@ pub enum CompressionError {
 /// # Errors
 /// [`CompressionError::Compress`] if the encoder fails.
 pub fn compress(codec: Compression, data: &[u8]) -> Result<Vec<u8>, CompressionError> {
+    compress_with_level(codec, data, None)
+}
+
+/// As [`compress`], at a KIP-390 level (`compression.gzip.level` 1-9, -1 = default;
+/// `compression.zstd.level`; `compression.lz4.level` is accepted but `lz4_flex` has a single
+/// level). `None` uses each codec's default, as Kafka.
+///
+/// # Errors
+/// [`CompressionError::Compress`] if the encoder fails.
+pub fn compress_with_level(
+    codec: Compression,
+    data: &[u8],
+    level: Option<i32>,
+) -> Result<Vec<u8>, CompressionError> {
     let fail = |e: &dyn std::fmt::Display| CompressionError::Compress {
         codec,
         reason: e.to_string(),
@@ -89,7 +103,12 @@ pub fn compress(codec: Compression, data: &[u8]) -> Result<Vec<u8>, CompressionE
         Compression::Gzip => {
             let mut enc = flate2::write::GzEncoder::new(
                 Vec::with_capacity(data.len() / 2 + 64),
-                flate2::Compression::new(GZIP_LEVEL),
+                flate2::Compression::new(
+                    level
+                        .and_then(|l| u32::try_from(l).ok())
+                        .filter(|l| (1..=9).contains(l))
+                        .unwrap_or(GZIP_LEVEL),
+                ),
             );
             enc.write_all(data).map_err(|e| fail(&e))?;
             enc.finish().map_err(|e| fail(&e))
@@ -107,7 +126,9 @@ pub fn compress(codec: Compression, data: &[u8]) -> Result<Vec<u8>, CompressionE
             enc.write_all(data).map_err(|e| fail(&e))?;
             enc.finish().map_err(|e| fail(&e))
         }
-        Compression::Zstd => zstd::stream::encode_all(data, ZSTD_LEVEL).map_err(|e| fail(&e)),
+        Compression::Zstd => {
+            zstd::stream::encode_all(data, level.unwrap_or(ZSTD_LEVEL)).map_err(|e| fail(&e))
+        }
     }
 }
 
