@@ -596,7 +596,8 @@ fn filter_batch(
         horizon
     };
     let codec = h.compression().unwrap_or(Compression::None);
-    let rebuilt = rebuild_batch(h, &kept, codec, None, delete_horizon).map_err(|e| e.to_string())?;
+    let rebuilt =
+        rebuild_batch(h, &kept, codec, None, delete_horizon).map_err(|e| e.to_string())?;
     Ok(Some((Some(rebuilt), kept.len() as u64, tombstones)))
 }
 

@@ -227,6 +227,10 @@ fn idempotent_producer_keeps_its_last_sequence_after_cleaning() {
     ));
 }
 
+/// A simulated crash point: its name, the cleaned files present as `(extension, suffix)`, and
+/// whether recovery completes the swap.
+type Step = (&'static str, &'static [(&'static str, &'static str)], bool);
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -287,7 +291,7 @@ fn crash_at_every_swap_step_leaves_a_log_that_recovers() {
         .chain(before.iter().filter(|r| r.0 >= cleaned_segment_end))
         .cloned()
         .collect();
-    let steps: [(&str, &[(&str, &str)], bool); 5] = [
+    let steps: [Step; 5] = [
         // Cleaned files written (maybe partly): the round never started swapping.
         (
             "cleaned",
