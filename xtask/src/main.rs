@@ -5,7 +5,13 @@
 //!   `gregor` started on a free port.
 //! - `cargo xtask kafka ...` fetches and runs the reference Apache Kafka broker and its tools
 //!   from the jars on Maven Central (see "Reference broker" in docs/DESIGN).
+//! - `cargo xtask difftest` compares gregor's answers with that broker's, field by field.
+//! - `cargo xtask bench` runs the same workloads against both and reports the ratios.
 
+mod bench;
+mod bench_png;
+mod difftest;
+mod difftest_requests;
 mod kafka;
 mod proc;
 mod test;
@@ -27,6 +33,10 @@ enum Command {
     /// Fetch, start, stop the reference Apache Kafka broker, or run one of its tools.
     #[command(subcommand)]
     Kafka(kafka::KafkaCommand),
+    /// Send the scenarios in xtask/difftest/ to gregor and to Apache Kafka; compare responses.
+    Difftest(difftest::DifftestArgs),
+    /// The same workloads against gregor and Apache Kafka; report in target/bench/.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -38,6 +48,14 @@ fn main() -> Result<()> {
         }
         Command::Kafka(cmd) => {
             let code = kafka::run(cmd)?;
+            std::process::exit(code);
+        }
+        Command::Difftest(args) => {
+            let code = difftest::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::Bench(args) => {
+            let code = bench::run(&args)?;
             std::process::exit(code);
         }
     }

@@ -53,12 +53,17 @@ pub fn handle(req: &ApiVersionsRequest, version: i16) -> ApiVersionsResponse {
 }
 
 /// The v0 response to an ApiVersions request at a version gregor does not know: error
-/// UNSUPPORTED_VERSION plus the supported ranges, so the client can retry at a version both
-/// sides know (KIP-511).
+/// UNSUPPORTED_VERSION plus the supported ApiVersions range, so the client can retry at a
+/// version both sides know (KIP-511); like Kafka, only ApiVersions' own range is listed.
 pub fn unsupported_version_response(correlation_id: i32) -> Option<Bytes> {
     let body = ApiVersionsResponse::default()
         .with_error_code(ec::UNSUPPORTED_VERSION)
-        .with_api_keys(api_keys());
+        .with_api_keys(
+            api_keys()
+                .into_iter()
+                .filter(|k| k.api_key == ApiKey::ApiVersions as i16)
+                .collect(),
+        );
     frame::encode_response(
         ApiKey::ApiVersions,
         0,

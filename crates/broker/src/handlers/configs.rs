@@ -203,7 +203,11 @@ pub fn describe_configs(
                             .with_config_source(source.code())
                             .with_is_sensitive(false)
                             .with_synonyms(synonyms)
-                            .with_config_type(if version >= 3 { ty.code() } else { 0 }),
+                            .with_config_type(if version >= 3 { ty.code() } else { 0 })
+                            // Kafka sends null unless documentation was asked for.
+                            .with_documentation(
+                                (version >= 3 && req.include_documentation).then(StrBytes::default),
+                            ),
                     );
                 }
             }

@@ -115,7 +115,14 @@ fn read_pass(
                         other => other.kafka_error_code(),
                     };
                     record_error(ApiKey::Fetch, code);
-                    parts.push(base.with_error_code(code).with_records(Some(Bytes::new())));
+                    // As Kafka's ReplicaManager on a failed read: offsets unknown (-1).
+                    parts.push(
+                        base.with_error_code(code)
+                            .with_high_watermark(-1)
+                            .with_last_stable_offset(-1)
+                            .with_log_start_offset(-1)
+                            .with_records(Some(Bytes::new())),
+                    );
                 }
             }
         }

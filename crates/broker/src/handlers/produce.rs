@@ -32,7 +32,8 @@ fn partition_error(index: i32, code: i16, message: Option<String>) -> PartitionP
         .with_error_message(message.map(|m| sb(&m)))
 }
 
-/// Kafka's `ProduceRequest.validateRecords`: from v3 a partition carries exactly one v2 batch.
+/// Kafka's `ProduceRequest.validateRecords`: from v3 a partition carries exactly one v2 batch,
+/// and (`LogValidator`) its base offset is 0.
 fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
     let mut it = Batches::new(records);
     let first = match it.next() {
@@ -52,6 +53,13 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
     if it.next().is_some() {
         return Err(format!(
             "Produce requests with version {version} are only allowed to contain exactly one record batch per partition"
+        ));
+    }
+    // Kafka's LogValidator: a client's batch starts at offset 0 (the broker assigns offsets).
+    if first.base_offset != 0 {
+        return Err(format!(
+            "The baseOffset of the record batch in the append should be 0, but it is {}",
+            first.base_offset
         ));
     }
     Ok(())

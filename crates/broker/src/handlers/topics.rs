@@ -1,7 +1,7 @@
 //! CreateTopics (key 19), DeleteTopics (key 20, by name and by id from v6, KIP-516) and
 //! CreatePartitions (key 37, KIP-195). <https://kafka.apache.org/protocol#The_Messages_CreateTopics>
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use gregor_metadata::controller::NewTopic;
@@ -64,7 +64,8 @@ fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult 
         .with_error_message(Some(sb(&message)))
         .with_num_partitions(-1)
         .with_replication_factor(-1)
-        .with_configs(None)
+        // Kafka sends an empty list, not null (clients iterate it).
+        .with_configs(Some(vec![]))
 }
 
 /// Answers CreateTopics. `-1` partitions or replication factor mean the broker defaults;
@@ -80,9 +81,14 @@ pub fn create_topics(
     }
     let mut results = Vec::with_capacity(req.topics.len());
     let mut created_any = false;
+    let mut answered_duplicates: HashSet<String> = HashSet::new();
     for t in req.topics {
         let name = t.name.0.to_string();
         if counts.get(&name).copied().unwrap_or(0) > 1 {
+            // As Kafka: one result per distinct name.
+            if !answered_duplicates.insert(name.clone()) {
+                continue;
+            }
             results.push(failed(
                 &t.name,
                 ec::INVALID_REQUEST,
@@ -194,6 +200,7 @@ pub fn create_topics(
                         } else {
                             Uuid::nil()
                         })
+                        .with_error_message(None)
                         .with_num_partitions(actual_partitions)
                         .with_replication_factor(actual_rf)
                         .with_configs(Some(cfgs)),
