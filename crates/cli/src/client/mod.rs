@@ -4,9 +4,14 @@
 //! Tables (comfy-table) are for people; `--output json` is for scripts. Client properties that
 //! have no flag of their own can be passed through with `-X key=value` (librdkafka names).
 
+mod config;
 mod consume;
+mod delete_records;
 mod format;
+mod group;
+pub mod perf;
 mod produce;
+mod status;
 mod topic;
 
 use anyhow::{bail, Result};
@@ -25,6 +30,14 @@ pub enum ClientCommand {
     Produce(ProduceArgs),
     /// Consume records and print them, one per line.
     Consume(ConsumeArgs),
+    /// List, describe, reset the offsets of, and delete consumer groups.
+    Group(group::GroupArgs),
+    /// Describe, set and delete topic and broker configs.
+    Config(config::ConfigArgs),
+    /// One screen about a running broker: uptime, topics, throughput, largest lags.
+    Status(status::StatusArgs),
+    /// Load generator: produce or consume and report throughput and latency (JSON).
+    Perf(perf::PerfArgs),
 }
 
 /// Runs one client subcommand.
@@ -33,6 +46,10 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
         ClientCommand::Topic(args) => topic::run(args).await,
         ClientCommand::Produce(args) => produce::run(args).await,
         ClientCommand::Consume(args) => consume::run(args).await,
+        ClientCommand::Group(args) => group::run(args).await,
+        ClientCommand::Config(args) => config::run(args).await,
+        ClientCommand::Status(args) => status::run(args).await,
+        ClientCommand::Perf(args) => perf::run(args).await,
     }
 }
 
