@@ -1,5 +1,5 @@
-//! `gregor topic create|list|describe|delete`, through the Admin API (CreateTopics,
-//! DeleteTopics) and Metadata.
+//! `gregor topic create|list|describe|delete|delete-records`, through the Admin API
+//! (CreateTopics, DeleteTopics, DeleteRecords) and Metadata.
 
 use super::{parse_key_value, ConnectionArgs, Output};
 use anyhow::{bail, Context, Result};
@@ -49,6 +49,9 @@ enum TopicCommand {
     Describe { name: Option<String> },
     /// Delete a topic.
     Delete { name: String },
+    /// Delete the records below an offset (moves the log start offset), as
+    /// kafka-delete-records.
+    DeleteRecords(super::delete_records::DeleteRecordsArgs),
 }
 
 pub async fn run(args: TopicArgs) -> Result<()> {
@@ -62,6 +65,9 @@ pub async fn run(args: TopicArgs) -> Result<()> {
         .request_timeout(Some(timeout))
         .operation_timeout(Some(timeout));
     match args.command {
+        TopicCommand::DeleteRecords(dr) => {
+            super::delete_records::run(dr, &admin, &opts, args.output).await?;
+        }
         TopicCommand::Create {
             name,
             partitions,
