@@ -165,6 +165,11 @@ async fn describe(
         .await
         .with_context(|| format!("describing the configs of {what}"))?;
     match results.pop() {
+        // rdkafka 0.39 drops DescribeConfigs' per-resource errors too: an unknown topic or
+        // broker comes back as a resource without entries.
+        Some(Ok(resource)) if resource.entries.is_empty() => {
+            bail!("describing the configs of {what}: no configs returned (does the {what} exist?)")
+        }
         Some(Ok(resource)) => Ok(resource),
         Some(Err(code)) => bail!("describing the configs of {what}: {code}"),
         None => bail!("describing the configs of {what}: empty response"),
@@ -216,6 +221,23 @@ async fn alter(
         if let Err((_, code)) = r {
             bail!("altering the configs of {what}: {code}");
         }
+    }
+    // rdkafka 0.39 drops AlterConfigs' per-resource error codes (it reports every resource as
+    // altered), so read the configs back to find out whether the broker applied the change.
+    let now = own_values(entity, &describe(admin, entity, opts).await?);
+    for (k, v) in values {
+        let actual = now.get(k).cloned().flatten();
+        if actual.as_ref() != v.as_ref() {
+            bail!(
+                "altering the configs of {what}: the broker rejected the change ({k} is {}, not \
+                 {:?}); rdkafka does not pass on the broker's reason: check the name and the value",
+                actual.map_or_else(|| "not set".to_string(), |a| format!("{a:?}")),
+                v.as_deref().unwrap_or_default()
+            );
+        }
+    }
+    if let Some(k) = now.keys().find(|k| !values.contains_key(*k)) {
+        bail!("altering the configs of {what}: the broker rejected the change ({k} is still set)");
     }
     Ok(())
 }
