@@ -70,9 +70,17 @@ fn fails(g: &Gregor, args: &[&str]) -> Result<String> {
     Ok(stderr)
 }
 
-fn produce(g: &Gregor, topic: &str, values: impl Iterator<Item = String>) -> Result<()> {
+/// Produces `values` to `partition` of `topic` (so that tests know where records are).
+fn produce(
+    g: &Gregor,
+    topic: &str,
+    partition: i32,
+    values: impl Iterator<Item = String>,
+) -> Result<()> {
     let input: String = values.map(|v| v + "\n").collect();
-    let (success, _, stderr) = run(g, &["produce", topic, "--acks", "all"], Some(&input))?;
+    let p = partition.to_string();
+    let args = ["produce", topic, "--acks", "all", "--partition", &p];
+    let (success, _, stderr) = run(g, &args, Some(&input))?;
     ensure!(success, "produce failed: {stderr}");
     Ok(())
 }
@@ -99,7 +107,8 @@ fn group_state(g: &Gregor, group: &str) -> Result<Value> {
 fn consumer_group_lifecycle() -> Result<()> {
     let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
     ok(&g, &["topic", "create", "orders", "--partitions", "2"])?;
-    produce(&g, "orders", (0..10).map(|i| format!("v{i}")))?;
+    produce(&g, "orders", 0, (0..4).map(|i| format!("v{i}")))?;
+    produce(&g, "orders", 1, (4..10).map(|i| format!("v{i}")))?;
 
     // Consume everything in group `g` (auto-commit), then produce 5 more: lag 5.
     let read = consume(
@@ -117,7 +126,8 @@ fn consumer_group_lifecycle() -> Result<()> {
         ],
     )?;
     assert_eq!(read.len(), 10, "{read:?}");
-    produce(&g, "orders", (10..15).map(|i| format!("v{i}")))?;
+    produce(&g, "orders", 0, (10..12).map(|i| format!("v{i}")))?;
+    produce(&g, "orders", 1, (12..15).map(|i| format!("v{i}")))?;
 
     let groups = json(&g, &["group", "list"])?;
     let listed = groups
@@ -474,7 +484,7 @@ fn config_round_trip() -> Result<()> {
 fn delete_records_moves_the_log_start() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
     ok(&g, &["topic", "create", "old", "--partitions", "1"])?;
-    produce(&g, "old", (0..10).map(|i| i.to_string()))?;
+    produce(&g, "old", 0, (0..10).map(|i| i.to_string()))?;
     let result = json(
         &g,
         &[

@@ -50,7 +50,14 @@ pub async fn run(
     for e in result.elements() {
         let name = format!("{}-{}", e.topic(), e.partition());
         if let Err(err) = e.error() {
-            bail!("deleting records of {name}: {err}");
+            let hint = if err.rdkafka_error_code()
+                == Some(rdkafka::types::RDKafkaErrorCode::OffsetOutOfRange)
+            {
+                " (--before is above the partition's high watermark; `--before end` deletes everything)"
+            } else {
+                ""
+            };
+            bail!("deleting records of {name}: {err}{hint}");
         }
         let low_watermark = match e.offset() {
             Offset::Offset(o) => o,
