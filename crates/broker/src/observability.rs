@@ -79,6 +79,8 @@ pub const CONSUMER_GROUPS: &str = "gregor_consumer_groups";
 pub const CONSUMER_GROUP_LAG: &str = "gregor_consumer_group_lag";
 /// Seconds since the broker started.
 pub const UPTIME_SECONDS: &str = "gregor_uptime_seconds";
+/// Always 1, labelled with the broker's version (`version="0.1.0"`).
+pub const BUILD_INFO: &str = "gregor_build_info";
 /// 1 when the broker is ready (logs loaded, listeners up).
 pub const READY: &str = "gregor_ready";
 
@@ -170,6 +172,11 @@ fn describe() {
         "High watermark minus committed offset (records)."
     );
     describe_gauge!(READY, "1 when the broker is ready to serve.");
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label is the broker's version."
+    );
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
 /// Kafka's name of an API (`Produce`, `Fetch`, ...), for labels.

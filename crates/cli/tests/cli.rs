@@ -562,3 +562,51 @@ fn status_explains_an_unreachable_admin_listener() -> Result<()> {
     assert!(err.contains("admin listener"), "{err}");
     Ok(())
 }
+
+#[test]
+fn consume_with_max_messages_commits_only_what_it_printed() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    let mut produce = Command::new(BIN)
+        .args(["produce", "partial", "-b", &bs])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    {
+        let mut stdin = produce.stdin.take().context("stdin")?;
+        for i in 0..10 {
+            writeln!(stdin, "r{i}")?;
+        }
+    }
+    ensure!(produce.wait()?.success(), "produce failed");
+    let read = |n: &str| -> Result<Vec<String>> {
+        let out = Command::new(BIN)
+            .args([
+                "consume",
+                "partial",
+                "-b",
+                &bs,
+                "--group",
+                "pg",
+                "--from-beginning",
+                "--max-messages",
+                n,
+                "--timeout-ms",
+                "10000",
+            ])
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "consume failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?
+            .lines()
+            .map(str::to_string)
+            .collect())
+    };
+    ensure!(read("4")? == ["r0", "r1", "r2", "r3"]);
+    // The group resumes right after the fourth record.
+    ensure!(read("6")? == ["r4", "r5", "r6", "r7", "r8", "r9"]);
+    Ok(())
+}

@@ -96,6 +96,9 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
         .client_config(&[
             ("group.id", &group),
             ("enable.auto.commit", if commit { "true" } else { "false" }),
+            // Only records that were printed count as consumed: offsets are stored by hand
+            // after each write, so --max-messages commits exactly what it printed.
+            ("enable.auto.offset.store", "false"),
             ("auto.offset.reset", reset),
             ("enable.partition.eof", "false"),
         ])
@@ -150,6 +153,9 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
         count += 1;
         let written = out.write_all(line.as_bytes()).and_then(|()| out.flush());
         match written {
+            Ok(()) if commit => consumer
+                .store_offset_from_message(&msg)
+                .context("storing the consumed offset")?,
             Ok(()) => {}
             // The reader went away (`| head`): stop quietly, like other Unix tools.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
@@ -161,6 +167,11 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
             return Err(e).context("writing to stdout")
         }
         _ => {}
+    }
+    if commit && count > 0 {
+        consumer
+            .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+            .context("committing consumed offsets")?;
     }
     eprintln!("Processed a total of {count} messages");
     Ok(())

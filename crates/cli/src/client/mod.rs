@@ -1,5 +1,6 @@
-//! The client side of the `gregor` binary: `topic`, `produce` and `consume`, built on rdkafka
-//! (librdkafka), so they work against gregor and against any Apache Kafka broker alike.
+//! The client side of the `gregor` binary: `topic`, `produce`, `consume`, `group`, `config`,
+//! `status` and `perf`, built on rdkafka (librdkafka), so they work against gregor and against
+//! any Apache Kafka broker alike.
 //!
 //! Tables (comfy-table) are for people; `--output json` is for scripts. Client properties that
 //! have no flag of their own can be passed through with `-X key=value` (librdkafka names).
