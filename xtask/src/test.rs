@@ -1,7 +1,7 @@
 //! `cargo xtask test`: everything CI runs, in order, installing what it needs.
 //!
 //! Suites: fmt, clippy, test (cargo test --workspace), build (release gregor), then the interop
-//! suites (python, java) against a `gregor` this command starts on a free port (or, with
+//! suites (python, java, kcat) against a `gregor` this command starts on a free port (or, with
 //! `--against-kafka`, against the reference Apache Kafka broker, to check the suites
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
 //! need the release build. The last line is `N passed, N failed` (suites).
@@ -30,11 +30,13 @@ pub enum Suite {
     Python,
     /// interop/java (Kafka's own command-line tools)
     Java,
+    /// interop/kcat (Debian's kcat, librdkafka 2.0.2; installed with apt-get when missing)
+    Kcat,
 }
 
 #[derive(Args)]
 pub struct TestArgs {
-    /// Run only these suites (repeat or comma-separate). `interop` means python and java.
+    /// Run only these suites (repeat or comma-separate). `interop` means python, java and kcat.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Suite>,
     /// Skip the interop suites (and the release build they need).
@@ -55,7 +57,7 @@ struct Outcome {
 pub fn run(args: &TestArgs) -> Result<i32> {
     let root = repo_root();
     let selected = |s: Suite| -> bool {
-        let interop = matches!(s, Suite::Python | Suite::Java);
+        let interop = matches!(s, Suite::Python | Suite::Java | Suite::Kcat);
         if interop && args.skip_interop {
             return false;
         }
@@ -102,6 +104,12 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         }
         banner(name);
         let start = Instant::now();
+        if suite == Suite::Test {
+            // crates/cli/tests/metrics.rs checks /metrics with Prometheus' promtool.
+            if let Err(e) = ensure_promtool() {
+                eprintln!("warning: promtool is not available: {e:#}");
+            }
+        }
         let result = proc::run_checked(Command::new(&cargo).args(cargo_args).current_dir(&root));
         outcomes.push(Outcome {
             name,
@@ -113,6 +121,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
     let interop: Vec<(Suite, &'static str)> = [
         (Suite::Python, "interop-python"),
         (Suite::Java, "interop-java"),
+        (Suite::Kcat, "interop-kcat"),
     ]
     .into_iter()
     .filter(|(s, _)| {
@@ -149,6 +158,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                     let start = Instant::now();
                     let result = match suite {
                         Suite::Python => python_suite(&root, &target),
+                        Suite::Kcat => kcat_suite(&root, &target),
                         _ => java_suite(&root, &target),
                     }
                     .and_then(|()| target.check_alive());
@@ -237,6 +247,9 @@ impl Target {
                 .arg(format!("listeners=PLAINTEXT://{bootstrap}"))
                 .arg("--set")
                 .arg(format!("log.dirs={}", log_dir.display()))
+                // A free port rather than the default 9644, which another gregor may hold.
+                .arg("--set")
+                .arg(format!("admin.listener=127.0.0.1:{}", ports[1]))
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
@@ -367,6 +380,78 @@ fn java_suite(root: &Path, target: &Target) -> Result<()> {
     }
     target.env(&mut cmd);
     proc::run_checked(&mut cmd)
+}
+
+fn kcat_suite(root: &Path, target: &Target) -> Result<()> {
+    apt_install("kcat", "kcat")?;
+    // The script creates its multi-partition topics with Kafka's kafka-topics.
+    kafka::fetch()?;
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("interop").join("kcat").join("run.sh"))
+        .current_dir(root);
+    if let Ok(exe) = std::env::current_exe() {
+        cmd.env("XTASK", exe);
+    }
+    target.env(&mut cmd);
+    proc::run_checked(&mut cmd)
+}
+
+/// Installs Debian's `prometheus` package for `promtool` when it is not on PATH, and stops the
+/// Prometheus server that the package's install script may have started.
+fn ensure_promtool() -> Result<()> {
+    if which("promtool").is_some() {
+        return Ok(());
+    }
+    let before = pids_named("prometheus");
+    let installed = apt_install("promtool", "prometheus");
+    for pid in pids_named("prometheus") {
+        if !before.contains(&pid) {
+            eprintln!("stopping the prometheus server (pid {pid}) that its package started");
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }
+    installed
+}
+
+/// Runs `apt-get install PACKAGE` (after `apt-get update` when the first try fails) unless
+/// `program` is already on PATH.
+fn apt_install(program: &str, package: &str) -> Result<()> {
+    if which(program).is_some() {
+        return Ok(());
+    }
+    if !is_root() || which("apt-get").is_none() {
+        bail!("{program} is missing: install Debian's `{package}` package");
+    }
+    eprintln!("{program} is missing; installing `{package}` with apt-get");
+    let install = || {
+        proc::run_checked(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends", package])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    };
+    if install().is_err() {
+        proc::run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+        install().with_context(|| format!("apt-get install {package}"))?;
+    }
+    if which(program).is_none() {
+        bail!("`{package}` is installed but {program} is still not on PATH");
+    }
+    Ok(())
+}
+
+/// The ids of running processes whose command name is exactly `name`.
+fn pids_named(name: &str) -> Vec<u32> {
+    Command::new("pgrep")
+        .args(["-x", name])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn is_root() -> bool {
