@@ -4,7 +4,10 @@
 //! suites (python, java, kcat) against a `gregor` this command starts on a free port (or, with
 //! `--against-kafka`, against the reference Apache Kafka broker, to check the suites
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
-//! need the release build. The last line is `N passed, N failed` (suites).
+//! need the release build. Then `difftest` (gregor against the reference Apache Kafka, see
+//! `difftest.rs`) and `bench-quick` (`cargo xtask bench --quick`, the benchmark harness on tiny
+//! sizes), which also need the release build and fetch Kafka's jars themselves. The last line
+//! is `N passed, N failed` (suites).
 
 use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
@@ -24,7 +27,7 @@ pub enum Suite {
     Test,
     /// cargo build --release -p gregor
     Build,
-    /// Both interop suites (and the release build they need).
+    /// The interop suites: python, java, kcat (and the release build they need).
     Interop,
     /// interop/python (pytest with confluent-kafka and kafka-python)
     Python,
@@ -32,6 +35,10 @@ pub enum Suite {
     Java,
     /// interop/kcat (Debian's kcat, librdkafka 2.0.2; installed with apt-get when missing)
     Kcat,
+    /// cargo xtask difftest (gregor vs the reference Apache Kafka, field by field)
+    Difftest,
+    /// cargo xtask bench --quick (the benchmark harness, tiny sizes)
+    Bench,
 }
 
 #[derive(Args)]
@@ -39,7 +46,7 @@ pub struct TestArgs {
     /// Run only these suites (repeat or comma-separate). `interop` means python, java and kcat.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Suite>,
-    /// Skip the interop suites (and the release build they need).
+    /// Skip the interop, difftest and bench suites (they need Java and the release build).
     #[arg(long)]
     skip_interop: bool,
     /// Run the interop suites against the reference Apache Kafka broker instead of gregor
@@ -58,7 +65,12 @@ pub fn run(args: &TestArgs) -> Result<i32> {
     let root = repo_root();
     let selected = |s: Suite| -> bool {
         let interop = matches!(s, Suite::Python | Suite::Java | Suite::Kcat);
-        if interop && args.skip_interop {
+        // Like the interop suites, these need Java, Kafka's jars and the release build.
+        let reference = matches!(s, Suite::Difftest | Suite::Bench);
+        if (interop || reference) && args.skip_interop {
+            return false;
+        }
+        if reference && args.against_kafka {
             return false;
         }
         if args.only.is_empty() {
@@ -66,7 +78,11 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         }
         args.only.contains(&s)
             || (interop && args.only.contains(&Suite::Interop))
-            || (s == Suite::Build && args.only.contains(&Suite::Interop) && !args.against_kafka)
+            || (s == Suite::Build
+                && !args.against_kafka
+                && (args.only.contains(&Suite::Interop)
+                    || args.only.contains(&Suite::Difftest)
+                    || args.only.contains(&Suite::Bench)))
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut outcomes: Vec<Outcome> = Vec::new();
@@ -171,6 +187,49 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 target.stop();
             }
         }
+    }
+
+    // gregor against the reference broker: both start their own servers on free ports.
+    for (suite, name) in [(Suite::Difftest, "difftest"), (Suite::Bench, "bench-quick")] {
+        if !selected(suite) {
+            skipped += 1;
+            continue;
+        }
+        banner(name);
+        let start = Instant::now();
+        let build_failed = outcomes
+            .iter()
+            .any(|o| o.name == "build" && o.result.is_err());
+        let binary = root.join("target").join("release").join("gregor");
+        let result = if build_failed {
+            Err(anyhow::anyhow!("the release build failed"))
+        } else if suite == Suite::Difftest {
+            crate::difftest::run(&crate::difftest::DifftestArgs {
+                binary: Some(binary),
+                filter: None,
+                verbose: false,
+            })
+            .and_then(|code| match code {
+                0 => Ok(()),
+                _ => Err(anyhow::anyhow!(
+                    "undocumented differences (see above and docs/compatibility.md)"
+                )),
+            })
+        } else {
+            crate::bench::run(&crate::bench::BenchArgs {
+                quick: true,
+                repeat: None,
+                only: vec![],
+                binary: Some(binary),
+                render: false,
+            })
+            .map(|_| ())
+        };
+        outcomes.push(Outcome {
+            name,
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
     }
 
     println!();
