@@ -304,7 +304,9 @@ fn delete_records_moves_the_log_start_offset_at_every_version() -> Result<()> {
     // A smaller offset leaves the start where it is.
     ensure!(conn.delete_records(2, "dr", 5)? == (0, 300));
     // Fetches below the start are out of range; at the start they work.
-    ensure!(conn.fetch_error("dr", 299)? == (1, 300));
+    // As Kafka, an out-of-range fetch reports the offsets as unknown (-1); the next line
+    // shows the new log start offset.
+    ensure!(conn.fetch_error("dr", 299)? == (1, -1));
     ensure!(conn.fetch_error("dr", 300)? == (0, 300));
     // rdkafka's admin client and watermarks agree.
     let mut tpl = TopicPartitionList::new();
