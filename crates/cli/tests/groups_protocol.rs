@@ -174,6 +174,20 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
     let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
     let mut c = connect(&g)?;
     find(&mut c, "g")?;
+    // Commits go to topic "t"; a topic that does not exist gets UNKNOWN_TOPIC_OR_PARTITION.
+    ensure!(commit(&mut c, 8, "simple", -1, "", 1)? == 3);
+    let create = kafka_protocol::messages::CreateTopicsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            kafka_protocol::messages::create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(sb("t")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]);
+    match c.call(ApiKey::CreateTopics, 7, &create.into())? {
+        ResponseKind::CreateTopics(r) => ensure!(r.topics[0].error_code == 0),
+        o => bail!("{o:?}"),
+    }
     // Unknown group, known member id: UNKNOWN_MEMBER_ID.
     ensure!(join(&mut c, 5, join_req("g", "nobody", None))?.error_code == 25);
     // v3: an empty member id joins at once.

@@ -620,7 +620,10 @@ impl GroupCoordinator {
                 );
             }
             if is_unknown {
-                let new_id = format!("{}-{}", req.client_id, uuid::Uuid::new_v4());
+                // Kafka's `generateMemberId`: the instance id for static members, else the
+                // client id, then a random uuid.
+                let prefix = req.group_instance_id.as_deref().unwrap_or(&req.client_id);
+                let new_id = format!("{prefix}-{}", uuid::Uuid::new_v4());
                 if let Some(instance) = req.group_instance_id.clone() {
                     if let Some(old_id) = g.static_members.get(&instance).cloned() {
                         self.update_static_member(

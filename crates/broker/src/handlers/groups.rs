@@ -316,14 +316,17 @@ pub fn leave_group(
     }
 }
 
-/// OffsetCommit (versions 2-9).
+/// OffsetCommit (versions 2-9). Partitions of topics that do not exist get
+/// UNKNOWN_TOPIC_OR_PARTITION without reaching the coordinator, as Kafka's `KafkaApis` does.
 pub fn offset_commit(
     broker: &Arc<Broker>,
     req: &OffsetCommitRequest,
     version: i16,
 ) -> OffsetCommitResponse {
+    let image = broker.controller.image();
+    let known = |name: &str| image.topic(name).is_some();
     let mut offsets = Vec::new();
-    for t in &req.topics {
+    for t in req.topics.iter().filter(|t| known(&t.name)) {
         for p in &t.partitions {
             offsets.push(OffsetToCommit {
                 topic: t.name.to_string(),
@@ -338,40 +341,50 @@ pub fn offset_commit(
             });
         }
     }
-    let errors = broker.group_coordinator.commit_offsets(
-        broker,
-        CommitRequest {
-            group_id: req.group_id.to_string(),
-            generation_id_or_member_epoch: req.generation_id_or_member_epoch,
-            member_id: req.member_id.to_string(),
-            group_instance_id: if version >= 7 {
-                req.group_instance_id.as_deref().map(str::to_string)
-            } else {
-                None
+    let errors = if offsets.is_empty() && !req.topics.is_empty() {
+        Vec::new()
+    } else {
+        broker.group_coordinator.commit_offsets(
+            broker,
+            CommitRequest {
+                group_id: req.group_id.to_string(),
+                generation_id_or_member_epoch: req.generation_id_or_member_epoch,
+                member_id: req.member_id.to_string(),
+                group_instance_id: if version >= 7 {
+                    req.group_instance_id.as_deref().map(str::to_string)
+                } else {
+                    None
+                },
+                retention_time_ms: if (2..=4).contains(&version) {
+                    req.retention_time_ms
+                } else {
+                    -1
+                },
+                api_version: version,
+                offsets,
             },
-            retention_time_ms: if (2..=4).contains(&version) {
-                req.retention_time_ms
-            } else {
-                -1
-            },
-            api_version: version,
-            offsets,
-        },
-    );
+        )
+    };
     let mut it = errors.into_iter();
     OffsetCommitResponse::default().with_topics(
         req.topics
             .iter()
             .map(|t| {
+                let exists = known(&t.name);
                 OffsetCommitResponseTopic::default()
                     .with_name(t.name.clone())
                     .with_partitions(
                         t.partitions
                             .iter()
                             .map(|p| {
+                                let code = if exists {
+                                    it.next().unwrap_or(ec::UNKNOWN_SERVER_ERROR)
+                                } else {
+                                    ec::UNKNOWN_TOPIC_OR_PARTITION
+                                };
                                 OffsetCommitResponsePartition::default()
                                     .with_partition_index(p.partition_index)
-                                    .with_error_code(it.next().unwrap_or(ec::UNKNOWN_SERVER_ERROR))
+                                    .with_error_code(code)
                             })
                             .collect(),
                     )
