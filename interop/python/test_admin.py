@@ -5,7 +5,7 @@ DeleteRecords, and the consumer-group admin calls (list, describe, list/alter of
 import time
 
 import pytest
-from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupState, ConsumerGroupType, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -222,8 +222,9 @@ def test_confluent_kafka_group_admin(bootstrap, topic_name):
         mine = [g for g in listed.valid if g.group_id == group]
         assert len(mine) == 1, [g.group_id for g in listed.valid]
         assert mine[0].state == ConsumerGroupState.STABLE and not mine[0].is_simple_consumer_group
+        assert mine[0].type == ConsumerGroupType.CLASSIC, mine[0].type
         desc = a.describe_consumer_groups([group])[group].result(timeout=TIMEOUT)
-        assert desc.state == ConsumerGroupState.STABLE, desc.state
+        assert (desc.state, desc.type) == (ConsumerGroupState.STABLE, ConsumerGroupType.CLASSIC), (desc.state, desc.type)
         assert len(desc.members) == 1, desc.members
         m = desc.members[0]
         assert m.client_id == "admin-test-member"

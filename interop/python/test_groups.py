@@ -6,7 +6,8 @@ offsets read back through the consumer and the admin client)."""
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
@@ -164,6 +165,29 @@ def test_confluent_kafka_consumer_protocol_group(bootstrap, topic_name):
         seen = []
         poll_all(consumers, seen, lambda: balanced(consumers), "three KIP-848 members to share six partitions")
         assert [len(ps) for ps in assignments(consumers)] == [2, 2, 2], assignments(consumers)
+        # The admin view (ConsumerGroupDescribe): a `consumer` group, Stable, the server-side
+        # assignor, and each member's current and target assignment equal to what it holds.
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=30)
+        assert (desc.type, desc.state, desc.partition_assignor) == (
+            ConsumerGroupType.CONSUMER,
+            ConsumerGroupState.STABLE,
+            "uniform",
+        ), (desc.type, desc.state, desc.partition_assignor)
+        held = {c.memberid(): sorted(tp.partition for tp in c.assignment()) for c in consumers}
+        described = {
+            m.member_id: (
+                m.client_id,
+                sorted(tp.partition for tp in m.assignment.topic_partitions),
+                sorted(tp.partition for tp in m.target_assignment.topic_partitions),
+            )
+            for m in desc.members
+        }
+        assert described == {
+            c.memberid(): (f"member-{i}", held[c.memberid()], held[c.memberid()]) for i, c in enumerate(consumers)
+        }, described
+        listed = [g for g in admin.list_consumer_groups().result(timeout=30).valid if g.group_id == group]
+        assert [(g.type, g.state) for g in listed] == [(ConsumerGroupType.CONSUMER, ConsumerGroupState.STABLE)]
         produce_all(bootstrap, topic_name, PER_PARTITION, PER_PARTITION)
         poll_all(consumers, seen, lambda: len(seen) >= PARTITIONS * PER_PARTITION, "the second round")
         check_once(seen, PER_PARTITION, PER_PARTITION)
