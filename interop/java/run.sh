@@ -259,6 +259,49 @@ expect_line "$WORK/groups-describe5" "Error: Executing consumer group command fa
 groups --delete --group "$G" >"$WORK/groups-delete2" 2>&1 || true
 expect_line "$WORK/groups-delete2" "* Group '$G' could not be deleted due to: org.apache.kafka.common.errors.GroupIdNotFoundException: The group id does not exist."
 
+step "KIP-848: kafka-console-consumer --group with group.protocol=consumer, kafka-consumer-groups"
+G848="interop-java-group848-$SUFFIX"
+kafka kafka-console-consumer --bootstrap-server "$B" --topic "$GROUP_TOPIC" --group "$G848" --from-beginning \
+    --max-messages "$((F0 + F1))" --timeout-ms 60000 --command-property group.protocol=consumer \
+    >"$WORK/g848-out" 2>"$WORK/g848-out.err" || { cat "$WORK/g848-out.err"; fail "KIP-848 console consumer failed"; }
+expect_match "$WORK/g848-out.err" "Processed a total of $((F0 + F1)) messages"
+groups --describe --group "$G848" >"$WORK/g848-describe1" 2>&1
+expect_match "$WORK/g848-describe1" "^$G848 +$GROUP_TOPIC +0 +$F0 +$F0 +0 +- +- +-\$"
+expect_match "$WORK/g848-describe1" "^$G848 +$GROUP_TOPIC +1 +$F1 +$F1 +0 +- +- +-\$"
+groups --describe --group "$G848" --state >"$WORK/g848-state1" 2>&1
+expect_match "$WORK/g848-state1" "^$G848 +127\.0\.0\.1:[0-9]+ +\(1\) +uniform +Empty +0\$"
+groups --list --type >"$WORK/g848-types"
+expect_match "$WORK/g848-types" "^$G848 +Consumer +\$"
+expect_match "$WORK/g848-types" "^GROUP +TYPE +\$"
+# A live member: ConsumerGroupDescribe shows its current and target assignment.
+kafka kafka-console-consumer --bootstrap-server "$B" --topic "$GROUP_TOPIC" --group "$G848" \
+    --max-messages 1 --timeout-ms 60000 --command-property group.protocol=consumer \
+    --command-property client.id=cli-848 >"$WORK/g848-out2" 2>"$WORK/g848-out2.err" &
+LIVE=$!
+for attempt in $(seq 1 30); do
+    groups --describe --group "$G848" --state >"$WORK/g848-state2" 2>&1 || true
+    grep -qE "^$G848 .* Stable +1 *\$" "$WORK/g848-state2" && break
+    kill -0 "$LIVE" 2>/dev/null || { cat "$WORK/g848-out2.err"; fail "the live KIP-848 console consumer exited"; }
+    [[ $attempt == 30 ]] && { cat "$WORK/g848-state2"; fail "the KIP-848 group never became Stable with one member"; }
+done
+expect_match "$WORK/g848-state2" "^$G848 +127\.0\.0\.1:[0-9]+ +\(1\) +uniform +Stable +1\$"
+groups --describe --group "$G848" --members --verbose >"$WORK/g848-members"
+cat "$WORK/g848-members"
+expect_match "$WORK/g848-members" "^GROUP +CONSUMER-ID +HOST +CLIENT-ID +#PARTITIONS +CURRENT-EPOCH +CURRENT-ASSIGNMENT +TARGET-EPOCH +TARGET-ASSIGNMENT *\$"
+expect_match "$WORK/g848-members" "^$G848 +[A-Za-z0-9_-]{22} +/127\.0\.0\.1 +cli-848 +2 +([0-9]+) +$GROUP_TOPIC:0,1 +\1 +$GROUP_TOPIC:0,1 *\$"
+groups --describe --group "$G848" >"$WORK/g848-describe2" 2>&1
+expect_match "$WORK/g848-describe2" "^$G848 +$GROUP_TOPIC +0 +$F0 +$F0 +0 +[A-Za-z0-9_-]{22} +/127\.0\.0\.1 +cli-848\$"
+groups --delete --group "$G848" >"$WORK/g848-delete-live" 2>&1 || true
+expect_line "$WORK/g848-delete-live" "* Group '$G848' could not be deleted due to: org.apache.kafka.common.errors.GroupNotEmptyException: The group is not empty."
+printf 'late-key\tlate-value\n' | kafka kafka-console-producer --bootstrap-server "$B" --topic "$GROUP_TOPIC" "${keyed_props[@]}"
+wait "$LIVE" || { cat "$WORK/g848-out2.err"; fail "the live KIP-848 console consumer failed"; }
+[[ "$(cat "$WORK/g848-out2")" == "late-value" ]] || { cat "$WORK/g848-out2"; fail "the KIP-848 member did not resume at the committed offsets"; }
+groups --delete --group "$G848" >"$WORK/g848-delete"
+expect_line "$WORK/g848-delete" "Deletion of requested consumer groups ('$G848') was successful."
+kafka kafka-get-offsets --bootstrap-server "$B" --topic "$GROUP_TOPIC" >"$WORK/group-ends3"
+read -r F0 F1 <<<"$(offsets_of "$WORK/group-ends3" "$GROUP_TOPIC")"
+echo "a KIP-848 group read, committed, was described (uniform, epochs, assignments) and deleted"
+
 step "kafka-configs --entity-type topics"
 configs() { kafka kafka-configs --bootstrap-server "$B" "$@"; }
 configs --entity-type topics --entity-name "$GROUP_TOPIC" --alter --add-config retention.ms=1000,segment.bytes=1048576 >"$WORK/configs-alter"
