@@ -313,8 +313,7 @@ expect_line "$WORK/configs-describe1" "Dynamic configs for topic $GROUP_TOPIC ar
 expect_match "$WORK/configs-describe1" "^  retention.ms=1000 sensitive=false synonyms=\{DYNAMIC_TOPIC_CONFIG:retention.ms=1000[,}]"
 # Kafka lists a synonym only when the broker config has a value under that very name: the
 # default of log.retention.ms lives in log.retention.hours, so none appears.
-known_bug "DescribeConfigs synonyms: DEFAULT_CONFIG log.retention.ms listed (Kafka: none, its default is log.retention.hours)" \
-    has_line "$WORK/configs-describe1" "  retention.ms=1000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=1000}"
+expect_line "$WORK/configs-describe1" "  retention.ms=1000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=1000}"
 [[ $(grep -c '^  ' "$WORK/configs-describe1") == 2 ]] || fail "expected exactly two dynamic topic configs"
 configs --entity-type topics --entity-name "$GROUP_TOPIC" --alter --delete-config retention.ms >"$WORK/configs-delete"
 expect_line "$WORK/configs-delete" "Completed updating config for topic $GROUP_TOPIC."
@@ -330,8 +329,7 @@ expect_line "$WORK/configs-all" "  cleanup.policy=delete sensitive=false synonym
 expect_line "$WORK/configs-all" "  max.message.bytes=1048588 sensitive=false synonyms={DEFAULT_CONFIG:message.max.bytes=1048588}"
 expect_line "$WORK/configs-all" "$SEGMENT_LINE"
 expect_match "$WORK/configs-all" "^  retention.ms=604800000 sensitive=false synonyms=\{"
-known_bug "DescribeConfigs synonyms: DEFAULT_CONFIG log.retention.ms listed (Kafka: none, its default is log.retention.hours)" \
-    has_line "$WORK/configs-all" "  retention.ms=604800000 sensitive=false synonyms={}"
+expect_line "$WORK/configs-all" "  retention.ms=604800000 sensitive=false synonyms={}"
 configs --entity-type topics --entity-name "$GROUP_TOPIC" --alter --add-config retention.ms=soon >"$WORK/configs-bad" 2>&1 &&
     fail "retention.ms=soon was accepted"
 expect_match "$WORK/configs-bad" "InvalidConfigurationException|Invalid value soon for configuration retention.ms"
@@ -354,8 +352,7 @@ configs --entity-type brokers --entity-name 1 --describe --all >"$WORK/broker-al
 expect_line "$WORK/broker-all" "All configs for broker 1 are:"
 expect_line "$WORK/broker-all" "  log.cleaner.backoff.ms=12345 sensitive=false synonyms={DYNAMIC_BROKER_CONFIG:log.cleaner.backoff.ms=12345, DEFAULT_CONFIG:log.cleaner.backoff.ms=15000}"
 expect_match "$WORK/broker-all" "^  log.retention.ms=7200000 sensitive=false synonyms=\{DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:"
-known_bug "DescribeConfigs synonyms: DEFAULT_CONFIG log.retention.ms=604800000 (Kafka: log.retention.hours=168, the name that has the default)" \
-    has_line "$WORK/broker-all" "  log.retention.ms=7200000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:log.retention.hours=168}"
+expect_line "$WORK/broker-all" "  log.retention.ms=7200000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:log.retention.hours=168}"
 # A topic without its own retention.ms now inherits the cluster default.
 for attempt in $(seq 1 10); do
     configs --entity-type topics --entity-name "$GROUP_TOPIC" --describe --all >"$WORK/configs-all2"
@@ -363,8 +360,7 @@ for attempt in $(seq 1 10); do
     [[ $attempt == 10 ]] && { cat "$WORK/configs-all2"; fail "the topic did not inherit the cluster default log.retention.ms"; }
 done
 expect_match "$WORK/configs-all2" "^  retention.ms=7200000 sensitive=false synonyms=\{DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:"
-known_bug "DescribeConfigs synonyms: DEFAULT_CONFIG log.retention.ms=604800000 (Kafka: log.retention.hours=168, the name that has the default)" \
-    has_line "$WORK/configs-all2" "  retention.ms=7200000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:log.retention.hours=168}"
+expect_line "$WORK/configs-all2" "  retention.ms=7200000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000, DEFAULT_CONFIG:log.retention.hours=168}"
 configs --entity-type brokers --entity-name 1 --alter --delete-config log.cleaner.backoff.ms >/dev/null
 configs --entity-type brokers --entity-default --alter --delete-config log.retention.ms >/dev/null
 for attempt in $(seq 1 10); do

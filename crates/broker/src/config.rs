@@ -1039,6 +1039,96 @@ pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
         })
 }
 
+/// The broker config names that are synonyms of `name`, most specific first (Kafka's
+/// `DynamicBrokerConfig.brokerConfigSynonyms`): `log.retention.ms|minutes|hours`,
+/// `log.roll.ms|hours`, `log.roll.jitter.ms|hours`, `log.flush.interval.ms` with
+/// `log.flush.scheduler.interval.ms`; any other name is its own only synonym.
+pub fn broker_config_synonyms(name: &str) -> Vec<&str> {
+    const GROUPS: &[&[&str]] = &[
+        &[
+            "log.retention.ms",
+            "log.retention.minutes",
+            "log.retention.hours",
+        ],
+        &["log.roll.ms", "log.roll.hours"],
+        &["log.roll.jitter.ms", "log.roll.jitter.hours"],
+    ];
+    if let Some(g) = GROUPS.iter().find(|g| g.contains(&name)) {
+        return g.to_vec();
+    }
+    if name == "log.flush.interval.ms" {
+        return vec!["log.flush.interval.ms", "log.flush.scheduler.interval.ms"];
+    }
+    vec![name]
+}
+
+/// Kafka's built-in default of broker config `name` (`KafkaConfig`'s definition), None where
+/// Kafka defines none (e.g. `log.retention.ms`, whose default is given as
+/// `log.retention.hours=168`).
+pub fn broker_static_default(name: &str) -> Option<&'static str> {
+    match name {
+        "log.retention.ms"
+        | "log.retention.minutes"
+        | "log.roll.ms"
+        | "log.roll.jitter.ms"
+        | "log.flush.interval.ms" => None,
+        "log.retention.hours" | "log.roll.hours" => Some("168"),
+        "log.roll.jitter.hours" => Some("0"),
+        "log.flush.scheduler.interval.ms" => Some(LONG_MAX),
+        _ => broker_config_type(name)
+            .map(|(_, d)| d)
+            .filter(|d| !d.is_empty()),
+    }
+}
+
+impl BrokerConfig {
+    /// The DescribeConfigs synonyms of broker config `name`, in Kafka's order (per-broker
+    /// dynamic, cluster-default dynamic, static, default; each over
+    /// [`broker_config_synonyms`]), dropping those before the first entry named `name`
+    /// (Kafka's `ConfigHelper.configSynonyms`). The first entry, if any, is the value's source.
+    pub fn config_synonyms(
+        &self,
+        dynamic: &DynamicBrokerConfigs,
+        name: &str,
+    ) -> Vec<(String, String, ConfigSource)> {
+        let names = broker_config_synonyms(name);
+        let mut out = Vec::new();
+        for n in &names {
+            if let Some(v) = dynamic.per_broker.get(*n) {
+                out.push(((*n).to_string(), v.clone(), ConfigSource::DynamicBroker));
+            }
+        }
+        for n in &names {
+            if let Some(v) = dynamic.cluster_default.get(*n) {
+                out.push((
+                    (*n).to_string(),
+                    v.clone(),
+                    ConfigSource::DynamicDefaultBroker,
+                ));
+            }
+        }
+        for n in &names {
+            if let Some(v) = self.raw.get(*n) {
+                out.push((
+                    (*n).to_string(),
+                    v.trim().to_string(),
+                    ConfigSource::StaticBroker,
+                ));
+            }
+        }
+        for n in &names {
+            if let Some(v) = broker_static_default(n) {
+                out.push(((*n).to_string(), v.to_string(), ConfigSource::Default));
+            }
+        }
+        let first = out
+            .iter()
+            .position(|(n, _, _)| n == name)
+            .unwrap_or(out.len());
+        out.split_off(first)
+    }
+}
+
 /// Validates a dynamic broker config change (Kafka's `DynamicBrokerConfig.validateConfigs`).
 /// `value` None is a deletion, always allowed for a dynamic config.
 ///
@@ -1254,6 +1344,36 @@ mod tests {
         let t = TopicConfigs::resolve(&c, &BTreeMap::new());
         assert_eq!(t.get("retention.ms"), "604800000");
         assert_eq!(t.log_config().segment_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn synonyms_follow_kafkas_config_helper() {
+        let (c, _) = BrokerConfig::from_properties(BTreeMap::new()).unwrap();
+        let mut dynamic = DynamicBrokerConfigs::default();
+        // Nothing set: Kafka's default lives under log.retention.hours, so none is listed.
+        assert!(c.config_synonyms(&dynamic, "log.retention.ms").is_empty());
+        dynamic
+            .cluster_default
+            .insert("log.retention.ms".into(), "7200000".into());
+        let got = c.config_synonyms(&dynamic, "log.retention.ms");
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "log.retention.ms".to_string(),
+                    "7200000".to_string(),
+                    ConfigSource::DynamicDefaultBroker
+                ),
+                (
+                    "log.retention.hours".to_string(),
+                    "168".to_string(),
+                    ConfigSource::Default
+                ),
+            ]
+        );
+        let seg = c.config_synonyms(&DynamicBrokerConfigs::default(), "log.segment.bytes");
+        assert_eq!(seg.len(), 1);
+        assert_eq!(seg[0].2, ConfigSource::Default);
     }
 
     #[test]

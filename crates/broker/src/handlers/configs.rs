@@ -63,47 +63,32 @@ pub fn describe_configs(
                     if !wanted(&res.configuration_keys, def.name) {
                         continue;
                     }
-                    let mut synonyms = Vec::new();
-                    if req.include_synonyms {
-                        if *source == ConfigSource::DynamicTopic {
-                            synonyms.push(
-                                DescribeConfigsSynonym::default()
-                                    .with_name(sb(def.name))
-                                    .with_value(Some(sb(value)))
-                                    .with_source(ConfigSource::DynamicTopic.code()),
-                            );
-                        }
-                        if let Some(syn) = def.broker_synonym {
-                            for (sv, ss) in [
-                                dynamic
-                                    .per_broker
-                                    .get(syn)
-                                    .map(|v| (v.clone(), ConfigSource::DynamicBroker)),
-                                dynamic
-                                    .cluster_default
-                                    .get(syn)
-                                    .map(|v| (v.clone(), ConfigSource::DynamicDefaultBroker)),
-                                Some(broker.config.topic_default(def))
-                                    .filter(|(_, s)| *s == ConfigSource::StaticBroker),
-                            ]
-                            .into_iter()
-                            .flatten()
-                            {
-                                synonyms.push(
-                                    DescribeConfigsSynonym::default()
-                                        .with_name(sb(syn))
-                                        .with_value(Some(sb(&sv)))
-                                        .with_source(ss.code()),
-                                );
-                            }
-                        }
-                        synonyms.push(
-                            DescribeConfigsSynonym::default()
-                                .with_name(sb(def.broker_synonym.unwrap_or(def.name)))
-                                .with_value(Some(sb(def.default)))
-                                .with_source(ConfigSource::Default.code()),
-                        );
+                    // Kafka's ConfigHelper.createTopicConfigEntry: the topic override, then
+                    // the broker synonyms of the config's broker name.
+                    let mut all: Vec<(String, String, ConfigSource)> = Vec::new();
+                    if *source == ConfigSource::DynamicTopic {
+                        all.push((
+                            def.name.to_string(),
+                            value.clone(),
+                            ConfigSource::DynamicTopic,
+                        ));
                     }
+                    if let Some(syn) = def.broker_synonym {
+                        all.extend(broker.config.config_synonyms(&dynamic, syn));
+                    }
+                    let source = all.first().map_or(ConfigSource::Default, |s| s.2);
+                    let synonyms = if req.include_synonyms {
+                        all.iter()
+                            .map(|(n, v, s)| {
+                                DescribeConfigsSynonym::default()
+                                    .with_name(sb(n))
+                                    .with_value(Some(sb(v)))
+                                    .with_source(s.code())
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     r.configs.push(
                         DescribeConfigsResourceResult::default()
                             .with_name(sb(def.name))
@@ -167,31 +152,18 @@ pub fn describe_configs(
                     results.push(r);
                     continue;
                 }
-                for (cname, value, source, ty) in broker.config.describe() {
+                for (cname, value, _, ty) in broker.config.describe() {
                     if !wanted(&res.configuration_keys, &cname) {
                         continue;
                     }
-                    let (value, source) = match dynamic.get(&cname) {
-                        Some((v, s)) => (Some(v.to_string()), s),
-                        None => (value, source),
+                    let value = match dynamic.get(&cname) {
+                        Some((v, _)) => Some(v.to_string()),
+                        None => value,
                     };
+                    let all = broker.config.config_synonyms(&dynamic, &cname);
+                    let source = all.first().map_or(ConfigSource::Default, |s| s.2);
                     let synonyms = if req.include_synonyms {
-                        let mut out = Vec::new();
-                        if let Some(v) = dynamic.per_broker.get(&cname) {
-                            out.push(synonym(&cname, v, ConfigSource::DynamicBroker));
-                        }
-                        if let Some(v) = dynamic.cluster_default.get(&cname) {
-                            out.push(synonym(&cname, v, ConfigSource::DynamicDefaultBroker));
-                        }
-                        if let Some(v) = broker.config.raw.get(&cname) {
-                            out.push(synonym(&cname, v, ConfigSource::StaticBroker));
-                        }
-                        if let Some((_, d)) = crate::config::broker_config_type(&cname) {
-                            if !d.is_empty() {
-                                out.push(synonym(&cname, d, ConfigSource::Default));
-                            }
-                        }
-                        out
+                        all.iter().map(|(n, v, s)| synonym(n, v, *s)).collect()
                     } else {
                         vec![]
                     };
