@@ -23,7 +23,7 @@ pub enum Suite {
     Fmt,
     /// cargo clippy --workspace --all-targets -- -D warnings
     Clippy,
-    /// cargo test --workspace
+    /// cargo test --workspace --no-fail-fast
     Test,
     /// cargo build --release -p gregor
     Build,
@@ -102,7 +102,11 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 "warnings",
             ],
         ),
-        (Suite::Test, "test", &["test", "--workspace"]),
+        (
+            Suite::Test,
+            "test",
+            &["test", "--workspace", "--no-fail-fast"],
+        ),
         (
             Suite::Build,
             "build",
