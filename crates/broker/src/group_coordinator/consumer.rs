@@ -65,7 +65,8 @@ pub struct ConsumerGroup {
     pub target: BTreeMap<String, Assignment>,
     /// Subscribed topics when the target was computed: name -> (id, partitions).
     subscription_metadata: BTreeMap<String, (Uuid, i32)>,
-    /// When the group last changed state (ms); the base of offset expiry when empty.
+    /// When the group last became empty (ms). Offset expiry counts from each commit for KIP-848
+    /// groups, as Kafka.
     pub state_timestamp_ms: i64,
 }
 

@@ -22,6 +22,8 @@
 pub mod assignor;
 pub mod classic;
 pub mod consumer;
+#[cfg(test)]
+mod expiry_tests;
 pub mod offsets;
 pub mod records;
 
@@ -541,10 +543,11 @@ impl GroupCoordinator {
             if !g.is_empty() {
                 continue;
             }
+            // Kafka's `offsetExpirationCondition`: an empty classic group counts from the
+            // moment it became empty; a simple group and a KIP-848 group from each commit.
             let base = match &g.kind {
                 GroupKind::Classic(c) if c.protocol_type.is_some() => Some(c.state_timestamp_ms),
-                GroupKind::Classic(_) => None,
-                GroupKind::Consumer(c) => Some(c.state_timestamp_ms),
+                GroupKind::Classic(_) | GroupKind::Consumer(_) => None,
             };
             let expired: Vec<(String, i32)> = g
                 .offsets
@@ -553,9 +556,7 @@ impl GroupCoordinator {
                     if o.expire_timestamp_ms >= 0 {
                         return now >= o.expire_timestamp_ms;
                     }
-                    let since = base
-                        .unwrap_or(o.commit_timestamp_ms)
-                        .max(o.commit_timestamp_ms);
+                    let since = base.unwrap_or(o.commit_timestamp_ms);
                     now.saturating_sub(since) >= retention
                 })
                 .map(|(k, _)| k.clone())

@@ -1,0 +1,224 @@
+//! KIP-211 offset expiry against a real broker in this process, with a synthetic clock:
+//! [`GroupCoordinator::expire_offsets`] is called with chosen `now` values, and the broker is
+//! restarted on the same data directory to check that the tombstones were written.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::consumer::HeartbeatRequest;
+use super::offsets::{CommitRequest, OffsetToCommit};
+use super::records::{self, GroupMetadataValue, OffsetCommitValue};
+use crate::config::BrokerConfig;
+use crate::error_codes as ec;
+use crate::replica_manager::now_ms;
+use crate::server::{self, Broker, RunningBroker};
+
+const RETENTION_MS: i64 = 60_000;
+
+async fn start(dir: &Path) -> RunningBroker {
+    let props: BTreeMap<String, String> = [
+        ("log.dirs", dir.display().to_string()),
+        ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+        ("admin.listener", String::new()),
+        ("offsets.topic.num.partitions", "1".into()),
+        ("offsets.topic.replication.factor", "1".into()),
+        ("offsets.retention.minutes", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let (config, _) = BrokerConfig::from_properties(props).expect("config");
+    let running = server::start(config).await.expect("start");
+    assert_eq!(
+        running.broker.group_coordinator.config.offsets_retention_ms,
+        RETENTION_MS
+    );
+    running
+}
+
+fn commit(b: &Arc<Broker>, group: &str, member: &str, epoch: i32, offset: i64) {
+    let errors = b.group_coordinator.commit_offsets(
+        b,
+        CommitRequest {
+            group_id: group.into(),
+            generation_id_or_member_epoch: epoch,
+            member_id: member.into(),
+            group_instance_id: None,
+            retention_time_ms: -1,
+            api_version: 9,
+            offsets: vec![OffsetToCommit {
+                topic: "t".into(),
+                partition: 0,
+                offset,
+                leader_epoch: -1,
+                metadata: None,
+            }],
+        },
+    );
+    assert_eq!(errors, vec![ec::NONE], "commit to {group}");
+}
+
+fn fetched(b: &Arc<Broker>, group: &str) -> i64 {
+    let out = b
+        .group_coordinator
+        .fetch_offsets(b, group, Some(vec![("t".into(), vec![0])]), None)
+        .expect("fetch");
+    out[0].offset
+}
+
+fn group_ids(b: &Broker) -> Vec<String> {
+    b.group_coordinator
+        .list_groups(&[], &[])
+        .into_iter()
+        .map(|g| g.group_id)
+        .collect()
+}
+
+/// A KIP-848 member joins with epoch 0 and subscribes to `t`; returns (member id, epoch).
+fn join(b: &Arc<Broker>, group: &str) -> (String, i32) {
+    let r = b.group_coordinator.consumer_group_heartbeat(
+        b,
+        HeartbeatRequest {
+            group_id: group.into(),
+            member_id: String::new(),
+            member_epoch: 0,
+            instance_id: None,
+            rack_id: None,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topic_names: Some(vec!["t".into()]),
+            subscribed_topic_regex: None,
+            server_assignor: None,
+            owned: Some(BTreeMap::new()),
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            version: 0,
+        },
+    );
+    assert_eq!(r.error_code, ec::NONE);
+    (r.member_id.expect("member id"), r.member_epoch)
+}
+
+fn leave(b: &Arc<Broker>, group: &str, member: &str) {
+    let r = b.group_coordinator.consumer_group_heartbeat(
+        b,
+        HeartbeatRequest {
+            group_id: group.into(),
+            member_id: member.into(),
+            member_epoch: -1,
+            instance_id: None,
+            rack_id: None,
+            rebalance_timeout_ms: -1,
+            subscribed_topic_names: None,
+            subscribed_topic_regex: None,
+            server_assignor: None,
+            owned: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            version: 0,
+        },
+    );
+    assert_eq!(r.error_code, ec::NONE);
+}
+
+#[tokio::test]
+async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    b.group_coordinator.ensure_offsets_topic(b).expect("topic");
+
+    // An empty classic group that became empty at `emptied`, with an offset committed long
+    // before: KIP-211 counts from the moment the group became empty, not from the commit.
+    let t0 = now_ms();
+    let emptied = t0 + 10 * RETENTION_MS;
+    let part = b.group_coordinator.partition_for("classic");
+    b.group_coordinator
+        .append(
+            b,
+            part,
+            &[
+                (
+                    records::offset_commit_key("classic", "t", 0),
+                    Some(records::offset_commit_value(&OffsetCommitValue {
+                        offset: 5,
+                        leader_epoch: -1,
+                        metadata: String::new(),
+                        commit_timestamp_ms: t0,
+                        expire_timestamp_ms: -1,
+                    })),
+                ),
+                (
+                    records::group_metadata_key("classic"),
+                    Some(records::group_metadata_value(&GroupMetadataValue {
+                        protocol_type: "consumer".into(),
+                        generation: 3,
+                        protocol: None,
+                        leader: None,
+                        current_state_timestamp_ms: emptied,
+                        members: vec![],
+                    })),
+                ),
+            ],
+        )
+        .expect("append");
+    // A simple group (no group management): its offsets expire after the commit.
+    commit(b, "simple", "", -1, 7);
+    // A KIP-848 group whose only member committed and left.
+    let (m, epoch) = join(b, "emptied");
+    commit(b, "emptied", &m, epoch, 9);
+    leave(b, "emptied", &m);
+    // A KIP-848 group with a member: its offsets never expire.
+    let (live, live_epoch) = join(b, "live");
+    commit(b, "live", &live, live_epoch, 11);
+    running.shutdown().await.expect("shutdown");
+
+    // Restarted, so the classic group comes from its records.
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    let (live, live_epoch) = join(b, "live");
+    commit(b, "live", &live, live_epoch, 11);
+    assert_eq!(fetched(b, "classic"), 5);
+    assert_eq!(fetched(b, "simple"), 7);
+    assert_eq!(fetched(b, "emptied"), 9);
+
+    // Not yet: less than the retention since the commits.
+    b.group_coordinator.expire_offsets(b, t0 + RETENTION_MS - 1);
+    assert_eq!(fetched(b, "simple"), 7);
+    assert_eq!(fetched(b, "emptied"), 9);
+    assert_eq!(fetched(b, "classic"), 5);
+
+    // The retention has passed since the commits, but not since the classic group became empty.
+    let after_commits = now_ms() + RETENTION_MS;
+    b.group_coordinator.expire_offsets(b, after_commits);
+    assert_eq!(fetched(b, "simple"), -1);
+    assert_eq!(fetched(b, "emptied"), -1);
+    assert_eq!(fetched(b, "classic"), 5);
+    assert_eq!(fetched(b, "live"), 11);
+
+    b.group_coordinator
+        .expire_offsets(b, emptied + RETENTION_MS - 1);
+    assert_eq!(fetched(b, "classic"), 5);
+    b.group_coordinator
+        .expire_offsets(b, emptied + RETENTION_MS);
+    assert_eq!(fetched(b, "classic"), -1);
+
+    // Far in the future the group with a member still has its offset.
+    b.group_coordinator
+        .expire_offsets(b, emptied + 1000 * RETENTION_MS);
+    assert_eq!(fetched(b, "live"), 11);
+    let mut ids = group_ids(b);
+    ids.sort();
+    assert_eq!(ids, vec!["live".to_string()], "expired groups are deleted");
+    running.shutdown().await.expect("shutdown");
+
+    // The tombstones keep them gone after a restart.
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    assert_eq!(fetched(b, "classic"), -1);
+    assert_eq!(fetched(b, "simple"), -1);
+    assert_eq!(fetched(b, "emptied"), -1);
+    assert_eq!(fetched(b, "live"), 11);
+    assert_eq!(group_ids(b), vec!["live".to_string()]);
+    running.shutdown().await.expect("shutdown");
+}
