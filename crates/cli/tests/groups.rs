@@ -1,6 +1,7 @@
 //! Consumer groups against the real `gregor` binary: librdkafka consumers in classic groups
 //! (eager and cooperative-sticky), static membership, session timeouts, committed offsets
-//! across restarts and crashes, and KIP-848 (`group.protocol=consumer`) members.
+//! across restarts and crashes, and KIP-848 (`group.protocol=consumer`) members, whose
+//! assignments survive a restart of the coordinator.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -627,5 +628,143 @@ fn kip848_consumer_protocol_members_share_a_topic() -> Result<()> {
     drop(c2);
     let mut seen2 = HashSet::new();
     poll_all(&[&c1], &mut seen2, |_, cs| assigned(cs[0]) == 6)?;
+    Ok(())
+}
+
+/// A KIP-848 group as raw ConsumerGroupDescribe v0 reports it: (state, group epoch,
+/// assignment epoch, members as (id, epoch, assigned "topic-id:partition"s)).
+type DescribedGroup = (String, i32, i32, BTreeMap<String, (i32, Vec<String>)>);
+
+fn consumer_group_describe(bootstrap: &str, group: &str) -> Result<DescribedGroup> {
+    use kafka_protocol::messages::{
+        ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, GroupId,
+        RequestHeader, ResponseHeader,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    use std::io::{Read, Write};
+    let key = ApiKey::ConsumerGroupDescribe;
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(0)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_static_str("groups-test")))
+        .encode(&mut buf, key.request_header_version(0))?;
+    ConsumerGroupDescribeRequest::default()
+        .with_group_ids(vec![GroupId(StrBytes::from_string(group.to_string()))])
+        .encode(&mut buf, 0)?;
+    let mut s = std::net::TcpStream::connect(bootstrap)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(&(buf.len() as i32).to_be_bytes())?;
+    s.write_all(&buf)?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body)?;
+    let mut b = bytes::Bytes::from(body);
+    ResponseHeader::decode(&mut b, key.response_header_version(0))?;
+    let r = ConsumerGroupDescribeResponse::decode(&mut b, 0)?;
+    let Some(g) = r.groups.into_iter().next() else {
+        bail!("no group in the response");
+    };
+    ensure!(
+        g.error_code == 0,
+        "ConsumerGroupDescribe: error {}",
+        g.error_code
+    );
+    let members = g
+        .members
+        .into_iter()
+        .map(|m| {
+            let mut parts: Vec<String> = m
+                .assignment
+                .topic_partitions
+                .iter()
+                .flat_map(|t| {
+                    t.partitions
+                        .iter()
+                        .map(move |p| format!("{}:{p}", t.topic_id))
+                })
+                .collect();
+            parts.sort();
+            (m.member_id.to_string(), (m.member_epoch, parts))
+        })
+        .collect();
+    Ok((
+        g.group_state.to_string(),
+        g.group_epoch,
+        g.assignment_epoch,
+        members,
+    ))
+}
+
+#[test]
+fn kip848_group_survives_a_coordinator_restart() -> Result<()> {
+    let mut g = Gregor::start(BIN, &["group.consumer.heartbeat.interval.ms=500"])?;
+    let b = g.bootstrap();
+    create_topic(&b, "kip848-restart", 4)?;
+    produce(&b, "kip848-restart", 4, 200, "a")?;
+    let mk = || -> Result<BaseConsumer> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &b)
+            .set("group.id", "g-kip848-restart")
+            .set("group.protocol", "consumer")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false");
+        Ok(c.create()?)
+    };
+    let c1 = mk()?;
+    let c2 = mk()?;
+    c1.subscribe(&["kip848-restart"])?;
+    c2.subscribe(&["kip848-restart"])?;
+    let mut seen = HashSet::new();
+    poll_all(&[&c1, &c2], &mut seen, |s, cs| {
+        s.len() == 200 && assigned(cs[0]) == 2 && assigned(cs[1]) == 2
+    })?;
+    c1.commit_consumer_state(CommitMode::Sync)?;
+    c2.commit_consumer_state(CommitMode::Sync)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        let d = consumer_group_describe(&b, "g-kip848-restart")?;
+        if d.0 == "Stable" || Instant::now() > deadline {
+            break d;
+        }
+        for c in [&c1, &c2] {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(20)) {
+                bail!("record {}/{} read twice", m.partition(), m.offset());
+            }
+        }
+    };
+    ensure!(
+        before.0 == "Stable" && before.3.len() == 2,
+        "before: {before:?}"
+    );
+
+    g.stop()?;
+    g.restart()?;
+    // Right after the restart, before the members heartbeat again, the group is the same.
+    let after = consumer_group_describe(&b, "g-kip848-restart")?;
+    ensure!(
+        after == before,
+        "after the restart {after:?}, before {before:?}"
+    );
+
+    // The members carry on: new records are read once each, nothing below the committed
+    // offsets is read again, and the group is not rebalanced.
+    produce(&b, "kip848-restart", 4, 100, "b")?;
+    poll_all(&[&c1, &c2], &mut seen, |s, _| s.len() == 300)?;
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        for c in [&c1, &c2] {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(20)) {
+                bail!("record {}/{} read again", m.partition(), m.offset());
+            }
+        }
+    }
+    let later = consumer_group_describe(&b, "g-kip848-restart")?;
+    ensure!(
+        later.1 == before.1 && later.3 == before.3,
+        "rebalanced after the restart: {later:?}, before {before:?}"
+    );
     Ok(())
 }

@@ -14,8 +14,8 @@ use tracing::info;
 use uuid::Uuid;
 
 use super::assignor::{self, Assignment, MemberSpec};
-use super::records;
-use super::{Group, GroupCoordinator, GroupKind};
+use super::records::{self, ConsumerMemberMetadataValue, CurrentMemberAssignmentValue};
+use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind};
 use crate::error_codes as ec;
 use crate::replica_manager::now_ms;
 use crate::server::Broker;
@@ -162,7 +162,175 @@ fn overlaps(a: &Assignment, b: &Assignment) -> bool {
     count(&intersect(a, b)) > 0
 }
 
+impl ConsumerMember {
+    /// A member rebuilt from `__consumer_offsets`; its metadata and assignment records fill it.
+    pub(crate) fn loaded(member_id: &str) -> Self {
+        Self {
+            member_id: member_id.to_string(),
+            instance_id: None,
+            rack_id: None,
+            client_id: String::new(),
+            client_host: String::new(),
+            rebalance_timeout_ms: -1,
+            subscribed_topic_names: Vec::new(),
+            subscribed_topic_regex: None,
+            server_assignor: None,
+            member_epoch: 0,
+            previous_member_epoch: -1,
+            assigned: Assignment::new(),
+            pending_revocation: Assignment::new(),
+            last_sent: None,
+            heartbeat_deadline: Instant::now(),
+            incarnation: 0,
+        }
+    }
+
+    /// Applies a `ConsumerGroupMemberMetadataValue`.
+    pub(crate) fn apply_metadata(&mut self, v: ConsumerMemberMetadataValue) {
+        self.instance_id = v.instance_id;
+        self.rack_id = v.rack_id;
+        self.client_id = v.client_id;
+        self.client_host = v.client_host;
+        self.subscribed_topic_names = v.subscribed_topic_names;
+        self.subscribed_topic_regex = v.subscribed_topic_regex;
+        self.rebalance_timeout_ms = v.rebalance_timeout_ms;
+        self.server_assignor = v.server_assignor;
+    }
+
+    /// Applies a `ConsumerGroupCurrentMemberAssignmentValue` (None: its tombstone).
+    pub(crate) fn apply_current(&mut self, v: Option<CurrentMemberAssignmentValue>) {
+        let v = v.unwrap_or_default();
+        self.member_epoch = v.member_epoch;
+        self.previous_member_epoch = v.previous_member_epoch;
+        self.assigned = v.assigned;
+        self.pending_revocation = v.pending_revocation;
+        self.last_sent = None;
+    }
+
+    /// Starts a new session for a loaded member (a new coordinator gives every member a full
+    /// session timeout to heartbeat again, as Kafka does on load).
+    pub(crate) fn restart_session(&mut self, incarnation: u64, deadline: Instant) {
+        self.incarnation = incarnation;
+        self.heartbeat_deadline = deadline;
+    }
+
+    fn metadata_value(&self) -> ConsumerMemberMetadataValue {
+        ConsumerMemberMetadataValue {
+            instance_id: self.instance_id.clone(),
+            rack_id: self.rack_id.clone(),
+            client_id: self.client_id.clone(),
+            client_host: self.client_host.clone(),
+            subscribed_topic_names: self.subscribed_topic_names.clone(),
+            subscribed_topic_regex: self.subscribed_topic_regex.clone(),
+            rebalance_timeout_ms: self.rebalance_timeout_ms,
+            server_assignor: self.server_assignor.clone(),
+        }
+    }
+
+    fn current_value(&self, target: Option<&Assignment>) -> CurrentMemberAssignmentValue {
+        let state = if !self.pending_revocation.is_empty() {
+            records::MEMBER_STATE_UNREVOKED_PARTITIONS
+        } else if target.is_some_and(|t| *t != self.assigned) {
+            records::MEMBER_STATE_UNRELEASED_PARTITIONS
+        } else {
+            records::MEMBER_STATE_STABLE
+        };
+        CurrentMemberAssignmentValue {
+            member_epoch: self.member_epoch,
+            previous_member_epoch: self.previous_member_epoch,
+            state,
+            assigned: self.assigned.clone(),
+            pending_revocation: self.pending_revocation.clone(),
+        }
+    }
+}
+
+fn member_metadata_record(group_id: &str, m: &ConsumerMember) -> CoordinatorRecord {
+    (
+        records::consumer_group_member_metadata_key(group_id, &m.member_id),
+        Some(records::consumer_group_member_metadata_value(
+            &m.metadata_value(),
+        )),
+    )
+}
+
+fn current_assignment_record(
+    group_id: &str,
+    member_id: &str,
+    v: &CurrentMemberAssignmentValue,
+) -> CoordinatorRecord {
+    (
+        records::consumer_group_current_member_assignment_key(group_id, member_id),
+        Some(records::consumer_group_current_member_assignment_value(v)),
+    )
+}
+
+fn target_record(group_id: &str, member_id: &str, a: &Assignment) -> CoordinatorRecord {
+    (
+        records::consumer_group_target_assignment_member_key(group_id, member_id),
+        Some(records::consumer_group_target_assignment_member_value(a)),
+    )
+}
+
+/// Kafka's `removeMember`: tombstones for a member's current assignment, target assignment
+/// and subscription.
+fn member_removal_records(group_id: &str, member_id: &str) -> [CoordinatorRecord; 3] {
+    [
+        (
+            records::consumer_group_current_member_assignment_key(group_id, member_id),
+            None,
+        ),
+        (
+            records::consumer_group_target_assignment_member_key(group_id, member_id),
+            None,
+        ),
+        (
+            records::consumer_group_member_metadata_key(group_id, member_id),
+            None,
+        ),
+    ]
+}
+
+/// Kafka's `ConsumerGroup.createGroupTombstoneRecords`: every record of a deleted group, the
+/// group epoch last.
+pub(crate) fn group_tombstones(group_id: &str, c: &ConsumerGroup) -> Vec<CoordinatorRecord> {
+    let mut recs = Vec::with_capacity(3 * c.members.len() + 3);
+    for id in c.members.keys() {
+        recs.push((
+            records::consumer_group_current_member_assignment_key(group_id, id),
+            None,
+        ));
+    }
+    for id in c.members.keys() {
+        recs.push((
+            records::consumer_group_target_assignment_member_key(group_id, id),
+            None,
+        ));
+    }
+    recs.push((
+        records::consumer_group_target_assignment_metadata_key(group_id),
+        None,
+    ));
+    for id in c.members.keys() {
+        recs.push((
+            records::consumer_group_member_metadata_key(group_id, id),
+            None,
+        ));
+    }
+    recs.push((
+        records::consumer_group_partition_metadata_key(group_id),
+        None,
+    ));
+    recs.push((records::consumer_group_metadata_key(group_id), None));
+    recs
+}
+
 impl ConsumerGroup {
+    /// Applies a `ConsumerGroupPartitionMetadataValue`.
+    pub(crate) fn apply_partition_metadata(&mut self, topics: BTreeMap<String, (Uuid, i32)>) {
+        self.subscription_metadata = topics;
+    }
+
     /// An empty group.
     pub fn new(now_ms: i64) -> Self {
         Self {
@@ -219,7 +387,14 @@ impl ConsumerGroup {
         out
     }
 
-    fn compute_target(&mut self, assignor: assignor::Assignor) {
+    /// Computes the target assignment; returns the records of what changed (Kafka's
+    /// `TargetAssignmentBuilder`: one record per member whose target changed, then the
+    /// assignment epoch).
+    fn compute_target(
+        &mut self,
+        group_id: &str,
+        assignor: assignor::Assignor,
+    ) -> Vec<CoordinatorRecord> {
         let topics: BTreeMap<Uuid, i32> = self.subscription_metadata.values().copied().collect();
         let specs: Vec<MemberSpec<'_>> = self
             .members
@@ -236,8 +411,27 @@ impl ConsumerGroup {
             })
             .collect();
         let target = assignor.assign(&specs, &topics);
-        self.target = target;
+        let old = std::mem::replace(&mut self.target, target);
         self.assignment_epoch = self.group_epoch;
+        let mut recs = Vec::new();
+        for (id, a) in &self.target {
+            if old.get(id) != Some(a) {
+                recs.push(target_record(group_id, id, a));
+            }
+        }
+        for id in old.keys().filter(|id| !self.target.contains_key(*id)) {
+            recs.push((
+                records::consumer_group_target_assignment_member_key(group_id, id),
+                None,
+            ));
+        }
+        recs.push((
+            records::consumer_group_target_assignment_metadata_key(group_id),
+            Some(records::consumer_group_target_assignment_metadata_value(
+                self.assignment_epoch,
+            )),
+        ));
+        recs
     }
 
     /// Moves a member towards its target (Kafka's `CurrentAssignmentBuilder`, simplified):
@@ -285,18 +479,20 @@ impl ConsumerGroup {
 }
 
 impl GroupCoordinator {
-    fn bump_epoch(&self, broker: &Broker, partition: i32, group_id: &str, c: &mut ConsumerGroup) {
+    /// Bumps the group epoch and adds its record.
+    fn bump_epoch(group_id: &str, c: &mut ConsumerGroup, recs: &mut Vec<CoordinatorRecord>) {
         c.group_epoch += 1;
-        // The group epoch is persisted so that a restarted coordinator knows the group's type
-        // and never reuses an epoch.
-        let _ = self.append(
-            broker,
-            partition,
-            &[(
-                records::consumer_group_metadata_key(group_id),
-                Some(records::consumer_group_metadata_value(c.group_epoch)),
-            )],
-        );
+        recs.push((
+            records::consumer_group_metadata_key(group_id),
+            Some(records::consumer_group_metadata_value(c.group_epoch)),
+        ));
+    }
+
+    /// Writes the records of a heartbeat or session expiry. A failed append is logged (by
+    /// [`GroupCoordinator::append`]) and the in-memory state is kept: the next change writes
+    /// the member's records again.
+    fn persist(&self, broker: &Broker, partition: i32, recs: &[CoordinatorRecord]) {
+        let _ = self.append(broker, partition, recs);
     }
 
     /// ConsumerGroupHeartbeat (Kafka's `consumerGroupHeartbeat`).
@@ -425,6 +621,12 @@ impl GroupCoordinator {
                 // KIP-848 static member leaving temporarily: it keeps its assignment until its
                 // session times out or the instance rejoins.
                 m.member_epoch = -2;
+                let v = m.current_value(c.target.get(&req.member_id));
+                self.persist(
+                    broker,
+                    partition,
+                    &[current_assignment_record(&req.group_id, &req.member_id, &v)],
+                );
                 return HeartbeatResponse {
                     error_code: ec::NONE,
                     error_message: None,
@@ -441,7 +643,9 @@ impl GroupCoordinator {
                 member = req.member_id,
                 "consumer group member left"
             );
-            self.bump_epoch(broker, partition, &req.group_id, c);
+            let mut recs = member_removal_records(&req.group_id, &req.member_id).to_vec();
+            Self::bump_epoch(&req.group_id, c, &mut recs);
+            self.persist(broker, partition, &recs);
             if c.members.is_empty() {
                 c.state_timestamp_ms = now_ms();
             }
@@ -461,6 +665,19 @@ impl GroupCoordinator {
         } else {
             req.member_id.clone()
         };
+        // What is persisted of this member now; the records of what the heartbeat changes are
+        // written at its end, in Kafka's order: removed members, the member's subscription,
+        // the subscribed topics and group epoch, the target assignment, the member's current
+        // assignment.
+        let before = c.members.get(&member_id).map(|m| {
+            (
+                m.metadata_value(),
+                m.current_value(c.target.get(&member_id)),
+            )
+        });
+        let mut removed_recs: Vec<CoordinatorRecord> = Vec::new();
+        let mut epoch_recs: Vec<CoordinatorRecord> = Vec::new();
+        let mut target_recs: Vec<CoordinatorRecord> = Vec::new();
         if req.member_epoch == 0 {
             if !c.members.contains_key(&member_id) {
                 if c.members.len() >= self.config.consumer_max_size {
@@ -485,11 +702,13 @@ impl GroupCoordinator {
                         }
                         if let Some(o) = c.members.remove(&old.0) {
                             inherited = (o.assigned, c.target.remove(&old.0));
+                            removed_recs.extend(member_removal_records(&req.group_id, &old.0));
                         }
                     }
                 }
                 let had_target = inherited.1.is_some();
                 if let Some(t) = inherited.1 {
+                    target_recs.push(target_record(&req.group_id, &member_id, &t));
                     c.target.insert(member_id.clone(), t);
                 }
                 c.members.insert(
@@ -579,18 +798,45 @@ impl GroupCoordinator {
         }
         let new_metadata = c.resolve_subscriptions(&image);
         if new_metadata != c.subscription_metadata {
+            epoch_recs.push((
+                records::consumer_group_partition_metadata_key(&req.group_id),
+                Some(records::consumer_group_partition_metadata_value(
+                    &new_metadata,
+                )),
+            ));
             c.subscription_metadata = new_metadata;
             bump = true;
         }
         if bump {
-            self.bump_epoch(broker, partition, &req.group_id, c);
+            Self::bump_epoch(&req.group_id, c, &mut epoch_recs);
         }
         if c.group_epoch > c.assignment_epoch {
             let a = assignor::by_name(&c.assignor_name(&default_assignor))
                 .unwrap_or(assignor::Assignor::Uniform);
-            c.compute_target(a);
+            target_recs.extend(c.compute_target(&req.group_id, a));
         }
         c.reconcile(&member_id, req.owned.as_ref());
+        let Some(m) = c.members.get(&member_id) else {
+            return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
+        };
+        let after = (
+            m.metadata_value(),
+            m.current_value(c.target.get(&member_id)),
+        );
+        let mut recs = removed_recs;
+        if before.as_ref().map(|b| &b.0) != Some(&after.0) {
+            recs.push(member_metadata_record(&req.group_id, m));
+        }
+        recs.extend(epoch_recs);
+        recs.extend(target_recs);
+        if before.as_ref().map(|b| &b.1) != Some(&after.1) {
+            recs.push(current_assignment_record(
+                &req.group_id,
+                &member_id,
+                &after.1,
+            ));
+        }
+        self.persist(broker, partition, &recs);
         let Some(m) = c.members.get_mut(&member_id) else {
             return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
         };
@@ -642,7 +888,9 @@ impl GroupCoordinator {
         );
         c.members.remove(member_id);
         c.target.remove(member_id);
-        self.bump_epoch(broker, partition, group_id, c);
+        let mut recs = member_removal_records(group_id, member_id).to_vec();
+        Self::bump_epoch(group_id, c, &mut recs);
+        self.persist(broker, partition, &recs);
         if c.members.is_empty() {
             c.state_timestamp_ms = now_ms();
         }
@@ -650,7 +898,7 @@ impl GroupCoordinator {
     }
 }
 
-fn spawn_consumer_session_timer(
+pub(crate) fn spawn_consumer_session_timer(
     broker: &Arc<Broker>,
     group_id: String,
     member_id: String,

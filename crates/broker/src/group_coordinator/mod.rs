@@ -20,10 +20,10 @@
 //! `group.initial.rebalance.delay.ms`, offset expiry) are tokio sleeps until a deadline.
 
 pub mod assignor;
+#[cfg(test)]
+mod broker_tests;
 pub mod classic;
 pub mod consumer;
-#[cfg(test)]
-mod expiry_tests;
 pub mod offsets;
 pub mod records;
 
@@ -500,12 +500,29 @@ impl GroupCoordinator {
             let mut st = self.state.lock();
             st.groups = groups;
             let mut timers = Vec::new();
+            let mut consumer_timers = Vec::new();
             let now = tokio::time::Instant::now();
+            let consumer_session = std::time::Duration::from_millis(
+                self.config.consumer_session_timeout_ms.max(0) as u64,
+            );
             let CoordinatorState {
                 groups,
                 next_timer_id,
             } = &mut *st;
             for g in groups.values_mut() {
+                if let GroupKind::Consumer(c) = &mut g.kind {
+                    // Loaded KIP-848 members keep their assignments; each gets a full session
+                    // to heartbeat to this coordinator.
+                    for m in c.members.values_mut() {
+                        *next_timer_id += 1;
+                        m.restart_session(*next_timer_id, now + consumer_session);
+                        consumer_timers.push((
+                            g.group_id.clone(),
+                            m.member_id.clone(),
+                            *next_timer_id,
+                        ));
+                    }
+                }
                 if let GroupKind::Classic(c) = &mut g.kind {
                     for m in c.members.values_mut() {
                         *next_timer_id += 1;
@@ -519,6 +536,9 @@ impl GroupCoordinator {
             drop(st);
             for (g, m, inc) in timers {
                 classic::spawn_session_timer(broker, g, m, inc);
+            }
+            for (g, m, inc) in consumer_timers {
+                consumer::spawn_consumer_session_timer(broker, g, m, inc);
             }
         }
         info!(
@@ -569,8 +589,8 @@ impl GroupCoordinator {
             let group_dead = expired.len() == g.offsets.len();
             if group_dead {
                 recs.push((records::group_metadata_key(&g.group_id), None));
-                if matches!(g.kind, GroupKind::Consumer(_)) {
-                    recs.push((records::consumer_group_metadata_key(&g.group_id), None));
+                if let GroupKind::Consumer(c) = &g.kind {
+                    recs.extend(consumer::group_tombstones(&g.group_id, c));
                 }
             }
             if recs.is_empty() {
@@ -665,6 +685,8 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 }
             }
             Some(v) => match records::decode_consumer_group_metadata_value(v) {
+                // A group written before gregor persisted target assignments has only its
+                // epoch record; its assignment epoch then starts equal to the group epoch.
                 Ok(epoch) => {
                     let g = groups
                         .entry(group.clone())
@@ -682,7 +704,122 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 Err(e) => warn!(group, error = %e, "skipping undecodable consumer group metadata"),
             },
         },
+        records::CoordinatorKey::ConsumerGroupPartitionMetadata { group } => match value {
+            None => {
+                if let Some(c) = existing_consumer_group(groups, &group) {
+                    c.apply_partition_metadata(BTreeMap::new());
+                }
+            }
+            Some(v) => match records::decode_consumer_group_partition_metadata_value(v) {
+                Ok(topics) => {
+                    consumer_group_for_load(groups, &group).apply_partition_metadata(topics)
+                }
+                Err(e) => {
+                    warn!(group, error = %e, "skipping undecodable consumer group partition metadata")
+                }
+            },
+        },
+        records::CoordinatorKey::ConsumerGroupMemberMetadata { group, member } => match value {
+            None => {
+                if let Some(c) = existing_consumer_group(groups, &group) {
+                    c.members.remove(&member);
+                }
+            }
+            Some(v) => match records::decode_consumer_group_member_metadata_value(v) {
+                Ok(v) => consumer_group_for_load(groups, &group)
+                    .members
+                    .entry(member.clone())
+                    .or_insert_with(|| consumer::ConsumerMember::loaded(&member))
+                    .apply_metadata(v),
+                Err(e) => {
+                    warn!(group, member, error = %e, "skipping undecodable consumer group member metadata")
+                }
+            },
+        },
+        records::CoordinatorKey::ConsumerGroupTargetAssignmentMetadata { group } => match value {
+            // Kafka writes it just before the group epoch's tombstone, which removes the group.
+            None => {}
+            Some(v) => match records::decode_consumer_group_target_assignment_metadata_value(v) {
+                Ok(epoch) => consumer_group_for_load(groups, &group).assignment_epoch = epoch,
+                Err(e) => {
+                    warn!(group, error = %e, "skipping undecodable consumer group assignment epoch")
+                }
+            },
+        },
+        records::CoordinatorKey::ConsumerGroupTargetAssignmentMember { group, member } => {
+            match value {
+                None => {
+                    if let Some(c) = existing_consumer_group(groups, &group) {
+                        c.target.remove(&member);
+                    }
+                }
+                Some(v) => match records::decode_consumer_group_target_assignment_member_value(v) {
+                    Ok(a) => {
+                        consumer_group_for_load(groups, &group)
+                            .target
+                            .insert(member, a);
+                    }
+                    Err(e) => {
+                        warn!(group, member, error = %e, "skipping undecodable consumer group target assignment")
+                    }
+                },
+            }
+        }
+        records::CoordinatorKey::ConsumerGroupCurrentMemberAssignment { group, member } => {
+            match value {
+                None => {
+                    if let Some(c) = existing_consumer_group(groups, &group) {
+                        if let Some(m) = c.members.get_mut(&member) {
+                            m.apply_current(None);
+                        }
+                    }
+                }
+                Some(v) => {
+                    match records::decode_consumer_group_current_member_assignment_value(v) {
+                        Ok(v) => consumer_group_for_load(groups, &group)
+                            .members
+                            .entry(member.clone())
+                            .or_insert_with(|| consumer::ConsumerMember::loaded(&member))
+                            .apply_current(Some(v)),
+                        Err(e) => {
+                            warn!(group, member, error = %e, "skipping undecodable consumer group current assignment")
+                        }
+                    }
+                }
+            }
+        }
         records::CoordinatorKey::Other(_) => {}
+    }
+}
+
+/// The KIP-848 group `group` while loading, if it exists.
+fn existing_consumer_group<'a>(
+    groups: &'a mut HashMap<String, Group>,
+    group: &str,
+) -> Option<&'a mut ConsumerGroup> {
+    match groups.get_mut(group).map(|g| &mut g.kind) {
+        Some(GroupKind::Consumer(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// The KIP-848 group `group` while loading: created (or turned from an offsets-only classic
+/// group into a consumer group) by the first of its records, as Kafka's
+/// `getOrMaybeCreatePersistedConsumerGroup`.
+fn consumer_group_for_load<'a>(
+    groups: &'a mut HashMap<String, Group>,
+    group: &str,
+) -> &'a mut ConsumerGroup {
+    let g = groups
+        .entry(group.to_string())
+        .or_insert_with(|| Group::new_classic(group));
+    if !matches!(g.kind, GroupKind::Consumer(_)) {
+        g.kind = GroupKind::Consumer(ConsumerGroup::new(now_ms()));
+    }
+    match &mut g.kind {
+        GroupKind::Consumer(c) => c,
+        // Unreachable: set just above.
+        GroupKind::Classic(_) => unreachable!("the group was just made a consumer group"),
     }
 }
 

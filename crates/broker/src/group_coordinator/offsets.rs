@@ -491,8 +491,8 @@ impl GroupCoordinator {
             .map(|(t, p)| (records::offset_commit_key(group_id, t, *p), None))
             .collect();
         recs.push((records::group_metadata_key(group_id), None));
-        if matches!(g.kind, GroupKind::Consumer(_)) {
-            recs.push((records::consumer_group_metadata_key(group_id), None));
+        if let GroupKind::Consumer(c) = &g.kind {
+            recs.extend(super::consumer::group_tombstones(group_id, c));
         }
         if let Err(e) = self.append(broker, partition, &recs) {
             return e;

@@ -4,14 +4,23 @@
 //! group metadata formatter) can read the topic.
 //!
 //! A key starts with an int16 that is the record type (Kafka's `CoordinatorRecordType`): 0 and 1
-//! are `OffsetCommitKey` (Kafka 4 writes 1), 2 is `GroupMetadataKey`, 3 is
-//! `ConsumerGroupMetadataKey` (KIP-848). Keys are never flexible. Values start with their schema
-//! version: Kafka 4 writes `OffsetCommitValue` v3 (v1 only with an explicit expire timestamp),
-//! `GroupMetadataValue` v3 and `ConsumerGroupMetadataValue` v0 (flexible). A null value is a
-//! tombstone.
+//! are `OffsetCommitKey` (Kafka 4 writes 1), 2 is `GroupMetadataKey`, and the KIP-848 consumer
+//! group records are 3 `ConsumerGroupMetadataKey` (group epoch), 4
+//! `ConsumerGroupPartitionMetadataKey` (subscribed topics), 5 `ConsumerGroupMemberMetadataKey`,
+//! 6 `ConsumerGroupTargetAssignmentMetadataKey` (assignment epoch), 7
+//! `ConsumerGroupTargetAssignmentMemberKey` and 8 `ConsumerGroupCurrentMemberAssignmentKey`.
+//! Keys are never flexible. Values start with their schema version: Kafka 4 writes
+//! `OffsetCommitValue` v3 (v1 only with an explicit expire timestamp), `GroupMetadataValue` v3,
+//! and v0 of every consumer group value (flexible: compact strings and arrays, tagged fields).
+//! A null value is a tombstone.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use thiserror::Error;
+use uuid::Uuid;
+
+use super::assignor::Assignment;
 
 /// Record type of an offset commit written by Kafka 4 (`CoordinatorRecordType.OFFSET_COMMIT`).
 pub const OFFSET_COMMIT_KEY_VERSION: i16 = 1;
@@ -19,6 +28,16 @@ pub const OFFSET_COMMIT_KEY_VERSION: i16 = 1;
 pub const GROUP_METADATA_KEY_VERSION: i16 = 2;
 /// Record type of a KIP-848 consumer group's epoch (`CONSUMER_GROUP_METADATA`).
 pub const CONSUMER_GROUP_METADATA_KEY_VERSION: i16 = 3;
+/// Record type of a KIP-848 group's subscribed topic metadata (`CONSUMER_GROUP_PARTITION_METADATA`).
+pub const CONSUMER_GROUP_PARTITION_METADATA_KEY_VERSION: i16 = 4;
+/// Record type of a KIP-848 member's subscription (`CONSUMER_GROUP_MEMBER_METADATA`).
+pub const CONSUMER_GROUP_MEMBER_METADATA_KEY_VERSION: i16 = 5;
+/// Record type of a KIP-848 group's assignment epoch (`CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA`).
+pub const CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA_KEY_VERSION: i16 = 6;
+/// Record type of a KIP-848 member's target assignment (`CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER`).
+pub const CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER_KEY_VERSION: i16 = 7;
+/// Record type of a KIP-848 member's current assignment (`CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT`).
+pub const CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT_KEY_VERSION: i16 = 8;
 /// `OffsetCommitValue` version Kafka 4 writes (no expire timestamp).
 pub const OFFSET_COMMIT_VALUE_VERSION: i16 = 3;
 /// `GroupMetadataValue` version Kafka 4 writes (`GROUP_METADATA_VALUE_VERSION`).
@@ -57,9 +76,84 @@ pub enum CoordinatorKey {
         /// Group id.
         group: String,
     },
-    /// Another record type (KIP-848 member and assignment records, share groups); skipped.
+    /// `ConsumerGroupPartitionMetadataKey` (KIP-848).
+    ConsumerGroupPartitionMetadata {
+        /// Group id.
+        group: String,
+    },
+    /// `ConsumerGroupMemberMetadataKey` (KIP-848).
+    ConsumerGroupMemberMetadata {
+        /// Group id.
+        group: String,
+        /// Member id.
+        member: String,
+    },
+    /// `ConsumerGroupTargetAssignmentMetadataKey` (KIP-848).
+    ConsumerGroupTargetAssignmentMetadata {
+        /// Group id.
+        group: String,
+    },
+    /// `ConsumerGroupTargetAssignmentMemberKey` (KIP-848).
+    ConsumerGroupTargetAssignmentMember {
+        /// Group id.
+        group: String,
+        /// Member id.
+        member: String,
+    },
+    /// `ConsumerGroupCurrentMemberAssignmentKey` (KIP-848).
+    ConsumerGroupCurrentMemberAssignment {
+        /// Group id.
+        group: String,
+        /// Member id.
+        member: String,
+    },
+    /// Another record type (share groups, streams groups); skipped.
     Other(i16),
 }
+
+/// `ConsumerGroupMemberMetadataValue` v0 (the tagged `ClassicMemberMetadata` is not written: gregor's
+/// KIP-848 members all use the consumer protocol).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConsumerMemberMetadataValue {
+    /// Static instance id.
+    pub instance_id: Option<String>,
+    /// Rack id.
+    pub rack_id: Option<String>,
+    /// Client id.
+    pub client_id: String,
+    /// Client host.
+    pub client_host: String,
+    /// Subscribed topic names.
+    pub subscribed_topic_names: Vec<String>,
+    /// Subscribed regex.
+    pub subscribed_topic_regex: Option<String>,
+    /// Rebalance timeout.
+    pub rebalance_timeout_ms: i32,
+    /// Preferred server assignor.
+    pub server_assignor: Option<String>,
+}
+
+/// `ConsumerGroupCurrentMemberAssignmentValue` v0.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CurrentMemberAssignmentValue {
+    /// Member epoch.
+    pub member_epoch: i32,
+    /// Previous member epoch.
+    pub previous_member_epoch: i32,
+    /// Kafka's `MemberState`: 0 STABLE, 1 UNREVOKED_PARTITIONS, 2 UNRELEASED_PARTITIONS.
+    pub state: i8,
+    /// Partitions the member owns.
+    pub assigned: Assignment,
+    /// Partitions the member must revoke.
+    pub pending_revocation: Assignment,
+}
+
+/// `MemberState.STABLE`.
+pub const MEMBER_STATE_STABLE: i8 = 0;
+/// `MemberState.UNREVOKED_PARTITIONS`.
+pub const MEMBER_STATE_UNREVOKED_PARTITIONS: i8 = 1;
+/// `MemberState.UNRELEASED_PARTITIONS`.
+pub const MEMBER_STATE_UNRELEASED_PARTITIONS: i8 = 2;
 
 /// `OffsetCommitValue`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +236,41 @@ impl Writer {
         self.i32(b.len() as i32);
         self.0.extend_from_slice(b);
     }
+    fn uvarint(&mut self, mut v: u32) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+    fn compact_len(&mut self, n: usize) {
+        self.uvarint(u32::try_from(n).unwrap_or(u32::MAX - 1) + 1);
+    }
+    fn compact_str(&mut self, s: &str) {
+        self.compact_len(s.len());
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn compact_nstr(&mut self, s: Option<&str>) {
+        match s {
+            Some(s) => self.compact_str(s),
+            None => self.uvarint(0),
+        }
+    }
+    fn no_tags(&mut self) {
+        self.0.push(0);
+    }
+    /// A compact array of `{TopicId uuid, Partitions []int32}` structs.
+    fn topic_partitions(&mut self, a: &Assignment) {
+        self.compact_len(a.len());
+        for (id, ps) in a {
+            self.0.extend_from_slice(id.as_bytes());
+            self.compact_len(ps.len());
+            for p in ps {
+                self.i32(*p);
+            }
+            self.no_tags();
+        }
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -187,6 +316,88 @@ impl Reader<'_> {
         }
         Ok(Bytes::copy_from_slice(self.take(len as usize, what)?))
     }
+    fn i8(&mut self, what: &'static str) -> Result<i8, RecordError> {
+        Ok(self.take(1, what)?[0] as i8)
+    }
+    fn uvarint(&mut self, what: &'static str) -> Result<u32, RecordError> {
+        let mut v: u32 = 0;
+        for i in 0..5 {
+            let b = self.take(1, what)?[0];
+            v |= u32::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(RecordError::Invalid(what))
+    }
+    /// A compact length: None for null (0), else the length, at most the bytes left times
+    /// `min_size` apart (a corrupt length is an error, not a huge allocation).
+    fn compact_len(
+        &mut self,
+        what: &'static str,
+        min_size: usize,
+    ) -> Result<Option<usize>, RecordError> {
+        let n = self.uvarint(what)? as usize;
+        if n == 0 {
+            return Ok(None);
+        }
+        let n = n - 1;
+        if n.saturating_mul(min_size) > self.0.len() {
+            return Err(RecordError::Invalid(what));
+        }
+        Ok(Some(n))
+    }
+    fn compact_nstr(&mut self, what: &'static str) -> Result<Option<String>, RecordError> {
+        match self.compact_len(what, 1)? {
+            None => Ok(None),
+            Some(n) => Ok(Some(
+                String::from_utf8_lossy(self.take(n, what)?).into_owned(),
+            )),
+        }
+    }
+    fn compact_str(&mut self, what: &'static str) -> Result<String, RecordError> {
+        self.compact_nstr(what)?.ok_or(RecordError::Invalid(what))
+    }
+    fn uuid(&mut self, what: &'static str) -> Result<Uuid, RecordError> {
+        let b = self.take(16, what)?;
+        let mut a = [0u8; 16];
+        a.copy_from_slice(b);
+        Ok(Uuid::from_bytes(a))
+    }
+    /// Skips a tagged-field section (fields gregor does not use).
+    fn skip_tags(&mut self) -> Result<(), RecordError> {
+        let n = self.uvarint("tagged fields")?;
+        for _ in 0..n {
+            let _tag = self.uvarint("tag")?;
+            let size = self.uvarint("tag size")? as usize;
+            self.take(size, "tagged field")?;
+        }
+        Ok(())
+    }
+    fn topic_partitions(&mut self, what: &'static str) -> Result<Assignment, RecordError> {
+        let n = self.compact_len(what, 18)?.unwrap_or(0);
+        let mut out = Assignment::new();
+        for _ in 0..n {
+            let id = self.uuid("topicId")?;
+            let m = self.compact_len("partitions", 4)?.unwrap_or(0);
+            let mut ps = BTreeSet::new();
+            for _ in 0..m {
+                ps.insert(self.i32("partition")?);
+            }
+            self.skip_tags()?;
+            if !ps.is_empty() {
+                out.entry(id).or_default().extend(ps);
+            }
+        }
+        Ok(out)
+    }
+    /// Reads a flexible value's version and checks it is 0.
+    fn version0(&mut self, what: &'static str) -> Result<(), RecordError> {
+        if self.i16(what)? != 0 {
+            return Err(RecordError::Invalid(what));
+        }
+        Ok(())
+    }
 }
 
 /// `OffsetCommitKey` bytes (record type 1).
@@ -215,6 +426,230 @@ pub fn consumer_group_metadata_key(group: &str) -> Vec<u8> {
     w.0
 }
 
+fn group_member_key(record_type: i16, group: &str, member: &str) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(6 + group.len() + member.len()));
+    w.i16(record_type);
+    w.str(group);
+    w.str(member);
+    w.0
+}
+
+fn group_key(record_type: i16, group: &str) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(4 + group.len()));
+    w.i16(record_type);
+    w.str(group);
+    w.0
+}
+
+/// `ConsumerGroupPartitionMetadataKey` bytes (record type 4).
+pub fn consumer_group_partition_metadata_key(group: &str) -> Vec<u8> {
+    group_key(CONSUMER_GROUP_PARTITION_METADATA_KEY_VERSION, group)
+}
+
+/// `ConsumerGroupMemberMetadataKey` bytes (record type 5).
+pub fn consumer_group_member_metadata_key(group: &str, member: &str) -> Vec<u8> {
+    group_member_key(CONSUMER_GROUP_MEMBER_METADATA_KEY_VERSION, group, member)
+}
+
+/// `ConsumerGroupTargetAssignmentMetadataKey` bytes (record type 6).
+pub fn consumer_group_target_assignment_metadata_key(group: &str) -> Vec<u8> {
+    group_key(CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA_KEY_VERSION, group)
+}
+
+/// `ConsumerGroupTargetAssignmentMemberKey` bytes (record type 7).
+pub fn consumer_group_target_assignment_member_key(group: &str, member: &str) -> Vec<u8> {
+    group_member_key(
+        CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER_KEY_VERSION,
+        group,
+        member,
+    )
+}
+
+/// `ConsumerGroupCurrentMemberAssignmentKey` bytes (record type 8).
+pub fn consumer_group_current_member_assignment_key(group: &str, member: &str) -> Vec<u8> {
+    group_member_key(
+        CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT_KEY_VERSION,
+        group,
+        member,
+    )
+}
+
+/// `ConsumerGroupPartitionMetadataValue` v0 bytes: per subscribed topic its id, name and
+/// partition count (the deprecated per-partition racks are written empty, as Kafka 4 does).
+pub fn consumer_group_partition_metadata_value(topics: &BTreeMap<String, (Uuid, i32)>) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(8 + topics.len() * 32));
+    w.i16(0);
+    w.compact_len(topics.len());
+    for (name, (id, n)) in topics {
+        w.0.extend_from_slice(id.as_bytes());
+        w.compact_str(name);
+        w.i32(*n);
+        w.compact_len(0);
+        w.no_tags();
+    }
+    w.no_tags();
+    w.0
+}
+
+/// Decodes a `ConsumerGroupPartitionMetadataValue`: topic name -> (id, partitions).
+///
+/// # Errors
+/// [`RecordError`] for a truncated value or an unknown version.
+pub fn decode_consumer_group_partition_metadata_value(
+    value: &[u8],
+) -> Result<BTreeMap<String, (Uuid, i32)>, RecordError> {
+    let mut r = Reader(value);
+    r.version0("ConsumerGroupPartitionMetadataValue version")?;
+    let n = r.compact_len("topics", 22)?.unwrap_or(0);
+    let mut out = BTreeMap::new();
+    for _ in 0..n {
+        let id = r.uuid("topicId")?;
+        let name = r.compact_str("topicName")?;
+        let partitions = r.i32("numPartitions")?;
+        let m = r.compact_len("partitionMetadata", 6)?.unwrap_or(0);
+        for _ in 0..m {
+            r.i32("partition")?;
+            let racks = r.compact_len("racks", 1)?.unwrap_or(0);
+            for _ in 0..racks {
+                r.compact_str("rack")?;
+            }
+            r.skip_tags()?;
+        }
+        r.skip_tags()?;
+        out.insert(name, (id, partitions));
+    }
+    Ok(out)
+}
+
+/// `ConsumerGroupMemberMetadataValue` v0 bytes.
+pub fn consumer_group_member_metadata_value(v: &ConsumerMemberMetadataValue) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(64));
+    w.i16(0);
+    w.compact_nstr(v.instance_id.as_deref());
+    w.compact_nstr(v.rack_id.as_deref());
+    w.compact_str(&v.client_id);
+    w.compact_str(&v.client_host);
+    w.compact_len(v.subscribed_topic_names.len());
+    for t in &v.subscribed_topic_names {
+        w.compact_str(t);
+    }
+    w.compact_nstr(v.subscribed_topic_regex.as_deref());
+    w.i32(v.rebalance_timeout_ms);
+    w.compact_nstr(v.server_assignor.as_deref());
+    w.no_tags();
+    w.0
+}
+
+/// Decodes a `ConsumerGroupMemberMetadataValue` (its tagged classic member metadata is skipped).
+///
+/// # Errors
+/// [`RecordError`] for a truncated value or an unknown version.
+pub fn decode_consumer_group_member_metadata_value(
+    value: &[u8],
+) -> Result<ConsumerMemberMetadataValue, RecordError> {
+    let mut r = Reader(value);
+    r.version0("ConsumerGroupMemberMetadataValue version")?;
+    let instance_id = r.compact_nstr("instanceId")?;
+    let rack_id = r.compact_nstr("rackId")?;
+    let client_id = r.compact_str("clientId")?;
+    let client_host = r.compact_str("clientHost")?;
+    let n = r.compact_len("subscribedTopicNames", 1)?.unwrap_or(0);
+    let subscribed_topic_names = (0..n)
+        .map(|_| r.compact_str("topic"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let subscribed_topic_regex = r.compact_nstr("subscribedTopicRegex")?;
+    let rebalance_timeout_ms = r.i32("rebalanceTimeoutMs")?;
+    let server_assignor = r.compact_nstr("serverAssignor")?;
+    r.skip_tags()?;
+    Ok(ConsumerMemberMetadataValue {
+        instance_id,
+        rack_id,
+        client_id,
+        client_host,
+        subscribed_topic_names,
+        subscribed_topic_regex,
+        rebalance_timeout_ms,
+        server_assignor,
+    })
+}
+
+/// `ConsumerGroupTargetAssignmentMetadataValue` v0 bytes: the assignment epoch.
+pub fn consumer_group_target_assignment_metadata_value(epoch: i32) -> Vec<u8> {
+    consumer_group_metadata_value(epoch)
+}
+
+/// Decodes a `ConsumerGroupTargetAssignmentMetadataValue`: the assignment epoch.
+///
+/// # Errors
+/// [`RecordError`] for a truncated value or an unknown version.
+pub fn decode_consumer_group_target_assignment_metadata_value(
+    value: &[u8],
+) -> Result<i32, RecordError> {
+    let mut r = Reader(value);
+    r.version0("ConsumerGroupTargetAssignmentMetadataValue version")?;
+    r.i32("assignmentEpoch")
+}
+
+/// `ConsumerGroupTargetAssignmentMemberValue` v0 bytes.
+pub fn consumer_group_target_assignment_member_value(a: &Assignment) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(8 + a.len() * 32));
+    w.i16(0);
+    w.topic_partitions(a);
+    w.no_tags();
+    w.0
+}
+
+/// Decodes a `ConsumerGroupTargetAssignmentMemberValue`.
+///
+/// # Errors
+/// [`RecordError`] for a truncated value or an unknown version.
+pub fn decode_consumer_group_target_assignment_member_value(
+    value: &[u8],
+) -> Result<Assignment, RecordError> {
+    let mut r = Reader(value);
+    r.version0("ConsumerGroupTargetAssignmentMemberValue version")?;
+    let a = r.topic_partitions("topicPartitions")?;
+    r.skip_tags()?;
+    Ok(a)
+}
+
+/// `ConsumerGroupCurrentMemberAssignmentValue` v0 bytes.
+pub fn consumer_group_current_member_assignment_value(v: &CurrentMemberAssignmentValue) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(32));
+    w.i16(0);
+    w.i32(v.member_epoch);
+    w.i32(v.previous_member_epoch);
+    w.0.push(v.state as u8);
+    w.topic_partitions(&v.assigned);
+    w.topic_partitions(&v.pending_revocation);
+    w.no_tags();
+    w.0
+}
+
+/// Decodes a `ConsumerGroupCurrentMemberAssignmentValue`.
+///
+/// # Errors
+/// [`RecordError`] for a truncated value or an unknown version.
+pub fn decode_consumer_group_current_member_assignment_value(
+    value: &[u8],
+) -> Result<CurrentMemberAssignmentValue, RecordError> {
+    let mut r = Reader(value);
+    r.version0("ConsumerGroupCurrentMemberAssignmentValue version")?;
+    let member_epoch = r.i32("memberEpoch")?;
+    let previous_member_epoch = r.i32("previousMemberEpoch")?;
+    let state = r.i8("state")?;
+    let assigned = r.topic_partitions("assignedPartitions")?;
+    let pending_revocation = r.topic_partitions("partitionsPendingRevocation")?;
+    r.skip_tags()?;
+    Ok(CurrentMemberAssignmentValue {
+        member_epoch,
+        previous_member_epoch,
+        state,
+        assigned,
+        pending_revocation,
+    })
+}
+
 /// `ConsumerGroupMetadataValue` v0 bytes: the group epoch, then an empty tagged-field section
 /// (the schema is flexible from v0).
 pub fn consumer_group_metadata_value(epoch: i32) -> Vec<u8> {
@@ -231,7 +666,7 @@ pub fn consumer_group_metadata_value(epoch: i32) -> Vec<u8> {
 /// [`RecordError`] for a truncated value.
 pub fn decode_consumer_group_metadata_value(value: &[u8]) -> Result<i32, RecordError> {
     let mut r = Reader(value);
-    let _version = r.i16("ConsumerGroupMetadataValue version")?;
+    r.version0("ConsumerGroupMetadataValue version")?;
     r.i32("epoch")
 }
 
@@ -295,6 +730,24 @@ pub fn decode_key(key: &[u8]) -> Result<CoordinatorKey, RecordError> {
         },
         3 => CoordinatorKey::ConsumerGroupMetadata {
             group: r.str("group")?,
+        },
+        4 => CoordinatorKey::ConsumerGroupPartitionMetadata {
+            group: r.str("group")?,
+        },
+        5 => CoordinatorKey::ConsumerGroupMemberMetadata {
+            group: r.str("group")?,
+            member: r.str("member")?,
+        },
+        6 => CoordinatorKey::ConsumerGroupTargetAssignmentMetadata {
+            group: r.str("group")?,
+        },
+        7 => CoordinatorKey::ConsumerGroupTargetAssignmentMember {
+            group: r.str("group")?,
+            member: r.str("member")?,
+        },
+        8 => CoordinatorKey::ConsumerGroupCurrentMemberAssignment {
+            group: r.str("group")?,
+            member: r.str("member")?,
         },
         other => CoordinatorKey::Other(other),
     })
@@ -482,6 +935,92 @@ mod tests {
             assert!(decode_group_metadata_value(&bytes[..n]).is_err());
         }
         assert!(decode_key(&[0]).is_err());
+    }
+
+    #[test]
+    fn consumer_group_records_round_trip() {
+        let t = Uuid::from_u128(0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10);
+        let mut a = Assignment::new();
+        a.insert(t, [0, 2, 5].into_iter().collect());
+        let m = ConsumerMemberMetadataValue {
+            instance_id: Some("i".into()),
+            rack_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            subscribed_topic_names: vec!["a".into(), "b".into()],
+            subscribed_topic_regex: None,
+            rebalance_timeout_ms: 300_000,
+            server_assignor: Some("uniform".into()),
+        };
+        let bytes = consumer_group_member_metadata_value(&m);
+        assert_eq!(
+            decode_consumer_group_member_metadata_value(&bytes).unwrap(),
+            m
+        );
+        for n in 0..bytes.len() {
+            assert!(decode_consumer_group_member_metadata_value(&bytes[..n]).is_err());
+        }
+        let c = CurrentMemberAssignmentValue {
+            member_epoch: 7,
+            previous_member_epoch: 6,
+            state: MEMBER_STATE_UNREVOKED_PARTITIONS,
+            assigned: a.clone(),
+            pending_revocation: Assignment::new(),
+        };
+        let bytes = consumer_group_current_member_assignment_value(&c);
+        assert_eq!(
+            decode_consumer_group_current_member_assignment_value(&bytes).unwrap(),
+            c
+        );
+        for n in 0..bytes.len() {
+            assert!(decode_consumer_group_current_member_assignment_value(&bytes[..n]).is_err());
+        }
+        let bytes = consumer_group_target_assignment_member_value(&a);
+        // Version, one topic (compact length 2), the uuid, three partitions (4), then the
+        // topic's and the value's empty tagged fields.
+        assert_eq!(&bytes[..3], &[0, 0, 2]);
+        assert_eq!(bytes[19], 4);
+        assert_eq!(bytes.len(), 3 + 16 + 1 + 12 + 1 + 1);
+        assert_eq!(
+            decode_consumer_group_target_assignment_member_value(&bytes).unwrap(),
+            a
+        );
+        let mut topics = BTreeMap::new();
+        topics.insert("a".to_string(), (t, 6));
+        let bytes = consumer_group_partition_metadata_value(&topics);
+        assert_eq!(
+            decode_consumer_group_partition_metadata_value(&bytes).unwrap(),
+            topics
+        );
+        assert_eq!(
+            decode_consumer_group_target_assignment_metadata_value(
+                &consumer_group_target_assignment_metadata_value(3)
+            )
+            .unwrap(),
+            3
+        );
+        assert_eq!(
+            decode_key(&consumer_group_current_member_assignment_key("g", "m")).unwrap(),
+            CoordinatorKey::ConsumerGroupCurrentMemberAssignment {
+                group: "g".into(),
+                member: "m".into()
+            }
+        );
+        assert_eq!(
+            decode_key(&consumer_group_member_metadata_key("g", "m")).unwrap(),
+            CoordinatorKey::ConsumerGroupMemberMetadata {
+                group: "g".into(),
+                member: "m".into()
+            }
+        );
+        // A tagged field Kafka may write (ClassicMemberMetadata, tag 0) is skipped.
+        let mut bytes = consumer_group_member_metadata_value(&m);
+        bytes.pop();
+        bytes.extend_from_slice(&[1, 0, 2, 0xAA, 0xBB]);
+        assert_eq!(
+            decode_consumer_group_member_metadata_value(&bytes).unwrap(),
+            m
+        );
     }
 
     #[test]

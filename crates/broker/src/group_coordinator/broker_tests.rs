@@ -1,12 +1,17 @@
-//! KIP-211 offset expiry against a real broker in this process, with a synthetic clock:
-//! [`GroupCoordinator::expire_offsets`] is called with chosen `now` values, and the broker is
-//! restarted on the same data directory to check that the tombstones were written.
+//! The group coordinator against a real broker in this process, restarted on the same data
+//! directory to check what `__consumer_offsets` keeps:
+//! - KIP-211 offset expiry with a synthetic clock ([`GroupCoordinator::expire_offsets`] is
+//!   called with chosen `now` values);
+//! - KIP-848 consumer groups: members, target and current assignments survive a restart.
+//!
+//! [`GroupCoordinator::expire_offsets`]: super::GroupCoordinator::expire_offsets
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::consumer::HeartbeatRequest;
+use super::assignor::Assignment;
+use super::consumer::{HeartbeatRequest, HeartbeatResponse};
 use super::offsets::{CommitRequest, OffsetToCommit};
 use super::records::{self, GroupMetadataValue, OffsetCommitValue};
 use crate::config::BrokerConfig;
@@ -100,25 +105,35 @@ fn join(b: &Arc<Broker>, group: &str) -> (String, i32) {
 }
 
 fn leave(b: &Arc<Broker>, group: &str, member: &str) {
-    let r = b.group_coordinator.consumer_group_heartbeat(
+    let r = heartbeat(b, group, member, -1, None);
+    assert_eq!(r.error_code, ec::NONE);
+}
+
+fn heartbeat(
+    b: &Arc<Broker>,
+    group: &str,
+    member: &str,
+    epoch: i32,
+    owned: Option<Assignment>,
+) -> HeartbeatResponse {
+    b.group_coordinator.consumer_group_heartbeat(
         b,
         HeartbeatRequest {
             group_id: group.into(),
             member_id: member.into(),
-            member_epoch: -1,
+            member_epoch: epoch,
             instance_id: None,
             rack_id: None,
             rebalance_timeout_ms: -1,
             subscribed_topic_names: None,
             subscribed_topic_regex: None,
             server_assignor: None,
-            owned: None,
+            owned,
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
             version: 0,
         },
-    );
-    assert_eq!(r.error_code, ec::NONE);
+    )
 }
 
 #[tokio::test]
@@ -220,5 +235,129 @@ async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
     assert_eq!(fetched(b, "emptied"), -1);
     assert_eq!(fetched(b, "live"), 11);
     assert_eq!(group_ids(b), vec!["live".to_string()]);
+    running.shutdown().await.expect("shutdown");
+}
+
+/// Heartbeats every member (reporting what it was last given) until the group is Stable.
+fn reconcile(b: &Arc<Broker>, group: &str, members: &mut [(String, i32, Assignment)]) {
+    for _ in 0..20 {
+        for (id, epoch, owned) in members.iter_mut() {
+            let r = heartbeat(b, group, id, *epoch, Some(owned.clone()));
+            assert_eq!(r.error_code, ec::NONE, "{:?}", r.error_message);
+            *epoch = r.member_epoch;
+            if let Some(a) = r.assignment {
+                *owned = a;
+            }
+        }
+        let d = b.group_coordinator.describe_consumer_group(b, group);
+        if d.state == "Stable" {
+            return;
+        }
+    }
+    panic!("group {group} did not become Stable");
+}
+
+type Described = (
+    String,
+    i32,
+    i32,
+    Vec<(String, i32, Assignment, Assignment, Vec<String>)>,
+);
+
+fn describe(b: &Arc<Broker>, group: &str) -> Described {
+    let d = b.group_coordinator.describe_consumer_group(b, group);
+    assert_eq!(d.error_code, ec::NONE, "{:?}", d.error_message);
+    (
+        d.state,
+        d.group_epoch,
+        d.assignment_epoch,
+        d.members
+            .into_iter()
+            .map(|m| {
+                (
+                    m.member_id,
+                    m.member_epoch,
+                    m.assignment,
+                    m.target_assignment,
+                    m.subscribed_topic_names,
+                )
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn kip848_members_and_assignments_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    b.group_coordinator.ensure_offsets_topic(b).expect("topic");
+    b.controller
+        .create_topic(
+            gregor_metadata::controller::NewTopic {
+                name: "t".into(),
+                num_partitions: 4,
+                replication_factor: 1,
+                assignments: vec![],
+                configs: BTreeMap::new(),
+            },
+            false,
+        )
+        .expect("create t");
+    b.publish_metadata().expect("publish");
+
+    let (a, ea) = join(b, "cg");
+    let mut members = vec![(a.clone(), ea, Assignment::new())];
+    reconcile(b, "cg", &mut members);
+    let (m2, e2) = join(b, "cg");
+    members.push((m2.clone(), e2, Assignment::new()));
+    reconcile(b, "cg", &mut members);
+    let before = describe(b, "cg");
+    assert_eq!(before.0, "Stable");
+    assert_eq!(before.3.len(), 2);
+    assert!(before
+        .3
+        .iter()
+        .all(|m| m.2.values().map(|p| p.len()).sum::<usize>() == 2));
+    running.shutdown().await.expect("shutdown");
+
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    assert_eq!(
+        describe(b, "cg"),
+        before,
+        "the group as it was before the restart"
+    );
+    // The members carry on with their epochs; nothing is rebalanced.
+    for (id, epoch, owned) in &members {
+        let r = heartbeat(b, "cg", id, *epoch, Some(owned.clone()));
+        assert_eq!(r.error_code, ec::NONE, "{:?}", r.error_message);
+        assert_eq!(r.member_epoch, *epoch);
+        assert_eq!(r.assignment.as_ref(), Some(owned));
+    }
+    assert_eq!(describe(b, "cg"), before);
+    // One leaves: its records are tombstoned, the other takes over its partitions.
+    leave(b, "cg", &m2);
+    members.truncate(1);
+    reconcile(b, "cg", &mut members);
+    let after_leave = describe(b, "cg");
+    assert_eq!(after_leave.3.len(), 1);
+    assert_eq!(
+        after_leave.3[0].2.values().map(|p| p.len()).sum::<usize>(),
+        4
+    );
+    running.shutdown().await.expect("shutdown");
+
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    assert_eq!(describe(b, "cg"), after_leave);
+    leave(b, "cg", &a);
+    assert_eq!(b.group_coordinator.delete_group(b, "cg"), ec::NONE);
+    running.shutdown().await.expect("shutdown");
+
+    // Deleted groups stay deleted.
+    let running = start(dir.path()).await;
+    let b = &running.broker;
+    assert!(group_ids(b).is_empty());
     running.shutdown().await.expect("shutdown");
 }
