@@ -91,7 +91,17 @@ impl ConfigType {
             Err(ConfigError::new(
                 name,
                 value,
-                format!("Expected value to be a {self:?}"),
+                format!(
+                    "Expected value to be {}",
+                    match self {
+                        Self::Boolean => "either true or false",
+                        Self::Int => "a 32-bit integer",
+                        Self::Short => "a 16-bit integer",
+                        Self::Long => "a 64-bit integer",
+                        Self::Double => "a double",
+                        Self::String | Self::List | Self::Password => "a string",
+                    }
+                ),
             ))
         }
     }

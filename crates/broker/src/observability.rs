@@ -177,6 +177,9 @@ fn describe() {
         "Always 1; the version label is the broker's version."
     );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Present from the first scrape, not only after the first delayed operation.
+    metrics::gauge!(DELAYED_PRODUCE_REQUESTS).set(0.0);
+    metrics::gauge!(DELAYED_FETCH_REQUESTS).set(0.0);
 }
 
 /// Kafka's name of an API (`Produce`, `Fetch`, ...), for labels.

@@ -128,6 +128,9 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
     }
 
     let idle = args.timeout_ms.map(Duration::from_millis);
+    // SIGTERM ends consumption like Ctrl-C: commit what was printed and leave the group.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
     let mut out = std::io::BufWriter::new(std::io::stdout());
     let mut count: u64 = 0;
     let mut line = String::new();
@@ -144,6 +147,7 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
                 }
             } => r,
             _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
         };
         let Some(received) = received else { break }; // idle for --timeout-ms
         let msg = received.with_context(|| format!("consuming from {}", args.topic))?;

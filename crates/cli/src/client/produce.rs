@@ -126,7 +126,19 @@ impl ProducerContext for DeliveryTracker {
     }
 }
 
+/// Set by Ctrl-C or SIGTERM: stop reading input, wait for what was sent, report.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub async fn run(args: ProduceArgs) -> Result<()> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
+        STOP.store(true, Ordering::Relaxed);
+    });
     // librdkafka's producer API is blocking; keep it off the async workers.
     tokio::task::spawn_blocking(move || produce(&args)).await?
 }
@@ -183,7 +195,6 @@ fn produce(args: &ProduceArgs) -> Result<()> {
     if let Some(bar) = &progress {
         bar.finish_and_clear();
     }
-    read_result?;
     let ctx = producer.context();
     let delivered = ctx.delivered.load(Ordering::Relaxed);
     let failed = ctx.failed.load(Ordering::Relaxed);
@@ -209,6 +220,9 @@ fn produce(args: &ProduceArgs) -> Result<()> {
     for e in &errors {
         eprintln!("delivery failed: {e}");
     }
+    // The summary above is printed first, so an input error or a stop at a failed delivery
+    // still says what was acknowledged.
+    read_result?;
     if let Err(e) = flush_result {
         bail!("{unacknowledged} records still unacknowledged after the flush: {e}");
     }
@@ -233,6 +247,18 @@ fn send_lines(
     let mut reader = reader;
     let mut line_number: u64 = 0;
     loop {
+        if STOP.load(Ordering::Relaxed) {
+            eprintln!("interrupted: no more input is read; waiting for the records already sent");
+            return Ok(());
+        }
+        if producer.context().failed.load(Ordering::Relaxed) > 0 {
+            // Stop at the first failure, and drop what is still queued locally, so the topic
+            // never gets a hole followed by later lines.
+            let _ = producer.purge(rdkafka::producer::PurgeConfig::default().queue());
+            bail!(
+                "a record was not delivered; stopped after line {line_number} (later lines were not sent)"
+            );
+        }
         line.clear();
         let n = reader
             .by_ref()
@@ -272,6 +298,12 @@ fn send_lines(
                     // Serve delivery reports until the local queue has room again.
                     record = back;
                     producer.poll(Duration::from_millis(100));
+                    if STOP.load(Ordering::Relaxed)
+                        || producer.context().failed.load(Ordering::Relaxed) > 0
+                    {
+                        // This line was not sent; the summary reports what was.
+                        return Ok(());
+                    }
                 }
                 Err((e, _)) => {
                     return Err(e).with_context(|| format!("producing line {line_number}"));

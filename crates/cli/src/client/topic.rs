@@ -120,9 +120,16 @@ pub async fn run(args: TopicArgs) -> Result<()> {
             }
         }
         TopicCommand::Describe { name } => {
-            let metadata = fetch_metadata(admin, name.clone(), timeout).await?;
+            // Always ask for all topics: a metadata request naming one topic would create it
+            // on a broker with auto.create.topics.enable (librdkafka's admin handle allows
+            // auto-creation), and describing must never create.
+            let metadata = fetch_metadata(admin, None, timeout).await?;
             let mut topics = Vec::new();
-            for t in metadata.topics() {
+            for t in metadata
+                .topics()
+                .iter()
+                .filter(|t| name.as_deref().is_none_or(|n| t.name() == n))
+            {
                 if let Some(err) = t.error() {
                     let code = rdkafka::types::RDKafkaErrorCode::from(err);
                     bail!("describing topic {}: {code}", t.name());
