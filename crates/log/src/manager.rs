@@ -535,6 +535,19 @@ impl LogManager {
     }
 }
 
+/// True when `dir` holds at least one partition directory (a fresh log dir has none, and so
+/// nothing to recover).
+fn has_partition_dirs(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.filter_map(std::result::Result::ok).any(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(TopicPartition::parse_dir_name)
+                .is_some()
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,17 +565,4 @@ mod tests {
         assert_eq!(topic_id_to_string(&[0; 16]), "AAAAAAAAAAAAAAAAAAAAAA");
         assert_eq!(topic_id_from_string("short"), None);
     }
-}
-
-/// True when `dir` holds at least one partition directory (a fresh log dir has none, and so
-/// nothing to recover).
-fn has_partition_dirs(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|rd| {
-        rd.filter_map(std::result::Result::ok).any(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(TopicPartition::parse_dir_name)
-                .is_some()
-        })
-    })
 }
