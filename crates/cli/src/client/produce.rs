@@ -254,7 +254,7 @@ fn send_lines(
         if producer.context().failed.load(Ordering::Relaxed) > 0 {
             // Stop at the first failure, and drop what is still queued locally, so the topic
             // never gets a hole followed by later lines.
-            let _ = producer.purge(rdkafka::producer::PurgeConfig::default().queue());
+            producer.purge(rdkafka::producer::PurgeConfig::default().queue());
             bail!(
                 "a record was not delivered; stopped after line {line_number} (later lines were not sent)"
             );
