@@ -91,17 +91,15 @@ impl ConfigType {
             Err(ConfigError::new(
                 name,
                 value,
-                format!(
-                    "Expected value to be {}",
-                    match self {
-                        Self::Boolean => "either true or false",
-                        Self::Int => "a 32-bit integer",
-                        Self::Short => "a 16-bit integer",
-                        Self::Long => "a 64-bit integer",
-                        Self::Double => "a double",
-                        Self::String | Self::List | Self::Password => "a string",
-                    }
-                ),
+                // Kafka's ConfigDef.parseType wording for a string that does not parse.
+                match self {
+                    Self::Boolean => "Expected value to be either true or false".to_string(),
+                    Self::Int => "Not a number of type INT".to_string(),
+                    Self::Short => "Not a number of type SHORT".to_string(),
+                    Self::Long => "Not a number of type LONG".to_string(),
+                    Self::Double => "Not a number of type DOUBLE".to_string(),
+                    Self::String | Self::List | Self::Password => "Expected a string".to_string(),
+                },
             ))
         }
     }

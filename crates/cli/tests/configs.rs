@@ -355,7 +355,9 @@ fn incremental_alter_configs_set_delete_append_subtract() -> Result<()> {
         ensure!(r.responses[0].error_code == 40, "{:?}", r.responses[0]);
         ensure!(
             r.responses[0].error_message.as_deref()
-                == Some("Invalid value soon for configuration retention.ms: Expected value to be a Long"),
+                == Some(
+                    "Invalid value soon for configuration retention.ms: Not a number of type LONG"
+                ),
             "{:?}",
             r.responses[0]
         );
