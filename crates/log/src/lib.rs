@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
+pub mod clock;
 mod cleaner;
 mod config;
 mod epoch;
@@ -26,6 +27,7 @@ mod segment;
 mod timestamps;
 
 pub use cleaner::{CleanStats, Cleanability, CleanerConfig, LogCleaner, OFFSET_MAP_ENTRY_BYTES};
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use config::{LogConfig, TimestampType, TopicPartition};
 pub use epoch::EpochEntry;
 pub use error::{LogError, Result};
