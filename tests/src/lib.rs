@@ -1,9 +1,23 @@
-//! Test harness for integration tests: runs the real `gregor` binary as a child process on a
-//! free 127.0.0.1 port with its own data directory, waits until it accepts connections, and
-//! restarts it gracefully (SIGTERM) or by crashing it (SIGKILL). The integration tests that use
-//! it live in `crates/cli/tests/` so that cargo builds the binary for them.
+//! The test harness, in one place for every test crate and for `cargo xtask`:
+//! - [`Gregor`]: runs the real `gregor` binary as a child process on a free 127.0.0.1 port with
+//!   its own data directory, waits until it accepts connections, and restarts it gracefully
+//!   (SIGTERM) or by crashing it (SIGKILL). The integration tests that use it live in
+//!   `crates/cli/tests/` so that cargo builds the binary for them.
+//! - [`process`]: free ports, ApiVersions readiness probes, signals, child processes that never
+//!   outlive their test.
+//! - [`wire`]: a raw Kafka protocol client for tests that control every byte.
+//! - [`reference`]: the reference Apache Kafka broker and tools from Maven Central.
+//! - `clients` (feature `rdkafka`, on by default): rdkafka admin/producer/consumer helpers.
 
-use std::net::{TcpListener, TcpStream};
+#[cfg(feature = "rdkafka")]
+pub mod clients;
+pub mod process;
+pub mod reference;
+pub mod wire;
+
+pub use process::free_port;
+
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,12 +35,6 @@ pub struct Gregor {
     data: tempfile::TempDir,
     extra: Vec<String>,
     env: Vec<(String, String)>,
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("binding an ephemeral port")?;
-    Ok(l.local_addr()?.port())
 }
 
 impl Gregor {

@@ -20,6 +20,7 @@ use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use gregor_tests::process::GregorServer;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -322,7 +323,7 @@ fn medians(runs: &[Value]) -> Value {
 
 /// A broker started for one run.
 enum Server {
-    Gregor(Gregor),
+    Gregor(GregorServer),
     Kafka {
         bootstrap: String,
         guard: ChildGuard,
@@ -337,11 +338,11 @@ impl Server {
             g.wait_ready()?;
             Ok(Self::Gregor(g))
         } else {
-            let instance = kafka::Instance::new(&kafka::StartArgs {
-                port: ports[0],
-                controller_port: Some(ports[1]),
-                data_dir: Some(work.join(format!("kafka-data-{}", ports[0]))),
-            })?;
+            let instance = kafka::Instance::new(
+                ports[0],
+                Some(ports[1]),
+                Some(work.join(format!("kafka-data-{}", ports[0]))),
+            )?;
             let mut guard = ChildGuard::new("kafka", instance.spawn()?);
             instance.wait_ready(|| guard.check_alive())?;
             Ok(Self::Kafka {

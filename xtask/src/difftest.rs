@@ -16,6 +16,7 @@ use crate::proc::{self, repo_root, ChildGuard};
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::{Buf, BytesMut};
 use clap::Args;
+use gregor_tests::process::GregorServer;
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use serde_json::{Map, Value};
@@ -23,7 +24,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -90,11 +90,11 @@ pub fn run(args: &DifftestArgs) -> Result<i32> {
     std::fs::create_dir_all(&work)?;
     let ports = proc::free_ports(4)?;
     kafka::fetch()?;
-    let instance = kafka::Instance::new(&kafka::StartArgs {
-        port: ports[2],
-        controller_port: Some(ports[3]),
-        data_dir: Some(work.join(format!("kafka-data-{}", ports[2]))),
-    })?;
+    let instance = kafka::Instance::new(
+        ports[2],
+        Some(ports[3]),
+        Some(work.join(format!("kafka-data-{}", ports[2]))),
+    )?;
     let mut kafka_guard = ChildGuard::new("kafka", instance.spawn()?);
     let mut gregor = Gregor::start(&binary, &work, ports[0], ports[1])?;
     instance.wait_ready(|| kafka_guard.check_alive())?;
@@ -233,15 +233,26 @@ fn default_binary(root: &Path) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("no gregor binary: run `cargo build -p gregor` (or --release)"))
 }
 
-/// A gregor server started for the difftest, configured like the reference broker.
-pub struct Gregor {
-    pub bootstrap: String,
-    pub guard: ChildGuard,
-    log_file: PathBuf,
-}
+/// A gregor server configured like the reference broker
+/// (`gregor_tests::reference::Instance::server_properties`), so that both answer from the same
+/// configuration.
+pub struct Gregor;
 
 impl Gregor {
-    pub fn start(binary: &Path, work: &Path, port: u16, admin_port: u16) -> Result<Self> {
+    /// The settings the reference broker has that gregor's defaults do not.
+    pub fn reference_settings() -> Vec<String> {
+        [
+            "num.partitions=1",
+            "group.initial.rebalance.delay.ms=0",
+            "offsets.topic.num.partitions=1",
+            "offsets.topic.replication.factor=1",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+    }
+
+    pub fn start(binary: &Path, work: &Path, port: u16, admin_port: u16) -> Result<GregorServer> {
         Self::start_with(binary, work, port, admin_port, &[])
     }
 
@@ -251,70 +262,10 @@ impl Gregor {
         port: u16,
         admin_port: u16,
         extra: &[String],
-    ) -> Result<Self> {
-        let log_dir = work.join(format!("gregor-data-{port}"));
-        if log_dir.exists() {
-            std::fs::remove_dir_all(&log_dir)?;
-        }
-        std::fs::create_dir_all(&log_dir)?;
-        let log_file = work.join(format!("gregor-{port}.log"));
-        let log = std::fs::File::create(&log_file)?;
-        let bootstrap = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(binary);
-        cmd.arg("serve");
-        // The reference broker's settings (kafka::Instance::server_properties), so that both
-        // answer from the same configuration.
-        for set in [
-            format!("listeners=PLAINTEXT://{bootstrap}"),
-            format!("log.dirs={}", log_dir.display()),
-            format!("admin.listener=127.0.0.1:{admin_port}"),
-            "num.partitions=1".to_string(),
-            "group.initial.rebalance.delay.ms=0".to_string(),
-            "offsets.topic.num.partitions=1".to_string(),
-            "offsets.topic.replication.factor=1".to_string(),
-        ]
-        .iter()
-        .chain(extra)
-        {
-            cmd.arg("--set").arg(set);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        eprintln!(
-            "$ {} (log: {})",
-            proc::display_command(&cmd),
-            log_file.display()
-        );
-        let guard = ChildGuard::new("gregor", cmd.spawn().context("starting gregor")?);
-        Ok(Self {
-            bootstrap,
-            guard,
-            log_file,
-        })
-    }
-
-    pub fn wait_ready(&mut self) -> Result<()> {
-        let guard = &mut self.guard;
-        proc::wait_for_broker(self.bootstrap.parse()?, 60_000, || guard.check_alive()).with_context(
-            || {
-                format!(
-                    "gregor did not come up; last lines of {}:\n{}",
-                    self.log_file.display(),
-                    proc::tail(&self.log_file, 30)
-                )
-            },
-        )
-    }
-
-    pub fn check_alive(&mut self) -> Result<()> {
-        self.guard.check_alive().with_context(|| {
-            format!(
-                "gregor died; last lines of {}:\n{}",
-                self.log_file.display(),
-                proc::tail(&self.log_file, 30)
-            )
-        })
+    ) -> Result<GregorServer> {
+        let mut sets = Self::reference_settings();
+        sets.extend(extra.iter().cloned());
+        GregorServer::start(binary, work, port, admin_port, &sets)
     }
 }
 

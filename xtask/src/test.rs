@@ -13,8 +13,9 @@ use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use gregor_tests::process::GregorServer;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -274,11 +275,11 @@ impl Target {
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
         if against_kafka {
             kafka::fetch()?;
-            let instance = kafka::Instance::new(&kafka::StartArgs {
-                port: ports[0],
-                controller_port: Some(ports[1]),
-                data_dir: Some(work.join(format!("kafka-data-{}", ports[0]))),
-            })?;
+            let instance = kafka::Instance::new(
+                ports[0],
+                Some(ports[1]),
+                Some(work.join(format!("kafka-data-{}", ports[0]))),
+            )?;
             let mut guard = ChildGuard::new("kafka", instance.spawn()?);
             instance.wait_ready(|| guard.check_alive())?;
             Ok(Self {
@@ -296,46 +297,13 @@ impl Target {
                     binary.display()
                 );
             }
-            let log_dir = work.join(format!("gregor-data-{}", ports[0]));
-            if log_dir.exists() {
-                std::fs::remove_dir_all(&log_dir)?;
-            }
-            std::fs::create_dir_all(&log_dir)?;
-            let log_file = work.join(format!("gregor-{}.log", ports[0]));
-            let log = std::fs::File::create(&log_file)?;
-            let bootstrap = format!("127.0.0.1:{}", ports[0]);
-            let mut cmd = Command::new(&binary);
-            cmd.arg("serve")
-                .arg("--set")
-                .arg(format!("listeners=PLAINTEXT://{bootstrap}"))
-                .arg("--set")
-                .arg(format!("log.dirs={}", log_dir.display()))
-                // A free port rather than the default 9644, which another gregor may hold.
-                .arg("--set")
-                .arg(format!("admin.listener=127.0.0.1:{}", ports[1]))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log);
-            eprintln!(
-                "$ {} (log: {})",
-                proc::display_command(&cmd),
-                log_file.display()
-            );
-            let mut guard = ChildGuard::new("gregor", cmd.spawn().context("starting gregor")?);
-            proc::wait_for_broker(bootstrap.parse()?, 60_000, || guard.check_alive())
-                .with_context(|| {
-                    format!(
-                        "gregor did not come up; last lines of {}:\n{}",
-                        log_file.display(),
-                        proc::tail(&log_file, 30)
-                    )
-                })?;
+            let server = GregorServer::start(&binary, &work, ports[0], ports[1], &[])?;
             Ok(Self {
                 name: "gregor",
-                bootstrap,
-                log_dir,
-                log_file,
-                guard,
+                bootstrap: server.bootstrap,
+                log_dir: server.log_dir,
+                log_file: server.log_file,
+                guard: server.guard,
             })
         }
     }

@@ -4,9 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use gregor_tests::Gregor;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use gregor_tests::{clients, Gregor};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -18,10 +16,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    clients::runtime().expect("tokio runtime")
 }
 
 fn create_topic(
@@ -30,20 +25,7 @@ fn create_topic(
     partitions: i32,
     configs: &[(&str, &str)],
 ) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    let mut t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in configs {
-        t = t.set(k, v);
-    }
-    let res = runtime().block_on(admin.create_topics(&[t], &AdminOptions::new()))?;
-    for r in res {
-        if let Err((topic, code)) = r {
-            bail!("creating {topic}: {code:?}");
-        }
-    }
-    Ok(())
+    clients::create_topic_with(bootstrap, name, partitions, configs)
 }
 
 fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {

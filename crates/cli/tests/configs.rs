@@ -2,22 +2,17 @@
 //! IncrementalAlterConfigs (SET, DELETE, APPEND, SUBTRACT), topic and dynamic broker configs,
 //! sources, validation, persistence across kill -9, and `compression.type` applied on append.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use bytes::{Bytes, BytesMut};
 use gregor_protocol::batch::{BatchHeader, Compression};
-use gregor_tests::Gregor;
+use gregor_tests::wire::KafkaConn;
+use gregor_tests::{clients, Gregor};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use rdkafka::admin::{
-    AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier,
-    TopicReplication,
-};
+use kafka_protocol::protocol::StrBytes;
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -28,68 +23,30 @@ const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    clients::runtime().expect("tokio runtime")
 }
 
 fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?)
+    clients::admin(bootstrap)
 }
 
 fn create_topic(bootstrap: &str, name: &str) -> Result<()> {
-    let t = NewTopic::new(name, 1, TopicReplication::Fixed(1));
-    for r in runtime().block_on(admin(bootstrap)?.create_topics(&[t], &AdminOptions::new()))? {
-        if let Err((t, e)) = r {
-            bail!("creating {t}: {e}");
-        }
-    }
-    Ok(())
+    clients::create_topic(bootstrap, name, 1)
 }
 
 fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
 }
 
-struct Conn {
-    s: TcpStream,
-    correlation: i32,
-}
+struct Conn(KafkaConn);
 
 impl Conn {
     fn new(g: &Gregor) -> Result<Self> {
-        Ok(Self {
-            s: TcpStream::connect(g.bootstrap())?,
-            correlation: 0,
-        })
+        Ok(Self(KafkaConn::connect(g.bootstrap(), "configs-test")?))
     }
 
     fn call(&mut self, key: ApiKey, version: i16, req: RequestKind) -> Result<ResponseKind> {
-        self.correlation += 1;
-        let mut buf = BytesMut::new();
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(StrBytes::from_static_str("configs-test")))
-            .encode(&mut buf, key.request_header_version(version))?;
-        req.encode(&mut buf, version)?;
-        self.s.write_all(&(buf.len() as i32).to_be_bytes())?;
-        self.s.write_all(&buf)?;
-        let mut len = [0u8; 4];
-        self.s.read_exact(&mut len).context("no response")?;
-        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut body)?;
-        let mut b = Bytes::from(body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-        ensure!(h.correlation_id == self.correlation);
-        let r = ResponseKind::decode(key, &mut b, version)
-            .with_context(|| format!("decoding {key:?} v{version}"))?;
-        ensure!(b.is_empty(), "{key:?} v{version}: trailing bytes");
-        Ok(r)
+        self.0.call_kind(key, version, &req)
     }
 
     /// IncrementalAlterConfigs of one resource; returns (error code, message).

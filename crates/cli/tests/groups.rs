@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use gregor_tests::Gregor;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use gregor_tests::{clients, Gregor};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, RebalanceProtocol};
 use rdkafka::message::Message;
@@ -22,22 +20,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let res = rt.block_on(admin.create_topics(
-        &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
-        &AdminOptions::new(),
-    ))?;
-    for r in res {
-        if let Err((topic, code)) = r {
-            bail!("creating {topic}: {code:?}");
-        }
-    }
-    Ok(())
+    clients::create_topic(bootstrap, name, partitions)
 }
 
 fn produce(bootstrap: &str, topic: &str, partitions: i32, n: usize, tag: &str) -> Result<()> {

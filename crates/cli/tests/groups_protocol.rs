@@ -3,11 +3,9 @@
 //! member fencing (KIP-345), and a decodable response from every group API at every advertised
 //! version.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use bytes::{BufMut, Bytes, BytesMut};
+use gregor_tests::wire::KafkaConn;
 use gregor_tests::Gregor;
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::offset_commit_request::{
@@ -17,56 +15,18 @@ use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
 };
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 
-struct Conn {
-    s: TcpStream,
-    correlation: i32,
-}
+type Conn = KafkaConn;
 
 fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
 }
 
-impl Conn {
-    fn call(&mut self, key: ApiKey, version: i16, req: &RequestKind) -> Result<ResponseKind> {
-        self.correlation += 1;
-        let mut buf = BytesMut::new();
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(sb("groups-test")))
-            .encode(&mut buf, key.request_header_version(version))?;
-        req.encode(&mut buf, version)
-            .with_context(|| format!("encoding {key:?} v{version}"))?;
-        self.s.write_all(&(buf.len() as i32).to_be_bytes())?;
-        self.s.write_all(&buf)?;
-        let mut len = [0u8; 4];
-        self.s
-            .read_exact(&mut len)
-            .with_context(|| format!("no response to {key:?} v{version}"))?;
-        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut body)?;
-        let mut b = Bytes::from(body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-        ensure!(
-            h.correlation_id == self.correlation,
-            "{key:?} v{version}: correlation id"
-        );
-        let resp = ResponseKind::decode(key, &mut b, version)
-            .with_context(|| format!("decoding {key:?} v{version}"))?;
-        ensure!(b.is_empty(), "{key:?} v{version}: trailing bytes");
-        Ok(resp)
-    }
-}
-
 fn connect(g: &Gregor) -> Result<Conn> {
-    let s = TcpStream::connect(g.bootstrap())?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-    Ok(Conn { s, correlation: 0 })
+    KafkaConn::connect(g.bootstrap(), "groups-test")
 }
 
 fn subscription() -> Bytes {
@@ -93,7 +53,7 @@ fn join_req(group: &str, member: &str, instance: Option<&str>) -> JoinGroupReque
 }
 
 fn join(c: &mut Conn, v: i16, r: JoinGroupRequest) -> Result<JoinGroupResponse> {
-    match c.call(ApiKey::JoinGroup, v, &r.into())? {
+    match c.call_kind(ApiKey::JoinGroup, v, &r.into())? {
         ResponseKind::JoinGroup(r) => Ok(r),
         o => bail!("{o:?}"),
     }
@@ -118,7 +78,7 @@ fn sync(
             .with_member_id(sb(member))
             .with_assignment(Bytes::from_static(b"assignment"))];
     }
-    match c.call(ApiKey::SyncGroup, v, &r.into())? {
+    match c.call_kind(ApiKey::SyncGroup, v, &r.into())? {
         ResponseKind::SyncGroup(r) => Ok(r),
         o => bail!("{o:?}"),
     }
@@ -136,7 +96,7 @@ fn heartbeat(
         .with_generation_id(gen)
         .with_member_id(sb(member))
         .with_group_instance_id(instance.map(sb));
-    match c.call(ApiKey::Heartbeat, 4, &r.into())? {
+    match c.call_kind(ApiKey::Heartbeat, 4, &r.into())? {
         ResponseKind::Heartbeat(r) => Ok(r.error_code),
         o => bail!("{o:?}"),
     }
@@ -152,7 +112,7 @@ fn commit(c: &mut Conn, v: i16, group: &str, gen: i32, member: &str, offset: i64
             .with_partitions(vec![OffsetCommitRequestPartition::default()
                 .with_partition_index(0)
                 .with_committed_offset(offset)])]);
-    match c.call(ApiKey::OffsetCommit, v, &r.into())? {
+    match c.call_kind(ApiKey::OffsetCommit, v, &r.into())? {
         ResponseKind::OffsetCommit(r) => Ok(r.topics[0].partitions[0].error_code),
         o => bail!("{o:?}"),
     }
@@ -160,7 +120,7 @@ fn commit(c: &mut Conn, v: i16, group: &str, gen: i32, member: &str, offset: i64
 
 fn find(c: &mut Conn, group: &str) -> Result<()> {
     let r = FindCoordinatorRequest::default().with_key(sb(group));
-    match c.call(ApiKey::FindCoordinator, 3, &r.into())? {
+    match c.call_kind(ApiKey::FindCoordinator, 3, &r.into())? {
         ResponseKind::FindCoordinator(r) => {
             ensure!(r.error_code == 0);
             Ok(())
@@ -184,7 +144,7 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
                 .with_num_partitions(1)
                 .with_replication_factor(1),
         ]);
-    match c.call(ApiKey::CreateTopics, 7, &create.into())? {
+    match c.call_kind(ApiKey::CreateTopics, 7, &create.into())? {
         ResponseKind::CreateTopics(r) => ensure!(r.topics[0].error_code == 0),
         o => bail!("{o:?}"),
     }
@@ -239,7 +199,7 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
             .with_group_id(GroupId(sb("simple")))
             .with_topics(None),
     ]);
-    let ResponseKind::OffsetFetch(f) = c.call(ApiKey::OffsetFetch, 8, &f.into())? else {
+    let ResponseKind::OffsetFetch(f) = c.call_kind(ApiKey::OffsetFetch, 8, &f.into())? else {
         bail!("not an OffsetFetch response")
     };
     let p = &f.groups[0].topics[0].partitions;
@@ -253,7 +213,7 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
         .with_topics(Some(vec![OffsetFetchRequestTopic::default()
             .with_name(TopicName(sb("t")))
             .with_partition_indexes(vec![0])]));
-    let ResponseKind::OffsetFetch(f) = c.call(ApiKey::OffsetFetch, 5, &f.into())? else {
+    let ResponseKind::OffsetFetch(f) = c.call_kind(ApiKey::OffsetFetch, 5, &f.into())? else {
         bail!("not an OffsetFetch response")
     };
     ensure!(f.topics[0].partitions[0].committed_offset == 5);
@@ -263,7 +223,7 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
         GroupId(sb("missing")),
         GroupId(sb("simple")),
     ]);
-    let ResponseKind::DeleteGroups(d) = c.call(ApiKey::DeleteGroups, 2, &d.into())? else {
+    let ResponseKind::DeleteGroups(d) = c.call_kind(ApiKey::DeleteGroups, 2, &d.into())? else {
         bail!("not a DeleteGroups response")
     };
     let codes: Vec<i16> = d.results.iter().map(|r| r.error_code).collect();
@@ -275,13 +235,13 @@ fn classic_protocol_errors_are_kafkas() -> Result<()> {
             leave_group_request::MemberIdentity::default().with_member_id(sb(&member)),
             leave_group_request::MemberIdentity::default().with_member_id(sb("nobody")),
         ]);
-    let ResponseKind::LeaveGroup(l) = c.call(ApiKey::LeaveGroup, 3, &l.into())? else {
+    let ResponseKind::LeaveGroup(l) = c.call_kind(ApiKey::LeaveGroup, 3, &l.into())? else {
         bail!("not a LeaveGroup response")
     };
     ensure!(l.error_code == 0 && l.members[0].error_code == 0 && l.members[1].error_code == 25);
     // The group is Empty now; ListGroups with a state filter finds it.
     let lg = ListGroupsRequest::default().with_states_filter(vec![sb("empty")]);
-    let ResponseKind::ListGroups(lg) = c.call(ApiKey::ListGroups, 4, &lg.into())? else {
+    let ResponseKind::ListGroups(lg) = c.call_kind(ApiKey::ListGroups, 4, &lg.into())? else {
         bail!("not a ListGroups response")
     };
     ensure!(lg
@@ -406,7 +366,7 @@ fn request_for(key: ApiKey, v: i16) -> RequestKind {
 }
 
 fn advertised(c: &mut Conn) -> Result<Vec<(ApiKey, i16, i16)>> {
-    let ResponseKind::ApiVersions(r) = c.call(
+    let ResponseKind::ApiVersions(r) = c.call_kind(
         ApiKey::ApiVersions,
         3,
         &ApiVersionsRequest::default()
@@ -454,7 +414,7 @@ fn every_group_api_at_every_advertised_version() -> Result<()> {
         };
         for v in min..=max {
             // JoinGroup from v4 answers MEMBER_ID_REQUIRED first; v0-3 joins complete.
-            let resp = c.call(key, v, &request_for(key, v))?;
+            let resp = c.call_kind(key, v, &request_for(key, v))?;
             if let ResponseKind::FindCoordinator(r) = &resp {
                 if v >= 4 {
                     ensure!(
@@ -480,12 +440,13 @@ fn every_group_api_at_every_advertised_version() -> Result<()> {
     let r = FindCoordinatorRequest::default()
         .with_key(sb("tx"))
         .with_key_type(1);
-    let ResponseKind::FindCoordinator(r) = c.call(ApiKey::FindCoordinator, 3, &r.into())? else {
+    let ResponseKind::FindCoordinator(r) = c.call_kind(ApiKey::FindCoordinator, 3, &r.into())?
+    else {
         bail!("not FindCoordinator")
     };
     ensure!(r.error_code == 15);
     // ListGroups v5 tells the classic and the consumer group apart.
-    let ResponseKind::ListGroups(lg) = c.call(
+    let ResponseKind::ListGroups(lg) = c.call_kind(
         ApiKey::ListGroups,
         5,
         &ListGroupsRequest::default()

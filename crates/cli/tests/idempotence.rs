@@ -2,61 +2,25 @@
 //! this test sends the same batch twice itself, as a producer does after a lost response. Topic
 //! creation and the final read use rdkafka.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use gregor_protocol::batch::BatchBuilder;
+use gregor_tests::wire::KafkaConn;
 use gregor_tests::Gregor;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse,
-    RequestHeader, ResponseHeader, TopicName,
+    TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 
-struct Conn {
-    s: TcpStream,
-    correlation: i32,
-}
-
-impl Conn {
-    fn call<Req: Encodable, Resp: Decodable>(
-        &mut self,
-        key: ApiKey,
-        version: i16,
-        req: &Req,
-    ) -> Result<Resp> {
-        self.correlation += 1;
-        let mut buf = BytesMut::new();
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(StrBytes::from_static_str("idempotence-test")))
-            .encode(&mut buf, key.request_header_version(version))?;
-        req.encode(&mut buf, version)?;
-        self.s.write_all(&(buf.len() as i32).to_be_bytes())?;
-        self.s.write_all(&buf)?;
-        let mut len = [0u8; 4];
-        self.s.read_exact(&mut len)?;
-        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut body)?;
-        let mut b = Bytes::from(body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-        ensure!(
-            h.correlation_id == self.correlation,
-            "correlation id mismatch"
-        );
-        Resp::decode(&mut b, version)
-    }
-}
+type Conn = KafkaConn;
 
 fn produce(conn: &mut Conn, topic: &str, batch: Vec<u8>) -> Result<(i16, i64)> {
     let req = ProduceRequest::default()
@@ -90,10 +54,7 @@ fn retried_batch_is_not_duplicated_and_gaps_are_refused() -> Result<()> {
         &rdkafka::admin::AdminOptions::new(),
     ))?;
 
-    let mut conn = Conn {
-        s: TcpStream::connect(&bs)?,
-        correlation: 0,
-    };
+    let mut conn = KafkaConn::connect(&bs, "idempotence-test")?;
     let init: InitProducerIdResponse = conn.call(
         ApiKey::InitProducerId,
         4,
@@ -146,17 +107,11 @@ fn retried_batch_is_not_duplicated_and_gaps_are_refused() -> Result<()> {
             g.kill9()?;
         }
         g.restart()?;
-        let mut conn = Conn {
-            s: TcpStream::connect(&bs).context("reconnecting")?,
-            correlation: 0,
-        };
+        let mut conn = KafkaConn::connect(&bs, "idempotence-test").context("reconnecting")?;
         ensure!(produce(&mut conn, "idem", batch(3, 2))? == (0, 3));
         check_end(5)?;
     }
-    let mut conn = Conn {
-        s: TcpStream::connect(&bs)?,
-        correlation: 0,
-    };
+    let mut conn = KafkaConn::connect(&bs, "idempotence-test")?;
     ensure!(produce(&mut conn, "idem", batch(5, 1))? == (0, 5));
     check_end(6)?;
     // A new producer id never reuses an old one, even after restarts.

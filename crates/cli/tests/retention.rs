@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use bytes::{Bytes, BytesMut};
-use gregor_tests::Gregor;
+use gregor_tests::{clients, Gregor};
 use kafka_protocol::messages::delete_records_request::{
     DeleteRecordsPartition, DeleteRecordsTopic,
 };
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -27,30 +27,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    clients::runtime().expect("tokio runtime")
 }
 
 fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?)
+    clients::admin(bootstrap)
 }
 
 fn create_topic(bootstrap: &str, name: &str, configs: &[(&str, &str)]) -> Result<()> {
-    let mut t = NewTopic::new(name, 1, TopicReplication::Fixed(1));
-    for (k, v) in configs {
-        t = t.set(k, v);
-    }
-    let res = runtime().block_on(admin(bootstrap)?.create_topics(&[t], &AdminOptions::new()))?;
-    for r in res {
-        if let Err((t, e)) = r {
-            bail!("creating {t}: {e}");
-        }
-    }
-    Ok(())
+    clients::create_topic_with(bootstrap, name, 1, configs)
 }
 
 fn producer(bootstrap: &str) -> Result<BaseProducer> {

@@ -3,12 +3,10 @@
 //! none is due. Catches fields that a version cannot carry (the encoder refuses them) and
 //! version-dependent behaviour (topic names vs ids).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
-use anyhow::{bail, ensure, Context, Result};
-use bytes::{Bytes, BytesMut};
+use anyhow::{bail, ensure, Result};
+use bytes::Bytes;
 use gregor_protocol::batch::BatchBuilder;
+use gregor_tests::wire::KafkaConn;
 use gregor_tests::Gregor;
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -19,52 +17,10 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
-
-struct Conn {
-    s: TcpStream,
-    correlation: i32,
-}
-
-impl Conn {
-    fn call(&mut self, key: ApiKey, version: i16, req: &RequestKind) -> Result<ResponseKind> {
-        self.correlation += 1;
-        let mut buf = BytesMut::new();
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(StrBytes::from_static_str("versions-test")))
-            .encode(&mut buf, key.request_header_version(version))?;
-        req.encode(&mut buf, version)
-            .with_context(|| format!("encoding {key:?} v{version} request"))?;
-        self.s.write_all(&(buf.len() as i32).to_be_bytes())?;
-        self.s.write_all(&buf)?;
-        let mut len = [0u8; 4];
-        self.s
-            .read_exact(&mut len)
-            .with_context(|| format!("no response to {key:?} v{version}"))?;
-        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.s.read_exact(&mut body)?;
-        let mut b = Bytes::from(body);
-        let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-        ensure!(
-            h.correlation_id == self.correlation,
-            "{key:?} v{version}: correlation id"
-        );
-        let resp = ResponseKind::decode(key, &mut b, version)
-            .with_context(|| format!("decoding {key:?} v{version} response"))?;
-        ensure!(
-            b.is_empty(),
-            "{key:?} v{version}: {} trailing bytes",
-            b.len()
-        );
-        Ok(resp)
-    }
-}
 
 fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
@@ -77,10 +33,7 @@ fn tn(s: &str) -> TopicName {
 #[test]
 fn every_api_at_every_version() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
-    let mut c = Conn {
-        s: TcpStream::connect(g.bootstrap())?,
-        correlation: 0,
-    };
+    let mut c = KafkaConn::connect(g.bootstrap(), "versions-test")?;
 
     // ApiVersions: the advertised ranges lie within Kafka 4.1's for each API.
     let mut advertised = Vec::new();
@@ -88,7 +41,7 @@ fn every_api_at_every_version() -> Result<()> {
         let req = ApiVersionsRequest::default()
             .with_client_software_name(sb("versions-test"))
             .with_client_software_version(sb("1.0"));
-        let ResponseKind::ApiVersions(r) = c.call(ApiKey::ApiVersions, v, &req.into())? else {
+        let ResponseKind::ApiVersions(r) = c.call_kind(ApiKey::ApiVersions, v, &req.into())? else {
             bail!("wrong response kind");
         };
         ensure!(r.error_code == 0, "ApiVersions v{v}: {}", r.error_code);
@@ -133,7 +86,8 @@ fn every_api_at_every_version() -> Result<()> {
                 .with_name(tn(&name))
                 .with_num_partitions(1)
                 .with_replication_factor(1)]);
-        let ResponseKind::CreateTopics(r) = c.call(ApiKey::CreateTopics, v, &req.into())? else {
+        let ResponseKind::CreateTopics(r) = c.call_kind(ApiKey::CreateTopics, v, &req.into())?
+        else {
             bail!("wrong response kind");
         };
         ensure!(
@@ -156,7 +110,7 @@ fn every_api_at_every_version() -> Result<()> {
         let req = MetadataRequest::default()
             .with_topics(topics)
             .with_allow_auto_topic_creation(true);
-        let ResponseKind::Metadata(r) = c.call(ApiKey::Metadata, v, &req.into())? else {
+        let ResponseKind::Metadata(r) = c.call_kind(ApiKey::Metadata, v, &req.into())? else {
             bail!("wrong response kind");
         };
         ensure!(
@@ -167,7 +121,7 @@ fn every_api_at_every_version() -> Result<()> {
         ensure!(r.topics[0].partitions.len() == 1);
     }
     // The topic id of vt-2, for APIs that name topics by id.
-    let ResponseKind::Metadata(m) = c.call(
+    let ResponseKind::Metadata(m) = c.call_kind(
         ApiKey::Metadata,
         12,
         &MetadataRequest::default()
@@ -199,7 +153,7 @@ fn every_api_at_every_version() -> Result<()> {
                     .with_index(0)
                     .with_records(Some(Bytes::from(batch))),
             ])]);
-        let ResponseKind::Produce(r) = c.call(ApiKey::Produce, v, &req.into())? else {
+        let ResponseKind::Produce(r) = c.call_kind(ApiKey::Produce, v, &req.into())? else {
             bail!("wrong response kind");
         };
         let p = &r.responses[0].partition_responses[0];
@@ -227,7 +181,7 @@ fn every_api_at_every_version() -> Result<()> {
                 .with_partition(0)
                 .with_fetch_offset(0)
                 .with_partition_max_bytes(1 << 20)])]);
-        let ResponseKind::Fetch(r) = c.call(ApiKey::Fetch, v, &req.into())? else {
+        let ResponseKind::Fetch(r) = c.call_kind(ApiKey::Fetch, v, &req.into())? else {
             bail!("wrong response kind");
         };
         let p = &r.responses[0].partitions[0];
@@ -252,7 +206,8 @@ fn every_api_at_every_version() -> Result<()> {
                     .with_partitions(vec![ListOffsetsPartition::default()
                         .with_partition_index(0)
                         .with_timestamp(ts)])]);
-            let ResponseKind::ListOffsets(r) = c.call(ApiKey::ListOffsets, v, &req.into())? else {
+            let ResponseKind::ListOffsets(r) = c.call_kind(ApiKey::ListOffsets, v, &req.into())?
+            else {
                 bail!("wrong response kind");
             };
             let p = &r.topics[0].partitions[0];
@@ -276,7 +231,8 @@ fn every_api_at_every_version() -> Result<()> {
                     .with_resource_name(sb("1"))
                     .with_configuration_keys(None),
             ]);
-        let ResponseKind::DescribeConfigs(r) = c.call(ApiKey::DescribeConfigs, v, &req.into())?
+        let ResponseKind::DescribeConfigs(r) =
+            c.call_kind(ApiKey::DescribeConfigs, v, &req.into())?
         else {
             bail!("wrong response kind");
         };
@@ -289,7 +245,7 @@ fn every_api_at_every_version() -> Result<()> {
     }
 
     for v in versions(ApiKey::DescribeCluster) {
-        let ResponseKind::DescribeCluster(r) = c.call(
+        let ResponseKind::DescribeCluster(r) = c.call_kind(
             ApiKey::DescribeCluster,
             v,
             &DescribeClusterRequest::default().into(),
@@ -309,7 +265,8 @@ fn every_api_at_every_version() -> Result<()> {
             .with_transaction_timeout_ms(60_000)
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1);
-        let ResponseKind::InitProducerId(r) = c.call(ApiKey::InitProducerId, v, &req.into())?
+        let ResponseKind::InitProducerId(r) =
+            c.call_kind(ApiKey::InitProducerId, v, &req.into())?
         else {
             bail!("wrong response kind");
         };
@@ -326,7 +283,8 @@ fn every_api_at_every_version() -> Result<()> {
                 .with_name(tn(&format!("vt-{}", 2 + v)))
                 .with_count(2)
                 .with_assignments(None)]);
-        let ResponseKind::CreatePartitions(r) = c.call(ApiKey::CreatePartitions, v, &req.into())?
+        let ResponseKind::CreatePartitions(r) =
+            c.call_kind(ApiKey::CreatePartitions, v, &req.into())?
         else {
             bail!("wrong response kind");
         };
@@ -346,7 +304,8 @@ fn every_api_at_every_version() -> Result<()> {
             DeleteTopicsRequest::default().with_topic_names(vec![tn(&name)])
         }
         .with_timeout_ms(10_000);
-        let ResponseKind::DeleteTopics(r) = c.call(ApiKey::DeleteTopics, v, &req.into())? else {
+        let ResponseKind::DeleteTopics(r) = c.call_kind(ApiKey::DeleteTopics, v, &req.into())?
+        else {
             bail!("wrong response kind");
         };
         ensure!(

@@ -1,0 +1,340 @@
+//! Processes, ports and paths shared by the integration tests and `cargo xtask` (the reference
+//! Kafka, difftest, bench): free ports, readiness probes, signals, child processes that never
+//! outlive their test.
+
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// The workspace root (the parent of `tests/`, where this crate lives).
+pub fn repo_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `n` distinct free ports (the listeners are held until all are picked, so they differ).
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+/// Sends one ApiVersions v0 request and checks that a well-formed, error-free answer comes back.
+///
+/// This is the cheapest request every Kafka broker answers once its listener is ready.
+pub fn api_versions_ok(addr: SocketAddr, timeout_ms: u64) -> Result<()> {
+    let timeout = Duration::from_millis(timeout_ms);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let client_id = b"xtask";
+    let correlation_id: i32 = 0x6772_6567; // "greg"
+    let mut body = Vec::new();
+    body.extend_from_slice(&18i16.to_be_bytes()); // api key: ApiVersions
+    body.extend_from_slice(&0i16.to_be_bytes()); // api version 0 (request header v1)
+    body.extend_from_slice(&correlation_id.to_be_bytes());
+    body.extend_from_slice(&i16::try_from(client_id.len())?.to_be_bytes());
+    body.extend_from_slice(client_id);
+    let mut frame = i32::try_from(body.len())?.to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame)?;
+
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = i32::from_be_bytes(len);
+    if !(6..=1 << 20).contains(&len) {
+        bail!("ApiVersions response has implausible size {len}");
+    }
+    let mut resp = vec![0u8; usize::try_from(len)?];
+    stream.read_exact(&mut resp)?;
+    let got_correlation = i32::from_be_bytes(resp[0..4].try_into()?);
+    let error_code = i16::from_be_bytes(resp[4..6].try_into()?);
+    if got_correlation != correlation_id {
+        bail!("ApiVersions response correlation id {got_correlation}, expected {correlation_id}");
+    }
+    if error_code != 0 {
+        bail!("ApiVersions response error code {error_code}");
+    }
+    Ok(())
+}
+
+/// Polls `addr` with ApiVersions until it answers, the process `alive` says it died, or
+/// `deadline_ms` passes.
+pub fn wait_for_broker(
+    addr: SocketAddr,
+    deadline_ms: u64,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut last_err = None;
+    while start.elapsed() < Duration::from_millis(deadline_ms) {
+        alive()?;
+        match api_versions_ok(addr, 1_000) {
+            Ok(()) => return Ok(()),
+            Err(e) => last_err = Some(e),
+        }
+        // Bounded polling of a port: the broker gives us no other readiness signal.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let last = last_err.map_or_else(String::new, |e| format!(": last error: {e:#}"));
+    bail!("broker at {addr} did not answer ApiVersions within {deadline_ms} ms{last}")
+}
+
+/// Whether a process with this pid exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The command line of a live process, NUL separators replaced by spaces.
+pub fn pid_cmdline(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+}
+
+/// Sends `signal` (a name such as TERM or KILL) to `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    if !status.success() && pid_alive(pid) {
+        bail!("kill -{signal} {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Stops `pid`: SIGTERM, up to `grace_ms` for it to exit, then SIGKILL.
+pub fn terminate_pid(pid: u32, grace_ms: u64) -> Result<()> {
+    if !pid_alive(pid) {
+        return Ok(());
+    }
+    signal(pid, "TERM")?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(grace_ms) {
+        if !pid_alive(pid) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal(pid, "KILL")?;
+    let start = Instant::now();
+    while pid_alive(pid) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped, so servers started
+/// by a test never outlive it, whatever path the test leaves by.
+pub struct ChildGuard {
+    name: String,
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Guards `child`, named `name` in messages.
+    pub fn new(name: impl Into<String>, child: Child) -> Self {
+        Self {
+            name: name.into(),
+            child: Some(child),
+        }
+    }
+
+    /// The process id (0 once stopped).
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Errors if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait()? {
+                bail!("{} exited early with {status}", self.name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the process and reaps it.
+    pub fn stop(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(None);
+        };
+        if child.try_wait()?.is_none() {
+            terminate_pid(child.id(), 15_000)?;
+        }
+        Ok(Some(
+            child
+                .wait()
+                .with_context(|| format!("reaping {}", self.name))?,
+        ))
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("warning: stopping {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// Runs `cmd` to completion with inherited stdio, printing it first.
+pub fn run_status(cmd: &mut Command) -> Result<ExitStatus> {
+    eprintln!("$ {}", display_command(cmd));
+    cmd.status()
+        .with_context(|| format!("starting {}", display_command(cmd)))
+}
+
+/// Like [`run_status`] but fails on a non-zero exit.
+pub fn run_checked(cmd: &mut Command) -> Result<()> {
+    let status = run_status(cmd)?;
+    if !status.success() {
+        bail!("{} failed: {status}", display_command(cmd));
+    }
+    Ok(())
+}
+
+/// The command line of `cmd`, for logs.
+pub fn display_command(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
+
+/// Reads the last `max_lines` lines of a file, for error messages about a server that died.
+pub fn tail(path: &Path, max_lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(max_lines)..].join("\n")
+}
+
+/// A gregor server process for `cargo xtask` (interop suites, difftest, bench): `gregor serve`
+/// of `binary` on 127.0.0.1:`port` with its admin listener on `admin_port`, a fresh data dir
+/// and a log file in `work`, stopped when dropped. Integration tests use [`crate::Gregor`],
+/// which manages a temporary directory and restarts.
+pub struct GregorServer {
+    /// `127.0.0.1:<port>`.
+    pub bootstrap: String,
+    /// `log.dirs`.
+    pub log_dir: PathBuf,
+    /// stdout and stderr of the server.
+    pub log_file: PathBuf,
+    /// The process.
+    pub guard: ChildGuard,
+}
+
+impl GregorServer {
+    /// Starts the server with `sets` as `--set key=value` overrides and waits until it answers
+    /// ApiVersions (60 s).
+    ///
+    /// # Errors
+    /// When the data dir cannot be prepared, the process cannot start, or it does not come up;
+    /// the error carries the last lines of its log.
+    pub fn start(
+        binary: &Path,
+        work: &Path,
+        port: u16,
+        admin_port: u16,
+        sets: &[String],
+    ) -> Result<Self> {
+        let log_dir = work.join(format!("gregor-data-{port}"));
+        if log_dir.exists() {
+            std::fs::remove_dir_all(&log_dir)
+                .with_context(|| format!("wiping {}", log_dir.display()))?;
+        }
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("creating {}", log_dir.display()))?;
+        let log_file = work.join(format!("gregor-{port}.log"));
+        let log = std::fs::File::create(&log_file)
+            .with_context(|| format!("creating {}", log_file.display()))?;
+        let bootstrap = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(binary);
+        cmd.arg("serve");
+        for set in [
+            format!("listeners=PLAINTEXT://{bootstrap}"),
+            format!("log.dirs={}", log_dir.display()),
+            // A free port rather than the default 9644, which another gregor may hold.
+            format!("admin.listener=127.0.0.1:{admin_port}"),
+        ]
+        .iter()
+        .chain(sets)
+        {
+            cmd.arg("--set").arg(set);
+        }
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        eprintln!("$ {} (log: {})", display_command(&cmd), log_file.display());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut server = Self {
+            bootstrap,
+            log_dir,
+            log_file,
+            guard: ChildGuard::new("gregor", child),
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Waits (60 s) until the server answers ApiVersions.
+    ///
+    /// # Errors
+    /// When it exits or does not answer in time; the error carries the last lines of its log.
+    pub fn wait_ready(&mut self) -> Result<()> {
+        let addr: SocketAddr = self.bootstrap.parse()?;
+        let guard = &mut self.guard;
+        wait_for_broker(addr, 60_000, || guard.check_alive()).with_context(|| {
+            format!(
+                "gregor did not come up; last lines of {}:\n{}",
+                self.log_file.display(),
+                tail(&self.log_file, 30)
+            )
+        })
+    }
+
+    /// Errors (with the last lines of its log) if the server has exited.
+    ///
+    /// # Errors
+    /// When the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.guard.check_alive().with_context(|| {
+            format!(
+                "gregor died; last lines of {}:\n{}",
+                self.log_file.display(),
+                tail(&self.log_file, 30)
+            )
+        })
+    }
+}
