@@ -359,7 +359,7 @@ impl Decoder<Option<StdString>> for String {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut strbuf = vec![0; n as usize];
+                let mut strbuf = vec![0; bounded_len(n as usize, buf)?]; // gregor patch
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
             }
@@ -511,7 +511,7 @@ impl Decoder<Option<StdString>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut strbuf = vec![0; (n - 1) as usize];
+                let mut strbuf = vec![0; bounded_len((n - 1) as usize, buf)?]; // gregor patch
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
             }
@@ -655,7 +655,7 @@ impl Decoder<Option<Vec<u8>>> for Bytes {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut data = vec![0; n as usize];
+                let mut data = vec![0; bounded_len(n as usize, buf)?]; // gregor patch
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
             }
@@ -804,7 +804,7 @@ impl Decoder<Option<Vec<u8>>> for CompactBytes {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut data = vec![0; (n - 1) as usize];
+                let mut data = vec![0; bounded_len((n - 1) as usize, buf)?]; // gregor patch
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
             }
@@ -985,7 +985,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut result = Vec::with_capacity(n as usize);
+                // gregor patch: bounded preallocation.
+                let mut result = Vec::with_capacity(bounded_capacity::<T, B>(n as usize, buf)?);
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1093,7 +1094,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                // gregor patch: bounded preallocation.
+                let mut result = Vec::with_capacity(bounded_capacity::<T, B>((n - 1) as usize, buf)?);
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1113,6 +1115,34 @@ impl<T, E: Decoder<T>> Decoder<Vec<T>> for CompactArray<E> {
             Err(e) => Err(e),
         }
     }
+}
+
+// gregor patch (see vendor/kafka-protocol/GREGOR-PATCH.md): lengths and counts read off the
+// wire size allocations only once the bytes that back them are known to be there.
+
+/// The most bytes an array decoder reserves before its elements have been decoded; the vector
+/// then grows as decoded elements are pushed, so its size follows the bytes actually read.
+const MAX_PREALLOCATED_BYTES: usize = 64 * 1024;
+
+/// Checks an array's element count against the bytes left in `buf` (every element takes at
+/// least one byte, as Apache Kafka's generated readers assume: "Tried to allocate a collection
+/// of size N, but there are only M bytes remaining") and returns the capacity to reserve.
+fn bounded_capacity<T, B: ByteBuf>(n: usize, buf: &B) -> Result<usize> {
+    let remaining = buf.remaining();
+    if n > remaining {
+        bail!("Tried to allocate a collection of size {n}, but there are only {remaining} bytes remaining.");
+    }
+    Ok(n.min(MAX_PREALLOCATED_BYTES / std::mem::size_of::<T>().max(1)))
+}
+
+/// Checks a string or byte-array length against the bytes left in `buf` before a buffer of
+/// that length is allocated.
+fn bounded_len<B: ByteBuf>(n: usize, buf: &B) -> Result<usize> {
+    let remaining = buf.remaining();
+    if n > remaining {
+        bail!("Tried to read {n} bytes, but there are only {remaining} bytes remaining.");
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
