@@ -119,10 +119,12 @@ pub fn decode_request(
         reason,
     };
     let header_version = api_key.request_header_version(version);
-    let header =
-        RequestHeader::decode(&mut frame, header_version).map_err(|e| malformed(e.to_string()))?;
-    let body =
-        RequestKind::decode(api_key, &mut frame, version).map_err(|e| malformed(e.to_string()))?;
+    // `{:#}` keeps the decoder's cause ("Tried to allocate a collection of size ...") in the
+    // message the broker logs when it closes the connection.
+    let header = RequestHeader::decode(&mut frame, header_version)
+        .map_err(|e| malformed(format!("{e:#}")))?;
+    let body = RequestKind::decode(api_key, &mut frame, version)
+        .map_err(|e| malformed(format!("{e:#}")))?;
     Ok(DecodedRequest::Request {
         header,
         api_key,
