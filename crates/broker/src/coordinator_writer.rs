@@ -180,7 +180,7 @@ pub fn sync_coordinator_leadership(broker: &Broker) {
 /// Creates `__consumer_offsets` if it does not exist (Kafka creates it on the first
 /// FindCoordinator for a group): `offsets.topic.num.partitions` partitions,
 /// `cleanup.policy=compact`, `offsets.topic.segment.bytes`; then loads the partitions this
-/// broker leads.
+/// broker leads (and have not been loaded yet).
 ///
 /// # Errors
 /// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
@@ -188,6 +188,9 @@ pub fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
     let config = &broker.group_coordinator.config;
     let image = broker.controller.image();
     if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
+        // The topic may have been created another way (CreateTopics): partitions led here but
+        // not loaded yet are loaded now; loaded ones are left as they are.
+        sync_coordinator_leadership(broker);
         return Ok(());
     }
     let brokers = image.brokers.len().max(1);

@@ -324,7 +324,11 @@ fn classic_join_sync_heartbeat_session_timeout_and_leave() {
     assert_eq!(c.heartbeat("g", 1, &member, None), NONE);
     h.clock.advance_ms(9_000);
     c.fire_expired_timers();
-    assert_eq!(c.heartbeat("g", 1, &member, None), NONE, "renewed 9 s ago");
+    let still_member = match &c.groups()["g"].kind {
+        crate::group::GroupKind::Classic(g) => g.members.contains_key(&member),
+        crate::group::GroupKind::Consumer(_) => false,
+    };
+    assert!(still_member, "the heartbeat 9 s ago renewed the session");
     h.clock.advance_ms(1_001);
     c.fire_expired_timers();
     assert_eq!(
@@ -337,10 +341,11 @@ fn classic_join_sync_heartbeat_session_timeout_and_leave() {
         crate::group::GroupKind::Consumer(_) => panic!("a classic group"),
     }
 
-    // Join again and leave: the group is Empty at once (no member left to wait for).
+    // Join again and leave during the initial delay: the waiting JoinGroup is answered
+    // UNKNOWN_MEMBER_ID, and the rebalance ends Empty when the delay runs out.
     let r = ready(c.join_group(join_request("g", "")));
     let member = r.member_id.to_string();
-    let Wait::Pending(_join) = c.join_group(join_request("g", &member)) else {
+    let Wait::Pending(mut join) = c.join_group(join_request("g", &member)) else {
         panic!("waits for the initial delay");
     };
     let (code, per_member) = c.leave_group(
@@ -351,6 +356,11 @@ fn classic_join_sync_heartbeat_session_timeout_and_leave() {
         }],
     );
     assert_eq!((code, per_member), (NONE, vec![NONE]));
+    let r = join.try_recv().expect("answered");
+    assert_eq!(r.error_code, ErrorCode::UnknownMemberId.code());
+    assert_eq!(c.groups()["g"].state_name(), "PreparingRebalance");
+    h.clock.advance_ms(3_000);
+    c.fire_expired_timers();
     assert_eq!(c.groups()["g"].state_name(), "Empty");
 }
 

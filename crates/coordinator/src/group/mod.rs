@@ -37,7 +37,7 @@ use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use thiserror::Error;
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::runtime::{
     CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, TopicMetadata,
@@ -550,14 +550,22 @@ impl GroupCoordinator {
         }
         self.schedule_timers(timers);
         self.runtime.complete_load(partition);
-        info!(
-            partition,
-            groups = n_groups,
-            offsets = n_offsets,
-            records = summary.records,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "loaded groups from {GROUP_METADATA_TOPIC_NAME}"
-        );
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        if summary.records > 0 {
+            info!(
+                partition,
+                groups = n_groups,
+                offsets = n_offsets,
+                records = summary.records,
+                elapsed_ms,
+                "loaded groups from {GROUP_METADATA_TOPIC_NAME}"
+            );
+        } else {
+            debug!(
+                partition,
+                elapsed_ms, "loaded an empty partition of {GROUP_METADATA_TOPIC_NAME}"
+            );
+        }
     }
 
     /// Called when this broker stops leading `partition` of `__consumer_offsets`: its groups
@@ -582,11 +590,13 @@ impl GroupCoordinator {
             }
         }
         drop(st);
-        info!(
-            partition,
-            groups = gone.len(),
-            "unloaded groups of {GROUP_METADATA_TOPIC_NAME}"
-        );
+        if !gone.is_empty() {
+            info!(
+                partition,
+                groups = gone.len(),
+                "unloaded groups of {GROUP_METADATA_TOPIC_NAME}"
+            );
+        }
     }
 
     /// Queues timers in the runtime.
