@@ -615,7 +615,7 @@ pub struct BrokerConfig {
     /// `/ready`; default `127.0.0.1:9644`; `None` when set to an empty value (disabled).
     pub admin_listener: Option<String>,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
-    pub groups: crate::group_coordinator::GroupConfig,
+    pub groups: gregor_coordinator::group::GroupConfig,
     /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
     pub raw: BTreeMap<String, String>,
 }
@@ -668,7 +668,8 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ),
     ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
-    // Group coordinator (crate::group_coordinator::GroupConfig).
+    // Group coordinator (gregor_coordinator::group::GroupConfig).
+    ("offsets.commit.timeout.ms", ConfigType::Int, "5000"),
     ("group.initial.rebalance.delay.ms", ConfigType::Int, "3000"),
     ("group.min.session.timeout.ms", ConfigType::Int, "6000"),
     ("group.max.session.timeout.ms", ConfigType::Int, "1800000"),
@@ -798,7 +799,7 @@ impl BrokerConfig {
                 Some(v) if v.is_empty() => None,
                 Some(v) => Some(v),
             },
-            groups: crate::group_coordinator::GroupConfig::from_properties(&props)?,
+            groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
             raw: props,
         };
         Ok((cfg, unknown))

@@ -8,12 +8,17 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod coordinator_writer;
 pub mod error_codes;
-pub mod group_coordinator;
+/// The group coordinator, which lives in `gregor-coordinator`.
+pub use gregor_coordinator::group as group_coordinator;
 pub mod handlers;
 pub mod observability;
 pub mod replica_manager;
 pub mod server;
+
+#[cfg(test)]
+mod coordinator_tests;
 
 pub use config::BrokerConfig;
 pub use server::{start, Broker, RunningBroker, StartError};

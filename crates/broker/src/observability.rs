@@ -363,8 +363,8 @@ fn update_group_gauges(broker: &Broker) {
     let mut counts: HashMap<(String, String), u64> = HashMap::new();
     let mut lags: Vec<((String, String, i32), i64)> = Vec::new();
     {
-        let state = broker.group_coordinator.state.lock();
-        for g in state.groups.values() {
+        let groups = broker.group_coordinator.groups();
+        for g in groups.values() {
             *counts
                 .entry((g.state_name().to_string(), g.type_name().to_string()))
                 .or_default() += 1;

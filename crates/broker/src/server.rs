@@ -79,7 +79,7 @@ pub struct Broker {
     /// Hosted partitions.
     pub replica_manager: ReplicaManager,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
-    pub group_coordinator: crate::group_coordinator::GroupCoordinator,
+    pub group_coordinator: gregor_coordinator::group::GroupCoordinator,
     publish_lock: Mutex<()>,
     producer_ids: Mutex<ProducerIdBlock>,
     /// Bound listener addresses (the real ports when a listener asked for port 0).
@@ -334,9 +334,14 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         elapsed_ms = load_started.elapsed().as_millis() as u64,
         "loaded partition logs"
     );
-    let broker = Arc::new(Broker {
+    let broker = Arc::new_cyclic(|weak| Broker {
         replica_manager: ReplicaManager::new(config.node_id, config.clone(), logs),
-        group_coordinator: crate::group_coordinator::GroupCoordinator::new(config.groups.clone()),
+        group_coordinator: gregor_coordinator::group::GroupCoordinator::new(
+            config.groups.clone(),
+            crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+            crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+            gregor_log::clock::system_clock(),
+        ),
         config,
         cluster_id,
         controller,
@@ -372,10 +377,17 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
     }
 
     // Groups and committed offsets are rebuilt before clients can ask for them.
-    broker.group_coordinator.load(&broker);
-    tasks.push(tokio::spawn(
-        crate::group_coordinator::offsets_retention_task(broker.clone(), shutdown_rx.clone()),
-    ));
+    crate::coordinator_writer::sync_coordinator_leadership(&broker);
+    {
+        let (b, shutdown) = (broker.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            b.group_coordinator.run_offsets_retention(shutdown).await;
+        }));
+        let (b, shutdown) = (broker.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            b.group_coordinator.run_timers(shutdown).await;
+        }));
+    }
     for (listener, addr) in listeners.into_iter().zip(bound.iter()) {
         info!(%addr, "listening for Kafka clients");
         tasks.push(tokio::spawn(accept_loop(

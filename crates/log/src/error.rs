@@ -4,6 +4,7 @@ use std::io;
 use std::path::Path;
 
 use gregor_protocol::batch::BatchError;
+use gregor_protocol::error::ErrorCode;
 use thiserror::Error;
 
 /// Everything that can go wrong in a partition log. [`LogError::kafka_error_code`] maps each
@@ -132,26 +133,35 @@ impl LogError {
         }
     }
 
-    /// The Kafka error code for this error (see the variant docs).
-    pub fn kafka_error_code(&self) -> i16 {
+    /// The Kafka error for this error (see the variant docs).
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            LogError::Io { .. } | LogError::CorruptFile { .. } | LogError::DirLocked(_) => 56,
+            LogError::Io { .. } | LogError::CorruptFile { .. } | LogError::DirLocked(_) => {
+                ErrorCode::KafkaStorageError
+            }
             LogError::Batch(e) => match e {
                 BatchError::Truncated { .. }
                 | BatchError::Corrupt(_)
-                | BatchError::CrcMismatch { .. } => 2,
-                BatchError::UnsupportedMagic(_) | BatchError::Invalid(_) => 87,
+                | BatchError::CrcMismatch { .. } => ErrorCode::CorruptMessage,
+                BatchError::UnsupportedMagic(_) | BatchError::Invalid(_) => {
+                    ErrorCode::InvalidRecord
+                }
             },
-            LogError::MessageTooLarge { .. } => 10,
-            LogError::RecordListTooLarge { .. } => 18,
-            LogError::OffsetOutOfRange { .. } => 1,
-            LogError::OutOfOrderSequence { .. } => 45,
-            LogError::InvalidProducerEpoch { .. } => 47,
-            LogError::InvalidRecord(_) => 87,
-            LogError::InvalidTimestamp { .. } => 32,
-            LogError::InconsistentTopicId { .. } => 103,
-            LogError::Closed(_) => 6,
+            LogError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
+            LogError::RecordListTooLarge { .. } => ErrorCode::RecordListTooLarge,
+            LogError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+            LogError::OutOfOrderSequence { .. } => ErrorCode::OutOfOrderSequenceNumber,
+            LogError::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
+            LogError::InvalidRecord(_) => ErrorCode::InvalidRecord,
+            LogError::InvalidTimestamp { .. } => ErrorCode::InvalidTimestamp,
+            LogError::InconsistentTopicId { .. } => ErrorCode::InconsistentTopicId,
+            LogError::Closed(_) => ErrorCode::NotLeaderOrFollower,
         }
+    }
+
+    /// The wire code of [`LogError::error_code`].
+    pub fn kafka_error_code(&self) -> i16 {
+        self.error_code().code()
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gregor_protocol::error::ErrorCode;
 use parking_lot::{Mutex, RwLock};
 use thiserror::Error;
 use uuid::Uuid;
@@ -54,19 +55,24 @@ pub enum ControllerError {
 }
 
 impl ControllerError {
-    /// Kafka's error code for this error.
-    pub fn kafka_error_code(&self) -> i16 {
+    /// Kafka's error for this error.
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            Self::InvalidTopic(_) => 17,
-            Self::TopicAlreadyExists(_) => 36,
-            Self::UnknownTopicOrPartition => 3,
-            Self::UnknownTopicId => 100,
-            Self::InvalidPartitions(_) => 37,
-            Self::InvalidReplicationFactor(_) => 38,
-            Self::InvalidReplicaAssignment(_) => 39,
-            Self::InvalidConfig(_) => 40,
-            Self::Log(_) => -1,
+            Self::InvalidTopic(_) => ErrorCode::InvalidTopicException,
+            Self::TopicAlreadyExists(_) => ErrorCode::TopicAlreadyExists,
+            Self::UnknownTopicOrPartition => ErrorCode::UnknownTopicOrPartition,
+            Self::UnknownTopicId => ErrorCode::UnknownTopicId,
+            Self::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
+            Self::InvalidReplicationFactor(_) => ErrorCode::InvalidReplicationFactor,
+            Self::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
+            Self::InvalidConfig(_) => ErrorCode::InvalidConfig,
+            Self::Log(_) => ErrorCode::UnknownServerError,
         }
+    }
+
+    /// The wire code of [`ControllerError::error_code`].
+    pub fn kafka_error_code(&self) -> i16 {
+        self.error_code().code()
     }
 }
 

@@ -1,7 +1,9 @@
 //! gregor-protocol: what gregor needs to speak Kafka on the wire, beyond the message structs.
 //!
 //! Owns request/response framing ([`frame`]), the record batch v2 view, validation and builder
-//! ([`batch`], [`records`]), and the compression codecs ([`compression`]). Message structs and
+//! ([`batch`], [`records`]), the compression codecs ([`compression`]), Kafka's error codes as
+//! one typed enum ([`error::ErrorCode`]) and the wire reader/writer of the internal record
+//! schemas ([`wire`]). Message structs and
 //! their encoders/decoders come from the `kafka-protocol` crate, re-exported as
 //! [`kafka_protocol`]; nothing here re-implements them. This crate knows nothing of files,
 //! sockets or the broker's state.
@@ -9,7 +11,9 @@
 
 pub mod batch;
 pub mod compression;
+pub mod error;
 pub mod frame;
 pub mod records;
+pub mod wire;
 
 pub use kafka_protocol;

@@ -27,9 +27,9 @@ pub fn heartbeat(
     header: &RequestHeader,
     req: &ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
-    let r = broker.group_coordinator.consumer_group_heartbeat(
-        broker,
-        HeartbeatRequest {
+    let r = broker
+        .group_coordinator
+        .consumer_group_heartbeat(HeartbeatRequest {
             group_id: req.group_id.to_string(),
             member_id: req.member_id.to_string(),
             member_epoch: req.member_epoch,
@@ -59,8 +59,7 @@ pub fn heartbeat(
                 .unwrap_or_default(),
             client_host: client_host(),
             version: header.request_api_version,
-        },
-    );
+        });
     ConsumerGroupHeartbeatResponse::default()
         .with_error_code(r.error_code)
         .with_error_message(r.error_message.as_deref().map(sb))
@@ -109,9 +108,7 @@ pub fn describe(
         req.group_ids
             .iter()
             .map(|gid| {
-                let d = broker
-                    .group_coordinator
-                    .describe_consumer_group(broker, gid);
+                let d = broker.group_coordinator.describe_consumer_group(gid);
                 DescribedGroup::default()
                     .with_group_id(gid.clone())
                     .with_error_code(d.error_code)

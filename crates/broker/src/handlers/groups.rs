@@ -117,10 +117,10 @@ pub fn find_coordinator(
             }
         }
         let c = &broker.group_coordinator;
-        if let Err(e) = c.ensure_offsets_topic(broker) {
+        if let Err(e) = crate::coordinator_writer::ensure_offsets_topic(broker) {
             return (e, None, -1);
         }
-        match c.check_coordinator(broker, key) {
+        match c.check_coordinator(key) {
             Ok(_) => (ec::NONE, None, broker.config.node_id),
             Err(_) => (ec::COORDINATOR_NOT_AVAILABLE, None, -1),
         }
@@ -205,7 +205,7 @@ pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRe
         reason: req.reason.as_deref().map(str::to_string),
     };
     let member_id = join.member_id.clone();
-    let wait = broker.group_coordinator.join_group(broker, join);
+    let wait = broker.group_coordinator.join_group(join);
     let cancelled = JoinGroupResponse::default()
         .with_error_code(ec::UNKNOWN_MEMBER_ID)
         .with_member_id(sb(&member_id));
@@ -218,7 +218,6 @@ pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRe
 pub fn sync_group(broker: &Arc<Broker>, header: &RequestHeader, req: SyncGroupRequest) -> Handled {
     let version = header.request_api_version;
     let wait = broker.group_coordinator.sync_group(
-        broker,
         &req.group_id,
         req.generation_id,
         &req.member_id,
@@ -255,7 +254,6 @@ pub fn sync_group(broker: &Arc<Broker>, header: &RequestHeader, req: SyncGroupRe
 /// Heartbeat.
 pub fn heartbeat(broker: &Arc<Broker>, req: &HeartbeatRequest, version: i16) -> HeartbeatResponse {
     let code = broker.group_coordinator.heartbeat(
-        broker,
         &req.group_id,
         req.generation_id,
         &req.member_id,
@@ -290,7 +288,7 @@ pub fn leave_group(
     };
     let (code, errors) = broker
         .group_coordinator
-        .leave_group(broker, &req.group_id, &members);
+        .leave_group(&req.group_id, &members);
     if version >= 3 {
         LeaveGroupResponse::default()
             .with_error_code(code)
@@ -318,11 +316,13 @@ pub fn leave_group(
 
 /// OffsetCommit (versions 2-9). Partitions of topics that do not exist get
 /// UNKNOWN_TOPIC_OR_PARTITION without reaching the coordinator, as Kafka's `KafkaApis` does.
+/// Deferred until the commit's records are committed (the high watermark passes them).
 pub fn offset_commit(
     broker: &Arc<Broker>,
+    header: &RequestHeader,
     req: &OffsetCommitRequest,
-    version: i16,
-) -> OffsetCommitResponse {
+) -> Handled {
+    let version = header.request_api_version;
     let image = broker.controller.image();
     let known = |name: &str| image.topic(name).is_some();
     let mut offsets = Vec::new();
@@ -341,49 +341,66 @@ pub fn offset_commit(
             });
         }
     }
-    let errors = if offsets.is_empty() && !req.topics.is_empty() {
-        Vec::new()
+    let wait = if offsets.is_empty() && !req.topics.is_empty() {
+        Wait::Ready(Vec::new())
     } else {
-        broker.group_coordinator.commit_offsets(
-            broker,
-            CommitRequest {
-                group_id: req.group_id.to_string(),
-                generation_id_or_member_epoch: req.generation_id_or_member_epoch,
-                member_id: req.member_id.to_string(),
-                group_instance_id: if version >= 7 {
-                    req.group_instance_id.as_deref().map(str::to_string)
-                } else {
-                    None
-                },
-                retention_time_ms: if (2..=4).contains(&version) {
-                    req.retention_time_ms
-                } else {
-                    -1
-                },
-                api_version: version,
-                offsets,
+        broker.group_coordinator.commit_offsets(CommitRequest {
+            group_id: req.group_id.to_string(),
+            generation_id_or_member_epoch: req.generation_id_or_member_epoch,
+            member_id: req.member_id.to_string(),
+            group_instance_id: if version >= 7 {
+                req.group_instance_id.as_deref().map(str::to_string)
+            } else {
+                None
             },
-        )
+            retention_time_ms: if (2..=4).contains(&version) {
+                req.retention_time_ms
+            } else {
+                -1
+            },
+            api_version: version,
+            offsets,
+        })
     };
+    let topics: Vec<(TopicName, bool, Vec<i32>)> = req
+        .topics
+        .iter()
+        .map(|t| {
+            let partitions = t.partitions.iter().map(|p| p.partition_index).collect();
+            (t.name.clone(), known(&t.name), partitions)
+        })
+        .collect();
+    deferred(
+        header,
+        ApiKey::OffsetCommit,
+        wait,
+        Vec::new(),
+        move |errors| offset_commit_response(topics, errors).into(),
+    )
+}
+
+fn offset_commit_response(
+    topics: Vec<(TopicName, bool, Vec<i32>)>,
+    errors: Vec<i16>,
+) -> OffsetCommitResponse {
     let mut it = errors.into_iter();
     OffsetCommitResponse::default().with_topics(
-        req.topics
-            .iter()
-            .map(|t| {
-                let exists = known(&t.name);
+        topics
+            .into_iter()
+            .map(|(name, exists, partitions)| {
                 OffsetCommitResponseTopic::default()
-                    .with_name(t.name.clone())
+                    .with_name(name)
                     .with_partitions(
-                        t.partitions
-                            .iter()
-                            .map(|p| {
+                        partitions
+                            .into_iter()
+                            .map(|partition_index| {
                                 let code = if exists {
                                     it.next().unwrap_or(ec::UNKNOWN_SERVER_ERROR)
                                 } else {
                                     ec::UNKNOWN_TOPIC_OR_PARTITION
                                 };
                                 OffsetCommitResponsePartition::default()
-                                    .with_partition_index(p.partition_index)
+                                    .with_partition_index(partition_index)
                                     .with_error_code(code)
                             })
                             .collect(),
@@ -415,7 +432,7 @@ pub fn offset_fetch(
                 .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
                 .collect()
         });
-        return match c.fetch_offsets(broker, &req.group_id, topics, None) {
+        return match c.fetch_offsets(&req.group_id, topics, None) {
             Ok(fetched) => OffsetFetchResponse::default().with_topics(
                 group_topics(fetched)
                     .into_iter()
@@ -485,7 +502,7 @@ pub fn offset_fetch(
             } else {
                 None
             };
-            match c.fetch_offsets(broker, &g.group_id, topics, member) {
+            match c.fetch_offsets(&g.group_id, topics, member) {
                 Ok(fetched) => OffsetFetchResponseGroup::default()
                     .with_group_id(g.group_id.clone())
                     .with_topics(
@@ -529,7 +546,7 @@ pub fn describe_groups(
         .map(|gid| {
             let d = broker
                 .group_coordinator
-                .describe_classic_group(broker, gid, version);
+                .describe_classic_group(gid, version);
             DescribedGroup::default()
                 .with_group_id(gid.clone())
                 .with_error_code(d.error_code)
@@ -609,7 +626,7 @@ pub fn delete_groups(
             .map(|g| {
                 DeletableGroupResult::default()
                     .with_group_id(g.clone())
-                    .with_error_code(broker.group_coordinator.delete_group(broker, g))
+                    .with_error_code(broker.group_coordinator.delete_group(g))
             })
             .collect(),
     )
@@ -632,7 +649,7 @@ pub fn offset_delete(
         .collect();
     match broker
         .group_coordinator
-        .delete_offsets(broker, &req.group_id, &parts)
+        .delete_offsets(&req.group_id, &parts)
     {
         Err(e) => OffsetDeleteResponse::default().with_error_code(e),
         Ok(errors) => {

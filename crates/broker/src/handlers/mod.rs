@@ -234,7 +234,7 @@ pub async fn handle(
         RequestKind::SyncGroup(r) => groups::sync_group(broker, header, r),
         RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, &r, v).into()),
         RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, &r, v).into()),
-        RequestKind::OffsetCommit(r) => ready(groups::offset_commit(broker, &r, v).into()),
+        RequestKind::OffsetCommit(r) => groups::offset_commit(broker, header, &r),
         RequestKind::OffsetFetch(r) => ready(groups::offset_fetch(broker, &r, v).into()),
         RequestKind::DescribeGroups(r) => ready(groups::describe_groups(broker, &r, v).into()),
         RequestKind::ListGroups(r) => ready(groups::list_groups(broker, &r, v).into()),

@@ -4,20 +4,21 @@
 //!   called with chosen `now` values);
 //! - KIP-848 consumer groups: members, target and current assignments survive a restart.
 //!
-//! [`GroupCoordinator::expire_offsets`]: super::GroupCoordinator::expire_offsets
+//! [`GroupCoordinator::expire_offsets`]: gregor_coordinator::group::GroupCoordinator::expire_offsets
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::assignor::Assignment;
-use super::consumer::{HeartbeatRequest, HeartbeatResponse};
-use super::offsets::{CommitRequest, OffsetToCommit};
-use super::records::{self, GroupMetadataValue, OffsetCommitValue};
 use crate::config::BrokerConfig;
 use crate::error_codes as ec;
 use crate::replica_manager::now_ms;
 use crate::server::{self, Broker, RunningBroker};
+use gregor_coordinator::group::assignor::Assignment;
+use gregor_coordinator::group::consumer::{HeartbeatRequest, HeartbeatResponse};
+use gregor_coordinator::group::offsets::{CommitRequest, OffsetToCommit};
+use gregor_coordinator::group::records::{self, GroupMetadataValue, OffsetCommitValue};
+use gregor_coordinator::group::Wait;
 
 const RETENTION_MS: i64 = 60_000;
 
@@ -43,31 +44,31 @@ async fn start(dir: &Path) -> RunningBroker {
 }
 
 fn commit(b: &Arc<Broker>, group: &str, member: &str, epoch: i32, offset: i64) {
-    let errors = b.group_coordinator.commit_offsets(
-        b,
-        CommitRequest {
-            group_id: group.into(),
-            generation_id_or_member_epoch: epoch,
-            member_id: member.into(),
-            group_instance_id: None,
-            retention_time_ms: -1,
-            api_version: 9,
-            offsets: vec![OffsetToCommit {
-                topic: "t".into(),
-                partition: 0,
-                offset,
-                leader_epoch: -1,
-                metadata: None,
-            }],
-        },
-    );
+    let errors = b.group_coordinator.commit_offsets(CommitRequest {
+        group_id: group.into(),
+        generation_id_or_member_epoch: epoch,
+        member_id: member.into(),
+        group_instance_id: None,
+        retention_time_ms: -1,
+        api_version: 9,
+        offsets: vec![OffsetToCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+        }],
+    });
+    let Wait::Ready(errors) = errors else {
+        panic!("a commit on one replica is committed at once");
+    };
     assert_eq!(errors, vec![ec::NONE], "commit to {group}");
 }
 
 fn fetched(b: &Arc<Broker>, group: &str) -> i64 {
     let out = b
         .group_coordinator
-        .fetch_offsets(b, group, Some(vec![("t".into(), vec![0])]), None)
+        .fetch_offsets(group, Some(vec![("t".into(), vec![0])]), None)
         .expect("fetch");
     out[0].offset
 }
@@ -82,9 +83,9 @@ fn group_ids(b: &Broker) -> Vec<String> {
 
 /// A KIP-848 member joins with epoch 0 and subscribes to `t`; returns (member id, epoch).
 fn join(b: &Arc<Broker>, group: &str) -> (String, i32) {
-    let r = b.group_coordinator.consumer_group_heartbeat(
-        b,
-        HeartbeatRequest {
+    let r = b
+        .group_coordinator
+        .consumer_group_heartbeat(HeartbeatRequest {
             group_id: group.into(),
             member_id: String::new(),
             member_epoch: 0,
@@ -98,8 +99,7 @@ fn join(b: &Arc<Broker>, group: &str) -> (String, i32) {
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
             version: 0,
-        },
-    );
+        });
     assert_eq!(r.error_code, ec::NONE);
     (r.member_id.expect("member id"), r.member_epoch)
 }
@@ -116,9 +116,8 @@ fn heartbeat(
     epoch: i32,
     owned: Option<Assignment>,
 ) -> HeartbeatResponse {
-    b.group_coordinator.consumer_group_heartbeat(
-        b,
-        HeartbeatRequest {
+    b.group_coordinator
+        .consumer_group_heartbeat(HeartbeatRequest {
             group_id: group.into(),
             member_id: member.into(),
             member_epoch: epoch,
@@ -132,8 +131,7 @@ fn heartbeat(
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
             version: 0,
-        },
-    )
+        })
 }
 
 #[tokio::test]
@@ -141,7 +139,7 @@ async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let running = start(dir.path()).await;
     let b = &running.broker;
-    b.group_coordinator.ensure_offsets_topic(b).expect("topic");
+    crate::coordinator_writer::ensure_offsets_topic(b).expect("topic");
 
     // An empty classic group that became empty at `emptied`, with an offset committed long
     // before: KIP-211 counts from the moment the group became empty, not from the commit.
@@ -149,8 +147,8 @@ async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
     let emptied = t0 + 10 * RETENTION_MS;
     let part = b.group_coordinator.partition_for("classic");
     b.group_coordinator
+        .runtime()
         .append(
-            b,
             part,
             &[
                 (
@@ -198,29 +196,28 @@ async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
     assert_eq!(fetched(b, "emptied"), 9);
 
     // Not yet: less than the retention since the commits.
-    b.group_coordinator.expire_offsets(b, t0 + RETENTION_MS - 1);
+    b.group_coordinator.expire_offsets(t0 + RETENTION_MS - 1);
     assert_eq!(fetched(b, "simple"), 7);
     assert_eq!(fetched(b, "emptied"), 9);
     assert_eq!(fetched(b, "classic"), 5);
 
     // The retention has passed since the commits, but not since the classic group became empty.
     let after_commits = now_ms() + RETENTION_MS;
-    b.group_coordinator.expire_offsets(b, after_commits);
+    b.group_coordinator.expire_offsets(after_commits);
     assert_eq!(fetched(b, "simple"), -1);
     assert_eq!(fetched(b, "emptied"), -1);
     assert_eq!(fetched(b, "classic"), 5);
     assert_eq!(fetched(b, "live"), 11);
 
     b.group_coordinator
-        .expire_offsets(b, emptied + RETENTION_MS - 1);
+        .expire_offsets(emptied + RETENTION_MS - 1);
     assert_eq!(fetched(b, "classic"), 5);
-    b.group_coordinator
-        .expire_offsets(b, emptied + RETENTION_MS);
+    b.group_coordinator.expire_offsets(emptied + RETENTION_MS);
     assert_eq!(fetched(b, "classic"), -1);
 
     // Far in the future the group with a member still has its offset.
     b.group_coordinator
-        .expire_offsets(b, emptied + 1000 * RETENTION_MS);
+        .expire_offsets(emptied + 1000 * RETENTION_MS);
     assert_eq!(fetched(b, "live"), 11);
     let mut ids = group_ids(b);
     ids.sort();
@@ -249,7 +246,7 @@ fn reconcile(b: &Arc<Broker>, group: &str, members: &mut [(String, i32, Assignme
                 *owned = a;
             }
         }
-        let d = b.group_coordinator.describe_consumer_group(b, group);
+        let d = b.group_coordinator.describe_consumer_group(group);
         if d.state == "Stable" {
             return;
         }
@@ -265,7 +262,7 @@ type Described = (
 );
 
 fn describe(b: &Arc<Broker>, group: &str) -> Described {
-    let d = b.group_coordinator.describe_consumer_group(b, group);
+    let d = b.group_coordinator.describe_consumer_group(group);
     assert_eq!(d.error_code, ec::NONE, "{:?}", d.error_message);
     (
         d.state,
@@ -291,7 +288,7 @@ async fn kip848_members_and_assignments_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let running = start(dir.path()).await;
     let b = &running.broker;
-    b.group_coordinator.ensure_offsets_topic(b).expect("topic");
+    crate::coordinator_writer::ensure_offsets_topic(b).expect("topic");
     b.controller
         .create_topic(
             gregor_metadata::controller::NewTopic {
@@ -352,7 +349,7 @@ async fn kip848_members_and_assignments_survive_a_restart() {
     let b = &running.broker;
     assert_eq!(describe(b, "cg"), after_leave);
     leave(b, "cg", &a);
-    assert_eq!(b.group_coordinator.delete_group(b, "cg"), ec::NONE);
+    assert_eq!(b.group_coordinator.delete_group("cg"), ec::NONE);
     running.shutdown().await.expect("shutdown");
 
     // Deleted groups stay deleted.

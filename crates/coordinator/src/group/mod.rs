@@ -1,12 +1,13 @@
 //! The group coordinator: consumer groups and committed offsets, stored in the compacted
-//! internal topic `__consumer_offsets`.
+//! internal topic `__consumer_offsets`, on the [`CoordinatorRuntime`].
 //!
 //! Kafka's design, in Kafka's terms (`GroupCoordinator`, `GroupMetadataManager`, KIP-848 for the
 //! new protocol): the coordinator of a group is the leader of partition
 //! `abs(groupId.hashCode) % offsets.topic.num.partitions` of `__consumer_offsets`; group
 //! metadata and offset commits are written there as records in Kafka's own schemas
-//! ([`records`]), and on start-up every group and committed offset is rebuilt by reading those
-//! partitions back ([`GroupCoordinator::load`]).
+//! ([`records`]). When this broker becomes the leader of a partition
+//! ([`GroupCoordinator::on_became_leader`]) its groups and offsets are rebuilt by replaying
+//! the partition; when it resigns ([`GroupCoordinator::on_resigned`]) they are dropped.
 //!
 //! Two group types share one namespace:
 //! - classic groups (JoinGroup / SyncGroup / Heartbeat / LeaveGroup, [`classic`]): the
@@ -15,37 +16,50 @@
 //!   with a server-side assignor ([`assignor`]: `uniform`, `range`).
 //!
 //! All group state lives behind one mutex that is never held across an await. Waits (a JoinGroup
-//! until the rebalance completes, a SyncGroup until the leader's assignment) are oneshot
-//! channels completed by membership events; timers (session timeouts, rebalance timeouts,
-//! `group.initial.rebalance.delay.ms`, offset expiry) are tokio sleeps until a deadline.
+//! until the rebalance completes, a SyncGroup until the leader's assignment is committed, an
+//! OffsetCommit until its records are committed) are oneshot channels completed by membership
+//! events or by the high watermark; timers (session timeouts, rebalance timeouts,
+//! `group.initial.rebalance.delay.ms`) are [`Timer`]s queued in the runtime on its clock.
 
 pub mod assignor;
-#[cfg(test)]
-mod broker_tests;
 pub mod classic;
 pub mod consumer;
 pub mod offsets;
 pub mod records;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
+use std::time::Duration;
 
-use gregor_metadata::controller::NewTopic;
-use gregor_protocol::batch::{BatchBuilder, Batches};
-use parking_lot::Mutex;
+use gregor_log::clock::SharedClock;
+use gregor_protocol::error::ErrorCode;
+use gregor_protocol::kafka_protocol::protocol::StrBytes;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use thiserror::Error;
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::config::ConfigError;
-use crate::error_codes as ec;
-use crate::replica_manager::now_ms;
-use crate::server::Broker;
+use crate::runtime::{
+    CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, TopicMetadata,
+};
 
 pub use classic::{ClassicGroup, ClassicGroupState};
 pub use consumer::ConsumerGroup;
 
 /// The internal topic holding group metadata and committed offsets.
 pub const GROUP_METADATA_TOPIC_NAME: &str = "__consumer_offsets";
+
+/// A group setting out of Kafka's range.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("Invalid value {value} for configuration {name}: {reason}")]
+pub struct GroupConfigError {
+    /// Config name.
+    pub name: String,
+    /// Offending value.
+    pub value: String,
+    /// Why it is invalid.
+    pub reason: String,
+}
 
 /// Group coordinator settings, with Kafka's names and defaults.
 #[derive(Debug, Clone)]
@@ -79,6 +93,9 @@ pub struct GroupConfig {
     pub consumer_max_size: usize,
     /// `group.consumer.assignors` ("uniform,range"); the first is the default.
     pub consumer_assignors: Vec<String>,
+    /// `offsets.commit.timeout.ms` (5000): how long a write to `__consumer_offsets` may wait
+    /// for the high watermark before the request fails with COORDINATOR_NOT_AVAILABLE.
+    pub offsets_commit_timeout_ms: i64,
 }
 
 impl Default for GroupConfig {
@@ -103,6 +120,7 @@ fn unreachable_defaults() -> GroupConfig {
         consumer_heartbeat_interval_ms: 5000,
         consumer_max_size: i32::MAX as usize,
         consumer_assignors: vec!["uniform".into(), "range".into()],
+        offsets_commit_timeout_ms: 5000,
     }
 }
 
@@ -110,10 +128,10 @@ impl GroupConfig {
     /// Reads the group settings from broker properties.
     ///
     /// # Errors
-    /// [`ConfigError`] for a value out of Kafka's range.
-    pub fn from_properties(props: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+    /// [`GroupConfigError`] for a value out of Kafka's range.
+    pub fn from_properties(props: &BTreeMap<String, String>) -> Result<Self, GroupConfigError> {
         let d = unreachable_defaults();
-        let num = |k: &str, default: i64, min: i64| -> Result<i64, ConfigError> {
+        let num = |k: &str, default: i64, min: i64| -> Result<i64, GroupConfigError> {
             match props.get(k).map(|v| v.trim()) {
                 None => Ok(default),
                 Some(v) => {
@@ -166,12 +184,13 @@ impl GroupConfig {
                 .min(i64::from(i32::MAX)) as i32,
             consumer_max_size: num("group.consumer.max.size", i64::from(i32::MAX), 1)? as usize,
             consumer_assignors: assignors,
+            offsets_commit_timeout_ms: num("offsets.commit.timeout.ms", 5000, 1)?,
         })
     }
 }
 
-fn config_error(name: &str, value: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
+fn config_error(name: &str, value: &str, reason: impl Into<String>) -> GroupConfigError {
+    GroupConfigError {
         name: name.into(),
         value: value.into(),
         reason: reason.into(),
@@ -229,11 +248,11 @@ pub struct Group {
 }
 
 impl Group {
-    fn new_classic(group_id: &str) -> Self {
+    fn new_classic(group_id: &str, now_ms: i64) -> Self {
         Self {
             group_id: group_id.to_string(),
             offsets: BTreeMap::new(),
-            kind: GroupKind::Classic(ClassicGroup::new()),
+            kind: GroupKind::Classic(ClassicGroup::new(now_ms)),
         }
     }
 
@@ -270,16 +289,71 @@ impl Group {
     }
 }
 
-/// A response now, or one that a membership event will complete.
+/// A response now, or one that a membership event or a commit will complete.
 pub enum Wait<T> {
     /// Answered now.
     Ready(T),
-    /// Answered when the rebalance (join) or the leader's assignment (sync) completes.
+    /// Answered when the rebalance (join), the leader's assignment (sync) or the write
+    /// (offset commit) completes.
     Pending(oneshot::Receiver<T>),
 }
 
-/// One record to append: key and value (None is a tombstone).
-pub(crate) type CoordinatorRecord = (Vec<u8>, Option<Vec<u8>>);
+/// A string for a `kafka-protocol` message field.
+pub(crate) fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+/// A group coordinator timer, queued in the runtime at a deadline on its clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Timer {
+    /// A classic member's session: removes it if no heartbeat moved its deadline.
+    Session {
+        /// Group id.
+        group_id: String,
+        /// Member id.
+        member_id: String,
+        /// The member incarnation the timer belongs to.
+        incarnation: u64,
+    },
+    /// A classic group's rebalance (or KIP-134 initial) delay.
+    Rebalance {
+        /// Group id.
+        group_id: String,
+        /// The rebalance the timer belongs to.
+        id: u64,
+        /// Delay (ms).
+        delay_ms: u64,
+    },
+    /// The SyncGroup deadline of a generation (the rebalance timeout).
+    Sync {
+        /// Group id.
+        group_id: String,
+        /// Generation.
+        generation: i32,
+        /// Delay (ms).
+        delay_ms: u64,
+    },
+    /// A KIP-394 pending member that never joined.
+    PendingMember {
+        /// Group id.
+        group_id: String,
+        /// Member id.
+        member_id: String,
+        /// Delay (ms).
+        delay_ms: u64,
+    },
+    /// A KIP-848 member's session.
+    ConsumerSession {
+        /// Group id.
+        group_id: String,
+        /// Member id.
+        member_id: String,
+        /// The member incarnation the timer belongs to.
+        incarnation: u64,
+        /// Delay (ms).
+        delay_ms: u64,
+    },
+}
 
 /// All groups hosted by this broker.
 pub(crate) struct CoordinatorState {
@@ -301,20 +375,48 @@ pub struct GroupCoordinator {
     /// Settings.
     pub config: GroupConfig,
     pub(crate) state: Mutex<CoordinatorState>,
-    broker: OnceLock<Weak<Broker>>,
+    pub(crate) runtime: CoordinatorRuntime<Timer>,
+    pub(crate) metadata: Arc<dyn TopicMetadata>,
 }
 
 impl GroupCoordinator {
-    /// A coordinator with no groups; [`GroupCoordinator::load`] fills it.
-    pub fn new(config: GroupConfig) -> Self {
+    /// A coordinator with no partitions loaded: writes go through `writer`, topic ids and
+    /// partition counts come from `metadata`, time from `clock`.
+    pub fn new(
+        config: GroupConfig,
+        writer: Arc<dyn PartitionWriter>,
+        metadata: Arc<dyn TopicMetadata>,
+        clock: SharedClock,
+    ) -> Self {
+        let runtime = CoordinatorRuntime::new(
+            GROUP_METADATA_TOPIC_NAME,
+            writer,
+            clock,
+            config.offsets_commit_timeout_ms,
+        );
         Self {
             config,
             state: Mutex::new(CoordinatorState {
                 groups: HashMap::new(),
                 next_timer_id: 0,
             }),
-            broker: OnceLock::new(),
+            runtime,
+            metadata,
         }
+    }
+
+    /// The runtime (partitions, timers, writes).
+    pub fn runtime(&self) -> &CoordinatorRuntime<Timer> {
+        &self.runtime
+    }
+
+    /// Every group hosted here, locked: hold the guard briefly (metrics, tests).
+    pub fn groups(&self) -> MappedMutexGuard<'_, HashMap<String, Group>> {
+        MutexGuard::map(self.state.lock(), |s| &mut s.groups)
+    }
+
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.runtime.now_ms()
     }
 
     /// The partition of `__consumer_offsets` that holds `group_id`:
@@ -323,170 +425,81 @@ impl GroupCoordinator {
         kafka_abs(java_string_hash_code(group_id)) % self.config.offsets_topic_num_partitions
     }
 
-    /// Creates `__consumer_offsets` if it does not exist (Kafka creates it on the first
-    /// FindCoordinator for a group): `offsets.topic.num.partitions` partitions,
-    /// `cleanup.policy=compact`, `offsets.topic.segment.bytes`.
-    ///
-    /// # Errors
-    /// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
-    pub fn ensure_offsets_topic(&self, broker: &Broker) -> Result<(), i16> {
-        let image = broker.controller.image();
-        if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
-            return Ok(());
-        }
-        let brokers = image.brokers.len().max(1);
-        let rf = self
-            .config
-            .offsets_topic_replication_factor
-            .min(i16::try_from(brokers).unwrap_or(i16::MAX));
-        let mut configs = BTreeMap::new();
-        configs.insert("cleanup.policy".to_string(), "compact".to_string());
-        configs.insert("compression.type".to_string(), "producer".to_string());
-        configs.insert(
-            "segment.bytes".to_string(),
-            self.config.offsets_topic_segment_bytes.to_string(),
-        );
-        let t = NewTopic {
-            name: GROUP_METADATA_TOPIC_NAME.to_string(),
-            num_partitions: self.config.offsets_topic_num_partitions,
-            replication_factor: rf,
-            assignments: vec![],
-            configs,
-        };
-        match broker.controller.create_topic(t, false) {
-            Ok(_) => {
-                info!(
-                    partitions = self.config.offsets_topic_num_partitions,
-                    "created {GROUP_METADATA_TOPIC_NAME}"
-                );
-            }
-            Err(e) if e.kafka_error_code() == ec::TOPIC_ALREADY_EXISTS => {}
-            Err(e) => {
-                warn!(error = %e, "cannot create {GROUP_METADATA_TOPIC_NAME}");
-                return Err(ec::COORDINATOR_NOT_AVAILABLE);
-            }
-        }
-        broker.publish_metadata().map_err(|e| {
-            warn!(error = %e, "cannot create the logs of {GROUP_METADATA_TOPIC_NAME}");
-            ec::COORDINATOR_NOT_AVAILABLE
-        })
-    }
-
     /// Checks that this broker coordinates `group_id`: it leads the group's partition of
-    /// `__consumer_offsets`. Returns that partition.
+    /// `__consumer_offsets` and has loaded it. Returns that partition.
     ///
     /// # Errors
-    /// NOT_COORDINATOR when it does not (or the topic does not exist yet).
-    pub fn check_coordinator(&self, broker: &Broker, group_id: &str) -> Result<i32, i16> {
+    /// NOT_COORDINATOR when it does not lead it (or the topic does not exist yet),
+    /// COORDINATOR_LOAD_IN_PROGRESS while the partition is loading.
+    pub fn check_coordinator(&self, group_id: &str) -> Result<i32, i16> {
         let p = self.partition_for(group_id);
-        match broker
-            .replica_manager
-            .partition(GROUP_METADATA_TOPIC_NAME, p)
-        {
-            Some(part) if part.is_leader() => Ok(p),
-            _ => Err(ec::NOT_COORDINATOR),
-        }
+        self.runtime.check_active(p).map_err(|e| e.code())?;
+        Ok(p)
     }
 
-    /// Appends records to partition `p` of `__consumer_offsets` (acks=all, as Kafka writes
-    /// coordinator records).
+    /// Appends records to partition `partition` of `__consumer_offsets` (acks=all, as Kafka
+    /// writes coordinator records). The write is in the log; it is committed when the high
+    /// watermark passes it ([`CoordinatorRuntime::committed`]).
     ///
     /// # Errors
-    /// The error code to return, mapped as Kafka's coordinator maps append errors:
-    /// NOT_COORDINATOR when not the leader, COORDINATOR_NOT_AVAILABLE when the partition is
-    /// missing or under-replicated, INVALID_COMMIT_OFFSET_SIZE for too-large batches,
-    /// UNKNOWN_SERVER_ERROR otherwise.
+    /// The error code to return, mapped in one place
+    /// ([`crate::error::CoordinatorError::error_code`]): NOT_COORDINATOR when not the leader,
+    /// COORDINATOR_NOT_AVAILABLE when the partition is missing or under-replicated,
+    /// INVALID_COMMIT_OFFSET_SIZE for too-large batches, UNKNOWN_SERVER_ERROR otherwise.
     pub(crate) fn append(
         &self,
-        broker: &Broker,
         partition: i32,
         records: &[CoordinatorRecord],
-    ) -> Result<(), i16> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let Some(p) = broker
-            .replica_manager
-            .partition(GROUP_METADATA_TOPIC_NAME, partition)
-        else {
-            return Err(ec::NOT_COORDINATOR);
-        };
-        let now = now_ms();
-        let mut b = BatchBuilder::new(0, now);
-        for (k, v) in records {
-            b = b.record(now, Some(k), v.as_deref(), &[]);
-        }
-        let mut buf = b.build();
-        match p.append_records_as_leader(&mut buf, -1) {
-            Ok(_) => Ok(()),
-            Err((code, msg)) => {
-                warn!(partition, code, %msg, "appending to {GROUP_METADATA_TOPIC_NAME} failed");
-                Err(match code {
-                    ec::NOT_LEADER_OR_FOLLOWER | ec::KAFKA_STORAGE_ERROR => ec::NOT_COORDINATOR,
-                    ec::UNKNOWN_TOPIC_OR_PARTITION
-                    | ec::NOT_ENOUGH_REPLICAS
-                    | ec::REQUEST_TIMED_OUT => ec::COORDINATOR_NOT_AVAILABLE,
-                    ec::MESSAGE_TOO_LARGE | ec::RECORD_LIST_TOO_LARGE => {
-                        ec::INVALID_COMMIT_OFFSET_SIZE
-                    }
-                    _ => ec::UNKNOWN_SERVER_ERROR,
-                })
-            }
-        }
+    ) -> Result<PendingWrite, i16> {
+        self.runtime
+            .append(partition, records)
+            .map_err(|e| e.code())
     }
 
-    /// Rebuilds every group and committed offset from the partitions of `__consumer_offsets`
-    /// this broker leads, then starts the session timers of loaded members and the offset
-    /// expiration task. Called once at start-up, before listeners accept clients.
-    pub fn load(&self, broker: &Arc<Broker>) {
-        let _ = self.broker.set(Arc::downgrade(broker));
-        let started = std::time::Instant::now();
-        let mut loaded_records = 0u64;
-        let mut groups: HashMap<String, Group> = HashMap::new();
-        for part in broker.replica_manager.partitions() {
-            if part.topic != GROUP_METADATA_TOPIC_NAME || !part.is_leader() {
-                continue;
-            }
-            let mut offset = part.log.log_start_offset();
-            let hw = part.high_watermark();
-            while offset < hw {
-                let read = match part.read(offset, 1 << 20, 0, true) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        warn!(partition = part.index, offset, error = %e, "cannot read {GROUP_METADATA_TOPIC_NAME}; the rest of this partition is skipped");
-                        break;
-                    }
-                };
-                if read.records.is_empty() {
-                    break;
-                }
-                let mut next = offset;
-                for item in Batches::new(&read.records) {
-                    let Ok((at, h)) = item else { break };
-                    next = h.next_offset();
-                    if h.is_control() {
-                        continue;
-                    }
-                    let batch = &read.records[at..at + h.total_size()];
-                    let recs = match gregor_protocol::records::decode_records(batch) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            warn!(partition = part.index, offset = h.base_offset, error = %e, "skipping an undecodable batch");
-                            continue;
-                        }
-                    };
-                    for r in recs {
-                        let Some(key) = r.key else { continue };
-                        loaded_records += 1;
-                        apply_loaded_record(&mut groups, &key, r.value.as_deref());
-                    }
-                }
-                if next <= offset {
-                    break;
-                }
-                offset = next;
-            }
+    /// `Ready(ok)` when `write` is already committed, else a wait that completes with `ok`
+    /// once the high watermark passes it, or with `on_error(code)` when it does not.
+    pub(crate) fn when_committed<T: Send + 'static>(
+        &self,
+        write: PendingWrite,
+        ok: T,
+        on_error: impl FnOnce(i16) -> T + Send + 'static,
+    ) -> Wait<T> {
+        if self.runtime.is_committed(&write) {
+            return Wait::Ready(ok);
         }
+        let (tx, rx) = oneshot::channel();
+        self.runtime.complete_when_committed(write, move |r| {
+            let _ = tx.send(match r {
+                Ok(()) => ok,
+                Err(e) => on_error(e.code()),
+            });
+        });
+        Wait::Pending(rx)
+    }
+
+    /// Called when this broker becomes the leader of `partition` of `__consumer_offsets`
+    /// (at start-up for the partitions it leads, then on every leadership change): the
+    /// partition's groups and committed offsets are rebuilt from its records, and the session
+    /// timers of loaded members start. Requests for its groups get
+    /// COORDINATOR_LOAD_IN_PROGRESS meanwhile. A repeated call for a loaded partition does
+    /// nothing.
+    pub fn on_became_leader(&self, partition: i32) {
+        if !self.runtime.begin_load(partition) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let now = self.now_ms();
+        let mut groups: HashMap<String, Group> = HashMap::new();
+        let summary = match self.runtime.replay(partition, |key, value| {
+            apply_loaded_record(&mut groups, key, value, now);
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(partition, error = %e, "cannot load {GROUP_METADATA_TOPIC_NAME}");
+                self.runtime.unload(partition);
+                return;
+            }
+        };
         groups.retain(|_, g| {
             !g.offsets.is_empty()
                 || match &g.kind {
@@ -496,65 +509,190 @@ impl GroupCoordinator {
         });
         let n_groups = groups.len();
         let n_offsets: usize = groups.values().map(|g| g.offsets.len()).sum();
+        let mut timers = Vec::new();
         {
             let mut st = self.state.lock();
-            st.groups = groups;
-            let mut timers = Vec::new();
-            let mut consumer_timers = Vec::new();
-            let now = tokio::time::Instant::now();
-            let consumer_session = std::time::Duration::from_millis(
-                self.config.consumer_session_timeout_ms.max(0) as u64,
-            );
+            let consumer_session_ms = i64::from(self.config.consumer_session_timeout_ms.max(0));
             let CoordinatorState {
-                groups,
+                groups: hosted,
                 next_timer_id,
             } = &mut *st;
-            for g in groups.values_mut() {
+            hosted.retain(|id, _| self.partition_for(id) != partition);
+            for (id, mut g) in groups {
                 if let GroupKind::Consumer(c) = &mut g.kind {
                     // Loaded KIP-848 members keep their assignments; each gets a full session
                     // to heartbeat to this coordinator.
                     for m in c.members.values_mut() {
                         *next_timer_id += 1;
-                        m.restart_session(*next_timer_id, now + consumer_session);
-                        consumer_timers.push((
-                            g.group_id.clone(),
-                            m.member_id.clone(),
-                            *next_timer_id,
-                        ));
+                        m.restart_session(*next_timer_id, now + consumer_session_ms);
+                        timers.push(Timer::ConsumerSession {
+                            group_id: g.group_id.clone(),
+                            member_id: m.member_id.clone(),
+                            incarnation: *next_timer_id,
+                            delay_ms: consumer_session_ms as u64,
+                        });
                     }
                 }
                 if let GroupKind::Classic(c) = &mut g.kind {
                     for m in c.members.values_mut() {
                         *next_timer_id += 1;
                         m.incarnation = *next_timer_id;
-                        m.heartbeat_deadline =
-                            now + std::time::Duration::from_millis(m.session_timeout_ms as u64);
-                        timers.push((g.group_id.clone(), m.member_id.clone(), m.incarnation));
+                        m.heartbeat_deadline = now + i64::from(m.session_timeout_ms);
+                        timers.push(Timer::Session {
+                            group_id: g.group_id.clone(),
+                            member_id: m.member_id.clone(),
+                            incarnation: m.incarnation,
+                        });
                     }
                 }
-            }
-            drop(st);
-            for (g, m, inc) in timers {
-                classic::spawn_session_timer(broker, g, m, inc);
-            }
-            for (g, m, inc) in consumer_timers {
-                consumer::spawn_consumer_session_timer(broker, g, m, inc);
+                hosted.insert(id, g);
             }
         }
-        info!(
-            groups = n_groups,
-            offsets = n_offsets,
-            records = loaded_records,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "loaded groups from {GROUP_METADATA_TOPIC_NAME}"
-        );
+        self.schedule_timers(timers);
+        self.runtime.complete_load(partition);
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        if summary.records > 0 {
+            info!(
+                partition,
+                groups = n_groups,
+                offsets = n_offsets,
+                records = summary.records,
+                elapsed_ms,
+                "loaded groups from {GROUP_METADATA_TOPIC_NAME}"
+            );
+        } else {
+            debug!(
+                partition,
+                elapsed_ms, "loaded an empty partition of {GROUP_METADATA_TOPIC_NAME}"
+            );
+        }
+    }
+
+    /// Called when this broker stops leading `partition` of `__consumer_offsets`: its groups
+    /// are dropped (another broker now coordinates them); members waiting in a JoinGroup or
+    /// SyncGroup get NOT_COORDINATOR and look for the new coordinator.
+    pub fn on_resigned(&self, partition: i32) {
+        if !self.runtime.unload(partition) {
+            return;
+        }
+        let mut st = self.state.lock();
+        let gone: Vec<String> = st
+            .groups
+            .keys()
+            .filter(|id| self.partition_for(id) == partition)
+            .cloned()
+            .collect();
+        for id in &gone {
+            if let Some(mut g) = st.groups.remove(id) {
+                if let GroupKind::Classic(c) = &mut g.kind {
+                    c.fail_waiting_members(ErrorCode::NotCoordinator.code());
+                }
+            }
+        }
+        drop(st);
+        if !gone.is_empty() {
+            info!(
+                partition,
+                groups = gone.len(),
+                "unloaded groups of {GROUP_METADATA_TOPIC_NAME}"
+            );
+        }
+    }
+
+    /// Queues timers in the runtime.
+    pub(crate) fn schedule_timers(&self, timers: Vec<Timer>) {
+        for t in timers {
+            let delay_ms = match &t {
+                Timer::Session { .. } => 0,
+                Timer::Rebalance { delay_ms, .. }
+                | Timer::Sync { delay_ms, .. }
+                | Timer::PendingMember { delay_ms, .. }
+                | Timer::ConsumerSession { delay_ms, .. } => {
+                    i64::try_from(*delay_ms).unwrap_or(i64::MAX)
+                }
+            };
+            self.runtime.schedule(delay_ms, t);
+        }
+    }
+
+    /// Runs one timer that fell due.
+    pub fn fire_timer(&self, timer: Timer) {
+        match timer {
+            Timer::Session {
+                group_id,
+                member_id,
+                incarnation,
+            } => self.on_session_timer(&group_id, &member_id, incarnation),
+            Timer::Rebalance { group_id, id, .. } => self.on_rebalance_timer(&group_id, id),
+            Timer::Sync {
+                group_id,
+                generation,
+                ..
+            } => self.on_sync_timer(&group_id, generation),
+            Timer::PendingMember {
+                group_id,
+                member_id,
+                ..
+            } => self.on_pending_member_timer(&group_id, &member_id),
+            Timer::ConsumerSession {
+                group_id,
+                member_id,
+                incarnation,
+                ..
+            } => {
+                if let Some(deadline) =
+                    self.expire_consumer_member(&group_id, &member_id, incarnation)
+                {
+                    self.runtime.schedule_at(
+                        deadline,
+                        Timer::ConsumerSession {
+                            group_id,
+                            member_id,
+                            incarnation,
+                            delay_ms: 0,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Fires every timer due on the runtime's clock; returns how many fired. Production code
+    /// uses [`GroupCoordinator::run_timers`]; tests call this after moving a manual clock.
+    pub fn fire_expired_timers(&self) -> usize {
+        let due = self.runtime.expired_timers(self.now_ms());
+        let n = due.len();
+        for t in due {
+            self.fire_timer(t);
+        }
+        n
+    }
+
+    /// Fires timers as they fall due until `shutdown` changes.
+    pub async fn run_timers(&self, shutdown: tokio::sync::watch::Receiver<bool>) {
+        self.runtime
+            .run_timers(|t| self.fire_timer(t), shutdown)
+            .await;
+    }
+
+    /// Runs [`GroupCoordinator::expire_offsets`] every `offsets.retention.check.interval.ms`
+    /// until `shutdown` changes.
+    pub async fn run_offsets_retention(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let period = Duration::from_millis(self.config.offsets_retention_check_interval_ms);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                _ = shutdown.changed() => return,
+            }
+            self.expire_offsets(self.now_ms());
+        }
     }
 
     /// Deletes expired offsets (KIP-211) and then empty groups without offsets, writing
     /// tombstones. Offsets of a group with members never expire; those of an empty classic
     /// group expire `offsets.retention.minutes` after the group became empty, those of a group
     /// that never used group management (a "simple" group) that long after their commit.
-    pub fn expire_offsets(&self, broker: &Broker, now: i64) {
+    pub fn expire_offsets(&self, now: i64) {
         let retention = self.config.offsets_retention_ms;
         let mut st = self.state.lock();
         let mut dead = Vec::new();
@@ -596,7 +734,7 @@ impl GroupCoordinator {
             if recs.is_empty() {
                 continue;
             }
-            if self.append(broker, partition, &recs).is_err() {
+            if self.append(partition, &recs).is_err() {
                 continue;
             }
             expired_total += expired.len();
@@ -620,7 +758,12 @@ impl GroupCoordinator {
     }
 }
 
-fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: Option<&[u8]>) {
+fn apply_loaded_record(
+    groups: &mut HashMap<String, Group>,
+    key: &[u8],
+    value: Option<&[u8]>,
+    now: i64,
+) {
     let key = match records::decode_key(key) {
         Ok(k) => k,
         Err(e) => {
@@ -643,7 +786,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 Ok(v) => {
                     let g = groups
                         .entry(group.clone())
-                        .or_insert_with(|| Group::new_classic(&group));
+                        .or_insert_with(|| Group::new_classic(&group, now));
                     g.offsets.insert(
                         (topic, partition),
                         CommittedOffset {
@@ -662,7 +805,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
             None => {
                 if let Some(g) = groups.get_mut(&group) {
                     if matches!(g.kind, GroupKind::Classic(_)) {
-                        g.kind = GroupKind::Classic(ClassicGroup::new());
+                        g.kind = GroupKind::Classic(ClassicGroup::new(now));
                     }
                 }
             }
@@ -670,8 +813,8 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 Ok(v) => {
                     let g = groups
                         .entry(group.clone())
-                        .or_insert_with(|| Group::new_classic(&group));
-                    g.kind = GroupKind::Classic(ClassicGroup::from_record(v));
+                        .or_insert_with(|| Group::new_classic(&group, now));
+                    g.kind = GroupKind::Classic(ClassicGroup::from_record(v, now));
                 }
                 Err(e) => warn!(group, error = %e, "skipping undecodable group metadata"),
             },
@@ -680,7 +823,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
             None => {
                 if let Some(g) = groups.get_mut(&group) {
                     if matches!(g.kind, GroupKind::Consumer(_)) {
-                        g.kind = GroupKind::Classic(ClassicGroup::new());
+                        g.kind = GroupKind::Classic(ClassicGroup::new(now));
                     }
                 }
             }
@@ -690,11 +833,11 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 Ok(epoch) => {
                     let g = groups
                         .entry(group.clone())
-                        .or_insert_with(|| Group::new_classic(&group));
+                        .or_insert_with(|| Group::new_classic(&group, now));
                     match &mut g.kind {
                         GroupKind::Consumer(c) => c.group_epoch = epoch,
                         GroupKind::Classic(_) => {
-                            let mut c = ConsumerGroup::new(now_ms());
+                            let mut c = ConsumerGroup::new(now);
                             c.group_epoch = epoch;
                             c.assignment_epoch = epoch;
                             g.kind = GroupKind::Consumer(c);
@@ -712,7 +855,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
             }
             Some(v) => match records::decode_consumer_group_partition_metadata_value(v) {
                 Ok(topics) => {
-                    consumer_group_for_load(groups, &group).apply_partition_metadata(topics)
+                    consumer_group_for_load(groups, &group, now).apply_partition_metadata(topics)
                 }
                 Err(e) => {
                     warn!(group, error = %e, "skipping undecodable consumer group partition metadata")
@@ -726,7 +869,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 }
             }
             Some(v) => match records::decode_consumer_group_member_metadata_value(v) {
-                Ok(v) => consumer_group_for_load(groups, &group)
+                Ok(v) => consumer_group_for_load(groups, &group, now)
                     .members
                     .entry(member.clone())
                     .or_insert_with(|| consumer::ConsumerMember::loaded(&member))
@@ -740,7 +883,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
             // Kafka writes it just before the group epoch's tombstone, which removes the group.
             None => {}
             Some(v) => match records::decode_consumer_group_target_assignment_metadata_value(v) {
-                Ok(epoch) => consumer_group_for_load(groups, &group).assignment_epoch = epoch,
+                Ok(epoch) => consumer_group_for_load(groups, &group, now).assignment_epoch = epoch,
                 Err(e) => {
                     warn!(group, error = %e, "skipping undecodable consumer group assignment epoch")
                 }
@@ -755,7 +898,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 }
                 Some(v) => match records::decode_consumer_group_target_assignment_member_value(v) {
                     Ok(a) => {
-                        consumer_group_for_load(groups, &group)
+                        consumer_group_for_load(groups, &group, now)
                             .target
                             .insert(member, a);
                     }
@@ -776,7 +919,7 @@ fn apply_loaded_record(groups: &mut HashMap<String, Group>, key: &[u8], value: O
                 }
                 Some(v) => {
                     match records::decode_consumer_group_current_member_assignment_value(v) {
-                        Ok(v) => consumer_group_for_load(groups, &group)
+                        Ok(v) => consumer_group_for_load(groups, &group, now)
                             .members
                             .entry(member.clone())
                             .or_insert_with(|| consumer::ConsumerMember::loaded(&member))
@@ -809,38 +952,18 @@ fn existing_consumer_group<'a>(
 fn consumer_group_for_load<'a>(
     groups: &'a mut HashMap<String, Group>,
     group: &str,
+    now: i64,
 ) -> &'a mut ConsumerGroup {
     let g = groups
         .entry(group.to_string())
-        .or_insert_with(|| Group::new_classic(group));
+        .or_insert_with(|| Group::new_classic(group, now));
     if !matches!(g.kind, GroupKind::Consumer(_)) {
-        g.kind = GroupKind::Consumer(ConsumerGroup::new(now_ms()));
+        g.kind = GroupKind::Consumer(ConsumerGroup::new(now));
     }
     match &mut g.kind {
         GroupKind::Consumer(c) => c,
         // Unreachable: set just above.
         GroupKind::Classic(_) => unreachable!("the group was just made a consumer group"),
-    }
-}
-
-/// Runs [`GroupCoordinator::expire_offsets`] every `offsets.retention.check.interval.ms` until
-/// shutdown.
-pub async fn offsets_retention_task(
-    broker: Arc<Broker>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let period = std::time::Duration::from_millis(
-        broker
-            .group_coordinator
-            .config
-            .offsets_retention_check_interval_ms,
-    );
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(period) => {}
-            _ = shutdown.changed() => return,
-        }
-        broker.group_coordinator.expire_offsets(&broker, now_ms());
     }
 }
 
@@ -859,7 +982,7 @@ mod tests {
         assert_eq!(java_string_hash_code("😀"), 0xD83D * 31 + 0xDE00);
         // "polygenelubricants".hashCode() == Integer.MIN_VALUE
         assert_eq!(java_string_hash_code("polygenelubricants"), i32::MIN);
-        let c = GroupCoordinator::new(GroupConfig::default());
+        let c = crate::tests::coordinator(GroupConfig::default()).coordinator;
         assert_eq!(c.partition_for("polygenelubricants"), 0);
         assert_eq!(c.partition_for("hello"), 99_162_322 % 50);
     }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use thiserror::Error;
+use gregor_protocol::wire::{Reader, WireError, Writer};
 use uuid::Uuid;
 
 use super::assignor::Assignment;
@@ -44,15 +44,7 @@ pub const OFFSET_COMMIT_VALUE_VERSION: i16 = 3;
 pub const GROUP_METADATA_VALUE_VERSION: i16 = 3;
 
 /// A record that could not be decoded.
-#[derive(Debug, Error)]
-pub enum RecordError {
-    /// Fewer bytes than a field needs.
-    #[error("truncated {0}")]
-    Truncated(&'static str),
-    /// A length or version out of range.
-    #[error("invalid {0}")]
-    Invalid(&'static str),
-}
+pub type RecordError = WireError;
 
 /// A decoded key of `__consumer_offsets`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,237 +200,87 @@ pub struct GroupMetadataValue {
     pub members: Vec<MemberMetadataValue>,
 }
 
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn i16(&mut self, v: i16) {
-        self.0.extend_from_slice(&v.to_be_bytes());
-    }
-    fn i32(&mut self, v: i32) {
-        self.0.extend_from_slice(&v.to_be_bytes());
-    }
-    fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_be_bytes());
-    }
-    fn str(&mut self, s: &str) {
-        let b = s.as_bytes();
-        let len = b.len().min(i16::MAX as usize);
-        self.i16(len as i16);
-        self.0.extend_from_slice(&b[..len]);
-    }
-    fn nstr(&mut self, s: Option<&str>) {
-        match s {
-            Some(s) => self.str(s),
-            None => self.i16(-1),
+/// A compact array of `{TopicId uuid, Partitions []int32}` structs.
+fn write_topic_partitions(w: &mut Writer, a: &Assignment) {
+    w.compact_len(a.len());
+    for (id, ps) in a {
+        w.uuid(id);
+        w.compact_len(ps.len());
+        for p in ps {
+            w.i32(*p);
         }
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.i32(b.len() as i32);
-        self.0.extend_from_slice(b);
-    }
-    fn uvarint(&mut self, mut v: u32) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
-    fn compact_len(&mut self, n: usize) {
-        self.uvarint(u32::try_from(n).unwrap_or(u32::MAX - 1) + 1);
-    }
-    fn compact_str(&mut self, s: &str) {
-        self.compact_len(s.len());
-        self.0.extend_from_slice(s.as_bytes());
-    }
-    fn compact_nstr(&mut self, s: Option<&str>) {
-        match s {
-            Some(s) => self.compact_str(s),
-            None => self.uvarint(0),
-        }
-    }
-    fn no_tags(&mut self) {
-        self.0.push(0);
-    }
-    /// A compact array of `{TopicId uuid, Partitions []int32}` structs.
-    fn topic_partitions(&mut self, a: &Assignment) {
-        self.compact_len(a.len());
-        for (id, ps) in a {
-            self.0.extend_from_slice(id.as_bytes());
-            self.compact_len(ps.len());
-            for p in ps {
-                self.i32(*p);
-            }
-            self.no_tags();
-        }
+        w.no_tagged_fields();
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+fn read_topic_partitions(
+    r: &mut Reader<'_>,
+    what: &'static str,
+) -> Result<Assignment, RecordError> {
+    let n = r.compact_len(what, 18)?.unwrap_or(0);
+    let mut out = Assignment::new();
+    for _ in 0..n {
+        let id = r.uuid("topicId")?;
+        let m = r.compact_len("partitions", 4)?.unwrap_or(0);
+        let mut ps = BTreeSet::new();
+        for _ in 0..m {
+            ps.insert(r.i32("partition")?);
+        }
+        r.skip_tagged_fields()?;
+        if !ps.is_empty() {
+            out.entry(id).or_default().extend(ps);
+        }
+    }
+    Ok(out)
+}
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], RecordError> {
-        if self.0.len() < n {
-            return Err(RecordError::Truncated(what));
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
+/// Reads a flexible value's version and checks it is 0.
+fn read_version0(r: &mut Reader<'_>, what: &'static str) -> Result<(), RecordError> {
+    if r.i16(what)? != 0 {
+        return Err(RecordError::Invalid(what));
     }
-    fn i16(&mut self, what: &'static str) -> Result<i16, RecordError> {
-        let b = self.take(2, what)?;
-        Ok(i16::from_be_bytes([b[0], b[1]]))
-    }
-    fn i32(&mut self, what: &'static str) -> Result<i32, RecordError> {
-        let b = self.take(4, what)?;
-        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn i64(&mut self, what: &'static str) -> Result<i64, RecordError> {
-        let b = self.take(8, what)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(i64::from_be_bytes(a))
-    }
-    fn nstr(&mut self, what: &'static str) -> Result<Option<String>, RecordError> {
-        let len = self.i16(what)?;
-        if len < 0 {
-            return Ok(None);
-        }
-        let b = self.take(len as usize, what)?;
-        Ok(Some(String::from_utf8_lossy(b).into_owned()))
-    }
-    fn str(&mut self, what: &'static str) -> Result<String, RecordError> {
-        self.nstr(what)?.ok_or(RecordError::Invalid(what))
-    }
-    fn bytes(&mut self, what: &'static str) -> Result<Bytes, RecordError> {
-        let len = self.i32(what)?;
-        if len < 0 {
-            return Ok(Bytes::new());
-        }
-        Ok(Bytes::copy_from_slice(self.take(len as usize, what)?))
-    }
-    fn i8(&mut self, what: &'static str) -> Result<i8, RecordError> {
-        Ok(self.take(1, what)?[0] as i8)
-    }
-    fn uvarint(&mut self, what: &'static str) -> Result<u32, RecordError> {
-        let mut v: u32 = 0;
-        for i in 0..5 {
-            let b = self.take(1, what)?[0];
-            v |= u32::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(RecordError::Invalid(what))
-    }
-    /// A compact length: None for null (0), else the length, at most the bytes left times
-    /// `min_size` apart (a corrupt length is an error, not a huge allocation).
-    fn compact_len(
-        &mut self,
-        what: &'static str,
-        min_size: usize,
-    ) -> Result<Option<usize>, RecordError> {
-        let n = self.uvarint(what)? as usize;
-        if n == 0 {
-            return Ok(None);
-        }
-        let n = n - 1;
-        if n.saturating_mul(min_size) > self.0.len() {
-            return Err(RecordError::Invalid(what));
-        }
-        Ok(Some(n))
-    }
-    fn compact_nstr(&mut self, what: &'static str) -> Result<Option<String>, RecordError> {
-        match self.compact_len(what, 1)? {
-            None => Ok(None),
-            Some(n) => Ok(Some(
-                String::from_utf8_lossy(self.take(n, what)?).into_owned(),
-            )),
-        }
-    }
-    fn compact_str(&mut self, what: &'static str) -> Result<String, RecordError> {
-        self.compact_nstr(what)?.ok_or(RecordError::Invalid(what))
-    }
-    fn uuid(&mut self, what: &'static str) -> Result<Uuid, RecordError> {
-        let b = self.take(16, what)?;
-        let mut a = [0u8; 16];
-        a.copy_from_slice(b);
-        Ok(Uuid::from_bytes(a))
-    }
-    /// Skips a tagged-field section (fields gregor does not use).
-    fn skip_tags(&mut self) -> Result<(), RecordError> {
-        let n = self.uvarint("tagged fields")?;
-        for _ in 0..n {
-            let _tag = self.uvarint("tag")?;
-            let size = self.uvarint("tag size")? as usize;
-            self.take(size, "tagged field")?;
-        }
-        Ok(())
-    }
-    fn topic_partitions(&mut self, what: &'static str) -> Result<Assignment, RecordError> {
-        let n = self.compact_len(what, 18)?.unwrap_or(0);
-        let mut out = Assignment::new();
-        for _ in 0..n {
-            let id = self.uuid("topicId")?;
-            let m = self.compact_len("partitions", 4)?.unwrap_or(0);
-            let mut ps = BTreeSet::new();
-            for _ in 0..m {
-                ps.insert(self.i32("partition")?);
-            }
-            self.skip_tags()?;
-            if !ps.is_empty() {
-                out.entry(id).or_default().extend(ps);
-            }
-        }
-        Ok(out)
-    }
-    /// Reads a flexible value's version and checks it is 0.
-    fn version0(&mut self, what: &'static str) -> Result<(), RecordError> {
-        if self.i16(what)? != 0 {
-            return Err(RecordError::Invalid(what));
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// `OffsetCommitKey` bytes (record type 1).
 pub fn offset_commit_key(group: &str, topic: &str, partition: i32) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(8 + group.len() + topic.len()));
+    let mut w = Writer::with_capacity(8 + group.len() + topic.len());
     w.i16(OFFSET_COMMIT_KEY_VERSION);
-    w.str(group);
-    w.str(topic);
+    w.string(group);
+    w.string(topic);
     w.i32(partition);
-    w.0
+    w.into_inner()
 }
 
 /// `GroupMetadataKey` bytes (record type 2).
 pub fn group_metadata_key(group: &str) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(4 + group.len()));
+    let mut w = Writer::with_capacity(4 + group.len());
     w.i16(GROUP_METADATA_KEY_VERSION);
-    w.str(group);
-    w.0
+    w.string(group);
+    w.into_inner()
 }
 
 /// `ConsumerGroupMetadataKey` bytes (record type 3, KIP-848).
 pub fn consumer_group_metadata_key(group: &str) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(4 + group.len()));
+    let mut w = Writer::with_capacity(4 + group.len());
     w.i16(CONSUMER_GROUP_METADATA_KEY_VERSION);
-    w.str(group);
-    w.0
+    w.string(group);
+    w.into_inner()
 }
 
 fn group_member_key(record_type: i16, group: &str, member: &str) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(6 + group.len() + member.len()));
+    let mut w = Writer::with_capacity(6 + group.len() + member.len());
     w.i16(record_type);
-    w.str(group);
-    w.str(member);
-    w.0
+    w.string(group);
+    w.string(member);
+    w.into_inner()
 }
 
 fn group_key(record_type: i16, group: &str) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(4 + group.len()));
+    let mut w = Writer::with_capacity(4 + group.len());
     w.i16(record_type);
-    w.str(group);
-    w.0
+    w.string(group);
+    w.into_inner()
 }
 
 /// `ConsumerGroupPartitionMetadataKey` bytes (record type 4).
@@ -477,18 +319,18 @@ pub fn consumer_group_current_member_assignment_key(group: &str, member: &str) -
 /// `ConsumerGroupPartitionMetadataValue` v0 bytes: per subscribed topic its id, name and
 /// partition count (the deprecated per-partition racks are written empty, as Kafka 4 does).
 pub fn consumer_group_partition_metadata_value(topics: &BTreeMap<String, (Uuid, i32)>) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(8 + topics.len() * 32));
+    let mut w = Writer::with_capacity(8 + topics.len() * 32);
     w.i16(0);
     w.compact_len(topics.len());
     for (name, (id, n)) in topics {
-        w.0.extend_from_slice(id.as_bytes());
-        w.compact_str(name);
+        w.uuid(id);
+        w.compact_string(name);
         w.i32(*n);
         w.compact_len(0);
-        w.no_tags();
+        w.no_tagged_fields();
     }
-    w.no_tags();
-    w.0
+    w.no_tagged_fields();
+    w.into_inner()
 }
 
 /// Decodes a `ConsumerGroupPartitionMetadataValue`: topic name -> (id, partitions).
@@ -498,24 +340,24 @@ pub fn consumer_group_partition_metadata_value(topics: &BTreeMap<String, (Uuid, 
 pub fn decode_consumer_group_partition_metadata_value(
     value: &[u8],
 ) -> Result<BTreeMap<String, (Uuid, i32)>, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupPartitionMetadataValue version")?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupPartitionMetadataValue version")?;
     let n = r.compact_len("topics", 22)?.unwrap_or(0);
     let mut out = BTreeMap::new();
     for _ in 0..n {
         let id = r.uuid("topicId")?;
-        let name = r.compact_str("topicName")?;
+        let name = r.compact_string("topicName")?;
         let partitions = r.i32("numPartitions")?;
         let m = r.compact_len("partitionMetadata", 6)?.unwrap_or(0);
         for _ in 0..m {
             r.i32("partition")?;
             let racks = r.compact_len("racks", 1)?.unwrap_or(0);
             for _ in 0..racks {
-                r.compact_str("rack")?;
+                r.compact_string("rack")?;
             }
-            r.skip_tags()?;
+            r.skip_tagged_fields()?;
         }
-        r.skip_tags()?;
+        r.skip_tagged_fields()?;
         out.insert(name, (id, partitions));
     }
     Ok(out)
@@ -523,21 +365,21 @@ pub fn decode_consumer_group_partition_metadata_value(
 
 /// `ConsumerGroupMemberMetadataValue` v0 bytes.
 pub fn consumer_group_member_metadata_value(v: &ConsumerMemberMetadataValue) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(64));
+    let mut w = Writer::with_capacity(64);
     w.i16(0);
-    w.compact_nstr(v.instance_id.as_deref());
-    w.compact_nstr(v.rack_id.as_deref());
-    w.compact_str(&v.client_id);
-    w.compact_str(&v.client_host);
+    w.compact_nullable_string(v.instance_id.as_deref());
+    w.compact_nullable_string(v.rack_id.as_deref());
+    w.compact_string(&v.client_id);
+    w.compact_string(&v.client_host);
     w.compact_len(v.subscribed_topic_names.len());
     for t in &v.subscribed_topic_names {
-        w.compact_str(t);
+        w.compact_string(t);
     }
-    w.compact_nstr(v.subscribed_topic_regex.as_deref());
+    w.compact_nullable_string(v.subscribed_topic_regex.as_deref());
     w.i32(v.rebalance_timeout_ms);
-    w.compact_nstr(v.server_assignor.as_deref());
-    w.no_tags();
-    w.0
+    w.compact_nullable_string(v.server_assignor.as_deref());
+    w.no_tagged_fields();
+    w.into_inner()
 }
 
 /// Decodes a `ConsumerGroupMemberMetadataValue` (its tagged classic member metadata is skipped).
@@ -547,20 +389,20 @@ pub fn consumer_group_member_metadata_value(v: &ConsumerMemberMetadataValue) -> 
 pub fn decode_consumer_group_member_metadata_value(
     value: &[u8],
 ) -> Result<ConsumerMemberMetadataValue, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupMemberMetadataValue version")?;
-    let instance_id = r.compact_nstr("instanceId")?;
-    let rack_id = r.compact_nstr("rackId")?;
-    let client_id = r.compact_str("clientId")?;
-    let client_host = r.compact_str("clientHost")?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupMemberMetadataValue version")?;
+    let instance_id = r.compact_nullable_string("instanceId")?;
+    let rack_id = r.compact_nullable_string("rackId")?;
+    let client_id = r.compact_string("clientId")?;
+    let client_host = r.compact_string("clientHost")?;
     let n = r.compact_len("subscribedTopicNames", 1)?.unwrap_or(0);
     let subscribed_topic_names = (0..n)
-        .map(|_| r.compact_str("topic"))
+        .map(|_| r.compact_string("topic"))
         .collect::<Result<Vec<_>, _>>()?;
-    let subscribed_topic_regex = r.compact_nstr("subscribedTopicRegex")?;
+    let subscribed_topic_regex = r.compact_nullable_string("subscribedTopicRegex")?;
     let rebalance_timeout_ms = r.i32("rebalanceTimeoutMs")?;
-    let server_assignor = r.compact_nstr("serverAssignor")?;
-    r.skip_tags()?;
+    let server_assignor = r.compact_nullable_string("serverAssignor")?;
+    r.skip_tagged_fields()?;
     Ok(ConsumerMemberMetadataValue {
         instance_id,
         rack_id,
@@ -585,18 +427,18 @@ pub fn consumer_group_target_assignment_metadata_value(epoch: i32) -> Vec<u8> {
 pub fn decode_consumer_group_target_assignment_metadata_value(
     value: &[u8],
 ) -> Result<i32, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupTargetAssignmentMetadataValue version")?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupTargetAssignmentMetadataValue version")?;
     r.i32("assignmentEpoch")
 }
 
 /// `ConsumerGroupTargetAssignmentMemberValue` v0 bytes.
 pub fn consumer_group_target_assignment_member_value(a: &Assignment) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(8 + a.len() * 32));
+    let mut w = Writer::with_capacity(8 + a.len() * 32);
     w.i16(0);
-    w.topic_partitions(a);
-    w.no_tags();
-    w.0
+    write_topic_partitions(&mut w, a);
+    w.no_tagged_fields();
+    w.into_inner()
 }
 
 /// Decodes a `ConsumerGroupTargetAssignmentMemberValue`.
@@ -606,24 +448,24 @@ pub fn consumer_group_target_assignment_member_value(a: &Assignment) -> Vec<u8> 
 pub fn decode_consumer_group_target_assignment_member_value(
     value: &[u8],
 ) -> Result<Assignment, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupTargetAssignmentMemberValue version")?;
-    let a = r.topic_partitions("topicPartitions")?;
-    r.skip_tags()?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupTargetAssignmentMemberValue version")?;
+    let a = read_topic_partitions(&mut r, "topicPartitions")?;
+    r.skip_tagged_fields()?;
     Ok(a)
 }
 
 /// `ConsumerGroupCurrentMemberAssignmentValue` v0 bytes.
 pub fn consumer_group_current_member_assignment_value(v: &CurrentMemberAssignmentValue) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(32));
+    let mut w = Writer::with_capacity(32);
     w.i16(0);
     w.i32(v.member_epoch);
     w.i32(v.previous_member_epoch);
-    w.0.push(v.state as u8);
-    w.topic_partitions(&v.assigned);
-    w.topic_partitions(&v.pending_revocation);
-    w.no_tags();
-    w.0
+    w.i8(v.state);
+    write_topic_partitions(&mut w, &v.assigned);
+    write_topic_partitions(&mut w, &v.pending_revocation);
+    w.no_tagged_fields();
+    w.into_inner()
 }
 
 /// Decodes a `ConsumerGroupCurrentMemberAssignmentValue`.
@@ -633,14 +475,14 @@ pub fn consumer_group_current_member_assignment_value(v: &CurrentMemberAssignmen
 pub fn decode_consumer_group_current_member_assignment_value(
     value: &[u8],
 ) -> Result<CurrentMemberAssignmentValue, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupCurrentMemberAssignmentValue version")?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupCurrentMemberAssignmentValue version")?;
     let member_epoch = r.i32("memberEpoch")?;
     let previous_member_epoch = r.i32("previousMemberEpoch")?;
     let state = r.i8("state")?;
-    let assigned = r.topic_partitions("assignedPartitions")?;
-    let pending_revocation = r.topic_partitions("partitionsPendingRevocation")?;
-    r.skip_tags()?;
+    let assigned = read_topic_partitions(&mut r, "assignedPartitions")?;
+    let pending_revocation = read_topic_partitions(&mut r, "partitionsPendingRevocation")?;
+    r.skip_tagged_fields()?;
     Ok(CurrentMemberAssignmentValue {
         member_epoch,
         previous_member_epoch,
@@ -653,11 +495,11 @@ pub fn decode_consumer_group_current_member_assignment_value(
 /// `ConsumerGroupMetadataValue` v0 bytes: the group epoch, then an empty tagged-field section
 /// (the schema is flexible from v0).
 pub fn consumer_group_metadata_value(epoch: i32) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(7));
+    let mut w = Writer::with_capacity(7);
     w.i16(0);
     w.i32(epoch);
-    w.0.push(0);
-    w.0
+    w.no_tagged_fields();
+    w.into_inner()
 }
 
 /// Decodes a `ConsumerGroupMetadataValue`: the group epoch.
@@ -665,51 +507,51 @@ pub fn consumer_group_metadata_value(epoch: i32) -> Vec<u8> {
 /// # Errors
 /// [`RecordError`] for a truncated value.
 pub fn decode_consumer_group_metadata_value(value: &[u8]) -> Result<i32, RecordError> {
-    let mut r = Reader(value);
-    r.version0("ConsumerGroupMetadataValue version")?;
+    let mut r = Reader::new(value);
+    read_version0(&mut r, "ConsumerGroupMetadataValue version")?;
     r.i32("epoch")
 }
 
 /// `OffsetCommitValue` bytes, v3 (v1 when an expire timestamp is given, as Kafka does).
 pub fn offset_commit_value(v: &OffsetCommitValue) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(32 + v.metadata.len()));
+    let mut w = Writer::with_capacity(32 + v.metadata.len());
     if v.expire_timestamp_ms >= 0 {
         w.i16(1);
         w.i64(v.offset);
-        w.str(&v.metadata);
+        w.string(&v.metadata);
         w.i64(v.commit_timestamp_ms);
         w.i64(v.expire_timestamp_ms);
     } else {
         w.i16(OFFSET_COMMIT_VALUE_VERSION);
         w.i64(v.offset);
         w.i32(v.leader_epoch);
-        w.str(&v.metadata);
+        w.string(&v.metadata);
         w.i64(v.commit_timestamp_ms);
     }
-    w.0
+    w.into_inner()
 }
 
 /// `GroupMetadataValue` bytes, v3.
 pub fn group_metadata_value(v: &GroupMetadataValue) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(64));
+    let mut w = Writer::with_capacity(64);
     w.i16(GROUP_METADATA_VALUE_VERSION);
-    w.str(&v.protocol_type);
+    w.string(&v.protocol_type);
     w.i32(v.generation);
-    w.nstr(v.protocol.as_deref());
-    w.nstr(v.leader.as_deref());
+    w.nullable_string(v.protocol.as_deref());
+    w.nullable_string(v.leader.as_deref());
     w.i64(v.current_state_timestamp_ms);
     w.i32(v.members.len() as i32);
     for m in &v.members {
-        w.str(&m.member_id);
-        w.nstr(m.group_instance_id.as_deref());
-        w.str(&m.client_id);
-        w.str(&m.client_host);
+        w.string(&m.member_id);
+        w.nullable_string(m.group_instance_id.as_deref());
+        w.string(&m.client_id);
+        w.string(&m.client_host);
         w.i32(m.rebalance_timeout_ms);
         w.i32(m.session_timeout_ms);
         w.bytes(&m.subscription);
         w.bytes(&m.assignment);
     }
-    w.0
+    w.into_inner()
 }
 
 /// Decodes a key of `__consumer_offsets`.
@@ -717,37 +559,37 @@ pub fn group_metadata_value(v: &GroupMetadataValue) -> Vec<u8> {
 /// # Errors
 /// [`RecordError`] for a truncated key.
 pub fn decode_key(key: &[u8]) -> Result<CoordinatorKey, RecordError> {
-    let mut r = Reader(key);
+    let mut r = Reader::new(key);
     let version = r.i16("key version")?;
     Ok(match version {
         0 | 1 => CoordinatorKey::OffsetCommit {
-            group: r.str("group")?,
-            topic: r.str("topic")?,
+            group: r.string("group")?,
+            topic: r.string("topic")?,
             partition: r.i32("partition")?,
         },
         2 => CoordinatorKey::GroupMetadata {
-            group: r.str("group")?,
+            group: r.string("group")?,
         },
         3 => CoordinatorKey::ConsumerGroupMetadata {
-            group: r.str("group")?,
+            group: r.string("group")?,
         },
         4 => CoordinatorKey::ConsumerGroupPartitionMetadata {
-            group: r.str("group")?,
+            group: r.string("group")?,
         },
         5 => CoordinatorKey::ConsumerGroupMemberMetadata {
-            group: r.str("group")?,
-            member: r.str("member")?,
+            group: r.string("group")?,
+            member: r.string("member")?,
         },
         6 => CoordinatorKey::ConsumerGroupTargetAssignmentMetadata {
-            group: r.str("group")?,
+            group: r.string("group")?,
         },
         7 => CoordinatorKey::ConsumerGroupTargetAssignmentMember {
-            group: r.str("group")?,
-            member: r.str("member")?,
+            group: r.string("group")?,
+            member: r.string("member")?,
         },
         8 => CoordinatorKey::ConsumerGroupCurrentMemberAssignment {
-            group: r.str("group")?,
-            member: r.str("member")?,
+            group: r.string("group")?,
+            member: r.string("member")?,
         },
         other => CoordinatorKey::Other(other),
     })
@@ -758,7 +600,7 @@ pub fn decode_key(key: &[u8]) -> Result<CoordinatorKey, RecordError> {
 /// # Errors
 /// [`RecordError`] for a truncated value or an unknown version.
 pub fn decode_offset_commit_value(value: &[u8]) -> Result<OffsetCommitValue, RecordError> {
-    let mut r = Reader(value);
+    let mut r = Reader::new(value);
     let version = r.i16("OffsetCommitValue version")?;
     if !(0..=3).contains(&version) {
         return Err(RecordError::Invalid("OffsetCommitValue version"));
@@ -769,7 +611,7 @@ pub fn decode_offset_commit_value(value: &[u8]) -> Result<OffsetCommitValue, Rec
     } else {
         -1
     };
-    let metadata = r.str("metadata")?;
+    let metadata = r.string("metadata")?;
     let commit_timestamp_ms = r.i64("commitTimestamp")?;
     let expire_timestamp_ms = if version == 1 {
         r.i64("expireTimestamp")?
@@ -790,34 +632,34 @@ pub fn decode_offset_commit_value(value: &[u8]) -> Result<OffsetCommitValue, Rec
 /// # Errors
 /// [`RecordError`] for a truncated value or an unknown version.
 pub fn decode_group_metadata_value(value: &[u8]) -> Result<GroupMetadataValue, RecordError> {
-    let mut r = Reader(value);
+    let mut r = Reader::new(value);
     let version = r.i16("GroupMetadataValue version")?;
     if !(0..=3).contains(&version) {
         return Err(RecordError::Invalid("GroupMetadataValue version"));
     }
-    let protocol_type = r.str("protocolType")?;
+    let protocol_type = r.string("protocolType")?;
     let generation = r.i32("generation")?;
-    let protocol = r.nstr("protocol")?;
-    let leader = r.nstr("leader")?;
+    let protocol = r.nullable_string("protocol")?;
+    let leader = r.nullable_string("leader")?;
     let current_state_timestamp_ms = if version >= 2 {
         r.i64("currentStateTimestamp")?
     } else {
         -1
     };
     let n = r.i32("members")?;
-    if n < 0 || n as usize > r.0.len() {
+    if n < 0 || n as usize > r.remaining() {
         return Err(RecordError::Invalid("member count"));
     }
     let mut members = Vec::with_capacity(n as usize);
     for _ in 0..n {
-        let member_id = r.str("memberId")?;
+        let member_id = r.string("memberId")?;
         let group_instance_id = if version >= 3 {
-            r.nstr("groupInstanceId")?
+            r.nullable_string("groupInstanceId")?
         } else {
             None
         };
-        let client_id = r.str("clientId")?;
-        let client_host = r.str("clientHost")?;
+        let client_id = r.string("clientId")?;
+        let client_host = r.string("clientHost")?;
         let rebalance_timeout_ms = if version >= 1 {
             r.i32("rebalanceTimeout")?
         } else {
@@ -836,8 +678,8 @@ pub fn decode_group_metadata_value(value: &[u8]) -> Result<GroupMetadataValue, R
             client_host,
             rebalance_timeout_ms,
             session_timeout_ms,
-            subscription: r.bytes("subscription")?,
-            assignment: r.bytes("assignment")?,
+            subscription: Bytes::copy_from_slice(r.bytes("subscription")?),
+            assignment: Bytes::copy_from_slice(r.bytes("assignment")?),
         });
     }
     Ok(GroupMetadataValue {
@@ -854,14 +696,14 @@ pub fn decode_group_metadata_value(value: &[u8]) -> Result<GroupMetadataValue, R
 /// 0-3: int16 version, then an array of topic names). Used by OffsetDelete to refuse deleting
 /// offsets of a topic the group still consumes (GROUP_SUBSCRIBED_TO_TOPIC).
 pub fn subscription_topics(metadata: &[u8]) -> Vec<String> {
-    let mut r = Reader(metadata);
+    let mut r = Reader::new(metadata);
     let parse = |r: &mut Reader<'_>| -> Result<Vec<String>, RecordError> {
         let _version = r.i16("version")?;
         let n = r.i32("topics")?;
-        if n < 0 || n as usize > r.0.len() {
+        if n < 0 || n as usize > r.remaining() {
             return Err(RecordError::Invalid("topic count"));
         }
-        (0..n).map(|_| r.str("topic")).collect()
+        (0..n).map(|_| r.string("topic")).collect()
     };
     parse(&mut r).unwrap_or_default()
 }
@@ -1025,13 +867,13 @@ mod tests {
 
     #[test]
     fn subscription_topics_of_consumer_protocol() {
-        let mut w = Writer(Vec::new());
+        let mut w = Writer::new();
         w.i16(1);
         w.i32(2);
-        w.str("a");
-        w.str("b");
+        w.string("a");
+        w.string("b");
         w.bytes(b"");
-        assert_eq!(subscription_topics(&w.0), vec!["a", "b"]);
+        assert_eq!(subscription_topics(&w.into_inner()), vec!["a", "b"]);
         assert!(subscription_topics(&[1]).is_empty());
     }
 }

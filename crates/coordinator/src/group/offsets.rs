@@ -3,14 +3,11 @@
 //! `OffsetMetadataManager` answer them.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use super::classic::ClassicGroupState;
 use super::records::{self, OffsetCommitValue};
-use super::{CommittedOffset, CoordinatorRecord, Group, GroupCoordinator, GroupKind};
-use crate::error_codes as ec;
-use crate::replica_manager::now_ms;
-use crate::server::Broker;
+use super::{CommittedOffset, CoordinatorRecord, Group, GroupCoordinator, GroupKind, Wait};
+use gregor_protocol::error::ErrorCode;
 
 /// One partition of an OffsetCommit.
 pub struct OffsetToCommit {
@@ -109,15 +106,15 @@ impl GroupCoordinator {
             return if req.generation_id_or_member_epoch < 0 {
                 Ok(())
             } else if req.api_version >= 9 {
-                Err(ec::GROUP_ID_NOT_FOUND)
+                Err(ErrorCode::GroupIdNotFound.code())
             } else {
-                Err(ec::ILLEGAL_GENERATION)
+                Err(ErrorCode::IllegalGeneration.code())
             };
         };
         match &group.kind {
             GroupKind::Classic(g) => {
                 if g.state == ClassicGroupState::Dead {
-                    return Err(ec::COORDINATOR_NOT_AVAILABLE);
+                    return Err(ErrorCode::CoordinatorNotAvailable.code());
                 }
                 if req.generation_id_or_member_epoch < 0 && g.state == ClassicGroupState::Empty {
                     return Ok(());
@@ -128,22 +125,24 @@ impl GroupCoordinator {
                 {
                     if let Some(i) = &req.group_instance_id {
                         match g.static_members.get(i) {
-                            None => return Err(ec::UNKNOWN_MEMBER_ID),
-                            Some(m) if *m != req.member_id => return Err(ec::FENCED_INSTANCE_ID),
+                            None => return Err(ErrorCode::UnknownMemberId.code()),
+                            Some(m) if *m != req.member_id => {
+                                return Err(ErrorCode::FencedInstanceId.code())
+                            }
                             Some(_) => {}
                         }
                     } else if !g.members.contains_key(&req.member_id) {
-                        return Err(ec::UNKNOWN_MEMBER_ID);
+                        return Err(ErrorCode::UnknownMemberId.code());
                     }
                     if req.generation_id_or_member_epoch != g.generation_id {
-                        return Err(ec::ILLEGAL_GENERATION);
+                        return Err(ErrorCode::IllegalGeneration.code());
                     }
                 } else {
                     // generation -1 and no member id, but the group has members.
-                    return Err(ec::UNKNOWN_MEMBER_ID);
+                    return Err(ErrorCode::UnknownMemberId.code());
                 }
                 if g.state == ClassicGroupState::CompletingRebalance {
-                    return Err(ec::REBALANCE_IN_PROGRESS);
+                    return Err(ErrorCode::RebalanceInProgress.code());
                 }
                 Ok(())
             }
@@ -152,13 +151,13 @@ impl GroupCoordinator {
                     return Ok(());
                 }
                 let Some(m) = c.members.get(&req.member_id) else {
-                    return Err(ec::UNKNOWN_MEMBER_ID);
+                    return Err(ErrorCode::UnknownMemberId.code());
                 };
                 if req.generation_id_or_member_epoch != m.member_epoch {
                     return Err(if req.api_version >= 9 {
-                        ec::STALE_MEMBER_EPOCH
+                        ErrorCode::StaleMemberEpoch.code()
                     } else {
-                        ec::ILLEGAL_GENERATION
+                        ErrorCode::IllegalGeneration.code()
                     });
                 }
                 Ok(())
@@ -167,20 +166,20 @@ impl GroupCoordinator {
     }
 
     /// OffsetCommit: per-partition error codes, in request order.
-    pub fn commit_offsets(&self, broker: &Arc<Broker>, req: CommitRequest) -> Vec<i16> {
+    pub fn commit_offsets(&self, req: CommitRequest) -> Wait<Vec<i16>> {
         let n = req.offsets.len();
         if req.group_id.is_empty() {
-            return vec![ec::INVALID_GROUP_ID; n];
+            return Wait::Ready(vec![ErrorCode::InvalidGroupId.code(); n]);
         }
-        let partition = match self.check_coordinator(broker, &req.group_id) {
+        let partition = match self.check_coordinator(&req.group_id) {
             Ok(p) => p,
-            Err(e) => return vec![e; n],
+            Err(e) => return Wait::Ready(vec![e; n]),
         };
         let mut st = self.state.lock();
         if let Err(e) = self.validate_commit(st.groups.get(&req.group_id), &req) {
-            return vec![e; n];
+            return Wait::Ready(vec![e; n]);
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let expire = if req.retention_time_ms > 0 {
             now.saturating_add(req.retention_time_ms)
         } else {
@@ -192,10 +191,10 @@ impl GroupCoordinator {
         for o in &req.offsets {
             let metadata = o.metadata.clone().unwrap_or_default();
             if metadata.len() > self.config.offset_metadata_max_bytes {
-                errors.push(ec::OFFSET_METADATA_TOO_LARGE);
+                errors.push(ErrorCode::OffsetMetadataTooLarge.code());
                 continue;
             }
-            errors.push(ec::NONE);
+            errors.push(ErrorCode::None.code());
             let c = CommittedOffset {
                 offset: o.offset,
                 leader_epoch: o.leader_epoch,
@@ -215,22 +214,28 @@ impl GroupCoordinator {
             ));
             accepted.push(((o.topic.clone(), o.partition), c));
         }
-        if let Err(e) = self.append(broker, partition, &recs) {
-            return errors
+        let failed = move |e: i16, errors: Vec<i16>| -> Vec<i16> {
+            errors
                 .into_iter()
-                .map(|x| if x == ec::NONE { e } else { x })
-                .collect();
-        }
+                .map(|x| if x == ErrorCode::None.code() { e } else { x })
+                .collect()
+        };
+        let write = match self.append(partition, &recs) {
+            Ok(w) => w,
+            Err(e) => return Wait::Ready(failed(e, errors)),
+        };
         if !accepted.is_empty() {
             let g = st
                 .groups
                 .entry(req.group_id.clone())
-                .or_insert_with(|| Group::new_classic(&req.group_id));
+                .or_insert_with(|| Group::new_classic(&req.group_id, now));
             for (k, c) in accepted {
                 g.offsets.insert(k, c);
             }
         }
-        errors
+        drop(st);
+        let on_error = errors.clone();
+        self.when_committed(write, errors, move |e| failed(e, on_error))
     }
 
     /// OffsetFetch for one group: the group error and the offsets. `partitions` None means all
@@ -238,20 +243,21 @@ impl GroupCoordinator {
     /// for consumer groups when the epoch is >= 0.
     pub fn fetch_offsets(
         &self,
-        broker: &Arc<Broker>,
         group_id: &str,
         partitions: Option<Vec<(String, Vec<i32>)>>,
         member: Option<(&str, i32)>,
     ) -> Result<Vec<FetchedOffset>, i16> {
-        self.check_coordinator(broker, group_id)?;
+        self.check_coordinator(group_id)?;
         let st = self.state.lock();
         let group = st.groups.get(group_id);
         if let (Some(g), Some((member_id, epoch))) = (group, member) {
             if let GroupKind::Consumer(c) = &g.kind {
                 if epoch >= 0 {
                     match c.members.get(member_id) {
-                        None => return Err(ec::UNKNOWN_MEMBER_ID),
-                        Some(m) if m.member_epoch != epoch => return Err(ec::STALE_MEMBER_EPOCH),
+                        None => return Err(ErrorCode::UnknownMemberId.code()),
+                        Some(m) if m.member_epoch != epoch => {
+                            return Err(ErrorCode::StaleMemberEpoch.code())
+                        }
                         Some(_) => {}
                     }
                 }
@@ -302,22 +308,21 @@ impl GroupCoordinator {
     /// GROUP_SUBSCRIBED_TO_TOPIC while the group has members consuming the topic.
     pub fn delete_offsets(
         &self,
-        broker: &Arc<Broker>,
         group_id: &str,
         partitions: &[(String, i32)],
     ) -> Result<Vec<i16>, i16> {
         if group_id.is_empty() {
-            return Err(ec::INVALID_GROUP_ID);
+            return Err(ErrorCode::InvalidGroupId.code());
         }
-        let partition = self.check_coordinator(broker, group_id)?;
+        let partition = self.check_coordinator(group_id)?;
         let mut st = self.state.lock();
         let Some(g) = st.groups.get_mut(group_id) else {
-            return Err(ec::GROUP_ID_NOT_FOUND);
+            return Err(ErrorCode::GroupIdNotFound.code());
         };
         let subscribed: Vec<String> = match &g.kind {
             GroupKind::Classic(c) => {
                 if c.state == ClassicGroupState::Dead {
-                    return Err(ec::GROUP_ID_NOT_FOUND);
+                    return Err(ErrorCode::GroupIdNotFound.code());
                 }
                 if c.protocol_type.as_deref() == Some("consumer") && !c.members.is_empty() {
                     let proto = c.protocol_name.clone().unwrap_or_default();
@@ -332,7 +337,7 @@ impl GroupCoordinator {
                         })
                         .collect()
                 } else if !c.members.is_empty() {
-                    return Err(ec::NON_EMPTY_GROUP);
+                    return Err(ErrorCode::NonEmptyGroup.code());
                 } else {
                     Vec::new()
                 }
@@ -347,17 +352,17 @@ impl GroupCoordinator {
         let mut recs = Vec::new();
         for (t, p) in partitions {
             if subscribed.contains(t) {
-                errors.push(ec::GROUP_SUBSCRIBED_TO_TOPIC);
+                errors.push(ErrorCode::GroupSubscribedToTopic.code());
             } else {
-                errors.push(ec::NONE);
+                errors.push(ErrorCode::None.code());
                 if g.offsets.contains_key(&(t.clone(), *p)) {
                     recs.push((records::offset_commit_key(group_id, t, *p), None));
                 }
             }
         }
-        self.append(broker, partition, &recs)?;
+        self.append(partition, &recs)?;
         for ((t, p), e) in partitions.iter().zip(&errors) {
-            if *e == ec::NONE {
+            if *e == ErrorCode::None.code() {
                 g.offsets.remove(&(t.clone(), *p));
             }
         }
@@ -366,12 +371,7 @@ impl GroupCoordinator {
 
     /// DescribeGroups for one group. From v6 an unknown or non-classic group is
     /// GROUP_ID_NOT_FOUND; before, it is described as Dead with no error (as Kafka 4).
-    pub fn describe_classic_group(
-        &self,
-        broker: &Arc<Broker>,
-        group_id: &str,
-        version: i16,
-    ) -> DescribedClassicGroup {
+    pub fn describe_classic_group(&self, group_id: &str, version: i16) -> DescribedClassicGroup {
         let dead = |code: i16, msg: Option<String>| DescribedClassicGroup {
             error_code: code,
             error_message: msg,
@@ -380,15 +380,15 @@ impl GroupCoordinator {
             protocol: String::new(),
             members: vec![],
         };
-        if let Err(e) = self.check_coordinator(broker, group_id) {
+        if let Err(e) = self.check_coordinator(group_id) {
             return dead(e, None);
         }
         let st = self.state.lock();
         let not_found = |msg: String| {
             if version >= 6 {
-                dead(ec::GROUP_ID_NOT_FOUND, Some(msg))
+                dead(ErrorCode::GroupIdNotFound.code(), Some(msg))
             } else {
-                dead(ec::NONE, None)
+                dead(ErrorCode::None.code(), None)
             }
         };
         let Some(group) = st.groups.get(group_id) else {
@@ -400,7 +400,7 @@ impl GroupCoordinator {
         let stable = g.state == ClassicGroupState::Stable;
         let protocol = g.protocol_name.clone().unwrap_or_default();
         DescribedClassicGroup {
-            error_code: ec::NONE,
+            error_code: ErrorCode::None.code(),
             error_message: None,
             state: g.state.name().into(),
             protocol_type: g.protocol_type.clone().unwrap_or_default(),
@@ -465,25 +465,25 @@ impl GroupCoordinator {
 
     /// DeleteGroups for one group: GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, or NONE after writing
     /// tombstones for its offsets and metadata.
-    pub fn delete_group(&self, broker: &Arc<Broker>, group_id: &str) -> i16 {
+    pub fn delete_group(&self, group_id: &str) -> i16 {
         if group_id.is_empty() {
-            return ec::INVALID_GROUP_ID;
+            return ErrorCode::InvalidGroupId.code();
         }
-        let partition = match self.check_coordinator(broker, group_id) {
+        let partition = match self.check_coordinator(group_id) {
             Ok(p) => p,
             Err(e) => return e,
         };
         let mut st = self.state.lock();
         let Some(g) = st.groups.get(group_id) else {
-            return ec::GROUP_ID_NOT_FOUND;
+            return ErrorCode::GroupIdNotFound.code();
         };
         if let GroupKind::Classic(c) = &g.kind {
             if c.state == ClassicGroupState::Dead {
-                return ec::GROUP_ID_NOT_FOUND;
+                return ErrorCode::GroupIdNotFound.code();
             }
         }
         if !g.is_empty() {
-            return ec::NON_EMPTY_GROUP;
+            return ErrorCode::NonEmptyGroup.code();
         }
         let mut recs: Vec<CoordinatorRecord> = g
             .offsets
@@ -494,11 +494,11 @@ impl GroupCoordinator {
         if let GroupKind::Consumer(c) = &g.kind {
             recs.extend(super::consumer::group_tombstones(group_id, c));
         }
-        if let Err(e) = self.append(broker, partition, &recs) {
+        if let Err(e) = self.append(partition, &recs) {
             return e;
         }
         st.groups.remove(group_id);
         tracing::info!(group = group_id, "deleted group");
-        ec::NONE
+        ErrorCode::None.code()
     }
 }

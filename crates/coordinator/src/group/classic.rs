@@ -8,23 +8,17 @@
 //! transition is in [`ClassicGroup::transition`]. Generation ids only grow.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use gregor_protocol::kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use gregor_protocol::kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use indexmap::IndexMap;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::records::{self, GroupMetadataValue, MemberMetadataValue};
-use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind, Wait};
-use crate::error_codes as ec;
-use crate::handlers::sb;
-use crate::replica_manager::now_ms;
-use crate::server::Broker;
+use super::{sb, CoordinatorRecord, Group, GroupCoordinator, GroupKind, Timer, Wait};
+use gregor_protocol::error::ErrorCode;
 
 /// `ClassicGroupState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +82,7 @@ pub struct ClassicMember {
     pub(crate) awaiting_join: Option<oneshot::Sender<JoinGroupResponse>>,
     pub(crate) awaiting_sync: Option<oneshot::Sender<SyncGroupResponse>>,
     pub(crate) is_new: bool,
-    pub(crate) heartbeat_deadline: Instant,
+    pub(crate) heartbeat_deadline: i64,
     pub(crate) incarnation: u64,
 }
 
@@ -132,11 +126,11 @@ pub struct ClassicGroup {
 }
 
 impl ClassicGroup {
-    /// A new empty group.
-    pub fn new() -> Self {
+    /// A new empty group, created at `now_ms`.
+    pub fn new(now_ms: i64) -> Self {
         Self {
             state: ClassicGroupState::Empty,
-            state_timestamp_ms: now_ms(),
+            state_timestamp_ms: now_ms,
             generation_id: 0,
             protocol_type: None,
             protocol_name: None,
@@ -154,8 +148,8 @@ impl ClassicGroup {
     }
 
     /// The group as a `GroupMetadataValue` record loaded it: Stable with its members, or Empty.
-    pub fn from_record(v: GroupMetadataValue) -> Self {
-        let mut g = Self::new();
+    pub fn from_record(v: GroupMetadataValue, now_ms: i64) -> Self {
+        let mut g = Self::new(now_ms);
         g.has_metadata_record = true;
         g.generation_id = v.generation;
         g.protocol_type = Some(v.protocol_type).filter(|p| !p.is_empty());
@@ -188,7 +182,7 @@ impl ClassicGroup {
                     awaiting_join: None,
                     awaiting_sync: None,
                     is_new: false,
-                    heartbeat_deadline: Instant::now(),
+                    heartbeat_deadline: 0,
                     incarnation: 0,
                 },
             );
@@ -201,14 +195,14 @@ impl ClassicGroup {
         g
     }
 
-    fn transition(&mut self, to: ClassicGroupState) {
+    fn transition(&mut self, to: ClassicGroupState, now_ms: i64) {
         debug_assert!(
             to.valid_previous().contains(&self.state),
             "classic group transition {:?} -> {to:?}",
             self.state
         );
         self.state = to;
-        self.state_timestamp_ms = now_ms();
+        self.state_timestamp_ms = now_ms;
     }
 
     fn metadata_record(&self, group_id: &str) -> CoordinatorRecord {
@@ -299,14 +293,14 @@ impl ClassicGroup {
     fn validate_member(&self, member_id: &str, instance_id: Option<&str>) -> Result<(), i16> {
         if let Some(i) = instance_id {
             match self.static_members.get(i) {
-                None => Err(ec::UNKNOWN_MEMBER_ID),
-                Some(m) if m != member_id => Err(ec::FENCED_INSTANCE_ID),
+                None => Err(ErrorCode::UnknownMemberId.code()),
+                Some(m) if m != member_id => Err(ErrorCode::FencedInstanceId.code()),
                 Some(_) => Ok(()),
             }
         } else if self.members.contains_key(member_id) {
             Ok(())
         } else {
-            Err(ec::UNKNOWN_MEMBER_ID)
+            Err(ErrorCode::UnknownMemberId.code())
         }
     }
 
@@ -337,6 +331,19 @@ impl ClassicGroup {
             .with_members(self.current_members_for(is_leader))
     }
 
+    /// Answers every waiting JoinGroup and SyncGroup with `error` (the coordinator unloaded
+    /// the group).
+    pub(crate) fn fail_waiting_members(&mut self, error: i16) {
+        for m in self.members.values_mut() {
+            if let Some(tx) = m.awaiting_join.take() {
+                let _ = tx.send(join_error(error, &m.member_id));
+            }
+            if let Some(tx) = m.awaiting_sync.take() {
+                let _ = tx.send(sync_error(error));
+            }
+        }
+    }
+
     /// Removes a member; a waiting JoinGroup/SyncGroup gets `error`.
     fn remove_member(&mut self, member_id: &str, error: i16) {
         if let Some(mut m) = self.members.shift_remove(member_id) {
@@ -356,12 +363,6 @@ impl ClassicGroup {
         if self.leader_id.as_deref() == Some(member_id) {
             self.leader_id = self.members.keys().next().cloned();
         }
-    }
-}
-
-impl Default for ClassicGroup {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -411,155 +412,74 @@ pub struct LeavingMember {
     pub group_instance_id: Option<String>,
 }
 
-/// Starts the session timer of a member: it sleeps until the member's heartbeat deadline and
-/// removes the member if no heartbeat moved the deadline meanwhile.
-pub(crate) fn spawn_session_timer(
-    broker: &Arc<Broker>,
-    group_id: String,
-    member_id: String,
-    incarnation: u64,
-) {
-    let weak = Arc::downgrade(broker);
-    tokio::spawn(async move {
-        let mut deadline = Instant::now();
-        loop {
-            tokio::time::sleep_until(deadline).await;
-            let Some(broker) = weak.upgrade() else { return };
-            let c = &broker.group_coordinator;
-            let mut st = c.state.lock();
-            let Some(group) = st.groups.get_mut(&group_id) else {
-                return;
-            };
-            let GroupKind::Classic(g) = &mut group.kind else {
-                return;
-            };
-            let Some(m) = g.members.get_mut(&member_id) else {
-                return;
-            };
-            if m.incarnation != incarnation {
-                return;
-            }
-            let now = Instant::now();
-            if m.awaiting_join.is_some() || m.awaiting_sync.is_some() {
-                // Kafka's hasSatisfiedHeartbeat: a member waiting in a rebalance is alive; the
-                // rebalance timeout bounds the wait instead.
-                m.heartbeat_deadline = now + Duration::from_millis(m.session_timeout_ms as u64);
-            }
-            if m.heartbeat_deadline > now {
-                deadline = m.heartbeat_deadline;
-                continue;
-            }
-            info!(
-                group = group_id,
-                member = member_id,
-                "member's session timed out; removing it"
-            );
-            let mut timers = Vec::new();
-            c.remove_members_and_rebalance(
-                &broker,
-                group,
-                std::slice::from_ref(&member_id),
-                &mut timers,
-            );
-            drop(st);
-            run_timers(&broker, timers);
+impl GroupCoordinator {
+    /// A classic member's session timer fell due: the member is removed, and the group
+    /// rebalances, unless a heartbeat moved its deadline (then the timer is queued again).
+    pub(crate) fn on_session_timer(&self, group_id: &str, member_id: &str, incarnation: u64) {
+        let now = self.now_ms();
+        let mut st = self.state.lock();
+        let Some(group) = st.groups.get_mut(group_id) else {
+            return;
+        };
+        let GroupKind::Classic(g) = &mut group.kind else {
+            return;
+        };
+        let Some(m) = g.members.get_mut(member_id) else {
+            return;
+        };
+        if m.incarnation != incarnation {
             return;
         }
-    });
-}
-
-/// Timers to start once the state lock is released.
-pub(crate) enum Timer {
-    Session {
-        group_id: String,
-        member_id: String,
-        incarnation: u64,
-    },
-    Rebalance {
-        group_id: String,
-        id: u64,
-        delay_ms: u64,
-    },
-    Sync {
-        group_id: String,
-        generation: i32,
-        delay_ms: u64,
-    },
-    PendingMember {
-        group_id: String,
-        member_id: String,
-        delay_ms: u64,
-    },
-}
-
-pub(crate) fn run_timers(broker: &Arc<Broker>, timers: Vec<Timer>) {
-    for t in timers {
-        match t {
-            Timer::Session {
-                group_id,
-                member_id,
-                incarnation,
-            } => spawn_session_timer(broker, group_id, member_id, incarnation),
-            Timer::Rebalance {
-                group_id,
-                id,
-                delay_ms,
-            } => {
-                let weak = Arc::downgrade(broker);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                    if let Some(b) = weak.upgrade() {
-                        b.group_coordinator.on_rebalance_timer(&b, &group_id, id);
-                    }
-                });
-            }
-            Timer::Sync {
-                group_id,
-                generation,
-                delay_ms,
-            } => {
-                let weak = Arc::downgrade(broker);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                    if let Some(b) = weak.upgrade() {
-                        b.group_coordinator.on_sync_timer(&b, &group_id, generation);
-                    }
-                });
-            }
-            Timer::PendingMember {
-                group_id,
-                member_id,
-                delay_ms,
-            } => {
-                let weak = Arc::downgrade(broker);
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                    if let Some(b) = weak.upgrade() {
-                        b.group_coordinator
-                            .on_pending_member_timer(&b, &group_id, &member_id);
-                    }
-                });
-            }
+        if m.awaiting_join.is_some() || m.awaiting_sync.is_some() {
+            // Kafka's hasSatisfiedHeartbeat: a member waiting in a rebalance is alive; the
+            // rebalance timeout bounds the wait instead.
+            m.heartbeat_deadline = now + i64::from(m.session_timeout_ms);
         }
+        if m.heartbeat_deadline > now {
+            let deadline = m.heartbeat_deadline;
+            drop(st);
+            self.runtime.schedule_at(
+                deadline,
+                Timer::Session {
+                    group_id: group_id.to_string(),
+                    member_id: member_id.to_string(),
+                    incarnation,
+                },
+            );
+            return;
+        }
+        info!(
+            group = group_id,
+            member = member_id,
+            "member's session timed out; removing it"
+        );
+        let mut timers = Vec::new();
+        self.remove_members_and_rebalance(group, &[member_id.to_string()], &mut timers);
+        drop(st);
+        self.schedule_timers(timers);
     }
 }
 
 impl GroupCoordinator {
     /// JoinGroup (Kafka's `classicGroupJoin`).
-    pub fn join_group(&self, broker: &Arc<Broker>, req: JoinRequest) -> Wait<JoinGroupResponse> {
+    pub fn join_group(&self, req: JoinRequest) -> Wait<JoinGroupResponse> {
         let member_id = req.member_id.clone();
         if req.group_id.is_empty() {
-            return Wait::Ready(join_error(ec::INVALID_GROUP_ID, &member_id));
+            return Wait::Ready(join_error(ErrorCode::InvalidGroupId.code(), &member_id));
         }
-        let partition = match self.check_coordinator(broker, &req.group_id) {
+        let partition = match self.check_coordinator(&req.group_id) {
             Ok(p) => p,
             Err(e) => return Wait::Ready(join_error(e, &member_id)),
         };
         if req.session_timeout_ms < self.config.min_session_timeout_ms
             || req.session_timeout_ms > self.config.max_session_timeout_ms
         {
-            return Wait::Ready(join_error(ec::INVALID_SESSION_TIMEOUT, &member_id));
+            return Wait::Ready(join_error(
+                ErrorCode::InvalidSessionTimeout.code(),
+                &member_id,
+            ));
         }
+        let now = self.now_ms();
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let next_id = st.next_id();
@@ -569,21 +489,24 @@ impl GroupCoordinator {
             None if is_unknown => st
                 .groups
                 .entry(req.group_id.clone())
-                .or_insert_with(|| Group::new_classic(&req.group_id)),
-            None => return Wait::Ready(join_error(ec::UNKNOWN_MEMBER_ID, &member_id)),
+                .or_insert_with(|| Group::new_classic(&req.group_id, now)),
+            None => return Wait::Ready(join_error(ErrorCode::UnknownMemberId.code(), &member_id)),
         };
         if let GroupKind::Consumer(c) = &group.kind {
             if !c.members.is_empty() {
                 // Joining a live KIP-848 group with the classic protocol (KIP-848's upgrade
                 // path) is not supported.
-                return Wait::Ready(join_error(ec::INCONSISTENT_GROUP_PROTOCOL, &member_id));
+                return Wait::Ready(join_error(
+                    ErrorCode::InconsistentGroupProtocol.code(),
+                    &member_id,
+                ));
             }
             // An empty consumer group becomes a classic group (Kafka's offline downgrade).
-            group.kind = GroupKind::Classic(ClassicGroup::new());
+            group.kind = GroupKind::Classic(ClassicGroup::new(self.now_ms()));
         }
         let out = {
             let GroupKind::Classic(g) = &mut group.kind else {
-                return Wait::Ready(join_error(ec::UNKNOWN_SERVER_ERROR, &member_id));
+                return Wait::Ready(join_error(ErrorCode::UnknownServerError.code(), &member_id));
             };
             // Kafka's acceptJoiningMember (KIP-389).
             let accept = match g.state {
@@ -603,13 +526,22 @@ impl GroupCoordinator {
                 }
             };
             if !accept {
-                return Wait::Ready(join_error(ec::GROUP_MAX_SIZE_REACHED, &member_id));
+                return Wait::Ready(join_error(
+                    ErrorCode::GroupMaxSizeReached.code(),
+                    &member_id,
+                ));
             }
             if g.state == ClassicGroupState::Dead {
-                return Wait::Ready(join_error(ec::COORDINATOR_NOT_AVAILABLE, &member_id));
+                return Wait::Ready(join_error(
+                    ErrorCode::CoordinatorNotAvailable.code(),
+                    &member_id,
+                ));
             }
             if !g.supports_protocols(&req.protocol_type, &req.protocols) {
-                return Wait::Ready(join_error(ec::INCONSISTENT_GROUP_PROTOCOL, &member_id));
+                return Wait::Ready(join_error(
+                    ErrorCode::InconsistentGroupProtocol.code(),
+                    &member_id,
+                ));
             }
             if let Some(reason) = &req.reason {
                 debug!(
@@ -627,7 +559,6 @@ impl GroupCoordinator {
                 if let Some(instance) = req.group_instance_id.clone() {
                     if let Some(old_id) = g.static_members.get(&instance).cloned() {
                         self.update_static_member(
-                            broker,
                             partition,
                             &req,
                             g,
@@ -646,7 +577,7 @@ impl GroupCoordinator {
                         member_id: new_id.clone(),
                         delay_ms: req.session_timeout_ms.max(0) as u64,
                     });
-                    Wait::Ready(join_error(ec::MEMBER_ID_REQUIRED, &new_id))
+                    Wait::Ready(join_error(ErrorCode::MemberIdRequired.code(), &new_id))
                 } else {
                     self.add_member_and_rebalance(g, &req, new_id, next_id, &mut timers)
                 }
@@ -670,8 +601,8 @@ impl GroupCoordinator {
                             // The member lost its JoinGroup response, or rejoins without
                             // changes: the current generation stands.
                             if let Some(m) = g.members.get_mut(&member_id) {
-                                m.heartbeat_deadline = Instant::now()
-                                    + Duration::from_millis(m.session_timeout_ms as u64);
+                                m.heartbeat_deadline =
+                                    self.now_ms() + i64::from(m.session_timeout_ms);
                             }
                             Wait::Ready(g.join_response(&member_id))
                         } else {
@@ -679,14 +610,14 @@ impl GroupCoordinator {
                         }
                     }
                     ClassicGroupState::Empty | ClassicGroupState::Dead => {
-                        Wait::Ready(join_error(ec::UNKNOWN_MEMBER_ID, &member_id))
+                        Wait::Ready(join_error(ErrorCode::UnknownMemberId.code(), &member_id))
                     }
                 }
             }
         };
-        self.try_complete_join(broker, group, &mut timers);
+        self.try_complete_join(group, &mut timers);
         drop(st);
-        run_timers(broker, timers);
+        self.schedule_timers(timers);
         out
     }
 
@@ -720,8 +651,7 @@ impl GroupCoordinator {
                 awaiting_join: Some(tx),
                 awaiting_sync: None,
                 is_new: true,
-                heartbeat_deadline: Instant::now()
-                    + Duration::from_millis(req.session_timeout_ms.max(0) as u64),
+                heartbeat_deadline: self.now_ms() + i64::from(req.session_timeout_ms.max(0)),
                 incarnation,
             },
         );
@@ -752,7 +682,10 @@ impl GroupCoordinator {
             m.rebalance_timeout_ms = req.rebalance_timeout_ms;
             m.session_timeout_ms = req.session_timeout_ms;
             if let Some(old) = m.awaiting_join.replace(tx) {
-                let _ = old.send(join_error(ec::REBALANCE_IN_PROGRESS, &req.member_id));
+                let _ = old.send(join_error(
+                    ErrorCode::RebalanceInProgress.code(),
+                    &req.member_id,
+                ));
             }
         }
         self.maybe_prepare_rebalance(&req.group_id, g, timers);
@@ -764,7 +697,6 @@ impl GroupCoordinator {
     #[allow(clippy::too_many_arguments)]
     fn update_static_member(
         &self,
-        broker: &Arc<Broker>,
         partition: i32,
         req: &JoinRequest,
         g: &mut ClassicGroup,
@@ -777,10 +709,10 @@ impl GroupCoordinator {
             return self.add_member_and_rebalance(g, req, new_id.to_string(), incarnation, timers);
         };
         if let Some(tx) = m.awaiting_join.take() {
-            let _ = tx.send(join_error(ec::FENCED_INSTANCE_ID, old_id));
+            let _ = tx.send(join_error(ErrorCode::FencedInstanceId.code(), old_id));
         }
         if let Some(tx) = m.awaiting_sync.take() {
-            let _ = tx.send(sync_error(ec::FENCED_INSTANCE_ID));
+            let _ = tx.send(sync_error(ErrorCode::FencedInstanceId.code()));
         }
         let protocols_changed = m.protocols != req.protocols;
         let old_protocols = std::mem::replace(&mut m.protocols, req.protocols.clone());
@@ -790,8 +722,7 @@ impl GroupCoordinator {
         m.incarnation = incarnation;
         m.session_timeout_ms = req.session_timeout_ms;
         m.rebalance_timeout_ms = req.rebalance_timeout_ms;
-        m.heartbeat_deadline =
-            Instant::now() + Duration::from_millis(req.session_timeout_ms.max(0) as u64);
+        m.heartbeat_deadline = self.now_ms() + i64::from(req.session_timeout_ms.max(0));
         g.members.insert(new_id.to_string(), m);
         if let Some(i) = &req.group_instance_id {
             g.static_members.insert(i.clone(), new_id.to_string());
@@ -817,7 +748,7 @@ impl GroupCoordinator {
         );
         if g.state == ClassicGroupState::Stable && !protocols_changed {
             let record = g.metadata_record(&req.group_id);
-            if let Err(e) = self.append(broker, partition, &[record]) {
+            if let Err(e) = self.append(partition, &[record]) {
                 // Revert, as Kafka does when the write fails.
                 if let Some(mut m) = g.members.shift_remove(new_id) {
                     m.member_id = old_id.to_string();
@@ -874,13 +805,13 @@ impl GroupCoordinator {
             for m in g.members.values_mut() {
                 m.assignment = Bytes::new();
                 if let Some(tx) = m.awaiting_sync.take() {
-                    let _ = tx.send(sync_error(ec::REBALANCE_IN_PROGRESS));
+                    let _ = tx.send(sync_error(ErrorCode::RebalanceInProgress.code()));
                 }
             }
         }
         g.pending_sync.clear();
         let was_empty = g.state == ClassicGroupState::Empty;
-        g.transition(ClassicGroupState::PreparingRebalance);
+        g.transition(ClassicGroupState::PreparingRebalance, self.now_ms());
         g.rebalance_timer += 1;
         let max_rebalance = g.max_rebalance_timeout_ms();
         let initial = self.config.initial_rebalance_delay_ms;
@@ -902,7 +833,7 @@ impl GroupCoordinator {
         });
     }
 
-    fn on_rebalance_timer(&self, broker: &Arc<Broker>, group_id: &str, id: u64) {
+    pub(crate) fn on_rebalance_timer(&self, group_id: &str, id: u64) {
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
@@ -930,13 +861,13 @@ impl GroupCoordinator {
             });
         } else {
             g.initial_delay_active = false;
-            self.complete_join(broker, group, &mut timers);
+            self.complete_join(group, &mut timers);
         }
         drop(st);
-        run_timers(broker, timers);
+        self.schedule_timers(timers);
     }
 
-    fn try_complete_join(&self, broker: &Arc<Broker>, group: &mut Group, timers: &mut Vec<Timer>) {
+    fn try_complete_join(&self, group: &mut Group, timers: &mut Vec<Timer>) {
         let GroupKind::Classic(g) = &group.kind else {
             return;
         };
@@ -944,14 +875,14 @@ impl GroupCoordinator {
             && !g.initial_delay_active
             && g.all_members_joined()
         {
-            self.complete_join(broker, group, timers);
+            self.complete_join(group, timers);
         }
     }
 
     /// Kafka's `completeClassicGroupJoin`: members that did not rejoin are removed, the next
     /// generation starts, every waiting JoinGroup is answered (the leader gets the members'
     /// metadata).
-    fn complete_join(&self, broker: &Arc<Broker>, group: &mut Group, timers: &mut Vec<Timer>) {
+    fn complete_join(&self, group: &mut Group, timers: &mut Vec<Timer>) {
         let group_id = group.group_id.clone();
         let GroupKind::Classic(g) = &mut group.kind else {
             return;
@@ -968,7 +899,7 @@ impl GroupCoordinator {
                 member = id,
                 "member did not rejoin within the rebalance timeout; removing it"
             );
-            g.remove_member(&id, ec::UNKNOWN_MEMBER_ID);
+            g.remove_member(&id, ErrorCode::UnknownMemberId.code());
         }
         let previous_generation = g.generation_id;
         g.generation_id += 1;
@@ -979,10 +910,10 @@ impl GroupCoordinator {
         let partition = self.partition_for(&group_id);
         if g.members.is_empty() {
             g.protocol_name = None;
-            g.transition(ClassicGroupState::Empty);
+            g.transition(ClassicGroupState::Empty, self.now_ms());
             g.has_metadata_record = true;
             let record = g.metadata_record(&group_id);
-            let _ = self.append(broker, partition, &[record]);
+            let _ = self.append(partition, &[record]);
             return;
         }
         g.protocol_name = g.select_protocol();
@@ -992,7 +923,7 @@ impl GroupCoordinator {
         {
             g.leader_id = g.members.keys().next().cloned();
         }
-        g.transition(ClassicGroupState::CompletingRebalance);
+        g.transition(ClassicGroupState::CompletingRebalance, self.now_ms());
         info!(
             group = group_id,
             generation = g.generation_id,
@@ -1000,13 +931,13 @@ impl GroupCoordinator {
             protocol = g.protocol_name.as_deref().unwrap_or(""),
             "rebalance: join phase complete"
         );
-        let now = Instant::now();
+        let now = self.now_ms();
         let ids: Vec<String> = g.members.keys().cloned().collect();
         for id in &ids {
             let resp = g.join_response(id);
             if let Some(m) = g.members.get_mut(id) {
                 m.is_new = false;
-                m.heartbeat_deadline = now + Duration::from_millis(m.session_timeout_ms as u64);
+                m.heartbeat_deadline = now + i64::from(m.session_timeout_ms);
                 if let Some(tx) = m.awaiting_join.take() {
                     let _ = tx.send(resp);
                 }
@@ -1020,7 +951,7 @@ impl GroupCoordinator {
         });
     }
 
-    fn on_sync_timer(&self, broker: &Arc<Broker>, group_id: &str, generation: i32) {
+    pub(crate) fn on_sync_timer(&self, group_id: &str, generation: i32) {
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
@@ -1040,12 +971,12 @@ impl GroupCoordinator {
         }
         let missing: Vec<String> = g.pending_sync.iter().cloned().collect();
         info!(group = group_id, members = ?missing, "members did not send SyncGroup within the rebalance timeout; removing them");
-        self.remove_members_and_rebalance(broker, group, &missing, &mut timers);
+        self.remove_members_and_rebalance(group, &missing, &mut timers);
         drop(st);
-        run_timers(broker, timers);
+        self.schedule_timers(timers);
     }
 
-    fn on_pending_member_timer(&self, broker: &Arc<Broker>, group_id: &str, member_id: &str) {
+    pub(crate) fn on_pending_member_timer(&self, group_id: &str, member_id: &str) {
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
@@ -1060,16 +991,15 @@ impl GroupCoordinator {
                 member = member_id,
                 "pending member expired"
             );
-            self.try_complete_join(broker, group, &mut timers);
+            self.try_complete_join(group, &mut timers);
         }
         drop(st);
-        run_timers(broker, timers);
+        self.schedule_timers(timers);
     }
 
     /// Removes members (session expiry, LeaveGroup, missing SyncGroup) and rebalances.
     pub(crate) fn remove_members_and_rebalance(
         &self,
-        broker: &Arc<Broker>,
         group: &mut Group,
         member_ids: &[String],
         timers: &mut Vec<Timer>,
@@ -1079,7 +1009,7 @@ impl GroupCoordinator {
             return;
         };
         for id in member_ids {
-            g.remove_member(id, ec::UNKNOWN_MEMBER_ID);
+            g.remove_member(id, ErrorCode::UnknownMemberId.code());
             g.pending_members.remove(id);
         }
         match g.state {
@@ -1092,14 +1022,13 @@ impl GroupCoordinator {
             }
             _ => {}
         }
-        self.try_complete_join(broker, group, timers);
+        self.try_complete_join(group, timers);
     }
 
     /// SyncGroup (Kafka's `classicGroupSync`).
     #[allow(clippy::too_many_arguments)]
     pub fn sync_group(
         &self,
-        broker: &Arc<Broker>,
         group_id: &str,
         generation_id: i32,
         member_id: &str,
@@ -1108,45 +1037,45 @@ impl GroupCoordinator {
         protocol_name: Option<&str>,
         assignments: Vec<(String, Bytes)>,
     ) -> Wait<SyncGroupResponse> {
-        let partition = match self.check_coordinator(broker, group_id) {
+        let partition = match self.check_coordinator(group_id) {
             Ok(p) => p,
             Err(e) => return Wait::Ready(sync_error(e)),
         };
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
-            return Wait::Ready(sync_error(ec::UNKNOWN_MEMBER_ID));
+            return Wait::Ready(sync_error(ErrorCode::UnknownMemberId.code()));
         };
         let GroupKind::Classic(g) = &mut group.kind else {
-            return Wait::Ready(sync_error(ec::UNKNOWN_MEMBER_ID));
+            return Wait::Ready(sync_error(ErrorCode::UnknownMemberId.code()));
         };
         if g.state == ClassicGroupState::Dead {
-            return Wait::Ready(sync_error(ec::COORDINATOR_NOT_AVAILABLE));
+            return Wait::Ready(sync_error(ErrorCode::CoordinatorNotAvailable.code()));
         }
         if let Err(e) = g.validate_member(member_id, group_instance_id) {
             return Wait::Ready(sync_error(e));
         }
         if generation_id != g.generation_id {
-            return Wait::Ready(sync_error(ec::ILLEGAL_GENERATION));
+            return Wait::Ready(sync_error(ErrorCode::IllegalGeneration.code()));
         }
         if protocol_type.is_some_and(|t| Some(t) != g.protocol_type.as_deref())
             || protocol_name.is_some_and(|n| Some(n) != g.protocol_name.as_deref())
         {
-            return Wait::Ready(sync_error(ec::INCONSISTENT_GROUP_PROTOCOL));
+            return Wait::Ready(sync_error(ErrorCode::InconsistentGroupProtocol.code()));
         }
         let out = match g.state {
             ClassicGroupState::Empty | ClassicGroupState::Dead => {
-                Wait::Ready(sync_error(ec::UNKNOWN_MEMBER_ID))
+                Wait::Ready(sync_error(ErrorCode::UnknownMemberId.code()))
             }
             ClassicGroupState::PreparingRebalance => {
-                Wait::Ready(sync_error(ec::REBALANCE_IN_PROGRESS))
+                Wait::Ready(sync_error(ErrorCode::RebalanceInProgress.code()))
             }
             ClassicGroupState::CompletingRebalance => {
                 let (tx, rx) = oneshot::channel();
                 g.pending_sync.remove(member_id);
                 if let Some(m) = g.members.get_mut(member_id) {
                     if let Some(old) = m.awaiting_sync.replace(tx) {
-                        let _ = old.send(sync_error(ec::REBALANCE_IN_PROGRESS));
+                        let _ = old.send(sync_error(ErrorCode::RebalanceInProgress.code()));
                     }
                 }
                 if g.leader_id.as_deref() == Some(member_id) {
@@ -1156,9 +1085,9 @@ impl GroupCoordinator {
                     }
                     g.has_metadata_record = true;
                     let record = g.metadata_record(group_id);
-                    match self.append(broker, partition, &[record]) {
-                        Ok(()) => {
-                            g.transition(ClassicGroupState::Stable);
+                    match self.append(partition, &[record]) {
+                        Ok(write) => {
+                            g.transition(ClassicGroupState::Stable, self.now_ms());
                             info!(
                                 group = group_id,
                                 generation = g.generation_id,
@@ -1166,16 +1095,27 @@ impl GroupCoordinator {
                             );
                             let protocol_type = g.protocol_type.clone();
                             let protocol_name = g.protocol_name.clone();
+                            let mut answers = Vec::new();
                             for m in g.members.values_mut() {
                                 if let Some(tx) = m.awaiting_sync.take() {
-                                    let _ = tx.send(
+                                    answers.push((
+                                        tx,
                                         SyncGroupResponse::default()
                                             .with_protocol_type(protocol_type.as_deref().map(sb))
                                             .with_protocol_name(protocol_name.as_deref().map(sb))
                                             .with_assignment(m.assignment.clone()),
-                                    );
+                                    ));
                                 }
                             }
+                            // The members learn their assignment once it is committed.
+                            self.runtime.complete_when_committed(write, move |r| {
+                                for (tx, resp) in answers {
+                                    let _ = tx.send(match &r {
+                                        Ok(()) => resp,
+                                        Err(e) => sync_error(e.code()),
+                                    });
+                                }
+                            });
                         }
                         Err(e) => {
                             for m in g.members.values_mut() {
@@ -1206,70 +1146,63 @@ impl GroupCoordinator {
             }
         };
         drop(st);
-        run_timers(broker, timers);
+        self.schedule_timers(timers);
         out
     }
 
     /// Heartbeat (Kafka's `classicGroupHeartbeat`): the error code.
     pub fn heartbeat(
         &self,
-        broker: &Arc<Broker>,
         group_id: &str,
         generation_id: i32,
         member_id: &str,
         group_instance_id: Option<&str>,
     ) -> i16 {
-        if let Err(e) = self.check_coordinator(broker, group_id) {
+        if let Err(e) = self.check_coordinator(group_id) {
             return e;
         }
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
-            return ec::UNKNOWN_MEMBER_ID;
+            return ErrorCode::UnknownMemberId.code();
         };
         let GroupKind::Classic(g) = &mut group.kind else {
-            return ec::UNKNOWN_MEMBER_ID;
+            return ErrorCode::UnknownMemberId.code();
         };
         if g.state == ClassicGroupState::Dead {
-            return ec::COORDINATOR_NOT_AVAILABLE;
+            return ErrorCode::CoordinatorNotAvailable.code();
         }
         if let Err(e) = g.validate_member(member_id, group_instance_id) {
             return e;
         }
         if generation_id != g.generation_id {
-            return ec::ILLEGAL_GENERATION;
+            return ErrorCode::IllegalGeneration.code();
         }
         let state = g.state;
         if let Some(m) = g.members.get_mut(member_id) {
-            m.heartbeat_deadline =
-                Instant::now() + Duration::from_millis(m.session_timeout_ms as u64);
+            m.heartbeat_deadline = self.now_ms() + i64::from(m.session_timeout_ms);
         }
         match state {
-            ClassicGroupState::Empty | ClassicGroupState::Dead => ec::UNKNOWN_MEMBER_ID,
-            ClassicGroupState::PreparingRebalance => ec::REBALANCE_IN_PROGRESS,
-            _ => ec::NONE,
+            ClassicGroupState::Empty | ClassicGroupState::Dead => ErrorCode::UnknownMemberId.code(),
+            ClassicGroupState::PreparingRebalance => ErrorCode::RebalanceInProgress.code(),
+            _ => ErrorCode::None.code(),
         }
     }
 
     /// LeaveGroup (Kafka's `classicGroupLeave`): the top-level error and, per member, its error.
-    pub fn leave_group(
-        &self,
-        broker: &Arc<Broker>,
-        group_id: &str,
-        members: &[LeavingMember],
-    ) -> (i16, Vec<i16>) {
-        if let Err(e) = self.check_coordinator(broker, group_id) {
+    pub fn leave_group(&self, group_id: &str, members: &[LeavingMember]) -> (i16, Vec<i16>) {
+        if let Err(e) = self.check_coordinator(group_id) {
             return (e, vec![]);
         }
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let Some(group) = st.groups.get_mut(group_id) else {
-            return (ec::UNKNOWN_MEMBER_ID, vec![]);
+            return (ErrorCode::UnknownMemberId.code(), vec![]);
         };
         let GroupKind::Classic(g) = &mut group.kind else {
-            return (ec::UNKNOWN_MEMBER_ID, vec![]);
+            return (ErrorCode::UnknownMemberId.code(), vec![]);
         };
         if g.state == ClassicGroupState::Dead {
-            return (ec::COORDINATOR_NOT_AVAILABLE, vec![]);
+            return (ErrorCode::CoordinatorNotAvailable.code(), vec![]);
         }
         let mut errors = Vec::with_capacity(members.len());
         let mut leaving = Vec::new();
@@ -1283,18 +1216,18 @@ impl GroupCoordinator {
                 {
                     Some(id) => {
                         leaving.push(id.clone());
-                        ec::NONE
+                        ErrorCode::None.code()
                     }
-                    None => ec::UNKNOWN_MEMBER_ID,
+                    None => ErrorCode::UnknownMemberId.code(),
                 }
             } else if g.pending_members.remove(&m.member_id) {
                 pending_left = true;
-                ec::NONE
+                ErrorCode::None.code()
             } else {
                 match g.validate_member(&m.member_id, m.group_instance_id.as_deref()) {
                     Ok(()) => {
                         leaving.push(m.member_id.clone());
-                        ec::NONE
+                        ErrorCode::None.code()
                     }
                     Err(e) => e,
                 }
@@ -1303,12 +1236,12 @@ impl GroupCoordinator {
         }
         if !leaving.is_empty() {
             info!(group = group_id, members = ?leaving, "members left the group");
-            self.remove_members_and_rebalance(broker, group, &leaving, &mut timers);
+            self.remove_members_and_rebalance(group, &leaving, &mut timers);
         } else if pending_left {
-            self.try_complete_join(broker, group, &mut timers);
+            self.try_complete_join(group, &mut timers);
         }
         drop(st);
-        run_timers(broker, timers);
-        (ec::NONE, errors)
+        self.schedule_timers(timers);
+        (ErrorCode::None.code(), errors)
     }
 }

@@ -6,19 +6,15 @@
 //! that member has revoked them (its heartbeat no longer lists them).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::info;
 use uuid::Uuid;
 
 use super::assignor::{self, Assignment, MemberSpec};
 use super::records::{self, ConsumerMemberMetadataValue, CurrentMemberAssignmentValue};
-use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind};
-use crate::error_codes as ec;
-use crate::replica_manager::now_ms;
-use crate::server::Broker;
+use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind, Timer};
+use crate::runtime::TopicMetadata;
+use gregor_protocol::error::ErrorCode;
 
 /// A member of a consumer group.
 pub struct ConsumerMember {
@@ -49,7 +45,7 @@ pub struct ConsumerMember {
     /// Partitions the member must revoke.
     pub pending_revocation: Assignment,
     last_sent: Option<Assignment>,
-    heartbeat_deadline: Instant,
+    heartbeat_deadline: i64,
     incarnation: u64,
 }
 
@@ -180,7 +176,7 @@ impl ConsumerMember {
             assigned: Assignment::new(),
             pending_revocation: Assignment::new(),
             last_sent: None,
-            heartbeat_deadline: Instant::now(),
+            heartbeat_deadline: 0,
             incarnation: 0,
         }
     }
@@ -209,9 +205,9 @@ impl ConsumerMember {
 
     /// Starts a new session for a loaded member (a new coordinator gives every member a full
     /// session timeout to heartbeat again, as Kafka does on load).
-    pub(crate) fn restart_session(&mut self, incarnation: u64, deadline: Instant) {
+    pub(crate) fn restart_session(&mut self, incarnation: u64, deadline_ms: i64) {
         self.incarnation = incarnation;
-        self.heartbeat_deadline = deadline;
+        self.heartbeat_deadline = deadline_ms;
     }
 
     fn metadata_value(&self) -> ConsumerMemberMetadataValue {
@@ -371,16 +367,13 @@ impl ConsumerGroup {
             .unwrap_or_else(|| default.to_string())
     }
 
-    /// Topics the members subscribe to, resolved against the metadata image.
-    fn resolve_subscriptions(
-        &self,
-        image: &gregor_metadata::MetadataImage,
-    ) -> BTreeMap<String, (Uuid, i32)> {
+    /// Topics the members subscribe to, resolved against the topic metadata.
+    fn resolve_subscriptions(&self, image: &dyn TopicMetadata) -> BTreeMap<String, (Uuid, i32)> {
         let mut out = BTreeMap::new();
         for m in self.members.values() {
             for t in &m.subscribed_topic_names {
-                if let Some(ti) = image.topic(t) {
-                    out.insert(t.clone(), (ti.topic_id, ti.partitions.len() as i32));
+                if let Some(topic) = image.topic(t) {
+                    out.insert(t.clone(), topic);
                 }
             }
         }
@@ -491,44 +484,43 @@ impl GroupCoordinator {
     /// Writes the records of a heartbeat or session expiry. A failed append is logged (by
     /// [`GroupCoordinator::append`]) and the in-memory state is kept: the next change writes
     /// the member's records again.
-    fn persist(&self, broker: &Broker, partition: i32, recs: &[CoordinatorRecord]) {
-        let _ = self.append(broker, partition, recs);
+    fn persist(&self, partition: i32, recs: &[CoordinatorRecord]) {
+        let _ = self.append(partition, recs);
     }
 
     /// ConsumerGroupHeartbeat (Kafka's `consumerGroupHeartbeat`).
-    pub fn consumer_group_heartbeat(
-        &self,
-        broker: &Arc<Broker>,
-        req: HeartbeatRequest,
-    ) -> HeartbeatResponse {
+    pub fn consumer_group_heartbeat(&self, req: HeartbeatRequest) -> HeartbeatResponse {
         if req.group_id.is_empty() {
-            return hb_error(ec::INVALID_REQUEST, "GroupId can't be empty.");
+            return hb_error(ErrorCode::InvalidRequest.code(), "GroupId can't be empty.");
         }
         if req.instance_id.as_deref() == Some("") {
-            return hb_error(ec::INVALID_REQUEST, "InstanceId can't be empty.");
+            return hb_error(
+                ErrorCode::InvalidRequest.code(),
+                "InstanceId can't be empty.",
+            );
         }
         if req.member_epoch != 0 && req.member_id.is_empty() {
-            return hb_error(ec::INVALID_REQUEST, "MemberId can't be empty.");
+            return hb_error(ErrorCode::InvalidRequest.code(), "MemberId can't be empty.");
         }
         if req.version >= 1 && req.member_id.is_empty() {
-            return hb_error(ec::INVALID_REQUEST, "MemberId can't be empty.");
+            return hb_error(ErrorCode::InvalidRequest.code(), "MemberId can't be empty.");
         }
         if req.member_epoch == 0 {
             if req.rebalance_timeout_ms == -1 {
                 return hb_error(
-                    ec::INVALID_REQUEST,
+                    ErrorCode::InvalidRequest.code(),
                     "RebalanceTimeoutMs must be provided in first request.",
                 );
             }
             if req.owned.as_ref().is_none_or(|o| !o.is_empty()) {
                 return hb_error(
-                    ec::INVALID_REQUEST,
+                    ErrorCode::InvalidRequest.code(),
                     "TopicPartitions must be empty when (re-)joining.",
                 );
             }
             if req.subscribed_topic_names.is_none() && req.subscribed_topic_regex.is_none() {
                 return hb_error(
-                    ec::INVALID_REQUEST,
+                    ErrorCode::InvalidRequest.code(),
                     "SubscribedTopicNames or SubscribedTopicRegex must be set in first request.",
                 );
             }
@@ -542,7 +534,7 @@ impl GroupCoordinator {
                     .any(|x| x == assignor::short_name(a))
             {
                 return hb_error(
-                    ec::UNSUPPORTED_ASSIGNOR,
+                    ErrorCode::UnsupportedAssignor.code(),
                     format!(
                         "ServerAssignor {a} is not supported. Supported assignors: {}.",
                         self.config.consumer_assignors.join(", ")
@@ -550,18 +542,18 @@ impl GroupCoordinator {
                 );
             }
         }
-        let partition = match self.check_coordinator(broker, &req.group_id) {
+        let partition = match self.check_coordinator(&req.group_id) {
             Ok(p) => p,
             Err(e) => return hb_error(e, ""),
         };
-        let image = broker.controller.image();
+        let image = self.metadata.clone();
         let mut timers = Vec::new();
         let mut st = self.state.lock();
         let incarnation = st.next_id();
         if !st.groups.contains_key(&req.group_id) {
             if req.member_epoch != 0 {
                 return hb_error(
-                    ec::UNKNOWN_MEMBER_ID,
+                    ErrorCode::UnknownMemberId.code(),
                     format!(
                         "Member {} is not a member of group {}.",
                         req.member_id, req.group_id
@@ -573,29 +565,29 @@ impl GroupCoordinator {
                 Group {
                     group_id: req.group_id.clone(),
                     offsets: BTreeMap::new(),
-                    kind: GroupKind::Consumer(ConsumerGroup::new(now_ms())),
+                    kind: GroupKind::Consumer(ConsumerGroup::new(self.now_ms())),
                 },
             );
         }
         let Some(group) = st.groups.get_mut(&req.group_id) else {
-            return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
+            return hb_error(ErrorCode::UnknownServerError.code(), "");
         };
         if let GroupKind::Classic(c) = &group.kind {
             if c.members.is_empty() && c.pending_members.is_empty() {
                 // An empty classic group (offsets only) becomes a consumer group.
-                let mut cg = ConsumerGroup::new(now_ms());
+                let mut cg = ConsumerGroup::new(self.now_ms());
                 cg.group_epoch = c.generation_id.max(0);
                 cg.assignment_epoch = cg.group_epoch;
                 group.kind = GroupKind::Consumer(cg);
             } else {
                 return hb_error(
-                    ec::GROUP_ID_NOT_FOUND,
+                    ErrorCode::GroupIdNotFound.code(),
                     format!("Group {} is not a consumer group.", req.group_id),
                 );
             }
         }
         let GroupKind::Consumer(c) = &mut group.kind else {
-            return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
+            return hb_error(ErrorCode::UnknownServerError.code(), "");
         };
         let default_assignor = self
             .config
@@ -604,13 +596,13 @@ impl GroupCoordinator {
             .cloned()
             .unwrap_or_else(|| "uniform".into());
         let interval = self.config.consumer_heartbeat_interval_ms;
-        let session = Duration::from_millis(self.config.consumer_session_timeout_ms as u64);
+        let session = i64::from(self.config.consumer_session_timeout_ms);
 
         // Leaving.
         if req.member_epoch == -1 || req.member_epoch == -2 {
             let Some(m) = c.members.get_mut(&req.member_id) else {
                 return hb_error(
-                    ec::UNKNOWN_MEMBER_ID,
+                    ErrorCode::UnknownMemberId.code(),
                     format!(
                         "Member {} is not a member of group {}.",
                         req.member_id, req.group_id
@@ -623,12 +615,11 @@ impl GroupCoordinator {
                 m.member_epoch = -2;
                 let v = m.current_value(c.target.get(&req.member_id));
                 self.persist(
-                    broker,
                     partition,
                     &[current_assignment_record(&req.group_id, &req.member_id, &v)],
                 );
                 return HeartbeatResponse {
-                    error_code: ec::NONE,
+                    error_code: ErrorCode::None.code(),
                     error_message: None,
                     member_id: Some(req.member_id),
                     member_epoch: -2,
@@ -645,12 +636,12 @@ impl GroupCoordinator {
             );
             let mut recs = member_removal_records(&req.group_id, &req.member_id).to_vec();
             Self::bump_epoch(&req.group_id, c, &mut recs);
-            self.persist(broker, partition, &recs);
+            self.persist(partition, &recs);
             if c.members.is_empty() {
-                c.state_timestamp_ms = now_ms();
+                c.state_timestamp_ms = self.now_ms();
             }
             return HeartbeatResponse {
-                error_code: ec::NONE,
+                error_code: ErrorCode::None.code(),
                 error_message: None,
                 member_id: Some(req.member_id),
                 member_epoch: -1,
@@ -682,7 +673,7 @@ impl GroupCoordinator {
             if !c.members.contains_key(&member_id) {
                 if c.members.len() >= self.config.consumer_max_size {
                     return hb_error(
-                        ec::GROUP_MAX_SIZE_REACHED,
+                        ErrorCode::GroupMaxSizeReached.code(),
                         format!(
                             "The consumer group has reached its maximum capacity of {} members.",
                             self.config.consumer_max_size
@@ -698,7 +689,7 @@ impl GroupCoordinator {
                         .map(|m| (m.member_id.clone(), m.member_epoch))
                     {
                         if old.1 != -2 {
-                            return hb_error(ec::UNRELEASED_INSTANCE_ID, format!("Static member {} with instance id {i} cannot join the group because the instance id is owned by {} member.", member_id, old.0));
+                            return hb_error(ErrorCode::UnreleasedInstanceId.code(), format!("Static member {} with instance id {i} cannot join the group because the instance id is owned by {} member.", member_id, old.0));
                         }
                         if let Some(o) = c.members.remove(&old.0) {
                             inherited = (o.assigned, c.target.remove(&old.0));
@@ -728,7 +719,7 @@ impl GroupCoordinator {
                         assigned: inherited.0,
                         pending_revocation: Assignment::new(),
                         last_sent: None,
-                        heartbeat_deadline: Instant::now() + session,
+                        heartbeat_deadline: self.now_ms() + session,
                         incarnation,
                     },
                 );
@@ -751,7 +742,7 @@ impl GroupCoordinator {
         }
         let Some(m) = c.members.get_mut(&member_id) else {
             return hb_error(
-                ec::UNKNOWN_MEMBER_ID,
+                ErrorCode::UnknownMemberId.code(),
                 format!(
                     "Member {member_id} is not a member of group {}.",
                     req.group_id
@@ -765,10 +756,10 @@ impl GroupCoordinator {
                     .as_ref()
                     .is_some_and(|o| minus(o, &m.assigned).is_empty());
             if !lenient {
-                return hb_error(ec::FENCED_MEMBER_EPOCH, format!("The consumer group member has a smaller member epoch ({}) than the one known by the group coordinator ({}). The member must abandon all its partitions and rejoin.", req.member_epoch, m.member_epoch));
+                return hb_error(ErrorCode::FencedMemberEpoch.code(), format!("The consumer group member has a smaller member epoch ({}) than the one known by the group coordinator ({}). The member must abandon all its partitions and rejoin.", req.member_epoch, m.member_epoch));
             }
         }
-        m.heartbeat_deadline = Instant::now() + session;
+        m.heartbeat_deadline = self.now_ms() + session;
         if let Some(names) = &req.subscribed_topic_names {
             let mut names = names.clone();
             names.sort();
@@ -796,7 +787,7 @@ impl GroupCoordinator {
         if req.rack_id.is_some() {
             m.rack_id = req.rack_id.clone();
         }
-        let new_metadata = c.resolve_subscriptions(&image);
+        let new_metadata = c.resolve_subscriptions(image.as_ref());
         if new_metadata != c.subscription_metadata {
             epoch_recs.push((
                 records::consumer_group_partition_metadata_key(&req.group_id),
@@ -817,7 +808,7 @@ impl GroupCoordinator {
         }
         c.reconcile(&member_id, req.owned.as_ref());
         let Some(m) = c.members.get(&member_id) else {
-            return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
+            return hb_error(ErrorCode::UnknownServerError.code(), "");
         };
         let after = (
             m.metadata_value(),
@@ -836,9 +827,9 @@ impl GroupCoordinator {
                 &after.1,
             ));
         }
-        self.persist(broker, partition, &recs);
+        self.persist(partition, &recs);
         let Some(m) = c.members.get_mut(&member_id) else {
-            return hb_error(ec::UNKNOWN_SERVER_ERROR, "");
+            return hb_error(ErrorCode::UnknownServerError.code(), "");
         };
         let assignment = if m.last_sent.as_ref() != Some(&m.assigned) || req.member_epoch == 0 {
             m.last_sent = Some(m.assigned.clone());
@@ -847,7 +838,7 @@ impl GroupCoordinator {
             None
         };
         let resp = HeartbeatResponse {
-            error_code: ec::NONE,
+            error_code: ErrorCode::None.code(),
             error_message: None,
             member_id: Some(member_id.clone()),
             member_epoch: m.member_epoch,
@@ -855,19 +846,26 @@ impl GroupCoordinator {
             assignment,
         };
         drop(st);
-        for (mid, inc) in timers {
-            spawn_consumer_session_timer(broker, req.group_id.clone(), mid, inc);
-        }
+        self.schedule_timers(
+            timers
+                .into_iter()
+                .map(|(member_id, incarnation)| Timer::ConsumerSession {
+                    group_id: req.group_id.clone(),
+                    member_id,
+                    incarnation,
+                    delay_ms: session.max(0) as u64,
+                })
+                .collect(),
+        );
         resp
     }
 
-    fn expire_consumer_member(
+    pub(crate) fn expire_consumer_member(
         &self,
-        broker: &Arc<Broker>,
         group_id: &str,
         member_id: &str,
         incarnation: u64,
-    ) -> Option<Instant> {
+    ) -> Option<i64> {
         let partition = self.partition_for(group_id);
         let mut st = self.state.lock();
         let group = st.groups.get_mut(group_id)?;
@@ -878,7 +876,7 @@ impl GroupCoordinator {
         if m.incarnation != incarnation {
             return None;
         }
-        if m.heartbeat_deadline > Instant::now() {
+        if m.heartbeat_deadline > self.now_ms() {
             return Some(m.heartbeat_deadline);
         }
         info!(
@@ -890,37 +888,12 @@ impl GroupCoordinator {
         c.target.remove(member_id);
         let mut recs = member_removal_records(group_id, member_id).to_vec();
         Self::bump_epoch(group_id, c, &mut recs);
-        self.persist(broker, partition, &recs);
+        self.persist(partition, &recs);
         if c.members.is_empty() {
-            c.state_timestamp_ms = now_ms();
+            c.state_timestamp_ms = self.now_ms();
         }
         None
     }
-}
-
-pub(crate) fn spawn_consumer_session_timer(
-    broker: &Arc<Broker>,
-    group_id: String,
-    member_id: String,
-    incarnation: u64,
-) {
-    let weak = Arc::downgrade(broker);
-    let session =
-        Duration::from_millis(broker.group_coordinator.config.consumer_session_timeout_ms as u64);
-    tokio::spawn(async move {
-        let mut deadline = Instant::now() + session;
-        loop {
-            tokio::time::sleep_until(deadline).await;
-            let Some(b) = weak.upgrade() else { return };
-            match b
-                .group_coordinator
-                .expire_consumer_member(&b, &group_id, &member_id, incarnation)
-            {
-                Some(next) => deadline = next,
-                None => return,
-            }
-        }
-    });
 }
 
 /// A consumer group as ConsumerGroupDescribe reports it.
@@ -967,11 +940,7 @@ pub struct DescribedConsumerMember {
 
 impl GroupCoordinator {
     /// ConsumerGroupDescribe for one group: GROUP_ID_NOT_FOUND for unknown or classic groups.
-    pub fn describe_consumer_group(
-        &self,
-        broker: &Arc<Broker>,
-        group_id: &str,
-    ) -> DescribedConsumerGroup {
+    pub fn describe_consumer_group(&self, group_id: &str) -> DescribedConsumerGroup {
         let err = |code: i16, msg: Option<String>| DescribedConsumerGroup {
             error_code: code,
             error_message: msg,
@@ -983,23 +952,23 @@ impl GroupCoordinator {
         };
         if group_id.is_empty() {
             return err(
-                ec::INVALID_GROUP_ID,
+                ErrorCode::InvalidGroupId.code(),
                 Some("Group ID can't be empty.".into()),
             );
         }
-        if let Err(e) = self.check_coordinator(broker, group_id) {
+        if let Err(e) = self.check_coordinator(group_id) {
             return err(e, None);
         }
         let st = self.state.lock();
         let Some(g) = st.groups.get(group_id) else {
             return err(
-                ec::GROUP_ID_NOT_FOUND,
+                ErrorCode::GroupIdNotFound.code(),
                 Some(format!("Group {group_id} not found.")),
             );
         };
         let GroupKind::Consumer(c) = &g.kind else {
             return err(
-                ec::GROUP_ID_NOT_FOUND,
+                ErrorCode::GroupIdNotFound.code(),
                 Some(format!("Group {group_id} is not a consumer group.")),
             );
         };
@@ -1010,7 +979,7 @@ impl GroupCoordinator {
             .cloned()
             .unwrap_or_default();
         DescribedConsumerGroup {
-            error_code: ec::NONE,
+            error_code: ErrorCode::None.code(),
             error_message: None,
             state: c.state_name().into(),
             group_epoch: c.group_epoch,

@@ -1,0 +1,233 @@
+//! The broker's side of the coordinator runtime (`gregor-coordinator`): the
+//! [`PartitionWriter`] over the replica manager, the [`TopicMetadata`] over the metadata image,
+//! the creation of `__consumer_offsets`, and the leadership events that load and unload
+//! coordinator partitions. Everything the coordinators need from the broker goes through this
+//! file.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gregor_coordinator::group::{GroupConfigError, GroupCoordinator, GROUP_METADATA_TOPIC_NAME};
+use gregor_coordinator::runtime::{HighWatermarkFuture, PartitionWriter, TopicMetadata};
+use gregor_metadata::controller::NewTopic;
+use gregor_protocol::error::ErrorCode;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::config::ConfigError;
+use crate::replica_manager::Partition;
+use crate::server::Broker;
+
+impl From<GroupConfigError> for ConfigError {
+    fn from(e: GroupConfigError) -> Self {
+        ConfigError {
+            name: e.name,
+            value: e.value,
+            reason: e.reason,
+        }
+    }
+}
+
+/// Writes coordinator records through the broker's replica manager. Holds the broker weakly
+/// (the broker owns the coordinators that own this writer).
+pub struct BrokerPartitionWriter {
+    broker: Weak<Broker>,
+}
+
+impl BrokerPartitionWriter {
+    /// A writer for the broker behind `broker`.
+    pub fn new(broker: Weak<Broker>) -> Arc<Self> {
+        Arc::new(Self { broker })
+    }
+
+    fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
+        self.broker
+            .upgrade()?
+            .replica_manager
+            .partition(topic, partition)
+    }
+}
+
+impl PartitionWriter for BrokerPartitionWriter {
+    fn is_leader(&self, topic: &str, partition: i32) -> bool {
+        self.partition(topic, partition)
+            .is_some_and(|p| p.is_leader())
+    }
+
+    fn append(
+        &self,
+        topic: &str,
+        partition: i32,
+        batch: &mut [u8],
+    ) -> Result<i64, (ErrorCode, String)> {
+        let Some(p) = self.partition(topic, partition) else {
+            return Err((ErrorCode::NotLeaderOrFollower, String::new()));
+        };
+        p.append_records_as_leader(batch, -1)
+            .map(|info| info.last_offset + 1)
+            .map_err(|(code, msg)| (ErrorCode::for_code(code), msg))
+    }
+
+    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partition(topic, partition).map(|p| p.high_watermark())
+    }
+
+    fn log_start_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partition(topic, partition)
+            .map(|p| p.log.log_start_offset())
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, (ErrorCode, String)> {
+        let Some(p) = self.partition(topic, partition) else {
+            return Err((ErrorCode::NotLeaderOrFollower, String::new()));
+        };
+        p.read(offset, max_bytes, 0, true)
+            .map(|r| r.records)
+            .map_err(|e| (e.error_code(), e.to_string()))
+    }
+
+    fn wait_for_high_watermark(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        timeout_ms: i64,
+    ) -> HighWatermarkFuture {
+        let p = self.partition(topic, partition);
+        Box::pin(async move {
+            let Some(p) = p else {
+                return Err(ErrorCode::NotLeaderOrFollower);
+            };
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
+            loop {
+                // Registered before the check, so a move in between still wakes us.
+                let notify = Arc::new(Notify::new());
+                p.register_waiter(&notify);
+                if p.high_watermark() >= offset {
+                    return Ok(());
+                }
+                if !p.is_leader() {
+                    return Err(ErrorCode::NotLeaderOrFollower);
+                }
+                if tokio::time::timeout_at(deadline, notify.notified())
+                    .await
+                    .is_err()
+                {
+                    return Err(ErrorCode::RequestTimedOut);
+                }
+            }
+        })
+    }
+}
+
+/// Topic ids and partition counts from the controller's latest image.
+pub struct BrokerTopicMetadata {
+    broker: Weak<Broker>,
+}
+
+impl BrokerTopicMetadata {
+    /// Metadata of the broker behind `broker`.
+    pub fn new(broker: Weak<Broker>) -> Arc<Self> {
+        Arc::new(Self { broker })
+    }
+}
+
+impl TopicMetadata for BrokerTopicMetadata {
+    fn topic(&self, name: &str) -> Option<(Uuid, i32)> {
+        let b = self.broker.upgrade()?;
+        let image = b.controller.image();
+        image.topic(name).map(|t| {
+            (
+                t.topic_id,
+                i32::try_from(t.partitions.len()).unwrap_or(i32::MAX),
+            )
+        })
+    }
+}
+
+/// Loads the partitions of `__consumer_offsets` this broker leads and unloads those it no
+/// longer leads. Called at start-up, before listeners accept clients, and after metadata
+/// changes that may move leadership (the metadata loader will call
+/// [`GroupCoordinator::on_became_leader`] / [`GroupCoordinator::on_resigned`] directly).
+pub fn sync_coordinator_leadership(broker: &Broker) {
+    let c: &GroupCoordinator = &broker.group_coordinator;
+    let mut led = Vec::new();
+    for p in broker.replica_manager.partitions() {
+        if p.topic == GROUP_METADATA_TOPIC_NAME && p.is_leader() {
+            led.push(p.index);
+        }
+    }
+    for p in c.runtime().partitions() {
+        if !led.contains(&p) {
+            c.on_resigned(p);
+        }
+    }
+    for p in led {
+        c.on_became_leader(p);
+    }
+}
+
+/// Creates `__consumer_offsets` if it does not exist (Kafka creates it on the first
+/// FindCoordinator for a group): `offsets.topic.num.partitions` partitions,
+/// `cleanup.policy=compact`, `offsets.topic.segment.bytes`; then loads the partitions this
+/// broker leads (and have not been loaded yet).
+///
+/// # Errors
+/// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
+pub fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
+    let config = &broker.group_coordinator.config;
+    let image = broker.controller.image();
+    if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
+        // The topic may have been created another way (CreateTopics): partitions led here but
+        // not loaded yet are loaded now; loaded ones are left as they are.
+        sync_coordinator_leadership(broker);
+        return Ok(());
+    }
+    let brokers = image.brokers.len().max(1);
+    let rf = config
+        .offsets_topic_replication_factor
+        .min(i16::try_from(brokers).unwrap_or(i16::MAX));
+    let mut configs = BTreeMap::new();
+    configs.insert("cleanup.policy".to_string(), "compact".to_string());
+    configs.insert("compression.type".to_string(), "producer".to_string());
+    configs.insert(
+        "segment.bytes".to_string(),
+        config.offsets_topic_segment_bytes.to_string(),
+    );
+    let t = NewTopic {
+        name: GROUP_METADATA_TOPIC_NAME.to_string(),
+        num_partitions: config.offsets_topic_num_partitions,
+        replication_factor: rf,
+        assignments: vec![],
+        configs,
+    };
+    match broker.controller.create_topic(t, false) {
+        Ok(_) => {
+            info!(
+                partitions = config.offsets_topic_num_partitions,
+                "created {GROUP_METADATA_TOPIC_NAME}"
+            );
+        }
+        Err(e) if e.error_code() == ErrorCode::TopicAlreadyExists => {}
+        Err(e) => {
+            warn!(error = %e, "cannot create {GROUP_METADATA_TOPIC_NAME}");
+            return Err(ErrorCode::CoordinatorNotAvailable.code());
+        }
+    }
+    broker.publish_metadata().map_err(|e| {
+        warn!(error = %e, "cannot create the logs of {GROUP_METADATA_TOPIC_NAME}");
+        ErrorCode::CoordinatorNotAvailable.code()
+    })?;
+    sync_coordinator_leadership(broker);
+    Ok(())
+}
