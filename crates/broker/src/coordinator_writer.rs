@@ -6,14 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use bytes::Bytes;
 use gregor_coordinator::group::{GroupConfigError, GroupCoordinator, GROUP_METADATA_TOPIC_NAME};
 use gregor_coordinator::runtime::{HighWatermarkFuture, PartitionWriter, TopicMetadata};
 use gregor_metadata::controller::NewTopic;
 use gregor_protocol::error::ErrorCode;
-use tokio::sync::Notify;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -103,28 +101,33 @@ impl PartitionWriter for BrokerPartitionWriter {
         timeout_ms: i64,
     ) -> HighWatermarkFuture {
         let p = self.partition(topic, partition);
+        let produce = self
+            .broker
+            .upgrade()
+            .map(|b| b.replica_manager.delayed_operations().produce.clone());
         Box::pin(async move {
-            let Some(p) = p else {
+            let (Some(p), Some(produce)) = (p, produce) else {
                 return Err(ErrorCode::NotLeaderOrFollower);
             };
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
-            loop {
-                // Registered before the check, so a move in between still wakes us.
-                let notify = Arc::new(Notify::new());
-                p.register_waiter(&notify);
-                if p.high_watermark() >= offset {
-                    return Ok(());
-                }
-                if !p.is_leader() {
-                    return Err(ErrorCode::NotLeaderOrFollower);
-                }
-                if tokio::time::timeout_at(deadline, notify.notified())
-                    .await
-                    .is_err()
-                {
-                    return Err(ErrorCode::RequestTimedOut);
-                }
+            // A delayed operation in the produce purgatory, as an acks=all append waits: it
+            // completes when the high watermark reaches `offset` or leadership moves, and
+            // leaves every watch list when it completes or expires.
+            let watched = p.clone();
+            let check =
+                Box::new(move || watched.high_watermark() >= offset || !watched.is_leader());
+            if let Some(op) = produce.try_complete_else_watch(
+                vec![p.topic_partition().clone()],
+                timeout_ms,
+                check,
+            ) {
+                op.wait().await;
+            }
+            if p.high_watermark() >= offset {
+                Ok(())
+            } else if !p.is_leader() {
+                Err(ErrorCode::NotLeaderOrFollower)
+            } else {
+                Err(ErrorCode::RequestTimedOut)
             }
         })
     }
