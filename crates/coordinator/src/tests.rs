@@ -373,7 +373,7 @@ fn kip848_heartbeat_epochs_and_session_timeout() {
         .lock()
         .insert("t".into(), (Uuid::from_u128(1), 4));
     let hb = |member: &str, epoch: i32, owned: Option<Assignment>| {
-        c.consumer_group_heartbeat(HeartbeatRequest {
+        ready(c.consumer_group_heartbeat(HeartbeatRequest {
             group_id: "cg".into(),
             member_id: member.into(),
             member_epoch: epoch,
@@ -387,7 +387,7 @@ fn kip848_heartbeat_epochs_and_session_timeout() {
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
             version: 0,
-        })
+        }))
     };
     let r = hb("", 0, Some(Assignment::new()));
     assert_eq!(r.error_code, NONE);
