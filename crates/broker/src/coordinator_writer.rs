@@ -164,12 +164,19 @@ impl TopicMetadata for BrokerTopicMetadata {
 /// [`GroupCoordinator::on_became_leader`] / [`GroupCoordinator::on_resigned`] directly).
 pub fn sync_coordinator_leadership(broker: &Broker) {
     let c: &GroupCoordinator = &broker.group_coordinator;
-    let mut led = Vec::new();
-    for p in broker.replica_manager.partitions() {
-        if p.topic == GROUP_METADATA_TOPIC_NAME && p.is_leader() {
-            led.push(p.index);
-        }
-    }
+    let partitions = broker
+        .controller
+        .image()
+        .topic(GROUP_METADATA_TOPIC_NAME)
+        .map_or(0, |t| i32::try_from(t.partitions.len()).unwrap_or(i32::MAX));
+    let led: Vec<i32> = (0..partitions)
+        .filter(|p| {
+            broker
+                .replica_manager
+                .partition(GROUP_METADATA_TOPIC_NAME, *p)
+                .is_some_and(|p| p.is_leader())
+        })
+        .collect();
     for p in c.runtime().partitions() {
         if !led.contains(&p) {
             c.on_resigned(p);

@@ -81,6 +81,11 @@ impl MemoryWriter {
         }
     }
 
+    /// Leadership moved before the high watermark passed the pending writes: their waits fail.
+    pub(crate) fn drop_waiters(&self) {
+        self.waiters.lock().clear();
+    }
+
     pub(crate) fn record_count(&self, partition: i32) -> usize {
         self.partitions.lock().get(&partition).map_or(0, |p| {
             p.batches
@@ -373,7 +378,7 @@ fn kip848_heartbeat_epochs_and_session_timeout() {
         .lock()
         .insert("t".into(), (Uuid::from_u128(1), 4));
     let hb = |member: &str, epoch: i32, owned: Option<Assignment>| {
-        c.consumer_group_heartbeat(HeartbeatRequest {
+        ready(c.consumer_group_heartbeat(HeartbeatRequest {
             group_id: "cg".into(),
             member_id: member.into(),
             member_epoch: epoch,
@@ -387,7 +392,7 @@ fn kip848_heartbeat_epochs_and_session_timeout() {
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
             version: 0,
-        })
+        }))
     };
     let r = hb("", 0, Some(Assignment::new()));
     assert_eq!(r.error_code, NONE);
@@ -511,4 +516,21 @@ async fn timers_run_on_the_runtime_in_deadline_order() {
     assert!(rt.expired_timers(now + 9).is_empty());
     assert_eq!(rt.expired_timers(now + 20), vec![t(1), t(2)]);
     assert_eq!(rt.pending_timers(), 1);
+}
+
+#[tokio::test]
+async fn a_commit_that_loses_leadership_before_the_high_watermark_is_not_coordinator() {
+    let h = loaded(1);
+    let c = &h.coordinator;
+    h.writer
+        .auto_commit
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let Wait::Pending(rx) = c.commit_offsets(commit("g", 9)) else {
+        panic!("not committed yet");
+    };
+    let answer = tokio::spawn(rx);
+    tokio::task::yield_now().await;
+    h.writer.drop_waiters();
+    let errors = answer.await.expect("task").expect("answered");
+    assert_eq!(errors, vec![ErrorCode::NotCoordinator.code()]);
 }

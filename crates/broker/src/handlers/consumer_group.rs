@@ -11,23 +11,24 @@ use gregor_protocol::kafka_protocol::messages::consumer_group_heartbeat_response
     self as hb, Assignment,
 };
 use gregor_protocol::kafka_protocol::messages::{
-    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
-    ConsumerGroupHeartbeatResponse, RequestHeader, TopicName,
+    ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse, RequestHeader, TopicName,
 };
 
-use super::groups::client_host;
+use super::groups::{client_host, deferred};
 use super::sb;
+use crate::error_codes::ErrorCode;
 use crate::group_coordinator::assignor;
-use crate::group_coordinator::consumer::HeartbeatRequest;
-use crate::server::Broker;
+use crate::group_coordinator::consumer::{HeartbeatRequest, HeartbeatResponse};
+use crate::server::{Broker, Handled};
 
-/// ConsumerGroupHeartbeat.
+/// ConsumerGroupHeartbeat: deferred until the records of what it changed are committed.
 pub fn heartbeat(
     broker: &Arc<Broker>,
     header: &RequestHeader,
     req: &ConsumerGroupHeartbeatRequest,
-) -> ConsumerGroupHeartbeatResponse {
-    let r = broker
+) -> Handled {
+    let wait = broker
         .group_coordinator
         .consumer_group_heartbeat(HeartbeatRequest {
             group_id: req.group_id.to_string(),
@@ -60,6 +61,24 @@ pub fn heartbeat(
             client_host: client_host(),
             version: header.request_api_version,
         });
+    let cancelled = HeartbeatResponse {
+        error_code: ErrorCode::CoordinatorNotAvailable.code(),
+        error_message: None,
+        member_id: None,
+        member_epoch: -1,
+        heartbeat_interval_ms: 0,
+        assignment: None,
+    };
+    deferred(
+        header,
+        ApiKey::ConsumerGroupHeartbeat,
+        wait,
+        cancelled,
+        |r| heartbeat_response(r).into(),
+    )
+}
+
+fn heartbeat_response(r: HeartbeatResponse) -> ConsumerGroupHeartbeatResponse {
     ConsumerGroupHeartbeatResponse::default()
         .with_error_code(r.error_code)
         .with_error_message(r.error_message.as_deref().map(sb))

@@ -61,7 +61,7 @@ fn client_id(header: &RequestHeader) -> String {
 }
 
 /// Turns a coordinator wait into a handler result: deferred until the rebalance completes.
-fn deferred<T: Send + 'static>(
+pub(crate) fn deferred<T: Send + 'static>(
     header: &RequestHeader,
     api_key: ApiKey,
     wait: Wait<T>,

@@ -240,9 +240,7 @@ pub async fn handle(
         RequestKind::ListGroups(r) => ready(groups::list_groups(broker, &r, v).into()),
         RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, &r, v).into()),
         RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, &r, v).into()),
-        RequestKind::ConsumerGroupHeartbeat(r) => {
-            ready(consumer_group::heartbeat(broker, header, &r).into())
-        }
+        RequestKind::ConsumerGroupHeartbeat(r) => consumer_group::heartbeat(broker, header, &r),
         RequestKind::ConsumerGroupDescribe(r) => {
             ready(consumer_group::describe(broker, &r, v).into())
         }

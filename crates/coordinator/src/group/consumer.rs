@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use super::assignor::{self, Assignment, MemberSpec};
 use super::records::{self, ConsumerMemberMetadataValue, CurrentMemberAssignmentValue};
-use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind, Timer};
+use super::{CoordinatorRecord, Group, GroupCoordinator, GroupKind, Timer, Wait};
+use crate::runtime::PendingWrite;
 use crate::runtime::TopicMetadata;
 use gregor_protocol::error::ErrorCode;
 
@@ -484,12 +485,28 @@ impl GroupCoordinator {
     /// Writes the records of a heartbeat or session expiry. A failed append is logged (by
     /// [`GroupCoordinator::append`]) and the in-memory state is kept: the next change writes
     /// the member's records again.
-    fn persist(&self, partition: i32, recs: &[CoordinatorRecord]) {
-        let _ = self.append(partition, recs);
+    fn persist(&self, partition: i32, recs: &[CoordinatorRecord]) -> Option<PendingWrite> {
+        self.append(partition, recs).ok()
     }
 
-    /// ConsumerGroupHeartbeat (Kafka's `consumerGroupHeartbeat`).
-    pub fn consumer_group_heartbeat(&self, req: HeartbeatRequest) -> HeartbeatResponse {
+    /// ConsumerGroupHeartbeat (Kafka's `consumerGroupHeartbeat`). A heartbeat that changed
+    /// the group is answered once its records are committed (the high watermark passes them).
+    pub fn consumer_group_heartbeat(&self, req: HeartbeatRequest) -> Wait<HeartbeatResponse> {
+        let mut write = None;
+        let resp = self.heartbeat_and_write(req, &mut write);
+        match write {
+            Some(w) if resp.error_code == ErrorCode::None.code() => {
+                self.when_committed(w, resp, |code| hb_error(code, ""))
+            }
+            _ => Wait::Ready(resp),
+        }
+    }
+
+    fn heartbeat_and_write(
+        &self,
+        req: HeartbeatRequest,
+        write: &mut Option<PendingWrite>,
+    ) -> HeartbeatResponse {
         if req.group_id.is_empty() {
             return hb_error(ErrorCode::InvalidRequest.code(), "GroupId can't be empty.");
         }
@@ -614,7 +631,7 @@ impl GroupCoordinator {
                 // session times out or the instance rejoins.
                 m.member_epoch = -2;
                 let v = m.current_value(c.target.get(&req.member_id));
-                self.persist(
+                *write = self.persist(
                     partition,
                     &[current_assignment_record(&req.group_id, &req.member_id, &v)],
                 );
@@ -636,7 +653,7 @@ impl GroupCoordinator {
             );
             let mut recs = member_removal_records(&req.group_id, &req.member_id).to_vec();
             Self::bump_epoch(&req.group_id, c, &mut recs);
-            self.persist(partition, &recs);
+            *write = self.persist(partition, &recs);
             if c.members.is_empty() {
                 c.state_timestamp_ms = self.now_ms();
             }
@@ -827,7 +844,7 @@ impl GroupCoordinator {
                 &after.1,
             ));
         }
-        self.persist(partition, &recs);
+        *write = self.persist(partition, &recs);
         let Some(m) = c.members.get_mut(&member_id) else {
             return hb_error(ErrorCode::UnknownServerError.code(), "");
         };

@@ -996,5 +996,9 @@ mod tests {
         assert_eq!(c.min_session_timeout_ms, 6000);
         assert_eq!(c.max_session_timeout_ms, 1_800_000);
         assert_eq!(c.consumer_assignors, vec!["uniform", "range"]);
+        assert_eq!(c.offsets_commit_timeout_ms, 5000);
+        let mut props = BTreeMap::new();
+        props.insert("offsets.commit.timeout.ms".to_string(), "0".to_string());
+        assert!(GroupConfig::from_properties(&props).is_err());
     }
 }
