@@ -11,6 +11,7 @@ pub mod config;
 pub mod error_codes;
 pub mod group_coordinator;
 pub mod handlers;
+pub mod metadata_publisher;
 pub mod observability;
 pub mod replica_manager;
 pub mod server;

@@ -329,7 +329,7 @@ impl GroupCoordinator {
     ///
     /// # Errors
     /// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
-    pub fn ensure_offsets_topic(&self, broker: &Broker) -> Result<(), i16> {
+    pub async fn ensure_offsets_topic(&self, broker: &Broker) -> Result<(), i16> {
         let image = broker.controller.image();
         if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
             return Ok(());
@@ -353,7 +353,16 @@ impl GroupCoordinator {
             assignments: vec![],
             configs,
         };
-        match broker.controller.create_topic(t, false) {
+        let created = broker
+            .controller
+            .create_topics(vec![t], false)
+            .await
+            .and_then(|r| {
+                r.into_iter().next().unwrap_or(Err(
+                    gregor_metadata::ControllerError::UnknownTopicOrPartition,
+                ))
+            });
+        match created {
             Ok(_) => {
                 info!(
                     partitions = self.config.offsets_topic_num_partitions,
@@ -366,10 +375,7 @@ impl GroupCoordinator {
                 return Err(ec::COORDINATOR_NOT_AVAILABLE);
             }
         }
-        broker.publish_metadata().map_err(|e| {
-            warn!(error = %e, "cannot create the logs of {GROUP_METADATA_TOPIC_NAME}");
-            ec::COORDINATOR_NOT_AVAILABLE
-        })
+        Ok(())
     }
 
     /// Checks that this broker coordinates `group_id`: it leads the group's partition of
