@@ -262,3 +262,155 @@ async fn apply_and_publish(
     let failure = (!failure.is_empty()).then(|| (last_offset, failure.join("; ")));
     (next, failure)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::CommittedBatch;
+    use crate::record::ConfigResource;
+    use parking_lot::Mutex;
+
+    fn config(i: u64) -> MetadataRecord {
+        MetadataRecord::Config {
+            resource: ConfigResource::Broker,
+            resource_name: String::new(),
+            name: format!("c{i}"),
+            value: Some(i.to_string()),
+        }
+    }
+
+    fn batch(base_offset: u64, len: u64) -> CommittedBatch {
+        CommittedBatch {
+            base_offset,
+            epoch: 1,
+            records: (base_offset..base_offset + len).map(config).collect(),
+        }
+    }
+
+    /// What a publisher saw: (name, previous offset, records in the delta, new offset).
+    type Calls = Arc<Mutex<Vec<(&'static str, u64, usize, u64)>>>;
+
+    struct Recorder {
+        name: &'static str,
+        calls: Calls,
+        fail_at_offset: Option<u64>,
+    }
+
+    impl MetadataPublisher for Recorder {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn on_metadata_update(
+            &self,
+            delta: &MetadataDelta<'_>,
+            image: &Arc<MetadataImage>,
+        ) -> Result<(), String> {
+            self.calls.lock().push((
+                self.name,
+                delta.previous.offset,
+                delta.records.len(),
+                image.offset,
+            ));
+            if self.fail_at_offset == Some(image.offset) {
+                return Err("disk full".into());
+            }
+            Ok(())
+        }
+    }
+
+    fn recorder(name: &'static str, calls: &Calls, fail_at_offset: Option<u64>) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            name,
+            calls: calls.clone(),
+            fail_at_offset,
+        })
+    }
+
+    #[tokio::test]
+    async fn batches_are_applied_in_order_and_publishers_called_in_install_order() {
+        let (tx, rx) = mpsc::channel(8);
+        // Two batches committed before start-up, then live ones.
+        let stream = CommittedBatches::new(vec![batch(0, 2), batch(2, 1)], rx);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, task) = start_loader(stream, shutdown);
+        loader.wait_for_catch_up(3).await.unwrap();
+        assert_eq!(loader.image().offset, 3);
+        assert_eq!(
+            loader.image().configs_of(ConfigResource::Broker, "").len(),
+            3
+        );
+
+        let calls: Calls = Arc::default();
+        loader
+            .install_publisher(recorder("replica manager", &calls, None))
+            .await
+            .unwrap();
+        loader
+            .install_publisher(recorder("coordinators", &calls, None))
+            .await
+            .unwrap();
+        // Each starts from the empty image with the whole current image.
+        assert_eq!(
+            calls.lock().clone(),
+            vec![("replica manager", 0, 0, 3), ("coordinators", 0, 0, 3)]
+        );
+        calls.lock().clear();
+
+        tx.send(batch(3, 2)).await.unwrap();
+        tx.send(batch(5, 1)).await.unwrap();
+        let image = loader.wait_for_offset(5).await.unwrap();
+        assert_eq!(image.offset, 6);
+        assert_eq!(
+            calls.lock().clone(),
+            vec![
+                ("replica manager", 3, 2, 5),
+                ("coordinators", 3, 2, 5),
+                ("replica manager", 5, 1, 6),
+                ("coordinators", 5, 1, 6),
+            ]
+        );
+        drop(tx);
+        task.await.unwrap();
+        assert!(matches!(
+            loader.wait_for_offset(6).await,
+            Err(LoaderError::Stopped)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_failing_publisher_fails_the_waiters_of_that_batch_only() {
+        let (tx, rx) = mpsc::channel(8);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        let calls: Calls = Arc::default();
+        loader
+            .install_publisher(recorder("replica manager", &calls, Some(2)))
+            .await
+            .unwrap();
+        loader
+            .install_publisher(recorder("coordinators", &calls, None))
+            .await
+            .unwrap();
+        tx.send(batch(0, 2)).await.unwrap();
+        let e = loader.wait_for_offset(1).await.unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        // The publishers after the failing one still saw the batch.
+        assert!(calls.lock().contains(&("coordinators", 0, 2, 2)));
+        tx.send(batch(2, 1)).await.unwrap();
+        assert_eq!(loader.wait_for_offset(2).await.unwrap().offset, 3);
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_the_loader() {
+        let (_tx, rx) = mpsc::channel(8);
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        shutdown_tx.send(true).unwrap();
+        task.await.unwrap();
+        assert!(matches!(
+            loader.wait_for_offset(0).await,
+            Err(LoaderError::Stopped)
+        ));
+    }
+}

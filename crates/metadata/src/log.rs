@@ -486,9 +486,42 @@ mod tests {
         }
     }
 
+    /// A frame as the synchronous `append` of earlier versions wrote it.
+    fn old_frame(json: &str) -> Vec<u8> {
+        let mut out = (json.len() as u32).to_be_bytes().to_vec();
+        out.extend(crc32c::crc32c(json.as_bytes()).to_be_bytes());
+        out.extend(json.as_bytes());
+        out
+    }
+
+    #[tokio::test]
+    async fn files_of_earlier_versions_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut data = old_frame(
+            r#"[{"type":"RegisterBroker","broker_id":1,"host":"localhost","port":9092,"rack":null}]"#,
+        );
+        data.extend(old_frame(
+            r#"[{"type":"ProducerIds","broker_id":1,"next_producer_id":1000},{"type":"Config","resource":"Broker","resource_name":"","name":"log.cleaner.threads","value":"2"}]"#,
+        ));
+        std::fs::write(dir.path().join(METADATA_LOG_FILE), &data).unwrap();
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        assert_eq!(log.high_watermark(), 3);
+        let mut s = log.subscribe().unwrap();
+        assert_eq!(s.next().await.unwrap().base_offset, 0);
+        let second = s.next().await.unwrap();
+        assert_eq!((second.base_offset, second.last_offset()), (1, 2));
+        assert_eq!(
+            second.records[0],
+            MetadataRecord::ProducerIds {
+                broker_id: 1,
+                next_producer_id: 1000
+            }
+        );
+        assert_eq!(log.propose(vec![rec(1)]).await.unwrap(), 3);
+    }
+
     #[test]
-    fn decode_frames_reads_files_of_the_old_format() {
-        // A file as the synchronous `append` wrote it: frames of JSON arrays.
+    fn decode_frames_stops_at_the_first_bad_frame() {
         let mut data = encode_frame(&[rec(1), rec(2)]).unwrap();
         data.extend(encode_frame(&[rec(3)]).unwrap());
         let (batches, len) = decode_frames(&data);

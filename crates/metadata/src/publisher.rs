@@ -91,3 +91,117 @@ impl MetadataPublisher for CoordinatorPublisher {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::MetadataRecord;
+    use parking_lot::Mutex;
+    use uuid::Uuid;
+
+    #[derive(Default)]
+    struct Events(Mutex<Vec<String>>);
+
+    impl CoordinatorLeadership for Events {
+        fn on_became_leader(&self, partition: i32, leader_epoch: i32) {
+            self.0
+                .lock()
+                .push(format!("lead {partition}@{leader_epoch}"));
+        }
+        fn on_resigned(&self, partition: i32, leader_epoch: Option<i32>) {
+            self.0
+                .lock()
+                .push(format!("resign {partition}@{leader_epoch:?}"));
+        }
+    }
+
+    fn partition(topic_id: Uuid, partition: i32, leader: i32, leader_epoch: i32) -> MetadataRecord {
+        MetadataRecord::Partition {
+            topic_id,
+            partition,
+            replicas: vec![1, 2],
+            isr: vec![1, 2],
+            leader,
+            leader_epoch,
+            partition_epoch: leader_epoch,
+        }
+    }
+
+    /// Applies `records` to `image` through the publisher, as the loader does.
+    fn step(
+        p: &CoordinatorPublisher,
+        image: &mut Arc<MetadataImage>,
+        records: Vec<MetadataRecord>,
+    ) {
+        let mut next = (**image).clone();
+        for r in &records {
+            next.apply(r);
+        }
+        let next = Arc::new(next);
+        let delta = MetadataDelta {
+            previous: image,
+            records: &records,
+        };
+        p.on_metadata_update(&delta, &next).unwrap();
+        *image = next;
+    }
+
+    #[test]
+    fn leadership_changes_of_the_coordinator_topic_reach_the_coordinator() {
+        let events = Arc::new(Events::default());
+        let p = CoordinatorPublisher::new("__consumer_offsets", 1, events.clone());
+        let mut image = Arc::new(MetadataImage::default());
+        let id = Uuid::new_v4();
+        let other = Uuid::new_v4();
+        step(
+            &p,
+            &mut image,
+            vec![
+                MetadataRecord::Topic {
+                    name: "__consumer_offsets".into(),
+                    topic_id: id,
+                },
+                partition(id, 0, 1, 0),
+                partition(id, 1, 2, 0),
+                // Another topic led by this node is not the coordinator's business.
+                MetadataRecord::Topic {
+                    name: "orders".into(),
+                    topic_id: other,
+                },
+                partition(other, 0, 1, 0),
+            ],
+        );
+        assert_eq!(
+            events.0.lock().drain(..).collect::<Vec<_>>(),
+            vec!["lead 0@0"]
+        );
+        // Leadership moves: 0 to node 2, 1 to this node; then 1 is re-elected at a new epoch.
+        step(
+            &p,
+            &mut image,
+            vec![partition(id, 0, 2, 1), partition(id, 1, 1, 1)],
+        );
+        assert_eq!(
+            events.0.lock().drain(..).collect::<Vec<_>>(),
+            vec!["resign 0@Some(1)", "lead 1@1"]
+        );
+        step(&p, &mut image, vec![partition(id, 1, 1, 2)]);
+        assert_eq!(
+            events.0.lock().drain(..).collect::<Vec<_>>(),
+            vec!["lead 1@2"]
+        );
+        // Nothing changes for this topic: no event.
+        step(&p, &mut image, vec![partition(other, 0, 2, 1)]);
+        assert!(events.0.lock().is_empty());
+        // The topic is deleted: resign without an epoch.
+        step(
+            &p,
+            &mut image,
+            vec![MetadataRecord::RemoveTopic { topic_id: id }],
+        );
+        assert_eq!(
+            events.0.lock().drain(..).collect::<Vec<_>>(),
+            vec!["resign 1@None"]
+        );
+    }
+}
