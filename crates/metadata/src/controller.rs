@@ -34,7 +34,7 @@ pub const PRODUCER_ID_BLOCK_SIZE: i64 = 1000;
 
 /// Why a metadata change was refused. [`ControllerError::kafka_error_code`] gives the code Kafka
 /// returns for it.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum ControllerError {
     /// INVALID_TOPIC_EXCEPTION (17).
     #[error("{0}")]
@@ -72,8 +72,8 @@ pub enum ControllerError {
     #[error("{0}")]
     ApplyFailed(String),
     /// The metadata log could not make the change durable: UNKNOWN_SERVER_ERROR (-1).
-    #[error(transparent)]
-    Log(MetadataLogError),
+    #[error("{0}")]
+    Log(Arc<MetadataLogError>),
 }
 
 impl From<MetadataLogError> for ControllerError {
@@ -81,7 +81,7 @@ impl From<MetadataLogError> for ControllerError {
         match e {
             MetadataLogError::NotLeader { leader_id, .. } => Self::NotController { leader_id },
             MetadataLogError::Closed => Self::NotController { leader_id: None },
-            e => Self::Log(e),
+            e => Self::Log(Arc::new(e)),
         }
     }
 }
@@ -627,6 +627,12 @@ async fn run_controller(
     }
 }
 
+/// A change that was not completed, with the controller's answer when it had one.
+struct Failed<T> {
+    response: Option<T>,
+    error: ControllerError,
+}
+
 /// How handlers ask the controller for changes (Kafka's `ControllerChannelManager` /
 /// forwarding to the active controller). Each call returns once the change is committed and
 /// applied on this node; cheap to clone.
@@ -649,8 +655,9 @@ impl ControllerHandle {
     }
 
     /// Runs `op` on the controller, commits its records, waits until this node has applied
-    /// them, and returns its answer.
-    async fn submit<T, F>(&self, op: F) -> Result<T, ControllerError>
+    /// them, and returns its answer. A failure after `op` answered (not committed, or not
+    /// applied here) comes with that answer, so per-item errors of `op` are kept.
+    async fn submit<T, F>(&self, op: F) -> Result<T, Failed<T>>
     where
         T: Send + 'static,
         F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
@@ -660,17 +667,29 @@ impl ControllerHandle {
             Ok(ControllerResult { records, response }) => Pending {
                 records,
                 complete: Box::new(move |outcome| {
-                    let _ = tx.send(outcome.map(|o| (response, o)));
+                    let _ = tx.send(match outcome {
+                        Ok(o) => Ok((response, o)),
+                        Err(error) => Err(Failed {
+                            response: Some(response),
+                            error,
+                        }),
+                    });
                 }),
             },
-            Err(e) => Pending {
+            Err(error) => Pending {
                 records: Vec::new(),
                 complete: Box::new(move |_| {
-                    let _ = tx.send(Err(e));
+                    let _ = tx.send(Err(Failed {
+                        response: None,
+                        error,
+                    }));
                 }),
             },
         });
-        let not_controller = || ControllerError::NotController { leader_id: None };
+        let not_controller = || Failed {
+            response: None,
+            error: ControllerError::NotController { leader_id: None },
+        };
         self.events
             .send(event)
             .await
@@ -678,13 +697,54 @@ impl ControllerHandle {
         let (response, outcome) = rx.await.map_err(|_| not_controller())??;
         // Also an answer that changed nothing waits for what the controller had seen (a topic
         // that "already exists" is then visible in this node's image too).
-        match outcome {
-            Outcome::Committed(offset) => {
-                self.loader.wait_for_offset(offset).await?;
-            }
-            Outcome::Unchanged(offset) => self.loader.wait_for_catch_up(offset).await?,
+        let applied = match outcome {
+            Outcome::Committed(offset) => self.loader.wait_for_offset(offset).await.map(|_| ()),
+            Outcome::Unchanged(offset) => self.loader.wait_for_catch_up(offset).await,
+        };
+        match applied {
+            Ok(()) => Ok(response),
+            Err(e) => Err(Failed {
+                response: Some(response),
+                error: e.into(),
+            }),
         }
-        Ok(response)
+    }
+
+    /// [`ControllerHandle::submit`] for one change with one answer.
+    async fn submit_one<T, F>(&self, op: F) -> Result<T, ControllerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
+    {
+        self.submit(op).await.map_err(|f| f.error)
+    }
+
+    /// [`ControllerHandle::submit`] for a change of many items, each with its own answer: a
+    /// failure to commit or apply becomes the answer of every item that had none of its own.
+    async fn submit_each<V, F>(
+        &self,
+        op: F,
+    ) -> Result<Vec<Result<V, ControllerError>>, ControllerError>
+    where
+        V: Send + 'static,
+        F: FnOnce(&Controller) -> ControllerResult<Vec<Result<V, ControllerError>>>
+            + Send
+            + 'static,
+    {
+        match self.submit(move |c| Ok(op(c))).await {
+            Ok(answers) => Ok(answers),
+            Err(Failed {
+                response: Some(answers),
+                error,
+            }) => Ok(answers
+                .into_iter()
+                .map(|a| a.and_then(|_| Err(error.clone())))
+                .collect()),
+            Err(Failed {
+                response: None,
+                error,
+            }) => Err(error),
+        }
     }
 
     /// Registers (or re-registers) this broker (BrokerRegistration, KIP-631).
@@ -699,21 +759,21 @@ impl ControllerHandle {
         rack: Option<String>,
     ) -> Result<(), ControllerError> {
         let host = host.to_string();
-        self.submit(move |c| Ok(c.register_broker(broker_id, &host, port, rack)))
+        self.submit_one(move |c| Ok(c.register_broker(broker_id, &host, port, rack)))
             .await
     }
 
-    /// Creates topics; see [`Controller::create_topics`]. The outer error (NOT_CONTROLLER, a
-    /// log or apply failure) concerns every topic that had no error of its own.
+    /// Creates topics; see [`Controller::create_topics`]. When the batch is not committed or
+    /// not applied here, that error is the answer of every topic that had no error of its own.
     ///
     /// # Errors
-    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    /// NOT_CONTROLLER when the controller stopped before answering.
     pub async fn create_topics(
         &self,
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> Result<Vec<Result<Uuid, ControllerError>>, ControllerError> {
-        self.submit(move |c| Ok(c.create_topics(topics, validate_only)))
+        self.submit_each(move |c| c.create_topics(topics, validate_only))
             .await
     }
 
@@ -725,7 +785,7 @@ impl ControllerHandle {
         &self,
         topic_ids: Vec<Uuid>,
     ) -> Result<Vec<Result<String, ControllerError>>, ControllerError> {
-        self.submit(move |c| Ok(c.delete_topics(topic_ids))).await
+        self.submit_each(move |c| c.delete_topics(topic_ids)).await
     }
 
     /// Adds partitions; see [`Controller::create_partitions`].
@@ -737,7 +797,7 @@ impl ControllerHandle {
         increases: Vec<PartitionsIncrease>,
         validate_only: bool,
     ) -> Result<Vec<Result<(), ControllerError>>, ControllerError> {
-        self.submit(move |c| Ok(c.create_partitions(increases, validate_only)))
+        self.submit_each(move |c| c.create_partitions(increases, validate_only))
             .await
     }
 
@@ -752,7 +812,7 @@ impl ControllerHandle {
         changes: Vec<(String, Option<String>)>,
     ) -> Result<(), ControllerError> {
         let resource_name = resource_name.to_string();
-        self.submit(move |c| c.alter_configs(resource, &resource_name, changes))
+        self.submit_one(move |c| c.alter_configs(resource, &resource_name, changes))
             .await
     }
 
@@ -762,7 +822,7 @@ impl ControllerHandle {
     /// # Errors
     /// NOT_CONTROLLER, or the log's or the loader's failure.
     pub async fn allocate_producer_ids(&self, broker_id: i32) -> Result<i64, ControllerError> {
-        self.submit(move |c| Ok(c.allocate_producer_ids(broker_id)))
+        self.submit_one(move |c| Ok(c.allocate_producer_ids(broker_id)))
             .await
     }
 }
@@ -997,15 +1057,17 @@ mod tests {
             .high_watermark
             .store(1, std::sync::atomic::Ordering::SeqCst);
         c.loader().wait_for_offset(0).await.unwrap();
-        let e = c
-            .create_topics(vec![topic("t", 1, 1)], false)
+        // Valid topics get NOT_CONTROLLER (only the leader commits); the others keep their
+        // own error.
+        let r = c
+            .create_topics(vec![topic("t", 1, 1), topic("bad/name", 1, 1)], false)
             .await
-            .unwrap_err();
-        assert_eq!(
-            e.kafka_error_code(),
-            41,
-            "valid, but only the leader commits"
-        );
+            .unwrap();
+        let codes: Vec<i16> = r
+            .iter()
+            .map(|r| r.as_ref().unwrap_err().kafka_error_code())
+            .collect();
+        assert_eq!(codes, vec![41, 17]);
         // A request that commits nothing is answered without the leader.
         let r = c.delete_topics(vec![Uuid::new_v4()]).await.unwrap();
         assert_eq!(r[0].as_ref().unwrap_err().kafka_error_code(), 100);
