@@ -18,6 +18,13 @@ use crate::image::MetadataImage;
 use crate::log::{CommittedBatch, CommittedBatches};
 use crate::record::MetadataRecord;
 
+/// Gauge: offset of the last metadata record this node applied (Kafka's
+/// `last-applied-record-offset`, -1 before any).
+pub const LAST_APPLIED_RECORD_OFFSET: &str = "gregor_metadata_last_applied_record_offset";
+/// Counter: committed batches some publisher failed to apply (Kafka's
+/// `metadata-apply-error-count`).
+pub const APPLY_ERRORS_TOTAL: &str = "gregor_metadata_apply_errors_total";
+
 /// What changed between two images: the previous image and the records applied to it. A
 /// publisher installed after start-up first gets a delta from the empty image with no records
 /// (everything in the image is new to it).
@@ -173,12 +180,28 @@ async fn run(
 ) {
     let mut publishers: Vec<Arc<dyn MetadataPublisher>> = Vec::new();
     let mut image = Arc::new(MetadataImage::default());
+    metrics::describe_gauge!(
+        LAST_APPLIED_RECORD_OFFSET,
+        "Offset of the last metadata record this node applied (-1 before any)."
+    );
+    metrics::describe_counter!(
+        APPLY_ERRORS_TOTAL,
+        "Committed metadata batches that a publisher (ReplicaManager, a coordinator) failed to apply on this node."
+    );
+    let last_applied = metrics::gauge!(LAST_APPLIED_RECORD_OFFSET);
+    let apply_errors = metrics::counter!(APPLY_ERRORS_TOTAL);
+    last_applied.set(-1.0);
+    apply_errors.increment(0);
     loop {
         tokio::select! {
             batch = batches.next() => {
                 let Some(batch) = batch else { return };
                 let (next, failure) = apply_and_publish(&image, &batch, &publishers).await;
                 image = next;
+                last_applied.set(batch.last_offset() as f64);
+                if failure.is_some() {
+                    apply_errors.increment(1);
+                }
                 loaded.send_modify(|l| {
                     l.image = image.clone();
                     if failure.is_some() {
