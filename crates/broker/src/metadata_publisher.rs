@@ -85,3 +85,80 @@ impl MetadataPublisher for ReplicaManagerPublisher {
             .map_err(|e| format!("applying metadata to partition logs failed: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use gregor_protocol::kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use gregor_protocol::kafka_protocol::messages::{
+        CreateTopicsRequest, DeleteTopicsRequest, TopicName,
+    };
+
+    use crate::config::BrokerConfig;
+    use crate::error_codes as ec;
+    use crate::handlers::{sb, topics};
+
+    fn creatable(name: &str, partitions: i32) -> CreatableTopic {
+        CreatableTopic::default()
+            .with_name(TopicName(sb(name)))
+            .with_num_partitions(partitions)
+            .with_replication_factor(-1)
+    }
+
+    /// A CreateTopics or DeleteTopics response is sent only after this broker applied the
+    /// change: its partitions exist (or are gone) in ReplicaManager when the handler returns,
+    /// and per-topic errors stay per topic in a request that also changes something.
+    #[tokio::test]
+    async fn topic_changes_are_applied_before_the_response() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.path().display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let running = crate::server::start(config).await.expect("start");
+        let b = &running.broker;
+
+        let req = CreateTopicsRequest::default().with_topics(vec![creatable("a", 3)]);
+        let resp = topics::create_topics(b, req, 7).await;
+        assert_eq!(resp.topics[0].error_code, ec::NONE);
+        let req = CreateTopicsRequest::default().with_topics(vec![
+            creatable("a", 1),
+            creatable("bad/name", 1),
+            creatable("b", 2),
+        ]);
+        let resp = topics::create_topics(b, req, 7).await;
+        let codes: Vec<i16> = resp.topics.iter().map(|t| t.error_code).collect();
+        assert_eq!(
+            codes,
+            vec![
+                ec::TOPIC_ALREADY_EXISTS,
+                ec::INVALID_TOPIC_EXCEPTION,
+                ec::NONE
+            ]
+        );
+        for (topic, partitions) in [("a", 3), ("b", 2)] {
+            for p in 0..partitions {
+                assert!(
+                    b.replica_manager.partition(topic, p).is_some(),
+                    "{topic}-{p} hosted when the response is sent"
+                );
+            }
+        }
+
+        let req = DeleteTopicsRequest::default().with_topics(vec![
+            DeleteTopicState::default().with_name(Some(TopicName(sb("a"))))
+        ]);
+        let resp = topics::delete_topics(b, req, 6).await;
+        assert_eq!(resp.responses[0].error_code, ec::NONE);
+        assert!(b.replica_manager.partition("a", 0).is_none());
+        assert!(b.controller.image().topic("a").is_none());
+        running.shutdown().await.expect("shutdown");
+    }
+}
