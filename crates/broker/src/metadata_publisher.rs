@@ -45,8 +45,11 @@ pub async fn start_metadata(
     Ok((controller, vec![loader_task, controller_task]))
 }
 
-/// Installs the broker's publishers on the loader, in the order they must hear of each batch.
-/// Each first gets the current image, so when this returns the partitions match it.
+/// Installs the broker's publishers on the loader, in the order they must hear of each batch:
+/// ReplicaManager, then the coordinators (each as a
+/// [`gregor_metadata::publisher::CoordinatorPublisher`] over its internal topic, calling its
+/// `on_became_leader` / `on_resigned`). Each first gets the current image, so when this
+/// returns the partitions match it.
 ///
 /// # Errors
 /// The publisher's failure on the current image.
