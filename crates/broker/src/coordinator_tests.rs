@@ -148,7 +148,9 @@ async fn offsets_of_empty_groups_expire_and_stay_expired_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let running = start(dir.path()).await;
     let b = &running.broker;
-    crate::coordinator_writer::ensure_offsets_topic(b).expect("topic");
+    crate::coordinator_writer::ensure_offsets_topic(b)
+        .await
+        .expect("topic");
 
     // An empty classic group that became empty at `emptied`, with an offset committed long
     // before: KIP-211 counts from the moment the group became empty, not from the commit.
@@ -297,20 +299,24 @@ async fn kip848_members_and_assignments_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let running = start(dir.path()).await;
     let b = &running.broker;
-    crate::coordinator_writer::ensure_offsets_topic(b).expect("topic");
-    b.controller
-        .create_topic(
-            gregor_metadata::controller::NewTopic {
+    crate::coordinator_writer::ensure_offsets_topic(b)
+        .await
+        .expect("topic");
+    let created = b
+        .controller
+        .create_topics(
+            vec![gregor_metadata::controller::NewTopic {
                 name: "t".into(),
                 num_partitions: 4,
                 replication_factor: 1,
                 assignments: vec![],
                 configs: BTreeMap::new(),
-            },
+            }],
             false,
         )
+        .await
         .expect("create t");
-    b.publish_metadata().expect("publish");
+    created[0].as_ref().expect("create t");
 
     let (a, ea) = join(b, "cg");
     let mut members = vec![(a.clone(), ea, Assignment::new())];

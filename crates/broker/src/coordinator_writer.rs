@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use gregor_coordinator::group::{GroupConfigError, GroupCoordinator, GROUP_METADATA_TOPIC_NAME};
+use gregor_coordinator::group::{GroupConfigError, GROUP_METADATA_TOPIC_NAME};
 use gregor_coordinator::runtime::{HighWatermarkFuture, PartitionWriter, TopicMetadata};
 use gregor_metadata::controller::NewTopic;
 use gregor_protocol::error::ErrorCode;
@@ -158,49 +158,17 @@ impl TopicMetadata for BrokerTopicMetadata {
     }
 }
 
-/// Loads the partitions of `__consumer_offsets` this broker leads and unloads those it no
-/// longer leads. Called at start-up, before listeners accept clients, and after metadata
-/// changes that may move leadership (the metadata loader will call
-/// [`GroupCoordinator::on_became_leader`] / [`GroupCoordinator::on_resigned`] directly).
-pub fn sync_coordinator_leadership(broker: &Broker) {
-    let c: &GroupCoordinator = &broker.group_coordinator;
-    let partitions = broker
-        .controller
-        .image()
-        .topic(GROUP_METADATA_TOPIC_NAME)
-        .map_or(0, |t| i32::try_from(t.partitions.len()).unwrap_or(i32::MAX));
-    let led: Vec<i32> = (0..partitions)
-        .filter(|p| {
-            broker
-                .replica_manager
-                .partition(GROUP_METADATA_TOPIC_NAME, *p)
-                .is_some_and(|p| p.is_leader())
-        })
-        .collect();
-    for p in c.runtime().partitions() {
-        if !led.contains(&p) {
-            c.on_resigned(p);
-        }
-    }
-    for p in led {
-        c.on_became_leader(p);
-    }
-}
-
 /// Creates `__consumer_offsets` if it does not exist (Kafka creates it on the first
 /// FindCoordinator for a group): `offsets.topic.num.partitions` partitions,
-/// `cleanup.policy=compact`, `offsets.topic.segment.bytes`; then loads the partitions this
-/// broker leads (and have not been loaded yet).
+/// `cleanup.policy=compact`, `offsets.topic.segment.bytes`. The metadata loader loads the
+/// partitions this broker leads before the creation returns (`metadata_publisher`).
 ///
 /// # Errors
 /// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
-pub fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
+pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
     let config = &broker.group_coordinator.config;
     let image = broker.controller.image();
     if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
-        // The topic may have been created another way (CreateTopics): partitions led here but
-        // not loaded yet are loaded now; loaded ones are left as they are.
-        sync_coordinator_leadership(broker);
         return Ok(());
     }
     let brokers = image.brokers.len().max(1);
@@ -221,7 +189,16 @@ pub fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
         assignments: vec![],
         configs,
     };
-    match broker.controller.create_topic(t, false) {
+    let created = broker
+        .controller
+        .create_topics(vec![t], false)
+        .await
+        .and_then(|r| {
+            r.into_iter().next().unwrap_or(Err(
+                gregor_metadata::ControllerError::UnknownTopicOrPartition,
+            ))
+        });
+    match created {
         Ok(_) => {
             info!(
                 partitions = config.offsets_topic_num_partitions,
@@ -234,10 +211,5 @@ pub fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
             return Err(ErrorCode::CoordinatorNotAvailable.code());
         }
     }
-    broker.publish_metadata().map_err(|e| {
-        warn!(error = %e, "cannot create the logs of {GROUP_METADATA_TOPIC_NAME}");
-        ErrorCode::CoordinatorNotAvailable.code()
-    })?;
-    sync_coordinator_leadership(broker);
     Ok(())
 }

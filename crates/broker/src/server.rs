@@ -16,11 +16,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use gregor_log::LogManager;
-use gregor_metadata::log::FileMetadataLog;
-use gregor_metadata::Controller;
+use gregor_metadata::ControllerHandle;
 use gregor_protocol::frame::{self, DecodedRequest};
 use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader, ResponseKind};
-use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -74,39 +72,32 @@ pub struct Broker {
     pub config: BrokerConfig,
     /// `cluster.id` from `meta.properties`.
     pub cluster_id: String,
-    /// The metadata controller (one-voter quorum).
-    pub controller: Controller,
+    /// The channel to the metadata controller (one-voter quorum); its `image()` is the
+    /// metadata this node has applied.
+    pub controller: ControllerHandle,
     /// Hosted partitions.
     pub replica_manager: ReplicaManager,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: gregor_coordinator::group::GroupCoordinator,
-    publish_lock: Mutex<()>,
-    producer_ids: Mutex<ProducerIdBlock>,
+    producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
     /// Bound listener addresses (the real ports when a listener asked for port 0).
     pub bound: Vec<SocketAddr>,
     started: Instant,
 }
 
 impl Broker {
-    /// Applies the controller's latest image to the hosted partitions. Called after every
-    /// metadata change (and, with Raft, whenever a committed record arrives).
-    ///
-    /// # Errors
-    /// A log error while creating or deleting partition logs.
-    pub fn publish_metadata(&self) -> Result<(), gregor_log::LogError> {
-        let _g = self.publish_lock.lock();
-        self.replica_manager.apply_image(&self.controller.image())
-    }
-
     /// A fresh producer id (InitProducerId). Ids come from durable blocks of 1000, so they are
     /// never reused across restarts.
     ///
     /// # Errors
     /// The controller's error when a new block cannot be allocated.
-    pub fn next_producer_id(&self) -> Result<i64, gregor_metadata::ControllerError> {
-        let mut b = self.producer_ids.lock();
+    pub async fn next_producer_id(&self) -> Result<i64, gregor_metadata::ControllerError> {
+        let mut b = self.producer_ids.lock().await;
         if b.next >= b.end {
-            let start = self.controller.allocate_producer_ids(self.config.node_id)?;
+            let start = self
+                .controller
+                .allocate_producer_ids(self.config.node_id)
+                .await?;
             b.next = start;
             b.end = start + gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE;
         }
@@ -285,10 +276,9 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         reason: "no log.dirs configured".into(),
     })?;
     let metadata_dir = config.log_dirs[0].join(METADATA_DIR);
-    let metadata_log =
-        FileMetadataLog::open(&metadata_dir).map_err(|e| StartError::Metadata(e.to_string()))?;
-    let controller = Controller::open(Box::new(metadata_log))
-        .map_err(|e| StartError::Metadata(e.to_string()))?;
+    let (controller, metadata_tasks) =
+        crate::metadata_publisher::start_metadata(&metadata_dir, &shutdown_rx).await?;
+    tasks.extend(metadata_tasks);
 
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
@@ -320,6 +310,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
             advertised_port,
             config.rack.clone(),
         )
+        .await
         .map_err(|e| StartError::Metadata(e.to_string()))?;
 
     let load_started = Instant::now();
@@ -345,13 +336,13 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         config,
         cluster_id,
         controller,
-        publish_lock: Mutex::new(()),
-        producer_ids: Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+        producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
         bound: bound.clone(),
         started: Instant::now(),
     });
-    broker
-        .publish_metadata()
+    // From here on every committed metadata batch reaches the partitions.
+    crate::metadata_publisher::install_publishers(&broker)
+        .await
         .map_err(|e| StartError::Logs(e.to_string()))?;
     // Logs left on disk for partitions the metadata no longer has (a crash between a topic
     // deletion and the removal of its files) are removed now.
@@ -376,8 +367,8 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         }
     }
 
-    // Groups and committed offsets are rebuilt before clients can ask for them.
-    crate::coordinator_writer::sync_coordinator_leadership(&broker);
+    // Groups and committed offsets were rebuilt by the coordinator publisher
+    // (`install_publishers`) before clients can ask for them.
     {
         let (b, shutdown) = (broker.clone(), shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {

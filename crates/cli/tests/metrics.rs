@@ -90,6 +90,9 @@ fn counters_match_a_known_produce_and_consume() -> Result<()> {
     ensure!(status == 200, "/metrics answered {status}");
     let m = parse(&body);
     ensure!(get(&m, "gregor_topic_records_in_total{topic=\"m\"}")? == 100.0);
+    // The broker registration and topic "m" are committed and applied.
+    ensure!(get(&m, "gregor_metadata_last_applied_record_offset")? >= 1.0);
+    ensure!(get(&m, "gregor_metadata_apply_errors_total")? == 0.0);
     let bytes_in = get(&m, "gregor_topic_bytes_in_total{topic=\"m\"}")?;
     let log_size = sum_prefix(&m, "gregor_log_size_bytes", "topic=\"m\"");
     ensure!(

@@ -1,17 +1,29 @@
-//! The controller: validates metadata changes against the current image, writes them to the
-//! metadata log as records, and publishes the resulting image. Changes are serialised (one
-//! writer at a time), as the active KRaft controller does.
+//! The controller (Kafka's `QuorumController`): validates metadata changes against the
+//! committed image, turns them into records, proposes them to the metadata log and answers
+//! once they are committed.
+//!
+//! [`Controller`] is the state machine: it generates the records of a change
+//! ([`ControllerResult`]) and replays committed batches; it does no I/O. [`start_controller`]
+//! runs it as one task that takes requests from a bounded queue one at a time (the KRaft
+//! controller's event queue), so changes are serialised and each is validated against an image
+//! that includes every change before it. Its image comes only from the committed stream of the
+//! log, so a controller that is not the quorum leader keeps up and answers NOT_CONTROLLER.
+//!
+//! Handlers reach it through a [`ControllerHandle`], whose calls return once the change is
+//! committed *and* applied on this node by the loader ([`crate::loader`]), so a CreateTopics
+//! followed by a Metadata request on the same broker sees the topic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gregor_protocol::error::ErrorCode;
-use parking_lot::{Mutex, RwLock};
 use thiserror::Error;
+use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
 use crate::image::MetadataImage;
-use crate::log::{MetadataLog, MetadataLogError};
+use crate::loader::{LoaderError, LoaderHandle};
+use crate::log::{CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError};
 use crate::record::{ConfigResource, MetadataRecord};
 
 /// Longest legal topic name (Kafka's `Topic.MAX_NAME_LENGTH`).
@@ -23,7 +35,7 @@ pub const PRODUCER_ID_BLOCK_SIZE: i64 = 1000;
 
 /// Why a metadata change was refused. [`ControllerError::kafka_error_code`] gives the code Kafka
 /// returns for it.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum ControllerError {
     /// INVALID_TOPIC_EXCEPTION (17).
     #[error("{0}")]
@@ -49,9 +61,39 @@ pub enum ControllerError {
     /// INVALID_CONFIG (40).
     #[error("{0}")]
     InvalidConfig(String),
+    /// This node's controller is not the active one (it does not lead the metadata quorum, or
+    /// is shutting down): NOT_CONTROLLER (41); clients retry on the active controller.
+    #[error("This is not the correct controller for this cluster.")]
+    NotController {
+        /// The active controller's node id, when known.
+        leader_id: Option<i32>,
+    },
+    /// The change was committed but this node failed to apply it (creating or deleting a
+    /// partition log): KAFKA_STORAGE_ERROR (56).
+    #[error("{0}")]
+    ApplyFailed(String),
     /// The metadata log could not make the change durable: UNKNOWN_SERVER_ERROR (-1).
-    #[error(transparent)]
-    Log(#[from] MetadataLogError),
+    #[error("{0}")]
+    Log(Arc<MetadataLogError>),
+}
+
+impl From<MetadataLogError> for ControllerError {
+    fn from(e: MetadataLogError) -> Self {
+        match e {
+            MetadataLogError::NotLeader { leader_id, .. } => Self::NotController { leader_id },
+            MetadataLogError::Closed => Self::NotController { leader_id: None },
+            e => Self::Log(Arc::new(e)),
+        }
+    }
+}
+
+impl From<LoaderError> for ControllerError {
+    fn from(e: LoaderError) -> Self {
+        match e {
+            LoaderError::Stopped => Self::NotController { leader_id: None },
+            LoaderError::Publish(message) => Self::ApplyFailed(message),
+        }
+    }
 }
 
 impl ControllerError {
@@ -67,6 +109,8 @@ impl ControllerError {
             Self::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
             Self::InvalidConfig(_) => ErrorCode::InvalidConfig,
             Self::Log(_) => ErrorCode::UnknownServerError,
+            Self::NotController { .. } => ErrorCode::NotController,
+            Self::ApplyFailed(_) => ErrorCode::KafkaStorageError,
         }
     }
 
@@ -129,76 +173,81 @@ fn unify_collision_chars(name: &str) -> String {
     name.replace('.', "_")
 }
 
-/// Validates and applies metadata changes.
+/// The records of a change and the answer to give once they are committed (Kafka's
+/// `ControllerResult`). No records: nothing to commit (validate-only, or no change).
+#[derive(Debug)]
+pub struct ControllerResult<T> {
+    /// Records to commit, all in one batch.
+    pub records: Vec<MetadataRecord>,
+    /// The answer.
+    pub response: T,
+}
+
+/// One topic of a CreatePartitions request.
+#[derive(Debug, Clone)]
+pub struct PartitionsIncrease {
+    /// Topic name.
+    pub topic: String,
+    /// The partition count wanted.
+    pub total_count: i32,
+    /// Manual assignment of the new partitions (replica ids each); empty to let the controller
+    /// place them.
+    pub assignments: Vec<Vec<i32>>,
+}
+
+/// The active controller's state machine: the committed image, and the generation of the
+/// records of each change. Pure: no I/O.
+#[derive(Default)]
 pub struct Controller {
-    log: Box<dyn MetadataLog>,
-    image: RwLock<Arc<MetadataImage>>,
-    write: Mutex<()>,
+    image: MetadataImage,
 }
 
 impl Controller {
-    /// Builds the image by replaying `log`.
-    ///
-    /// # Errors
-    /// [`ControllerError::Log`] when the log cannot be read.
-    pub fn open(log: Box<dyn MetadataLog>) -> Result<Self, ControllerError> {
-        let mut image = MetadataImage::default();
-        for r in log.read_all()? {
-            image.apply(&r);
-        }
-        Ok(Self {
-            log,
-            image: RwLock::new(Arc::new(image)),
-            write: Mutex::new(()),
-        })
+    /// A controller at `image`.
+    pub fn new(image: MetadataImage) -> Self {
+        Self { image }
     }
 
-    /// The current image.
-    pub fn image(&self) -> Arc<MetadataImage> {
-        self.image.read().clone()
+    /// The committed image the controller validates against.
+    pub fn image(&self) -> &MetadataImage {
+        &self.image
     }
 
-    /// Makes `records` durable and publishes the new image. Call with the write lock held.
-    fn commit(&self, records: &[MetadataRecord]) -> Result<Arc<MetadataImage>, ControllerError> {
-        if records.is_empty() {
-            return Ok(self.image());
+    /// Applies a committed batch.
+    pub fn replay(&mut self, batch: &CommittedBatch) {
+        debug_assert_eq!(self.image.offset, batch.base_offset, "batches in order");
+        for r in batch.records.iter() {
+            self.image.apply(r);
         }
-        self.log.append(records)?;
-        let mut next = (*self.image()).clone();
-        for r in records {
-            next.apply(r);
-        }
-        let next = Arc::new(next);
-        *self.image.write() = next.clone();
-        Ok(next)
     }
 
-    /// Registers (or re-registers) a broker. Writes a record only when something changed.
-    ///
-    /// # Errors
-    /// [`ControllerError::Log`].
+    /// Registers (or re-registers) a broker; records only what changed.
     pub fn register_broker(
         &self,
         broker_id: i32,
         host: &str,
         port: u16,
         rack: Option<String>,
-    ) -> Result<(), ControllerError> {
-        let _w = self.write.lock();
-        let image = self.image();
-        let same = image
+    ) -> ControllerResult<()> {
+        let same = self
+            .image
             .brokers
             .get(&broker_id)
             .is_some_and(|b| b.host == host && b.port == port && b.rack == rack);
-        if !same {
-            self.commit(&[MetadataRecord::RegisterBroker {
+        let records = if same {
+            vec![]
+        } else {
+            vec![MetadataRecord::RegisterBroker {
                 broker_id,
                 host: host.to_string(),
                 port,
                 rack,
-            }])?;
+            }]
+        };
+        ControllerResult {
+            records,
+            response: (),
         }
-        Ok(())
     }
 
     fn place_replicas(
@@ -283,16 +332,43 @@ impl Controller {
             })
     }
 
-    /// Creates a topic (or only validates, with `validate_only`). Returns its id.
+    /// Creates topics (or only validates, with `validate_only`); one answer per topic, in
+    /// order: its id, or why it was refused. Topics are checked one after the other against the
+    /// image with the topics before them, so two colliding names in one request do not both
+    /// pass. The records of every accepted topic are committed as one batch.
     ///
-    /// # Errors
-    /// INVALID_TOPIC_EXCEPTION for a bad or colliding name, TOPIC_ALREADY_EXISTS,
-    /// INVALID_PARTITIONS for fewer than one partition, INVALID_REPLICATION_FACTOR for more
-    /// replicas than registered brokers, INVALID_REPLICA_ASSIGNMENT for a bad manual assignment.
-    pub fn create_topic(&self, t: NewTopic, validate_only: bool) -> Result<Uuid, ControllerError> {
+    /// Per-topic errors: INVALID_TOPIC_EXCEPTION for a bad or colliding name,
+    /// TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS for fewer than one partition,
+    /// INVALID_REPLICATION_FACTOR for more replicas than registered brokers,
+    /// INVALID_REPLICA_ASSIGNMENT for a bad manual assignment.
+    pub fn create_topics(
+        &self,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> ControllerResult<Vec<Result<Uuid, ControllerError>>> {
+        let mut scratch = self.image.clone();
+        let mut records = Vec::new();
+        let response = topics
+            .into_iter()
+            .map(|t| {
+                let (topic_id, topic_records) = Self::create_topic(&scratch, t)?;
+                for r in &topic_records {
+                    scratch.apply(r);
+                }
+                if !validate_only {
+                    records.extend(topic_records);
+                }
+                Ok(topic_id)
+            })
+            .collect();
+        ControllerResult { records, response }
+    }
+
+    fn create_topic(
+        image: &MetadataImage,
+        t: NewTopic,
+    ) -> Result<(Uuid, Vec<MetadataRecord>), ControllerError> {
         validate_topic_name(&t.name)?;
-        let _w = self.write.lock();
-        let image = self.image();
         if image.topic_ids.contains_key(&t.name) {
             return Err(ControllerError::TopicAlreadyExists(t.name));
         }
@@ -313,15 +389,12 @@ impl Controller {
                     "Number of partitions was set to an invalid non-positive value.".into(),
                 ));
             }
-            Self::place_replicas(&image, 0, t.num_partitions, t.replication_factor)?
+            Self::place_replicas(image, 0, t.num_partitions, t.replication_factor)?
         } else {
-            Self::check_assignments(&image, &t.assignments)?;
+            Self::check_assignments(image, &t.assignments)?;
             t.assignments
         };
         let topic_id = Uuid::new_v4();
-        if validate_only {
-            return Ok(topic_id);
-        }
         let mut records = vec![MetadataRecord::Topic {
             name: t.name.clone(),
             topic_id,
@@ -337,42 +410,65 @@ impl Controller {
                     value: Some(value),
                 }),
         );
-        self.commit(&records)?;
-        Ok(topic_id)
+        Ok((topic_id, records))
     }
 
-    /// Deletes a topic by id.
-    ///
-    /// # Errors
-    /// UNKNOWN_TOPIC_ID when no such topic exists.
-    pub fn delete_topic(&self, topic_id: Uuid) -> Result<String, ControllerError> {
-        let _w = self.write.lock();
-        let image = self.image();
-        let name = image
-            .topic_by_id(&topic_id)
-            .map(|t| t.name.clone())
-            .ok_or(ControllerError::UnknownTopicId)?;
-        self.commit(&[MetadataRecord::RemoveTopic { topic_id }])?;
-        Ok(name)
+    /// Deletes topics by id; one answer per id: the topic's name, or UNKNOWN_TOPIC_ID.
+    pub fn delete_topics(
+        &self,
+        topic_ids: Vec<Uuid>,
+    ) -> ControllerResult<Vec<Result<String, ControllerError>>> {
+        let mut records = Vec::new();
+        let mut deleted = std::collections::HashSet::new();
+        let response = topic_ids
+            .into_iter()
+            .map(|topic_id| {
+                let name = self
+                    .image
+                    .topic_by_id(&topic_id)
+                    .filter(|_| deleted.insert(topic_id))
+                    .map(|t| t.name.clone())
+                    .ok_or(ControllerError::UnknownTopicId)?;
+                records.push(MetadataRecord::RemoveTopic { topic_id });
+                Ok(name)
+            })
+            .collect();
+        ControllerResult { records, response }
     }
 
-    /// Grows a topic to `total_count` partitions (CreatePartitions).
+    /// Grows topics (CreatePartitions); one answer per topic.
     ///
-    /// # Errors
-    /// UNKNOWN_TOPIC_OR_PARTITION for an unknown topic; INVALID_PARTITIONS when `total_count`
-    /// is not larger than the current count; INVALID_REPLICA_ASSIGNMENT for a bad assignment.
+    /// Per-topic errors: UNKNOWN_TOPIC_OR_PARTITION for an unknown topic; INVALID_PARTITIONS
+    /// when the count is not larger than the current one; INVALID_REPLICA_ASSIGNMENT for a
+    /// bad assignment.
     pub fn create_partitions(
         &self,
-        topic: &str,
-        total_count: i32,
-        assignments: Vec<Vec<i32>>,
+        increases: Vec<PartitionsIncrease>,
         validate_only: bool,
-    ) -> Result<(), ControllerError> {
-        let _w = self.write.lock();
-        let image = self.image();
+    ) -> ControllerResult<Vec<Result<(), ControllerError>>> {
+        let mut records = Vec::new();
+        let response = increases
+            .into_iter()
+            .map(|inc| {
+                let new = self.create_partitions_of(inc)?;
+                if !validate_only {
+                    records.extend(new);
+                }
+                Ok(())
+            })
+            .collect();
+        ControllerResult { records, response }
+    }
+
+    fn create_partitions_of(
+        &self,
+        inc: PartitionsIncrease,
+    ) -> Result<Vec<MetadataRecord>, ControllerError> {
+        let image = &self.image;
         let t = image
-            .topic(topic)
+            .topic(&inc.topic)
             .ok_or(ControllerError::UnknownTopicOrPartition)?;
+        let total_count = inc.total_count;
         let current = t.partitions.len() as i32;
         if total_count < current {
             return Err(ControllerError::InvalidPartitions(format!(
@@ -390,42 +486,36 @@ impl Controller {
             .values()
             .next()
             .map_or(1, |p| p.replicas.len() as i16);
-        let assignments = if assignments.is_empty() {
-            Self::place_replicas(&image, current, added, rf)?
+        let assignments = if inc.assignments.is_empty() {
+            Self::place_replicas(image, current, added, rf)?
         } else {
-            if assignments.len() as i32 != added {
+            if inc.assignments.len() as i32 != added {
                 return Err(ControllerError::InvalidReplicaAssignment(format!(
                     "Attempted to add {added} additional partition(s), but only {} assignment(s) were specified.",
-                    assignments.len()
+                    inc.assignments.len()
                 )));
             }
-            Self::check_assignments(&image, &assignments)?;
-            assignments
+            Self::check_assignments(image, &inc.assignments)?;
+            inc.assignments
         };
-        if validate_only {
-            return Ok(());
-        }
-        let records: Vec<_> = Self::partition_records(t.topic_id, current, assignments).collect();
-        self.commit(&records)?;
-        Ok(())
+        Ok(Self::partition_records(t.topic_id, current, assignments).collect())
     }
 
     /// Sets (Some) or removes (None) configs of one resource, all at once. The broker has
     /// validated names and values.
     ///
     /// # Errors
-    /// [`ControllerError::Log`]; UNKNOWN_TOPIC_OR_PARTITION for an unknown topic.
+    /// UNKNOWN_TOPIC_OR_PARTITION for an unknown topic.
     pub fn alter_configs(
         &self,
         resource: ConfigResource,
         resource_name: &str,
         changes: Vec<(String, Option<String>)>,
-    ) -> Result<(), ControllerError> {
-        let _w = self.write.lock();
-        if resource == ConfigResource::Topic && self.image().topic(resource_name).is_none() {
+    ) -> Result<ControllerResult<()>, ControllerError> {
+        if resource == ConfigResource::Topic && self.image.topic(resource_name).is_none() {
             return Err(ControllerError::UnknownTopicOrPartition);
         }
-        let records: Vec<_> = changes
+        let records = changes
             .into_iter()
             .map(|(name, value)| MetadataRecord::Config {
                 resource,
@@ -434,36 +524,355 @@ impl Controller {
                 value,
             })
             .collect();
-        self.commit(&records)?;
-        Ok(())
+        Ok(ControllerResult {
+            records,
+            response: (),
+        })
     }
 
-    /// Hands out a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids to `broker_id`; returns
-    /// the first id of the block. The block is durable before it is returned, so ids are never
-    /// reused, even after a crash.
+    /// Hands out a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids to `broker_id`
+    /// (AllocateProducerIds, KIP-730); the answer is the first id of the block. The block is
+    /// committed before it is answered, so ids are never reused, even after a crash.
+    pub fn allocate_producer_ids(&self, broker_id: i32) -> ControllerResult<i64> {
+        let start = self.image.next_producer_id;
+        ControllerResult {
+            records: vec![MetadataRecord::ProducerIds {
+                broker_id,
+                next_producer_id: start + PRODUCER_ID_BLOCK_SIZE,
+            }],
+            response: start,
+        }
+    }
+}
+
+/// Requests that may wait in the controller's queue before callers wait to enqueue (Kafka's
+/// controller event queue; the bound keeps a burst of admin requests from growing memory).
+pub const CONTROLLER_QUEUE_CAPACITY: usize = 1024;
+
+/// Where the controller's answer to a request stands in the log.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    /// Its records were committed; the last one is at this offset.
+    Committed(u64),
+    /// It committed nothing; the controller had seen every record below this offset.
+    Unchanged(u64),
+}
+
+/// A change waiting for its commit: the records, and what to do with the outcome.
+struct Pending {
+    records: Vec<MetadataRecord>,
+    complete: Box<dyn FnOnce(Result<Outcome, ControllerError>) + Send>,
+}
+
+type Event = Box<dyn FnOnce(&Controller) -> Pending + Send>;
+
+/// Starts the controller task on `log`. It replays the log's committed batches, then serves
+/// requests from the returned handle one at a time, until `shutdown` turns true or every
+/// handle is dropped.
+///
+/// # Errors
+/// [`ControllerError::Log`] when the log cannot be subscribed to.
+pub fn start_controller(
+    log: Arc<dyn MetadataLog>,
+    loader: LoaderHandle,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(ControllerHandle, tokio::task::JoinHandle<()>), ControllerError> {
+    let committed = log.subscribe()?;
+    let (tx, rx) = mpsc::channel(CONTROLLER_QUEUE_CAPACITY);
+    let task = tokio::spawn(run_controller(log, committed, rx, shutdown));
+    Ok((ControllerHandle { events: tx, loader }, task))
+}
+
+async fn run_controller(
+    log: Arc<dyn MetadataLog>,
+    mut committed: CommittedBatches,
+    mut events: mpsc::Receiver<Event>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut controller = Controller::default();
+    loop {
+        tokio::select! {
+            // Committed batches first: every request is validated against all that is committed.
+            biased;
+            _ = shutdown.changed() => return,
+            batch = committed.next() => match batch {
+                Some(b) => controller.replay(&b),
+                None => return,
+            },
+            event = events.recv() => {
+                let Some(event) = event else { return };
+                // Batches committed by another leader, not yet read from the stream.
+                while controller.image.offset < log.high_watermark() {
+                    let Some(b) = committed.next().await else { return };
+                    controller.replay(&b);
+                }
+                let pending = event(&controller);
+                if pending.records.is_empty() {
+                    (pending.complete)(Ok(Outcome::Unchanged(controller.image.offset)));
+                    continue;
+                }
+                match log.propose(pending.records).await {
+                    Ok(offset) => {
+                        // The controller's image follows the committed stream only.
+                        while controller.image.offset <= offset {
+                            let Some(b) = committed.next().await else {
+                                (pending.complete)(Err(MetadataLogError::Closed.into()));
+                                return;
+                            };
+                            controller.replay(&b);
+                        }
+                        (pending.complete)(Ok(Outcome::Committed(offset)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metadata change not committed");
+                        (pending.complete)(Err(e.into()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A change that was not completed, with the controller's answer when it had one.
+struct Failed<T> {
+    response: Option<T>,
+    error: ControllerError,
+}
+
+/// How handlers ask the controller for changes (Kafka's `ControllerChannelManager` /
+/// forwarding to the active controller). Each call returns once the change is committed and
+/// applied on this node; cheap to clone.
+#[derive(Clone)]
+pub struct ControllerHandle {
+    events: mpsc::Sender<Event>,
+    loader: LoaderHandle,
+}
+
+impl ControllerHandle {
+    /// The metadata image this node has applied (the loader's latest): what handlers answer
+    /// from. It includes every change a call of this handle has returned.
+    pub fn image(&self) -> Arc<MetadataImage> {
+        self.loader.image()
+    }
+
+    /// The loader this handle waits on.
+    pub fn loader(&self) -> &LoaderHandle {
+        &self.loader
+    }
+
+    /// Runs `op` on the controller, commits its records, waits until this node has applied
+    /// them, and returns its answer. A failure after `op` answered (not committed, or not
+    /// applied here) comes with that answer, so per-item errors of `op` are kept.
+    async fn submit<T, F>(&self, op: F) -> Result<T, Failed<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let event: Event = Box::new(move |c| match op(c) {
+            Ok(ControllerResult { records, response }) => Pending {
+                records,
+                complete: Box::new(move |outcome| {
+                    let _ = tx.send(match outcome {
+                        Ok(o) => Ok((response, o)),
+                        Err(error) => Err(Failed {
+                            response: Some(response),
+                            error,
+                        }),
+                    });
+                }),
+            },
+            Err(error) => Pending {
+                records: Vec::new(),
+                complete: Box::new(move |_| {
+                    let _ = tx.send(Err(Failed {
+                        response: None,
+                        error,
+                    }));
+                }),
+            },
+        });
+        let not_controller = || Failed {
+            response: None,
+            error: ControllerError::NotController { leader_id: None },
+        };
+        self.events
+            .send(event)
+            .await
+            .map_err(|_| not_controller())?;
+        let (response, outcome) = rx.await.map_err(|_| not_controller())??;
+        // Also an answer that changed nothing waits for what the controller had seen (a topic
+        // that "already exists" is then visible in this node's image too).
+        let applied = match outcome {
+            Outcome::Committed(offset) => self.loader.wait_for_offset(offset).await.map(|_| ()),
+            Outcome::Unchanged(offset) => self.loader.wait_for_catch_up(offset).await,
+        };
+        match applied {
+            Ok(()) => Ok(response),
+            Err(e) => Err(Failed {
+                response: Some(response),
+                error: e.into(),
+            }),
+        }
+    }
+
+    /// [`ControllerHandle::submit`] for one change with one answer.
+    async fn submit_one<T, F>(&self, op: F) -> Result<T, ControllerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
+    {
+        self.submit(op).await.map_err(|f| f.error)
+    }
+
+    /// [`ControllerHandle::submit`] for a change of many items, each with its own answer: a
+    /// failure to commit or apply becomes the answer of every item that had none of its own.
+    async fn submit_each<V, F>(
+        &self,
+        op: F,
+    ) -> Result<Vec<Result<V, ControllerError>>, ControllerError>
+    where
+        V: Send + 'static,
+        F: FnOnce(&Controller) -> ControllerResult<Vec<Result<V, ControllerError>>>
+            + Send
+            + 'static,
+    {
+        match self.submit(move |c| Ok(op(c))).await {
+            Ok(answers) => Ok(answers),
+            Err(Failed {
+                response: Some(answers),
+                error,
+            }) => Ok(answers
+                .into_iter()
+                .map(|a| a.and_then(|_| Err(error.clone())))
+                .collect()),
+            Err(Failed {
+                response: None,
+                error,
+            }) => Err(error),
+        }
+    }
+
+    /// Registers (or re-registers) this broker (BrokerRegistration, KIP-631).
     ///
     /// # Errors
-    /// [`ControllerError::Log`].
-    pub fn allocate_producer_ids(&self, broker_id: i32) -> Result<i64, ControllerError> {
-        let _w = self.write.lock();
-        let start = self.image().next_producer_id;
-        self.commit(&[MetadataRecord::ProducerIds {
-            broker_id,
-            next_producer_id: start + PRODUCER_ID_BLOCK_SIZE,
-        }])?;
-        Ok(start)
+    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn register_broker(
+        &self,
+        broker_id: i32,
+        host: &str,
+        port: u16,
+        rack: Option<String>,
+    ) -> Result<(), ControllerError> {
+        let host = host.to_string();
+        self.submit_one(move |c| Ok(c.register_broker(broker_id, &host, port, rack)))
+            .await
+    }
+
+    /// Creates topics; see [`Controller::create_topics`]. When the batch is not committed or
+    /// not applied here, that error is the answer of every topic that had no error of its own.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER when the controller stopped before answering.
+    pub async fn create_topics(
+        &self,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+    ) -> Result<Vec<Result<Uuid, ControllerError>>, ControllerError> {
+        self.submit_each(move |c| c.create_topics(topics, validate_only))
+            .await
+    }
+
+    /// Deletes topics by id; see [`Controller::delete_topics`].
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn delete_topics(
+        &self,
+        topic_ids: Vec<Uuid>,
+    ) -> Result<Vec<Result<String, ControllerError>>, ControllerError> {
+        self.submit_each(move |c| c.delete_topics(topic_ids)).await
+    }
+
+    /// Adds partitions; see [`Controller::create_partitions`].
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn create_partitions(
+        &self,
+        increases: Vec<PartitionsIncrease>,
+        validate_only: bool,
+    ) -> Result<Vec<Result<(), ControllerError>>, ControllerError> {
+        self.submit_each(move |c| c.create_partitions(increases, validate_only))
+            .await
+    }
+
+    /// Sets or removes configs of one resource; see [`Controller::alter_configs`].
+    ///
+    /// # Errors
+    /// UNKNOWN_TOPIC_OR_PARTITION, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_configs(
+        &self,
+        resource: ConfigResource,
+        resource_name: &str,
+        changes: Vec<(String, Option<String>)>,
+    ) -> Result<(), ControllerError> {
+        let resource_name = resource_name.to_string();
+        self.submit_one(move |c| c.alter_configs(resource, &resource_name, changes))
+            .await
+    }
+
+    /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its
+    /// first id.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn allocate_producer_ids(&self, broker_id: i32) -> Result<i64, ControllerError> {
+        self.submit_one(move |c| Ok(c.allocate_producer_ids(broker_id)))
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loader::{start_loader, MetadataDelta, MetadataPublisher};
     use crate::log::FileMetadataLog;
+    use parking_lot::Mutex;
 
-    fn controller(dir: &std::path::Path) -> Controller {
-        let c = Controller::open(Box::new(FileMetadataLog::open(dir).unwrap())).unwrap();
-        c.register_broker(1, "127.0.0.1", 9092, None).unwrap();
-        c
+    struct Node {
+        controller: ControllerHandle,
+        shutdown: watch::Sender<bool>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    }
+
+    impl Node {
+        async fn stop(self) {
+            let _ = self.shutdown.send(true);
+            for t in self.tasks {
+                t.await.unwrap();
+            }
+        }
+    }
+
+    async fn start_on(log: Arc<dyn MetadataLog>) -> Node {
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        let (controller, controller_task) = start_controller(log, loader, rx).unwrap();
+        Node {
+            controller,
+            shutdown,
+            tasks: vec![loader_task, controller_task],
+        }
+    }
+
+    async fn start(dir: &std::path::Path) -> Node {
+        let node = start_on(Arc::new(FileMetadataLog::open(dir).unwrap())).await;
+        node.controller
+            .register_broker(1, "127.0.0.1", 9092, None)
+            .await
+            .unwrap();
+        node
     }
 
     fn topic(name: &str, partitions: i32, rf: i16) -> NewTopic {
@@ -476,17 +885,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn topics_survive_reopen() {
+    async fn create(c: &ControllerHandle, t: NewTopic) -> Result<Uuid, ControllerError> {
+        c.create_topics(vec![t], false).await.unwrap().remove(0)
+    }
+
+    #[tokio::test]
+    async fn topics_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let id = {
-            let c = controller(dir.path());
-            let id = c.create_topic(topic("orders", 3, 1), false).unwrap();
-            c.create_partitions("orders", 5, vec![], false).unwrap();
-            assert_eq!(c.allocate_producer_ids(1).unwrap(), 0);
-            id
+        let node = start(dir.path()).await;
+        let c = &node.controller;
+        let id = create(c, topic("orders", 3, 1)).await.unwrap();
+        let grow = PartitionsIncrease {
+            topic: "orders".into(),
+            total_count: 5,
+            assignments: vec![],
         };
-        let c = controller(dir.path());
+        c.create_partitions(vec![grow], false).await.unwrap()[0]
+            .as_ref()
+            .unwrap();
+        assert_eq!(c.allocate_producer_ids(1).await.unwrap(), 0);
+        node.stop().await;
+
+        let node = start(dir.path()).await;
+        let c = &node.controller;
         let img = c.image();
         let t = img.topic("orders").unwrap();
         assert_eq!(t.topic_id, id);
@@ -495,38 +916,237 @@ mod tests {
             img.configs_of(ConfigResource::Topic, "orders")["retention.ms"],
             "1000"
         );
-        assert_eq!(c.allocate_producer_ids(1).unwrap(), PRODUCER_ID_BLOCK_SIZE);
-        c.delete_topic(id).unwrap();
+        assert_eq!(
+            c.allocate_producer_ids(1).await.unwrap(),
+            PRODUCER_ID_BLOCK_SIZE
+        );
+        assert_eq!(
+            c.delete_topics(vec![id]).await.unwrap()[0]
+                .as_ref()
+                .unwrap(),
+            "orders"
+        );
         assert!(c.image().topic("orders").is_none());
         assert!(c
             .image()
             .configs_of(ConfigResource::Topic, "orders")
             .is_empty());
+        node.stop().await;
     }
 
-    #[test]
-    fn kafka_errors() {
+    #[tokio::test]
+    async fn kafka_errors() {
         let dir = tempfile::tempdir().unwrap();
-        let c = controller(dir.path());
+        let node = start(dir.path()).await;
+        let c = &node.controller;
         let code = |r: Result<Uuid, ControllerError>| r.unwrap_err().kafka_error_code();
-        assert_eq!(code(c.create_topic(topic("", 1, 1), false)), 17);
-        assert_eq!(code(c.create_topic(topic("a/b", 1, 1), false)), 17);
-        assert_eq!(
-            code(c.create_topic(topic(&"x".repeat(250), 1, 1), false)),
-            17
+        assert_eq!(code(create(c, topic("", 1, 1)).await), 17);
+        assert_eq!(code(create(c, topic("a/b", 1, 1)).await), 17);
+        assert_eq!(code(create(c, topic(&"x".repeat(250), 1, 1)).await), 17);
+        assert_eq!(code(create(c, topic("t", 0, 1)).await), 37);
+        assert_eq!(code(create(c, topic("t", 1, 3)).await), 38);
+        create(c, topic("a.b", 1, 1)).await.unwrap();
+        assert_eq!(code(create(c, topic("a.b", 1, 1)).await), 36);
+        assert_eq!(code(create(c, topic("a_b", 1, 1)).await), 17);
+        let v = c.create_topics(vec![topic("v", 1, 1)], true).await.unwrap();
+        assert!(v[0].is_ok());
+        assert!(
+            c.image().topic("v").is_none(),
+            "validate_only creates nothing"
         );
-        assert_eq!(code(c.create_topic(topic("t", 0, 1), false)), 37);
-        assert_eq!(code(c.create_topic(topic("t", 1, 3), false)), 38);
-        c.create_topic(topic("a.b", 1, 1), false).unwrap();
-        assert_eq!(code(c.create_topic(topic("a.b", 1, 1), false)), 36);
-        assert_eq!(code(c.create_topic(topic("a_b", 1, 1), false)), 17);
-        c.create_topic(topic("v", 1, 1), true).unwrap();
-        assert!(c.image().topic("v").is_none());
+        let shrink = PartitionsIncrease {
+            topic: "a.b".into(),
+            total_count: 1,
+            assignments: vec![],
+        };
+        let r = c.create_partitions(vec![shrink], false).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().kafka_error_code(), 37);
+        let r = c
+            .alter_configs(ConfigResource::Topic, "nope", vec![])
+            .await
+            .unwrap_err();
+        assert_eq!(r.kafka_error_code(), 3);
         assert_eq!(
-            c.create_partitions("a.b", 1, vec![], false)
+            c.delete_topics(vec![Uuid::new_v4()]).await.unwrap()[0]
+                .as_ref()
                 .unwrap_err()
                 .kafka_error_code(),
-            37
+            100
         );
+        node.stop().await;
+    }
+
+    #[tokio::test]
+    async fn colliding_names_in_one_request_and_one_batch_per_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = start(dir.path()).await;
+        let c = &node.controller;
+        let before = c.image().offset;
+        let r = c
+            .create_topics(
+                vec![topic("x.y", 2, 1), topic("x_y", 1, 1), topic("z", 1, 1)],
+                false,
+            )
+            .await
+            .unwrap();
+        assert!(r[0].is_ok() && r[2].is_ok());
+        assert_eq!(r[1].as_ref().unwrap_err().kafka_error_code(), 17);
+        // Topic + 2 partitions + config, then topic + partition + config: one batch.
+        assert_eq!(c.image().offset, before + 7);
+        node.stop().await;
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        let mut s = log.subscribe().unwrap();
+        let _register = s.next().await.unwrap();
+        let batch = s.next().await.unwrap();
+        assert_eq!(batch.records.len(), 7);
+    }
+
+    /// The log of a node that follows the quorum: commits nothing itself.
+    struct FollowerLog {
+        streams: Mutex<Vec<mpsc::Sender<CommittedBatch>>>,
+        high_watermark: std::sync::atomic::AtomicU64,
+    }
+
+    impl MetadataLog for FollowerLog {
+        fn propose(&self, _records: Vec<MetadataRecord>) -> crate::log::ProposeFuture<'_> {
+            Box::pin(async {
+                Err(MetadataLogError::NotLeader {
+                    leader_id: Some(2),
+                    leader_epoch: 7,
+                })
+            })
+        }
+
+        fn subscribe(&self) -> Result<CommittedBatches, MetadataLogError> {
+            let (tx, rx) = mpsc::channel(4);
+            self.streams.lock().push(tx);
+            Ok(CommittedBatches::new(vec![], rx))
+        }
+
+        fn high_watermark(&self) -> u64 {
+            self.high_watermark
+                .load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_controller_that_does_not_lead_answers_not_controller_with_the_leader() {
+        let follower = Arc::new(FollowerLog {
+            streams: Mutex::new(Vec::new()),
+            high_watermark: std::sync::atomic::AtomicU64::new(0),
+        });
+        let node = start_on(follower.clone()).await;
+        let c = &node.controller.clone();
+        let e = c.allocate_producer_ids(1).await.unwrap_err();
+        assert!(
+            matches!(e, ControllerError::NotController { leader_id: Some(2) }),
+            "{e:?}"
+        );
+        assert_eq!(e.kafka_error_code(), 41);
+        // It follows what the leader commits: broker 1 registered by the leader.
+        let batch = CommittedBatch {
+            base_offset: 0,
+            epoch: 7,
+            records: vec![MetadataRecord::RegisterBroker {
+                broker_id: 1,
+                host: "h".into(),
+                port: 1,
+                rack: None,
+            }]
+            .into(),
+        };
+        let streams = follower.streams.lock().clone();
+        for s in streams {
+            s.send(batch.clone()).await.unwrap();
+        }
+        follower
+            .high_watermark
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        c.loader().wait_for_offset(0).await.unwrap();
+        // Valid topics get NOT_CONTROLLER (only the leader commits); the others keep their
+        // own error.
+        let r = c
+            .create_topics(vec![topic("t", 1, 1), topic("bad/name", 1, 1)], false)
+            .await
+            .unwrap();
+        let codes: Vec<i16> = r
+            .iter()
+            .map(|r| r.as_ref().unwrap_err().kafka_error_code())
+            .collect();
+        assert_eq!(codes, vec![41, 17]);
+        // A request that commits nothing is answered without the leader.
+        let r = c.delete_topics(vec![Uuid::new_v4()]).await.unwrap();
+        assert_eq!(r[0].as_ref().unwrap_err().kafka_error_code(), 100);
+        node.stop().await;
+        // With the controller gone, calls fail with NOT_CONTROLLER instead of hanging.
+        let e = c.allocate_producer_ids(1).await.unwrap_err();
+        assert_eq!(e.kafka_error_code(), 41);
+    }
+
+    struct Recorder {
+        name: &'static str,
+        calls: Arc<Mutex<Vec<(&'static str, u64)>>>,
+    }
+
+    impl MetadataPublisher for Recorder {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn on_metadata_update(
+            &self,
+            _delta: &MetadataDelta<'_>,
+            image: &Arc<MetadataImage>,
+        ) -> Result<(), String> {
+            self.calls.lock().push((self.name, image.offset));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_returns_after_every_publisher_applied_it_and_changes_are_serialised() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = start(dir.path()).await;
+        let c = node.controller.clone();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        for name in ["replica manager", "coordinators"] {
+            c.loader()
+                .install_publisher(Arc::new(Recorder {
+                    name,
+                    calls: calls.clone(),
+                }))
+                .await
+                .unwrap();
+        }
+        // Many concurrent requests: each is validated against all before it (ids never repeat)
+        // and, when it returns, both publishers have seen its batch.
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let c = c.clone();
+            let calls = calls.clone();
+            tasks.push(tokio::spawn(async move {
+                let start = c.allocate_producer_ids(1).await.unwrap();
+                let offset = c.image().offset;
+                let seen = calls.lock().clone();
+                assert!(seen.contains(&("replica manager", offset)));
+                assert!(seen.contains(&("coordinators", offset)));
+                start
+            }));
+        }
+        let mut starts = Vec::new();
+        for t in tasks {
+            starts.push(t.await.unwrap());
+        }
+        starts.sort_unstable();
+        let expected: Vec<i64> = (0..16).map(|i| i * PRODUCER_ID_BLOCK_SIZE).collect();
+        assert_eq!(starts, expected);
+        // Publishers are called in install order, batch by batch.
+        let seen = calls.lock().clone();
+        for pair in seen.chunks(2) {
+            assert_eq!(pair[0].0, "replica manager");
+            assert_eq!(pair[1].0, "coordinators");
+            assert_eq!(pair[0].1, pair[1].1);
+        }
+        node.stop().await;
     }
 }

@@ -1,21 +1,27 @@
 //! gregor-metadata: cluster metadata as an ordered log of records.
 //!
-//! Owns the metadata records ([`record`]), the log they are appended to ([`log`]), the
-//! in-memory [`image::MetadataImage`] built by applying them in order, and the controller
-//! ([`controller::Controller`]) that validates requests against the image and turns them into
-//! records. As in KRaft (KIP-500, KIP-631), every change to topics, partitions, configs and
-//! producer-id blocks is a record; the image is only ever derived from the log.
+//! Owns the metadata records ([`record`]), the log they are committed to ([`log`]), the
+//! in-memory [`image::MetadataImage`] built by applying them in order, the controller
+//! ([`controller`]) that validates requests against the image and turns them into records, and
+//! the loader ([`loader`]) that applies every committed batch on this node and publishes it to
+//! ReplicaManager and the coordinators ([`publisher`]). As in KRaft (KIP-500, KIP-631), every
+//! change to topics, partitions, configs and producer-id blocks is a record; the image is only
+//! ever derived from the committed log.
 //!
-//! The log is behind the [`log::MetadataLog`] trait: today a local file, later a Raft log
-//! (openraft). Request handlers only see the [`controller::Controller`] and images, so swapping
-//! the log changes no handler. This crate knows nothing of sockets or partition data files.
+//! The log is behind the [`log::MetadataLog`] trait, shaped as a Raft log (propose, then a
+//! stream of committed batches): today a one-voter local file, next KRaft (KIP-595). Request
+//! handlers only see the [`controller::ControllerHandle`] and images, so swapping the log
+//! changes no handler. This crate knows nothing of sockets or partition data files.
 #![deny(missing_docs)]
 
 pub mod controller;
 pub mod image;
+pub mod loader;
 pub mod log;
+pub mod publisher;
 pub mod record;
 
-pub use controller::{Controller, ControllerError};
+pub use controller::{Controller, ControllerError, ControllerHandle};
 pub use image::{MetadataImage, PartitionRegistration, TopicImage};
+pub use loader::{LoaderHandle, MetadataDelta, MetadataPublisher};
 pub use record::{ConfigResource, MetadataRecord};

@@ -1,18 +1,26 @@
-//! The metadata log: an ordered, durable sequence of [`MetadataRecord`]s.
+//! The metadata log as a Raft log looks to its users: [`MetadataLog::propose`] hands a batch
+//! of records to the quorum and resolves with the offset at which it was committed (or
+//! [`MetadataLogError::NotLeader`] with the leader hint), and [`MetadataLog::subscribe`] gives
+//! the stream of committed batches, in offset order, that every node applies (Kafka's
+//! `RaftClient.scheduleAppend` and `RaftClient.Listener.handleCommit`, KIP-595).
 //!
-//! [`FileMetadataLog`] keeps them in one local file of frames
-//! `[length: u32 BE][crc32c: u32 BE][JSON array of records]`, one frame per append, so a
-//! group of records is all-or-nothing. Each append is written
-//! and fsynced before it returns, so a change acknowledged to a client survives a crash. On open
-//! a torn or corrupt tail (a crash during append) is truncated away; everything before it is
-//! kept.
+//! [`FileMetadataLog`] is the one-voter quorum: this node is always the leader, and a batch is
+//! committed once it is written and fsynced to one local file of frames
+//! `[length: u32 BE][crc32c: u32 BE][JSON array of records]`, one frame per batch, so a batch
+//! is all-or-nothing. On open a torn or corrupt tail (a crash during an append) is truncated
+//! away; everything before it is kept. Offsets count records from 0, as in a Kafka log.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::future::Future;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
 
-use parking_lot::Mutex;
 use thiserror::Error;
+use tokio::sync::mpsc;
 
 use crate::record::MetadataRecord;
 
@@ -32,37 +40,141 @@ pub enum MetadataLogError {
     /// A record could not be serialised (a bug).
     #[error("cannot encode metadata record: {0}")]
     Encode(String),
+    /// This node is not the leader of the metadata quorum, so it cannot commit anything; the
+    /// caller retries on the leader (Kafka's `NotLeaderException`, answered to clients as
+    /// NOT_CONTROLLER).
+    #[error(
+        "this node is not the metadata quorum leader (leader: {leader_id:?}, epoch {leader_epoch})"
+    )]
+    NotLeader {
+        /// The leader's node id, when this node knows it.
+        leader_id: Option<i32>,
+        /// The quorum epoch this node is in.
+        leader_epoch: i32,
+    },
+    /// `propose` was called with no records (a caller bug: there is nothing to commit).
+    #[error("an empty batch cannot be proposed")]
+    EmptyBatch,
+    /// The log was closed (the node is shutting down).
+    #[error("the metadata log is closed")]
+    Closed,
 }
 
-/// A durable, ordered log of metadata records. Implementations: [`FileMetadataLog`] (one node);
-/// a Raft log later. `append` returns only once the records are durable (committed).
+/// A batch of records committed together: the records at offsets
+/// `base_offset..=last_offset()`, appended by the leader of quorum epoch `epoch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommittedBatch {
+    /// Offset of the first record.
+    pub base_offset: u64,
+    /// The quorum (leader) epoch in which the batch was appended.
+    pub epoch: i32,
+    /// The records, in order; never empty.
+    pub records: Arc<[MetadataRecord]>,
+}
+
+impl CommittedBatch {
+    /// Offset of the last record of the batch.
+    pub fn last_offset(&self) -> u64 {
+        self.base_offset + self.records.len().saturating_sub(1) as u64
+    }
+
+    /// The offset after the batch: where the next batch starts.
+    pub fn next_offset(&self) -> u64 {
+        self.base_offset + self.records.len() as u64
+    }
+}
+
+/// Committed batches in offset order, from offset 0: first those committed before
+/// [`MetadataLog::subscribe`] was called, then each new one as it commits.
+pub struct CommittedBatches {
+    backlog: VecDeque<CommittedBatch>,
+    live: mpsc::Receiver<CommittedBatch>,
+}
+
+impl CommittedBatches {
+    /// A stream of `backlog` followed by what arrives on `live`. For implementations of
+    /// [`MetadataLog`].
+    pub fn new(backlog: Vec<CommittedBatch>, live: mpsc::Receiver<CommittedBatch>) -> Self {
+        Self {
+            backlog: backlog.into(),
+            live,
+        }
+    }
+
+    /// The next committed batch; None once the log is closed.
+    pub async fn next(&mut self) -> Option<CommittedBatch> {
+        if let Some(b) = self.backlog.pop_front() {
+            return Some(b);
+        }
+        self.live.recv().await
+    }
+}
+
+/// What [`MetadataLog::propose`] returns: resolves with the offset of the last record of the
+/// batch once it is committed.
+pub type ProposeFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<u64, MetadataLogError>> + Send + 'a>>;
+
+/// The metadata log of a quorum. Implementations: [`FileMetadataLog`] (one voter); KRaft
+/// (KIP-595) next.
 pub trait MetadataLog: Send + Sync {
-    /// Appends `records` atomically (all or none) and returns the offset of the last one.
+    /// Appends `records` as one batch (all or none) if this node leads the quorum. The future
+    /// resolves once the batch is committed, with the offset of its last record; by then the
+    /// batch has been sent to every [`CommittedBatches`] stream.
     ///
     /// # Errors
-    /// [`MetadataLogError`] when the records could not be made durable.
-    fn append(&self, records: &[MetadataRecord]) -> Result<u64, MetadataLogError>;
+    /// [`MetadataLogError::NotLeader`] with the leader hint on a node that does not lead;
+    /// [`MetadataLogError::Io`] when the batch could not be made durable;
+    /// [`MetadataLogError::EmptyBatch`] for no records.
+    fn propose(&self, records: Vec<MetadataRecord>) -> ProposeFuture<'_>;
 
-    /// All committed records in order, for building the image at start-up.
+    /// The committed batches from offset 0, then each new one as it commits. Each call gives
+    /// an independent stream; a stream that is not read holds back commits once
+    /// [`STREAM_CAPACITY_BATCHES`] batches wait in it.
     ///
     /// # Errors
-    /// [`MetadataLogError`] on I/O errors.
-    fn read_all(&self) -> Result<Vec<MetadataRecord>, MetadataLogError>;
+    /// [`MetadataLogError::Io`] when the committed batches cannot be read.
+    fn subscribe(&self) -> Result<CommittedBatches, MetadataLogError>;
+
+    /// The offset after the last committed record (the high watermark).
+    fn high_watermark(&self) -> u64;
 }
 
-/// [`MetadataLog`] in a local file.
-pub struct FileMetadataLog {
-    path: PathBuf,
-    inner: Mutex<Inner>,
-}
+/// Committed batches that may wait in one subscriber's stream before commits wait for it.
+pub const STREAM_CAPACITY_BATCHES: usize = 64;
 
-struct Inner {
-    file: File,
-    next_offset: u64,
-}
+/// The quorum epoch of the one-voter file log, which never changes leader.
+pub const FILE_LOG_EPOCH: i32 = 1;
 
 /// File name of the metadata log inside its directory.
 pub const METADATA_LOG_FILE: &str = "metadata.log";
+
+/// Length of a frame header: length and CRC-32C.
+const FRAME_HEADER_BYTES: usize = 8;
+
+/// [`MetadataLog`] in a local file: a one-voter quorum whose only member leads.
+pub struct FileMetadataLog {
+    path: PathBuf,
+    file: Arc<File>,
+    /// Serialises appends, and the hand-over of each batch to the subscribers, so streams see
+    /// batches in offset order.
+    writer: tokio::sync::Mutex<Writer>,
+    /// What is committed and who must hear of it, changed together so a new subscriber gets
+    /// every batch exactly once (from the file or from its channel).
+    shared: parking_lot::Mutex<Shared>,
+}
+
+struct Writer {
+    /// Length of the valid prefix of the file: where the next frame goes.
+    len: u64,
+    next_offset: u64,
+}
+
+struct Shared {
+    committed_len: u64,
+    high_watermark: u64,
+    subscribers: Vec<mpsc::Sender<CommittedBatch>>,
+}
 
 impl FileMetadataLog {
     /// Opens (creating if missing) `<dir>/metadata.log`, truncating a torn or corrupt tail.
@@ -89,7 +201,7 @@ impl FileMetadataLog {
             .map_err(io("opening"))?;
         let mut data = Vec::new();
         file.read_to_end(&mut data).map_err(io("reading"))?;
-        let (frames, valid_len) = scan(&data);
+        let (batches, valid_len) = decode_frames(&data);
         if valid_len < data.len() {
             tracing::warn!(
                 path = %path.display(),
@@ -100,26 +212,62 @@ impl FileMetadataLog {
             file.set_len(valid_len as u64).map_err(io("truncating"))?;
             file.sync_all().map_err(io("syncing"))?;
         }
-        file.seek(SeekFrom::End(0)).map_err(io("seeking"))?;
+        let next_offset = batches.last().map_or(0, CommittedBatch::next_offset);
         Ok(Self {
             path,
-            inner: Mutex::new(Inner {
-                file,
-                next_offset: frames.len() as u64,
+            file: Arc::new(file),
+            writer: tokio::sync::Mutex::new(Writer {
+                len: valid_len as u64,
+                next_offset,
+            }),
+            shared: parking_lot::Mutex::new(Shared {
+                committed_len: valid_len as u64,
+                high_watermark: next_offset,
+                subscribers: Vec::new(),
             }),
         })
     }
+
+    /// Every committed record in order (for tools and tests; nodes use
+    /// [`MetadataLog::subscribe`]).
+    ///
+    /// # Errors
+    /// [`MetadataLogError::Io`] on I/O errors.
+    pub fn read_all(&self) -> Result<Vec<MetadataRecord>, MetadataLogError> {
+        let committed_len = self.shared.lock().committed_len;
+        Ok(self
+            .read_committed(committed_len)?
+            .into_iter()
+            .flat_map(|b| b.records.iter().cloned().collect::<Vec<_>>())
+            .collect())
+    }
+
+    fn read_committed(&self, committed_len: u64) -> Result<Vec<CommittedBatch>, MetadataLogError> {
+        let mut data = vec![0u8; usize::try_from(committed_len).unwrap_or(usize::MAX)];
+        self.file
+            .read_exact_at(&mut data, 0)
+            .map_err(|source| MetadataLogError::Io {
+                path: self.path.clone(),
+                context: "reading",
+                source,
+            })?;
+        Ok(decode_frames(&data).0)
+    }
 }
 
-/// Returns the decodable records and the length of the valid prefix.
-fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
+/// Decodes the frames of a metadata log file: the committed batches of the valid prefix (the
+/// file log's epoch, offsets counted from 0), and that prefix's length in bytes. Decoding stops
+/// at the first torn, corrupt or undecodable frame. A pure function of the bytes, for recovery
+/// and for fuzzing.
+pub fn decode_frames(data: &[u8]) -> (Vec<CommittedBatch>, usize) {
     let mut out = Vec::new();
     let mut pos = 0;
-    while data.len() - pos >= 8 {
+    let mut next_offset = 0u64;
+    while data.len() - pos >= FRAME_HEADER_BYTES {
         let len =
             u32::from_be_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
         let crc = u32::from_be_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
-        let Some(body) = data.get(pos + 8..pos + 8 + len) else {
+        let Some(body) = data.get(pos + FRAME_HEADER_BYTES..pos + FRAME_HEADER_BYTES + len) else {
             break;
         };
         if crc32c::crc32c(body) != crc {
@@ -128,44 +276,110 @@ fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
         let Ok(records) = serde_json::from_slice::<Vec<MetadataRecord>>(body) else {
             break;
         };
-        out.extend(records);
-        pos += 8 + len;
+        // Old files may hold empty frames; they commit nothing and take no offset.
+        if !records.is_empty() {
+            let batch = CommittedBatch {
+                base_offset: next_offset,
+                epoch: FILE_LOG_EPOCH,
+                records: records.into(),
+            };
+            next_offset = batch.next_offset();
+            out.push(batch);
+        }
+        pos += FRAME_HEADER_BYTES + len;
     }
     (out, pos)
 }
 
+/// Every record in the valid prefix of a metadata log file, in order (see [`decode_frames`]).
+pub fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
+    let (batches, len) = decode_frames(data);
+    let records = batches
+        .iter()
+        .flat_map(|b| b.records.iter().cloned())
+        .collect();
+    (records, len)
+}
+
+/// One frame holding `records`.
+fn encode_frame(records: &[MetadataRecord]) -> Result<Vec<u8>, MetadataLogError> {
+    let body = serde_json::to_vec(records).map_err(|e| MetadataLogError::Encode(e.to_string()))?;
+    let len = u32::try_from(body.len())
+        .map_err(|_| MetadataLogError::Encode(format!("batch of {} bytes", body.len())))?;
+    let mut buf = Vec::with_capacity(body.len() + FRAME_HEADER_BYTES);
+    buf.extend_from_slice(&len.to_be_bytes());
+    buf.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
+    buf.extend_from_slice(&body);
+    Ok(buf)
+}
+
 impl MetadataLog for FileMetadataLog {
-    fn append(&self, records: &[MetadataRecord]) -> Result<u64, MetadataLogError> {
-        // One frame per append, so a torn write drops the whole group of records.
-        let body =
-            serde_json::to_vec(records).map_err(|e| MetadataLogError::Encode(e.to_string()))?;
-        let mut buf = Vec::with_capacity(body.len() + 8);
-        buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        buf.extend_from_slice(&crc32c::crc32c(&body).to_be_bytes());
-        buf.extend_from_slice(&body);
-        let mut inner = self.inner.lock();
-        let io = |context: &'static str| {
-            let path = self.path.clone();
-            move |source| MetadataLogError::Io {
-                path,
+    fn propose(&self, records: Vec<MetadataRecord>) -> ProposeFuture<'_> {
+        Box::pin(async move {
+            if records.is_empty() {
+                return Err(MetadataLogError::EmptyBatch);
+            }
+            let frame = encode_frame(&records)?;
+            let mut writer = self.writer.lock().await;
+            let at = writer.len;
+            let file = self.file.clone();
+            let written = tokio::task::spawn_blocking(move || {
+                // Positional write at the end of the valid prefix: a failed append leaves no
+                // partial frame in front of the next one.
+                let r = file
+                    .write_all_at(&frame, at)
+                    .map_err(|e| ("appending", e))
+                    .and_then(|()| file.sync_data().map_err(|e| ("syncing", e)));
+                if r.is_err() {
+                    let _ = file.set_len(at);
+                }
+                r.map(|()| frame.len() as u64)
+            })
+            .await
+            .map_err(|e| ("appending", io::Error::other(e.to_string())))
+            .and_then(|r| r);
+            let frame_len = written.map_err(|(context, source)| MetadataLogError::Io {
+                path: self.path.clone(),
                 context,
                 source,
+            })?;
+            writer.len += frame_len;
+            let batch = CommittedBatch {
+                base_offset: writer.next_offset,
+                epoch: FILE_LOG_EPOCH,
+                records: records.into(),
+            };
+            writer.next_offset = batch.next_offset();
+            let subscribers = {
+                let mut shared = self.shared.lock();
+                shared.committed_len = writer.len;
+                shared.high_watermark = writer.next_offset;
+                shared.subscribers.retain(|s| !s.is_closed());
+                shared.subscribers.clone()
+            };
+            // Still under the writer lock: the next batch is handed over after this one.
+            for s in subscribers {
+                let _ = s.send(batch.clone()).await;
             }
-        };
-        inner.file.write_all(&buf).map_err(io("appending"))?;
-        inner.file.sync_data().map_err(io("syncing"))?;
-        inner.next_offset += records.len() as u64;
-        Ok(inner.next_offset.saturating_sub(1))
+            Ok(batch.last_offset())
+        })
     }
 
-    fn read_all(&self) -> Result<Vec<MetadataRecord>, MetadataLogError> {
-        let _guard = self.inner.lock();
-        let data = std::fs::read(&self.path).map_err(|source| MetadataLogError::Io {
-            path: self.path.clone(),
-            context: "reading",
-            source,
-        })?;
-        Ok(scan(&data).0)
+    fn subscribe(&self) -> Result<CommittedBatches, MetadataLogError> {
+        let (tx, rx) = mpsc::channel(STREAM_CAPACITY_BATCHES);
+        let committed_len = {
+            let mut shared = self.shared.lock();
+            shared.subscribers.push(tx);
+            shared.committed_len
+        };
+        // Batches committed after the lock above arrive on the channel; those before are in
+        // the file's first `committed_len` bytes.
+        let backlog = self.read_committed(committed_len)?;
+        Ok(CommittedBatches::new(backlog, rx))
+    }
+
+    fn high_watermark(&self) -> u64 {
+        self.shared.lock().high_watermark
     }
 }
 
@@ -183,13 +397,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn records_survive_reopen_and_torn_tail_is_dropped() {
+    #[tokio::test]
+    async fn records_survive_reopen_and_torn_tail_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         {
             let log = FileMetadataLog::open(dir.path()).unwrap();
-            log.append(&[rec(1), rec(2)]).unwrap();
-            log.append(&[rec(3)]).unwrap();
+            assert_eq!(log.propose(vec![rec(1), rec(2)]).await.unwrap(), 1);
+            assert_eq!(log.propose(vec![rec(3)]).await.unwrap(), 2);
         }
         let path = dir.path().join(METADATA_LOG_FILE);
         let full = std::fs::read(&path).unwrap();
@@ -199,8 +413,125 @@ mod tests {
             let got = log.read_all().unwrap();
             assert!(matches!(got.len(), 0 | 2 | 3), "atomic groups");
             assert_eq!(got, (1..=got.len()).map(rec).collect::<Vec<_>>());
-            log.append(&[rec(got.len() + 1)]).unwrap();
+            assert_eq!(log.high_watermark(), got.len() as u64);
+            let offset = log.propose(vec![rec(got.len() + 1)]).await.unwrap();
+            assert_eq!(
+                offset,
+                got.len() as u64,
+                "appends continue after the kept prefix"
+            );
             assert_eq!(log.read_all().unwrap().len(), got.len() + 1);
         }
+    }
+
+    #[tokio::test]
+    async fn stream_gives_backlog_then_live_batches_in_offset_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        log.propose(vec![rec(1), rec(2)]).await.unwrap();
+        let mut early = log.subscribe().unwrap();
+        log.propose(vec![rec(3)]).await.unwrap();
+        let mut late = log.subscribe().unwrap();
+        log.propose(vec![rec(4), rec(5), rec(6)]).await.unwrap();
+        assert!(
+            log.propose(vec![]).await.is_err(),
+            "empty batches are refused"
+        );
+        for stream in [&mut early, &mut late] {
+            let mut expected_offset = 0;
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let b = stream.next().await.unwrap();
+                assert_eq!(b.base_offset, expected_offset, "no gap, no duplicate");
+                assert_eq!(b.epoch, FILE_LOG_EPOCH);
+                expected_offset = b.next_offset();
+                seen.extend(b.records.iter().cloned());
+            }
+            assert_eq!(seen, (1..=6).map(rec).collect::<Vec<_>>());
+        }
+        assert_eq!(log.high_watermark(), 6);
+        // Reopening replays the same batches, with the same offsets.
+        drop(log);
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        let mut s = log.subscribe().unwrap();
+        let offsets: Vec<_> = [
+            s.next().await.unwrap(),
+            s.next().await.unwrap(),
+            s.next().await.unwrap(),
+        ]
+        .iter()
+        .map(|b| (b.base_offset, b.last_offset()))
+        .collect();
+        assert_eq!(offsets, vec![(0, 1), (2, 2), (3, 5)]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_proposals_reach_the_stream_in_commit_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let mut stream = log.subscribe().unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let log = log.clone();
+            tasks.push(tokio::spawn(async move { log.propose(vec![rec(i)]).await }));
+        }
+        let mut committed = Vec::new();
+        for t in tasks {
+            committed.push(t.await.unwrap().unwrap());
+        }
+        committed.sort_unstable();
+        assert_eq!(committed, (0..20).collect::<Vec<u64>>());
+        for expected in 0..20 {
+            assert_eq!(stream.next().await.unwrap().base_offset, expected);
+        }
+    }
+
+    /// A frame as the synchronous `append` of earlier versions wrote it.
+    fn old_frame(json: &str) -> Vec<u8> {
+        let mut out = (json.len() as u32).to_be_bytes().to_vec();
+        out.extend(crc32c::crc32c(json.as_bytes()).to_be_bytes());
+        out.extend(json.as_bytes());
+        out
+    }
+
+    #[tokio::test]
+    async fn files_of_earlier_versions_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut data = old_frame(
+            r#"[{"type":"RegisterBroker","broker_id":1,"host":"localhost","port":9092,"rack":null}]"#,
+        );
+        data.extend(old_frame(
+            r#"[{"type":"ProducerIds","broker_id":1,"next_producer_id":1000},{"type":"Config","resource":"Broker","resource_name":"","name":"log.cleaner.threads","value":"2"}]"#,
+        ));
+        std::fs::write(dir.path().join(METADATA_LOG_FILE), &data).unwrap();
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        assert_eq!(log.high_watermark(), 3);
+        let mut s = log.subscribe().unwrap();
+        assert_eq!(s.next().await.unwrap().base_offset, 0);
+        let second = s.next().await.unwrap();
+        assert_eq!((second.base_offset, second.last_offset()), (1, 2));
+        assert_eq!(
+            second.records[0],
+            MetadataRecord::ProducerIds {
+                broker_id: 1,
+                next_producer_id: 1000
+            }
+        );
+        assert_eq!(log.propose(vec![rec(1)]).await.unwrap(), 3);
+    }
+
+    #[test]
+    fn decode_frames_stops_at_the_first_bad_frame() {
+        let mut data = encode_frame(&[rec(1), rec(2)]).unwrap();
+        data.extend(encode_frame(&[rec(3)]).unwrap());
+        let (batches, len) = decode_frames(&data);
+        assert_eq!(len, data.len());
+        assert_eq!(batches.len(), 2);
+        assert_eq!(batches[1].base_offset, 2);
+        assert_eq!(scan(&data).0, vec![rec(1), rec(2), rec(3)]);
+        // A frame that claims more bytes than there are stops decoding without allocating.
+        let mut huge = u32::MAX.to_be_bytes().to_vec();
+        huge.extend([0; 8]);
+        assert_eq!(decode_frames(&huge), (vec![], 0));
     }
 }

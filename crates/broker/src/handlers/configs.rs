@@ -5,7 +5,8 @@
 //!
 //! Changes are validated here (Kafka's names, types, ranges and allowed values; only dynamic
 //! broker configs may change at run time), committed as `ConfigRecord`s through
-//! `Controller::alter_configs`, then applied to the logs by `Broker::publish_metadata`.
+//! `ControllerHandle::alter_configs`, which returns once the metadata loader has applied them
+//! to the logs (`ReplicaManager::apply_image`).
 
 use std::sync::Arc;
 
@@ -214,7 +215,7 @@ fn invalid_config(e: &crate::config::ConfigError) -> (i16, Option<String>) {
 }
 
 /// Validates and (unless `validate_only`) commits a change of one resource's configs.
-fn alter_resource(
+async fn alter_resource(
     broker: &Arc<Broker>,
     resource_type: i8,
     name: &str,
@@ -414,95 +415,95 @@ fn alter_resource(
     broker
         .controller
         .alter_configs(resource, name, changes)
-        .map_err(|e| (e.kafka_error_code(), Some(e.to_string())))?;
-    broker.publish_metadata().map_err(|e| {
-        (
-            ec::KAFKA_STORAGE_ERROR,
-            Some(format!("configs were stored but applying them failed: {e}")),
-        )
-    })?;
-    Ok(())
+        .await
+        .map_err(|e| match e {
+            gregor_metadata::ControllerError::ApplyFailed(m) => (
+                ec::KAFKA_STORAGE_ERROR,
+                Some(format!("configs were stored but applying them failed: {m}")),
+            ),
+            e => (e.kafka_error_code(), Some(e.to_string())),
+        })
 }
 
 /// AlterConfigs (key 33, v0-v2): replaces all dynamic configs of each resource.
-pub fn alter_configs(
+pub async fn alter_configs(
     broker: &Arc<Broker>,
     req: &gregor_protocol::kafka_protocol::messages::AlterConfigsRequest,
     _version: i16,
 ) -> gregor_protocol::kafka_protocol::messages::AlterConfigsResponse {
     use gregor_protocol::kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
-    let responses = req
-        .resources
-        .iter()
-        .map(|res| {
-            let change = Change::Replace(
-                res.configs
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.name.to_string(),
-                            c.value.as_ref().map(ToString::to_string),
-                        )
-                    })
-                    .collect(),
-            );
-            let outcome = alter_resource(
-                broker,
-                res.resource_type,
-                &res.resource_name,
-                change,
-                req.validate_only,
-            );
-            let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+    let mut responses = Vec::with_capacity(req.resources.len());
+    for res in &req.resources {
+        let change = Change::Replace(
+            res.configs
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.to_string(),
+                        c.value.as_ref().map(ToString::to_string),
+                    )
+                })
+                .collect(),
+        );
+        let outcome = alter_resource(
+            broker,
+            res.resource_type,
+            &res.resource_name,
+            change,
+            req.validate_only,
+        )
+        .await;
+        let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+        responses.push(
             AlterConfigsResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(message.as_deref().map(sb))
                 .with_resource_type(res.resource_type)
-                .with_resource_name(res.resource_name.clone())
-        })
-        .collect();
+                .with_resource_name(res.resource_name.clone()),
+        );
+    }
     gregor_protocol::kafka_protocol::messages::AlterConfigsResponse::default()
         .with_responses(responses)
 }
 
 /// IncrementalAlterConfigs (key 44, v0-v1, KIP-339).
-pub fn incremental_alter_configs(
+pub async fn incremental_alter_configs(
     broker: &Arc<Broker>,
     req: &gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsRequest,
     _version: i16,
 ) -> gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsResponse {
     use gregor_protocol::kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
-    let responses = req
-        .resources
-        .iter()
-        .map(|res| {
-            let change = Change::Incremental(
-                res.configs
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.name.to_string(),
-                            c.config_operation,
-                            c.value.as_ref().map(ToString::to_string),
-                        )
-                    })
-                    .collect(),
-            );
-            let outcome = alter_resource(
-                broker,
-                res.resource_type,
-                &res.resource_name,
-                change,
-                req.validate_only,
-            );
-            let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+    let mut responses = Vec::with_capacity(req.resources.len());
+    for res in &req.resources {
+        let change = Change::Incremental(
+            res.configs
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.to_string(),
+                        c.config_operation,
+                        c.value.as_ref().map(ToString::to_string),
+                    )
+                })
+                .collect(),
+        );
+        let outcome = alter_resource(
+            broker,
+            res.resource_type,
+            &res.resource_name,
+            change,
+            req.validate_only,
+        )
+        .await;
+        let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
+        responses.push(
             AlterConfigsResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(message.as_deref().map(sb))
                 .with_resource_type(res.resource_type)
-                .with_resource_name(res.resource_name.clone())
-        })
-        .collect();
+                .with_resource_name(res.resource_name.clone()),
+        );
+    }
     gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsResponse::default()
         .with_responses(responses)
 }

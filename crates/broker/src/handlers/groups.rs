@@ -82,7 +82,7 @@ pub(crate) fn deferred<T: Send + 'static>(
 
 /// FindCoordinator: this broker, once it leads the group's partition of `__consumer_offsets`
 /// (created on first use). Transaction coordinators (key type 1) are not available yet.
-pub fn find_coordinator(
+pub async fn find_coordinator(
     broker: &Arc<Broker>,
     req: &FindCoordinatorRequest,
     version: i16,
@@ -97,6 +97,11 @@ pub fn find_coordinator(
         broker.bound.first().map_or(0, |a| a.port())
     } else {
         advertised.port
+    };
+    let offsets_topic = if req.key_type == 0 {
+        crate::coordinator_writer::ensure_offsets_topic(broker).await
+    } else {
+        Ok(())
     };
     let answer = |key: &str| -> (i16, Option<String>, i32) {
         match req.key_type {
@@ -117,7 +122,7 @@ pub fn find_coordinator(
             }
         }
         let c = &broker.group_coordinator;
-        if let Err(e) = crate::coordinator_writer::ensure_offsets_topic(broker) {
+        if let Err(e) = offsets_topic {
             return (e, None, -1);
         }
         match c.check_coordinator(key) {

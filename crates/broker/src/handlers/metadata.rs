@@ -79,7 +79,7 @@ fn brokers(image: &MetadataImage) -> Vec<MetadataResponseBroker> {
 /// Answers Metadata: null topics = all topics, an empty list = none (v1+; in v0 an empty
 /// list means all). Unknown topics are created when the request allows it (v4+, always
 /// before v4) and `auto.create.topics.enable` is on.
-pub fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
     let mut image = broker.controller.image();
     let all = match &req.topics {
         None => true,
@@ -115,7 +115,7 @@ pub fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> Metad
                         continue;
                     }
                     if allow_auto && broker.config.auto_create_topics_enable {
-                        match super::topics::auto_create(broker, &name) {
+                        match super::topics::auto_create(broker, &name).await {
                             Ok(()) => {
                                 image = broker.controller.image();
                                 match image.topic(&name) {

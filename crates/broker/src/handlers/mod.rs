@@ -214,22 +214,28 @@ pub async fn handle(
     let ready = |b| Handled::Ready(respond(header, api_key, b));
     match body {
         RequestKind::ApiVersions(r) => ready(api_versions::handle(&r, v).into()),
-        RequestKind::Metadata(r) => ready(metadata::handle(broker, r, v).into()),
+        RequestKind::Metadata(r) => ready(metadata::handle(broker, r, v).await.into()),
         RequestKind::DescribeCluster(r) => ready(metadata::describe_cluster(broker, &r, v).into()),
-        RequestKind::CreateTopics(r) => ready(topics::create_topics(broker, r, v).into()),
-        RequestKind::DeleteTopics(r) => ready(topics::delete_topics(broker, r, v).into()),
-        RequestKind::CreatePartitions(r) => ready(topics::create_partitions(broker, r, v).into()),
-        RequestKind::DescribeConfigs(r) => ready(configs::describe_configs(broker, &r, v).into()),
-        RequestKind::AlterConfigs(r) => ready(configs::alter_configs(broker, &r, v).into()),
-        RequestKind::IncrementalAlterConfigs(r) => {
-            ready(configs::incremental_alter_configs(broker, &r, v).into())
+        RequestKind::CreateTopics(r) => ready(topics::create_topics(broker, r, v).await.into()),
+        RequestKind::DeleteTopics(r) => ready(topics::delete_topics(broker, r, v).await.into()),
+        RequestKind::CreatePartitions(r) => {
+            ready(topics::create_partitions(broker, r, v).await.into())
         }
+        RequestKind::DescribeConfigs(r) => ready(configs::describe_configs(broker, &r, v).into()),
+        RequestKind::AlterConfigs(r) => ready(configs::alter_configs(broker, &r, v).await.into()),
+        RequestKind::IncrementalAlterConfigs(r) => ready(
+            configs::incremental_alter_configs(broker, &r, v)
+                .await
+                .into(),
+        ),
         RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).into()),
-        RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).into()),
+        RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).await.into()),
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).into()),
         RequestKind::Produce(r) => produce::handle(broker, header.clone(), r).await,
         RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r).await,
-        RequestKind::FindCoordinator(r) => ready(groups::find_coordinator(broker, &r, v).into()),
+        RequestKind::FindCoordinator(r) => {
+            ready(groups::find_coordinator(broker, &r, v).await.into())
+        }
         RequestKind::JoinGroup(r) => groups::join_group(broker, header, r),
         RequestKind::SyncGroup(r) => groups::sync_group(broker, header, r),
         RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, &r, v).into()),

@@ -14,7 +14,7 @@ use crate::server::Broker;
 /// Answers InitProducerId. An idempotent producer (null transactional id) always gets a fresh
 /// producer id with epoch 0, as Kafka's `ProducerIdManager` does: a producer that re-initialises
 /// (KIP-360) starts a new sequence space under the new id.
-pub fn handle(
+pub async fn handle(
     broker: &Arc<Broker>,
     req: &InitProducerIdRequest,
     _version: i16,
@@ -29,7 +29,7 @@ pub fn handle(
         warn!("InitProducerId with a transactional id: transactions are not supported yet");
         return resp.with_error_code(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
-    match broker.next_producer_id() {
+    match broker.next_producer_id().await {
         Ok(id) => resp.with_producer_id(ProducerId(id)).with_producer_epoch(0),
         Err(e) => {
             warn!(error = %e, "cannot allocate producer ids");

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use gregor_metadata::controller::NewTopic;
-use gregor_metadata::ConfigResource;
+use gregor_metadata::controller::{NewTopic, PartitionsIncrease};
+use gregor_metadata::{ConfigResource, ControllerError};
 use gregor_protocol::kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use gregor_protocol::kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
@@ -27,8 +27,10 @@ use crate::server::Broker;
 /// for Metadata auto-creation.
 ///
 /// # Errors
-/// The Kafka error code of the failure (TOPIC_ALREADY_EXISTS counts as success).
-pub fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
+/// The Kafka error code of the failure (TOPIC_ALREADY_EXISTS counts as success;
+/// LEADER_NOT_AVAILABLE while no controller can take the change, as Kafka answers for a topic
+/// being created).
+pub async fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
     let t = NewTopic {
         name: name.to_string(),
         num_partitions: broker.config.num_partitions,
@@ -36,21 +38,34 @@ pub fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
         assignments: vec![],
         configs: BTreeMap::new(),
     };
-    match broker.controller.create_topic(t, false) {
+    let outcome = broker
+        .controller
+        .create_topics(vec![t], false)
+        .await
+        .and_then(|r| {
+            r.into_iter()
+                .next()
+                .unwrap_or(Err(ControllerError::UnknownTopicOrPartition))
+        });
+    match outcome {
         Ok(_) => {
             info!(topic = name, "auto-created topic");
-            publish(broker)
+            Ok(())
         }
         Err(e) if e.kafka_error_code() == ec::TOPIC_ALREADY_EXISTS => Ok(()),
-        Err(e) => Err(e.kafka_error_code()),
+        Err(ControllerError::NotController { .. }) => Err(ec::LEADER_NOT_AVAILABLE),
+        Err(e) => {
+            warn!(topic = name, error = %e, "auto-creating topic failed");
+            Err(e.kafka_error_code())
+        }
     }
 }
 
-fn publish(broker: &Arc<Broker>) -> Result<(), i16> {
-    broker.publish_metadata().map_err(|e| {
-        warn!(error = %e, "applying metadata to partition logs failed");
-        ec::KAFKA_STORAGE_ERROR
-    })
+/// The Kafka error code and message for a change the controller did not complete
+/// (NOT_CONTROLLER while no controller can take it; KAFKA_STORAGE_ERROR when it was committed
+/// but this broker failed to apply it).
+fn controller_failure(e: &ControllerError) -> (i16, String) {
+    (e.kafka_error_code(), e.to_string())
 }
 
 fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult {
@@ -70,7 +85,9 @@ fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult 
 
 /// Answers CreateTopics. `-1` partitions or replication factor mean the broker defaults;
 /// `validate_only` checks without creating; a name given twice fails with INVALID_REQUEST.
-pub fn create_topics(
+/// The topics that pass the checks here go to the controller in one request (one batch of
+/// records); the response is sent once they are applied on this broker.
+pub async fn create_topics(
     broker: &Arc<Broker>,
     req: CreateTopicsRequest,
     version: i16,
@@ -80,7 +97,9 @@ pub fn create_topics(
         *counts.entry(t.name.0.to_string()).or_default() += 1;
     }
     let mut results = Vec::with_capacity(req.topics.len());
-    let mut created_any = false;
+    // Topics for the controller, with their place in `results` and what the answer needs.
+    let mut new_topics = Vec::new();
+    let mut accepted = Vec::new();
     let mut answered_duplicates: HashSet<String> = HashSet::new();
     for t in req.topics {
         let name = t.name.0.to_string();
@@ -173,11 +192,41 @@ pub fn create_topics(
             .assignments
             .first()
             .map_or(replication_factor, |a| a.len() as i16);
-        match broker.controller.create_topic(new_topic, req.validate_only) {
+        // Filled in below from the controller's answer.
+        results.push(CreatableTopicResult::default());
+        accepted.push((
+            results.len() - 1,
+            t.name,
+            configs,
+            actual_partitions,
+            actual_rf,
+        ));
+        new_topics.push(new_topic);
+    }
+    if new_topics.is_empty() {
+        return CreateTopicsResponse::default().with_topics(results);
+    }
+    let answers = broker
+        .controller
+        .create_topics(new_topics, req.validate_only)
+        .await;
+    for (i, (slot, name, configs, partitions, rf)) in accepted.into_iter().enumerate() {
+        let answer = match &answers {
+            Ok(a) => a.get(i).map_or_else(
+                || {
+                    Err((
+                        ec::UNKNOWN_SERVER_ERROR,
+                        "no answer from the controller".into(),
+                    ))
+                },
+                |r| r.as_ref().map_err(controller_failure),
+            ),
+            Err(e) => Err(controller_failure(e)),
+        };
+        results[slot] = match answer {
             Ok(topic_id) => {
                 if !req.validate_only {
-                    created_any = true;
-                    info!(topic = %name, partitions = actual_partitions, "created topic");
+                    info!(topic = %name.0, partitions, "created topic");
                 }
                 let described = TopicConfigs::resolve(&broker.config, &configs);
                 let cfgs = described
@@ -192,37 +241,27 @@ pub fn create_topics(
                             .with_is_sensitive(false)
                     })
                     .collect();
-                results.push(
-                    CreatableTopicResult::default()
-                        .with_name(t.name.clone())
-                        .with_topic_id(if version >= 7 && !req.validate_only {
-                            topic_id
-                        } else {
-                            Uuid::nil()
-                        })
-                        .with_error_message(None)
-                        .with_num_partitions(actual_partitions)
-                        .with_replication_factor(actual_rf)
-                        .with_configs(Some(cfgs)),
-                );
+                CreatableTopicResult::default()
+                    .with_name(name)
+                    .with_topic_id(if version >= 7 && !req.validate_only {
+                        *topic_id
+                    } else {
+                        Uuid::nil()
+                    })
+                    .with_error_message(None)
+                    .with_num_partitions(partitions)
+                    .with_replication_factor(rf)
+                    .with_configs(Some(cfgs))
             }
-            Err(e) => results.push(failed(&t.name, e.kafka_error_code(), e.to_string())),
-        }
-    }
-    if created_any {
-        if let Err(code) = publish(broker) {
-            for r in &mut results {
-                if r.error_code == ec::NONE {
-                    r.error_code = code;
-                }
-            }
-        }
+            Err((code, message)) => failed(&name, code, message),
+        };
     }
     CreateTopicsResponse::default().with_topics(results)
 }
 
-/// Answers DeleteTopics: by name (all versions) or by topic id (v6+).
-pub fn delete_topics(
+/// Answers DeleteTopics: by name (all versions) or by topic id (v6+). The topics found go to
+/// the controller in one request; the response is sent once their logs are deleted here.
+pub async fn delete_topics(
     broker: &Arc<Broker>,
     req: DeleteTopicsRequest,
     version: i16,
@@ -240,7 +279,8 @@ pub fn delete_topics(
             .collect()
     };
     let mut responses = Vec::new();
-    let mut deleted_any = false;
+    // Topic ids for the controller, with their place in `responses`.
+    let mut to_delete: Vec<(usize, Uuid)> = Vec::new();
     for (name, id) in wanted.drain(..) {
         let (lookup, not_found) = match (&name, id.is_nil()) {
             (Some(n), true) => (image.topic(n), ec::UNKNOWN_TOPIC_OR_PARTITION),
@@ -277,39 +317,50 @@ pub fn delete_topics(
         let result = DeletableTopicResult::default()
             .with_name(Some(TopicName(sb(&topic_name))))
             .with_topic_id(if version >= 6 { topic_id } else { Uuid::nil() });
-        match broker.controller.delete_topic(topic_id) {
-            Ok(_) => {
-                deleted_any = true;
-                info!(topic = %topic_name, "deleted topic");
-                responses.push(result);
-            }
-            Err(e) => responses.push(
-                result
-                    .with_error_code(e.kafka_error_code())
-                    .with_error_message(Some(sb(&e.to_string()))),
-            ),
-        }
+        responses.push(result);
+        to_delete.push((responses.len() - 1, topic_id));
     }
-    if deleted_any {
-        if let Err(code) = publish(broker) {
-            for r in &mut responses {
-                if r.error_code == ec::NONE {
-                    r.error_code = code;
-                }
+    if to_delete.is_empty() {
+        return DeleteTopicsResponse::default().with_responses(responses);
+    }
+    let answers = broker
+        .controller
+        .delete_topics(to_delete.iter().map(|(_, id)| *id).collect())
+        .await;
+    for (i, (slot, _)) in to_delete.into_iter().enumerate() {
+        let answer = match &answers {
+            Ok(a) => a.get(i).map_or_else(
+                || {
+                    Err((
+                        ec::UNKNOWN_SERVER_ERROR,
+                        "no answer from the controller".into(),
+                    ))
+                },
+                |r| r.as_ref().map_err(controller_failure),
+            ),
+            Err(e) => Err(controller_failure(e)),
+        };
+        match answer {
+            Ok(name) => info!(topic = %name, "deleted topic"),
+            Err((code, message)) => {
+                let r = &mut responses[slot];
+                r.error_code = code;
+                r.error_message = Some(sb(&message));
             }
         }
     }
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-/// Answers CreatePartitions.
-pub fn create_partitions(
+/// Answers CreatePartitions: all topics go to the controller in one request; the response is
+/// sent once the new partitions' logs exist here.
+pub async fn create_partitions(
     broker: &Arc<Broker>,
     req: CreatePartitionsRequest,
     _version: i16,
 ) -> CreatePartitionsResponse {
-    let mut results = Vec::new();
-    let mut changed = false;
+    let mut results = Vec::with_capacity(req.topics.len());
+    let mut increases = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let assignments: Vec<Vec<i32>> = t
             .assignments
@@ -317,28 +368,36 @@ pub fn create_partitions(
             .into_iter()
             .map(|a| a.broker_ids.into_iter().map(|b| b.0).collect())
             .collect();
-        let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-        match broker
-            .controller
-            .create_partitions(&t.name, t.count, assignments, req.validate_only)
-        {
-            Ok(()) => {
-                changed |= !req.validate_only;
-                results.push(r);
-            }
-            Err(e) => results.push(
-                r.with_error_code(e.kafka_error_code())
-                    .with_error_message(Some(sb(&e.to_string()))),
-            ),
-        }
+        results.push(CreatePartitionsTopicResult::default().with_name(t.name.clone()));
+        increases.push(PartitionsIncrease {
+            topic: t.name.to_string(),
+            total_count: t.count,
+            assignments,
+        });
     }
-    if changed {
-        if let Err(code) = publish(broker) {
-            for r in &mut results {
-                if r.error_code == ec::NONE {
-                    r.error_code = code;
-                }
-            }
+    if increases.is_empty() {
+        return CreatePartitionsResponse::default().with_results(results);
+    }
+    let answers = broker
+        .controller
+        .create_partitions(increases, req.validate_only)
+        .await;
+    for (i, r) in results.iter_mut().enumerate() {
+        let answer = match &answers {
+            Ok(a) => a.get(i).map_or_else(
+                || {
+                    Err((
+                        ec::UNKNOWN_SERVER_ERROR,
+                        "no answer from the controller".into(),
+                    ))
+                },
+                |r| r.as_ref().copied().map_err(controller_failure),
+            ),
+            Err(e) => Err(controller_failure(e)),
+        };
+        if let Err((code, message)) = answer {
+            r.error_code = code;
+            r.error_message = Some(sb(&message));
         }
     }
     CreatePartitionsResponse::default().with_results(results)

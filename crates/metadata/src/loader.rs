@@ -1,0 +1,439 @@
+//! The metadata loader: the one task on every node that turns committed batches into
+//! [`MetadataImage`]s and hands each to the node's publishers (Kafka's `MetadataLoader` and
+//! `MetadataPublisher`, KIP-866's loader/publisher split).
+//!
+//! Batches are applied in offset order; for each the publishers are called one after the
+//! other in the order they were installed (the broker installs ReplicaManager first, then the
+//! coordinators), and only then is the new image visible through [`LoaderHandle::image`]. So a
+//! caller that waits for an offset with [`LoaderHandle::wait_for_offset`] finds the partition
+//! logs created and the coordinators loaded. A publisher's failure is logged and reported to
+//! waiters of that batch; the loader goes on with the next batch, as Kafka's fault handler does.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::image::MetadataImage;
+use crate::log::{CommittedBatch, CommittedBatches};
+use crate::record::MetadataRecord;
+
+/// Gauge: offset of the last metadata record this node applied (Kafka's
+/// `last-applied-record-offset`, -1 before any).
+pub const LAST_APPLIED_RECORD_OFFSET: &str = "gregor_metadata_last_applied_record_offset";
+/// Counter: committed batches some publisher failed to apply (Kafka's
+/// `metadata-apply-error-count`).
+pub const APPLY_ERRORS_TOTAL: &str = "gregor_metadata_apply_errors_total";
+
+/// What changed between two images: the previous image and the records applied to it. A
+/// publisher installed after start-up first gets a delta from the empty image with no records
+/// (everything in the image is new to it).
+pub struct MetadataDelta<'a> {
+    /// The image before the change.
+    pub previous: &'a MetadataImage,
+    /// The committed records that made the new image; empty for a publisher's first image.
+    pub records: &'a [MetadataRecord],
+}
+
+/// A publisher's failure to apply an image.
+#[derive(Debug, Error)]
+#[error("{publisher}: {message}")]
+pub struct PublishError {
+    /// The publisher's name.
+    pub publisher: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// Something on this node that follows the metadata (Kafka's `MetadataPublisher`):
+/// ReplicaManager, the coordinators, dynamic configs.
+pub trait MetadataPublisher: Send + Sync {
+    /// A short name for logs.
+    fn name(&self) -> &str;
+
+    /// Called for every committed batch, in offset order, with the image after it. Runs on a
+    /// blocking thread; may do file I/O. Must not wait for the loader (it is the loader).
+    ///
+    /// # Errors
+    /// A message for the log and for the request that made the change.
+    fn on_metadata_update(
+        &self,
+        delta: &MetadataDelta<'_>,
+        image: &Arc<MetadataImage>,
+    ) -> Result<(), String>;
+}
+
+/// The latest image every publisher has seen, and the last failure.
+#[derive(Clone, Default)]
+struct Loaded {
+    image: Arc<MetadataImage>,
+    /// The last offset of the latest batch some publisher failed on, with the errors.
+    last_failure: Option<(u64, String)>,
+}
+
+enum LoaderCommand {
+    Install(
+        Arc<dyn MetadataPublisher>,
+        oneshot::Sender<Result<(), PublishError>>,
+    ),
+}
+
+/// Why waiting for the loader failed.
+#[derive(Debug, Error)]
+pub enum LoaderError {
+    /// The loader stopped (the node is shutting down, or the metadata log closed).
+    #[error("the metadata loader has stopped")]
+    Stopped,
+    /// A publisher could not apply the batch the caller waited for.
+    #[error("metadata was committed but applying it on this node failed: {0}")]
+    Publish(String),
+}
+
+/// Handle to the running loader. Cheap to clone.
+#[derive(Clone)]
+pub struct LoaderHandle {
+    commands: mpsc::Sender<LoaderCommand>,
+    loaded: watch::Receiver<Loaded>,
+}
+
+impl LoaderHandle {
+    /// The image after the last batch every publisher has seen.
+    pub fn image(&self) -> Arc<MetadataImage> {
+        self.loaded.borrow().image.clone()
+    }
+
+    /// Waits until the batch whose last record is at `offset` has been applied and published.
+    ///
+    /// # Errors
+    /// [`LoaderError::Publish`] when a publisher failed on that batch;
+    /// [`LoaderError::Stopped`] when the loader stopped first.
+    pub async fn wait_for_offset(&self, offset: u64) -> Result<Arc<MetadataImage>, LoaderError> {
+        let mut rx = self.loaded.clone();
+        let loaded = rx
+            .wait_for(|l| l.image.offset > offset)
+            .await
+            .map_err(|_| LoaderError::Stopped)?
+            .clone();
+        match loaded.last_failure {
+            Some((failed, message)) if failed == offset => Err(LoaderError::Publish(message)),
+            _ => Ok(loaded.image),
+        }
+    }
+
+    /// Waits until the image has every record below `high_watermark` (at start-up, the log's
+    /// high watermark: the node has caught up with what was committed before it started).
+    ///
+    /// # Errors
+    /// [`LoaderError::Stopped`].
+    pub async fn wait_for_catch_up(&self, high_watermark: u64) -> Result<(), LoaderError> {
+        let mut rx = self.loaded.clone();
+        rx.wait_for(|l| l.image.offset >= high_watermark)
+            .await
+            .map(|_| ())
+            .map_err(|_| LoaderError::Stopped)
+    }
+
+    /// Adds a publisher after those installed before. It is first called with the current
+    /// image (from the empty one), then with every later batch; returns after that first call.
+    ///
+    /// # Errors
+    /// The publisher's failure on the current image (it stays installed);
+    /// [`LoaderError::Stopped`] when the loader has stopped.
+    pub async fn install_publisher(
+        &self,
+        publisher: Arc<dyn MetadataPublisher>,
+    ) -> Result<(), LoaderError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(LoaderCommand::Install(publisher, tx))
+            .await
+            .map_err(|_| LoaderError::Stopped)?;
+        rx.await
+            .map_err(|_| LoaderError::Stopped)?
+            .map_err(|e| LoaderError::Publish(e.to_string()))
+    }
+}
+
+/// Starts the loader on `batches` (from offset 0). It stops when the stream ends or `shutdown`
+/// turns true.
+pub fn start_loader(
+    batches: CommittedBatches,
+    shutdown: watch::Receiver<bool>,
+) -> (LoaderHandle, tokio::task::JoinHandle<()>) {
+    let (loaded_tx, loaded_rx) = watch::channel(Loaded::default());
+    let (commands_tx, commands_rx) = mpsc::channel(8);
+    let task = tokio::spawn(run(batches, commands_rx, loaded_tx, shutdown));
+    (
+        LoaderHandle {
+            commands: commands_tx,
+            loaded: loaded_rx,
+        },
+        task,
+    )
+}
+
+async fn run(
+    mut batches: CommittedBatches,
+    mut commands: mpsc::Receiver<LoaderCommand>,
+    loaded: watch::Sender<Loaded>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut publishers: Vec<Arc<dyn MetadataPublisher>> = Vec::new();
+    let mut image = Arc::new(MetadataImage::default());
+    metrics::describe_gauge!(
+        LAST_APPLIED_RECORD_OFFSET,
+        "Offset of the last metadata record this node applied (-1 before any)."
+    );
+    metrics::describe_counter!(
+        APPLY_ERRORS_TOTAL,
+        "Committed metadata batches that a publisher (ReplicaManager, a coordinator) failed to apply on this node."
+    );
+    let last_applied = metrics::gauge!(LAST_APPLIED_RECORD_OFFSET);
+    let apply_errors = metrics::counter!(APPLY_ERRORS_TOTAL);
+    last_applied.set(-1.0);
+    apply_errors.increment(0);
+    loop {
+        tokio::select! {
+            batch = batches.next() => {
+                let Some(batch) = batch else { return };
+                let (next, failure) = apply_and_publish(&image, &batch, &publishers).await;
+                image = next;
+                last_applied.set(batch.last_offset() as f64);
+                if failure.is_some() {
+                    apply_errors.increment(1);
+                }
+                loaded.send_modify(|l| {
+                    l.image = image.clone();
+                    if failure.is_some() {
+                        l.last_failure = failure;
+                    }
+                });
+            }
+            command = commands.recv() => {
+                let Some(LoaderCommand::Install(publisher, reply)) = command else { continue };
+                let p = publisher.clone();
+                let img = image.clone();
+                let outcome = tokio::task::spawn_blocking(move || {
+                    let empty = MetadataImage::default();
+                    let delta = MetadataDelta { previous: &empty, records: &[] };
+                    p.on_metadata_update(&delta, &img)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("panicked: {e}")))
+                .map_err(|message| PublishError {
+                    publisher: publisher.name().to_string(),
+                    message,
+                });
+                publishers.push(publisher);
+                let _ = reply.send(outcome);
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Applies `batch` to `image` and calls every publisher, in order, on a blocking thread.
+async fn apply_and_publish(
+    image: &Arc<MetadataImage>,
+    batch: &CommittedBatch,
+    publishers: &[Arc<dyn MetadataPublisher>],
+) -> (Arc<MetadataImage>, Option<(u64, String)>) {
+    debug_assert_eq!(
+        image.offset, batch.base_offset,
+        "committed batches arrive in offset order without gaps"
+    );
+    if image.offset != batch.base_offset {
+        tracing::error!(
+            image_offset = image.offset,
+            batch_offset = batch.base_offset,
+            "metadata batch out of order; applying it anyway"
+        );
+    }
+    let mut next = (**image).clone();
+    for r in batch.records.iter() {
+        next.apply(r);
+    }
+    let next = Arc::new(next);
+    let last_offset = batch.last_offset();
+    let (previous, published, records) = (image.clone(), next.clone(), batch.records.clone());
+    let publishers = publishers.to_vec();
+    let failure = tokio::task::spawn_blocking(move || {
+        let delta = MetadataDelta {
+            previous: &previous,
+            records: &records,
+        };
+        let mut errors = Vec::new();
+        for p in &publishers {
+            if let Err(message) = p.on_metadata_update(&delta, &published) {
+                tracing::error!(
+                    publisher = p.name(),
+                    offset = last_offset,
+                    error = %message,
+                    "applying committed metadata failed; continuing with the next batch"
+                );
+                errors.push(format!("{}: {message}", p.name()));
+            }
+        }
+        errors
+    })
+    .await
+    .unwrap_or_else(|e| {
+        // A publisher panicked: the image still moves on, so the node does not stall.
+        tracing::error!(error = %e, offset = last_offset, "a metadata publisher panicked");
+        vec![format!("a publisher panicked: {e}")]
+    });
+    let failure = (!failure.is_empty()).then(|| (last_offset, failure.join("; ")));
+    (next, failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::CommittedBatch;
+    use crate::record::ConfigResource;
+    use parking_lot::Mutex;
+
+    fn config(i: u64) -> MetadataRecord {
+        MetadataRecord::Config {
+            resource: ConfigResource::Broker,
+            resource_name: String::new(),
+            name: format!("c{i}"),
+            value: Some(i.to_string()),
+        }
+    }
+
+    fn batch(base_offset: u64, len: u64) -> CommittedBatch {
+        CommittedBatch {
+            base_offset,
+            epoch: 1,
+            records: (base_offset..base_offset + len).map(config).collect(),
+        }
+    }
+
+    /// What a publisher saw: (name, previous offset, records in the delta, new offset).
+    type Calls = Arc<Mutex<Vec<(&'static str, u64, usize, u64)>>>;
+
+    struct Recorder {
+        name: &'static str,
+        calls: Calls,
+        fail_at_offset: Option<u64>,
+    }
+
+    impl MetadataPublisher for Recorder {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn on_metadata_update(
+            &self,
+            delta: &MetadataDelta<'_>,
+            image: &Arc<MetadataImage>,
+        ) -> Result<(), String> {
+            self.calls.lock().push((
+                self.name,
+                delta.previous.offset,
+                delta.records.len(),
+                image.offset,
+            ));
+            if self.fail_at_offset == Some(image.offset) {
+                return Err("disk full".into());
+            }
+            Ok(())
+        }
+    }
+
+    fn recorder(name: &'static str, calls: &Calls, fail_at_offset: Option<u64>) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            name,
+            calls: calls.clone(),
+            fail_at_offset,
+        })
+    }
+
+    #[tokio::test]
+    async fn batches_are_applied_in_order_and_publishers_called_in_install_order() {
+        let (tx, rx) = mpsc::channel(8);
+        // Two batches committed before start-up, then live ones.
+        let stream = CommittedBatches::new(vec![batch(0, 2), batch(2, 1)], rx);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, task) = start_loader(stream, shutdown);
+        loader.wait_for_catch_up(3).await.unwrap();
+        assert_eq!(loader.image().offset, 3);
+        assert_eq!(
+            loader.image().configs_of(ConfigResource::Broker, "").len(),
+            3
+        );
+
+        let calls: Calls = Arc::default();
+        loader
+            .install_publisher(recorder("replica manager", &calls, None))
+            .await
+            .unwrap();
+        loader
+            .install_publisher(recorder("coordinators", &calls, None))
+            .await
+            .unwrap();
+        // Each starts from the empty image with the whole current image.
+        assert_eq!(
+            calls.lock().clone(),
+            vec![("replica manager", 0, 0, 3), ("coordinators", 0, 0, 3)]
+        );
+        calls.lock().clear();
+
+        tx.send(batch(3, 2)).await.unwrap();
+        tx.send(batch(5, 1)).await.unwrap();
+        let image = loader.wait_for_offset(5).await.unwrap();
+        assert_eq!(image.offset, 6);
+        assert_eq!(
+            calls.lock().clone(),
+            vec![
+                ("replica manager", 3, 2, 5),
+                ("coordinators", 3, 2, 5),
+                ("replica manager", 5, 1, 6),
+                ("coordinators", 5, 1, 6),
+            ]
+        );
+        drop(tx);
+        task.await.unwrap();
+        assert!(matches!(
+            loader.wait_for_offset(6).await,
+            Err(LoaderError::Stopped)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_failing_publisher_fails_the_waiters_of_that_batch_only() {
+        let (tx, rx) = mpsc::channel(8);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        let calls: Calls = Arc::default();
+        loader
+            .install_publisher(recorder("replica manager", &calls, Some(2)))
+            .await
+            .unwrap();
+        loader
+            .install_publisher(recorder("coordinators", &calls, None))
+            .await
+            .unwrap();
+        tx.send(batch(0, 2)).await.unwrap();
+        let e = loader.wait_for_offset(1).await.unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        // The publishers after the failing one still saw the batch.
+        assert!(calls.lock().contains(&("coordinators", 0, 2, 2)));
+        tx.send(batch(2, 1)).await.unwrap();
+        assert_eq!(loader.wait_for_offset(2).await.unwrap().offset, 3);
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_the_loader() {
+        let (_tx, rx) = mpsc::channel(8);
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        shutdown_tx.send(true).unwrap();
+        task.await.unwrap();
+        assert!(matches!(
+            loader.wait_for_offset(0).await,
+            Err(LoaderError::Stopped)
+        ));
+    }
+}
