@@ -569,7 +569,6 @@ const ACCEPTED_KEYS: &[&str] = &[
     "inter.broker.listener.name",
     "listener.security.protocol.map",
     "num.network.threads",
-    "num.io.threads",
     "num.recovery.threads.per.data.dir",
     "num.replica.fetchers",
     "socket.send.buffer.bytes",
@@ -632,6 +631,8 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("auto.create.topics.enable", ConfigType::Boolean, "true"),
     ("socket.request.max.bytes", ConfigType::Int, "104857600"),
     ("queued.max.requests", ConfigType::Int, "500"),
+    ("num.io.threads", ConfigType::Int, "8"),
+    ("fetch.max.bytes", ConfigType::Int, "57671680"),
     ("log.roll.hours", ConfigType::Int, "168"),
     ("log.retention.hours", ConfigType::Int, "168"),
     ("log.retention.minutes", ConfigType::Int, ""),
@@ -1273,6 +1274,27 @@ impl BrokerConfig {
     pub fn log_cleaner_backoff_ms(&self, dynamic: &DynamicBrokerConfigs) -> u64 {
         self.effective_f64(dynamic, "log.cleaner.backoff.ms", 15_000.0)
             .clamp(1.0, 86_400_000.0) as u64
+    }
+
+    /// `num.io.threads` (Kafka's default 8, at least 1): threads of the I/O pool that runs log
+    /// appends, reads and flushes off the async workers.
+    pub fn num_io_threads(&self) -> usize {
+        self.raw
+            .get("num.io.threads")
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(8)
+            .clamp(1, 256)
+    }
+
+    /// `fetch.max.bytes` (Kafka's default 57671680, at least 1024): the most bytes of records
+    /// a consumer fetch response carries, whatever the client asks (the first batch is still
+    /// returned whole, KIP-74).
+    pub fn fetch_max_bytes(&self) -> i32 {
+        self.raw
+            .get("fetch.max.bytes")
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .unwrap_or(57_671_680)
+            .max(1024)
     }
 
     /// `producer.id.expiration.ms` (default one day): idle producers' state is dropped after

@@ -4,7 +4,8 @@
 //! (REQUEST_TIMED_OUT). Topics are named by id from v13 (KIP-516).
 
 use std::sync::Arc;
-use std::time::Duration;
+
+use gregor_log::TopicPartition;
 
 use gregor_protocol::batch::{Batches, MAGIC_V2};
 use gregor_protocol::kafka_protocol::messages::produce_response::{
@@ -13,12 +14,11 @@ use gregor_protocol::kafka_protocol::messages::produce_response::{
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseKind, TopicName,
 };
-use tokio::sync::Notify;
 
 use super::sb;
 use crate::error_codes as ec;
-use crate::observability::{self, record_error, InFlight};
-use crate::replica_manager::Partition;
+use crate::observability::record_error;
+use crate::replica_manager::{AppendOrigin, AppendOutcome, PartitionAppendResult};
 use crate::server::{respond, Broker, Handled};
 
 fn partition_error(index: i32, code: i16, message: Option<String>) -> PartitionProduceResponse {
@@ -65,73 +65,53 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
     Ok(())
 }
 
-/// Handles Produce: appends run now, in request order; an acks=all wait is deferred.
-pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) -> Handled {
+/// Handles Produce: decodes, checks what is the request's business (topic ids, one v2 batch
+/// per partition, no transactions yet), hands the batches to
+/// [`ReplicaManager::append_records`](crate::replica_manager::ReplicaManager::append_records)
+/// and encodes its results. The appends happen before this returns (request order); an
+/// acks=all wait is deferred.
+pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) -> Handled {
     let version = header.request_api_version;
     let acks = req.acks;
     let image = broker.controller.image();
+    // Per partition, in request order: an error found here, or the entry to append.
+    let mut slots: Vec<Vec<(i32, Result<usize, PartitionProduceResponse>)>> = Vec::new();
+    let mut entries: Vec<(TopicPartition, Vec<u8>)> = Vec::new();
     let mut topics = Vec::with_capacity(req.topic_data.len());
-    // (topic index, partition index in response, partition, offset the HW must reach)
-    let mut waits: Vec<(usize, usize, Arc<Partition>, i64)> = Vec::new();
     for td in req.topic_data {
         let name = if version >= 13 {
             image.topic_by_id(&td.topic_id).map(|t| t.name.clone())
         } else {
             Some(td.name.0.to_string())
         };
-        let mut responses = Vec::with_capacity(td.partition_data.len());
+        let mut parts = Vec::with_capacity(td.partition_data.len());
         for pd in td.partition_data {
             let idx = pd.index;
-            if !matches!(acks, -1..=1) {
-                responses.push(partition_error(idx, ec::INVALID_REQUIRED_ACKS, None));
-                continue;
-            }
-            if req.transactional_id.is_some() {
-                responses.push(partition_error(
+            let slot = if !matches!(acks, -1..=1) {
+                Err(partition_error(idx, ec::INVALID_REQUIRED_ACKS, None))
+            } else if req.transactional_id.is_some() {
+                Err(partition_error(
                     idx,
                     ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                     Some("transactions are not supported yet".into()),
-                ));
-                continue;
-            }
-            let Some(name) = name.as_deref() else {
-                responses.push(partition_error(idx, ec::UNKNOWN_TOPIC_ID, None));
-                continue;
-            };
-            let Some(p) = broker.replica_manager.partition(name, idx) else {
-                responses.push(partition_error(idx, ec::UNKNOWN_TOPIC_OR_PARTITION, None));
-                continue;
-            };
-            let records = pd.records.unwrap_or_default();
-            if let Err(msg) = check_single_v2_batch(&records, version) {
-                responses.push(partition_error(idx, ec::INVALID_RECORD, Some(msg)));
-                continue;
-            }
-            let mut buf = records.to_vec();
-            match p.append_records_as_leader(&mut buf, acks) {
-                Ok(info) => {
-                    if acks == -1 && !info.duplicate {
-                        waits.push((
-                            topics.len(),
-                            responses.len(),
-                            p.clone(),
-                            info.last_offset + 1,
-                        ));
+                ))
+            } else if let Some(name) = name.as_deref() {
+                let records = pd.records.unwrap_or_default();
+                match check_single_v2_batch(&records, version) {
+                    Err(msg) if broker.replica_manager.partition(name, idx).is_some() => {
+                        Err(partition_error(idx, ec::INVALID_RECORD, Some(msg)))
                     }
-                    responses.push(
-                        PartitionProduceResponse::default()
-                            .with_index(idx)
-                            .with_base_offset(info.first_offset)
-                            .with_log_append_time_ms(info.log_append_time_ms)
-                            .with_log_start_offset(info.log_start_offset),
-                    );
+                    _ => {
+                        entries.push((TopicPartition::new(name, idx), records.to_vec()));
+                        Ok(entries.len() - 1)
+                    }
                 }
-                Err((code, msg)) => {
-                    tracing::debug!(topic = name, partition = idx, code, %msg, "produce rejected");
-                    responses.push(partition_error(idx, code, Some(msg)));
-                }
-            }
+            } else {
+                Err(partition_error(idx, ec::UNKNOWN_TOPIC_ID, None))
+            };
+            parts.push((idx, slot));
         }
+        slots.push(parts);
         topics.push(
             TopicProduceResponse::default()
                 .with_name(if version >= 13 {
@@ -139,21 +119,34 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
                 } else {
                     td.name
                 })
-                .with_topic_id(td.topic_id)
-                .with_partition_responses(responses),
+                .with_topic_id(td.topic_id),
         );
     }
-    if acks == 0 {
-        let failed = topics
-            .iter()
-            .flat_map(|t| &t.partition_responses)
-            .any(|p| p.error_code != ec::NONE);
-        return if failed {
-            Handled::CloseConnection
-        } else {
-            Handled::Ready(None)
-        };
-    }
+    let timeout_ms = i64::from(req.timeout_ms);
+    let outcome = if entries.is_empty() {
+        AppendOutcome::Complete(Vec::new())
+    } else {
+        broker
+            .replica_manager
+            .append_records(timeout_ms, acks, AppendOrigin::Client, entries)
+            .await
+    };
+    let encode = move |results: Vec<PartitionAppendResult>| -> Vec<TopicProduceResponse> {
+        topics
+            .into_iter()
+            .zip(slots)
+            .map(|(topic, parts)| {
+                let responses = parts
+                    .into_iter()
+                    .map(|(idx, slot)| match slot {
+                        Err(resp) => resp,
+                        Ok(i) => partition_response(idx, &results[i]),
+                    })
+                    .collect();
+                topic.with_partition_responses(responses)
+            })
+            .collect()
+    };
     let build = move |topics: Vec<TopicProduceResponse>| {
         respond(
             &header,
@@ -161,38 +154,37 @@ pub fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) 
             ResponseKind::Produce(ProduceResponse::default().with_responses(topics)),
         )
     };
-    let pending: Vec<_> = waits
-        .into_iter()
-        .filter(|(_, _, p, target)| p.high_watermark() < *target)
-        .collect();
-    if pending.is_empty() {
-        return Handled::Ready(build(topics));
-    }
-    let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64);
-    Handled::Deferred(Box::pin(async move {
-        let _delayed = InFlight::new(observability::DELAYED_PRODUCE_REQUESTS);
-        let mut topics = topics;
-        let deadline = tokio::time::Instant::now() + timeout;
-        for (ti, pi, p, target) in pending {
-            let notify = Arc::new(Notify::new());
-            loop {
-                p.register_waiter(&notify);
-                if p.high_watermark() >= target {
-                    break;
-                }
-                if tokio::time::timeout_at(deadline, notify.notified())
-                    .await
-                    .is_err()
-                {
-                    if p.high_watermark() < target {
-                        let r = &mut topics[ti].partition_responses[pi];
-                        r.error_code = ec::REQUEST_TIMED_OUT;
-                        record_error(ApiKey::Produce, ec::REQUEST_TIMED_OUT);
-                    }
-                    break;
-                }
+    match outcome {
+        AppendOutcome::Complete(results) => {
+            let topics = encode(results);
+            if acks == 0 {
+                let failed = topics
+                    .iter()
+                    .flat_map(|t| &t.partition_responses)
+                    .any(|p| p.error_code != ec::NONE);
+                return if failed {
+                    Handled::CloseConnection
+                } else {
+                    Handled::Ready(None)
+                };
             }
+            Handled::Ready(build(topics))
         }
-        build(topics)
-    }))
+        AppendOutcome::Delayed(delayed) => Handled::Deferred(Box::pin(async move {
+            let results = delayed.complete().await;
+            build(encode(results))
+        })),
+    }
+}
+
+/// The response for a partition the replica manager handled (errors are counted here).
+fn partition_response(index: i32, r: &PartitionAppendResult) -> PartitionProduceResponse {
+    if r.error_code != ec::NONE {
+        return partition_error(index, r.error_code, r.error_message.clone());
+    }
+    PartitionProduceResponse::default()
+        .with_index(index)
+        .with_base_offset(r.base_offset)
+        .with_log_append_time_ms(r.log_append_time_ms)
+        .with_log_start_offset(r.log_start_offset)
 }

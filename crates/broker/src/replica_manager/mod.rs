@@ -1,0 +1,781 @@
+//! ReplicaManager: the partitions this broker hosts and the data path into them (Kafka's
+//! `ReplicaManager`). [`ReplicaManager::append_records`] and
+//! [`ReplicaManager::fetch_messages`] take many partitions at once, whoever asks (a client's
+//! Produce or Fetch, a coordinator's write, later followers and transaction markers); they run
+//! the disk work as one job on the I/O pool ([`io`]) and park what must wait (acks=all, long
+//! polls) in the delayed-operation purgatory ([`purgatory`]), which high-watermark moves, new
+//! data, leadership changes and timeouts complete.
+//!
+//! Replication-ready by design (DESIGN.md): the high watermark is the minimum log end offset over
+//! the ISR; with one replica the ISR is {self} and the high watermark follows every append, but
+//! through the same code that followers will drive. Leadership is a state per partition
+//! ([`partition::Role`]) changed in one place ([`Partition::apply`]).
+
+pub mod io;
+pub mod partition;
+pub mod purgatory;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use gregor_log::{LogError, LogManager, SharedClock, TopicPartition};
+use gregor_metadata::{MetadataImage, PartitionRegistration};
+use gregor_protocol::batch::Batches;
+use parking_lot::RwLock;
+use uuid::Uuid;
+
+use crate::config::{BrokerConfig, DynamicBrokerConfigs, TopicConfigs};
+use crate::error_codes as ec;
+use crate::observability::{self, InFlight};
+
+pub use io::{IoPool, IoPoolError};
+pub use partition::{DelayedOperations, LeaderAndIsr, Partition, PartitionState, Role};
+pub use purgatory::{Completion, DelayedOperation, DelayedOperationPurgatory};
+
+/// Milliseconds since the Unix epoch, from the system clock. Components that hold a
+/// [`SharedClock`] read that instead.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Who is appending (Kafka's `AppendOrigin`). Clients and coordinators append as leader with
+/// the same validation today; the origin is carried so that follower appends (`Replication`,
+/// `appendAsFollower`) and transaction markers, which validate differently, enter the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOrigin {
+    /// A producer's Produce request.
+    Client,
+    /// A coordinator's write to its internal topic (`__consumer_offsets`, later
+    /// `__transaction_state`).
+    Coordinator,
+}
+
+/// The outcome of appending to one partition (Kafka's `PartitionResponse`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionAppendResult {
+    /// Kafka error code, 0 on success.
+    pub error_code: i16,
+    /// Error detail, when there is one.
+    pub error_message: Option<String>,
+    /// Offset of the first record appended, -1 on error.
+    pub base_offset: i64,
+    /// The broker time stamped on the records for LogAppendTime topics (ms), else -1.
+    pub log_append_time_ms: i64,
+    /// The log start offset after the append, -1 on error.
+    pub log_start_offset: i64,
+}
+
+impl PartitionAppendResult {
+    fn error(code: i16, message: Option<String>) -> Self {
+        Self {
+            error_code: code,
+            error_message: message.filter(|m| !m.is_empty()),
+            base_offset: -1,
+            log_append_time_ms: -1,
+            log_start_offset: -1,
+        }
+    }
+}
+
+/// What [`ReplicaManager::append_records`] returns: results now, or a delayed produce
+/// (acks=all) whose results come when the high watermark passes every batch or the timeout
+/// expires.
+pub enum AppendOutcome {
+    /// One result per entry, in the entries' order.
+    Complete(Vec<PartitionAppendResult>),
+    /// An acks=all wait in the produce purgatory.
+    Delayed(DelayedProduce),
+}
+
+/// Kafka's `DelayedProduce`: an acks=all append waiting for the high watermark.
+pub struct DelayedProduce {
+    results: Vec<PartitionAppendResult>,
+    /// (index in `results`, partition, offset the high watermark must reach)
+    waits: Vec<(usize, Arc<Partition>, i64)>,
+    operation: Option<DelayedOperation>,
+}
+
+impl DelayedProduce {
+    /// Waits for completion and returns one result per entry, in order: REQUEST_TIMED_OUT for
+    /// a partition whose high watermark did not reach its batch in time,
+    /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile.
+    pub async fn complete(mut self) -> Vec<PartitionAppendResult> {
+        let _delayed = InFlight::new(observability::DELAYED_PRODUCE_REQUESTS);
+        if let Some(op) = self.operation.take() {
+            op.wait().await;
+        }
+        for (i, p, target) in &self.waits {
+            if p.high_watermark() >= *target {
+                continue;
+            }
+            let r = &mut self.results[*i];
+            if p.is_leader() {
+                r.error_code = ec::REQUEST_TIMED_OUT;
+            } else {
+                *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
+            }
+        }
+        self.results
+    }
+}
+
+/// Parameters of a fetch (Kafka's `FetchParams`).
+#[derive(Debug, Clone, Copy)]
+pub struct FetchParams {
+    /// -1 for a consumer; a broker id for a follower (reads up to the log end offset and
+    /// reports the follower's progress).
+    pub replica_id: i32,
+    /// How long to wait for `min_bytes` (ms); 0 answers at once.
+    pub max_wait_ms: i64,
+    /// Bytes to gather before answering early.
+    pub min_bytes: i32,
+    /// Response size limit in bytes, further capped by the broker's `fetch.max.bytes`. Soft for
+    /// the first batch (KIP-74).
+    pub max_bytes: i32,
+    /// 0 read_uncommitted (up to the high watermark), 1 read_committed (up to the LSO).
+    pub isolation_level: i8,
+}
+
+/// One partition of a fetch.
+#[derive(Debug, Clone)]
+pub struct FetchPartition {
+    /// The partition.
+    pub topic_partition: TopicPartition,
+    /// First offset wanted.
+    pub fetch_offset: i64,
+    /// Size limit for this partition in bytes (soft for the first batch, KIP-74).
+    pub partition_max_bytes: i32,
+    /// The client's leader epoch, -1 when not given (KIP-320).
+    pub current_leader_epoch: i32,
+}
+
+/// What a fetch returns for one partition (Kafka's `FetchPartitionData`).
+#[derive(Debug, Clone)]
+pub struct FetchPartitionResult {
+    /// Kafka error code, 0 on success.
+    pub error_code: i16,
+    /// High watermark, -1 on error.
+    pub high_watermark: i64,
+    /// Last stable offset, -1 on error.
+    pub last_stable_offset: i64,
+    /// Log start offset, -1 on error.
+    pub log_start_offset: i64,
+    /// Whole batches (possibly empty, never null on the wire).
+    pub records: Bytes,
+}
+
+impl FetchPartitionResult {
+    fn error(code: i16) -> Self {
+        Self {
+            error_code: code,
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            records: Bytes::new(),
+        }
+    }
+}
+
+/// What [`ReplicaManager::fetch_messages`] returns: data now, or a delayed fetch.
+pub enum FetchOutcome {
+    /// One result per partition, in the request's order.
+    Complete(Vec<FetchPartitionResult>),
+    /// A long poll waiting in the fetch purgatory.
+    Delayed(DelayedFetch),
+}
+
+/// The resolved partitions of one fetch, readable in one I/O job.
+struct FetchPlan {
+    params: FetchParams,
+    /// Response size limit after `fetch.max.bytes`.
+    max_bytes: i32,
+    partitions: Vec<(FetchPartition, Result<Arc<Partition>, i16>)>,
+}
+
+struct ReadPass {
+    results: Vec<FetchPartitionResult>,
+    bytes: usize,
+    any_error: bool,
+    /// Per partition read: the upper bound and leader epoch the read saw, the baseline that
+    /// new data or a leadership change is measured against.
+    seen: Vec<(Arc<Partition>, i64, i32)>,
+}
+
+impl FetchPlan {
+    fn is_follower_fetch(&self) -> bool {
+        self.params.replica_id >= 0
+    }
+
+    /// One pass over every partition: KIP-74 (the first batch whole), `max_bytes` over the
+    /// response, `partition_max_bytes` per partition. Runs on an I/O thread.
+    fn read(&self) -> ReadPass {
+        let mut remaining = self.max_bytes.max(0) as usize;
+        let mut bytes = 0usize;
+        let mut min_one_batch = true;
+        let mut any_error = false;
+        let mut results = Vec::with_capacity(self.partitions.len());
+        let mut seen = Vec::with_capacity(self.partitions.len());
+        for (fp, p) in &self.partitions {
+            let p = match p {
+                Ok(p) => p,
+                Err(code) => {
+                    any_error = true;
+                    results.push(FetchPartitionResult::error(*code));
+                    continue;
+                }
+            };
+            if let Err(code) = p.check_leader(fp.current_leader_epoch) {
+                any_error = true;
+                results.push(FetchPartitionResult::error(code));
+                continue;
+            }
+            // Kafka's followerReplicaOrThrow: a replica id that is not a follower of this
+            // partition gets NOT_LEADER_OR_FOLLOWER.
+            if self.is_follower_fetch()
+                && !p.update_follower_fetch_state(self.params.replica_id, fp.fetch_offset)
+            {
+                any_error = true;
+                results.push(FetchPartitionResult::error(ec::NOT_LEADER_OR_FOLLOWER));
+                continue;
+            }
+            let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
+            let hw = p.high_watermark();
+            let lso = p.last_stable_offset();
+            let epoch = p.leader_epoch();
+            let upper = p.fetch_upper_bound(self.params.isolation_level, self.is_follower_fetch());
+            seen.push((p.clone(), upper, epoch));
+            match p.read_bounded(fp.fetch_offset, limit, upper, min_one_batch) {
+                Ok(info) => {
+                    let n = info.records.len();
+                    if n > 0 {
+                        min_one_batch = false;
+                    }
+                    remaining = remaining.saturating_sub(n);
+                    bytes += n;
+                    results.push(FetchPartitionResult {
+                        error_code: ec::NONE,
+                        high_watermark: hw,
+                        last_stable_offset: lso,
+                        log_start_offset: p.log.log_start_offset(),
+                        records: info.records,
+                    });
+                }
+                Err(e) => {
+                    any_error = true;
+                    let code = match &e {
+                        LogError::OffsetOutOfRange { .. } => ec::OFFSET_OUT_OF_RANGE,
+                        other => other.kafka_error_code(),
+                    };
+                    // As Kafka's ReplicaManager on a failed read: offsets unknown (-1).
+                    results.push(FetchPartitionResult::error(code));
+                }
+            }
+        }
+        ReadPass {
+            results,
+            bytes,
+            any_error,
+            seen,
+        }
+    }
+
+    fn satisfied(&self, pass: &ReadPass) -> bool {
+        pass.any_error
+            || pass.bytes >= self.params.min_bytes.max(0) as usize
+            || self.params.max_wait_ms <= 0
+            || self.partitions.is_empty()
+    }
+
+    /// Counts what is returned to consumers in the topic byte/record counters.
+    fn record_metrics(&self, results: &[FetchPartitionResult]) {
+        if self.is_follower_fetch() {
+            return;
+        }
+        for ((_, p), r) in self.partitions.iter().zip(results) {
+            let (Ok(p), false) = (p, r.records.is_empty()) else {
+                continue;
+            };
+            let records: i64 = Batches::new(&r.records)
+                .filter_map(Result::ok)
+                .map(|(_, h)| i64::from(h.records_count))
+                .sum();
+            p.metrics.bytes_out.increment(r.records.len() as u64);
+            p.metrics.records_out.increment(records.max(0) as u64);
+        }
+    }
+
+    /// Kafka's `DelayedFetch.tryComplete`, without disk I/O: since `pass` read, a partition
+    /// got data past what that read could see, changed leader epoch or stopped being led here.
+    fn try_complete_check(&self, pass: &ReadPass) -> purgatory::TryComplete {
+        let seen = pass.seen.clone();
+        let isolation = self.params.isolation_level;
+        let from_follower = self.is_follower_fetch();
+        Box::new(move || {
+            seen.iter().any(|(p, upper, epoch)| {
+                !p.is_leader()
+                    || p.leader_epoch() != *epoch
+                    || p.fetch_upper_bound(isolation, from_follower) > *upper
+            })
+        })
+    }
+}
+
+/// Kafka's `DelayedFetch`: a long poll waiting for `min_bytes`, woken by new data, a
+/// high-watermark move or a leadership change, until `max_wait_ms`.
+pub struct DelayedFetch {
+    plan: Arc<FetchPlan>,
+    /// The read that found too little; its baseline decides what counts as new data.
+    last_pass: ReadPass,
+    io: Arc<IoPool>,
+    purgatory: Arc<DelayedOperationPurgatory>,
+    clock: SharedClock,
+    deadline_ms: i64,
+}
+
+impl DelayedFetch {
+    /// Waits until enough data, an error or the deadline, then reads and returns one result
+    /// per partition in order.
+    pub async fn complete(mut self) -> Vec<FetchPartitionResult> {
+        let _delayed = InFlight::new(observability::DELAYED_FETCH_REQUESTS);
+        let keys: Vec<TopicPartition> = self
+            .plan
+            .partitions
+            .iter()
+            .map(|(fp, _)| fp.topic_partition.clone())
+            .collect();
+        loop {
+            let remaining_ms = self.deadline_ms.saturating_sub(self.clock.now_ms());
+            let expired = match self.purgatory.try_complete_else_watch(
+                keys.clone(),
+                remaining_ms,
+                self.plan.try_complete_check(&self.last_pass),
+            ) {
+                Some(op) => op.wait().await == Completion::Expired,
+                None => remaining_ms <= 0,
+            };
+            let plan = self.plan.clone();
+            let pass = match self.io.run(move || plan.read()).await {
+                Ok(pass) => pass,
+                Err(e) => {
+                    tracing::error!(error = %e, "fetch read failed");
+                    let results = self
+                        .plan
+                        .partitions
+                        .iter()
+                        .map(|_| FetchPartitionResult::error(ec::UNKNOWN_SERVER_ERROR))
+                        .collect();
+                    return results;
+                }
+            };
+            if expired || self.plan.satisfied(&pass) {
+                self.plan.record_metrics(&pass.results);
+                return pass.results;
+            }
+            self.last_pass = pass;
+        }
+    }
+}
+
+/// The partitions hosted here, keyed by topic name and index, and the data path into them.
+pub struct ReplicaManager {
+    local_broker: i32,
+    config: BrokerConfig,
+    logs: LogManager,
+    partitions: RwLock<BTreeMap<(String, i32), Arc<Partition>>>,
+    /// Dynamic broker configs of the latest image applied (KIP-226).
+    dynamic_configs: RwLock<DynamicBrokerConfigs>,
+    clock: SharedClock,
+    delayed: Arc<DelayedOperations>,
+    io: Arc<IoPool>,
+}
+
+impl ReplicaManager {
+    /// Wraps the opened logs, on the system clock, with an I/O pool of `num.io.threads`.
+    /// Partitions are attached by [`ReplicaManager::apply_image`].
+    pub fn new(local_broker: i32, config: BrokerConfig, logs: LogManager) -> Self {
+        Self::with_clock(
+            local_broker,
+            config,
+            logs,
+            gregor_log::clock::system_clock(),
+        )
+    }
+
+    /// As [`ReplicaManager::new`], reading time (LogAppendTime, delayed-operation deadlines,
+    /// retention) from `clock`.
+    pub fn with_clock(
+        local_broker: i32,
+        config: BrokerConfig,
+        logs: LogManager,
+        clock: SharedClock,
+    ) -> Self {
+        let io = Arc::new(IoPool::new(config.num_io_threads()));
+        Self {
+            local_broker,
+            delayed: DelayedOperations::new(&clock),
+            clock,
+            config,
+            logs,
+            partitions: RwLock::new(BTreeMap::new()),
+            dynamic_configs: RwLock::new(DynamicBrokerConfigs::default()),
+            io,
+        }
+    }
+
+    /// The partition `topic`-`index`, if hosted here.
+    pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
+        self.partitions
+            .read()
+            .get(&(topic.to_string(), index))
+            .cloned()
+    }
+
+    /// All hosted partitions.
+    pub fn partitions(&self) -> Vec<Arc<Partition>> {
+        self.partitions.read().values().cloned().collect()
+    }
+
+    /// This broker's dynamic configs as of the latest metadata image.
+    pub fn dynamic_configs(&self) -> DynamicBrokerConfigs {
+        self.dynamic_configs.read().clone()
+    }
+
+    /// The broker configuration.
+    pub fn broker_config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// The clock the replica manager reads.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// The fetch and produce purgatories.
+    pub fn delayed_operations(&self) -> &Arc<DelayedOperations> {
+        &self.delayed
+    }
+
+    /// The I/O pool (`num.io.threads`) that runs log work off the async workers.
+    pub fn io_pool(&self) -> &Arc<IoPool> {
+        &self.io
+    }
+
+    /// Kafka's `ReplicaManager.appendRecords`: appends one record batch set per partition, all
+    /// partitions in one job on the I/O pool (so the caller's request order is the append
+    /// order), then applies `required_acks`:
+    /// - `0` and `1`: results at once (the caller sends no response for acks=0);
+    /// - `-1` (all): a [`DelayedProduce`] in the produce purgatory that completes when the high
+    ///   watermark passes each appended batch, or after `timeout_ms` (REQUEST_TIMED_OUT).
+    ///
+    /// Results are in the entries' order. Per-partition errors: INVALID_REQUIRED_ACKS for acks
+    /// other than -1, 0, 1; UNKNOWN_TOPIC_OR_PARTITION when not hosted here;
+    /// NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS and the log's validation errors from
+    /// [`Partition::append_records_as_leader`]; UNKNOWN_SERVER_ERROR if the I/O job failed.
+    pub async fn append_records(
+        &self,
+        timeout_ms: i64,
+        required_acks: i16,
+        origin: AppendOrigin,
+        entries: Vec<(TopicPartition, Vec<u8>)>,
+    ) -> AppendOutcome {
+        if !matches!(required_acks, -1..=1) {
+            return AppendOutcome::Complete(
+                entries
+                    .iter()
+                    .map(|_| PartitionAppendResult::error(ec::INVALID_REQUIRED_ACKS, None))
+                    .collect(),
+            );
+        }
+        let work: Vec<(Option<Arc<Partition>>, Vec<u8>)> = entries
+            .into_iter()
+            .map(|(tp, records)| (self.partition(&tp.topic, tp.partition), records))
+            .collect();
+        let n = work.len();
+        let job = move || {
+            work.into_iter()
+                .map(|(p, mut records)| {
+                    let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
+                    let info = p.append_records_as_leader(&mut records, required_acks)?;
+                    Ok((p, info))
+                })
+                .collect::<Vec<_>>()
+        };
+        let appended = match self.io.run(job).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, ?origin, "append failed");
+                return AppendOutcome::Complete(
+                    (0..n)
+                        .map(|_| PartitionAppendResult::error(ec::UNKNOWN_SERVER_ERROR, None))
+                        .collect(),
+                );
+            }
+        };
+        let mut results = Vec::with_capacity(n);
+        let mut waits = Vec::new();
+        for (i, a) in appended.into_iter().enumerate() {
+            match a {
+                Ok((p, info)) => {
+                    if required_acks == -1 && !info.duplicate {
+                        waits.push((i, p, info.last_offset + 1));
+                    }
+                    results.push(PartitionAppendResult {
+                        error_code: ec::NONE,
+                        error_message: None,
+                        base_offset: info.first_offset,
+                        log_append_time_ms: info.log_append_time_ms,
+                        log_start_offset: info.log_start_offset,
+                    });
+                }
+                Err((code, message)) => {
+                    tracing::debug!(?origin, code, %message, "append rejected");
+                    results.push(PartitionAppendResult::error(code, Some(message)));
+                }
+            }
+        }
+        waits.retain(|(_, p, target)| p.high_watermark() < *target);
+        if waits.is_empty() {
+            return AppendOutcome::Complete(results);
+        }
+        let keys = waits
+            .iter()
+            .map(|(_, p, _)| p.topic_partition().clone())
+            .collect();
+        let watched: Vec<(Arc<Partition>, i64)> =
+            waits.iter().map(|(_, p, t)| (p.clone(), *t)).collect();
+        // Kafka's DelayedProduce.tryComplete: every partition reached its offset or is no
+        // longer led here.
+        let check = Box::new(move || {
+            watched
+                .iter()
+                .all(|(p, target)| p.high_watermark() >= *target || !p.is_leader())
+        });
+        let operation = self
+            .delayed
+            .produce
+            .try_complete_else_watch(keys, timeout_ms, check);
+        AppendOutcome::Delayed(DelayedProduce {
+            results,
+            waits,
+            operation,
+        })
+    }
+
+    /// Kafka's `ReplicaManager.fetchMessages`: reads every partition in one job on the I/O
+    /// pool, bounded by the high watermark (consumers, isolation 0), the last stable offset
+    /// (isolation 1) or the log end offset (followers, whose fetch offset also records their
+    /// progress and may move the high watermark). The response is limited to
+    /// `min(params.max_bytes, fetch.max.bytes)` and each partition to its
+    /// `partition_max_bytes`, except that the first batch found is returned whole (KIP-74).
+    ///
+    /// Completes at once on any partition error, when `min_bytes` are available, or when
+    /// `max_wait_ms` is 0; otherwise returns a [`DelayedFetch`] in the fetch purgatory.
+    /// Per-partition errors: UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER,
+    /// FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320), OFFSET_OUT_OF_RANGE, the log's
+    /// read errors; offsets are -1 on error.
+    pub async fn fetch_messages(
+        &self,
+        params: FetchParams,
+        partitions: Vec<FetchPartition>,
+    ) -> FetchOutcome {
+        let max_bytes = if params.replica_id >= 0 {
+            params.max_bytes
+        } else {
+            params.max_bytes.min(self.config.fetch_max_bytes())
+        };
+        let plan = Arc::new(FetchPlan {
+            params,
+            max_bytes,
+            partitions: partitions
+                .into_iter()
+                .map(|fp| {
+                    let p = self
+                        .partition(&fp.topic_partition.topic, fp.topic_partition.partition)
+                        .ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION);
+                    (fp, p)
+                })
+                .collect(),
+        });
+        let reader = plan.clone();
+        let pass = match self.io.run(move || reader.read()).await {
+            Ok(pass) => pass,
+            Err(e) => {
+                tracing::error!(error = %e, "fetch read failed");
+                return FetchOutcome::Complete(
+                    plan.partitions
+                        .iter()
+                        .map(|_| FetchPartitionResult::error(ec::UNKNOWN_SERVER_ERROR))
+                        .collect(),
+                );
+            }
+        };
+        if plan.satisfied(&pass) {
+            plan.record_metrics(&pass.results);
+            return FetchOutcome::Complete(pass.results);
+        }
+        FetchOutcome::Delayed(DelayedFetch {
+            deadline_ms: self.clock.now_ms().saturating_add(params.max_wait_ms),
+            plan,
+            last_pass: pass,
+            io: self.io.clone(),
+            purgatory: self.delayed.fetch.clone(),
+            clock: self.clock.clone(),
+        })
+    }
+
+    /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
+    /// `log.retention.check.interval.ms`): deletes segments past `retention.ms`,
+    /// `retention.bytes` or below the log start offset, bounded by each partition's high
+    /// watermark, expires idle producers (`producer.id.expiration.ms`), and checkpoints the
+    /// log start offsets when they moved. Errors are logged per partition. Blocking: run it on
+    /// the I/O pool.
+    pub fn run_retention(&self, now_ms: i64) {
+        let mut moved = false;
+        for p in self.partitions() {
+            match p.log.delete_old_segments(now_ms, p.high_watermark()) {
+                Ok(r) => moved |= r.deleted_segments > 0,
+                Err(e) => {
+                    tracing::error!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
+                }
+            }
+            p.log
+                .remove_expired_producers(now_ms, self.config.producer_id_expiration_ms());
+        }
+        if moved {
+            if let Err(e) = self.logs.checkpoint_log_start_offsets() {
+                tracing::error!(error = %e, "writing log-start-offset-checkpoint failed");
+            }
+        }
+    }
+
+    /// DeleteRecords for one partition (Kafka's `Partition.deleteRecordsOnLeader`): moves the
+    /// log start offset to `offset` (-1: the high watermark) and persists it. Returns the new
+    /// low watermark (log start offset). Blocking (it writes a checkpoint).
+    ///
+    /// # Errors
+    /// Kafka error codes: NOT_LEADER_OR_FOLLOWER, POLICY_VIOLATION (44) when `cleanup.policy`
+    /// does not contain `delete`, OFFSET_OUT_OF_RANGE for an offset beyond the high watermark
+    /// or negative, KAFKA_STORAGE_ERROR.
+    pub fn delete_records(&self, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
+        if !p.is_leader() {
+            return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
+        }
+        let tp = format!("{}-{}", p.topic, p.index);
+        if !p.log.config().cleanup_delete {
+            return Err((
+                ec::POLICY_VIOLATION,
+                format!(
+                    "Records of partition {tp} can not be deleted due to the configured policy"
+                ),
+            ));
+        }
+        let hw = p.high_watermark();
+        let offset = if offset == -1 { hw } else { offset };
+        if offset < 0 || offset > hw {
+            return Err((
+                ec::OFFSET_OUT_OF_RANGE,
+                format!(
+                    "Cannot increment the log start offset to {offset} of partition {tp} since it is larger than the high watermark {hw}"
+                ),
+            ));
+        }
+        let low = p
+            .log
+            .maybe_increment_log_start_offset(offset)
+            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        self.logs
+            .checkpoint_log_start_offsets()
+            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        Ok(low)
+    }
+
+    /// The log manager.
+    pub fn logs(&self) -> &LogManager {
+        &self.logs
+    }
+
+    /// Brings hosted partitions in line with a metadata image: creates logs for new
+    /// partitions this broker replicates, applies each partition's leader and ISR
+    /// ([`Partition::apply`]), and deletes the logs of partitions whose topic is gone (KIP-516:
+    /// matched by topic id, so a re-created topic of the same name gets fresh logs).
+    ///
+    /// # Errors
+    /// The first log error; partitions handled before it stay applied.
+    pub fn apply_image(&self, image: &MetadataImage) -> Result<(), LogError> {
+        let mut wanted: BTreeMap<(String, i32), (Uuid, PartitionRegistration, TopicConfigs)> =
+            BTreeMap::new();
+        let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
+        *self.dynamic_configs.write() = dynamic.clone();
+        for t in image.topics.values() {
+            let overrides = image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
+            let configs = TopicConfigs::resolve_dynamic(&self.config, &dynamic, &overrides);
+            for (idx, p) in &t.partitions {
+                if p.replicas.contains(&self.local_broker) {
+                    wanted.insert(
+                        (t.name.clone(), *idx),
+                        (t.topic_id, p.clone(), configs.clone()),
+                    );
+                }
+            }
+        }
+        let current: Vec<((String, i32), Arc<Partition>)> = self
+            .partitions
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, p) in current {
+            let keep = wanted.get(&key).is_some_and(|(id, _, _)| *id == p.topic_id);
+            if !keep {
+                self.partitions.write().remove(&key);
+                p.make_offline(p.leader_epoch());
+                self.logs
+                    .delete(&TopicPartition::new(key.0.clone(), key.1))?;
+            }
+        }
+        for ((topic, index), (topic_id, reg, configs)) in wanted {
+            let min_isr = configs
+                .get("min.insync.replicas")
+                .parse::<usize>()
+                .unwrap_or(1);
+            let leader_and_isr = LeaderAndIsr {
+                leader: reg.leader,
+                leader_epoch: reg.leader_epoch,
+                replicas: reg.replicas.clone(),
+                isr: reg.isr.clone(),
+                min_insync_replicas: min_isr,
+            };
+            if let Some(p) = self.partition(&topic, index) {
+                // Topic and dynamic broker config changes (AlterConfigs) reach the log here.
+                let log_config = configs.log_config();
+                if p.log.config() != log_config {
+                    p.log.update_config(log_config);
+                }
+                p.apply(leader_and_isr);
+                continue;
+            }
+            let tp = TopicPartition::new(topic.clone(), index);
+            let log_config = configs.log_config();
+            let log = self
+                .logs
+                .get_or_create(&tp, *topic_id.as_bytes(), log_config.clone())?;
+            // Logs loaded at start-up were opened with the broker defaults.
+            log.update_config(log_config);
+            let p = Arc::new(Partition::new(
+                topic_id,
+                tp,
+                log,
+                self.local_broker,
+                self.delayed.clone(),
+                self.clock.clone(),
+            ));
+            p.apply(leader_and_isr);
+            self.partitions.write().insert((topic, index), p);
+        }
+        Ok(())
+    }
+}

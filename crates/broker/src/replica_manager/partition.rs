@@ -1,0 +1,412 @@
+//! One hosted partition (Kafka's `Partition`): its log, its leadership state and the offsets
+//! replication needs (high watermark, followers' log end offsets).
+//!
+//! Leadership is a [`Role`] changed only by [`Partition::make_leader`],
+//! [`Partition::make_follower`] and [`Partition::make_offline`]. Every change that may let a
+//! delayed operation complete (high watermark moved, new data, leadership changed) triggers the
+//! partition's key in both purgatories ([`DelayedOperations`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use gregor_log::{AppendInfo, LogError, PartitionLog, ReadInfo, SharedClock, TopicPartition};
+use parking_lot::{Mutex, RwLock};
+use uuid::Uuid;
+
+use super::purgatory::DelayedOperationPurgatory;
+use crate::error_codes as ec;
+use crate::observability::TopicMetrics;
+
+/// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
+pub struct DelayedOperations {
+    /// Delayed fetches (long polls), `delayed_operation="Fetch"`.
+    pub fetch: Arc<DelayedOperationPurgatory>,
+    /// Delayed produces (acks=all), `delayed_operation="Produce"`.
+    pub produce: Arc<DelayedOperationPurgatory>,
+}
+
+impl DelayedOperations {
+    /// Both purgatories, reading deadlines on `clock`.
+    pub fn new(clock: &SharedClock) -> Arc<Self> {
+        Arc::new(Self {
+            fetch: DelayedOperationPurgatory::new("Fetch", clock.clone()),
+            produce: DelayedOperationPurgatory::new("Produce", clock.clone()),
+        })
+    }
+
+    /// Kafka's `checkAndCompleteAll` for one partition.
+    pub fn check_and_complete_all(&self, key: &TopicPartition) {
+        self.fetch.check_and_complete(key);
+        self.produce.check_and_complete(key);
+    }
+}
+
+/// This broker's role for a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// This broker leads: it takes appends and serves consumers.
+    Leader,
+    /// Another broker leads; this one replicates it.
+    Follower,
+    /// No leader is known (leader -1 in the metadata), or the partition is being removed.
+    None,
+}
+
+/// Leadership state of a partition, from the latest metadata.
+#[derive(Debug, Clone)]
+pub struct PartitionState {
+    /// This broker's role.
+    pub role: Role,
+    /// Leader broker id (-1 when none).
+    pub leader: i32,
+    /// Leader epoch.
+    pub leader_epoch: i32,
+    /// Replica ids.
+    pub replicas: Vec<i32>,
+    /// In-sync replica ids.
+    pub isr: Vec<i32>,
+    /// `min.insync.replicas` of the topic.
+    pub min_insync_replicas: usize,
+}
+
+/// A partition's leader, epoch and replicas as the metadata gives them.
+#[derive(Debug, Clone)]
+pub struct LeaderAndIsr {
+    /// Leader broker id, -1 when none.
+    pub leader: i32,
+    /// Leader epoch.
+    pub leader_epoch: i32,
+    /// Replica ids.
+    pub replicas: Vec<i32>,
+    /// In-sync replica ids.
+    pub isr: Vec<i32>,
+    /// `min.insync.replicas` of the topic.
+    pub min_insync_replicas: usize,
+}
+
+/// One partition hosted by this broker.
+pub struct Partition {
+    /// Topic name.
+    pub topic: String,
+    /// Topic id.
+    pub topic_id: Uuid,
+    /// Partition index.
+    pub index: i32,
+    /// The partition's log.
+    pub log: Arc<PartitionLog>,
+    topic_partition: TopicPartition,
+    state: RwLock<PartitionState>,
+    high_watermark: AtomicI64,
+    /// Log end offsets of followers by broker id (empty with one replica).
+    follower_leos: Mutex<HashMap<i32, i64>>,
+    delayed: Arc<DelayedOperations>,
+    clock: SharedClock,
+    local_broker: i32,
+    /// Byte and record counters of the topic (Prometheus handles, created once).
+    pub metrics: TopicMetrics,
+}
+
+impl Partition {
+    /// A partition over `log` with no role yet ([`Role::None`]); the caller applies the
+    /// metadata with [`Partition::apply`]. The high watermark starts at the log start offset.
+    pub fn new(
+        topic_id: Uuid,
+        topic_partition: TopicPartition,
+        log: Arc<PartitionLog>,
+        local_broker: i32,
+        delayed: Arc<DelayedOperations>,
+        clock: SharedClock,
+    ) -> Self {
+        let hw = log.log_start_offset();
+        Self {
+            topic: topic_partition.topic.clone(),
+            topic_id,
+            index: topic_partition.partition,
+            metrics: TopicMetrics::new(&topic_partition.topic),
+            log,
+            topic_partition,
+            state: RwLock::new(PartitionState {
+                role: Role::None,
+                leader: -1,
+                leader_epoch: -1,
+                replicas: Vec::new(),
+                isr: Vec::new(),
+                min_insync_replicas: 1,
+            }),
+            high_watermark: AtomicI64::new(hw),
+            follower_leos: Mutex::new(HashMap::new()),
+            delayed,
+            clock,
+            local_broker,
+        }
+    }
+
+    /// `topic`-`index`.
+    pub fn topic_partition(&self) -> &TopicPartition {
+        &self.topic_partition
+    }
+
+    /// The current leadership state.
+    pub fn state(&self) -> PartitionState {
+        self.state.read().clone()
+    }
+
+    /// This broker's role.
+    pub fn role(&self) -> Role {
+        self.state.read().role
+    }
+
+    /// The current leader epoch.
+    pub fn leader_epoch(&self) -> i32 {
+        self.state.read().leader_epoch
+    }
+
+    /// The high watermark: the offset below which every record is replicated to the ISR.
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    /// The last stable offset. Without transactions it equals the high watermark.
+    pub fn last_stable_offset(&self) -> i64 {
+        self.high_watermark()
+    }
+
+    /// True when this broker leads the partition.
+    pub fn is_leader(&self) -> bool {
+        self.state.read().role == Role::Leader
+    }
+
+    /// Applies the metadata's leader and ISR: the one entry point for leadership changes,
+    /// dispatching to [`Partition::make_leader`], [`Partition::make_follower`] or
+    /// [`Partition::make_offline`].
+    pub fn apply(&self, reg: LeaderAndIsr) {
+        if reg.leader == self.local_broker {
+            self.make_leader(reg);
+        } else if reg.leader >= 0 {
+            self.make_follower(reg);
+        } else {
+            self.make_offline(reg.leader_epoch);
+        }
+    }
+
+    /// Kafka's `Partition.makeLeader`: this broker leads from `reg.leader_epoch`. Followers'
+    /// progress is forgotten (they report it again by fetching); the high watermark is
+    /// recomputed. A registration with an older leader epoch than the current one is stale
+    /// and ignored. Delayed operations on the partition are re-checked.
+    pub fn make_leader(&self, reg: LeaderAndIsr) {
+        debug_assert_eq!(reg.leader, self.local_broker);
+        if !self.set_state(Role::Leader, reg) {
+            return;
+        }
+        self.maybe_increment_high_watermark();
+        self.delayed.check_and_complete_all(&self.topic_partition);
+    }
+
+    /// Kafka's `Partition.makeFollower`: another broker leads. Appends as leader are refused
+    /// from now on (NOT_LEADER_OR_FOLLOWER) and waiting produces and fetches complete.
+    pub fn make_follower(&self, reg: LeaderAndIsr) {
+        debug_assert!(reg.leader >= 0 && reg.leader != self.local_broker);
+        if self.set_state(Role::Follower, reg) {
+            self.delayed.check_and_complete_all(&self.topic_partition);
+        }
+    }
+
+    /// No leader (the metadata says -1, or the partition is leaving this broker): neither
+    /// appends nor consumer reads are served.
+    pub fn make_offline(&self, leader_epoch: i32) {
+        {
+            let mut s = self.state.write();
+            s.role = Role::None;
+            s.leader = -1;
+            s.leader_epoch = s.leader_epoch.max(leader_epoch);
+        }
+        self.follower_leos.lock().clear();
+        self.delayed.check_and_complete_all(&self.topic_partition);
+    }
+
+    fn set_state(&self, role: Role, reg: LeaderAndIsr) -> bool {
+        let mut s = self.state.write();
+        if reg.leader_epoch < s.leader_epoch {
+            tracing::debug!(partition = %self.topic_partition, epoch = reg.leader_epoch,
+                current = s.leader_epoch, "ignoring a stale leader epoch");
+            return false;
+        }
+        let changed_leader = s.role != role || s.leader_epoch != reg.leader_epoch;
+        *s = PartitionState {
+            role,
+            leader: reg.leader,
+            leader_epoch: reg.leader_epoch,
+            replicas: reg.replicas,
+            isr: reg.isr,
+            min_insync_replicas: reg.min_insync_replicas,
+        };
+        drop(s);
+        if changed_leader {
+            self.follower_leos.lock().clear();
+        }
+        true
+    }
+
+    /// Checks a request's `current_leader_epoch` (-1 = not given) against ours (KIP-320).
+    ///
+    /// # Errors
+    /// FENCED_LEADER_EPOCH (74) when the client's epoch is older, UNKNOWN_LEADER_EPOCH (76) when
+    /// it is newer, NOT_LEADER_OR_FOLLOWER (6) when this broker does not lead.
+    pub fn check_leader(&self, current_leader_epoch: i32) -> Result<(), i16> {
+        let s = self.state.read();
+        if current_leader_epoch >= 0 {
+            if current_leader_epoch < s.leader_epoch {
+                return Err(ec::FENCED_LEADER_EPOCH);
+            }
+            if current_leader_epoch > s.leader_epoch {
+                return Err(ec::UNKNOWN_LEADER_EPOCH);
+            }
+        }
+        if s.role != Role::Leader {
+            return Err(ec::NOT_LEADER_OR_FOLLOWER);
+        }
+        Ok(())
+    }
+
+    /// Recomputes the high watermark as the minimum log end offset over the ISR (never below
+    /// the log start offset) and, if it moved, completes the delayed operations it unblocks.
+    /// The high watermark never goes backwards. Returns whether it moved.
+    pub fn maybe_increment_high_watermark(&self) -> bool {
+        let leo = self.log.log_end_offset();
+        let new_hw = {
+            let s = self.state.read();
+            if s.role != Role::Leader {
+                return false;
+            }
+            let followers = self.follower_leos.lock();
+            s.isr
+                .iter()
+                .filter(|id| **id != self.local_broker)
+                .map(|id| followers.get(id).copied().unwrap_or(0))
+                .fold(leo, i64::min)
+                .max(self.log.log_start_offset())
+        };
+        let old = self.high_watermark.fetch_max(new_hw, Ordering::AcqRel);
+        debug_assert!(self.high_watermark() <= leo, "HW <= LEO");
+        debug_assert!(
+            self.log.log_start_offset() <= self.high_watermark(),
+            "log start offset <= HW"
+        );
+        if new_hw > old {
+            self.delayed.check_and_complete_all(&self.topic_partition);
+            return true;
+        }
+        false
+    }
+
+    /// Kafka's `Partition.updateFollowerFetchState`: a follower fetching from `fetch_offset`
+    /// has every record below it, so that is its log end offset. May move the high watermark.
+    /// Returns false when `replica_id` is not a follower replica of this partition (or this
+    /// broker does not lead).
+    pub fn update_follower_fetch_state(&self, replica_id: i32, fetch_offset: i64) -> bool {
+        {
+            let s = self.state.read();
+            if s.role != Role::Leader
+                || replica_id == self.local_broker
+                || !s.replicas.contains(&replica_id)
+            {
+                return false;
+            }
+        }
+        self.follower_leos.lock().insert(replica_id, fetch_offset);
+        self.maybe_increment_high_watermark();
+        true
+    }
+
+    /// Appends a produce request's records as leader (Kafka's `appendRecordsToLeader`),
+    /// stamping LogAppendTime from the partition's clock. Runs on an I/O thread.
+    ///
+    /// # Errors
+    /// Kafka error codes: NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS (19) for acks=all with
+    /// fewer in-sync replicas than `min.insync.replicas`, and the log's errors
+    /// ([`LogError::kafka_error_code`]) with a message.
+    pub fn append_records_as_leader(
+        &self,
+        records: &mut [u8],
+        required_acks: i16,
+    ) -> Result<AppendInfo, (i16, String)> {
+        let leader_epoch = {
+            let s = self.state.read();
+            if s.role != Role::Leader {
+                return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
+            }
+            if required_acks == -1 && s.isr.len() < s.min_insync_replicas {
+                return Err((
+                    ec::NOT_ENOUGH_REPLICAS,
+                    format!(
+                        "The size of the current ISR {} is insufficient to satisfy the min.isr requirement of {}",
+                        s.isr.len(),
+                        s.min_insync_replicas
+                    ),
+                ));
+            }
+            s.leader_epoch
+        };
+        let info = self
+            .log
+            .append_as_leader(records, leader_epoch, self.clock.now_ms())
+            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+        if !info.duplicate {
+            self.metrics.bytes_in.increment(info.bytes);
+            self.metrics.records_in.increment(info.records);
+        }
+        if !self.maybe_increment_high_watermark() && !info.duplicate {
+            // The high watermark waits for followers, whose fetches this new data may complete.
+            self.delayed.fetch.check_and_complete(&self.topic_partition);
+        }
+        Ok(info)
+    }
+
+    /// The offset a read may not pass: the log end offset for a follower, else the high
+    /// watermark (isolation 0) or the last stable offset (isolation 1).
+    pub fn fetch_upper_bound(&self, isolation_level: i8, from_follower: bool) -> i64 {
+        if from_follower {
+            self.log.log_end_offset()
+        } else if isolation_level == 1 {
+            self.last_stable_offset()
+        } else {
+            self.high_watermark()
+        }
+    }
+
+    /// Reads for a consumer: up to `max_bytes` from `fetch_offset`, bounded by the high
+    /// watermark (isolation 0) or last stable offset (isolation 1). Runs on an I/O thread.
+    ///
+    /// # Errors
+    /// The log's errors, e.g. OFFSET_OUT_OF_RANGE.
+    pub fn read(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        isolation_level: i8,
+        min_one_batch: bool,
+    ) -> Result<ReadInfo, LogError> {
+        self.read_bounded(
+            fetch_offset,
+            max_bytes,
+            self.fetch_upper_bound(isolation_level, false),
+            min_one_batch,
+        )
+    }
+
+    /// Reads up to `max_bytes` from `fetch_offset`, below `max_offset`.
+    ///
+    /// # Errors
+    /// The log's errors, e.g. OFFSET_OUT_OF_RANGE.
+    pub fn read_bounded(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+        min_one_batch: bool,
+    ) -> Result<ReadInfo, LogError> {
+        self.log
+            .read(fetch_offset, max_bytes, max_offset, min_one_batch)
+    }
+}
