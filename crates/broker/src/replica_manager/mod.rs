@@ -779,3 +779,6 @@ impl ReplicaManager {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,334 @@
+//! ReplicaManager and Partition without a process: a temp log dir, a metadata image built
+//! from records, and a [`ManualClock`] where time matters.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gregor_log::{LogManager, ManualClock, TopicPartition};
+use gregor_metadata::{MetadataImage, MetadataRecord};
+use gregor_protocol::batch::BatchBuilder;
+use tempfile::TempDir;
+use uuid::Uuid;
+
+use super::*;
+
+const LOCAL: i32 = 1;
+const FOLLOWER: i32 = 2;
+const T0_MS: i64 = 1_700_000_000_000;
+
+struct Fixture {
+    _dir: TempDir,
+    clock: Arc<ManualClock>,
+    rm: Arc<ReplicaManager>,
+    image: MetadataImage,
+    topic_id: Uuid,
+}
+
+impl Fixture {
+    /// One topic `t` with `partitions` partitions led by this broker with `replicas` (all in
+    /// the ISR), and broker properties `props`.
+    fn new(partitions: i32, replicas: &[i32], props: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut all: BTreeMap<String, String> = props
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        all.insert("log.dirs".into(), dir.path().display().to_string());
+        all.insert("node.id".into(), LOCAL.to_string());
+        all.insert("num.io.threads".into(), "2".into());
+        let (config, _) = BrokerConfig::from_properties(all).expect("config");
+        let (logs, _) =
+            LogManager::open(&[dir.path().to_path_buf()], Default::default()).expect("log manager");
+        let clock = ManualClock::new(T0_MS);
+        let rm = Arc::new(ReplicaManager::with_clock(
+            LOCAL,
+            config,
+            logs,
+            clock.clone(),
+        ));
+        let topic_id = Uuid::new_v4();
+        let mut image = MetadataImage::default();
+        image.apply(&MetadataRecord::Topic {
+            name: "t".into(),
+            topic_id,
+        });
+        let mut f = Self {
+            _dir: dir,
+            clock,
+            rm,
+            image,
+            topic_id,
+        };
+        for p in 0..partitions {
+            f.set_leader(p, LOCAL, 0, replicas);
+        }
+        f
+    }
+
+    fn set_leader(&mut self, partition: i32, leader: i32, leader_epoch: i32, replicas: &[i32]) {
+        self.image.apply(&MetadataRecord::Partition {
+            topic_id: self.topic_id,
+            partition,
+            replicas: replicas.to_vec(),
+            isr: replicas.to_vec(),
+            leader,
+            leader_epoch,
+            partition_epoch: leader_epoch,
+        });
+        self.rm.apply_image(&self.image).expect("apply image");
+    }
+
+    fn partition(&self, p: i32) -> Arc<Partition> {
+        self.rm.partition("t", p).expect("hosted")
+    }
+
+    async fn append(
+        &self,
+        p: i32,
+        acks: i16,
+        timeout_ms: i64,
+        value_bytes: usize,
+    ) -> AppendOutcome {
+        let value = vec![b'v'; value_bytes];
+        let batch = BatchBuilder::new(0, T0_MS)
+            .record(T0_MS, Some(b"k"), Some(&value), &[])
+            .build();
+        self.rm
+            .append_records(
+                timeout_ms,
+                acks,
+                AppendOrigin::Client,
+                vec![(TopicPartition::new("t", p), batch)],
+            )
+            .await
+    }
+
+    async fn fetch(&self, params: FetchParams, partitions: &[(i32, i64)]) -> FetchOutcome {
+        let parts = partitions
+            .iter()
+            .map(|(p, offset)| FetchPartition {
+                topic_partition: TopicPartition::new("t", *p),
+                fetch_offset: *offset,
+                partition_max_bytes: i32::MAX,
+                current_leader_epoch: -1,
+            })
+            .collect();
+        self.rm.fetch_messages(params, parts).await
+    }
+}
+
+fn consumer(max_wait_ms: i64) -> FetchParams {
+    FetchParams {
+        replica_id: -1,
+        max_wait_ms,
+        min_bytes: 1,
+        max_bytes: i32::MAX,
+        isolation_level: 0,
+    }
+}
+
+fn complete(o: AppendOutcome) -> Vec<PartitionAppendResult> {
+    match o {
+        AppendOutcome::Complete(r) => r,
+        AppendOutcome::Delayed(_) => panic!("expected an immediate result"),
+    }
+}
+
+fn fetched(o: FetchOutcome) -> Vec<FetchPartitionResult> {
+    match o {
+        FetchOutcome::Complete(r) => r,
+        FetchOutcome::Delayed(_) => panic!("expected an immediate fetch"),
+    }
+}
+
+/// Waits (yielding, bounded) until `cond` holds.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting for {what}");
+}
+
+fn purgatories_empty(rm: &ReplicaManager) -> bool {
+    let d = rm.delayed_operations();
+    d.fetch.watched() == 0
+        && d.fetch.delayed() == 0
+        && d.fetch.watch_keys() == 0
+        && d.produce.watched() == 0
+        && d.produce.delayed() == 0
+        && d.produce.watch_keys() == 0
+}
+
+#[tokio::test]
+async fn append_moves_the_high_watermark_and_fetch_reads_below_it() {
+    let f = Fixture::new(1, &[LOCAL], &[]);
+    let r = complete(f.append(0, 1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NONE);
+    assert_eq!(r[0].base_offset, 0);
+    let r = complete(f.append(0, -1, 1000, 10).await);
+    assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 1));
+    let p = f.partition(0);
+    assert_eq!((p.high_watermark(), p.log.log_end_offset()), (2, 2));
+    let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NONE);
+    assert_eq!(got[0].high_watermark, 2);
+    assert!(!got[0].records.is_empty());
+    // Unknown partitions and bad acks are per-partition errors.
+    let unknown = fetched(f.fetch(consumer(0), &[(7, 0)]).await);
+    assert_eq!(unknown[0].error_code, ec::UNKNOWN_TOPIC_OR_PARTITION);
+    let r = complete(f.append(0, 2, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::INVALID_REQUIRED_ACKS);
+}
+
+#[tokio::test]
+async fn acks_all_waits_for_the_follower_and_completes_when_it_fetches() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let AppendOutcome::Delayed(delayed) = f.append(0, -1, 30_000, 10).await else {
+        panic!("acks=all with a lagging follower must wait");
+    };
+    assert_eq!(f.partition(0).high_watermark(), 0);
+    assert_eq!(f.rm.delayed_operations().produce.delayed(), 1);
+    let waiter = tokio::spawn(delayed.complete());
+    // The follower fetches from offset 1: it has the batch, so the high watermark moves.
+    let follower = FetchParams {
+        replica_id: FOLLOWER,
+        ..consumer(0)
+    };
+    let got = fetched(f.fetch(follower, &[(0, 1)]).await);
+    assert_eq!(got[0].error_code, ec::NONE);
+    let results = waiter.await.expect("join");
+    assert_eq!(results[0].error_code, ec::NONE);
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn acks_all_times_out_on_the_clock_and_leaves_the_purgatory() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let AppendOutcome::Delayed(delayed) = f.append(0, -1, 5_000, 10).await else {
+        panic!("must wait");
+    };
+    let waiter = tokio::spawn(delayed.complete());
+    let produce = &f.rm.delayed_operations().produce;
+    f.clock.advance_ms(4_999);
+    assert_eq!(produce.expire_due(), 0);
+    f.clock.advance_ms(1);
+    assert_eq!(produce.expire_due(), 1);
+    let results = waiter.await.expect("join");
+    assert_eq!(results[0].error_code, ec::REQUEST_TIMED_OUT);
+    // The batch is in the log: base offset as acks=1 would have said.
+    assert_eq!(results[0].base_offset, 0);
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn leadership_transitions_in_one_place() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let p = f.partition(0);
+    assert_eq!(p.role(), Role::Leader);
+    let AppendOutcome::Delayed(delayed) = f.append(0, -1, 30_000, 10).await else {
+        panic!("must wait");
+    };
+    let waiter = tokio::spawn(delayed.complete());
+    // Another broker becomes leader: the waiting produce completes with NOT_LEADER_OR_FOLLOWER.
+    f.set_leader(0, FOLLOWER, 1, &[LOCAL, FOLLOWER]);
+    assert_eq!(p.role(), Role::Follower);
+    assert_eq!(p.leader_epoch(), 1);
+    let results = waiter.await.expect("join");
+    assert_eq!(results[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    let r = complete(f.append(0, 1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    // A stale registration (older leader epoch) is ignored.
+    p.make_leader(LeaderAndIsr {
+        leader: LOCAL,
+        leader_epoch: 0,
+        replicas: vec![LOCAL],
+        isr: vec![LOCAL],
+        min_insync_replicas: 1,
+    });
+    assert_eq!(p.role(), Role::Follower);
+    // No leader.
+    f.set_leader(0, -1, 2, &[LOCAL, FOLLOWER]);
+    assert_eq!(p.role(), Role::None);
+    // Leader again, alone in the ISR: the high watermark catches up with the log end.
+    f.set_leader(0, LOCAL, 3, &[LOCAL]);
+    assert_eq!(p.role(), Role::Leader);
+    assert_eq!(p.high_watermark(), p.log.log_end_offset());
+    assert!(purgatories_empty(&f.rm));
+}
+
+/// Defect 3 (issue 9): long polls on idle partitions used to leave a waiter on every partition
+/// they watched; expired ones must leave every watch list.
+#[tokio::test]
+async fn many_long_polls_on_idle_partitions_expire_and_leave_every_watch_list_empty() {
+    let f = Arc::new(Fixture::new(4, &[LOCAL], &[]));
+    let mut waiters = Vec::new();
+    for _ in 0..200 {
+        let FetchOutcome::Delayed(d) = f
+            .fetch(consumer(500), &[(0, 0), (1, 0), (2, 0), (3, 0)])
+            .await
+        else {
+            panic!("an idle partition must make the fetch wait");
+        };
+        waiters.push(tokio::spawn(d.complete()));
+    }
+    let fetch = f.rm.delayed_operations().fetch.clone();
+    until("200 delayed fetches", || fetch.delayed() == 200).await;
+    assert_eq!(fetch.watched(), 800);
+    assert_eq!(fetch.watch_keys(), 4);
+    f.clock.advance_ms(500);
+    assert_eq!(fetch.expire_due(), 200);
+    for w in waiters {
+        let results = w.await.expect("join");
+        assert_eq!(results.len(), 4);
+        assert!(results
+            .iter()
+            .all(|r| r.error_code == ec::NONE && r.records.is_empty()));
+    }
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn new_data_completes_a_long_poll() {
+    let f = Fixture::new(2, &[LOCAL], &[]);
+    let FetchOutcome::Delayed(d) = f.fetch(consumer(60_000), &[(0, 0), (1, 0)]).await else {
+        panic!("must wait");
+    };
+    let waiter = tokio::spawn(d.complete());
+    let fetch = f.rm.delayed_operations().fetch.clone();
+    until("the delayed fetch", || fetch.delayed() == 1).await;
+    complete(f.append(1, 1, 1000, 10).await);
+    let results = waiter.await.expect("join");
+    assert!(results[0].records.is_empty());
+    assert!(!results[1].records.is_empty());
+    assert_eq!(results[1].high_watermark, 1);
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn fetch_max_bytes_caps_the_response_whatever_the_client_asks() {
+    let capped = Fixture::new(1, &[LOCAL], &[("fetch.max.bytes", "1024")]);
+    let free = Fixture::new(1, &[LOCAL], &[]);
+    for f in [&capped, &free] {
+        for _ in 0..3 {
+            complete(f.append(0, 1, 1000, 600).await);
+        }
+    }
+    let one_batch = {
+        let r = fetched(capped.fetch(consumer(0), &[(0, 0)]).await);
+        r[0].records.len()
+    };
+    let all = {
+        let r = fetched(free.fetch(consumer(0), &[(0, 0)]).await);
+        r[0].records.len()
+    };
+    // The first batch is returned whole (KIP-74), the next would pass 1024 bytes.
+    assert!(one_batch > 600 && one_batch < 1024, "{one_batch}");
+    assert_eq!(all, 3 * one_batch);
+}
