@@ -154,6 +154,14 @@ fn describe() {
         "Produce requests waiting for the high watermark."
     );
     describe_gauge!(DELAYED_FETCH_REQUESTS, "Fetch requests waiting for data.");
+    describe_gauge!(
+        crate::replica_manager::purgatory::PURGATORY_SIZE,
+        "Watch-list entries in the delayed-operation purgatory, by delayed_operation."
+    );
+    describe_gauge!(
+        crate::replica_manager::purgatory::PURGATORY_DELAYED_OPERATIONS,
+        "Operations waiting in the delayed-operation purgatory, by delayed_operation."
+    );
     describe_gauge!(PARTITIONS, "Partitions hosted by this broker.");
     describe_gauge!(LEADER_PARTITIONS, "Partitions led by this broker.");
     describe_gauge!(
