@@ -782,3 +782,6 @@ impl ReplicaManager {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod io_stall_tests;
