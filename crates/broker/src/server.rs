@@ -423,12 +423,14 @@ async fn flush_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool
             _ = shutdown.changed() => return,
         }
         let b = broker.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            b.replica_manager
-                .logs()
-                .flush_if_due(crate::replica_manager::now_ms());
-        })
-        .await;
+        let _ = broker
+            .replica_manager
+            .io_pool()
+            .run(move || {
+                let rm = &b.replica_manager;
+                rm.logs().flush_if_due(rm.now_ms());
+            })
+            .await;
     }
 }
 
@@ -438,37 +440,41 @@ async fn flush_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool
 /// `file.delete.delay.ms` expires, to remove it (Kafka schedules one delete task per segment).
 async fn retention_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let check_ms = broker.config.log_retention_check_interval_ms();
-    let mut next_check_ms = crate::replica_manager::now_ms() + check_ms as i64;
+    let mut next_check_ms = broker.replica_manager.now_ms() + check_ms as i64;
     let mut next_delete_ms: Option<i64> = None;
     loop {
-        let now = crate::replica_manager::now_ms();
+        let now = broker.replica_manager.now_ms();
         let wake_ms = next_delete_ms.map_or(next_check_ms, |d| d.min(next_check_ms));
         let sleep = Duration::from_millis(wake_ms.saturating_sub(now).max(0) as u64);
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = shutdown.changed() => return,
         }
-        let now = crate::replica_manager::now_ms();
+        let now = broker.replica_manager.now_ms();
         let run_check = now >= next_check_ms;
         if run_check {
             next_check_ms = now + check_ms as i64;
         }
         let b = broker.clone();
-        next_delete_ms = tokio::task::spawn_blocking(move || {
-            if run_check {
-                b.replica_manager.run_retention(now);
-            }
-            b.replica_manager.logs().delete_due_files(now)
-        })
-        .await
-        .unwrap_or(None);
+        next_delete_ms = broker
+            .replica_manager
+            .io_pool()
+            .run(move || {
+                if run_check {
+                    b.replica_manager.run_retention(now);
+                }
+                b.replica_manager.logs().delete_due_files(now)
+            })
+            .await
+            .unwrap_or(None);
     }
 }
 
 /// One of `log.cleaner.threads` cleaner threads (Kafka's `CleanerThread`): cleans the
 /// filthiest compacted log (bounded by its high watermark), checkpoints the cleaner offsets,
 /// and sleeps `log.cleaner.backoff.ms` when no log needs cleaning. Cleaner settings are read
-/// each round, so dynamic broker config changes apply.
+/// each round, so dynamic broker config changes apply. It runs on a blocking thread of its own,
+/// not on the I/O pool: one cleaning pass can take minutes and would hold an I/O thread.
 async fn log_cleaner_thread(
     broker: Arc<Broker>,
     thread: usize,
@@ -486,7 +492,7 @@ async fn log_cleaner_thread(
                 .filter(|p| p.log.config().cleanup_compact)
                 .map(|p| (p.log.clone(), p.high_watermark()))
                 .collect();
-            match cleaner.clean_filthiest(&logs, crate::replica_manager::now_ms()) {
+            match cleaner.clean_filthiest(&logs, rm.now_ms()) {
                 Ok(Some((log, _stats))) => {
                     if let Err(e) = rm.logs().checkpoint_cleaner_offsets() {
                         error!(error = %e, "writing cleaner-offset-checkpoint failed");

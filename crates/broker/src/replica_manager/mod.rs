@@ -454,6 +454,11 @@ impl ReplicaManager {
         &self.clock
     }
 
+    /// Now on the replica manager's clock, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
     /// The fetch and produce purgatories.
     pub fn delayed_operations(&self) -> &Arc<DelayedOperations> {
         &self.delayed
