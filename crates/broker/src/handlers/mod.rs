@@ -224,9 +224,9 @@ pub async fn handle(
         RequestKind::IncrementalAlterConfigs(r) => {
             ready(configs::incremental_alter_configs(broker, &r, v).into())
         }
-        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).into()),
+        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).await.into()),
         RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).into()),
-        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).into()),
+        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).await.into()),
         RequestKind::Produce(r) => produce::handle(broker, header.clone(), r).await,
         RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r).await,
         RequestKind::FindCoordinator(r) => ready(groups::find_coordinator(broker, &r, v).into()),
