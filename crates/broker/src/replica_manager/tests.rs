@@ -332,3 +332,54 @@ async fn fetch_max_bytes_caps_the_response_whatever_the_client_asks() {
     assert!(one_batch > 600 && one_batch < 1024, "{one_batch}");
     assert_eq!(all, 3 * one_batch);
 }
+
+#[tokio::test]
+async fn a_fetch_that_wants_more_bytes_keeps_waiting_after_a_small_append() {
+    let f = Fixture::new(1, &[LOCAL], &[]);
+    let params = FetchParams {
+        min_bytes: 100_000,
+        ..consumer(10_000)
+    };
+    let FetchOutcome::Delayed(d) = f.fetch(params, &[(0, 0)]).await else {
+        panic!("must wait");
+    };
+    let waiter = tokio::spawn(d.complete());
+    let fetch = f.rm.delayed_operations().fetch.clone();
+    until("the delayed fetch", || fetch.delayed() == 1).await;
+    complete(f.append(0, 1, 1000, 10).await);
+    // The append completes the operation; its read finds too little and it waits again, with
+    // the new data as its baseline (no busy loop).
+    until("the re-watched fetch", || {
+        fetch.delayed() == 1 && fetch.watched() == 1
+    })
+    .await;
+    assert!(!waiter.is_finished());
+    f.clock.advance_ms(10_000);
+    until("expiry", || fetch.expire_due() == 1 || waiter.is_finished()).await;
+    let results = waiter.await.expect("join");
+    assert!(
+        !results[0].records.is_empty(),
+        "the deadline answers with what there is"
+    );
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn a_coordinator_appends_through_the_same_entry_with_acks_all() {
+    let f = Fixture::new(1, &[LOCAL], &[]);
+    let batch = BatchBuilder::new(0, T0_MS)
+        .record(T0_MS, Some(b"group"), Some(b"state"), &[])
+        .build();
+    let outcome =
+        f.rm.append_records(
+            5_000,
+            -1,
+            AppendOrigin::Coordinator,
+            vec![(TopicPartition::new("t", 0), batch)],
+        )
+        .await;
+    // One replica: the high watermark passes the batch at once.
+    let r = complete(outcome);
+    assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
+    assert_eq!(f.partition(0).high_watermark(), 1);
+}
