@@ -383,3 +383,27 @@ async fn a_coordinator_appends_through_the_same_entry_with_acks_all() {
     assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
     assert_eq!(f.partition(0).high_watermark(), 1);
 }
+
+#[tokio::test]
+async fn a_replica_id_that_is_not_a_follower_is_refused() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    let stranger = FetchParams {
+        replica_id: 9,
+        ..consumer(0)
+    };
+    let got = fetched(f.fetch(stranger, &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    // The follower reads up to the log end offset, beyond the high watermark it holds back.
+    let follower = FetchParams {
+        replica_id: FOLLOWER,
+        ..consumer(0)
+    };
+    assert_eq!(f.partition(0).high_watermark(), 0);
+    let got = fetched(f.fetch(follower, &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NONE);
+    assert!(!got[0].records.is_empty());
+    // A consumer still sees nothing below the high watermark.
+    let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
+    assert!(got[0].records.is_empty());
+}
