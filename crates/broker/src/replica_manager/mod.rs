@@ -394,25 +394,12 @@ pub struct ReplicaManager {
 }
 
 impl ReplicaManager {
-    /// Wraps the opened logs, on the system clock, with an I/O pool of `num.io.threads`.
+    /// Wraps the opened logs, with an I/O pool of `num.io.threads`. Time (LogAppendTime,
+    /// delayed-operation deadlines, retention, flushes) comes from the log manager's clock
+    /// ([`LogManager::open_with_clock`]), so the logs and the replica manager share one clock.
     /// Partitions are attached by [`ReplicaManager::apply_image`].
     pub fn new(local_broker: i32, config: BrokerConfig, logs: LogManager) -> Self {
-        Self::with_clock(
-            local_broker,
-            config,
-            logs,
-            gregor_log::clock::system_clock(),
-        )
-    }
-
-    /// As [`ReplicaManager::new`], reading time (LogAppendTime, delayed-operation deadlines,
-    /// retention) from `clock`.
-    pub fn with_clock(
-        local_broker: i32,
-        config: BrokerConfig,
-        logs: LogManager,
-        clock: SharedClock,
-    ) -> Self {
+        let clock = logs.clock().clone();
         let io = Arc::new(IoPool::new(config.num_io_threads()));
         Self {
             local_broker,

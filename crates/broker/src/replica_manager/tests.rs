@@ -38,15 +38,14 @@ impl Fixture {
         all.insert("node.id".into(), LOCAL.to_string());
         all.insert("num.io.threads".into(), "2".into());
         let (config, _) = BrokerConfig::from_properties(all).expect("config");
-        let (logs, _) =
-            LogManager::open(&[dir.path().to_path_buf()], Default::default()).expect("log manager");
         let clock = ManualClock::new(T0_MS);
-        let rm = Arc::new(ReplicaManager::with_clock(
-            LOCAL,
-            config,
-            logs,
+        let (logs, _) = LogManager::open_with_clock(
+            &[dir.path().to_path_buf()],
+            Default::default(),
             clock.clone(),
-        ));
+        )
+        .expect("log manager");
+        let rm = Arc::new(ReplicaManager::new(LOCAL, config, logs));
         let topic_id = Uuid::new_v4();
         let mut image = MetadataImage::default();
         image.apply(&MetadataRecord::Topic {
@@ -406,4 +405,17 @@ async fn a_replica_id_that_is_not_a_follower_is_refused() {
     // A consumer still sees nothing below the high watermark.
     let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
     assert!(got[0].records.is_empty());
+}
+
+#[tokio::test]
+async fn log_append_time_comes_from_the_injected_clock() {
+    let f = Fixture::new(
+        1,
+        &[LOCAL],
+        &[("log.message.timestamp.type", "LogAppendTime")],
+    );
+    f.clock.advance_ms(1_234);
+    let r = complete(f.append(0, 1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NONE);
+    assert_eq!(r[0].log_append_time_ms, T0_MS + 1_234);
 }
