@@ -3,70 +3,39 @@
 //! is completed by new data rather than by its timeout. Raw frames are built with the
 //! `kafka-protocol` crate so the fetch parameters are exactly what the test says.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use gregor_protocol::batch::BatchBuilder;
+use gregor_tests::wire::{sb, KafkaConn};
 use gregor_tests::Gregor;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse, ProduceRequest,
-    ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+    ProduceResponse, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::Decodable;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const TOPIC: &str = "idle";
 const PARTITIONS: i32 = 4;
 const FETCH_VERSION: i16 = 12;
 
-fn frame<R: Encodable>(key: ApiKey, version: i16, correlation_id: i32, req: &R) -> Result<Vec<u8>> {
-    let mut buf = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(correlation_id)
-        .with_client_id(Some(StrBytes::from_static_str("purgatory-test")))
-        .encode(&mut buf, key.request_header_version(version))?;
-    req.encode(&mut buf, version)?;
-    let mut out = i32::try_from(buf.len())?.to_be_bytes().to_vec();
-    out.extend_from_slice(&buf);
-    Ok(out)
-}
-
-/// Reads one response and returns its correlation id and body.
-fn read_response(s: &mut TcpStream, key: ApiKey, version: i16) -> Result<(i32, Bytes)> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let mut body = vec![0u8; usize::try_from(i32::from_be_bytes(len))?];
-    s.read_exact(&mut body)?;
-    let mut b = Bytes::from(body);
-    let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-    Ok((h.correlation_id, b))
-}
-
-fn connect(g: &Gregor) -> Result<TcpStream> {
-    let s = TcpStream::connect(g.bootstrap())?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    Ok(s)
+fn connect(g: &Gregor) -> Result<KafkaConn> {
+    KafkaConn::connect(g.bootstrap(), "purgatory-test")
 }
 
 fn create_topic(g: &Gregor) -> Result<()> {
-    let mut s = connect(g)?;
     let req = CreateTopicsRequest::default()
         .with_timeout_ms(10_000)
         .with_topics(vec![CreatableTopic::default()
-            .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+            .with_name(TopicName(sb(TOPIC)))
             .with_num_partitions(PARTITIONS)
             .with_replication_factor(1)]);
-    s.write_all(&frame(ApiKey::CreateTopics, 7, 1, &req)?)?;
-    let (_, mut body) = read_response(&mut s, ApiKey::CreateTopics, 7)?;
-    let r = CreateTopicsResponse::decode(&mut body, 7)?;
+    let r: CreateTopicsResponse = connect(g)?.call(ApiKey::CreateTopics, 7, &req)?;
     ensure!(r.topics[0].error_code == 0, "create: {:?}", r.topics[0]);
     Ok(())
 }
@@ -77,7 +46,7 @@ fn long_poll(max_wait_ms: i32) -> FetchRequest {
         .with_min_bytes(1)
         .with_max_bytes(1 << 20)
         .with_topics(vec![FetchTopic::default()
-            .with_topic(TopicName(StrBytes::from_static_str(TOPIC)))
+            .with_topic(TopicName(sb(TOPIC)))
             .with_partitions(
                 (0..PARTITIONS)
                     .map(|p| {
@@ -124,12 +93,12 @@ fn long_polls_on_idle_partitions_leave_the_purgatory_empty() -> Result<()> {
     // fetches that all expire.
     for round in 0..5 {
         let mut conns = (0..8).map(|_| connect(&g)).collect::<Result<Vec<_>>>()?;
+        let mut sent = Vec::new();
         for c in &mut conns {
-            let mut out = Vec::new();
-            for i in 0..10 {
-                out.extend(frame(ApiKey::Fetch, FETCH_VERSION, i, &long_poll(300))?);
-            }
-            c.write_all(&out)?;
+            let ids = (0..10)
+                .map(|_| c.send(ApiKey::Fetch, FETCH_VERSION, &long_poll(300)))
+                .collect::<Result<Vec<_>>>()?;
+            sent.push(ids);
         }
         if round == 0 {
             // While they wait, each watches its four partitions.
@@ -137,10 +106,10 @@ fn long_polls_on_idle_partitions_leave_the_purgatory_empty() -> Result<()> {
                 Ok(purgatory_size(&g, "Fetch")? >= 4.0)
             })?;
         }
-        for c in &mut conns {
-            for i in 0..10 {
-                let (id, mut body) = read_response(c, ApiKey::Fetch, FETCH_VERSION)?;
-                ensure!(id == i, "responses in request order");
+        for (c, ids) in conns.iter_mut().zip(sent) {
+            // Responses come in request order (expect_response checks the correlation id).
+            for id in ids {
+                let mut body = c.expect_response(ApiKey::Fetch, FETCH_VERSION, id)?;
                 let r = FetchResponse::decode(&mut body, FETCH_VERSION)?;
                 let parts = &r.responses[0].partitions;
                 ensure!(parts.len() == PARTITIONS as usize);
@@ -165,7 +134,7 @@ fn new_data_completes_a_long_poll_before_its_timeout() -> Result<()> {
     create_topic(&g)?;
     let mut consumer = connect(&g)?;
     let started = Instant::now();
-    consumer.write_all(&frame(ApiKey::Fetch, FETCH_VERSION, 7, &long_poll(30_000))?)?;
+    let id = consumer.send(ApiKey::Fetch, FETCH_VERSION, &long_poll(30_000))?;
     wait_for("the long poll in the purgatory", || {
         Ok(purgatory_size(&g, "Fetch")? == f64::from(PARTITIONS))
     })?;
@@ -176,17 +145,13 @@ fn new_data_completes_a_long_poll_before_its_timeout() -> Result<()> {
         .with_acks(1)
         .with_timeout_ms(10_000)
         .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+            .with_name(TopicName(sb(TOPIC)))
             .with_partition_data(vec![PartitionProduceData::default()
                 .with_index(2)
                 .with_records(Some(Bytes::from(batch)))])]);
-    let mut producer = connect(&g)?;
-    producer.write_all(&frame(ApiKey::Produce, 9, 1, &produce)?)?;
-    let (_, mut body) = read_response(&mut producer, ApiKey::Produce, 9)?;
-    let r = ProduceResponse::decode(&mut body, 9)?;
+    let r: ProduceResponse = connect(&g)?.call(ApiKey::Produce, 9, &produce)?;
     ensure!(r.responses[0].partition_responses[0].error_code == 0);
-    let (id, mut body) = read_response(&mut consumer, ApiKey::Fetch, FETCH_VERSION)?;
-    ensure!(id == 7);
+    let mut body = consumer.expect_response(ApiKey::Fetch, FETCH_VERSION, id)?;
     ensure!(
         started.elapsed() < Duration::from_secs(20),
         "woken by data, not the timeout"

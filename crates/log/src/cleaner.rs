@@ -38,7 +38,7 @@ use gregor_protocol::batch::{BatchHeader, Compression};
 use gregor_protocol::records::decode_records;
 
 use crate::error::{LogError, Result};
-use crate::log::{wall_clock_ms, PartitionLog, CLEANED_SUFFIX};
+use crate::log::{PartitionLog, CLEANED_SUFFIX};
 use crate::rebuild::{empty_batch, rebuild_batch};
 use crate::segment::{LogSegment, SCAN_CHUNK_BYTES};
 
@@ -459,7 +459,7 @@ impl LogCleaner {
                 let _ = crate::log::delete_files_with_suffix(log.dir(), base, CLEANED_SUFFIX);
                 return Err(e);
             }
-            if !log.replace_segments(&group, cleaned, wall_clock_ms())? {
+            if !log.replace_segments(&group, cleaned, log.now_ms())? {
                 tracing::info!(partition = %log.topic_partition(),
                     "segments changed while cleaning (retention); the round stops here");
                 stats.elapsed = started.elapsed();

@@ -1,9 +1,9 @@
 //! [`PartitionLog`]: one partition's segmented log (Kafka's `UnifiedLog` and `LogLoader`).
 
+use crate::clock::SharedClock;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use gregor_protocol::batch::{
@@ -122,13 +122,9 @@ pub struct PartitionLog {
     /// Earliest KIP-534 delete horizon (ms) the cleaner wrote in its last round, `i64::MAX`
     /// when none (or unknown after a restart).
     min_delete_horizon_ms: AtomicI64,
-}
-
-/// Wall-clock milliseconds since the Unix epoch.
-pub(crate) fn wall_clock_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    /// The clock for times the log takes itself (segment creation at open, flush time, the
+    /// cleaner's swap); times passed in by the caller come from the caller's clock.
+    clock: SharedClock,
 }
 
 /// Suffix of segment files waiting for removal (Kafka's `DeletedFileSuffix`).
@@ -289,8 +285,33 @@ impl PartitionLog {
         recovery_point: Option<i64>,
         checkpointed_log_start_offset: Option<i64>,
     ) -> Result<Self> {
+        Self::open_with_clock(
+            dir,
+            topic_partition,
+            config,
+            had_clean_shutdown,
+            recovery_point,
+            checkpointed_log_start_offset,
+            crate::clock::system_clock(),
+        )
+    }
+
+    /// As [`PartitionLog::open_with_checkpoints`], reading the time it takes itself (segment
+    /// creation, flushes, cleaner swaps) from `clock`.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::open`].
+    pub fn open_with_clock(
+        dir: &Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        had_clean_shutdown: bool,
+        recovery_point: Option<i64>,
+        checkpointed_log_start_offset: Option<i64>,
+        clock: SharedClock,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
-        let now_ms = wall_clock_ms();
+        let now_ms = clock.now_ms();
         let mut stats = LoadStats::default();
 
         complete_interrupted_swaps(dir)?;
@@ -524,7 +545,13 @@ impl PartitionLog {
             cleaner_checkpoint: AtomicI64::new(-1),
             cleaning: std::sync::atomic::AtomicBool::new(false),
             min_delete_horizon_ms: AtomicI64::new(i64::MAX),
+            clock,
         })
+    }
+
+    /// Now on the log's clock, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     /// The partition this log belongs to.
@@ -1044,7 +1071,7 @@ impl PartitionLog {
     /// # Errors
     /// [`LogError::Io`].
     pub fn flush(&self) -> Result<()> {
-        self.flush_at(wall_clock_ms())
+        self.flush_at(self.clock.now_ms())
     }
 
     fn flush_at(&self, now_ms: i64) -> Result<()> {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::checkpoint::{parse_checkpoint, sync_dir, write_atomically};
+use crate::clock::SharedClock;
 use crate::config::{LogConfig, TopicPartition};
 use crate::error::{LogError, Result};
 use crate::log::PartitionLog;
@@ -43,6 +44,8 @@ pub struct LogManager {
     logs: Mutex<HashMap<TopicPartition, Entry>>,
     /// Holds each directory's `.lock` flock for the manager's lifetime.
     _locks: Vec<File>,
+    /// The clock handed to every log it opens.
+    clock: SharedClock,
 }
 
 /// Encodes a topic id as Kafka's `Uuid.toString`: URL-safe base64 without padding.
@@ -165,6 +168,19 @@ impl LogManager {
         log_dirs: &[PathBuf],
         default_config: LogConfig,
     ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
+        Self::open_with_clock(log_dirs, default_config, crate::clock::system_clock())
+    }
+
+    /// As [`LogManager::open`], with every log reading `clock` (tests and simulations pass a
+    /// [`ManualClock`](crate::ManualClock)).
+    ///
+    /// # Errors
+    /// As [`LogManager::open`].
+    pub fn open_with_clock(
+        log_dirs: &[PathBuf],
+        default_config: LogConfig,
+        clock: SharedClock,
+    ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
         let mut locks = Vec::new();
         let mut logs = HashMap::new();
         let mut loaded = Vec::new();
@@ -248,13 +264,14 @@ impl LogManager {
                     });
                 }
                 let topic_id = read_partition_metadata(&path)?;
-                let log = Arc::new(PartitionLog::open_with_checkpoints(
+                let log = Arc::new(PartitionLog::open_with_clock(
                     &path,
                     tp.clone(),
                     default_config.clone(),
                     clean,
                     recovery_points.get(&tp).copied(),
                     log_start_offsets.get(&tp).copied(),
+                    clock.clone(),
                 )?);
                 if let Some(o) = cleaner_offsets.get(&tp) {
                     log.set_cleaner_checkpoint(*o);
@@ -279,6 +296,7 @@ impl LogManager {
             default_config,
             logs: Mutex::new(logs),
             _locks: locks,
+            clock,
         };
         manager.checkpoint_recovery_points()?;
         Ok((manager, loaded))
@@ -292,6 +310,11 @@ impl LogManager {
     /// The configuration new logs get when none is given.
     pub fn default_config(&self) -> &LogConfig {
         &self.default_config
+    }
+
+    /// The clock the logs read.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     /// The log of `tp`, creating it (in the directory with the fewest partitions, as Kafka
@@ -343,7 +366,15 @@ impl LogManager {
                 reason: "no log directories configured".into(),
             })?;
         let path = parent.join(tp.dir_name());
-        let log = Arc::new(PartitionLog::open(&path, tp.clone(), config, true)?);
+        let log = Arc::new(PartitionLog::open_with_clock(
+            &path,
+            tp.clone(),
+            config,
+            true,
+            None,
+            None,
+            self.clock.clone(),
+        )?);
         write_partition_metadata(&path, &topic_id)?;
         sync_dir(parent)?;
         logs.insert(

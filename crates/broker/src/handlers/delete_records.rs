@@ -3,10 +3,12 @@
 //! offset, -1 meaning the high watermark. Records below it are no longer served (fetches get
 //! OFFSET_OUT_OF_RANGE, ListOffsets earliest returns the new start) and whole segments below
 //! it are deleted by the next retention check. With one replica the low watermark is final at
-//! once, so no delayed operation waits for followers.
+//! once, so no delayed operation waits for followers. The work is
+//! [`ReplicaManager::delete_records_many`](crate::replica_manager::ReplicaManager::delete_records_many).
 
 use std::sync::Arc;
 
+use gregor_log::TopicPartition;
 use gregor_protocol::kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
 };
@@ -16,12 +18,28 @@ use crate::error_codes as ec;
 use crate::server::Broker;
 
 /// Answers DeleteRecords.
-pub fn handle(
+pub async fn handle(
     broker: &Arc<Broker>,
     req: &DeleteRecordsRequest,
     _version: i16,
 ) -> DeleteRecordsResponse {
-    let rm = &broker.replica_manager;
+    let offsets: Vec<(TopicPartition, i64)> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(|p| {
+                (
+                    TopicPartition::new(t.name.to_string(), p.partition_index),
+                    p.offset,
+                )
+            })
+        })
+        .collect();
+    let mut results = broker
+        .replica_manager
+        .delete_records_many(offsets)
+        .await
+        .into_iter();
     let topics = req
         .topics
         .iter()
@@ -32,18 +50,16 @@ pub fn handle(
                 .map(|p| {
                     let result = DeleteRecordsPartitionResult::default()
                         .with_partition_index(p.partition_index);
-                    let Some(part) = rm.partition(&t.name, p.partition_index) else {
-                        return result
-                            .with_low_watermark(-1)
-                            .with_error_code(ec::UNKNOWN_TOPIC_OR_PARTITION);
-                    };
-                    match rm.delete_records(&part, p.offset) {
-                        Ok(low) => result.with_low_watermark(low).with_error_code(ec::NONE),
-                        Err((code, message)) => {
+                    match results.next() {
+                        Some(Ok(low)) => result.with_low_watermark(low).with_error_code(ec::NONE),
+                        Some(Err((code, message))) => {
                             tracing::debug!(topic = %&*t.name, partition = p.partition_index, code, %message,
                                 "DeleteRecords refused");
                             result.with_low_watermark(-1).with_error_code(code)
                         }
+                        None => result
+                            .with_low_watermark(-1)
+                            .with_error_code(ec::UNKNOWN_SERVER_ERROR),
                     }
                 })
                 .collect();

@@ -228,9 +228,9 @@ pub async fn handle(
                 .await
                 .into(),
         ),
-        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).into()),
+        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).await.into()),
         RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).await.into()),
-        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).into()),
+        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).await.into()),
         RequestKind::Produce(r) => produce::handle(broker, header.clone(), r).await,
         RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r).await,
         RequestKind::FindCoordinator(r) => {

@@ -384,7 +384,7 @@ impl DelayedFetch {
 pub struct ReplicaManager {
     local_broker: i32,
     config: BrokerConfig,
-    logs: LogManager,
+    logs: Arc<LogManager>,
     partitions: RwLock<BTreeMap<(String, i32), Arc<Partition>>>,
     /// Dynamic broker configs of the latest image applied (KIP-226).
     dynamic_configs: RwLock<DynamicBrokerConfigs>,
@@ -394,32 +394,19 @@ pub struct ReplicaManager {
 }
 
 impl ReplicaManager {
-    /// Wraps the opened logs, on the system clock, with an I/O pool of `num.io.threads`.
+    /// Wraps the opened logs, with an I/O pool of `num.io.threads`. Time (LogAppendTime,
+    /// delayed-operation deadlines, retention, flushes) comes from the log manager's clock
+    /// ([`LogManager::open_with_clock`]), so the logs and the replica manager share one clock.
     /// Partitions are attached by [`ReplicaManager::apply_image`].
     pub fn new(local_broker: i32, config: BrokerConfig, logs: LogManager) -> Self {
-        Self::with_clock(
-            local_broker,
-            config,
-            logs,
-            gregor_log::clock::system_clock(),
-        )
-    }
-
-    /// As [`ReplicaManager::new`], reading time (LogAppendTime, delayed-operation deadlines,
-    /// retention) from `clock`.
-    pub fn with_clock(
-        local_broker: i32,
-        config: BrokerConfig,
-        logs: LogManager,
-        clock: SharedClock,
-    ) -> Self {
+        let clock = logs.clock().clone();
         let io = Arc::new(IoPool::new(config.num_io_threads()));
         Self {
             local_broker,
             delayed: DelayedOperations::new(&clock),
             clock,
             config,
-            logs,
+            logs: Arc::new(logs),
             partitions: RwLock::new(BTreeMap::new()),
             dynamic_configs: RwLock::new(DynamicBrokerConfigs::default()),
             io,
@@ -632,6 +619,63 @@ impl ReplicaManager {
         })
     }
 
+    /// Kafka's `ReplicaManager.fetchOffset` for ListOffsets: looks up every
+    /// (partition, timestamp, current leader epoch) in one job on the I/O pool (the time index
+    /// and segments are read). Results in order: (timestamp, offset, leader epoch) or a Kafka
+    /// error code (UNKNOWN_TOPIC_OR_PARTITION, the leader check's, INVALID_REQUEST, the log's);
+    /// see [`Partition::fetch_offset_for_timestamp`].
+    pub async fn fetch_offsets(
+        &self,
+        isolation_level: i8,
+        lookups: Vec<(TopicPartition, i64, i32)>,
+    ) -> Vec<Result<(i64, i64, i32), i16>> {
+        let n = lookups.len();
+        let work: Vec<(Option<Arc<Partition>>, i64, i32)> = lookups
+            .into_iter()
+            .map(|(tp, ts, epoch)| (self.partition(&tp.topic, tp.partition), ts, epoch))
+            .collect();
+        let job = move || {
+            work.into_iter()
+                .map(|(p, ts, epoch)| {
+                    p.ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION)?
+                        .fetch_offset_for_timestamp(ts, isolation_level, epoch)
+                })
+                .collect::<Vec<_>>()
+        };
+        self.io.run(job).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "ListOffsets lookup failed");
+            vec![Err(ec::UNKNOWN_SERVER_ERROR); n]
+        })
+    }
+
+    /// DeleteRecords for many partitions (Kafka's `ReplicaManager.deleteRecords`) in one job on
+    /// the I/O pool; see [`ReplicaManager::delete_records`]. Results in order: the new low
+    /// watermark or (error code, message); UNKNOWN_TOPIC_OR_PARTITION when not hosted here.
+    /// With one replica the low watermark is final at once, so nothing waits in a purgatory.
+    pub async fn delete_records_many(
+        &self,
+        offsets: Vec<(TopicPartition, i64)>,
+    ) -> Vec<Result<i64, (i16, String)>> {
+        let n = offsets.len();
+        let work: Vec<(Option<Arc<Partition>>, i64)> = offsets
+            .into_iter()
+            .map(|(tp, offset)| (self.partition(&tp.topic, tp.partition), offset))
+            .collect();
+        let logs = self.logs.clone();
+        let job = move || {
+            work.into_iter()
+                .map(|(p, offset)| {
+                    let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
+                    delete_records_on(&logs, &p, offset)
+                })
+                .collect::<Vec<_>>()
+        };
+        self.io.run(job).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "DeleteRecords failed");
+            vec![Err((ec::UNKNOWN_SERVER_ERROR, e.to_string())); n]
+        })
+    }
+
     /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
     /// `log.retention.check.interval.ms`): deletes segments past `retention.ms`,
     /// `retention.bytes` or below the log start offset, bounded by each partition's high
@@ -666,36 +710,7 @@ impl ReplicaManager {
     /// does not contain `delete`, OFFSET_OUT_OF_RANGE for an offset beyond the high watermark
     /// or negative, KAFKA_STORAGE_ERROR.
     pub fn delete_records(&self, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
-        if !p.is_leader() {
-            return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
-        }
-        let tp = format!("{}-{}", p.topic, p.index);
-        if !p.log.config().cleanup_delete {
-            return Err((
-                ec::POLICY_VIOLATION,
-                format!(
-                    "Records of partition {tp} can not be deleted due to the configured policy"
-                ),
-            ));
-        }
-        let hw = p.high_watermark();
-        let offset = if offset == -1 { hw } else { offset };
-        if offset < 0 || offset > hw {
-            return Err((
-                ec::OFFSET_OUT_OF_RANGE,
-                format!(
-                    "Cannot increment the log start offset to {offset} of partition {tp} since it is larger than the high watermark {hw}"
-                ),
-            ));
-        }
-        let low = p
-            .log
-            .maybe_increment_log_start_offset(offset)
-            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
-        self.logs
-            .checkpoint_log_start_offsets()
-            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
-        Ok(low)
+        delete_records_on(&self.logs, p, offset)
     }
 
     /// The log manager.
@@ -783,6 +798,37 @@ impl ReplicaManager {
         }
         Ok(())
     }
+}
+
+/// Kafka's `Partition.deleteRecordsOnLeader`; see [`ReplicaManager::delete_records`].
+fn delete_records_on(logs: &LogManager, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
+    if !p.is_leader() {
+        return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
+    }
+    let tp = format!("{}-{}", p.topic, p.index);
+    if !p.log.config().cleanup_delete {
+        return Err((
+            ec::POLICY_VIOLATION,
+            format!("Records of partition {tp} can not be deleted due to the configured policy"),
+        ));
+    }
+    let hw = p.high_watermark();
+    let offset = if offset == -1 { hw } else { offset };
+    if offset < 0 || offset > hw {
+        return Err((
+            ec::OFFSET_OUT_OF_RANGE,
+            format!(
+                "Cannot increment the log start offset to {offset} of partition {tp} since it is larger than the high watermark {hw}"
+            ),
+        ));
+    }
+    let low = p
+        .log
+        .maybe_increment_log_start_offset(offset)
+        .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+    logs.checkpoint_log_start_offsets()
+        .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+    Ok(low)
 }
 
 #[cfg(test)]

@@ -409,4 +409,62 @@ impl Partition {
         self.log
             .read(fetch_offset, max_bytes, max_offset, min_one_batch)
     }
+
+    /// Kafka's `Partition.fetchOffsetForTimestamp` (ListOffsets), after the leader check
+    /// (KIP-320): -2 earliest and -4 earliest local give the log start offset, -1 latest the
+    /// high watermark (or the last stable offset for read_committed), -3 the record with the
+    /// largest timestamp (KIP-734), -5 and -6 (tiered storage, KIP-1005) offset -1; otherwise
+    /// the first record whose timestamp is at or after `timestamp` (KIP-79), if below the high
+    /// watermark. Returns (timestamp, offset, leader epoch), -1 where unknown. Blocking: reads
+    /// the time index and a segment.
+    ///
+    /// # Errors
+    /// The leader check's codes, INVALID_REQUEST for another negative timestamp, the log's
+    /// errors.
+    pub fn fetch_offset_for_timestamp(
+        &self,
+        timestamp: i64,
+        isolation_level: i8,
+        current_leader_epoch: i32,
+    ) -> Result<(i64, i64, i32), i16> {
+        self.check_leader(current_leader_epoch)?;
+        let epoch = self.log.latest_leader_epoch().unwrap_or(-1);
+        let found = |t: Option<gregor_log::TimestampAndOffset>| match t {
+            Some(t) if t.offset < self.high_watermark() => {
+                (t.timestamp_ms, t.offset, t.leader_epoch.unwrap_or(-1))
+            }
+            _ => (-1, -1, -1),
+        };
+        match timestamp {
+            LATEST_TIMESTAMP => Ok((-1, self.fetch_upper_bound(isolation_level, false), epoch)),
+            EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => {
+                Ok((-1, self.log.log_start_offset(), epoch))
+            }
+            EARLIEST_PENDING_UPLOAD_TIMESTAMP | LATEST_TIERED_TIMESTAMP => Ok((-1, -1, -1)),
+            MAX_TIMESTAMP => self
+                .log
+                .max_timestamp_and_offset()
+                .map(found)
+                .map_err(|e| e.kafka_error_code()),
+            ts if ts < 0 => Err(ec::INVALID_REQUEST),
+            ts => self
+                .log
+                .fetch_offset_by_timestamp(ts)
+                .map(found)
+                .map_err(|e| e.kafka_error_code()),
+        }
+    }
 }
+
+/// ListOffsets: earliest offset.
+pub const EARLIEST_TIMESTAMP: i64 = -2;
+/// ListOffsets: latest offset.
+pub const LATEST_TIMESTAMP: i64 = -1;
+/// ListOffsets: offset of the record with the largest timestamp (KIP-734).
+pub const MAX_TIMESTAMP: i64 = -3;
+/// ListOffsets: earliest offset in local storage (KIP-405).
+pub const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+/// ListOffsets: earliest offset not yet uploaded to tiered storage (KIP-1005).
+pub const EARLIEST_PENDING_UPLOAD_TIMESTAMP: i64 = -5;
+/// ListOffsets: latest offset in tiered storage (KIP-1005).
+pub const LATEST_TIERED_TIMESTAMP: i64 = -6;

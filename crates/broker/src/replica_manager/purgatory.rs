@@ -12,6 +12,12 @@
 //! [`Clock`](gregor_log::Clock), which is how tests and simulations drive time. A waiter that
 //! is dropped (its connection closed) cancels the operation, which also leaves every list.
 //!
+//! Bound: an operation exists only while its request is in flight (at most
+//! `queued.max.requests` per connection), watching the partitions of that one request; it
+//! leaves at completion, expiry, or when its waiter is dropped. A connection layer that aborts
+//! a closed connection's deferred requests therefore frees their operations at once, instead
+//! of at their `max_wait_ms` / `timeout_ms`.
+//!
 //! Sizes are exported as `gregor_purgatory_size{delayed_operation="Fetch"|"Produce"}` (watch
 //! list entries, Kafka's `PurgatorySize`) and `gregor_purgatory_delayed_operations` (pending
 //! operations, Kafka's `NumDelayedOperations`).

@@ -38,15 +38,14 @@ impl Fixture {
         all.insert("node.id".into(), LOCAL.to_string());
         all.insert("num.io.threads".into(), "2".into());
         let (config, _) = BrokerConfig::from_properties(all).expect("config");
-        let (logs, _) =
-            LogManager::open(&[dir.path().to_path_buf()], Default::default()).expect("log manager");
         let clock = ManualClock::new(T0_MS);
-        let rm = Arc::new(ReplicaManager::with_clock(
-            LOCAL,
-            config,
-            logs,
+        let (logs, _) = LogManager::open_with_clock(
+            &[dir.path().to_path_buf()],
+            Default::default(),
             clock.clone(),
-        ));
+        )
+        .expect("log manager");
+        let rm = Arc::new(ReplicaManager::new(LOCAL, config, logs));
         let topic_id = Uuid::new_v4();
         let mut image = MetadataImage::default();
         image.apply(&MetadataRecord::Topic {
@@ -331,4 +330,92 @@ async fn fetch_max_bytes_caps_the_response_whatever_the_client_asks() {
     // The first batch is returned whole (KIP-74), the next would pass 1024 bytes.
     assert!(one_batch > 600 && one_batch < 1024, "{one_batch}");
     assert_eq!(all, 3 * one_batch);
+}
+
+#[tokio::test]
+async fn a_fetch_that_wants_more_bytes_keeps_waiting_after_a_small_append() {
+    let f = Fixture::new(1, &[LOCAL], &[]);
+    let params = FetchParams {
+        min_bytes: 100_000,
+        ..consumer(10_000)
+    };
+    let FetchOutcome::Delayed(d) = f.fetch(params, &[(0, 0)]).await else {
+        panic!("must wait");
+    };
+    let waiter = tokio::spawn(d.complete());
+    let fetch = f.rm.delayed_operations().fetch.clone();
+    until("the delayed fetch", || fetch.delayed() == 1).await;
+    complete(f.append(0, 1, 1000, 10).await);
+    // The append completes the operation; its read finds too little and it waits again, with
+    // the new data as its baseline (no busy loop).
+    until("the re-watched fetch", || {
+        fetch.delayed() == 1 && fetch.watched() == 1
+    })
+    .await;
+    assert!(!waiter.is_finished());
+    f.clock.advance_ms(10_000);
+    until("expiry", || fetch.expire_due() == 1 || waiter.is_finished()).await;
+    let results = waiter.await.expect("join");
+    assert!(
+        !results[0].records.is_empty(),
+        "the deadline answers with what there is"
+    );
+    assert!(purgatories_empty(&f.rm));
+}
+
+#[tokio::test]
+async fn a_coordinator_appends_through_the_same_entry_with_acks_all() {
+    let f = Fixture::new(1, &[LOCAL], &[]);
+    let batch = BatchBuilder::new(0, T0_MS)
+        .record(T0_MS, Some(b"group"), Some(b"state"), &[])
+        .build();
+    let outcome =
+        f.rm.append_records(
+            5_000,
+            -1,
+            AppendOrigin::Coordinator,
+            vec![(TopicPartition::new("t", 0), batch)],
+        )
+        .await;
+    // One replica: the high watermark passes the batch at once.
+    let r = complete(outcome);
+    assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
+    assert_eq!(f.partition(0).high_watermark(), 1);
+}
+
+#[tokio::test]
+async fn a_replica_id_that_is_not_a_follower_is_refused() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    let stranger = FetchParams {
+        replica_id: 9,
+        ..consumer(0)
+    };
+    let got = fetched(f.fetch(stranger, &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    // The follower reads up to the log end offset, beyond the high watermark it holds back.
+    let follower = FetchParams {
+        replica_id: FOLLOWER,
+        ..consumer(0)
+    };
+    assert_eq!(f.partition(0).high_watermark(), 0);
+    let got = fetched(f.fetch(follower, &[(0, 0)]).await);
+    assert_eq!(got[0].error_code, ec::NONE);
+    assert!(!got[0].records.is_empty());
+    // A consumer still sees nothing below the high watermark.
+    let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
+    assert!(got[0].records.is_empty());
+}
+
+#[tokio::test]
+async fn log_append_time_comes_from_the_injected_clock() {
+    let f = Fixture::new(
+        1,
+        &[LOCAL],
+        &[("log.message.timestamp.type", "LogAppendTime")],
+    );
+    f.clock.advance_ms(1_234);
+    let r = complete(f.append(0, 1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NONE);
+    assert_eq!(r[0].log_append_time_ms, T0_MS + 1_234);
 }
