@@ -6,10 +6,12 @@
 //! are resolved per topic by [`TopicConfigs::resolve`]: an override set on the topic, else the
 //! broker's synonym, else Kafka's default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use gregor_log::LogConfig;
+use gregor_network::{EndPoint, SecurityProtocol, SocketServerConfig};
 use gregor_protocol::batch::{Compression, TimestampType};
 use thiserror::Error;
 
@@ -518,19 +520,24 @@ impl ConfigSource {
     }
 }
 
-/// A listener: `NAME://host:port`.
+/// A listener: `NAME://host:port`, with the security protocol `listener.security.protocol.map`
+/// gives its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
-    /// Listener name (PLAINTEXT).
+    /// Listener name, upper-cased as Kafka's `ListenerName.normalised` (PLAINTEXT).
     pub name: String,
-    /// Host or IP to bind or advertise.
+    /// Host or IP to bind or advertise; empty binds every interface.
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// The listener's security protocol.
+    pub security_protocol: SecurityProtocol,
 }
 
 impl Listener {
-    /// Parses `NAME://host:port` (IPv6 hosts in brackets).
+    /// Parses `NAME://host:port` (IPv6 hosts in brackets), with the security protocol of
+    /// Kafka's default `listener.security.protocol.map` (a protocol name maps to itself;
+    /// other names are PLAINTEXT until [`BrokerConfig::from_properties`] applies the map).
     ///
     /// # Errors
     /// [`ConfigError`] naming `config_name`.
@@ -550,8 +557,11 @@ impl Listener {
         if name.is_empty() {
             return Err(bad("listener name is empty"));
         }
+        let name = name.to_ascii_uppercase();
         Ok(Self {
-            name: name.to_string(),
+            security_protocol: SecurityProtocol::from_name(&name)
+                .unwrap_or(SecurityProtocol::Plaintext),
+            name,
             host,
             port,
         })
@@ -567,7 +577,6 @@ const ACCEPTED_KEYS: &[&str] = &[
     "controller.quorum.bootstrap.servers",
     "controller.listener.names",
     "inter.broker.listener.name",
-    "listener.security.protocol.map",
     "num.network.threads",
     "num.io.threads",
     "num.recovery.threads.per.data.dir",
@@ -616,6 +625,22 @@ pub struct BrokerConfig {
     pub admin_listener: Option<String>,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: crate::group_coordinator::GroupConfig,
+    /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
+    /// handled, across all connections; when set, at least `socket.request.max.bytes`.
+    pub queued_max_request_bytes: i64,
+    /// `max.connections`, default 2147483647: open client connections; the acceptor waits for
+    /// a free slot above it.
+    pub max_connections: i32,
+    /// `max.connections.per.ip`, default 2147483647: connections from one address; more are
+    /// closed at once.
+    pub max_connections_per_ip: i32,
+    /// `max.connections.per.ip.overrides`: `host:count` pairs (hostnames resolved at start-up).
+    pub max_connections_per_ip_overrides: HashMap<IpAddr, i32>,
+    /// `connections.max.idle.ms`, default 600000 (10 min): idle connections are closed after
+    /// this; negative: never.
+    pub connections_max_idle_ms: i64,
+    /// The effective `listener.security.protocol.map` (listener name -> protocol).
+    pub listener_security_protocol_map: BTreeMap<String, SecurityProtocol>,
     /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
     pub raw: BTreeMap<String, String>,
 }
@@ -701,6 +726,216 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ),
 ];
 
+/// Kafka's default `listener.security.protocol.map`: every protocol name maps to itself.
+pub const DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP: &str =
+    "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT";
+
+/// Socket server keys (Kafka's `SocketServerConfigs`), read into [`BrokerConfig`] fields.
+const SOCKET_SERVER_KEYS: &[(&str, ConfigType, &str)] = &[
+    ("queued.max.request.bytes", ConfigType::Long, "-1"),
+    ("max.connections", ConfigType::Int, "2147483647"),
+    ("max.connections.per.ip", ConfigType::Int, "2147483647"),
+    ("max.connections.per.ip.overrides", ConfigType::String, ""),
+    ("connections.max.idle.ms", ConfigType::Long, "600000"),
+    (
+        "listener.security.protocol.map",
+        ConfigType::String,
+        DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP,
+    ),
+];
+
+/// Every broker key read into [`BrokerConfig`], with its type and Kafka's default.
+fn broker_keys() -> impl Iterator<Item = &'static (&'static str, ConfigType, &'static str)> {
+    BROKER_KEYS.iter().chain(SOCKET_SERVER_KEYS)
+}
+
+/// Keys that configure security gregor does not implement yet (TLS, SASL, authorization):
+/// accepting them would start a broker that looks secured and is not, so start-up stops.
+/// Empty `authorizer.class.name` (Kafka's default: no authorizer) and
+/// `security.inter.broker.protocol=PLAINTEXT` are fine.
+fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
+    props
+        .iter()
+        .filter(|(k, v)| {
+            let v = v.trim();
+            match k.as_str() {
+                "authorizer.class.name" => !v.is_empty(),
+                "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
+                k if k.starts_with("ssl.") || k.starts_with("sasl.") => true,
+                // listener.name.<listener>.ssl.* / .sasl.* / .<mechanism>.sasl.*
+                k => k.strip_prefix("listener.name.").is_some_and(|rest| {
+                    rest.split('.')
+                        .skip(1)
+                        .any(|seg| seg == "ssl" || seg == "sasl")
+                }),
+            }
+        })
+        .map(|(k, _)| k.as_str())
+        .collect()
+}
+
+/// Parses `listener.security.protocol.map` (`NAME:PROTOCOL,...`), names upper-cased.
+fn parse_security_protocol_map(
+    value: &str,
+) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    const NAME: &str = "listener.security.protocol.map";
+    let mut map = BTreeMap::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (listener, protocol) = entry.split_once(':').ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                value,
+                format!("Error parsing configuration property '{NAME}': expected NAME:PROTOCOL, got {entry}"),
+            )
+        })?;
+        let protocol = SecurityProtocol::from_name(protocol).ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                value,
+                format!(
+                    "Invalid security protocol `{}` defined in {NAME}",
+                    protocol.trim()
+                ),
+            )
+        })?;
+        map.insert(listener.trim().to_ascii_uppercase(), protocol);
+    }
+    Ok(map)
+}
+
+/// Kafka's `effectiveListenerSecurityProtocolMap`: the configured map; or, when none is
+/// configured, the default map plus PLAINTEXT for every `controller.listener.names` entry,
+/// as long as no listener is named after SSL or SASL.
+fn effective_security_protocol_map(
+    props: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    if let Some(v) = props.get("listener.security.protocol.map") {
+        return parse_security_protocol_map(v);
+    }
+    let mut map = parse_security_protocol_map(DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP)?;
+    let names = |key: &str| -> Vec<String> {
+        props
+            .get(key)
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim())
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.split("://").next().unwrap_or(s).to_ascii_uppercase())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let controllers = names("controller.listener.names");
+    let ssl_or_sasl = |n: &String| matches!(n.as_str(), "SSL" | "SASL_SSL" | "SASL_PLAINTEXT");
+    if !controllers.iter().any(ssl_or_sasl) && !names("listeners").iter().any(ssl_or_sasl) {
+        for c in controllers {
+            map.entry(c).or_insert(SecurityProtocol::Plaintext);
+        }
+    }
+    Ok(map)
+}
+
+/// Gives each listener its protocol from `map`, refusing names the map lacks (Kafka: "No
+/// security protocol defined for listener X") and protocols gregor does not implement.
+fn apply_security_protocols(
+    config_name: &str,
+    listeners: &mut [Listener],
+    map: &BTreeMap<String, SecurityProtocol>,
+) -> Result<(), ConfigError> {
+    for l in listeners {
+        let shown = format!("{}://{}:{}", l.name, l.host, l.port);
+        let protocol = *map.get(&l.name).ok_or_else(|| {
+            ConfigError::new(
+                config_name,
+                &shown,
+                format!("No security protocol defined for listener {}", l.name),
+            )
+        })?;
+        if !protocol.is_implemented() {
+            return Err(ConfigError::new(
+                config_name,
+                &shown,
+                format!(
+                    "listener {} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served (it would otherwise be served without TLS or authentication)",
+                    l.name
+                ),
+            ));
+        }
+        l.security_protocol = protocol;
+    }
+    Ok(())
+}
+
+/// Parses `max.connections.per.ip.overrides` (`host:count,...`); hostnames are resolved now,
+/// as Kafka's `ConnectionQuotas` does.
+fn parse_connection_overrides(value: &str) -> Result<HashMap<IpAddr, i32>, ConfigError> {
+    const NAME: &str = "max.connections.per.ip.overrides";
+    let mut out = HashMap::new();
+    let mut invalid = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((host, count)) = entry.rsplit_once(':') else {
+            return Err(ConfigError::new(
+                NAME,
+                value,
+                format!("Error parsing configuration property '{NAME}': expected host:count, got {entry}"),
+            ));
+        };
+        let count: i32 = count
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::new(NAME, value, "Not a number of type INT"))?;
+        let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            out.insert(ip, count);
+            continue;
+        }
+        match std::net::ToSocketAddrs::to_socket_addrs(&(host, 0)) {
+            Ok(addrs) => {
+                for a in addrs {
+                    out.insert(a.ip(), count);
+                }
+            }
+            Err(_) => invalid.push(host.to_string()),
+        }
+    }
+    if !invalid.is_empty() {
+        return Err(ConfigError::new(
+            NAME,
+            value,
+            format!("{NAME} contains invalid addresses : {}", invalid.join(",")),
+        ));
+    }
+    Ok(out)
+}
+
+impl BrokerConfig {
+    /// The socket server's settings.
+    pub fn socket_server_config(&self) -> SocketServerConfig {
+        SocketServerConfig {
+            socket_request_max_bytes: self.socket_request_max_bytes,
+            queued_max_requests: self.queued_max_requests,
+            queued_max_request_bytes: self.queued_max_request_bytes,
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_connections_per_ip_overrides: self.max_connections_per_ip_overrides.clone(),
+            connections_max_idle_ms: self.connections_max_idle_ms,
+        }
+    }
+
+    /// The listeners to bind, with their security protocols.
+    pub fn endpoints(&self) -> Vec<EndPoint> {
+        self.listeners
+            .iter()
+            .map(|l| EndPoint {
+                listener_name: l.name.clone(),
+                security_protocol: l.security_protocol,
+                host: l.host.clone(),
+                port: l.port,
+            })
+            .collect()
+    }
+}
+
 impl BrokerConfig {
     /// Builds the config from `server.properties` pairs. Returns the config and the unknown keys
     /// (the caller warns about them).
@@ -710,9 +945,17 @@ impl BrokerConfig {
     pub fn from_properties(
         props: BTreeMap<String, String>,
     ) -> Result<(Self, Vec<String>), ConfigError> {
+        let refused = unimplemented_security_keys(&props);
+        if !refused.is_empty() {
+            return Err(ConfigError::new(
+                &refused.join(", "),
+                "[hidden]",
+                "TLS, SASL and authorizers are not implemented in gregor yet; remove these keys (a broker started with them would look secured and not be)",
+            ));
+        }
         let mut unknown = Vec::new();
         for (k, v) in &props {
-            if let Some((_, ty, _)) = BROKER_KEYS.iter().find(|(n, _, _)| n == k) {
+            if let Some((_, ty, _)) = broker_keys().find(|(n, _, _)| n == k) {
                 ty.check(k, v)?;
             } else if let Some(def) = TOPIC_CONFIGS.iter().find(|d| d.broker_synonym == Some(k)) {
                 validate_topic_config(def.name, v).map_err(|mut e| {
@@ -725,10 +968,12 @@ impl BrokerConfig {
         }
         let get = |k: &str| props.get(k).map(|s| s.trim().to_string());
         let int = |k: &str, d: i64| -> i64 { get(k).and_then(|v| v.parse().ok()).unwrap_or(d) };
-        let listeners = parse_listeners(
+        let protocol_map = effective_security_protocol_map(&props)?;
+        let mut listeners = parse_listeners(
             "listeners",
             &get("listeners").unwrap_or_else(|| "PLAINTEXT://127.0.0.1:9092".into()),
         )?;
+        apply_security_protocols("listeners", &mut listeners, &protocol_map)?;
         if listeners.is_empty() {
             return Err(ConfigError::new(
                 "listeners",
@@ -737,7 +982,11 @@ impl BrokerConfig {
             ));
         }
         let advertised_listeners = match get("advertised.listeners") {
-            Some(v) if !v.is_empty() => parse_listeners("advertised.listeners", &v)?,
+            Some(v) if !v.is_empty() => {
+                let mut l = parse_listeners("advertised.listeners", &v)?;
+                apply_security_protocols("advertised.listeners", &mut l, &protocol_map)?;
+                l
+            }
             _ => listeners.clone(),
         };
         let log_dirs: Vec<PathBuf> = get("log.dirs")
@@ -779,7 +1028,44 @@ impl BrokerConfig {
                 "Value must be at least 1",
             ));
         }
+        let queued_max_request_bytes = int("queued.max.request.bytes", -1);
+        if queued_max_request_bytes > 0 && queued_max_request_bytes < request_max {
+            return Err(ConfigError::new(
+                "queued.max.request.bytes",
+                &queued_max_request_bytes.to_string(),
+                "queued.max.request.bytes must be larger or equal to socket.request.max.bytes",
+            ));
+        }
+        let at_least_zero = |name: &str, default: i64| -> Result<i32, ConfigError> {
+            let v = int(name, default);
+            if v < 0 {
+                return Err(ConfigError::new(
+                    name,
+                    &v.to_string(),
+                    "Value must be at least 0",
+                ));
+            }
+            Ok(i32::try_from(v).unwrap_or(i32::MAX))
+        };
+        let max_connections = at_least_zero("max.connections", i64::from(i32::MAX))?;
+        let max_connections_per_ip = at_least_zero("max.connections.per.ip", i64::from(i32::MAX))?;
+        let max_connections_per_ip_overrides = parse_connection_overrides(
+            &get("max.connections.per.ip.overrides").unwrap_or_default(),
+        )?;
+        if max_connections_per_ip == 0 && max_connections_per_ip_overrides.is_empty() {
+            return Err(ConfigError::new(
+                "max.connections.per.ip",
+                "0",
+                "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set.",
+            ));
+        }
         let cfg = Self {
+            queued_max_request_bytes,
+            max_connections,
+            max_connections_per_ip,
+            max_connections_per_ip_overrides,
+            connections_max_idle_ms: int("connections.max.idle.ms", 600_000),
+            listener_security_protocol_map: protocol_map,
             node_id: int("node.id", 1) as i32,
             listeners,
             advertised_listeners,
@@ -847,7 +1133,7 @@ impl BrokerConfig {
     pub fn describe(&self) -> Vec<(String, Option<String>, ConfigSource, ConfigType)> {
         let mut out = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
-        for (name, ty, default) in BROKER_KEYS {
+        for (name, ty, default) in broker_keys() {
             seen.insert(*name);
             let (value, source) = match self.raw.get(*name) {
                 Some(v) => (Some(v.clone()), ConfigSource::StaticBroker),
@@ -1035,8 +1321,7 @@ pub fn is_dynamic_broker_config(name: &str) -> bool {
 
 /// The type and Kafka default of a broker config gregor knows, if any.
 pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
-    BROKER_KEYS
-        .iter()
+    broker_keys()
         .find(|(n, _, _)| *n == name)
         .map(|(_, t, d)| (*t, *d))
         .or_else(|| {

@@ -1,5 +1,6 @@
-//! gregor-broker: the broker. Owns the listeners and connections ([`server`]), one handler
-//! module per Kafka API family ([`handlers`]), the hosted partitions with their leadership
+//! gregor-broker: the broker. Owns start-up and shutdown ([`server`]), the shared state
+//! ([`broker::Broker`]), one handler module per Kafka API family ([`handlers`], plugged into
+//! `gregor-network` as its request handler), authorization ([`authorizer`]), the hosted partitions with their leadership
 //! state, high watermark and delayed operations ([`replica_manager`]), and the broker and topic
 //! configuration with Kafka's names and defaults ([`config`]).
 //!
@@ -7,6 +8,8 @@
 //! and the controller); it never parses record batches beyond their headers on the produce path.
 #![deny(missing_docs)]
 
+pub mod authorizer;
+pub mod broker;
 pub mod config;
 pub mod error_codes;
 pub mod group_coordinator;
@@ -15,5 +18,6 @@ pub mod observability;
 pub mod replica_manager;
 pub mod server;
 
+pub use broker::Broker;
 pub use config::BrokerConfig;
-pub use server::{start, Broker, RunningBroker, StartError};
+pub use server::{start, RunningBroker, StartError};

@@ -13,8 +13,8 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
-pub mod clock;
 mod cleaner;
+pub mod clock;
 mod config;
 mod epoch;
 mod error;

@@ -12,21 +12,29 @@ use gregor_protocol::kafka_protocol::messages::consumer_group_heartbeat_response
 };
 use gregor_protocol::kafka_protocol::messages::{
     ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
-    ConsumerGroupHeartbeatResponse, RequestHeader, TopicName,
+    ConsumerGroupHeartbeatResponse, TopicName,
 };
 
-use super::groups::client_host;
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
+use crate::error_codes as ec;
 use crate::group_coordinator::assignor;
 use crate::group_coordinator::consumer::HeartbeatRequest;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
 /// ConsumerGroupHeartbeat.
 pub fn heartbeat(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     req: &ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
+    let header = &ctx.header;
+    if !broker.authorize(ctx, AclOperation::Read, ResourceType::Group, &req.group_id) {
+        return ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+            .with_member_epoch(-1);
+    }
     let r = broker.group_coordinator.consumer_group_heartbeat(
         broker,
         HeartbeatRequest {
@@ -57,7 +65,7 @@ pub fn heartbeat(
                 .as_deref()
                 .map(str::to_string)
                 .unwrap_or_default(),
-            client_host: client_host(),
+            client_host: ctx.client_host(),
             version: header.request_api_version,
         },
     );
@@ -101,6 +109,7 @@ fn describe_assignment(
 /// ConsumerGroupDescribe.
 pub fn describe(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &ConsumerGroupDescribeRequest,
     version: i16,
 ) -> ConsumerGroupDescribeResponse {
@@ -109,6 +118,12 @@ pub fn describe(
         req.group_ids
             .iter()
             .map(|gid| {
+                if !broker.authorize(ctx, AclOperation::Describe, ResourceType::Group, gid) {
+                    return DescribedGroup::default()
+                        .with_group_id(gid.clone())
+                        .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+                        .with_authorized_operations(i32::MIN);
+                }
                 let d = broker
                     .group_coordinator
                     .describe_consumer_group(broker, gid);

@@ -12,12 +12,15 @@ use gregor_protocol::kafka_protocol::messages::delete_records_response::{
 };
 use gregor_protocol::kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
-/// Answers DeleteRecords.
+/// Answers DeleteRecords. Needs `Delete` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub fn handle(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DeleteRecordsRequest,
     _version: i16,
 ) -> DeleteRecordsResponse {
@@ -26,12 +29,18 @@ pub fn handle(
         .topics
         .iter()
         .map(|t| {
+            let authorized = broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, &t.name);
             let partitions = t
                 .partitions
                 .iter()
                 .map(|p| {
                     let result = DeleteRecordsPartitionResult::default()
                         .with_partition_index(p.partition_index);
+                    if !authorized {
+                        return result
+                            .with_low_watermark(-1)
+                            .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED);
+                    }
                     let Some(part) = rm.partition(&t.name, p.partition_index) else {
                         return result
                             .with_low_watermark(-1)

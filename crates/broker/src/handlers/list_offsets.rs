@@ -11,10 +11,12 @@ use gregor_protocol::kafka_protocol::messages::list_offsets_response::{
 };
 use gregor_protocol::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
 use crate::replica_manager::Partition;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 use gregor_protocol::kafka_protocol::messages::ApiKey;
 
 /// Earliest offset.
@@ -61,13 +63,20 @@ fn lookup(p: &Partition, timestamp: i64, isolation_level: i8) -> Result<(i64, i6
     }
 }
 
-/// Answers ListOffsets.
-pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+/// Answers ListOffsets. Needs `Describe` on each topic (TOPIC_AUTHORIZATION_FAILED).
+pub fn handle(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    req: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let rm = &broker.replica_manager;
     let topics = req
         .topics
         .into_iter()
         .map(|t| {
+            let authorized =
+                broker.authorize(ctx, AclOperation::Describe, ResourceType::Topic, &t.name);
             let partitions = t
                 .partitions
                 .iter()
@@ -77,6 +86,10 @@ pub fn handle(broker: &Arc<Broker>, req: ListOffsetsRequest, version: i16) -> Li
                         .with_timestamp(-1)
                         .with_offset(-1)
                         .with_leader_epoch(-1);
+                    if !authorized {
+                        record_error(ApiKey::ListOffsets, ec::TOPIC_AUTHORIZATION_FAILED);
+                        return resp.with_error_code(ec::TOPIC_AUTHORIZATION_FAILED);
+                    }
                     let Some(p) = rm.partition(&t.name, rp.partition_index) else {
                         record_error(ApiKey::ListOffsets, ec::UNKNOWN_TOPIC_OR_PARTITION);
                         return resp.with_error_code(ec::UNKNOWN_TOPIC_OR_PARTITION);

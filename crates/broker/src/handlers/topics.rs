@@ -19,9 +19,13 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::config::{validate_topic_config, TopicConfigs};
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
+
+const NOT_AUTHORIZED: &str = "Authorization failed.";
 
 /// Creates `name` with the broker defaults (`num.partitions`, `default.replication.factor`),
 /// for Metadata auto-creation.
@@ -72,9 +76,16 @@ fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult 
 /// `validate_only` checks without creating; a name given twice fails with INVALID_REQUEST.
 pub fn create_topics(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: CreateTopicsRequest,
     version: i16,
 ) -> CreateTopicsResponse {
+    let cluster_create = broker.authorize(
+        ctx,
+        AclOperation::Create,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
     let mut counts: HashMap<String, usize> = HashMap::new();
     for t in &req.topics {
         *counts.entry(t.name.0.to_string()).or_default() += 1;
@@ -93,6 +104,16 @@ pub fn create_topics(
                 &t.name,
                 ec::INVALID_REQUEST,
                 format!("Create topics request from client contains multiple entries for the following topics: {name}"),
+            ));
+            continue;
+        }
+        if !cluster_create
+            && !broker.authorize(ctx, AclOperation::Create, ResourceType::Topic, &name)
+        {
+            results.push(failed(
+                &t.name,
+                ec::TOPIC_AUTHORIZATION_FAILED,
+                NOT_AUTHORIZED.into(),
             ));
             continue;
         }
@@ -224,6 +245,7 @@ pub fn create_topics(
 /// Answers DeleteTopics: by name (all versions) or by topic id (v6+).
 pub fn delete_topics(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: DeleteTopicsRequest,
     version: i16,
 ) -> DeleteTopicsResponse {
@@ -277,6 +299,14 @@ pub fn delete_topics(
         let result = DeletableTopicResult::default()
             .with_name(Some(TopicName(sb(&topic_name))))
             .with_topic_id(if version >= 6 { topic_id } else { Uuid::nil() });
+        if !broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, &topic_name) {
+            responses.push(
+                result
+                    .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(sb(NOT_AUTHORIZED))),
+            );
+            continue;
+        }
         match broker.controller.delete_topic(topic_id) {
             Ok(_) => {
                 deleted_any = true;
@@ -305,6 +335,7 @@ pub fn delete_topics(
 /// Answers CreatePartitions.
 pub fn create_partitions(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: CreatePartitionsRequest,
     _version: i16,
 ) -> CreatePartitionsResponse {
@@ -318,6 +349,13 @@ pub fn create_partitions(
             .map(|a| a.broker_ids.into_iter().map(|b| b.0).collect())
             .collect();
         let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        if !broker.authorize(ctx, AclOperation::Alter, ResourceType::Topic, &t.name) {
+            results.push(
+                r.with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(sb(NOT_AUTHORIZED))),
+            );
+            continue;
+        }
         match broker
             .controller
             .create_partitions(&t.name, t.count, assignments, req.validate_only)
