@@ -577,6 +577,9 @@ const ACCEPTED_KEYS: &[&str] = &[
     "controller.quorum.bootstrap.servers",
     "controller.listener.names",
     "inter.broker.listener.name",
+    // Accepted only at values that ask for no security (see `unimplemented_security_keys`).
+    "authorizer.class.name",
+    "security.inter.broker.protocol",
     "num.network.threads",
     "num.io.threads",
     "num.recovery.threads.per.data.dir",
@@ -1695,5 +1698,219 @@ mod tests {
         assert!(validate_topic_config("retention.ms", "abc").is_err());
         assert!(validate_topic_config("no.such", "1").is_err());
         assert!(validate_topic_config("min.insync.replicas", "0").is_err());
+    }
+
+    #[test]
+    fn socket_server_keys_have_kafkas_defaults() {
+        let (c, unknown) = BrokerConfig::from_properties(BTreeMap::new()).unwrap();
+        assert!(unknown.is_empty());
+        assert_eq!(c.queued_max_request_bytes, -1);
+        assert_eq!(c.max_connections, i32::MAX);
+        assert_eq!(c.max_connections_per_ip, i32::MAX);
+        assert!(c.max_connections_per_ip_overrides.is_empty());
+        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(
+            c.listeners[0].security_protocol,
+            SecurityProtocol::Plaintext
+        );
+        let described = c.describe();
+        let get = |n: &str| {
+            described
+                .iter()
+                .find(|d| d.0 == n)
+                .and_then(|d| d.1.clone())
+        };
+        assert_eq!(get("connections.max.idle.ms").as_deref(), Some("600000"));
+        assert_eq!(
+            get("listener.security.protocol.map").as_deref(),
+            Some(DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP)
+        );
+
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            ("max.connections", "10"),
+            ("max.connections.per.ip", "0"),
+            ("max.connections.per.ip.overrides", "127.0.0.1:5,[::1]:6"),
+            ("connections.max.idle.ms", "1000"),
+            ("socket.request.max.bytes", "1000"),
+            ("queued.max.request.bytes", "1000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.max_connections, 10);
+        assert_eq!(c.max_connections_per_ip, 0);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            c.max_connections_per_ip_overrides.get(&ip("127.0.0.1")),
+            Some(&5)
+        );
+        assert_eq!(c.max_connections_per_ip_overrides.get(&ip("::1")), Some(&6));
+        let s = c.socket_server_config();
+        assert_eq!(s.connections_max_idle_ms, 1000);
+        assert_eq!(s.queued_max_request_bytes, 1000);
+    }
+
+    #[test]
+    fn socket_server_keys_are_validated_as_kafka_does() {
+        let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
+        let e = err(&[
+            ("socket.request.max.bytes", "1000"),
+            ("queued.max.request.bytes", "999"),
+        ]);
+        assert_eq!(e.name, "queued.max.request.bytes");
+        let e = err(&[("max.connections.per.ip", "0")]);
+        assert!(e.reason.contains("can be set to zero only if"), "{e}");
+        assert_eq!(err(&[("max.connections", "-1")]).name, "max.connections");
+        let e = err(&[("max.connections.per.ip.overrides", "no-such-host.invalid:3")]);
+        assert!(e.reason.contains("invalid addresses"), "{e}");
+        assert_eq!(
+            err(&[("max.connections.per.ip.overrides", "127.0.0.1")]).name,
+            "max.connections.per.ip.overrides"
+        );
+    }
+
+    #[test]
+    fn listeners_get_protocols_from_the_map_and_fail_closed() {
+        let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
+        // Defect 5: a SASL_SSL listener used to be served as plaintext.
+        let e = err(&[("listeners", "SASL_SSL://127.0.0.1:9093")]);
+        assert_eq!(e.name, "listeners");
+        assert!(
+            e.reason.contains("SASL_SSL") && e.reason.contains("not implement"),
+            "{e}"
+        );
+        // A custom name mapped to SSL is refused, naming the listener and the protocol.
+        let e = err(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,EXTERNAL://127.0.0.1:9093",
+            ),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL",
+            ),
+        ]);
+        assert!(
+            e.reason
+                .contains("listener EXTERNAL uses security protocol SSL"),
+            "{e}"
+        );
+        // A name not in an explicit map is an error, as in Kafka.
+        let e = err(&[
+            ("listeners", "INTERNAL://127.0.0.1:9092"),
+            ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT"),
+        ]);
+        assert_eq!(
+            e.reason,
+            "No security protocol defined for listener INTERNAL"
+        );
+        // Without an explicit map, a custom name is unknown too...
+        let e = err(&[("listeners", "INTERNAL://127.0.0.1:9092")]);
+        assert_eq!(
+            e.reason,
+            "No security protocol defined for listener INTERNAL"
+        );
+        // ... unless it is a controller listener (Kafka maps those to PLAINTEXT).
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+            ),
+            ("controller.listener.names", "CONTROLLER"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.listeners[1].security_protocol,
+            SecurityProtocol::Plaintext
+        );
+        let e = err(&[("listener.security.protocol.map", "PLAINTEXT:TLS")]);
+        assert!(e.reason.contains("Invalid security protocol `TLS`"), "{e}");
+        // Advertised listeners are checked too.
+        let e = err(&[("advertised.listeners", "SSL://example.com:9093")]);
+        assert_eq!(e.name, "advertised.listeners");
+    }
+
+    #[test]
+    fn stock_kafka_server_properties_still_start() {
+        // The KRaft combined-mode keys of Kafka 4's config/server.properties that touch
+        // listeners and security: an explicit map with SSL and SASL entries, no ssl.* keys.
+        let (c, unknown) = BrokerConfig::from_properties(props(&[
+            ("process.roles", "broker,controller"),
+            ("node.id", "1"),
+            ("controller.quorum.bootstrap.servers", "localhost:9093"),
+            ("listeners", "PLAINTEXT://:9092,CONTROLLER://:9093"),
+            ("inter.broker.listener.name", "PLAINTEXT"),
+            ("advertised.listeners", "PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093"),
+            ("controller.listener.names", "CONTROLLER"),
+            (
+                "listener.security.protocol.map",
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            ),
+            ("num.network.threads", "3"),
+            ("num.io.threads", "8"),
+            ("socket.send.buffer.bytes", "102400"),
+            ("socket.receive.buffer.bytes", "102400"),
+            ("socket.request.max.bytes", "104857600"),
+            ("log.dirs", "/tmp/kraft-combined-logs"),
+            ("num.partitions", "1"),
+            ("num.recovery.threads.per.data.dir", "1"),
+            ("offsets.topic.replication.factor", "1"),
+            ("share.coordinator.state.topic.replication.factor", "1"),
+            ("share.coordinator.state.topic.min.isr", "1"),
+            ("transaction.state.log.replication.factor", "1"),
+            ("transaction.state.log.min.isr", "1"),
+            ("log.retention.hours", "168"),
+            ("log.segment.bytes", "1073741824"),
+            ("log.retention.check.interval.ms", "300000"),
+        ]))
+        .unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert_eq!(c.listeners.len(), 2);
+        assert!(c
+            .endpoints()
+            .iter()
+            .all(|e| e.security_protocol == SecurityProtocol::Plaintext));
+        assert_eq!(c.endpoints()[0].host, "");
+    }
+
+    #[test]
+    fn security_keys_stop_start_up() {
+        // Defect 6: these used to be ignored, starting a broker that looks secured.
+        for key in [
+            "ssl.keystore.location",
+            "sasl.enabled.mechanisms",
+            "listener.name.external.ssl.keystore.password",
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
+            "listener.name.external.sasl.enabled.mechanisms",
+        ] {
+            let e = BrokerConfig::from_properties(props(&[(key, "secret")])).unwrap_err();
+            assert_eq!(e.name, key);
+            assert_eq!(
+                e.value, "[hidden]",
+                "values of security keys are not echoed"
+            );
+            assert!(e.reason.contains("not implemented"), "{e}");
+        }
+        let e = BrokerConfig::from_properties(props(&[
+            (
+                "authorizer.class.name",
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            ),
+            ("ssl.truststore.location", "/x"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.name, "authorizer.class.name, ssl.truststore.location");
+        let e = BrokerConfig::from_properties(props(&[("security.inter.broker.protocol", "SSL")]))
+            .unwrap_err();
+        assert_eq!(e.name, "security.inter.broker.protocol");
+        // Kafka's defaults for these are fine, and other listener.name.* keys are not security.
+        let (_, unknown) = BrokerConfig::from_properties(props(&[
+            ("authorizer.class.name", ""),
+            ("security.inter.broker.protocol", "PLAINTEXT"),
+            ("listener.name.plaintext.max.connections", "5"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            unknown,
+            vec!["listener.name.plaintext.max.connections".to_string()]
+        );
     }
 }
