@@ -9,6 +9,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+/// Bytes left in the request memory pool (gauge; only when `queued.max.request.bytes` is set;
+/// Kafka's `MemoryPoolAvailable`).
+pub const MEMORY_POOL_AVAILABLE_BYTES: &str = "gregor_memory_pool_available_bytes";
+
 /// A byte budget shared by every connection.
 #[derive(Debug)]
 pub struct MemoryPool {
@@ -22,6 +26,9 @@ impl MemoryPool {
     /// A pool of `queued_max_request_bytes`; `<= 0` means unbounded.
     pub fn new(queued_max_request_bytes: i64) -> Arc<Self> {
         let capacity_bytes = (queued_max_request_bytes > 0).then_some(queued_max_request_bytes);
+        if let Some(c) = capacity_bytes {
+            metrics::gauge!(MEMORY_POOL_AVAILABLE_BYTES).set(c as f64);
+        }
         Arc::new(Self {
             capacity_bytes,
             available_bytes: Mutex::new(capacity_bytes.unwrap_or(0)),
@@ -54,7 +61,8 @@ impl MemoryPool {
             {
                 let mut available = self.available_bytes.lock();
                 if *available >= 1 {
-                    *available -= size;
+                    *available = available.saturating_sub(size);
+                    metrics::gauge!(MEMORY_POOL_AVAILABLE_BYTES).set(*available as f64);
                     return Reservation {
                         pool: self.clone(),
                         size_bytes: size,
@@ -69,7 +77,11 @@ impl MemoryPool {
         if size_bytes == 0 {
             return;
         }
-        *self.available_bytes.lock() += size_bytes;
+        {
+            let mut available = self.available_bytes.lock();
+            *available = available.saturating_add(size_bytes);
+            metrics::gauge!(MEMORY_POOL_AVAILABLE_BYTES).set(*available as f64);
+        }
         self.released.notify_waiters();
     }
 }

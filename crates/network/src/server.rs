@@ -268,6 +268,8 @@ impl<H: RequestHandler> SocketServer<H> {
             let listener_name = listener_name.clone();
             let rx = shutdown.clone();
             tokio::spawn(async move {
+                // Counted as active until after its quota slot is released.
+                let _active = ActiveConnection::new();
                 let _slot = slot;
                 match layer.establish(stream).await {
                     Ok(established) => {
@@ -296,7 +298,6 @@ impl<H: RequestHandler> SocketServer<H> {
         let peer = conn.peer;
         debug!(%peer, listener = %conn.listener_name, "connection opened");
         metrics::counter!(CONNECTIONS_OPENED_TOTAL).increment(1);
-        let _active = ActiveConnection::new();
         let activity = Arc::new(Activity::new());
         let (mut rd, mut wr) = tokio::io::split(transport);
         let (tx, mut rx) = mpsc::channel::<Slot>(self.config.queued_max_requests.max(1));

@@ -18,7 +18,6 @@ pub mod producer_id;
 pub mod topics;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -228,28 +227,22 @@ impl gregor_network::RequestHandler for KafkaApis {
         supported_versions(api_key)
     }
 
-    fn handle<'a>(
-        &'a self,
-        ctx: &'a RequestContext,
-        body: RequestKind,
-    ) -> impl Future<Output = Handled> + Send + 'a {
-        async move {
-            let m = observability::request_metrics(ctx.api_key, ctx.api_version());
-            m.requests.increment(1);
-            let started = Instant::now();
-            m.queue
-                .record(started.duration_since(ctx.received_at).as_secs_f64());
-            let handled = handle(&self.broker, ctx, body).await;
-            m.processing.record(started.elapsed().as_secs_f64());
-            match handled {
-                Handled::Deferred(fut) => Handled::Deferred(Box::pin(async move {
-                    let waited = Instant::now();
-                    let out = fut.await;
-                    m.remote.record(waited.elapsed().as_secs_f64());
-                    out
-                })),
-                other => other,
-            }
+    async fn handle(&self, ctx: &RequestContext, body: RequestKind) -> Handled {
+        let m = observability::request_metrics(ctx.api_key, ctx.api_version());
+        m.requests.increment(1);
+        let started = Instant::now();
+        m.queue
+            .record(started.duration_since(ctx.received_at).as_secs_f64());
+        let handled = handle(&self.broker, ctx, body).await;
+        m.processing.record(started.elapsed().as_secs_f64());
+        match handled {
+            Handled::Deferred(fut) => Handled::Deferred(Box::pin(async move {
+                let waited = Instant::now();
+                let out = fut.await;
+                m.remote.record(waited.elapsed().as_secs_f64());
+                out
+            })),
+            other => other,
         }
     }
 
