@@ -195,3 +195,165 @@ impl Authorizer for AllowEverythingAuthorizer {
         vec![AuthorizationResult::Allowed; actions.len()]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Handlers consult the authorizer: a broker in this process with an authorizer that
+    //! denies chosen resources, driven through `handlers::handle` with a `RequestContext`.
+
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use gregor_network::{KafkaPrincipal, SecurityProtocol};
+    use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use gregor_protocol::kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use gregor_protocol::kafka_protocol::messages::TopicName;
+    use gregor_protocol::kafka_protocol::messages::{
+        ApiKey, CreateTopicsRequest, DescribeGroupsRequest, GroupId, HeartbeatRequest,
+        MetadataRequest, RequestHeader, RequestKind, ResponseKind,
+    };
+    use gregor_protocol::kafka_protocol::protocol::{Decodable, StrBytes};
+
+    use super::*;
+    use crate::config::BrokerConfig;
+    use crate::error_codes as ec;
+    use crate::handlers::{self, Handled};
+
+    /// Denies every action on resources whose name starts with `secret`, and `Create` on the
+    /// Cluster (which would allow creating any topic).
+    struct DenySecret;
+
+    impl Authorizer for DenySecret {
+        fn authorize(&self, ctx: &RequestContext, actions: &[Action]) -> Vec<AuthorizationResult> {
+            assert_eq!(ctx.principal, KafkaPrincipal::anonymous());
+            actions
+                .iter()
+                .map(|a| {
+                    let cluster_create = a.resource_pattern.resource_type == ResourceType::Cluster
+                        && a.operation == AclOperation::Create;
+                    if cluster_create || a.resource_pattern.name.starts_with("secret") {
+                        AuthorizationResult::Denied
+                    } else {
+                        AuthorizationResult::Allowed
+                    }
+                })
+                .collect()
+        }
+    }
+
+    fn ctx(api_key: ApiKey, version: i16) -> RequestContext {
+        RequestContext {
+            header: RequestHeader::default()
+                .with_request_api_key(api_key as i16)
+                .with_request_api_version(version)
+                .with_correlation_id(7),
+            api_key,
+            principal: KafkaPrincipal::anonymous(),
+            listener_name: "PLAINTEXT".into(),
+            security_protocol: SecurityProtocol::Plaintext,
+            client_address: SocketAddr::from(([127, 0, 0, 1], 40000)),
+            client_software_name: "unknown".into(),
+            client_software_version: "unknown".into(),
+            received_at: Instant::now(),
+        }
+    }
+
+    fn decode(api_key: ApiKey, version: i16, handled: Handled) -> ResponseKind {
+        let Handled::Ready(Some(mut bytes)) = handled else {
+            panic!("expected a ready response");
+        };
+        let _size = bytes.split_to(4);
+        let header_version = api_key.response_header_version(version);
+        gregor_protocol::kafka_protocol::messages::ResponseHeader::decode(
+            &mut bytes,
+            header_version,
+        )
+        .expect("header");
+        ResponseKind::decode(api_key, &mut bytes, version).expect("body")
+    }
+
+    #[tokio::test]
+    async fn handlers_answer_authorization_failures() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.path().display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let running = crate::server::start_with_authorizer(config, Arc::new(DenySecret))
+            .await
+            .expect("start");
+        let broker = running.broker.clone();
+
+        // CreateTopics: denied for secret-*, allowed otherwise.
+        let req = CreateTopicsRequest::default().with_topics(vec![
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("secret-a")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("open-a")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]);
+        let c = ctx(ApiKey::CreateTopics, 7);
+        let h = handlers::handle(&broker, &c, RequestKind::CreateTopics(req)).await;
+        let ResponseKind::CreateTopics(r) = decode(ApiKey::CreateTopics, 7, h) else {
+            panic!("CreateTopics response expected");
+        };
+        let codes: Vec<(String, i16)> = r
+            .topics
+            .iter()
+            .map(|t| (t.name.to_string(), t.error_code))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                ("secret-a".to_string(), ec::TOPIC_AUTHORIZATION_FAILED),
+                ("open-a".to_string(), ec::NONE)
+            ]
+        );
+
+        // Metadata: a named secret topic is refused (and not auto-created); all-topics omits it.
+        let req = MetadataRequest::default()
+            .with_topics(Some(vec![MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str("secret-b"))))]));
+        let c = ctx(ApiKey::Metadata, 12);
+        let h = handlers::handle(&broker, &c, RequestKind::Metadata(req)).await;
+        let ResponseKind::Metadata(r) = decode(ApiKey::Metadata, 12, h) else {
+            panic!("Metadata response expected");
+        };
+        assert_eq!(r.topics[0].error_code, ec::TOPIC_AUTHORIZATION_FAILED);
+        assert!(broker.controller.image().topic("secret-b").is_none());
+
+        // Groups: entry checks.
+        let req = HeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("secret-g")));
+        let c = ctx(ApiKey::Heartbeat, 4);
+        let h = handlers::handle(&broker, &c, RequestKind::Heartbeat(req)).await;
+        let ResponseKind::Heartbeat(r) = decode(ApiKey::Heartbeat, 4, h) else {
+            panic!("Heartbeat response expected");
+        };
+        assert_eq!(r.error_code, ec::GROUP_AUTHORIZATION_FAILED);
+        let req = DescribeGroupsRequest::default().with_groups(vec![
+            GroupId(StrBytes::from_static_str("secret-g")),
+            GroupId(StrBytes::from_static_str("open-g")),
+        ]);
+        let c = ctx(ApiKey::DescribeGroups, 5);
+        let h = handlers::handle(&broker, &c, RequestKind::DescribeGroups(req)).await;
+        let ResponseKind::DescribeGroups(r) = decode(ApiKey::DescribeGroups, 5, h) else {
+            panic!("DescribeGroups response expected");
+        };
+        assert_eq!(r.groups[0].error_code, ec::GROUP_AUTHORIZATION_FAILED);
+        // Allowed: whatever the coordinator says (NOT_COORDINATOR before `__consumer_offsets`).
+        assert_ne!(r.groups[1].error_code, ec::GROUP_AUTHORIZATION_FAILED);
+
+        running.shutdown().await.expect("shutdown");
+    }
+}

@@ -184,6 +184,17 @@ impl RunningBroker {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
+    start_with_authorizer(config, Arc::new(AllowEverythingAuthorizer)).await
+}
+
+/// [`start`] with an [`Authorizer`](crate::authorizer::Authorizer) other than allow-everything.
+///
+/// # Errors
+/// [`StartError`] naming the directory, file or address at fault.
+pub async fn start_with_authorizer(
+    config: BrokerConfig,
+    authorizer: Arc<dyn crate::authorizer::Authorizer>,
+) -> Result<RunningBroker, StartError> {
     // With the admin listener off nothing could read the metrics, so no recorder is installed
     // and every metric call is a no-op.
     if config.admin_listener.is_some() {
@@ -271,7 +282,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         ReplicaManager::new(config.node_id, config.clone(), logs),
         crate::group_coordinator::GroupCoordinator::new(config.groups.clone()),
         bound,
-        Arc::new(AllowEverythingAuthorizer),
+        authorizer,
     ));
     broker
         .publish_metadata()
