@@ -149,6 +149,15 @@ fn describe() {
     describe_counter!(TOPIC_RECORDS_OUT_TOTAL, "Records fetched by consumers.");
     describe_gauge!(CONNECTIONS_ACTIVE, "Open client connections.");
     describe_counter!(CONNECTIONS_OPENED_TOTAL, "Client connections accepted.");
+    describe_counter!(
+        gregor_network::server::CONNECTIONS_CLOSED_BY_BROKER_TOTAL,
+        "Connections the broker closed, by reason (max_connections_per_ip, idle)."
+    );
+    describe_gauge!(
+        gregor_network::pool::MEMORY_POOL_AVAILABLE_BYTES,
+        Unit::Bytes,
+        "Bytes left in the queued.max.request.bytes memory pool."
+    );
     describe_gauge!(
         DELAYED_PRODUCE_REQUESTS,
         "Produce requests waiting for the high watermark."
