@@ -530,3 +530,40 @@ fn security_config_stops_start_up() -> Result<()> {
     broker_still_serves(&g.bootstrap())?;
     Ok(())
 }
+
+/// Defect found on the way: an empty listener host (Kafka's "every interface", as in Kafka's
+/// own `server.properties`: `PLAINTEXT://:9092`) made start-up fail with a lookup error.
+#[test]
+fn empty_listener_host_binds_every_interface() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = gregor_tests::free_port()?;
+    let mut child = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--set")
+        .arg(format!("listeners=PLAINTEXT://:{port}"))
+        .arg("--set")
+        .arg(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{port}"))
+        .arg("--set")
+        .arg(format!("log.dirs={}", dir.path().display()))
+        .arg("--set")
+        .arg("admin.listener=")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let result = loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            break api_versions_round_trip(&mut s, 1);
+        }
+        if let Some(status) = child.try_wait()? {
+            break Err(anyhow::anyhow!("gregor exited with {status}"));
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(anyhow::anyhow!("gregor did not listen"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
