@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use gregor_protocol::frame::{self, DecodedRequest};
 use gregor_protocol::kafka_protocol::messages::RequestKind;
-use parking_lot::Mutex;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -333,7 +332,7 @@ impl<H: RequestHandler> SocketServer<H> {
             .map(Duration::from_millis);
         let versions_handler = self.handler.clone();
         let supported = move |k| versions_handler.supported_versions(k);
-        let software = Mutex::new((String::from("unknown"), String::from("unknown")));
+        let mut software = (String::from("unknown"), String::from("unknown"));
         loop {
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
@@ -364,13 +363,13 @@ impl<H: RequestHandler> SocketServer<H> {
                     if let RequestKind::ApiVersions(r) = body.as_ref() {
                         // KIP-511: remembered for the connection's later requests.
                         if header.request_api_version >= 3 {
-                            *software.lock() = (
+                            software = (
                                 r.client_software_name.to_string(),
                                 r.client_software_version.to_string(),
                             );
                         }
                     }
-                    let (client_software_name, client_software_version) = software.lock().clone();
+                    let (client_software_name, client_software_version) = software.clone();
                     let ctx = Arc::new(RequestContext {
                         header,
                         api_key,
@@ -654,5 +653,138 @@ mod tests {
                 .ok(),
             Some(1)
         );
+    }
+
+    /// A handler that answers ApiVersions at once and Metadata after a delay, and records
+    /// each request's context.
+    struct Recording {
+        seen: parking_lot::Mutex<Vec<(i32, String, String, String)>>,
+    }
+
+    impl RequestHandler for Recording {
+        fn supported_versions(
+            &self,
+            api_key: gregor_protocol::kafka_protocol::messages::ApiKey,
+        ) -> Option<(i16, i16)> {
+            use gregor_protocol::kafka_protocol::messages::ApiKey;
+            matches!(api_key, ApiKey::ApiVersions | ApiKey::Metadata).then_some((0, 12))
+        }
+
+        async fn handle(&self, ctx: &RequestContext, _body: RequestKind) -> Handled {
+            use gregor_protocol::kafka_protocol::messages::{
+                ApiKey, ApiVersionsResponse, MetadataResponse,
+            };
+            self.seen.lock().push((
+                ctx.header.correlation_id,
+                ctx.client_software_name.clone(),
+                ctx.principal.to_string(),
+                ctx.listener_name.clone(),
+            ));
+            let header = ctx.header.clone();
+            if ctx.api_key == ApiKey::Metadata {
+                Handled::Deferred(Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    crate::respond(
+                        &header,
+                        ApiKey::Metadata,
+                        MetadataResponse::default().into(),
+                    )
+                }))
+            } else {
+                Handled::Ready(crate::respond(
+                    &header,
+                    ApiKey::ApiVersions,
+                    ApiVersionsResponse::default().into(),
+                ))
+            }
+        }
+
+        fn unsupported_api_versions(&self, _correlation_id: i32) -> Option<Bytes> {
+            None
+        }
+    }
+
+    fn request_frame(
+        api_key: gregor_protocol::kafka_protocol::messages::ApiKey,
+        version: i16,
+        correlation_id: i32,
+        body: &impl gregor_protocol::kafka_protocol::protocol::Encodable,
+    ) -> Vec<u8> {
+        use gregor_protocol::kafka_protocol::messages::RequestHeader;
+        use gregor_protocol::kafka_protocol::protocol::Encodable;
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(api_key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation_id)
+            .encode(&mut buf, api_key.request_header_version(version))
+            .expect("header");
+        body.encode(&mut buf, version).expect("body");
+        let mut out = (buf.len() as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(&buf);
+        out
+    }
+
+    #[tokio::test]
+    async fn responses_in_request_order_with_the_connections_context() {
+        use gregor_protocol::kafka_protocol::messages::{
+            ApiKey, ApiVersionsRequest, MetadataRequest,
+        };
+        use gregor_protocol::kafka_protocol::protocol::StrBytes;
+        let listeners = bind(&[EndPoint {
+            listener_name: "INTERNAL".into(),
+            security_protocol: SecurityProtocol::Plaintext,
+            host: "127.0.0.1".into(),
+            port: 0,
+        }])
+        .await
+        .expect("bind");
+        let addr = listeners[0].local_addr;
+        let handler = Arc::new(Recording {
+            seen: parking_lot::Mutex::new(Vec::new()),
+        });
+        let server = SocketServer::new(SocketServerConfig::default(), handler.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let tasks = server.start(listeners, &stop_rx);
+
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut out = request_frame(ApiKey::Metadata, 12, 1, &MetadataRequest::default());
+        out.extend(request_frame(
+            ApiKey::ApiVersions,
+            3,
+            2,
+            &ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("test-client"))
+                .with_client_software_version(StrBytes::from_static_str("1.0")),
+        ));
+        out.extend(request_frame(
+            ApiKey::Metadata,
+            12,
+            3,
+            &MetadataRequest::default(),
+        ));
+        client.write_all(&out).await.expect("write");
+        for expected in 1..=3 {
+            let mut len = [0u8; 4];
+            client.read_exact(&mut len).await.expect("size");
+            let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+            client.read_exact(&mut body).await.expect("body");
+            let correlation_id = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            assert_eq!(correlation_id, expected, "responses out of order");
+        }
+        let seen = handler.seen.lock().clone();
+        let software: Vec<(i32, &str)> = seen.iter().map(|s| (s.0, s.1.as_str())).collect();
+        // KIP-511: known from the ApiVersions v3 request on.
+        assert_eq!(
+            software,
+            vec![(1, "unknown"), (2, "test-client"), (3, "test-client")]
+        );
+        assert!(seen
+            .iter()
+            .all(|s| s.2 == "User:ANONYMOUS" && s.3 == "INTERNAL"));
+        let _ = stop.send(true);
+        for t in tasks {
+            t.await.expect("accept loop");
+        }
     }
 }
