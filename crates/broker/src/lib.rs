@@ -1,8 +1,10 @@
 //! gregor-broker: the broker. Owns start-up and shutdown ([`server`]), the shared state
 //! ([`broker::Broker`]), one handler module per Kafka API family ([`handlers`], plugged into
-//! `gregor-network` as its request handler), authorization ([`authorizer`]), the hosted partitions with their leadership
-//! state, high watermark and delayed operations ([`replica_manager`]), and the broker and topic
-//! configuration with Kafka's names and defaults ([`config`]).
+//! `gregor-network` as its request handler), authorization ([`authorizer`]), the hosted
+//! partitions with their leadership state, high watermark and delayed operations
+//! ([`replica_manager`]), and the broker and topic configuration with Kafka's names and
+//! defaults ([`config`]). Connections, listeners and the request context are
+//! `gregor-network`'s.
 //!
 //! It builds on `gregor-log` (partition data on disk) and `gregor-metadata` (cluster metadata
 //! and the controller); it never parses record batches beyond their headers on the produce path.
