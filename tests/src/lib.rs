@@ -91,6 +91,11 @@ impl Gregor {
         self.wait_listening(Duration::from_secs(60))
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `127.0.0.1:<port>`.
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)

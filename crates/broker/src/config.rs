@@ -6,10 +6,12 @@
 //! are resolved per topic by [`TopicConfigs::resolve`]: an override set on the topic, else the
 //! broker's synonym, else Kafka's default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use gregor_log::LogConfig;
+use gregor_network::{EndPoint, SecurityProtocol, SocketServerConfig};
 use gregor_protocol::batch::{Compression, TimestampType};
 use thiserror::Error;
 
@@ -518,19 +520,24 @@ impl ConfigSource {
     }
 }
 
-/// A listener: `NAME://host:port`.
+/// A listener: `NAME://host:port`, with the security protocol `listener.security.protocol.map`
+/// gives its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
-    /// Listener name (PLAINTEXT).
+    /// Listener name, upper-cased as Kafka's `ListenerName.normalised` (PLAINTEXT).
     pub name: String,
-    /// Host or IP to bind or advertise.
+    /// Host or IP to bind or advertise; empty binds every interface.
     pub host: String,
     /// TCP port.
     pub port: u16,
+    /// The listener's security protocol.
+    pub security_protocol: SecurityProtocol,
 }
 
 impl Listener {
-    /// Parses `NAME://host:port` (IPv6 hosts in brackets).
+    /// Parses `NAME://host:port` (IPv6 hosts in brackets), with the security protocol of
+    /// Kafka's default `listener.security.protocol.map` (a protocol name maps to itself;
+    /// other names are PLAINTEXT until [`BrokerConfig::from_properties`] applies the map).
     ///
     /// # Errors
     /// [`ConfigError`] naming `config_name`.
@@ -550,8 +557,11 @@ impl Listener {
         if name.is_empty() {
             return Err(bad("listener name is empty"));
         }
+        let name = name.to_ascii_uppercase();
         Ok(Self {
-            name: name.to_string(),
+            security_protocol: SecurityProtocol::from_name(&name)
+                .unwrap_or(SecurityProtocol::Plaintext),
+            name,
             host,
             port,
         })
@@ -567,7 +577,9 @@ const ACCEPTED_KEYS: &[&str] = &[
     "controller.quorum.bootstrap.servers",
     "controller.listener.names",
     "inter.broker.listener.name",
-    "listener.security.protocol.map",
+    // Accepted only at values that ask for no security (see `unimplemented_security_keys`).
+    "authorizer.class.name",
+    "security.inter.broker.protocol",
     "num.network.threads",
     "num.recovery.threads.per.data.dir",
     "num.replica.fetchers",
@@ -615,6 +627,22 @@ pub struct BrokerConfig {
     pub admin_listener: Option<String>,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
+    /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
+    /// handled, across all connections; when set, at least `socket.request.max.bytes`.
+    pub queued_max_request_bytes: i64,
+    /// `max.connections`, default 2147483647: open client connections; the acceptor waits for
+    /// a free slot above it.
+    pub max_connections: i32,
+    /// `max.connections.per.ip`, default 2147483647: connections from one address; more are
+    /// closed at once.
+    pub max_connections_per_ip: i32,
+    /// `max.connections.per.ip.overrides`: `host:count` pairs (hostnames resolved at start-up).
+    pub max_connections_per_ip_overrides: HashMap<IpAddr, i32>,
+    /// `connections.max.idle.ms`, default 600000 (10 min): idle connections are closed after
+    /// this; negative: never.
+    pub connections_max_idle_ms: i64,
+    /// The effective `listener.security.protocol.map` (listener name -> protocol).
+    pub listener_security_protocol_map: BTreeMap<String, SecurityProtocol>,
     /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
     pub raw: BTreeMap<String, String>,
 }
@@ -703,6 +731,216 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ),
 ];
 
+/// Kafka's default `listener.security.protocol.map`: every protocol name maps to itself.
+pub const DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP: &str =
+    "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT";
+
+/// Socket server keys (Kafka's `SocketServerConfigs`), read into [`BrokerConfig`] fields.
+const SOCKET_SERVER_KEYS: &[(&str, ConfigType, &str)] = &[
+    ("queued.max.request.bytes", ConfigType::Long, "-1"),
+    ("max.connections", ConfigType::Int, "2147483647"),
+    ("max.connections.per.ip", ConfigType::Int, "2147483647"),
+    ("max.connections.per.ip.overrides", ConfigType::String, ""),
+    ("connections.max.idle.ms", ConfigType::Long, "600000"),
+    (
+        "listener.security.protocol.map",
+        ConfigType::String,
+        DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP,
+    ),
+];
+
+/// Every broker key read into [`BrokerConfig`], with its type and Kafka's default.
+fn broker_keys() -> impl Iterator<Item = &'static (&'static str, ConfigType, &'static str)> {
+    BROKER_KEYS.iter().chain(SOCKET_SERVER_KEYS)
+}
+
+/// Keys that configure security gregor does not implement yet (TLS, SASL, authorization):
+/// accepting them would start a broker that looks secured and is not, so start-up stops.
+/// Empty `authorizer.class.name` (Kafka's default: no authorizer) and
+/// `security.inter.broker.protocol=PLAINTEXT` are fine.
+fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
+    props
+        .iter()
+        .filter(|(k, v)| {
+            let v = v.trim();
+            match k.as_str() {
+                "authorizer.class.name" => !v.is_empty(),
+                "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
+                k if k.starts_with("ssl.") || k.starts_with("sasl.") => true,
+                // listener.name.<listener>.ssl.* / .sasl.* / .<mechanism>.sasl.*
+                k => k.strip_prefix("listener.name.").is_some_and(|rest| {
+                    rest.split('.')
+                        .skip(1)
+                        .any(|seg| seg == "ssl" || seg == "sasl")
+                }),
+            }
+        })
+        .map(|(k, _)| k.as_str())
+        .collect()
+}
+
+/// Parses `listener.security.protocol.map` (`NAME:PROTOCOL,...`), names upper-cased.
+fn parse_security_protocol_map(
+    value: &str,
+) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    const NAME: &str = "listener.security.protocol.map";
+    let mut map = BTreeMap::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (listener, protocol) = entry.split_once(':').ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                value,
+                format!("Error parsing configuration property '{NAME}': expected NAME:PROTOCOL, got {entry}"),
+            )
+        })?;
+        let protocol = SecurityProtocol::from_name(protocol).ok_or_else(|| {
+            ConfigError::new(
+                NAME,
+                value,
+                format!(
+                    "Invalid security protocol `{}` defined in {NAME}",
+                    protocol.trim()
+                ),
+            )
+        })?;
+        map.insert(listener.trim().to_ascii_uppercase(), protocol);
+    }
+    Ok(map)
+}
+
+/// Kafka's `effectiveListenerSecurityProtocolMap`: the configured map; or, when none is
+/// configured, the default map plus PLAINTEXT for every `controller.listener.names` entry,
+/// as long as no listener is named after SSL or SASL.
+fn effective_security_protocol_map(
+    props: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    if let Some(v) = props.get("listener.security.protocol.map") {
+        return parse_security_protocol_map(v);
+    }
+    let mut map = parse_security_protocol_map(DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP)?;
+    let names = |key: &str| -> Vec<String> {
+        props
+            .get(key)
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim())
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.split("://").next().unwrap_or(s).to_ascii_uppercase())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let controllers = names("controller.listener.names");
+    let ssl_or_sasl = |n: &String| matches!(n.as_str(), "SSL" | "SASL_SSL" | "SASL_PLAINTEXT");
+    if !controllers.iter().any(ssl_or_sasl) && !names("listeners").iter().any(ssl_or_sasl) {
+        for c in controllers {
+            map.entry(c).or_insert(SecurityProtocol::Plaintext);
+        }
+    }
+    Ok(map)
+}
+
+/// Gives each listener its protocol from `map`, refusing names the map lacks (Kafka: "No
+/// security protocol defined for listener X") and protocols gregor does not implement.
+fn apply_security_protocols(
+    config_name: &str,
+    listeners: &mut [Listener],
+    map: &BTreeMap<String, SecurityProtocol>,
+) -> Result<(), ConfigError> {
+    for l in listeners {
+        let shown = format!("{}://{}:{}", l.name, l.host, l.port);
+        let protocol = *map.get(&l.name).ok_or_else(|| {
+            ConfigError::new(
+                config_name,
+                &shown,
+                format!("No security protocol defined for listener {}", l.name),
+            )
+        })?;
+        if !protocol.is_implemented() {
+            return Err(ConfigError::new(
+                config_name,
+                &shown,
+                format!(
+                    "listener {} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served (it would otherwise be served without TLS or authentication)",
+                    l.name
+                ),
+            ));
+        }
+        l.security_protocol = protocol;
+    }
+    Ok(())
+}
+
+/// Parses `max.connections.per.ip.overrides` (`host:count,...`); hostnames are resolved now,
+/// as Kafka's `ConnectionQuotas` does.
+fn parse_connection_overrides(value: &str) -> Result<HashMap<IpAddr, i32>, ConfigError> {
+    const NAME: &str = "max.connections.per.ip.overrides";
+    let mut out = HashMap::new();
+    let mut invalid = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((host, count)) = entry.rsplit_once(':') else {
+            return Err(ConfigError::new(
+                NAME,
+                value,
+                format!("Error parsing configuration property '{NAME}': expected host:count, got {entry}"),
+            ));
+        };
+        let count: i32 = count
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::new(NAME, value, "Not a number of type INT"))?;
+        let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            out.insert(ip, count);
+            continue;
+        }
+        match std::net::ToSocketAddrs::to_socket_addrs(&(host, 0)) {
+            Ok(addrs) => {
+                for a in addrs {
+                    out.insert(a.ip(), count);
+                }
+            }
+            Err(_) => invalid.push(host.to_string()),
+        }
+    }
+    if !invalid.is_empty() {
+        return Err(ConfigError::new(
+            NAME,
+            value,
+            format!("{NAME} contains invalid addresses : {}", invalid.join(",")),
+        ));
+    }
+    Ok(out)
+}
+
+impl BrokerConfig {
+    /// The socket server's settings.
+    pub fn socket_server_config(&self) -> SocketServerConfig {
+        SocketServerConfig {
+            socket_request_max_bytes: self.socket_request_max_bytes,
+            queued_max_requests: self.queued_max_requests,
+            queued_max_request_bytes: self.queued_max_request_bytes,
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_connections_per_ip_overrides: self.max_connections_per_ip_overrides.clone(),
+            connections_max_idle_ms: self.connections_max_idle_ms,
+        }
+    }
+
+    /// The listeners to bind, with their security protocols.
+    pub fn endpoints(&self) -> Vec<EndPoint> {
+        self.listeners
+            .iter()
+            .map(|l| EndPoint {
+                listener_name: l.name.clone(),
+                security_protocol: l.security_protocol,
+                host: l.host.clone(),
+                port: l.port,
+            })
+            .collect()
+    }
+}
+
 impl BrokerConfig {
     /// Builds the config from `server.properties` pairs. Returns the config and the unknown keys
     /// (the caller warns about them).
@@ -712,9 +950,17 @@ impl BrokerConfig {
     pub fn from_properties(
         props: BTreeMap<String, String>,
     ) -> Result<(Self, Vec<String>), ConfigError> {
+        let refused = unimplemented_security_keys(&props);
+        if !refused.is_empty() {
+            return Err(ConfigError::new(
+                &refused.join(", "),
+                "[hidden]",
+                "TLS, SASL and authorizers are not implemented in gregor yet; remove these keys (a broker started with them would look secured and not be)",
+            ));
+        }
         let mut unknown = Vec::new();
         for (k, v) in &props {
-            if let Some((_, ty, _)) = BROKER_KEYS.iter().find(|(n, _, _)| n == k) {
+            if let Some((_, ty, _)) = broker_keys().find(|(n, _, _)| n == k) {
                 ty.check(k, v)?;
             } else if let Some(def) = TOPIC_CONFIGS.iter().find(|d| d.broker_synonym == Some(k)) {
                 validate_topic_config(def.name, v).map_err(|mut e| {
@@ -727,10 +973,12 @@ impl BrokerConfig {
         }
         let get = |k: &str| props.get(k).map(|s| s.trim().to_string());
         let int = |k: &str, d: i64| -> i64 { get(k).and_then(|v| v.parse().ok()).unwrap_or(d) };
-        let listeners = parse_listeners(
+        let protocol_map = effective_security_protocol_map(&props)?;
+        let mut listeners = parse_listeners(
             "listeners",
             &get("listeners").unwrap_or_else(|| "PLAINTEXT://127.0.0.1:9092".into()),
         )?;
+        apply_security_protocols("listeners", &mut listeners, &protocol_map)?;
         if listeners.is_empty() {
             return Err(ConfigError::new(
                 "listeners",
@@ -739,7 +987,11 @@ impl BrokerConfig {
             ));
         }
         let advertised_listeners = match get("advertised.listeners") {
-            Some(v) if !v.is_empty() => parse_listeners("advertised.listeners", &v)?,
+            Some(v) if !v.is_empty() => {
+                let mut l = parse_listeners("advertised.listeners", &v)?;
+                apply_security_protocols("advertised.listeners", &mut l, &protocol_map)?;
+                l
+            }
             _ => listeners.clone(),
         };
         let log_dirs: Vec<PathBuf> = get("log.dirs")
@@ -781,7 +1033,44 @@ impl BrokerConfig {
                 "Value must be at least 1",
             ));
         }
+        let queued_max_request_bytes = int("queued.max.request.bytes", -1);
+        if queued_max_request_bytes > 0 && queued_max_request_bytes < request_max {
+            return Err(ConfigError::new(
+                "queued.max.request.bytes",
+                &queued_max_request_bytes.to_string(),
+                "queued.max.request.bytes must be larger or equal to socket.request.max.bytes",
+            ));
+        }
+        let at_least_zero = |name: &str, default: i64| -> Result<i32, ConfigError> {
+            let v = int(name, default);
+            if v < 0 {
+                return Err(ConfigError::new(
+                    name,
+                    &v.to_string(),
+                    "Value must be at least 0",
+                ));
+            }
+            Ok(i32::try_from(v).unwrap_or(i32::MAX))
+        };
+        let max_connections = at_least_zero("max.connections", i64::from(i32::MAX))?;
+        let max_connections_per_ip = at_least_zero("max.connections.per.ip", i64::from(i32::MAX))?;
+        let max_connections_per_ip_overrides = parse_connection_overrides(
+            &get("max.connections.per.ip.overrides").unwrap_or_default(),
+        )?;
+        if max_connections_per_ip == 0 && max_connections_per_ip_overrides.is_empty() {
+            return Err(ConfigError::new(
+                "max.connections.per.ip",
+                "0",
+                "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set.",
+            ));
+        }
         let cfg = Self {
+            queued_max_request_bytes,
+            max_connections,
+            max_connections_per_ip,
+            max_connections_per_ip_overrides,
+            connections_max_idle_ms: int("connections.max.idle.ms", 600_000),
+            listener_security_protocol_map: protocol_map,
             node_id: int("node.id", 1) as i32,
             listeners,
             advertised_listeners,
@@ -849,7 +1138,7 @@ impl BrokerConfig {
     pub fn describe(&self) -> Vec<(String, Option<String>, ConfigSource, ConfigType)> {
         let mut out = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
-        for (name, ty, default) in BROKER_KEYS {
+        for (name, ty, default) in broker_keys() {
             seen.insert(*name);
             let (value, source) = match self.raw.get(*name) {
                 Some(v) => (Some(v.clone()), ConfigSource::StaticBroker),
@@ -1037,8 +1326,7 @@ pub fn is_dynamic_broker_config(name: &str) -> bool {
 
 /// The type and Kafka default of a broker config gregor knows, if any.
 pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
-    BROKER_KEYS
-        .iter()
+    broker_keys()
         .find(|(n, _, _)| *n == name)
         .map(|(_, t, d)| (*t, *d))
         .or_else(|| {
@@ -1433,5 +1721,219 @@ mod tests {
         assert!(validate_topic_config("retention.ms", "abc").is_err());
         assert!(validate_topic_config("no.such", "1").is_err());
         assert!(validate_topic_config("min.insync.replicas", "0").is_err());
+    }
+
+    #[test]
+    fn socket_server_keys_have_kafkas_defaults() {
+        let (c, unknown) = BrokerConfig::from_properties(BTreeMap::new()).unwrap();
+        assert!(unknown.is_empty());
+        assert_eq!(c.queued_max_request_bytes, -1);
+        assert_eq!(c.max_connections, i32::MAX);
+        assert_eq!(c.max_connections_per_ip, i32::MAX);
+        assert!(c.max_connections_per_ip_overrides.is_empty());
+        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(
+            c.listeners[0].security_protocol,
+            SecurityProtocol::Plaintext
+        );
+        let described = c.describe();
+        let get = |n: &str| {
+            described
+                .iter()
+                .find(|d| d.0 == n)
+                .and_then(|d| d.1.clone())
+        };
+        assert_eq!(get("connections.max.idle.ms").as_deref(), Some("600000"));
+        assert_eq!(
+            get("listener.security.protocol.map").as_deref(),
+            Some(DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP)
+        );
+
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            ("max.connections", "10"),
+            ("max.connections.per.ip", "0"),
+            ("max.connections.per.ip.overrides", "127.0.0.1:5,[::1]:6"),
+            ("connections.max.idle.ms", "1000"),
+            ("socket.request.max.bytes", "1000"),
+            ("queued.max.request.bytes", "1000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.max_connections, 10);
+        assert_eq!(c.max_connections_per_ip, 0);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            c.max_connections_per_ip_overrides.get(&ip("127.0.0.1")),
+            Some(&5)
+        );
+        assert_eq!(c.max_connections_per_ip_overrides.get(&ip("::1")), Some(&6));
+        let s = c.socket_server_config();
+        assert_eq!(s.connections_max_idle_ms, 1000);
+        assert_eq!(s.queued_max_request_bytes, 1000);
+    }
+
+    #[test]
+    fn socket_server_keys_are_validated_as_kafka_does() {
+        let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
+        let e = err(&[
+            ("socket.request.max.bytes", "1000"),
+            ("queued.max.request.bytes", "999"),
+        ]);
+        assert_eq!(e.name, "queued.max.request.bytes");
+        let e = err(&[("max.connections.per.ip", "0")]);
+        assert!(e.reason.contains("can be set to zero only if"), "{e}");
+        assert_eq!(err(&[("max.connections", "-1")]).name, "max.connections");
+        let e = err(&[("max.connections.per.ip.overrides", "no-such-host.invalid:3")]);
+        assert!(e.reason.contains("invalid addresses"), "{e}");
+        assert_eq!(
+            err(&[("max.connections.per.ip.overrides", "127.0.0.1")]).name,
+            "max.connections.per.ip.overrides"
+        );
+    }
+
+    #[test]
+    fn listeners_get_protocols_from_the_map_and_fail_closed() {
+        let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
+        // Defect 5: a SASL_SSL listener used to be served as plaintext.
+        let e = err(&[("listeners", "SASL_SSL://127.0.0.1:9093")]);
+        assert_eq!(e.name, "listeners");
+        assert!(
+            e.reason.contains("SASL_SSL") && e.reason.contains("not implement"),
+            "{e}"
+        );
+        // A custom name mapped to SSL is refused, naming the listener and the protocol.
+        let e = err(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,EXTERNAL://127.0.0.1:9093",
+            ),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL",
+            ),
+        ]);
+        assert!(
+            e.reason
+                .contains("listener EXTERNAL uses security protocol SSL"),
+            "{e}"
+        );
+        // A name not in an explicit map is an error, as in Kafka.
+        let e = err(&[
+            ("listeners", "INTERNAL://127.0.0.1:9092"),
+            ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT"),
+        ]);
+        assert_eq!(
+            e.reason,
+            "No security protocol defined for listener INTERNAL"
+        );
+        // Without an explicit map, a custom name is unknown too...
+        let e = err(&[("listeners", "INTERNAL://127.0.0.1:9092")]);
+        assert_eq!(
+            e.reason,
+            "No security protocol defined for listener INTERNAL"
+        );
+        // ... unless it is a controller listener (Kafka maps those to PLAINTEXT).
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+            ),
+            ("controller.listener.names", "CONTROLLER"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.listeners[1].security_protocol,
+            SecurityProtocol::Plaintext
+        );
+        let e = err(&[("listener.security.protocol.map", "PLAINTEXT:TLS")]);
+        assert!(e.reason.contains("Invalid security protocol `TLS`"), "{e}");
+        // Advertised listeners are checked too.
+        let e = err(&[("advertised.listeners", "SSL://example.com:9093")]);
+        assert_eq!(e.name, "advertised.listeners");
+    }
+
+    #[test]
+    fn stock_kafka_server_properties_still_start() {
+        // The KRaft combined-mode keys of Kafka 4's config/server.properties that touch
+        // listeners and security: an explicit map with SSL and SASL entries, no ssl.* keys.
+        let (c, unknown) = BrokerConfig::from_properties(props(&[
+            ("process.roles", "broker,controller"),
+            ("node.id", "1"),
+            ("controller.quorum.bootstrap.servers", "localhost:9093"),
+            ("listeners", "PLAINTEXT://:9092,CONTROLLER://:9093"),
+            ("inter.broker.listener.name", "PLAINTEXT"),
+            ("advertised.listeners", "PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093"),
+            ("controller.listener.names", "CONTROLLER"),
+            (
+                "listener.security.protocol.map",
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            ),
+            ("num.network.threads", "3"),
+            ("num.io.threads", "8"),
+            ("socket.send.buffer.bytes", "102400"),
+            ("socket.receive.buffer.bytes", "102400"),
+            ("socket.request.max.bytes", "104857600"),
+            ("log.dirs", "/tmp/kraft-combined-logs"),
+            ("num.partitions", "1"),
+            ("num.recovery.threads.per.data.dir", "1"),
+            ("offsets.topic.replication.factor", "1"),
+            ("share.coordinator.state.topic.replication.factor", "1"),
+            ("share.coordinator.state.topic.min.isr", "1"),
+            ("transaction.state.log.replication.factor", "1"),
+            ("transaction.state.log.min.isr", "1"),
+            ("log.retention.hours", "168"),
+            ("log.segment.bytes", "1073741824"),
+            ("log.retention.check.interval.ms", "300000"),
+        ]))
+        .unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert_eq!(c.listeners.len(), 2);
+        assert!(c
+            .endpoints()
+            .iter()
+            .all(|e| e.security_protocol == SecurityProtocol::Plaintext));
+        assert_eq!(c.endpoints()[0].host, "");
+    }
+
+    #[test]
+    fn security_keys_stop_start_up() {
+        // Defect 6: these used to be ignored, starting a broker that looks secured.
+        for key in [
+            "ssl.keystore.location",
+            "sasl.enabled.mechanisms",
+            "listener.name.external.ssl.keystore.password",
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
+            "listener.name.external.sasl.enabled.mechanisms",
+        ] {
+            let e = BrokerConfig::from_properties(props(&[(key, "secret")])).unwrap_err();
+            assert_eq!(e.name, key);
+            assert_eq!(
+                e.value, "[hidden]",
+                "values of security keys are not echoed"
+            );
+            assert!(e.reason.contains("not implemented"), "{e}");
+        }
+        let e = BrokerConfig::from_properties(props(&[
+            (
+                "authorizer.class.name",
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            ),
+            ("ssl.truststore.location", "/x"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.name, "authorizer.class.name, ssl.truststore.location");
+        let e = BrokerConfig::from_properties(props(&[("security.inter.broker.protocol", "SSL")]))
+            .unwrap_err();
+        assert_eq!(e.name, "security.inter.broker.protocol");
+        // Kafka's defaults for these are fine, and other listener.name.* keys are not security.
+        let (_, unknown) = BrokerConfig::from_properties(props(&[
+            ("authorizer.class.name", ""),
+            ("security.inter.broker.protocol", "PLAINTEXT"),
+            ("listener.name.plaintext.max.connections", "5"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            unknown,
+            vec!["listener.name.plaintext.max.connections".to_string()]
+        );
     }
 }

@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::broker::Broker;
 use crate::config::BrokerConfig;
 use crate::error_codes as ec;
 use crate::replica_manager::now_ms;
-use crate::server::{self, Broker, RunningBroker};
+use crate::server::{self, RunningBroker};
 use gregor_coordinator::group::assignor::Assignment;
 use gregor_coordinator::group::consumer::{HeartbeatRequest, HeartbeatResponse};
 use gregor_coordinator::group::offsets::{CommitRequest, OffsetToCommit};

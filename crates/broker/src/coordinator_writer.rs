@@ -15,9 +15,9 @@ use gregor_protocol::error::ErrorCode;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use crate::broker::Broker;
 use crate::config::ConfigError;
 use crate::replica_manager::Partition;
-use crate::server::Broker;
 
 impl From<GroupConfigError> for ConfigError {
     fn from(e: GroupConfigError) -> Self {

@@ -42,6 +42,12 @@ pub const INVALID_REPLICATION_FACTOR: i16 = ErrorCode::InvalidReplicationFactor.
 pub const INVALID_CONFIG: i16 = ErrorCode::InvalidConfig.code();
 /// INVALID_REQUEST.
 pub const INVALID_REQUEST: i16 = ErrorCode::InvalidRequest.code();
+/// TOPIC_AUTHORIZATION_FAILED.
+pub const TOPIC_AUTHORIZATION_FAILED: i16 = ErrorCode::TopicAuthorizationFailed.code();
+/// GROUP_AUTHORIZATION_FAILED.
+pub const GROUP_AUTHORIZATION_FAILED: i16 = ErrorCode::GroupAuthorizationFailed.code();
+/// CLUSTER_AUTHORIZATION_FAILED.
+pub const CLUSTER_AUTHORIZATION_FAILED: i16 = ErrorCode::ClusterAuthorizationFailed.code();
 /// TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 =
     ErrorCode::TransactionalIdAuthorizationFailed.code();

@@ -1,12 +1,17 @@
-//! gregor-broker: the broker. Owns the listeners and connections ([`server`]), one handler
-//! module per Kafka API family ([`handlers`]), the hosted partitions with their leadership
-//! state, high watermark and delayed operations ([`replica_manager`]), and the broker and topic
-//! configuration with Kafka's names and defaults ([`config`]).
+//! gregor-broker: the broker. Owns start-up and shutdown ([`server`]), the shared state
+//! ([`broker::Broker`]), one handler module per Kafka API family ([`handlers`], plugged into
+//! `gregor-network` as its request handler), authorization ([`authorizer`]), the hosted
+//! partitions with their leadership state, high watermark and delayed operations
+//! ([`replica_manager`]), and the broker and topic configuration with Kafka's names and
+//! defaults ([`config`]). Connections, listeners and the request context are
+//! `gregor-network`'s.
 //!
 //! It builds on `gregor-log` (partition data on disk) and `gregor-metadata` (cluster metadata
 //! and the controller); it never parses record batches beyond their headers on the produce path.
 #![deny(missing_docs)]
 
+pub mod authorizer;
+pub mod broker;
 pub mod config;
 pub mod coordinator_writer;
 pub mod error_codes;
@@ -21,5 +26,6 @@ pub mod server;
 #[cfg(test)]
 mod coordinator_tests;
 
+pub use broker::Broker;
 pub use config::BrokerConfig;
-pub use server::{start, Broker, RunningBroker, StartError};
+pub use server::{start, RunningBroker, StartError};

@@ -15,7 +15,8 @@ use gregor_metadata::{ControllerHandle, MetadataDelta, MetadataImage, MetadataPu
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::server::{Broker, StartError};
+use crate::broker::Broker;
+use crate::server::StartError;
 
 /// Opens the metadata log in `metadata_dir`, starts the loader and the controller on it, and
 /// waits until the loader has applied everything committed before start-up. Returns the
@@ -128,12 +129,16 @@ mod tests {
     use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
     use gregor_protocol::kafka_protocol::messages::delete_topics_request::DeleteTopicState;
     use gregor_protocol::kafka_protocol::messages::{
-        CreateTopicsRequest, DeleteTopicsRequest, TopicName,
+        ApiKey, CreateTopicsRequest, DeleteTopicsRequest, TopicName,
     };
 
     use crate::config::BrokerConfig;
     use crate::error_codes as ec;
     use crate::handlers::{sb, topics};
+
+    fn ctx(api_key: ApiKey, version: i16) -> gregor_network::RequestContext {
+        gregor_network::RequestContext::local(api_key, version)
+    }
 
     fn creatable(name: &str, partitions: i32) -> CreatableTopic {
         CreatableTopic::default()
@@ -161,14 +166,14 @@ mod tests {
         let b = &running.broker;
 
         let req = CreateTopicsRequest::default().with_topics(vec![creatable("a", 3)]);
-        let resp = topics::create_topics(b, req, 7).await;
+        let resp = topics::create_topics(b, &ctx(ApiKey::CreateTopics, 7), req, 7).await;
         assert_eq!(resp.topics[0].error_code, ec::NONE);
         let req = CreateTopicsRequest::default().with_topics(vec![
             creatable("a", 1),
             creatable("bad/name", 1),
             creatable("b", 2),
         ]);
-        let resp = topics::create_topics(b, req, 7).await;
+        let resp = topics::create_topics(b, &ctx(ApiKey::CreateTopics, 7), req, 7).await;
         let codes: Vec<i16> = resp.topics.iter().map(|t| t.error_code).collect();
         assert_eq!(
             codes,
@@ -190,7 +195,7 @@ mod tests {
         let req = DeleteTopicsRequest::default().with_topics(vec![
             DeleteTopicState::default().with_name(Some(TopicName(sb("a"))))
         ]);
-        let resp = topics::delete_topics(b, req, 6).await;
+        let resp = topics::delete_topics(b, &ctx(ApiKey::DeleteTopics, 6), req, 6).await;
         assert_eq!(resp.responses[0].error_code, ec::NONE);
         assert!(b.replica_manager.partition("a", 0).is_none());
         assert!(b.controller.image().topic("a").is_none());

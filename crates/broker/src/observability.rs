@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::server::Broker;
+use crate::broker::Broker;
 
 /// Requests received, by API and version.
 pub const REQUESTS_TOTAL: &str = "gregor_requests_total";
@@ -49,9 +49,9 @@ pub const TOPIC_BYTES_OUT_TOTAL: &str = "gregor_topic_bytes_out_total";
 /// Records sent to consumers, by topic.
 pub const TOPIC_RECORDS_OUT_TOTAL: &str = "gregor_topic_records_out_total";
 /// Open client connections.
-pub const CONNECTIONS_ACTIVE: &str = "gregor_connections_active";
+pub const CONNECTIONS_ACTIVE: &str = gregor_network::server::CONNECTIONS_ACTIVE;
 /// Client connections accepted.
-pub const CONNECTIONS_OPENED_TOTAL: &str = "gregor_connections_opened_total";
+pub const CONNECTIONS_OPENED_TOTAL: &str = gregor_network::server::CONNECTIONS_OPENED_TOTAL;
 /// Produce requests waiting for the high watermark (acks=all).
 pub const DELAYED_PRODUCE_REQUESTS: &str = "gregor_delayed_produce_requests";
 /// Fetch requests waiting for data (long poll).
@@ -149,6 +149,15 @@ fn describe() {
     describe_counter!(TOPIC_RECORDS_OUT_TOTAL, "Records fetched by consumers.");
     describe_gauge!(CONNECTIONS_ACTIVE, "Open client connections.");
     describe_counter!(CONNECTIONS_OPENED_TOTAL, "Client connections accepted.");
+    describe_counter!(
+        gregor_network::server::CONNECTIONS_CLOSED_BY_BROKER_TOTAL,
+        "Connections the broker closed, by reason (max_connections_per_ip, idle)."
+    );
+    describe_gauge!(
+        gregor_network::pool::MEMORY_POOL_AVAILABLE_BYTES,
+        Unit::Bytes,
+        "Bytes left in the queued.max.request.bytes memory pool."
+    );
     describe_gauge!(
         DELAYED_PRODUCE_REQUESTS,
         "Produce requests waiting for the high watermark."

@@ -1,34 +1,28 @@
-//! The broker process: start-up (storage, metadata, logs), listeners, connections, shutdown.
-//!
-//! Each connection has one reader task and one writer task. The reader decodes requests in
-//! order and runs each handler's immediate part (appends, first reads) in that order, so the
-//! side effects of pipelined requests happen in request order (an idempotent producer with five
-//! requests in flight relies on it). A handler may return a deferred part (acks=all wait, fetch
-//! long poll) that runs as its own task; the writer sends responses strictly in request order.
+//! The broker process: start-up (storage, metadata, logs, listeners), the background
+//! schedulers (flush, retention, cleaner), shutdown. Connections are `gregor-network`'s
+//! [`SocketServer`]; requests reach [`crate::handlers::KafkaApis`].
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
 use gregor_log::LogManager;
-use gregor_metadata::ControllerHandle;
-use gregor_protocol::frame::{self, DecodedRequest};
-use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader, ResponseKind};
-use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
-use tracing::{debug, error, info, warn, Instrument};
 
+use gregor_network::{NetworkError, SocketServer};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::authorizer::AllowEverythingAuthorizer;
 use crate::config::BrokerConfig;
-use crate::handlers;
-use crate::observability::{self, InFlight, RequestMetrics};
+use crate::handlers::KafkaApis;
+use crate::observability;
 use crate::replica_manager::ReplicaManager;
+
+use crate::broker::Broker;
 
 /// Name of the directory, inside the first log dir, that holds the metadata log.
 pub const METADATA_DIR: &str = "__gregor_metadata";
@@ -50,6 +44,9 @@ pub enum StartError {
     /// Partition logs failed to load.
     #[error("loading partition logs: {0}")]
     Logs(String),
+    /// A Kafka listener could not be served (bind failure, unimplemented security protocol).
+    #[error(transparent)]
+    Network(#[from] NetworkError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -58,58 +55,6 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
-}
-
-/// Hands out producer ids from blocks the controller allocates durably.
-struct ProducerIdBlock {
-    next: i64,
-    end: i64,
-}
-
-/// Shared state of a running broker.
-pub struct Broker {
-    /// Configuration.
-    pub config: BrokerConfig,
-    /// `cluster.id` from `meta.properties`.
-    pub cluster_id: String,
-    /// The channel to the metadata controller (one-voter quorum); its `image()` is the
-    /// metadata this node has applied.
-    pub controller: ControllerHandle,
-    /// Hosted partitions.
-    pub replica_manager: ReplicaManager,
-    /// Consumer groups and committed offsets (`__consumer_offsets`).
-    pub group_coordinator: gregor_coordinator::group::GroupCoordinator,
-    producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
-    /// Bound listener addresses (the real ports when a listener asked for port 0).
-    pub bound: Vec<SocketAddr>,
-    started: Instant,
-}
-
-impl Broker {
-    /// A fresh producer id (InitProducerId). Ids come from durable blocks of 1000, so they are
-    /// never reused across restarts.
-    ///
-    /// # Errors
-    /// The controller's error when a new block cannot be allocated.
-    pub async fn next_producer_id(&self) -> Result<i64, gregor_metadata::ControllerError> {
-        let mut b = self.producer_ids.lock().await;
-        if b.next >= b.end {
-            let start = self
-                .controller
-                .allocate_producer_ids(self.config.node_id)
-                .await?;
-            b.next = start;
-            b.end = start + gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE;
-        }
-        let id = b.next;
-        b.next += 1;
-        Ok(id)
-    }
-
-    /// Seconds since start-up.
-    pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
-    }
 }
 
 /// Reads `meta.properties` of `dir`, or writes a new one (gregor formats storage on first
@@ -232,6 +177,17 @@ impl RunningBroker {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
+    start_with_authorizer(config, Arc::new(AllowEverythingAuthorizer)).await
+}
+
+/// [`start`] with an [`Authorizer`](crate::authorizer::Authorizer) other than allow-everything.
+///
+/// # Errors
+/// [`StartError`] naming the directory, file or address at fault.
+pub async fn start_with_authorizer(
+    config: BrokerConfig,
+    authorizer: Arc<dyn crate::authorizer::Authorizer>,
+) -> Result<RunningBroker, StartError> {
     // With the admin listener off nothing could read the metrics, so no recorder is installed
     // and every metric call is a no-op.
     if config.admin_listener.is_some() {
@@ -280,23 +236,10 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         crate::metadata_publisher::start_metadata(&metadata_dir, &shutdown_rx).await?;
     tasks.extend(metadata_tasks);
 
-    let mut listeners = Vec::new();
-    let mut bound = Vec::new();
-    for l in &config.listeners {
-        let addr = format!("{}:{}", l.host, l.port);
-        let listener = TcpListener::bind(&addr)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-        let local = listener.local_addr().map_err(|source| StartError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
-        bound.push(local);
-        listeners.push(listener);
-    }
+    // Listeners with a security protocol gregor does not implement are refused here (and
+    // already by the config), never served as plaintext.
+    let listeners = gregor_network::bind(&config.endpoints()).await?;
+    let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
     let advertised = &config.advertised_listeners[0];
     let advertised_port = if advertised.port == 0 {
         bound[0].port()
@@ -325,21 +268,17 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
         elapsed_ms = load_started.elapsed().as_millis() as u64,
         "loaded partition logs"
     );
-    let broker = Arc::new_cyclic(|weak| Broker {
-        replica_manager: ReplicaManager::new(config.node_id, config.clone(), logs),
-        group_coordinator: gregor_coordinator::group::GroupCoordinator::new(
-            config.groups.clone(),
-            crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-            crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-            gregor_log::clock::system_clock(),
-        ),
-        config,
+    let replica_manager = ReplicaManager::new(config.node_id, config.clone(), logs);
+    let clock = replica_manager.clock().clone();
+    let broker = Broker::new(
+        config.clone(),
         cluster_id,
         controller,
-        producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
-        bound: bound.clone(),
-        started: Instant::now(),
-    });
+        replica_manager,
+        bound,
+        authorizer,
+        clock,
+    );
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
         .await
@@ -379,14 +318,11 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
             b.group_coordinator.run_timers(shutdown).await;
         }));
     }
-    for (listener, addr) in listeners.into_iter().zip(bound.iter()) {
-        info!(%addr, "listening for Kafka clients");
-        tasks.push(tokio::spawn(accept_loop(
-            broker.clone(),
-            listener,
-            shutdown_rx.clone(),
-        )));
-    }
+    let socket_server = SocketServer::new(
+        broker.config.socket_server_config(),
+        Arc::new(KafkaApis::new(broker.clone())),
+    );
+    tasks.extend(socket_server.start(listeners, &shutdown_rx));
     tasks.push(tokio::spawn(flush_scheduler(
         broker.clone(),
         shutdown_rx.clone(),
@@ -526,222 +462,4 @@ async fn log_cleaner_thread(
             _ = shutdown.changed() => return,
         }
     }
-}
-
-async fn accept_loop(
-    broker: Arc<Broker>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                let b = broker.clone();
-                let rx = shutdown.clone();
-                tokio::spawn(async move {
-                    serve_connection(b, stream, peer, rx).await;
-                });
-            }
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-tokio::task_local! {
-    /// The peer address of the connection whose request is being handled (the "client host"
-    /// that DescribeGroups reports). Set only around a handler's immediate part.
-    pub static CLIENT_HOST: std::net::IpAddr;
-}
-
-/// A response in the making: ready now, or computed by a deferred task.
-pub enum Handled {
-    /// The encoded response, or None when the request gets no response (acks=0).
-    Ready(Option<Bytes>),
-    /// A response that waits for something (high watermark, new data).
-    Deferred(Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>),
-    /// No response, and the connection is closed after the responses before it are sent. Kafka
-    /// does this for an acks=0 produce that failed, so the producer notices and refreshes its
-    /// metadata.
-    CloseConnection,
-}
-
-enum Slot {
-    Ready(Option<Bytes>, Option<Arc<RequestMetrics>>),
-    Pending(
-        tokio::task::JoinHandle<Option<Bytes>>,
-        Option<Arc<RequestMetrics>>,
-    ),
-}
-
-/// Encodes a response body for the request's API, version and correlation id. An encoding
-/// failure is a gregor bug; it is logged and the connection will see no response.
-pub fn respond(header: &RequestHeader, api_key: ApiKey, body: ResponseKind) -> Option<Bytes> {
-    match frame::encode_response(
-        api_key,
-        header.request_api_version,
-        header.correlation_id,
-        &body,
-    ) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            error!(error = %e, "response encoding failed");
-            None
-        }
-    }
-}
-
-async fn serve_connection(
-    broker: Arc<Broker>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    debug!(%peer, "connection opened");
-    metrics::counter!(observability::CONNECTIONS_OPENED_TOTAL).increment(1);
-    let _active = InFlight::new(observability::CONNECTIONS_ACTIVE);
-    let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Slot>(broker.config.queued_max_requests);
-    let writer = tokio::spawn(async move {
-        while let Some(slot) = rx.recv().await {
-            let (out, m) = match slot {
-                Slot::Ready(b, m) => (b, m),
-                Slot::Pending(h, m) => match h.await {
-                    Ok(b) => (b, m),
-                    Err(e) => {
-                        error!(error = %e, "request task failed; closing connection");
-                        return;
-                    }
-                },
-            };
-            if let Some(bytes) = out {
-                let started = Instant::now();
-                if wr.write_all(&bytes).await.is_err() {
-                    return;
-                }
-                if let Some(m) = m {
-                    m.send.record(started.elapsed().as_secs_f64());
-                }
-            }
-        }
-    });
-    let max = broker.config.socket_request_max_bytes;
-    loop {
-        let mut prefix = [0u8; 4];
-        let read = tokio::select! {
-            r = rd.read_exact(&mut prefix) => r,
-            _ = shutdown.changed() => break,
-        };
-        if read.is_err() {
-            break;
-        }
-        let size = frame::frame_size(prefix);
-        if size < 0 || size as usize > max {
-            warn!(%peer, size, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
-            break;
-        }
-        let mut buf = BytesMut::zeroed(size as usize);
-        if rd.read_exact(&mut buf).await.is_err() {
-            break;
-        }
-        let received = Instant::now();
-        let slot = match frame::decode_request(buf.freeze(), &handlers::supported_versions) {
-            Ok(DecodedRequest::Request {
-                header,
-                api_key,
-                body,
-            }) => {
-                let span = tracing::debug_span!(
-                    "request",
-                    api_key = ?api_key,
-                    api_version = header.request_api_version,
-                    correlation_id = header.correlation_id,
-                    client_id = header.client_id.as_deref().unwrap_or(""),
-                );
-                let m = observability::request_metrics(api_key, header.request_api_version);
-                m.requests.increment(1);
-                let started = Instant::now();
-                m.queue
-                    .record(started.duration_since(received).as_secs_f64());
-                let handled = CLIENT_HOST
-                    .scope(
-                        peer.ip(),
-                        handlers::handle(&broker, &header, api_key, *body),
-                    )
-                    .instrument(span.clone())
-                    .await;
-                m.processing.record(started.elapsed().as_secs_f64());
-                match handled {
-                    Handled::CloseConnection => {
-                        debug!(%peer, "closing connection after a failed acks=0 produce");
-                        break;
-                    }
-                    Handled::Ready(b) => {
-                        span.in_scope(|| {
-                            debug!(
-                                duration_us = started.elapsed().as_micros() as u64,
-                                "handled"
-                            )
-                        });
-                        Slot::Ready(b, Some(m))
-                    }
-                    Handled::Deferred(fut) => {
-                        let m2 = m.clone();
-                        Slot::Pending(
-                            tokio::spawn(
-                                async move {
-                                    let waited = Instant::now();
-                                    let out = fut.await;
-                                    m2.remote.record(waited.elapsed().as_secs_f64());
-                                    debug!(
-                                        duration_us = started.elapsed().as_micros() as u64,
-                                        "handled"
-                                    );
-                                    out
-                                }
-                                .instrument(span),
-                            ),
-                            Some(m),
-                        )
-                    }
-                }
-            }
-            Ok(DecodedRequest::UnsupportedApiVersions {
-                correlation_id,
-                version,
-            }) => {
-                debug!(%peer, version, "ApiVersions at an unsupported version; answering with v0");
-                Slot::Ready(
-                    handlers::api_versions::unsupported_version_response(correlation_id),
-                    None,
-                )
-            }
-            Ok(DecodedRequest::UnsupportedVersion {
-                api_key,
-                version,
-                correlation_id,
-            }) => {
-                warn!(%peer, ?api_key, version, correlation_id, "unsupported request version; closing connection (as Kafka does)");
-                break;
-            }
-            Err(e) => {
-                warn!(%peer, error = %e, "malformed request; closing connection");
-                break;
-            }
-        };
-        if tx.send(slot).await.is_err() {
-            break;
-        }
-    }
-    drop(tx);
-    let _ = writer.await;
-    debug!(%peer, "connection closed");
 }

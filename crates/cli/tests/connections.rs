@@ -179,3 +179,391 @@ fn oversize_and_malformed_frames_close_only_their_connection() -> Result<()> {
     ensure!(!g.server_log().contains("panicked"), "server panicked");
     Ok(())
 }
+
+/// One ApiVersions v3 round trip; the response's correlation id must match.
+fn api_versions_round_trip(s: &mut TcpStream, correlation_id: i32) -> Result<()> {
+    s.write_all(&frame(
+        ApiKey::ApiVersions,
+        3,
+        correlation_id,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("conn-test"))
+            .with_client_software_version(StrBytes::from_static_str("1.0")),
+    ))?;
+    let mut b = read_response(s)?;
+    let h = ResponseHeader::decode(&mut b, 0)?;
+    ensure!(h.correlation_id == correlation_id, "wrong correlation id");
+    Ok(())
+}
+
+/// Whether a response arrives within `within` (false: the read timed out).
+fn answered_within(s: &mut TcpStream, within: Duration) -> Result<bool> {
+    s.set_read_timeout(Some(within))?;
+    let mut len = [0u8; 4];
+    let r = s.read_exact(&mut len);
+    s.set_read_timeout(None)?;
+    match r {
+        Ok(()) => {
+            let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body)?;
+            Ok(true)
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A value from /proc/<pid>/status, in kB.
+fn proc_status_kb(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {field} in /proc/{pid}/status"))
+}
+
+/// Polls `/metrics` until `metric` (no labels) satisfies `pred`.
+fn wait_for_metric(g: &Gregor, metric: &str, pred: impl Fn(f64) -> bool) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = g.admin_get("/metrics")?;
+        let value = body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+            l.strip_prefix(metric)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        });
+        if value.is_some_and(&pred) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{metric} never got there (last {value:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Defect: the broker allocated a frame's declared size (up to socket.request.max.bytes, 100 MB)
+/// as soon as it read the 4-byte prefix. The broker runs under a 4 GiB address-space limit
+/// (`ulimit -v`), so the old behaviour aborts it after ~40 such connections.
+#[test]
+fn size_prefixes_alone_reserve_no_memory() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let wrapper = dir.path().join("gregor-limited");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nulimit -v 4194304\nexec '{BIN}' \"$@\"\n"),
+    )?;
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let g = Gregor::start(&wrapper, &[])?;
+    let pid = g.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let rss_before_kb = proc_status_kb(pid, "VmRSS")?;
+    let mut conns = Vec::new();
+    for _ in 0..1000 {
+        let mut s = TcpStream::connect(g.bootstrap())?;
+        s.write_all(&100_000_000i32.to_be_bytes())?;
+        s.write_all(&[0u8; 16])?;
+        conns.push(s);
+    }
+    wait_for_metric(&g, "gregor_connections_active", |v| v >= 1000.0)?;
+    // Another client is served while those wait for their bodies.
+    broker_still_serves(&g.bootstrap())?;
+    let mut probe = TcpStream::connect(g.bootstrap())?;
+    api_versions_round_trip(&mut probe, 5)?;
+    let rss_after_kb = proc_status_kb(pid, "VmRSS")?;
+    let vm_after_kb = proc_status_kb(pid, "VmSize")?;
+    eprintln!(
+        "1000 connections with a 100 MB size prefix: VmRSS {rss_before_kb} kB -> {rss_after_kb} kB, VmSize {vm_after_kb} kB"
+    );
+    ensure!(
+        rss_after_kb < rss_before_kb + 200 * 1024,
+        "RSS grew from {rss_before_kb} kB to {rss_after_kb} kB"
+    );
+    ensure!(!g.server_log().contains("panicked"), "server panicked");
+    drop(conns);
+    Ok(())
+}
+
+/// `queued.max.request.bytes`: while one request's declared size holds the whole pool, no
+/// other request is read; when that connection goes, the next one is served.
+#[test]
+fn queued_max_request_bytes_bounds_requests_being_read() -> Result<()> {
+    let g = Gregor::start(
+        BIN,
+        &[
+            "socket.request.max.bytes=100000",
+            "queued.max.request.bytes=100000",
+        ],
+    )?;
+    wait_for_metric(&g, "gregor_memory_pool_available_bytes", |v| v == 100_000.0)?;
+    let mut hog = TcpStream::connect(g.bootstrap())?;
+    hog.write_all(&100_000i32.to_be_bytes())?;
+    hog.write_all(&[0u8; 10])?;
+    wait_for_metric(&g, "gregor_memory_pool_available_bytes", |v| v <= 0.0)?;
+    let mut waiting = TcpStream::connect(g.bootstrap())?;
+    waiting.write_all(&frame(
+        ApiKey::ApiVersions,
+        3,
+        9,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("conn-test"))
+            .with_client_software_version(StrBytes::from_static_str("1.0")),
+    ))?;
+    ensure!(
+        !answered_within(&mut waiting, Duration::from_millis(1500))?,
+        "a request was read while the memory pool was exhausted"
+    );
+    drop(hog);
+    ensure!(
+        answered_within(&mut waiting, Duration::from_secs(10))?,
+        "the waiting request was not served after the pool was released"
+    );
+    wait_for_metric(&g, "gregor_memory_pool_available_bytes", |v| v == 100_000.0)?;
+    Ok(())
+}
+
+/// `max.connections`: above it the broker stops accepting until a connection closes.
+#[test]
+fn max_connections_blocks_accepting_until_a_slot_frees() -> Result<()> {
+    let g = Gregor::start(BIN, &["max.connections=3"])?;
+    wait_for_metric(&g, "gregor_connections_active", |v| v == 0.0)?;
+    let mut open = Vec::new();
+    for i in 0..3 {
+        let mut s = TcpStream::connect(g.bootstrap())?;
+        api_versions_round_trip(&mut s, i)?;
+        open.push(s);
+    }
+    let mut fourth = TcpStream::connect(g.bootstrap())?;
+    fourth.write_all(&frame(
+        ApiKey::ApiVersions,
+        3,
+        42,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("conn-test"))
+            .with_client_software_version(StrBytes::from_static_str("1.0")),
+    ))?;
+    ensure!(
+        !answered_within(&mut fourth, Duration::from_millis(1500))?,
+        "a fourth connection was served with max.connections=3"
+    );
+    drop(open.remove(0));
+    ensure!(
+        answered_within(&mut fourth, Duration::from_secs(10))?,
+        "the fourth connection was not served after one closed"
+    );
+    Ok(())
+}
+
+/// `max.connections.per.ip` and its overrides: a connection above the limit is closed at once.
+#[test]
+fn max_connections_per_ip_closes_the_extra_connection() -> Result<()> {
+    let g = Gregor::start(BIN, &["max.connections.per.ip=2"])?;
+    // The harness's readiness probe must be gone before counting.
+    wait_for_metric(&g, "gregor_connections_active", |v| v == 0.0)?;
+    let mut a = TcpStream::connect(g.bootstrap())?;
+    let mut b = TcpStream::connect(g.bootstrap())?;
+    api_versions_round_trip(&mut a, 1)?;
+    api_versions_round_trip(&mut b, 2)?;
+    let mut c = TcpStream::connect(g.bootstrap())?;
+    ensure!(
+        closed_by_peer(&mut c),
+        "third connection from 127.0.0.1 was kept"
+    );
+    // A closed connection frees its address's slot.
+    drop(a);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut d = TcpStream::connect(g.bootstrap())?;
+        if api_versions_round_trip(&mut d, 3).is_ok() {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "slot never freed");
+    }
+    drop(b);
+
+    let g = Gregor::start(
+        BIN,
+        &[
+            "max.connections.per.ip=1",
+            "max.connections.per.ip.overrides=127.0.0.1:3",
+        ],
+    )?;
+    wait_for_metric(&g, "gregor_connections_active", |v| v == 0.0)?;
+    let mut open = Vec::new();
+    for i in 0..3 {
+        let mut s = TcpStream::connect(g.bootstrap())?;
+        api_versions_round_trip(&mut s, i)?;
+        open.push(s);
+    }
+    let mut extra = TcpStream::connect(g.bootstrap())?;
+    ensure!(closed_by_peer(&mut extra), "override of 3 not applied");
+    Ok(())
+}
+
+/// `connections.max.idle.ms`: a connection with nothing to do is closed; one that keeps
+/// sending requests is not.
+#[test]
+fn idle_connections_are_closed_after_connections_max_idle_ms() -> Result<()> {
+    let g = Gregor::start(BIN, &["connections.max.idle.ms=1000"])?;
+    let mut idle = TcpStream::connect(g.bootstrap())?;
+    let mut busy = TcpStream::connect(g.bootstrap())?;
+    let started = std::time::Instant::now();
+    let mut id = 0;
+    while started.elapsed() < Duration::from_millis(2500) {
+        api_versions_round_trip(&mut busy, id)?;
+        id += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ensure!(closed_by_peer(&mut idle), "idle connection was not closed");
+    api_versions_round_trip(&mut busy, id)?;
+    Ok(())
+}
+
+/// Runs `gregor serve` with `sets`, expecting it to refuse to start; returns its stderr.
+fn serve_refuses(sets: &[&str]) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("serve")
+        .arg("--set")
+        .arg(format!("log.dirs={}", dir.path().display()))
+        .arg("--set")
+        .arg("admin.listener=");
+    for s in sets {
+        cmd.arg("--set").arg(s);
+    }
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("gregor started with {sets:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr)?;
+    }
+    ensure!(
+        !status.success(),
+        "gregor exited successfully with {sets:?}"
+    );
+    Ok(stderr)
+}
+
+/// Defect 5: a SASL_SSL (or any non-PLAINTEXT) listener was served as plaintext.
+#[test]
+fn listeners_with_unimplemented_security_refuse_to_start() -> Result<()> {
+    let port = gregor_tests::free_port()?;
+    let err = serve_refuses(&[&format!("listeners=SASL_SSL://127.0.0.1:{port}")])?;
+    ensure!(
+        err.contains("listener SASL_SSL uses security protocol SASL_SSL"),
+        "stderr: {err}"
+    );
+    ensure!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "something listens on the refused port"
+    );
+    let err = serve_refuses(&[
+        &format!("listeners=PLAINTEXT://127.0.0.1:{port},EXTERNAL://127.0.0.1:0"),
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXTERNAL:SSL",
+    ])?;
+    ensure!(
+        err.contains("listener EXTERNAL uses security protocol SSL"),
+        "stderr: {err}"
+    );
+    let err = serve_refuses(&[&format!("listeners=INTERNAL://127.0.0.1:{port}")])?;
+    ensure!(
+        err.contains("No security protocol defined for listener INTERNAL"),
+        "stderr: {err}"
+    );
+    Ok(())
+}
+
+/// Defect 6: security-sensitive keys were ignored, starting a broker that looked secured.
+#[test]
+fn security_config_stops_start_up() -> Result<()> {
+    let err = serve_refuses(&[
+        "ssl.keystore.location=/etc/kafka/keystore.jks",
+        "ssl.keystore.password=changeit",
+    ])?;
+    ensure!(
+        err.contains("ssl.keystore.location, ssl.keystore.password")
+            && err.contains("not implemented"),
+        "stderr: {err}"
+    );
+    ensure!(!err.contains("changeit"), "a password was printed: {err}");
+    let err = serve_refuses(&[
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    ])?;
+    ensure!(err.contains("authorizer.class.name"), "stderr: {err}");
+    let err = serve_refuses(&["sasl.enabled.mechanisms=PLAIN"])?;
+    ensure!(err.contains("sasl.enabled.mechanisms"), "stderr: {err}");
+    // A stock Kafka listener map (SSL entries, no ssl.* keys) still starts.
+    let g = Gregor::start(
+        BIN,
+        &[
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            "controller.listener.names=CONTROLLER",
+        ],
+    )?;
+    broker_still_serves(&g.bootstrap())?;
+    Ok(())
+}
+
+/// Defect found on the way: an empty listener host (Kafka's "every interface", as in Kafka's
+/// own `server.properties`: `PLAINTEXT://:9092`) made start-up fail with a lookup error.
+#[test]
+fn empty_listener_host_binds_every_interface() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = gregor_tests::free_port()?;
+    let mut child = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--set")
+        .arg(format!("listeners=PLAINTEXT://:{port}"))
+        .arg("--set")
+        .arg(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{port}"))
+        .arg("--set")
+        .arg(format!("log.dirs={}", dir.path().display()))
+        .arg("--set")
+        .arg("admin.listener=")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let result = loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            break api_versions_round_trip(&mut s, 1);
+        }
+        if let Some(status) = child.try_wait()? {
+            break Err(anyhow::anyhow!("gregor exited with {status}"));
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(anyhow::anyhow!("gregor did not listen"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}

@@ -17,9 +17,11 @@ use gregor_protocol::kafka_protocol::messages::{DescribeConfigsRequest, Describe
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::config::{ConfigSource, ConfigType, TopicConfigs};
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
 /// `ConfigResource.Type.TOPIC`.
 pub const RESOURCE_TOPIC: i8 = 2;
@@ -31,9 +33,29 @@ fn wanted(keys: &Option<Vec<StrBytes>>, name: &str) -> bool {
         .is_none_or(|k| k.is_empty() || k.iter().any(|k| &**k == name))
 }
 
-/// Answers DescribeConfigs for topics and brokers.
+/// The authorization error for `operation` on a config resource: a topic is authorised as
+/// its Topic, broker and broker-logger resources as the Cluster (Kafka's `ConfigHelper`).
+fn config_authorization_error(
+    broker: &Broker,
+    ctx: &RequestContext,
+    operation: AclOperation,
+    resource_type: i8,
+    name: &str,
+) -> Option<i16> {
+    if resource_type == RESOURCE_TOPIC {
+        (!broker.authorize(ctx, operation, ResourceType::Topic, name))
+            .then_some(ec::TOPIC_AUTHORIZATION_FAILED)
+    } else {
+        (!broker.authorize(ctx, operation, ResourceType::Cluster, CLUSTER_NAME))
+            .then_some(ec::CLUSTER_AUTHORIZATION_FAILED)
+    }
+}
+
+/// Answers DescribeConfigs for topics and brokers (`DescribeConfigs` on the topic or the
+/// Cluster).
 pub fn describe_configs(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DescribeConfigsRequest,
     version: i16,
 ) -> DescribeConfigsResponse {
@@ -42,6 +64,17 @@ pub fn describe_configs(
         let mut r = DescribeConfigsResult::default()
             .with_resource_type(res.resource_type)
             .with_resource_name(res.resource_name.clone());
+        if let Some(code) = config_authorization_error(
+            broker,
+            ctx,
+            AclOperation::DescribeConfigs,
+            res.resource_type,
+            &res.resource_name,
+        ) {
+            r.error_code = code;
+            results.push(r);
+            continue;
+        }
         match res.resource_type {
             RESOURCE_TOPIC => {
                 let name = res.resource_name.to_string();
@@ -428,6 +461,7 @@ async fn alter_resource(
 /// AlterConfigs (key 33, v0-v2): replaces all dynamic configs of each resource.
 pub async fn alter_configs(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &gregor_protocol::kafka_protocol::messages::AlterConfigsRequest,
     _version: i16,
 ) -> gregor_protocol::kafka_protocol::messages::AlterConfigsResponse {
@@ -445,14 +479,25 @@ pub async fn alter_configs(
                 })
                 .collect(),
         );
-        let outcome = alter_resource(
+        let outcome = match config_authorization_error(
             broker,
+            ctx,
+            AclOperation::AlterConfigs,
             res.resource_type,
             &res.resource_name,
-            change,
-            req.validate_only,
-        )
-        .await;
+        ) {
+            Some(code) => Err((code, None)),
+            None => {
+                alter_resource(
+                    broker,
+                    res.resource_type,
+                    &res.resource_name,
+                    change,
+                    req.validate_only,
+                )
+                .await
+            }
+        };
         let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
         responses.push(
             AlterConfigsResourceResponse::default()
@@ -469,6 +514,7 @@ pub async fn alter_configs(
 /// IncrementalAlterConfigs (key 44, v0-v1, KIP-339).
 pub async fn incremental_alter_configs(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsRequest,
     _version: i16,
 ) -> gregor_protocol::kafka_protocol::messages::IncrementalAlterConfigsResponse {
@@ -487,14 +533,25 @@ pub async fn incremental_alter_configs(
                 })
                 .collect(),
         );
-        let outcome = alter_resource(
+        let outcome = match config_authorization_error(
             broker,
+            ctx,
+            AclOperation::AlterConfigs,
             res.resource_type,
             &res.resource_name,
-            change,
-            req.validate_only,
-        )
-        .await;
+        ) {
+            Some(code) => Err((code, None)),
+            None => {
+                alter_resource(
+                    broker,
+                    res.resource_type,
+                    &res.resource_name,
+                    change,
+                    req.validate_only,
+                )
+                .await
+            }
+        };
         let (code, message) = outcome.err().unwrap_or((ec::NONE, None));
         responses.push(
             AlterConfigsResourceResponse::default()

@@ -12,22 +12,35 @@ use gregor_protocol::kafka_protocol::messages::consumer_group_heartbeat_response
 };
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse,
-    ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse, RequestHeader, TopicName,
+    ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse, TopicName,
 };
 
-use super::groups::{client_host, deferred};
+use super::groups::deferred;
 use super::sb;
-use crate::error_codes::ErrorCode;
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
+use crate::error_codes::{self as ec, ErrorCode};
 use crate::group_coordinator::assignor;
 use crate::group_coordinator::consumer::{HeartbeatRequest, HeartbeatResponse};
-use crate::server::{Broker, Handled};
+use gregor_network::{respond, Handled, RequestContext};
 
 /// ConsumerGroupHeartbeat: deferred until the records of what it changed are committed.
 pub fn heartbeat(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     req: &ConsumerGroupHeartbeatRequest,
 ) -> Handled {
+    let header = &ctx.header;
+    if !broker.authorize(ctx, AclOperation::Read, ResourceType::Group, &req.group_id) {
+        return Handled::Ready(respond(
+            header,
+            ApiKey::ConsumerGroupHeartbeat,
+            ConsumerGroupHeartbeatResponse::default()
+                .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+                .with_member_epoch(-1)
+                .into(),
+        ));
+    }
     let wait = broker
         .group_coordinator
         .consumer_group_heartbeat(HeartbeatRequest {
@@ -58,7 +71,7 @@ pub fn heartbeat(
                 .as_deref()
                 .map(str::to_string)
                 .unwrap_or_default(),
-            client_host: client_host(),
+            client_host: ctx.client_host(),
             version: header.request_api_version,
         });
     let cancelled = HeartbeatResponse {
@@ -119,6 +132,7 @@ fn describe_assignment(
 /// ConsumerGroupDescribe.
 pub fn describe(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &ConsumerGroupDescribeRequest,
     version: i16,
 ) -> ConsumerGroupDescribeResponse {
@@ -127,6 +141,12 @@ pub fn describe(
         req.group_ids
             .iter()
             .map(|gid| {
+                if !broker.authorize(ctx, AclOperation::Describe, ResourceType::Group, gid) {
+                    return DescribedGroup::default()
+                        .with_group_id(gid.clone())
+                        .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+                        .with_authorized_operations(i32::MIN);
+                }
                 let d = broker.group_coordinator.describe_consumer_group(gid);
                 DescribedGroup::default()
                     .with_group_id(gid.clone())

@@ -14,18 +14,24 @@ use gregor_protocol::kafka_protocol::messages::delete_records_response::{
 };
 use gregor_protocol::kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
-/// Answers DeleteRecords.
+/// Answers DeleteRecords. Needs `Delete` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DeleteRecordsRequest,
     _version: i16,
 ) -> DeleteRecordsResponse {
+    let authorized =
+        |name: &str| broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, name);
     let offsets: Vec<(TopicPartition, i64)> = req
         .topics
         .iter()
+        .filter(|t| authorized(&t.name))
         .flat_map(|t| {
             t.partitions.iter().map(|p| {
                 (
@@ -44,12 +50,18 @@ pub async fn handle(
         .topics
         .iter()
         .map(|t| {
+            let authorized = authorized(&t.name);
             let partitions = t
                 .partitions
                 .iter()
                 .map(|p| {
                     let result = DeleteRecordsPartitionResult::default()
                         .with_partition_index(p.partition_index);
+                    if !authorized {
+                        return result
+                            .with_low_watermark(-1)
+                            .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED);
+                    }
                     match results.next() {
                         Some(Ok(low)) => result.with_low_watermark(low).with_error_code(ec::NONE),
                         Some(Err((code, message))) => {

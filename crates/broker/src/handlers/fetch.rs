@@ -18,10 +18,13 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 use uuid::Uuid;
 
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
 use crate::replica_manager::{FetchOutcome, FetchParams, FetchPartition, FetchPartitionResult};
-use crate::server::{respond, Broker, Handled};
+use gregor_network::RequestContext;
+use gregor_network::{respond, Handled};
 
 fn empty_partition(index: i32, code: i16) -> PartitionData {
     PartitionData::default()
@@ -95,8 +98,11 @@ fn encode(
 /// Handles Fetch: resolves topic ids, hands the partitions to
 /// [`ReplicaManager::fetch_messages`](crate::replica_manager::ReplicaManager::fetch_messages)
 /// and encodes its results. The first read happens before this returns; a long poll is
-/// deferred.
-pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchRequest) -> Handled {
+/// deferred. Needs `Read` on each topic, or `ClusterAction` on the Cluster for a follower
+/// (`replica_id >= 0`); partitions not authorised get TOPIC_AUTHORIZATION_FAILED, as Kafka's
+/// `KafkaApis.handleFetch`.
+pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchRequest) -> Handled {
+    let header = ctx.header.clone();
     let version = header.request_api_version;
     let reply = move |header: &RequestHeader, body: FetchResponse| {
         respond(header, ApiKey::Fetch, ResponseKind::Fetch(body))
@@ -106,6 +112,18 @@ pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchReque
         let body = FetchResponse::default().with_error_code(ec::FETCH_SESSION_ID_NOT_FOUND);
         return Handled::Ready(reply(&header, body));
     }
+    let replica_id = if version >= 15 {
+        req.replica_state.replica_id.0
+    } else {
+        req.replica_id.0
+    };
+    let follower_authorized = replica_id < 0
+        || broker.authorize(
+            ctx,
+            AclOperation::ClusterAction,
+            ResourceType::Cluster,
+            CLUSTER_NAME,
+        );
     let image = broker.controller.image();
     let mut entries = Vec::new();
     let mut unresolved = false;
@@ -118,6 +136,11 @@ pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchReque
             } else {
                 Some(t.topic.0.to_string())
             };
+            let authorized = follower_authorized
+                && name.as_deref().is_none_or(|n| {
+                    replica_id >= 0
+                        || broker.authorize(ctx, AclOperation::Read, ResourceType::Topic, n)
+                });
             let partitions = t
                 .partitions
                 .iter()
@@ -126,6 +149,10 @@ pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchReque
                         None => {
                             unresolved = true;
                             Err(ec::UNKNOWN_TOPIC_ID)
+                        }
+                        Some(_) if !authorized => {
+                            unresolved = true;
+                            Err(ec::TOPIC_AUTHORIZATION_FAILED)
                         }
                         Some(n) => {
                             entries.push(FetchPartition {
@@ -147,11 +174,6 @@ pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: FetchReque
             }
         })
         .collect();
-    let replica_id = if version >= 15 {
-        req.replica_state.replica_id.0
-    } else {
-        req.replica_id.0
-    };
     let isolation_level = req.isolation_level;
     let params = FetchParams {
         replica_id,

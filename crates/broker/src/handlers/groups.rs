@@ -39,17 +39,22 @@ use gregor_protocol::kafka_protocol::messages::{
 use indexmap::IndexMap;
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::group_coordinator::classic::{JoinRequest, LeavingMember};
 use crate::group_coordinator::offsets::{CommitRequest, FetchedOffset, OffsetToCommit};
 use crate::group_coordinator::Wait;
-use crate::server::{respond, Broker, Handled, CLIENT_HOST};
+use gregor_network::{respond, Handled, RequestContext};
 
-/// "/ip" of the connection being served, as Kafka reports client hosts.
-pub(crate) fn client_host() -> String {
-    CLIENT_HOST
-        .try_with(|ip| format!("/{ip}"))
-        .unwrap_or_else(|_| "/unknown".to_string())
+/// Whether `ctx`'s principal may perform `operation` on `group`.
+fn group_allowed(
+    broker: &Broker,
+    ctx: &RequestContext,
+    operation: AclOperation,
+    group: &str,
+) -> bool {
+    broker.authorize(ctx, operation, ResourceType::Group, group)
 }
 
 fn client_id(header: &RequestHeader) -> String {
@@ -84,6 +89,7 @@ pub(crate) fn deferred<T: Send + 'static>(
 /// (created on first use). Transaction coordinators (key type 1) are not available yet.
 pub async fn find_coordinator(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
@@ -105,6 +111,9 @@ pub async fn find_coordinator(
     };
     let answer = |key: &str| -> (i16, Option<String>, i32) {
         match req.key_type {
+            0 if !group_allowed(broker, ctx, AclOperation::Describe, key) => {
+                return (ec::GROUP_AUTHORIZATION_FAILED, None, -1)
+            }
             0 => {}
             1 => {
                 return (
@@ -182,8 +191,16 @@ fn fix_join(mut r: JoinGroupResponse, version: i16) -> JoinGroupResponse {
 }
 
 /// JoinGroup: deferred until the join phase of the rebalance completes.
-pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRequest) -> Handled {
+pub fn join_group(broker: &Arc<Broker>, ctx: &RequestContext, req: JoinGroupRequest) -> Handled {
+    let header = &ctx.header;
     let version = header.request_api_version;
+    if !group_allowed(broker, ctx, AclOperation::Read, &req.group_id) {
+        let r = JoinGroupResponse::default()
+            .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+            .with_generation_id(-1)
+            .with_member_id(req.member_id.clone());
+        return Handled::Ready(respond(header, ApiKey::JoinGroup, r.into()));
+    }
     let join = JoinRequest {
         group_id: req.group_id.to_string(),
         member_id: req.member_id.to_string(),
@@ -205,7 +222,7 @@ pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRe
             .map(|p| (p.name.to_string(), p.metadata.clone()))
             .collect(),
         client_id: client_id(header),
-        client_host: client_host(),
+        client_host: ctx.client_host(),
         require_known_member_id: version >= 4,
         reason: req.reason.as_deref().map(str::to_string),
     };
@@ -220,8 +237,13 @@ pub fn join_group(broker: &Arc<Broker>, header: &RequestHeader, req: JoinGroupRe
 }
 
 /// SyncGroup: deferred until the leader's assignment arrives.
-pub fn sync_group(broker: &Arc<Broker>, header: &RequestHeader, req: SyncGroupRequest) -> Handled {
+pub fn sync_group(broker: &Arc<Broker>, ctx: &RequestContext, req: SyncGroupRequest) -> Handled {
+    let header = &ctx.header;
     let version = header.request_api_version;
+    if !group_allowed(broker, ctx, AclOperation::Read, &req.group_id) {
+        let r = SyncGroupResponse::default().with_error_code(ec::GROUP_AUTHORIZATION_FAILED);
+        return Handled::Ready(respond(header, ApiKey::SyncGroup, r.into()));
+    }
     let wait = broker.group_coordinator.sync_group(
         &req.group_id,
         req.generation_id,
@@ -257,7 +279,15 @@ pub fn sync_group(broker: &Arc<Broker>, header: &RequestHeader, req: SyncGroupRe
 }
 
 /// Heartbeat.
-pub fn heartbeat(broker: &Arc<Broker>, req: &HeartbeatRequest, version: i16) -> HeartbeatResponse {
+pub fn heartbeat(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    req: &HeartbeatRequest,
+    version: i16,
+) -> HeartbeatResponse {
+    if !group_allowed(broker, ctx, AclOperation::Read, &req.group_id) {
+        return HeartbeatResponse::default().with_error_code(ec::GROUP_AUTHORIZATION_FAILED);
+    }
     let code = broker.group_coordinator.heartbeat(
         &req.group_id,
         req.generation_id,
@@ -274,9 +304,13 @@ pub fn heartbeat(broker: &Arc<Broker>, req: &HeartbeatRequest, version: i16) -> 
 /// LeaveGroup: one member (v0-2) or a batch (v3+, KIP-345).
 pub fn leave_group(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &LeaveGroupRequest,
     version: i16,
 ) -> LeaveGroupResponse {
+    if !group_allowed(broker, ctx, AclOperation::Read, &req.group_id) {
+        return LeaveGroupResponse::default().with_error_code(ec::GROUP_AUTHORIZATION_FAILED);
+    }
     let members: Vec<LeavingMember> = if version >= 3 {
         req.members
             .iter()
@@ -324,10 +358,34 @@ pub fn leave_group(
 /// Deferred until the commit's records are committed (the high watermark passes them).
 pub fn offset_commit(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     req: &OffsetCommitRequest,
 ) -> Handled {
+    let header = &ctx.header;
     let version = header.request_api_version;
+    if !group_allowed(broker, ctx, AclOperation::Read, &req.group_id) {
+        // As Kafka: every partition carries the group's error.
+        let r = OffsetCommitResponse::default().with_topics(
+            req.topics
+                .iter()
+                .map(|t| {
+                    OffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    OffsetCommitResponsePartition::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        );
+        return Handled::Ready(respond(header, ApiKey::OffsetCommit, r.into()));
+    }
     let image = broker.controller.image();
     let known = |name: &str| image.topic(name).is_some();
     let mut offsets = Vec::new();
@@ -427,6 +485,7 @@ fn group_topics(fetched: Vec<FetchedOffset>) -> IndexMap<String, Vec<FetchedOffs
 /// reports -1; `topics` null means every committed offset of the group.
 pub fn offset_fetch(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
@@ -437,7 +496,12 @@ pub fn offset_fetch(
                 .map(|t| (t.name.to_string(), t.partition_indexes.clone()))
                 .collect()
         });
-        return match c.fetch_offsets(&req.group_id, topics, None) {
+        let fetched = if group_allowed(broker, ctx, AclOperation::Describe, &req.group_id) {
+            c.fetch_offsets(&req.group_id, topics, None)
+        } else {
+            Err(ec::GROUP_AUTHORIZATION_FAILED)
+        };
+        return match fetched {
             Ok(fetched) => OffsetFetchResponse::default().with_topics(
                 group_topics(fetched)
                     .into_iter()
@@ -507,7 +571,12 @@ pub fn offset_fetch(
             } else {
                 None
             };
-            match c.fetch_offsets(&g.group_id, topics, member) {
+            let fetched = if group_allowed(broker, ctx, AclOperation::Describe, &g.group_id) {
+                c.fetch_offsets(&g.group_id, topics, member)
+            } else {
+                Err(ec::GROUP_AUTHORIZATION_FAILED)
+            };
+            match fetched {
                 Ok(fetched) => OffsetFetchResponseGroup::default()
                     .with_group_id(g.group_id.clone())
                     .with_topics(
@@ -542,6 +611,7 @@ pub fn offset_fetch(
 /// DescribeGroups.
 pub fn describe_groups(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DescribeGroupsRequest,
     version: i16,
 ) -> DescribeGroupsResponse {
@@ -549,6 +619,12 @@ pub fn describe_groups(
         .groups
         .iter()
         .map(|gid| {
+            if !group_allowed(broker, ctx, AclOperation::Describe, gid) {
+                return DescribedGroup::default()
+                    .with_group_id(gid.clone())
+                    .with_error_code(ec::GROUP_AUTHORIZATION_FAILED)
+                    .with_authorized_operations(i32::MIN);
+            }
             let d = broker
                 .group_coordinator
                 .describe_classic_group(gid, version);
@@ -590,6 +666,7 @@ pub fn describe_groups(
 /// ListGroups.
 pub fn list_groups(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &ListGroupsRequest,
     version: i16,
 ) -> ListGroupsResponse {
@@ -603,11 +680,19 @@ pub fn list_groups(
     } else {
         vec![]
     };
+    // As Kafka: everything with Describe on the Cluster, else only the groups it may describe.
+    let cluster = broker.authorize(
+        ctx,
+        AclOperation::Describe,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
     ListGroupsResponse::default().with_groups(
         broker
             .group_coordinator
             .list_groups(&states, &types)
             .into_iter()
+            .filter(|g| cluster || group_allowed(broker, ctx, AclOperation::Describe, &g.group_id))
             .map(|g| {
                 ListedGroup::default()
                     .with_group_id(GroupId(sb(&g.group_id)))
@@ -622,6 +707,7 @@ pub fn list_groups(
 /// DeleteGroups.
 pub fn delete_groups(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DeleteGroupsRequest,
     _version: i16,
 ) -> DeleteGroupsResponse {
@@ -631,7 +717,11 @@ pub fn delete_groups(
             .map(|g| {
                 DeletableGroupResult::default()
                     .with_group_id(g.clone())
-                    .with_error_code(broker.group_coordinator.delete_group(g))
+                    .with_error_code(if group_allowed(broker, ctx, AclOperation::Delete, g) {
+                        broker.group_coordinator.delete_group(g)
+                    } else {
+                        ec::GROUP_AUTHORIZATION_FAILED
+                    })
             })
             .collect(),
     )
@@ -640,9 +730,13 @@ pub fn delete_groups(
 /// OffsetDelete (KIP-496).
 pub fn offset_delete(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &OffsetDeleteRequest,
     _version: i16,
 ) -> OffsetDeleteResponse {
+    if !group_allowed(broker, ctx, AclOperation::Delete, &req.group_id) {
+        return OffsetDeleteResponse::default().with_error_code(ec::GROUP_AUTHORIZATION_FAILED);
+    }
     let parts: Vec<(String, i32)> = req
         .topics
         .iter()

@@ -15,23 +15,30 @@ use gregor_protocol::kafka_protocol::messages::list_offsets_response::{
 use gregor_protocol::kafka_protocol::messages::ApiKey;
 use gregor_protocol::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
+use crate::error_codes as ec;
 use crate::observability::record_error;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
 pub use crate::replica_manager::partition::{
     EARLIEST_LOCAL_TIMESTAMP, EARLIEST_PENDING_UPLOAD_TIMESTAMP, EARLIEST_TIMESTAMP,
     LATEST_TIERED_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP,
 };
 
-/// Answers ListOffsets.
+/// Answers ListOffsets. Needs `Describe` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
+    let authorized =
+        |name: &str| broker.authorize(ctx, AclOperation::Describe, ResourceType::Topic, name);
     let lookups: Vec<(TopicPartition, i64, i32)> = req
         .topics
         .iter()
+        .filter(|t| authorized(&t.name))
         .flat_map(|t| {
             t.partitions.iter().map(|rp| {
                 (
@@ -60,6 +67,10 @@ pub async fn handle(
                         .with_timestamp(-1)
                         .with_offset(-1)
                         .with_leader_epoch(-1);
+                    if !authorized(&t.name) {
+                        record_error(ApiKey::ListOffsets, ec::TOPIC_AUTHORIZATION_FAILED);
+                        return resp.with_error_code(ec::TOPIC_AUTHORIZATION_FAILED);
+                    }
                     match results.next() {
                         // leader_epoch exists from v4 (KIP-320); before that it must stay -1.
                         Some(Ok((ts, off, epoch))) => resp

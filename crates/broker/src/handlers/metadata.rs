@@ -17,8 +17,10 @@ use gregor_protocol::kafka_protocol::messages::{
 use uuid::Uuid;
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
 /// "Authorized operations not requested" (Kafka's `Integer.MIN_VALUE` sentinel).
 const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
@@ -79,7 +81,17 @@ fn brokers(image: &MetadataImage) -> Vec<MetadataResponseBroker> {
 /// Answers Metadata: null topics = all topics, an empty list = none (v1+; in v0 an empty
 /// list means all). Unknown topics are created when the request allows it (v4+, always
 /// before v4) and `auto.create.topics.enable` is on.
-pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) -> MetadataResponse {
+/// Answers Metadata. Topics the principal may not `Describe` are left out of an all-topics
+/// answer and get TOPIC_AUTHORIZATION_FAILED when named; auto-creation also needs `Create` on
+/// the Cluster or the topic.
+pub async fn handle(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    req: MetadataRequest,
+    version: i16,
+) -> MetadataResponse {
+    let describe =
+        |name: &str| broker.authorize(ctx, AclOperation::Describe, ResourceType::Topic, name);
     let mut image = broker.controller.image();
     let all = match &req.topics {
         None => true,
@@ -91,7 +103,9 @@ pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) ->
         names.sort();
         for n in names {
             if let Some(t) = image.topic(n) {
-                topics.push(topic_entry(t));
+                if describe(n) {
+                    topics.push(topic_entry(t));
+                }
             }
         }
     } else {
@@ -101,11 +115,24 @@ pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) ->
                 None => {
                     // Lookup by topic id (v10+).
                     match image.topic_by_id(&rt.topic_id) {
-                        Some(t) => topics.push(topic_entry(t)),
+                        Some(t) if describe(&t.name) => topics.push(topic_entry(t)),
+                        Some(_) => topics.push(error_entry(
+                            None,
+                            rt.topic_id,
+                            ec::TOPIC_AUTHORIZATION_FAILED,
+                        )),
                         None => topics.push(error_entry(None, rt.topic_id, ec::UNKNOWN_TOPIC_ID)),
                     }
                 }
                 Some(name) => {
+                    if !describe(&name) {
+                        topics.push(error_entry(
+                            Some(&name),
+                            Uuid::nil(),
+                            ec::TOPIC_AUTHORIZATION_FAILED,
+                        ));
+                        continue;
+                    }
                     if let Some(t) = image.topic(&name) {
                         topics.push(topic_entry(t));
                         continue;
@@ -114,7 +141,21 @@ pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) ->
                         topics.push(error_entry(Some(&name), Uuid::nil(), e.kafka_error_code()));
                         continue;
                     }
-                    if allow_auto && broker.config.auto_create_topics_enable {
+                    let may_create = || {
+                        broker.authorize(
+                            ctx,
+                            AclOperation::Create,
+                            ResourceType::Cluster,
+                            CLUSTER_NAME,
+                        ) || broker.authorize(ctx, AclOperation::Create, ResourceType::Topic, &name)
+                    };
+                    if allow_auto && broker.config.auto_create_topics_enable && !may_create() {
+                        topics.push(error_entry(
+                            Some(&name),
+                            Uuid::nil(),
+                            ec::TOPIC_AUTHORIZATION_FAILED,
+                        ));
+                    } else if allow_auto && broker.config.auto_create_topics_enable {
                         match super::topics::auto_create(broker, &name).await {
                             Ok(()) => {
                                 image = broker.controller.image();
@@ -153,9 +194,22 @@ pub async fn handle(broker: &Arc<Broker>, req: MetadataRequest, version: i16) ->
 /// Answers DescribeCluster (KIP-700).
 pub fn describe_cluster(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &DescribeClusterRequest,
     version: i16,
 ) -> DescribeClusterResponse {
+    if !broker.authorize(
+        ctx,
+        AclOperation::Describe,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) {
+        return DescribeClusterResponse::default()
+            .with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED)
+            .with_cluster_id(sb(&broker.cluster_id))
+            .with_controller_id(BrokerId(-1))
+            .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED);
+    }
     let image = broker.controller.image();
     let mut resp = DescribeClusterResponse::default()
         .with_cluster_id(sb(&broker.cluster_id))

@@ -1,5 +1,7 @@
-//! One module per Kafka API family. Each handler takes the decoded request and returns the
-//! response body; [`handle`] dispatches and encodes. Version ranges come from the
+//! One module per Kafka API family (the broker's `KafkaApis`). Each handler takes the
+//! [`RequestContext`] and the decoded request, authorises through the broker's `Authorizer`,
+//! calls a service and returns the response body; [`handle`] dispatches and encodes, and
+//! [`KafkaApis`] plugs it into `gregor-network`. Version ranges come from the
 //! `kafka-protocol` crate (generated from Kafka 4.1's message schemas), so ApiVersions
 //! advertises exactly what Apache Kafka accepts for each API gregor implements.
 
@@ -17,14 +19,18 @@ pub mod topics;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use gregor_protocol::kafka_protocol::messages::ResponseKind;
 
-use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
+use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestKind};
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
 
-use crate::server::{respond, Broker, Handled};
+pub use gregor_network::{respond, Handled, RequestContext};
+
+use crate::broker::Broker;
+use crate::observability;
 
 /// The APIs gregor implements.
 pub const IMPLEMENTED: &[ApiKey] = &[
@@ -203,52 +209,111 @@ pub fn supported_versions(api_key: ApiKey) -> Option<(i16, i16)> {
         .copied()
 }
 
+/// The broker's [`gregor_network::RequestHandler`]: dispatches to the handlers and records the
+/// per-request metrics (`gregor_requests_total`, queue, processing, remote and send times).
+pub struct KafkaApis {
+    broker: Arc<Broker>,
+}
+
+impl KafkaApis {
+    /// The request handler of `broker`.
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+impl gregor_network::RequestHandler for KafkaApis {
+    fn supported_versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
+        supported_versions(api_key)
+    }
+
+    async fn handle(&self, ctx: &RequestContext, body: RequestKind) -> Handled {
+        let m = observability::request_metrics(ctx.api_key, ctx.api_version());
+        m.requests.increment(1);
+        let started = Instant::now();
+        m.queue
+            .record(started.duration_since(ctx.received_at).as_secs_f64());
+        let handled = handle(&self.broker, ctx, body).await;
+        m.processing.record(started.elapsed().as_secs_f64());
+        match handled {
+            Handled::Deferred(fut) => Handled::Deferred(Box::pin(async move {
+                let waited = Instant::now();
+                let out = fut.await;
+                m.remote.record(waited.elapsed().as_secs_f64());
+                out
+            })),
+            other => other,
+        }
+    }
+
+    fn unsupported_api_versions(&self, correlation_id: i32) -> Option<Bytes> {
+        api_versions::unsupported_version_response(correlation_id)
+    }
+
+    fn response_sent(&self, ctx: &RequestContext, send_time: Duration) {
+        observability::request_metrics(ctx.api_key, ctx.api_version())
+            .send
+            .record(send_time.as_secs_f64());
+    }
+}
+
 /// Runs the handler for one request.
-pub async fn handle(
-    broker: &Arc<Broker>,
-    header: &RequestHeader,
-    api_key: ApiKey,
-    body: RequestKind,
-) -> Handled {
+pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> Handled {
+    let header = &ctx.header;
+    let api_key = ctx.api_key;
     let v = header.request_api_version;
     let ready = |b| Handled::Ready(respond(header, api_key, b));
     match body {
         RequestKind::ApiVersions(r) => ready(api_versions::handle(&r, v).into()),
-        RequestKind::Metadata(r) => ready(metadata::handle(broker, r, v).await.into()),
-        RequestKind::DescribeCluster(r) => ready(metadata::describe_cluster(broker, &r, v).into()),
-        RequestKind::CreateTopics(r) => ready(topics::create_topics(broker, r, v).await.into()),
-        RequestKind::DeleteTopics(r) => ready(topics::delete_topics(broker, r, v).await.into()),
-        RequestKind::CreatePartitions(r) => {
-            ready(topics::create_partitions(broker, r, v).await.into())
+        RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
+        RequestKind::DescribeCluster(r) => {
+            ready(metadata::describe_cluster(broker, ctx, &r, v).into())
         }
-        RequestKind::DescribeConfigs(r) => ready(configs::describe_configs(broker, &r, v).into()),
-        RequestKind::AlterConfigs(r) => ready(configs::alter_configs(broker, &r, v).await.into()),
+        RequestKind::CreateTopics(r) => {
+            ready(topics::create_topics(broker, ctx, r, v).await.into())
+        }
+        RequestKind::DeleteTopics(r) => {
+            ready(topics::delete_topics(broker, ctx, r, v).await.into())
+        }
+        RequestKind::CreatePartitions(r) => {
+            ready(topics::create_partitions(broker, ctx, r, v).await.into())
+        }
+        RequestKind::DescribeConfigs(r) => {
+            ready(configs::describe_configs(broker, ctx, &r, v).into())
+        }
+        RequestKind::AlterConfigs(r) => {
+            ready(configs::alter_configs(broker, ctx, &r, v).await.into())
+        }
         RequestKind::IncrementalAlterConfigs(r) => ready(
-            configs::incremental_alter_configs(broker, &r, v)
+            configs::incremental_alter_configs(broker, ctx, &r, v)
                 .await
                 .into(),
         ),
-        RequestKind::DeleteRecords(r) => ready(delete_records::handle(broker, &r, v).await.into()),
-        RequestKind::InitProducerId(r) => ready(producer_id::handle(broker, &r, v).await.into()),
-        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, r, v).await.into()),
-        RequestKind::Produce(r) => produce::handle(broker, header.clone(), r).await,
-        RequestKind::Fetch(r) => fetch::handle(broker, header.clone(), r).await,
-        RequestKind::FindCoordinator(r) => {
-            ready(groups::find_coordinator(broker, &r, v).await.into())
+        RequestKind::DeleteRecords(r) => {
+            ready(delete_records::handle(broker, ctx, &r, v).await.into())
         }
-        RequestKind::JoinGroup(r) => groups::join_group(broker, header, r),
-        RequestKind::SyncGroup(r) => groups::sync_group(broker, header, r),
-        RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, &r, v).into()),
-        RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, &r, v).into()),
-        RequestKind::OffsetCommit(r) => groups::offset_commit(broker, header, &r),
-        RequestKind::OffsetFetch(r) => ready(groups::offset_fetch(broker, &r, v).into()),
-        RequestKind::DescribeGroups(r) => ready(groups::describe_groups(broker, &r, v).into()),
-        RequestKind::ListGroups(r) => ready(groups::list_groups(broker, &r, v).into()),
-        RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, &r, v).into()),
-        RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, &r, v).into()),
-        RequestKind::ConsumerGroupHeartbeat(r) => consumer_group::heartbeat(broker, header, &r),
+        RequestKind::InitProducerId(r) => {
+            ready(producer_id::handle(broker, ctx, &r, v).await.into())
+        }
+        RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, ctx, r, v).await.into()),
+        RequestKind::Produce(r) => produce::handle(broker, ctx, r).await,
+        RequestKind::Fetch(r) => fetch::handle(broker, ctx, r).await,
+        RequestKind::FindCoordinator(r) => {
+            ready(groups::find_coordinator(broker, ctx, &r, v).await.into())
+        }
+        RequestKind::JoinGroup(r) => groups::join_group(broker, ctx, r),
+        RequestKind::SyncGroup(r) => groups::sync_group(broker, ctx, r),
+        RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, ctx, &r, v).into()),
+        RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, ctx, &r, v).into()),
+        RequestKind::OffsetCommit(r) => groups::offset_commit(broker, ctx, &r),
+        RequestKind::OffsetFetch(r) => ready(groups::offset_fetch(broker, ctx, &r, v).into()),
+        RequestKind::DescribeGroups(r) => ready(groups::describe_groups(broker, ctx, &r, v).into()),
+        RequestKind::ListGroups(r) => ready(groups::list_groups(broker, ctx, &r, v).into()),
+        RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, ctx, &r, v).into()),
+        RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, ctx, &r, v).into()),
+        RequestKind::ConsumerGroupHeartbeat(r) => consumer_group::heartbeat(broker, ctx, &r),
         RequestKind::ConsumerGroupDescribe(r) => {
-            ready(consumer_group::describe(broker, &r, v).into())
+            ready(consumer_group::describe(broker, ctx, &r, v).into())
         }
         other => {
             // decode_request only lets through versions of implemented APIs.

@@ -12,14 +12,17 @@ use gregor_protocol::kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, TopicProduceResponse,
 };
 use gregor_protocol::kafka_protocol::messages::{
-    ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseKind, TopicName,
+    ApiKey, ProduceRequest, ProduceResponse, ResponseKind, TopicName,
 };
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType};
+use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
 use crate::replica_manager::{AppendOrigin, AppendOutcome, PartitionAppendResult};
-use crate::server::{respond, Broker, Handled};
+use gregor_network::RequestContext;
+use gregor_network::{respond, Handled};
 
 fn partition_error(index: i32, code: i16, message: Option<String>) -> PartitionProduceResponse {
     record_error(ApiKey::Produce, code);
@@ -69,8 +72,9 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
 /// per partition, no transactions yet), hands the batches to
 /// [`ReplicaManager::append_records`](crate::replica_manager::ReplicaManager::append_records)
 /// and encodes its results. The appends happen before this returns (request order); an
-/// acks=all wait is deferred.
-pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceRequest) -> Handled {
+/// acks=all wait is deferred. Needs `Write` on each topic (TOPIC_AUTHORIZATION_FAILED).
+pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequest) -> Handled {
+    let header = ctx.header.clone();
     let version = header.request_api_version;
     let acks = req.acks;
     let image = broker.controller.image();
@@ -84,11 +88,16 @@ pub async fn handle(broker: &Arc<Broker>, header: RequestHeader, req: ProduceReq
         } else {
             Some(td.name.0.to_string())
         };
+        let authorized = name
+            .as_deref()
+            .is_none_or(|n| broker.authorize(ctx, AclOperation::Write, ResourceType::Topic, n));
         let mut parts = Vec::with_capacity(td.partition_data.len());
         for pd in td.partition_data {
             let idx = pd.index;
             let slot = if !matches!(acks, -1..=1) {
                 Err(partition_error(idx, ec::INVALID_REQUIRED_ACKS, None))
+            } else if !authorized {
+                Err(partition_error(idx, ec::TOPIC_AUTHORIZATION_FAILED, None))
             } else if req.transactional_id.is_some() {
                 Err(partition_error(
                     idx,

@@ -8,14 +8,21 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 use tracing::warn;
 
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
 
 /// Answers InitProducerId. An idempotent producer (null transactional id) always gets a fresh
 /// producer id with epoch 0, as Kafka's `ProducerIdManager` does: a producer that re-initialises
 /// (KIP-360) starts a new sequence space under the new id.
+///
+/// Authorization as Kafka's: `Write` on the transactional id when there is one, else
+/// `IdempotentWrite` on the Cluster (Kafka also accepts `Write` on any topic, which needs a
+/// by-resource-type query the `Authorizer` trait does not have yet).
 pub async fn handle(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: &InitProducerIdRequest,
     _version: i16,
 ) -> InitProducerIdResponse {
@@ -24,6 +31,18 @@ pub async fn handle(
         .with_producer_epoch(-1)
         .with_ongoing_txn_producer_id(ProducerId(-1))
         .with_ongoing_txn_producer_epoch(-1);
+    if let Some(id) = req.transactional_id.as_deref() {
+        if !broker.authorize(ctx, AclOperation::Write, ResourceType::TransactionalId, id) {
+            return resp.with_error_code(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+        }
+    } else if !broker.authorize(
+        ctx,
+        AclOperation::IdempotentWrite,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) {
+        return resp.with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
+    }
     if req.transactional_id.is_some() {
         // No transaction coordinator yet: fail fast rather than make the client retry forever.
         warn!("InitProducerId with a transactional id: transactions are not supported yet");

@@ -19,9 +19,13 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::sb;
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
+use crate::broker::Broker;
 use crate::config::{validate_topic_config, TopicConfigs};
 use crate::error_codes as ec;
-use crate::server::Broker;
+use gregor_network::RequestContext;
+
+const NOT_AUTHORIZED: &str = "Authorization failed.";
 
 /// Creates `name` with the broker defaults (`num.partitions`, `default.replication.factor`),
 /// for Metadata auto-creation.
@@ -89,9 +93,16 @@ fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult 
 /// records); the response is sent once they are applied on this broker.
 pub async fn create_topics(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: CreateTopicsRequest,
     version: i16,
 ) -> CreateTopicsResponse {
+    let cluster_create = broker.authorize(
+        ctx,
+        AclOperation::Create,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
     let mut counts: HashMap<String, usize> = HashMap::new();
     for t in &req.topics {
         *counts.entry(t.name.0.to_string()).or_default() += 1;
@@ -112,6 +123,16 @@ pub async fn create_topics(
                 &t.name,
                 ec::INVALID_REQUEST,
                 format!("Create topics request from client contains multiple entries for the following topics: {name}"),
+            ));
+            continue;
+        }
+        if !cluster_create
+            && !broker.authorize(ctx, AclOperation::Create, ResourceType::Topic, &name)
+        {
+            results.push(failed(
+                &t.name,
+                ec::TOPIC_AUTHORIZATION_FAILED,
+                NOT_AUTHORIZED.into(),
             ));
             continue;
         }
@@ -263,6 +284,7 @@ pub async fn create_topics(
 /// the controller in one request; the response is sent once their logs are deleted here.
 pub async fn delete_topics(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: DeleteTopicsRequest,
     version: i16,
 ) -> DeleteTopicsResponse {
@@ -317,6 +339,14 @@ pub async fn delete_topics(
         let result = DeletableTopicResult::default()
             .with_name(Some(TopicName(sb(&topic_name))))
             .with_topic_id(if version >= 6 { topic_id } else { Uuid::nil() });
+        if !broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, &topic_name) {
+            responses.push(
+                result
+                    .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(sb(NOT_AUTHORIZED))),
+            );
+            continue;
+        }
         responses.push(result);
         to_delete.push((responses.len() - 1, topic_id));
     }
@@ -356,11 +386,14 @@ pub async fn delete_topics(
 /// sent once the new partitions' logs exist here.
 pub async fn create_partitions(
     broker: &Arc<Broker>,
+    ctx: &RequestContext,
     req: CreatePartitionsRequest,
     _version: i16,
 ) -> CreatePartitionsResponse {
     let mut results = Vec::with_capacity(req.topics.len());
     let mut increases = Vec::with_capacity(req.topics.len());
+    // The place in `results` of each increase sent to the controller.
+    let mut slots = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let assignments: Vec<Vec<i32>> = t
             .assignments
@@ -368,7 +401,16 @@ pub async fn create_partitions(
             .into_iter()
             .map(|a| a.broker_ids.into_iter().map(|b| b.0).collect())
             .collect();
-        results.push(CreatePartitionsTopicResult::default().with_name(t.name.clone()));
+        let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        if !broker.authorize(ctx, AclOperation::Alter, ResourceType::Topic, &t.name) {
+            results.push(
+                r.with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(sb(NOT_AUTHORIZED))),
+            );
+            continue;
+        }
+        slots.push(results.len());
+        results.push(r);
         increases.push(PartitionsIncrease {
             topic: t.name.to_string(),
             total_count: t.count,
@@ -382,7 +424,8 @@ pub async fn create_partitions(
         .controller
         .create_partitions(increases, req.validate_only)
         .await;
-    for (i, r) in results.iter_mut().enumerate() {
+    for (i, slot) in slots.into_iter().enumerate() {
+        let r = &mut results[slot];
         let answer = match &answers {
             Ok(a) => a.get(i).map_or_else(
                 || {

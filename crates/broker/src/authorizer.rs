@@ -1,0 +1,359 @@
+//! Authorization: Kafka's `Authorizer` interface (KIP-504, `org.apache.kafka.server.authorizer`)
+//! in its shape: `authorize(context, actions) -> results`, one result per action, where an
+//! action is an operation on a resource pattern (type, name, pattern type).
+//!
+//! Today the broker runs [`AllowEverythingAuthorizer`] (what Kafka does with no
+//! `authorizer.class.name`); start-up refuses `authorizer.class.name` until an ACL authorizer
+//! exists, so nobody believes ACLs are enforced. Handlers call it where Kafka's `KafkaApis`
+//! does:
+//!
+//! | API | action | error when denied |
+//! |---|---|---|
+//! | Produce | `Write` on each Topic; `Write` on the TransactionalId when set | TOPIC_AUTHORIZATION_FAILED / TRANSACTIONAL_ID_AUTHORIZATION_FAILED |
+//! | Fetch (consumer) | `Read` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | Fetch (follower, `replica_id >= 0`) | `ClusterAction` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | Metadata, ListOffsets | `Describe` on each Topic (auto-creation also needs `Create` on the Cluster or Topic) | TOPIC_AUTHORIZATION_FAILED |
+//! | CreateTopics | `Create` on the Cluster, else on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DeleteTopics, DeleteRecords | `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | CreatePartitions | `Alter` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DescribeConfigs / (Incremental)AlterConfigs | `DescribeConfigs` / `AlterConfigs` on the Topic or the Cluster (broker resources) | TOPIC_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeCluster | `Describe` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | InitProducerId | `Write` on the TransactionalId, or `IdempotentWrite` on the Cluster without one | TRANSACTIONAL_ID_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | FindCoordinator, DescribeGroups, ConsumerGroupDescribe | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | OffsetFetch | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | DeleteGroups, OffsetDelete | `Delete` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | ListGroups | `Describe` on the Cluster, else only the groups with `Describe` | (filtered) |
+
+use gregor_network::RequestContext;
+
+/// The name of the one Cluster resource (Kafka's `Resource.CLUSTER_NAME`).
+pub const CLUSTER_NAME: &str = "kafka-cluster";
+
+/// Kafka's `ResourceType` (codes as in DescribeAcls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResourceType {
+    /// TOPIC (2).
+    Topic,
+    /// GROUP (3).
+    Group,
+    /// CLUSTER (4).
+    Cluster,
+    /// TRANSACTIONAL_ID (5).
+    TransactionalId,
+    /// DELEGATION_TOKEN (6).
+    DelegationToken,
+    /// USER (7).
+    User,
+}
+
+impl ResourceType {
+    /// The wire code.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::Topic => 2,
+            Self::Group => 3,
+            Self::Cluster => 4,
+            Self::TransactionalId => 5,
+            Self::DelegationToken => 6,
+            Self::User => 7,
+        }
+    }
+}
+
+/// Kafka's `PatternType` for a resource pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PatternType {
+    /// LITERAL (3): the exact name (`*` is the wildcard).
+    Literal,
+    /// PREFIXED (4): every name starting with the pattern's name.
+    Prefixed,
+}
+
+/// Kafka's `AclOperation` (codes as in DescribeAcls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AclOperation {
+    /// ALL (2).
+    All,
+    /// READ (3).
+    Read,
+    /// WRITE (4).
+    Write,
+    /// CREATE (5).
+    Create,
+    /// DELETE (6).
+    Delete,
+    /// ALTER (7).
+    Alter,
+    /// DESCRIBE (8).
+    Describe,
+    /// CLUSTER_ACTION (9).
+    ClusterAction,
+    /// DESCRIBE_CONFIGS (10).
+    DescribeConfigs,
+    /// ALTER_CONFIGS (11).
+    AlterConfigs,
+    /// IDEMPOTENT_WRITE (12).
+    IdempotentWrite,
+}
+
+impl AclOperation {
+    /// The wire code.
+    pub fn code(self) -> i8 {
+        match self {
+            Self::All => 2,
+            Self::Read => 3,
+            Self::Write => 4,
+            Self::Create => 5,
+            Self::Delete => 6,
+            Self::Alter => 7,
+            Self::Describe => 8,
+            Self::ClusterAction => 9,
+            Self::DescribeConfigs => 10,
+            Self::AlterConfigs => 11,
+            Self::IdempotentWrite => 12,
+        }
+    }
+}
+
+/// Kafka's `ResourcePattern`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ResourcePattern {
+    /// The resource's type.
+    pub resource_type: ResourceType,
+    /// Its name (or prefix).
+    pub name: String,
+    /// How `name` matches.
+    pub pattern_type: PatternType,
+}
+
+impl ResourcePattern {
+    /// The resource named exactly `name`.
+    pub fn literal(resource_type: ResourceType, name: &str) -> Self {
+        Self {
+            resource_type,
+            name: name.to_string(),
+            pattern_type: PatternType::Literal,
+        }
+    }
+
+    /// The Cluster resource.
+    pub fn cluster() -> Self {
+        Self::literal(ResourceType::Cluster, CLUSTER_NAME)
+    }
+}
+
+/// Kafka's `Action`: an operation on a resource, with audit hints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Action {
+    /// What is done.
+    pub operation: AclOperation,
+    /// To what.
+    pub resource_pattern: ResourcePattern,
+    /// How many times the request refers to the resource (for audit logs).
+    pub resource_reference_count: i32,
+    /// Log when allowed (an explicit request, as opposed to a filter).
+    pub log_if_allowed: bool,
+    /// Log when denied.
+    pub log_if_denied: bool,
+}
+
+impl Action {
+    /// One reference, logged either way.
+    pub fn new(operation: AclOperation, resource_pattern: ResourcePattern) -> Self {
+        Self {
+            operation,
+            resource_pattern,
+            resource_reference_count: 1,
+            log_if_allowed: true,
+            log_if_denied: true,
+        }
+    }
+}
+
+/// Kafka's `AuthorizationResult`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthorizationResult {
+    /// The action may proceed.
+    Allowed,
+    /// The action is refused.
+    Denied,
+}
+
+/// Decides whether a request's principal may perform actions (Kafka's `Authorizer.authorize`).
+pub trait Authorizer: Send + Sync {
+    /// One result per action, in the same order.
+    fn authorize(&self, ctx: &RequestContext, actions: &[Action]) -> Vec<AuthorizationResult>;
+}
+
+/// Allows everything: Kafka's behaviour without `authorizer.class.name`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllowEverythingAuthorizer;
+
+impl Authorizer for AllowEverythingAuthorizer {
+    fn authorize(&self, _ctx: &RequestContext, actions: &[Action]) -> Vec<AuthorizationResult> {
+        vec![AuthorizationResult::Allowed; actions.len()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Handlers consult the authorizer: a broker in this process with an authorizer that
+    //! denies chosen resources, driven through `handlers::handle` with a `RequestContext`.
+
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use gregor_network::{KafkaPrincipal, SecurityProtocol};
+    use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use gregor_protocol::kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use gregor_protocol::kafka_protocol::messages::TopicName;
+    use gregor_protocol::kafka_protocol::messages::{
+        ApiKey, CreateTopicsRequest, DescribeGroupsRequest, GroupId, HeartbeatRequest,
+        MetadataRequest, RequestHeader, RequestKind, ResponseKind,
+    };
+    use gregor_protocol::kafka_protocol::protocol::{Decodable, StrBytes};
+
+    use super::*;
+    use crate::config::BrokerConfig;
+    use crate::error_codes as ec;
+    use crate::handlers::{self, Handled};
+
+    /// Denies every action on resources whose name starts with `secret`, and `Create` on the
+    /// Cluster (which would allow creating any topic).
+    struct DenySecret;
+
+    impl Authorizer for DenySecret {
+        fn authorize(&self, ctx: &RequestContext, actions: &[Action]) -> Vec<AuthorizationResult> {
+            assert_eq!(ctx.principal, KafkaPrincipal::anonymous());
+            actions
+                .iter()
+                .map(|a| {
+                    let cluster_create = a.resource_pattern.resource_type == ResourceType::Cluster
+                        && a.operation == AclOperation::Create;
+                    if cluster_create || a.resource_pattern.name.starts_with("secret") {
+                        AuthorizationResult::Denied
+                    } else {
+                        AuthorizationResult::Allowed
+                    }
+                })
+                .collect()
+        }
+    }
+
+    fn ctx(api_key: ApiKey, version: i16) -> RequestContext {
+        RequestContext {
+            header: RequestHeader::default()
+                .with_request_api_key(api_key as i16)
+                .with_request_api_version(version)
+                .with_correlation_id(7),
+            api_key,
+            principal: KafkaPrincipal::anonymous(),
+            listener_name: "PLAINTEXT".into(),
+            security_protocol: SecurityProtocol::Plaintext,
+            client_address: SocketAddr::from(([127, 0, 0, 1], 40000)),
+            client_software_name: "unknown".into(),
+            client_software_version: "unknown".into(),
+            received_at: Instant::now(),
+        }
+    }
+
+    fn decode(api_key: ApiKey, version: i16, handled: Handled) -> ResponseKind {
+        let Handled::Ready(Some(mut bytes)) = handled else {
+            panic!("expected a ready response");
+        };
+        let _size = bytes.split_to(4);
+        let header_version = api_key.response_header_version(version);
+        gregor_protocol::kafka_protocol::messages::ResponseHeader::decode(
+            &mut bytes,
+            header_version,
+        )
+        .expect("header");
+        ResponseKind::decode(api_key, &mut bytes, version).expect("body")
+    }
+
+    #[tokio::test]
+    async fn handlers_answer_authorization_failures() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.path().display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let running = crate::server::start_with_authorizer(config, Arc::new(DenySecret))
+            .await
+            .expect("start");
+        let broker = running.broker.clone();
+
+        // CreateTopics: denied for secret-*, allowed otherwise.
+        let req = CreateTopicsRequest::default().with_topics(vec![
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("secret-a")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+            CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("open-a")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]);
+        let c = ctx(ApiKey::CreateTopics, 7);
+        let h = handlers::handle(&broker, &c, RequestKind::CreateTopics(req)).await;
+        let ResponseKind::CreateTopics(r) = decode(ApiKey::CreateTopics, 7, h) else {
+            panic!("CreateTopics response expected");
+        };
+        let codes: Vec<(String, i16)> = r
+            .topics
+            .iter()
+            .map(|t| (t.name.to_string(), t.error_code))
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                ("secret-a".to_string(), ec::TOPIC_AUTHORIZATION_FAILED),
+                ("open-a".to_string(), ec::NONE)
+            ]
+        );
+
+        // Metadata: a named secret topic is refused (and not auto-created); all-topics omits it.
+        let req = MetadataRequest::default()
+            .with_topics(Some(vec![MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str("secret-b"))))]));
+        let c = ctx(ApiKey::Metadata, 12);
+        let h = handlers::handle(&broker, &c, RequestKind::Metadata(req)).await;
+        let ResponseKind::Metadata(r) = decode(ApiKey::Metadata, 12, h) else {
+            panic!("Metadata response expected");
+        };
+        assert_eq!(r.topics[0].error_code, ec::TOPIC_AUTHORIZATION_FAILED);
+        assert!(broker.controller.image().topic("secret-b").is_none());
+
+        // Groups: entry checks.
+        let req = HeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("secret-g")));
+        let c = ctx(ApiKey::Heartbeat, 4);
+        let h = handlers::handle(&broker, &c, RequestKind::Heartbeat(req)).await;
+        let ResponseKind::Heartbeat(r) = decode(ApiKey::Heartbeat, 4, h) else {
+            panic!("Heartbeat response expected");
+        };
+        assert_eq!(r.error_code, ec::GROUP_AUTHORIZATION_FAILED);
+        let req = DescribeGroupsRequest::default().with_groups(vec![
+            GroupId(StrBytes::from_static_str("secret-g")),
+            GroupId(StrBytes::from_static_str("open-g")),
+        ]);
+        let c = ctx(ApiKey::DescribeGroups, 5);
+        let h = handlers::handle(&broker, &c, RequestKind::DescribeGroups(req)).await;
+        let ResponseKind::DescribeGroups(r) = decode(ApiKey::DescribeGroups, 5, h) else {
+            panic!("DescribeGroups response expected");
+        };
+        assert_eq!(r.groups[0].error_code, ec::GROUP_AUTHORIZATION_FAILED);
+        // Allowed: whatever the coordinator says (NOT_COORDINATOR before `__consumer_offsets`).
+        assert_ne!(r.groups[1].error_code, ec::GROUP_AUTHORIZATION_FAILED);
+
+        running.shutdown().await.expect("shutdown");
+    }
+}

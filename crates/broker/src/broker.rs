@@ -1,0 +1,119 @@
+//! The broker's shared state: configuration, the controller, the [`ReplicaManager`], the group
+//! coordinator and the [`Authorizer`], wired together once at start-up
+//! ([`crate::server::start`]) and shared by every handler through `Arc<Broker>`. Services
+//! reach each other through it; none of them imports a handler or the server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gregor_log::SharedClock;
+use gregor_metadata::ControllerHandle;
+use gregor_network::RequestContext;
+
+use crate::authorizer::{
+    AclOperation, Action, AuthorizationResult, Authorizer, ResourcePattern, ResourceType,
+};
+use crate::config::BrokerConfig;
+use crate::group_coordinator::GroupCoordinator;
+use crate::replica_manager::ReplicaManager;
+
+/// Hands out producer ids from blocks the controller allocates durably.
+struct ProducerIdBlock {
+    next: i64,
+    end: i64,
+}
+
+/// Shared state of a running broker.
+pub struct Broker {
+    /// Configuration.
+    pub config: BrokerConfig,
+    /// `cluster.id` from `meta.properties`.
+    pub cluster_id: String,
+    /// The channel to the metadata controller (one-voter quorum); its `image()` is the
+    /// metadata this node has applied.
+    pub controller: ControllerHandle,
+    /// Hosted partitions.
+    pub replica_manager: ReplicaManager,
+    /// Consumer groups and committed offsets (`__consumer_offsets`).
+    pub group_coordinator: GroupCoordinator,
+    producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
+    /// Bound listener addresses (the real ports when a listener asked for port 0).
+    pub bound: Vec<SocketAddr>,
+    /// Decides what each request's principal may do (allows everything until ACLs land).
+    pub authorizer: Arc<dyn Authorizer>,
+    started: Instant,
+}
+
+impl Broker {
+    /// Wires the broker's services together. Called once by [`crate::server::start`]. The
+    /// group coordinator reaches the broker's partitions and metadata through weak handles
+    /// (`coordinator_writer`), so the broker is built cyclically.
+    pub(crate) fn new(
+        config: BrokerConfig,
+        cluster_id: String,
+        controller: ControllerHandle,
+        replica_manager: ReplicaManager,
+        bound: Vec<SocketAddr>,
+        authorizer: Arc<dyn Authorizer>,
+        clock: SharedClock,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|weak| Self {
+            group_coordinator: GroupCoordinator::new(
+                config.groups.clone(),
+                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+                clock,
+            ),
+            config,
+            cluster_id,
+            controller,
+            replica_manager,
+            producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+            bound,
+            authorizer,
+            started: Instant::now(),
+        })
+    }
+
+    /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal
+    /// resource; see [`Authorizer::authorize`] for batches).
+    pub fn authorize(
+        &self,
+        ctx: &RequestContext,
+        operation: AclOperation,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> bool {
+        let action = Action::new(operation, ResourcePattern::literal(resource_type, name));
+        self.authorizer
+            .authorize(ctx, std::slice::from_ref(&action))
+            .first()
+            .is_some_and(|r| *r == AuthorizationResult::Allowed)
+    }
+
+    /// A fresh producer id (InitProducerId). Ids come from durable blocks of 1000, so they are
+    /// never reused across restarts.
+    ///
+    /// # Errors
+    /// The controller's error when a new block cannot be allocated.
+    pub async fn next_producer_id(&self) -> Result<i64, gregor_metadata::ControllerError> {
+        let mut b = self.producer_ids.lock().await;
+        if b.next >= b.end {
+            let start = self
+                .controller
+                .allocate_producer_ids(self.config.node_id)
+                .await?;
+            b.next = start;
+            b.end = start + gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE;
+        }
+        let id = b.next;
+        b.next += 1;
+        Ok(id)
+    }
+
+    /// Seconds since start-up.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}

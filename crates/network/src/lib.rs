@@ -1,0 +1,21 @@
+//! gregor-network: everything between a TCP socket and a decoded request. It owns the
+//! listeners and their accept loops, the per-connection reader and writer (requests decoded
+//! and their immediate parts run in order, responses written in request order), the transport
+//! behind a trait ([`transport::TransportLayer`], plaintext TCP today; TLS and SASL wrap it
+//! later), connection quotas (`max.connections`, `max.connections.per.ip`), the request memory
+//! pool (`queued.max.request.bytes`), idle connection expiry (`connections.max.idle.ms`) and
+//! the [`RequestContext`] handed to every handler.
+//!
+//! It knows no handler and no partition: the broker plugs in through [`RequestHandler`].
+#![deny(missing_docs)]
+
+pub mod context;
+pub mod handler;
+pub mod pool;
+pub mod quotas;
+pub mod server;
+pub mod transport;
+
+pub use context::{KafkaPrincipal, RequestContext, SecurityProtocol};
+pub use handler::{respond, Handled, RequestHandler};
+pub use server::{bind, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig};

@@ -1,0 +1,790 @@
+//! Listeners, accept loops and connections (Kafka's `SocketServer`, `Acceptor`, `Processor`).
+//!
+//! Each connection has one reader task and one writer task. The reader reads a frame, decodes
+//! it and awaits the handler's immediate part before reading the next, so the side effects of
+//! pipelined requests happen in request order (an idempotent producer with five requests in
+//! flight relies on it). A handler may return a deferred part (acks=all wait, fetch long poll,
+//! rebalance) that runs as its own task; the writer sends responses strictly in request order,
+//! at most `queued.max.requests` of them pending per connection.
+//!
+//! Bounds, each named after Kafka's config:
+//! - `socket.request.max.bytes`: a larger (or negative) size prefix closes the connection
+//!   before anything is allocated; a frame's buffer then grows only as its bytes arrive, so a
+//!   size prefix alone costs nothing.
+//! - `queued.max.request.bytes`: the [`MemoryPool`] a reader reserves a frame's size from
+//!   before reading its body.
+//! - `max.connections`, `max.connections.per.ip[.overrides]`: [`ConnectionQuotas`].
+//! - `connections.max.idle.ms`: a connection with no request in flight on which nothing was
+//!   read or written for that long is closed.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use gregor_protocol::frame::{self, DecodedRequest};
+use gregor_protocol::kafka_protocol::messages::RequestKind;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn, Instrument};
+
+use crate::context::{KafkaPrincipal, RequestContext, SecurityProtocol};
+use crate::handler::{Handled, RequestHandler};
+use crate::pool::{MemoryPool, Reservation};
+use crate::quotas::ConnectionQuotas;
+use crate::transport::{PlaintextTransportLayer, TransportLayer};
+
+/// Open client connections (gauge).
+pub const CONNECTIONS_ACTIVE: &str = "gregor_connections_active";
+/// Client connections accepted (counter).
+pub const CONNECTIONS_OPENED_TOTAL: &str = "gregor_connections_opened_total";
+/// Connections closed by a quota or expiry, by `reason` (`max_connections_per_ip`, `idle`).
+pub const CONNECTIONS_CLOSED_BY_BROKER_TOTAL: &str = "gregor_connections_closed_by_broker_total";
+
+/// Network failures at start-up.
+#[derive(Debug, Error)]
+pub enum NetworkError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// host:port.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A listener uses a security protocol gregor does not implement (it would otherwise be
+    /// served as plaintext).
+    #[error("listener {listener} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served")]
+    UnsupportedSecurityProtocol {
+        /// Listener name.
+        listener: String,
+        /// Its security protocol.
+        protocol: SecurityProtocol,
+    },
+}
+
+/// The socket server's settings, with Kafka's names.
+#[derive(Debug, Clone)]
+pub struct SocketServerConfig {
+    /// `socket.request.max.bytes` (default 104857600): largest request frame accepted.
+    pub socket_request_max_bytes: usize,
+    /// `queued.max.requests` (default 500): per connection, requests read ahead of their
+    /// responses.
+    pub queued_max_requests: usize,
+    /// `queued.max.request.bytes` (default -1, unbounded): bytes of requests read but not yet
+    /// handled, across all connections.
+    pub queued_max_request_bytes: i64,
+    /// `max.connections` (default 2147483647): open connections across all listeners.
+    pub max_connections: i32,
+    /// `max.connections.per.ip` (default 2147483647).
+    pub max_connections_per_ip: i32,
+    /// `max.connections.per.ip.overrides`: per-address limits.
+    pub max_connections_per_ip_overrides: HashMap<IpAddr, i32>,
+    /// `connections.max.idle.ms` (default 600000); negative: never.
+    pub connections_max_idle_ms: i64,
+}
+
+impl Default for SocketServerConfig {
+    fn default() -> Self {
+        Self {
+            socket_request_max_bytes: 104_857_600,
+            queued_max_requests: 500,
+            queued_max_request_bytes: -1,
+            max_connections: i32::MAX,
+            max_connections_per_ip: i32::MAX,
+            max_connections_per_ip_overrides: HashMap::new(),
+            connections_max_idle_ms: 600_000,
+        }
+    }
+}
+
+/// A listener to bind: `NAME://host:port` with its security protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndPoint {
+    /// Listener name (`PLAINTEXT`, `CONTROLLER`, ...).
+    pub listener_name: String,
+    /// Its protocol from `listener.security.protocol.map`.
+    pub security_protocol: SecurityProtocol,
+    /// Host or IP; empty binds every interface (Kafka's convention).
+    pub host: String,
+    /// TCP port (0: any free port).
+    pub port: u16,
+}
+
+/// A bound listener, not yet accepting.
+pub struct BoundListener {
+    /// What was asked for.
+    pub endpoint: EndPoint,
+    /// The bound address (the real port when the endpoint asked for 0).
+    pub local_addr: SocketAddr,
+    tcp: TcpListener,
+    layer: Arc<dyn TransportLayer>,
+}
+
+/// The transport layer for `endpoint`, refusing protocols gregor does not implement.
+fn transport_layer(endpoint: &EndPoint) -> Result<Arc<dyn TransportLayer>, NetworkError> {
+    match endpoint.security_protocol {
+        SecurityProtocol::Plaintext => Ok(Arc::new(PlaintextTransportLayer)),
+        protocol => Err(NetworkError::UnsupportedSecurityProtocol {
+            listener: endpoint.listener_name.clone(),
+            protocol,
+        }),
+    }
+}
+
+/// Binds every endpoint. Nothing is accepted until [`SocketServer::start`].
+///
+/// # Errors
+/// [`NetworkError::UnsupportedSecurityProtocol`] for a listener that is not PLAINTEXT (checked
+/// for all of them before binding any), [`NetworkError::Bind`] when an address cannot be bound.
+pub async fn bind(endpoints: &[EndPoint]) -> Result<Vec<BoundListener>, NetworkError> {
+    let layers = endpoints
+        .iter()
+        .map(transport_layer)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::new();
+    for (endpoint, layer) in endpoints.iter().zip(layers) {
+        let host = if endpoint.host.is_empty() {
+            "0.0.0.0"
+        } else {
+            endpoint.host.as_str()
+        };
+        let addr = if host.contains(':') {
+            format!("[{host}]:{}", endpoint.port)
+        } else {
+            format!("{host}:{}", endpoint.port)
+        };
+        let tcp = TcpListener::bind(&addr)
+            .await
+            .map_err(|source| NetworkError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+        let local_addr = tcp
+            .local_addr()
+            .map_err(|source| NetworkError::Bind { addr, source })?;
+        out.push(BoundListener {
+            endpoint: endpoint.clone(),
+            local_addr,
+            tcp,
+            layer,
+        });
+    }
+    Ok(out)
+}
+
+/// Serves bound listeners with a [`RequestHandler`].
+pub struct SocketServer<H> {
+    config: SocketServerConfig,
+    handler: Arc<H>,
+    quotas: Arc<ConnectionQuotas>,
+    pool: Arc<MemoryPool>,
+}
+
+impl<H: RequestHandler> SocketServer<H> {
+    /// A server with `config`'s limits, handing requests to `handler`.
+    pub fn new(config: SocketServerConfig, handler: Arc<H>) -> Arc<Self> {
+        let quotas = ConnectionQuotas::new(
+            config.max_connections,
+            config.max_connections_per_ip,
+            &config.max_connections_per_ip_overrides,
+        );
+        let pool = MemoryPool::new(config.queued_max_request_bytes);
+        Arc::new(Self {
+            config,
+            handler,
+            quotas,
+            pool,
+        })
+    }
+
+    /// The request memory pool (`queued.max.request.bytes`).
+    pub fn memory_pool(&self) -> &Arc<MemoryPool> {
+        &self.pool
+    }
+
+    /// Starts one accept loop per listener; they stop when `shutdown` turns true, and each
+    /// connection stops reading then (its pending responses are still written).
+    pub fn start(
+        self: &Arc<Self>,
+        listeners: Vec<BoundListener>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Vec<JoinHandle<()>> {
+        listeners
+            .into_iter()
+            .map(|l| {
+                info!(listener = %l.endpoint.listener_name, protocol = %l.endpoint.security_protocol, addr = %l.local_addr, "listening for Kafka clients");
+                tokio::spawn(self.clone().accept_loop(l, shutdown.clone()))
+            })
+            .collect()
+    }
+
+    async fn accept_loop(
+        self: Arc<Self>,
+        listener: BoundListener,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let listener_name: Arc<str> = listener.endpoint.listener_name.as_str().into();
+        loop {
+            // max.connections: wait for a slot before accepting, as Kafka's acceptor blocks.
+            let broker_slot = tokio::select! {
+                s = self.quotas.wait_for_connection_slot() => s,
+                _ = shutdown.changed() => return,
+            };
+            let Some(broker_slot) = broker_slot else {
+                return;
+            };
+            let accepted = tokio::select! {
+                a = listener.tcp.accept() => a,
+                _ = shutdown.changed() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let slot = match self.quotas.register(peer.ip(), broker_slot) {
+                Ok(slot) => slot,
+                Err(e) => {
+                    info!(ip = %e.ip, max = e.max, "rejected connection from {}: the address already has the configured maximum of {} connections (max.connections.per.ip)", e.ip, e.max);
+                    metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "max_connections_per_ip").increment(1);
+                    drop(stream);
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let server = self.clone();
+            let layer = listener.layer.clone();
+            let listener_name = listener_name.clone();
+            let rx = shutdown.clone();
+            tokio::spawn(async move {
+                // Counted as active until after its quota slot is released.
+                let _active = ActiveConnection::new();
+                let _slot = slot;
+                match layer.establish(stream).await {
+                    Ok(established) => {
+                        let conn = Connection {
+                            listener_name,
+                            security_protocol: layer.security_protocol(),
+                            principal: established.principal,
+                            peer,
+                        };
+                        server
+                            .serve_connection(conn, established.transport, rx)
+                            .await;
+                    }
+                    Err(e) => debug!(%peer, error = %e, "transport handshake failed"),
+                }
+            });
+        }
+    }
+
+    async fn serve_connection(
+        self: Arc<Self>,
+        conn: Connection,
+        transport: Box<dyn crate::transport::Transport>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let peer = conn.peer;
+        debug!(%peer, listener = %conn.listener_name, "connection opened");
+        metrics::counter!(CONNECTIONS_OPENED_TOTAL).increment(1);
+        let activity = Arc::new(Activity::new());
+        let (mut rd, mut wr) = tokio::io::split(transport);
+        let (tx, mut rx) = mpsc::channel::<Slot>(self.config.queued_max_requests.max(1));
+        let handler = self.handler.clone();
+        let writer_activity = activity.clone();
+        let writer = tokio::spawn(async move {
+            while let Some(slot) = rx.recv().await {
+                let (out, ctx) = match slot {
+                    Slot::Ready(b, ctx) => (b, ctx),
+                    Slot::Pending(h, ctx) => match h.await {
+                        Ok(b) => (b, ctx),
+                        Err(e) => {
+                            error!(error = %e, "request task failed; closing connection");
+                            return;
+                        }
+                    },
+                };
+                if let Some(bytes) = out {
+                    let started = Instant::now();
+                    if wr.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                    writer_activity.touch();
+                    if let Some(ctx) = ctx {
+                        handler.response_sent(&ctx, started.elapsed());
+                    }
+                }
+                writer_activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
+        });
+        let idle = u64::try_from(self.config.connections_max_idle_ms)
+            .ok()
+            .map(Duration::from_millis);
+        let versions_handler = self.handler.clone();
+        let supported = move |k| versions_handler.supported_versions(k);
+        let mut software = (String::from("unknown"), String::from("unknown"));
+        loop {
+            let read = tokio::select! {
+                r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
+                () = idle_expired(&activity, idle) => {
+                    debug!(%peer, "closing connection idle for connections.max.idle.ms");
+                    metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "idle").increment(1);
+                    break;
+                }
+                _ = shutdown.changed() => break,
+            };
+            let (buf, reservation) = match read {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(FrameReadError::Size(size)) => {
+                    let max = self.config.socket_request_max_bytes;
+                    warn!(%peer, size, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
+                    break;
+                }
+            };
+            let received_at = Instant::now();
+            let decoded = frame::decode_request(buf, &supported);
+            let slot = match decoded {
+                Ok(DecodedRequest::Request {
+                    header,
+                    api_key,
+                    body,
+                }) => {
+                    if let RequestKind::ApiVersions(r) = body.as_ref() {
+                        // KIP-511: remembered for the connection's later requests.
+                        if header.request_api_version >= 3 {
+                            software = (
+                                r.client_software_name.to_string(),
+                                r.client_software_version.to_string(),
+                            );
+                        }
+                    }
+                    let (client_software_name, client_software_version) = software.clone();
+                    let ctx = Arc::new(RequestContext {
+                        header,
+                        api_key,
+                        principal: conn.principal.clone(),
+                        listener_name: conn.listener_name.to_string(),
+                        security_protocol: conn.security_protocol,
+                        client_address: peer,
+                        client_software_name,
+                        client_software_version,
+                        received_at,
+                    });
+                    let span = tracing::debug_span!(
+                        "request",
+                        api_key = ?api_key,
+                        api_version = ctx.header.request_api_version,
+                        correlation_id = ctx.header.correlation_id,
+                        client_id = ctx.client_id(),
+                    );
+                    let started = Instant::now();
+                    let handled = self
+                        .handler
+                        .handle(&ctx, *body)
+                        .instrument(span.clone())
+                        .await;
+                    // The immediate part is done with the request's bytes.
+                    drop(reservation);
+                    match handled {
+                        Handled::CloseConnection => {
+                            debug!(%peer, "closing connection as the handler asked");
+                            break;
+                        }
+                        Handled::Ready(b) => {
+                            span.in_scope(|| {
+                                debug!(
+                                    duration_us = started.elapsed().as_micros() as u64,
+                                    "handled"
+                                );
+                            });
+                            Slot::Ready(b, Some(ctx))
+                        }
+                        Handled::Deferred(fut) => Slot::Pending(
+                            tokio::spawn(
+                                async move {
+                                    let out = fut.await;
+                                    debug!(
+                                        duration_us = started.elapsed().as_micros() as u64,
+                                        "handled"
+                                    );
+                                    out
+                                }
+                                .instrument(span),
+                            ),
+                            Some(ctx),
+                        ),
+                    }
+                }
+                Ok(DecodedRequest::UnsupportedApiVersions {
+                    correlation_id,
+                    version,
+                }) => {
+                    debug!(%peer, version, "ApiVersions at an unsupported version; answering with v0");
+                    Slot::Ready(self.handler.unsupported_api_versions(correlation_id), None)
+                }
+                Ok(DecodedRequest::UnsupportedVersion {
+                    api_key,
+                    version,
+                    correlation_id,
+                }) => {
+                    warn!(%peer, ?api_key, version, correlation_id, "unsupported request version; closing connection (as Kafka does)");
+                    break;
+                }
+                Err(e) => {
+                    warn!(%peer, error = %e, "malformed request; closing connection");
+                    break;
+                }
+            };
+            activity.in_flight.fetch_add(1, Ordering::AcqRel);
+            if tx.send(slot).await.is_err() {
+                break;
+            }
+        }
+        drop(tx);
+        let _ = writer.await;
+        debug!(%peer, "connection closed");
+    }
+}
+
+/// What the network knows about a connection once it is established.
+struct Connection {
+    listener_name: Arc<str>,
+    security_protocol: SecurityProtocol,
+    principal: KafkaPrincipal,
+    peer: SocketAddr,
+}
+
+enum Slot {
+    Ready(Option<Bytes>, Option<Arc<RequestContext>>),
+    Pending(JoinHandle<Option<Bytes>>, Option<Arc<RequestContext>>),
+}
+
+/// Counts the connection in [`CONNECTIONS_ACTIVE`] while alive.
+struct ActiveConnection;
+
+impl ActiveConnection {
+    fn new() -> Self {
+        metrics::gauge!(CONNECTIONS_ACTIVE).increment(1.0);
+        Self
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        metrics::gauge!(CONNECTIONS_ACTIVE).decrement(1.0);
+    }
+}
+
+/// A connection's last I/O and its requests whose responses are not written yet.
+struct Activity {
+    opened: Instant,
+    last_activity_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            last_activity_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last_activity_ms
+            .store(self.now_ms(), Ordering::Release);
+    }
+}
+
+/// Resolves once the connection has been idle for `idle` (nothing in flight, no I/O); never
+/// when `idle` is None (`connections.max.idle.ms` < 0).
+async fn idle_expired(activity: &Activity, idle: Option<Duration>) {
+    let Some(idle) = idle else {
+        return std::future::pending().await;
+    };
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        let last = activity.last_activity_ms.load(Ordering::Acquire);
+        let now = activity.now_ms();
+        let idle_for = now.saturating_sub(last);
+        if activity.in_flight.load(Ordering::Acquire) > 0 {
+            // A request in flight (a long poll, a rebalance) is activity.
+            activity.touch();
+            tokio::time::sleep(idle).await;
+        } else if idle_for >= idle_ms {
+            return;
+        } else {
+            tokio::time::sleep(Duration::from_millis(idle_ms - idle_for)).await;
+        }
+    }
+}
+
+enum FrameReadError {
+    /// A size prefix outside `0..=socket.request.max.bytes`.
+    Size(i32),
+}
+
+/// First buffer of a frame's body; it then doubles as bytes arrive, up to the declared size.
+const INITIAL_FRAME_BUFFER_BYTES: usize = 8 * 1024;
+
+/// Reads one frame: the 4-byte size, a reservation of that size from the memory pool, then
+/// the body, growing the buffer only as its bytes arrive. `Ok(None)` when the connection
+/// closed (or failed) before a whole frame arrived.
+async fn read_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max_bytes: usize,
+    pool: &Arc<MemoryPool>,
+    activity: &Activity,
+) -> Result<Option<(Bytes, Reservation)>, FrameReadError> {
+    let mut prefix = [0u8; 4];
+    if rd.read_exact(&mut prefix).await.is_err() {
+        return Ok(None);
+    }
+    activity.touch();
+    let size = frame::frame_size(prefix);
+    let Ok(size_bytes) = usize::try_from(size) else {
+        return Err(FrameReadError::Size(size));
+    };
+    if size_bytes > max_bytes {
+        return Err(FrameReadError::Size(size));
+    }
+    let reservation = pool.reserve(size_bytes).await;
+    let mut buf = BytesMut::with_capacity(size_bytes.min(INITIAL_FRAME_BUFFER_BYTES));
+    while buf.len() < size_bytes {
+        let remaining = size_bytes - buf.len();
+        if buf.capacity() == buf.len() {
+            buf.reserve(remaining.min(buf.len().max(INITIAL_FRAME_BUFFER_BYTES)));
+        }
+        let want = remaining.min(buf.capacity() - buf.len());
+        let mut limited = (&mut *rd).take(want as u64);
+        match limited.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return Ok(None),
+            Ok(_) => activity.touch(),
+        }
+    }
+    Ok(Some((buf.freeze(), reservation)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frame_buffer_grows_with_the_bytes_not_the_declared_size() {
+        let pool = MemoryPool::new(-1);
+        let activity = Activity::new();
+        // A 100 MB prefix followed by 10 bytes and EOF: nothing near 100 MB is reserved.
+        let mut input = Vec::new();
+        input.extend_from_slice(&100_000_000i32.to_be_bytes());
+        input.extend_from_slice(&[7u8; 10]);
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            client.write_all(&input).await.expect("write");
+            // Keep the stream open a moment, then close.
+            drop(client);
+        });
+        let r = read_frame(&mut server, 104_857_600, &pool, &activity).await;
+        writer.await.expect("writer");
+        assert!(matches!(r, Ok(None)), "a truncated frame is not a frame");
+
+        // A whole frame of 20000 bytes arrives intact.
+        let body: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let mut input = (body.len() as i32).to_be_bytes().to_vec();
+        input.extend_from_slice(&body);
+        let (mut client, mut server) = tokio::io::duplex(1000);
+        tokio::spawn(async move { client.write_all(&input).await });
+        let Ok(Some((frame, _r))) = read_frame(&mut server, 1 << 20, &pool, &activity).await else {
+            panic!("frame expected");
+        };
+        assert_eq!(&frame[..], &body[..]);
+    }
+
+    #[tokio::test]
+    async fn sizes_outside_the_limit_are_refused() {
+        let pool = MemoryPool::new(-1);
+        let activity = Activity::new();
+        for size in [-1i32, 1001] {
+            let mut input: &[u8] = &size.to_be_bytes();
+            let r = read_frame(&mut input, 1000, &pool, &activity).await;
+            assert!(matches!(r, Err(FrameReadError::Size(s)) if s == size));
+        }
+    }
+
+    #[tokio::test]
+    async fn non_plaintext_endpoints_are_refused_before_binding() {
+        let e = |name: &str, p| EndPoint {
+            listener_name: name.into(),
+            security_protocol: p,
+            host: "127.0.0.1".into(),
+            port: 0,
+        };
+        let r = bind(&[
+            e("PLAINTEXT", SecurityProtocol::Plaintext),
+            e("EXTERNAL", SecurityProtocol::SaslSsl),
+        ])
+        .await;
+        match r {
+            Err(NetworkError::UnsupportedSecurityProtocol { listener, protocol }) => {
+                assert_eq!(listener, "EXTERNAL");
+                assert_eq!(protocol, SecurityProtocol::SaslSsl);
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|v| v.len())),
+        }
+        assert_eq!(
+            bind(&[e("PLAINTEXT", SecurityProtocol::Plaintext)])
+                .await
+                .map(|v| v.len())
+                .ok(),
+            Some(1)
+        );
+    }
+
+    /// A handler that answers ApiVersions at once and Metadata after a delay, and records
+    /// each request's context.
+    struct Recording {
+        seen: parking_lot::Mutex<Vec<(i32, String, String, String)>>,
+    }
+
+    impl RequestHandler for Recording {
+        fn supported_versions(
+            &self,
+            api_key: gregor_protocol::kafka_protocol::messages::ApiKey,
+        ) -> Option<(i16, i16)> {
+            use gregor_protocol::kafka_protocol::messages::ApiKey;
+            matches!(api_key, ApiKey::ApiVersions | ApiKey::Metadata).then_some((0, 12))
+        }
+
+        async fn handle(&self, ctx: &RequestContext, _body: RequestKind) -> Handled {
+            use gregor_protocol::kafka_protocol::messages::{
+                ApiKey, ApiVersionsResponse, MetadataResponse,
+            };
+            self.seen.lock().push((
+                ctx.header.correlation_id,
+                ctx.client_software_name.clone(),
+                ctx.principal.to_string(),
+                ctx.listener_name.clone(),
+            ));
+            let header = ctx.header.clone();
+            if ctx.api_key == ApiKey::Metadata {
+                Handled::Deferred(Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    crate::respond(
+                        &header,
+                        ApiKey::Metadata,
+                        MetadataResponse::default().into(),
+                    )
+                }))
+            } else {
+                Handled::Ready(crate::respond(
+                    &header,
+                    ApiKey::ApiVersions,
+                    ApiVersionsResponse::default().into(),
+                ))
+            }
+        }
+
+        fn unsupported_api_versions(&self, _correlation_id: i32) -> Option<Bytes> {
+            None
+        }
+    }
+
+    fn request_frame(
+        api_key: gregor_protocol::kafka_protocol::messages::ApiKey,
+        version: i16,
+        correlation_id: i32,
+        body: &impl gregor_protocol::kafka_protocol::protocol::Encodable,
+    ) -> Vec<u8> {
+        use gregor_protocol::kafka_protocol::messages::RequestHeader;
+        use gregor_protocol::kafka_protocol::protocol::Encodable;
+        let mut buf = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(api_key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation_id)
+            .encode(&mut buf, api_key.request_header_version(version))
+            .expect("header");
+        body.encode(&mut buf, version).expect("body");
+        let mut out = (buf.len() as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(&buf);
+        out
+    }
+
+    #[tokio::test]
+    async fn responses_in_request_order_with_the_connections_context() {
+        use gregor_protocol::kafka_protocol::messages::{
+            ApiKey, ApiVersionsRequest, MetadataRequest,
+        };
+        use gregor_protocol::kafka_protocol::protocol::StrBytes;
+        let listeners = bind(&[EndPoint {
+            listener_name: "INTERNAL".into(),
+            security_protocol: SecurityProtocol::Plaintext,
+            host: "127.0.0.1".into(),
+            port: 0,
+        }])
+        .await
+        .expect("bind");
+        let addr = listeners[0].local_addr;
+        let handler = Arc::new(Recording {
+            seen: parking_lot::Mutex::new(Vec::new()),
+        });
+        let server = SocketServer::new(SocketServerConfig::default(), handler.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let tasks = server.start(listeners, &stop_rx);
+
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut out = request_frame(ApiKey::Metadata, 12, 1, &MetadataRequest::default());
+        out.extend(request_frame(
+            ApiKey::ApiVersions,
+            3,
+            2,
+            &ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("test-client"))
+                .with_client_software_version(StrBytes::from_static_str("1.0")),
+        ));
+        out.extend(request_frame(
+            ApiKey::Metadata,
+            12,
+            3,
+            &MetadataRequest::default(),
+        ));
+        client.write_all(&out).await.expect("write");
+        for expected in 1..=3 {
+            let mut len = [0u8; 4];
+            client.read_exact(&mut len).await.expect("size");
+            let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+            client.read_exact(&mut body).await.expect("body");
+            let correlation_id = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            assert_eq!(correlation_id, expected, "responses out of order");
+        }
+        let seen = handler.seen.lock().clone();
+        let software: Vec<(i32, &str)> = seen.iter().map(|s| (s.0, s.1.as_str())).collect();
+        // KIP-511: known from the ApiVersions v3 request on.
+        assert_eq!(
+            software,
+            vec![(1, "unknown"), (2, "test-client"), (3, "test-client")]
+        );
+        assert!(seen
+            .iter()
+            .all(|s| s.2 == "User:ANONYMOUS" && s.3 == "INTERNAL"));
+        let _ = stop.send(true);
+        for t in tasks {
+            t.await.expect("accept loop");
+        }
+    }
+}
