@@ -167,3 +167,25 @@ fn new_data_completes_a_long_poll_before_its_timeout() -> Result<()> {
     ensure!(purgatory_size(&g, "Fetch")? == 0.0);
     Ok(())
 }
+
+#[test]
+fn a_closed_connection_takes_its_long_polls_out_of_the_purgatory() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    create_topic(&g)?;
+    // 20 connections, each with 5 pipelined 10-minute long polls on four idle partitions, then
+    // closed: their waits must leave at once, not after ten minutes.
+    let mut conns = (0..20).map(|_| connect(&g)).collect::<Result<Vec<_>>>()?;
+    for c in &mut conns {
+        for _ in 0..5 {
+            c.send(ApiKey::Fetch, FETCH_VERSION, &long_poll(600_000))?;
+        }
+    }
+    wait_for("the long polls in the purgatory", || {
+        Ok(purgatory_size(&g, "Fetch")? >= f64::from(20 * PARTITIONS))
+    })?;
+    drop(conns);
+    wait_for("the purgatory to empty after the clients left", || {
+        Ok(purgatory_size(&g, "Fetch")? == 0.0)
+    })?;
+    Ok(())
+}

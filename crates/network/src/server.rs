@@ -306,7 +306,7 @@ impl<H: RequestHandler> SocketServer<H> {
             while let Some(slot) = rx.recv().await {
                 let (out, ctx) = match slot {
                     Slot::Ready(b, ctx) => (b, ctx),
-                    Slot::Pending(h, ctx) => match h.await {
+                    Slot::Pending(mut h, ctx) => match (&mut h.0).await {
                         Ok(b) => (b, ctx),
                         Err(e) => {
                             error!(error = %e, "request task failed; closing connection");
@@ -333,6 +333,8 @@ impl<H: RequestHandler> SocketServer<H> {
         let versions_handler = self.handler.clone();
         let supported = move |k| versions_handler.supported_versions(k);
         let mut software = (String::from("unknown"), String::from("unknown"));
+        // Set when the client went away: its pending responses can no longer be delivered.
+        let mut peer_closed = false;
         loop {
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
@@ -345,7 +347,10 @@ impl<H: RequestHandler> SocketServer<H> {
             };
             let (buf, reservation) = match read {
                 Ok(Some(frame)) => frame,
-                Ok(None) => break,
+                Ok(None) => {
+                    peer_closed = true;
+                    break;
+                }
                 Err(FrameReadError::Size(size)) => {
                     let max = self.config.socket_request_max_bytes;
                     warn!(%peer, size, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
@@ -411,7 +416,7 @@ impl<H: RequestHandler> SocketServer<H> {
                             Slot::Ready(b, Some(ctx))
                         }
                         Handled::Deferred(fut) => Slot::Pending(
-                            tokio::spawn(
+                            AbortOnDrop(tokio::spawn(
                                 async move {
                                     let out = fut.await;
                                     debug!(
@@ -421,7 +426,7 @@ impl<H: RequestHandler> SocketServer<H> {
                                     out
                                 }
                                 .instrument(span),
-                            ),
+                            )),
                             Some(ctx),
                         ),
                     }
@@ -452,6 +457,11 @@ impl<H: RequestHandler> SocketServer<H> {
             }
         }
         drop(tx);
+        if peer_closed {
+            // As Kafka's selector on a disconnect: the connection's queued responses are
+            // dropped, and their deferred parts (long polls, acks=all waits) aborted.
+            writer.abort();
+        }
         let _ = writer.await;
         debug!(%peer, "connection closed");
     }
@@ -467,7 +477,18 @@ struct Connection {
 
 enum Slot {
     Ready(Option<Bytes>, Option<Arc<RequestContext>>),
-    Pending(JoinHandle<Option<Bytes>>, Option<Arc<RequestContext>>),
+    Pending(AbortOnDrop, Option<Arc<RequestContext>>),
+}
+
+/// A request's deferred part. Dropped unfinished (its connection closed), it is aborted, so a
+/// long poll or an acks=all wait of a closed connection leaves the purgatory at once instead
+/// of at its timeout.
+struct AbortOnDrop(JoinHandle<Option<Bytes>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Counts the connection in [`CONNECTIONS_ACTIVE`] while alive.
