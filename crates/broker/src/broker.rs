@@ -4,10 +4,9 @@
 //! reach each other through it; none of them imports a handler or the server.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use gregor_log::SharedClock;
 use gregor_metadata::ControllerHandle;
 use gregor_network::RequestContext;
 
@@ -48,7 +47,8 @@ pub struct Broker {
 impl Broker {
     /// Wires the broker's services together. Called once by [`crate::server::start`]. The
     /// group coordinator reaches the broker's partitions and metadata through weak handles
-    /// (`coordinator_writer`), so the broker is built cyclically.
+    /// (`coordinator_writer`), so the broker is built cyclically: `group_coordinator` builds it
+    /// from the broker's weak handle.
     pub(crate) fn new(
         config: BrokerConfig,
         cluster_id: String,
@@ -56,15 +56,10 @@ impl Broker {
         replica_manager: ReplicaManager,
         bound: Vec<SocketAddr>,
         authorizer: Arc<dyn Authorizer>,
-        clock: SharedClock,
+        group_coordinator: impl FnOnce(&Weak<Broker>) -> GroupCoordinator,
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak| Self {
-            group_coordinator: GroupCoordinator::new(
-                config.groups.clone(),
-                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-                clock,
-            ),
+            group_coordinator: group_coordinator(weak),
             config,
             cluster_id,
             controller,

@@ -10,6 +10,7 @@
 //! and the controller); it never parses record batches beyond their headers on the produce path.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod authorizer;
 pub mod broker;
 pub mod config;
@@ -22,6 +23,7 @@ pub mod metadata_publisher;
 pub mod observability;
 pub mod replica_manager;
 pub mod server;
+pub mod start_error;
 
 #[cfg(test)]
 mod coordinator_tests;

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::broker::Broker;
-use crate::server::StartError;
+use crate::start_error::StartError;
 
 /// Opens the metadata log in `metadata_dir`, starts the loader and the controller on it, and
 /// waits until the loader has applied everything committed before start-up. Returns the

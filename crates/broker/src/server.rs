@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use gregor_log::LogManager;
 
-use gregor_network::{NetworkError, SocketServer};
-use thiserror::Error;
+use gregor_network::SocketServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -23,39 +22,10 @@ use crate::observability;
 use crate::replica_manager::ReplicaManager;
 
 use crate::broker::Broker;
+pub use crate::start_error::StartError;
 
 /// Name of the directory, inside the first log dir, that holds the metadata log.
 pub const METADATA_DIR: &str = "__gregor_metadata";
-
-/// Start-up failures, each naming what to fix.
-#[derive(Debug, Error)]
-pub enum StartError {
-    /// A log directory could not be prepared.
-    #[error("log directory {path}: {reason}")]
-    LogDir {
-        /// The directory.
-        path: PathBuf,
-        /// What went wrong.
-        reason: String,
-    },
-    /// The metadata log or controller failed.
-    #[error("metadata: {0}")]
-    Metadata(String),
-    /// Partition logs failed to load.
-    #[error("loading partition logs: {0}")]
-    Logs(String),
-    /// A Kafka listener could not be served (bind failure, unimplemented security protocol).
-    #[error(transparent)]
-    Network(#[from] NetworkError),
-    /// A listener could not bind.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// host:port.
-        addr: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-}
 
 /// Reads `meta.properties` of `dir`, or writes a new one (gregor formats storage on first
 /// start, as `kafka-storage format` would). Returns the cluster id.
@@ -143,7 +113,7 @@ pub struct RunningBroker {
     pub broker: Arc<Broker>,
     /// Address of the admin HTTP listener, if enabled.
     pub admin_addr: Option<SocketAddr>,
-    admin: Arc<observability::AdminState>,
+    admin: Arc<crate::admin::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -197,7 +167,7 @@ pub async fn start_with_authorizer(
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
     // logs load.
-    let admin = Arc::new(observability::AdminState::default());
+    let admin = Arc::new(crate::admin::AdminState::default());
     admin.set_ready(false);
     let mut admin_addr = None;
     if let Some(addr) = &config.admin_listener {
@@ -209,7 +179,7 @@ pub async fn start_with_authorizer(
             })?;
         admin_addr = listener.local_addr().ok();
         info!(addr = %addr, "admin listener: /metrics, /health, /ready");
-        tasks.push(tokio::spawn(observability::serve_admin(
+        tasks.push(tokio::spawn(crate::admin::serve_admin(
             listener,
             admin.clone(),
             shutdown_rx.clone(),
@@ -277,7 +247,14 @@ pub async fn start_with_authorizer(
         replica_manager,
         bound,
         authorizer,
-        clock,
+        |weak| {
+            crate::group_coordinator::GroupCoordinator::new(
+                config.groups.clone(),
+                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+                clock,
+            )
+        },
     );
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
