@@ -61,12 +61,42 @@ impl PartitionWriter for BrokerPartitionWriter {
         partition: i32,
         batch: &mut [u8],
     ) -> Result<i64, (ErrorCode, String)> {
-        let Some(p) = self.partition(topic, partition) else {
+        let Some(broker) = self.broker.upgrade() else {
             return Err((ErrorCode::NotLeaderOrFollower, String::new()));
         };
-        p.append_records_as_leader(batch, -1)
-            .map(|info| info.last_offset + 1)
-            .map_err(|(code, msg)| (ErrorCode::for_code(code), msg))
+        let Some(p) = broker.replica_manager.partition(topic, partition) else {
+            return Err((ErrorCode::NotLeaderOrFollower, String::new()));
+        };
+        let append = |p: &Partition, batch: &mut [u8]| {
+            p.append_records_as_leader(batch, -1)
+                .map(|info| info.last_offset + 1)
+                .map_err(|(code, msg)| (ErrorCode::for_code(code), msg))
+        };
+        // The coordinator appends in state order under its own lock, so this call is
+        // synchronous; the write itself runs on the I/O pool like every other log write, and
+        // `block_in_place` hands this async worker's other tasks to another thread meanwhile,
+        // so a slow disk does not stall the connections it serves. (A current-thread runtime,
+        // as in some tests, cannot do that and appends in place.)
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                let io = broker.replica_manager.io_pool().clone();
+                let mut owned = batch.to_vec();
+                let result = tokio::task::block_in_place(|| {
+                    handle.block_on(io.run(move || {
+                        let r = append(&p, &mut owned);
+                        (r, owned)
+                    }))
+                });
+                match result {
+                    Ok((r, owned)) => {
+                        batch.copy_from_slice(&owned);
+                        r
+                    }
+                    Err(e) => Err((ErrorCode::KafkaStorageError, e.to_string())),
+                }
+            }
+            _ => append(&p, batch),
+        }
     }
 
     fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {

@@ -85,11 +85,16 @@ async fn a_stalled_io_job_does_not_stop_other_connections_from_being_served() {
 
     // Occupy the only I/O thread until released.
     let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
     let pool = broker.replica_manager.io_pool().clone();
     let stalled = tokio::spawn(async move {
-        pool.run(move || released.recv_timeout(Duration::from_secs(60)).is_ok())
-            .await
+        pool.run(move || {
+            let _ = started_tx.send(());
+            released.recv_timeout(Duration::from_secs(60)).is_ok()
+        })
+        .await
     });
+    started_rx.await.expect("the stalling job started");
 
     let batch = BatchBuilder::new(0, 1_700_000_000_000)
         .record(1_700_000_000_000, Some(b"k"), Some(b"v"), &[])
@@ -158,5 +163,111 @@ async fn a_stalled_io_job_does_not_stop_other_connections_from_being_served() {
     .expect("the produce completes once the I/O thread is free");
     let r = ProduceResponse::decode(&mut b, 9).expect("Produce");
     assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    running.shutdown().await.expect("shutdown");
+}
+
+/// Coordinator writes go through the I/O pool too: with the only I/O thread stalled, an
+/// OffsetCommit waits for it while another connection is served (the coordinator's
+/// synchronous append leaves its async worker through `block_in_place`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_io_job_delays_a_coordinator_write_but_not_other_connections() {
+    use gregor_protocol::kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use gregor_protocol::kafka_protocol::messages::{
+        FindCoordinatorRequest, FindCoordinatorResponse, OffsetCommitRequest, OffsetCommitResponse,
+    };
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let props: BTreeMap<String, String> = [
+        ("log.dirs", dir.path().display().to_string()),
+        ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+        ("admin.listener", String::new()),
+        ("num.io.threads", "1".into()),
+        ("offsets.topic.num.partitions", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let (config, _) = BrokerConfig::from_properties(props).expect("config");
+    let running = server::start(config).await.expect("start");
+    let broker = running.broker.clone();
+    let addr = broker.bound[0];
+
+    let mut client = TcpStream::connect(addr).await.expect("connect");
+    let create = CreateTopicsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("t")))
+            .with_num_partitions(1)
+            .with_replication_factor(1)]);
+    call(&mut client, ApiKey::CreateTopics, 7, &create).await;
+    let find = FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("g"));
+    let mut b = call(&mut client, ApiKey::FindCoordinator, 3, &find).await;
+    let found = FindCoordinatorResponse::decode(&mut b, 3).expect("FindCoordinator");
+    assert_eq!(found.error_code, 0);
+
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let pool = broker.replica_manager.io_pool().clone();
+    let stalled = tokio::spawn(async move {
+        pool.run(move || {
+            let _ = started_tx.send(());
+            released.recv_timeout(Duration::from_secs(60)).is_ok()
+        })
+        .await
+    });
+    // The I/O thread is busy before the commit arrives.
+    started_rx.await.expect("the stalling job started");
+    // A simple-group commit (generation -1) writes an offset record to __consumer_offsets.
+    let commit = OffsetCommitRequest::default()
+        .with_group_id(StrBytes::from_static_str("g").into())
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("t")))
+            .with_partitions(vec![OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(0)])]);
+    client
+        .write_all(&frame(ApiKey::OffsetCommit, 8, 2, &commit))
+        .await
+        .expect("send commit");
+    let early = tokio::time::timeout(
+        Duration::from_millis(300),
+        response(&mut client, ApiKey::OffsetCommit, 8),
+    )
+    .await;
+    if let Ok(mut b) = early {
+        let r = OffsetCommitResponse::decode(&mut b, 8).expect("OffsetCommit");
+        panic!("the commit was answered although the I/O thread is stalled: {r:?}");
+    }
+    let mut other = TcpStream::connect(addr).await.expect("connect");
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut b = call(
+            &mut other,
+            ApiKey::ApiVersions,
+            3,
+            &ApiVersionsRequest::default()
+                .with_client_software_name(StrBytes::from_static_str("t"))
+                .with_client_software_version(StrBytes::from_static_str("1")),
+        )
+        .await;
+        ApiVersionsResponse::decode(&mut b, 3)
+            .expect("ApiVersions")
+            .error_code
+    })
+    .await;
+    assert_eq!(answered.ok(), Some(0), "ApiVersions answered meanwhile");
+
+    release.send(()).expect("release");
+    assert_eq!(stalled.await.ok(), Some(Ok(true)));
+    let mut b = tokio::time::timeout(
+        Duration::from_secs(10),
+        response(&mut client, ApiKey::OffsetCommit, 8),
+    )
+    .await
+    .expect("the commit completes once the I/O thread is free");
+    let r = OffsetCommitResponse::decode(&mut b, 8).expect("OffsetCommit");
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
     running.shutdown().await.expect("shutdown");
 }
