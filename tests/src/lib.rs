@@ -172,6 +172,11 @@ impl Gregor {
         }
     }
 
+    /// Process id of the running server, `None` once it was stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
     /// The server's stderr so far.
     pub fn server_log(&self) -> String {
         std::fs::read_to_string(self.data.path().join("gregor-test.log")).unwrap_or_default()
