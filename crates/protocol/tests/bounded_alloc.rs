@@ -16,10 +16,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use gregor_protocol::batch::{BatchBuilder, Compression};
 use gregor_protocol::frame::{decode_request, DecodedRequest};
-use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
+use kafka_protocol::messages::{ApiKey, RequestHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
 include!("support/requests.rs");
