@@ -7,11 +7,13 @@
 //!   from the jars on Maven Central (see "Reference broker" in docs/DESIGN).
 //! - `cargo xtask difftest` compares gregor's answers with that broker's, field by field.
 //! - `cargo xtask bench` runs the same workloads against both and reports the ratios.
+//! - `cargo xtask fuzz` runs the cargo-fuzz targets in `fuzz/` on their committed corpora.
 
 mod bench;
 mod bench_png;
 mod difftest;
 mod difftest_requests;
+mod fuzz;
 mod kafka;
 mod proc;
 mod test;
@@ -37,6 +39,8 @@ enum Command {
     Difftest(difftest::DifftestArgs),
     /// The same workloads against gregor and Apache Kafka; report in target/bench/.
     Bench(bench::BenchArgs),
+    /// Run the cargo-fuzz targets in fuzz/ (nightly; installs cargo-fuzz when missing).
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -56,6 +60,10 @@ fn main() -> Result<()> {
         }
         Command::Bench(args) => {
             let code = bench::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::Fuzz(args) => {
+            let code = fuzz::run(&args)?;
             std::process::exit(code);
         }
     }

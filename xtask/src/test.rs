@@ -6,7 +6,9 @@
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
 //! need the release build. Then `difftest` (gregor against the reference Apache Kafka, see
 //! `difftest.rs`) and `bench-quick` (`cargo xtask bench --quick`, the benchmark harness on tiny
-//! sizes), which also need the release build and fetch Kafka's jars themselves. The last line
+//! sizes), which also need the release build and fetch Kafka's jars themselves. The `fuzz`
+//! suite (after `build`) runs each cargo-fuzz target for [`FUZZ_SECONDS_PER_TARGET`] on its
+//! committed corpus. The last line
 //! is `N passed, N failed` (suites).
 
 use crate::kafka;
@@ -28,6 +30,9 @@ pub enum Suite {
     Test,
     /// cargo build --release -p gregor
     Build,
+    /// cargo xtask fuzz --seconds 10: every fuzz target briefly on its committed corpus
+    /// (nightly toolchain; installs cargo-fuzz when missing)
+    Fuzz,
     /// The interop suites: python, java, kcat (and the release build they need).
     Interop,
     /// interop/python (pytest with confluent-kafka and kafka-python)
@@ -55,6 +60,10 @@ pub struct TestArgs {
     #[arg(long)]
     against_kafka: bool,
 }
+
+/// Fuzzing time per target in the `fuzz` suite, in seconds. With the nightly build of the
+/// targets (about two minutes from scratch on 2 cores), the suite stays well under 5 minutes.
+const FUZZ_SECONDS_PER_TARGET: u64 = 10;
 
 struct Outcome {
     name: &'static str,
@@ -137,6 +146,31 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             result,
             seconds: start.elapsed().as_secs_f64(),
         });
+    }
+
+    if selected(Suite::Fuzz) {
+        banner("fuzz");
+        let start = Instant::now();
+        let fuzz_args = crate::fuzz::FuzzArgs {
+            seconds: FUZZ_SECONDS_PER_TARGET,
+            target: Vec::new(),
+            jobs: 1,
+            seed_corpus: false,
+        };
+        let result = crate::fuzz::run(&fuzz_args).and_then(|code| {
+            if code == 0 {
+                Ok(())
+            } else {
+                bail!("a fuzz target found a crash (see fuzz/artifacts/)")
+            }
+        });
+        outcomes.push(Outcome {
+            name: "fuzz",
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    } else {
+        skipped += 1;
     }
 
     let interop: Vec<(Suite, &'static str)> = [

@@ -301,8 +301,11 @@ pub fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
     (records, len)
 }
 
-/// One frame holding `records`.
-fn encode_frame(records: &[MetadataRecord]) -> Result<Vec<u8>, MetadataLogError> {
+/// One frame holding `records`, as [`FileMetadataLog`] appends it.
+///
+/// # Errors
+/// [`MetadataLogError::Encode`] when a record cannot be serialised (a bug).
+pub fn encode_frame(records: &[MetadataRecord]) -> Result<Vec<u8>, MetadataLogError> {
     let body = serde_json::to_vec(records).map_err(|e| MetadataLogError::Encode(e.to_string()))?;
     let len = u32::try_from(body.len())
         .map_err(|_| MetadataLogError::Encode(format!("batch of {} bytes", body.len())))?;

@@ -239,14 +239,17 @@ impl BatchHeader {
         self.batch_length as usize + LOG_OVERHEAD
     }
 
-    /// `base_offset + last_offset_delta`.
+    /// `base_offset + last_offset_delta`, wrapping on overflow as Kafka's
+    /// `DefaultRecordBatch.lastOffset` does (Java arithmetic): the header is unvalidated input
+    /// and a `baseOffset` near `i64::MAX` must not panic.
     pub fn last_offset(&self) -> i64 {
-        self.base_offset + i64::from(self.last_offset_delta)
+        self.base_offset
+            .wrapping_add(i64::from(self.last_offset_delta))
     }
 
-    /// Offset after the batch.
+    /// Offset after the batch (wrapping, as [`BatchHeader::last_offset`]).
     pub fn next_offset(&self) -> i64 {
-        self.last_offset() + 1
+        self.last_offset().wrapping_add(1)
     }
 
     /// Codec from attribute bits 0-2, `None` if the bits hold an undefined codec.

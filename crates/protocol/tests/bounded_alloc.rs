@@ -16,13 +16,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use gregor_protocol::batch::{BatchBuilder, Compression};
 use gregor_protocol::frame::{decode_request, DecodedRequest};
-use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
+use kafka_protocol::messages::{ApiKey, RequestHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
-include!("support/default_requests.rs");
+include!("support/requests.rs");
 
 /// Largest single allocation allowed while armed, in bytes. The frames decoded here are at
 /// most a few KiB; kafka-protocol's patched arrays reserve at most 64 KiB up front.
@@ -102,58 +102,6 @@ fn header(api_key: ApiKey, version: i16) -> BytesMut {
         .encode(&mut buf, api_key.request_header_version(version))
         .expect("a default header encodes");
     buf
-}
-
-/// True when `body` decodes as `api_key` v`version` and nothing is left over.
-fn decodes_exactly(api_key: ApiKey, version: i16, body: &[u8]) -> bool {
-    let mut b = Bytes::copy_from_slice(body);
-    RequestKind::decode(api_key, &mut b, version).is_ok() && b.is_empty()
-}
-
-/// Valid encodings of `api_key` v`version`: the default request, then the same with one
-/// element added to each array found (up to three levels deep). An element is found by
-/// turning a zero count (int32 `0` or compact `1`) into one and appending filler bytes until
-/// the body decodes again, exactly.
-fn grown_bodies(api_key: ApiKey, version: i16) -> Vec<Vec<u8>> {
-    let mut body = BytesMut::new();
-    if default_request(api_key).encode(&mut body, version).is_err() {
-        return Vec::new();
-    }
-    let mut out = vec![body.to_vec()];
-    let mut frontier = out.clone();
-    for _depth in 0..3 {
-        let mut next = Vec::new();
-        for b in &frontier {
-            for at in 0..b.len() {
-                let counts: [(&[u8], &[u8]); 2] = [(&[0, 0, 0, 0], &[0, 0, 0, 1]), (&[1], &[2])];
-                for (zero, one) in counts {
-                    if !b[at..].starts_with(zero) {
-                        continue;
-                    }
-                    'filler: for fill in [0u8, 1] {
-                        for extra in 1..=48 {
-                            let mut g = b[..at].to_vec();
-                            g.extend_from_slice(one);
-                            g.extend(std::iter::repeat_n(fill, extra));
-                            g.extend_from_slice(&b[at + zero.len()..]);
-                            if decodes_exactly(api_key, version, &g) {
-                                if !out.contains(&g) {
-                                    out.push(g.clone());
-                                    next.push(g);
-                                }
-                                break 'filler;
-                            }
-                        }
-                    }
-                }
-            }
-            if out.len() > 40 {
-                return out;
-            }
-        }
-        frontier = next;
-    }
-    out
 }
 
 /// Every body of `bodies` with each position overwritten by a maximal count or length.

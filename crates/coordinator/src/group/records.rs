@@ -627,6 +627,10 @@ pub fn decode_offset_commit_value(value: &[u8]) -> Result<OffsetCommitValue, Rec
     })
 }
 
+/// Smallest encoding of one `MemberMetadata` in a `GroupMetadataValue` (v0: three empty
+/// strings, sessionTimeout, two empty byte arrays), in bytes.
+const MIN_MEMBER_METADATA_BYTES: usize = 2 + 2 + 2 + 4 + 4 + 4;
+
 /// Decodes a `GroupMetadataValue` of versions 0 to 3.
 ///
 /// # Errors
@@ -647,7 +651,9 @@ pub fn decode_group_metadata_value(value: &[u8]) -> Result<GroupMetadataValue, R
         -1
     };
     let n = r.i32("members")?;
-    if n < 0 || n as usize > r.remaining() {
+    // issue 9: the count sizes `members` below; every member takes at least
+    // MIN_MEMBER_METADATA_BYTES, so a larger count than the bytes can hold is corrupt.
+    if n < 0 || (n as usize).saturating_mul(MIN_MEMBER_METADATA_BYTES) > r.remaining() {
         return Err(RecordError::Invalid("member count"));
     }
     let mut members = Vec::with_capacity(n as usize);
@@ -734,6 +740,19 @@ mod tests {
         let bytes = offset_commit_value(&v);
         assert_eq!(&bytes[..2], &[0, 3]);
         assert_eq!(decode_offset_commit_value(&bytes).unwrap(), v);
+    }
+
+    #[test]
+    fn group_metadata_member_count_beyond_the_bytes_is_rejected_before_allocating() {
+        // issue 9: v0 value, empty strings, generation 1, then a member count of 1000 with
+        // 1000 bytes left: enough for the old `count <= bytes` check, too few for 1000 members.
+        let mut v = vec![0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff];
+        v.extend_from_slice(&1000i32.to_be_bytes());
+        v.extend_from_slice(&[0u8; 1000]);
+        assert!(matches!(
+            decode_group_metadata_value(&v),
+            Err(RecordError::Invalid("member count"))
+        ));
     }
 
     #[test]

@@ -243,7 +243,12 @@ pub(crate) fn write_unknown_tagged_fields<B: ByteBufMut, R: RangeBounds<i32>>(
     range: R,
     unknown_tagged_fields: &BTreeMap<i32, Bytes>,
 ) -> Result<()> {
-    for (&k, v) in unknown_tagged_fields.range(range) {
+    // gregor patch: tags of 2^31 and above are stored as negative keys; they come after every
+    // other tag, and must be written too, or the count written before them is wrong.
+    for (&k, v) in unknown_tagged_fields
+        .range(range)
+        .chain(unknown_tagged_fields.range(..0))
+    {
         if v.len() > u32::MAX as usize {
             bail!("Tagged field is too long to encode ({} bytes)", v.len());
         }

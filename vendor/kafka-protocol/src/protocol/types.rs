@@ -124,10 +124,12 @@ impl<T: NewType<u32>> Decoder<T> for UnsignedVarInt {
             let b = buf.try_get_u8()? as u32;
             value |= (b & 0x7F) << (i * 7);
             if b < 0x80 {
-                break;
+                return Ok(value.into());
             }
         }
-        Ok(value.into())
+        // gregor patch: as Kafka's ByteUtils.readUnsignedVarint, a sixth byte is an error (it
+        // used to end the varint silently and misalign everything after it).
+        bail!("Varint is too long, the most significant bit in the 5th byte is set, converted value: {value:x}");
     }
 }
 
@@ -171,10 +173,11 @@ impl<T: NewType<u64>> Decoder<T> for UnsignedVarLong {
             let b = buf.try_get_u8()? as u64;
             value |= (b & 0x7F) << (i * 7);
             if b < 0x80 {
-                break;
+                return Ok(value.into());
             }
         }
-        Ok(value.into())
+        // gregor patch: as Kafka's ByteUtils.readUnsignedVarlong, an eleventh byte is an error.
+        bail!("Varlong is too long, most significant bit in the 10th byte is set, converted value: {value:x}");
     }
 }
 

@@ -1,10 +1,10 @@
-// Every request type kafka-protocol 0.18 knows, as its `Default` value: the seeds from which
-// the allocation tests and the fuzz corpus build valid encodings. Generated from the match in
-// kafka-protocol's `RequestKind::decode` (one line per API key); regenerate on upgrade with
-// the command in vendor/kafka-protocol/GREGOR-PATCH.md.
+// Valid request bodies for every request type kafka-protocol 0.18 knows: the seeds from which
+// the allocation tests (crates/protocol/tests/bounded_alloc.rs) and the fuzz corpus
+// (`cargo xtask fuzz --seed-corpus`) are built. Shared through `include!`, hence no `use`
+// items: every path is absolute.
 //
-// Shared by crates/protocol/tests/bounded_alloc.rs and fuzz/ (through `include!`), hence no
-// `use` items: every path is absolute.
+// `default_request` is generated from the match in kafka-protocol's `RequestKind::decode`, one
+// line per API key; on an upgrade that adds API keys, add their lines.
 
 /// The `Default` body of `api_key`'s request.
 #[allow(dead_code)]
@@ -102,3 +102,62 @@ fn default_request(
         K::DeleteShareGroupOffsets => R::DeleteShareGroupOffsets(Default::default()),
     }
 }
+
+/// True when `body` decodes as `api_key` v`version` and nothing is left over.
+#[allow(dead_code)]
+fn decodes_exactly(
+    api_key: kafka_protocol::messages::ApiKey,
+    version: i16,
+    body: &[u8],
+) -> bool {
+    let mut b = bytes::Bytes::copy_from_slice(body);
+    kafka_protocol::messages::RequestKind::decode(api_key, &mut b, version).is_ok() && b.is_empty()
+}
+
+/// Valid encodings of `api_key` v`version`: the default request, then the same with one
+/// element added to each array found (up to three levels deep). An element is found by
+/// turning a zero count (int32 `0` or compact `1`) into one and appending filler bytes until
+/// the body decodes again, exactly.
+#[allow(dead_code)]
+fn grown_bodies(api_key: kafka_protocol::messages::ApiKey, version: i16) -> Vec<Vec<u8>> {
+    let mut body = bytes::BytesMut::new();
+    if default_request(api_key).encode(&mut body, version).is_err() {
+        return Vec::new();
+    }
+    let mut out = vec![body.to_vec()];
+    let mut frontier = out.clone();
+    for _depth in 0..3 {
+        let mut next = Vec::new();
+        for b in &frontier {
+            for at in 0..b.len() {
+                let counts: [(&[u8], &[u8]); 2] = [(&[0, 0, 0, 0], &[0, 0, 0, 1]), (&[1], &[2])];
+                for (zero, one) in counts {
+                    if !b[at..].starts_with(zero) {
+                        continue;
+                    }
+                    'filler: for fill in [0u8, 1] {
+                        for extra in 1..=48 {
+                            let mut g = b[..at].to_vec();
+                            g.extend_from_slice(one);
+                            g.extend(std::iter::repeat_n(fill, extra));
+                            g.extend_from_slice(&b[at + zero.len()..]);
+                            if decodes_exactly(api_key, version, &g) {
+                                if !out.contains(&g) {
+                                    out.push(g.clone());
+                                    next.push(g);
+                                }
+                                break 'filler;
+                            }
+                        }
+                    }
+                }
+            }
+            if out.len() > 40 {
+                return out;
+            }
+        }
+        frontier = next;
+    }
+    out
+}
+
