@@ -36,6 +36,10 @@ pub struct FuzzArgs {
     /// libFuzzer worker processes per target (-fork=N); 1 runs in-process.
     #[arg(long, default_value_t = 1)]
     pub jobs: u32,
+    /// Build without optimizations (cargo fuzz --dev): a much faster build for short runs, at a
+    /// fraction of the executions per second; the `fuzz` suite of `cargo xtask test` uses it.
+    #[arg(long)]
+    pub dev: bool,
     /// Rewrite the committed seed corpora under fuzz/corpus/ from valid encodings and exit.
     #[arg(long)]
     pub seed_corpus: bool,
@@ -81,16 +85,16 @@ pub fn run(args: &FuzzArgs) -> Result<i32> {
     };
     ensure_cargo_fuzz()?;
     let fuzz_dir = root.join("fuzz");
+    // The same build flags for `build` and `run`, or `run` builds again.
+    let mut build_flags = vec!["--codegen-units", CODEGEN_UNITS];
+    if args.dev {
+        build_flags.push("--dev");
+    }
     let started = Instant::now();
     proc::run_checked(
         Command::new("cargo")
-            .args([
-                "+nightly",
-                "fuzz",
-                "build",
-                "--codegen-units",
-                CODEGEN_UNITS,
-            ])
+            .args(["+nightly", "fuzz", "build"])
+            .args(&build_flags)
             .args(
                 targets
                     .iter()
@@ -113,23 +117,18 @@ pub fn run(args: &FuzzArgs) -> Result<i32> {
         let cpu_before = children_cpu_seconds();
         let wall = Instant::now();
         let mut cmd = Command::new("cargo");
-        cmd.args([
-            "+nightly",
-            "fuzz",
-            "run",
-            "--codegen-units",
-            CODEGEN_UNITS,
-            target,
-        ])
-        .arg(&found)
-        .arg(&seeds)
-        .arg("--")
-        .arg(format!("-max_total_time={}", args.seconds))
-        .arg(format!("-malloc_limit_mb={MALLOC_LIMIT_MB}"))
-        .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
-        .arg("-timeout=20")
-        .arg("-print_final_stats=1")
-        .current_dir(&root);
+        cmd.args(["+nightly", "fuzz", "run"])
+            .args(&build_flags)
+            .arg(target)
+            .arg(&found)
+            .arg(&seeds)
+            .arg("--")
+            .arg(format!("-max_total_time={}", args.seconds))
+            .arg(format!("-malloc_limit_mb={MALLOC_LIMIT_MB}"))
+            .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
+            .arg("-timeout=20")
+            .arg("-print_final_stats=1")
+            .current_dir(&root);
         if args.jobs > 1 {
             cmd.arg(format!("-fork={}", args.jobs));
         }
