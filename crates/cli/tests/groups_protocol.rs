@@ -460,3 +460,34 @@ fn every_group_api_at_every_advertised_version() -> Result<()> {
     ensure!(lg.groups.iter().any(|x| &*x.group_id == "cg"), "{lg:?}");
     Ok(())
 }
+
+/// A producer cannot write `__consumer_offsets` (Kafka: INVALID_TOPIC_EXCEPTION, "Cannot append
+/// to internal topic"); a batch there would be replayed as group state.
+#[test]
+fn producers_cannot_write_internal_topics() -> Result<()> {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    let g = Gregor::start(BIN, &["offsets.topic.num.partitions=1"])?;
+    let mut c = connect(&g)?;
+    find(&mut c, "g")?;
+    let batch = gregor_protocol::batch::BatchBuilder::new(0, 1_700_000_000_000)
+        .record(1_700_000_000_000, Some(b"garbage"), Some(b"garbage"), &[])
+        .build();
+    let req = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(sb("__consumer_offsets")))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(Bytes::from(batch)))])]);
+    let ResponseKind::Produce(r) = c.call_kind(ApiKey::Produce, 9, &req.into())? else {
+        bail!("wrong response kind");
+    };
+    let p = &r.responses[0].partition_responses[0];
+    ensure!(p.error_code == 17, "produce to __consumer_offsets: {p:?}");
+    ensure!(p
+        .error_message
+        .as_deref()
+        .is_some_and(|m| m.contains("internal topic")));
+    Ok(())
+}

@@ -35,6 +35,18 @@ fn partition_error(index: i32, code: i16, message: Option<String>) -> PartitionP
         .with_error_message(message.map(|m| sb(&m)))
 }
 
+/// The client id Kafka's admin tools use (`AdminUtils.ADMIN_CLIENT_ID`); its produce requests
+/// may write internal topics.
+pub const ADMIN_CLIENT_ID: &str = "__admin_client";
+
+/// Kafka's `Topic.isInternal`: the topics coordinators own.
+pub fn is_internal_topic(name: &str) -> bool {
+    matches!(
+        name,
+        "__consumer_offsets" | "__transaction_state" | "__share_group_state"
+    )
+}
+
 /// Kafka's `ProduceRequest.validateRecords`: from v3 a partition carries exactly one v2 batch,
 /// and (`LogValidator`) its base offset is 0.
 fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
@@ -88,6 +100,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
         } else {
             Some(td.name.0.to_string())
         };
+        let internal_refused =
+            name.as_deref().is_some_and(is_internal_topic) && ctx.client_id() != ADMIN_CLIENT_ID;
         let authorized = name
             .as_deref()
             .is_none_or(|n| broker.authorize(ctx, AclOperation::Write, ResourceType::Topic, n));
@@ -98,6 +112,17 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
                 Err(partition_error(idx, ec::INVALID_REQUIRED_ACKS, None))
             } else if !authorized {
                 Err(partition_error(idx, ec::TOPIC_AUTHORIZATION_FAILED, None))
+            } else if internal_refused {
+                // Kafka's ReplicaManager: only coordinators (and the admin client id) write
+                // internal topics; a producer's batch there would corrupt their state.
+                Err(partition_error(
+                    idx,
+                    ec::INVALID_TOPIC_EXCEPTION,
+                    Some(format!(
+                        "Cannot append to internal topic {}",
+                        name.as_deref().unwrap_or_default()
+                    )),
+                ))
             } else if req.transactional_id.is_some() {
                 Err(partition_error(
                     idx,
