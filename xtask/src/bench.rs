@@ -13,6 +13,16 @@
 //! Output: `target/bench/report.json`, `report.md` (a table) and `report.png` (throughput bars
 //! and latency percentiles). `--quick` shrinks every size so that CI tests the harness, and
 //! writes to `target/bench/quick/` instead.
+//!
+//! Before/after: `--baseline <PATH>` measures a second gregor binary as well (say, a build of
+//! the commit before a change). Each repetition of each workload then runs both binaries, each
+//! on a fresh broker with the same warm-up and the same load generator (`gregor perf` of the
+//! new binary, `--binary`), back to back, the order alternating (new first, then baseline
+//! first, by repetition and workload) so that drift of the machine cancels out; the report
+//! adds the ratios new/baseline of the medians and lists the metrics where the new binary is
+//! more than 5% worse. A full run writes to `target/bench/baseline/`, so it leaves the
+//! gregor-vs-Kafka report alone. `--no-kafka` skips the reference broker (and the
+//! ProducerPerformance cross-check, which needs it to mean anything).
 
 use crate::bench_png::{self, Canvas, Group};
 use crate::difftest::Gregor;
@@ -41,10 +51,64 @@ pub struct BenchArgs {
     /// The gregor binary; default target/release/gregor.
     #[arg(long)]
     pub binary: Option<PathBuf>,
-    /// Only re-render report.md and report.png from target/bench/report.json.
+    /// A second gregor binary to compare with (before/after a change): every workload also runs
+    /// against it, and the report gives the ratios new/baseline. Writes to target/bench/baseline/.
+    #[arg(long, value_name = "PATH")]
+    pub baseline: Option<PathBuf>,
+    /// Do not run the reference Apache Kafka broker.
+    #[arg(long)]
+    pub no_kafka: bool,
+    /// Only re-render report.md and report.png from report.json (of target/bench/, or of
+    /// target/bench/baseline/ with --baseline, or of target/bench/quick/ with --quick).
     #[arg(long)]
     pub render: bool,
 }
+
+/// One broker measured: a gregor binary or the reference Kafka broker.
+struct Side {
+    /// Its key in report.json: "gregor" (the `--binary`), "baseline" or "kafka".
+    key: &'static str,
+    /// The gregor binary it serves with; `None` for Kafka.
+    binary: Option<PathBuf>,
+}
+
+/// The brokers of a run: gregor, then the baseline, then Kafka, as asked for.
+fn sides(binary: &Path, baseline: Option<&Path>, kafka: bool) -> Vec<Side> {
+    let mut out = vec![Side {
+        key: "gregor",
+        binary: Some(binary.to_path_buf()),
+    }];
+    if let Some(b) = baseline {
+        out.push(Side {
+            key: "baseline",
+            binary: Some(b.to_path_buf()),
+        });
+    }
+    if kafka {
+        out.push(Side {
+            key: "kafka",
+            binary: None,
+        });
+    }
+    out
+}
+
+/// Indices into `sides` in the order they run for repetition `rep` of workload number `wi`:
+/// gregor and its baseline swap places every other time, so that neither always goes first;
+/// Kafka stays last.
+fn run_order(sides: &[Side], rep: usize, wi: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sides.len()).collect();
+    if sides.iter().any(|s| s.key == "baseline") && (rep + wi) % 2 == 1 {
+        order.swap(0, 1);
+    }
+    order
+}
+
+/// A new-binary metric this much worse than the baseline's (as a ratio) is listed.
+const WORSE_THRESHOLD: f64 = 0.05;
+
+/// More CPU for the new binary is listed only from this many seconds on.
+const CPU_NOISE_S: f64 = 0.1;
 
 #[derive(Clone)]
 struct Produce {
@@ -154,16 +218,13 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         .binary
         .clone()
         .unwrap_or_else(|| root.join("target").join("release").join("gregor"));
-    if !binary.exists() {
-        bail!(
-            "{} is missing: run `cargo build --release -p gregor`",
-            binary.display()
-        );
-    }
     let repeat = args.repeat.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
-    // --quick (CI) does not overwrite the report of a real run.
+    // --quick (CI) does not overwrite the report of a real run, nor a before/after comparison
+    // the gregor-vs-Kafka one.
     let out_dir = if args.quick {
         root.join("target").join("bench").join("quick")
+    } else if args.baseline.is_some() {
+        root.join("target").join("bench").join("baseline")
     } else {
         root.join("target").join("bench")
     };
@@ -172,9 +233,24 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
             serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json"))?)?;
         return write_reports(&out_dir, &report).map(|()| 0);
     }
+    if !binary.exists() {
+        bail!(
+            "{} is missing: run `cargo build --release -p gregor`",
+            binary.display()
+        );
+    }
+    if let Some(b) = &args.baseline {
+        if !b.is_file() {
+            bail!("the baseline binary {} is missing", b.display());
+        }
+    }
+    let sides = sides(&binary, args.baseline.as_deref(), !args.no_kafka);
+    let with_kafka = !args.no_kafka;
     let work = out_dir.join("work");
     std::fs::create_dir_all(&work)?;
-    kafka::fetch()?;
+    if with_kafka {
+        kafka::fetch()?;
+    }
     let clk_tck = clock_ticks();
     let selected: Vec<Workload> = workloads(args.quick)
         .into_iter()
@@ -185,19 +261,21 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     }
 
     let started = Instant::now();
-    // runs[workload][broker] = one JSON object per repetition.
-    let mut runs: Vec<[Vec<Value>; 2]> = vec![[vec![], vec![]]; selected.len()];
+    // runs[workload][side] = one JSON object per repetition.
+    let mut runs: Vec<Vec<Vec<Value>>> = vec![vec![vec![]; sides.len()]; selected.len()];
     let mut cross_check = json!({});
     for rep in 0..repeat {
         for (wi, w) in selected.iter().enumerate() {
-            for (bi, broker) in ["gregor", "kafka"].iter().enumerate() {
+            for bi in run_order(&sides, rep, wi) {
+                let side = &sides[bi];
+                let broker = &side.key;
                 eprintln!(
                     "==== bench rep {}/{repeat} workload ({}) {} on {broker}",
                     rep + 1,
                     w.id,
                     w.name
                 );
-                let mut server = Server::start(broker, &binary, &work)?;
+                let mut server = Server::start(side, &work)?;
                 let result = run_workload(&binary, &server, w, clk_tck, args.quick)
                     .with_context(|| format!("workload ({}) on {broker}", w.id));
                 let result = match result {
@@ -209,7 +287,8 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
                 };
                 eprintln!("     {result}");
                 runs[wi][bi].push(result);
-                if rep == 0 && w.id == "a" {
+                // The cross-check compares the load generator with Kafka's on both brokers.
+                if with_kafka && side.key != "baseline" && rep == 0 && w.id == "a" {
                     match producer_performance(&server, w) {
                         Ok(v) => cross_check[*broker] = v,
                         Err(e) => eprintln!("warning: ProducerPerformance cross-check: {e:#}"),
@@ -222,18 +301,15 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     }
 
     let mut report_workloads = Vec::new();
-    for (w, [g, k]) in selected.iter().zip(&runs) {
-        let gm = medians(g);
-        let km = medians(k);
-        let mut ratio = json!({});
-        for m in METRICS {
-            if let (Some(a), Some(b)) = (gm[*m].as_f64(), km[*m].as_f64()) {
-                if b > 0.0 && a >= 0.0 {
-                    ratio[*m] = json!(round(a / b, 3));
-                }
-            }
+    let mut worse = Vec::new();
+    for (w, side_runs) in selected.iter().zip(&runs) {
+        let mut med = json!({});
+        let mut all_runs = json!({});
+        for (side, r) in sides.iter().zip(side_runs) {
+            med[side.key] = medians(r);
+            all_runs[side.key] = json!(r);
         }
-        report_workloads.push(json!({
+        let mut entry = json!({
             "id": w.id,
             "name": w.name,
             "records": w.produce.records,
@@ -243,24 +319,59 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
             "compression": w.produce.compression,
             "throughput_limit": w.produce.throughput,
             "measured": if w.consume { "consume" } else { "produce" },
-            "gregor": gm,
-            "kafka": km,
-            "ratio_gregor_over_kafka": ratio,
-            "runs": {"gregor": g, "kafka": k},
-        }));
+        });
+        entry["gregor"] = med["gregor"].clone();
+        if args.baseline.is_some() {
+            let ratio = ratios(&med["gregor"], &med["baseline"]);
+            worse.extend(worse_than_baseline(
+                w.id,
+                &ratio,
+                &med["gregor"],
+                &med["baseline"],
+            ));
+            entry["baseline"] = med["baseline"].clone();
+            entry["ratio_new_over_baseline"] = ratio;
+            // Paired per repetition (the two ran back to back): their spread shows the noise.
+            entry["ratio_new_over_baseline_per_repetition"] = side_runs[0]
+                .iter()
+                .zip(&side_runs[1])
+                .map(|(n, b)| ratios(n, b))
+                .collect();
+        }
+        if with_kafka {
+            entry["kafka"] = med["kafka"].clone();
+            entry["ratio_gregor_over_kafka"] = ratios(&med["gregor"], &med["kafka"]);
+        }
+        entry["runs"] = all_runs;
+        report_workloads.push(entry);
     }
-    let report = json!({
+    let mut report = json!({
         "command": command_line(args),
         "quick": args.quick,
         "repeat": repeat,
         "machine": {"cores": nproc(), "note": "nothing pinned; broker and load generator share the cores"},
-        "kafka": {"version": kafka::KAFKA_VERSION, "jvm": "-Xmx1g -Xms256m"},
-        "load_generator": "gregor perf (librdkafka), linger.ms=5",
-        "warmup_records": if args.quick { 5_000 } else { WARMUP_RECORDS },
-        "workloads": report_workloads,
-        "producer_performance_cross_check": cross_check,
-        "seconds": started.elapsed().as_secs(),
     });
+    if with_kafka {
+        report["kafka"] = json!({"version": kafka::KAFKA_VERSION, "jvm": "-Xmx1g -Xms256m"});
+    }
+    if let Some(b) = &args.baseline {
+        report["baseline"] = json!({
+            "binary": b.display().to_string(),
+            "new_binary": binary.display().to_string(),
+            "order": "new and baseline back to back on fresh brokers, alternating which goes first",
+            "worse_threshold": WORSE_THRESHOLD,
+            "worse_than_baseline": worse,
+        });
+        report["load_generator"] = json!("gregor perf (librdkafka) of the new binary, linger.ms=5");
+    } else {
+        report["load_generator"] = json!("gregor perf (librdkafka), linger.ms=5");
+    }
+    report["warmup_records"] = json!(if args.quick { 5_000 } else { WARMUP_RECORDS });
+    report["workloads"] = json!(report_workloads);
+    if with_kafka {
+        report["producer_performance_cross_check"] = cross_check;
+    }
+    report["seconds"] = json!(started.elapsed().as_secs());
     std::fs::write(
         out_dir.join("report.json"),
         serde_json::to_string_pretty(&report)?,
@@ -294,7 +405,55 @@ fn command_line(args: &BenchArgs) -> String {
     if !args.only.is_empty() {
         let _ = write!(s, " --only {}", args.only.join(","));
     }
+    if args.no_kafka {
+        s.push_str(" --no-kafka");
+    }
+    if let Some(b) = &args.baseline {
+        if let Some(n) = &args.binary {
+            let _ = write!(s, " --binary {}", n.display());
+        }
+        let _ = write!(s, " --baseline {}", b.display());
+    }
     s
+}
+
+/// a/b for every metric both have (b > 0).
+fn ratios(a: &Value, b: &Value) -> Value {
+    let mut ratio = json!({});
+    for m in METRICS {
+        if let (Some(x), Some(y)) = (a[*m].as_f64(), b[*m].as_f64()) {
+            if y > 0.0 && x >= 0.0 {
+                ratio[*m] = json!(round(x / y, 3));
+            }
+        }
+    }
+    ratio
+}
+
+/// The metrics of a new/baseline `ratio` where the new binary is worse by more than
+/// [`WORSE_THRESHOLD`]: less throughput, or more latency, CPU or memory. CPU seconds count in
+/// clock ticks (10 ms), so a difference under [`CPU_NOISE_S`] is not listed.
+fn worse_than_baseline(id: &str, ratio: &Value, new: &Value, baseline: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for m in METRICS {
+        let Some(r) = ratio[*m].as_f64() else {
+            continue;
+        };
+        let is_worse = match *m {
+            // mb_per_sec is records_per_sec times a constant.
+            "mb_per_sec" => false,
+            "records_per_sec" => r < 1.0 - WORSE_THRESHOLD,
+            "cpu_s" => {
+                let diff = new[*m].as_f64().unwrap_or(0.0) - baseline[*m].as_f64().unwrap_or(0.0);
+                r > 1.0 + WORSE_THRESHOLD && diff >= CPU_NOISE_S
+            }
+            _ => r > 1.0 + WORSE_THRESHOLD,
+        };
+        if is_worse {
+            out.push(json!({"workload": id, "metric": m, "ratio": r}));
+        }
+    }
+    out
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -327,27 +486,26 @@ enum Server {
     Kafka {
         bootstrap: String,
         guard: ChildGuard,
+        data_dir: PathBuf,
     },
 }
 
 impl Server {
-    fn start(kind: &str, binary: &Path, work: &Path) -> Result<Self> {
+    fn start(side: &Side, work: &Path) -> Result<Self> {
         let ports = proc::free_ports(2)?;
-        if kind == "gregor" {
+        if let Some(binary) = &side.binary {
             let mut g = Gregor::start(binary, work, ports[0], ports[1])?;
             g.wait_ready()?;
             Ok(Self::Gregor(g))
         } else {
-            let instance = kafka::Instance::new(
-                ports[0],
-                Some(ports[1]),
-                Some(work.join(format!("kafka-data-{}", ports[0]))),
-            )?;
+            let data_dir = work.join(format!("kafka-data-{}", ports[0]));
+            let instance = kafka::Instance::new(ports[0], Some(ports[1]), Some(data_dir.clone()))?;
             let mut guard = ChildGuard::new("kafka", instance.spawn()?);
             instance.wait_ready(|| guard.check_alive())?;
             Ok(Self::Kafka {
                 bootstrap: instance.bootstrap(),
                 guard,
+                data_dir,
             })
         }
     }
@@ -373,15 +531,22 @@ impl Server {
         }
     }
 
+    /// Stops the broker and deletes its data (a full run writes tens of GB over its runs).
     fn stop(self) {
         let (data_dir, result) = match self {
-            Self::Gregor(mut g) => (None, g.guard.stop()),
-            Self::Kafka { mut guard, .. } => (None::<PathBuf>, guard.stop()),
+            Self::Gregor(mut g) => (g.log_dir.clone(), g.guard.stop()),
+            Self::Kafka {
+                mut guard,
+                data_dir,
+                ..
+            } => (data_dir, guard.stop()),
         };
         if let Err(e) = result {
             eprintln!("warning: stopping a broker: {e:#}");
         }
-        drop(data_dir);
+        if let Err(e) = std::fs::remove_dir_all(&data_dir) {
+            eprintln!("warning: removing {}: {e}", data_dir.display());
+        }
     }
 }
 
@@ -617,25 +782,86 @@ fn fmt_num(v: &Value, digits: usize) -> String {
     }
 }
 
+/// The table's rows per workload, (label, key in the workload's JSON, digits), for the sides
+/// the report has.
+fn rows(report: &Value) -> Vec<(&'static str, &'static str, usize)> {
+    let baseline = report.get("baseline").is_some();
+    let kafka = report.get("kafka").is_some();
+    let mut rows = Vec::new();
+    if baseline {
+        rows.push(("gregor (new)", "gregor", 1));
+        rows.push(("gregor (baseline)", "baseline", 1));
+        rows.push(("new/baseline", "ratio_new_over_baseline", 2));
+    } else {
+        rows.push(("gregor", "gregor", 1));
+    }
+    if kafka {
+        rows.push(("Kafka", "kafka", 1));
+        rows.push(("gregor/Kafka", "ratio_gregor_over_kafka", 2));
+    }
+    rows
+}
+
 fn markdown(report: &Value) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "`{}`: Apache Kafka {} ({}) and gregor, same load generator (`gregor perf`, librdkafka), \
-         {} partitions, {} core(s), nothing pinned; medians of {} repetition(s). \
-         Latency is end to end (producer send to consumer receipt). CPU seconds are the \
-         server's over the measured phase, peak RSS (VmHWM) over its life (a fresh broker per \
-         run, warmed up with {} records on both). (f) measures consuming; the others producing. \
-         In the unthrottled workloads (a)-(d) the latency is mostly the backlog of a producer \
-         that outruns its consumer (both in the load generator); (e) measures latency.\n",
-        report["command"].as_str().unwrap_or_default(),
-        report["kafka"]["version"].as_str().unwrap_or_default(),
-        report["kafka"]["jvm"].as_str().unwrap_or_default(),
-        PARTITIONS,
-        report["machine"]["cores"],
-        report["repeat"],
-        report["warmup_records"]
-    );
+    let baseline = &report["baseline"];
+    if baseline.is_null() {
+        let (brokers, both) = if report["kafka"].is_null() {
+            ("gregor alone".to_string(), "")
+        } else {
+            let brokers = format!(
+                "Apache Kafka {} ({}) and gregor",
+                report["kafka"]["version"].as_str().unwrap_or_default(),
+                report["kafka"]["jvm"].as_str().unwrap_or_default(),
+            );
+            (brokers, " on both")
+        };
+        let _ = writeln!(
+            s,
+            "`{}`: {brokers}, same load generator (`gregor perf`, librdkafka), \
+             {} partitions, {} core(s), nothing pinned; medians of {} repetition(s). \
+             Latency is end to end (producer send to consumer receipt). CPU seconds are the \
+             server's over the measured phase, peak RSS (VmHWM) over its life (a fresh broker per \
+             run, warmed up with {} records{both}). (f) measures consuming; the others producing. \
+             In the unthrottled workloads (a)-(d) the latency is mostly the backlog of a producer \
+             that outruns its consumer (both in the load generator); (e) measures latency.\n",
+            report["command"].as_str().unwrap_or_default(),
+            PARTITIONS,
+            report["machine"]["cores"],
+            report["repeat"],
+            report["warmup_records"]
+        );
+    } else {
+        let kafka = if report["kafka"].is_null() {
+            String::new()
+        } else {
+            format!(
+                " and Apache Kafka {} ({})",
+                report["kafka"]["version"].as_str().unwrap_or_default(),
+                report["kafka"]["jvm"].as_str().unwrap_or_default(),
+            )
+        };
+        let _ = writeln!(
+            s,
+            "`{}`: gregor `{}` (new) against gregor `{}` (baseline){kafka}, same load generator \
+             (`gregor perf` of the new binary, librdkafka), {} partitions, {} core(s), nothing \
+             pinned; medians of {} repetition(s), new and baseline back to back on fresh brokers \
+             in alternating order. new/baseline is the ratio of the medians: above 1 is more \
+             of it for the new binary (better for records/s and MB/s, worse for latency, CPU \
+             and RSS). Latency is end to end (producer send to consumer receipt). CPU seconds \
+             are the server's over the measured phase, peak RSS (VmHWM) over its life (a fresh \
+             broker per run, warmed up with {} records). (f) measures consuming; the others \
+             producing. In the unthrottled workloads (a)-(d) the latency is mostly the backlog \
+             of a producer that outruns its consumer; (e) measures latency.\n",
+            report["command"].as_str().unwrap_or_default(),
+            baseline["new_binary"].as_str().unwrap_or_default(),
+            baseline["binary"].as_str().unwrap_or_default(),
+            PARTITIONS,
+            report["machine"]["cores"],
+            report["repeat"],
+            report["warmup_records"]
+        );
+    }
     let _ = writeln!(
         s,
         "| workload | broker | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | CPU s | peak RSS MB |"
@@ -647,11 +873,7 @@ fn markdown(report: &Value) -> String {
             w["id"].as_str().unwrap_or(""),
             w["name"].as_str().unwrap_or("")
         );
-        for (broker, key, digits) in [
-            ("gregor", "gregor", 1),
-            ("Kafka", "kafka", 1),
-            ("gregor/Kafka", "ratio_gregor_over_kafka", 2),
-        ] {
+        for (broker, key, digits) in rows(report) {
             let m = &w[key];
             let _ = writeln!(
                 s,
@@ -679,7 +901,47 @@ fn markdown(report: &Value) -> String {
             fmt_num(&x["kafka"]["mb_per_sec"], 1),
         );
     }
+    if let Some(worse) = baseline["worse_than_baseline"].as_array() {
+        let threshold = baseline["worse_threshold"]
+            .as_f64()
+            .unwrap_or(WORSE_THRESHOLD);
+        let list: Vec<String> = worse
+            .iter()
+            .map(|x| {
+                format!(
+                    "({}) {} {:.2}",
+                    x["workload"].as_str().unwrap_or(""),
+                    metric_label(x["metric"].as_str().unwrap_or("")),
+                    x["ratio"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nNew worse than baseline by more than {:.0}% (new/baseline of the medians): {}.",
+            threshold * 100.0,
+            if list.is_empty() {
+                "none".to_string()
+            } else {
+                list.join(", ")
+            }
+        );
+    }
     s
+}
+
+/// A metric's name as in the table's header.
+fn metric_label(metric: &str) -> &str {
+    match metric {
+        "records_per_sec" => "records/s",
+        "mb_per_sec" => "MB/s",
+        "p50_ms" => "p50 ms",
+        "p99_ms" => "p99 ms",
+        "p999_ms" => "p99.9 ms",
+        "cpu_s" => "CPU s",
+        "rss_mb" => "peak RSS MB",
+        other => other,
+    }
 }
 
 fn chart(report: &Value) -> Result<Vec<u8>> {
@@ -689,16 +951,23 @@ fn chart(report: &Value) -> Result<Vec<u8>> {
         .flatten()
         .collect();
     let mut c = Canvas::new(1200, 520);
-    let colors = [bench_png::GREGOR, bench_png::KAFKA];
+    // (key in the workload's JSON, colour, legend) for the sides the report has.
+    let mut series = vec![("gregor", bench_png::GREGOR, "GREGOR")];
+    if report.get("baseline").is_some() {
+        series[0].2 = "GREGOR (NEW)";
+        series.push(("baseline", bench_png::BASELINE, "GREGOR (BASELINE)"));
+    }
+    if report.get("kafka").is_some() {
+        series.push(("kafka", bench_png::KAFKA, "APACHE KAFKA"));
+    }
+    let colors: Vec<bench_png::Rgb> = series.iter().map(|s| s.1).collect();
     let get = |w: &Value, b: &str, m: &str| w[b][m].as_f64().unwrap_or(0.0);
+    let values = |w: &Value, m: &str| series.iter().map(|s| get(w, s.0, m)).collect::<Vec<_>>();
     let throughput: Vec<Group> = workloads
         .iter()
         .map(|w| Group {
             label: format!("({})", w["id"].as_str().unwrap_or("")),
-            values: vec![
-                get(w, "gregor", "mb_per_sec"),
-                get(w, "kafka", "mb_per_sec"),
-            ],
+            values: values(w, "mb_per_sec"),
         })
         .collect();
     bench_png::bar_panel(
@@ -719,7 +988,7 @@ fn chart(report: &Value) -> Result<Vec<u8>> {
         for (m, name) in [("p50_ms", "P50"), ("p99_ms", "P99"), ("p999_ms", "P99.9")] {
             latency.push(Group {
                 label: format!("({id}) {name}"),
-                values: vec![get(w, "gregor", m), get(w, "kafka", m)],
+                values: values(w, m),
             });
         }
     }
@@ -733,12 +1002,14 @@ fn chart(report: &Value) -> Result<Vec<u8>> {
         &latency,
         &colors,
     );
-    c.rect(20, 490, 14, 14, bench_png::GREGOR);
-    c.text(40, 493, "GREGOR", 1, bench_png::BLACK);
-    c.rect(110, 490, 14, 14, bench_png::KAFKA);
-    c.text(130, 493, "APACHE KAFKA", 1, bench_png::BLACK);
+    let mut x = 20;
+    for (_, color, legend) in &series {
+        c.rect(x, 490, 14, 14, *color);
+        c.text(x + 20, 493, legend, 1, bench_png::BLACK);
+        x += 20 + Canvas::text_width(legend, 1) + 34;
+    }
     c.text(
-        260,
+        x.max(260),
         493,
         &format!(
             "MEDIANS OF {} RUN(S), {} CORES",
@@ -749,4 +1020,89 @@ fn chart(report: &Value) -> Result<Vec<u8>> {
     );
     c.rect(600, 30, 1, 430, bench_png::GREY);
     c.png()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baseline_and_new_swap_places_kafka_stays_last() {
+        let s = sides(Path::new("new"), Some(Path::new("old")), true);
+        assert_eq!(run_order(&s, 0, 0), [0, 1, 2]);
+        assert_eq!(run_order(&s, 1, 0), [1, 0, 2]);
+        assert_eq!(run_order(&s, 2, 0), [0, 1, 2]);
+        assert_eq!(run_order(&s, 0, 1), [1, 0, 2]);
+        let s = sides(Path::new("new"), None, true);
+        assert_eq!(run_order(&s, 1, 0), [0, 1]);
+    }
+
+    #[test]
+    fn worse_means_less_throughput_or_more_of_the_rest() {
+        let ratio = json!({
+            "records_per_sec": 0.9, "mb_per_sec": 0.9, "p50_ms": 0.5, "p99_ms": 1.2,
+            "cpu_s": 1.04, "rss_mb": 1.06,
+        });
+        let tiny = worse_than_baseline(
+            "c",
+            &json!({"cpu_s": 2.0}),
+            &json!({"cpu_s": 0.02}),
+            &json!({"cpu_s": 0.01}),
+        );
+        assert!(tiny.is_empty());
+        let more = worse_than_baseline(
+            "c",
+            &json!({"cpu_s": 1.5}),
+            &json!({"cpu_s": 1.5}),
+            &json!({"cpu_s": 1.0}),
+        );
+        assert_eq!(more.len(), 1);
+        let new = json!({"cpu_s": 1.04});
+        let baseline = json!({"cpu_s": 1.0});
+        let metrics: Vec<Value> = worse_than_baseline("a", &ratio, &new, &baseline)
+            .iter()
+            .map(|w| w["metric"].clone())
+            .collect();
+        assert_eq!(
+            metrics,
+            [json!("records_per_sec"), json!("p99_ms"), json!("rss_mb")]
+        );
+    }
+
+    #[test]
+    fn markdown_has_the_rows_of_the_sides_present() {
+        let m = json!({"records_per_sec": 2.0, "p50_ms": 1.0});
+        let mut report = json!({
+            "command": "cargo xtask bench",
+            "repeat": 1,
+            "machine": {"cores": 2},
+            "warmup_records": 5,
+            "kafka": {"version": "4.4.0", "jvm": "-Xmx1g"},
+            "workloads": [{"id": "a", "name": "x", "gregor": m, "kafka": m,
+                           "ratio_gregor_over_kafka": ratios(&m, &m)}],
+        });
+        let md = markdown(&report);
+        assert!(md.contains("| (a) x | gregor | 2.0 |"), "{md}");
+        assert!(md.contains("|  | gregor/Kafka | 1.00 |"), "{md}");
+        assert!(!md.contains("baseline"), "{md}");
+        assert!(
+            md.contains("Apache Kafka 4.4.0 (-Xmx1g) and gregor, same load"),
+            "{md}"
+        );
+        assert!(md.contains("warmed up with 5 records on both)"), "{md}");
+        report["baseline"] = json!({"binary": "old", "new_binary": "new",
+                                    "worse_threshold": 0.05, "worse_than_baseline": []});
+        report["workloads"][0]["baseline"] = m.clone();
+        report["workloads"][0]["ratio_new_over_baseline"] = ratios(&m, &m);
+        let md = markdown(&report);
+        assert!(md.contains("| (a) x | gregor (new) | 2.0 |"), "{md}");
+        assert!(md.contains("|  | gregor (baseline) | 2.0 |"), "{md}");
+        assert!(md.contains("|  | new/baseline | 1.00 |"), "{md}");
+        assert!(md.contains("|  | Kafka | 2.0 |"), "{md}");
+        assert!(
+            md.contains("by more than 5% (new/baseline of the medians): none."),
+            "{md}"
+        );
+        assert!(chart(&report).is_ok());
+    }
 }

@@ -10,6 +10,7 @@ pub const BLACK: Rgb = [30, 30, 30];
 pub const GREY: Rgb = [200, 200, 200];
 pub const GREGOR: Rgb = [46, 117, 182];
 pub const KAFKA: Rgb = [237, 125, 49];
+pub const BASELINE: Rgb = [112, 173, 71];
 
 pub struct Canvas {
     width: usize,

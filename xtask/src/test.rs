@@ -261,6 +261,8 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 repeat: None,
                 only: vec![],
                 binary: Some(binary),
+                baseline: None,
+                no_kafka: false,
                 render: false,
             })
             .map(|_| ())
