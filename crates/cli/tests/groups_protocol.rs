@@ -491,3 +491,29 @@ fn producers_cannot_write_internal_topics() -> Result<()> {
         .is_some_and(|m| m.contains("internal topic")));
     Ok(())
 }
+
+/// A Metadata request that auto-creates `__consumer_offsets` creates it as the group
+/// coordinator's topic (`offsets.topic.num.partitions` partitions), so groups still find their
+/// coordinator afterwards.
+#[test]
+fn metadata_auto_creation_of_consumer_offsets_keeps_groups_working() -> Result<()> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    let g = Gregor::start(BIN, &["offsets.topic.num.partitions=5"])?;
+    let mut c = connect(&g)?;
+    let req = MetadataRequest::default()
+        .with_allow_auto_topic_creation(true)
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(sb("__consumer_offsets"))))
+        ]));
+    let ResponseKind::Metadata(m) = c.call_kind(ApiKey::Metadata, 12, &req.into())? else {
+        bail!("wrong response kind");
+    };
+    let t = &m.topics[0];
+    ensure!(t.error_code == 0, "metadata: {t:?}");
+    ensure!(t.partitions.len() == 5, "{} partitions", t.partitions.len());
+    ensure!(t.is_internal, "__consumer_offsets is internal");
+    for group in ["g1", "g2", "another-group"] {
+        find(&mut c, group)?;
+    }
+    Ok(())
+}

@@ -35,6 +35,16 @@ const NOT_AUTHORIZED: &str = "Authorization failed.";
 /// LEADER_NOT_AVAILABLE while no controller can take the change, as Kafka answers for a topic
 /// being created).
 pub async fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
+    // Internal topics are created with their coordinator's layout, never as ordinary topics
+    // (Kafka's AutoTopicCreationManager): a one-partition `__consumer_offsets` made by a
+    // Metadata request would leave every group without a coordinator.
+    if name == crate::group_coordinator::GROUP_METADATA_TOPIC_NAME {
+        return crate::coordinator_writer::ensure_offsets_topic(broker).await;
+    }
+    if super::produce::is_internal_topic(name) {
+        // No coordinator of gregor's owns it yet (transactions, share groups).
+        return Err(ec::UNKNOWN_TOPIC_OR_PARTITION);
+    }
     let t = NewTopic {
         name: name.to_string(),
         num_partitions: broker.config.num_partitions,
