@@ -45,6 +45,19 @@ struct TopicSlots {
     partitions: Vec<(i32, Result<usize, i16>)>,
 }
 
+/// Errors Kafka's `KafkaApis.handleFetch` and `ReplicaManager` find before reading the log.
+fn refused_before_read(code: i16) -> bool {
+    matches!(
+        code,
+        ec::UNKNOWN_TOPIC_OR_PARTITION
+            | ec::UNKNOWN_TOPIC_ID
+            | ec::NOT_LEADER_OR_FOLLOWER
+            | ec::FENCED_LEADER_EPOCH
+            | ec::UNKNOWN_LEADER_EPOCH
+            | ec::TOPIC_AUTHORIZATION_FAILED
+    )
+}
+
 fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> PartitionData {
     if r.error_code != ec::NONE {
         record_error(ApiKey::Fetch, r.error_code);
@@ -57,7 +70,10 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
         .with_log_start_offset(r.log_start_offset)
         .with_preferred_read_replica(BrokerId(-1))
         .with_aborted_transactions(
-            (isolation_level == 1 && r.error_code == ec::NONE).then(Vec::new),
+            // As Kafka: partitions refused before the read (unknown, not led here, fenced)
+            // carry the default empty list; read results carry a list for read_committed and
+            // null for read_uncommitted.
+            (isolation_level == 1 || refused_before_read(r.error_code)).then(Vec::new),
         )
         .with_records(Some(r.records.clone()))
 }
