@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -303,6 +303,7 @@ impl<H: RequestHandler> SocketServer<H> {
         let handler = self.handler.clone();
         let writer_activity = activity.clone();
         let writer = tokio::spawn(async move {
+            let _stopped = WriterStopped(writer_activity.clone());
             while let Some(slot) = rx.recv().await {
                 let (out, ctx) = match slot {
                     Slot::Ready(b, ctx) => (b, ctx),
@@ -319,6 +320,10 @@ impl<H: RequestHandler> SocketServer<H> {
                     if wr.write_all(&bytes).await.is_err() {
                         return;
                     }
+                    writer_activity
+                        .unsent_response_bytes
+                        .fetch_sub(bytes.len(), Ordering::AcqRel);
+                    writer_activity.response_written.notify_waiters();
                     writer_activity.touch();
                     if let Some(ctx) = ctx {
                         handler.response_sent(&ctx, started.elapsed());
@@ -336,6 +341,13 @@ impl<H: RequestHandler> SocketServer<H> {
         // Set when the client went away: its pending responses can no longer be delivered.
         let mut peer_closed = false;
         loop {
+            // Like Kafka muting a connection while its response is outstanding: no further
+            // request is read while more than MAX_UNSENT_RESPONSE_BYTES of responses wait for
+            // a client that does not read them, so pipelined large fetches cannot pile up
+            // responses in memory.
+            if !wait_for_unsent_responses(&activity, &mut shutdown).await {
+                break;
+            }
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
                 () = idle_expired(&activity, idle) => {
@@ -407,6 +419,11 @@ impl<H: RequestHandler> SocketServer<H> {
                             break;
                         }
                         Handled::Ready(b) => {
+                            if let Some(bytes) = &b {
+                                activity
+                                    .unsent_response_bytes
+                                    .fetch_add(bytes.len(), Ordering::AcqRel);
+                            }
                             span.in_scope(|| {
                                 debug!(
                                     duration_us = started.elapsed().as_micros() as u64,
@@ -415,20 +432,28 @@ impl<H: RequestHandler> SocketServer<H> {
                             });
                             Slot::Ready(b, Some(ctx))
                         }
-                        Handled::Deferred(fut) => Slot::Pending(
-                            AbortOnDrop(tokio::spawn(
-                                async move {
-                                    let out = fut.await;
-                                    debug!(
-                                        duration_us = started.elapsed().as_micros() as u64,
-                                        "handled"
-                                    );
-                                    out
-                                }
-                                .instrument(span),
-                            )),
-                            Some(ctx),
-                        ),
+                        Handled::Deferred(fut) => {
+                            let deferred_activity = activity.clone();
+                            Slot::Pending(
+                                AbortOnDrop(tokio::spawn(
+                                    async move {
+                                        let out = fut.await;
+                                        if let Some(bytes) = &out {
+                                            deferred_activity
+                                                .unsent_response_bytes
+                                                .fetch_add(bytes.len(), Ordering::AcqRel);
+                                        }
+                                        debug!(
+                                            duration_us = started.elapsed().as_micros() as u64,
+                                            "handled"
+                                        );
+                                        out
+                                    }
+                                    .instrument(span),
+                                )),
+                                Some(ctx),
+                            )
+                        }
                     }
                 }
                 Ok(DecodedRequest::UnsupportedApiVersions {
@@ -464,6 +489,35 @@ impl<H: RequestHandler> SocketServer<H> {
         }
         let _ = writer.await;
         debug!(%peer, "connection closed");
+    }
+}
+
+/// Responses a connection may have built and not yet sent before the broker stops reading its
+/// requests (bytes). Kafka handles one request per connection at a time; gregor pipelines
+/// small responses (an idempotent producer's five in-flight requests) but holds further reads
+/// while a client leaves large ones unread.
+pub const MAX_UNSENT_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Waits until the connection's unsent responses are at most [`MAX_UNSENT_RESPONSE_BYTES`].
+/// False when the broker shuts down or the connection's writer stopped meanwhile.
+async fn wait_for_unsent_responses(
+    activity: &Activity,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    loop {
+        let written = activity.response_written.notified();
+        tokio::pin!(written);
+        written.as_mut().enable();
+        if activity.writer_stopped.load(Ordering::Acquire) {
+            return false;
+        }
+        if activity.unsent_response_bytes.load(Ordering::Acquire) <= MAX_UNSENT_RESPONSE_BYTES {
+            return true;
+        }
+        tokio::select! {
+            () = &mut written => {}
+            _ = shutdown.changed() => return false,
+        }
     }
 }
 
@@ -512,6 +566,23 @@ struct Activity {
     opened: Instant,
     last_activity_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// Bytes of responses built and not yet written to the socket.
+    unsent_response_bytes: AtomicUsize,
+    /// Woken whenever the writer has written a response, and when it stops.
+    response_written: tokio::sync::Notify,
+    /// Set when the writer stopped (the socket failed or the connection is closing).
+    writer_stopped: AtomicBool,
+}
+
+/// Marks the writer stopped when its task ends, however it ends, and wakes a reader waiting
+/// for responses to drain.
+struct WriterStopped(Arc<Activity>);
+
+impl Drop for WriterStopped {
+    fn drop(&mut self) {
+        self.0.writer_stopped.store(true, Ordering::Release);
+        self.0.response_written.notify_waiters();
+    }
 }
 
 impl Activity {
@@ -520,6 +591,9 @@ impl Activity {
             opened: Instant::now(),
             last_activity_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            unsent_response_bytes: AtomicUsize::new(0),
+            response_written: tokio::sync::Notify::new(),
+            writer_stopped: AtomicBool::new(false),
         }
     }
 
