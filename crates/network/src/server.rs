@@ -320,9 +320,11 @@ impl<H: RequestHandler> SocketServer<H> {
                     if wr.write_all(&bytes).await.is_err() {
                         return;
                     }
-                    writer_activity
-                        .unsent_response_bytes
-                        .fetch_sub(bytes.len(), Ordering::AcqRel);
+                    let _ = writer_activity.unsent_response_bytes.fetch_update(
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                        |n| Some(n.saturating_sub(bytes.len())),
+                    );
                     writer_activity.response_written.notify_waiters();
                     writer_activity.touch();
                     if let Some(ctx) = ctx {
@@ -419,11 +421,6 @@ impl<H: RequestHandler> SocketServer<H> {
                             break;
                         }
                         Handled::Ready(b) => {
-                            if let Some(bytes) = &b {
-                                activity
-                                    .unsent_response_bytes
-                                    .fetch_add(bytes.len(), Ordering::AcqRel);
-                            }
                             span.in_scope(|| {
                                 debug!(
                                     duration_us = started.elapsed().as_micros() as u64,
@@ -477,6 +474,13 @@ impl<H: RequestHandler> SocketServer<H> {
                 }
             };
             activity.in_flight.fetch_add(1, Ordering::AcqRel);
+            // Every ready response is counted here, whichever path made it (deferred ones when
+            // they complete), so the writer's subtraction always has its addition.
+            if let Slot::Ready(Some(bytes), _) = &slot {
+                activity
+                    .unsent_response_bytes
+                    .fetch_add(bytes.len(), Ordering::AcqRel);
+            }
             if tx.send(slot).await.is_err() {
                 break;
             }
