@@ -66,56 +66,7 @@ const ATTR_TRANSACTIONAL: i16 = 0x10;
 const ATTR_CONTROL: i16 = 0x20;
 const ATTR_DELETE_HORIZON: i16 = 0x40;
 
-/// Compression codec in a batch's attributes (bits 0-2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Compression {
-    /// No compression.
-    None,
-    /// gzip (1).
-    Gzip,
-    /// Snappy (2), xerial-framed from Java clients, raw from some others.
-    Snappy,
-    /// LZ4 frame (3).
-    Lz4,
-    /// Zstandard (4).
-    Zstd,
-}
-
-impl Compression {
-    /// The codec for attribute bits 0-2, or `None` for the undefined values 5-7.
-    pub fn from_id(id: i16) -> Option<Self> {
-        match id {
-            0 => Some(Self::None),
-            1 => Some(Self::Gzip),
-            2 => Some(Self::Snappy),
-            3 => Some(Self::Lz4),
-            4 => Some(Self::Zstd),
-            _ => None,
-        }
-    }
-
-    /// Attribute bits 0-2 for this codec.
-    pub fn id(self) -> i16 {
-        match self {
-            Self::None => 0,
-            Self::Gzip => 1,
-            Self::Snappy => 2,
-            Self::Lz4 => 3,
-            Self::Zstd => 4,
-        }
-    }
-
-    /// Kafka's name for the codec (`compression.type` value).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Gzip => "gzip",
-            Self::Snappy => "snappy",
-            Self::Lz4 => "lz4",
-            Self::Zstd => "zstd",
-        }
-    }
-}
+pub use crate::compression::Compression;
 
 /// Timestamp type of a batch (attribute bit 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

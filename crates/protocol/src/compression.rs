@@ -22,8 +22,6 @@ use std::io::{Read, Write};
 
 use thiserror::Error;
 
-use crate::batch::Compression;
-
 /// Default bound on the decompressed size of one batch's records, in bytes (64 MiB).
 pub const DEFAULT_MAX_DECOMPRESSED_BYTES: usize = 64 * 1024 * 1024;
 
@@ -372,6 +370,57 @@ fn xerial_compress(data: &[u8]) -> Result<Vec<u8>, snap::Error> {
         out.extend_from_slice(&block);
     }
     Ok(out)
+}
+
+/// Compression codec in a batch's attributes (bits 0-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compression {
+    /// No compression.
+    None,
+    /// gzip (1).
+    Gzip,
+    /// Snappy (2), xerial-framed from Java clients, raw from some others.
+    Snappy,
+    /// LZ4 frame (3).
+    Lz4,
+    /// Zstandard (4).
+    Zstd,
+}
+
+impl Compression {
+    /// The codec for attribute bits 0-2, or `None` for the undefined values 5-7.
+    pub fn from_id(id: i16) -> Option<Self> {
+        match id {
+            0 => Some(Self::None),
+            1 => Some(Self::Gzip),
+            2 => Some(Self::Snappy),
+            3 => Some(Self::Lz4),
+            4 => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    /// Attribute bits 0-2 for this codec.
+    pub fn id(self) -> i16 {
+        match self {
+            Self::None => 0,
+            Self::Gzip => 1,
+            Self::Snappy => 2,
+            Self::Lz4 => 3,
+            Self::Zstd => 4,
+        }
+    }
+
+    /// Kafka's name for the codec (`compression.type` value).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Gzip => "gzip",
+            Self::Snappy => "snappy",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
 }
 
 #[cfg(test)]
