@@ -32,19 +32,9 @@ pub fn encode_frame<R: Encodable>(
     client_id: &str,
     body: &R,
 ) -> Result<Vec<u8>> {
-    let mut buf = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(correlation_id)
-        .with_client_id(Some(sb(client_id)))
-        .encode(&mut buf, key.request_header_version(version))
-        .with_context(|| format!("encoding the {key:?} v{version} header"))?;
-    body.encode(&mut buf, version)
-        .with_context(|| format!("encoding {key:?} v{version}"))?;
-    let mut frame = i32::try_from(buf.len())?.to_be_bytes().to_vec();
-    frame.extend_from_slice(&buf);
-    Ok(frame)
+    frame_with(key, version, correlation_id, client_id, |buf| {
+        body.encode(buf, version)
+    })
 }
 
 /// Like [`encode_frame`] for a [`RequestKind`].
@@ -58,6 +48,19 @@ pub fn encode_kind_frame(
     client_id: &str,
     body: &RequestKind,
 ) -> Result<Vec<u8>> {
+    frame_with(key, version, correlation_id, client_id, |buf| {
+        body.encode(buf, version)
+    })
+}
+
+/// The header, then whatever `body` writes, behind the frame's size.
+fn frame_with(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    client_id: &str,
+    body: impl FnOnce(&mut BytesMut) -> Result<()>,
+) -> Result<Vec<u8>> {
     let mut buf = BytesMut::new();
     RequestHeader::default()
         .with_request_api_key(key as i16)
@@ -66,8 +69,7 @@ pub fn encode_kind_frame(
         .with_client_id(Some(sb(client_id)))
         .encode(&mut buf, key.request_header_version(version))
         .with_context(|| format!("encoding the {key:?} v{version} header"))?;
-    body.encode(&mut buf, version)
-        .with_context(|| format!("encoding {key:?} v{version}"))?;
+    body(&mut buf).with_context(|| format!("encoding {key:?} v{version}"))?;
     let mut frame = i32::try_from(buf.len())?.to_be_bytes().to_vec();
     frame.extend_from_slice(&buf);
     Ok(frame)
