@@ -11,6 +11,7 @@
 
 pub mod context;
 pub mod handler;
+pub mod log_limit;
 pub mod pool;
 pub mod quotas;
 pub mod server;

@@ -35,6 +35,7 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use crate::context::{KafkaPrincipal, RequestContext, SecurityProtocol};
 use crate::handler::{Handled, RequestHandler};
+use crate::log_limit::{ACCEPT_FAILURE_WARNINGS, BAD_CONNECTION_WARNINGS};
 use crate::pool::{MemoryPool, Reservation};
 use crate::quotas::ConnectionQuotas;
 use crate::transport::{PlaintextTransportLayer, TransportLayer};
@@ -247,7 +248,9 @@ impl<H: RequestHandler> SocketServer<H> {
                 Ok(a) => a,
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
-                    warn!(error = %e, "accept failed");
+                    if let Some(suppressed) = ACCEPT_FAILURE_WARNINGS.check(Instant::now()) {
+                        warn!(error = %e, suppressed, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -367,7 +370,9 @@ impl<H: RequestHandler> SocketServer<H> {
                 }
                 Err(FrameReadError::Size(size)) => {
                     let max = self.config.socket_request_max_bytes;
-                    warn!(%peer, size, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
+                    if let Some(suppressed) = BAD_CONNECTION_WARNINGS.check(Instant::now()) {
+                        warn!(%peer, size, suppressed, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
+                    }
                     break;
                 }
             };
@@ -465,11 +470,15 @@ impl<H: RequestHandler> SocketServer<H> {
                     version,
                     correlation_id,
                 }) => {
-                    warn!(%peer, ?api_key, version, correlation_id, "unsupported request version; closing connection (as Kafka does)");
+                    if let Some(suppressed) = BAD_CONNECTION_WARNINGS.check(Instant::now()) {
+                        warn!(%peer, ?api_key, version, correlation_id, suppressed, "unsupported request version; closing connection (as Kafka does)");
+                    }
                     break;
                 }
                 Err(e) => {
-                    warn!(%peer, error = %e, "malformed request; closing connection");
+                    if let Some(suppressed) = BAD_CONNECTION_WARNINGS.check(Instant::now()) {
+                        warn!(%peer, error = %e, suppressed, "malformed request; closing connection");
+                    }
                     break;
                 }
             };
