@@ -10,7 +10,8 @@ use gregor_protocol::batch::{
     set_base_offset, set_log_append_time, set_partition_leader_epoch, validate_batch, BatchHeader,
     Batches, TimestampType,
 };
-use gregor_protocol::records::decode_records;
+use gregor_protocol::compression::DEFAULT_MAX_DECOMPRESSED_BYTES;
+use gregor_protocol::records::{decode_records, validate_records_bounded};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::sync_dir;
@@ -805,20 +806,25 @@ impl PartitionLog {
                 }
             }
             let h = validate_batch(rest)?;
-            if config.cleanup_compact && !h.is_control() {
-                // Kafka's `LogValidator.validateKey`: only compacted topics decode records here.
-                let records = decode_records(&rest[..h.total_size()])?;
-                if records.iter().any(|r| r.key.is_none()) {
-                    return Err(LogError::InvalidRecord(format!(
-                        "Compacted topic cannot accept message without key in topic partition {}.",
-                        self.topic_partition
-                    )));
-                }
-            }
             if h.is_control() {
                 return Err(LogError::InvalidRecord(
                     "clients are not allowed to write control records".into(),
                 ));
+            }
+            // Kafka's `LogValidator` iterates every record of every batch a client sends: the
+            // header's count must match the records, each must decode, and offset deltas must
+            // increase (a compressed batch is decompressed, at most
+            // DEFAULT_MAX_DECOMPRESSED_BYTES, to check it). Without this a batch claiming
+            // 2^31 - 1 records with one inside moved the log end offset by 2^31 - 1, and a
+            // gzip batch of garbage was stored and broke every consumer of the partition.
+            let summary =
+                validate_records_bounded(&rest[..h.total_size()], DEFAULT_MAX_DECOMPRESSED_BYTES)?;
+            if config.cleanup_compact && summary.any_null_key {
+                // Kafka's `LogValidator.validateKey`.
+                return Err(LogError::InvalidRecord(format!(
+                    "Compacted topic cannot accept message without key in topic partition {}.",
+                    self.topic_partition
+                )));
             }
             if h.has_producer_id() && h.base_sequence < 0 {
                 return Err(LogError::InvalidRecord(format!(

@@ -211,6 +211,75 @@ fn invalid_appends_are_rejected_with_kafka_codes() {
     assert_eq!(log.size_in_bytes(), 0);
 }
 
+/// Rewrites `batchLength` and the CRC after a test edited `b`.
+fn reseal(b: &mut [u8]) {
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = gregor_protocol::batch::compute_crc(b);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A client's batch is checked record by record, as Kafka's `LogValidator` does (new-user trial
+/// of issue 9, D2): before, these forged batches were stored with error 0: a count of 2^31 - 1
+/// with one record inside moved the log end offset by 2^31 - 1, and garbage inside a gzip
+/// batch was stored and broke every consumer of the partition.
+#[test]
+fn forged_batches_are_refused_record_by_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    let code = |mut b: Vec<u8>| {
+        log.append_as_leader(&mut b, 0, NOW_MS)
+            .unwrap_err()
+            .kafka_error_code()
+    };
+    // Header count 2^31 - 1 (and a matching lastOffsetDelta), one record inside.
+    let mut huge_count = batch(1, NOW_MS, 10);
+    huge_count[23..27].copy_from_slice(&(i32::MAX - 1).to_be_bytes());
+    huge_count[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
+    reseal(&mut huge_count);
+    assert_eq!(code(huge_count), 87);
+    // Count 1, two records inside.
+    let mut extra = batch(2, NOW_MS, 10);
+    extra[23..27].copy_from_slice(&0i32.to_be_bytes());
+    extra[57..61].copy_from_slice(&1i32.to_be_bytes());
+    reseal(&mut extra);
+    assert_eq!(code(extra), 87);
+    // A gzip batch whose compressed records are garbage.
+    let mut garbage = BatchBuilder::new(0, NOW_MS)
+        .compression(Compression::Gzip)
+        .record(NOW_MS, Some(b"k"), Some(&[7u8; 500]), &[])
+        .build();
+    for (i, byte) in garbage[61..].iter_mut().enumerate() {
+        *byte = (i * 31 + 7) as u8;
+    }
+    reseal(&mut garbage);
+    assert_eq!(code(garbage), 2);
+    // An uncompressed record whose key length runs past its end.
+    let mut bad_record = batch(1, NOW_MS, 10);
+    // Record layout: length varint, attributes, timestamp delta, offset delta, key length.
+    bad_record[61 + 4] = 0x7e; // zigzag 63: a 63-byte key in a 20-byte record
+    reseal(&mut bad_record);
+    assert_eq!(code(bad_record), 2);
+    assert_eq!(log.log_end_offset(), 0);
+    assert_eq!(log.size_in_bytes(), 0);
+    // A well-formed batch of each codec still goes in.
+    for codec in [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Lz4,
+        Compression::Zstd,
+        Compression::Snappy,
+    ] {
+        let mut ok = BatchBuilder::new(0, NOW_MS)
+            .compression(codec)
+            .record(NOW_MS, Some(b"k"), Some(b"v"), &[])
+            .record(NOW_MS, None, Some(b"w"), &[])
+            .build();
+        log.append_as_leader(&mut ok, 0, NOW_MS).unwrap();
+    }
+    assert_eq!(log.log_end_offset(), 10);
+}
+
 #[test]
 fn log_append_time_is_stamped() {
     let dir = tempfile::tempdir().unwrap();

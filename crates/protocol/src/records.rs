@@ -127,6 +127,80 @@ pub fn decode_records_bounded(
     batch: &[u8],
     max_decompressed_bytes: usize,
 ) -> Result<Vec<Record>, BatchError> {
+    let (h, section, count) = records_section(batch, max_decompressed_bytes)?;
+    let all = match section {
+        Section::Empty => return Ok(Vec::new()),
+        Section::Borrowed(b) => Bytes::copy_from_slice(b),
+        Section::Decompressed(v) => Bytes::from(v),
+    };
+    // The count comes from the wire: never reserve more than the bytes could hold.
+    let mut out = Vec::with_capacity(count.min(all.len() / (MIN_RECORD_BODY_BYTES + 1)));
+    walk_records(&all, count, h.last_offset_delta, |raw| {
+        out.push(raw.to_record(&all)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// What [`validate_records_bounded`] learned about a batch's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordsSummary {
+    /// Records found (equal to the header's `recordsCount`).
+    pub count: usize,
+    /// Whether some record has a null key (refused by compacted topics).
+    pub any_null_key: bool,
+}
+
+/// Checks every record of one whole v2 batch as [`decode_records_bounded`] does, without
+/// building the records: an uncompressed batch is walked in place (no copy, no allocation),
+/// a compressed one is decompressed once (at most `max_decompressed_bytes`) and walked. This is
+/// the produce path's record-level validation (Kafka's `LogValidator`, which iterates every
+/// record of every batch a client sends): it refuses a batch whose record count does not match
+/// its records, whose records do not decode, or whose offset deltas are not increasing.
+///
+/// # Errors
+/// As [`decode_records_bounded`].
+pub fn validate_records_bounded(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+) -> Result<RecordsSummary, BatchError> {
+    let (h, section, count) = records_section(batch, max_decompressed_bytes)?;
+    let records: &[u8] = match &section {
+        Section::Empty => &[],
+        Section::Borrowed(b) => b,
+        Section::Decompressed(v) => v,
+    };
+    let mut summary = RecordsSummary {
+        count: 0,
+        any_null_key: false,
+    };
+    if matches!(section, Section::Empty) {
+        return Ok(summary);
+    }
+    walk_records(records, count, h.last_offset_delta, |raw| {
+        summary.count += 1;
+        summary.any_null_key |= raw.key.is_none();
+        Ok(())
+    })?;
+    Ok(summary)
+}
+
+/// A batch's records section, ready to walk.
+enum Section<'a> {
+    /// `recordsCount` 0 and no bytes.
+    Empty,
+    /// Uncompressed: the bytes inside the batch.
+    Borrowed(&'a [u8]),
+    /// Decompressed into a new buffer.
+    Decompressed(Vec<u8>),
+}
+
+/// Checks the batch framing (length, magic, CRC, codec, count) and returns its header, its
+/// records section (decompressed if needed) and the record count.
+fn records_section(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+) -> Result<(BatchHeader, Section<'_>, usize), BatchError> {
     let h = BatchHeader::parse(batch)?;
     if h.magic != MAGIC_V2 {
         return Err(BatchError::UnsupportedMagic(h.magic));
@@ -170,9 +244,9 @@ pub fn decode_records_bounded(
         .map_err(|_| BatchError::Corrupt(format!("negative record count {}", h.records_count)))?;
     let section = batch.get(BATCH_HEADER_LEN..).unwrap_or_default();
     if count == 0 && section.is_empty() {
-        return Ok(Vec::new());
+        return Ok((h, Section::Empty, 0));
     }
-    let records = match codec {
+    let section = match codec {
         Compression::None => {
             if section.len() > max_decompressed_bytes {
                 return Err(BatchError::Invalid(format!(
@@ -180,33 +254,28 @@ pub fn decode_records_bounded(
                     section.len()
                 )));
             }
-            Bytes::copy_from_slice(section)
+            Section::Borrowed(section)
         }
-        _ => Bytes::from(
+        _ => Section::Decompressed(
             decompress_bounded(codec, section, max_decompressed_bytes).map_err(|e| match e {
                 CompressionError::TooLarge { .. } => BatchError::Invalid(e.to_string()),
                 _ => BatchError::Corrupt(e.to_string()),
             })?,
         ),
     };
-    let out = parse_records(&records, count)?;
-    match out.last() {
-        // The last record may sit below `lastOffsetDelta`: the cleaner keeps the original
-        // batch's last offset when it drops trailing records (Kafka's
-        // `MemoryRecordsBuilder.overrideLastOffset`), so only a larger delta is an error.
-        Some(last) if last.offset_delta > h.last_offset_delta => Err(BatchError::Invalid(format!(
-            "last record has offset delta {} but the batch header says {}",
-            last.offset_delta, h.last_offset_delta
-        ))),
-        _ => Ok(out),
-    }
+    Ok((h, section, count))
 }
 
-/// Parses exactly `count` records filling all of `records`.
-fn parse_records(records: &Bytes, count: usize) -> Result<Vec<Record>, BatchError> {
-    // The count comes from the wire: never reserve more than the bytes could hold.
-    let mut out = Vec::with_capacity(count.min(records.len() / (MIN_RECORD_BODY_BYTES + 1)));
-    let mut rest: &[u8] = records;
+/// Walks exactly `count` records filling all of `records`, handing each to `f`. Checks the
+/// count, that offset deltas are non-negative and strictly increasing, that the last is at
+/// most `last_offset_delta`, and that nothing follows the last record.
+fn walk_records<'a>(
+    records: &'a [u8],
+    count: usize,
+    last_offset_delta: i32,
+    mut f: impl FnMut(RawRecord<'a>) -> Result<(), BatchError>,
+) -> Result<(), BatchError> {
+    let mut rest: &'a [u8] = records;
     let mut prev_offset_delta: Option<i32> = None;
     for i in 0..count {
         if rest.is_empty() {
@@ -215,7 +284,7 @@ fn parse_records(records: &Bytes, count: usize) -> Result<Vec<Record>, BatchErro
             )));
         }
         let at = records.len() - rest.len();
-        let record = parse_record(records, &mut rest).map_err(|e| in_record(i, e))?;
+        let record = scan_record(&mut rest).map_err(|e| in_record(i, e))?;
         if record.offset_delta < 0 {
             return Err(BatchError::Invalid(format!(
                 "record {i}: negative offset delta {}",
@@ -231,7 +300,7 @@ fn parse_records(records: &Bytes, count: usize) -> Result<Vec<Record>, BatchErro
             }
         }
         prev_offset_delta = Some(record.offset_delta);
-        out.push(record);
+        f(record).map_err(|e| in_record(i, e))?;
     }
     if !rest.is_empty() {
         return Err(BatchError::Invalid(format!(
@@ -239,7 +308,15 @@ fn parse_records(records: &Bytes, count: usize) -> Result<Vec<Record>, BatchErro
             rest.len()
         )));
     }
-    Ok(out)
+    match prev_offset_delta {
+        // The last record may sit below `lastOffsetDelta`: the cleaner keeps the original
+        // batch's last offset when it drops trailing records (Kafka's
+        // `MemoryRecordsBuilder.overrideLastOffset`), so only a larger delta is an error.
+        Some(last) if last > last_offset_delta => Err(BatchError::Invalid(format!(
+            "last record has offset delta {last} but the batch header says {last_offset_delta}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn in_record(i: usize, e: BatchError) -> BatchError {
@@ -250,8 +327,45 @@ fn in_record(i: usize, e: BatchError) -> BatchError {
     }
 }
 
-/// Parses one record at the front of `rest` (a suffix of `all`), advancing `rest`.
-fn parse_record(all: &Bytes, rest: &mut &[u8]) -> Result<Record, BatchError> {
+/// One record as slices of the records section; its headers are checked but left encoded.
+struct RawRecord<'a> {
+    attributes: u8,
+    timestamp_delta: i64,
+    offset_delta: i32,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    header_count: usize,
+    /// The encoded headers, already checked by [`scan_record`].
+    headers: &'a [u8],
+}
+
+impl RawRecord<'_> {
+    /// The record with zero-copy slices of `all` (the section the slices point into).
+    fn to_record(&self, all: &Bytes) -> Result<Record, BatchError> {
+        let mut body = self.headers;
+        // Each header takes at least two bytes (two lengths).
+        let mut headers = Vec::with_capacity(self.header_count.min(body.len() / 2));
+        for j in 0..self.header_count {
+            let (key, value) = scan_header(&mut body, j)?;
+            let key = std::str::from_utf8(key)
+                .map_err(|e| BatchError::Corrupt(format!("header {j}: key is not UTF-8: {e}")))?
+                .to_owned();
+            headers.push((key, value.map(|v| all.slice_ref(v))));
+        }
+        Ok(Record {
+            offset_delta: self.offset_delta,
+            timestamp_delta: self.timestamp_delta,
+            attributes: self.attributes as i8,
+            key: self.key.map(|k| all.slice_ref(k)),
+            value: self.value.map(|v| all.slice_ref(v)),
+            headers,
+        })
+    }
+}
+
+/// Scans one record at the front of `rest`, advancing `rest`; every field, header included,
+/// is checked.
+fn scan_record<'a>(rest: &mut &'a [u8]) -> Result<RawRecord<'a>, BatchError> {
     let length = get_varint(rest)?;
     let length = usize::try_from(length)
         .map_err(|_| BatchError::Corrupt(format!("record length {length}")))?;
@@ -270,28 +384,16 @@ fn parse_record(all: &Bytes, rest: &mut &[u8]) -> Result<Record, BatchError> {
     body = tail;
     let timestamp_delta = get_varlong(&mut body)?;
     let offset_delta = get_varint(&mut body)?;
-    let key = get_nullable_bytes(all, &mut body, "key")?;
-    let value = get_nullable_bytes(all, &mut body, "value")?;
+    let key = get_nullable_slice(&mut body, "key")?;
+    let value = get_nullable_slice(&mut body, "value")?;
     let header_count = get_varint(&mut body)?;
     let header_count = usize::try_from(header_count)
         .map_err(|_| BatchError::Corrupt(format!("header count {header_count}")))?;
-    // Each header takes at least two bytes (two lengths).
-    let mut headers = Vec::with_capacity(header_count.min(body.len() / 2));
+    let headers = body;
     for j in 0..header_count {
-        let key_len = get_varint(&mut body)?;
-        let key_len = usize::try_from(key_len)
-            .map_err(|_| BatchError::Corrupt(format!("header {j}: key length {key_len}")))?;
-        let key_bytes = take(&mut body, key_len).ok_or_else(|| {
-            BatchError::Corrupt(format!(
-                "header {j}: key length {key_len} but only {} bytes remain",
-                body.len()
-            ))
-        })?;
-        let key = std::str::from_utf8(key_bytes)
-            .map_err(|e| BatchError::Corrupt(format!("header {j}: key is not UTF-8: {e}")))?
-            .to_owned();
-        let value = get_nullable_bytes(all, &mut body, &format!("header {j}: value"))?;
-        headers.push((key, value));
+        let (key, _) = scan_header(&mut body, j)?;
+        std::str::from_utf8(key)
+            .map_err(|e| BatchError::Corrupt(format!("header {j}: key is not UTF-8: {e}")))?;
     }
     if !body.is_empty() {
         return Err(BatchError::Corrupt(format!(
@@ -299,14 +401,34 @@ fn parse_record(all: &Bytes, rest: &mut &[u8]) -> Result<Record, BatchError> {
             body.len()
         )));
     }
-    Ok(Record {
-        offset_delta,
+    Ok(RawRecord {
+        attributes,
         timestamp_delta,
-        attributes: attributes as i8,
+        offset_delta,
         key,
         value,
+        header_count,
         headers,
     })
+}
+
+/// Scans header `j` at the front of `body`: its key bytes and nullable value.
+#[allow(clippy::type_complexity)]
+fn scan_header<'a>(
+    body: &mut &'a [u8],
+    j: usize,
+) -> Result<(&'a [u8], Option<&'a [u8]>), BatchError> {
+    let key_len = get_varint(body)?;
+    let key_len = usize::try_from(key_len)
+        .map_err(|_| BatchError::Corrupt(format!("header {j}: key length {key_len}")))?;
+    let key = take(body, key_len).ok_or_else(|| {
+        BatchError::Corrupt(format!(
+            "header {j}: key length {key_len} but only {} bytes remain",
+            body.len()
+        ))
+    })?;
+    let value = get_nullable_slice(body, &format!("header {j}: value"))?;
+    Ok((key, value))
 }
 
 /// Splits `n` bytes off the front of `buf`, or `None` if fewer remain.
@@ -319,12 +441,8 @@ fn take<'a>(buf: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
     Some(head)
 }
 
-/// Reads a varint length (-1 = null) and that many bytes, as a zero-copy slice of `all`.
-fn get_nullable_bytes(
-    all: &Bytes,
-    buf: &mut &[u8],
-    what: &str,
-) -> Result<Option<Bytes>, BatchError> {
+/// Reads a varint length (-1 = null) and that many bytes.
+fn get_nullable_slice<'a>(buf: &mut &'a [u8], what: &str) -> Result<Option<&'a [u8]>, BatchError> {
     let len = get_varint(buf)?;
     if len == -1 {
         return Ok(None);
@@ -337,7 +455,7 @@ fn get_nullable_bytes(
             buf.len()
         ))
     })?;
-    Ok(Some(all.slice_ref(bytes)))
+    Ok(Some(bytes))
 }
 
 #[cfg(test)]
@@ -641,6 +759,26 @@ mod tests {
         proptest::sample::select(ALL.to_vec())
     }
 
+    /// A compressed batch that inflates past the limit is refused, not stored (a gzip bomb:
+    /// 4 MiB of zeros in a few KB), whatever its codec.
+    #[test]
+    fn validation_refuses_a_batch_that_decompresses_past_the_limit() {
+        let zeros = vec![0u8; 4 << 20];
+        for codec in ALL {
+            let b = BatchBuilder::new(0, 0)
+                .compression(codec)
+                .record(0, None, Some(&zeros), &[])
+                .build();
+            let e = validate_records_bounded(&b, 1 << 20).unwrap_err();
+            assert!(matches!(e, BatchError::Invalid(_)), "{codec:?}: {e}");
+            assert_eq!(
+                validate_records_bounded(&b, 8 << 20).unwrap().count,
+                1,
+                "{codec:?}"
+            );
+        }
+    }
+
     proptest! {
         #[test]
         fn built_batches_decode_identically(
@@ -657,6 +795,9 @@ mod tests {
             prop_assert_eq!(h.compression(), Some(codec));
             let rs = decode_records(&b).unwrap();
             prop_assert_eq!(rs.len(), specs.len());
+            let summary = validate_records_bounded(&b, DEFAULT_MAX_DECOMPRESSED_BYTES).unwrap();
+            prop_assert_eq!(summary.count, specs.len());
+            prop_assert_eq!(summary.any_null_key, specs.iter().any(|s| s.1.is_none()));
             for (i, (r, (ts, k, v, hs))) in rs.iter().zip(&specs).enumerate() {
                 prop_assert_eq!(r.offset_delta, i as i32);
                 prop_assert_eq!(r.timestamp_delta, *ts);
@@ -688,7 +829,17 @@ mod tests {
                 b[BATCH_HEADER_LEN + at % section] ^= x | 1;
             }
             reseal(&mut b);
-            let _ = decode_records(&b);
+            // The produce path's validator accepts exactly what the decoder accepts.
+            let decoded = decode_records(&b);
+            let validated = validate_records_bounded(&b, DEFAULT_MAX_DECOMPRESSED_BYTES);
+            match (&decoded, &validated) {
+                (Ok(rs), Ok(summary)) => {
+                    prop_assert_eq!(rs.len(), summary.count);
+                    prop_assert_eq!(rs.iter().any(|r| r.key.is_none()), summary.any_null_key);
+                }
+                (Err(d), Err(v)) => prop_assert_eq!(d.to_string(), v.to_string()),
+                _ => prop_assert!(false, "decode {:?} but validate {:?}", decoded, validated),
+            }
         }
 
         #[test]
