@@ -17,9 +17,10 @@
 //!           value: byte[]]
 //! ```
 //!
-//! Varints are zigzag-encoded as in protobuf. Decoding is only needed where the broker must
-//! look inside a batch (compaction keys, re-compression, tests); the produce path stores
-//! batches as received.
+//! Varints are zigzag-encoded as in protobuf. The produce path checks every record without
+//! building them ([`validate_records_bounded`]) and stores batches as received; decoding into
+//! [`Record`]s is for where the broker must look inside a batch (compaction, re-compression,
+//! tests).
 //!
 //! Error kinds: bytes that cannot be decoded (truncation, overlong varints, impossible lengths,
 //! invalid UTF-8, codec failures) are [`BatchError::Corrupt`]; well-formed records that break a
