@@ -203,6 +203,8 @@ pub struct Instance {
     pub data_dir: PathBuf,
     /// `.cache/kafka/instances/<port>/`: properties, pid file, server log.
     pub dir: PathBuf,
+    /// `key=value` lines appended to the generated `server.properties` (later lines win).
+    pub extra_properties: Vec<String>,
 }
 
 impl Instance {
@@ -236,6 +238,7 @@ impl Instance {
                 .join("kafka")
                 .join("instances")
                 .join(port.to_string()),
+            extra_properties: Vec::new(),
         })
     }
 
@@ -303,7 +306,7 @@ impl Instance {
             "share.coordinator.state.topic.min.isr=1".to_string(),
             "group.initial.rebalance.delay.ms=0".to_string(),
         ];
-        for line in lines {
+        for line in lines.iter().chain(&self.extra_properties) {
             let _ = writeln!(p, "{line}");
         }
         p
