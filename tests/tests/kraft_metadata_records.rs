@@ -7,8 +7,10 @@
 //!   shows with its fields, and no decode error.
 //! - `regenerate_kafka_cluster_metadata_fixture` (ignored; run it by name to refresh the
 //!   fixture): starts Kafka, creates, alters and deletes topics, configs, quotas, SCRAM
-//!   credentials and ACLs, produces once, stops Kafka and copies its metadata log, newest
-//!   snapshot and `bootstrap.checkpoint` to `crates/protocol/tests/data/kraft-4.4.0/`, which
+//!   credentials and ACLs, produces once, stops Kafka and copies its metadata log, its
+//!   bootstrap snapshot (`00000000000000000000-0000000000.checkpoint`, what 4.4's
+//!   `kafka-storage format` writes) and newest snapshot to
+//!   `crates/protocol/tests/data/kraft-4.4.0/`, which
 //!   `crates/protocol/tests/metadata_log_fixture.rs` decodes.
 //!
 //! Both skip, saying so, only when the Kafka jars cannot be fetched (`cargo xtask kafka fetch`
@@ -918,15 +920,28 @@ fn regenerate_kafka_cluster_metadata_fixture() {
         .filter(|p| p.extension().is_some_and(|e| e == "checkpoint"))
         .collect();
     checkpoints.sort();
-    let newest = checkpoints.last().expect("Kafka wrote a snapshot");
-    for file in [src.join("00000000000000000000.log"), newest.clone()] {
-        std::fs::copy(&file, out.join(file.file_name().expect("a name"))).expect("copying");
+    // Kafka 4.4's `kafka-storage format` writes the bootstrap metadata as the snapshot
+    // 00000000000000000000-0000000000.checkpoint (older releases wrote bootstrap.checkpoint
+    // next to meta.properties, copied too if present); the newest snapshot holds the image.
+    let bootstrap = checkpoints.first().expect("the bootstrap snapshot").clone();
+    let newest = checkpoints.last().expect("Kafka wrote a snapshot").clone();
+    assert_ne!(
+        bootstrap, newest,
+        "Kafka wrote no snapshot after the changes"
+    );
+    let mut files = vec![src.join("00000000000000000000.log"), bootstrap, newest];
+    let legacy = instance.data_dir.join("bootstrap.checkpoint");
+    if legacy.exists() {
+        files.push(legacy);
     }
-    std::fs::copy(
-        instance.data_dir.join("bootstrap.checkpoint"),
-        out.join("bootstrap.checkpoint"),
-    )
-    .expect("copying bootstrap.checkpoint");
+    for file in files {
+        let to = out.join(file.file_name().expect("a name"));
+        std::fs::copy(&file, &to).expect("copying");
+        // Kafka makes snapshots read-only; the fixture must stay replaceable.
+        let mut perms = std::fs::metadata(&to).expect("metadata").permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o644);
+        std::fs::set_permissions(&to, perms).expect("chmod");
+    }
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline && instance.data_dir.exists() {
         let _ = std::fs::remove_dir_all(&instance.data_dir);
