@@ -45,6 +45,9 @@ pub const FRAME_VERSION: u32 = 1;
 /// Longest string Kafka writes or reads in a generated message, in bytes (`0x7fff`).
 pub const MAX_STRING_BYTES: usize = 0x7fff;
 
+/// Most elements an array decode reserves room for before reading them.
+const MAX_PREALLOCATED_ELEMENTS: usize = 1024;
+
 /// `ConfigResource.Type` ids, the `ResourceType` of a [`ConfigRecord`].
 pub mod config_resource_type {
     /// A topic; the resource name is the topic name.
@@ -419,7 +422,9 @@ impl<'a> Decoder<'a> {
         if n.saturating_mul(min_element_bytes) > self.remaining() {
             return Err(self.invalid(field, "has more elements than the bytes left can hold"));
         }
-        let mut out = Vec::with_capacity(n);
+        // Elements decode to more memory than their minimum encoding (a struct's Strings and
+        // Vecs): reserve a bounded amount and let the vector grow with what actually decodes.
+        let mut out = Vec::with_capacity(n.min(MAX_PREALLOCATED_ELEMENTS));
         for _ in 0..n {
             out.push(element(self)?);
         }
