@@ -565,6 +565,53 @@ mod tests {
         );
     }
 
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any records at any of their versions, in batches laid end to end, read back as
+        /// written (fields a version lacks as defaults), with contiguous offsets.
+        #[test]
+        fn batches_of_any_records_read_back(
+            batches in proptest::collection::vec(
+                proptest::collection::vec(
+                    crate::metadata_records::generated::arbitrary::metadata_record()
+                        .prop_flat_map(|r| {
+                            let t = r.record_type();
+                            (Just(r), t.lowest_version..=t.highest_version)
+                        }),
+                    1..5,
+                ),
+                1..4,
+            )
+        ) {
+            let mut segment = Vec::new();
+            let mut expected = Vec::new();
+            let mut offset = 0i64;
+            for (epoch, records) in batches.into_iter().enumerate() {
+                let records: Vec<ApiMessageAndVersion> = records
+                    .into_iter()
+                    .map(|(mut r, v)| {
+                        r.clear_absent_fields(v);
+                        ApiMessageAndVersion::new(r, v)
+                    })
+                    .collect();
+                let epoch = i32::try_from(epoch).unwrap();
+                segment.extend(build_metadata_batch(offset, epoch, 7, &records).unwrap());
+                expected.push((offset, epoch, records.clone()));
+                offset += i64::try_from(records.len()).unwrap();
+            }
+            let got: Vec<_> = MetadataLogBatches::new(&segment)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            prop_assert_eq!(got.len(), expected.len());
+            for (b, (offset, epoch, records)) in got.into_iter().zip(expected) {
+                prop_assert_eq!(b.header.base_offset, offset);
+                prop_assert_eq!(b.header.partition_leader_epoch, epoch);
+                prop_assert_eq!(b.records, BatchRecords::Metadata(records));
+            }
+        }
+    }
+
     #[test]
     fn unknown_control_types_are_kept_raw() {
         let other = ControlRecord::Other {
