@@ -205,6 +205,9 @@ pub struct Instance {
     pub dir: PathBuf,
     /// `key=value` lines appended to the generated `server.properties` (later lines win).
     pub extra_properties: Vec<String>,
+    /// A dynamic quorum (KIP-853, `kraft.version` 1): `controller.quorum.bootstrap.servers`
+    /// and `kafka-storage format --standalone` instead of `controller.quorum.voters`.
+    pub standalone: bool,
 }
 
 impl Instance {
@@ -239,6 +242,7 @@ impl Instance {
                 .join("instances")
                 .join(port.to_string()),
             extra_properties: Vec::new(),
+            standalone: false,
         })
     }
 
@@ -284,10 +288,17 @@ impl Instance {
                 .to_string(),
             "node.id=1".to_string(),
             "process.roles=broker,controller".to_string(),
-            format!(
-                "controller.quorum.voters=1@127.0.0.1:{}",
-                self.controller_port
-            ),
+            if self.standalone {
+                format!(
+                    "controller.quorum.bootstrap.servers=127.0.0.1:{}",
+                    self.controller_port
+                )
+            } else {
+                format!(
+                    "controller.quorum.voters=1@127.0.0.1:{}",
+                    self.controller_port
+                )
+            },
             format!(
                 "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
                 self.port, self.controller_port
@@ -331,17 +342,18 @@ impl Instance {
         std::fs::write(&props, self.server_properties())
             .with_context(|| format!("writing {}", props.display()))?;
 
-        let mut format = tool_command(
-            "kafka.tools.StorageTool",
-            &[
-                "format".into(),
-                "--cluster-id".into(),
-                random_cluster_id()?,
-                "--config".into(),
-                props.display().to_string(),
-                "--ignore-formatted".into(),
-            ],
-        )?;
+        let mut format_args = vec![
+            "format".into(),
+            "--cluster-id".into(),
+            random_cluster_id()?,
+            "--config".into(),
+            props.display().to_string(),
+            "--ignore-formatted".into(),
+        ];
+        if self.standalone {
+            format_args.push("--standalone".into());
+        }
+        let mut format = tool_command("kafka.tools.StorageTool", &format_args)?;
         let out = format.output().context("running kafka-storage format")?;
         if !out.status.success() {
             bail!(

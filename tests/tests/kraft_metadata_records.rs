@@ -908,12 +908,17 @@ fn regenerate_kafka_cluster_metadata_fixture() {
     std::thread::sleep(Duration::from_secs(6));
     guard.stop().expect("stopping Kafka");
 
+    copy_fixture(&instance, &fixture_dir(), true);
+}
+
+/// Copies a stopped instance's metadata log, its bootstrap snapshot and (`with_snapshot`) its
+/// newest snapshot into `out`, replacing what was there, then removes the data dir.
+fn copy_fixture(instance: &Instance, out: &Path, with_snapshot: bool) {
     let src = instance.data_dir.join("__cluster_metadata-0");
-    let out = fixture_dir();
     if out.exists() {
-        std::fs::remove_dir_all(&out).expect("clearing the old fixture");
+        std::fs::remove_dir_all(out).expect("clearing the old fixture");
     }
-    std::fs::create_dir_all(&out).expect("the fixture dir");
+    std::fs::create_dir_all(out).expect("the fixture dir");
     let mut checkpoints: Vec<PathBuf> = std::fs::read_dir(&src)
         .expect("the metadata log dir")
         .map(|e| e.expect("an entry").path())
@@ -924,12 +929,15 @@ fn regenerate_kafka_cluster_metadata_fixture() {
     // 00000000000000000000-0000000000.checkpoint (older releases wrote bootstrap.checkpoint
     // next to meta.properties, copied too if present); the newest snapshot holds the image.
     let bootstrap = checkpoints.first().expect("the bootstrap snapshot").clone();
-    let newest = checkpoints.last().expect("Kafka wrote a snapshot").clone();
-    assert_ne!(
-        bootstrap, newest,
-        "Kafka wrote no snapshot after the changes"
-    );
-    let mut files = vec![src.join("00000000000000000000.log"), bootstrap, newest];
+    let mut files = vec![src.join("00000000000000000000.log"), bootstrap.clone()];
+    if with_snapshot {
+        let newest = checkpoints.last().expect("Kafka wrote a snapshot").clone();
+        assert_ne!(
+            bootstrap, newest,
+            "Kafka wrote no snapshot after the changes"
+        );
+        files.push(newest);
+    }
     let legacy = instance.data_dir.join("bootstrap.checkpoint");
     if legacy.exists() {
         files.push(legacy);
@@ -947,5 +955,47 @@ fn regenerate_kafka_cluster_metadata_fixture() {
         let _ = std::fs::remove_dir_all(&instance.data_dir);
     }
     eprintln!("fixture written to {}", out.display());
-    let _ = Command::new("ls").arg("-l").arg(&out).status();
+    let _ = Command::new("ls").arg("-l").arg(out).status();
+}
+
+/// Refreshes `crates/protocol/tests/data/kraft-4.4.0-standalone/`: a dynamic quorum (KIP-853,
+/// `kafka-storage format --standalone`), whose bootstrap snapshot and log carry Kafka's own
+/// KRaftVersion and KRaftVoters control records; one topic `events` is created.
+/// `cargo test -p gregor-tests --test kraft_metadata_records -- --ignored regenerate`.
+#[test]
+#[ignore = "rewrites a committed fixture; run by name"]
+fn regenerate_kafka_standalone_quorum_fixture() {
+    assert!(
+        kafka_jars(),
+        "the Kafka jars are needed to regenerate the fixture"
+    );
+    let port = free_port().expect("a free port");
+    let mut instance = Instance::new(port, None, None).expect("an instance");
+    instance.standalone = true;
+    let child = instance.spawn().expect("starting Kafka");
+    let mut guard = ChildGuard::new("kafka", child);
+    instance
+        .wait_ready(|| guard.check_alive())
+        .expect("Kafka ready");
+    run_tool(
+        "kafka-topics",
+        &[
+            "--bootstrap-server",
+            &instance.bootstrap(),
+            "--create",
+            "--topic",
+            "events",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+        ],
+        None,
+    );
+    guard.stop().expect("stopping Kafka");
+    copy_fixture(
+        &instance,
+        &repo_root().join("crates/protocol/tests/data/kraft-4.4.0-standalone"),
+        false,
+    );
 }

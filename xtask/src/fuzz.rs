@@ -473,7 +473,7 @@ mod seeds {
 
     /// KIP-631 records: every record type at every version (schema defaults), a segment of a
     /// control batch and data batches, and the metadata log, snapshot and bootstrap checkpoint
-    /// a real Kafka 4.4.0 controller wrote (`crates/protocol/tests/data/kraft-4.4.0/`).
+    /// real Kafka 4.4.0 controllers wrote (`crates/protocol/tests/data/kraft-4.4.0*/`).
     fn metadata_records() -> Result<Vec<Vec<u8>>> {
         use gregor_protocol::kafka_protocol::messages::KRaftVersionRecord;
         use gregor_protocol::metadata_records::log::{
@@ -502,15 +502,19 @@ mod seeds {
         let records: Vec<ApiMessageAndVersion> = all;
         segment.extend(build_metadata_batch(1, 1, 1_700_000_000_000, &records)?);
         out.push(segment);
-        let fixture = repo_root().join("crates/protocol/tests/data/kraft-4.4.0");
-        let mut files: Vec<_> = std::fs::read_dir(&fixture)
-            .with_context(|| format!("reading {}", fixture.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension()
-                    .is_some_and(|e| e == "log" || e == "checkpoint")
-            })
-            .collect();
+        let mut files = Vec::new();
+        for dir in ["kraft-4.4.0", "kraft-4.4.0-standalone"] {
+            let fixture = repo_root().join("crates/protocol/tests/data").join(dir);
+            files.extend(
+                std::fs::read_dir(&fixture)
+                    .with_context(|| format!("reading {}", fixture.display()))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        p.extension()
+                            .is_some_and(|e| e == "log" || e == "checkpoint")
+                    }),
+            );
+        }
         files.sort();
         for f in files {
             out.push(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?);

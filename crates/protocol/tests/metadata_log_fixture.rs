@@ -31,14 +31,25 @@ use gregor_protocol::metadata_records::{
 use gregor_protocol::records::decode_records;
 use uuid::Uuid;
 
-fn path(name: &str) -> PathBuf {
+/// The static-quorum fixture.
+const STATIC: &str = "kraft-4.4.0";
+/// The dynamic-quorum fixture (KIP-853, `kafka-storage format --standalone`): one topic
+/// `events`, KRaftVersion and KRaftVoters control records in the bootstrap snapshot and log.
+const STANDALONE: &str = "kraft-4.4.0-standalone";
+
+fn path_in(dir: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/kraft-4.4.0")
+        .join("tests/data")
+        .join(dir)
         .join(name)
 }
 
-fn files() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(path(""))
+fn path(name: &str) -> PathBuf {
+    path_in(STATIC, name)
+}
+
+fn files_in(dir: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(path_in(dir, ""))
         .expect("the fixture directory")
         .map(|e| e.expect("an entry").path())
         .filter(|p| {
@@ -48,6 +59,10 @@ fn files() -> Vec<PathBuf> {
         .collect();
     out.sort();
     out
+}
+
+fn files() -> Vec<PathBuf> {
+    files_in(STATIC)
 }
 
 /// Every batch of a file; the file must decode to its end.
@@ -161,7 +176,7 @@ impl Image {
 #[test]
 fn every_record_and_batch_kafka_wrote_re_encodes_byte_for_byte() {
     let mut records_checked = 0;
-    for file in files() {
+    for file in files_in(STATIC).into_iter().chain(files_in(STANDALONE)) {
         let buf = std::fs::read(&file).expect("a fixture file");
         for b in batches(&file) {
             let raw = &buf[b.position..b.position + b.header.total_size()];
@@ -516,4 +531,80 @@ fn kafkas_records_are_written_at_the_versions_metadata_version_33_uses() {
         version_of("BrokerRegistrationChangeRecord"),
         BTreeSet::from([0, 1, 3])
     );
+}
+
+#[test]
+fn a_dynamic_quorum_writes_kraft_version_and_voters() {
+    let check_voters = |ctl: &[ControlRecord]| -> Uuid {
+        let version = ctl
+            .iter()
+            .find_map(|c| match c {
+                ControlRecord::KRaftVersion(v) => Some(v.k_raft_version),
+                _ => None,
+            })
+            .expect("a KRaftVersion record");
+        assert_eq!(version, 1, "a dynamic quorum is kraft.version 1");
+        let voters = ctl
+            .iter()
+            .find_map(|c| match c {
+                ControlRecord::KRaftVoters(v) => Some(v),
+                _ => None,
+            })
+            .expect("a KRaftVoters record");
+        assert_eq!(voters.voters.len(), 1);
+        let v = &voters.voters[0];
+        assert_eq!(v.voter_id.0, 1);
+        assert_eq!(v.endpoints.len(), 1);
+        assert_eq!(v.endpoints[0].name.as_str(), "CONTROLLER");
+        assert_eq!(v.endpoints[0].host.as_str(), "127.0.0.1");
+        assert_eq!(
+            (
+                v.k_raft_version_feature.min_supported_version,
+                v.k_raft_version_feature.max_supported_version
+            ),
+            (0, 1)
+        );
+        assert!(!v.voter_directory_id.is_nil());
+        v.voter_directory_id
+    };
+    let bootstrap = batches(&path_in(
+        STANDALONE,
+        "00000000000000000000-0000000000.checkpoint",
+    ));
+    let ctl = control(&bootstrap);
+    assert!(matches!(ctl[0], ControlRecord::SnapshotHeader(_)));
+    let dir_id = check_voters(&ctl);
+    assert_eq!(
+        feature_levels(&metadata(&bootstrap))["metadata.version"],
+        33
+    );
+
+    let log = batches(&path_in(STANDALONE, "00000000000000000000.log"));
+    let first: Vec<i16> = control(&log[..1])
+        .iter()
+        .map(ControlRecord::record_type)
+        .collect();
+    // The new leader's first batch: LeaderChange, then the quorum's version and voters.
+    assert_eq!(first, [2, 5, 6]);
+    assert_eq!(check_voters(&control(&log)), dir_id);
+    let records = metadata(&log);
+    let mut image = Image::default();
+    for r in &records {
+        image.apply(r);
+    }
+    assert_eq!(
+        image.topics_by_name(),
+        BTreeMap::from([("events".to_string(), vec![0])])
+    );
+    // One log dir, shared by the metadata log and the partition: the voter's directory id
+    // is the partition's.
+    let dirs: Vec<Uuid> = records
+        .iter()
+        .filter_map(|r| match r {
+            MetadataRecord::Partition(p) => Some(p.directories.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(dirs, [dir_id]);
 }
