@@ -325,6 +325,16 @@ impl Instance {
 
     /// Writes the configuration, formats storage and starts the broker; does not wait.
     pub fn spawn(&self) -> Result<Child> {
+        self.format()?;
+        self.start()
+    }
+
+    /// Wipes the data dir, writes the configuration and formats storage
+    /// (`kafka-storage format`), without starting the broker.
+    ///
+    /// # Errors
+    /// When a port is taken, a file cannot be written or the format fails.
+    pub fn format(&self) -> Result<()> {
         // Otherwise the readiness probe could be answered by whatever already listens there.
         for port in [self.port, self.controller_port] {
             std::net::TcpListener::bind(("127.0.0.1", port))
@@ -363,7 +373,15 @@ impl Instance {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        Ok(())
+    }
 
+    /// Starts the broker on the formatted data dir ([`Instance::format`]); does not wait.
+    ///
+    /// # Errors
+    /// When the log file cannot be created or java does not start.
+    pub fn start(&self) -> Result<Child> {
+        let props = self.dir.join("server.properties");
         let log = std::fs::File::create(self.server_log())
             .with_context(|| format!("creating {}", self.server_log().display()))?;
         let mut cmd = java_command(

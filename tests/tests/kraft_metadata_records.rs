@@ -29,7 +29,7 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use gregor_protocol::metadata_records::log::{
-    build_control_batch, build_metadata_batch, ControlRecord,
+    build_control_batch, build_metadata_batch, BatchRecords, ControlRecord, MetadataLogBatches,
 };
 use gregor_protocol::metadata_records::*;
 use gregor_tests::process::{free_port, repo_root, ChildGuard};
@@ -693,6 +693,179 @@ fn kafka_dump_log_reads_every_record_we_write() {
         "{dump}"
     );
     assert!(dump.contains("SnapshotFooter {\"version\":0}"), "{dump}");
+}
+
+/// A Kafka controller and broker start on a `__cluster_metadata` log gregor wrote (a leader's
+/// LeaderChange, the bootstrap feature levels in a metadata transaction, a topic with two
+/// partitions and a config), serve that topic as described, and append to the log; the whole
+/// log, gregor's batches and Kafka's, then decodes.
+#[test]
+fn a_kafka_controller_starts_from_a_log_gregor_wrote() {
+    if !kafka_jars() {
+        return;
+    }
+    let port = free_port().expect("a free port");
+    let instance = Instance::new(port, None, None).expect("an instance");
+    instance.format().expect("kafka-storage format");
+    let log_dir = instance.data_dir.join("__cluster_metadata-0");
+    assert!(
+        log_dir.is_dir(),
+        "kafka-storage format made {}",
+        log_dir.display()
+    );
+
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("a timestamp");
+    let epoch = 1;
+    let voter = |id: i32| {
+        gregor_protocol::kafka_protocol::messages::leader_change_message::Voter::default()
+            .with_voter_id(id)
+    };
+    let mut segment = build_control_batch(
+        0,
+        epoch,
+        now_ms,
+        &[ControlRecord::LeaderChange(
+            LeaderChangeMessage::default()
+                .with_leader_id(1.into())
+                .with_voters(vec![voter(1)])
+                .with_granting_voters(vec![voter(1)]),
+        )],
+    )
+    .expect("control batch");
+    let feature = |name: &str, level: i16| {
+        ApiMessageAndVersion::new(
+            FeatureLevelRecord {
+                name: name.into(),
+                feature_level: level,
+                ..Default::default()
+            },
+            0,
+        )
+    };
+    let bootstrap = vec![
+        ApiMessageAndVersion::new(
+            BeginTransactionRecord {
+                name: Some("Bootstrap records".into()),
+                ..Default::default()
+            },
+            0,
+        ),
+        feature("metadata.version", 33),
+        feature("eligible.leader.replicas.version", 1),
+        feature("group.version", 1),
+        feature("share.version", 2),
+        feature("streams.version", 1),
+        feature("transaction.version", 2),
+        ApiMessageAndVersion::new(EndTransactionRecord::default(), 0),
+    ];
+    segment.extend(build_metadata_batch(1, epoch, now_ms, &bootstrap).expect("bootstrap"));
+    let mut topic = vec![ApiMessageAndVersion::latest(TopicRecord {
+        name: "made-by-gregor".into(),
+        topic_id: uuid(TOPIC_ID),
+        ..Default::default()
+    })];
+    for partition_id in 0..2 {
+        topic.push(ApiMessageAndVersion::latest(PartitionRecord {
+            partition_id,
+            topic_id: uuid(TOPIC_ID),
+            replicas: vec![1],
+            isr: vec![1],
+            leader: 1,
+            leader_epoch: 0,
+            partition_epoch: 0,
+            // DirectoryId.UNASSIGNED: the broker picks its log dir and reports it.
+            directories: vec![Uuid::nil()],
+            ..Default::default()
+        }));
+    }
+    topic.push(ApiMessageAndVersion::latest(ConfigRecord {
+        resource_type: config_resource_type::TOPIC,
+        resource_name: "made-by-gregor".into(),
+        name: "retention.ms".into(),
+        value: Some("123456789".into()),
+        ..Default::default()
+    }));
+    let base = 1 + i64::try_from(bootstrap.len()).expect("small");
+    segment.extend(build_metadata_batch(base, epoch, now_ms, &topic).expect("topic"));
+    let log = log_dir.join("00000000000000000000.log");
+    std::fs::write(&log, &segment).expect("writing the segment");
+
+    let child = instance.start().expect("starting Kafka");
+    let mut guard = ChildGuard::new("kafka", child);
+    instance
+        .wait_ready(|| guard.check_alive())
+        .expect("Kafka ready on gregor's metadata log");
+    let bs = instance.bootstrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let describe = loop {
+        let out = tool_output(
+            "kafka-topics",
+            &[
+                "--bootstrap-server",
+                &bs,
+                "--describe",
+                "--topic",
+                "made-by-gregor",
+            ],
+        );
+        if out.contains("PartitionCount: 2") && out.contains("Leader: 1") {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Kafka does not describe gregor's topic:\n{out}\n{}",
+            std::fs::read_to_string(instance.server_log()).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!("{describe}");
+    assert!(
+        describe.contains(&format!("TopicId: {TOPIC_ID_JSON}")),
+        "{describe}"
+    );
+    assert!(describe.contains("retention.ms=123456789"), "{describe}");
+    guard.stop().expect("stopping Kafka");
+
+    // Kafka appended to gregor's log: the broker's registration, its own leader change.
+    let buf = std::fs::read(&log).expect("the log after Kafka ran");
+    assert!(buf.len() > segment.len(), "Kafka appended nothing");
+    assert_eq!(
+        &buf[..segment.len()],
+        &segment[..],
+        "Kafka kept gregor's batches"
+    );
+    let mut kinds = Vec::new();
+    for batch in MetadataLogBatches::new(&buf) {
+        let batch = batch.expect("every batch of the log decodes");
+        if let BatchRecords::Metadata(records) = batch.records {
+            kinds.extend(records.into_iter().map(|r| r.record.record_type().name));
+        }
+    }
+    assert!(kinds.contains(&"RegisterBrokerRecord"), "{kinds:?}");
+    let _ = std::fs::remove_dir_all(&instance.data_dir);
+}
+
+/// Runs a Kafka tool and returns its stdout (and stderr, for messages), whatever its status.
+fn tool_output(tool: &str, args: &[&str]) -> String {
+    let out = tool_command(
+        tool,
+        &args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>(),
+    )
+    .expect("a Kafka tool command")
+    .stdin(Stdio::null())
+    .output()
+    .expect("running a Kafka tool");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) {
