@@ -5,6 +5,8 @@
 //!   snapshot holding every metadata record type at every version, plus KRaft control records,
 //!   written by gregor and read by `kafka-dump-log --cluster-metadata-decoder`: every record
 //!   shows with its fields, and no decode error.
+//! - `a_kafka_controller_starts_from_a_log_gregor_wrote`: Kafka starts on a metadata log
+//!   gregor wrote, serves the topic it holds, and appends to it.
 //! - `regenerate_kafka_cluster_metadata_fixture` (ignored; run it by name to refresh the
 //!   fixture): starts Kafka, creates, alters and deletes topics, configs, quotas, SCRAM
 //!   credentials and ACLs, produces once, stops Kafka and copies its metadata log, its
@@ -13,7 +15,10 @@
 //!   `crates/protocol/tests/data/kraft-4.4.0/`, which
 //!   `crates/protocol/tests/metadata_log_fixture.rs` decodes.
 //!
-//! Both skip, saying so, only when the Kafka jars cannot be fetched (`cargo xtask kafka fetch`
+//! - `regenerate_kafka_standalone_quorum_fixture` (ignored): the same for a dynamic quorum
+//!   (`kafka-storage format --standalone`), into `crates/protocol/tests/data/kraft-4.4.0-standalone/`.
+//!
+//! They skip, saying so, only when the Kafka jars cannot be fetched (`cargo xtask kafka fetch`
 //! needs Maven and Maven Central or a filled `~/.m2`).
 
 use std::path::{Path, PathBuf};
