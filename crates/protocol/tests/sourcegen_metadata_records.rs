@@ -3,7 +3,9 @@
 //!
 //! Run as a test so that the generated file is committed and reviewable, and a schema change
 //! that is not regenerated fails CI: when the file on disk differs from what the schemas
-//! produce, the test rewrites it and fails; run it again and commit the diff.
+//! produce, the test rewrites it and fails; run it again and commit the diff. The test needs
+//! the crate to compile; should a generator change ever leave `generated.rs` uncompilable,
+//! comment out `pub mod metadata_records;` in `lib.rs`, run the test, and restore the line.
 //!
 //! The generator handles what the metadata schemas use and refuses anything else loudly:
 //! every message is flexible from version 0 (`"flexibleVersions": "0+"`), a tagged field is
