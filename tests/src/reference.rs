@@ -203,6 +203,11 @@ pub struct Instance {
     pub data_dir: PathBuf,
     /// `.cache/kafka/instances/<port>/`: properties, pid file, server log.
     pub dir: PathBuf,
+    /// `key=value` lines appended to the generated `server.properties` (later lines win).
+    pub extra_properties: Vec<String>,
+    /// A dynamic quorum (KIP-853, `kraft.version` 1): `controller.quorum.bootstrap.servers`
+    /// and `kafka-storage format --standalone` instead of `controller.quorum.voters`.
+    pub standalone: bool,
 }
 
 impl Instance {
@@ -236,6 +241,8 @@ impl Instance {
                 .join("kafka")
                 .join("instances")
                 .join(port.to_string()),
+            extra_properties: Vec::new(),
+            standalone: false,
         })
     }
 
@@ -281,10 +288,17 @@ impl Instance {
                 .to_string(),
             "node.id=1".to_string(),
             "process.roles=broker,controller".to_string(),
-            format!(
-                "controller.quorum.voters=1@127.0.0.1:{}",
-                self.controller_port
-            ),
+            if self.standalone {
+                format!(
+                    "controller.quorum.bootstrap.servers=127.0.0.1:{}",
+                    self.controller_port
+                )
+            } else {
+                format!(
+                    "controller.quorum.voters=1@127.0.0.1:{}",
+                    self.controller_port
+                )
+            },
             format!(
                 "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
                 self.port, self.controller_port
@@ -303,7 +317,7 @@ impl Instance {
             "share.coordinator.state.topic.min.isr=1".to_string(),
             "group.initial.rebalance.delay.ms=0".to_string(),
         ];
-        for line in lines {
+        for line in lines.iter().chain(&self.extra_properties) {
             let _ = writeln!(p, "{line}");
         }
         p
@@ -311,6 +325,16 @@ impl Instance {
 
     /// Writes the configuration, formats storage and starts the broker; does not wait.
     pub fn spawn(&self) -> Result<Child> {
+        self.format()?;
+        self.start()
+    }
+
+    /// Wipes the data dir, writes the configuration and formats storage
+    /// (`kafka-storage format`), without starting the broker.
+    ///
+    /// # Errors
+    /// When a port is taken, a file cannot be written or the format fails.
+    pub fn format(&self) -> Result<()> {
         // Otherwise the readiness probe could be answered by whatever already listens there.
         for port in [self.port, self.controller_port] {
             std::net::TcpListener::bind(("127.0.0.1", port))
@@ -328,17 +352,18 @@ impl Instance {
         std::fs::write(&props, self.server_properties())
             .with_context(|| format!("writing {}", props.display()))?;
 
-        let mut format = tool_command(
-            "kafka.tools.StorageTool",
-            &[
-                "format".into(),
-                "--cluster-id".into(),
-                random_cluster_id()?,
-                "--config".into(),
-                props.display().to_string(),
-                "--ignore-formatted".into(),
-            ],
-        )?;
+        let mut format_args = vec![
+            "format".into(),
+            "--cluster-id".into(),
+            random_cluster_id()?,
+            "--config".into(),
+            props.display().to_string(),
+            "--ignore-formatted".into(),
+        ];
+        if self.standalone {
+            format_args.push("--standalone".into());
+        }
+        let mut format = tool_command("kafka.tools.StorageTool", &format_args)?;
         let out = format.output().context("running kafka-storage format")?;
         if !out.status.success() {
             bail!(
@@ -348,7 +373,15 @@ impl Instance {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        Ok(())
+    }
 
+    /// Starts the broker on the formatted data dir ([`Instance::format`]); does not wait.
+    ///
+    /// # Errors
+    /// When the log file cannot be created or java does not start.
+    pub fn start(&self) -> Result<Child> {
+        let props = self.dir.join("server.properties");
         let log = std::fs::File::create(self.server_log())
             .with_context(|| format!("creating {}", self.server_log().display()))?;
         let mut cmd = java_command(

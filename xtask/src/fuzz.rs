@@ -16,13 +16,14 @@ use std::process::Command;
 use std::time::Instant;
 
 /// The targets in `fuzz/fuzz_targets/`, in the order they run.
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "frame",
     "request",
     "record_batch",
     "decompress",
     "consumer_offsets",
     "metadata_log",
+    "metadata_records",
 ];
 
 #[derive(Args, Clone)]
@@ -216,13 +217,14 @@ mod seeds {
 
     pub fn write_all(dir: &Path) -> Result<BTreeMap<&'static str, usize>> {
         let mut out = BTreeMap::new();
-        let sets: [(&'static str, Vec<Vec<u8>>); 6] = [
+        let sets: [(&'static str, Vec<Vec<u8>>); 7] = [
             ("frame", frames()),
             ("request", requests()),
             ("record_batch", record_batches()),
             ("decompress", compressed()),
             ("consumer_offsets", consumer_offsets()),
             ("metadata_log", metadata_logs()?),
+            ("metadata_records", metadata_records()?),
         ];
         for (target, inputs) in sets {
             let d = dir.join(target);
@@ -467,6 +469,57 @@ mod seeds {
             ),
             with(9, subscription),
         ]
+    }
+
+    /// KIP-631 records: every record type at every version (schema defaults), a segment of a
+    /// control batch and data batches, and the metadata log, snapshot and bootstrap checkpoint
+    /// real Kafka 4.4.0 controllers wrote (`crates/protocol/tests/data/kraft-4.4.0*/`).
+    fn metadata_records() -> Result<Vec<Vec<u8>>> {
+        use gregor_protocol::kafka_protocol::messages::KRaftVersionRecord;
+        use gregor_protocol::metadata_records::log::{
+            build_control_batch, build_metadata_batch, ControlRecord,
+        };
+        use gregor_protocol::metadata_records::{
+            encode_framed, ApiMessageAndVersion, MetadataRecord, METADATA_RECORD_TYPES,
+        };
+        let mut out = Vec::new();
+        let mut all = Vec::new();
+        for t in &METADATA_RECORD_TYPES {
+            for version in t.lowest_version..=t.highest_version {
+                let record = ApiMessageAndVersion::new(
+                    MetadataRecord::default_for(t.api_key).context("a record type")?,
+                    version,
+                );
+                let bytes = encode_framed(&record)?;
+                out.push(bytes);
+                all.push(record);
+            }
+        }
+        let control = [ControlRecord::KRaftVersion(
+            KRaftVersionRecord::default().with_k_raft_version(1),
+        )];
+        let mut segment = build_control_batch(0, 1, 1_700_000_000_000, &control)?;
+        let records: Vec<ApiMessageAndVersion> = all;
+        segment.extend(build_metadata_batch(1, 1, 1_700_000_000_000, &records)?);
+        out.push(segment);
+        let mut files = Vec::new();
+        for dir in ["kraft-4.4.0", "kraft-4.4.0-standalone"] {
+            let fixture = repo_root().join("crates/protocol/tests/data").join(dir);
+            files.extend(
+                std::fs::read_dir(&fixture)
+                    .with_context(|| format!("reading {}", fixture.display()))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        p.extension()
+                            .is_some_and(|e| e == "log" || e == "checkpoint")
+                    }),
+            );
+        }
+        files.sort();
+        for f in files {
+            out.push(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?);
+        }
+        Ok(out)
     }
 
     fn metadata_logs() -> Result<Vec<Vec<u8>>> {

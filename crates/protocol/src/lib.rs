@@ -3,7 +3,8 @@
 //! Owns request/response framing ([`frame`]), the record batch v2 view, validation and builder
 //! ([`batch`], [`records`]), the compression codecs ([`compression`]), Kafka's error codes as
 //! one typed enum ([`error::ErrorCode`]) and the wire reader/writer of the internal record
-//! schemas ([`wire`]). Message structs and
+//! schemas ([`wire`]), and the KIP-631 metadata records of KRaft's `__cluster_metadata` log
+//! in Kafka's binary format ([`metadata_records`]). Message structs and
 //! their encoders/decoders come from the `kafka-protocol` crate, re-exported as
 //! [`kafka_protocol`]; nothing here re-implements them. This crate knows nothing of files,
 //! sockets or the broker's state.
@@ -13,6 +14,7 @@ pub mod batch;
 pub mod compression;
 pub mod error;
 pub mod frame;
+pub mod metadata_records;
 pub mod records;
 pub mod wire;
 
