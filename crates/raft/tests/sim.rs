@@ -1,0 +1,105 @@
+//! The deterministic simulation at CI size, the exactness of a replay, and the checker itself:
+//! a quorum with a protocol rule deliberately broken must fail some seed.
+//!
+//! `GREGOR_SIM_SEEDS` scales the seed counts (e.g. `GREGOR_SIM_SEEDS=20000`); `cargo xtask sim`
+//! runs any number of seeds of either size.
+
+use std::time::Instant;
+
+use gregor_raft::config::BrokenRule;
+use gregor_raft::sim::{run, run_seeds, SimOptions};
+
+fn seeds(default: u64) -> u64 {
+    std::env::var("GREGOR_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
+    let mut options = SimOptions::new(voters);
+    options.observers = observers;
+    let started = Instant::now();
+    match run_seeds(start, count, &options) {
+        Ok(s) => eprintln!(
+            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
+            s.seeds,
+            started.elapsed().as_secs_f64(),
+            s.events,
+            s.crashes,
+            s.torn_writes,
+            s.partitions,
+            s.proposals,
+            s.max_epoch,
+            s.max_recovery_ms
+        ),
+        Err(failure) => panic!("{failure}"),
+    }
+}
+
+#[test]
+fn three_voters_survive_every_seed() {
+    run_ci(3, 1, seeds(2000), 0);
+}
+
+#[test]
+fn five_voters_survive_every_seed() {
+    run_ci(5, 2, seeds(1000), 1_000_000);
+}
+
+#[test]
+fn a_replay_is_exact() {
+    let options = SimOptions::new(3);
+    for seed in [7, 1234, 99_999] {
+        let a = run(seed, &options).unwrap();
+        let b = run(seed, &options).unwrap();
+        assert_eq!(
+            (
+                a.events,
+                a.end_time_ms,
+                a.max_epoch,
+                a.committed_end_offset,
+                a.crashes,
+                a.proposals
+            ),
+            (
+                b.events,
+                b.end_time_ms,
+                b.max_epoch,
+                b.committed_end_offset,
+                b.crashes,
+                b.proposals
+            ),
+            "seed {seed}"
+        );
+    }
+}
+
+/// Runs seeds with `rule` broken on every voter until one fails; returns the failure text.
+fn first_failure(rule: BrokenRule, voters: usize, max_seeds: u64) -> String {
+    let mut options = SimOptions::new(voters);
+    options.broken_rule = Some(rule);
+    for seed in 0..max_seeds {
+        if let Err(failure) = run(seed, &options) {
+            eprintln!("{rule:?} caught: {failure}");
+            return failure.to_string();
+        }
+    }
+    panic!("{rule:?} was not caught in {max_seeds} seeds");
+}
+
+#[test]
+fn the_checker_catches_two_votes_per_epoch() {
+    let failure = first_failure(BrokenRule::GrantTwoVotesPerEpoch, 3, 2000);
+    assert!(failure.contains("replay: cargo xtask sim"), "{failure}");
+}
+
+#[test]
+fn the_checker_catches_commits_of_old_epoch_records() {
+    first_failure(BrokenRule::CommitOldEpochRecords, 3, 3000);
+}
+
+#[test]
+fn the_checker_catches_votes_for_stale_logs() {
+    first_failure(BrokenRule::IgnoreLogUpToDate, 3, 2000);
+}
