@@ -36,20 +36,21 @@ pub fn run(args: &SimArgs) -> Result<i32> {
     options.observers = args.observers;
     options.trace = args.trace;
     let started = Instant::now();
-    let mut events = 0u64;
-    let mut crashes = 0u64;
-    let mut partitions = 0u64;
-    let mut max_epoch = 0;
-    let mut max_recovery_ms = 0;
+    let mut total = sim::SimSummary::default();
     let end = args.start.saturating_add(args.seeds);
     for seed in args.start..end {
-        match sim::run(seed, &options) {
-            Ok(report) => {
-                events += report.events;
-                crashes += report.crashes;
-                partitions += report.partitions;
-                max_epoch = max_epoch.max(report.max_epoch);
-                max_recovery_ms = max_recovery_ms.max(report.recovery_ms);
+        match sim::run_seeds(seed, 1, &options) {
+            Ok(s) => {
+                total.seeds += s.seeds;
+                total.events += s.events;
+                total.crashes += s.crashes;
+                total.torn_writes += s.torn_writes;
+                total.partitions += s.partitions;
+                total.proposals += s.proposals;
+                total.leaders_elected += s.leaders_elected;
+                total.truncations += s.truncations;
+                total.max_epoch = total.max_epoch.max(s.max_epoch);
+                total.max_recovery_ms = total.max_recovery_ms.max(s.max_recovery_ms);
             }
             Err(failure) => {
                 eprintln!("{failure}");
@@ -70,18 +71,22 @@ pub fn run(args: &SimArgs) -> Result<i32> {
         }
     }
     println!(
-        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} crashes, {} partitions, highest epoch {}, slowest recovery after heal {} ms",
-        args.seeds,
+        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} leaders elected, {} proposals, {} crashes ({} tearing a write), {} partitions, {} log truncations, highest epoch {}, slowest recovery after heal {} ms",
+        total.seeds,
         args.start,
         end,
         args.voters,
         args.observers,
         started.elapsed().as_secs_f64(),
-        events,
-        crashes,
-        partitions,
-        max_epoch,
-        max_recovery_ms
+        total.events,
+        total.leaders_elected,
+        total.proposals,
+        total.crashes,
+        total.torn_writes,
+        total.partitions,
+        total.truncations,
+        total.max_epoch,
+        total.max_recovery_ms
     );
     Ok(0)
 }

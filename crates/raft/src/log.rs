@@ -113,7 +113,9 @@ pub trait RaftLog {
     fn append_as_follower(&mut self, records: &Bytes) -> Result<LogAppendInfo, RaftLogError>;
 
     /// Removes every batch holding an offset `>= offset` (a batch containing `offset` goes
-    /// whole, as Kafka's `LogSegment.truncateTo`). Returns the new LEO.
+    /// whole, as Kafka's `LogSegment.truncateTo`). Returns the new LEO. The truncation must be
+    /// durable once a later [`crate::Action::FlushLog`] completes (fsync after the truncate,
+    /// as Kafka's `FileChannel.force(true)` after `truncateTo`); before that a crash may undo it.
     ///
     /// # Errors
     /// [`RaftLogError::BelowHighWatermark`] when `offset` is below the high watermark.
@@ -165,6 +167,9 @@ pub struct MemoryLog {
     durable_end_offset: i64,
     /// Smallest batch count the log had since [`MemoryLog::take_truncation_mark`] last ran.
     truncation_mark: Option<usize>,
+    /// Durable batches a truncation removed since the last flush: the truncation itself is not
+    /// durable yet, so a crash may bring them back (a file truncated but not fsynced).
+    resurrectable: Vec<StoredBatch>,
 }
 
 impl MemoryLog {
@@ -183,27 +188,42 @@ impl MemoryLog {
         self.durable_end_offset
     }
 
-    /// Completes a [`crate::Action::FlushLog`]: everything below `end_offset` is durable.
+    /// Completes a [`crate::Action::FlushLog`]: everything below `end_offset` is durable, and
+    /// so are the truncations made before it.
     pub fn flush(&mut self, end_offset: i64) {
         let end = end_offset.min(self.log_end_offset());
         self.durable_end_offset = self.durable_end_offset.max(end);
+        self.resurrectable.clear();
+    }
+
+    fn durable_batches(&self) -> usize {
+        self.batches
+            .iter()
+            .take_while(|b| b.last_offset < self.durable_end_offset)
+            .count()
     }
 
     /// A crash: keeps the durable prefix and a random number of the batches appended after it
-    /// (the page cache may have written some back), forgets the high watermark.
+    /// (the page cache may have written some back); a truncation not yet made durable by a
+    /// flush may be undone (half the time); forgets the high watermark.
     pub fn crash(&mut self, rng: &mut Rng) {
-        let durable_batches = self
-            .batches
-            .iter()
-            .take_while(|b| b.last_offset < self.durable_end_offset)
-            .count();
-        let keep =
-            durable_batches + rng.below((self.batches.len() - durable_batches) as u64 + 1) as usize;
-        if keep < self.batches.len() {
-            self.batches.truncate(keep);
-            self.rebuild_epochs();
+        let durable_batches = self.durable_batches();
+        if !self.resurrectable.is_empty() && rng.chance(0.5) {
+            self.batches.truncate(durable_batches);
             self.note_truncation();
+            let back = std::mem::take(&mut self.resurrectable);
+            self.batches.extend(back);
+            self.rebuild_epochs();
+        } else {
+            let keep = durable_batches
+                + rng.below((self.batches.len() - durable_batches) as u64 + 1) as usize;
+            if keep < self.batches.len() {
+                self.batches.truncate(keep);
+                self.rebuild_epochs();
+                self.note_truncation();
+            }
         }
+        self.resurrectable.clear();
         self.durable_end_offset = self.log_end_offset();
         self.high_watermark = 0;
     }
@@ -376,6 +396,12 @@ impl RaftLog for MemoryLog {
         }
         let keep = self.batches.partition_point(|b| b.last_offset < offset);
         if keep < self.batches.len() {
+            let durable = self.durable_batches();
+            if keep < durable {
+                let mut removed = self.batches[keep..durable].to_vec();
+                removed.append(&mut self.resurrectable);
+                self.resurrectable = removed;
+            }
             self.batches.truncate(keep);
             self.rebuild_epochs();
             self.note_truncation();
@@ -543,6 +569,33 @@ mod tests {
             assert!(log.log_end_offset() >= 2);
             assert_eq!(log.high_watermark(), 0);
         }
+    }
+
+    #[test]
+    fn a_crash_may_undo_a_truncation_not_yet_flushed() {
+        let mut undone = 0;
+        let mut rng = Rng::new(11);
+        for _ in 0..40 {
+            let mut log = log_with(&[(1, 2), (2, 2)]);
+            log.flush(4);
+            log.truncate_to(2).unwrap();
+            let b = build_data_batch(2, 3, 0, &[Bytes::from("new")]);
+            log.append_as_leader(b, 3).unwrap();
+            log.crash(&mut rng);
+            assert!(log.take_truncation_mark().is_some());
+            match log.end_offset() {
+                e if e == OffsetAndEpoch::new(4, 2) => undone += 1,
+                e => assert!(e == OffsetAndEpoch::new(2, 1) || e == OffsetAndEpoch::new(3, 3)),
+            }
+        }
+        assert!(undone > 0);
+        // Once flushed, the truncation stays.
+        let mut log = log_with(&[(1, 2), (2, 2)]);
+        log.flush(4);
+        log.truncate_to(2).unwrap();
+        log.flush(2);
+        log.crash(&mut rng);
+        assert_eq!(log.end_offset(), OffsetAndEpoch::new(2, 1));
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub enum Action {
     /// Write this election state durably (Kafka's `quorum-state` file) before executing the
     /// actions after it. A write that does not complete must be treated as not made.
     PersistElectionState(ElectionState),
-    /// Make the log durable up to `end_offset` (fsync) before executing the actions after it.
+    /// Make the log durable up to `end_offset`, and every truncation made before it (fsync),
+    /// before executing the actions after it.
     FlushLog {
         /// Offset below which everything must be durable.
         end_offset: i64,

@@ -22,10 +22,12 @@ fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
     let started = Instant::now();
     match run_seeds(start, count, &options) {
         Ok(s) => eprintln!(
-            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
+            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} leaders elected, {} truncations, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
             s.seeds,
             started.elapsed().as_secs_f64(),
             s.events,
+            s.leaders_elected,
+            s.truncations,
             s.crashes,
             s.torn_writes,
             s.partitions,

@@ -27,9 +27,16 @@ pub(super) struct Checker {
     committed_end: i64,
     /// End of the committed prefix as known in each epoch (when first seen committed).
     committed_end_by_epoch: BTreeMap<i32, i64>,
+    /// Log truncations seen (diverging epochs, crashes losing data, undone truncations).
+    pub(super) truncations: u64,
 }
 
 impl Checker {
+    /// Number of epochs that had a leader.
+    pub(super) fn leaders_elected(&self) -> u64 {
+        self.leaders.len() as u64
+    }
+
     pub(super) fn committed_end(&self) -> i64 {
         self.committed_end
     }
@@ -104,6 +111,7 @@ impl Checker {
         let is_leader = node.role() == Role::Leader;
         let hw = slot.published_hw;
         if let Some(mark) = node.log_mut().take_truncation_mark() {
+            self.truncations += 1;
             slot.verified_batches = slot.verified_batches.min(mark);
         }
         let batches = node.log().batches();

@@ -91,6 +91,10 @@ pub struct SimReport {
     pub proposals: u64,
     /// Simulated ms from the heal to the first committed post-heal proposal.
     pub recovery_ms: u64,
+    /// Epochs that had a leader.
+    pub leaders_elected: u64,
+    /// Log truncations (diverging epochs, data lost or restored by crashes).
+    pub truncations: u64,
 }
 
 /// A failed run: the seed, where it failed, and how to replay it.
@@ -149,6 +153,10 @@ pub struct SimSummary {
     pub max_epoch: i32,
     /// Longest heal-to-commit time of any seed (ms).
     pub max_recovery_ms: u64,
+    /// Epochs with a leader, over all seeds.
+    pub leaders_elected: u64,
+    /// Log truncations over all seeds.
+    pub truncations: u64,
 }
 
 /// Runs seeds `start..start + count` one after the other (memory is freed between seeds);
@@ -168,6 +176,8 @@ pub fn run_seeds(start: u64, count: u64, options: &SimOptions) -> Result<SimSumm
         summary.proposals += r.proposals;
         summary.max_epoch = summary.max_epoch.max(r.max_epoch);
         summary.max_recovery_ms = summary.max_recovery_ms.max(r.recovery_ms);
+        summary.leaders_elected += r.leaders_elected;
+        summary.truncations += r.truncations;
     }
     Ok(summary)
 }
@@ -370,6 +380,8 @@ impl<'a> Sim<'a> {
                     self.report.end_time_ms = self.now;
                     self.report.recovery_ms = self.now - healed;
                     self.report.committed_end_offset = self.checker.committed_end();
+                    self.report.leaders_elected = self.checker.leaders_elected();
+                    self.report.truncations = self.checker.truncations;
                     return Ok(self.report.clone());
                 }
                 if self.now > healed + self.options.liveness_bound_ms {
