@@ -280,11 +280,19 @@ impl<'a> Sim<'a> {
             .ids()
             .chain((0..options.observers as NodeId).map(|i| 101 + i))
             .collect();
+        // Kafka's timeouts, or the same scaled down towards the network delays, where elections
+        // collide and time out far more often.
+        let election_timeout_ms = [1000, 300, 150][rng.below(3) as usize];
         let slots = ids
             .iter()
             .map(|&id| {
                 let mut config = QuorumConfig::new(id, voters.clone());
                 config.cluster_id = Some("gregor-sim".into());
+                config.election_timeout_ms = election_timeout_ms;
+                config.election_backoff_max_ms = election_timeout_ms;
+                config.fetch_timeout_ms = 2 * election_timeout_ms;
+                config.request_timeout_ms = 2 * election_timeout_ms;
+                config.fetch_max_wait_ms = election_timeout_ms / 2;
                 if voters.contains(id) {
                     config.broken_rule = options.broken_rule;
                 }
@@ -461,7 +469,7 @@ impl<'a> Sim<'a> {
             Event::Fault => {
                 if self.healed_at.is_none() {
                     self.fault()?;
-                    let next = self.now + self.rng.between(100, 1500);
+                    let next = self.now + self.rng.between(50, 1200);
                     self.schedule(next, Event::Fault);
                 }
                 Ok(())
@@ -485,45 +493,72 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The live node that leads the highest epoch, if any.
+    fn current_leader(&self) -> Option<usize> {
+        (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i]
+                    .node
+                    .as_ref()
+                    .is_some_and(|n| n.role() == Role::Leader)
+            })
+            .max_by_key(|&i| self.slots[i].node.as_ref().map_or(0, |n| n.epoch()))
+    }
+
     fn fault(&mut self) -> Result<(), String> {
         let n = self.slots.len();
         match self.rng.below(100) {
-            0..=29 => {
-                let i = self.rng.below(n as u64) as usize;
-                if self.slots[i].node.is_some() {
-                    self.crash(i, false);
+            0..=34 => {
+                // Half of the crashes aim at the leader, where the protocol is most exposed.
+                let target = match self.current_leader() {
+                    Some(l) if self.rng.chance(0.5) => l,
+                    _ => self.rng.below(n as u64) as usize,
+                };
+                if self.slots[target].node.is_some() {
+                    self.crash(target, false);
                     let at = self.now + self.rng.between(100, 4000);
-                    self.schedule(at, Event::Restart { node: i });
+                    self.schedule(at, Event::Restart { node: target });
                 }
             }
-            30..=49 => {
+            35..=54 => {
                 self.report.partitions += 1;
-                if self.rng.chance(0.5) {
-                    let isolated = self.rng.below(n as u64) as usize;
-                    for (i, s) in self.slots.iter_mut().enumerate() {
-                        s.group = u8::from(i == isolated);
+                match (self.rng.below(3), self.current_leader()) {
+                    (0, Some(leader)) => {
+                        // The leader alone, or with one other node, against the rest.
+                        let buddy = self.rng.below(n as u64) as usize;
+                        let with_buddy = self.rng.chance(0.5);
+                        for (i, s) in self.slots.iter_mut().enumerate() {
+                            s.group = u8::from(i == leader || (with_buddy && i == buddy));
+                        }
                     }
-                } else {
-                    for i in 0..n {
-                        self.slots[i].group = self.rng.below(2) as u8;
+                    (1, _) => {
+                        let isolated = self.rng.below(n as u64) as usize;
+                        for (i, s) in self.slots.iter_mut().enumerate() {
+                            s.group = u8::from(i == isolated);
+                        }
+                    }
+                    _ => {
+                        for i in 0..n {
+                            self.slots[i].group = self.rng.below(3) as u8;
+                        }
                     }
                 }
                 let groups: Vec<u8> = self.slots.iter().map(|s| s.group).collect();
                 self.trace(|| format!("partition {groups:?}"));
             }
-            50..=69 => {
+            55..=69 => {
                 self.trace(|| "network heals".into());
                 for s in &mut self.slots {
                     s.group = 0;
                 }
             }
-            70..=79 => {
+            70..=77 => {
                 let i = self.rng.below(n as u64) as usize;
                 let jump = self.rng.between(100, 5000);
                 self.slots[i].clock_offset_ms += jump;
                 self.trace(|| format!("clock of {} jumps {jump} ms forward", self.slots[i].id));
             }
-            80..=89 => {
+            78..=89 => {
                 let down: Vec<usize> = (0..n).filter(|&i| self.slots[i].node.is_none()).collect();
                 if !down.is_empty() {
                     let i = down[self.rng.below(down.len() as u64) as usize];
