@@ -78,9 +78,10 @@ fn a_replay_is_exact() {
 }
 
 /// Runs seeds with `rule` broken on every voter until one fails; returns the failure text.
-fn first_failure(rule: BrokenRule, voters: usize, max_seeds: u64) -> String {
+fn first_failure(rule: BrokenRule, voters: usize, max_seeds: u64, anomalies_fail: bool) -> String {
     let mut options = SimOptions::new(voters);
     options.broken_rule = Some(rule);
+    options.fail_on_anomalies = anomalies_fail;
     for seed in 0..max_seeds {
         if let Err(failure) = run(seed, &options) {
             eprintln!("{rule:?} caught: {failure}");
@@ -92,16 +93,22 @@ fn first_failure(rule: BrokenRule, voters: usize, max_seeds: u64) -> String {
 
 #[test]
 fn the_checker_catches_two_votes_per_epoch() {
-    let failure = first_failure(BrokenRule::GrantTwoVotesPerEpoch, 3, 2000);
+    let failure = first_failure(BrokenRule::GrantTwoVotesPerEpoch, 3, 2000, true);
     assert!(failure.contains("replay: cargo xtask sim"), "{failure}");
 }
 
 #[test]
 fn the_checker_catches_commits_of_old_epoch_records() {
-    first_failure(BrokenRule::CommitOldEpochRecords, 3, 3000);
+    first_failure(BrokenRule::CommitOldEpochRecords, 3, 3000, true);
+    // Also without the nodes' own anomaly reports (a follower seeing the leader's high
+    // watermark go back): the checker's cluster-wide rule that a new leader's high watermark
+    // covers everything committed before its epoch catches it too. (Committed records actually
+    // lost, Raft's figure 8, were not seen in 5000 seeds: KRaft's LeaderChange record follows
+    // the old records in the same fetch, which leaves a window of one fetch round trip.)
+    first_failure(BrokenRule::CommitOldEpochRecords, 3, 5000, false);
 }
 
 #[test]
 fn the_checker_catches_votes_for_stale_logs() {
-    first_failure(BrokenRule::IgnoreLogUpToDate, 3, 2000);
+    first_failure(BrokenRule::IgnoreLogUpToDate, 3, 2000, true);
 }

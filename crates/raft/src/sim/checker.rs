@@ -32,6 +32,16 @@ pub(super) struct Checker {
 }
 
 impl Checker {
+    /// End of everything committed in epochs before `epoch`: what a leader of `epoch` holds,
+    /// and the least high watermark it may publish.
+    pub(super) fn required_end(&self, epoch: i32) -> i64 {
+        self.committed_end_by_epoch
+            .range(..epoch)
+            .map(|(_, &end)| end)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of epochs that had a leader.
     pub(super) fn leaders_elected(&self) -> u64 {
         self.leaders.len() as u64
@@ -48,12 +58,16 @@ impl Checker {
             .is_some_and(|c| c.epoch == epoch && c.crc == crc)
     }
 
-    pub(super) fn check_node(&mut self, slot: &mut Slot) -> Result<(), String> {
+    pub(super) fn check_node(
+        &mut self,
+        slot: &mut Slot,
+        anomalies_fail: bool,
+    ) -> Result<(), String> {
         let id = slot.id;
         let Some(node) = slot.node.as_mut() else {
             return Ok(());
         };
-        if node.anomalies() > 0 {
+        if anomalies_fail && node.anomalies() > 0 {
             return Err(format!(
                 "node {id} saw a protocol anomaly: {}",
                 node.last_anomaly().unwrap_or("?")
@@ -90,12 +104,7 @@ impl Checker {
                 }
             }
             // Leader completeness: everything committed in an earlier epoch is in its log.
-            required = self
-                .committed_end_by_epoch
-                .range(..epoch)
-                .map(|(_, &end)| end)
-                .max()
-                .unwrap_or(0);
+            required = self.required_end(epoch);
             if leo < required {
                 return Err(format!(
                     "leader {id} of epoch {epoch} ends at {leo}, missing committed records up to {required}"
@@ -226,16 +235,16 @@ mod tests {
     fn detects_a_changed_committed_batch() {
         let mut checker = Checker::default();
         let mut a = slot_with(1, log_of(&[("a", 1), ("b", 1)]), 2);
-        checker.check_node(&mut a).unwrap();
+        checker.check_node(&mut a, true).unwrap();
         assert_eq!(checker.committed_end(), 2);
         assert_eq!(checker.committed_epochs(), vec![5, 5]);
         // Node 2 holds a different record at offset 1, not yet below its high watermark: it
         // will truncate it.
         let mut b = slot_with(2, log_of(&[("a", 1), ("x", 2)]), 1);
-        checker.check_node(&mut b).unwrap();
+        checker.check_node(&mut b, true).unwrap();
         // Below its high watermark it is a violation.
         b.published_hw = 2;
-        let err = checker.check_node(&mut b).unwrap_err();
+        let err = checker.check_node(&mut b, true).unwrap_err();
         assert!(err.contains("was committed"), "{err}");
     }
 
@@ -243,9 +252,9 @@ mod tests {
     fn accepts_agreeing_logs_and_uncommitted_tails() {
         let mut checker = Checker::default();
         let mut a = slot_with(1, log_of(&[("a", 1), ("b", 1)]), 1);
-        checker.check_node(&mut a).unwrap();
+        checker.check_node(&mut a, true).unwrap();
         let mut b = slot_with(2, log_of(&[("a", 1), ("other", 2)]), 1);
-        checker.check_node(&mut b).unwrap();
+        checker.check_node(&mut b, true).unwrap();
         assert_eq!(checker.committed_end(), 1);
     }
 }

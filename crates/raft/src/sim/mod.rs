@@ -13,7 +13,8 @@
 //!   node that holds that offset later, and every leader holds all committed batches;
 //! - logs agree below the high watermark (the committed prefix is one sequence);
 //! - epochs never go back on a node, nor below what it persisted; published high watermarks
-//!   never go back within a node's lifetime and never pass its log end;
+//!   never go back within a node's lifetime and never pass its log end; nor across leaders: a
+//!   leader's high watermark covers everything committed before its epoch;
 //! - no node saw a protocol anomaly ([`RaftNode::anomalies`]).
 //!
 //! A failure names the seed and the command that replays it exactly
@@ -49,6 +50,9 @@ pub struct SimOptions {
     pub max_events: u64,
     /// Test only: a protocol rule to break on every voter, to show the checker catches it.
     pub broken_rule: Option<BrokenRule>,
+    /// Fail when a node reports a protocol anomaly (default). Off, only the checker's
+    /// cluster-wide invariants can fail a run: the checker's own test uses that.
+    pub fail_on_anomalies: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -63,6 +67,7 @@ impl SimOptions {
             liveness_bound_ms: 30_000,
             max_events: 3_000_000,
             broken_rule: None,
+            fail_on_anomalies: true,
             trace: false,
         }
     }
@@ -712,6 +717,19 @@ impl<'a> Sim<'a> {
                 }
                 Action::Send { to, message } => self.send(i, to, message),
                 Action::HighWatermark(hw) => {
+                    if let Some(node) = self.slots[i].node.as_ref() {
+                        // A leader's high watermark starts past everything committed before
+                        // its epoch: anything lower means committed records are not on a
+                        // majority any more.
+                        let required = self.checker.required_end(node.epoch());
+                        if node.role() == Role::Leader && hw < required {
+                            return Err(format!(
+                                "leader {} of epoch {} published high watermark {hw} below the {required} committed before its epoch",
+                                self.slots[i].id,
+                                node.epoch()
+                            ));
+                        }
+                    }
                     let slot = &mut self.slots[i];
                     let leo = slot.node.as_ref().map_or(0, |n| n.log().log_end_offset());
                     if hw < slot.published_hw {
@@ -765,7 +783,8 @@ impl<'a> Sim<'a> {
             if let Some(node) = &slot.node {
                 self.report.max_epoch = self.report.max_epoch.max(node.epoch());
             }
-            self.checker.check_node(slot)?;
+            self.checker
+                .check_node(slot, self.options.fail_on_anomalies)?;
         }
         Ok(())
     }
