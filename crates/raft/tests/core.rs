@@ -587,3 +587,165 @@ fn a_restarted_leader_comes_back_resigned_and_never_leads_that_epoch_again() {
     assert!(node.epoch() > 7);
     assert_ne!(node.role(), Role::Leader);
 }
+
+#[test]
+fn a_leader_without_a_fetching_majority_resigns_and_ends_its_epoch() {
+    let (mut node, t) = elect(MemoryLog::new(), None);
+    let epoch = node.epoch();
+    // Voter 3 keeps fetching; that alone is a majority with the leader.
+    node.tick(t + 1);
+    node.handle_message(3, fetch(3, epoch, OffsetAndEpoch::new(1, epoch)), t + 2_000);
+    node.tick(t + 3_500);
+    assert_eq!(node.role(), Role::Leader);
+    // Then nobody fetches for 1.5 x the fetch timeout.
+    let actions = node.tick(t + 2_000 + 3_000);
+    assert_eq!(node.role(), Role::Resigned);
+    assert_eq!(node.epoch(), epoch);
+    let ends: Vec<_> = requests(&actions)
+        .into_iter()
+        .filter_map(|(to, _, r)| match r {
+            Request::EndQuorumEpoch(e) => Some((to, e.preferred_successors)),
+            _ => None,
+        })
+        .collect();
+    // Voter 3, which fetched furthest, comes first among the preferred successors.
+    assert_eq!(ends, vec![(2, vec![3, 2]), (3, vec![3, 2])]);
+}
+
+fn follower_of_1(id: NodeId, epoch: i32) -> (RaftNode<MemoryLog>, Vec<Action>) {
+    RaftNode::new(
+        config(id, &[1, 2, 3]),
+        MemoryLog::new(),
+        Some(ElectionState {
+            epoch,
+            leader_id: Some(1),
+            voted_id: None,
+        }),
+        Rng::new(id as u64),
+        0,
+    )
+}
+
+fn end_epoch(leader: NodeId, epoch: i32, preferred: Vec<NodeId>) -> Message {
+    Message::Request {
+        correlation_id: 3,
+        request: Request::EndQuorumEpoch(gregor_raft::message::EndQuorumEpochRequest {
+            cluster_id: None,
+            leader_id: leader,
+            leader_epoch: epoch,
+            preferred_successors: preferred,
+        }),
+    }
+}
+
+#[test]
+fn end_quorum_epoch_hurries_the_preferred_successor() {
+    // First in the list: no wait at all.
+    let (mut first, _) = follower_of_1(2, 4);
+    first.handle_message(1, end_epoch(1, 4, vec![2, 3]), 10);
+    first.tick(10);
+    assert_eq!(first.role(), Role::Prospective);
+    assert_eq!(first.epoch(), 4);
+    // Second of two: waits election.backoff.max.ms >> 1 = 500 ms.
+    let (mut second, _) = follower_of_1(3, 4);
+    second.handle_message(1, end_epoch(1, 4, vec![2, 3]), 10);
+    second.tick(400);
+    assert_eq!(second.role(), Role::Follower);
+    second.tick(510);
+    assert_eq!(second.role(), Role::Prospective);
+}
+
+#[test]
+fn a_prospective_that_loses_goes_back_to_its_leader_without_persisting() {
+    let (mut node, _) = follower_of_1(2, 4);
+    let actions = node.tick(2_000);
+    assert_eq!(node.role(), Role::Prospective);
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, Action::PersistElectionState(_))));
+    let mut outcome = Vec::new();
+    for (to, cid, request) in requests(&actions) {
+        let Request::Vote(v) = request else { continue };
+        assert!(v.pre_vote);
+        assert_eq!(v.replica_epoch, 4);
+        let reply = Message::Response {
+            correlation_id: cid,
+            response: Response::Vote(VoteResponse {
+                error: ErrorCode::None,
+                leader_id: Some(1),
+                leader_epoch: 4,
+                vote_granted: false,
+            }),
+        };
+        outcome.extend(node.handle_message(to, reply, 2_001));
+    }
+    assert_eq!(
+        (node.role(), node.epoch(), node.leader_id()),
+        (Role::Follower, 4, Some(1))
+    );
+    assert!(!outcome
+        .iter()
+        .any(|a| matches!(a, Action::PersistElectionState(_))));
+}
+
+#[test]
+fn observers_never_count_towards_the_high_watermark() {
+    let (mut node, t) = elect(MemoryLog::new(), None);
+    let epoch = node.epoch();
+    node.tick(t + 1); // LeaderChange at offset 0
+    let r = fetch_response(&node.handle_message(
+        101,
+        fetch(101, epoch, OffsetAndEpoch::new(1, epoch)),
+        t + 2,
+    ));
+    assert_eq!(r.error, ErrorCode::None);
+    assert_eq!(node.high_watermark(), None);
+    let r = fetch_response(&node.handle_message(
+        2,
+        fetch(2, epoch, OffsetAndEpoch::new(1, epoch)),
+        t + 3,
+    ));
+    assert_eq!(r.high_watermark, 1);
+}
+
+#[test]
+fn fetches_wait_at_the_leader_until_new_data_or_a_newer_high_watermark() {
+    let (mut node, t) = elect(MemoryLog::new(), None);
+    let epoch = node.epoch();
+    node.tick(t + 1);
+    fetch_response(&node.handle_message(2, fetch(2, epoch, OffsetAndEpoch::new(1, epoch)), t + 2));
+    assert_eq!(node.high_watermark(), Some(1));
+    let long_poll = |offset: i64, hw: i64| Message::Request {
+        correlation_id: 21,
+        request: Request::Fetch(FetchRequest {
+            cluster_id: None,
+            replica_id: 3,
+            max_wait_ms: 500,
+            current_leader_epoch: epoch,
+            fetch_offset: offset,
+            last_fetched_epoch: epoch,
+            high_watermark: hw,
+        }),
+    };
+    // A fetcher behind on the high watermark is answered at once (KIP-1166).
+    let r = fetch_response(&node.handle_message(3, long_poll(1, 0), t + 3));
+    assert_eq!((r.high_watermark, r.records.len()), (1, 0));
+    // One that is up to date waits...
+    let actions = node.handle_message(3, long_poll(1, 1), t + 4);
+    assert!(responses(&actions).is_empty());
+    // ...until there is something new.
+    let (_, actions) = node.propose(&[Bytes::from("x")], t + 5).unwrap();
+    let r = fetch_response(&actions);
+    assert!(!r.records.is_empty());
+    // Or until its deadline, answered empty.
+    node.handle_message(3, fetch(3, epoch, OffsetAndEpoch::new(2, epoch)), t + 6);
+    assert_eq!(node.high_watermark(), Some(2));
+    let actions = node.handle_message(3, long_poll(2, 2), t + 7);
+    assert!(responses(&actions).is_empty());
+    assert!(responses(&node.tick(t + 7 + 499)).is_empty());
+    let r = fetch_response(&node.tick(t + 7 + 500));
+    assert_eq!(
+        (r.error, r.records.len(), r.high_watermark),
+        (ErrorCode::None, 0, 2)
+    );
+}
