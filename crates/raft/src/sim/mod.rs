@@ -64,7 +64,7 @@ impl SimOptions {
             voters,
             observers: 1,
             max_fault_phase_ms: 12_000,
-            liveness_bound_ms: 30_000,
+            liveness_bound_ms: 15_000,
             max_events: 3_000_000,
             broken_rule: None,
             fail_on_anomalies: true,
@@ -100,6 +100,9 @@ pub struct SimReport {
     pub leaders_elected: u64,
     /// Log truncations (diverging epochs, data lost or restored by crashes).
     pub truncations: u64,
+    /// A hash of every event and action of the run, in order: equal for two runs of the same
+    /// seed, different as soon as anything differs.
+    pub fingerprint: u64,
 }
 
 /// A failed run: the seed, where it failed, and how to replay it.
@@ -340,6 +343,7 @@ impl<'a> Sim<'a> {
             next_value: 0,
             report: SimReport {
                 seed,
+                fingerprint: 0xcbf2_9ce4_8422_2325,
                 ..SimReport::default()
             },
         }
@@ -435,7 +439,28 @@ impl<'a> Sim<'a> {
         self.slots.iter().position(|s| s.id == id)
     }
 
+    /// Folds `values` into the run's fingerprint (FNV-1a over their bytes).
+    fn fold(&mut self, values: &[u64]) {
+        let mut h = self.report.fingerprint;
+        for v in values {
+            for b in v.to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        self.report.fingerprint = h;
+    }
+
     fn handle(&mut self, event: Event) -> Result<(), String> {
+        let (kind, target) = match &event {
+            Event::Deliver { to, .. } => (1, *to as u64),
+            Event::Tick { node, .. } => (2, *node as u64),
+            Event::Propose => (3, 0),
+            Event::Fault => (4, 0),
+            Event::Restart { node } => (5, *node as u64),
+            Event::Heal => (6, 0),
+        };
+        self.fold(&[self.now, kind, target]);
         match event {
             Event::Deliver { from, to, message } => {
                 let partitioned = self
@@ -681,6 +706,24 @@ impl<'a> Sim<'a> {
 
     fn execute(&mut self, i: usize, actions: Vec<Action>) -> Result<(), String> {
         for action in actions {
+            let digest = match &action {
+                Action::PersistElectionState(s) => [
+                    1,
+                    s.epoch as u64,
+                    s.leader_id.map_or(u64::MAX, |l| l as u64),
+                    s.voted_id.map_or(u64::MAX, |v| v as u64),
+                ],
+                Action::FlushLog { end_offset } => [2, *end_offset as u64, 0, 0],
+                Action::Send { to, message } => [3, *to as u64, message_kind(message), 0],
+                Action::HighWatermark(hw) => [4, *hw as u64, 0, 0],
+                Action::LeaderChange { epoch, leader_id } => [
+                    5,
+                    *epoch as u64,
+                    leader_id.map_or(u64::MAX, |l| l as u64),
+                    0,
+                ],
+            };
+            self.fold(&digest);
             if action.is_barrier() && self.healed_at.is_none() && self.rng.chance(self.torn_write) {
                 // The write never completes: it and everything after it are lost.
                 self.crash(i, true);
@@ -793,5 +836,24 @@ impl<'a> Sim<'a> {
         self.post_heal_proposals
             .iter()
             .any(|p| self.checker.is_committed(p.base_offset, p.epoch, p.crc))
+    }
+}
+
+/// A small number naming a message's kind, for the fingerprint.
+fn message_kind(message: &Message) -> u64 {
+    use crate::message::{Request, Response};
+    match message {
+        Message::Request { request, .. } => match request {
+            Request::Vote(v) => 10 + u64::from(v.pre_vote),
+            Request::BeginQuorumEpoch(_) => 12,
+            Request::EndQuorumEpoch(_) => 13,
+            Request::Fetch(f) => 14 + ((f.fetch_offset as u64) << 8),
+        },
+        Message::Response { response, .. } => match response {
+            Response::Vote(v) => 20 + u64::from(v.vote_granted),
+            Response::BeginQuorumEpoch(_) => 22,
+            Response::EndQuorumEpoch(_) => 23,
+            Response::Fetch(f) => 24 + ((f.records.len() as u64) << 8),
+        },
     }
 }
