@@ -416,7 +416,6 @@ pub fn fetch_response_to_kafka(r: &FetchResponse, version: i16) -> kp::FetchResp
         .with_partition_index(METADATA_PARTITION)
         .with_error_code(r.error.code())
         .with_high_watermark(r.high_watermark)
-        .with_last_stable_offset(r.high_watermark)
         .with_log_start_offset(r.log_start_offset)
         .with_current_leader(
             kp::fetch_response::LeaderIdAndEpoch::default()
