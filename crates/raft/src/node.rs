@@ -612,6 +612,20 @@ impl<L: RaftLog> RaftNode<L> {
         ))
     }
 
+    /// Gives up leadership of the current epoch, as Kafka's leader does on a graceful shutdown:
+    /// the node goes Resigned and sends EndQuorumEpoch to the voters with the preferred
+    /// successors (voters by descending fetch offset), so the most caught-up one stands first.
+    /// Nothing happens unless Leader.
+    pub fn resign(&mut self, now_ms: u64) -> Vec<Action> {
+        self.begin_epoch_if_pending(now_ms);
+        if self.role() == Role::Leader {
+            let preferred = self.voters_by_descending_fetch_offset();
+            self.transition_to_resigned(preferred, now_ms);
+        }
+        self.poll(now_ms);
+        std::mem::take(&mut self.actions)
+    }
+
     // ----- requests -----
 
     fn handle_request(&mut self, from: NodeId, correlation_id: i32, request: Request, now: u64) {

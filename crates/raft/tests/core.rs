@@ -749,3 +749,25 @@ fn fetches_wait_at_the_leader_until_new_data_or_a_newer_high_watermark() {
         (ErrorCode::None, 0, 2)
     );
 }
+
+#[test]
+fn a_resigning_leader_names_its_most_caught_up_voter_first() {
+    let (mut node, t) = elect(MemoryLog::new(), None);
+    let epoch = node.epoch();
+    node.tick(t + 1);
+    node.handle_message(2, fetch(2, epoch, OffsetAndEpoch::new(1, epoch)), t + 2);
+    let actions = node.resign(t + 3);
+    assert_eq!((node.role(), node.epoch()), (Role::Resigned, epoch));
+    let successors: Vec<_> = requests(&actions)
+        .into_iter()
+        .filter_map(|(_, _, r)| match r {
+            Request::EndQuorumEpoch(e) => Some(e.preferred_successors),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(successors, vec![vec![2, 3], vec![2, 3]]);
+    // No election state changes: Resigned is not persisted.
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, Action::PersistElectionState(_))));
+}

@@ -50,6 +50,12 @@ fn five_voters_survive_every_seed() {
 }
 
 #[test]
+fn a_single_voter_with_observers_survives_every_seed() {
+    // A single node is a cluster of one: a one-voter quorum, here with two brokers following.
+    run_ci(1, 2, seeds(2000) / 10, 2_000_000);
+}
+
+#[test]
 fn a_replay_is_exact() {
     let options = SimOptions::new(3);
     for seed in [7, 1234, 99_999] {

@@ -2,7 +2,8 @@
 //! [`RaftNode`] over a [`MemoryLog`], on a simulated network and clock. One seed drives
 //! everything: message delay, loss, duplication and reordering, network partitions and heals,
 //! crashes and restarts (losing unflushed log data and, when the crash tears a barrier, the
-//! election state or flush being written), forward clock jumps on single nodes, and a client
+//! election state or flush being written), graceful resignations of the leader, forward clock
+//! jumps on single nodes, and a client
 //! proposing records at random times to whichever node it believes leads.
 //!
 //! A run has a fault phase, then heals everything (network, crashed nodes, no more loss) and
@@ -576,7 +577,19 @@ impl<'a> Sim<'a> {
                 let groups: Vec<u8> = self.slots.iter().map(|s| s.group).collect();
                 self.trace(|| format!("partition {groups:?}"));
             }
-            55..=69 => {
+            55..=59 => {
+                // The leader resigns, as on a graceful shutdown.
+                if let Some(l) = self.current_leader() {
+                    self.trace(|| format!("leader {} resigns", self.slots[l].id));
+                    let now = self.node_now(l);
+                    let actions = match self.slots[l].node.as_mut() {
+                        Some(node) => node.resign(now),
+                        None => Vec::new(),
+                    };
+                    self.execute(l, actions)?;
+                }
+            }
+            60..=69 => {
                 self.trace(|| "network heals".into());
                 for s in &mut self.slots {
                     s.group = 0;
