@@ -1153,6 +1153,23 @@ impl<L: RaftLog> RaftNode<L> {
     }
 
     fn handle_vote_response(&mut self, from: NodeId, r: &VoteResponse, now: u64) -> bool {
+        // A voter too old for Vote v2 cannot answer a PreVote: as Kafka, count it as granted,
+        // so the prospective stands as a candidate and asks that voter for a real vote.
+        if r.error == ErrorCode::UnsupportedVersion && self.role() == Role::Prospective {
+            let majority = self.config.voters.majority();
+            let voter = self.config.voters.contains(from);
+            let mut granted = false;
+            if let State::Prospective { election, .. } = &mut self.state {
+                if voter {
+                    election.record(from, true);
+                }
+                granted = election.is_granted(majority);
+            }
+            if granted {
+                self.transition_to_candidate(now);
+            }
+            return true;
+        }
         if let Some(handled) =
             self.handle_common_response(r.error, r.leader_id, r.leader_epoch, now)
         {

@@ -771,3 +771,35 @@ fn a_resigning_leader_names_its_most_caught_up_voter_first() {
         .iter()
         .any(|a| matches!(a, Action::PersistElectionState(_))));
 }
+
+#[test]
+fn a_voter_without_pre_vote_support_counts_as_a_pre_vote_grant() {
+    let (mut node, _) = RaftNode::new(
+        config(1, &[1, 2, 3]),
+        MemoryLog::new(),
+        None,
+        Rng::new(1),
+        0,
+    );
+    let actions = node.tick(2_000);
+    assert_eq!(node.role(), Role::Prospective);
+    let (to, cid, _) = requests(&actions)
+        .into_iter()
+        .find(|(_, _, r)| matches!(r, Request::Vote(v) if v.pre_vote))
+        .unwrap();
+    // What a transport answers for a voter that only knows Vote v0-1.
+    let unsupported = Message::Response {
+        correlation_id: cid,
+        response: Response::Vote(VoteResponse {
+            error: ErrorCode::UnsupportedVersion,
+            leader_id: None,
+            leader_epoch: -1,
+            vote_granted: false,
+        }),
+    };
+    let actions = node.handle_message(to, unsupported, 2_001);
+    assert_eq!((node.role(), node.epoch()), (Role::Candidate, 1));
+    assert!(requests(&actions)
+        .iter()
+        .any(|(_, _, r)| matches!(r, Request::Vote(v) if !v.pre_vote && v.replica_epoch == 1)));
+}
