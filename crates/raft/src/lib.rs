@@ -12,6 +12,8 @@
 //! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch) as plain
 //!   structs with Kafka's field meanings, and [`convert`] to and from `kafka-protocol`'s
 //!   message types, so the socket transport is framing only.
+//! - [`quorum_state`]: the `quorum-state` file's JSON (Kafka's `FileQuorumStateStore`), in
+//!   which a driver persists the [`ElectionState`].
 //! - [`sim`]: a deterministic simulator (one seed drives the network, faults, crashes, clocks
 //!   and the client) with safety and liveness checks after every step (`cargo xtask sim`).
 //!
@@ -26,6 +28,7 @@ pub mod convert;
 pub mod log;
 pub mod message;
 mod node;
+pub mod quorum_state;
 pub mod rng;
 pub mod sim;
 pub mod types;
