@@ -1,6 +1,7 @@
 //! The `quorum-state` file of Kafka's `FileQuorumStateStore`: one line of JSON holding the
 //! [`ElectionState`] (`QuorumStateData` plus `data_version`). gregor writes version 0, the
-//! format of a static voter set (`kraft.version` 0):
+//! format of a static voter set (`kraft.version` 0; keys come out sorted, which JSON readers,
+//! Kafka's included, ignore):
 //!
 //! ```text
 //! {"clusterId":"","leaderId":1,"leaderEpoch":2,"votedId":-1,"appliedOffset":0,"currentVoters":[{"voterId":1},{"voterId":2},{"voterId":3}],"data_version":0}
