@@ -49,6 +49,9 @@ pub fn run(args: &SimArgs) -> Result<i32> {
                 total.proposals += s.proposals;
                 total.leaders_elected += s.leaders_elected;
                 total.truncations += s.truncations;
+                total.diverging_epochs += s.diverging_epochs;
+                total.pre_votes += s.pre_votes;
+                total.end_quorum_epochs += s.end_quorum_epochs;
                 total.max_epoch = total.max_epoch.max(s.max_epoch);
                 total.max_recovery_ms = total.max_recovery_ms.max(s.max_recovery_ms);
             }
@@ -71,7 +74,7 @@ pub fn run(args: &SimArgs) -> Result<i32> {
         }
     }
     println!(
-        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} leaders elected, {} proposals, {} crashes ({} tearing a write), {} partitions, {} log truncations, highest epoch {}, slowest recovery after heal {} ms",
+        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} leaders elected, {} proposals, {} crashes ({} tearing a write), {} partitions, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} log truncations, highest epoch {}, slowest recovery after heal {} ms",
         total.seeds,
         args.start,
         end,
@@ -84,6 +87,9 @@ pub fn run(args: &SimArgs) -> Result<i32> {
         total.crashes,
         total.torn_writes,
         total.partitions,
+        total.pre_votes,
+        total.end_quorum_epochs,
+        total.diverging_epochs,
         total.truncations,
         total.max_epoch,
         total.max_recovery_ms

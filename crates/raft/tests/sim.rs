@@ -21,12 +21,27 @@ fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
     options.observers = observers;
     let started = Instant::now();
     match run_seeds(start, count, &options) {
-        Ok(s) => eprintln!(
-            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} leaders elected, {} truncations, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
+        Ok(s) => {
+            // Every path the checker guards is taken somewhere in a CI-sized run.
+            if count >= 500 {
+                assert!(s.leaders_elected > s.seeds, "{s:?}");
+                assert!(
+                    s.pre_votes > 0 && s.torn_writes > 0 && s.truncations > 0,
+                    "{s:?}"
+                );
+                if voters > 1 {
+                    assert!(s.end_quorum_epochs > 0 && s.diverging_epochs > 0, "{s:?}");
+                }
+            }
+            eprintln!(
+            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} leaders elected, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} truncations, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
             s.seeds,
             started.elapsed().as_secs_f64(),
             s.events,
             s.leaders_elected,
+            s.pre_votes,
+            s.end_quorum_epochs,
+            s.diverging_epochs,
             s.truncations,
             s.crashes,
             s.torn_writes,
@@ -34,7 +49,8 @@ fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
             s.proposals,
             s.max_epoch,
             s.max_recovery_ms
-        ),
+            );
+        }
         Err(failure) => panic!("{failure}"),
     }
 }

@@ -104,6 +104,12 @@ pub struct SimReport {
     /// A hash of every event and action of the run, in order: equal for two runs of the same
     /// seed, different as soon as anything differs.
     pub fingerprint: u64,
+    /// Fetch responses delivered with a `DivergingEpoch` (follower truncations asked for).
+    pub diverging_epochs: u64,
+    /// PreVote requests delivered.
+    pub pre_votes: u64,
+    /// EndQuorumEpoch requests delivered (leaders that resigned).
+    pub end_quorum_epochs: u64,
 }
 
 /// A failed run: the seed, where it failed, and how to replay it.
@@ -166,6 +172,12 @@ pub struct SimSummary {
     pub leaders_elected: u64,
     /// Log truncations over all seeds.
     pub truncations: u64,
+    /// Fetch responses with a `DivergingEpoch` over all seeds.
+    pub diverging_epochs: u64,
+    /// PreVote requests over all seeds.
+    pub pre_votes: u64,
+    /// EndQuorumEpoch requests over all seeds.
+    pub end_quorum_epochs: u64,
 }
 
 /// Runs seeds `start..start + count` one after the other (memory is freed between seeds);
@@ -187,6 +199,9 @@ pub fn run_seeds(start: u64, count: u64, options: &SimOptions) -> Result<SimSumm
         summary.max_recovery_ms = summary.max_recovery_ms.max(r.recovery_ms);
         summary.leaders_elected += r.leaders_elected;
         summary.truncations += r.truncations;
+        summary.diverging_epochs += r.diverging_epochs;
+        summary.pre_votes += r.pre_votes;
+        summary.end_quorum_epochs += r.end_quorum_epochs;
     }
     Ok(summary)
 }
@@ -472,6 +487,21 @@ impl<'a> Sim<'a> {
                 }
                 let now = self.node_now(to);
                 self.trace(|| format!("deliver {from} -> {}: {message:?}", self.slots[to].id));
+                match &message {
+                    Message::Response {
+                        response: crate::message::Response::Fetch(f),
+                        ..
+                    } if f.diverging_epoch.is_some() => self.report.diverging_epochs += 1,
+                    Message::Request {
+                        request: crate::message::Request::Vote(v),
+                        ..
+                    } if v.pre_vote => self.report.pre_votes += 1,
+                    Message::Request {
+                        request: crate::message::Request::EndQuorumEpoch(_),
+                        ..
+                    } => self.report.end_quorum_epochs += 1,
+                    _ => {}
+                }
                 let actions = match self.slots[to].node.as_mut() {
                     Some(node) => node.handle_message(from, message, now),
                     None => Vec::new(),
