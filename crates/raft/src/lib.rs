@@ -36,6 +36,8 @@ pub mod types;
 pub use config::QuorumConfig;
 pub use log::{MemoryLog, RaftLog, RaftLogError};
 pub use message::{Message, Request, Response};
-pub use node::{Action, ProposeError, Proposed, RaftNode, Role};
+pub use node::{
+    Action, ProposeError, Proposed, QuorumDescription, RaftNode, ReplicaDescription, Role,
+};
 pub use rng::Rng;
 pub use types::{ElectionState, NodeId, OffsetAndEpoch, VoterSet};

@@ -111,6 +111,34 @@ pub struct Proposed {
     pub last_offset: i64,
 }
 
+/// One replica in [`QuorumDescription`] (DescribeQuorum's `ReplicaState`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaDescription {
+    /// `ReplicaId`.
+    pub replica_id: NodeId,
+    /// `LogEndOffset`: its last fetch offset, -1 before its first fetch in this epoch.
+    pub log_end_offset: i64,
+    /// `LastFetchTimestamp` (ms of the driver's clock), if it fetched in this epoch.
+    pub last_fetch_ms: Option<u64>,
+    /// `LastCaughtUpTimestamp`: its last fetch that reached the leader's log end (ms).
+    pub last_caught_up_ms: Option<u64>,
+}
+
+/// The leader's view of the quorum (DescribeQuorum's partition data).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumDescription {
+    /// `LeaderId`: this node.
+    pub leader_id: NodeId,
+    /// `LeaderEpoch`.
+    pub leader_epoch: i32,
+    /// `HighWatermark`, -1 until a record of this epoch is committed.
+    pub high_watermark: i64,
+    /// `CurrentVoters`, the leader included.
+    pub voters: Vec<ReplicaDescription>,
+    /// `Observers` that fetched within the observer session timeout (5 min).
+    pub observers: Vec<ReplicaDescription>,
+}
+
 /// Why [`RaftNode::propose`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProposeError {
@@ -190,6 +218,8 @@ struct LeaderState {
     epoch_start_offset: i64,
     /// Fetch offset of each remote voter in this epoch (`None` until its first valid fetch).
     voter_end_offsets: BTreeMap<NodeId, Option<i64>>,
+    /// Each remote voter's last fetch and last fetch that reached the leader's log end (ms).
+    voter_fetch_times: BTreeMap<NodeId, (u64, Option<u64>)>,
     /// Observers: fetch offset and time of their last fetch (ms).
     observers: BTreeMap<NodeId, (i64, u64)>,
     granting_voters: BTreeSet<NodeId>,
@@ -612,6 +642,61 @@ impl<L: RaftLog> RaftNode<L> {
         ))
     }
 
+    /// What the leader knows of every replica, for DescribeQuorum (API 55, KIP-595/KIP-836):
+    /// `None` unless Leader (Kafka answers NOT_LEADER_OR_FOLLOWER). Times are the driver's
+    /// clock in ms (`now_ms` for the leader itself); offsets -1 when not known yet.
+    pub fn describe_quorum(&self, now_ms: u64) -> Option<QuorumDescription> {
+        let State::Leader(l) = &self.state else {
+            return None;
+        };
+        let local = self.config.node_id;
+        let voters = self
+            .config
+            .voters
+            .ids()
+            .map(|id| {
+                if id == local {
+                    ReplicaDescription {
+                        replica_id: id,
+                        log_end_offset: self.log.log_end_offset(),
+                        last_fetch_ms: Some(now_ms),
+                        last_caught_up_ms: Some(now_ms),
+                    }
+                } else {
+                    let times = l.voter_fetch_times.get(&id);
+                    ReplicaDescription {
+                        replica_id: id,
+                        log_end_offset: l
+                            .voter_end_offsets
+                            .get(&id)
+                            .copied()
+                            .flatten()
+                            .unwrap_or(-1),
+                        last_fetch_ms: times.map(|t| t.0),
+                        last_caught_up_ms: times.and_then(|t| t.1),
+                    }
+                }
+            })
+            .collect();
+        let observers = l
+            .observers
+            .iter()
+            .map(|(&id, &(end, last))| ReplicaDescription {
+                replica_id: id,
+                log_end_offset: end,
+                last_fetch_ms: Some(last),
+                last_caught_up_ms: None,
+            })
+            .collect();
+        Some(QuorumDescription {
+            leader_id: local,
+            leader_epoch: l.epoch,
+            high_watermark: self.high_watermark.unwrap_or(-1),
+            voters,
+            observers,
+        })
+    }
+
     /// Gives up leadership of the current epoch, as Kafka's leader does on a graceful shutdown:
     /// the node goes Resigned and sends EndQuorumEpoch to the voters with the preferred
     /// successors (voters by descending fetch offset), so the most caught-up one stands first.
@@ -960,6 +1045,7 @@ impl<L: RaftLog> RaftNode<L> {
 
     /// Records a replica's fetch offset at the leader; true when the high watermark moved.
     fn update_replica_state(&mut self, replica: NodeId, fetch_offset: i64, now: u64) -> bool {
+        let leo = self.log.log_end_offset();
         let majority = self.config.voters.majority();
         let check_quorum_timeout = self.config.check_quorum_timeout_ms();
         let max_observers = self.config.max_tracked_observers;
@@ -968,6 +1054,12 @@ impl<L: RaftLog> RaftNode<L> {
         };
         if let Some(end) = l.voter_end_offsets.get_mut(&replica) {
             *end = Some(fetch_offset);
+            let caught_up = fetch_offset >= leo;
+            let times = l.voter_fetch_times.entry(replica).or_insert((now, None));
+            times.0 = now;
+            if caught_up {
+                times.1 = Some(now);
+            }
             l.acknowledged.insert(replica);
             l.fetched_voters.insert(replica);
             // The leader counts towards the majority itself.
@@ -1795,6 +1887,7 @@ impl<L: RaftLog> RaftNode<L> {
                 .filter(|&v| v != local)
                 .map(|v| (v, None))
                 .collect(),
+            voter_fetch_times: BTreeMap::new(),
             observers: BTreeMap::new(),
             granting_voters: granting,
             fetched_voters: BTreeSet::new(),

@@ -803,3 +803,44 @@ fn a_voter_without_pre_vote_support_counts_as_a_pre_vote_grant() {
         .iter()
         .any(|(_, _, r)| matches!(r, Request::Vote(v) if !v.pre_vote && v.replica_epoch == 1)));
 }
+
+#[test]
+fn the_leader_describes_the_quorum() {
+    let (mut node, t) = elect(MemoryLog::new(), None);
+    let epoch = node.epoch();
+    node.tick(t + 1);
+    node.handle_message(2, fetch(2, epoch, OffsetAndEpoch::new(1, epoch)), t + 2);
+    node.handle_message(101, fetch(101, epoch, OffsetAndEpoch::new(0, 0)), t + 3);
+    let d = node.describe_quorum(t + 4).unwrap();
+    assert_eq!(
+        (d.leader_id, d.leader_epoch, d.high_watermark),
+        (1, epoch, 1)
+    );
+    let voters: Vec<_> = d
+        .voters
+        .iter()
+        .map(|r| {
+            (
+                r.replica_id,
+                r.log_end_offset,
+                r.last_fetch_ms,
+                r.last_caught_up_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        voters,
+        vec![
+            (1, 1, Some(t + 4), Some(t + 4)),
+            (2, 1, Some(t + 2), Some(t + 2)),
+            (3, -1, None, None)
+        ]
+    );
+    assert_eq!(d.observers.len(), 1);
+    assert_eq!(
+        (d.observers[0].replica_id, d.observers[0].log_end_offset),
+        (101, 0)
+    );
+    let (follower, _) = follower_of_1(2, 4);
+    assert!(follower.describe_quorum(0).is_none());
+}
