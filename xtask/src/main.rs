@@ -8,6 +8,7 @@
 //! - `cargo xtask difftest` compares gregor's answers with that broker's, field by field.
 //! - `cargo xtask bench` runs the same workloads against both and reports the ratios.
 //! - `cargo xtask fuzz` runs the cargo-fuzz targets in `fuzz/` on their committed corpora.
+//! - `cargo xtask sim` runs the deterministic KRaft simulator of `gregor-raft` over many seeds.
 
 mod bench;
 mod bench_png;
@@ -16,6 +17,7 @@ mod difftest_requests;
 mod fuzz;
 mod kafka;
 mod proc;
+mod sim;
 mod test;
 
 use anyhow::Result;
@@ -41,6 +43,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the cargo-fuzz targets in fuzz/ (nightly; installs cargo-fuzz when missing).
     Fuzz(fuzz::FuzzArgs),
+    /// Run the deterministic KRaft simulator (gregor-raft) over many seeds.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> Result<()> {
@@ -64,6 +68,10 @@ fn main() -> Result<()> {
         }
         Command::Fuzz(args) => {
             let code = fuzz::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::Sim(args) => {
+            let code = sim::run(&args)?;
             std::process::exit(code);
         }
     }

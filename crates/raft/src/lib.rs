@@ -1,0 +1,43 @@
+//! gregor-raft: the KRaft metadata quorum (KIP-595 Raft, KIP-996 pre-vote) that replicates
+//! `__cluster_metadata-0` among the controllers, with brokers following it as observers.
+//!
+//! What this crate owns:
+//! - [`RaftNode`]: one node as a sans-I/O state machine with the semantics of Kafka's
+//!   `KafkaRaftClient`/`QuorumState`. It is driven by [`RaftNode::handle_message`],
+//!   [`RaftNode::tick`] and [`RaftNode::propose`] with the time passed in (ms), draws its
+//!   randomness from an injected seeded [`Rng`], and returns [`Action`]s: messages to send, the
+//!   election state to persist (`quorum-state`), log flushes, high-watermark (commit) moves.
+//! - [`RaftLog`]: the small log interface the core reads and appends through (Kafka's
+//!   `ReplicatedLog`), with [`MemoryLog`] for tests and the simulator.
+//! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch) as plain
+//!   structs with Kafka's field meanings, and [`convert`] to and from `kafka-protocol`'s
+//!   message types, so the socket transport is framing only.
+//! - [`quorum_state`]: the `quorum-state` file's JSON (Kafka's `FileQuorumStateStore`), in
+//!   which a driver persists the [`ElectionState`].
+//! - [`sim`]: a deterministic simulator (one seed drives the network, faults, crashes, clocks
+//!   and the client) with safety and liveness checks after every step (`cargo xtask sim`).
+//!
+//! What it must not know about: metadata record types (it replicates opaque record batches;
+//! KIP-631 records live in `gregor-protocol` and `gregor-metadata`), sockets, tokio, files.
+//! The production driver (tokio task, the `__cluster_metadata-0` log on gregor-log segments, the
+//! `quorum-state` file, the controller listener) comes next; see docs/architecture.md.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod convert;
+pub mod log;
+pub mod message;
+mod node;
+pub mod quorum_state;
+pub mod rng;
+pub mod sim;
+pub mod types;
+
+pub use config::QuorumConfig;
+pub use log::{MemoryLog, RaftLog, RaftLogError};
+pub use message::{Message, Request, Response};
+pub use node::{
+    Action, ProposeError, Proposed, QuorumDescription, RaftNode, ReplicaDescription, Role,
+};
+pub use rng::Rng;
+pub use types::{ElectionState, NodeId, OffsetAndEpoch, VoterSet};

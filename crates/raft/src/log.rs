@@ -1,0 +1,617 @@
+//! The replicated log as the core sees it ([`RaftLog`], Kafka's `ReplicatedLog`) and an
+//! in-memory implementation for tests and the simulator ([`MemoryLog`]).
+//!
+//! The log holds Kafka v2 record batches whose `partitionLeaderEpoch` is the epoch of the leader
+//! that appended them, so the epoch of every offset is known (the leader epoch cache of
+//! `leader-epoch-checkpoint`). The core writes through this trait (leader appends, follower
+//! appends, truncation), as Kafka's `KafkaRaftClient` does on its poll thread, and reads its own
+//! writes at once. Durability is separate: the core asks for it with
+//! [`crate::Action::FlushLog`], which the driver completes before anything after it, and a
+//! crash may lose whatever was appended and not flushed. The implementation on gregor-log
+//! segments (`__cluster_metadata-0`) comes with the driver.
+
+use bytes::{Bytes, BytesMut};
+use gregor_protocol::batch::{self, BatchBuilder, BatchHeader, Batches};
+use kafka_protocol::messages::leader_change_message::{LeaderChangeMessage, Voter};
+use kafka_protocol::messages::BrokerId;
+use kafka_protocol::protocol::Encodable;
+
+use crate::rng::Rng;
+use crate::types::{NodeId, OffsetAndEpoch};
+
+/// Errors from a [`RaftLog`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RaftLogError {
+    /// Records that are not well-formed v2 batches (CRC, lengths, magic).
+    #[error("corrupt record batch: {0}")]
+    Corrupt(String),
+    /// Records that do not start at the log end offset or whose offsets are not contiguous.
+    #[error("batch at offset {base_offset} does not follow the log end offset {log_end_offset}")]
+    NonContiguous {
+        /// First offset of the offending batch.
+        base_offset: i64,
+        /// The log end offset it should have started at.
+        log_end_offset: i64,
+    },
+    /// A batch whose leader epoch is lower than the log's latest epoch.
+    #[error("batch epoch {epoch} is lower than the latest epoch {latest_epoch} of the log")]
+    EpochRegression {
+        /// The batch's epoch.
+        epoch: i32,
+        /// The log's latest epoch.
+        latest_epoch: i32,
+    },
+    /// A truncation below the high watermark: committed records would be lost.
+    #[error("refusing to truncate to {offset}, below the high watermark {high_watermark}")]
+    BelowHighWatermark {
+        /// Requested truncation offset.
+        offset: i64,
+        /// The current high watermark.
+        high_watermark: i64,
+    },
+    /// An I/O error of the underlying storage.
+    #[error("log i/o error: {0}")]
+    Io(String),
+}
+
+/// Offsets of an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogAppendInfo {
+    /// First offset appended.
+    pub first_offset: i64,
+    /// Last offset appended.
+    pub last_offset: i64,
+}
+
+/// The log the quorum replicates (`__cluster_metadata-0`), as Kafka's `ReplicatedLog`, without
+/// snapshots yet (log start offset 0).
+pub trait RaftLog {
+    /// The offset the next record will get (LEO).
+    fn log_end_offset(&self) -> i64;
+
+    /// The epoch of the last batch, 0 for an empty log (Kafka's `lastFetchedEpoch`).
+    fn last_fetched_epoch(&self) -> i32;
+
+    /// `(log end offset, last fetched epoch)`, what a voter compares candidates' logs with.
+    fn end_offset(&self) -> OffsetAndEpoch {
+        OffsetAndEpoch::new(self.log_end_offset(), self.last_fetched_epoch())
+    }
+
+    /// Kafka's `ReplicatedLog.endOffsetForEpoch`: the largest epoch `<= epoch` in the log and
+    /// the offset where it ends (the start of the next epoch, or the LEO for the latest epoch).
+    /// An epoch below every epoch in the log gives `(epoch, start of the first epoch)`; an
+    /// epoch above the latest, or an empty log, gives `(LEO, last fetched epoch)`.
+    fn end_offset_for_epoch(&self, epoch: i32) -> OffsetAndEpoch;
+
+    /// Whole batches starting with the one that contains `from`, up to `max_bytes` (the first
+    /// batch is returned whole even when larger, KIP-74). Empty at or past the LEO.
+    ///
+    /// # Errors
+    /// [`RaftLogError::Io`] when the storage fails.
+    fn read(&self, from: i64, max_bytes: usize) -> Result<Bytes, RaftLogError>;
+
+    /// The high watermark the log was last told (0 after start: it is not persisted, as in
+    /// Kafka's metadata log).
+    fn high_watermark(&self) -> i64;
+
+    /// Records a new high watermark (only ever raised by the core).
+    fn update_high_watermark(&mut self, high_watermark: i64);
+
+    /// Appends one batch built by the leader at the LEO, with `partitionLeaderEpoch` = `epoch`.
+    ///
+    /// # Errors
+    /// [`RaftLogError::NonContiguous`], [`RaftLogError::EpochRegression`],
+    /// [`RaftLogError::Corrupt`] or [`RaftLogError::Io`]; nothing is appended then.
+    fn append_as_leader(&mut self, batch: Bytes, epoch: i32)
+        -> Result<LogAppendInfo, RaftLogError>;
+
+    /// Appends the batches of a Fetch response. They must start at the LEO, be contiguous, be
+    /// valid v2 batches and carry non-decreasing epochs; otherwise nothing is appended.
+    ///
+    /// # Errors
+    /// As [`RaftLog::append_as_leader`].
+    fn append_as_follower(&mut self, records: &Bytes) -> Result<LogAppendInfo, RaftLogError>;
+
+    /// Removes every batch holding an offset `>= offset` (a batch containing `offset` goes
+    /// whole, as Kafka's `LogSegment.truncateTo`). Returns the new LEO. The truncation must be
+    /// durable once a later [`crate::Action::FlushLog`] completes (fsync after the truncate,
+    /// as Kafka's `FileChannel.force(true)` after `truncateTo`); before that a crash may undo it.
+    ///
+    /// # Errors
+    /// [`RaftLogError::BelowHighWatermark`] when `offset` is below the high watermark.
+    fn truncate_to(&mut self, offset: i64) -> Result<i64, RaftLogError>;
+
+    /// Kafka's `ReplicatedLog.truncateToEndOffset`: truncates to where the leader's
+    /// `DivergingEpoch` says this log stops agreeing with it. Returns the new LEO.
+    ///
+    /// # Errors
+    /// As [`RaftLog::truncate_to`].
+    fn truncate_to_end_offset(&mut self, diverging: OffsetAndEpoch) -> Result<i64, RaftLogError> {
+        let truncation_offset = if diverging.epoch == 0 {
+            diverging.offset.min(self.log_end_offset())
+        } else {
+            let local = self.end_offset_for_epoch(diverging.epoch);
+            if local.epoch == diverging.epoch {
+                local.offset.min(diverging.offset)
+            } else {
+                local.offset
+            }
+        };
+        self.truncate_to(truncation_offset)
+    }
+}
+
+/// One batch held by a [`MemoryLog`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// First offset.
+    pub base_offset: i64,
+    /// Last offset.
+    pub last_offset: i64,
+    /// `partitionLeaderEpoch`.
+    pub epoch: i32,
+    /// The batch's CRC-32C (identifies its content).
+    pub crc: u32,
+    /// The whole batch.
+    pub bytes: Bytes,
+}
+
+/// A [`RaftLog`] in memory, with a durability point so that the simulator can lose what was
+/// appended but not flushed when it crashes a node.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLog {
+    batches: Vec<StoredBatch>,
+    /// `(epoch, start offset)` for each epoch in the log, ascending: the leader epoch cache.
+    epochs: Vec<(i32, i64)>,
+    high_watermark: i64,
+    durable_end_offset: i64,
+    /// Smallest batch count the log had since [`MemoryLog::take_truncation_mark`] last ran.
+    truncation_mark: Option<usize>,
+    /// Durable batches a truncation removed since the last flush: the truncation itself is not
+    /// durable yet, so a crash may bring them back (a file truncated but not fsynced).
+    resurrectable: Vec<StoredBatch>,
+}
+
+impl MemoryLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The batches, in offset order.
+    pub fn batches(&self) -> &[StoredBatch] {
+        &self.batches
+    }
+
+    /// The offset up to which appends are durable (survive [`MemoryLog::crash`]).
+    pub fn durable_end_offset(&self) -> i64 {
+        self.durable_end_offset
+    }
+
+    /// Completes a [`crate::Action::FlushLog`]: everything below `end_offset` is durable, and
+    /// so are the truncations made before it.
+    pub fn flush(&mut self, end_offset: i64) {
+        let end = end_offset.min(self.log_end_offset());
+        self.durable_end_offset = self.durable_end_offset.max(end);
+        self.resurrectable.clear();
+    }
+
+    fn durable_batches(&self) -> usize {
+        self.batches
+            .iter()
+            .take_while(|b| b.last_offset < self.durable_end_offset)
+            .count()
+    }
+
+    /// A crash: keeps the durable prefix and a random number of the batches appended after it
+    /// (the page cache may have written some back); a truncation not yet made durable by a
+    /// flush may be undone (half the time); forgets the high watermark.
+    pub fn crash(&mut self, rng: &mut Rng) {
+        let durable_batches = self.durable_batches();
+        if !self.resurrectable.is_empty() && rng.chance(0.5) {
+            self.batches.truncate(durable_batches);
+            self.note_truncation();
+            let back = std::mem::take(&mut self.resurrectable);
+            self.batches.extend(back);
+            self.rebuild_epochs();
+        } else {
+            let keep = durable_batches
+                + rng.below((self.batches.len() - durable_batches) as u64 + 1) as usize;
+            if keep < self.batches.len() {
+                self.batches.truncate(keep);
+                self.rebuild_epochs();
+                self.note_truncation();
+            }
+        }
+        self.resurrectable.clear();
+        self.durable_end_offset = self.log_end_offset();
+        self.high_watermark = 0;
+    }
+
+    /// The smallest batch count since the last call (a truncation happened), or `None`.
+    pub fn take_truncation_mark(&mut self) -> Option<usize> {
+        self.truncation_mark.take()
+    }
+
+    fn note_truncation(&mut self) {
+        let len = self.batches.len();
+        self.truncation_mark = Some(self.truncation_mark.map_or(len, |m| m.min(len)));
+    }
+
+    fn rebuild_epochs(&mut self) {
+        self.epochs.clear();
+        for b in &self.batches {
+            if self.epochs.last().map(|&(e, _)| e) != Some(b.epoch) {
+                self.epochs.push((b.epoch, b.base_offset));
+            }
+        }
+    }
+
+    fn push(&mut self, header: &BatchHeader, bytes: Bytes) {
+        let epoch = header.partition_leader_epoch;
+        if self.epochs.last().map(|&(e, _)| e) != Some(epoch) {
+            self.epochs.push((epoch, header.base_offset));
+        }
+        self.batches.push(StoredBatch {
+            base_offset: header.base_offset,
+            last_offset: header.last_offset(),
+            epoch,
+            crc: header.crc,
+            bytes,
+        });
+    }
+
+    /// Checks that `header` may follow `(next_offset, latest_epoch)`.
+    fn check_follows(
+        header: &BatchHeader,
+        next_offset: i64,
+        latest_epoch: i32,
+    ) -> Result<(), RaftLogError> {
+        if header.base_offset != next_offset {
+            return Err(RaftLogError::NonContiguous {
+                base_offset: header.base_offset,
+                log_end_offset: next_offset,
+            });
+        }
+        if header.partition_leader_epoch < latest_epoch || header.partition_leader_epoch < 0 {
+            return Err(RaftLogError::EpochRegression {
+                epoch: header.partition_leader_epoch,
+                latest_epoch,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl RaftLog for MemoryLog {
+    fn log_end_offset(&self) -> i64 {
+        self.batches.last().map_or(0, |b| b.last_offset + 1)
+    }
+
+    fn last_fetched_epoch(&self) -> i32 {
+        self.batches.last().map_or(0, |b| b.epoch)
+    }
+
+    fn end_offset_for_epoch(&self, epoch: i32) -> OffsetAndEpoch {
+        let leo = self.log_end_offset();
+        let Some(&(latest, _)) = self.epochs.last() else {
+            return OffsetAndEpoch::new(leo, 0);
+        };
+        if epoch == latest {
+            return OffsetAndEpoch::new(leo, epoch);
+        }
+        // First epoch entry above the requested one.
+        let higher = self.epochs.partition_point(|&(e, _)| e <= epoch);
+        if higher >= self.epochs.len() {
+            return OffsetAndEpoch::new(leo, latest);
+        }
+        let higher_start = self.epochs[higher].1;
+        if higher == 0 {
+            OffsetAndEpoch::new(higher_start, epoch)
+        } else {
+            OffsetAndEpoch::new(higher_start, self.epochs[higher - 1].0)
+        }
+    }
+
+    fn read(&self, from: i64, max_bytes: usize) -> Result<Bytes, RaftLogError> {
+        let first = self.batches.partition_point(|b| b.last_offset < from);
+        let mut out = BytesMut::new();
+        for b in &self.batches[first..] {
+            if !out.is_empty() && out.len() + b.bytes.len() > max_bytes {
+                break;
+            }
+            out.extend_from_slice(&b.bytes);
+        }
+        Ok(out.freeze())
+    }
+
+    fn high_watermark(&self) -> i64 {
+        self.high_watermark
+    }
+
+    fn update_high_watermark(&mut self, high_watermark: i64) {
+        self.high_watermark = self.high_watermark.max(high_watermark);
+    }
+
+    fn append_as_leader(
+        &mut self,
+        batch: Bytes,
+        epoch: i32,
+    ) -> Result<LogAppendInfo, RaftLogError> {
+        let header =
+            batch::validate_batch(&batch).map_err(|e| RaftLogError::Corrupt(e.to_string()))?;
+        if header.total_size() != batch.len() {
+            return Err(RaftLogError::Corrupt(format!(
+                "{} trailing bytes after the batch",
+                batch.len() - header.total_size()
+            )));
+        }
+        if header.partition_leader_epoch != epoch {
+            return Err(RaftLogError::Corrupt(format!(
+                "batch epoch {} is not the leader epoch {epoch}",
+                header.partition_leader_epoch
+            )));
+        }
+        Self::check_follows(&header, self.log_end_offset(), self.last_fetched_epoch())?;
+        self.push(&header, batch);
+        Ok(LogAppendInfo {
+            first_offset: header.base_offset,
+            last_offset: header.last_offset(),
+        })
+    }
+
+    fn append_as_follower(&mut self, records: &Bytes) -> Result<LogAppendInfo, RaftLogError> {
+        let mut headers = Vec::new();
+        let mut next = self.log_end_offset();
+        let mut latest_epoch = self.last_fetched_epoch();
+        for item in Batches::new(records) {
+            let (at, _) = item.map_err(|e| RaftLogError::Corrupt(e.to_string()))?;
+            let header = batch::validate_batch(&records[at..])
+                .map_err(|e| RaftLogError::Corrupt(e.to_string()))?;
+            Self::check_follows(&header, next, latest_epoch)?;
+            next = header.last_offset() + 1;
+            latest_epoch = header.partition_leader_epoch;
+            headers.push((at, header));
+        }
+        let (Some(first), Some(last)) = (headers.first(), headers.last()) else {
+            return Err(RaftLogError::Corrupt("no record batch".into()));
+        };
+        let info = LogAppendInfo {
+            first_offset: first.1.base_offset,
+            last_offset: last.1.last_offset(),
+        };
+        for (at, header) in headers {
+            let bytes = records.slice(at..at + header.total_size());
+            self.push(&header, bytes);
+        }
+        Ok(info)
+    }
+
+    fn truncate_to(&mut self, offset: i64) -> Result<i64, RaftLogError> {
+        if offset < self.high_watermark {
+            return Err(RaftLogError::BelowHighWatermark {
+                offset,
+                high_watermark: self.high_watermark,
+            });
+        }
+        let keep = self.batches.partition_point(|b| b.last_offset < offset);
+        if keep < self.batches.len() {
+            let durable = self.durable_batches();
+            if keep < durable {
+                let mut removed = self.batches[keep..durable].to_vec();
+                removed.append(&mut self.resurrectable);
+                self.resurrectable = removed;
+            }
+            self.batches.truncate(keep);
+            self.rebuild_epochs();
+            self.note_truncation();
+        }
+        let leo = self.log_end_offset();
+        self.durable_end_offset = self.durable_end_offset.min(leo);
+        Ok(leo)
+    }
+}
+
+/// Builds the batch of a leader's proposal: one record per value (null key), at `base_offset`,
+/// `partitionLeaderEpoch` = `epoch`, timestamps `now_ms`.
+pub fn build_data_batch(base_offset: i64, epoch: i32, now_ms: i64, values: &[Bytes]) -> Bytes {
+    let mut builder = BatchBuilder::new(base_offset, now_ms);
+    for v in values {
+        builder = builder.record(now_ms, None, Some(v), &[]);
+    }
+    let mut bytes = builder.build();
+    batch::set_partition_leader_epoch(&mut bytes, epoch);
+    Bytes::from(bytes)
+}
+
+/// The control record type of a `LeaderChangeMessage` (`ControlRecordType.LEADER_CHANGE`).
+pub const CONTROL_TYPE_LEADER_CHANGE: i16 = 2;
+
+/// Builds the `LeaderChange` control batch a new leader appends at the start of its epoch
+/// (KIP-595): a control batch holding one record whose key is the control record key
+/// (`version` 0, `type` 2) and whose value is a `LeaderChangeMessage` v0 naming the leader, the
+/// voters and the voters that granted the vote.
+pub fn build_leader_change_batch(
+    base_offset: i64,
+    epoch: i32,
+    now_ms: i64,
+    leader_id: NodeId,
+    voters: &[NodeId],
+    granting_voters: &[NodeId],
+) -> Bytes {
+    let mut key = Vec::with_capacity(4);
+    key.extend_from_slice(&0i16.to_be_bytes());
+    key.extend_from_slice(&CONTROL_TYPE_LEADER_CHANGE.to_be_bytes());
+    let voter = |id: &NodeId| Voter::default().with_voter_id(*id);
+    let message = LeaderChangeMessage::default()
+        .with_version(0)
+        .with_leader_id(BrokerId(leader_id))
+        .with_voters(voters.iter().map(voter).collect())
+        .with_granting_voters(granting_voters.iter().map(voter).collect());
+    let mut value = BytesMut::new();
+    // Encoding a message built here into a growable buffer cannot fail.
+    let _ = message.encode(&mut value, 0);
+    let mut bytes = BatchBuilder::new(base_offset, now_ms)
+        .transactional(false, true)
+        .record(now_ms, Some(&key), Some(&value), &[])
+        .build();
+    batch::set_partition_leader_epoch(&mut bytes, epoch);
+    Bytes::from(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gregor_protocol::records::decode_records;
+    use kafka_protocol::protocol::Decodable;
+
+    fn log_with(epochs_and_counts: &[(i32, usize)]) -> MemoryLog {
+        let mut log = MemoryLog::new();
+        for &(epoch, count) in epochs_and_counts {
+            for _ in 0..count {
+                let b = build_data_batch(log.log_end_offset(), epoch, 0, &[Bytes::from("v")]);
+                log.append_as_leader(b, epoch).unwrap();
+            }
+        }
+        log
+    }
+
+    #[test]
+    fn end_offset_for_epoch_is_kafkas() {
+        // epoch 1 at [0,3), epoch 3 at [3,5), epoch 4 at [5,6)
+        let log = log_with(&[(1, 3), (3, 2), (4, 1)]);
+        assert_eq!(log.end_offset_for_epoch(4), OffsetAndEpoch::new(6, 4));
+        assert_eq!(log.end_offset_for_epoch(3), OffsetAndEpoch::new(5, 3));
+        assert_eq!(log.end_offset_for_epoch(2), OffsetAndEpoch::new(3, 1));
+        assert_eq!(log.end_offset_for_epoch(1), OffsetAndEpoch::new(3, 1));
+        assert_eq!(log.end_offset_for_epoch(0), OffsetAndEpoch::new(0, 0));
+        assert_eq!(log.end_offset_for_epoch(9), OffsetAndEpoch::new(6, 4));
+        assert_eq!(
+            MemoryLog::new().end_offset_for_epoch(5),
+            OffsetAndEpoch::new(0, 0)
+        );
+    }
+
+    #[test]
+    fn truncate_to_end_offset_follows_the_diverging_epoch() {
+        // Leader: epoch 1 [0,3), epoch 2 [3,4). Follower: epoch 1 [0,5) (two stale records).
+        let mut follower = log_with(&[(1, 5)]);
+        let leo = follower
+            .truncate_to_end_offset(OffsetAndEpoch::new(3, 1))
+            .unwrap();
+        assert_eq!(leo, 3);
+        assert_eq!(follower.last_fetched_epoch(), 1);
+        // A diverging epoch the follower does not have: truncate to the end of its own epoch
+        // below it.
+        let mut follower = log_with(&[(1, 2), (3, 2)]);
+        assert_eq!(
+            follower
+                .truncate_to_end_offset(OffsetAndEpoch::new(3, 2))
+                .unwrap(),
+            2
+        );
+    }
+
+    #[test]
+    fn follower_append_checks_contiguity_and_crc() {
+        let leader = log_with(&[(1, 3), (2, 1)]);
+        let mut follower = MemoryLog::new();
+        let all = leader.read(0, usize::MAX).unwrap();
+        let info = follower.append_as_follower(&all).unwrap();
+        assert_eq!((info.first_offset, info.last_offset), (0, 3));
+        assert_eq!(follower.end_offset(), OffsetAndEpoch::new(4, 2));
+        // Not at the LEO.
+        let again = leader.read(1, usize::MAX).unwrap();
+        assert!(matches!(
+            follower.append_as_follower(&again),
+            Err(RaftLogError::NonContiguous { .. })
+        ));
+        // Corrupt CRC.
+        let mut bad = MemoryLog::new();
+        let mut bytes = all.to_vec();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        assert!(matches!(
+            bad.append_as_follower(&Bytes::from(bytes)),
+            Err(RaftLogError::Corrupt(_))
+        ));
+        assert_eq!(bad.log_end_offset(), 0);
+    }
+
+    #[test]
+    fn read_returns_whole_batches_within_max_bytes() {
+        let log = log_with(&[(1, 4)]);
+        let one = log.batches()[0].bytes.len();
+        assert_eq!(log.read(0, 1).unwrap().len(), one);
+        assert_eq!(log.read(0, 2 * one).unwrap().len(), 2 * one);
+        assert_eq!(log.read(2, usize::MAX).unwrap().len(), 2 * one);
+        assert!(log.read(4, usize::MAX).unwrap().is_empty());
+    }
+
+    #[test]
+    fn truncation_below_the_high_watermark_is_refused() {
+        let mut log = log_with(&[(1, 4)]);
+        log.update_high_watermark(3);
+        assert!(matches!(
+            log.truncate_to(2),
+            Err(RaftLogError::BelowHighWatermark { .. })
+        ));
+        assert_eq!(log.truncate_to(3).unwrap(), 3);
+    }
+
+    #[test]
+    fn crash_keeps_the_durable_prefix() {
+        let mut rng = Rng::new(3);
+        for _ in 0..50 {
+            let mut log = log_with(&[(1, 6)]);
+            log.flush(2);
+            log.crash(&mut rng);
+            assert!(log.log_end_offset() >= 2);
+            assert_eq!(log.high_watermark(), 0);
+        }
+    }
+
+    #[test]
+    fn a_crash_may_undo_a_truncation_not_yet_flushed() {
+        let mut undone = 0;
+        let mut rng = Rng::new(11);
+        for _ in 0..40 {
+            let mut log = log_with(&[(1, 2), (2, 2)]);
+            log.flush(4);
+            log.truncate_to(2).unwrap();
+            let b = build_data_batch(2, 3, 0, &[Bytes::from("new")]);
+            log.append_as_leader(b, 3).unwrap();
+            log.crash(&mut rng);
+            assert!(log.take_truncation_mark().is_some());
+            match log.end_offset() {
+                e if e == OffsetAndEpoch::new(4, 2) => undone += 1,
+                e => assert!(e == OffsetAndEpoch::new(2, 1) || e == OffsetAndEpoch::new(3, 3)),
+            }
+        }
+        assert!(undone > 0);
+        // Once flushed, the truncation stays.
+        let mut log = log_with(&[(1, 2), (2, 2)]);
+        log.flush(4);
+        log.truncate_to(2).unwrap();
+        log.flush(2);
+        log.crash(&mut rng);
+        assert_eq!(log.end_offset(), OffsetAndEpoch::new(2, 1));
+    }
+
+    #[test]
+    fn leader_change_batch_is_a_control_batch_kafka_can_read() {
+        let b = build_leader_change_batch(7, 3, 1000, 2, &[1, 2, 3], &[2, 3]);
+        let h = batch::validate_batch(&b).unwrap();
+        assert!(h.is_control());
+        assert_eq!((h.base_offset, h.partition_leader_epoch), (7, 3));
+        let records = decode_records(&b).unwrap();
+        assert_eq!(records.len(), 1);
+        let key = records[0].key.clone().unwrap();
+        assert_eq!(&key[..], &[0, 0, 0, 2]);
+        let mut value = records[0].value.clone().unwrap();
+        let m = LeaderChangeMessage::decode(&mut value, 0).unwrap();
+        assert_eq!(m.leader_id, BrokerId(2));
+        assert_eq!(m.voters.len(), 3);
+        assert_eq!(m.granting_voters.len(), 2);
+    }
+}
