@@ -27,15 +27,18 @@ pub mod config;
 pub mod convert;
 pub mod log;
 pub mod message;
+pub mod metadata_log;
 mod node;
 pub mod quorum_state;
 pub mod rng;
 pub mod sim;
+pub mod snapshot;
 pub mod types;
 
 pub use config::QuorumConfig;
 pub use log::{MemoryLog, RaftLog, RaftLogError};
 pub use message::{Message, Request, Response};
+pub use metadata_log::{KafkaMetadataLog, MetadataLogConfig, StorageError};
 pub use node::{
     Action, ProposeError, Proposed, QuorumDescription, RaftNode, ReplicaDescription, Role,
 };
