@@ -2,8 +2,9 @@
 //! `kafka-dump-log --cluster-metadata-decoder` decodes our segment and our snapshot, and a
 //! combined Kafka node starts on a directory whose segments, snapshots and `quorum-state`
 //! were all written by `KafkaMetadataLog`, `SnapshotWriter` and `FileQuorumStateStore` (only
-//! `meta.properties` is Kafka's own, from `kafka-storage format`), and describes the topics our
-//! snapshot and our log create. Skipped (with a message) when the Kafka jars cannot be fetched.
+//! `meta.properties` is Kafka's own, from `kafka-storage format`), the log cleaned up to our
+//! snapshot (so Kafka must load the snapshot), and describes the topics our snapshot and our
+//! log create. Skipped (with a message) when the Kafka jars cannot be fetched.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -103,11 +104,17 @@ fn framed(records: &[ApiMessageAndVersion]) -> Vec<Bytes> {
 /// Writes, through gregor-raft only, a metadata log directory in `data_dir`: the bootstrap
 /// snapshot `0-0` (feature levels), a log of epoch 1 (LeaderChange, feature levels, topic
 /// `from-gregor-snapshot`), a snapshot at its end holding the whole image, then more log
-/// (topic `from-gregor-log`), and `quorum-state` (epoch 1, leader 1). Returns the segment and
-/// snapshot paths.
-fn write_metadata_dir(data_dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+/// (topic `from-gregor-log`), and `quorum-state` (epoch 1, leader 1). With `clean`, segments
+/// are small, so the log after the snapshot is in its own segment, and the log is cleaned up
+/// to the snapshot: the first segment is deleted and a reader must start from the snapshot.
+/// Returns the newest segment's path and the snapshot's.
+fn write_metadata_dir(data_dir: &Path, clean: bool) -> (std::path::PathBuf, std::path::PathBuf) {
     let now = now_ms();
-    let mut log = KafkaMetadataLog::open(data_dir, MetadataLogConfig::default()).expect("open");
+    let config = MetadataLogConfig {
+        segment_bytes: if clean { 600 } else { 1 << 30 },
+        ..MetadataLogConfig::default()
+    };
+    let mut log = KafkaMetadataLog::open(data_dir, config).expect("open");
     let bootstrap = log
         .create_snapshot(OffsetAndEpoch::new(0, 0), -1, now)
         .expect("bootstrap snapshot");
@@ -136,6 +143,21 @@ fn write_metadata_dir(data_dir: &Path) -> (std::path::PathBuf, std::path::PathBu
     let b = build_metadata_batch(snapshot_end, epoch, now, &more).expect("batch");
     log.append_as_leader(Bytes::from(b), epoch).expect("more");
     log.flush().expect("flush");
+    if clean {
+        assert_eq!(
+            log.partition_log().segment_base_offsets(),
+            vec![0, snapshot_end],
+            "the log after the snapshot rolled into its own segment"
+        );
+        assert!(log.delete_before_snapshot(id, now).expect("clean"));
+        assert_eq!(log.log_start_offset(), snapshot_end);
+        log.delete_due_files(now + 60_001);
+        assert!(!log.dir().join("00000000000000000000.log").exists());
+        assert!(!log
+            .dir()
+            .join("00000000000000000000-0000000000.checkpoint")
+            .exists());
+    }
 
     let store = FileQuorumStateStore::new(log.dir());
     store
@@ -148,7 +170,12 @@ fn write_metadata_dir(data_dir: &Path) -> (std::path::PathBuf, std::path::PathBu
             &VoterSet::new([1]).expect("voters"),
         )
         .expect("quorum-state");
-    let segment = log.dir().join("00000000000000000000.log");
+    let base = *log
+        .partition_log()
+        .segment_base_offsets()
+        .last()
+        .expect("a segment");
+    let segment = log.dir().join(format!("{base:020}.log"));
     (segment, snapshot)
 }
 
@@ -167,7 +194,10 @@ fn dump_log(file: &Path) -> String {
     .expect("running kafka-dump-log");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "kafka-dump-log failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "kafka-dump-log failed:\n{stdout}\n{stderr}"
+    );
     for bad in ["Error at", "Exception", "corrupt"] {
         assert!(
             !stdout.contains(bad) && !stderr.contains(bad),
@@ -183,7 +213,7 @@ fn kafka_dump_log_reads_our_segment_and_snapshot() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (segment, snapshot) = write_metadata_dir(dir.path());
+    let (segment, snapshot) = write_metadata_dir(dir.path(), false);
     let dump = dump_log(&segment);
     eprintln!("{dump}");
     assert!(dump.contains("LeaderChange"), "{dump}");
@@ -228,7 +258,7 @@ fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
     if kafka_dir.exists() {
         std::fs::remove_dir_all(&kafka_dir).expect("removing Kafka's metadata dir");
     }
-    let (segment, _) = write_metadata_dir(&instance.data_dir);
+    let (segment, _) = write_metadata_dir(&instance.data_dir, true);
     let written = std::fs::read(&segment).expect("our segment");
 
     let child = instance.start().expect("starting Kafka");
@@ -241,8 +271,7 @@ fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
     for (name, partitions) in [("from-gregor-snapshot", 2), ("from-gregor-log", 3)] {
         loop {
             let out = tool_output(&["--bootstrap-server", &bs, "--describe", "--topic", name]);
-            if out.contains(&format!("PartitionCount: {partitions}")) && out.contains("Leader: 1")
-            {
+            if out.contains(&format!("PartitionCount: {partitions}")) && out.contains("Leader: 1") {
                 eprintln!("{out}");
                 break;
             }
@@ -265,8 +294,12 @@ fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
     }
     let log = KafkaMetadataLog::open(&instance.data_dir, MetadataLogConfig::default())
         .expect("gregor opens the directory Kafka ran on");
-    assert!(log.last_fetched_epoch() > 1, "Kafka elected itself in a new epoch");
-    let mut at = 0;
+    assert!(
+        log.last_fetched_epoch() > 1,
+        "Kafka elected itself in a new epoch"
+    );
+    assert_eq!(log.log_start_offset(), 10);
+    let mut at = log.log_start_offset();
     while at < log.log_end_offset() {
         let bytes = log.read(at, 1 << 20).expect("read");
         for b in gregor_protocol::batch::Batches::new(&bytes) {
