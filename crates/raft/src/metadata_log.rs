@@ -610,7 +610,12 @@ impl RaftLog for KafkaMetadataLog {
         if from >= self.log_end_offset() {
             return Ok(Bytes::new());
         }
-        let from = from.max(self.log_start_offset());
+        if from < self.log_start_offset() {
+            return Err(RaftLogError::BelowLogStartOffset {
+                offset: from,
+                log_start_offset: self.log_start_offset(),
+            });
+        }
         self.log
             .read(from, max_bytes, i64::MAX, true)
             .map(|r| r.records)

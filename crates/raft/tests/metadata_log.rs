@@ -357,6 +357,13 @@ fn snapshots_are_written_read_and_move_the_log_start_offset() {
     assert_eq!(log.log_end_offset(), leo);
     assert_eq!(log.latest_snapshot_id(), Some(id));
     assert!(!log.read(15, 1).unwrap().is_empty());
+    assert!(matches!(
+        log.read(3, 1),
+        Err(RaftLogError::BelowLogStartOffset {
+            offset: 3,
+            log_start_offset: 15
+        })
+    ));
 }
 
 #[test]
