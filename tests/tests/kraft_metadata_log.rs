@@ -170,6 +170,7 @@ fn write_metadata_dir(data_dir: &Path, clean: bool) -> (std::path::PathBuf, std:
             &VoterSet::new([1]).expect("voters"),
         )
         .expect("quorum-state");
+    log.close().expect("close");
     let base = *log
         .partition_log()
         .segment_base_offsets()
@@ -313,5 +314,75 @@ fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
         .expect("present");
     assert!(state.epoch > 1, "{state:?}");
     assert!(voters.is_empty() || voters == vec![1], "{voters:?}");
+    let _ = std::fs::remove_dir_all(&instance.data_dir);
+}
+
+/// gregor opens the `__cluster_metadata-0` of a fresh Kafka 4.4.0 run (Kafka's own segments,
+/// indexes, `leader-epoch-checkpoint`, `partition.metadata`, bootstrap snapshot and
+/// `quorum-state`) and reads every batch; the files Kafka keeps there are the ones gregor
+/// writes.
+#[test]
+fn gregor_opens_the_metadata_log_of_a_fresh_kafka_run() {
+    if !kafka_jars() {
+        return;
+    }
+    let port = free_port().expect("a free port");
+    let instance = Instance::new(port, None, None).expect("an instance");
+    instance.format().expect("kafka-storage format");
+    let child = instance.start().expect("starting Kafka");
+    let mut guard = ChildGuard::new("kafka", child);
+    instance
+        .wait_ready(|| guard.check_alive())
+        .expect("Kafka ready");
+    guard.stop().expect("stopping Kafka");
+    let dir = KafkaMetadataLog::partition_dir(&instance.data_dir);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("Kafka's metadata dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+        .collect();
+    names.sort();
+    eprintln!("{names:?}");
+    for f in [
+        "00000000000000000000.log",
+        "00000000000000000000.index",
+        "00000000000000000000.timeindex",
+        "leader-epoch-checkpoint",
+        "partition.metadata",
+        "quorum-state",
+        "00000000000000000000-0000000000.checkpoint",
+    ] {
+        assert!(names.iter().any(|n| n == f), "Kafka has no {f}: {names:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("partition.metadata")).expect("partition.metadata"),
+        "version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAQ"
+    );
+    let log = KafkaMetadataLog::open(&instance.data_dir, MetadataLogConfig::default())
+        .expect("gregor opens Kafka's metadata log");
+    assert!(log.log_end_offset() > 0);
+    assert!(log.last_fetched_epoch() >= 1);
+    assert!(log.snapshot_ids().contains(&OffsetAndEpoch::new(0, 0)));
+    let epochs = std::fs::read_to_string(dir.join("leader-epoch-checkpoint")).expect("epochs");
+    assert!(
+        epochs.starts_with("0\n"),
+        "leader-epoch-checkpoint version 0: {epochs}"
+    );
+    let mut at = 0;
+    let mut batches = 0;
+    while at < log.log_end_offset() {
+        let bytes = log.read(at, 1 << 20).expect("read");
+        for b in gregor_protocol::batch::Batches::new(&bytes) {
+            let (_, h) = b.expect("batch");
+            assert_eq!(h.base_offset, at);
+            at = h.next_offset();
+            batches += 1;
+        }
+    }
+    assert!(batches > 0);
+    let (state, _) = FileQuorumStateStore::new(log.dir())
+        .read()
+        .expect("Kafka's quorum-state")
+        .expect("present");
+    assert_eq!(state.leader_id, Some(1));
     let _ = std::fs::remove_dir_all(&instance.data_dir);
 }

@@ -195,7 +195,8 @@ impl KafkaMetadataLog {
         })?;
         let meta = dir.join(PARTITION_METADATA_FILE);
         if !meta.exists() {
-            let text = format!("version: 0\ntopic_id: {METADATA_TOPIC_ID}\n");
+            // As Kafka 4.4.0 writes it: no newline after the last line.
+            let text = format!("version: 0\ntopic_id: {METADATA_TOPIC_ID}");
             write_durably(&meta, text.as_bytes())?;
         }
         let mut snapshots = BTreeMap::new();
@@ -299,6 +300,16 @@ impl KafkaMetadataLog {
     /// [`RaftLogError::Io`]; the driver must then stop (Kafka takes the log dir offline).
     pub fn flush(&self) -> Result<(), RaftLogError> {
         self.log.flush().map_err(to_raft)
+    }
+
+    /// A clean shutdown (Kafka's `UnifiedLog.close`): flushes, trims the active segment's
+    /// indexes and writes the producer state snapshot `<log end offset>.snapshot`, as Kafka
+    /// leaves in `__cluster_metadata-0/`. Later appends fail.
+    ///
+    /// # Errors
+    /// [`RaftLogError::Io`].
+    pub fn close(&self) -> Result<(), RaftLogError> {
+        self.log.close().map_err(to_raft)
     }
 
     /// Ids of the complete snapshots, oldest first.

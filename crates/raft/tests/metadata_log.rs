@@ -279,7 +279,7 @@ fn layout_is_kafkas() {
     assert!(p.ends_with("__cluster_metadata-0"));
     assert_eq!(
         std::fs::read_to_string(p.join("partition.metadata")).unwrap(),
-        "version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAQ\n"
+        "version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAQ"
     );
     assert_eq!(
         std::fs::read_to_string(p.join("leader-epoch-checkpoint")).unwrap(),
