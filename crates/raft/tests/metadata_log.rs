@@ -642,3 +642,34 @@ fn three_voters_on_disk_logs_survive_loss_and_restarts() {
         assert_eq!(n.log().log_end_offset(), leader_hw, "node {id}");
     }
 }
+
+#[test]
+fn a_corrupt_snapshot_or_quorum_state_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_disk(dir.path());
+    let p = log.dir().to_path_buf();
+    drop(log);
+    std::fs::write(
+        p.join("00000000000000000005-0000000001.checkpoint"),
+        b"not a batch",
+    )
+    .unwrap();
+    let err = KafkaMetadataLog::open(dir.path(), MetadataLogConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("00000000000000000005-0000000001.checkpoint"),
+        "{err}"
+    );
+    std::fs::remove_file(p.join("00000000000000000005-0000000001.checkpoint")).unwrap();
+    // A snapshot past the log end offset (one a follower would have fetched): not supported
+    // yet, and said so rather than serving a log with a hole.
+    let mut w =
+        gregor_raft::snapshot::SnapshotWriter::create(&p, OffsetAndEpoch::new(5, 1), 0, 0).unwrap();
+    w.append(&[Bytes::from("x")], 0).unwrap();
+    w.freeze(0).unwrap();
+    let err = KafkaMetadataLog::open(dir.path(), MetadataLogConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("past the log end offset"), "{err}");
+}
