@@ -7,7 +7,9 @@
 //! [`LogManager`] that loads every partition of every log directory, applies the flush policy
 //! and writes the clean-shutdown marker. It stores record batches exactly as produced (after
 //! patching base offset, partition leader epoch and LogAppendTime), so `kafka-dump-log` reads its
-//! segments. It never touches the network and knows nothing of requests, replicas or the
+//! segments. [`PartitionLog::append_as_follower`] and [`PartitionLog::truncate_to`] serve a
+//! replica that copies a leader's batches as they are (gregor-raft's `__cluster_metadata-0`).
+//! It never touches the network and knows nothing of requests, replicas or the
 //! high watermark beyond the bounds callers pass in.
 
 #![deny(missing_docs)]

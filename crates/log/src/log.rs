@@ -126,6 +126,9 @@ pub struct PartitionLog {
     /// The clock for times the log takes itself (segment creation at open, flush time, the
     /// cleaner's swap); times passed in by the caller come from the caller's clock.
     clock: SharedClock,
+    /// Set by [`PartitionLog::truncate_to`]: the next flush fsyncs the truncated segment and
+    /// the directory even when the log end offset did not move past the recovery point.
+    truncated_since_flush: std::sync::atomic::AtomicBool,
 }
 
 /// Suffix of segment files waiting for removal (Kafka's `DeletedFileSuffix`).
@@ -547,6 +550,7 @@ impl PartitionLog {
             cleaning: std::sync::atomic::AtomicBool::new(false),
             min_delete_horizon_ms: AtomicI64::new(i64::MAX),
             clock,
+            truncated_since_flush: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -911,6 +915,181 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Appends batches that already carry their offsets and partition leader epochs (Kafka's
+    /// `UnifiedLog.appendAsFollower`; the KRaft metadata log also appends its leader's own
+    /// batches this way, as they are built at the log end offset). Every batch is validated
+    /// (CRC, lengths), must start where the previous one ends, the first at the log end
+    /// offset; control batches are allowed. A batch with a partition leader epoch newer than
+    /// the latest one starts that epoch in `leader-epoch-checkpoint`. Rolls the active segment
+    /// as [`PartitionLog::append_as_leader`] does. Nothing is fsynced: call
+    /// [`PartitionLog::flush`].
+    ///
+    /// # Errors
+    /// [`LogError::Batch`] for a malformed batch or trailing bytes, [`LogError::InvalidRecord`]
+    /// for no batch or offsets that do not follow the log end offset,
+    /// [`LogError::RecordListTooLarge`], [`LogError::Closed`], [`LogError::Io`]; nothing is
+    /// appended on error.
+    pub fn append_as_follower(&self, records: &[u8], now_ms: i64) -> Result<AppendInfo> {
+        let config = self.config.read().clone();
+        if records.len() as u64 > config.segment_bytes {
+            return Err(LogError::RecordListTooLarge {
+                size_bytes: records.len(),
+                segment_bytes: config.segment_bytes,
+            });
+        }
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(LogError::Closed(self.topic_partition.to_string()));
+        }
+        let first_offset = self.log_end_offset();
+        let mut headers = Vec::new();
+        let mut next = first_offset;
+        let mut pos = 0;
+        while pos < records.len() {
+            let h = validate_batch(&records[pos..])?;
+            if h.base_offset != next {
+                return Err(LogError::InvalidRecord(format!(
+                    "batch at offset {} does not follow offset {next}",
+                    h.base_offset
+                )));
+            }
+            next = h.next_offset();
+            pos += h.total_size();
+            headers.push(h);
+        }
+        if headers.is_empty() {
+            return Err(LogError::InvalidRecord("no record batch to append".into()));
+        }
+        let last_offset = next - 1;
+        let max_timestamp = headers.iter().map(|h| h.max_timestamp).max().unwrap_or(-1);
+        if self.should_roll(
+            &inner,
+            &config,
+            records.len(),
+            last_offset,
+            max_timestamp,
+            now_ms,
+        ) {
+            self.roll(&mut inner, first_offset, &config, now_ms)?;
+        }
+        {
+            let mut cache = self.epoch_cache.lock();
+            let mut changed = false;
+            for h in &headers {
+                changed |= cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
+            }
+            if changed {
+                cache.persist()?;
+                if let Some(latest) = cache.latest_epoch() {
+                    self.latest_epoch.store(latest, Ordering::Release);
+                }
+            }
+        }
+        let active = Arc::clone(
+            inner
+                .segments
+                .last()
+                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
+        );
+        if let Err(e) = active.append(records, &headers, config.index_interval_bytes) {
+            tracing::error!(partition = %self.topic_partition, error = %e,
+                "append failed; refusing further appends to this log");
+            inner.closed = true;
+            return Err(e);
+        }
+        let mut record_count = 0u64;
+        for h in &headers {
+            inner.producer_state.replay(h);
+            record_count += u64::try_from(h.next_offset() - h.base_offset).unwrap_or(0);
+        }
+        debug_assert!(next > self.log_end_offset());
+        self.log_end_offset.store(next, Ordering::Release);
+        inner.unflushed_messages += record_count;
+        Ok(AppendInfo {
+            first_offset,
+            last_offset,
+            log_append_time_ms: -1,
+            log_start_offset: self.log_start_offset(),
+            duplicate: false,
+            records: record_count,
+            bytes: records.len() as u64,
+        })
+    }
+
+    /// Kafka's `UnifiedLog.truncateTo`: removes every batch holding an offset `>= offset` (the
+    /// batch containing `offset` goes whole), deleting the segments that start above it, and
+    /// drops the leader epochs that start at or after the new log end offset. Returns the new
+    /// log end offset. The truncation is durable after the next [`PartitionLog::flush`], which
+    /// fsyncs the truncated segment and the directory.
+    ///
+    /// # Errors
+    /// [`LogError::OffsetOutOfRange`] below the log start offset, [`LogError::Closed`],
+    /// [`LogError::Io`].
+    pub fn truncate_to(&self, offset: i64) -> Result<i64> {
+        let _maintenance = self.maintenance_lock.lock();
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(LogError::Closed(self.topic_partition.to_string()));
+        }
+        let log_end_offset = self.log_end_offset();
+        if offset >= log_end_offset {
+            return Ok(log_end_offset);
+        }
+        let log_start_offset = self.log_start_offset();
+        if offset < log_start_offset {
+            return Err(LogError::OffsetOutOfRange {
+                offset,
+                log_start_offset,
+                log_end_offset,
+            });
+        }
+        let config = self.config.read().clone();
+        // Keep the segments starting at or below `offset`; at least the first one.
+        let keep = inner
+            .segments
+            .partition_point(|s| s.base_offset() <= offset)
+            .max(1);
+        let removed: Vec<_> = inner.segments.drain(keep..).collect();
+        for seg in &removed {
+            delete_segment_files(&self.dir, seg.base_offset())?;
+        }
+        let active = Arc::clone(
+            inner
+                .segments
+                .last()
+                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
+        );
+        let new_end = active.truncate_to(offset, config.index_interval_bytes)?;
+        active.preallocate_indexes()?;
+        *self.segments.write() = Arc::new(inner.segments.clone());
+        self.log_end_offset.store(new_end, Ordering::Release);
+        self.recovery_point.fetch_min(new_end, Ordering::AcqRel);
+        {
+            let mut cache = self.epoch_cache.lock();
+            cache.truncate_from_end(new_end)?;
+            self.latest_epoch
+                .store(cache.latest_epoch().unwrap_or(-1), Ordering::Release);
+        }
+        let mut producer_state = ProducerStateManager::new(&self.dir);
+        for snap in producer_state.list_snapshots()? {
+            if snap > new_end {
+                producer_state.delete_snapshot(snap)?;
+            }
+        }
+        // Producer state after a truncation: rebuilt from the headers that remain.
+        for seg in inner.segments.iter() {
+            seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
+                producer_state.replay(h);
+                Ok(true)
+            })?;
+        }
+        inner.producer_state = producer_state;
+        self.truncated_since_flush.store(true, Ordering::Release);
+        tracing::info!(partition = %self.topic_partition, offset, log_end_offset = new_end,
+            "truncated log");
+        Ok(new_end)
+    }
+
     /// Reads whole batches starting with the one containing `fetch_offset`, up to `max_bytes`
     /// in total, only batches entirely below `max_offset` (exclusive; the high watermark or
     /// last stable offset), from one segment. With `min_one_batch` (KIP-74) the first batch is
@@ -1088,7 +1267,8 @@ impl PartitionLog {
             (inner.segments.clone(), self.log_end_offset())
         };
         let recovery_point = self.recovery_point();
-        if log_end_offset > recovery_point {
+        let truncated = self.truncated_since_flush.swap(false, Ordering::AcqRel);
+        if log_end_offset > recovery_point || truncated {
             let first = segments
                 .partition_point(|s| s.base_offset() <= recovery_point)
                 .saturating_sub(1);

@@ -625,6 +625,23 @@ impl LogSegment {
         Ok(result)
     }
 
+    /// Kafka's `LogSegment.truncateTo`: removes the batch holding `offset` and everything
+    /// after it, then rebuilds the indexes and the max timestamp from what is left. Returns the
+    /// offset after the last remaining batch (the base offset when none is left). The caller
+    /// fsyncs on its next flush.
+    pub(crate) fn truncate_to(&self, offset: i64, index_interval_bytes: u64) -> Result<i64> {
+        let position = match self.translate_offset(offset, self.size())? {
+            Some((pos, _)) => pos,
+            None => self.size(),
+        };
+        self.log
+            .set_len(position)
+            .map_err(|e| LogError::io("truncating", &self.log_path, e))?;
+        self.size_bytes.store(position, Ordering::Release);
+        let r = self.recover(self.base_offset, index_interval_bytes, |_| {})?;
+        Ok(r.next_offset.unwrap_or(self.base_offset))
+    }
+
     /// The offset after the last batch, walking from the last offset-index entry. `None` for an
     /// empty segment.
     ///

@@ -8,34 +8,44 @@
 //!   randomness from an injected seeded [`Rng`], and returns [`Action`]s: messages to send, the
 //!   election state to persist (`quorum-state`), log flushes, high-watermark (commit) moves.
 //! - [`RaftLog`]: the small log interface the core reads and appends through (Kafka's
-//!   `ReplicatedLog`), with [`MemoryLog`] for tests and the simulator.
+//!   `ReplicatedLog`), with [`MemoryLog`] for tests and the simulator and
+//!   [`KafkaMetadataLog`] ([`metadata_log`]) for `<metadata.log.dir>/__cluster_metadata-0/`
+//!   on gregor-log segments in Kafka's layout, with its retention through snapshots.
+//! - [`snapshot`]: KIP-630 snapshots on disk (`<end offset>-<epoch>.checkpoint`, written as
+//!   `.checkpoint.part` and renamed; SnapshotHeader, batches, SnapshotFooter).
 //! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch) as plain
 //!   structs with Kafka's field meanings, and [`convert`] to and from `kafka-protocol`'s
 //!   message types, so the socket transport is framing only.
-//! - [`quorum_state`]: the `quorum-state` file's JSON (Kafka's `FileQuorumStateStore`), in
-//!   which a driver persists the [`ElectionState`].
+//! - [`quorum_state`]: the `quorum-state` file (Kafka's `FileQuorumStateStore`: JSON codec and
+//!   the durable temp-file/fsync/rename store), in which a driver persists the
+//!   [`ElectionState`].
 //! - [`sim`]: a deterministic simulator (one seed drives the network, faults, crashes, clocks
 //!   and the client) with safety and liveness checks after every step (`cargo xtask sim`).
 //!
-//! What it must not know about: metadata record types (it replicates opaque record batches;
-//! KIP-631 records live in `gregor-protocol` and `gregor-metadata`), sockets, tokio, files.
-//! The production driver (tokio task, the `__cluster_metadata-0` log on gregor-log segments, the
-//! `quorum-state` file, the controller listener) comes next; see docs/architecture.md.
+//! What it must not know about: metadata record types (it replicates and snapshots opaque
+//! record batches; KIP-631 records live in `gregor-protocol` and `gregor-metadata`), sockets,
+//! tokio. Files only through [`metadata_log`], [`snapshot`] and [`quorum_state`]; the core
+//! ([`RaftNode`]) never touches them. Still to come: the production driver (a tokio task
+//! executing the actions on these files, the controller listener), FetchSnapshot; see
+//! docs/architecture.md.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod convert;
 pub mod log;
 pub mod message;
+pub mod metadata_log;
 mod node;
 pub mod quorum_state;
 pub mod rng;
 pub mod sim;
+pub mod snapshot;
 pub mod types;
 
 pub use config::QuorumConfig;
 pub use log::{MemoryLog, RaftLog, RaftLogError};
 pub use message::{Message, Request, Response};
+pub use metadata_log::{KafkaMetadataLog, MetadataLogConfig, StorageError};
 pub use node::{
     Action, ProposeError, Proposed, QuorumDescription, RaftNode, ReplicaDescription, Role,
 };

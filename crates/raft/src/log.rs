@@ -8,7 +8,8 @@
 //! writes at once. Durability is separate: the core asks for it with
 //! [`crate::Action::FlushLog`], which the driver completes before anything after it, and a
 //! crash may lose whatever was appended and not flushed. The implementation on gregor-log
-//! segments (`__cluster_metadata-0`) comes with the driver.
+//! segments (`__cluster_metadata-0`) is [`crate::KafkaMetadataLog`]; both pass the same
+//! contract tests (`tests/metadata_log.rs`).
 
 use bytes::{Bytes, BytesMut};
 use gregor_protocol::batch::{self, BatchBuilder, BatchHeader, Batches};
@@ -49,6 +50,18 @@ pub enum RaftLogError {
         /// The current high watermark.
         high_watermark: i64,
     },
+    /// A read below the log start offset: what was there is only in the latest snapshot
+    /// (Kafka answers such a Fetch with the SnapshotId to fetch; FetchSnapshot is not
+    /// implemented yet).
+    #[error(
+        "offset {offset} is below the log start offset {log_start_offset}; only a snapshot has it"
+    )]
+    BelowLogStartOffset {
+        /// The offset asked for.
+        offset: i64,
+        /// The log start offset.
+        log_start_offset: i64,
+    },
     /// An I/O error of the underlying storage.
     #[error("log i/o error: {0}")]
     Io(String),
@@ -63,8 +76,10 @@ pub struct LogAppendInfo {
     pub last_offset: i64,
 }
 
-/// The log the quorum replicates (`__cluster_metadata-0`), as Kafka's `ReplicatedLog`, without
-/// snapshots yet (log start offset 0).
+/// The log the quorum replicates (`__cluster_metadata-0`), as Kafka's `ReplicatedLog`. The
+/// core does not know snapshots yet: a log whose start offset moved past 0 (the disk log after
+/// cleaning up to a snapshot) answers reads below it with
+/// [`RaftLogError::BelowLogStartOffset`].
 pub trait RaftLog {
     /// The offset the next record will get (LEO).
     fn log_end_offset(&self) -> i64;

@@ -163,3 +163,138 @@ mod tests {
         );
     }
 }
+
+/// Errors of the `quorum-state` file.
+#[derive(Debug, thiserror::Error)]
+pub enum QuorumStateStoreError {
+    /// Reading or writing failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file exists but cannot be decoded: the operator must look at it (gregor does not
+    /// guess an election state, which could make it vote twice in an epoch).
+    #[error("{path} is corrupt: {source}")]
+    Corrupt {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: QuorumStateError,
+    },
+}
+
+/// Largest `quorum-state` file read (a bound on a length read off disk; the file is one line
+/// of JSON naming at most a few voters).
+pub const MAX_QUORUM_STATE_BYTES: u64 = 1024 * 1024;
+
+/// Kafka's `FileQuorumStateStore`: the `quorum-state` file in the metadata log directory
+/// (`__cluster_metadata-0/`).
+#[derive(Debug, Clone)]
+pub struct FileQuorumStateStore {
+    path: std::path::PathBuf,
+}
+
+impl FileQuorumStateStore {
+    /// The store of `dir/quorum-state`.
+    pub fn new(dir: &std::path::Path) -> Self {
+        Self {
+            path: dir.join(QUORUM_STATE_FILE_NAME),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Reads the stored election state and voters; `None` when there is no file (a fresh
+    /// node).
+    ///
+    /// # Errors
+    /// [`QuorumStateStoreError::Corrupt`] naming the file, or [`QuorumStateStoreError::Io`].
+    pub fn read(&self) -> Result<Option<(ElectionState, Vec<NodeId>)>, QuorumStateStoreError> {
+        let io = |op| {
+            let path = self.path.clone();
+            move |source| QuorumStateStoreError::Io { op, path, source }
+        };
+        let len = match std::fs::metadata(&self.path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("reading metadata of")(e)),
+        };
+        if len > MAX_QUORUM_STATE_BYTES {
+            return Err(QuorumStateStoreError::Corrupt {
+                path: self.path.clone(),
+                source: QuorumStateError::NotJson(format!("{len} bytes is too large")),
+            });
+        }
+        let bytes = std::fs::read(&self.path).map_err(io("reading"))?;
+        let text = String::from_utf8_lossy(&bytes);
+        decode(&text)
+            .map(Some)
+            .map_err(|source| QuorumStateStoreError::Corrupt {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Completes a [`crate::Action::PersistElectionState`]: writes `quorum-state.tmp`, fsyncs
+    /// it, renames it over `quorum-state` and fsyncs the directory, so a crash leaves the old
+    /// or the new state, never a torn one.
+    ///
+    /// # Errors
+    /// [`QuorumStateStoreError::Io`]; the state must then be treated as not written.
+    pub fn write(
+        &self,
+        state: &ElectionState,
+        voters: &VoterSet,
+    ) -> Result<(), QuorumStateStoreError> {
+        let mut line = encode(state, voters);
+        line.push('\n');
+        crate::metadata_log::write_durably(&self.path, line.as_bytes()).map_err(|e| match e {
+            crate::metadata_log::StorageError::Io { op, path, source } => {
+                QuorumStateStoreError::Io { op, path, source }
+            }
+            crate::metadata_log::StorageError::Snapshot(crate::snapshot::SnapshotError::Io {
+                op,
+                path,
+                source,
+            }) => QuorumStateStoreError::Io { op, path, source },
+            other => QuorumStateStoreError::Io {
+                op: "writing",
+                path: self.path.clone(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    #[test]
+    fn missing_is_fresh_written_reads_back_corrupt_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileQuorumStateStore::new(dir.path());
+        assert!(store.read().unwrap().is_none());
+        let voters = VoterSet::new([1, 2, 3]).unwrap();
+        let state = ElectionState {
+            epoch: 4,
+            leader_id: None,
+            voted_id: Some(2),
+        };
+        store.write(&state, &voters).unwrap();
+        assert_eq!(store.read().unwrap(), Some((state, vec![1, 2, 3])));
+        assert!(!dir.path().join("quorum-state.tmp").exists());
+        std::fs::write(store.path(), "{\"leaderEpoch\":").unwrap();
+        let err = store.read().unwrap_err().to_string();
+        assert!(err.contains("quorum-state"), "{err}");
+        assert!(err.contains("corrupt"), "{err}");
+    }
+}
