@@ -662,7 +662,7 @@ impl StorageConfig {
         }
         if !broker && !controller {
             return Err(invalid(
-                "The kafka configuration file appears to be for a legacy cluster. Formatting is only supported for clusters in KRaft mode.",
+                "Configuration 'process.roles' must not be empty. Valid values include: [broker, controller]",
             ));
         }
         let mut static_voters = Vec::new();
@@ -1001,6 +1001,24 @@ pub fn plan_format(cfg: &StorageConfig, opts: &FormatOptions) -> Result<FormatPl
     })
 }
 
+/// The host as Kafka's voter set records it: Kafka goes through `InetSocketAddress`, whose
+/// host string for an IP literal is Java's `getHostAddress` (IPv6 uncompressed,
+/// `0:0:0:0:0:0:0:1`; IPv4-mapped IPv6 as IPv4); names are kept as given.
+fn java_host_string(host: &str) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(ip) => match ip.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => ip
+                .segments()
+                .iter()
+                .map(|s| format!("{s:x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        },
+        Err(_) => host.to_string(),
+    }
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1040,7 +1058,7 @@ pub fn bootstrap_snapshot_bytes(
                         .with_voter_directory_id(v.directory_id)
                         .with_endpoints(vec![Endpoint::default()
                             .with_name(StrBytes::from_string(controller_listener_name.to_string()))
-                            .with_host(StrBytes::from_string(v.host.clone()))
+                            .with_host(StrBytes::from_string(java_host_string(&v.host)))
                             .with_port(v.port)])
                         .with_k_raft_version_feature(
                             KRaftVersionFeature::default()
@@ -1477,7 +1495,7 @@ mod tests {
         );
         let mut p = combined(&[("controller.quorum.voters", "1@h:1")]);
         p.insert("process.roles".into(), String::new());
-        assert!(e(p).starts_with("The kafka configuration file appears to be for a legacy cluster"));
+        assert!(e(p).starts_with("Configuration 'process.roles' must not be empty."));
         let p = combined(&[("controller.quorum.voters", "2@h:1")]);
         assert_eq!(
             e(p),
@@ -1498,6 +1516,15 @@ mod tests {
             c.directories().into_iter().collect::<Vec<_>>(),
             ["/tmp/a", "/tmp/b", "/tmp/m"].map(PathBuf::from)
         );
+    }
+
+    #[test]
+    fn ip_literals_are_written_as_java_prints_them() {
+        assert_eq!(java_host_string("::1"), "0:0:0:0:0:0:0:1");
+        assert_eq!(java_host_string("fe80::0abc:1"), "fe80:0:0:0:0:0:abc:1");
+        assert_eq!(java_host_string("::ffff:10.0.0.1"), "10.0.0.1");
+        assert_eq!(java_host_string("127.0.0.1"), "127.0.0.1");
+        assert_eq!(java_host_string("c1.example.com"), "c1.example.com");
     }
 
     #[test]
