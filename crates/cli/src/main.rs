@@ -38,7 +38,7 @@ enum Command {
     /// Run a broker (with no arguments: a one-node cluster on 127.0.0.1:9092, data in
     /// ./gregor-data).
     Serve(ServeArgs),
-    /// Format or inspect storage, as Kafka's `kafka-storage` (format, random-uuid).
+    /// Format a node's log dirs, as Kafka's `kafka-storage` (format, random-uuid).
     #[command(subcommand)]
     Storage(storage::StorageCommand),
     #[command(flatten)]
@@ -125,15 +125,18 @@ async fn wait_for_signal() -> Result<()> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    if let Command::Storage(cmd) = cli.command {
-        init_logging(cli.log_format, "warn");
-        return storage::run(cmd);
-    }
+    let command = match cli.command {
+        Command::Storage(cmd) => {
+            init_logging(cli.log_format, "warn");
+            return storage::run(cmd);
+        }
+        other => other,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    match cli.command {
+    match command {
         Command::Serve(args) => {
             init_logging(cli.log_format, "info");
             rt.block_on(serve(args))
@@ -142,6 +145,6 @@ fn main() -> Result<()> {
             init_logging(cli.log_format, "warn");
             rt.block_on(client::run(cmd))
         }
-        Command::Storage(_) => unreachable!("handled before the runtime starts"),
+        Command::Storage(cmd) => storage::run(cmd),
     }
 }
