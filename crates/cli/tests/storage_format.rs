@@ -729,3 +729,41 @@ fn serve_output(log_dirs: &str, extra: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `(long, short)` flag pairs of a help text: Kafka's argparse4j prints `--config CONFIG,
+/// -c CONFIG`, clap prints `-c, --config <CONFIG>`.
+fn flag_pairs(help: &str) -> std::collections::BTreeSet<(String, String)> {
+    let word = |s: &str| s.split_whitespace().next().unwrap_or("").to_string();
+    help.lines()
+        .map(str::trim)
+        .filter_map(|l| {
+            let (first, second) = l.split_once(", ")?;
+            let (first, second) = (word(first), word(second));
+            if first.starts_with("--") && second.starts_with('-') && !second.starts_with("--") {
+                Some((first, second))
+            } else if second.starts_with("--") && first.starts_with('-') {
+                Some((second, first))
+            } else {
+                None
+            }
+        })
+        .filter(|(long, _)| long != "--help")
+        .collect()
+}
+
+/// `gregor storage format` has exactly `kafka-storage format`'s flags, long and short.
+#[test]
+fn format_has_kafka_storage_flags() {
+    if !kafka_jars() {
+        return;
+    }
+    let (_, kafka) = kafka_storage(&["--help".to_string()]);
+    let (ok, gregor) = gregor_storage(&["--help".to_string()]);
+    assert!(ok, "{gregor}");
+    let kafka = flag_pairs(&kafka);
+    assert!(
+        kafka.contains(&("--no-initial-controllers".into(), "-N".into())),
+        "{kafka:?}"
+    );
+    assert_eq!(flag_pairs(&gregor), kafka);
+}
