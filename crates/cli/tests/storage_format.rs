@@ -606,7 +606,7 @@ fn kafka_starts_on_storage_gregor_formatted() {
 
 /// Starts `gregor serve` and reports whether it came up (it wrote `ready_file` and was still
 /// running a second later); it is stopped either way.
-fn serve_starts(log_dirs: &str, ready_file: &Path) -> bool {
+fn serve_starts(log_dirs: &str, extra: &[&str], ready_file: &Path) -> bool {
     let mut cmd = Command::new(BIN);
     cmd.args(["serve", "--set"])
         .arg(format!("log.dirs={log_dirs}"))
@@ -615,8 +615,11 @@ fn serve_starts(log_dirs: &str, ready_file: &Path) -> bool {
             "listeners=PLAINTEXT://127.0.0.1:0",
             "--set",
             "admin.listener=",
-        ])
-        .stdin(Stdio::null())
+        ]);
+    for e in extra {
+        cmd.args(["--set", e]);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let child = cmd.spawn().expect("starting gregor serve");
@@ -679,6 +682,7 @@ fn serve_checks_meta_properties() {
     let z = root.join("z");
     let started = serve_starts(
         &format!("{},{}", x.display(), z.display()),
+        &[],
         &z.join("meta.properties"),
     );
     assert!(started, "gregor did not start on formatted storage");
@@ -766,4 +770,53 @@ fn format_has_kafka_storage_flags() {
         "{kafka:?}"
     );
     assert_eq!(flag_pairs(&gregor), kafka);
+}
+
+/// `gregor serve` starts on log dirs `kafka-storage format` prepared, keeps Kafka's
+/// `meta.properties` and bootstrap snapshot, and refuses them under another `node.id`.
+#[test]
+fn serve_starts_on_storage_kafka_formatted() {
+    if !kafka_jars() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    let config = write_config(tmp.path(), Quorum::Static, &[]);
+    let (ok, out) = kafka_storage(&[
+        "-t".into(),
+        CLUSTER_ID.into(),
+        "-c".into(),
+        config.display().to_string(),
+    ]);
+    assert!(ok, "{out}");
+    let meta = tmp.path().join("meta");
+    let before = meta_properties(&meta);
+    let snapshot_before = std::fs::read(meta.join(SNAPSHOT)).expect("Kafka's snapshot");
+    let dirs = format!(
+        "{},{}",
+        tmp.path().join("a").display(),
+        tmp.path().join("b").display()
+    );
+    let metadata_log_dir = format!("metadata.log.dir={}", meta.display());
+    let (ok, err) = serve_output(&dirs, &[&metadata_log_dir, "node.id=3"]);
+    assert!(!ok);
+    assert!(
+        err.contains("Stored node id 1 doesn't match previous node id 3"),
+        "{err}"
+    );
+    // Kafka's meta.properties and snapshot stay as they were.
+    let started = serve_starts(
+        &dirs,
+        &[&metadata_log_dir],
+        &tmp.path().join("a").join(".lock"),
+    );
+    assert!(started, "gregor did not start on Kafka-formatted storage");
+    assert_eq!(meta_properties(&meta), before);
+    assert_eq!(
+        meta_properties(&tmp.path().join("a"))["cluster.id"],
+        CLUSTER_ID
+    );
+    assert_eq!(
+        std::fs::read(meta.join(SNAPSHOT)).expect("the snapshot after gregor ran"),
+        snapshot_before
+    );
 }
