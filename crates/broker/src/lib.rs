@@ -24,6 +24,7 @@ pub mod observability;
 pub mod replica_manager;
 pub mod server;
 pub mod start_error;
+pub mod storage;
 
 #[cfg(test)]
 mod coordinator_tests;

@@ -2,9 +2,9 @@
 //! schedulers (flush, retention, cleaner), shutdown. Connections are `gregor-network`'s
 //! [`SocketServer`]; requests reach [`crate::handlers::KafkaApis`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use crate::config::BrokerConfig;
 use crate::handlers::KafkaApis;
 use crate::observability;
 use crate::replica_manager::ReplicaManager;
+use crate::storage;
 
 use crate::broker::Broker;
 pub use crate::start_error::StartError;
@@ -27,84 +28,84 @@ pub use crate::start_error::StartError;
 /// Name of the directory, inside the first log dir, that holds the metadata log.
 pub const METADATA_DIR: &str = "__gregor_metadata";
 
-/// Reads `meta.properties` of `dir`, or writes a new one (gregor formats storage on first
-/// start, as `kafka-storage format` would). Returns the cluster id.
-fn ensure_meta_properties(
-    dir: &Path,
-    node_id: i32,
-    cluster_id: Option<&str>,
-) -> Result<String, StartError> {
-    let err = |reason: String| StartError::LogDir {
-        path: dir.to_path_buf(),
-        reason,
+/// Checks and prepares the node's storage, as a Kafka node does at start-up: the
+/// `meta.properties` of every log dir and of `metadata.log.dir` must agree on the cluster id
+/// and carry this node's `node.id`; dirs without one (added to `log.dirs` later) get one with
+/// the cluster's id and a new directory id. When no dir is formatted yet, gregor formats them
+/// itself, as `gregor storage format` would for a one-node static quorum (a new cluster id,
+/// `metadata.version` 4.4-IV2 and the bootstrap snapshot): that is what keeps `gregor serve`
+/// with no configuration working. Returns the cluster id.
+fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
+    let to_start_error = |e: storage::StorageError| match e {
+        storage::StorageError::Io { ref path, .. } => StartError::LogDir {
+            path: path.clone(),
+            reason: e.to_string(),
+        },
+        storage::StorageError::Invalid(reason) => StartError::Storage(reason),
     };
-    std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create: {e}")))?;
-    let path = dir.join("meta.properties");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let props: BTreeMap<&str, &str> = text
-                .lines()
-                .filter(|l| !l.trim_start().starts_with('#'))
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.trim(), v.trim()))
-                .collect();
-            let found_node = props.get("node.id").and_then(|v| v.parse::<i32>().ok());
-            if found_node != Some(node_id) {
-                return Err(err(format!(
-                    "meta.properties has node.id={}, but this broker is node.id={node_id}; point log.dirs at this node's own data",
-                    props.get("node.id").unwrap_or(&"<missing>")
-                )));
-            }
-            let id = props
-                .get("cluster.id")
-                .ok_or_else(|| err("meta.properties has no cluster.id".into()))?
-                .to_string();
-            if let Some(expected) = cluster_id {
-                if expected != id {
-                    return Err(err(format!(
-                        "meta.properties has cluster.id={id}, but another log dir has {expected}"
-                    )));
-                }
-            }
-            Ok(id)
+    let metadata_log_dir = config
+        .raw
+        .get("metadata.log.dir")
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| config.log_dirs[0].clone(), PathBuf::from);
+    let mut dirs: BTreeSet<PathBuf> = config.log_dirs.iter().cloned().collect();
+    dirs.insert(metadata_log_dir.clone());
+    let formatted =
+        storage::verify_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
+    let Some(existing) = formatted.values().next() else {
+        let cluster_id = storage::random_cluster_id();
+        let roles = config.raw.get("process.roles").map(String::as_str);
+        let controller = roles.is_none_or(|r| r.split(',').any(|r| r.trim() == "controller"));
+        let cfg = storage::StorageConfig {
+            node_id: config.node_id,
+            broker: true,
+            controller,
+            static_voters: vec![config.node_id],
+            controller_listener_names: vec!["CONTROLLER".into()],
+            controller_endpoints: Vec::new(),
+            log_dirs: config.log_dirs.clone(),
+            metadata_log_dir,
+            unstable_feature_versions: false,
+        };
+        let opts = storage::FormatOptions {
+            cluster_id: cluster_id.clone(),
+            ..storage::FormatOptions::default()
+        };
+        let report = storage::format(&cfg, &opts).map_err(to_start_error)?;
+        for line in &report.lines {
+            info!("{line}");
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let id = cluster_id.map_or_else(new_cluster_id, str::to_string);
-            let directory_id = base64_url(uuid::Uuid::new_v4().as_bytes());
-            let text = format!(
-                "#\n#Written by gregor\nnode.id={node_id}\ndirectory.id={directory_id}\nversion=1\ncluster.id={id}\n"
-            );
-            let tmp = dir.join("meta.properties.tmp");
-            std::fs::write(&tmp, text)
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .map_err(|e| err(format!("cannot write meta.properties: {e}")))?;
-            Ok(id)
-        }
-        Err(e) => Err(err(format!("cannot read meta.properties: {e}"))),
+        info!(cluster_id = %cluster_id, "formatted new storage (use `gregor storage format` to choose the cluster id and quorum)");
+        return Ok(cluster_id);
+    };
+    let cluster_id = existing.cluster_id.clone();
+    let mut taken: BTreeSet<uuid::Uuid> =
+        formatted.values().filter_map(|p| p.directory_id).collect();
+    for dir in dirs.iter().filter(|d| !formatted.contains_key(*d)) {
+        let directory_id = loop {
+            let id = storage::random_uuid();
+            if taken.insert(id) {
+                break id;
+            }
+        };
+        storage::write_meta_properties(
+            dir,
+            &storage::MetaProperties {
+                cluster_id: cluster_id.clone(),
+                node_id: config.node_id,
+                directory_id: Some(directory_id),
+            },
+        )
+        .map_err(to_start_error)?;
+        info!(dir = %dir.display(), "wrote meta.properties in a new log dir");
     }
-}
-
-fn new_cluster_id() -> String {
-    base64_url(uuid::Uuid::new_v4().as_bytes())
+    Ok(cluster_id)
 }
 
 /// URL-safe base64 without padding, as Kafka prints UUIDs (`Uuid.toString`).
 pub fn base64_url(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        let chars = chunk.len() + 1;
-        for i in 0..chars {
-            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
+    storage::base64_url(bytes)
 }
 
 /// A running broker: its shared state and the handle to stop it.
@@ -192,15 +193,13 @@ pub async fn start_with_authorizer(
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let mut cluster_id: Option<String> = None;
-    for dir in &config.log_dirs {
-        let id = ensure_meta_properties(dir, config.node_id, cluster_id.as_deref())?;
-        cluster_id = Some(id);
+    if config.log_dirs.is_empty() {
+        return Err(StartError::LogDir {
+            path: PathBuf::new(),
+            reason: "no log.dirs configured".into(),
+        });
     }
-    let cluster_id = cluster_id.ok_or_else(|| StartError::LogDir {
-        path: PathBuf::new(),
-        reason: "no log.dirs configured".into(),
-    })?;
+    let cluster_id = ensure_storage(&config)?;
     let metadata_dir = config.log_dirs[0].join(METADATA_DIR);
     let (controller, metadata_tasks) =
         crate::metadata_publisher::start_metadata(&metadata_dir, &shutdown_rx).await?;
@@ -271,6 +270,11 @@ pub async fn start_with_authorizer(
         else {
             continue;
         };
+        // The KRaft metadata log (`gregor storage format` writes its bootstrap snapshot there)
+        // is never a topic of the metadata image; it must survive this clean-up.
+        if tp.topic == "__cluster_metadata" {
+            continue;
+        }
         if broker
             .replica_manager
             .partition(&tp.topic, tp.partition)

@@ -17,6 +17,10 @@ pub enum StartError {
         /// What went wrong.
         reason: String,
     },
+    /// The log dirs' `meta.properties` disagree with each other or with the configuration
+    /// (another cluster id, another node id).
+    #[error("storage: {0}")]
+    Storage(String),
     /// The metadata log or controller failed.
     #[error("metadata: {0}")]
     Metadata(String),

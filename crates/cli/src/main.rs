@@ -1,7 +1,9 @@
-//! The `gregor` binary: `gregor serve` runs a broker; the other subcommands are Kafka clients
-//! (built on rdkafka) for topics, producing and consuming.
+//! The `gregor` binary: `gregor serve` runs a broker; `gregor storage` formats a node's log
+//! dirs as Kafka's `kafka-storage`; the other subcommands are Kafka clients (built on
+//! rdkafka) for topics, producing and consuming.
 
 mod client;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +38,9 @@ enum Command {
     /// Run a broker (with no arguments: a one-node cluster on 127.0.0.1:9092, data in
     /// ./gregor-data).
     Serve(ServeArgs),
+    /// Format a node's log dirs, as Kafka's `kafka-storage` (format, random-uuid).
+    #[command(subcommand)]
+    Storage(storage::StorageCommand),
     #[command(flatten)]
     Client(client::ClientCommand),
 }
@@ -120,11 +125,18 @@ async fn wait_for_signal() -> Result<()> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Command::Storage(cmd) => {
+            init_logging(cli.log_format, "warn");
+            return storage::run(cmd);
+        }
+        other => other,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    match cli.command {
+    match command {
         Command::Serve(args) => {
             init_logging(cli.log_format, "info");
             rt.block_on(serve(args))
@@ -133,5 +145,6 @@ fn main() -> Result<()> {
             init_logging(cli.log_format, "warn");
             rt.block_on(client::run(cmd))
         }
+        Command::Storage(cmd) => storage::run(cmd),
     }
 }
