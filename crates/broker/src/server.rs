@@ -270,11 +270,6 @@ pub async fn start_with_authorizer(
         else {
             continue;
         };
-        // The KRaft metadata log (`gregor storage format` writes its bootstrap snapshot there)
-        // is never a topic of the metadata image; it must survive this clean-up.
-        if tp.topic == "__cluster_metadata" {
-            continue;
-        }
         if broker
             .replica_manager
             .partition(&tp.topic, tp.partition)

@@ -119,6 +119,10 @@ fn read_partition_metadata(dir: &Path) -> Result<Option<[u8; 16]>> {
     Ok(Some(id))
 }
 
+/// The KRaft metadata topic (`__cluster_metadata`, KIP-500), whose one partition lives in a log
+/// dir beside the data partitions but is opened by gregor-raft, never by the [`LogManager`].
+pub const CLUSTER_METADATA_TOPIC: &str = "__cluster_metadata";
+
 fn write_partition_metadata(dir: &Path, topic_id: &[u8; 16]) -> Result<()> {
     let text = format!("version: 0\ntopic_id: {}\n", topic_id_to_string(topic_id));
     write_atomically(&dir.join(PARTITION_METADATA_FILE), text.as_bytes(), true)
@@ -257,6 +261,11 @@ impl LogManager {
                     tracing::debug!(dir = %path.display(), "not a partition directory; ignored");
                     continue;
                 };
+                if tp.topic == CLUSTER_METADATA_TOPIC {
+                    // The KRaft metadata log (gregor-raft's `KafkaMetadataLog`) shares a log dir
+                    // with data partitions but is never one of them, as in Kafka's LogManager.
+                    continue;
+                }
                 if logs.contains_key(&tp) {
                     return Err(LogError::CorruptFile {
                         path: path.display().to_string(),

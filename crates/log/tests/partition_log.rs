@@ -764,3 +764,33 @@ fn producer_without_state_may_start_at_any_sequence() {
         .unwrap();
     assert_eq!(log.log_end_offset(), 2);
 }
+
+/// `__cluster_metadata-0` (the KRaft metadata log, which `gregor storage format` seeds with its
+/// bootstrap snapshot) shares `log.dirs` with data partitions, but the LogManager neither
+/// loads it nor writes into it, as Kafka's LogManager leaves it to the Raft layer.
+#[test]
+fn log_manager_leaves_the_metadata_log_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = dir.path().join("__cluster_metadata-0");
+    std::fs::create_dir_all(&meta).unwrap();
+    let checkpoint = meta.join("00000000000000000000-0000000000.checkpoint");
+    std::fs::write(&checkpoint, b"snapshot bytes").unwrap();
+    let data = dir.path().join("t-0");
+    std::fs::create_dir_all(&data).unwrap();
+    let dirs = vec![dir.path().to_path_buf()];
+    let (mgr, loaded) = LogManager::open(&dirs, small_config()).unwrap();
+    let names: Vec<String> = loaded
+        .iter()
+        .map(|l| l.topic_partition().to_string())
+        .collect();
+    assert_eq!(names, vec!["t-0".to_string()]);
+    assert!(mgr.get(&tp("__cluster_metadata", 0)).is_none());
+    let files: Vec<String> = std::fs::read_dir(&meta)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        vec!["00000000000000000000-0000000000.checkpoint".to_string()]
+    );
+}
