@@ -124,7 +124,7 @@ fn read_partition_metadata(dir: &Path) -> Result<Option<[u8; 16]>> {
 pub const CLUSTER_METADATA_TOPIC: &str = "__cluster_metadata";
 
 fn write_partition_metadata(dir: &Path, topic_id: &[u8; 16]) -> Result<()> {
-    let text = format!("version: 0\ntopic_id: {}\n", topic_id_to_string(topic_id));
+    let text = format!("version: 0\ntopic_id: {}", topic_id_to_string(topic_id));
     write_atomically(&dir.join(PARTITION_METADATA_FILE), text.as_bytes(), true)
 }
 
@@ -328,7 +328,7 @@ impl LogManager {
 
     /// The log of `tp`, creating it (in the directory with the fewest partitions, as Kafka
     /// does) with `config` and writing `partition.metadata` with `topic_id` (Kafka's
-    /// `version: 0\ntopic_id: <base64url>`). An existing log keeps its configuration; a missing
+    /// `version: 0\ntopic_id: <base64url>`, no final newline). An existing log keeps its configuration; a missing
     /// `partition.metadata` is written.
     ///
     /// # Errors

@@ -630,10 +630,11 @@ fn log_manager_reload_clean_and_unclean() {
             assert_eq!(log.log_end_offset(), 2 * (i as i64 + 1));
             assert_eq!(mgr.topic_id(name), Some(id(i as u8)));
             let meta = std::fs::read_to_string(log.dir().join("partition.metadata")).unwrap();
+            // Byte for byte what Kafka's PartitionMetadataFile writes (no final newline).
             assert_eq!(
                 meta,
                 format!(
-                    "version: 0\ntopic_id: {}\n",
+                    "version: 0\ntopic_id: {}",
                     gregor_log::topic_id_to_string(&id(i as u8))
                 )
             );
