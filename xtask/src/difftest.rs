@@ -47,7 +47,11 @@ const IGNORED_FIELDS: &[&str] = &[
     "unknown_tagged_fields",
 ];
 
-/// How long a step with `retry_until_ok` (or a setup action) keeps retrying.
+/// How long a step with `retry_until_ok` or `retry_until_error` (or a setup action) keeps
+/// retrying. `retry_until_ok` repeats a step while its response has an error code (a topic
+/// being created); `retry_until_error` while it has none (a deleted topic still listed by a
+/// broker whose metadata has not caught up: Kafka answers DeleteTopics once the controller has
+/// committed, before its brokers apply it). Either compares the settled state, not the race.
 const RETRY_DEADLINE_MS: u64 = 30_000;
 
 struct Scenario {
@@ -501,10 +505,9 @@ fn run_scenario(sc: &Scenario, addr: &str) -> Result<Vec<Step>> {
         let request = build_request(api, version, &body)?;
         let expect_response =
             !(api == ApiKey::Produce && body.get("acks").and_then(Value::as_i64) == Some(0));
-        let retry = step
-            .get("retry_until_ok")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let flag = |key: &str| step.get(key).and_then(Value::as_bool).unwrap_or(false);
+        let (retry_until_ok, retry_until_error) =
+            (flag("retry_until_ok"), flag("retry_until_error"));
         let start = Instant::now();
         let resp = loop {
             let resp = conn.call(
@@ -515,10 +518,13 @@ fn run_scenario(sc: &Scenario, addr: &str) -> Result<Vec<Step>> {
                 &request,
                 expect_response,
             )?;
-            if !retry
-                || resp.as_ref().is_none_or(|r| !has_error(r))
-                || start.elapsed() > Duration::from_millis(RETRY_DEADLINE_MS)
-            {
+            let settled = match resp.as_ref() {
+                None => true,
+                Some(r) if retry_until_ok => !has_error(r),
+                Some(r) if retry_until_error => has_error(r),
+                Some(_) => true,
+            };
+            if settled || start.elapsed() > Duration::from_millis(RETRY_DEADLINE_MS) {
                 break resp;
             }
             std::thread::sleep(Duration::from_millis(100));
