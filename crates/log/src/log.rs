@@ -746,18 +746,7 @@ impl PartitionLog {
                 self.latest_epoch.store(leader_epoch, Ordering::Release);
             }
         }
-        let active = Arc::clone(
-            inner
-                .segments
-                .last()
-                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
-        );
-        if let Err(e) = active.append(records, &headers, config.index_interval_bytes) {
-            tracing::error!(partition = %self.topic_partition, error = %e,
-                "append failed; refusing further appends to this log");
-            inner.closed = true;
-            return Err(e);
-        }
+        self.append_to_active_segment(&mut inner, records, &headers, &config)?;
         inner.producer_state.commit(updated);
         debug_assert!(next > self.log_end_offset());
         self.log_end_offset.store(next, Ordering::Release);
@@ -776,6 +765,34 @@ impl PartitionLog {
             records: record_count,
             bytes: records.len() as u64,
         })
+    }
+
+    /// Appends `records` (described by `headers`) to the active segment. A failed write closes
+    /// the log to further appends: the segment may hold part of the batch, and only recovery on
+    /// the next open may decide what of it stays.
+    ///
+    /// # Errors
+    /// [`LogError::Closed`] when there is no segment, or the segment's write error.
+    fn append_to_active_segment(
+        &self,
+        inner: &mut Inner,
+        records: &[u8],
+        headers: &[BatchHeader],
+        config: &LogConfig,
+    ) -> Result<()> {
+        let active = Arc::clone(
+            inner
+                .segments
+                .last()
+                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
+        );
+        if let Err(e) = active.append(records, headers, config.index_interval_bytes) {
+            tracing::error!(partition = %self.topic_partition, error = %e,
+                "append failed; refusing further appends to this log");
+            inner.closed = true;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Kafka's `analyzeAndValidateRecords` plus the client checks of `LogValidator`.
@@ -985,18 +1002,7 @@ impl PartitionLog {
                 }
             }
         }
-        let active = Arc::clone(
-            inner
-                .segments
-                .last()
-                .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
-        );
-        if let Err(e) = active.append(records, &headers, config.index_interval_bytes) {
-            tracing::error!(partition = %self.topic_partition, error = %e,
-                "append failed; refusing further appends to this log");
-            inner.closed = true;
-            return Err(e);
-        }
+        self.append_to_active_segment(&mut inner, records, &headers, &config)?;
         let mut record_count = 0u64;
         for h in &headers {
             inner.producer_state.replay(h);
