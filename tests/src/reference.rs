@@ -443,6 +443,55 @@ fn random_cluster_id() -> Result<String> {
     Ok(out)
 }
 
+/// Whether the Kafka jars are available (fetched now if needed). When they cannot be fetched,
+/// prints why the calling oracle test is skipped and returns false; CI always has them.
+pub fn jars_or_skip() -> bool {
+    match fetch() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: the Apache Kafka {KAFKA_VERSION} jars cannot be fetched ({e:#}); \
+                 run `cargo xtask kafka fetch` (needs Maven and Maven Central)"
+            );
+            false
+        }
+    }
+}
+
+/// Runs `kafka-dump-log --cluster-metadata-decoder --files <file>` (a `__cluster_metadata`
+/// segment or `.checkpoint`) and returns its standard output.
+///
+/// # Errors
+/// When the tool cannot run, exits non-zero, or reports a decode problem ("Error at",
+/// "Exception", "corrupt") on either stream.
+pub fn dump_cluster_metadata(file: &std::path::Path) -> Result<String> {
+    let out = tool_command(
+        "kafka-dump-log",
+        &[
+            "--cluster-metadata-decoder".into(),
+            "--files".into(),
+            file.display().to_string(),
+        ],
+    )?
+    .stdin(Stdio::null())
+    .output()
+    .context("running kafka-dump-log")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success(),
+        "kafka-dump-log failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    for bad in ["Error at", "Exception", "corrupt"] {
+        ensure!(
+            !stdout.contains(bad) && !stderr.contains(bad),
+            "kafka-dump-log reported {bad:?}:\n{stdout}\n{stderr}"
+        );
+    }
+    Ok(stdout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,24 +21,11 @@ use gregor_raft::{
     ElectionState, KafkaMetadataLog, MetadataLogConfig, OffsetAndEpoch, RaftLog, VoterSet,
 };
 use gregor_tests::process::{free_port, ChildGuard};
-use gregor_tests::reference::{self, tool_command, Instance, KAFKA_VERSION};
+use gregor_tests::reference::{self, tool_command, Instance};
 use uuid::Uuid;
 
 const TOPIC_A: u128 = 0x0a0a_0a0a_0a0a_0a0a_0a0a_0a0a_0a0a_0a0a;
 const TOPIC_B: u128 = 0x0b0b_0b0b_0b0b_0b0b_0b0b_0b0b_0b0b_0b0b;
-
-fn kafka_jars() -> bool {
-    match reference::fetch() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: the Apache Kafka {KAFKA_VERSION} jars cannot be fetched ({e:#}); \
-                 run `cargo xtask kafka fetch`"
-            );
-            false
-        }
-    }
-}
 
 fn now_ms() -> i64 {
     i64::try_from(
@@ -180,49 +167,21 @@ fn write_metadata_dir(data_dir: &Path, clean: bool) -> (std::path::PathBuf, std:
     (segment, snapshot)
 }
 
-fn dump_log(file: &Path) -> String {
-    let out = tool_command(
-        "kafka-dump-log",
-        &[
-            "--cluster-metadata-decoder".into(),
-            "--files".into(),
-            file.display().to_string(),
-        ],
-    )
-    .expect("the kafka-dump-log command")
-    .stdin(Stdio::null())
-    .output()
-    .expect("running kafka-dump-log");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "kafka-dump-log failed:\n{stdout}\n{stderr}"
-    );
-    for bad in ["Error at", "Exception", "corrupt"] {
-        assert!(
-            !stdout.contains(bad) && !stderr.contains(bad),
-            "kafka-dump-log reported {bad:?}:\n{stdout}\n{stderr}"
-        );
-    }
-    stdout
-}
-
 #[test]
 fn kafka_dump_log_reads_our_segment_and_snapshot() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (segment, snapshot) = write_metadata_dir(dir.path(), false);
-    let dump = dump_log(&segment);
+    let dump = reference::dump_cluster_metadata(&segment).expect("kafka-dump-log reads the file");
     eprintln!("{dump}");
     assert!(dump.contains("LeaderChange"), "{dump}");
     assert!(dump.contains("from-gregor-snapshot"), "{dump}");
     assert!(dump.contains("from-gregor-log"), "{dump}");
     assert_eq!(dump.matches("baseOffset:").count(), 3, "{dump}");
     assert!(dump.contains("partitionLeaderEpoch: 1"), "{dump}");
-    let dump = dump_log(&snapshot);
+    let dump = reference::dump_cluster_metadata(&snapshot).expect("kafka-dump-log reads the file");
     eprintln!("{dump}");
     assert!(dump.contains("SnapshotHeader"), "{dump}");
     assert!(dump.contains("SnapshotFooter"), "{dump}");
@@ -248,7 +207,7 @@ fn tool_output(args: &[&str]) -> String {
 
 #[test]
 fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let port = free_port().expect("a free port");
@@ -323,7 +282,7 @@ fn kafka_starts_on_a_metadata_log_directory_gregor_wrote() {
 /// writes.
 #[test]
 fn gregor_opens_the_metadata_log_of_a_fresh_kafka_run() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let port = free_port().expect("a free port");

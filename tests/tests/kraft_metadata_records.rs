@@ -38,7 +38,7 @@ use gregor_protocol::metadata_records::log::{
 };
 use gregor_protocol::metadata_records::*;
 use gregor_tests::process::{free_port, repo_root, ChildGuard};
-use gregor_tests::reference::{self, tool_command, Instance, KAFKA_VERSION};
+use gregor_tests::reference::{self, tool_command, Instance};
 use uuid::Uuid;
 
 const TOPIC_ID: u128 = 0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10;
@@ -49,19 +49,6 @@ const DIR_B: u128 = 0x5555_5555_6666_6666_7777_7777_8888_8888;
 const DIR_B_JSON: &str = "VVVVVWZmZmZ3d3d3iIiIiA";
 const ACL_ID: u128 = 0x9999_9999_aaaa_aaaa_bbbb_bbbb_cccc_cccc;
 const ACL_ID_JSON: &str = "mZmZmaqqqqq7u7u7zMzMzA";
-
-fn kafka_jars() -> bool {
-    match reference::fetch() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: the Apache Kafka {KAFKA_VERSION} jars cannot be fetched ({e:#}); \
-                 run `cargo xtask kafka fetch` (needs Maven and Maven Central)"
-            );
-            false
-        }
-    }
-}
 
 fn uuid(n: u128) -> Uuid {
     Uuid::from_u128(n)
@@ -557,35 +544,6 @@ fn voters_record() -> VotersRecord {
         )])
 }
 
-fn dump_log(file: &Path) -> String {
-    let out = tool_command(
-        "kafka-dump-log",
-        &[
-            "--cluster-metadata-decoder".into(),
-            "--files".into(),
-            file.display().to_string(),
-        ],
-    )
-    .expect("the kafka-dump-log command")
-    .stdin(Stdio::null())
-    .output()
-    .expect("running kafka-dump-log");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "kafka-dump-log failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    for bad in ["Error at", "Exception"] {
-        assert!(
-            !stdout.contains(bad) && !stderr.contains(bad),
-            "kafka-dump-log reported {bad:?}:\n{stdout}\n{stderr}"
-        );
-    }
-    stdout
-}
-
 /// The payload lines of a dump, in offset order.
 fn payloads(dump: &str) -> Vec<&str> {
     dump.lines()
@@ -616,7 +574,7 @@ fn check_payloads(dump: &str, expected: &[(ApiMessageAndVersion, Vec<String>)]) 
 
 #[test]
 fn kafka_dump_log_reads_every_record_we_write() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let records = every_record_at_every_version();
@@ -649,7 +607,7 @@ fn kafka_dump_log_reads_every_record_we_write() {
     }
     let log = log_dir.join("00000000000000000000.log");
     std::fs::write(&log, &segment).expect("writing the segment");
-    let dump = dump_log(&log);
+    let dump = reference::dump_cluster_metadata(&log).expect("kafka-dump-log reads the file");
     check_payloads(&dump, &records);
     assert!(
         dump.contains("LeaderChange: {\"version\":0,\"leaderId\":3000"),
@@ -691,7 +649,8 @@ fn kafka_dump_log_reads_every_record_we_write() {
     );
     let checkpoint = log_dir.join(format!("{end:020}-{:010}.checkpoint", 1));
     std::fs::write(&checkpoint, &snapshot).expect("writing the snapshot");
-    let dump = dump_log(&checkpoint);
+    let dump =
+        reference::dump_cluster_metadata(&checkpoint).expect("kafka-dump-log reads the file");
     check_payloads(&dump, &records);
     assert!(
         dump.contains("SnapshotHeader {\"version\":0,\"lastContainedLogTimestamp\":1700000000000}"),
@@ -706,7 +665,7 @@ fn kafka_dump_log_reads_every_record_we_write() {
 /// log, gregor's batches and Kafka's, then decodes.
 #[test]
 fn a_kafka_controller_starts_from_a_log_gregor_wrote() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let port = free_port().expect("a free port");
@@ -912,7 +871,7 @@ fn fixture_dir() -> PathBuf {
 #[ignore = "rewrites a committed fixture; run by name"]
 fn regenerate_kafka_cluster_metadata_fixture() {
     assert!(
-        kafka_jars(),
+        reference::jars_or_skip(),
         "the Kafka jars are needed to regenerate the fixture"
     );
     let port = free_port().expect("a free port");
@@ -1144,7 +1103,7 @@ fn copy_fixture(instance: &Instance, out: &Path, with_snapshot: bool) {
 #[ignore = "rewrites a committed fixture; run by name"]
 fn regenerate_kafka_standalone_quorum_fixture() {
     assert!(
-        kafka_jars(),
+        reference::jars_or_skip(),
         "the Kafka jars are needed to regenerate the fixture"
     );
     let port = free_port().expect("a free port");

@@ -20,24 +20,11 @@ use gregor_protocol::kafka_protocol::messages::VotersRecord;
 use gregor_protocol::metadata_records::log::{BatchRecords, ControlRecord, MetadataLogBatches};
 use gregor_protocol::metadata_records::ApiMessageAndVersion;
 use gregor_tests::process::{free_port, ChildGuard};
-use gregor_tests::reference::{self, tool_command, Instance, KAFKA_VERSION};
+use gregor_tests::reference::{self, tool_command, Instance};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const CLUSTER_ID: &str = "q1Sh-9_ISia_zwGINzRvyQ";
 const SNAPSHOT: &str = "__cluster_metadata-0/00000000000000000000-0000000000.checkpoint";
-
-fn kafka_jars() -> bool {
-    match reference::fetch() {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: the Apache Kafka {KAFKA_VERSION} jars cannot be fetched ({e:#}); \
-                 run `cargo xtask kafka fetch` (needs Maven and Maven Central)"
-            );
-            false
-        }
-    }
-}
 
 /// (success, stdout + stderr).
 fn output(cmd: &mut Command) -> (bool, String) {
@@ -228,7 +215,7 @@ fn compare(name: &str, quorum: Quorum, extra_config: &[&str], flags: &[&str]) {
 
 #[test]
 fn gregor_formats_as_kafka_storage_does() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     compare("static quorum", Quorum::Static, &[], &[]);
@@ -324,7 +311,7 @@ fn formatted_with(cluster_id: &'static str) -> impl Fn(&Path, &Path) {
 
 #[test]
 fn gregor_refuses_what_kafka_storage_refuses() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     both_refuse(
@@ -516,7 +503,7 @@ fn random_uuid_prints_a_kafka_uuid() {
 /// static and standalone, and creates a topic.
 #[test]
 fn kafka_starts_on_storage_gregor_formatted() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     for standalone in [false, true] {
@@ -758,7 +745,7 @@ fn flag_pairs(help: &str) -> std::collections::BTreeSet<(String, String)> {
 /// `gregor storage format` has exactly `kafka-storage format`'s flags, long and short.
 #[test]
 fn format_has_kafka_storage_flags() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let (_, kafka) = kafka_storage(&["--help".to_string()]);
@@ -776,7 +763,7 @@ fn format_has_kafka_storage_flags() {
 /// `meta.properties` and bootstrap snapshot, and refuses them under another `node.id`.
 #[test]
 fn serve_starts_on_storage_kafka_formatted() {
-    if !kafka_jars() {
+    if !reference::jars_or_skip() {
         return;
     }
     let tmp = tempfile::tempdir().expect("a temp dir");
