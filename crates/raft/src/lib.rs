@@ -22,16 +22,20 @@
 //! - [`sim`]: a deterministic simulator (one seed drives the network, faults, crashes, clocks
 //!   and the client) with safety and liveness checks after every step (`cargo xtask sim`).
 //!
+//! - [`driver`]: the production driver, [`driver::RaftManager`] (one thread owning the node,
+//!   its log and `quorum-state`, executing the actions in order) and the outbound socket
+//!   transport ([`driver::transport`]).
+//!
 //! What it must not know about: metadata record types (it replicates and snapshots opaque
-//! record batches; KIP-631 records live in `gregor-protocol` and `gregor-metadata`), sockets,
-//! tokio. Files only through [`metadata_log`], [`snapshot`] and [`quorum_state`]; the core
-//! ([`RaftNode`]) never touches them. Still to come: the production driver (a tokio task
-//! executing the actions on these files, the controller listener), FetchSnapshot; see
-//! docs/architecture.md.
+//! record batches; KIP-631 records live in `gregor-protocol` and `gregor-metadata`). Sockets
+//! and tokio only in [`driver`]; files only through [`metadata_log`], [`snapshot`] and
+//! [`quorum_state`]; the core ([`RaftNode`]) touches neither. Still to come: FetchSnapshot;
+//! see docs/architecture.md.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod convert;
+pub mod driver;
 pub mod log;
 pub mod message;
 pub mod metadata_log;
