@@ -192,6 +192,7 @@ enum Command {
         reply: oneshot::Sender<Result<(Bytes, i64), DriverError>>,
     },
     Shutdown {
+        graceful: bool,
         reply: oneshot::Sender<()>,
     },
 }
@@ -500,7 +501,19 @@ impl RaftManager {
     /// with [`DriverError::Shutdown`], the transport closes and the log is closed cleanly.
     /// Waits for the driver thread. Idempotent.
     pub async fn shutdown(&self) {
-        let _ = self.call(|reply| Command::Shutdown { reply }).await;
+        self.stop(true).await;
+    }
+
+    /// Stops the driver as a crash would (Kafka's `kill -9`): no resignation, no clean close
+    /// of the log (what was flushed stays). For failover tests and fatal errors.
+    pub async fn halt(&self) {
+        self.stop(false).await;
+    }
+
+    async fn stop(&self, graceful: bool) {
+        let _ = self
+            .call(|reply| Command::Shutdown { graceful, reply })
+            .await;
         let thread = self.thread.lock().take();
         if let Some(t) = thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
@@ -621,11 +634,13 @@ impl<T: Transport> Driver<T> {
         let mut tick = tokio::time::interval(Duration::from_millis(TICK_INTERVAL_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shutdown_reply = None;
+        let mut graceful = true;
         while !self.stopped {
             tokio::select! {
                 command = rx.recv() => match command {
-                    Some(Command::Shutdown { reply }) => {
+                    Some(Command::Shutdown { graceful: g, reply }) => {
                         shutdown_reply = Some(reply);
+                        graceful = g;
                         break;
                     }
                     Some(c) => self.handle(c),
@@ -641,7 +656,7 @@ impl<T: Transport> Driver<T> {
             self.execute(actions);
             self.pending_requests.retain(|_, r| !r.is_closed());
         }
-        if !self.stopped {
+        if !self.stopped && graceful {
             let now = self.now_ms();
             let actions = self.node.resign(now);
             self.execute(actions);
@@ -649,13 +664,15 @@ impl<T: Transport> Driver<T> {
         self.fail_all_proposals(DriverError::Shutdown);
         self.pending_requests.clear();
         self.transport.close();
-        if let Err(e) = self.node.log().close() {
-            tracing::error!(error = %e, "closing __cluster_metadata-0 failed");
+        if graceful {
+            if let Err(e) = self.node.log().close() {
+                tracing::error!(error = %e, "closing __cluster_metadata-0 failed");
+            }
         }
         tracing::info!(node = self.node.node_id(), "raft driver stopped");
         rx.close();
         while let Ok(c) = rx.try_recv() {
-            if let Command::Shutdown { reply } = c {
+            if let Command::Shutdown { reply, .. } = c {
                 let _ = reply.send(());
             }
         }
@@ -721,7 +738,7 @@ impl<T: Transport> Driver<T> {
                     .map_err(|e| DriverError::Read(e.to_string()));
                 let _ = reply.send(result);
             }
-            Command::Shutdown { reply } => {
+            Command::Shutdown { reply, .. } => {
                 let _ = reply.send(());
             }
         }
