@@ -14,6 +14,7 @@
 //! changes no handler. This crate knows nothing of sockets or partition data files.
 #![deny(missing_docs)]
 
+pub mod codec;
 pub mod controller;
 pub mod image;
 pub mod loader;

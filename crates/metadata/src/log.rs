@@ -538,3 +538,234 @@ mod tests {
         assert_eq!(decode_frames(&huge), (vec![], 0));
     }
 }
+
+/// How many recent (Raft last offset -> metadata offset) pairs [`RaftMetadataLog`] keeps for
+/// proposals that commit before their caller asks.
+const RECENT_BATCHES: usize = 4096;
+
+/// [`MetadataLog`] on the KRaft quorum (KIP-595): `__cluster_metadata-0` replicated by a
+/// [`gregor_raft::driver::RaftManager`], one record value per [`MetadataRecord`]
+/// ([`crate::codec`]).
+///
+/// Offsets: the metadata offsets of [`CommittedBatch`] count the data records committed, from
+/// 0, as this crate's image and controller do (`MetadataImage::offset` counts records), so
+/// the Raft log's control batches (LeaderChange, one per epoch) take no metadata offset; the
+/// Raft offsets stay in `__cluster_metadata-0`. A committed batch is decoded once, by a
+/// distributor task that feeds every subscriber; the batches committed since start are kept
+/// in memory for new subscribers (as [`FileMetadataLog`] re-reads its whole file). A record
+/// that does not decode is logged and skipped (it takes no metadata offset).
+pub struct RaftMetadataLog {
+    manager: Arc<gregor_raft::driver::RaftManager>,
+    shared: Arc<parking_lot::Mutex<RaftShared>>,
+    position: tokio::sync::watch::Receiver<i64>,
+    distributor: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct RaftShared {
+    history: Vec<CommittedBatch>,
+    /// Metadata offset after the last distributed record (the metadata high watermark).
+    dense_next: u64,
+    /// Raft offset after the last distributed data batch.
+    raft_next: i64,
+    recent: std::collections::BTreeMap<i64, u64>,
+    waiters: std::collections::BTreeMap<i64, Vec<tokio::sync::oneshot::Sender<Option<u64>>>>,
+    subscribers: Vec<mpsc::Sender<CommittedBatch>>,
+    closed: bool,
+}
+
+impl RaftMetadataLog {
+    /// The log over `manager`: starts the distributor task (on the current runtime) reading
+    /// the committed batches from the start of the Raft log.
+    pub fn start(manager: Arc<gregor_raft::driver::RaftManager>) -> Self {
+        let shared = Arc::new(parking_lot::Mutex::new(RaftShared::default()));
+        let stream = manager.committed(0);
+        let position = stream.position();
+        let distributor = tokio::spawn(distribute(stream, shared.clone()));
+        Self {
+            manager,
+            shared,
+            position,
+            distributor,
+        }
+    }
+
+    /// The quorum member under this log.
+    pub fn manager(&self) -> &Arc<gregor_raft::driver::RaftManager> {
+        &self.manager
+    }
+
+    /// Waits until the quorum's high watermark is known and every batch below it has been
+    /// distributed: what this node must apply before it serves (Kafka's broker waits to catch
+    /// up with the metadata log before it starts). Returns [`MetadataLog::high_watermark`].
+    ///
+    /// # Errors
+    /// [`MetadataLogError::Closed`] when the quorum stops first.
+    pub async fn catch_up(&self) -> Result<u64, MetadataLogError> {
+        let mut hw = self.manager.high_watermark();
+        let target = *hw
+            .wait_for(|&h| h >= 0)
+            .await
+            .map_err(|_| MetadataLogError::Closed)?;
+        let mut position = self.position.clone();
+        position
+            .wait_for(|&p| p >= target)
+            .await
+            .map_err(|_| MetadataLogError::Closed)?;
+        Ok(self.high_watermark())
+    }
+
+    /// Stops the quorum member (a leader resigns; the log is closed cleanly) and the
+    /// distributor; open streams end.
+    pub async fn shutdown(&self) {
+        self.manager.shutdown().await;
+        self.distributor.abort();
+        let mut s = self.shared.lock();
+        s.closed = true;
+        s.subscribers.clear();
+        for (_, ws) in std::mem::take(&mut s.waiters) {
+            for w in ws {
+                let _ = w.send(None);
+            }
+        }
+    }
+}
+
+async fn distribute(
+    mut stream: gregor_raft::driver::CommittedStream,
+    shared: Arc<parking_lot::Mutex<RaftShared>>,
+) {
+    loop {
+        let batch = match stream.next().await {
+            Ok(b) => b,
+            Err(e) => {
+                if e != gregor_raft::driver::DriverError::Shutdown {
+                    tracing::error!(error = %e, "reading committed metadata failed; the metadata stream stops");
+                }
+                let mut s = shared.lock();
+                s.closed = true;
+                s.subscribers.clear();
+                for (_, ws) in std::mem::take(&mut s.waiters) {
+                    for w in ws {
+                        let _ = w.send(None);
+                    }
+                }
+                return;
+            }
+        };
+        let mut records = Vec::with_capacity(batch.values.len());
+        for (i, v) in batch.values.iter().enumerate() {
+            match crate::codec::decode_record(v) {
+                Ok(r) => records.push(r),
+                Err(e) => tracing::error!(
+                    offset = batch.base_offset + i as i64,
+                    error = %e,
+                    "undecodable metadata record skipped"
+                ),
+            }
+        }
+        let (committed, subscribers) = {
+            let mut s = shared.lock();
+            let committed = (!records.is_empty()).then(|| CommittedBatch {
+                base_offset: s.dense_next,
+                epoch: batch.epoch,
+                records: records.into(),
+            });
+            if let Some(c) = &committed {
+                s.dense_next = c.next_offset();
+                s.history.push(c.clone());
+            }
+            s.raft_next = batch.last_offset + 1;
+            let dense_last = committed.as_ref().map(CommittedBatch::last_offset);
+            if let Some(d) = dense_last {
+                s.recent.insert(batch.last_offset, d);
+                while s.recent.len() > RECENT_BATCHES {
+                    s.recent.pop_first();
+                }
+            }
+            let raft_next = s.raft_next;
+            while let Some(entry) = s.waiters.first_entry() {
+                if *entry.key() >= raft_next {
+                    break;
+                }
+                let (offset, ws) = entry.remove_entry();
+                let answer = (offset == batch.last_offset).then_some(dense_last).flatten();
+                for w in ws {
+                    let _ = w.send(answer);
+                }
+            }
+            s.subscribers.retain(|t| !t.is_closed());
+            (committed, s.subscribers.clone())
+        };
+        if let Some(c) = committed {
+            for t in subscribers {
+                let _ = t.send(c.clone()).await;
+            }
+        }
+    }
+}
+
+impl MetadataLog for RaftMetadataLog {
+    fn propose(&self, records: Vec<MetadataRecord>) -> ProposeFuture<'_> {
+        Box::pin(async move {
+            if records.is_empty() {
+                return Err(MetadataLogError::EmptyBatch);
+            }
+            let values = records
+                .iter()
+                .map(crate::codec::encode_record)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| MetadataLogError::Encode(e.to_string()))?;
+            let raft_last = self.manager.propose(values).await.map_err(|e| match e {
+                gregor_raft::driver::DriverError::NotLeader { leader_id, epoch } => {
+                    MetadataLogError::NotLeader {
+                        leader_id,
+                        leader_epoch: epoch,
+                    }
+                }
+                gregor_raft::driver::DriverError::Shutdown => MetadataLogError::Closed,
+                other => MetadataLogError::Encode(other.to_string()),
+            })?;
+            let rx = {
+                let mut s = self.shared.lock();
+                if s.raft_next > raft_last {
+                    return s
+                        .recent
+                        .get(&raft_last)
+                        .copied()
+                        .ok_or(MetadataLogError::Closed);
+                }
+                if s.closed {
+                    return Err(MetadataLogError::Closed);
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                s.waiters.entry(raft_last).or_default().push(tx);
+                rx
+            };
+            rx.await
+                .ok()
+                .flatten()
+                .ok_or(MetadataLogError::Closed)
+        })
+    }
+
+    fn subscribe(&self) -> Result<CommittedBatches, MetadataLogError> {
+        let (tx, rx) = mpsc::channel(STREAM_CAPACITY_BATCHES);
+        let mut s = self.shared.lock();
+        if s.closed {
+            return Err(MetadataLogError::Closed);
+        }
+        s.subscribers.push(tx);
+        Ok(CommittedBatches::new(s.history.clone(), rx))
+    }
+
+    fn high_watermark(&self) -> u64 {
+        self.shared.lock().dense_next
+    }
+}
+
+impl Drop for RaftMetadataLog {
+    fn drop(&mut self) {
+        self.distributor.abort();
+    }
+}

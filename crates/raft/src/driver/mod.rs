@@ -492,6 +492,7 @@ impl RaftManager {
         CommittedStream {
             manager: self.clone(),
             next_offset: from_offset,
+            position: watch::channel(from_offset).0,
             high_watermark: self.high_watermark.clone(),
             buffered: std::collections::VecDeque::new(),
         }
@@ -526,6 +527,7 @@ impl RaftManager {
 pub struct CommittedStream {
     manager: Arc<RaftManager>,
     next_offset: i64,
+    position: watch::Sender<i64>,
     high_watermark: watch::Receiver<i64>,
     buffered: std::collections::VecDeque<CommittedRecords>,
 }
@@ -534,6 +536,13 @@ impl CommittedStream {
     /// The offset the next read starts at.
     pub fn next_offset(&self) -> i64 {
         self.next_offset
+    }
+
+    /// The offset after the batches the reader has handled (it called [`CommittedStream::next`]
+    /// again after them), control batches included, as it moves: the reader is caught up with
+    /// a high watermark once this reaches it.
+    pub fn position(&self) -> watch::Receiver<i64> {
+        self.position.subscribe()
     }
 
     /// The next committed data batch; waits for the high watermark to pass one.
@@ -546,6 +555,8 @@ impl CommittedStream {
             if let Some(b) = self.buffered.pop_front() {
                 return Ok(b);
             }
+            // Everything returned before was handled by the caller, which is back for more.
+            self.position.send_replace(self.next_offset);
             let from = self.next_offset;
             self.high_watermark
                 .wait_for(|&hw| hw > from)

@@ -1,0 +1,91 @@
+//! `RaftMetadataLog`: the `MetadataLog` contract on a KRaft quorum of one voter, across a
+//! restart, and NotLeader on a voter without a quorum.
+
+use std::sync::Arc;
+
+use gregor_metadata::log::{MetadataLog, MetadataLogError, RaftMetadataLog};
+use gregor_metadata::record::{ConfigResource, MetadataRecord};
+use gregor_raft::driver::{RaftManager, RaftManagerConfig, Transport};
+use gregor_raft::{Message, MetadataLogConfig, NodeId, QuorumConfig, VoterSet};
+
+struct NoPeers;
+
+impl Transport for NoPeers {
+    fn send(&self, _to: NodeId, _message: Message) {}
+}
+
+fn rec(i: usize) -> MetadataRecord {
+    MetadataRecord::Config {
+        resource: ConfigResource::Topic,
+        resource_name: format!("t{i}"),
+        name: "retention.ms".into(),
+        value: Some(i.to_string()),
+    }
+}
+
+fn manager(dir: &std::path::Path, voters: &[NodeId]) -> Arc<RaftManager> {
+    let mut quorum = QuorumConfig::new(1, VoterSet::new(voters.iter().copied()).unwrap());
+    quorum.election_timeout_ms = 100;
+    RaftManager::start(
+        RaftManagerConfig {
+            quorum,
+            metadata_log_dir: dir.to_path_buf(),
+            log: MetadataLogConfig::default(),
+            voter_endpoints: voters
+                .iter()
+                .map(|&v| (v, ("127.0.0.1".to_string(), 1)))
+                .collect(),
+            controller_listener_name: "CONTROLLER".into(),
+        },
+        |_| NoPeers,
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn one_voter_log_commits_streams_and_survives_a_restart_with_dense_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RaftMetadataLog::start(manager(dir.path(), &[1]));
+        assert_eq!(log.catch_up().await.unwrap(), 0);
+        let mut early = log.subscribe().unwrap();
+        assert_eq!(log.propose(vec![rec(1), rec(2)]).await.unwrap(), 1);
+        assert_eq!(log.propose(vec![rec(3)]).await.unwrap(), 2);
+        assert!(matches!(
+            log.propose(vec![]).await,
+            Err(MetadataLogError::EmptyBatch)
+        ));
+        assert_eq!(log.high_watermark(), 3);
+        let a = early.next().await.unwrap();
+        assert_eq!((a.base_offset, a.last_offset()), (0, 1));
+        assert_eq!(a.records[..], [rec(1), rec(2)]);
+        let b = early.next().await.unwrap();
+        assert_eq!((b.base_offset, b.records[0].clone()), (2, rec(3)));
+        log.shutdown().await;
+        assert!(early.next().await.is_none(), "streams end at shutdown");
+    }
+    // Restarted: a new epoch (another LeaderChange record in the Raft log) and the same
+    // metadata offsets.
+    let log = RaftMetadataLog::start(manager(dir.path(), &[1]));
+    assert_eq!(log.catch_up().await.unwrap(), 3);
+    let mut s = log.subscribe().unwrap();
+    let offsets: Vec<_> = [s.next().await.unwrap(), s.next().await.unwrap()]
+        .iter()
+        .map(|b| (b.base_offset, b.last_offset()))
+        .collect();
+    assert_eq!(offsets, vec![(0, 1), (2, 2)]);
+    assert_eq!(log.propose(vec![rec(4)]).await.unwrap(), 3);
+    assert_eq!(s.next().await.unwrap().records[..], [rec(4)]);
+    log.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_voter_without_a_quorum_answers_not_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RaftMetadataLog::start(manager(dir.path(), &[1, 2, 3]));
+    match log.propose(vec![rec(1)]).await {
+        Err(MetadataLogError::NotLeader { leader_id, .. }) => assert_eq!(leader_id, None),
+        other => panic!("{other:?}"),
+    }
+    log.shutdown().await;
+}
