@@ -34,6 +34,10 @@ pub struct Broker {
     pub controller: ControllerHandle,
     /// Hosted partitions.
     pub replica_manager: ReplicaManager,
+    /// This node's member of the metadata quorum (KRaft), set once at start-up; the KRaft
+    /// APIs (Vote, BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, Fetch of
+    /// `__cluster_metadata`) are handed to it.
+    pub raft: std::sync::OnceLock<std::sync::Arc<gregor_raft::driver::RaftManager>>,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
     producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
@@ -64,6 +68,7 @@ impl Broker {
             cluster_id,
             controller,
             replica_manager,
+            raft: std::sync::OnceLock::new(),
             producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             bound,
             authorizer,

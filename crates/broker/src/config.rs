@@ -28,7 +28,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(name: &str, value: &str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(name: &str, value: &str, reason: impl Into<String>) -> Self {
         Self {
             name: name.into(),
             value: value.into(),
@@ -572,10 +572,7 @@ impl Listener {
 /// Kafka `server.properties` without a warning). Each is either meaningless for a single
 /// process (thread counts) or belongs to a feature of a later release.
 const ACCEPTED_KEYS: &[&str] = &[
-    "process.roles",
-    "controller.quorum.voters",
     "controller.quorum.bootstrap.servers",
-    "controller.listener.names",
     "inter.broker.listener.name",
     // Accepted only at values that ask for no security (see `unimplemented_security_keys`).
     "authorizer.class.name",
@@ -643,6 +640,9 @@ pub struct BrokerConfig {
     pub connections_max_idle_ms: i64,
     /// The effective `listener.security.protocol.map` (listener name -> protocol).
     pub listener_security_protocol_map: BTreeMap<String, SecurityProtocol>,
+    /// Roles and metadata quorum (`process.roles`, `controller.quorum.*`,
+    /// `controller.listener.names`).
+    pub quorum: crate::quorum_config::QuorumSettings,
     /// Every key given (file and `--set`), for DescribeConfigs sources and topic defaults.
     pub raw: BTreeMap<String, String>,
 }
@@ -967,7 +967,9 @@ impl BrokerConfig {
                     e.name = k.clone();
                     e
                 })?;
-            } else if !ACCEPTED_KEYS.contains(&k.as_str()) {
+            } else if !ACCEPTED_KEYS.contains(&k.as_str())
+                && !crate::quorum_config::QUORUM_KEYS.contains(&k.as_str())
+            {
                 unknown.push(k.clone());
             }
         }
@@ -1064,14 +1066,17 @@ impl BrokerConfig {
                 "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set.",
             ));
         }
+        let node_id = int("node.id", 1) as i32;
+        let quorum = crate::quorum_config::parse(&props, node_id, &listeners)?;
         let cfg = Self {
+            quorum,
             queued_max_request_bytes,
             max_connections,
             max_connections_per_ip,
             max_connections_per_ip_overrides,
             connections_max_idle_ms: int("connections.max.idle.ms", 600_000),
             listener_security_protocol_map: protocol_map,
-            node_id: int("node.id", 1) as i32,
+            node_id,
             listeners,
             advertised_listeners,
             log_dirs,

@@ -21,6 +21,7 @@ pub use gregor_coordinator::group as group_coordinator;
 pub mod handlers;
 pub mod metadata_publisher;
 pub mod observability;
+pub mod quorum_config;
 pub mod replica_manager;
 pub mod server;
 pub mod start_error;

@@ -9,29 +9,70 @@ use std::sync::{Arc, Weak};
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
 use gregor_metadata::controller::start_controller;
 use gregor_metadata::loader::{start_loader, LoaderError};
-use gregor_metadata::log::{FileMetadataLog, MetadataLog};
+use gregor_metadata::log::{
+    FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
+};
+use gregor_raft::driver::transport::{SocketTransport, TransportConfig};
+use gregor_raft::driver::{RaftManager, RaftManagerConfig};
 use gregor_metadata::publisher::{CoordinatorLeadership, CoordinatorPublisher};
 use gregor_metadata::{ControllerHandle, MetadataDelta, MetadataImage, MetadataPublisher};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::broker::Broker;
+use crate::config::BrokerConfig;
 use crate::start_error::StartError;
 
-/// Opens the metadata log in `metadata_dir`, starts the loader and the controller on it, and
-/// waits until the loader has applied everything committed before start-up. Returns the
-/// controller channel and the two tasks (which end when `shutdown` turns true).
+/// Starts this node's member of the metadata quorum (KRaft, KIP-595) on
+/// `<metadata_log_dir>/__cluster_metadata-0/` with the socket transport to the other voters,
+/// the [`RaftMetadataLog`] on it, the loader and the controller, and waits until the loader
+/// has applied everything committed (the quorum's high watermark must be known first: a
+/// one-voter quorum elects itself at once, a larger one waits for a majority). Then migrates
+/// the records of a pre-KRaft `legacy_dir/metadata.log` ([`migrate_file_log`]). Returns the
+/// controller channel, the quorum member and the tasks (which end when `shutdown` turns true;
+/// the last one resigns and closes the quorum member then).
 ///
 /// # Errors
 /// [`StartError::Metadata`] when the log cannot be opened or read.
 pub async fn start_metadata(
-    metadata_dir: &Path,
+    config: &BrokerConfig,
+    metadata_log_dir: &Path,
+    legacy_dir: &Path,
     shutdown: &watch::Receiver<bool>,
-) -> Result<(ControllerHandle, Vec<tokio::task::JoinHandle<()>>), StartError> {
+) -> Result<(ControllerHandle, Arc<RaftManager>, Vec<tokio::task::JoinHandle<()>>), StartError> {
     let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
-    let log: Arc<dyn MetadataLog> =
-        Arc::new(FileMetadataLog::open(metadata_dir).map_err(|e| err(&e))?);
-    let high_watermark = log.high_watermark();
+    let q = &config.quorum;
+    let listener_name = q
+        .controller_listener_names
+        .first()
+        .cloned()
+        .or_else(|| config.listeners.first().map(|l| l.name.clone()))
+        .unwrap_or_else(|| "CONTROLLER".into());
+    let raft_config = RaftManagerConfig {
+        quorum: q.quorum_config(config.node_id),
+        metadata_log_dir: metadata_log_dir.to_path_buf(),
+        log: gregor_raft::MetadataLogConfig::default(),
+        voter_endpoints: q.endpoints.clone(),
+        controller_listener_name: listener_name,
+    };
+    let transport = TransportConfig {
+        node_id: config.node_id,
+        endpoints: q.endpoints.clone(),
+        request_timeout_ms: q.request_timeout_ms,
+        retry_backoff_ms: q.retry_backoff_ms,
+    };
+    let manager = RaftManager::start(raft_config, |inbound| {
+        SocketTransport::new(transport, inbound)
+    })
+    .map_err(|e| err(&e))?;
+    let raft_log = Arc::new(RaftMetadataLog::start(manager.clone()));
+    info!(
+        node = config.node_id,
+        voters = ?q.voters.ids().collect::<Vec<_>>(),
+        "waiting for the metadata quorum's high watermark"
+    );
+    let high_watermark = raft_log.catch_up().await.map_err(|e| err(&e))?;
+    let log: Arc<dyn MetadataLog> = raft_log.clone();
     let (loader, loader_task) =
         start_loader(log.subscribe().map_err(|e| err(&e))?, shutdown.clone());
     let (controller, controller_task) =
@@ -40,12 +81,65 @@ pub async fn start_metadata(
         .wait_for_catch_up(high_watermark)
         .await
         .map_err(|e| err(&e))?;
+    migrate_file_log(&raft_log, legacy_dir).await?;
+    loader
+        .wait_for_catch_up(raft_log.high_watermark())
+        .await
+        .map_err(|e| err(&e))?;
     info!(
-        offset = high_watermark,
+        offset = raft_log.high_watermark(),
         "metadata loaded from {}",
-        metadata_dir.display()
+        metadata_log_dir.display()
     );
-    Ok((controller, vec![loader_task, controller_task]))
+    let mut stop = shutdown.clone();
+    let closer = tokio::spawn(async move {
+        let _ = stop.wait_for(|s| *s).await;
+        raft_log.shutdown().await;
+    });
+    Ok((
+        controller,
+        manager,
+        vec![loader_task, controller_task, closer],
+    ))
+}
+
+/// File name the pre-KRaft metadata log gets once its records are in the quorum.
+pub const MIGRATED_FILE: &str = "metadata.log.migrated";
+
+/// Moves a pre-KRaft metadata log (`<dir>/metadata.log`, [`FileMetadataLog`]) into the quorum:
+/// when the quorum holds no metadata record yet and this node leads it, every record of the
+/// file is proposed once as one batch, and the file is then renamed `metadata.log.migrated`.
+/// A node that does not lead leaves the file for a later start (and logs it).
+///
+/// # Errors
+/// [`StartError::Metadata`] when the file cannot be read or renamed or the batch does not
+/// commit.
+pub async fn migrate_file_log(log: &RaftMetadataLog, dir: &Path) -> Result<(), StartError> {
+    let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
+    let path = dir.join(METADATA_LOG_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    if log.high_watermark() > 0 {
+        warn!(path = %path.display(), "the metadata quorum already holds records; the old metadata log is not migrated");
+        return Ok(());
+    }
+    let records = FileMetadataLog::open(dir)
+        .and_then(|f| f.read_all())
+        .map_err(|e| err(&e))?;
+    if !records.is_empty() {
+        let count = records.len();
+        match log.propose(records).await {
+            Ok(_) => info!(records = count, path = %path.display(), "migrated the metadata log into the KRaft quorum"),
+            Err(MetadataLogError::NotLeader { leader_id, .. }) => {
+                warn!(?leader_id, path = %path.display(), "not the quorum leader: the old metadata log is migrated by a later start on the leader");
+                return Ok(());
+            }
+            Err(e) => return Err(err(&e)),
+        }
+    }
+    std::fs::rename(&path, dir.join(MIGRATED_FILE)).map_err(|e| err(&e))?;
+    Ok(())
 }
 
 /// Installs the broker's publishers on the loader, in the order they must hear of each batch:

@@ -25,7 +25,9 @@ use crate::storage;
 use crate::broker::Broker;
 pub use crate::start_error::StartError;
 
-/// Name of the directory, inside the first log dir, that holds the metadata log.
+/// Name of the directory, inside the first log dir, that held the pre-KRaft metadata log
+/// (migrated into `__cluster_metadata-0` at the first start, see
+/// [`crate::metadata_publisher::migrate_file_log`]).
 pub const METADATA_DIR: &str = "__gregor_metadata";
 
 /// Checks and prepares the node's storage, as a Kafka node does at start-up: the
@@ -43,12 +45,7 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
         },
         storage::StorageError::Invalid(reason) => StartError::Storage(reason),
     };
-    let metadata_log_dir = config
-        .raw
-        .get("metadata.log.dir")
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
-        .map_or_else(|| config.log_dirs[0].clone(), PathBuf::from);
+    let metadata_log_dir = metadata_log_dir(config);
     let mut dirs: BTreeSet<PathBuf> = config.log_dirs.iter().cloned().collect();
     dirs.insert(metadata_log_dir.clone());
     let formatted =
@@ -101,6 +98,16 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
         info!(dir = %dir.display(), "wrote meta.properties in a new log dir");
     }
     Ok(cluster_id)
+}
+
+/// `metadata.log.dir`, default the first of `log.dirs` (Kafka's `metadataLogDir`).
+pub fn metadata_log_dir(config: &BrokerConfig) -> PathBuf {
+    config
+        .raw
+        .get("metadata.log.dir")
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| config.log_dirs[0].clone(), PathBuf::from)
 }
 
 /// URL-safe base64 without padding, as Kafka prints UUIDs (`Uuid.toString`).
@@ -200,9 +207,14 @@ pub async fn start_with_authorizer(
         });
     }
     let cluster_id = ensure_storage(&config)?;
-    let metadata_dir = config.log_dirs[0].join(METADATA_DIR);
-    let (controller, metadata_tasks) =
-        crate::metadata_publisher::start_metadata(&metadata_dir, &shutdown_rx).await?;
+    let legacy_dir = config.log_dirs[0].join(METADATA_DIR);
+    let (controller, raft, metadata_tasks) = crate::metadata_publisher::start_metadata(
+        &config,
+        &metadata_log_dir(&config),
+        &legacy_dir,
+        &shutdown_rx,
+    )
+    .await?;
     tasks.extend(metadata_tasks);
 
     // Listeners with a security protocol gregor does not implement are refused here (and
@@ -215,7 +227,7 @@ pub async fn start_with_authorizer(
     } else {
         advertised.port
     };
-    controller
+    match controller
         .register_broker(
             config.node_id,
             &advertised.host,
@@ -223,7 +235,16 @@ pub async fn start_with_authorizer(
             config.rack.clone(),
         )
         .await
-        .map_err(|e| StartError::Metadata(e.to_string()))?;
+    {
+        Ok(()) => {}
+        // Registration goes through the local controller; forwarding it to the active
+        // controller of a larger quorum is not implemented yet.
+        Err(gregor_metadata::ControllerError::NotController { leader_id }) => warn!(
+            ?leader_id,
+            "not the metadata quorum leader: this broker is not registered (forwarding BrokerRegistration to the active controller is not implemented yet)"
+        ),
+        Err(e) => return Err(StartError::Metadata(e.to_string())),
+    }
 
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
@@ -255,6 +276,7 @@ pub async fn start_with_authorizer(
             )
         },
     );
+    let _ = broker.raft.set(raft);
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
         .await

@@ -40,9 +40,29 @@ fn valid_software_field(s: &str) -> bool {
     }
 }
 
-/// Answers ApiVersions.
+/// Answers ApiVersions on a broker listener.
 pub fn handle(req: &ApiVersionsRequest, version: i16) -> ApiVersionsResponse {
-    let mut resp = ApiVersionsResponse::default().with_api_keys(api_keys());
+    handle_on(req, version, false)
+}
+
+/// Answers ApiVersions; on a controller listener (`controller`) the KRaft APIs (Vote,
+/// BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum) are listed too.
+pub fn handle_on(req: &ApiVersionsRequest, version: i16, controller: bool) -> ApiVersionsResponse {
+    let mut keys = api_keys();
+    if controller {
+        for k in gregor_raft::driver::KRAFT_API_KEYS {
+            if let Some((min, max)) = super::kraft::versions(*k) {
+                keys.push(
+                    ApiVersion::default()
+                        .with_api_key(*k as i16)
+                        .with_min_version(min)
+                        .with_max_version(max),
+                );
+            }
+        }
+        keys.sort_by_key(|k| k.api_key);
+    }
+    let mut resp = ApiVersionsResponse::default().with_api_keys(keys);
     if version >= 3
         && (!valid_software_field(&req.client_software_name)
             || !valid_software_field(&req.client_software_version))

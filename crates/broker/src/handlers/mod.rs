@@ -11,6 +11,7 @@ pub mod consumer_group;
 pub mod delete_records;
 pub mod fetch;
 pub mod groups;
+pub mod kraft;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
@@ -184,6 +185,9 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
 /// actually encode and decode (it declares InitProducerId v6 valid but its message codec stops
 /// at v5, for example). Advertising a version we cannot decode would make clients fail.
 pub fn supported_versions(api_key: ApiKey) -> Option<(i16, i16)> {
+    if let Some(v) = kraft::versions(api_key) {
+        return Some(v);
+    }
     static RANGES: OnceLock<HashMap<i16, (i16, i16)>> = OnceLock::new();
     RANGES
         .get_or_init(|| {
@@ -264,7 +268,17 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
     let v = header.request_api_version;
     let ready = |b| Handled::Ready(respond(header, api_key, b));
     match body {
-        RequestKind::ApiVersions(r) => ready(api_versions::handle(&r, v).into()),
+        RequestKind::ApiVersions(r) => {
+            let controller = broker.config.quorum.is_controller_listener(&ctx.listener_name);
+            ready(api_versions::handle_on(&r, v, controller).into())
+        }
+        RequestKind::Fetch(r) if kraft::is_metadata_fetch(&r) => {
+            kraft::handle(broker, ctx, RequestKind::Fetch(r))
+        }
+        body @ (RequestKind::Vote(_)
+        | RequestKind::BeginQuorumEpoch(_)
+        | RequestKind::EndQuorumEpoch(_)
+        | RequestKind::DescribeQuorum(_)) => kraft::handle(broker, ctx, body),
         RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
         RequestKind::DescribeCluster(r) => {
             ready(metadata::describe_cluster(broker, ctx, &r, v).into())

@@ -1,0 +1,268 @@
+//! The node's roles and metadata quorum settings, with Kafka's names and defaults
+//! (`KRaftConfigs`, `QuorumConfig`): `process.roles`, `node.id`, `controller.quorum.voters`,
+//! `controller.listener.names` and the `controller.quorum.*.ms` timeouts.
+//!
+//! Zero-config node (no `process.roles`): broker and controller, a one-voter quorum of itself
+//! whose endpoint is its first listener (no second port: a one-voter quorum sends nothing).
+
+use std::collections::BTreeMap;
+
+use gregor_raft::types::VoterEndpoints;
+use gregor_raft::{NodeId, QuorumConfig, VoterSet};
+
+use crate::config::{ConfigError, Listener};
+
+/// The keys parsed here (no longer only accepted).
+pub const QUORUM_KEYS: &[&str] = &[
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.listener.names",
+    "controller.quorum.election.timeout.ms",
+    "controller.quorum.fetch.timeout.ms",
+    "controller.quorum.election.backoff.max.ms",
+    "controller.quorum.request.timeout.ms",
+    "controller.quorum.retry.backoff.ms",
+];
+
+/// Roles and quorum of this node.
+#[derive(Debug, Clone)]
+pub struct QuorumSettings {
+    /// `process.roles` has `broker` (default: yes).
+    pub broker: bool,
+    /// `process.roles` has `controller` (default: yes).
+    pub controller: bool,
+    /// `controller.quorum.voters` (default: this node at its first listener).
+    pub voters: VoterSet,
+    /// Each voter's controller endpoint.
+    pub endpoints: VoterEndpoints,
+    /// `controller.listener.names` (empty: none set).
+    pub controller_listener_names: Vec<String>,
+    /// `controller.quorum.election.timeout.ms` (1000).
+    pub election_timeout_ms: u64,
+    /// `controller.quorum.fetch.timeout.ms` (2000).
+    pub fetch_timeout_ms: u64,
+    /// `controller.quorum.election.backoff.max.ms` (1000).
+    pub election_backoff_max_ms: u64,
+    /// `controller.quorum.request.timeout.ms` (2000).
+    pub request_timeout_ms: u64,
+    /// `controller.quorum.retry.backoff.ms` (20).
+    pub retry_backoff_ms: u64,
+}
+
+impl QuorumSettings {
+    /// The core's configuration for `node_id`.
+    pub fn quorum_config(&self, node_id: NodeId) -> QuorumConfig {
+        let mut q = QuorumConfig::new(node_id, self.voters.clone());
+        q.election_timeout_ms = self.election_timeout_ms;
+        q.fetch_timeout_ms = self.fetch_timeout_ms;
+        q.election_backoff_max_ms = self.election_backoff_max_ms;
+        q.request_timeout_ms = self.request_timeout_ms;
+        q.retry_backoff_ms = self.retry_backoff_ms;
+        q
+    }
+
+    /// True when KRaft APIs are advertised on `listener_name`: a listener of
+    /// `controller.listener.names` of a controller. A zero-config node names none, so its one
+    /// listener advertises what a Kafka broker listener does (it still answers the KRaft APIs).
+    pub fn is_controller_listener(&self, listener_name: &str) -> bool {
+        self.controller
+            && self
+                .controller_listener_names
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(listener_name))
+    }
+}
+
+/// Parses and validates the quorum keys of `props`.
+///
+/// # Errors
+/// [`ConfigError`] naming the key: an unknown role, a malformed voter entry, a controller not
+/// among the voters, a controller listener not in `listeners`, a timeout that is not a
+/// non-negative integer.
+pub fn parse(
+    props: &BTreeMap<String, String>,
+    node_id: NodeId,
+    listeners: &[Listener],
+) -> Result<QuorumSettings, ConfigError> {
+    let get = |k: &str| props.get(k).map(|s| s.trim().to_string());
+    let (broker, controller) = match get("process.roles") {
+        None => (true, true),
+        Some(v) => {
+            let mut b = false;
+            let mut c = false;
+            for r in v.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+                match r {
+                    "broker" => b = true,
+                    "controller" => c = true,
+                    other => {
+                        return Err(ConfigError::new(
+                            "process.roles",
+                            &v,
+                            format!("Unknown process role '{other}' (must be one of 'broker' or 'controller')"),
+                        ))
+                    }
+                }
+            }
+            if !b && !c {
+                return Err(ConfigError::new(
+                    "process.roles",
+                    &v,
+                    "process.roles must name broker, controller or both",
+                ));
+            }
+            (b, c)
+        }
+    };
+    let controller_listener_names: Vec<String> = get("controller.listener.names")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect();
+    if controller {
+        if let Some(missing) = controller_listener_names
+            .iter()
+            .find(|n| !listeners.iter().any(|l| l.name.eq_ignore_ascii_case(n)))
+        {
+            return Err(ConfigError::new(
+                "controller.listener.names",
+                &controller_listener_names.join(","),
+                format!("controller.listener.names must contain at least one value appearing in the 'listeners' configuration when running the KRaft controller role ({missing} is not in listeners)"),
+            ));
+        }
+    }
+    let (voters, endpoints) = match get("controller.quorum.voters").filter(|v| !v.is_empty()) {
+        Some(v) => VoterSet::parse_quorum_voters(&v).map_err(|e| {
+            ConfigError::new(
+                "controller.quorum.voters",
+                &v,
+                format!("{e} (expected a comma-separated list of id@host:port)"),
+            )
+        })?,
+        None => {
+            let l = controller_listener_names
+                .first()
+                .and_then(|n| listeners.iter().find(|l| l.name.eq_ignore_ascii_case(n)))
+                .or(listeners.first());
+            let (host, port) = l.map_or(("127.0.0.1".to_string(), 9093), |l| {
+                let host = if l.host.is_empty() {
+                    "127.0.0.1".to_string()
+                } else {
+                    l.host.clone()
+                };
+                (host, l.port)
+            });
+            let voters = VoterSet::new([node_id]).map_err(|e| {
+                ConfigError::new("node.id", &node_id.to_string(), e.to_string())
+            })?;
+            (voters, [(node_id, (host, port))].into_iter().collect())
+        }
+    };
+    if controller && !voters.contains(node_id) {
+        return Err(ConfigError::new(
+            "controller.quorum.voters",
+            &get("controller.quorum.voters").unwrap_or_default(),
+            format!("node.id {node_id} has the controller role and must be one of the voters"),
+        ));
+    }
+    let ms = |k: &str, default: u64| -> Result<u64, ConfigError> {
+        match get(k) {
+            None => Ok(default),
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                ConfigError::new(k, &v, "Value must be a non-negative integer (ms)")
+            }),
+        }
+    };
+    Ok(QuorumSettings {
+        broker,
+        controller,
+        voters,
+        endpoints,
+        controller_listener_names,
+        election_timeout_ms: ms("controller.quorum.election.timeout.ms", 1000)?,
+        fetch_timeout_ms: ms("controller.quorum.fetch.timeout.ms", 2000)?,
+        election_backoff_max_ms: ms("controller.quorum.election.backoff.max.ms", 1000)?,
+        request_timeout_ms: ms("controller.quorum.request.timeout.ms", 2000)?,
+        retry_backoff_ms: ms("controller.quorum.retry.backoff.ms", 20)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn listeners() -> Vec<Listener> {
+        vec![
+            Listener::parse("listeners", "PLAINTEXT://127.0.0.1:9092").unwrap(),
+            Listener::parse("listeners", "CONTROLLER://127.0.0.1:9093").unwrap(),
+        ]
+    }
+
+    #[test]
+    fn zero_config_is_a_combined_one_voter_quorum_at_the_first_listener() {
+        let q = parse(&props(&[]), 1, &listeners()).unwrap();
+        assert!(q.broker && q.controller);
+        assert_eq!(q.voters.ids().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(q.endpoints[&1], ("127.0.0.1".to_string(), 9092));
+        assert!(!q.is_controller_listener("PLAINTEXT"));
+        assert_eq!(
+            (q.election_timeout_ms, q.fetch_timeout_ms, q.request_timeout_ms, q.retry_backoff_ms),
+            (1000, 2000, 2000, 20)
+        );
+    }
+
+    #[test]
+    fn voters_roles_and_listeners_are_validated_naming_the_key() {
+        let ok = parse(
+            &props(&[
+                ("process.roles", "broker,controller"),
+                ("controller.quorum.voters", "1@127.0.0.1:9093,2@127.0.0.1:9095"),
+                ("controller.listener.names", "CONTROLLER"),
+                ("controller.quorum.election.timeout.ms", "300"),
+            ]),
+            2,
+            &listeners(),
+        )
+        .unwrap();
+        assert_eq!(ok.voters.len(), 2);
+        assert_eq!(ok.election_timeout_ms, 300);
+        assert!(ok.is_controller_listener("CONTROLLER"));
+        assert!(!ok.is_controller_listener("PLAINTEXT"));
+        let err = |kv: &[(&str, &str)], id| parse(&props(kv), id, &listeners()).unwrap_err();
+        assert_eq!(err(&[("process.roles", "broker,cook")], 1).name, "process.roles");
+        assert_eq!(
+            err(&[("controller.quorum.voters", "1@nohostport")], 1).name,
+            "controller.quorum.voters"
+        );
+        assert_eq!(
+            err(&[("controller.quorum.voters", "2@127.0.0.1:9093")], 1).name,
+            "controller.quorum.voters"
+        );
+        assert_eq!(
+            err(&[("controller.listener.names", "NOPE")], 1).name,
+            "controller.listener.names"
+        );
+        assert_eq!(
+            err(&[("controller.quorum.fetch.timeout.ms", "soon")], 1).name,
+            "controller.quorum.fetch.timeout.ms"
+        );
+        // A broker-only node need not be a voter: it follows as an observer.
+        let observer = parse(
+            &props(&[
+                ("process.roles", "broker"),
+                ("controller.quorum.voters", "1@127.0.0.1:9093"),
+            ]),
+            5,
+            &listeners(),
+        )
+        .unwrap();
+        assert!(!observer.controller && !observer.voters.contains(5));
+    }
+}
