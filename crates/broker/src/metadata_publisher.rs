@@ -296,3 +296,77 @@ mod tests {
         running.shutdown().await.expect("shutdown");
     }
 }
+
+#[cfg(test)]
+mod migration_tests {
+    use std::collections::BTreeMap;
+
+    use gregor_metadata::log::{FileMetadataLog, MetadataLog, METADATA_LOG_FILE};
+    use gregor_metadata::MetadataRecord;
+    use tokio::sync::watch;
+
+    use super::{start_metadata, MIGRATED_FILE};
+    use crate::config::BrokerConfig;
+
+    fn topic(name: &str, id: u128) -> MetadataRecord {
+        MetadataRecord::Topic {
+            name: name.into(),
+            topic_id: uuid::Uuid::from_u128(id),
+        }
+    }
+
+    async fn start_and_stop(
+        config: &BrokerConfig,
+        root: &std::path::Path,
+    ) -> std::sync::Arc<gregor_metadata::MetadataImage> {
+        let (tx, rx) = watch::channel(false);
+        let (controller, _raft, tasks) =
+            start_metadata(config, &root.join("meta"), &root.join("legacy"), &rx)
+                .await
+                .unwrap();
+        let image = controller.image();
+        tx.send(true).unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        image
+    }
+
+    #[tokio::test]
+    async fn the_old_file_log_is_proposed_once_as_one_batch_and_renamed() {
+        let root = tempfile::tempdir().unwrap();
+        let legacy = root.path().join("legacy");
+        {
+            let old = FileMetadataLog::open(&legacy).unwrap();
+            old.propose(vec![topic("a", 1)]).await.unwrap();
+            old.propose(vec![topic("b", 2), topic("c", 3)]).await.unwrap();
+        }
+        let props: BTreeMap<String, String> = [(
+            "log.dirs".to_string(),
+            root.path().join("data").display().to_string(),
+        )]
+        .into_iter()
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).unwrap();
+        let image = start_and_stop(&config, root.path()).await;
+        for name in ["a", "b", "c"] {
+            assert!(image.topic(name).is_some(), "{name} migrated");
+        }
+        assert_eq!(image.offset, 3);
+        assert!(!legacy.join(METADATA_LOG_FILE).exists());
+        assert!(legacy.join(MIGRATED_FILE).exists());
+        // The next start reads them from __cluster_metadata-0 and migrates nothing again,
+        // even if an old file shows up.
+        {
+            let old = FileMetadataLog::open(&legacy).unwrap();
+            old.propose(vec![topic("z", 9)]).await.unwrap();
+        }
+        let image = start_and_stop(&config, root.path()).await;
+        assert_eq!(image.offset, 3);
+        assert!(image.topic("z").is_none());
+        assert!(root
+            .path()
+            .join("meta/__cluster_metadata-0/quorum-state")
+            .exists());
+    }
+}

@@ -11,6 +11,8 @@
 //!   before anything after it, [`Action::FlushLog`] fsyncs the log before anything after it.
 //!   A failed barrier write stops the driver (Kafka's client dies on a storage error): every
 //!   waiting call fails with [`DriverError::Shutdown`] and no later action runs.
+//! - **Only voter.** A node that is the only voter gets an election timeout of
+//!   [`ONLY_VOTER_ELECTION_TIMEOUT_MS`], so it leads at once as Kafka's does.
 //! - **Clock.** Monotonic, ms since the manager started ([`std::time::Instant`]).
 //! - **Ticks.** The core exposes no next deadline, so the thread ticks the node every
 //!   [`TICK_INTERVAL_MS`] (10 ms) and after every command; timers therefore fire up to 10 ms
@@ -61,6 +63,10 @@ use crate::types::{NodeId, VoterEndpoints};
 
 /// How often the driver thread ticks the node (ms) when no command arrives.
 pub const TICK_INTERVAL_MS: u64 = 10;
+
+/// Election timeout (ms) of a node that is the only voter: it has nobody to wait for, and
+/// Kafka elects it at once.
+pub const ONLY_VOTER_ELECTION_TIMEOUT_MS: u64 = 1;
 
 /// Commands that may wait in the driver's queue (proposals, inbound requests and responses,
 /// reads); a full queue makes async callers wait and drops responses from the transport (the
@@ -238,7 +244,12 @@ impl RaftManager {
             .map_or(0, |d| d.as_nanos() as u64)
             ^ (u64::from(std::process::id()) << 32)
             ^ node_id as u64;
-        let quorum = config.quorum.clone();
+        let mut quorum = config.quorum.clone();
+        if quorum.voters.len() == 1 && quorum.is_voter() {
+            // Kafka's `KafkaRaftClient.initialize` makes an only voter candidate at once; the
+            // core waits an election timeout, so it gets the shortest one.
+            quorum.election_timeout_ms = ONLY_VOTER_ELECTION_TIMEOUT_MS;
+        }
         let thread = std::thread::Builder::new()
             .name(format!("raft-{node_id}"))
             .spawn(move || {
