@@ -24,23 +24,16 @@ use crate::config::BrokerConfig;
 use crate::start_error::StartError;
 
 /// Starts this node's member of the metadata quorum (KRaft, KIP-595) on
-/// `<metadata_log_dir>/__cluster_metadata-0/` with the socket transport to the other voters,
-/// the [`RaftMetadataLog`] on it, the loader and the controller, and waits until the loader
-/// has applied everything committed (the quorum's high watermark must be known first: a
-/// one-voter quorum elects itself at once, a larger one waits for a majority). Then migrates
-/// the records of a pre-KRaft `legacy_dir/metadata.log` ([`migrate_file_log`]). Returns the
-/// controller channel, the quorum member and the tasks (which end when `shutdown` turns true;
-/// the last one resigns and closes the quorum member then).
+/// `<metadata_log_dir>/__cluster_metadata-0/`, with the socket transport to the other voters
+/// (`controller.quorum.voters`) and `cluster_id` in its requests.
 ///
 /// # Errors
-/// [`StartError::Metadata`] when the log cannot be opened or read.
-pub async fn start_metadata(
+/// [`StartError::Metadata`] when `__cluster_metadata-0` or `quorum-state` cannot be opened.
+pub fn start_quorum(
     config: &BrokerConfig,
     metadata_log_dir: &Path,
-    legacy_dir: &Path,
-    shutdown: &watch::Receiver<bool>,
-) -> Result<(ControllerHandle, Arc<RaftManager>, Vec<tokio::task::JoinHandle<()>>), StartError> {
-    let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
+    cluster_id: &str,
+) -> Result<Arc<RaftManager>, StartError> {
     let q = &config.quorum;
     let listener_name = q
         .controller_listener_names
@@ -48,8 +41,10 @@ pub async fn start_metadata(
         .cloned()
         .or_else(|| config.listeners.first().map(|l| l.name.clone()))
         .unwrap_or_else(|| "CONTROLLER".into());
+    let mut quorum = q.quorum_config(config.node_id);
+    quorum.cluster_id = Some(cluster_id.to_string());
     let raft_config = RaftManagerConfig {
-        quorum: q.quorum_config(config.node_id),
+        quorum,
         metadata_log_dir: metadata_log_dir.to_path_buf(),
         log: gregor_raft::MetadataLogConfig::default(),
         voter_endpoints: q.endpoints.clone(),
@@ -61,14 +56,33 @@ pub async fn start_metadata(
         request_timeout_ms: q.request_timeout_ms,
         retry_backoff_ms: q.retry_backoff_ms,
     };
-    let manager = RaftManager::start(raft_config, |inbound| {
+    RaftManager::start(raft_config, |inbound| {
         SocketTransport::new(transport, inbound)
     })
-    .map_err(|e| err(&e))?;
+    .map_err(|e| StartError::Metadata(e.to_string()))
+}
+
+/// Starts the [`RaftMetadataLog`] on the quorum member `manager`, the loader and the
+/// controller, and waits until the loader has applied everything committed (the quorum's high
+/// watermark must be known first: a one-voter quorum elects itself at once, a larger one waits
+/// for a majority, so the controller listeners must already be served). Then migrates the
+/// records of a pre-KRaft `legacy_dir/metadata.log` ([`migrate_file_log`]). Returns the
+/// controller channel and the tasks (which end when `shutdown` turns true; the last one
+/// resigns and closes the quorum member then).
+///
+/// # Errors
+/// [`StartError::Metadata`] when the log cannot be read or the quorum stops.
+pub async fn start_metadata(
+    manager: Arc<RaftManager>,
+    legacy_dir: &Path,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(ControllerHandle, Vec<tokio::task::JoinHandle<()>>), StartError> {
+    let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
+    let voters: Vec<_> = manager.config().quorum.voters.ids().collect();
     let raft_log = Arc::new(RaftMetadataLog::start(manager.clone()));
     info!(
-        node = config.node_id,
-        voters = ?q.voters.ids().collect::<Vec<_>>(),
+        node = manager.node_id(),
+        ?voters,
         "waiting for the metadata quorum's high watermark"
     );
     let high_watermark = raft_log.catch_up().await.map_err(|e| err(&e))?;
@@ -89,18 +103,14 @@ pub async fn start_metadata(
     info!(
         offset = raft_log.high_watermark(),
         "metadata loaded from {}",
-        metadata_log_dir.display()
+        manager.config().metadata_log_dir.display()
     );
     let mut stop = shutdown.clone();
     let closer = tokio::spawn(async move {
         let _ = stop.wait_for(|s| *s).await;
         raft_log.shutdown().await;
     });
-    Ok((
-        controller,
-        manager,
-        vec![loader_task, controller_task, closer],
-    ))
+    Ok((controller, vec![loader_task, controller_task, closer]))
 }
 
 /// File name the pre-KRaft metadata log gets once its records are in the quorum.
@@ -305,7 +315,7 @@ mod migration_tests {
     use gregor_metadata::MetadataRecord;
     use tokio::sync::watch;
 
-    use super::{start_metadata, MIGRATED_FILE};
+    use super::{start_metadata, start_quorum, MIGRATED_FILE};
     use crate::config::BrokerConfig;
 
     fn topic(name: &str, id: u128) -> MetadataRecord {
@@ -320,10 +330,10 @@ mod migration_tests {
         root: &std::path::Path,
     ) -> std::sync::Arc<gregor_metadata::MetadataImage> {
         let (tx, rx) = watch::channel(false);
-        let (controller, _raft, tasks) =
-            start_metadata(config, &root.join("meta"), &root.join("legacy"), &rx)
-                .await
-                .unwrap();
+        let raft = start_quorum(config, &root.join("meta"), "cluster").unwrap();
+        let (controller, tasks) = start_metadata(raft, &root.join("legacy"), &rx)
+            .await
+            .unwrap();
         let image = controller.image();
         tx.send(true).unwrap();
         for t in tasks {

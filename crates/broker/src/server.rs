@@ -52,14 +52,17 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
         storage::verify_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
     let Some(existing) = formatted.values().next() else {
         let cluster_id = storage::random_cluster_id();
-        let roles = config.raw.get("process.roles").map(String::as_str);
-        let controller = roles.is_none_or(|r| r.split(',').any(|r| r.trim() == "controller"));
+        let q = &config.quorum;
         let cfg = storage::StorageConfig {
             node_id: config.node_id,
-            broker: true,
-            controller,
-            static_voters: vec![config.node_id],
-            controller_listener_names: vec!["CONTROLLER".into()],
+            broker: q.broker,
+            controller: q.controller,
+            static_voters: q.voters.ids().collect(),
+            controller_listener_names: if q.controller_listener_names.is_empty() {
+                vec!["CONTROLLER".into()]
+            } else {
+                q.controller_listener_names.clone()
+            },
             controller_endpoints: Vec::new(),
             log_dirs: config.log_dirs.clone(),
             metadata_log_dir,
@@ -208,18 +211,42 @@ pub async fn start_with_authorizer(
     }
     let cluster_id = ensure_storage(&config)?;
     let legacy_dir = config.log_dirs[0].join(METADATA_DIR);
-    let (controller, raft, metadata_tasks) = crate::metadata_publisher::start_metadata(
+    let raft = crate::metadata_publisher::start_quorum(
         &config,
         &metadata_log_dir(&config),
-        &legacy_dir,
-        &shutdown_rx,
-    )
-    .await?;
+        &cluster_id,
+    )?;
+    // Controller listeners are served first (Kafka's ControllerServer): the voters must
+    // elect a leader before any node can load its metadata.
+    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = config
+        .endpoints()
+        .into_iter()
+        .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
+    if !controller_endpoints.is_empty() {
+        let listeners = match gregor_network::bind(&controller_endpoints).await {
+            Ok(l) => l,
+            Err(e) => {
+                raft.shutdown().await;
+                return Err(e.into());
+            }
+        };
+        let server = SocketServer::new(
+            config.socket_server_config(),
+            Arc::new(crate::controller_server::ControllerApis::new(
+                raft.clone(),
+                cluster_id.clone(),
+            )),
+        );
+        tasks.extend(server.start(listeners, &shutdown_rx));
+    }
+    let (controller, metadata_tasks) =
+        crate::metadata_publisher::start_metadata(raft.clone(), &legacy_dir, &shutdown_rx)
+            .await?;
     tasks.extend(metadata_tasks);
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
-    let listeners = gregor_network::bind(&config.endpoints()).await?;
+    let listeners = gregor_network::bind(&broker_endpoints).await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
     let advertised = &config.advertised_listeners[0];
     let advertised_port = if advertised.port == 0 {

@@ -1,0 +1,133 @@
+//! The controller listeners (`controller.listener.names`), served as Kafka's
+//! `ControllerServer` serves them: separately from the broker listeners and before the broker
+//! is up, since a quorum of nodes that are all starting must elect a leader before any of them
+//! can load its metadata. They answer ApiVersions (listing the controller APIs), the KRaft
+//! APIs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch of `__cluster_metadata`,
+//! DescribeQuorum) through this node's [`RaftManager`], and DescribeCluster with
+//! `EndpointType` 2 (KIP-919: the controllers and the active one, which
+//! `kafka-metadata-quorum --bootstrap-controller` asks first).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
+use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use gregor_protocol::kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind, ResponseKind,
+};
+use gregor_network::{respond, Handled, RequestContext};
+use gregor_raft::driver::RaftManager;
+
+use crate::error_codes as ec;
+use crate::handlers::{kraft, sb};
+
+/// The APIs of a controller listener besides the KRaft ones.
+const CONTROLLER_API_KEYS: &[ApiKey] = &[ApiKey::ApiVersions, ApiKey::DescribeCluster, ApiKey::Fetch];
+
+/// [`gregor_network::RequestHandler`] of the controller listeners.
+pub struct ControllerApis {
+    raft: Arc<RaftManager>,
+    cluster_id: String,
+}
+
+impl ControllerApis {
+    /// The handler answering for `raft` in cluster `cluster_id`.
+    pub fn new(raft: Arc<RaftManager>, cluster_id: String) -> Self {
+        Self { raft, cluster_id }
+    }
+
+    fn api_versions(&self) -> ApiVersionsResponse {
+        let mut keys: Vec<ApiVersion> = CONTROLLER_API_KEYS
+            .iter()
+            .chain(gregor_raft::driver::KRAFT_API_KEYS)
+            .filter_map(|k| {
+                self.versions(*k).map(|(min, max)| {
+                    ApiVersion::default()
+                        .with_api_key(*k as i16)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                })
+            })
+            .collect();
+        keys.sort_by_key(|k| k.api_key);
+        ApiVersionsResponse::default().with_api_keys(keys)
+    }
+
+    fn versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
+        match api_key {
+            // KRaft fetchers use v13+ (topic ids).
+            ApiKey::Fetch => crate::handlers::supported_versions(ApiKey::Fetch)
+                .map(|(_, max)| (13, max)),
+            ApiKey::ApiVersions | ApiKey::DescribeCluster => {
+                crate::handlers::supported_versions(api_key)
+            }
+            other => kraft::versions(other),
+        }
+    }
+
+    fn describe_cluster(&self, endpoint_type: i8, version: i16) -> DescribeClusterResponse {
+        let leader = self.raft.leader_and_epoch().borrow().leader_id;
+        let mut resp = DescribeClusterResponse::default()
+            .with_cluster_id(sb(&self.cluster_id))
+            .with_controller_id(BrokerId(leader.unwrap_or(-1)))
+            .with_cluster_authorized_operations(i32::MIN)
+            .with_endpoint_type(2)
+            .with_brokers(
+                self.raft
+                    .config()
+                    .voter_endpoints
+                    .iter()
+                    .map(|(&id, (host, port))| {
+                        DescribeClusterBroker::default()
+                            .with_broker_id(BrokerId(id))
+                            .with_host(sb(host))
+                            .with_port(i32::from(*port))
+                    })
+                    .collect(),
+            );
+        // KIP-919: a controller serves only the controller endpoint type (2).
+        if version >= 1 && endpoint_type != 2 {
+            resp.error_code = ec::UNSUPPORTED_ENDPOINT_TYPE;
+            resp.error_message = Some(sb(
+                "The request was sent to an endpoint of type CONTROLLER, but we wanted an endpoint of type BROKER",
+            ));
+            resp.brokers.clear();
+        }
+        resp
+    }
+}
+
+impl gregor_network::RequestHandler for ControllerApis {
+    fn supported_versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
+        self.versions(api_key)
+    }
+
+    async fn handle(&self, ctx: &RequestContext, body: RequestKind) -> Handled {
+        let header = ctx.header.clone();
+        let api_key = ctx.api_key;
+        let version = header.request_api_version;
+        match body {
+            RequestKind::ApiVersions(_) => Handled::Ready(respond(
+                &header,
+                api_key,
+                ResponseKind::ApiVersions(self.api_versions()),
+            )),
+            RequestKind::DescribeCluster(r) => Handled::Ready(respond(
+                &header,
+                api_key,
+                ResponseKind::DescribeCluster(self.describe_cluster(r.endpoint_type, version)),
+            )),
+            body => {
+                let raft = self.raft.clone();
+                Handled::Deferred(Box::pin(async move {
+                    let response = raft.handle_kafka_request(&body, version).await?;
+                    respond(&header, api_key, response)
+                }))
+            }
+        }
+    }
+
+    fn unsupported_api_versions(&self, correlation_id: i32) -> Option<Bytes> {
+        crate::handlers::api_versions::unsupported_version_response(correlation_id)
+    }
+}
