@@ -10,19 +10,20 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use gregor_network::{respond, Handled, RequestContext};
 use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
 use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind, ResponseKind,
 };
-use gregor_network::{respond, Handled, RequestContext};
 use gregor_raft::driver::RaftManager;
 
 use crate::error_codes as ec;
 use crate::handlers::{kraft, sb};
 
 /// The APIs of a controller listener besides the KRaft ones.
-const CONTROLLER_API_KEYS: &[ApiKey] = &[ApiKey::ApiVersions, ApiKey::DescribeCluster, ApiKey::Fetch];
+const CONTROLLER_API_KEYS: &[ApiKey] =
+    &[ApiKey::ApiVersions, ApiKey::DescribeCluster, ApiKey::Fetch];
 
 /// [`gregor_network::RequestHandler`] of the controller listeners.
 pub struct ControllerApis {
@@ -56,8 +57,9 @@ impl ControllerApis {
     fn versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
         match api_key {
             // KRaft fetchers use v13+ (topic ids).
-            ApiKey::Fetch => crate::handlers::supported_versions(ApiKey::Fetch)
-                .map(|(_, max)| (13, max)),
+            ApiKey::Fetch => {
+                crate::handlers::supported_versions(ApiKey::Fetch).map(|(_, max)| (13, max))
+            }
             ApiKey::ApiVersions | ApiKey::DescribeCluster => {
                 crate::handlers::supported_versions(api_key)
             }

@@ -12,10 +12,10 @@ use gregor_metadata::loader::{start_loader, LoaderError};
 use gregor_metadata::log::{
     FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
 };
-use gregor_raft::driver::transport::{SocketTransport, TransportConfig};
-use gregor_raft::driver::{RaftManager, RaftManagerConfig};
 use gregor_metadata::publisher::{CoordinatorLeadership, CoordinatorPublisher};
 use gregor_metadata::{ControllerHandle, MetadataDelta, MetadataImage, MetadataPublisher};
+use gregor_raft::driver::transport::{SocketTransport, TransportConfig};
+use gregor_raft::driver::{RaftManager, RaftManagerConfig};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -140,7 +140,9 @@ pub async fn migrate_file_log(log: &RaftMetadataLog, dir: &Path) -> Result<(), S
     if !records.is_empty() {
         let count = records.len();
         match log.propose(records).await {
-            Ok(_) => info!(records = count, path = %path.display(), "migrated the metadata log into the KRaft quorum"),
+            Ok(_) => {
+                info!(records = count, path = %path.display(), "migrated the metadata log into the KRaft quorum")
+            }
             Err(MetadataLogError::NotLeader { leader_id, .. }) => {
                 warn!(?leader_id, path = %path.display(), "not the quorum leader: the old metadata log is migrated by a later start on the leader");
                 return Ok(());
@@ -349,7 +351,9 @@ mod migration_tests {
         {
             let old = FileMetadataLog::open(&legacy).unwrap();
             old.propose(vec![topic("a", 1)]).await.unwrap();
-            old.propose(vec![topic("b", 2), topic("c", 3)]).await.unwrap();
+            old.propose(vec![topic("b", 2), topic("c", 3)])
+                .await
+                .unwrap();
         }
         let props: BTreeMap<String, String> = [(
             "log.dirs".to_string(),

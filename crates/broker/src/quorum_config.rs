@@ -153,9 +153,8 @@ pub fn parse(
                 };
                 (host, l.port)
             });
-            let voters = VoterSet::new([node_id]).map_err(|e| {
-                ConfigError::new("node.id", &node_id.to_string(), e.to_string())
-            })?;
+            let voters = VoterSet::new([node_id])
+                .map_err(|e| ConfigError::new("node.id", &node_id.to_string(), e.to_string()))?;
             (voters, [(node_id, (host, port))].into_iter().collect())
         }
     };
@@ -169,9 +168,9 @@ pub fn parse(
     let ms = |k: &str, default: u64| -> Result<u64, ConfigError> {
         match get(k) {
             None => Ok(default),
-            Some(v) => v.parse::<u64>().map_err(|_| {
-                ConfigError::new(k, &v, "Value must be a non-negative integer (ms)")
-            }),
+            Some(v) => v
+                .parse::<u64>()
+                .map_err(|_| ConfigError::new(k, &v, "Value must be a non-negative integer (ms)")),
         }
     };
     Ok(QuorumSettings {
@@ -213,7 +212,12 @@ mod tests {
         assert_eq!(q.endpoints[&1], ("127.0.0.1".to_string(), 9092));
         assert!(!q.is_controller_listener("PLAINTEXT"));
         assert_eq!(
-            (q.election_timeout_ms, q.fetch_timeout_ms, q.request_timeout_ms, q.retry_backoff_ms),
+            (
+                q.election_timeout_ms,
+                q.fetch_timeout_ms,
+                q.request_timeout_ms,
+                q.retry_backoff_ms
+            ),
             (1000, 2000, 2000, 20)
         );
     }
@@ -223,7 +227,10 @@ mod tests {
         let ok = parse(
             &props(&[
                 ("process.roles", "broker,controller"),
-                ("controller.quorum.voters", "1@127.0.0.1:9093,2@127.0.0.1:9095"),
+                (
+                    "controller.quorum.voters",
+                    "1@127.0.0.1:9093,2@127.0.0.1:9095",
+                ),
                 ("controller.listener.names", "CONTROLLER"),
                 ("controller.quorum.election.timeout.ms", "300"),
             ]),
@@ -236,7 +243,10 @@ mod tests {
         assert!(ok.is_controller_listener("CONTROLLER"));
         assert!(!ok.is_controller_listener("PLAINTEXT"));
         let err = |kv: &[(&str, &str)], id| parse(&props(kv), id, &listeners()).unwrap_err();
-        assert_eq!(err(&[("process.roles", "broker,cook")], 1).name, "process.roles");
+        assert_eq!(
+            err(&[("process.roles", "broker,cook")], 1).name,
+            "process.roles"
+        );
         assert_eq!(
             err(&[("controller.quorum.voters", "1@nohostport")], 1).name,
             "controller.quorum.voters"

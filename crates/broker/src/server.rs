@@ -211,11 +211,8 @@ pub async fn start_with_authorizer(
     }
     let cluster_id = ensure_storage(&config)?;
     let legacy_dir = config.log_dirs[0].join(METADATA_DIR);
-    let raft = crate::metadata_publisher::start_quorum(
-        &config,
-        &metadata_log_dir(&config),
-        &cluster_id,
-    )?;
+    let raft =
+        crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
     // elect a leader before any node can load its metadata.
     let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = config
@@ -240,8 +237,7 @@ pub async fn start_with_authorizer(
         tasks.extend(server.start(listeners, &shutdown_rx));
     }
     let (controller, metadata_tasks) =
-        crate::metadata_publisher::start_metadata(raft.clone(), &legacy_dir, &shutdown_rx)
-            .await?;
+        crate::metadata_publisher::start_metadata(raft.clone(), &legacy_dir, &shutdown_rx).await?;
     tasks.extend(metadata_tasks);
 
     // Listeners with a security protocol gregor does not implement are refused here (and

@@ -153,7 +153,9 @@ fn three_combined_nodes_form_one_quorum_that_kafka_metadata_quorum_describes() {
     let root = tempfile::tempdir().expect("tempdir");
     let mut nodes = start_nodes(root.path());
     for n in &mut nodes {
-        let addr: SocketAddr = format!("127.0.0.1:{}", n.client_port).parse().expect("addr");
+        let addr: SocketAddr = format!("127.0.0.1:{}", n.client_port)
+            .parse()
+            .expect("addr");
         let (guard, log) = (&mut n.guard, n.log.clone());
         wait_for_broker(addr, 60_000, || guard.check_alive())
             .unwrap_or_else(|e| panic!("node did not come up: {e:#}\n{}", tail(&log, 30)));

@@ -689,7 +689,9 @@ async fn distribute(
                     break;
                 }
                 let (offset, ws) = entry.remove_entry();
-                let answer = (offset == batch.last_offset).then_some(dense_last).flatten();
+                let answer = (offset == batch.last_offset)
+                    .then_some(dense_last)
+                    .flatten();
                 for w in ws {
                     let _ = w.send(answer);
                 }
@@ -742,10 +744,7 @@ impl MetadataLog for RaftMetadataLog {
                 s.waiters.entry(raft_last).or_default().push(tx);
                 rx
             };
-            rx.await
-                .ok()
-                .flatten()
-                .ok_or(MetadataLogError::Closed)
+            rx.await.ok().flatten().ok_or(MetadataLogError::Closed)
         })
     }
 

@@ -168,7 +168,10 @@ async fn three_voters_elect_commit_fail_over_and_catch_up() {
     let mut endpoints = BTreeMap::new();
     for id in 1..=3 {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        endpoints.insert(id, ("127.0.0.1".to_string(), l.local_addr().unwrap().port()));
+        endpoints.insert(
+            id,
+            ("127.0.0.1".to_string(), l.local_addr().unwrap().port()),
+        );
         listeners.insert(id, l);
     }
     let mut nodes = BTreeMap::new();

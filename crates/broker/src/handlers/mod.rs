@@ -269,7 +269,10 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
     let ready = |b| Handled::Ready(respond(header, api_key, b));
     match body {
         RequestKind::ApiVersions(r) => {
-            let controller = broker.config.quorum.is_controller_listener(&ctx.listener_name);
+            let controller = broker
+                .config
+                .quorum
+                .is_controller_listener(&ctx.listener_name);
             ready(api_versions::handle_on(&r, v, controller).into())
         }
         RequestKind::Fetch(r) if kraft::is_metadata_fetch(&r) => {

@@ -368,9 +368,10 @@ impl RaftManager {
                     Ok(Response::Vote(resp)) => {
                         ResponseKind::Vote(convert::vote_response_to_kafka(&resp))
                     }
-                    _ => ResponseKind::Vote(kp::VoteResponse::default().with_error_code(
-                        ErrorCode::NotLeaderOrFollower.code(),
-                    )),
+                    _ => ResponseKind::Vote(
+                        kp::VoteResponse::default()
+                            .with_error_code(ErrorCode::NotLeaderOrFollower.code()),
+                    ),
                 },
                 Err(_) => ResponseKind::Vote(kp::VoteResponse::default().with_error_code(invalid)),
             },
@@ -421,7 +422,9 @@ impl RaftManager {
                             .with_error_code(ErrorCode::NotLeaderOrFollower.code()),
                     ),
                 },
-                Err(_) => ResponseKind::Fetch(kp::FetchResponse::default().with_error_code(invalid)),
+                Err(_) => {
+                    ResponseKind::Fetch(kp::FetchResponse::default().with_error_code(invalid))
+                }
             },
             RequestKind::DescribeQuorum(r) => {
                 ResponseKind::DescribeQuorum(self.describe_quorum(r).await)
@@ -433,7 +436,10 @@ impl RaftManager {
     /// DescribeQuorum (API 55, KIP-595, KIP-836, KIP-853 `Nodes`) answered from the leader's
     /// view; NOT_LEADER_OR_FOLLOWER at the partition level unless this node leads, INVALID_REQUEST
     /// for anything but `__cluster_metadata-0`. Timestamps are wall-clock ms.
-    pub async fn describe_quorum(&self, r: &kp::DescribeQuorumRequest) -> kp::DescribeQuorumResponse {
+    pub async fn describe_quorum(
+        &self,
+        r: &kp::DescribeQuorumRequest,
+    ) -> kp::DescribeQuorumResponse {
         let names_metadata = matches!(r.topics.as_slice(), [t]
             if t.topic_name.0.as_str() == convert::METADATA_TOPIC_NAME
                 && matches!(t.partitions.as_slice(), [p] if p.partition_index == convert::METADATA_PARTITION));
@@ -462,7 +468,9 @@ impl RaftManager {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let wall = |t: Option<u64>| {
-            t.map_or(-1, |t| wall_now - i64::try_from(now_ms.saturating_sub(t)).unwrap_or(0))
+            t.map_or(-1, |t| {
+                wall_now - i64::try_from(now_ms.saturating_sub(t)).unwrap_or(0)
+            })
         };
         let replica = |r: &crate::node::ReplicaDescription| {
             kp::describe_quorum_response::ReplicaState::default()
@@ -802,7 +810,8 @@ impl<T: Transport> Driver<T> {
                     self.complete_proposals(hw);
                 }
                 Action::LeaderChange { epoch, leader_id } => {
-                    self.leader.send_replace(LeaderAndEpoch { epoch, leader_id });
+                    self.leader
+                        .send_replace(LeaderAndEpoch { epoch, leader_id });
                     let stale: Vec<i64> = self
                         .proposals
                         .iter()
@@ -811,7 +820,9 @@ impl<T: Transport> Driver<T> {
                         .collect();
                     for o in stale {
                         if let Some(p) = self.proposals.remove(&o) {
-                            let _ = p.reply.send(Err(DriverError::NotLeader { leader_id, epoch }));
+                            let _ = p
+                                .reply
+                                .send(Err(DriverError::NotLeader { leader_id, epoch }));
                         }
                     }
                 }

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::*;
-use bytes::BytesMut;
 use crate::message::{FetchRequest, VoteRequest, VoteResponse};
 use crate::types::VoterSet;
+use bytes::BytesMut;
 
 /// Outbound messages, for the test to read.
 struct ChannelTransport(std::sync::mpsc::Sender<(NodeId, Message)>);
@@ -35,10 +35,7 @@ fn config(dir: &std::path::Path, voters: &[NodeId]) -> RaftManagerConfig {
 
 type Outbound = std::sync::mpsc::Receiver<(NodeId, Message)>;
 
-fn start(
-    dir: &std::path::Path,
-    voters: &[NodeId],
-) -> (Arc<RaftManager>, Outbound, InboundSender) {
+fn start(dir: &std::path::Path, voters: &[NodeId]) -> (Arc<RaftManager>, Outbound, InboundSender) {
     let (tx, rx) = std::sync::mpsc::channel();
     let mut inbound = None;
     let m = RaftManager::start(config(dir, voters), |i| {
@@ -78,13 +75,18 @@ async fn one_voter_commits_and_streams_committed_batches_without_control_batches
     let first = s.next().await.unwrap();
     assert_eq!(first.values, vec![Bytes::from_static(b"a")]);
     assert_eq!(first.last_offset, a);
-    assert!(first.base_offset >= 1, "the LeaderChange control batch comes first");
+    assert!(
+        first.base_offset >= 1,
+        "the LeaderChange control batch comes first"
+    );
     let second = s.next().await.unwrap();
     assert_eq!((second.base_offset, second.last_offset), (a + 1, b));
     assert_eq!(second.values.len(), 2);
     assert_eq!(
         m.propose(Vec::new()).await,
-        Err(DriverError::Refused("a proposal needs at least one record".into()))
+        Err(DriverError::Refused(
+            "a proposal needs at least one record".into()
+        ))
     );
     m.shutdown().await;
     assert_eq!(
@@ -98,7 +100,10 @@ async fn one_voter_commits_and_streams_committed_batches_without_control_batches
     assert!(again.epoch > le.epoch);
     // It leads only once its new epoch is committed; reading waits for that.
     let mut s = m.committed(0);
-    assert_eq!(s.next().await.unwrap().values, vec![Bytes::from_static(b"a")]);
+    assert_eq!(
+        s.next().await.unwrap().values,
+        vec![Bytes::from_static(b"a")]
+    );
     m.shutdown().await;
 }
 
@@ -133,7 +138,13 @@ async fn a_vote_is_on_disk_before_it_is_answered() {
     // Not the leader: proposals are refused with the leader it knows (none yet).
     let e = m.propose(vec![Bytes::from_static(b"x")]).await.unwrap_err();
     assert!(
-        matches!(e, DriverError::NotLeader { epoch: 5, leader_id: None }),
+        matches!(
+            e,
+            DriverError::NotLeader {
+                epoch: 5,
+                leader_id: None
+            }
+        ),
         "{e:?}"
     );
     m.shutdown().await;
@@ -208,7 +219,9 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
             )
             .await
             .unwrap();
-        let Response::Fetch(f) = r else { panic!("{r:?}") };
+        let Response::Fetch(f) = r else {
+            panic!("{r:?}")
+        };
         assert_eq!(f.error, ErrorCode::None);
         let mut pos = 0;
         while pos < f.records.len() {
@@ -236,8 +249,15 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
         ]))
         .await;
     let p = &d.topics[0].partitions[0];
-    assert_eq!((p.error_code, p.leader_id.0, p.leader_epoch), (0, 1, le.epoch));
-    let voter2 = p.current_voters.iter().find(|v| v.replica_id.0 == 2).unwrap();
+    assert_eq!(
+        (p.error_code, p.leader_id.0, p.leader_epoch),
+        (0, 1, le.epoch)
+    );
+    let voter2 = p
+        .current_voters
+        .iter()
+        .find(|v| v.replica_id.0 == 2)
+        .unwrap();
     assert_eq!(voter2.log_end_offset, fetch_offset);
     assert_eq!(p.current_voters.len(), 3);
     assert_eq!(d.nodes.len(), 3);

@@ -202,7 +202,10 @@ async fn read_frames(mut reader: tokio::net::tcp::OwnedReadHalf, tx: mpsc::Sende
             return;
         };
         if size > MAX_RESPONSE_FRAME_BYTES {
-            tracing::warn!(size, "raft response frame too large; closing the connection");
+            tracing::warn!(
+                size,
+                "raft response frame too large; closing the connection"
+            );
             return;
         }
         // The buffer grows as bytes arrive rather than trusting the size up front.
@@ -232,23 +235,23 @@ async fn peer_task(
     let request_timeout = Duration::from_millis(config.request_timeout_ms.max(1));
     let mut backoff_ms = config.retry_backoff_ms.max(1);
     loop {
-        let stream =
-            match tokio::time::timeout(request_timeout, TcpStream::connect(&address)).await {
-                Ok(Ok(s)) => s,
-                failed => {
-                    tracing::debug!(peer, %address, ?failed, "raft connection failed; retrying after {backoff_ms} ms");
-                    let until = Instant::now() + Duration::from_millis(backoff_ms);
-                    backoff_ms = (backoff_ms * 2).min(MAX_RECONNECT_BACKOFF_MS);
-                    // Requests for an unreachable peer are dropped, not queued behind the backoff.
-                    loop {
-                        tokio::select! {
-                            m = requests.recv() => if m.is_none() { return },
-                            _ = tokio::time::sleep_until(until) => break,
-                        }
+        let stream = match tokio::time::timeout(request_timeout, TcpStream::connect(&address)).await
+        {
+            Ok(Ok(s)) => s,
+            failed => {
+                tracing::debug!(peer, %address, ?failed, "raft connection failed; retrying after {backoff_ms} ms");
+                let until = Instant::now() + Duration::from_millis(backoff_ms);
+                backoff_ms = (backoff_ms * 2).min(MAX_RECONNECT_BACKOFF_MS);
+                // Requests for an unreachable peer are dropped, not queued behind the backoff.
+                loop {
+                    tokio::select! {
+                        m = requests.recv() => if m.is_none() { return },
+                        _ = tokio::time::sleep_until(until) => break,
                     }
-                    continue;
                 }
-            };
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         tracing::debug!(peer, %address, "raft connection open");
         backoff_ms = config.retry_backoff_ms.max(1);
