@@ -18,7 +18,7 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 use gregor_raft::driver::RaftManager;
 
-use crate::error_codes as ec;
+use gregor_protocol::error::ErrorCode;
 use crate::handlers::{kraft, sb};
 
 /// The APIs of a controller listener besides the KRaft ones.
@@ -67,9 +67,38 @@ impl ControllerApis {
         }
     }
 
+    /// DescribeCluster as Kafka's `ControllerApis` answers it (`AuthHelper.computeDescribeClusterResponse`):
+    /// the voters at their controller endpoints and the leader as `ControllerId` (-1 when
+    /// unknown); a request for another endpoint type gets MISMATCHED_ENDPOINT_TYPE (an unknown
+    /// type UNSUPPORTED_ENDPOINT_TYPE), INVALID_REQUEST at v0.
     fn describe_cluster(&self, endpoint_type: i8, version: i16) -> DescribeClusterResponse {
+        let error = |code: ErrorCode, message: String| {
+            let code = if version == 0 {
+                ErrorCode::InvalidRequest
+            } else {
+                code
+            };
+            DescribeClusterResponse::default()
+                .with_error_code(code.code())
+                .with_error_message(Some(sb(&message)))
+        };
+        match endpoint_type {
+            2 => {}
+            1 => {
+                return error(
+                    ErrorCode::MismatchedEndpointType,
+                    "The request was sent to an endpoint of type CONTROLLER, but we wanted an endpoint of type BROKER".into(),
+                )
+            }
+            other => {
+                return error(
+                    ErrorCode::UnsupportedEndpointType,
+                    format!("Unsupported endpoint type {other}"),
+                )
+            }
+        }
         let leader = self.raft.leader_and_epoch().borrow().leader_id;
-        let mut resp = DescribeClusterResponse::default()
+        DescribeClusterResponse::default()
             .with_cluster_id(sb(&self.cluster_id))
             .with_controller_id(BrokerId(leader.unwrap_or(-1)))
             .with_cluster_authorized_operations(i32::MIN)
@@ -86,16 +115,7 @@ impl ControllerApis {
                             .with_port(i32::from(*port))
                     })
                     .collect(),
-            );
-        // KIP-919: a controller serves only the controller endpoint type (2).
-        if version >= 1 && endpoint_type != 2 {
-            resp.error_code = ec::UNSUPPORTED_ENDPOINT_TYPE;
-            resp.error_message = Some(sb(
-                "The request was sent to an endpoint of type CONTROLLER, but we wanted an endpoint of type BROKER",
-            ));
-            resp.brokers.clear();
-        }
-        resp
+            )
     }
 }
 

@@ -68,6 +68,10 @@ pub const TICK_INTERVAL_MS: u64 = 10;
 /// Kafka elects it at once.
 pub const ONLY_VOTER_ELECTION_TIMEOUT_MS: u64 = 1;
 
+/// Beyond the longer of `controller.quorum.request.timeout.ms` and the Fetch long-poll, how
+/// long (ms) an inbound request may wait for the node's answer before its caller is released.
+pub const PENDING_REQUEST_GRACE_MS: u64 = 1000;
+
 /// Commands that may wait in the driver's queue (proposals, inbound requests and responses,
 /// reads); a full queue makes async callers wait and drops responses from the transport (the
 /// node times the request out and retries, as for a lost message).
@@ -336,7 +340,9 @@ impl RaftManager {
     /// parked Fetch answers when data arrives, the high watermark moves or `MaxWaitMs` ends).
     ///
     /// # Errors
-    /// [`DriverError::Shutdown`] when the driver stops first.
+    /// [`DriverError::Shutdown`] when the driver stops first, when the request claims this
+    /// node's own id, or when no answer comes within the longer of the request timeout and
+    /// the Fetch long-poll plus [`PENDING_REQUEST_GRACE_MS`].
     pub async fn handle_request(
         &self,
         from: NodeId,
@@ -647,8 +653,9 @@ struct Driver<T: Transport> {
     started: Instant,
     leader: watch::Sender<LeaderAndEpoch>,
     high_watermark: watch::Sender<i64>,
-    /// Inbound requests waiting for the node's answer, by (requester, local correlation id).
-    pending_requests: BTreeMap<(NodeId, i32), oneshot::Sender<Response>>,
+    /// Inbound requests waiting for the node's answer, by (requester, local correlation id),
+    /// with the time (ms) after which the caller is given up on.
+    pending_requests: BTreeMap<(NodeId, i32), (oneshot::Sender<Response>, u64)>,
     next_correlation_id: i32,
     /// Proposals waiting for their commit, by last offset.
     proposals: BTreeMap<i64, PendingProposal>,
@@ -684,7 +691,10 @@ impl<T: Transport> Driver<T> {
             let now = self.now_ms();
             let actions = self.node.tick(now);
             self.execute(actions);
-            self.pending_requests.retain(|_, r| !r.is_closed());
+            // A caller that went away, or a request the node never answered (it always answers;
+            // this only bounds the map), is dropped: the caller gets DriverError::Shutdown.
+            self.pending_requests
+                .retain(|_, (r, until)| !r.is_closed() && now < *until);
         }
         if !self.stopped && graceful {
             let now = self.now_ms();
@@ -738,9 +748,19 @@ impl<T: Transport> Driver<T> {
                 request,
                 reply,
             } => {
+                if from == self.node.node_id() {
+                    // The node never answers itself; the caller gets DriverError::Shutdown.
+                    tracing::warn!(from, "raft request claiming this node's own id dropped");
+                    return;
+                }
                 let correlation_id = self.next_correlation_id;
                 self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
-                self.pending_requests.insert((from, correlation_id), reply);
+                let config = self.node.config();
+                let until = now
+                    + config.request_timeout_ms.max(config.fetch_max_wait_ms)
+                    + PENDING_REQUEST_GRACE_MS;
+                self.pending_requests
+                    .insert((from, correlation_id), (reply, until));
                 let actions = self.node.handle_message(
                     from,
                     Message::Request {
@@ -800,7 +820,9 @@ impl<T: Transport> Driver<T> {
                         correlation_id,
                         response,
                     } => {
-                        if let Some(reply) = self.pending_requests.remove(&(to, correlation_id)) {
+                        if let Some((reply, _)) =
+                            self.pending_requests.remove(&(to, correlation_id))
+                        {
                             let _ = reply.send(response);
                         }
                     }

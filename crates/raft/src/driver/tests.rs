@@ -135,6 +135,22 @@ async fn a_vote_is_on_disk_before_it_is_answered() {
     let store = FileQuorumStateStore::new(&KafkaMetadataLog::partition_dir(dir.path()));
     let (state, _) = store.read().unwrap().unwrap();
     assert_eq!((state.epoch, state.voted_id), (5, Some(2)));
+    // A request claiming this node's own id is not answered by the node: the caller is released.
+    let own = m
+        .handle_request(
+            1,
+            Request::Vote(VoteRequest {
+                cluster_id: None,
+                voter_id: Some(1),
+                replica_epoch: 6,
+                replica_id: 1,
+                last_offset_epoch: 0,
+                last_offset: 0,
+                pre_vote: false,
+            }),
+        )
+        .await;
+    assert_eq!(own, Err(DriverError::Shutdown));
     // Not the leader: proposals are refused with the leader it knows (none yet).
     let e = m.propose(vec![Bytes::from_static(b"x")]).await.unwrap_err();
     assert!(
