@@ -18,8 +18,8 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 use gregor_raft::driver::RaftManager;
 
-use gregor_protocol::error::ErrorCode;
 use crate::handlers::{kraft, sb};
+use gregor_protocol::error::ErrorCode;
 
 /// The APIs of a controller listener besides the KRaft ones.
 const CONTROLLER_API_KEYS: &[ApiKey] =

@@ -120,15 +120,40 @@ pub fn parse(
         .filter(|s| !s.is_empty())
         .map(str::to_ascii_uppercase)
         .collect();
-    if controller {
-        if let Some(missing) = controller_listener_names
-            .iter()
-            .find(|n| !listeners.iter().any(|l| l.name.eq_ignore_ascii_case(n)))
-        {
+    // Kafka's `KafkaConfig` rules, for a node whose process.roles says it (a zero-config node,
+    // without process.roles, is gregor's one-voter convenience and is not held to them).
+    let explicit_roles = props.contains_key("process.roles");
+    let names_joined = controller_listener_names.join(",");
+    let in_listeners = |n: &String| listeners.iter().any(|l| l.name.eq_ignore_ascii_case(n));
+    if explicit_roles && controller {
+        if !controller_listener_names.iter().any(in_listeners) {
             return Err(ConfigError::new(
                 "controller.listener.names",
-                &controller_listener_names.join(","),
-                format!("controller.listener.names must contain at least one value appearing in the 'listeners' configuration when running the KRaft controller role ({missing} is not in listeners)"),
+                &names_joined,
+                "controller.listener.names must contain at least one value appearing in the 'listeners' configuration when running the KRaft controller role",
+            ));
+        }
+        if !controller_listener_names.iter().all(in_listeners) {
+            return Err(ConfigError::new(
+                "controller.listener.names",
+                &names_joined,
+                "controller.listener.names must only contain values appearing in the 'listeners' configuration when running the KRaft controller role",
+            ));
+        }
+    }
+    if explicit_roles && !controller {
+        if controller_listener_names.is_empty() {
+            return Err(ConfigError::new(
+                "controller.listener.names",
+                "",
+                "controller.listener.names must contain at least one value when running KRaft with just the broker role",
+            ));
+        }
+        if controller_listener_names.iter().any(in_listeners) {
+            return Err(ConfigError::new(
+                "controller.listener.names",
+                &names_joined,
+                "controller.listener.names must not contain a value appearing in the 'listeners' configuration when running KRaft with just the broker role",
             ));
         }
     }
@@ -158,11 +183,22 @@ pub fn parse(
             (voters, [(node_id, (host, port))].into_iter().collect())
         }
     };
+    let voter_ids = || {
+        let ids: Vec<String> = voters.ids().map(|i| i.to_string()).collect();
+        format!("Set({})", ids.join(", "))
+    };
     if controller && !voters.contains(node_id) {
         return Err(ConfigError::new(
             "controller.quorum.voters",
             &get("controller.quorum.voters").unwrap_or_default(),
-            format!("node.id {node_id} has the controller role and must be one of the voters"),
+            format!("If process.roles contains the 'controller' role, the node id {node_id} must be included in the set of voters controller.quorum.voters={}", voter_ids()),
+        ));
+    }
+    if !controller && voters.contains(node_id) {
+        return Err(ConfigError::new(
+            "controller.quorum.voters",
+            &get("controller.quorum.voters").unwrap_or_default(),
+            format!("If process.roles contains just the 'broker' role, the node id {node_id} must not be included in the set of voters controller.quorum.voters={}", voter_ids()),
         ));
     }
     let ms = |k: &str, default: u64| -> Result<u64, ConfigError> {
@@ -255,24 +291,41 @@ mod tests {
             err(&[("controller.quorum.voters", "2@127.0.0.1:9093")], 1).name,
             "controller.quorum.voters"
         );
+        let roles = ("process.roles", "broker,controller");
         assert_eq!(
-            err(&[("controller.listener.names", "NOPE")], 1).name,
+            err(&[roles, ("controller.listener.names", "NOPE")], 1).name,
             "controller.listener.names"
         );
+        assert!(err(
+            &[roles, ("controller.listener.names", "CONTROLLER,NOPE")],
+            1
+        )
+        .reason
+        .contains("must only contain values"));
+        // Without process.roles (gregor's zero-config node) a name without a listener is
+        // tolerated: no listener is a controller listener then.
+        let lenient = parse(
+            &props(&[("controller.listener.names", "NOPE")]),
+            1,
+            &listeners(),
+        );
+        assert!(!lenient.unwrap().is_controller_listener("PLAINTEXT"));
         assert_eq!(
             err(&[("controller.quorum.fetch.timeout.ms", "soon")], 1).name,
             "controller.quorum.fetch.timeout.ms"
         );
-        // A broker-only node need not be a voter: it follows as an observer.
-        let observer = parse(
-            &props(&[
-                ("process.roles", "broker"),
-                ("controller.quorum.voters", "1@127.0.0.1:9093"),
-            ]),
-            5,
-            &listeners(),
-        )
-        .unwrap();
+        // A broker-only node is not a voter (it follows as an observer) and has no controller
+        // listener of its own.
+        let broker_only = [
+            ("process.roles", "broker"),
+            ("controller.quorum.voters", "1@127.0.0.1:9093"),
+            ("controller.listener.names", "CTL"),
+        ];
+        let observer = parse(&props(&broker_only), 5, &listeners()).unwrap();
         assert!(!observer.controller && !observer.voters.contains(5));
+        assert!(err(&broker_only, 1).reason.contains("must not be included"));
+        assert!(err(&broker_only[..2], 5)
+            .reason
+            .contains("at least one value"));
     }
 }
