@@ -153,3 +153,62 @@ impl gregor_network::RequestHandler for ControllerApis {
         crate::handlers::api_versions::unsupported_version_response(correlation_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gregor_raft::driver::{RaftManagerConfig, Transport};
+    use gregor_raft::{Message, MetadataLogConfig, NodeId, QuorumConfig, VoterSet};
+
+    struct NoPeers;
+
+    impl Transport for NoPeers {
+        fn send(&self, _to: NodeId, _message: Message) {}
+    }
+
+    #[tokio::test]
+    async fn describe_cluster_lists_the_controllers_and_refuses_the_broker_endpoint_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = RaftManager::start(
+            RaftManagerConfig {
+                quorum: QuorumConfig::new(1, VoterSet::new([1]).unwrap()),
+                metadata_log_dir: dir.path().to_path_buf(),
+                log: MetadataLogConfig::default(),
+                voter_endpoints: [(1, ("127.0.0.1".to_string(), 9093))].into_iter().collect(),
+                controller_listener_name: "CONTROLLER".into(),
+            },
+            |_| NoPeers,
+        )
+        .unwrap();
+        let mut leader = raft.leader_and_epoch();
+        leader.wait_for(|l| l.leader_id == Some(1)).await.unwrap();
+        let apis = ControllerApis::new(raft.clone(), "c1".into());
+        let ok = apis.describe_cluster(2, 1);
+        assert_eq!(ok.error_code, 0);
+        assert_eq!((ok.controller_id.0, ok.endpoint_type), (1, 2));
+        assert_eq!(ok.brokers.len(), 1);
+        assert_eq!(
+            (ok.brokers[0].host.as_str(), ok.brokers[0].port),
+            ("127.0.0.1", 9093)
+        );
+        assert_eq!(
+            apis.describe_cluster(1, 1).error_code,
+            ErrorCode::MismatchedEndpointType.code()
+        );
+        assert_eq!(
+            apis.describe_cluster(1, 0).error_code,
+            ErrorCode::InvalidRequest.code()
+        );
+        assert_eq!(
+            apis.describe_cluster(7, 1).error_code,
+            ErrorCode::UnsupportedEndpointType.code()
+        );
+        let versions = apis.api_versions();
+        let keys: Vec<i16> = versions.api_keys.iter().map(|k| k.api_key).collect();
+        for k in [1, 18, 52, 53, 54, 55, 60] {
+            assert!(keys.contains(&k), "api key {k} in {keys:?}");
+        }
+        assert!(!keys.contains(&0), "no Produce on a controller listener");
+        raft.shutdown().await;
+    }
+}
