@@ -121,10 +121,13 @@ impl Checker {
         let hw = slot.published_hw;
         if let Some(mark) = node.log_mut().take_truncation_mark() {
             self.truncations += 1;
-            slot.verified_batches = slot.verified_batches.min(mark);
+            slot.verified_end = slot.verified_end.min(mark);
         }
         let batches = node.log().batches();
-        let mut index = slot.verified_batches.min(batches.len());
+        // Batches below the log start are gone: the snapshot holding them was checked when it
+        // was written or installed.
+        let mut index = batches.partition_point(|b| b.base_offset < slot.verified_end);
+        let mut verified_end = slot.verified_end;
         while index < batches.len() {
             let b = &batches[index];
             if !(b.last_offset < hw || (is_leader && b.base_offset < required)) {
@@ -139,6 +142,7 @@ impl Checker {
                     ));
                 }
                 index += 1;
+                verified_end = b.last_offset + 1;
                 continue;
             }
             if b.base_offset < self.committed_end {
@@ -166,8 +170,9 @@ impl Checker {
             let end = self.committed_end_by_epoch.entry(epoch).or_insert(0);
             *end = (*end).max(self.committed_end);
             index += 1;
+            verified_end = b.last_offset + 1;
         }
-        slot.verified_batches = index;
+        slot.verified_end = verified_end;
         Ok(())
     }
 }
@@ -213,7 +218,7 @@ mod tests {
             tick_ms: 10,
             published_hw: hw,
             last_epoch: 0,
-            verified_batches: 0,
+            verified_end: 0,
         }
     }
 

@@ -241,7 +241,8 @@ struct Slot {
     /// Checker state.
     published_hw: i64,
     last_epoch: i32,
-    verified_batches: usize,
+    /// End offset of the batches the checker verified on this node.
+    verified_end: i64,
 }
 
 struct Proposal {
@@ -332,7 +333,7 @@ impl<'a> Sim<'a> {
                     tick_ms: rng.between(5, 40),
                     published_hw: 0,
                     last_epoch: 0,
-                    verified_batches: 0,
+                    verified_end: 0,
                 }
             })
             .collect();
