@@ -6,8 +6,12 @@
 //! depends on the version (`ReplicaId` moved into `ReplicaState` in v15, topics are named by id
 //! from v13, `HighWatermark` is v18), so only its conversion takes the version.
 //!
+//! FetchSnapshot (API 59, v0-1) has no version-dependent fields in the core's use (v1 adds
+//! tagged fields: the replica directory id and the leader's endpoints).
+//!
 //! Incoming messages that do not name exactly `__cluster_metadata-0` are rejected with
-//! [`ConvertError`], which Kafka answers with INVALID_REQUEST (`hasValidTopicPartition`).
+//! [`ConvertError`], which Kafka answers with INVALID_REQUEST (`hasValidTopicPartition`); so
+//! is a FetchSnapshot response whose chunk does not fit in the snapshot it describes.
 
 use bytes::Bytes;
 use gregor_protocol::error::ErrorCode;
@@ -17,7 +21,8 @@ use uuid::Uuid;
 
 use crate::message::{
     BeginQuorumEpochRequest, BeginQuorumEpochResponse, EndQuorumEpochRequest,
-    EndQuorumEpochResponse, FetchRequest, FetchResponse, VoteRequest, VoteResponse,
+    EndQuorumEpochResponse, FetchRequest, FetchResponse, FetchSnapshotRequest,
+    FetchSnapshotResponse, VoteRequest, VoteResponse,
 };
 use crate::types::{NodeId, OffsetAndEpoch};
 
@@ -34,6 +39,14 @@ pub enum ConvertError {
     /// The message is not about exactly one partition, `__cluster_metadata-0`.
     #[error("expected exactly the partition __cluster_metadata-0")]
     NotMetadataPartition,
+    /// A field out of its range (a snapshot chunk outside its snapshot).
+    #[error("invalid {field}: {reason}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl ConvertError {
@@ -430,6 +443,13 @@ pub fn fetch_response_to_kafka(r: &FetchResponse, version: i16) -> kp::FetchResp
                 .with_end_offset(d.offset),
         );
     }
+    if let Some(s) = r.snapshot_id {
+        partition = partition.with_snapshot_id(
+            kp::fetch_response::SnapshotId::default()
+                .with_end_offset(s.offset)
+                .with_epoch(s.epoch),
+        );
+    }
     let mut topic =
         kp::fetch_response::FetchableTopicResponse::default().with_partitions(vec![partition]);
     if version >= 13 {
@@ -451,6 +471,7 @@ pub fn fetch_response_from_kafka(r: &kp::FetchResponse) -> Result<FetchResponse,
             high_watermark: -1,
             log_start_offset: -1,
             diverging_epoch: None,
+            snapshot_id: None,
             current_leader_id: None,
             current_leader_epoch: -1,
             records: Bytes::new(),
@@ -463,15 +484,144 @@ pub fn fetch_response_from_kafka(r: &kp::FetchResponse) -> Result<FetchResponse,
         return Err(ConvertError::NotMetadataPartition);
     }
     let d = &p.diverging_epoch;
+    let snap = &p.snapshot_id;
     Ok(FetchResponse {
         error: ErrorCode::for_code(p.error_code),
         high_watermark: p.high_watermark,
         log_start_offset: p.log_start_offset,
         diverging_epoch: (d.epoch >= 0 || d.end_offset >= 0)
             .then_some(OffsetAndEpoch::new(d.end_offset, d.epoch)),
+        snapshot_id: (snap.epoch >= 0 || snap.end_offset >= 0)
+            .then_some(OffsetAndEpoch::new(snap.end_offset, snap.epoch)),
         current_leader_id: id_opt(p.current_leader.leader_id),
         current_leader_epoch: p.current_leader.leader_epoch,
         records: p.records.clone().unwrap_or_default(),
+    })
+}
+
+// ----- FetchSnapshot -----
+
+/// Our FetchSnapshotRequest as Kafka's (v0-1).
+pub fn fetch_snapshot_request_to_kafka(r: &FetchSnapshotRequest) -> kp::FetchSnapshotRequest {
+    use kp::fetch_snapshot_request as fsr;
+    let partition = fsr::PartitionSnapshot::default()
+        .with_partition(METADATA_PARTITION)
+        .with_current_leader_epoch(r.current_leader_epoch)
+        .with_snapshot_id(
+            fsr::SnapshotId::default()
+                .with_end_offset(r.snapshot_id.offset)
+                .with_epoch(r.snapshot_id.epoch),
+        )
+        .with_position(r.position);
+    kp::FetchSnapshotRequest::default()
+        .with_cluster_id(cluster_to_kafka(&r.cluster_id))
+        .with_replica_id(BrokerId(r.replica_id))
+        .with_max_bytes(r.max_bytes)
+        .with_topics(vec![fsr::TopicSnapshot::default()
+            .with_name(topic_name())
+            .with_partitions(vec![partition])])
+}
+
+/// Kafka's FetchSnapshotRequest as ours.
+///
+/// # Errors
+/// [`ConvertError::NotMetadataPartition`].
+pub fn fetch_snapshot_request_from_kafka(
+    r: &kp::FetchSnapshotRequest,
+) -> Result<FetchSnapshotRequest, ConvertError> {
+    let topic = single(&r.topics)?;
+    let p = single(&topic.partitions)?;
+    if !is_metadata_topic(&topic.name) || p.partition != METADATA_PARTITION {
+        return Err(ConvertError::NotMetadataPartition);
+    }
+    Ok(FetchSnapshotRequest {
+        cluster_id: cluster_from_kafka(&r.cluster_id),
+        replica_id: r.replica_id.0,
+        max_bytes: r.max_bytes,
+        current_leader_epoch: p.current_leader_epoch,
+        snapshot_id: OffsetAndEpoch::new(p.snapshot_id.end_offset, p.snapshot_id.epoch),
+        position: p.position,
+    })
+}
+
+/// Our FetchSnapshotResponse as Kafka's (v0-1). INCONSISTENT_CLUSTER_ID goes at the top
+/// level with no topics, as Kafka answers it.
+pub fn fetch_snapshot_response_to_kafka(r: &FetchSnapshotResponse) -> kp::FetchSnapshotResponse {
+    use kp::fetch_snapshot_response as fsr;
+    if r.error == ErrorCode::InconsistentClusterId {
+        return kp::FetchSnapshotResponse::default().with_error_code(r.error.code());
+    }
+    let partition = fsr::PartitionSnapshot::default()
+        .with_index(METADATA_PARTITION)
+        .with_error_code(r.error.code())
+        .with_snapshot_id(
+            fsr::SnapshotId::default()
+                .with_end_offset(r.snapshot_id.offset)
+                .with_epoch(r.snapshot_id.epoch),
+        )
+        .with_current_leader(
+            fsr::LeaderIdAndEpoch::default()
+                .with_leader_id(opt_id(r.current_leader_id))
+                .with_leader_epoch(r.current_leader_epoch),
+        )
+        .with_size(r.size)
+        .with_position(r.position)
+        .with_unaligned_records(r.unaligned_records.clone());
+    kp::FetchSnapshotResponse::default().with_topics(vec![fsr::TopicSnapshot::default()
+        .with_name(topic_name())
+        .with_partitions(vec![partition])])
+}
+
+/// Kafka's FetchSnapshotResponse as ours (a top-level error becomes the error, epoch -1).
+///
+/// # Errors
+/// [`ConvertError::NotMetadataPartition`]; [`ConvertError::InvalidField`] for a response
+/// without error whose `Position` or `Size` is negative or whose bytes end past `Size`.
+pub fn fetch_snapshot_response_from_kafka(
+    r: &kp::FetchSnapshotResponse,
+) -> Result<FetchSnapshotResponse, ConvertError> {
+    if r.error_code != 0 {
+        return Ok(FetchSnapshotResponse {
+            error: ErrorCode::for_code(r.error_code),
+            snapshot_id: OffsetAndEpoch::new(-1, -1),
+            current_leader_id: None,
+            current_leader_epoch: -1,
+            size: -1,
+            position: -1,
+            unaligned_records: Bytes::new(),
+        });
+    }
+    let topic = single(&r.topics)?;
+    let p = single(&topic.partitions)?;
+    if !is_metadata_topic(&topic.name) || p.index != METADATA_PARTITION {
+        return Err(ConvertError::NotMetadataPartition);
+    }
+    if p.error_code == 0 {
+        let len = i64::try_from(p.unaligned_records.len()).unwrap_or(i64::MAX);
+        if p.position < 0 || p.size < 0 {
+            return Err(ConvertError::InvalidField {
+                field: "Position/Size",
+                reason: format!("position {} size {}", p.position, p.size),
+            });
+        }
+        if p.position.checked_add(len).is_none_or(|end| end > p.size) {
+            return Err(ConvertError::InvalidField {
+                field: "UnalignedRecords",
+                reason: format!(
+                    "{len} bytes at position {} pass the snapshot size {}",
+                    p.position, p.size
+                ),
+            });
+        }
+    }
+    Ok(FetchSnapshotResponse {
+        error: ErrorCode::for_code(p.error_code),
+        snapshot_id: OffsetAndEpoch::new(p.snapshot_id.end_offset, p.snapshot_id.epoch),
+        current_leader_id: id_opt(p.current_leader.leader_id),
+        current_leader_epoch: p.current_leader.leader_epoch,
+        size: p.size,
+        position: p.position,
+        unaligned_records: p.unaligned_records.clone(),
     })
 }
 
@@ -640,6 +790,7 @@ mod tests {
             high_watermark: 15,
             log_start_offset: 0,
             diverging_epoch: None,
+            snapshot_id: None,
             current_leader_id: Some(1),
             current_leader_epoch: 4,
             records: records.clone(),

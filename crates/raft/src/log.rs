@@ -253,8 +253,9 @@ pub trait RaftLog {
     /// last record (`end offset - 1` with the snapshot's epoch: the log ends before it or
     /// diverges from it), the log is emptied and starts at the snapshot's end offset
     /// (`truncateFullyAndStartAt`): log start = log end = snapshot end offset, epoch cache
-    /// empty (the last fetched epoch is the snapshot's), older snapshots deleted, high
-    /// watermark raised to the snapshot's end offset. Returns whether it truncated.
+    /// empty (the last fetched epoch is the snapshot's), older snapshots deleted. The high
+    /// watermark is left to the core (which raises it to the snapshot's end offset). Returns
+    /// whether it truncated.
     ///
     /// # Errors
     /// [`RaftLogError::Io`].
@@ -771,7 +772,6 @@ impl RaftLog for MemoryLog {
         self.resurrectable.clear();
         self.log_start_offset = id.offset;
         self.durable_end_offset = id.offset;
-        self.high_watermark = self.high_watermark.max(id.offset);
         self.snapshots.retain(|&(o, _), _| o >= id.offset);
         self.note_truncation();
         Ok(true)

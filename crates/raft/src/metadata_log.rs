@@ -977,7 +977,6 @@ impl RaftLog for KafkaMetadataLog {
             self.snapshots.remove(&k);
         }
         crate::snapshot::sync_dir(&self.dir).map_err(|e| RaftLogError::Io(e.to_string()))?;
-        self.high_watermark = self.high_watermark.max(id.offset);
         tracing::info!(snapshot = ?id, "metadata log fully truncated to a fetched snapshot");
         Ok(true)
     }

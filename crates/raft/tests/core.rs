@@ -539,6 +539,7 @@ fn a_follower_truncates_to_the_diverging_epoch() {
             high_watermark: 3,
             log_start_offset: 0,
             diverging_epoch: Some(OffsetAndEpoch::new(3, 1)),
+            snapshot_id: None,
             current_leader_id: Some(1),
             current_leader_epoch: 3,
             records: Bytes::new(),
