@@ -361,7 +361,9 @@ impl MemoryLog {
     /// A crash: keeps the durable prefix and a random number of the batches appended after it
     /// (the page cache may have written some back); a truncation not yet made durable by a
     /// flush may be undone (half the time); forgets the high watermark and a snapshot being
-    /// fetched (its `.part` file is deleted when the log is opened).
+    /// fetched (its `.part` file is deleted when the log is opened); a log left short of its
+    /// latest snapshot starts at it ([`RaftLog::truncate_to_latest_snapshot`], as the disk log
+    /// does when opened).
     pub fn crash(&mut self, rng: &mut Rng) {
         let durable_batches = self.durable_batches();
         if !self.resurrectable.is_empty() && rng.chance(0.5) {
@@ -383,6 +385,11 @@ impl MemoryLog {
         self.pending = None;
         self.durable_end_offset = self.log_end_offset();
         self.high_watermark = 0;
+        // As the disk log on open: a snapshot the log no longer reaches (records lost above a
+        // snapshot that was written without deleting the log before it) replaces the log.
+        if self.truncate_to_latest_snapshot().is_err() {
+            unreachable!("the memory log's full truncation cannot fail");
+        }
     }
 
     /// The smallest log end offset since the last call, when a truncation happened since (the

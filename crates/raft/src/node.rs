@@ -1554,6 +1554,11 @@ impl<L: RaftLog> RaftNode<L> {
                 return false;
             }
         }
+        // The log starts at its latest snapshot: the fetched one, or a newer one of its own.
+        let id = match self.log.latest_snapshot_id() {
+            Some(latest) if latest.offset > id.offset => latest,
+            _ => id,
+        };
         self.actions.push(Action::SnapshotInstalled { snapshot_id: id });
         let new = id.offset.min(self.log.log_end_offset());
         if self.high_watermark.is_none_or(|hw| hw < new) {
