@@ -854,4 +854,194 @@ mod tests {
         f.topics[0].topic_id = Uuid::from_u128(7);
         assert!(fetch_request_from_kafka(&f).is_err());
     }
+    #[test]
+    fn fetch_snapshot_round_trips_through_the_wire() {
+        let r = FetchSnapshotRequest {
+            cluster_id: Some("c".into()),
+            replica_id: 3,
+            max_bytes: 1024,
+            current_leader_epoch: 7,
+            snapshot_id: OffsetAndEpoch::new(120, 6),
+            position: 2048,
+        };
+        let resp = FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(120, 6),
+            current_leader_id: Some(1),
+            current_leader_epoch: 7,
+            size: 4096,
+            position: 2048,
+            unaligned_records: Bytes::from(vec![7u8; 1024]),
+        };
+        for version in [0, 1] {
+            let k = fetch_snapshot_request_to_kafka(&r);
+            assert_eq!(k.topics[0].name.0.as_str(), METADATA_TOPIC_NAME);
+            assert_eq!(
+                fetch_snapshot_request_from_kafka(&wire(&k, version)).unwrap(),
+                r
+            );
+            let k = fetch_snapshot_response_to_kafka(&resp);
+            assert_eq!(
+                fetch_snapshot_response_from_kafka(&wire(&k, version)).unwrap(),
+                resp
+            );
+        }
+        // Errors of the partition, and INCONSISTENT_CLUSTER_ID at the top level.
+        for error in [
+            ErrorCode::SnapshotNotFound,
+            ErrorCode::PositionOutOfRange,
+            ErrorCode::FencedLeaderEpoch,
+        ] {
+            let e = FetchSnapshotResponse {
+                error,
+                snapshot_id: OffsetAndEpoch::new(-1, -1),
+                size: -1,
+                position: -1,
+                unaligned_records: Bytes::new(),
+                ..resp.clone()
+            };
+            let k = fetch_snapshot_response_to_kafka(&e);
+            assert_eq!(k.topics[0].partitions[0].error_code, error.code());
+            assert_eq!(fetch_snapshot_response_from_kafka(&wire(&k, 1)).unwrap(), e);
+        }
+        assert_eq!(ErrorCode::SnapshotNotFound.code(), 98);
+        assert_eq!(ErrorCode::PositionOutOfRange.code(), 99);
+        let k = fetch_snapshot_response_to_kafka(&FetchSnapshotResponse {
+            error: ErrorCode::InconsistentClusterId,
+            ..resp.clone()
+        });
+        assert!(k.topics.is_empty());
+        assert_eq!(
+            fetch_snapshot_response_from_kafka(&wire(&k, 0))
+                .unwrap()
+                .error,
+            ErrorCode::InconsistentClusterId
+        );
+        // SnapshotId in a Fetch response (a tagged field of v12+).
+        let f = FetchResponse {
+            error: ErrorCode::None,
+            high_watermark: 30,
+            log_start_offset: 20,
+            diverging_epoch: None,
+            snapshot_id: Some(OffsetAndEpoch::new(20, 4)),
+            current_leader_id: Some(1),
+            current_leader_epoch: 5,
+            records: Bytes::new(),
+        };
+        for version in [13, 17, 18] {
+            let k = fetch_response_to_kafka(&f, version);
+            assert_eq!(k.responses[0].partitions[0].snapshot_id.end_offset, 20);
+            assert_eq!(fetch_response_from_kafka(&wire(&k, version)).unwrap(), f);
+        }
+        let none = FetchResponse {
+            snapshot_id: None,
+            ..f.clone()
+        };
+        let k = fetch_response_to_kafka(&none, 17);
+        assert_eq!(k.responses[0].partitions[0].snapshot_id.end_offset, -1);
+        assert_eq!(fetch_response_from_kafka(&wire(&k, 17)).unwrap(), none);
+    }
+
+    #[test]
+    fn bad_fetch_snapshot_messages_are_rejected() {
+        let resp = FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            current_leader_id: Some(1),
+            current_leader_epoch: 1,
+            size: 100,
+            position: 90,
+            unaligned_records: Bytes::from(vec![0u8; 10]),
+        };
+        assert!(fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&resp)).is_ok());
+        // Bytes past the snapshot's size, a negative position or size.
+        for bad in [
+            FetchSnapshotResponse {
+                position: 91,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                position: -1,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                size: -5,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                position: i64::MAX,
+                ..resp.clone()
+            },
+        ] {
+            let err = fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&bad))
+                .unwrap_err();
+            assert!(matches!(err, ConvertError::InvalidField { .. }), "{bad:?}");
+            assert_eq!(err.error_code(), ErrorCode::InvalidRequest);
+        }
+        // Another partition or topic, or not exactly one.
+        let mut k = fetch_snapshot_response_to_kafka(&resp);
+        k.topics[0].partitions[0].index = 1;
+        assert_eq!(
+            fetch_snapshot_response_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+        let mut k = fetch_snapshot_request_to_kafka(&FetchSnapshotRequest {
+            cluster_id: None,
+            replica_id: 2,
+            max_bytes: 10,
+            current_leader_epoch: 1,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            position: 0,
+        });
+        k.topics[0].name = TopicName(StrBytes::from_static_str("other"));
+        assert_eq!(
+            fetch_snapshot_request_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+        k.topics.clear();
+        assert_eq!(
+            fetch_snapshot_request_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+    }
+
+    /// Random bytes decoded as FetchSnapshot responses: whatever kafka-protocol accepts, the
+    /// conversion either refuses with a ConvertError or gives a chunk inside its snapshot.
+    #[test]
+    fn random_fetch_snapshot_responses_never_give_a_chunk_outside_its_snapshot() {
+        let valid = fetch_snapshot_response_to_kafka(&FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            current_leader_id: Some(1),
+            current_leader_epoch: 1,
+            size: 100,
+            position: 0,
+            unaligned_records: Bytes::from(vec![1u8; 20]),
+        });
+        let mut rng = crate::rng::Rng::new(630);
+        let mut decoded = 0;
+        for version in [0i16, 1] {
+            let mut base = bytes::BytesMut::new();
+            valid.encode(&mut base, version).unwrap();
+            for _ in 0..5_000 {
+                let mut b = base.to_vec();
+                for _ in 0..rng.between(1, 4) {
+                    let i = rng.below(b.len() as u64) as usize;
+                    b[i] = rng.below(256) as u8;
+                }
+                let Ok(k) = kp::FetchSnapshotResponse::decode(&mut Bytes::from(b), version)
+                else {
+                    continue;
+                };
+                decoded += 1;
+                if let Ok(r) = fetch_snapshot_response_from_kafka(&k) {
+                    if r.error.is_none() {
+                        assert!(r.position >= 0 && r.size >= 0);
+                        assert!(r.position + r.unaligned_records.len() as i64 <= r.size);
+                    }
+                }
+            }
+        }
+        assert!(decoded > 1_000, "{decoded}");
+    }
 }
