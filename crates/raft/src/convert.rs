@@ -953,7 +953,9 @@ mod tests {
             position: 90,
             unaligned_records: Bytes::from(vec![0u8; 10]),
         };
-        assert!(fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&resp)).is_ok());
+        assert!(
+            fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&resp)).is_ok()
+        );
         // Bytes past the snapshot's size, a negative position or size.
         for bad in [
             FetchSnapshotResponse {
@@ -1029,8 +1031,7 @@ mod tests {
                     let i = rng.below(b.len() as u64) as usize;
                     b[i] = rng.below(256) as u8;
                 }
-                let Ok(k) = kp::FetchSnapshotResponse::decode(&mut Bytes::from(b), version)
-                else {
+                let Ok(k) = kp::FetchSnapshotResponse::decode(&mut Bytes::from(b), version) else {
                     continue;
                 };
                 decoded += 1;

@@ -651,7 +651,9 @@ impl RaftLog for MemoryLog {
             .snapshots
             .get(&(id.offset, id.epoch))
             .ok_or(RaftLogError::SnapshotNotFound(id))?;
-        let start = usize::try_from(position).unwrap_or(usize::MAX).min(bytes.len());
+        let start = usize::try_from(position)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
         let end = start.saturating_add(max_bytes).min(bytes.len());
         Ok(bytes.slice(start..end))
     }

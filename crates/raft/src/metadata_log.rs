@@ -548,7 +548,7 @@ impl KafkaMetadataLog {
             }
         }
         // Newest first; the epoch cache last.
-        files.sort_by(|a, b| b.0.cmp(&a.0));
+        files.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (_, path) in &files {
             match std::fs::remove_file(path) {
                 Ok(()) => {}
@@ -828,7 +828,12 @@ impl RaftLog for KafkaMetadataLog {
         } else {
             self.epoch_of_offset(id.offset - 1)
         };
-        check_new_snapshot(id, self.log_start_offset(), self.high_watermark, epoch_before)?;
+        check_new_snapshot(
+            id,
+            self.log_start_offset(),
+            self.high_watermark,
+            epoch_before,
+        )?;
         let io = |e: SnapshotError| RaftLogError::Io(e.to_string());
         let mut w = SnapshotWriter::create(&self.dir, id, now_ms, now_ms).map_err(io)?;
         for chunk in values.chunks(SNAPSHOT_RECORDS_PER_BATCH) {
@@ -848,9 +853,10 @@ impl RaftLog for KafkaMetadataLog {
         if self.snapshots.contains_key(&(id.offset, id.epoch)) {
             return Ok(false);
         }
-        let path = self
-            .dir
-            .join(format!("{:020}-{:010}{PARTIAL_SUFFIX}", id.offset, id.epoch));
+        let path = self.dir.join(format!(
+            "{:020}-{:010}{PARTIAL_SUFFIX}",
+            id.offset, id.epoch
+        ));
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)

@@ -20,7 +20,9 @@
 //!   advances the high watermark, resigns when a majority has not fetched within 1.5 x
 //!   `controller.quorum.fetch.timeout.ms` (check quorum).
 //! - Follower: fetches from the leader; a voter goes Prospective when the leader is silent for
-//!   `controller.quorum.fetch.timeout.ms`.
+//!   `controller.quorum.fetch.timeout.ms`. When the leader answers a Fetch with `SnapshotId`
+//!   (KIP-630: the follower is behind the leader's log start) it fetches that snapshot in
+//!   FetchSnapshot chunks, then replaces its log with it ([`Action::SnapshotInstalled`]).
 //! - Resigned: a leader that gave up its epoch (or restarted as leader), telling the voters
 //!   with EndQuorumEpoch; it never leads that epoch again.
 //!
@@ -1443,7 +1445,11 @@ impl<L: RaftLog> RaftNode<L> {
         }
         if let Some(snapshot_id) = r.snapshot_id {
             if snapshot_id.epoch < 0 || snapshot_id.offset < 0 {
-                tracing::error!(node = self.config.node_id, ?snapshot_id, "leader sent an invalid snapshot id");
+                tracing::error!(
+                    node = self.config.node_id,
+                    ?snapshot_id,
+                    "leader sent an invalid snapshot id"
+                );
                 return false;
             }
             if !self.start_fetching_snapshot(from, snapshot_id, now) {
@@ -1559,7 +1565,8 @@ impl<L: RaftLog> RaftNode<L> {
             Some(latest) if latest.offset > id.offset => latest,
             _ => id,
         };
-        self.actions.push(Action::SnapshotInstalled { snapshot_id: id });
+        self.actions
+            .push(Action::SnapshotInstalled { snapshot_id: id });
         let new = id.offset.min(self.log.log_end_offset());
         if self.high_watermark.is_none_or(|hw| hw < new) {
             self.high_watermark = Some(new);
@@ -1610,8 +1617,7 @@ impl<L: RaftLog> RaftNode<L> {
             && r.size > 0
             && u64::try_from(r.size).is_ok_and(|s| s <= crate::snapshot::MAX_SNAPSHOT_BYTES)
             && !r.unaligned_records.is_empty()
-            && r
-                .position
+            && r.position
                 .checked_add(r.unaligned_records.len() as i64)
                 .is_some_and(|end| end <= r.size);
         if !fits {

@@ -276,7 +276,11 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
 ///
 /// # Errors
 /// [`SnapshotError::Corrupt`].
-pub fn parse_snapshot(id: OffsetAndEpoch, buf: Bytes, path: &Path) -> Result<Snapshot, SnapshotError> {
+pub fn parse_snapshot(
+    id: OffsetAndEpoch,
+    buf: Bytes,
+    path: &Path,
+) -> Result<Snapshot, SnapshotError> {
     let corrupt = |reason: String| SnapshotError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -365,7 +369,8 @@ pub fn encode_snapshot(
             .with_version(0)
             .with_last_contained_log_timestamp(last_contained_log_timestamp_ms),
     );
-    let b = build_control_batch(0, id.epoch, now_ms, &[header]).map_err(|e| corrupt(e.to_string()))?;
+    let b =
+        build_control_batch(0, id.epoch, now_ms, &[header]).map_err(|e| corrupt(e.to_string()))?;
     out.extend_from_slice(&b);
     let mut next: i64 = 1;
     for chunk in values.chunks(SNAPSHOT_RECORDS_PER_BATCH) {
@@ -374,7 +379,8 @@ pub fn encode_snapshot(
         next += chunk.len() as i64;
     }
     let footer = ControlRecord::SnapshotFooter(SnapshotFooterRecord::default().with_version(0));
-    let b = build_control_batch(next, id.epoch, now_ms, &[footer]).map_err(|e| corrupt(e.to_string()))?;
+    let b = build_control_batch(next, id.epoch, now_ms, &[footer])
+        .map_err(|e| corrupt(e.to_string()))?;
     out.extend_from_slice(&b);
     Ok(Bytes::from(out))
 }

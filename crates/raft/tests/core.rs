@@ -139,13 +139,8 @@ impl Net {
         for &id in voters.iter().chain(observers) {
             let mut cfg = config(id, voters);
             tweak(&mut cfg);
-            let (node, actions) = RaftNode::new(
-                cfg,
-                MemoryLog::new(),
-                None,
-                Rng::new(id as u64),
-                0,
-            );
+            let (node, actions) =
+                RaftNode::new(cfg, MemoryLog::new(), None, Rng::new(id as u64), 0);
             net.nodes.insert(id, node);
             net.execute(id, actions);
         }
@@ -984,7 +979,10 @@ fn fetch_snapshot_serves_chunks_and_checks_id_position_and_epoch() {
         ErrorCode::PositionOutOfRange
     );
     assert_eq!(
-        error(&mut node, fetch_snapshot(3, 2, OffsetAndEpoch::new(5, 2), 0)),
+        error(
+            &mut node,
+            fetch_snapshot(3, 2, OffsetAndEpoch::new(5, 2), 0)
+        ),
         ErrorCode::SnapshotNotFound
     );
     assert_eq!(
@@ -1048,9 +1046,10 @@ fn follower_told_to_fetch_with(
     };
     let actions = node.handle_message(1, response, 5);
     // Nothing installed yet, no high watermark from a snapshot answer.
-    assert!(!actions
-        .iter()
-        .any(|a| matches!(a, Action::SnapshotInstalled { .. } | Action::HighWatermark(_))));
+    assert!(!actions.iter().any(|a| matches!(
+        a,
+        Action::SnapshotInstalled { .. } | Action::HighWatermark(_)
+    )));
     match requests(&actions).as_slice() {
         [(1, cid, Request::FetchSnapshot(r))] => (node, bytes, *cid, r.clone()),
         other => panic!("expected a FetchSnapshot, got {other:?}"),
@@ -1098,10 +1097,7 @@ fn a_follower_fetches_a_snapshot_in_chunks_and_installs_it() {
             .iter()
             .position(|a| matches!(a, Action::SnapshotInstalled { .. }))
         {
-            assert_eq!(
-                actions[i],
-                Action::SnapshotInstalled { snapshot_id: id }
-            );
+            assert_eq!(actions[i], Action::SnapshotInstalled { snapshot_id: id });
             let hw = position(&actions, |a| matches!(a, Action::HighWatermark(10)));
             assert!(i < hw, "{actions:?}");
             break actions;
@@ -1122,7 +1118,10 @@ fn a_follower_fetches_a_snapshot_in_chunks_and_installs_it() {
     assert_eq!(node.log().latest_snapshot_id(), Some(id));
     // Fetching resumes from the snapshot's end.
     let next = node.tick(now + 1);
-    let all: Vec<_> = requests(&installed).into_iter().chain(requests(&next)).collect();
+    let all: Vec<_> = requests(&installed)
+        .into_iter()
+        .chain(requests(&next))
+        .collect();
     match all.as_slice() {
         [(1, _, Request::Fetch(f))] => {
             assert_eq!((f.fetch_offset, f.last_fetched_epoch), (10, 3));
@@ -1138,7 +1137,11 @@ fn a_snapshot_the_leader_no_longer_has_or_a_bad_chunk_starts_over() {
     // SNAPSHOT_NOT_FOUND after one chunk: the partial snapshot goes, the next request is a
     // Fetch (which will name the leader's newer snapshot).
     let (mut node, bytes, cid, request) = follower_told_to_fetch(id);
-    let actions = node.handle_message(1, chunk_response(cid, id, &bytes, request.position, 100), 10);
+    let actions = node.handle_message(
+        1,
+        chunk_response(cid, id, &bytes, request.position, 100),
+        10,
+    );
     let (_, cid, _) = requests(&actions).remove(0);
     assert_eq!(node.log().fetched_snapshot(), Some((id, 100)));
     let not_found = Message::Response {
@@ -1212,7 +1215,11 @@ fn a_snapshot_the_leader_no_longer_has_or_a_bad_chunk_starts_over() {
 fn an_epoch_change_abandons_a_partial_snapshot() {
     let id = OffsetAndEpoch::new(10, 3);
     let (mut node, bytes, cid, request) = follower_told_to_fetch(id);
-    let actions = node.handle_message(1, chunk_response(cid, id, &bytes, request.position, 100), 10);
+    let actions = node.handle_message(
+        1,
+        chunk_response(cid, id, &bytes, request.position, 100),
+        10,
+    );
     let (_, late_cid, _) = requests(&actions).remove(0);
     assert_eq!(node.log().fetched_snapshot(), Some((id, 100)));
     // Voter 3 leads epoch 5.

@@ -762,7 +762,10 @@ fn contract_fetched_snapshot<L: RaftLog>(mut leader: L, mut follower: L) {
     }
     assert_eq!(follower.complete_fetched_snapshot().unwrap(), id);
     assert_eq!(follower.latest_snapshot_id(), Some(id));
-    assert!(!follower.begin_fetched_snapshot(id).unwrap(), "already complete");
+    assert!(
+        !follower.begin_fetched_snapshot(id).unwrap(),
+        "already complete"
+    );
     assert!(follower.truncate_to_latest_snapshot().unwrap());
     assert!(!follower.truncate_to_latest_snapshot().unwrap());
     assert_eq!(follower.log_start_offset(), 8);
@@ -829,10 +832,7 @@ fn a_fetched_snapshot_installs_on_disk_and_survives_reopen() {
     assert!(log.partition_log().num_segments() > 1);
     transfer(&mut log);
     assert!(log.truncate_to_latest_snapshot().unwrap());
-    assert_eq!(
-        (log.log_start_offset(), log.log_end_offset()),
-        (30, 30)
-    );
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (30, 30));
     assert_eq!(log.partition_log().segment_base_offsets(), vec![30]);
     log.append_as_follower(&leader.read(30, 1 << 20).unwrap())
         .unwrap();
@@ -872,10 +872,7 @@ fn a_fetched_snapshot_installs_on_disk_and_survives_reopen() {
     transfer(&mut log);
     drop(log);
     let log = open_disk(dir.path());
-    assert_eq!(
-        (log.log_start_offset(), log.log_end_offset()),
-        (30, 30)
-    );
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (30, 30));
     assert_eq!(log.last_fetched_epoch(), 4);
 }
 

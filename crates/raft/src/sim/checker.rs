@@ -66,12 +66,17 @@ impl Checker {
     /// A snapshot's content (the simulator's state machine: one record per committed batch,
     /// whose value is the whole batch) must be exactly the committed prefix below its end
     /// offset, its epoch that of the last batch.
-    pub(super) fn check_snapshot(&self, id: OffsetAndEpoch, snapshot: &Snapshot) -> Result<(), String> {
+    pub(super) fn check_snapshot(
+        &self,
+        id: OffsetAndEpoch,
+        snapshot: &Snapshot,
+    ) -> Result<(), String> {
         let values = snapshot_values(snapshot)?;
         let mut next = 0;
         let mut last_epoch = 0;
         for v in &values {
-            let h = batch::validate_batch(v).map_err(|e| format!("snapshot {id:?} holds a bad batch: {e}"))?;
+            let h = batch::validate_batch(v)
+                .map_err(|e| format!("snapshot {id:?} holds a bad batch: {e}"))?;
             if h.base_offset != next {
                 return Err(format!(
                     "snapshot {id:?} holds batch at {} where {next} was expected",
@@ -224,8 +229,7 @@ impl Checker {
 pub(super) fn snapshot_values(snapshot: &Snapshot) -> Result<Vec<Bytes>, String> {
     let mut values = Vec::new();
     for b in &snapshot.batches {
-        let records =
-            decode_records(b).map_err(|e| format!("snapshot {:?}: {e}", snapshot.id))?;
+        let records = decode_records(b).map_err(|e| format!("snapshot {:?}: {e}", snapshot.id))?;
         for r in records {
             values.push(
                 r.value

@@ -828,7 +828,9 @@ impl<'a> Sim<'a> {
         let mut values = Vec::new();
         if start > 0 {
             let Some(base) = log.earliest_snapshot_id().filter(|s| s.offset == start) else {
-                return Err(format!("node {id} has log start {start} and no snapshot there"));
+                return Err(format!(
+                    "node {id} has log start {start} and no snapshot there"
+                ));
             };
             let snapshot = log
                 .read_snapshot(base)
@@ -851,7 +853,14 @@ impl<'a> Sim<'a> {
         self.report.snapshots_taken += 1;
         self.fold(&[8, end as u64, epoch as u64, u64::from(delete)]);
         self.trace(|| {
-            format!("node {id} snapshots {snapshot_id:?}{}", if delete { ", deletes the log before it" } else { "" })
+            format!(
+                "node {id} snapshots {snapshot_id:?}{}",
+                if delete {
+                    ", deletes the log before it"
+                } else {
+                    ""
+                }
+            )
         });
         Ok(())
     }
@@ -960,9 +969,9 @@ impl<'a> Sim<'a> {
                             log.log_end_offset()
                         ));
                     }
-                    let snapshot = log
-                        .read_snapshot(snapshot_id)
-                        .map_err(|e| format!("node {id}: reading installed {snapshot_id:?}: {e}"))?;
+                    let snapshot = log.read_snapshot(snapshot_id).map_err(|e| {
+                        format!("node {id}: reading installed {snapshot_id:?}: {e}")
+                    })?;
                     self.checker.check_snapshot(snapshot_id, &snapshot)?;
                     self.report.snapshot_installs += 1;
                     self.trace(|| format!("node {id} installed snapshot {snapshot_id:?}"));
