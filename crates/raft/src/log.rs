@@ -199,7 +199,9 @@ pub trait RaftLog {
     /// KIP-630 framing, epoch `id.epoch`. `id.offset` must be in `[log start, high watermark]`
     /// and `id.epoch` the epoch of the record at `id.offset - 1` (Kafka's `createNewSnapshot`
     /// checks; at the log start, the epoch of the snapshot there). Writing a snapshot the log
-    /// already has does nothing.
+    /// already has does nothing. `now_ms` stamps the batches and is also taken as the
+    /// SnapshotHeader's `lastContainedLogTimestamp` (which `metadata.max.retention.ms` reads):
+    /// a snapshot written soon after its records were committed, as Kafka's controller does.
     ///
     /// # Errors
     /// [`RaftLogError::InvalidSnapshot`] for an id the log does not allow, [`RaftLogError::Io`].
