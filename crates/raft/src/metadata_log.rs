@@ -407,6 +407,23 @@ impl KafkaMetadataLog {
         Ok(())
     }
 
+    /// The epoch cache `(epoch, start offset)` as Kafka's after `truncateFromStart(log start)`:
+    /// entries wholly below the log start dropped, the one spanning it starting at it.
+    /// (`leader-epoch-checkpoint` on disk may still list the older entries; they are ignored.)
+    fn epoch_entries_from_start(&self) -> Vec<(i32, i64)> {
+        let start = self.log.log_start_offset();
+        let all = self.log.leader_epoch_entries();
+        let mut out = Vec::with_capacity(all.len());
+        for (i, e) in all.iter().enumerate() {
+            if e.start_offset >= start {
+                out.push((e.epoch, e.start_offset));
+            } else if all.get(i + 1).is_none_or(|next| next.start_offset > start) {
+                out.push((e.epoch, start));
+            }
+        }
+        out
+    }
+
     fn epoch_of_offset(&self, offset: i64) -> Option<i32> {
         self.log
             .leader_epoch_entries()
@@ -683,22 +700,22 @@ impl RaftLog for KafkaMetadataLog {
 
     fn end_offset_for_epoch(&self, epoch: i32) -> OffsetAndEpoch {
         let leo = self.log_end_offset();
-        let epochs = self.log.leader_epoch_entries();
-        let Some(latest) = epochs.last().map(|e| e.epoch) else {
+        let epochs = self.epoch_entries_from_start();
+        let Some(&(latest, _)) = epochs.last() else {
             return OffsetAndEpoch::new(leo, self.last_fetched_epoch());
         };
         if epoch == latest {
             return OffsetAndEpoch::new(leo, epoch);
         }
-        let higher = epochs.partition_point(|e| e.epoch <= epoch);
+        let higher = epochs.partition_point(|&(e, _)| e <= epoch);
         if higher >= epochs.len() {
             return OffsetAndEpoch::new(leo, latest);
         }
-        let higher_start = epochs[higher].start_offset;
+        let higher_start = epochs[higher].1;
         if higher == 0 {
             OffsetAndEpoch::new(higher_start, epoch)
         } else {
-            OffsetAndEpoch::new(higher_start, epochs[higher - 1].epoch)
+            OffsetAndEpoch::new(higher_start, epochs[higher - 1].0)
         }
     }
 

@@ -719,7 +719,8 @@ fn contract_snapshot_and_delete_before<L: RaftLog>(mut log: L) {
         Err(RaftLogError::BelowLogStartOffset { .. })
     ));
     assert!(!log.read(6, 1 << 20).unwrap().is_empty());
-    // The epoch cache is truncated from the start: epoch 2 now begins at 6.
+    // The epoch cache is truncated from the start: epoch 2 now begins at 6, epoch 1 is gone.
+    assert_eq!(log.end_offset_for_epoch(1), OffsetAndEpoch::new(6, 1));
     assert_eq!(log.end_offset_for_epoch(2), OffsetAndEpoch::new(8, 2));
     assert_eq!(log.end_offset_for_epoch(3), OffsetAndEpoch::new(10, 3));
     // A snapshot at the log start takes the epoch of the snapshot there.
@@ -900,6 +901,7 @@ fn the_log_start_offset_comes_back_at_the_snapshot_after_a_restart() {
     assert_eq!(log.log_start_offset(), 12);
     assert_eq!(log.log_end_offset(), 20);
     assert_eq!(log.end_offset_for_epoch(2), OffsetAndEpoch::new(20, 2));
+    assert_eq!(log.end_offset_for_epoch(1), OffsetAndEpoch::new(12, 1));
     assert_eq!(log.partition_log().segment_base_offsets()[0], 12);
     assert_eq!(RaftLog::earliest_snapshot_id(&log), Some(id));
     let p = KafkaMetadataLog::partition_dir(dir.path());
