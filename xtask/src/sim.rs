@@ -52,6 +52,9 @@ pub fn run(args: &SimArgs) -> Result<i32> {
                 total.diverging_epochs += s.diverging_epochs;
                 total.pre_votes += s.pre_votes;
                 total.end_quorum_epochs += s.end_quorum_epochs;
+                total.snapshots_taken += s.snapshots_taken;
+                total.snapshot_chunks += s.snapshot_chunks;
+                total.snapshot_installs += s.snapshot_installs;
                 total.max_epoch = total.max_epoch.max(s.max_epoch);
                 total.max_recovery_ms = total.max_recovery_ms.max(s.max_recovery_ms);
             }
@@ -74,7 +77,7 @@ pub fn run(args: &SimArgs) -> Result<i32> {
         }
     }
     println!(
-        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} leaders elected, {} proposals, {} crashes ({} tearing a write), {} partitions, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} log truncations, highest epoch {}, slowest recovery after heal {} ms",
+        "sim: {} seeds ({}..{}) with {} voters and {} observers passed in {:.1} s: {} events, {} leaders elected, {} proposals, {} crashes ({} tearing a write), {} partitions, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} log truncations, {} snapshots taken, {} FetchSnapshot chunks, {} snapshots installed, highest epoch {}, slowest recovery after heal {} ms",
         total.seeds,
         args.start,
         end,
@@ -91,6 +94,9 @@ pub fn run(args: &SimArgs) -> Result<i32> {
         total.end_quorum_epochs,
         total.diverging_epochs,
         total.truncations,
+        total.snapshots_taken,
+        total.snapshot_chunks,
+        total.snapshot_installs,
         total.max_epoch,
         total.max_recovery_ms
     );

@@ -6,6 +6,10 @@ use crate::types::{NodeId, VoterSet};
 /// `KafkaRaftClient.MAX_BATCH_SIZE_BYTES` / `MAX_FETCH_SIZE_BYTES`, 8 MiB.
 pub const MAX_BATCH_SIZE_BYTES: usize = 8 * 1024 * 1024;
 
+/// Largest FetchSnapshot chunk a follower asks for and a leader returns (bytes): Kafka's
+/// `KafkaRaftClient` sends `MAX_FETCH_SIZE_BYTES` (8 MiB) as `MaxBytes`; there is no config.
+pub const MAX_FETCH_SNAPSHOT_BYTES: usize = MAX_BATCH_SIZE_BYTES;
+
 /// How long a leader parks a Fetch with no new data (ms): Kafka's
 /// `KafkaRaftClient.MAX_FETCH_WAIT_MS`, 500.
 pub const MAX_FETCH_WAIT_MS: u64 = 500;
@@ -66,6 +70,10 @@ pub struct QuorumConfig {
     pub max_fetch_bytes: usize,
     /// Largest batch [`crate::RaftNode::propose`] accepts (bytes, encoded).
     pub max_batch_bytes: usize,
+    /// Largest FetchSnapshot chunk (bytes): the `MaxBytes` a follower sends, and the most a
+    /// leader returns whatever the request asks. Kafka's fixed 8 MiB
+    /// ([`MAX_FETCH_SNAPSHOT_BYTES`]); smaller in tests and the simulator to exercise chunking.
+    pub max_fetch_snapshot_bytes: usize,
     /// Bound on Fetch requests parked at the leader at once; one more is answered at once.
     pub max_parked_fetches: usize,
     /// Bound on observers the leader tracks; fetches from more are served but not tracked.
@@ -90,6 +98,7 @@ impl QuorumConfig {
             fetch_max_wait_ms: MAX_FETCH_WAIT_MS,
             max_fetch_bytes: MAX_BATCH_SIZE_BYTES,
             max_batch_bytes: MAX_BATCH_SIZE_BYTES,
+            max_fetch_snapshot_bytes: MAX_FETCH_SNAPSHOT_BYTES,
             max_parked_fetches: 1024,
             max_tracked_observers: 1024,
             broken_rule: None,

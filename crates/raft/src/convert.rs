@@ -6,8 +6,12 @@
 //! depends on the version (`ReplicaId` moved into `ReplicaState` in v15, topics are named by id
 //! from v13, `HighWatermark` is v18), so only its conversion takes the version.
 //!
+//! FetchSnapshot (API 59, v0-1) has no version-dependent fields in the core's use (v1 adds
+//! tagged fields: the replica directory id and the leader's endpoints).
+//!
 //! Incoming messages that do not name exactly `__cluster_metadata-0` are rejected with
-//! [`ConvertError`], which Kafka answers with INVALID_REQUEST (`hasValidTopicPartition`).
+//! [`ConvertError`], which Kafka answers with INVALID_REQUEST (`hasValidTopicPartition`); so
+//! is a FetchSnapshot response whose chunk does not fit in the snapshot it describes.
 
 use bytes::Bytes;
 use gregor_protocol::error::ErrorCode;
@@ -17,7 +21,8 @@ use uuid::Uuid;
 
 use crate::message::{
     BeginQuorumEpochRequest, BeginQuorumEpochResponse, EndQuorumEpochRequest,
-    EndQuorumEpochResponse, FetchRequest, FetchResponse, VoteRequest, VoteResponse,
+    EndQuorumEpochResponse, FetchRequest, FetchResponse, FetchSnapshotRequest,
+    FetchSnapshotResponse, VoteRequest, VoteResponse,
 };
 use crate::types::{NodeId, OffsetAndEpoch};
 
@@ -34,6 +39,14 @@ pub enum ConvertError {
     /// The message is not about exactly one partition, `__cluster_metadata-0`.
     #[error("expected exactly the partition __cluster_metadata-0")]
     NotMetadataPartition,
+    /// A field out of its range (a snapshot chunk outside its snapshot).
+    #[error("invalid {field}: {reason}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl ConvertError {
@@ -430,6 +443,13 @@ pub fn fetch_response_to_kafka(r: &FetchResponse, version: i16) -> kp::FetchResp
                 .with_end_offset(d.offset),
         );
     }
+    if let Some(s) = r.snapshot_id {
+        partition = partition.with_snapshot_id(
+            kp::fetch_response::SnapshotId::default()
+                .with_end_offset(s.offset)
+                .with_epoch(s.epoch),
+        );
+    }
     let mut topic =
         kp::fetch_response::FetchableTopicResponse::default().with_partitions(vec![partition]);
     if version >= 13 {
@@ -451,6 +471,7 @@ pub fn fetch_response_from_kafka(r: &kp::FetchResponse) -> Result<FetchResponse,
             high_watermark: -1,
             log_start_offset: -1,
             diverging_epoch: None,
+            snapshot_id: None,
             current_leader_id: None,
             current_leader_epoch: -1,
             records: Bytes::new(),
@@ -463,15 +484,144 @@ pub fn fetch_response_from_kafka(r: &kp::FetchResponse) -> Result<FetchResponse,
         return Err(ConvertError::NotMetadataPartition);
     }
     let d = &p.diverging_epoch;
+    let snap = &p.snapshot_id;
     Ok(FetchResponse {
         error: ErrorCode::for_code(p.error_code),
         high_watermark: p.high_watermark,
         log_start_offset: p.log_start_offset,
         diverging_epoch: (d.epoch >= 0 || d.end_offset >= 0)
             .then_some(OffsetAndEpoch::new(d.end_offset, d.epoch)),
+        snapshot_id: (snap.epoch >= 0 || snap.end_offset >= 0)
+            .then_some(OffsetAndEpoch::new(snap.end_offset, snap.epoch)),
         current_leader_id: id_opt(p.current_leader.leader_id),
         current_leader_epoch: p.current_leader.leader_epoch,
         records: p.records.clone().unwrap_or_default(),
+    })
+}
+
+// ----- FetchSnapshot -----
+
+/// Our FetchSnapshotRequest as Kafka's (v0-1).
+pub fn fetch_snapshot_request_to_kafka(r: &FetchSnapshotRequest) -> kp::FetchSnapshotRequest {
+    use kp::fetch_snapshot_request as fsr;
+    let partition = fsr::PartitionSnapshot::default()
+        .with_partition(METADATA_PARTITION)
+        .with_current_leader_epoch(r.current_leader_epoch)
+        .with_snapshot_id(
+            fsr::SnapshotId::default()
+                .with_end_offset(r.snapshot_id.offset)
+                .with_epoch(r.snapshot_id.epoch),
+        )
+        .with_position(r.position);
+    kp::FetchSnapshotRequest::default()
+        .with_cluster_id(cluster_to_kafka(&r.cluster_id))
+        .with_replica_id(BrokerId(r.replica_id))
+        .with_max_bytes(r.max_bytes)
+        .with_topics(vec![fsr::TopicSnapshot::default()
+            .with_name(topic_name())
+            .with_partitions(vec![partition])])
+}
+
+/// Kafka's FetchSnapshotRequest as ours.
+///
+/// # Errors
+/// [`ConvertError::NotMetadataPartition`].
+pub fn fetch_snapshot_request_from_kafka(
+    r: &kp::FetchSnapshotRequest,
+) -> Result<FetchSnapshotRequest, ConvertError> {
+    let topic = single(&r.topics)?;
+    let p = single(&topic.partitions)?;
+    if !is_metadata_topic(&topic.name) || p.partition != METADATA_PARTITION {
+        return Err(ConvertError::NotMetadataPartition);
+    }
+    Ok(FetchSnapshotRequest {
+        cluster_id: cluster_from_kafka(&r.cluster_id),
+        replica_id: r.replica_id.0,
+        max_bytes: r.max_bytes,
+        current_leader_epoch: p.current_leader_epoch,
+        snapshot_id: OffsetAndEpoch::new(p.snapshot_id.end_offset, p.snapshot_id.epoch),
+        position: p.position,
+    })
+}
+
+/// Our FetchSnapshotResponse as Kafka's (v0-1). INCONSISTENT_CLUSTER_ID goes at the top
+/// level with no topics, as Kafka answers it.
+pub fn fetch_snapshot_response_to_kafka(r: &FetchSnapshotResponse) -> kp::FetchSnapshotResponse {
+    use kp::fetch_snapshot_response as fsr;
+    if r.error == ErrorCode::InconsistentClusterId {
+        return kp::FetchSnapshotResponse::default().with_error_code(r.error.code());
+    }
+    let partition = fsr::PartitionSnapshot::default()
+        .with_index(METADATA_PARTITION)
+        .with_error_code(r.error.code())
+        .with_snapshot_id(
+            fsr::SnapshotId::default()
+                .with_end_offset(r.snapshot_id.offset)
+                .with_epoch(r.snapshot_id.epoch),
+        )
+        .with_current_leader(
+            fsr::LeaderIdAndEpoch::default()
+                .with_leader_id(opt_id(r.current_leader_id))
+                .with_leader_epoch(r.current_leader_epoch),
+        )
+        .with_size(r.size)
+        .with_position(r.position)
+        .with_unaligned_records(r.unaligned_records.clone());
+    kp::FetchSnapshotResponse::default().with_topics(vec![fsr::TopicSnapshot::default()
+        .with_name(topic_name())
+        .with_partitions(vec![partition])])
+}
+
+/// Kafka's FetchSnapshotResponse as ours (a top-level error becomes the error, epoch -1).
+///
+/// # Errors
+/// [`ConvertError::NotMetadataPartition`]; [`ConvertError::InvalidField`] for a response
+/// without error whose `Position` or `Size` is negative or whose bytes end past `Size`.
+pub fn fetch_snapshot_response_from_kafka(
+    r: &kp::FetchSnapshotResponse,
+) -> Result<FetchSnapshotResponse, ConvertError> {
+    if r.error_code != 0 {
+        return Ok(FetchSnapshotResponse {
+            error: ErrorCode::for_code(r.error_code),
+            snapshot_id: OffsetAndEpoch::new(-1, -1),
+            current_leader_id: None,
+            current_leader_epoch: -1,
+            size: -1,
+            position: -1,
+            unaligned_records: Bytes::new(),
+        });
+    }
+    let topic = single(&r.topics)?;
+    let p = single(&topic.partitions)?;
+    if !is_metadata_topic(&topic.name) || p.index != METADATA_PARTITION {
+        return Err(ConvertError::NotMetadataPartition);
+    }
+    if p.error_code == 0 {
+        let len = i64::try_from(p.unaligned_records.len()).unwrap_or(i64::MAX);
+        if p.position < 0 || p.size < 0 {
+            return Err(ConvertError::InvalidField {
+                field: "Position/Size",
+                reason: format!("position {} size {}", p.position, p.size),
+            });
+        }
+        if p.position.checked_add(len).is_none_or(|end| end > p.size) {
+            return Err(ConvertError::InvalidField {
+                field: "UnalignedRecords",
+                reason: format!(
+                    "{len} bytes at position {} pass the snapshot size {}",
+                    p.position, p.size
+                ),
+            });
+        }
+    }
+    Ok(FetchSnapshotResponse {
+        error: ErrorCode::for_code(p.error_code),
+        snapshot_id: OffsetAndEpoch::new(p.snapshot_id.end_offset, p.snapshot_id.epoch),
+        current_leader_id: id_opt(p.current_leader.leader_id),
+        current_leader_epoch: p.current_leader.leader_epoch,
+        size: p.size,
+        position: p.position,
+        unaligned_records: p.unaligned_records.clone(),
     })
 }
 
@@ -640,6 +790,7 @@ mod tests {
             high_watermark: 15,
             log_start_offset: 0,
             diverging_epoch: None,
+            snapshot_id: None,
             current_leader_id: Some(1),
             current_leader_epoch: 4,
             records: records.clone(),
@@ -702,5 +853,196 @@ mod tests {
         );
         f.topics[0].topic_id = Uuid::from_u128(7);
         assert!(fetch_request_from_kafka(&f).is_err());
+    }
+    #[test]
+    fn fetch_snapshot_round_trips_through_the_wire() {
+        let r = FetchSnapshotRequest {
+            cluster_id: Some("c".into()),
+            replica_id: 3,
+            max_bytes: 1024,
+            current_leader_epoch: 7,
+            snapshot_id: OffsetAndEpoch::new(120, 6),
+            position: 2048,
+        };
+        let resp = FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(120, 6),
+            current_leader_id: Some(1),
+            current_leader_epoch: 7,
+            size: 4096,
+            position: 2048,
+            unaligned_records: Bytes::from(vec![7u8; 1024]),
+        };
+        for version in [0, 1] {
+            let k = fetch_snapshot_request_to_kafka(&r);
+            assert_eq!(k.topics[0].name.0.as_str(), METADATA_TOPIC_NAME);
+            assert_eq!(
+                fetch_snapshot_request_from_kafka(&wire(&k, version)).unwrap(),
+                r
+            );
+            let k = fetch_snapshot_response_to_kafka(&resp);
+            assert_eq!(
+                fetch_snapshot_response_from_kafka(&wire(&k, version)).unwrap(),
+                resp
+            );
+        }
+        // Errors of the partition, and INCONSISTENT_CLUSTER_ID at the top level.
+        for error in [
+            ErrorCode::SnapshotNotFound,
+            ErrorCode::PositionOutOfRange,
+            ErrorCode::FencedLeaderEpoch,
+        ] {
+            let e = FetchSnapshotResponse {
+                error,
+                snapshot_id: OffsetAndEpoch::new(-1, -1),
+                size: -1,
+                position: -1,
+                unaligned_records: Bytes::new(),
+                ..resp.clone()
+            };
+            let k = fetch_snapshot_response_to_kafka(&e);
+            assert_eq!(k.topics[0].partitions[0].error_code, error.code());
+            assert_eq!(fetch_snapshot_response_from_kafka(&wire(&k, 1)).unwrap(), e);
+        }
+        assert_eq!(ErrorCode::SnapshotNotFound.code(), 98);
+        assert_eq!(ErrorCode::PositionOutOfRange.code(), 99);
+        let k = fetch_snapshot_response_to_kafka(&FetchSnapshotResponse {
+            error: ErrorCode::InconsistentClusterId,
+            ..resp.clone()
+        });
+        assert!(k.topics.is_empty());
+        assert_eq!(
+            fetch_snapshot_response_from_kafka(&wire(&k, 0))
+                .unwrap()
+                .error,
+            ErrorCode::InconsistentClusterId
+        );
+        // SnapshotId in a Fetch response (a tagged field of v12+).
+        let f = FetchResponse {
+            error: ErrorCode::None,
+            high_watermark: 30,
+            log_start_offset: 20,
+            diverging_epoch: None,
+            snapshot_id: Some(OffsetAndEpoch::new(20, 4)),
+            current_leader_id: Some(1),
+            current_leader_epoch: 5,
+            records: Bytes::new(),
+        };
+        for version in [13, 17, 18] {
+            let k = fetch_response_to_kafka(&f, version);
+            assert_eq!(k.responses[0].partitions[0].snapshot_id.end_offset, 20);
+            assert_eq!(fetch_response_from_kafka(&wire(&k, version)).unwrap(), f);
+        }
+        let none = FetchResponse {
+            snapshot_id: None,
+            ..f.clone()
+        };
+        let k = fetch_response_to_kafka(&none, 17);
+        assert_eq!(k.responses[0].partitions[0].snapshot_id.end_offset, -1);
+        assert_eq!(fetch_response_from_kafka(&wire(&k, 17)).unwrap(), none);
+    }
+
+    #[test]
+    fn bad_fetch_snapshot_messages_are_rejected() {
+        let resp = FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            current_leader_id: Some(1),
+            current_leader_epoch: 1,
+            size: 100,
+            position: 90,
+            unaligned_records: Bytes::from(vec![0u8; 10]),
+        };
+        assert!(
+            fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&resp)).is_ok()
+        );
+        // Bytes past the snapshot's size, a negative position or size.
+        for bad in [
+            FetchSnapshotResponse {
+                position: 91,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                position: -1,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                size: -5,
+                ..resp.clone()
+            },
+            FetchSnapshotResponse {
+                position: i64::MAX,
+                ..resp.clone()
+            },
+        ] {
+            let err = fetch_snapshot_response_from_kafka(&fetch_snapshot_response_to_kafka(&bad))
+                .unwrap_err();
+            assert!(matches!(err, ConvertError::InvalidField { .. }), "{bad:?}");
+            assert_eq!(err.error_code(), ErrorCode::InvalidRequest);
+        }
+        // Another partition or topic, or not exactly one.
+        let mut k = fetch_snapshot_response_to_kafka(&resp);
+        k.topics[0].partitions[0].index = 1;
+        assert_eq!(
+            fetch_snapshot_response_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+        let mut k = fetch_snapshot_request_to_kafka(&FetchSnapshotRequest {
+            cluster_id: None,
+            replica_id: 2,
+            max_bytes: 10,
+            current_leader_epoch: 1,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            position: 0,
+        });
+        k.topics[0].name = TopicName(StrBytes::from_static_str("other"));
+        assert_eq!(
+            fetch_snapshot_request_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+        k.topics.clear();
+        assert_eq!(
+            fetch_snapshot_request_from_kafka(&k),
+            Err(ConvertError::NotMetadataPartition)
+        );
+    }
+
+    /// Random bytes decoded as FetchSnapshot responses: whatever kafka-protocol accepts, the
+    /// conversion either refuses with a ConvertError or gives a chunk inside its snapshot.
+    #[test]
+    fn random_fetch_snapshot_responses_never_give_a_chunk_outside_its_snapshot() {
+        let valid = fetch_snapshot_response_to_kafka(&FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: OffsetAndEpoch::new(10, 1),
+            current_leader_id: Some(1),
+            current_leader_epoch: 1,
+            size: 100,
+            position: 0,
+            unaligned_records: Bytes::from(vec![1u8; 20]),
+        });
+        let mut rng = crate::rng::Rng::new(630);
+        let mut decoded = 0;
+        for version in [0i16, 1] {
+            let mut base = bytes::BytesMut::new();
+            valid.encode(&mut base, version).unwrap();
+            for _ in 0..5_000 {
+                let mut b = base.to_vec();
+                for _ in 0..rng.between(1, 4) {
+                    let i = rng.below(b.len() as u64) as usize;
+                    b[i] = rng.below(256) as u8;
+                }
+                let Ok(k) = kp::FetchSnapshotResponse::decode(&mut Bytes::from(b), version) else {
+                    continue;
+                };
+                decoded += 1;
+                if let Ok(r) = fetch_snapshot_response_from_kafka(&k) {
+                    if r.error.is_none() {
+                        assert!(r.position >= 0 && r.size >= 0);
+                        assert!(r.position + r.unaligned_records.len() as i64 <= r.size);
+                    }
+                }
+            }
+        }
+        assert!(decoded > 1_000, "{decoded}");
     }
 }

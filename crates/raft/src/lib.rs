@@ -6,16 +6,18 @@
 //!   `KafkaRaftClient`/`QuorumState`. It is driven by [`RaftNode::handle_message`],
 //!   [`RaftNode::tick`] and [`RaftNode::propose`] with the time passed in (ms), draws its
 //!   randomness from an injected seeded [`Rng`], and returns [`Action`]s: messages to send, the
-//!   election state to persist (`quorum-state`), log flushes, high-watermark (commit) moves.
+//!   election state to persist (`quorum-state`), log flushes, high-watermark (commit) moves,
+//!   installed snapshots (KIP-630: a follower behind the leader's log start fetches its latest
+//!   snapshot with FetchSnapshot and starts its log there).
 //! - [`RaftLog`]: the small log interface the core reads and appends through (Kafka's
 //!   `ReplicatedLog`), with [`MemoryLog`] for tests and the simulator and
 //!   [`KafkaMetadataLog`] ([`metadata_log`]) for `<metadata.log.dir>/__cluster_metadata-0/`
 //!   on gregor-log segments in Kafka's layout, with its retention through snapshots.
 //! - [`snapshot`]: KIP-630 snapshots on disk (`<end offset>-<epoch>.checkpoint`, written as
 //!   `.checkpoint.part` and renamed; SnapshotHeader, batches, SnapshotFooter).
-//! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch) as plain
-//!   structs with Kafka's field meanings, and [`convert`] to and from `kafka-protocol`'s
-//!   message types, so the socket transport is framing only.
+//! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch,
+//!   FetchSnapshot) as plain structs with Kafka's field meanings, and [`convert`] to and from
+//!   `kafka-protocol`'s message types, so the socket transport is framing only.
 //! - [`quorum_state`]: the `quorum-state` file (Kafka's `FileQuorumStateStore`: JSON codec and
 //!   the durable temp-file/fsync/rename store), in which a driver persists the
 //!   [`ElectionState`].
@@ -29,8 +31,8 @@
 //! What it must not know about: metadata record types (it replicates and snapshots opaque
 //! record batches; KIP-631 records live in `gregor-protocol` and `gregor-metadata`). Sockets
 //! and tokio only in [`driver`]; files only through [`metadata_log`], [`snapshot`] and
-//! [`quorum_state`]; the core ([`RaftNode`]) touches neither. Still to come: FetchSnapshot;
-//! see docs/architecture.md.
+//! [`quorum_state`]; the core ([`RaftNode`]) touches neither. Snapshots (KIP-630) are in the core
+//! and the logs; see docs/architecture.md.
 #![deny(missing_docs)]
 
 pub mod config;

@@ -11,6 +11,9 @@
 //! segments (`__cluster_metadata-0`) is [`crate::KafkaMetadataLog`]; both pass the same
 //! contract tests (`tests/metadata_log.rs`).
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use bytes::{Bytes, BytesMut};
 use gregor_protocol::batch::{self, BatchBuilder, BatchHeader, Batches};
 use kafka_protocol::messages::leader_change_message::{LeaderChangeMessage, Voter};
@@ -18,6 +21,9 @@ use kafka_protocol::messages::BrokerId;
 use kafka_protocol::protocol::Encodable;
 
 use crate::rng::Rng;
+use crate::snapshot::{
+    encode_snapshot, parse_snapshot, snapshot_file_name, Snapshot, MAX_SNAPSHOT_BYTES,
+};
 use crate::types::{NodeId, OffsetAndEpoch};
 
 /// Errors from a [`RaftLog`].
@@ -50,9 +56,8 @@ pub enum RaftLogError {
         /// The current high watermark.
         high_watermark: i64,
     },
-    /// A read below the log start offset: what was there is only in the latest snapshot
-    /// (Kafka answers such a Fetch with the SnapshotId to fetch; FetchSnapshot is not
-    /// implemented yet).
+    /// A read or truncation below the log start offset: what was there is only in the
+    /// snapshot at the log start (Kafka answers such a Fetch with the SnapshotId to fetch).
     #[error(
         "offset {offset} is below the log start offset {log_start_offset}; only a snapshot has it"
     )]
@@ -65,6 +70,19 @@ pub enum RaftLogError {
     /// An I/O error of the underlying storage.
     #[error("log i/o error: {0}")]
     Io(String),
+    /// The log has no snapshot with this id.
+    #[error("no snapshot {0:?}")]
+    SnapshotNotFound(OffsetAndEpoch),
+    /// A snapshot the log does not allow: not committed, not at an offset of the log, an epoch
+    /// that is not the log's at that offset, a fetched snapshot that is corrupt, too large, or
+    /// not the one being fetched (KIP-630's checks of `createNewSnapshot` and of a fetch).
+    #[error("invalid snapshot {id:?}: {reason}")]
+    InvalidSnapshot {
+        /// The snapshot id.
+        id: OffsetAndEpoch,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Offsets of an append.
@@ -76,10 +94,18 @@ pub struct LogAppendInfo {
     pub last_offset: i64,
 }
 
-/// The log the quorum replicates (`__cluster_metadata-0`), as Kafka's `ReplicatedLog`. The
-/// core does not know snapshots yet: a log whose start offset moved past 0 (the disk log after
-/// cleaning up to a snapshot) answers reads below it with
-/// [`RaftLogError::BelowLogStartOffset`].
+/// The log the quorum replicates (`__cluster_metadata-0`), as Kafka's `ReplicatedLog`, with
+/// its KIP-630 snapshots: a snapshot `(end offset, epoch)` holds the state of everything below
+/// its end offset. Once the state machine above has written one ([`RaftLog::write_snapshot`])
+/// the log before it may go ([`RaftLog::delete_before`]): the log start offset moves to the
+/// snapshot's end offset and reads below it fail with [`RaftLogError::BelowLogStartOffset`]. A
+/// follower behind the leader's log start fetches the leader's latest snapshot in chunks
+/// (FetchSnapshot) into a pending snapshot ([`RaftLog::begin_fetched_snapshot`]), and once it
+/// is complete replaces its log with it ([`RaftLog::truncate_to_latest_snapshot`]).
+///
+/// Snapshot writes are durable when they return (a snapshot file is fsynced before it is
+/// renamed into place); so are the log start moves of `delete_before` and the full truncation
+/// of `truncate_to_latest_snapshot` (a crash in between is repaired when the log is opened).
 pub trait RaftLog {
     /// The offset the next record will get (LEO).
     fn log_end_offset(&self) -> i64;
@@ -136,6 +162,107 @@ pub trait RaftLog {
     /// [`RaftLogError::BelowHighWatermark`] when `offset` is below the high watermark.
     fn truncate_to(&mut self, offset: i64) -> Result<i64, RaftLogError>;
 
+    /// The first offset the log holds records for (Kafka's `startOffset`): 0, or the end offset
+    /// of the snapshot the log was last cleaned or fully truncated to.
+    fn log_start_offset(&self) -> i64;
+
+    /// The newest complete snapshot (`latestSnapshotId`), if any.
+    fn latest_snapshot_id(&self) -> Option<OffsetAndEpoch>;
+
+    /// The oldest complete snapshot (`earliestSnapshotId`), if any; when the log start offset is
+    /// past 0 it is the snapshot at the log start.
+    fn earliest_snapshot_id(&self) -> Option<OffsetAndEpoch>;
+
+    /// The size in bytes of snapshot `id`, `None` when the log has no such complete snapshot.
+    fn snapshot_size(&self, id: OffsetAndEpoch) -> Option<u64>;
+
+    /// Up to `max_bytes` bytes of snapshot `id` from byte `position` (a FetchSnapshot chunk:
+    /// raw file bytes, not aligned to batches). Empty at or past the end.
+    ///
+    /// # Errors
+    /// [`RaftLogError::SnapshotNotFound`], [`RaftLogError::Io`].
+    fn read_snapshot_chunk(
+        &self,
+        id: OffsetAndEpoch,
+        position: u64,
+        max_bytes: usize,
+    ) -> Result<Bytes, RaftLogError>;
+
+    /// Reads and checks snapshot `id` whole (SnapshotHeader, batches, SnapshotFooter), for the
+    /// state machine to load its state from.
+    ///
+    /// # Errors
+    /// [`RaftLogError::SnapshotNotFound`], [`RaftLogError::Corrupt`], [`RaftLogError::Io`].
+    fn read_snapshot(&self, id: OffsetAndEpoch) -> Result<Snapshot, RaftLogError>;
+
+    /// The state machine's snapshot of everything below `id.offset`: `values` as records in
+    /// KIP-630 framing, epoch `id.epoch`. `id.offset` must be in `[log start, high watermark]`
+    /// and `id.epoch` the epoch of the record at `id.offset - 1` (Kafka's `createNewSnapshot`
+    /// checks; at the log start, the epoch of the snapshot there). Writing a snapshot the log
+    /// already has does nothing. `now_ms` stamps the batches and is also taken as the
+    /// SnapshotHeader's `lastContainedLogTimestamp` (which `metadata.max.retention.ms` reads):
+    /// a snapshot written soon after its records were committed, as Kafka's controller does.
+    ///
+    /// # Errors
+    /// [`RaftLogError::InvalidSnapshot`] for an id the log does not allow, [`RaftLogError::Io`].
+    fn write_snapshot(
+        &mut self,
+        id: OffsetAndEpoch,
+        values: &[Bytes],
+        now_ms: i64,
+    ) -> Result<(), RaftLogError>;
+
+    /// Kafka's `deleteBeforeSnapshot`: moves the log start offset to `id.offset` (a snapshot
+    /// this log has, at most the log end offset) and deletes the records wholly below it and
+    /// the older snapshots; the epoch cache is truncated from the start. Returns whether the log
+    /// start offset moved.
+    ///
+    /// # Errors
+    /// [`RaftLogError::Io`].
+    fn delete_before(&mut self, id: OffsetAndEpoch, now_ms: i64) -> Result<bool, RaftLogError>;
+
+    /// Starts receiving snapshot `id` from the leader (Kafka's `createNewSnapshotUnchecked`),
+    /// dropping any other pending one. Returns `false` (and starts nothing) when the log
+    /// already has that snapshot complete.
+    ///
+    /// # Errors
+    /// [`RaftLogError::Io`].
+    fn begin_fetched_snapshot(&mut self, id: OffsetAndEpoch) -> Result<bool, RaftLogError>;
+
+    /// The snapshot being fetched and how many bytes of it were received (the next
+    /// FetchSnapshot `Position`).
+    fn fetched_snapshot(&self) -> Option<(OffsetAndEpoch, u64)>;
+
+    /// Appends a chunk to the snapshot being fetched; returns the bytes received so far.
+    ///
+    /// # Errors
+    /// [`RaftLogError::InvalidSnapshot`] when nothing is being fetched or the snapshot would
+    /// pass [`crate::snapshot::MAX_SNAPSHOT_BYTES`], [`RaftLogError::Io`].
+    fn append_fetched_snapshot(&mut self, chunk: &[u8]) -> Result<u64, RaftLogError>;
+
+    /// Drops the snapshot being fetched, if any (an epoch change, an error from the leader).
+    fn abort_fetched_snapshot(&mut self);
+
+    /// Checks the snapshot being fetched whole and makes it a complete snapshot of the log
+    /// (`freeze`). Returns its id. On error the pending snapshot is dropped.
+    ///
+    /// # Errors
+    /// [`RaftLogError::InvalidSnapshot`] when nothing is being fetched or it is corrupt,
+    /// [`RaftLogError::Io`].
+    fn complete_fetched_snapshot(&mut self) -> Result<OffsetAndEpoch, RaftLogError>;
+
+    /// Kafka's `truncateToLatestSnapshot`: when the log does not hold the latest snapshot's
+    /// last record (`end offset - 1` with the snapshot's epoch: the log ends before it or
+    /// diverges from it), the log is emptied and starts at the snapshot's end offset
+    /// (`truncateFullyAndStartAt`): log start = log end = snapshot end offset, epoch cache
+    /// empty (the last fetched epoch is the snapshot's), older snapshots deleted. The high
+    /// watermark is left to the core (which raises it to the snapshot's end offset). Returns
+    /// whether it truncated.
+    ///
+    /// # Errors
+    /// [`RaftLogError::Io`].
+    fn truncate_to_latest_snapshot(&mut self) -> Result<bool, RaftLogError>;
+
     /// Kafka's `ReplicatedLog.truncateToEndOffset`: truncates to where the leader's
     /// `DivergingEpoch` says this log stops agreeing with it. Returns the new LEO.
     ///
@@ -172,19 +299,26 @@ pub struct StoredBatch {
 }
 
 /// A [`RaftLog`] in memory, with a durability point so that the simulator can lose what was
-/// appended but not flushed when it crashes a node.
+/// appended but not flushed when it crashes a node. Snapshots are held as the bytes of a
+/// snapshot file ([`crate::snapshot::encode_snapshot`]); writing one, deleting the log before
+/// one and installing a fetched one are durable at once (as the disk log makes them).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryLog {
     batches: Vec<StoredBatch>,
     /// `(epoch, start offset)` for each epoch in the log, ascending: the leader epoch cache.
     epochs: Vec<(i32, i64)>,
+    log_start_offset: i64,
     high_watermark: i64,
     durable_end_offset: i64,
-    /// Smallest batch count the log had since [`MemoryLog::take_truncation_mark`] last ran.
-    truncation_mark: Option<usize>,
+    /// Smallest log end offset since [`MemoryLog::take_truncation_mark`] last ran.
+    truncation_mark: Option<i64>,
     /// Durable batches a truncation removed since the last flush: the truncation itself is not
     /// durable yet, so a crash may bring them back (a file truncated but not fsynced).
     resurrectable: Vec<StoredBatch>,
+    /// Complete snapshots by `(end offset, epoch)`: the bytes of the snapshot file.
+    snapshots: BTreeMap<(i64, i32), Bytes>,
+    /// The snapshot being fetched and the bytes received.
+    pending: Option<(OffsetAndEpoch, Vec<u8>)>,
 }
 
 impl MemoryLog {
@@ -193,7 +327,7 @@ impl MemoryLog {
         Self::default()
     }
 
-    /// The batches, in offset order.
+    /// The batches, in offset order (from the log start offset; the first may start below it).
     pub fn batches(&self) -> &[StoredBatch] {
         &self.batches
     }
@@ -201,6 +335,14 @@ impl MemoryLog {
     /// The offset up to which appends are durable (survive [`MemoryLog::crash`]).
     pub fn durable_end_offset(&self) -> i64 {
         self.durable_end_offset
+    }
+
+    /// Ids of the complete snapshots, oldest first.
+    pub fn snapshot_ids(&self) -> Vec<OffsetAndEpoch> {
+        self.snapshots
+            .keys()
+            .map(|&(o, e)| OffsetAndEpoch::new(o, e))
+            .collect()
     }
 
     /// Completes a [`crate::Action::FlushLog`]: everything below `end_offset` is durable, and
@@ -220,7 +362,10 @@ impl MemoryLog {
 
     /// A crash: keeps the durable prefix and a random number of the batches appended after it
     /// (the page cache may have written some back); a truncation not yet made durable by a
-    /// flush may be undone (half the time); forgets the high watermark.
+    /// flush may be undone (half the time); forgets the high watermark and a snapshot being
+    /// fetched (its `.part` file is deleted when the log is opened); a log left short of its
+    /// latest snapshot starts at it ([`RaftLog::truncate_to_latest_snapshot`], as the disk log
+    /// does when opened).
     pub fn crash(&mut self, rng: &mut Rng) {
         let durable_batches = self.durable_batches();
         if !self.resurrectable.is_empty() && rng.chance(0.5) {
@@ -239,25 +384,33 @@ impl MemoryLog {
             }
         }
         self.resurrectable.clear();
+        self.pending = None;
         self.durable_end_offset = self.log_end_offset();
         self.high_watermark = 0;
+        // As the disk log on open: a snapshot the log no longer reaches (records lost above a
+        // snapshot that was written without deleting the log before it) replaces the log.
+        if self.truncate_to_latest_snapshot().is_err() {
+            unreachable!("the memory log's full truncation cannot fail");
+        }
     }
 
-    /// The smallest batch count since the last call (a truncation happened), or `None`.
-    pub fn take_truncation_mark(&mut self) -> Option<usize> {
+    /// The smallest log end offset since the last call, when a truncation happened since (the
+    /// records from it on were removed, and maybe replaced), or `None`.
+    pub fn take_truncation_mark(&mut self) -> Option<i64> {
         self.truncation_mark.take()
     }
 
     fn note_truncation(&mut self) {
-        let len = self.batches.len();
-        self.truncation_mark = Some(self.truncation_mark.map_or(len, |m| m.min(len)));
+        let end = self.log_end_offset();
+        self.truncation_mark = Some(self.truncation_mark.map_or(end, |m| m.min(end)));
     }
 
     fn rebuild_epochs(&mut self) {
         self.epochs.clear();
         for b in &self.batches {
             if self.epochs.last().map(|&(e, _)| e) != Some(b.epoch) {
-                self.epochs.push((b.epoch, b.base_offset));
+                self.epochs
+                    .push((b.epoch, b.base_offset.max(self.log_start_offset)));
             }
         }
     }
@@ -274,6 +427,26 @@ impl MemoryLog {
             crc: header.crc,
             bytes,
         });
+    }
+
+    /// The epoch of the record at `offset`, from the epoch cache (or the snapshot at the log
+    /// start for the offset just below it).
+    fn epoch_of_offset(&self, offset: i64) -> Option<i32> {
+        if offset >= self.log_end_offset() {
+            return None;
+        }
+        if offset < self.log_start_offset {
+            return self
+                .snapshots
+                .keys()
+                .find(|&&(o, _)| o == self.log_start_offset && offset == o - 1)
+                .map(|&(_, e)| e);
+        }
+        self.epochs
+            .iter()
+            .rev()
+            .find(|&&(_, start)| start <= offset)
+            .map(|&(e, _)| e)
     }
 
     /// Checks that `header` may follow `(next_offset, latest_epoch)`.
@@ -300,17 +473,22 @@ impl MemoryLog {
 
 impl RaftLog for MemoryLog {
     fn log_end_offset(&self) -> i64 {
-        self.batches.last().map_or(0, |b| b.last_offset + 1)
+        self.batches
+            .last()
+            .map_or(self.log_start_offset, |b| b.last_offset + 1)
     }
 
     fn last_fetched_epoch(&self) -> i32 {
-        self.batches.last().map_or(0, |b| b.epoch)
+        match self.batches.last() {
+            Some(b) => b.epoch,
+            None => self.latest_snapshot_id().map_or(0, |s| s.epoch),
+        }
     }
 
     fn end_offset_for_epoch(&self, epoch: i32) -> OffsetAndEpoch {
         let leo = self.log_end_offset();
         let Some(&(latest, _)) = self.epochs.last() else {
-            return OffsetAndEpoch::new(leo, 0);
+            return OffsetAndEpoch::new(leo, self.last_fetched_epoch());
         };
         if epoch == latest {
             return OffsetAndEpoch::new(leo, epoch);
@@ -329,6 +507,15 @@ impl RaftLog for MemoryLog {
     }
 
     fn read(&self, from: i64, max_bytes: usize) -> Result<Bytes, RaftLogError> {
+        if from >= self.log_end_offset() {
+            return Ok(Bytes::new());
+        }
+        if from < self.log_start_offset {
+            return Err(RaftLogError::BelowLogStartOffset {
+                offset: from,
+                log_start_offset: self.log_start_offset,
+            });
+        }
         let first = self.batches.partition_point(|b| b.last_offset < from);
         let mut out = BytesMut::new();
         for b in &self.batches[first..] {
@@ -409,6 +596,12 @@ impl RaftLog for MemoryLog {
                 high_watermark: self.high_watermark,
             });
         }
+        if offset < self.log_start_offset {
+            return Err(RaftLogError::BelowLogStartOffset {
+                offset,
+                log_start_offset: self.log_start_offset,
+            });
+        }
         let keep = self.batches.partition_point(|b| b.last_offset < offset);
         if keep < self.batches.len() {
             let durable = self.durable_batches();
@@ -425,6 +618,206 @@ impl RaftLog for MemoryLog {
         self.durable_end_offset = self.durable_end_offset.min(leo);
         Ok(leo)
     }
+
+    fn log_start_offset(&self) -> i64 {
+        self.log_start_offset
+    }
+
+    fn latest_snapshot_id(&self) -> Option<OffsetAndEpoch> {
+        self.snapshots
+            .keys()
+            .next_back()
+            .map(|&(o, e)| OffsetAndEpoch::new(o, e))
+    }
+
+    fn earliest_snapshot_id(&self) -> Option<OffsetAndEpoch> {
+        self.snapshots
+            .keys()
+            .next()
+            .map(|&(o, e)| OffsetAndEpoch::new(o, e))
+    }
+
+    fn snapshot_size(&self, id: OffsetAndEpoch) -> Option<u64> {
+        self.snapshots
+            .get(&(id.offset, id.epoch))
+            .map(|b| b.len() as u64)
+    }
+
+    fn read_snapshot_chunk(
+        &self,
+        id: OffsetAndEpoch,
+        position: u64,
+        max_bytes: usize,
+    ) -> Result<Bytes, RaftLogError> {
+        let bytes = self
+            .snapshots
+            .get(&(id.offset, id.epoch))
+            .ok_or(RaftLogError::SnapshotNotFound(id))?;
+        let start = usize::try_from(position)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let end = start.saturating_add(max_bytes).min(bytes.len());
+        Ok(bytes.slice(start..end))
+    }
+
+    fn read_snapshot(&self, id: OffsetAndEpoch) -> Result<Snapshot, RaftLogError> {
+        let bytes = self
+            .snapshots
+            .get(&(id.offset, id.epoch))
+            .ok_or(RaftLogError::SnapshotNotFound(id))?;
+        parse_snapshot(id, bytes.clone(), Path::new(&snapshot_file_name(id)))
+            .map_err(|e| RaftLogError::Corrupt(e.to_string()))
+    }
+
+    fn write_snapshot(
+        &mut self,
+        id: OffsetAndEpoch,
+        values: &[Bytes],
+        now_ms: i64,
+    ) -> Result<(), RaftLogError> {
+        if self.snapshots.contains_key(&(id.offset, id.epoch)) {
+            return Ok(());
+        }
+        check_new_snapshot(
+            id,
+            self.log_start_offset,
+            self.high_watermark,
+            self.epoch_of_offset(id.offset - 1),
+        )?;
+        let last_ts = now_ms;
+        let bytes = encode_snapshot(id, last_ts, values, now_ms)
+            .map_err(|e| RaftLogError::Io(e.to_string()))?;
+        self.snapshots.insert((id.offset, id.epoch), bytes);
+        Ok(())
+    }
+
+    fn delete_before(&mut self, id: OffsetAndEpoch, _now_ms: i64) -> Result<bool, RaftLogError> {
+        if !self.snapshots.contains_key(&(id.offset, id.epoch))
+            || id.offset <= self.log_start_offset
+            || id.offset > self.log_end_offset()
+        {
+            return Ok(false);
+        }
+        self.log_start_offset = id.offset;
+        let gone = self.batches.partition_point(|b| b.last_offset < id.offset);
+        self.batches.drain(..gone);
+        self.resurrectable.retain(|b| b.last_offset >= id.offset);
+        // The snapshot holds what is below its end: a crash never takes the log below it (nor
+        // below the end of a batch that straddles it).
+        let covered = match self.batches.first() {
+            Some(b) if b.base_offset < id.offset => b.last_offset + 1,
+            _ => id.offset,
+        };
+        self.durable_end_offset = self.durable_end_offset.max(covered);
+        self.rebuild_epochs();
+        self.snapshots.retain(|&(o, _), _| o >= id.offset);
+        Ok(true)
+    }
+
+    fn begin_fetched_snapshot(&mut self, id: OffsetAndEpoch) -> Result<bool, RaftLogError> {
+        if self.snapshots.contains_key(&(id.offset, id.epoch)) {
+            self.pending = None;
+            return Ok(false);
+        }
+        self.pending = Some((id, Vec::new()));
+        Ok(true)
+    }
+
+    fn fetched_snapshot(&self) -> Option<(OffsetAndEpoch, u64)> {
+        self.pending
+            .as_ref()
+            .map(|(id, bytes)| (*id, bytes.len() as u64))
+    }
+
+    fn append_fetched_snapshot(&mut self, chunk: &[u8]) -> Result<u64, RaftLogError> {
+        let Some((id, bytes)) = self.pending.as_mut() else {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: OffsetAndEpoch::new(-1, -1),
+                reason: "no snapshot is being fetched".into(),
+            });
+        };
+        let size = bytes.len() as u64 + chunk.len() as u64;
+        if size > MAX_SNAPSHOT_BYTES {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: *id,
+                reason: format!("larger than {MAX_SNAPSHOT_BYTES} bytes"),
+            });
+        }
+        bytes.extend_from_slice(chunk);
+        Ok(size)
+    }
+
+    fn abort_fetched_snapshot(&mut self) {
+        self.pending = None;
+    }
+
+    fn complete_fetched_snapshot(&mut self) -> Result<OffsetAndEpoch, RaftLogError> {
+        let Some((id, bytes)) = self.pending.take() else {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: OffsetAndEpoch::new(-1, -1),
+                reason: "no snapshot is being fetched".into(),
+            });
+        };
+        let bytes = Bytes::from(bytes);
+        parse_snapshot(id, bytes.clone(), Path::new(&snapshot_file_name(id))).map_err(|e| {
+            RaftLogError::InvalidSnapshot {
+                id,
+                reason: e.to_string(),
+            }
+        })?;
+        self.snapshots.insert((id.offset, id.epoch), bytes);
+        Ok(id)
+    }
+
+    fn truncate_to_latest_snapshot(&mut self) -> Result<bool, RaftLogError> {
+        let Some(id) = self.latest_snapshot_id() else {
+            return Ok(false);
+        };
+        if id.offset <= self.log_start_offset
+            || self.epoch_of_offset(id.offset - 1) == Some(id.epoch)
+        {
+            return Ok(false);
+        }
+        self.batches.clear();
+        self.epochs.clear();
+        self.resurrectable.clear();
+        self.log_start_offset = id.offset;
+        self.durable_end_offset = id.offset;
+        self.snapshots.retain(|&(o, _), _| o >= id.offset);
+        self.note_truncation();
+        Ok(true)
+    }
+}
+
+/// Kafka's checks of `createNewSnapshot`: the end offset within `[log start, high watermark]`
+/// and the epoch the log's at `end offset - 1` (`epoch_before`, `None` when the log does not
+/// know it; an empty log with start 0 takes epoch 0 at offset 0).
+pub(crate) fn check_new_snapshot(
+    id: OffsetAndEpoch,
+    log_start_offset: i64,
+    high_watermark: i64,
+    epoch_before: Option<i32>,
+) -> Result<(), RaftLogError> {
+    let bad = |reason: String| RaftLogError::InvalidSnapshot { id, reason };
+    if id.offset < log_start_offset || id.offset > high_watermark {
+        return Err(bad(format!(
+            "end offset outside [log start {log_start_offset}, high watermark {high_watermark}]"
+        )));
+    }
+    if id.offset == 0 {
+        return if id.epoch == 0 {
+            Ok(())
+        } else {
+            Err(bad("a snapshot at offset 0 has epoch 0".into()))
+        };
+    }
+    if epoch_before != Some(id.epoch) {
+        return Err(bad(format!(
+            "the epoch of offset {} is {epoch_before:?}",
+            id.offset - 1
+        )));
+    }
+    Ok(())
 }
 
 /// Builds the batch of a leader's proposal: one record per value (null key), at `base_offset`,

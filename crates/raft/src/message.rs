@@ -5,7 +5,9 @@
 //!
 //! - Vote (key 52, v0-2; `PreVote` is KIP-996, v2)
 //! - BeginQuorumEpoch (53), EndQuorumEpoch (54) (KIP-595)
-//! - Fetch (1, v13+ for KRaft; `HighWatermark` in the request is KIP-1166, v18)
+//! - Fetch (1, v13+ for KRaft; `HighWatermark` in the request is KIP-1166, v18; `SnapshotId`
+//!   in the response is KIP-630)
+//! - FetchSnapshot (59, v0-1, KIP-630)
 
 use bytes::Bytes;
 use gregor_protocol::error::ErrorCode;
@@ -44,6 +46,8 @@ pub enum Request {
     EndQuorumEpoch(EndQuorumEpochRequest),
     /// A follower or observer replicates the log.
     Fetch(FetchRequest),
+    /// A follower or observer fetches a chunk of the leader's snapshot (KIP-630).
+    FetchSnapshot(FetchSnapshotRequest),
 }
 
 /// A KRaft response.
@@ -57,6 +61,8 @@ pub enum Response {
     EndQuorumEpoch(EndQuorumEpochResponse),
     /// Answer to [`Request::Fetch`].
     Fetch(FetchResponse),
+    /// Answer to [`Request::FetchSnapshot`].
+    FetchSnapshot(FetchSnapshotResponse),
 }
 
 /// `VoteRequest` for the metadata partition.
@@ -175,10 +181,51 @@ pub struct FetchResponse {
     /// `DivergingEpoch`: the fetcher must truncate to this end offset of this epoch before
     /// fetching again (`None` is epoch -1, end offset -1 on the wire).
     pub diverging_epoch: Option<OffsetAndEpoch>,
+    /// `SnapshotId` (KIP-630): the fetch offset is below what the leader's log holds; the
+    /// fetcher must fetch this snapshot (the leader's latest) with FetchSnapshot (`None` is
+    /// end offset -1, epoch -1 on the wire).
+    pub snapshot_id: Option<OffsetAndEpoch>,
     /// `CurrentLeader.LeaderId`.
     pub current_leader_id: Option<NodeId>,
     /// `CurrentLeader.LeaderEpoch`.
     pub current_leader_epoch: i32,
     /// `Records`: whole v2 record batches starting at the fetch offset (empty when none).
     pub records: Bytes,
+}
+
+/// `FetchSnapshotRequest` (API 59) for `__cluster_metadata-0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchSnapshotRequest {
+    /// `ClusterId` (nullable, tagged).
+    pub cluster_id: Option<String>,
+    /// `ReplicaId`: the fetching replica.
+    pub replica_id: NodeId,
+    /// `MaxBytes`: most bytes of snapshot to return.
+    pub max_bytes: i32,
+    /// `CurrentLeaderEpoch`: the fetcher's epoch.
+    pub current_leader_epoch: i32,
+    /// `SnapshotId`: end offset and epoch of the snapshot.
+    pub snapshot_id: OffsetAndEpoch,
+    /// `Position`: byte position in the snapshot to return from.
+    pub position: i64,
+}
+
+/// `FetchSnapshotResponse` for `__cluster_metadata-0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchSnapshotResponse {
+    /// The error (top level for INCONSISTENT_CLUSTER_ID, partition level otherwise):
+    /// SNAPSHOT_NOT_FOUND, POSITION_OUT_OF_RANGE, or the leader-only errors of Fetch.
+    pub error: ErrorCode,
+    /// `SnapshotId`: the snapshot the bytes are of ((-1, -1) with an error).
+    pub snapshot_id: OffsetAndEpoch,
+    /// `CurrentLeader.LeaderId`.
+    pub current_leader_id: Option<NodeId>,
+    /// `CurrentLeader.LeaderEpoch`.
+    pub current_leader_epoch: i32,
+    /// `Size`: the snapshot's total size in bytes (-1 with an error).
+    pub size: i64,
+    /// `Position`: where `unaligned_records` starts in the snapshot (-1 with an error).
+    pub position: i64,
+    /// `UnalignedRecords`: raw snapshot bytes, not aligned to batches.
+    pub unaligned_records: Bytes,
 }

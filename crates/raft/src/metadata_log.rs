@@ -17,10 +17,11 @@ use bytes::Bytes;
 use gregor_log::{LogConfig, LogError, PartitionLog, TopicPartition};
 use gregor_protocol::batch::{self, Batches};
 
-use crate::log::{LogAppendInfo, RaftLog, RaftLogError};
+use crate::log::{check_new_snapshot, LogAppendInfo, RaftLog, RaftLogError};
 use crate::snapshot::{
-    parse_snapshot_file_name, read_snapshot, snapshot_file_name, Snapshot, SnapshotError,
-    SnapshotFileKind, SnapshotWriter,
+    parse_snapshot, parse_snapshot_file_name, read_snapshot, snapshot_file_name, Snapshot,
+    SnapshotError, SnapshotFileKind, SnapshotWriter, MAX_SNAPSHOT_BYTES, PARTIAL_SUFFIX,
+    SNAPSHOT_RECORDS_PER_BATCH,
 };
 use crate::types::OffsetAndEpoch;
 
@@ -154,6 +155,17 @@ pub struct KafkaMetadataLog {
     high_watermark: i64,
     /// Complete snapshots by `(end offset, epoch)`.
     snapshots: BTreeMap<(i64, i32), SnapshotEntry>,
+    /// The snapshot being fetched from the leader (`<id>.checkpoint.part`).
+    pending: Option<PendingSnapshot>,
+}
+
+/// A snapshot being received in FetchSnapshot chunks.
+#[derive(Debug)]
+struct PendingSnapshot {
+    id: OffsetAndEpoch,
+    file: std::fs::File,
+    path: PathBuf,
+    size: u64,
 }
 
 fn log_err(dir: &Path) -> impl FnOnce(LogError) -> StorageError + '_ {
@@ -182,7 +194,9 @@ impl KafkaMetadataLog {
     /// tail), loads the epoch cache and lists the snapshots (each read and checked whole). The
     /// log start offset is 0 while the first segment starts at 0; otherwise it is the end
     /// offset of the oldest snapshot at or past the first segment's base offset, which must
-    /// exist.
+    /// exist. When the log does not hold the latest snapshot's last record (a crash between
+    /// completing a fetched snapshot and replacing the log with it) the log is replaced now
+    /// ([`RaftLog::truncate_to_latest_snapshot`]).
     ///
     /// # Errors
     /// [`StorageError`] naming the file for I/O and corruption.
@@ -257,25 +271,22 @@ impl KafkaMetadataLog {
             log.maybe_increment_log_start_offset(start.min(log.log_end_offset()))
                 .map_err(log_err(&dir))?;
         }
-        if let Some(&(latest, _)) = snapshots.keys().next_back() {
-            if latest > log.log_end_offset() {
-                return Err(StorageError::Inconsistent {
-                    dir,
-                    reason: format!(
-                        "the latest snapshot ends at {latest}, past the log end offset {}; \
-                         starting the log at a fetched snapshot is not implemented yet",
-                        log.log_end_offset()
-                    ),
-                });
-            }
-        }
-        Ok(Self {
+        let mut log = Self {
             dir,
             log,
             config,
             high_watermark: 0,
             snapshots,
-        })
+            pending: None,
+        };
+        // A follower that crashed after completing a fetched snapshot and before (durably)
+        // replacing its log with it finishes here (Kafka's `KafkaMetadataLog.apply`).
+        log.truncate_to_latest_snapshot()
+            .map_err(|e| StorageError::Inconsistent {
+                dir: log.dir.clone(),
+                reason: format!("truncating to the latest snapshot: {e}"),
+            })?;
+        Ok(log)
     }
 
     /// `__cluster_metadata-0/`.
@@ -396,6 +407,23 @@ impl KafkaMetadataLog {
         Ok(())
     }
 
+    /// The epoch cache `(epoch, start offset)` as Kafka's after `truncateFromStart(log start)`:
+    /// entries wholly below the log start dropped, the one spanning it starting at it.
+    /// (`leader-epoch-checkpoint` on disk may still list the older entries; they are ignored.)
+    fn epoch_entries_from_start(&self) -> Vec<(i32, i64)> {
+        let start = self.log.log_start_offset();
+        let all = self.log.leader_epoch_entries();
+        let mut out = Vec::with_capacity(all.len());
+        for (i, e) in all.iter().enumerate() {
+            if e.start_offset >= start {
+                out.push((e.epoch, e.start_offset));
+            } else if all.get(i + 1).is_none_or(|next| next.start_offset > start) {
+                out.push((e.epoch, start));
+            }
+        }
+        out
+    }
+
     fn epoch_of_offset(&self, offset: i64) -> Option<i32> {
         self.log
             .leader_epoch_entries()
@@ -498,6 +526,80 @@ impl KafkaMetadataLog {
         self.log.delete_due_files(now_ms)
     }
 
+    /// Kafka's `truncateFullyAndStartAt`: deletes every segment (newest first, so that a crash
+    /// part way leaves a prefix of the log, which [`KafkaMetadataLog::open`] then replaces), the
+    /// producer snapshots and the epoch cache, creates an empty segment at `offset` and opens
+    /// the log again: log start = log end = `offset`.
+    fn truncate_fully_and_start_at(&mut self, offset: i64) -> Result<(), RaftLogError> {
+        let io = |op: &str, p: &Path, e: std::io::Error| {
+            RaftLogError::Io(format!("{op} {}: {e}", p.display()))
+        };
+        let mut files: Vec<(i64, PathBuf)> = Vec::new();
+        let rd = std::fs::read_dir(&self.dir).map_err(|e| io("listing", &self.dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| io("listing", &self.dir, e))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if name == "leader-epoch-checkpoint" {
+                files.push((i64::MIN, entry.path()));
+                continue;
+            }
+            let Some((stem, ext)) = name.split_once('.') else {
+                continue;
+            };
+            let is_log_file = matches!(
+                ext,
+                "log"
+                    | "index"
+                    | "timeindex"
+                    | "txnindex"
+                    | "snapshot"
+                    | "log.deleted"
+                    | "index.deleted"
+                    | "timeindex.deleted"
+                    | "txnindex.deleted"
+            );
+            if stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()) && is_log_file {
+                files.push((stem.parse().unwrap_or(i64::MAX), entry.path()));
+            }
+        }
+        // Newest first; the epoch cache last.
+        files.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (_, path) in &files {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("deleting", path, e)),
+            }
+        }
+        let segment = self.dir.join(format!("{offset:020}.log"));
+        std::fs::File::create(&segment)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io("creating", &segment, e))?;
+        crate::snapshot::sync_dir(&self.dir).map_err(|e| RaftLogError::Io(e.to_string()))?;
+        let tp = TopicPartition::new(METADATA_TOPIC, 0);
+        self.log =
+            PartitionLog::open(&self.dir, tp, self.config.log_config(), false).map_err(to_raft)?;
+        if self.log.log_start_offset() != offset || self.log.log_end_offset() != offset {
+            return Err(RaftLogError::Io(format!(
+                "the log reopened at [{}, {}) after starting it at {offset}",
+                self.log.log_start_offset(),
+                self.log.log_end_offset()
+            )));
+        }
+        Ok(())
+    }
+
+    fn remove_pending(&mut self) {
+        if let Some(p) = self.pending.take() {
+            drop(p.file);
+            if let Err(e) = std::fs::remove_file(&p.path) {
+                tracing::warn!(path = %p.path.display(), error = %e, "removing an abandoned snapshot");
+            }
+        }
+    }
+
     fn headers(records: &Bytes) -> Result<Vec<batch::BatchHeader>, RaftLogError> {
         let mut out = Vec::new();
         for item in Batches::new(records) {
@@ -598,22 +700,22 @@ impl RaftLog for KafkaMetadataLog {
 
     fn end_offset_for_epoch(&self, epoch: i32) -> OffsetAndEpoch {
         let leo = self.log_end_offset();
-        let epochs = self.log.leader_epoch_entries();
-        let Some(latest) = epochs.last().map(|e| e.epoch) else {
+        let epochs = self.epoch_entries_from_start();
+        let Some(&(latest, _)) = epochs.last() else {
             return OffsetAndEpoch::new(leo, self.last_fetched_epoch());
         };
         if epoch == latest {
             return OffsetAndEpoch::new(leo, epoch);
         }
-        let higher = epochs.partition_point(|e| e.epoch <= epoch);
+        let higher = epochs.partition_point(|&(e, _)| e <= epoch);
         if higher >= epochs.len() {
             return OffsetAndEpoch::new(leo, latest);
         }
-        let higher_start = epochs[higher].start_offset;
+        let higher_start = epochs[higher].1;
         if higher == 0 {
             OffsetAndEpoch::new(higher_start, epoch)
         } else {
-            OffsetAndEpoch::new(higher_start, epochs[higher - 1].epoch)
+            OffsetAndEpoch::new(higher_start, epochs[higher - 1].0)
         }
     }
 
@@ -671,5 +773,234 @@ impl RaftLog for KafkaMetadataLog {
             });
         }
         self.log.truncate_to(offset).map_err(to_raft)
+    }
+
+    fn log_start_offset(&self) -> i64 {
+        self.log.log_start_offset()
+    }
+
+    fn latest_snapshot_id(&self) -> Option<OffsetAndEpoch> {
+        KafkaMetadataLog::latest_snapshot_id(self)
+    }
+
+    fn earliest_snapshot_id(&self) -> Option<OffsetAndEpoch> {
+        self.snapshots
+            .keys()
+            .next()
+            .map(|&(o, e)| OffsetAndEpoch::new(o, e))
+    }
+
+    fn snapshot_size(&self, id: OffsetAndEpoch) -> Option<u64> {
+        self.snapshots
+            .get(&(id.offset, id.epoch))
+            .map(|s| s.size_bytes)
+    }
+
+    fn read_snapshot_chunk(
+        &self,
+        id: OffsetAndEpoch,
+        position: u64,
+        max_bytes: usize,
+    ) -> Result<Bytes, RaftLogError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Some(entry) = self.snapshots.get(&(id.offset, id.epoch)) else {
+            return Err(RaftLogError::SnapshotNotFound(id));
+        };
+        let len = entry
+            .size_bytes
+            .saturating_sub(position)
+            .min(max_bytes as u64);
+        let path = self.dir.join(snapshot_file_name(id));
+        let io = |e: std::io::Error| RaftLogError::Io(format!("reading {}: {e}", path.display()));
+        let mut f = std::fs::File::open(&path).map_err(io)?;
+        f.seek(SeekFrom::Start(position)).map_err(io)?;
+        // `len` is at most the snapshot's size, itself at most MAX_SNAPSHOT_BYTES (checked when
+        // it was listed or written).
+        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        f.read_exact(&mut buf).map_err(io)?;
+        Ok(Bytes::from(buf))
+    }
+
+    fn read_snapshot(&self, id: OffsetAndEpoch) -> Result<Snapshot, RaftLogError> {
+        if !self.snapshots.contains_key(&(id.offset, id.epoch)) {
+            return Err(RaftLogError::SnapshotNotFound(id));
+        }
+        KafkaMetadataLog::read_snapshot(self, id).map_err(|e| RaftLogError::Corrupt(e.to_string()))
+    }
+
+    fn write_snapshot(
+        &mut self,
+        id: OffsetAndEpoch,
+        values: &[Bytes],
+        now_ms: i64,
+    ) -> Result<(), RaftLogError> {
+        if self.snapshots.contains_key(&(id.offset, id.epoch)) {
+            return Ok(());
+        }
+        let epoch_before = if id.offset > 0 && id.offset == self.log_start_offset() {
+            self.snapshots
+                .keys()
+                .find(|&&(o, _)| o == id.offset)
+                .map(|&(_, e)| e)
+        } else {
+            self.epoch_of_offset(id.offset - 1)
+        };
+        check_new_snapshot(
+            id,
+            self.log_start_offset(),
+            self.high_watermark,
+            epoch_before,
+        )?;
+        let io = |e: SnapshotError| RaftLogError::Io(e.to_string());
+        let mut w = SnapshotWriter::create(&self.dir, id, now_ms, now_ms).map_err(io)?;
+        for chunk in values.chunks(SNAPSHOT_RECORDS_PER_BATCH) {
+            w.append(chunk, now_ms).map_err(io)?;
+        }
+        w.freeze(now_ms).map_err(io)?;
+        self.add_snapshot(id).map_err(io)
+    }
+
+    fn delete_before(&mut self, id: OffsetAndEpoch, now_ms: i64) -> Result<bool, RaftLogError> {
+        self.delete_before_snapshot(id, now_ms)
+            .map_err(|e| RaftLogError::Io(e.to_string()))
+    }
+
+    fn begin_fetched_snapshot(&mut self, id: OffsetAndEpoch) -> Result<bool, RaftLogError> {
+        self.remove_pending();
+        if self.snapshots.contains_key(&(id.offset, id.epoch)) {
+            return Ok(false);
+        }
+        let path = self.dir.join(format!(
+            "{:020}-{:010}{PARTIAL_SUFFIX}",
+            id.offset, id.epoch
+        ));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| RaftLogError::Io(format!("creating {}: {e}", path.display())))?;
+        self.pending = Some(PendingSnapshot {
+            id,
+            file,
+            path,
+            size: 0,
+        });
+        Ok(true)
+    }
+
+    fn fetched_snapshot(&self) -> Option<(OffsetAndEpoch, u64)> {
+        self.pending.as_ref().map(|p| (p.id, p.size))
+    }
+
+    fn append_fetched_snapshot(&mut self, chunk: &[u8]) -> Result<u64, RaftLogError> {
+        use std::io::Write;
+        let Some(p) = self.pending.as_mut() else {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: OffsetAndEpoch::new(-1, -1),
+                reason: "no snapshot is being fetched".into(),
+            });
+        };
+        let size = p.size + chunk.len() as u64;
+        if size > MAX_SNAPSHOT_BYTES {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: p.id,
+                reason: format!("larger than {MAX_SNAPSHOT_BYTES} bytes"),
+            });
+        }
+        p.file
+            .write_all(chunk)
+            .map_err(|e| RaftLogError::Io(format!("writing {}: {e}", p.path.display())))?;
+        p.size = size;
+        Ok(size)
+    }
+
+    fn abort_fetched_snapshot(&mut self) {
+        self.remove_pending();
+    }
+
+    fn complete_fetched_snapshot(&mut self) -> Result<OffsetAndEpoch, RaftLogError> {
+        let Some(p) = self.pending.take() else {
+            return Err(RaftLogError::InvalidSnapshot {
+                id: OffsetAndEpoch::new(-1, -1),
+                reason: "no snapshot is being fetched".into(),
+            });
+        };
+        let id = p.id;
+        let final_path = self.dir.join(snapshot_file_name(id));
+        let checked = p
+            .file
+            .sync_all()
+            .map_err(|e| RaftLogError::Io(format!("syncing {}: {e}", p.path.display())))
+            .and_then(|()| {
+                // Checked whole before it is renamed into place (at most MAX_SNAPSHOT_BYTES:
+                // every append checked the size).
+                let buf = std::fs::read(&p.path)
+                    .map_err(|e| RaftLogError::Io(format!("reading {}: {e}", p.path.display())))?;
+                parse_snapshot(id, Bytes::from(buf), &p.path).map_err(|e| {
+                    RaftLogError::InvalidSnapshot {
+                        id,
+                        reason: e.to_string(),
+                    }
+                })
+            });
+        drop(p.file);
+        let snapshot = match checked {
+            Ok(s) => s,
+            Err(e) => {
+                if let Err(rm) = std::fs::remove_file(&p.path) {
+                    tracing::warn!(path = %p.path.display(), error = %rm, "removing a bad fetched snapshot");
+                }
+                return Err(e);
+            }
+        };
+        std::fs::rename(&p.path, &final_path)
+            .map_err(|e| RaftLogError::Io(format!("renaming {}: {e}", final_path.display())))?;
+        crate::snapshot::sync_dir(&self.dir).map_err(|e| RaftLogError::Io(e.to_string()))?;
+        self.snapshots.insert(
+            (id.offset, id.epoch),
+            SnapshotEntry {
+                size_bytes: snapshot.size_bytes,
+                last_contained_log_timestamp_ms: snapshot.last_contained_log_timestamp_ms,
+            },
+        );
+        Ok(id)
+    }
+
+    fn truncate_to_latest_snapshot(&mut self) -> Result<bool, RaftLogError> {
+        let Some(id) = KafkaMetadataLog::latest_snapshot_id(self) else {
+            return Ok(false);
+        };
+        if id.offset <= self.log.log_start_offset()
+            || (id.offset <= self.log.log_end_offset()
+                && self.epoch_of_offset(id.offset - 1) == Some(id.epoch))
+        {
+            return Ok(false);
+        }
+        self.truncate_fully_and_start_at(id.offset)?;
+        let older: Vec<(i64, i32)> = self
+            .snapshots
+            .range(..(id.offset, id.epoch))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in older {
+            let path = self
+                .dir
+                .join(snapshot_file_name(OffsetAndEpoch::new(k.0, k.1)));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(RaftLogError::Io(format!(
+                        "deleting {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+            self.snapshots.remove(&k);
+        }
+        crate::snapshot::sync_dir(&self.dir).map_err(|e| RaftLogError::Io(e.to_string()))?;
+        tracing::info!(snapshot = ?id, "metadata log fully truncated to a fetched snapshot");
+        Ok(true)
     }
 }

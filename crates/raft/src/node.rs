@@ -20,7 +20,9 @@
 //!   advances the high watermark, resigns when a majority has not fetched within 1.5 x
 //!   `controller.quorum.fetch.timeout.ms` (check quorum).
 //! - Follower: fetches from the leader; a voter goes Prospective when the leader is silent for
-//!   `controller.quorum.fetch.timeout.ms`.
+//!   `controller.quorum.fetch.timeout.ms`. When the leader answers a Fetch with `SnapshotId`
+//!   (KIP-630: the follower is behind the leader's log start) it fetches that snapshot in
+//!   FetchSnapshot chunks, then replaces its log with it ([`Action::SnapshotInstalled`]).
 //! - Resigned: a leader that gave up its epoch (or restarted as leader), telling the voters
 //!   with EndQuorumEpoch; it never leads that epoch again.
 //!
@@ -35,8 +37,8 @@ use crate::config::{BrokenRule, QuorumConfig, OBSERVER_SESSION_TIMEOUT_MS, RETRY
 use crate::log::{build_data_batch, build_leader_change_batch, RaftLog, RaftLogError};
 use crate::message::{
     BeginQuorumEpochRequest, BeginQuorumEpochResponse, EndQuorumEpochRequest,
-    EndQuorumEpochResponse, FetchRequest, FetchResponse, Message, Request, Response, VoteRequest,
-    VoteResponse,
+    EndQuorumEpochResponse, FetchRequest, FetchResponse, FetchSnapshotRequest,
+    FetchSnapshotResponse, Message, Request, Response, VoteRequest, VoteResponse,
 };
 use crate::rng::Rng;
 use crate::types::{ElectionState, NodeId, OffsetAndEpoch};
@@ -63,6 +65,15 @@ pub enum Action {
     /// The high watermark rose: records below this offset are committed and may be applied
     /// (published to the metadata loader). Never decreases within a node's lifetime.
     HighWatermark(i64),
+    /// A snapshot fetched from the leader (KIP-630 FetchSnapshot) is complete and the log now
+    /// starts at its end offset (Kafka's `onSnapshotFetchComplete` / `truncateToLatestSnapshot`):
+    /// the state machine reloads its state from this snapshot ([`RaftLog::read_snapshot`]) and
+    /// applies committed records from `snapshot_id.offset` on. A [`Action::HighWatermark`] of
+    /// at least that offset follows. Durable when emitted.
+    SnapshotInstalled {
+        /// End offset and epoch of the installed snapshot.
+        snapshot_id: OffsetAndEpoch,
+    },
     /// The known leader or the epoch changed (`LeaderAndEpoch`).
     LeaderChange {
         /// The new epoch.
@@ -263,6 +274,9 @@ enum State {
         voted_id: Option<NodeId>,
         fetch_deadline_ms: u64,
         has_fetched_from_leader: bool,
+        /// The leader's snapshot being fetched (Kafka's `FollowerState.fetchingSnapshot`);
+        /// its bytes are the log's pending snapshot. A new state abandons it.
+        fetching_snapshot: Option<OffsetAndEpoch>,
     },
     Resigned {
         epoch: i32,
@@ -438,6 +452,7 @@ impl<L: RaftLog> RaftNode<L> {
                 voted_id: election.voted_id.filter(|_| voter),
                 fetch_deadline_ms: now_ms.saturating_add(config.fetch_timeout_ms),
                 has_fetched_from_leader: false,
+                fetching_snapshot: None,
             }
         } else {
             State::Unattached {
@@ -726,6 +741,9 @@ impl<L: RaftLog> RaftNode<L> {
                 Some(resp) => Response::Fetch(resp),
                 None => return,
             },
+            Request::FetchSnapshot(r) => {
+                Response::FetchSnapshot(self.handle_fetch_snapshot_request(&r, now))
+            }
         };
         self.send_response(from, correlation_id, response);
     }
@@ -946,8 +964,9 @@ impl<L: RaftLog> RaftNode<L> {
         FetchResponse {
             error,
             high_watermark: -1,
-            log_start_offset: 0,
+            log_start_offset: self.log.log_start_offset(),
             diverging_epoch: None,
+            snapshot_id: None,
             current_leader_id: self.leader_id(),
             current_leader_epoch: self.epoch(),
             records: Bytes::new(),
@@ -976,6 +995,7 @@ impl<L: RaftLog> RaftNode<L> {
         let park = response.error.is_none()
             && response.records.is_empty()
             && response.diverging_epoch.is_none()
+            && response.snapshot_id.is_none()
             && r.max_wait_ms > 0
             // KIP-1166: a fetcher behind on the high watermark is answered at once.
             && !(response.high_watermark >= 0 && r.high_watermark < response.high_watermark);
@@ -1011,14 +1031,9 @@ impl<L: RaftLog> RaftNode<L> {
         if r.replica_id == self.config.node_id {
             return self.fetch_error(ErrorCode::InvalidRequest);
         }
-        // The log start offset is 0 (no snapshots yet): offset 0 is always valid.
-        let diverging = if r.fetch_offset == 0 {
-            None
-        } else {
-            let end = self.log.end_offset_for_epoch(r.last_fetched_epoch);
-            (end.epoch != r.last_fetched_epoch || end.offset < r.fetch_offset).then_some(end)
-        };
-        let records = if diverging.is_none() {
+        let (diverging, snapshot_id) = self.validate_offset_and_epoch(r);
+        let valid = diverging.is_none() && snapshot_id.is_none();
+        let records = if valid {
             match self.log.read(r.fetch_offset, self.config.max_fetch_bytes) {
                 Ok(records) => records,
                 Err(e) => {
@@ -1029,17 +1044,131 @@ impl<L: RaftLog> RaftNode<L> {
         } else {
             Bytes::new()
         };
-        if diverging.is_none() && self.update_replica_state(r.replica_id, r.fetch_offset, now) {
+        if valid && self.update_replica_state(r.replica_id, r.fetch_offset, now) {
             self.on_high_watermark_changed(now);
         }
         FetchResponse {
             error: ErrorCode::None,
             high_watermark: self.high_watermark.unwrap_or(-1),
-            log_start_offset: 0,
+            log_start_offset: self.log.log_start_offset(),
             diverging_epoch: diverging,
+            snapshot_id,
             current_leader_id: Some(self.config.node_id),
             current_leader_epoch: epoch,
             records,
+        }
+    }
+
+    /// Kafka's `ReplicatedLog.validateOffsetAndEpoch`: `(DivergingEpoch, SnapshotId)` for a
+    /// fetch position, at most one of them set. A position the log start has passed, at the
+    /// log start with another epoch than the snapshot there, or with an epoch older than the
+    /// oldest snapshot's needs the latest snapshot; one that does not match the epoch cache
+    /// diverges; offset 0 of a log starting at 0 is always valid.
+    fn validate_offset_and_epoch(
+        &self,
+        r: &FetchRequest,
+    ) -> (Option<OffsetAndEpoch>, Option<OffsetAndEpoch>) {
+        let start = self.log.log_start_offset();
+        if start == 0 && r.fetch_offset == 0 {
+            return (None, None);
+        }
+        if let Some(earliest) = self.log.earliest_snapshot_id() {
+            if r.fetch_offset < start
+                || (r.fetch_offset == start && r.last_fetched_epoch != earliest.epoch)
+                || r.last_fetched_epoch < earliest.epoch
+            {
+                return (None, self.log.latest_snapshot_id());
+            }
+        }
+        let end = self.log.end_offset_for_epoch(r.last_fetched_epoch);
+        if end.epoch != r.last_fetched_epoch || end.offset < r.fetch_offset {
+            (Some(end), None)
+        } else {
+            (None, None)
+        }
+    }
+
+    /// Kafka's `handleFetchSnapshotRequest`: a chunk of at most `MaxBytes` (and
+    /// `max_fetch_snapshot_bytes`) of the snapshot from `Position`; SNAPSHOT_NOT_FOUND for a
+    /// snapshot the leader does not have (or the bootstrap snapshot `(0, 0)`),
+    /// POSITION_OUT_OF_RANGE for a position outside `[0, size)`. A voter fetching a snapshot
+    /// counts as fetching for check quorum.
+    fn handle_fetch_snapshot_request(
+        &mut self,
+        r: &FetchSnapshotRequest,
+        now: u64,
+    ) -> FetchSnapshotResponse {
+        let error = |node: &Self, error: ErrorCode| FetchSnapshotResponse {
+            error,
+            snapshot_id: OffsetAndEpoch::new(-1, -1),
+            current_leader_id: node.leader_id(),
+            current_leader_epoch: node.epoch(),
+            size: -1,
+            position: -1,
+            unaligned_records: Bytes::new(),
+        };
+        if self.cluster_id_mismatch(&r.cluster_id) {
+            return error(self, ErrorCode::InconsistentClusterId);
+        }
+        let epoch = self.epoch();
+        if r.current_leader_epoch < epoch {
+            return error(self, ErrorCode::FencedLeaderEpoch);
+        } else if r.current_leader_epoch > epoch {
+            return error(self, ErrorCode::UnknownLeaderEpoch);
+        } else if self.role() != Role::Leader {
+            return error(self, ErrorCode::NotLeaderOrFollower);
+        }
+        let id = r.snapshot_id;
+        let size = match self.log.snapshot_size(id) {
+            Some(size) if id != OffsetAndEpoch::new(0, 0) => size,
+            _ => return error(self, ErrorCode::SnapshotNotFound),
+        };
+        let position = match u64::try_from(r.position) {
+            Ok(p) if p < size => p,
+            _ => return error(self, ErrorCode::PositionOutOfRange),
+        };
+        let max = usize::try_from(r.max_bytes.max(0))
+            .unwrap_or(0)
+            .min(self.config.max_fetch_snapshot_bytes)
+            .max(1);
+        let chunk = match self.log.read_snapshot_chunk(id, position, max) {
+            Ok(c) => c,
+            Err(RaftLogError::SnapshotNotFound(_)) => {
+                return error(self, ErrorCode::SnapshotNotFound)
+            }
+            Err(e) => {
+                tracing::error!(node = self.config.node_id, error = %e, "reading a snapshot chunk");
+                return error(self, ErrorCode::UnknownServerError);
+            }
+        };
+        self.note_voter_fetch(r.replica_id, now);
+        FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: id,
+            current_leader_id: Some(self.config.node_id),
+            current_leader_epoch: epoch,
+            size: i64::try_from(size).unwrap_or(i64::MAX),
+            position: r.position,
+            unaligned_records: chunk,
+        }
+    }
+
+    /// Kafka's `updateCheckQuorumForFollowingVoter`: a voter that fetched (here: a snapshot)
+    /// counts towards the check-quorum majority.
+    fn note_voter_fetch(&mut self, replica: NodeId, now: u64) {
+        let majority = self.config.voters.majority();
+        let check_quorum_timeout = self.config.check_quorum_timeout_ms();
+        let State::Leader(l) = &mut self.state else {
+            return;
+        };
+        if !l.voter_end_offsets.contains_key(&replica) {
+            return;
+        }
+        l.acknowledged.insert(replica);
+        l.fetched_voters.insert(replica);
+        if l.fetched_voters.len() + 1 >= majority {
+            l.fetched_voters.clear();
+            l.check_quorum_deadline_ms = now.saturating_add(check_quorum_timeout);
         }
     }
 
@@ -1192,6 +1321,7 @@ impl<L: RaftLog> RaftNode<L> {
                 }
             }
             Response::Fetch(r) => self.handle_fetch_response(from, r, now),
+            Response::FetchSnapshot(r) => self.handle_fetch_snapshot_response(from, r, now),
         };
         if !ok {
             self.requests
@@ -1313,7 +1443,19 @@ impl<L: RaftLog> RaftNode<L> {
             State::Follower { leader_id, .. } if *leader_id == from => {}
             _ => return true,
         }
-        if let Some(diverging) = r.diverging_epoch {
+        if let Some(snapshot_id) = r.snapshot_id {
+            if snapshot_id.epoch < 0 || snapshot_id.offset < 0 {
+                tracing::error!(
+                    node = self.config.node_id,
+                    ?snapshot_id,
+                    "leader sent an invalid snapshot id"
+                );
+                return false;
+            }
+            if !self.start_fetching_snapshot(from, snapshot_id, now) {
+                return false;
+            }
+        } else if let Some(diverging) = r.diverging_epoch {
             if diverging.epoch < 0 || diverging.offset < 0 {
                 return false;
             }
@@ -1374,6 +1516,164 @@ impl<L: RaftLog> RaftNode<L> {
             *has_fetched_from_leader = true;
         }
         true
+    }
+
+    /// The leader answered a Fetch with its latest snapshot's id: start fetching it (Kafka's
+    /// `createNewSnapshotUnchecked` into `FollowerState.fetchingSnapshot`), or, when the log
+    /// already has it complete (a crash after completing it), install it at once.
+    fn start_fetching_snapshot(&mut self, leader: NodeId, id: OffsetAndEpoch, now: u64) -> bool {
+        match self.log.begin_fetched_snapshot(id) {
+            Ok(true) => {
+                tracing::info!(node = self.config.node_id, leader, snapshot = ?id, "fetching snapshot");
+                if let State::Follower {
+                    fetching_snapshot, ..
+                } = &mut self.state
+                {
+                    *fetching_snapshot = Some(id);
+                }
+                true
+            }
+            Ok(false) => self.install_snapshot(id, now),
+            Err(e) => {
+                tracing::error!(node = self.config.node_id, error = %e, "starting a snapshot fetch");
+                false
+            }
+        }
+    }
+
+    /// Replaces the log with the latest snapshot once it is complete (Kafka's
+    /// `onSnapshotFetchComplete`): truncates fully when the log does not hold it, tells the
+    /// driver, and raises the high watermark to the snapshot's end offset.
+    fn install_snapshot(&mut self, id: OffsetAndEpoch, now: u64) -> bool {
+        match self.log.truncate_to_latest_snapshot() {
+            Ok(truncated) => {
+                tracing::info!(
+                    node = self.config.node_id,
+                    snapshot = ?id,
+                    truncated,
+                    log_start_offset = self.log.log_start_offset(),
+                    "installed a fetched snapshot"
+                );
+            }
+            Err(e) => {
+                tracing::error!(node = self.config.node_id, error = %e, "installing a fetched snapshot");
+                return false;
+            }
+        }
+        // The log starts at its latest snapshot: the fetched one, or a newer one of its own.
+        let id = match self.log.latest_snapshot_id() {
+            Some(latest) if latest.offset > id.offset => latest,
+            _ => id,
+        };
+        self.actions
+            .push(Action::SnapshotInstalled { snapshot_id: id });
+        let new = id.offset.min(self.log.log_end_offset());
+        if self.high_watermark.is_none_or(|hw| hw < new) {
+            self.high_watermark = Some(new);
+            self.on_high_watermark_changed(now);
+        }
+        true
+    }
+
+    /// Kafka's `handleFetchSnapshotResponse`: appends the chunk at the position the pending
+    /// snapshot has reached; once all `Size` bytes are in, checks and installs it. The leader
+    /// no longer having the snapshot, a position error or a chunk that does not fit abandons
+    /// the pending snapshot: the next Fetch asks the leader again.
+    fn handle_fetch_snapshot_response(
+        &mut self,
+        from: NodeId,
+        r: FetchSnapshotResponse,
+        now: u64,
+    ) -> bool {
+        if let Some(handled) =
+            self.handle_common_response(r.error, r.current_leader_id, r.current_leader_epoch, now)
+        {
+            return handled;
+        }
+        let fetching = match &self.state {
+            State::Follower {
+                leader_id,
+                fetching_snapshot: Some(id),
+                ..
+            } if *leader_id == from => *id,
+            _ => return true,
+        };
+        if r.error == ErrorCode::SnapshotNotFound
+            || r.snapshot_id.offset < 0
+            || r.snapshot_id.epoch < 0
+        {
+            tracing::info!(node = self.config.node_id, snapshot = ?fetching, error = %r.error, "leader no longer has the snapshot; fetching again");
+            self.abandon_snapshot_fetch(now);
+            return true;
+        }
+        if !r.error.is_none() {
+            tracing::warn!(node = self.config.node_id, snapshot = ?fetching, error = %r.error, "snapshot fetch failed; starting over");
+            self.abandon_snapshot_fetch(now);
+            return false;
+        }
+        let position = self.log.fetched_snapshot().map(|(_, p)| p);
+        let fits = r.snapshot_id == fetching
+            && position.is_some_and(|p| i64::try_from(p).ok() == Some(r.position))
+            && r.size > 0
+            && u64::try_from(r.size).is_ok_and(|s| s <= crate::snapshot::MAX_SNAPSHOT_BYTES)
+            && !r.unaligned_records.is_empty()
+            && r.position
+                .checked_add(r.unaligned_records.len() as i64)
+                .is_some_and(|end| end <= r.size);
+        if !fits {
+            tracing::warn!(node = self.config.node_id, snapshot = ?fetching, got = ?r.snapshot_id, position = r.position, size = r.size, "unexpected snapshot chunk; starting over");
+            self.abandon_snapshot_fetch(now);
+            return false;
+        }
+        let received = match self.log.append_fetched_snapshot(&r.unaligned_records) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(node = self.config.node_id, error = %e, "writing a snapshot chunk");
+                self.abandon_snapshot_fetch(now);
+                return false;
+            }
+        };
+        self.reset_fetch_timeout(now);
+        if i64::try_from(received).ok() != Some(r.size) {
+            return true;
+        }
+        if let State::Follower {
+            fetching_snapshot, ..
+        } = &mut self.state
+        {
+            *fetching_snapshot = None;
+        }
+        match self.log.complete_fetched_snapshot() {
+            Ok(id) => self.install_snapshot(id, now),
+            Err(e) => {
+                tracing::error!(node = self.config.node_id, error = %e, "fetched snapshot rejected");
+                false
+            }
+        }
+    }
+
+    fn abandon_snapshot_fetch(&mut self, now: u64) {
+        self.log.abort_fetched_snapshot();
+        if let State::Follower {
+            fetching_snapshot, ..
+        } = &mut self.state
+        {
+            *fetching_snapshot = None;
+        }
+        self.reset_fetch_timeout(now);
+    }
+
+    fn reset_fetch_timeout(&mut self, now: u64) {
+        let fetch_timeout = self.config.fetch_timeout_ms;
+        if let State::Follower {
+            fetch_deadline_ms,
+            has_fetched_from_leader,
+            ..
+        } = &mut self.state
+        {
+            *fetch_deadline_ms = now.saturating_add(fetch_timeout);
+            *has_fetched_from_leader = true;
+        }
     }
 
     // ----- polling -----
@@ -1601,8 +1901,41 @@ impl<L: RaftLog> RaftNode<L> {
             // The leader may be gone: ask another voter who leads.
             self.send_fetch_to_any_voter(Some(leader), now);
         } else if !self.requests.has_any_inflight() {
-            self.send_fetch(leader, now);
+            match &self.state {
+                State::Follower {
+                    fetching_snapshot: Some(id),
+                    ..
+                } => {
+                    let id = *id;
+                    self.send_fetch_snapshot(leader, id, now);
+                }
+                _ => self.send_fetch(leader, now),
+            }
         }
+    }
+
+    fn send_fetch_snapshot(&mut self, to: NodeId, id: OffsetAndEpoch, now: u64) {
+        if !self.requests.can_send(to, now) {
+            return;
+        }
+        let Some((pending, position)) = self.log.fetched_snapshot() else {
+            // The log lost the pending snapshot (it cannot in one lifetime): start over.
+            self.abandon_snapshot_fetch(now);
+            return;
+        };
+        if pending != id {
+            self.abandon_snapshot_fetch(now);
+            return;
+        }
+        let request = Request::FetchSnapshot(FetchSnapshotRequest {
+            cluster_id: self.config.cluster_id.clone(),
+            replica_id: self.config.node_id,
+            max_bytes: i32::try_from(self.config.max_fetch_snapshot_bytes).unwrap_or(i32::MAX),
+            current_leader_epoch: self.epoch(),
+            snapshot_id: id,
+            position: i64::try_from(position).unwrap_or(i64::MAX),
+        });
+        self.send_request(to, request, now);
     }
 
     fn poll_unattached(&mut self, now: u64) {
@@ -1797,6 +2130,7 @@ impl<L: RaftLog> RaftNode<L> {
             voted_id,
             fetch_deadline_ms: now.saturating_add(self.config.fetch_timeout_ms),
             has_fetched_from_leader: false,
+            fetching_snapshot: None,
         });
     }
 
@@ -1973,6 +2307,11 @@ impl<L: RaftLog> RaftNode<L> {
         tracing::debug!(node = self.config.node_id, from = ?self.role(), to = ?new.role(), epoch = new.epoch(), "transition");
         self.state = new;
         self.requests.reset_all();
+        // Any new state abandons a snapshot being fetched (Kafka closes the writer with the
+        // FollowerState): a new epoch may have another leader and another latest snapshot.
+        if self.log.fetched_snapshot().is_some() {
+            self.log.abort_fetched_snapshot();
+        }
         self.after_transition();
         if was_leader && self.role() != Role::Leader {
             // Parked fetches are answered now, with the error of the new state.

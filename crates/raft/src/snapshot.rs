@@ -267,13 +267,34 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
         )));
     }
     let buf = Bytes::from(std::fs::read(path).map_err(io("reading", path))?);
+    parse_snapshot(id, buf, path)
+}
+
+/// Checks the bytes of a whole snapshot `id` (as [`read_snapshot`] does a file): every batch
+/// CRC-valid and contiguous from offset 0, a SnapshotHeader first, a SnapshotFooter last and
+/// nothing after it. `path` only names the snapshot in errors.
+///
+/// # Errors
+/// [`SnapshotError::Corrupt`].
+pub fn parse_snapshot(
+    id: OffsetAndEpoch,
+    buf: Bytes,
+    path: &Path,
+) -> Result<Snapshot, SnapshotError> {
+    let corrupt = |reason: String| SnapshotError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let len = buf.len() as u64;
     let mut batches = Vec::new();
     let mut header_ts = None;
     let mut footer = false;
     let mut next = 0;
+    let mut consumed = 0usize;
     for item in Batches::new(&buf) {
         let (at, h) = item.map_err(|e| corrupt(e.to_string()))?;
         let raw = buf.slice(at..at + h.total_size());
+        consumed = at + h.total_size();
         batch::validate_batch(&raw).map_err(|e| corrupt(format!("batch at {at}: {e}")))?;
         if footer {
             return Err(corrupt(format!("batch at {at} after the SnapshotFooter")));
@@ -308,12 +329,60 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, SnapshotError> {
     if !footer {
         return Err(corrupt("no SnapshotFooter (torn or unfinished)".into()));
     }
+    if consumed != buf.len() {
+        return Err(corrupt(format!(
+            "{} bytes after the SnapshotFooter",
+            buf.len() - consumed
+        )));
+    }
     Ok(Snapshot {
         id,
         last_contained_log_timestamp_ms,
         batches,
         size_bytes: len,
     })
+}
+
+/// Most records put in one data batch of a snapshot by [`encode_snapshot`].
+pub const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
+
+/// The bytes of snapshot `id` holding `values` as records (in batches of at most
+/// [`SNAPSHOT_RECORDS_PER_BATCH`]), framed as [`SnapshotWriter`] frames a file: SnapshotHeader,
+/// data batches with `partitionLeaderEpoch` = `id.epoch`, SnapshotFooter. What an in-memory log
+/// stores and serves.
+///
+/// # Errors
+/// [`SnapshotError::Corrupt`] if a control batch cannot be built.
+pub fn encode_snapshot(
+    id: OffsetAndEpoch,
+    last_contained_log_timestamp_ms: i64,
+    values: &[Bytes],
+    now_ms: i64,
+) -> Result<Bytes, SnapshotError> {
+    let corrupt = |e: String| SnapshotError::Corrupt {
+        path: PathBuf::from(snapshot_file_name(id)),
+        reason: format!("building a control batch: {e}"),
+    };
+    let mut out = Vec::new();
+    let header = ControlRecord::SnapshotHeader(
+        SnapshotHeaderRecord::default()
+            .with_version(0)
+            .with_last_contained_log_timestamp(last_contained_log_timestamp_ms),
+    );
+    let b =
+        build_control_batch(0, id.epoch, now_ms, &[header]).map_err(|e| corrupt(e.to_string()))?;
+    out.extend_from_slice(&b);
+    let mut next: i64 = 1;
+    for chunk in values.chunks(SNAPSHOT_RECORDS_PER_BATCH) {
+        let b = build_data_batch(next, id.epoch, now_ms, chunk);
+        out.extend_from_slice(&b);
+        next += chunk.len() as i64;
+    }
+    let footer = ControlRecord::SnapshotFooter(SnapshotFooterRecord::default().with_version(0));
+    let b = build_control_batch(next, id.epoch, now_ms, &[footer])
+        .map_err(|e| corrupt(e.to_string()))?;
+    out.extend_from_slice(&b);
+    Ok(Bytes::from(out))
 }
 
 #[cfg(test)]

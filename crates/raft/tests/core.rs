@@ -8,7 +8,8 @@ use gregor_protocol::error::ErrorCode;
 use gregor_raft::config::BrokenRule;
 use gregor_raft::log::build_data_batch;
 use gregor_raft::message::{
-    FetchRequest, FetchResponse, Request, Response, VoteRequest, VoteResponse,
+    BeginQuorumEpochRequest, FetchRequest, FetchResponse, FetchSnapshotRequest,
+    FetchSnapshotResponse, Request, Response, VoteRequest, VoteResponse,
 };
 use gregor_raft::{
     Action, ElectionState, MemoryLog, Message, NodeId, OffsetAndEpoch, QuorumConfig, RaftLog,
@@ -112,23 +113,34 @@ struct Net {
     nodes: BTreeMap<NodeId, RaftNode<MemoryLog>>,
     queue: VecDeque<(NodeId, NodeId, Message)>,
     now: u64,
+    /// `SnapshotInstalled` actions by node.
+    installed: Vec<(NodeId, OffsetAndEpoch)>,
+    /// FetchSnapshot requests delivered: (from, position).
+    snapshot_requests: Vec<(NodeId, i64)>,
 }
 
 impl Net {
     fn new(voters: &[NodeId], observers: &[NodeId]) -> Self {
+        Self::with_config(voters, observers, |_| {})
+    }
+
+    fn with_config(
+        voters: &[NodeId],
+        observers: &[NodeId],
+        tweak: impl Fn(&mut QuorumConfig),
+    ) -> Self {
         let mut net = Net {
             nodes: BTreeMap::new(),
             queue: VecDeque::new(),
             now: 0,
+            installed: Vec::new(),
+            snapshot_requests: Vec::new(),
         };
         for &id in voters.iter().chain(observers) {
-            let (node, actions) = RaftNode::new(
-                config(id, voters),
-                MemoryLog::new(),
-                None,
-                Rng::new(id as u64),
-                0,
-            );
+            let mut cfg = config(id, voters);
+            tweak(&mut cfg);
+            let (node, actions) =
+                RaftNode::new(cfg, MemoryLog::new(), None, Rng::new(id as u64), 0);
             net.nodes.insert(id, node);
             net.execute(id, actions);
         }
@@ -142,6 +154,7 @@ impl Net {
                     self.nodes.get_mut(&id).unwrap().log_mut().flush(end_offset)
                 }
                 Action::Send { to, message } => self.queue.push_back((id, to, message)),
+                Action::SnapshotInstalled { snapshot_id } => self.installed.push((id, snapshot_id)),
                 _ => {}
             }
         }
@@ -154,6 +167,13 @@ impl Net {
             };
             let now = self.now;
             if let Some(node) = self.nodes.get_mut(&to) {
+                if let Message::Request {
+                    request: Request::FetchSnapshot(r),
+                    ..
+                } = &message
+                {
+                    self.snapshot_requests.push((from, r.position));
+                }
                 let actions = node.handle_message(from, message, now);
                 self.execute(to, actions);
             }
@@ -401,6 +421,11 @@ fn vote_requests_are_validated_as_kafka_does() {
 fn elect(log: MemoryLog, broken: Option<BrokenRule>) -> (RaftNode<MemoryLog>, u64) {
     let mut cfg = config(1, &[1, 2, 3]);
     cfg.broken_rule = broken;
+    elect_with(cfg, log)
+}
+
+/// Node 1 with `cfg` and `log` wins the next epoch against voters 2 and 3.
+fn elect_with(cfg: QuorumConfig, log: MemoryLog) -> (RaftNode<MemoryLog>, u64) {
     let (mut node, _) = RaftNode::new(cfg, log, None, Rng::new(9), 0);
     let mut now = 0;
     let mut actions = node.tick(now);
@@ -539,6 +564,7 @@ fn a_follower_truncates_to_the_diverging_epoch() {
             high_watermark: 3,
             log_start_offset: 0,
             diverging_epoch: Some(OffsetAndEpoch::new(3, 1)),
+            snapshot_id: None,
             current_leader_id: Some(1),
             current_leader_epoch: 3,
             records: Bytes::new(),
@@ -843,4 +869,449 @@ fn the_leader_describes_the_quorum() {
     );
     let (follower, _) = follower_of_1(2, 4);
     assert!(follower.describe_quorum(0).is_none());
+}
+
+// ----- KIP-630: snapshots -----
+
+fn fetch_snapshot(from: NodeId, epoch: i32, id: OffsetAndEpoch, position: i64) -> Message {
+    Message::Request {
+        correlation_id: 9,
+        request: Request::FetchSnapshot(FetchSnapshotRequest {
+            cluster_id: None,
+            replica_id: from,
+            max_bytes: 100,
+            current_leader_epoch: epoch,
+            snapshot_id: id,
+            position,
+        }),
+    }
+}
+
+fn fetch_snapshot_response(actions: &[Action]) -> FetchSnapshotResponse {
+    match responses(actions).as_slice() {
+        [Response::FetchSnapshot(f)] => f.clone(),
+        other => panic!("expected one FetchSnapshot response, got {other:?}"),
+    }
+}
+
+/// Leader 1 of epoch 2 over five records of epoch 1 and its LeaderChange (offset 5), all
+/// committed, with a snapshot at 6 (epoch 2) and the log before it deleted.
+fn leader_with_snapshot() -> (RaftNode<MemoryLog>, u64, OffsetAndEpoch) {
+    let (mut node, t) = elect(log_with(&[1, 1, 1, 1, 1]), None);
+    let r = fetch_response(&node.handle_message(2, fetch(2, 2, OffsetAndEpoch::new(6, 2)), t));
+    assert_eq!(r.high_watermark, 6);
+    let id = OffsetAndEpoch::new(6, 2);
+    let values: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("image-{i}"))).collect();
+    node.log_mut().write_snapshot(id, &values, 0).unwrap();
+    assert!(node.log_mut().delete_before(id, 0).unwrap());
+    (node, t, id)
+}
+
+#[test]
+fn a_fetch_below_the_log_start_is_answered_with_the_snapshot_id() {
+    let (mut node, t, id) = leader_with_snapshot();
+    // Below the log start: the latest snapshot, at once (a long-poll fetch is not parked).
+    let mut below = fetch(3, 2, OffsetAndEpoch::new(2, 1));
+    if let Message::Request {
+        request: Request::Fetch(f),
+        ..
+    } = &mut below
+    {
+        f.max_wait_ms = 500;
+    }
+    let r = fetch_response(&node.handle_message(3, below, t));
+    assert_eq!(r.error, ErrorCode::None);
+    assert_eq!(r.snapshot_id, Some(id));
+    assert_eq!(r.diverging_epoch, None);
+    assert!(r.records.is_empty());
+    assert_eq!(r.log_start_offset, 6);
+    // An empty fetcher too.
+    let r = fetch_response(&node.handle_message(3, fetch(3, 2, OffsetAndEpoch::new(0, 0)), t));
+    assert_eq!(r.snapshot_id, Some(id));
+    // At the log start with another epoch than the snapshot's.
+    let r = fetch_response(&node.handle_message(3, fetch(3, 2, OffsetAndEpoch::new(6, 1)), t));
+    assert_eq!(r.snapshot_id, Some(id));
+    // At the log start with the snapshot's epoch: records, no snapshot.
+    let r = fetch_response(&node.handle_message(3, fetch(3, 2, OffsetAndEpoch::new(6, 2)), t));
+    assert_eq!((r.snapshot_id, r.diverging_epoch), (None, None));
+    // A fetch that does not need the snapshot still diverges as before.
+    let mut log = log_with(&[1, 1, 1, 1, 1]);
+    log.update_high_watermark(0);
+    let (mut plain, t) = elect(log, None);
+    let r = fetch_response(&plain.handle_message(2, fetch(2, 2, OffsetAndEpoch::new(7, 1)), t));
+    assert_eq!(r.snapshot_id, None);
+    assert_eq!(r.diverging_epoch, Some(OffsetAndEpoch::new(5, 1)));
+}
+
+#[test]
+fn fetch_snapshot_serves_chunks_and_checks_id_position_and_epoch() {
+    let (mut node, t, id) = leader_with_snapshot();
+    let size = node.log().snapshot_size(id).unwrap();
+    assert!(size > 300, "the snapshot spans several chunks: {size}");
+    let mut whole = Vec::new();
+    while (whole.len() as u64) < size {
+        let r = fetch_snapshot_response(&node.handle_message(
+            3,
+            fetch_snapshot(3, 2, id, whole.len() as i64),
+            t,
+        ));
+        assert_eq!(r.error, ErrorCode::None);
+        assert_eq!(r.snapshot_id, id);
+        assert_eq!(r.size, size as i64);
+        assert_eq!(r.position, whole.len() as i64);
+        assert!(!r.unaligned_records.is_empty() && r.unaligned_records.len() <= 100);
+        assert_eq!((r.current_leader_id, r.current_leader_epoch), (Some(1), 2));
+        whole.extend_from_slice(&r.unaligned_records);
+    }
+    assert_eq!(
+        Bytes::from(whole),
+        node.log().read_snapshot_chunk(id, 0, usize::MAX).unwrap()
+    );
+    let error = |node: &mut RaftNode<MemoryLog>, m: Message| {
+        fetch_snapshot_response(&node.handle_message(3, m, t)).error
+    };
+    assert_eq!(
+        error(&mut node, fetch_snapshot(3, 2, id, size as i64)),
+        ErrorCode::PositionOutOfRange
+    );
+    assert_eq!(
+        error(&mut node, fetch_snapshot(3, 2, id, -1)),
+        ErrorCode::PositionOutOfRange
+    );
+    assert_eq!(
+        error(
+            &mut node,
+            fetch_snapshot(3, 2, OffsetAndEpoch::new(5, 2), 0)
+        ),
+        ErrorCode::SnapshotNotFound
+    );
+    assert_eq!(
+        error(&mut node, fetch_snapshot(3, 1, id, 0)),
+        ErrorCode::FencedLeaderEpoch
+    );
+    assert_eq!(
+        error(&mut node, fetch_snapshot(3, 3, id, 0)),
+        ErrorCode::UnknownLeaderEpoch
+    );
+    // Only the leader serves snapshots.
+    let (mut follower, _) = follower_of_1(2, 2);
+    assert_eq!(
+        error(&mut follower, fetch_snapshot(3, 2, id, 0)),
+        ErrorCode::NotLeaderOrFollower
+    );
+}
+
+/// The bytes of a snapshot `id` (what a leader would serve) and a follower 2 of leader 1 in
+/// epoch 4 that was told by a Fetch response to fetch it; returns its FetchSnapshot request.
+fn follower_told_to_fetch(
+    id: OffsetAndEpoch,
+) -> (RaftNode<MemoryLog>, Bytes, i32, FetchSnapshotRequest) {
+    follower_told_to_fetch_with(id, 2_000)
+}
+
+fn follower_told_to_fetch_with(
+    id: OffsetAndEpoch,
+    request_timeout_ms: u64,
+) -> (RaftNode<MemoryLog>, Bytes, i32, FetchSnapshotRequest) {
+    let values: Vec<Bytes> = (0..30).map(|i| Bytes::from(format!("state-{i}"))).collect();
+    let bytes = gregor_raft::snapshot::encode_snapshot(id, 0, &values, 0).unwrap();
+    let mut cfg = config(2, &[1, 2, 3]);
+    cfg.max_fetch_snapshot_bytes = 100;
+    cfg.request_timeout_ms = request_timeout_ms;
+    let (mut node, actions) = RaftNode::new(
+        cfg,
+        log_with(&[1, 1]),
+        Some(ElectionState {
+            epoch: 4,
+            leader_id: Some(1),
+            voted_id: None,
+        }),
+        Rng::new(2),
+        0,
+    );
+    let (to, cid, request) = requests(&actions).remove(0);
+    assert!(matches!((to, request), (1, Request::Fetch(_))));
+    let response = Message::Response {
+        correlation_id: cid,
+        response: Response::Fetch(FetchResponse {
+            error: ErrorCode::None,
+            high_watermark: id.offset + 2,
+            log_start_offset: id.offset,
+            diverging_epoch: None,
+            snapshot_id: Some(id),
+            current_leader_id: Some(1),
+            current_leader_epoch: 4,
+            records: Bytes::new(),
+        }),
+    };
+    let actions = node.handle_message(1, response, 5);
+    // Nothing installed yet, no high watermark from a snapshot answer.
+    assert!(!actions.iter().any(|a| matches!(
+        a,
+        Action::SnapshotInstalled { .. } | Action::HighWatermark(_)
+    )));
+    match requests(&actions).as_slice() {
+        [(1, cid, Request::FetchSnapshot(r))] => (node, bytes, *cid, r.clone()),
+        other => panic!("expected a FetchSnapshot, got {other:?}"),
+    }
+}
+
+fn chunk_response(
+    cid: i32,
+    id: OffsetAndEpoch,
+    bytes: &Bytes,
+    position: i64,
+    max: usize,
+) -> Message {
+    let start = position as usize;
+    let end = (start + max).min(bytes.len());
+    Message::Response {
+        correlation_id: cid,
+        response: Response::FetchSnapshot(FetchSnapshotResponse {
+            error: ErrorCode::None,
+            snapshot_id: id,
+            current_leader_id: Some(1),
+            current_leader_epoch: 4,
+            size: bytes.len() as i64,
+            position,
+            unaligned_records: bytes.slice(start..end),
+        }),
+    }
+}
+
+#[test]
+fn a_follower_fetches_a_snapshot_in_chunks_and_installs_it() {
+    let id = OffsetAndEpoch::new(10, 3);
+    let (mut node, bytes, mut cid, mut request) = follower_told_to_fetch(id);
+    let mut chunks = 0;
+    let mut now = 10;
+    let installed = loop {
+        assert_eq!(request.snapshot_id, id);
+        assert_eq!(request.max_bytes, 100);
+        assert_eq!(request.current_leader_epoch, 4);
+        let m = chunk_response(cid, id, &bytes, request.position, 100);
+        chunks += 1;
+        now += 1;
+        let actions = node.handle_message(1, m, now);
+        if let Some(i) = actions
+            .iter()
+            .position(|a| matches!(a, Action::SnapshotInstalled { .. }))
+        {
+            assert_eq!(actions[i], Action::SnapshotInstalled { snapshot_id: id });
+            let hw = position(&actions, |a| matches!(a, Action::HighWatermark(10)));
+            assert!(i < hw, "{actions:?}");
+            break actions;
+        }
+        match requests(&actions).as_slice() {
+            [(1, c, Request::FetchSnapshot(r))] => {
+                assert_eq!(r.position, request.position + 100);
+                cid = *c;
+                request = r.clone();
+            }
+            other => panic!("expected the next FetchSnapshot, got {other:?}"),
+        }
+    };
+    assert_eq!(chunks, bytes.len().div_ceil(100));
+    assert_eq!(node.log().log_start_offset(), 10);
+    assert_eq!(node.log().end_offset(), OffsetAndEpoch::new(10, 3));
+    assert_eq!(node.high_watermark(), Some(10));
+    assert_eq!(node.log().latest_snapshot_id(), Some(id));
+    // Fetching resumes from the snapshot's end.
+    let next = node.tick(now + 1);
+    let all: Vec<_> = requests(&installed)
+        .into_iter()
+        .chain(requests(&next))
+        .collect();
+    match all.as_slice() {
+        [(1, _, Request::Fetch(f))] => {
+            assert_eq!((f.fetch_offset, f.last_fetched_epoch), (10, 3));
+        }
+        other => panic!("expected a Fetch from 10, got {other:?}"),
+    }
+    assert_eq!(node.anomalies(), 0);
+}
+
+#[test]
+fn a_snapshot_the_leader_no_longer_has_or_a_bad_chunk_starts_over() {
+    let id = OffsetAndEpoch::new(10, 3);
+    // SNAPSHOT_NOT_FOUND after one chunk: the partial snapshot goes, the next request is a
+    // Fetch (which will name the leader's newer snapshot).
+    let (mut node, bytes, cid, request) = follower_told_to_fetch(id);
+    let actions = node.handle_message(
+        1,
+        chunk_response(cid, id, &bytes, request.position, 100),
+        10,
+    );
+    let (_, cid, _) = requests(&actions).remove(0);
+    assert_eq!(node.log().fetched_snapshot(), Some((id, 100)));
+    let not_found = Message::Response {
+        correlation_id: cid,
+        response: Response::FetchSnapshot(FetchSnapshotResponse {
+            error: ErrorCode::SnapshotNotFound,
+            snapshot_id: OffsetAndEpoch::new(-1, -1),
+            current_leader_id: Some(1),
+            current_leader_epoch: 4,
+            size: -1,
+            position: -1,
+            unaligned_records: Bytes::new(),
+        }),
+    };
+    let actions = node.handle_message(1, not_found, 11);
+    assert_eq!(node.log().fetched_snapshot(), None);
+    assert!(matches!(
+        requests(&actions).as_slice(),
+        [(1, _, Request::Fetch(_))]
+    ));
+    // A chunk at the wrong position: abandoned too, retried after the backoff with a Fetch.
+    let (mut node, bytes, cid, _) = follower_told_to_fetch(id);
+    let actions = node.handle_message(1, chunk_response(cid, id, &bytes, 100, 100), 10);
+    assert_eq!(node.log().fetched_snapshot(), None);
+    // The leader is backed off (a Fetch may go to another voter to learn the leader).
+    assert!(requests(&actions)
+        .iter()
+        .all(|(to, _, r)| *to != 1 && matches!(r, Request::Fetch(_))));
+    // Voter 3 answers that 1 leads; after the backoff the follower fetches from 1 again.
+    let mut later = Vec::new();
+    for (to, cid, _) in requests(&actions) {
+        let reply = Message::Response {
+            correlation_id: cid,
+            response: Response::Fetch(FetchResponse {
+                error: ErrorCode::NotLeaderOrFollower,
+                high_watermark: -1,
+                log_start_offset: 0,
+                diverging_epoch: None,
+                snapshot_id: None,
+                current_leader_id: Some(1),
+                current_leader_epoch: 4,
+                records: Bytes::new(),
+            }),
+        };
+        later.extend(requests(&node.handle_message(to, reply, 11)));
+    }
+    let to_leader = later
+        .into_iter()
+        .chain((12..200).step_by(5).flat_map(|t| requests(&node.tick(t))))
+        .find(|(to, _, _)| *to == 1);
+    assert!(
+        matches!(to_leader, Some((1, _, Request::Fetch(_)))),
+        "{to_leader:?}"
+    );
+    // A request that times out is sent again from the same position.
+    // (request timeout 300 ms, within the fetch timeout of 2 s).
+    let (mut node, _, _, request) = follower_told_to_fetch_with(id, 300);
+    let again = (10..1_000)
+        .step_by(10)
+        .flat_map(|t| requests(&node.tick(t)))
+        .find(|(to, _, _)| *to == 1);
+    match again {
+        Some((1, _, Request::FetchSnapshot(r))) => assert_eq!(r.position, request.position),
+        other => panic!("expected the FetchSnapshot again, got {other:?}"),
+    }
+    assert_eq!(node.role(), Role::Follower);
+    assert_eq!(node.anomalies(), 0);
+}
+
+#[test]
+fn an_epoch_change_abandons_a_partial_snapshot() {
+    let id = OffsetAndEpoch::new(10, 3);
+    let (mut node, bytes, cid, request) = follower_told_to_fetch(id);
+    let actions = node.handle_message(
+        1,
+        chunk_response(cid, id, &bytes, request.position, 100),
+        10,
+    );
+    let (_, late_cid, _) = requests(&actions).remove(0);
+    assert_eq!(node.log().fetched_snapshot(), Some((id, 100)));
+    // Voter 3 leads epoch 5.
+    let begin = Message::Request {
+        correlation_id: 4,
+        request: Request::BeginQuorumEpoch(BeginQuorumEpochRequest {
+            cluster_id: None,
+            voter_id: Some(2),
+            leader_id: 3,
+            leader_epoch: 5,
+        }),
+    };
+    let actions = node.handle_message(3, begin, 11);
+    assert_eq!((node.epoch(), node.leader_id()), (5, Some(3)));
+    assert_eq!(node.log().fetched_snapshot(), None);
+    match requests(&actions).as_slice() {
+        [(3, _, Request::Fetch(f))] => assert_eq!(f.fetch_offset, 2),
+        other => panic!("expected a Fetch to the new leader, got {other:?}"),
+    }
+    // A late chunk of the old transfer is ignored.
+    let actions = node.handle_message(1, chunk_response(late_cid, id, &bytes, 100, 100), 12);
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, Action::SnapshotInstalled { .. })));
+    assert_eq!(node.log().fetched_snapshot(), None);
+    assert_eq!(node.log().log_end_offset(), 2);
+}
+
+#[test]
+fn a_lagging_voter_and_an_observer_come_back_through_the_leaders_snapshot() {
+    let mut net = Net::with_config(&[1, 2, 3], &[101], |c| c.max_fetch_snapshot_bytes = 200);
+    for _ in 0..100 {
+        net.advance(100);
+        if net.leader().is_some() {
+            break;
+        }
+    }
+    let leader = net.leader().expect("a leader");
+    let lagging = [1, 2, 3].into_iter().find(|&v| v != leader).unwrap();
+    // The lagging voter and the observer are cut off while the leader commits and snapshots.
+    let cut: Vec<_> = [lagging, 101]
+        .into_iter()
+        .map(|id| (id, net.nodes.remove(&id).unwrap()))
+        .collect();
+    for i in 0..30 {
+        let now = net.now;
+        let (_, actions) = net
+            .nodes
+            .get_mut(&leader)
+            .unwrap()
+            .propose(&[Bytes::from(format!("record-{i}"))], now)
+            .unwrap();
+        net.execute(leader, actions);
+        net.advance(20);
+    }
+    let node = net.nodes.get_mut(&leader).unwrap();
+    let hw = node.high_watermark().unwrap();
+    let epoch = node.log().end_offset_for_epoch(node.epoch()).epoch;
+    let id = OffsetAndEpoch::new(hw, epoch);
+    let values: Vec<Bytes> = (0..hw).map(|i| Bytes::from(format!("state-{i}"))).collect();
+    node.log_mut().write_snapshot(id, &values, 0).unwrap();
+    assert!(node.log_mut().delete_before(id, 0).unwrap());
+    let size = node.log().snapshot_size(id).unwrap();
+    let leader_leo = node.log().log_end_offset();
+    for (id, n) in cut {
+        net.nodes.insert(id, n);
+    }
+    for _ in 0..100 {
+        net.advance(50);
+    }
+    let mut installed = net.installed.clone();
+    installed.sort();
+    let mut expected = vec![(lagging, id), (101, id)];
+    expected.sort();
+    assert_eq!(installed, expected);
+    for who in [lagging, 101] {
+        let n = &net.nodes[&who];
+        assert_eq!(n.log().log_start_offset(), hw, "node {who}");
+        assert_eq!(n.log().log_end_offset(), leader_leo, "node {who}");
+        assert!(n.high_watermark() >= Some(hw), "node {who}");
+        assert_eq!(
+            n.log().read(hw, 1 << 20).unwrap(),
+            net.nodes[&leader].log().read(hw, 1 << 20).unwrap()
+        );
+        let chunks = net
+            .snapshot_requests
+            .iter()
+            .filter(|(from, _)| *from == who)
+            .count() as u64;
+        assert!(chunks >= size.div_ceil(200), "node {who}: {chunks} chunks");
+    }
+    for (id, n) in &net.nodes {
+        assert_eq!(n.anomalies(), 0, "node {id}");
+    }
 }

@@ -662,14 +662,248 @@ fn a_corrupt_snapshot_or_quorum_state_is_an_error_naming_the_file() {
         "{err}"
     );
     std::fs::remove_file(p.join("00000000000000000005-0000000001.checkpoint")).unwrap();
-    // A snapshot past the log end offset (one a follower would have fetched): not supported
-    // yet, and said so rather than serving a log with a hole.
+    // A snapshot past the log end offset (a follower that crashed after fetching it, before
+    // replacing its log): the log starts at it.
     let mut w =
         gregor_raft::snapshot::SnapshotWriter::create(&p, OffsetAndEpoch::new(5, 1), 0, 0).unwrap();
     w.append(&[Bytes::from("x")], 0).unwrap();
     w.freeze(0).unwrap();
-    let err = KafkaMetadataLog::open(dir.path(), MetadataLogConfig::default())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("past the log end offset"), "{err}");
+    let log = KafkaMetadataLog::open(dir.path(), MetadataLogConfig::default()).unwrap();
+    assert_eq!(log.log_start_offset(), 5);
+    assert_eq!(log.end_offset(), OffsetAndEpoch::new(5, 1));
+}
+
+// ----- KIP-630 snapshots through the RaftLog trait -----
+
+/// Writing a snapshot, deleting the log before it, and the epoch cache after that.
+fn contract_snapshot_and_delete_before<L: RaftLog>(mut log: L) {
+    fill(&mut log, &[(1, 4), (2, 4), (3, 2)]);
+    log.update_high_watermark(8);
+    // Kafka's createNewSnapshot checks: committed, and the epoch of the offset before.
+    assert!(matches!(
+        log.write_snapshot(OffsetAndEpoch::new(9, 2), &[], 0),
+        Err(RaftLogError::InvalidSnapshot { .. })
+    ));
+    assert!(matches!(
+        log.write_snapshot(OffsetAndEpoch::new(6, 1), &[], 0),
+        Err(RaftLogError::InvalidSnapshot { .. })
+    ));
+    let id = OffsetAndEpoch::new(6, 2);
+    let values = [Bytes::from("state-a"), Bytes::from("state-b")];
+    log.write_snapshot(id, &values, 1_000).unwrap();
+    assert_eq!(log.latest_snapshot_id(), Some(id));
+    assert_eq!(log.earliest_snapshot_id(), Some(id));
+    assert_eq!(log.log_start_offset(), 0);
+    let s = log.read_snapshot(id).unwrap();
+    assert_eq!(s.batches.len(), 1);
+    let size = log.snapshot_size(id).unwrap();
+    assert_eq!(size, s.size_bytes);
+    // Chunks concatenate to the whole file.
+    let mut whole = Vec::new();
+    while (whole.len() as u64) < size {
+        let chunk = log.read_snapshot_chunk(id, whole.len() as u64, 37).unwrap();
+        assert!(!chunk.is_empty() && chunk.len() <= 37);
+        whole.extend_from_slice(&chunk);
+    }
+    assert!(log.read_snapshot_chunk(id, size, 37).unwrap().is_empty());
+    assert!(matches!(
+        log.read_snapshot_chunk(OffsetAndEpoch::new(5, 2), 0, 10),
+        Err(RaftLogError::SnapshotNotFound(_))
+    ));
+    assert!(log.delete_before(id, 2_000).unwrap());
+    assert!(!log.delete_before(id, 2_000).unwrap());
+    assert_eq!(log.log_start_offset(), 6);
+    assert_eq!(log.log_end_offset(), 10);
+    assert!(matches!(
+        log.read(5, 1 << 20),
+        Err(RaftLogError::BelowLogStartOffset { .. })
+    ));
+    assert!(!log.read(6, 1 << 20).unwrap().is_empty());
+    // The epoch cache is truncated from the start: epoch 2 now begins at 6, epoch 1 is gone.
+    assert_eq!(log.end_offset_for_epoch(1), OffsetAndEpoch::new(6, 1));
+    assert_eq!(log.end_offset_for_epoch(2), OffsetAndEpoch::new(8, 2));
+    assert_eq!(log.end_offset_for_epoch(3), OffsetAndEpoch::new(10, 3));
+    // A snapshot at the log start takes the epoch of the snapshot there.
+    log.write_snapshot(id, &values, 3_000).unwrap();
+    assert!(matches!(
+        log.truncate_to(5),
+        Err(RaftLogError::BelowHighWatermark { .. } | RaftLogError::BelowLogStartOffset { .. })
+    ));
+}
+
+/// A snapshot fetched in chunks replaces a log that does not reach it.
+fn contract_fetched_snapshot<L: RaftLog>(mut leader: L, mut follower: L) {
+    fill(&mut leader, &[(1, 5), (2, 5)]);
+    leader.update_high_watermark(10);
+    let id = OffsetAndEpoch::new(8, 2);
+    leader
+        .write_snapshot(id, &[Bytes::from("image")], 0)
+        .unwrap();
+    leader.delete_before(id, 0).unwrap();
+    let size = leader.snapshot_size(id).unwrap();
+    // The follower holds three records of epoch 1 and a stale one of epoch 1.
+    fill(&mut follower, &[(1, 4)]);
+    assert!(matches!(
+        follower.append_fetched_snapshot(b"x"),
+        Err(RaftLogError::InvalidSnapshot { .. })
+    ));
+    assert!(follower.begin_fetched_snapshot(id).unwrap());
+    assert_eq!(follower.fetched_snapshot(), Some((id, 0)));
+    // An abandoned transfer leaves nothing; a new one starts from 0.
+    follower
+        .append_fetched_snapshot(&leader.read_snapshot_chunk(id, 0, 10).unwrap())
+        .unwrap();
+    follower.abort_fetched_snapshot();
+    assert_eq!(follower.fetched_snapshot(), None);
+    assert!(follower.begin_fetched_snapshot(id).unwrap());
+    let mut position = 0;
+    while position < size {
+        let chunk = leader.read_snapshot_chunk(id, position, 50).unwrap();
+        position = follower.append_fetched_snapshot(&chunk).unwrap();
+    }
+    assert_eq!(follower.complete_fetched_snapshot().unwrap(), id);
+    assert_eq!(follower.latest_snapshot_id(), Some(id));
+    assert!(
+        !follower.begin_fetched_snapshot(id).unwrap(),
+        "already complete"
+    );
+    assert!(follower.truncate_to_latest_snapshot().unwrap());
+    assert!(!follower.truncate_to_latest_snapshot().unwrap());
+    assert_eq!(follower.log_start_offset(), 8);
+    assert_eq!(follower.log_end_offset(), 8);
+    assert_eq!(follower.end_offset(), OffsetAndEpoch::new(8, 2));
+    assert_eq!(follower.end_offset_for_epoch(2), OffsetAndEpoch::new(8, 2));
+    // It continues from the leader's log above the snapshot.
+    let rest = leader.read(8, 1 << 20).unwrap();
+    follower.append_as_follower(&rest).unwrap();
+    assert_eq!(follower.end_offset(), leader.end_offset());
+    assert_eq!(
+        follower.read(8, 1 << 20).unwrap(),
+        leader.read(8, 1 << 20).unwrap()
+    );
+    // A corrupt transfer is refused and leaves no snapshot.
+    let bad = OffsetAndEpoch::new(9, 2);
+    assert!(follower.begin_fetched_snapshot(bad).unwrap());
+    follower.append_fetched_snapshot(b"not a snapshot").unwrap();
+    assert!(matches!(
+        follower.complete_fetched_snapshot(),
+        Err(RaftLogError::InvalidSnapshot { .. })
+    ));
+    assert_eq!(follower.latest_snapshot_id(), Some(id));
+    assert_eq!(follower.fetched_snapshot(), None);
+}
+
+#[test]
+fn snapshots_follow_the_contract_in_memory_and_on_disk() {
+    contract_snapshot_and_delete_before(MemoryLog::new());
+    contract_fetched_snapshot(MemoryLog::new(), MemoryLog::new());
+    let d: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    contract_snapshot_and_delete_before(open_disk(d[0].path()));
+    contract_fetched_snapshot(open_disk(d[1].path()), open_disk(d[2].path()));
+}
+
+/// Disk only: a fetched snapshot installed on disk survives a reopen with the log starting at
+/// it, an unfinished transfer's `.part` is removed on open, and a crash between completing the
+/// snapshot and replacing the log is finished by the next open.
+#[test]
+fn a_fetched_snapshot_installs_on_disk_and_survives_reopen() {
+    let mut leader = MemoryLog::new();
+    fill(&mut leader, &[(1, 20), (4, 20)]);
+    leader.update_high_watermark(40);
+    let id = OffsetAndEpoch::new(30, 4);
+    leader
+        .write_snapshot(id, &[Bytes::from("a"), Bytes::from("b")], 0)
+        .unwrap();
+    let size = leader.snapshot_size(id).unwrap();
+    let transfer = |log: &mut KafkaMetadataLog| {
+        assert!(log.begin_fetched_snapshot(id).unwrap());
+        let mut position = 0;
+        while position < size {
+            let chunk = leader.read_snapshot_chunk(id, position, 64).unwrap();
+            position = log.append_fetched_snapshot(&chunk).unwrap();
+        }
+        log.complete_fetched_snapshot().unwrap();
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let p = KafkaMetadataLog::partition_dir(dir.path());
+    let mut log = open_disk(dir.path());
+    fill(&mut log, &[(1, 12), (2, 3)]); // diverges from the leader at 12
+    log.flush().unwrap();
+    assert!(log.partition_log().num_segments() > 1);
+    transfer(&mut log);
+    assert!(log.truncate_to_latest_snapshot().unwrap());
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (30, 30));
+    assert_eq!(log.partition_log().segment_base_offsets(), vec![30]);
+    log.append_as_follower(&leader.read(30, 1 << 20).unwrap())
+        .unwrap();
+    log.flush().unwrap();
+    // An unfinished transfer of a newer snapshot.
+    assert!(log
+        .begin_fetched_snapshot(OffsetAndEpoch::new(35, 4))
+        .unwrap());
+    log.append_fetched_snapshot(b"partial").unwrap();
+    drop(log);
+    let log = open_disk(dir.path());
+    assert!(!p
+        .join("00000000000000000035-0000000004.checkpoint.part")
+        .exists());
+    assert_eq!(log.log_start_offset(), 30);
+    assert_eq!(log.log_end_offset(), 40);
+    assert_eq!(log.end_offset(), OffsetAndEpoch::new(40, 4));
+    assert_eq!(log.latest_snapshot_id(), Some(id));
+    assert_eq!(log.read_snapshot(id).unwrap().batches.len(), 1);
+    assert_eq!(
+        log.read(30, 1 << 20).unwrap(),
+        leader.read(30, 1 << 20).unwrap()
+    );
+    for entry in std::fs::read_dir(&p).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(base) = name.strip_suffix(".log") {
+            assert!(base.parse::<i64>().unwrap() >= 30, "segment {name} left");
+        }
+    }
+    drop(log);
+
+    // A crash after the snapshot was complete, before the log was replaced: open finishes.
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open_disk(dir.path());
+    fill(&mut log, &[(1, 5)]);
+    log.flush().unwrap();
+    transfer(&mut log);
+    drop(log);
+    let log = open_disk(dir.path());
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (30, 30));
+    assert_eq!(log.last_fetched_epoch(), 4);
+}
+
+/// Disk only: after `delete_before` and a restart, the log starts at the snapshot and the
+/// segments wholly below it are gone.
+#[test]
+fn the_log_start_offset_comes_back_at_the_snapshot_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = MetadataLogConfig {
+        segment_bytes: 100, // one batch per segment
+        file_delete_delay_ms: 0,
+        ..MetadataLogConfig::default()
+    };
+    let mut log = KafkaMetadataLog::open(dir.path(), config.clone()).unwrap();
+    fill(&mut log, &[(1, 10), (2, 10)]);
+    log.flush().unwrap();
+    log.update_high_watermark(20);
+    let id = OffsetAndEpoch::new(12, 2);
+    log.write_snapshot(id, &[Bytes::from("image")], 0).unwrap();
+    assert!(RaftLog::delete_before(&mut log, id, 0).unwrap());
+    log.delete_due_files(i64::MAX);
+    assert_eq!(log.partition_log().segment_base_offsets()[0], 12);
+    drop(log);
+    let log = KafkaMetadataLog::open(dir.path(), config).unwrap();
+    assert_eq!(log.log_start_offset(), 12);
+    assert_eq!(log.log_end_offset(), 20);
+    assert_eq!(log.end_offset_for_epoch(2), OffsetAndEpoch::new(20, 2));
+    assert_eq!(log.end_offset_for_epoch(1), OffsetAndEpoch::new(12, 1));
+    assert_eq!(log.partition_log().segment_base_offsets()[0], 12);
+    assert_eq!(RaftLog::earliest_snapshot_id(&log), Some(id));
+    let p = KafkaMetadataLog::partition_dir(dir.path());
+    assert!(!p.join("00000000000000000000.log").exists());
 }

@@ -32,9 +32,13 @@ fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
                 if voters > 1 {
                     assert!(s.end_quorum_epochs > 0 && s.diverging_epochs > 0, "{s:?}");
                 }
+                // Nodes crashed or cut off behind the leader's log start come back through
+                // its snapshot (KIP-630), fetched in several chunks.
+                assert!(s.snapshots_taken > 0 && s.snapshot_installs > 0, "{s:?}");
+                assert!(s.snapshot_chunks > s.snapshot_installs, "{s:?}");
             }
             eprintln!(
-            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} leaders elected, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} truncations, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
+            "{voters} voters, {observers} observers: {} seeds in {:.1} s, {} events, {} leaders elected, {} pre-votes, {} EndQuorumEpochs, {} DivergingEpochs, {} truncations, {} snapshots taken, {} FetchSnapshot chunks, {} snapshots installed, {} crashes ({} torn writes), {} partitions, {} proposals, highest epoch {}, slowest recovery {} ms",
             s.seeds,
             started.elapsed().as_secs_f64(),
             s.events,
@@ -43,6 +47,9 @@ fn run_ci(voters: usize, observers: usize, count: u64, start: u64) {
             s.end_quorum_epochs,
             s.diverging_epochs,
             s.truncations,
+            s.snapshots_taken,
+            s.snapshot_chunks,
+            s.snapshot_installs,
             s.crashes,
             s.torn_writes,
             s.partitions,

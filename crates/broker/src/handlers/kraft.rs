@@ -1,5 +1,5 @@
 //! The KRaft APIs (KIP-595): Vote (52), BeginQuorumEpoch (53), EndQuorumEpoch (54),
-//! DescribeQuorum (55) and Fetch (1) of `__cluster_metadata`, handed to this node's
+//! DescribeQuorum (55), FetchSnapshot (59, KIP-630) and Fetch (1) of `__cluster_metadata`, handed to this node's
 //! [`gregor_raft::driver::RaftManager`]. Advertised in ApiVersions on controller listeners
 //! (`controller.listener.names`); answered on any
 //! listener that receives them.
@@ -17,7 +17,7 @@ use gregor_network::{respond, Handled, RequestContext};
 pub fn versions(api_key: ApiKey) -> Option<(i16, i16)> {
     match api_key {
         ApiKey::Vote | ApiKey::DescribeQuorum => Some((0, 2)),
-        ApiKey::BeginQuorumEpoch | ApiKey::EndQuorumEpoch => Some((0, 1)),
+        ApiKey::BeginQuorumEpoch | ApiKey::EndQuorumEpoch | ApiKey::FetchSnapshot => Some((0, 1)),
         _ => None,
     }
 }

@@ -281,7 +281,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         body @ (RequestKind::Vote(_)
         | RequestKind::BeginQuorumEpoch(_)
         | RequestKind::EndQuorumEpoch(_)
-        | RequestKind::DescribeQuorum(_)) => kraft::handle(broker, ctx, body),
+        | RequestKind::DescribeQuorum(_)
+        | RequestKind::FetchSnapshot(_)) => kraft::handle(broker, ctx, body),
         RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
         RequestKind::DescribeCluster(r) => {
             ready(metadata::describe_cluster(broker, ctx, &r, v).into())

@@ -432,6 +432,23 @@ impl RaftManager {
                     ResponseKind::Fetch(kp::FetchResponse::default().with_error_code(invalid))
                 }
             },
+            RequestKind::FetchSnapshot(r) => match convert::fetch_snapshot_request_from_kafka(r) {
+                Ok(f) => match self
+                    .handle_request(f.replica_id, Request::FetchSnapshot(f))
+                    .await
+                {
+                    Ok(Response::FetchSnapshot(resp)) => ResponseKind::FetchSnapshot(
+                        convert::fetch_snapshot_response_to_kafka(&resp),
+                    ),
+                    _ => ResponseKind::FetchSnapshot(
+                        kp::FetchSnapshotResponse::default()
+                            .with_error_code(ErrorCode::NotLeaderOrFollower.code()),
+                    ),
+                },
+                Err(_) => ResponseKind::FetchSnapshot(
+                    kp::FetchSnapshotResponse::default().with_error_code(invalid),
+                ),
+            },
             RequestKind::DescribeQuorum(r) => {
                 ResponseKind::DescribeQuorum(self.describe_quorum(r).await)
             }
@@ -827,6 +844,18 @@ impl<T: Transport> Driver<T> {
                         }
                     }
                 },
+                Action::SnapshotInstalled { snapshot_id } => {
+                    // The log now starts at the snapshot: the committed stream's next read
+                    // below it fails with DriverError::Read, and the metadata loader cannot
+                    // rebuild its image from a snapshot yet, so it stops rather than apply a
+                    // log with a hole.
+                    tracing::error!(
+                        offset = snapshot_id.offset,
+                        epoch = snapshot_id.epoch,
+                        "installed a metadata snapshot fetched from the leader; loading the \
+                         metadata image from a snapshot is not implemented yet"
+                    );
+                }
                 Action::HighWatermark(hw) => {
                     self.high_watermark.send_replace(hw);
                     self.complete_proposals(hw);
@@ -899,6 +928,7 @@ pub const KRAFT_API_KEYS: &[ApiKey] = &[
     ApiKey::BeginQuorumEpoch,
     ApiKey::EndQuorumEpoch,
     ApiKey::DescribeQuorum,
+    ApiKey::FetchSnapshot,
 ];
 
 #[cfg(test)]

@@ -52,6 +52,8 @@ pub const BEGIN_QUORUM_EPOCH_VERSION: i16 = 1;
 pub const END_QUORUM_EPOCH_VERSION: i16 = 1;
 /// Fetch version sent.
 pub const FETCH_VERSION: i16 = 18;
+/// FetchSnapshot version sent (Kafka 4.x controllers serve 0-1; v1 adds only tagged fields).
+pub const FETCH_SNAPSHOT_VERSION: i16 = 1;
 
 /// Settings of the transport (Kafka's names).
 #[derive(Debug, Clone)]
@@ -145,6 +147,11 @@ pub fn encode_request(
             FETCH_VERSION,
             RequestKind::Fetch(convert::fetch_request_to_kafka(r, FETCH_VERSION)),
         ),
+        Request::FetchSnapshot(r) => (
+            ApiKey::FetchSnapshot,
+            FETCH_SNAPSHOT_VERSION,
+            RequestKind::FetchSnapshot(convert::fetch_snapshot_request_to_kafka(r)),
+        ),
     };
     let header = RequestHeader::default()
         .with_request_api_key(api_key as i16)
@@ -184,6 +191,9 @@ pub fn decode_response(
             convert::end_quorum_epoch_response_from_kafka(&r).map(Response::EndQuorumEpoch)
         }
         ResponseKind::Fetch(r) => convert::fetch_response_from_kafka(&r).map(Response::Fetch),
+        ResponseKind::FetchSnapshot(r) => {
+            convert::fetch_snapshot_response_from_kafka(&r).map(Response::FetchSnapshot)
+        }
         _ => return Err(format!("unexpected response to {api_key:?}")),
     }
     .map_err(|e| e.to_string())?;

@@ -2,10 +2,15 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+use gregor_protocol::batch;
+use gregor_protocol::records::decode_records;
+
 use super::Slot;
 use crate::log::RaftLog;
 use crate::node::Role;
-use crate::types::NodeId;
+use crate::snapshot::Snapshot;
+use crate::types::{NodeId, OffsetAndEpoch};
 
 /// A committed batch: its last offset, leader epoch, CRC, and the epoch in which the checker
 /// first saw it committed (an upper bound of the epoch whose leader committed it).
@@ -56,6 +61,49 @@ impl Checker {
         self.committed
             .get(&base_offset)
             .is_some_and(|c| c.epoch == epoch && c.crc == crc)
+    }
+
+    /// A snapshot's content (the simulator's state machine: one record per committed batch,
+    /// whose value is the whole batch) must be exactly the committed prefix below its end
+    /// offset, its epoch that of the last batch.
+    pub(super) fn check_snapshot(
+        &self,
+        id: OffsetAndEpoch,
+        snapshot: &Snapshot,
+    ) -> Result<(), String> {
+        let values = snapshot_values(snapshot)?;
+        let mut next = 0;
+        let mut last_epoch = 0;
+        for v in &values {
+            let h = batch::validate_batch(v)
+                .map_err(|e| format!("snapshot {id:?} holds a bad batch: {e}"))?;
+            if h.base_offset != next {
+                return Err(format!(
+                    "snapshot {id:?} holds batch at {} where {next} was expected",
+                    h.base_offset
+                ));
+            }
+            match self.committed.get(&h.base_offset) {
+                Some(c) if (c.last_offset, c.epoch, c.crc) == (h.last_offset(), h.partition_leader_epoch, h.crc) => {}
+                other => {
+                    return Err(format!(
+                        "snapshot {id:?} holds batch [{}..={}] epoch {} crc {:08x}, committed: {other:?}",
+                        h.base_offset,
+                        h.last_offset(),
+                        h.partition_leader_epoch,
+                        h.crc
+                    ))
+                }
+            }
+            next = h.last_offset() + 1;
+            last_epoch = h.partition_leader_epoch;
+        }
+        if next != id.offset || (id.offset > 0 && last_epoch != id.epoch) {
+            return Err(format!(
+                "snapshot {id:?} holds the committed prefix up to {next} (epoch {last_epoch})"
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn check_node(
@@ -121,10 +169,13 @@ impl Checker {
         let hw = slot.published_hw;
         if let Some(mark) = node.log_mut().take_truncation_mark() {
             self.truncations += 1;
-            slot.verified_batches = slot.verified_batches.min(mark);
+            slot.verified_end = slot.verified_end.min(mark);
         }
         let batches = node.log().batches();
-        let mut index = slot.verified_batches.min(batches.len());
+        // Batches below the log start are gone: the snapshot holding them was checked when it
+        // was written or installed.
+        let mut index = batches.partition_point(|b| b.base_offset < slot.verified_end);
+        let mut verified_end = slot.verified_end;
         while index < batches.len() {
             let b = &batches[index];
             if !(b.last_offset < hw || (is_leader && b.base_offset < required)) {
@@ -139,6 +190,7 @@ impl Checker {
                     ));
                 }
                 index += 1;
+                verified_end = b.last_offset + 1;
                 continue;
             }
             if b.base_offset < self.committed_end {
@@ -166,10 +218,26 @@ impl Checker {
             let end = self.committed_end_by_epoch.entry(epoch).or_insert(0);
             *end = (*end).max(self.committed_end);
             index += 1;
+            verified_end = b.last_offset + 1;
         }
-        slot.verified_batches = index;
+        slot.verified_end = verified_end;
         Ok(())
     }
+}
+
+/// The simulator's state machine in a snapshot: the record values, each a committed batch.
+pub(super) fn snapshot_values(snapshot: &Snapshot) -> Result<Vec<Bytes>, String> {
+    let mut values = Vec::new();
+    for b in &snapshot.batches {
+        let records = decode_records(b).map_err(|e| format!("snapshot {:?}: {e}", snapshot.id))?;
+        for r in records {
+            values.push(
+                r.value
+                    .ok_or_else(|| format!("snapshot {:?} holds a null value", snapshot.id))?,
+            );
+        }
+    }
+    Ok(values)
 }
 
 #[cfg(test)]
@@ -213,7 +281,7 @@ mod tests {
             tick_ms: 10,
             published_hw: hw,
             last_epoch: 0,
-            verified_batches: 0,
+            verified_end: 0,
         }
     }
 

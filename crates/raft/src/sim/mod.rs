@@ -16,7 +16,15 @@
 //! - epochs never go back on a node, nor below what it persisted; published high watermarks
 //!   never go back within a node's lifetime and never pass its log end; nor across leaders: a
 //!   leader's high watermark covers everything committed before its epoch;
-//! - no node saw a protocol anomaly ([`RaftNode::anomalies`]).
+//! - no node saw a protocol anomaly ([`RaftNode::anomalies`]);
+//! - a snapshot (KIP-630) holds exactly the committed prefix below its end offset, when it is
+//!   written and when a follower installs it; the log above it then agrees with the committed
+//!   batches as any log does.
+//!
+//! Nodes take snapshots at random committed batch boundaries (the state machine is the
+//! committed batches themselves: a snapshot holds one record per batch, the batch as value)
+//! and mostly delete their log before them, so a node crashed or cut off long enough comes
+//! back through FetchSnapshot, in chunks of a few hundred bytes to a few KiB.
 //!
 //! A failure names the seed and the command that replays it exactly
 //! (`cargo xtask sim --seeds 1 --start <seed> --voters <n> --trace`).
@@ -110,6 +118,12 @@ pub struct SimReport {
     pub pre_votes: u64,
     /// EndQuorumEpoch requests delivered (leaders that resigned).
     pub end_quorum_epochs: u64,
+    /// Snapshots the nodes wrote (state machine snapshots).
+    pub snapshots_taken: u64,
+    /// FetchSnapshot chunks delivered (responses without error).
+    pub snapshot_chunks: u64,
+    /// Fetched snapshots installed (`Action::SnapshotInstalled`).
+    pub snapshot_installs: u64,
 }
 
 /// A failed run: the seed, where it failed, and how to replay it.
@@ -178,6 +192,12 @@ pub struct SimSummary {
     pub pre_votes: u64,
     /// EndQuorumEpoch requests over all seeds.
     pub end_quorum_epochs: u64,
+    /// Snapshots written over all seeds.
+    pub snapshots_taken: u64,
+    /// FetchSnapshot chunks delivered over all seeds.
+    pub snapshot_chunks: u64,
+    /// Fetched snapshots installed over all seeds.
+    pub snapshot_installs: u64,
 }
 
 /// Runs seeds `start..start + count` one after the other (memory is freed between seeds);
@@ -202,6 +222,9 @@ pub fn run_seeds(start: u64, count: u64, options: &SimOptions) -> Result<SimSumm
         summary.diverging_epochs += r.diverging_epochs;
         summary.pre_votes += r.pre_votes;
         summary.end_quorum_epochs += r.end_quorum_epochs;
+        summary.snapshots_taken += r.snapshots_taken;
+        summary.snapshot_chunks += r.snapshot_chunks;
+        summary.snapshot_installs += r.snapshot_installs;
     }
     Ok(summary)
 }
@@ -218,6 +241,7 @@ enum Event {
         incarnation: u32,
     },
     Propose,
+    Snapshot,
     Fault,
     Restart {
         node: usize,
@@ -241,7 +265,8 @@ struct Slot {
     /// Checker state.
     published_hw: i64,
     last_epoch: i32,
-    verified_batches: usize,
+    /// End offset of the batches the checker verified on this node.
+    verified_end: i64,
 }
 
 struct Proposal {
@@ -307,6 +332,7 @@ impl<'a> Sim<'a> {
         // Kafka's timeouts, or the same scaled down towards the network delays, where elections
         // collide and time out far more often.
         let election_timeout_ms = [1000, 300, 150][rng.below(3) as usize];
+        let snapshot_chunk_bytes = [256, 1024, 4096][rng.below(3) as usize];
         let slots = ids
             .iter()
             .map(|&id| {
@@ -317,6 +343,7 @@ impl<'a> Sim<'a> {
                 config.fetch_timeout_ms = 2 * election_timeout_ms;
                 config.request_timeout_ms = 2 * election_timeout_ms;
                 config.fetch_max_wait_ms = election_timeout_ms / 2;
+                config.max_fetch_snapshot_bytes = snapshot_chunk_bytes;
                 if voters.contains(id) {
                     config.broken_rule = options.broken_rule;
                 }
@@ -332,7 +359,7 @@ impl<'a> Sim<'a> {
                     tick_ms: rng.between(5, 40),
                     published_hw: 0,
                     last_epoch: 0,
-                    verified_batches: 0,
+                    verified_end: 0,
                 }
             })
             .collect();
@@ -395,6 +422,8 @@ impl<'a> Sim<'a> {
         self.schedule(first_fault, Event::Fault);
         self.schedule(fault_phase, Event::Heal);
         self.schedule(100, Event::Propose);
+        let first_snapshot = self.rng.between(200, 2000);
+        self.schedule(first_snapshot, Event::Snapshot);
 
         while let Some(((at, _), event)) = self.queue.pop_first() {
             self.now = at;
@@ -472,6 +501,7 @@ impl<'a> Sim<'a> {
             Event::Deliver { to, .. } => (1, *to as u64),
             Event::Tick { node, .. } => (2, *node as u64),
             Event::Propose => (3, 0),
+            Event::Snapshot => (7, 0),
             Event::Fault => (4, 0),
             Event::Restart { node } => (5, *node as u64),
             Event::Heal => (6, 0),
@@ -492,6 +522,10 @@ impl<'a> Sim<'a> {
                         response: crate::message::Response::Fetch(f),
                         ..
                     } if f.diverging_epoch.is_some() => self.report.diverging_epochs += 1,
+                    Message::Response {
+                        response: crate::message::Response::FetchSnapshot(f),
+                        ..
+                    } if f.error.is_none() => self.report.snapshot_chunks += 1,
                     Message::Request {
                         request: crate::message::Request::Vote(v),
                         ..
@@ -525,6 +559,12 @@ impl<'a> Sim<'a> {
                 self.propose()?;
                 let next = self.now + self.rng.between(20, 400);
                 self.schedule(next, Event::Propose);
+                Ok(())
+            }
+            Event::Snapshot => {
+                self.take_snapshot()?;
+                let next = self.now + self.rng.between(100, 1500);
+                self.schedule(next, Event::Snapshot);
                 Ok(())
             }
             Event::Fault => {
@@ -747,6 +787,84 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A random live node snapshots its state machine (its snapshot at the log start plus the
+    /// batches after it) at a random committed batch boundary past its latest snapshot, and
+    /// most of the time deletes its log before it.
+    fn take_snapshot(&mut self) -> Result<(), String> {
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].node.is_some())
+            .collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let i = live[self.rng.below(live.len() as u64) as usize];
+        let pick = self.rng.below(u64::MAX);
+        let delete = self.rng.chance(0.8);
+        let now = millis(self.node_now(i));
+        let id = self.slots[i].id;
+        let Some(node) = self.slots[i].node.as_mut() else {
+            return Ok(());
+        };
+        let log = node.log();
+        let start = log.log_start_offset();
+        let hw = log.high_watermark();
+        let latest = log.latest_snapshot_id().map_or(0, |s| s.offset);
+        // Boundaries: the ends of the batches wholly in [log start, hw), past the latest
+        // snapshot.
+        let batches = log.batches();
+        if batches.first().is_some_and(|b| b.base_offset != start) {
+            return Ok(());
+        }
+        let ends: Vec<(i64, i32, usize)> = batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.last_offset < hw && b.last_offset + 1 > latest)
+            .map(|(k, b)| (b.last_offset + 1, b.epoch, k))
+            .collect();
+        if ends.is_empty() {
+            return Ok(());
+        }
+        let (end, epoch, last_index) = ends[(pick % ends.len() as u64) as usize];
+        let mut values = Vec::new();
+        if start > 0 {
+            let Some(base) = log.earliest_snapshot_id().filter(|s| s.offset == start) else {
+                return Err(format!(
+                    "node {id} has log start {start} and no snapshot there"
+                ));
+            };
+            let snapshot = log
+                .read_snapshot(base)
+                .map_err(|e| format!("node {id}: reading snapshot {base:?}: {e}"))?;
+            values = checker::snapshot_values(&snapshot)?;
+        }
+        values.extend(batches[..=last_index].iter().map(|b| b.bytes.clone()));
+        let snapshot_id = crate::types::OffsetAndEpoch::new(end, epoch);
+        let log = node.log_mut();
+        log.write_snapshot(snapshot_id, &values, now)
+            .map_err(|e| format!("node {id}: writing snapshot {snapshot_id:?}: {e}"))?;
+        let snapshot = log
+            .read_snapshot(snapshot_id)
+            .map_err(|e| format!("node {id}: reading snapshot {snapshot_id:?}: {e}"))?;
+        if delete {
+            log.delete_before(snapshot_id, now)
+                .map_err(|e| format!("node {id}: deleting before {snapshot_id:?}: {e}"))?;
+        }
+        self.checker.check_snapshot(snapshot_id, &snapshot)?;
+        self.report.snapshots_taken += 1;
+        self.fold(&[8, end as u64, epoch as u64, u64::from(delete)]);
+        self.trace(|| {
+            format!(
+                "node {id} snapshots {snapshot_id:?}{}",
+                if delete {
+                    ", deletes the log before it"
+                } else {
+                    ""
+                }
+            )
+        });
+        Ok(())
+    }
+
     fn execute(&mut self, i: usize, actions: Vec<Action>) -> Result<(), String> {
         for action in actions {
             let digest = match &action {
@@ -765,6 +883,9 @@ impl<'a> Sim<'a> {
                     leader_id.map_or(u64::MAX, |l| l as u64),
                     0,
                 ],
+                Action::SnapshotInstalled { snapshot_id } => {
+                    [6, snapshot_id.offset as u64, snapshot_id.epoch as u64, 0]
+                }
             };
             self.fold(&digest);
             if action.is_barrier() && self.healed_at.is_none() && self.rng.chance(self.torn_write) {
@@ -833,6 +954,28 @@ impl<'a> Sim<'a> {
                     slot.published_hw = hw;
                 }
                 Action::LeaderChange { .. } => {}
+                Action::SnapshotInstalled { snapshot_id } => {
+                    let id = self.slots[i].id;
+                    let Some(node) = self.slots[i].node.as_ref() else {
+                        continue;
+                    };
+                    let log = node.log();
+                    if log.log_start_offset() < snapshot_id.offset
+                        && log.log_end_offset() < snapshot_id.offset
+                    {
+                        return Err(format!(
+                            "node {id} installed {snapshot_id:?} but its log is [{}, {})",
+                            log.log_start_offset(),
+                            log.log_end_offset()
+                        ));
+                    }
+                    let snapshot = log.read_snapshot(snapshot_id).map_err(|e| {
+                        format!("node {id}: reading installed {snapshot_id:?}: {e}")
+                    })?;
+                    self.checker.check_snapshot(snapshot_id, &snapshot)?;
+                    self.report.snapshot_installs += 1;
+                    self.trace(|| format!("node {id} installed snapshot {snapshot_id:?}"));
+                }
             }
         }
         Ok(())
@@ -882,6 +1025,10 @@ impl<'a> Sim<'a> {
     }
 }
 
+fn millis(now_ms: u64) -> i64 {
+    i64::try_from(now_ms).unwrap_or(i64::MAX)
+}
+
 /// A small number naming a message's kind, for the fingerprint.
 fn message_kind(message: &Message) -> u64 {
     use crate::message::{Request, Response};
@@ -891,12 +1038,14 @@ fn message_kind(message: &Message) -> u64 {
             Request::BeginQuorumEpoch(_) => 12,
             Request::EndQuorumEpoch(_) => 13,
             Request::Fetch(f) => 14 + ((f.fetch_offset as u64) << 8),
+            Request::FetchSnapshot(f) => 15 + ((f.position as u64) << 8),
         },
         Message::Response { response, .. } => match response {
             Response::Vote(v) => 20 + u64::from(v.vote_granted),
             Response::BeginQuorumEpoch(_) => 22,
             Response::EndQuorumEpoch(_) => 23,
             Response::Fetch(f) => 24 + ((f.records.len() as u64) << 8),
+            Response::FetchSnapshot(f) => 25 + ((f.unaligned_records.len() as u64) << 8),
         },
     }
 }
