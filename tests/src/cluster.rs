@@ -26,7 +26,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use kafka_protocol::messages::{describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, TopicName};
+use kafka_protocol::messages::{
+    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, TopicName,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::process::{self, api_versions_ok};
@@ -241,12 +243,7 @@ impl Node {
         Ok(())
     }
 
-    fn properties(
-        &self,
-        voters: &str,
-        brokers: usize,
-        extra: &[(String, String)],
-    ) -> String {
+    fn properties(&self, voters: &str, brokers: usize, extra: &[(String, String)]) -> String {
         let mut listeners = Vec::new();
         if let Some(p) = self.client_port {
             listeners.push(format!("PLAINTEXT://127.0.0.1:{p}"));
@@ -329,7 +326,9 @@ impl Node {
             .open(self.log_file())
             .with_context(|| format!("opening {}", self.log_file().display()))?;
         let mut cmd = match &self.implementation {
-            Implementation::Kafka => reference::server_command(&self.config_file(), KAFKA_JVM_OPTS)?,
+            Implementation::Kafka => {
+                reference::server_command(&self.config_file(), KAFKA_JVM_OPTS)?
+            }
             Implementation::Gregor(bin) => {
                 let mut c = Command::new(bin);
                 c.arg("serve").arg("--config").arg(self.config_file());
@@ -498,7 +497,8 @@ impl QuorumStatus {
                 .parse()
                 .with_context(|| format!("{key} is not a number in:\n{text}"))
         };
-        let voters = field("CurrentVoters").with_context(|| format!("no CurrentVoters in:\n{text}"))?;
+        let voters =
+            field("CurrentVoters").with_context(|| format!("no CurrentVoters in:\n{text}"))?;
         Ok(Self {
             leader_id: i32::try_from(number("LeaderId")?)?,
             leader_epoch: i32::try_from(number("LeaderEpoch")?)?,
@@ -519,7 +519,11 @@ fn parse_node_ids(list: &str) -> Result<Vec<i32>> {
                 .chars()
                 .take_while(|c| c.is_ascii_digit() || *c == '-')
                 .collect();
-            ids.push(digits.parse().with_context(|| format!("bad id in {list}"))?);
+            ids.push(
+                digits
+                    .parse()
+                    .with_context(|| format!("bad id in {list}"))?,
+            );
         }
     } else {
         for n in list
@@ -586,7 +590,9 @@ impl Cluster {
         let gregor = matches!(config.implementation, Implementation::Gregor(_));
         let wanted: usize = roles
             .iter()
-            .map(|r| usize::from(r.is_broker()) + usize::from(r.is_controller()) + usize::from(gregor))
+            .map(|r| {
+                usize::from(r.is_broker()) + usize::from(r.is_controller()) + usize::from(gregor)
+            })
             .sum();
         let mut ports = process::free_ports(wanted)?.into_iter();
         let root = tempfile::Builder::new()
@@ -644,10 +650,9 @@ impl Cluster {
                 .map(|n| {
                     s.spawn(move || -> Result<()> {
                         let mut cmd = n.format_command(&self.cluster_id)?;
-                        let out = cmd
-                            .stdin(Stdio::null())
-                            .output()
-                            .with_context(|| format!("running {}", process::display_command(&cmd)))?;
+                        let out = cmd.stdin(Stdio::null()).output().with_context(|| {
+                            format!("running {}", process::display_command(&cmd))
+                        })?;
                         ensure!(
                             out.status.success(),
                             "{} failed ({}):\n{}{}",
@@ -860,7 +865,12 @@ impl Cluster {
         Ok(consumer
             .fetch_metadata(None, Duration::from_secs(2))
             .ok()
-            .map(|m| m.brokers().iter().map(rdkafka::metadata::MetadataBroker::id).collect()))
+            .map(|m| {
+                m.brokers()
+                    .iter()
+                    .map(rdkafka::metadata::MetadataBroker::id)
+                    .collect()
+            }))
     }
 
     /// Waits until every running node answers ApiVersions on each of its listeners, the
@@ -971,7 +981,8 @@ impl Cluster {
 /// reached or is not the leader.
 fn describe_quorum_at(addr: SocketAddr) -> Option<QuorumStatus> {
     for version in [2, 0] {
-        let Ok(mut conn) = KafkaConn::connect_timeout(addr, Duration::from_secs(1), "gregor-cluster")
+        let Ok(mut conn) =
+            KafkaConn::connect_timeout(addr, Duration::from_secs(1), "gregor-cluster")
         else {
             return None;
         };
@@ -982,7 +993,8 @@ fn describe_quorum_at(addr: SocketAddr) -> Option<QuorumStatus> {
         topic.partitions = vec![partition];
         let mut req = DescribeQuorumRequest::default();
         req.topics = vec![topic];
-        let Ok(resp) = conn.call::<_, DescribeQuorumResponse>(ApiKey::DescribeQuorum, version, &req)
+        let Ok(resp) =
+            conn.call::<_, DescribeQuorumResponse>(ApiKey::DescribeQuorum, version, &req)
         else {
             // Closed: perhaps the version is not supported; try the next one.
             continue;
@@ -1036,8 +1048,14 @@ mod tests {
         let text = "LeaderId: 1\nLeaderEpoch: 3\nHighWatermark: 10\nCurrentVoters: [1,2,3]\nCurrentObservers: []\n";
         let s = QuorumStatus::parse_tool_output(text).unwrap();
         assert_eq!((s.voters, s.observers), (vec![1, 2, 3], vec![]));
-        assert!(QuorumStatus::parse_tool_output("LeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]").is_err());
-        assert!(QuorumStatus::parse_tool_output("LeaderId: x\nLeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]").is_err());
+        assert!(QuorumStatus::parse_tool_output(
+            "LeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]"
+        )
+        .is_err());
+        assert!(QuorumStatus::parse_tool_output(
+            "LeaderId: x\nLeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]"
+        )
+        .is_err());
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct Op {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(pub usize);
 
+/// Per (topic, partition): records as (offset, value), in the order read.
+pub type PartitionRecords = BTreeMap<(String, i32), Vec<(i64, String)>>;
+
 /// The state read back after the test: what the checker compares the history with.
 #[derive(Debug, Clone, Default)]
 pub struct FinalState {
@@ -81,7 +84,7 @@ pub struct FinalState {
     pub topics: BTreeSet<String>,
     /// Per (topic, partition): the records read from the log start, as (offset, value), in
     /// the order read.
-    pub records: BTreeMap<(String, i32), Vec<(i64, String)>>,
+    pub records: PartitionRecords,
 }
 
 /// A record found in the final state.
@@ -310,7 +313,11 @@ impl History {
 
     /// The completion time of the first acknowledged operation invoked at or after `from_ms`
     /// that `filter` accepts, ms on the history's clock.
-    pub fn first_ack_invoked_after(&self, from_ms: u64, filter: impl Fn(&OpKind) -> bool) -> Option<u64> {
+    pub fn first_ack_invoked_after(
+        &self,
+        from_ms: u64,
+        filter: impl Fn(&OpKind) -> bool,
+    ) -> Option<u64> {
         self.lock()
             .iter()
             .filter(|op| op.invoke_ms >= from_ms && filter(&op.kind))
@@ -439,11 +446,13 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
                 .records_duplicated
                 .push(((*value).to_string(), found.to_vec()));
         }
-        for f in found.iter().filter(|f| f.topic != s.topic || f.partition != s.partition) {
-            report.records_misplaced.push((
-                f.clone(),
-                format!("sent to {}-{}", s.topic, s.partition),
-            ));
+        for f in found
+            .iter()
+            .filter(|f| f.topic != s.topic || f.partition != s.partition)
+        {
+            report
+                .records_misplaced
+                .push((f.clone(), format!("sent to {}-{}", s.topic, s.partition)));
         }
         match s.outcome {
             Some(Outcome::Ok { offset }) => {
@@ -486,7 +495,11 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
             .iter()
             .filter_map(|(offset, value)| {
                 let s = sent.get(value.as_str())?;
-                (s.topic == topic && s.partition == *partition).then_some((s, *offset, value.as_str()))
+                (s.topic == topic && s.partition == *partition).then_some((
+                    s,
+                    *offset,
+                    value.as_str(),
+                ))
             })
             .collect();
         if entries.is_empty() {
@@ -565,16 +578,34 @@ mod tests {
         // Concurrent sends may land in either order.
         h.record(produce("c", 0), 10, 20, ok(3));
         h.record(produce("d", 0), 11, 19, ok(2));
-        h.record(produce("e", 1), 0, 100, Outcome::Unknown("timed out".into()));
-        h.record(produce("f", 1), 0, 100, Outcome::Unknown("timed out".into()));
-        h.record(produce("g", 1), 0, 1, Outcome::Failed("INVALID_RECORD".into()));
+        h.record(
+            produce("e", 1),
+            0,
+            100,
+            Outcome::Unknown("timed out".into()),
+        );
+        h.record(
+            produce("f", 1),
+            0,
+            100,
+            Outcome::Unknown("timed out".into()),
+        );
+        h.record(
+            produce("g", 1),
+            0,
+            1,
+            Outcome::Failed("INVALID_RECORD".into()),
+        );
         let r = h.check(&state(&[
             (0, &[(0, "a"), (1, "b"), (2, "d"), (3, "c")]),
             (1, &[(0, "e")]),
         ]));
         assert!(r.is_valid(), "{r}");
         assert_eq!(r.records_acknowledged, 4);
-        assert_eq!((r.records_unknown_present, r.records_unknown_absent), (1, 1));
+        assert_eq!(
+            (r.records_unknown_present, r.records_unknown_absent),
+            (1, 1)
+        );
     }
 
     #[test]
@@ -665,8 +696,18 @@ mod tests {
     #[test]
     fn failed_but_present_is_reported() {
         let h = History::new();
-        h.record(produce("a", 0), 0, 5, Outcome::Failed("NOT_ENOUGH_REPLICAS".into()));
-        h.record(topic("x"), 0, 5, Outcome::Failed("INVALID_REPLICATION_FACTOR".into()));
+        h.record(
+            produce("a", 0),
+            0,
+            5,
+            Outcome::Failed("NOT_ENOUGH_REPLICAS".into()),
+        );
+        h.record(
+            topic("x"),
+            0,
+            5,
+            Outcome::Failed("INVALID_REPLICATION_FACTOR".into()),
+        );
         let mut s = state(&[(0, &[(0, "a")])]);
         s.topics.insert("x".into());
         let r = h.check(&s);
@@ -712,6 +753,9 @@ mod tests {
         h.record(topic("d"), 130, 140, Outcome::Ok { offset: None });
         assert_eq!(h.first_ack_invoked_after(100, |_| true), Some(140));
         assert_eq!(h.first_ack_invoked_after(200, |_| true), None);
-        assert_eq!(h.acknowledged(|k| matches!(k, OpKind::CreateTopic { .. })), 3);
+        assert_eq!(
+            h.acknowledged(|k| matches!(k, OpKind::CreateTopic { .. })),
+            3
+        );
     }
 }

@@ -27,7 +27,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::cluster::{Cluster, ClusterConfig, Implementation};
-use crate::history::{FinalState, History, OpId, OpKind, Outcome};
+use crate::history::{FinalState, History, OpId, OpKind, Outcome, PartitionRecords};
 
 /// Properties every scenario sets (see the module docs).
 fn scenario_config(implementation: Implementation) -> ClusterConfig {
@@ -73,7 +73,11 @@ fn create_topic_recorded(
     replication_factor: i32,
     configs: &[(&str, &str)],
 ) -> Outcome {
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication_factor));
+    let mut topic = NewTopic::new(
+        name,
+        partitions,
+        TopicReplication::Fixed(replication_factor),
+    );
     for (k, v) in configs {
         topic = topic.set(k, v);
     }
@@ -120,11 +124,7 @@ fn list_topics(bootstrap: &str) -> Result<BTreeSet<String>> {
 
 /// Reads every partition of `topic` from its log start up to the high watermark seen at the
 /// start of the read, as (offset, value) per partition.
-fn read_topic(
-    bootstrap: &str,
-    topic: &str,
-    partitions: i32,
-) -> Result<BTreeMap<(String, i32), Vec<(i64, String)>>> {
+fn read_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<PartitionRecords> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "gregor-history-reader")
@@ -141,7 +141,7 @@ fn read_topic(
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
-    let mut out: BTreeMap<(String, i32), Vec<(i64, String)>> = (0..partitions)
+    let mut out: PartitionRecords = (0..partitions)
         .map(|p| ((topic.to_string(), p), Vec::new()))
         .collect();
     let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
@@ -306,7 +306,10 @@ fn full_restart(cluster: &mut Cluster) -> Result<()> {
     let history = History::new();
     let rt = crate::clients::runtime()?;
     let mut partitions_of = BTreeMap::new();
-    let create = |cluster: &Cluster, prefix: &str, partitions_of: &mut BTreeMap<String, i32>| -> Result<()> {
+    let create = |cluster: &Cluster,
+                  prefix: &str,
+                  partitions_of: &mut BTreeMap<String, i32>|
+     -> Result<()> {
         let admin = admin(&cluster.bootstrap())?;
         for i in 0..10 {
             let name = format!("{prefix}-{i}");
@@ -320,33 +323,39 @@ fn full_restart(cluster: &mut Cluster) -> Result<()> {
         }
         Ok(())
     };
-    let check = |cluster: &Cluster, partitions_of: &BTreeMap<String, i32>, when: &str| -> Result<()> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap())
-            .set("log_level", "3")
-            .create()?;
-        let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
-        let listed: BTreeMap<String, i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.error().is_none())
-            .map(|t| (t.name().to_string(), i32::try_from(t.partitions().len()).unwrap_or(-1)))
-            .collect();
-        let report = history.check(&FinalState {
-            topics: listed.keys().cloned().collect(),
-            records: BTreeMap::new(),
-        });
-        ensure!(report.is_valid(), "{when}: {report}");
-        for (name, partitions) in partitions_of {
-            ensure!(
-                listed.get(name) == Some(partitions),
-                "{when}: {name} has {:?} partitions, created with {partitions}",
-                listed.get(name)
-            );
-        }
-        eprintln!("{}: {when}: {report}", cluster.implementation.name());
-        Ok(())
-    };
+    let check =
+        |cluster: &Cluster, partitions_of: &BTreeMap<String, i32>, when: &str| -> Result<()> {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", cluster.bootstrap())
+                .set("log_level", "3")
+                .create()?;
+            let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+            let listed: BTreeMap<String, i32> = metadata
+                .topics()
+                .iter()
+                .filter(|t| t.error().is_none())
+                .map(|t| {
+                    (
+                        t.name().to_string(),
+                        i32::try_from(t.partitions().len()).unwrap_or(-1),
+                    )
+                })
+                .collect();
+            let report = history.check(&FinalState {
+                topics: listed.keys().cloned().collect(),
+                records: BTreeMap::new(),
+            });
+            ensure!(report.is_valid(), "{when}: {report}");
+            for (name, partitions) in partitions_of {
+                ensure!(
+                    listed.get(name) == Some(partitions),
+                    "{when}: {name} has {:?} partitions, created with {partitions}",
+                    listed.get(name)
+                );
+            }
+            eprintln!("{}: {when}: {report}", cluster.implementation.name());
+            Ok(())
+        };
 
     create(cluster, "before-stop", &mut partitions_of)?;
     let t = Instant::now();
@@ -369,7 +378,11 @@ fn full_restart(cluster: &mut Cluster) -> Result<()> {
         cluster.implementation.name(),
         t.elapsed().as_millis()
     );
-    check(cluster, &partitions_of, "after every node was killed and restarted")
+    check(
+        cluster,
+        &partitions_of,
+        "after every node was killed and restarted",
+    )
 }
 
 /// Records produce outcomes into the history from rdkafka's delivery reports.
@@ -436,15 +449,19 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
             3,
             &[("min.insync.replicas", "2")],
         );
-        ensure!(matches!(outcome, Outcome::Ok { .. }), "creating {TOPIC}: {outcome:?}");
+        ensure!(
+            matches!(outcome, Outcome::Ok { .. }),
+            "creating {TOPIC}: {outcome:?}"
+        );
     }
     // The broker to kill: the leader of a partition, not the active controller (this is a
     // broker failure, not a controller fail-over).
     let controller = cluster.active_controller()?;
     let leaders = partition_leaders(&cluster.bootstrap(), TOPIC, PARTITIONS)?;
-    let Some((&victim_partition, &killed)) = leaders.iter().find(|(_, l)| **l != controller)
-    else {
-        bail!("every partition of {TOPIC} is led by the active controller {controller}: {leaders:?}");
+    let Some((&victim_partition, &killed)) = leaders.iter().find(|(_, l)| **l != controller) else {
+        bail!(
+            "every partition of {TOPIC} is led by the active controller {controller}: {leaders:?}"
+        );
     };
     let moved: BTreeSet<i32> = leaders
         .iter()
@@ -499,11 +516,15 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
         })
     };
     let is_produce = |k: &OpKind| matches!(k, OpKind::Produce { .. });
-    let on_moved = |k: &OpKind| matches!(k, OpKind::Produce { partition, .. } if moved.contains(partition));
+    let on_moved =
+        |k: &OpKind| matches!(k, OpKind::Produce { partition, .. } if moved.contains(partition));
     let result = (|| -> Result<(u64, u64)> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while history.acknowledged(is_produce) < 500 {
-            ensure!(Instant::now() < deadline, "fewer than 500 records acknowledged in 30 s");
+            ensure!(
+                Instant::now() < deadline,
+                "fewer than 500 records acknowledged in 30 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let killed_at = Instant::now();

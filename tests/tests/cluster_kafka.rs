@@ -76,9 +76,15 @@ fn kafka_split_layout_pause_and_resume_the_active_controller() {
     let run = |cluster: &mut Cluster| -> anyhow::Result<()> {
         let before = cluster.describe_quorum_tool()?;
         anyhow::ensure!(before.voters.len() == 3, "{before:?}");
-        anyhow::ensure!(before.observers.contains(&4), "the broker observes: {before:?}");
+        anyhow::ensure!(
+            before.observers.contains(&4),
+            "the broker observes: {before:?}"
+        );
         let old = cluster.active_controller()?;
-        anyhow::ensure!(old == before.leader_id, "tool {before:?}, DescribeQuorum {old}");
+        anyhow::ensure!(
+            old == before.leader_id,
+            "tool {before:?}, DescribeQuorum {old}"
+        );
         let pid = cluster.node(old).pid();
         cluster.node_mut(old).pause()?;
         let after = cluster.wait_for_quorum(std::time::Duration::from_secs(20), |s| {
@@ -88,7 +94,10 @@ fn kafka_split_layout_pause_and_resume_the_active_controller() {
         anyhow::ensure!(cluster.node(old).pid() == pid, "resume keeps the process");
         cluster.wait_ready(std::time::Duration::from_secs(60))?;
         let tool = cluster.describe_quorum_tool()?;
-        anyhow::ensure!(tool.leader_epoch >= after.leader_epoch, "{tool:?} {after:?}");
+        anyhow::ensure!(
+            tool.leader_epoch >= after.leader_epoch,
+            "{tool:?} {after:?}"
+        );
         eprintln!("paused {old}: new leader {after:?}; after resume {tool:?}");
         Ok(())
     };

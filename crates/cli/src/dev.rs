@@ -120,7 +120,11 @@ pub fn node_dir(dir: &Path, node_id: i32) -> PathBuf {
 }
 
 /// The `server.properties` of one node, as (key, value) in file order.
-pub fn node_properties(node: &NodePorts, all: &[NodePorts], node_dir: &Path) -> Vec<(String, String)> {
+pub fn node_properties(
+    node: &NodePorts,
+    all: &[NodePorts],
+    node_dir: &Path,
+) -> Vec<(String, String)> {
     let rf = all.len().clamp(1, 3);
     let min_isr = rf.min(2);
     [
@@ -134,7 +138,10 @@ pub fn node_properties(node: &NodePorts, all: &[NodePorts], node_dir: &Path) -> 
                 node.client, node.controller
             ),
         ),
-        ("advertised.listeners", format!("PLAINTEXT://127.0.0.1:{}", node.client)),
+        (
+            "advertised.listeners",
+            format!("PLAINTEXT://127.0.0.1:{}", node.client),
+        ),
         (
             "listener.security.protocol.map",
             "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".into(),
@@ -208,7 +215,8 @@ pub fn prepare(args: &ClusterArgs) -> Result<Prepared> {
     let nodes = allocate_ports(args.nodes, args.base_port)?;
     let mut cluster_id = None;
     for n in &nodes {
-        if let Some(meta) = storage::read_meta_properties(&node_dir(&dir, n.node_id).join("data"))? {
+        if let Some(meta) = storage::read_meta_properties(&node_dir(&dir, n.node_id).join("data"))?
+        {
             cluster_id = Some(meta.cluster_id);
             break;
         }
@@ -470,7 +478,10 @@ mod tests {
         assert_eq!(all.len(), 15);
         assert_eq!(
             voters(&p[..2]),
-            format!("1@127.0.0.1:{},2@127.0.0.1:{}", p[0].controller, p[1].controller)
+            format!(
+                "1@127.0.0.1:{},2@127.0.0.1:{}",
+                p[0].controller, p[1].controller
+            )
         );
     }
 
@@ -480,7 +491,10 @@ mod tests {
         let props: BTreeMap<String, String> = node_properties(&p[2], &p, Path::new("/d/node-3"))
             .into_iter()
             .collect();
-        assert_eq!(props["listeners"], "PLAINTEXT://127.0.0.1:30002,CONTROLLER://127.0.0.1:30005");
+        assert_eq!(
+            props["listeners"],
+            "PLAINTEXT://127.0.0.1:30002,CONTROLLER://127.0.0.1:30005"
+        );
         assert_eq!(props["log.dirs"], "/d/node-3/data");
         let cfg = StorageConfig::from_properties(&props).unwrap();
         assert_eq!(cfg.node_id, 3);

@@ -82,7 +82,11 @@ fn writes_properties_and_formats_every_node_with_one_cluster_id() {
     let cluster_id = printed(&out, "cluster id:").to_string();
     assert_eq!(
         printed(&out, "bootstrap servers:"),
-        format!("127.0.0.1:{base},127.0.0.1:{},127.0.0.1:{}", base + 1, base + 2)
+        format!(
+            "127.0.0.1:{base},127.0.0.1:{},127.0.0.1:{}",
+            base + 1,
+            base + 2
+        )
     );
     assert_eq!(
         printed(&out, "bootstrap controllers:"),
@@ -114,7 +118,10 @@ fn writes_properties_and_formats_every_node_with_one_cluster_id() {
             )
         );
         assert_eq!(p["controller.listener.names"], "CONTROLLER");
-        assert_eq!(p["admin.listener"], format!("127.0.0.1:{}", base + 6 + id - 1));
+        assert_eq!(
+            p["admin.listener"],
+            format!("127.0.0.1:{}", base + 6 + id - 1)
+        );
         let meta = properties(&node.join("data").join("meta.properties"));
         assert_eq!(meta["cluster.id"], cluster_id);
         assert_eq!(meta["node.id"], id.to_string());
@@ -201,14 +208,12 @@ fn start_dev_cluster(nodes: u16) -> DevCluster {
         .recv_timeout(Duration::from_secs(90))
         .expect("gregor dev cluster did not report its nodes running within 90 s");
     assert!(out.contains("running;"), "{out}");
-    let node_pids: Vec<u32> = std::fs::read_to_string(format!(
-        "/proc/{pid}/task/{pid}/children",
-        pid = guard.id()
-    ))
-    .unwrap_or_default()
-    .split_whitespace()
-    .filter_map(|p| p.parse().ok())
-    .collect();
+    let node_pids: Vec<u32> =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children", pid = guard.id()))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
     assert_eq!(node_pids.len(), usize::from(nodes), "one child per node");
     DevCluster {
         guard,
@@ -237,7 +242,10 @@ fn sigterm_stops_every_node_and_exits_zero() {
     let status = wait_exit(&mut c.guard, Duration::from_secs(40));
     assert!(status.success(), "{status}; output:\n{}", c.out);
     for pid in &c.node_pids {
-        assert!(!pid_alive(*pid), "node pid {pid} outlived gregor dev cluster");
+        assert!(
+            !pid_alive(*pid),
+            "node pid {pid} outlived gregor dev cluster"
+        );
     }
 }
 
@@ -248,7 +256,10 @@ fn a_node_that_dies_ends_the_cluster_with_a_failure() {
     let status = wait_exit(&mut c.guard, Duration::from_secs(40));
     assert_eq!(status.code(), Some(1), "{status}");
     for pid in &c.node_pids {
-        assert!(!pid_alive(*pid), "node pid {pid} outlived gregor dev cluster");
+        assert!(
+            !pid_alive(*pid),
+            "node pid {pid} outlived gregor dev cluster"
+        );
     }
 }
 
@@ -271,15 +282,15 @@ fn the_nodes_form_one_cluster() {
         if brokers == 3 {
             break;
         }
-        assert!(Instant::now() < deadline, "{brokers} brokers in Metadata, not 3");
+        assert!(
+            Instant::now() < deadline,
+            "{brokers} brokers in Metadata, not 3"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let rt = gregor_tests::clients::runtime().unwrap();
-    let topic = rdkafka::admin::NewTopic::new(
-        "replicated",
-        3,
-        rdkafka::admin::TopicReplication::Fixed(3),
-    );
+    let topic =
+        rdkafka::admin::NewTopic::new("replicated", 3, rdkafka::admin::TopicReplication::Fixed(3));
     let results = rt
         .block_on(
             gregor_tests::clients::admin(&bootstrap)
