@@ -443,6 +443,29 @@ impl Node {
         }
     }
 
+    /// Waits until every listener of the node answers ApiVersions (not that it has joined
+    /// the cluster: [`Cluster::wait_ready`] checks that).
+    ///
+    /// # Errors
+    /// When the process exits or `timeout` passes; with the tail of its log.
+    pub fn wait_listening(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if self.listeners_answer() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} did not answer ApiVersions within {timeout:?}; last lines of its log:\n{}",
+                    self.node_id,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Whether every listener of the node answers ApiVersions.
     fn listeners_answer(&self) -> bool {
         [self.client_port, self.controller_port]
