@@ -201,10 +201,24 @@ fn controller_failover(cluster: &mut Cluster) -> Result<ControllerFailover> {
         let (history, stop, bootstrap) = (history.clone(), stop.clone(), bootstrap.clone());
         std::thread::spawn(move || -> Result<()> {
             let rt = crate::clients::runtime()?;
-            let admin = admin(&bootstrap)?;
+            let mut admin_client = admin(&bootstrap)?;
             let mut i = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                create_topic_recorded(&rt, &admin, &history, &format!("failover-{i}"), 1, 2, &[]);
+                let outcome = create_topic_recorded(
+                    &rt,
+                    &admin_client,
+                    &history,
+                    &format!("failover-{i}"),
+                    1,
+                    2,
+                    &[],
+                );
+                if !matches!(outcome, Outcome::Ok { .. }) {
+                    // librdkafka's admin client sends CreateTopics to the broker Metadata
+                    // named as controller and may keep waiting for that one after it died;
+                    // a new client starts from the bootstrap servers.
+                    admin_client = admin(&bootstrap)?;
+                }
                 i += 1;
             }
             Ok(())
