@@ -582,12 +582,21 @@ impl Cluster {
     /// When a layout is empty, a format fails, a node exits or the cluster is not ready
     /// within [`READY_TIMEOUT`]; the error carries the logs' tails.
     pub fn start(config: &ClusterConfig) -> Result<Self> {
+        let started = Instant::now();
         let mut cluster = Self::prepare(config)?;
         cluster.format()?;
+        let formatted_ms = started.elapsed().as_millis();
         for n in &mut cluster.nodes {
             n.spawn()?;
         }
         cluster.wait_ready(READY_TIMEOUT)?;
+        eprintln!(
+            "{} cluster {:?} in {}: formatted in {formatted_ms} ms, ready {} ms after the start",
+            cluster.implementation.name(),
+            config.layout,
+            cluster.root().display(),
+            started.elapsed().as_millis()
+        );
         Ok(cluster)
     }
 

@@ -99,28 +99,53 @@ fn create_topic_recorded(
     outcome
 }
 
-/// Every topic the cluster lists (Metadata for all topics), retried for up to 30 s.
-fn list_topics(bootstrap: &str) -> Result<BTreeSet<String>> {
+/// Every topic the cluster lists with its partition count (Metadata for all topics), once
+/// every topic `history` saw acknowledged is listed or [`SETTLE_TIMEOUT`] has passed: a
+/// broker learns of a topic some time after the controller acknowledged it, so a topic
+/// missing at once is not lost; one still missing after the timeout is.
+fn list_topics_settled(bootstrap: &str, history: &History) -> Result<BTreeMap<String, i32>> {
+    let acknowledged: BTreeSet<String> = history
+        .ops()
+        .into_iter()
+        .filter(|op| matches!(op.outcome, Some(Outcome::Ok { .. })))
+        .filter_map(|op| match op.kind {
+            OpKind::CreateTopic { name } => Some(name),
+            OpKind::Produce { .. } => None,
+        })
+        .collect();
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
         .create()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
         match consumer.fetch_metadata(None, Duration::from_secs(5)) {
             Ok(m) => {
-                return Ok(m
+                let listed: BTreeMap<String, i32> = m
                     .topics()
                     .iter()
                     .filter(|t| t.error().is_none())
-                    .map(|t| t.name().to_string())
-                    .collect())
+                    .map(|t| {
+                        (
+                            t.name().to_string(),
+                            i32::try_from(t.partitions().len()).unwrap_or(-1),
+                        )
+                    })
+                    .collect();
+                if acknowledged.iter().all(|t| listed.contains_key(t)) || Instant::now() > deadline
+                {
+                    return Ok(listed);
+                }
             }
             Err(e) if Instant::now() > deadline => return Err(e).context("listing topics"),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => {}
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// How long a read-back waits for metadata to reach the brokers.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Reads every partition of `topic` from its log start up to the high watermark seen at the
 /// start of the read, as (offset, value) per partition.
@@ -282,7 +307,9 @@ fn controller_failover(cluster: &mut Cluster) -> Result<ControllerFailover> {
     }
     cluster.restart_node(failover.killed)?;
     let state = FinalState {
-        topics: list_topics(&cluster.bootstrap())?,
+        topics: list_topics_settled(&cluster.bootstrap(), &history)?
+            .into_keys()
+            .collect(),
         records: BTreeMap::new(),
     };
     let report = history.check(&state);
@@ -304,19 +331,32 @@ fn controller_failover(cluster: &mut Cluster) -> Result<ControllerFailover> {
     Ok(failover)
 }
 
-/// (b) Full-cluster restarts keep every topic: topics created, every node stopped gracefully
-/// and started again, more topics, every node killed (-9) and started again; every
-/// acknowledged topic must be listed with its partition count after each.
+/// How [`full_cluster_restart_keeps_topics`] stops every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullRestart {
+    /// SIGTERM to every node at once (Kafka's controlled shutdown), then start them all.
+    Graceful,
+    /// kill -9 of every node, then start them all.
+    Kill9,
+}
+
+/// (b) A full-cluster restart keeps every topic: topics created (replication factor 3, one
+/// to three partitions), every node stopped (gracefully or by kill -9) and started again;
+/// every acknowledged topic must be listed with its partition count, and the cluster must
+/// create topics again.
 ///
 /// # Errors
 /// When the cluster misbehaves or a topic is lost; with the nodes' logs.
-pub fn full_cluster_restart_keeps_topics(implementation: Implementation) -> Result<()> {
+pub fn full_cluster_restart_keeps_topics(
+    implementation: Implementation,
+    how: FullRestart,
+) -> Result<()> {
     let mut cluster = Cluster::start(&scenario_config(implementation))?;
-    let result = full_restart(&mut cluster);
+    let result = full_restart(&mut cluster, how);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
 }
 
-fn full_restart(cluster: &mut Cluster) -> Result<()> {
+fn full_restart(cluster: &mut Cluster, how: FullRestart) -> Result<()> {
     let history = History::new();
     let rt = crate::clients::runtime()?;
     let mut partitions_of = BTreeMap::new();
@@ -337,66 +377,38 @@ fn full_restart(cluster: &mut Cluster) -> Result<()> {
         }
         Ok(())
     };
-    let check =
-        |cluster: &Cluster, partitions_of: &BTreeMap<String, i32>, when: &str| -> Result<()> {
-            let consumer: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", cluster.bootstrap())
-                .set("log_level", "3")
-                .create()?;
-            let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
-            let listed: BTreeMap<String, i32> = metadata
-                .topics()
-                .iter()
-                .filter(|t| t.error().is_none())
-                .map(|t| {
-                    (
-                        t.name().to_string(),
-                        i32::try_from(t.partitions().len()).unwrap_or(-1),
-                    )
-                })
-                .collect();
-            let report = history.check(&FinalState {
-                topics: listed.keys().cloned().collect(),
-                records: BTreeMap::new(),
-            });
-            ensure!(report.is_valid(), "{when}: {report}");
-            for (name, partitions) in partitions_of {
-                ensure!(
-                    listed.get(name) == Some(partitions),
-                    "{when}: {name} has {:?} partitions, created with {partitions}",
-                    listed.get(name)
-                );
-            }
-            eprintln!("{}: {when}: {report}", cluster.implementation.name());
-            Ok(())
-        };
-
-    create(cluster, "before-stop", &mut partitions_of)?;
+    create(cluster, "before", &mut partitions_of)?;
     let t = Instant::now();
-    cluster.stop_all()?;
+    match how {
+        FullRestart::Graceful => cluster.stop_all()?,
+        FullRestart::Kill9 => cluster.kill_all()?,
+    }
     let stopped_ms = t.elapsed().as_millis();
     cluster.start_all()?;
     eprintln!(
-        "{}: graceful full restart: stopped in {stopped_ms} ms, ready again {} ms after the stop began",
+        "{}: full restart ({how:?}): stopped in {stopped_ms} ms, ready again {} ms after the \
+         stop began",
         cluster.implementation.name(),
         t.elapsed().as_millis()
     );
-    check(cluster, &partitions_of, "after a graceful full restart")?;
+    // Still a working cluster: it creates topics again.
+    create(cluster, "after", &mut partitions_of)?;
 
-    create(cluster, "before-kill", &mut partitions_of)?;
-    let t = Instant::now();
-    cluster.kill_all()?;
-    cluster.start_all()?;
-    eprintln!(
-        "{}: kill -9 of every node: ready again after {} ms",
-        cluster.implementation.name(),
-        t.elapsed().as_millis()
-    );
-    check(
-        cluster,
-        &partitions_of,
-        "after every node was killed and restarted",
-    )
+    let listed = list_topics_settled(&cluster.bootstrap(), &history)?;
+    let report = history.check(&FinalState {
+        topics: listed.keys().cloned().collect(),
+        records: BTreeMap::new(),
+    });
+    eprintln!("{}: {report}", cluster.implementation.name());
+    ensure!(report.is_valid(), "history check failed:\n{report}");
+    for (name, partitions) in &partitions_of {
+        ensure!(
+            listed.get(name) == Some(partitions),
+            "{name} has {:?} partitions, created with {partitions}",
+            listed.get(name)
+        );
+    }
+    Ok(())
 }
 
 /// Records produce outcomes into the history from rdkafka's delivery reports.
@@ -570,7 +582,9 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
 
     cluster.restart_node(killed)?;
     let state = FinalState {
-        topics: list_topics(&cluster.bootstrap())?,
+        topics: list_topics_settled(&cluster.bootstrap(), &history)?
+            .into_keys()
+            .collect(),
         records: read_topic(&cluster.bootstrap(), TOPIC, PARTITIONS)?,
     };
     let report = history.check(&state);
@@ -614,4 +628,77 @@ fn partition_leaders(bootstrap: &str, topic: &str, partitions: i32) -> Result<BT
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// What [`pause_and_resume_active_controller`] measured.
+#[derive(Debug, Clone)]
+pub struct PausedController {
+    /// The controller paused (SIGSTOP).
+    pub paused: i32,
+    /// The controller elected while it was paused.
+    pub new_leader: i32,
+    /// From the SIGSTOP to a new leader in DescribeQuorum, ms.
+    pub to_new_leader_ms: u64,
+}
+
+/// SIGSTOP of the active controller of three controller-only voters and one broker-only
+/// node: the other two elect a new leader; after SIGCONT the cluster is ready again (the
+/// paused node rejoins as a follower), and Kafka's `kafka-metadata-quorum describe --status`
+/// agrees with DescribeQuorum, listing the broker as an observer.
+///
+/// # Errors
+/// When the cluster misbehaves; with the nodes' logs.
+pub fn pause_and_resume_active_controller(
+    implementation: Implementation,
+) -> Result<PausedController> {
+    let mut cluster = Cluster::start(&ClusterConfig {
+        implementation,
+        layout: crate::cluster::Layout::Split {
+            controllers: 3,
+            brokers: 1,
+        },
+        properties: Vec::new(),
+    })?;
+    let result = pause_resume(&mut cluster);
+    result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
+}
+
+fn pause_resume(cluster: &mut Cluster) -> Result<PausedController> {
+    let before = cluster.describe_quorum_tool()?;
+    ensure!(before.voters.len() == 3, "three voters: {before:?}");
+    ensure!(
+        before.observers.contains(&4),
+        "the broker observes: {before:?}"
+    );
+    let old = cluster.active_controller()?;
+    ensure!(
+        old == before.leader_id,
+        "the tool says {before:?}, DescribeQuorum says {old}"
+    );
+    let pid = cluster.node(old).pid();
+    let paused_at = Instant::now();
+    cluster.node_mut(old).pause()?;
+    let after = cluster.wait_for_quorum(Duration::from_secs(20), |s| {
+        s.leader_id != old && s.leader_epoch > before.leader_epoch
+    })?;
+    let to_new_leader_ms = u64::try_from(paused_at.elapsed().as_millis())?;
+    cluster.node_mut(old).resume()?;
+    ensure!(cluster.node(old).pid() == pid, "SIGCONT keeps the process");
+    cluster.wait_ready(Duration::from_secs(60))?;
+    let tool = cluster.describe_quorum_tool()?;
+    ensure!(
+        tool.leader_epoch >= after.leader_epoch,
+        "the epoch went back: {tool:?} after {after:?}"
+    );
+    eprintln!(
+        "{}: paused active controller {old}: new leader {} after {to_new_leader_ms} ms; after \
+         SIGCONT: {tool:?}",
+        cluster.implementation.name(),
+        after.leader_id
+    );
+    Ok(PausedController {
+        paused: old,
+        new_leader: after.leader_id,
+        to_new_leader_ms,
+    })
 }

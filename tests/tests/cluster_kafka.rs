@@ -9,9 +9,9 @@
 
 use std::sync::Mutex;
 
-use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation, Layout};
+use gregor_tests::cluster::Implementation;
 use gregor_tests::reference;
-use gregor_tests::scenarios;
+use gregor_tests::scenarios::{self, FullRestart};
 
 static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -40,7 +40,17 @@ fn kafka_full_cluster_restart_keeps_topics() {
         return;
     }
     let _one = lock();
-    scenarios::full_cluster_restart_keeps_topics(Implementation::Kafka)
+    scenarios::full_cluster_restart_keeps_topics(Implementation::Kafka, FullRestart::Graceful)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+#[test]
+fn kafka_full_cluster_crash_restart_keeps_topics() {
+    if !reference::jars_or_skip() {
+        return;
+    }
+    let _one = lock();
+    scenarios::full_cluster_restart_keeps_topics(Implementation::Kafka, FullRestart::Kill9)
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
@@ -55,51 +65,15 @@ fn kafka_produce_acks_all_while_killing_a_broker() {
     assert!(m.acknowledged >= 500, "{m:?}");
 }
 
-/// The harness itself on a split layout: SIGSTOP of the active controller makes the others
-/// elect a new one; SIGCONT brings the old one back as a follower; the tool and
-/// DescribeQuorum agree; a broker-only node is an observer.
+/// The harness on a split layout (three controllers, one broker): SIGSTOP of the active
+/// controller, a new leader, SIGCONT, ready again; the tool and DescribeQuorum agree.
 #[test]
 fn kafka_split_layout_pause_and_resume_the_active_controller() {
     if !reference::jars_or_skip() {
         return;
     }
     let _one = lock();
-    let mut cluster = Cluster::start(&ClusterConfig {
-        implementation: Implementation::Kafka,
-        layout: Layout::Split {
-            controllers: 3,
-            brokers: 1,
-        },
-        properties: vec![],
-    })
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    let run = |cluster: &mut Cluster| -> anyhow::Result<()> {
-        let before = cluster.describe_quorum_tool()?;
-        anyhow::ensure!(before.voters.len() == 3, "{before:?}");
-        anyhow::ensure!(
-            before.observers.contains(&4),
-            "the broker observes: {before:?}"
-        );
-        let old = cluster.active_controller()?;
-        anyhow::ensure!(
-            old == before.leader_id,
-            "tool {before:?}, DescribeQuorum {old}"
-        );
-        let pid = cluster.node(old).pid();
-        cluster.node_mut(old).pause()?;
-        let after = cluster.wait_for_quorum(std::time::Duration::from_secs(20), |s| {
-            s.leader_id != old && s.leader_epoch > before.leader_epoch
-        })?;
-        cluster.node_mut(old).resume()?;
-        anyhow::ensure!(cluster.node(old).pid() == pid, "resume keeps the process");
-        cluster.wait_ready(std::time::Duration::from_secs(60))?;
-        let tool = cluster.describe_quorum_tool()?;
-        anyhow::ensure!(
-            tool.leader_epoch >= after.leader_epoch,
-            "{tool:?} {after:?}"
-        );
-        eprintln!("paused {old}: new leader {after:?}; after resume {tool:?}");
-        Ok(())
-    };
-    run(&mut cluster).unwrap_or_else(|e| panic!("{e:#}{}", cluster.logs(30)));
+    let m = scenarios::pause_and_resume_active_controller(Implementation::Kafka)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
 }

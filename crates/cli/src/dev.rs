@@ -43,7 +43,7 @@ pub struct ClusterArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     pub nodes: u16,
     /// The cluster's directory; an existing cluster there is started again (same cluster
-    /// id, data kept).
+    /// id, data kept; the ports are picked again unless --base-port is given).
     #[arg(long, default_value = "gregor-cluster")]
     pub dir: PathBuf,
     /// First port: node i gets client (PLAINTEXT) port P+i-1, controller port P+N+i-1 and

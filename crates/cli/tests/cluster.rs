@@ -4,7 +4,7 @@
 //! `cargo test -p gregor --test cluster -- --include-ignored --test-threads=1 --nocapture`.
 
 use gregor_tests::cluster::Implementation;
-use gregor_tests::scenarios;
+use gregor_tests::scenarios::{self, FullRestart};
 
 fn gregor() -> Implementation {
     Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into())
@@ -22,7 +22,15 @@ fn gregor_kill_active_controller_while_creating_topics() {
 #[test]
 #[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
 fn gregor_full_cluster_restart_keeps_topics() {
-    scenarios::full_cluster_restart_keeps_topics(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
+    scenarios::full_cluster_restart_keeps_topics(gregor(), FullRestart::Graceful)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_full_cluster_crash_restart_keeps_topics() {
+    scenarios::full_cluster_restart_keeps_topics(gregor(), FullRestart::Kill9)
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 #[test]
@@ -30,6 +38,14 @@ fn gregor_full_cluster_restart_keeps_topics() {
 fn gregor_produce_acks_all_while_killing_a_broker() {
     let m = scenarios::produce_while_killing_a_broker(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(m.acknowledged >= 500, "{m:?}");
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_split_layout_pause_and_resume_the_active_controller() {
+    let m =
+        scenarios::pause_and_resume_active_controller(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
 }
 
 /// The harness's process control on gregor processes, which works before gregor is a KRaft
