@@ -299,9 +299,13 @@ fn start_nodes(p: &Prepared) -> Result<Vec<Running>> {
         // Their own process group: a terminal's Ctrl-C reaches only this process, which
         // forwards SIGTERM to every node and waits for them.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting node {}", n.node_id))?;
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_nodes(&mut running);
+                return Err(e).with_context(|| format!("starting node {}", n.node_id));
+            }
+        };
         running.push(Running {
             node_id: n.node_id,
             child,
@@ -391,12 +395,23 @@ pub async fn run(cmd: DevCommand) -> Result<i32> {
         print_cluster(&prepared, &mut std::io::stdout())?;
         return Ok(0);
     }
+    // Before any node runs, so that no error path leaves nodes behind.
+    use tokio::signal::unix::{signal as on, SignalKind};
+    let mut term = on(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = on(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut running = start_nodes(&prepared)?;
     // Until every node listens; a node that exits first ends the command.
     let deadline = Instant::now() + START_TIMEOUT;
     let mut waiting: Vec<NodePorts> = prepared.nodes.clone();
     while !waiting.is_empty() {
-        if let Some((i, status)) = exited(&mut running)? {
+        let dead = match exited(&mut running) {
+            Ok(dead) => dead,
+            Err(e) => {
+                stop_nodes(&mut running);
+                return Err(e);
+            }
+        };
+        if let Some((i, status)) = dead {
             let r = &running[i];
             let msg = format!(
                 "node {} exited with {status} while starting; last lines of {}:\n{}",
@@ -415,22 +430,37 @@ pub async fn run(cmd: DevCommand) -> Result<i32> {
                 waiting.iter().map(|n| n.node_id).collect::<Vec<_>>()
             );
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::select! {
+            _ = term.recv() => return Ok(if stop_nodes(&mut running) { 0 } else { 1 }),
+            _ = int.recv() => return Ok(if stop_nodes(&mut running) { 0 } else { 1 }),
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
     }
-    print_cluster(&prepared, &mut std::io::stdout())?;
-    println!("running; Ctrl-C or SIGTERM stops every node");
+    // The nodes run from here on: nothing may return before they are stopped.
+    if let Err(e) = print_cluster(&prepared, &mut std::io::stdout()) {
+        eprintln!("warning: printing the cluster: {e}");
+    }
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "running; Ctrl-C or SIGTERM stops every node");
+        let _ = out.flush();
+    }
 
-    use tokio::signal::unix::{signal as on, SignalKind};
-    let mut term = on(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = on(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
     let died = loop {
         tokio::select! {
             _ = term.recv() => break None,
             _ = int.recv() => break None,
             _ = poll.tick() => {
-                if let Some(dead) = exited(&mut running)? {
-                    break Some(dead);
+                match exited(&mut running) {
+                    Ok(Some(dead)) => break Some(dead),
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("checking the nodes: {e:#}; stopping them");
+                        stop_nodes(&mut running);
+                        return Ok(1);
+                    }
                 }
             }
         }
