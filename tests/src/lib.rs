@@ -8,11 +8,22 @@
 //! - [`wire`]: a raw Kafka protocol client for tests that control every byte.
 //! - [`reference`]: the reference Apache Kafka broker and tools from Maven Central.
 //! - `clients` (feature `rdkafka`, on by default): rdkafka admin/producer/consumer helpers.
+//! - `cluster` (feature `rdkafka`): a multi-node KRaft cluster of gregor or Kafka processes,
+//!   with kill -9, SIGSTOP/SIGCONT, graceful stop and restart per node.
+//! - [`history`]: records operations and their outcomes, and checks the final state against
+//!   them (acknowledged but lost, duplicated, reordered).
+//! - `scenarios` (feature `rdkafka`): fault scenarios on a three-node cluster, generic over
+//!   the implementation.
 
 #[cfg(feature = "rdkafka")]
 pub mod clients;
+#[cfg(feature = "rdkafka")]
+pub mod cluster;
+pub mod history;
 pub mod process;
 pub mod reference;
+#[cfg(feature = "rdkafka")]
+pub mod scenarios;
 pub mod wire;
 
 pub use process::free_port;

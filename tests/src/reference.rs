@@ -180,6 +180,18 @@ fn java_command(main_class: &str, log4j: &str, jvm_opts: &[&str]) -> Result<Comm
     Ok(cmd)
 }
 
+/// A command that runs a Kafka server (`kafka.Kafka <props>`) with the cached classpath, the
+/// server log4j configuration (info to stderr) and `jvm_opts` (heap, GC); the caller sets
+/// its stdio. Used by [`crate::cluster`] for nodes of a multi-node cluster.
+///
+/// # Errors
+/// When the jars cannot be fetched.
+pub fn server_command(props: &std::path::Path, jvm_opts: &[&str]) -> Result<Command> {
+    let mut cmd = java_command("kafka.Kafka", "server-log4j2.properties", jvm_opts)?;
+    cmd.arg(props);
+    Ok(cmd)
+}
+
 /// A command that runs a Kafka tool with the cached classpath; `tool` may be a class name or a
 /// `kafka-*.sh` script name (with or without `.sh`).
 pub fn tool_command(tool: &str, args: &[String]) -> Result<Command> {
@@ -420,7 +432,10 @@ impl Instance {
 }
 
 /// A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as `Uuid.toString`).
-fn random_cluster_id() -> Result<String> {
+///
+/// # Errors
+/// When `/dev/urandom` cannot be read.
+pub fn random_cluster_id() -> Result<String> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut bytes = [0u8; 16];
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)

@@ -10,6 +10,13 @@
 //! suite (after `build`) runs each cargo-fuzz target for [`FUZZ_SECONDS_PER_TARGET`] on its
 //! committed corpus. The last line
 //! is `N passed, N failed` (suites).
+//!
+//! The process-level cluster tests are part of `test`: `tests/tests/cluster_kafka.rs` runs the
+//! fault scenarios (`gregor_tests::scenarios`) on three Apache Kafka nodes with the other
+//! reference-Kafka tests (one cluster at a time, each under a minute), and
+//! `crates/cli/tests/cluster.rs` and `dev_cluster.rs` run them on gregor (the multi-node
+//! ones ignored until gregor is a KRaft cluster). `--only cluster` runs just those files,
+//! ignored tests included, within [`CLUSTER_SUITE_TIMEOUT_SECS`].
 
 use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
@@ -45,6 +52,10 @@ pub enum Suite {
     Difftest,
     /// cargo xtask bench --quick (the benchmark harness, tiny sizes)
     Bench,
+    /// Only when asked for (`test` runs these files already): the cluster fault tests alone,
+    /// on Kafka (tests/tests/cluster_kafka.rs) and on gregor (crates/cli/tests/cluster.rs,
+    /// dev_cluster.rs, ignored tests included), bounded in time
+    Cluster,
 }
 
 #[derive(Args)]
@@ -65,6 +76,11 @@ pub struct TestArgs {
 /// without optimizations (`--dev`), the fastest build from scratch; see README "Fuzzing".
 const FUZZ_SECONDS_PER_TARGET: u64 = 10;
 
+/// Wall-time bound of the `cluster` suite, in seconds: each scenario takes under a minute on
+/// Kafka, and a hung cluster must not hold CI. On expiry the whole process group (cargo, the
+/// test binaries and their nodes) is killed.
+const CLUSTER_SUITE_TIMEOUT_SECS: u64 = 900;
+
 struct Outcome {
     name: &'static str,
     result: Result<()>,
@@ -82,6 +98,10 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         }
         if reference && args.against_kafka {
             return false;
+        }
+        if s == Suite::Cluster {
+            // `test` runs the same files; alone only on request.
+            return args.only.contains(&s);
         }
         if args.only.is_empty() {
             return true;
@@ -146,6 +166,19 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             result,
             seconds: start.elapsed().as_secs_f64(),
         });
+    }
+
+    if selected(Suite::Cluster) {
+        banner("cluster");
+        let start = Instant::now();
+        let result = cluster_suite(&root, &cargo);
+        outcomes.push(Outcome {
+            name: "cluster",
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    } else {
+        skipped += 1;
     }
 
     if selected(Suite::Fuzz) {
@@ -462,6 +495,66 @@ fn kcat_suite(root: &Path, target: &Target) -> Result<()> {
     }
     target.env(&mut cmd);
     proc::run_checked(&mut cmd)
+}
+
+/// The cluster fault tests: on Kafka, then on gregor with the ignored ones, one test at a
+/// time, all within [`CLUSTER_SUITE_TIMEOUT_SECS`].
+fn cluster_suite(root: &Path, cargo: &str) -> Result<()> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(CLUSTER_SUITE_TIMEOUT_SECS);
+    let runs: [&[&str]; 2] = [
+        &[
+            "test",
+            "-p",
+            "gregor-tests",
+            "--test",
+            "cluster_kafka",
+            "--",
+            "--test-threads=1",
+        ],
+        &[
+            "test",
+            "-p",
+            "gregor",
+            "--test",
+            "cluster",
+            "--test",
+            "dev_cluster",
+            "--",
+            "--include-ignored",
+            "--test-threads=1",
+        ],
+    ];
+    let mut failed = Vec::new();
+    for args in runs {
+        let mut cmd = Command::new(cargo);
+        cmd.args(args).current_dir(root);
+        // Its own process group, so that on time-out the test binaries and the nodes they
+        // started go with cargo.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        eprintln!("$ {}", proc::display_command(&cmd));
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", proc::display_command(&cmd)))?;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let group = format!("-{}", child.id());
+                let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+                let _ = child.wait();
+                bail!("the cluster suite took over {CLUSTER_SUITE_TIMEOUT_SECS} s and was killed");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        if !status.success() {
+            failed.push(format!("{}: {status}", proc::display_command(&cmd)));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(())
 }
 
 /// Installs Debian's `prometheus` package for `promtool` when it is not on PATH, and stops the

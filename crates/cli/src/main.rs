@@ -1,8 +1,9 @@
 //! The `gregor` binary: `gregor serve` runs a broker; `gregor storage` formats a node's log
-//! dirs as Kafka's `kafka-storage`; the other subcommands are Kafka clients (built on
+//! dirs as Kafka's `kafka-storage`; `gregor dev cluster` runs a local N-node cluster; the other subcommands are Kafka clients (built on
 //! rdkafka) for topics, producing and consuming.
 
 mod client;
+mod dev;
 mod storage;
 
 use std::collections::BTreeMap;
@@ -41,6 +42,9 @@ enum Command {
     /// Format a node's log dirs, as Kafka's `kafka-storage` (format, random-uuid).
     #[command(subcommand)]
     Storage(storage::StorageCommand),
+    /// Development tools: `dev cluster` runs a local N-node KRaft cluster.
+    #[command(subcommand)]
+    Dev(dev::DevCommand),
     #[command(flatten)]
     Client(client::ClientCommand),
 }
@@ -144,6 +148,15 @@ fn main() -> Result<()> {
         Command::Client(cmd) => {
             init_logging(cli.log_format, "warn");
             rt.block_on(client::run(cmd))
+        }
+        Command::Dev(cmd) => {
+            init_logging(cli.log_format, "warn");
+            let code = rt.block_on(dev::run(cmd))?;
+            if code != 0 {
+                drop(rt);
+                std::process::exit(code);
+            }
+            Ok(())
         }
         Command::Storage(cmd) => storage::run(cmd),
     }

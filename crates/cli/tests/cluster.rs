@@ -1,0 +1,120 @@
+//! The fault scenarios of `gregor_tests::scenarios` on three combined gregor nodes: the
+//! same scenarios that `tests/tests/cluster_kafka.rs` runs on Apache Kafka 4.4.0 (which
+//! validates them). Ignored until gregor is a KRaft cluster; run them with
+//! `cargo test -p gregor --test cluster -- --include-ignored --test-threads=1 --nocapture`.
+
+use gregor_tests::cluster::Implementation;
+use gregor_tests::scenarios::{self, FullRestart};
+
+fn gregor() -> Implementation {
+    Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into())
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_kill_active_controller_while_creating_topics() {
+    let m = scenarios::kill_active_controller_while_creating_topics(gregor())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
+    assert!(m.to_first_create_ms < 30_000, "{m:?}");
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_full_cluster_restart_keeps_topics() {
+    scenarios::full_cluster_restart_keeps_topics(gregor(), FullRestart::Graceful)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_full_cluster_crash_restart_keeps_topics() {
+    scenarios::full_cluster_restart_keeps_topics(gregor(), FullRestart::Kill9)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_produce_acks_all_while_killing_a_broker() {
+    let m = scenarios::produce_while_killing_a_broker(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.acknowledged >= 500, "{m:?}");
+}
+
+#[test]
+#[ignore = "needs the KRaft cluster (issue 10), enabled at integration"]
+fn gregor_split_layout_pause_and_resume_the_active_controller() {
+    let m =
+        scenarios::pause_and_resume_active_controller(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
+}
+
+/// The harness's process control on gregor processes, which works before gregor is a KRaft
+/// cluster (each node then runs alone): `gregor storage format` of three voters with one
+/// cluster id, start, SIGSTOP/SIGCONT, graceful stop (exit 0), restart on the same
+/// directories, kill -9, and no process left when the cluster is dropped during a panic.
+#[test]
+fn harness_controls_gregor_processes() {
+    use gregor_tests::cluster::{Cluster, ClusterConfig};
+    use gregor_tests::process::pid_alive;
+    use std::time::Duration;
+
+    fn state(pid: u32) -> char {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim_start().chars().next())
+            })
+            .unwrap_or('?')
+    }
+
+    let t = Duration::from_secs(60);
+    let mut cluster = Cluster::prepare(&ClusterConfig::combined(gregor(), 3)).unwrap();
+    cluster.format().unwrap();
+    for n in cluster.nodes() {
+        let meta = std::fs::read_to_string(n.data_dir().join("meta.properties")).unwrap();
+        assert!(
+            meta.contains(&format!("cluster.id={}", cluster.cluster_id)),
+            "{meta}"
+        );
+        assert!(meta.contains(&format!("node.id={}", n.node_id)), "{meta}");
+    }
+    let mut pids = Vec::new();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        for id in 1..=3 {
+            let n = cluster.node_mut(id);
+            n.spawn().unwrap();
+            n.wait_listening(t).unwrap();
+        }
+        let n = cluster.node_mut(2);
+        let pid = n.pid().unwrap();
+        n.pause().unwrap();
+        assert_eq!(state(pid), 'T', "stopped by SIGSTOP");
+        n.resume().unwrap();
+        assert_ne!(state(pid), 'T');
+        n.stop().unwrap();
+        assert!(!pid_alive(pid) && n.pid().is_none());
+        assert!(
+            n.log_tail(5).contains("shut down cleanly"),
+            "{}",
+            n.log_tail(20)
+        );
+        n.spawn().unwrap();
+        n.wait_listening(t).unwrap();
+        assert_ne!(n.pid(), Some(pid));
+        let pid = n.pid().unwrap();
+        n.kill9().unwrap();
+        assert!(!pid_alive(pid));
+        n.spawn().unwrap();
+        n.wait_listening(t).unwrap();
+        let running: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
+        assert_eq!(running.len(), 3);
+        // A test that fails with the cluster running: unwinding drops the cluster.
+        std::panic::panic_any(running);
+    }));
+    let payload = result.expect_err("the closure panics");
+    pids.extend(payload.downcast_ref::<Vec<u32>>().expect("the pids").iter());
+    for pid in pids {
+        assert!(!pid_alive(pid), "node pid {pid} outlived its cluster");
+    }
+}

@@ -1,0 +1,1135 @@
+//! A multi-node KRaft cluster of real processes on 127.0.0.1, for fault tests: N combined
+//! (broker,controller) nodes, or N controllers and M brokers, of one implementation (the
+//! `gregor` binary or the reference Apache Kafka from [`crate::reference`]). Both read the
+//! same `server.properties` keys and are formatted by the same `storage format -t <cluster id>
+//! -c <props>` command, so one [`Cluster`] drives either.
+//!
+//! [`Cluster::start`] allocates free ports, writes each node's properties into its own
+//! directory under a temporary root, formats every node with one cluster id (in parallel),
+//! starts every node at once (JVM start is slow) and waits until the cluster is ready: every
+//! listener answers ApiVersions, the quorum has a leader (DescribeQuorum, KIP-595, on the
+//! controller listeners) and every running broker is in the Metadata response (Kafka lists
+//! only registered, unfenced brokers). Per node ([`Node`]): kill -9, SIGSTOP/SIGCONT,
+//! graceful stop (SIGTERM), restart on the same directories, pid, the tail of its log.
+//! Every process is killed when the cluster is dropped, also when a test panics.
+//!
+//! The active controller comes from DescribeQuorum ([`Cluster::describe_quorum`], answered
+//! only by the leader, cheap enough to poll) or from Kafka's own tool,
+//! `kafka-metadata-quorum --bootstrap-controller ... describe --status`
+//! ([`Cluster::describe_quorum_tool`], parsed by [`QuorumStatus::parse_tool_output`]).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use kafka_protocol::messages::{
+    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, TopicName,
+};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::process::{self, api_versions_ok};
+use crate::reference;
+use crate::wire::{sb, KafkaConn};
+
+/// How long [`Cluster::start`] and [`Node::restart`] wait for readiness.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a graceful stop (SIGTERM) may take before the node is killed and the stop fails.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// JVM options of a Kafka node: a small heap and the C1 compiler only, which starts faster
+/// and needs less CPU on a small machine (the tests are about behaviour, not throughput).
+const KAFKA_JVM_OPTS: &[&str] = &[
+    "-Xmx768m",
+    "-Xms128m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+];
+/// The name of the KRaft metadata topic.
+const METADATA_TOPIC: &str = "__cluster_metadata";
+
+/// Which broker runs on the nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Implementation {
+    /// The `gregor` binary at this path (`gregor serve --config <file>`).
+    Gregor(PathBuf),
+    /// The reference Apache Kafka ([`reference::KAFKA_VERSION`]) from Maven Central.
+    Kafka,
+}
+
+impl Implementation {
+    /// `gregor` or `kafka`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Gregor(_) => "gregor",
+            Self::Kafka => "kafka",
+        }
+    }
+
+    /// Whether this exit status is a clean exit after SIGTERM: gregor exits 0; a JVM exits
+    /// 143 (128 + SIGTERM) once its shutdown hooks, Kafka's controlled shutdown, have run.
+    fn clean_term_exit(&self, status: std::process::ExitStatus) -> bool {
+        match self {
+            Self::Gregor(_) => status.success(),
+            Self::Kafka => status.success() || status.code() == Some(143),
+        }
+    }
+}
+
+/// The roles of the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// N nodes, each `process.roles=broker,controller`, all voters.
+    Combined(usize),
+    /// `controllers` controller-only voters (node ids 1..), then `brokers` broker-only nodes.
+    Split {
+        /// Controller-only nodes (the voters).
+        controllers: usize,
+        /// Broker-only nodes.
+        brokers: usize,
+    },
+}
+
+/// A node's `process.roles`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `broker,controller`.
+    Combined,
+    /// `controller`.
+    Controller,
+    /// `broker`.
+    Broker,
+}
+
+impl Role {
+    /// Whether the node serves clients.
+    pub fn is_broker(self) -> bool {
+        matches!(self, Self::Combined | Self::Broker)
+    }
+
+    /// Whether the node is a voter of the metadata quorum.
+    pub fn is_controller(self) -> bool {
+        matches!(self, Self::Combined | Self::Controller)
+    }
+
+    fn process_roles(self) -> &'static str {
+        match self {
+            Self::Combined => "broker,controller",
+            Self::Controller => "controller",
+            Self::Broker => "broker",
+        }
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// gregor or Kafka.
+    pub implementation: Implementation,
+    /// The roles.
+    pub layout: Layout,
+    /// `key=value` properties added to every node's file after the generated ones (a later
+    /// line wins), e.g. shorter `broker.session.timeout.ms` for a test.
+    pub properties: Vec<(String, String)>,
+}
+
+impl ClusterConfig {
+    /// `n` combined nodes of `implementation`.
+    pub fn combined(implementation: Implementation, n: usize) -> Self {
+        Self {
+            implementation,
+            layout: Layout::Combined(n),
+            properties: Vec::new(),
+        }
+    }
+
+    /// Adds a property to every node.
+    #[must_use]
+    pub fn with(mut self, key: &str, value: &str) -> Self {
+        self.properties.push((key.to_string(), value.to_string()));
+        self
+    }
+}
+
+/// One node of a [`Cluster`].
+pub struct Node {
+    /// `node.id`.
+    pub node_id: i32,
+    /// `process.roles`.
+    pub role: Role,
+    /// The PLAINTEXT (client) port on 127.0.0.1, on brokers.
+    pub client_port: Option<u16>,
+    /// The CONTROLLER port on 127.0.0.1, on controllers.
+    pub controller_port: Option<u16>,
+    /// gregor's `admin.listener` port (HTTP `/metrics`, `/health`), on gregor nodes.
+    pub admin_port: Option<u16>,
+    /// The node's directory: `server.properties`, `server.log`, `data/`.
+    pub dir: PathBuf,
+    implementation: Implementation,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Node {
+    /// `server.properties`.
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.join("server.properties")
+    }
+
+    /// `log.dirs` (also the metadata log dir).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The node's stdout and stderr, appended to across restarts.
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    /// `127.0.0.1:<client port>` on a broker.
+    pub fn bootstrap(&self) -> Option<String> {
+        self.client_port.map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// `127.0.0.1:<controller port>` on a controller.
+    pub fn controller_endpoint(&self) -> Option<String> {
+        self.controller_port.map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// The process id while the node runs (also while it is paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process was started and has not exited (a paused node is running).
+    ///
+    /// # Errors
+    /// When the process state cannot be read.
+    pub fn is_running(&mut self) -> Result<bool> {
+        match self.child.as_mut() {
+            None => Ok(false),
+            Some(c) => Ok(c.try_wait()?.is_none()),
+        }
+    }
+
+    /// Whether the node is stopped with SIGSTOP.
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// The last `lines` lines of the node's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        process::tail(&self.log_file(), lines)
+    }
+
+    /// Errors (with the tail of its log) when the node was started and has exited.
+    ///
+    /// # Errors
+    /// When the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(status) = c.try_wait()? {
+                bail!(
+                    "{} node {} exited with {status}; last lines of {}:\n{}",
+                    self.implementation.name(),
+                    self.node_id,
+                    self.log_file().display(),
+                    self.log_tail(40)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn properties(&self, voters: &str, brokers: usize, extra: &[(String, String)]) -> String {
+        let mut listeners = Vec::new();
+        if let Some(p) = self.client_port {
+            listeners.push(format!("PLAINTEXT://127.0.0.1:{p}"));
+        }
+        if let Some(p) = self.controller_port {
+            listeners.push(format!("CONTROLLER://127.0.0.1:{p}"));
+        }
+        // Internal topics as replicated as the cluster allows, as a production cluster.
+        let rf = brokers.clamp(1, 3);
+        let min_isr = rf.min(2);
+        let mut lines = vec![
+            format!(
+                "# Generated by gregor_tests::cluster: node {} of a {} cluster.",
+                self.node_id,
+                self.implementation.name()
+            ),
+            format!("node.id={}", self.node_id),
+            format!("process.roles={}", self.role.process_roles()),
+            format!("controller.quorum.voters={voters}"),
+            format!("listeners={}", listeners.join(",")),
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".into(),
+            "controller.listener.names=CONTROLLER".into(),
+            format!("log.dirs={}", self.data_dir().display()),
+            "num.partitions=1".into(),
+            format!("offsets.topic.replication.factor={rf}"),
+            format!("transaction.state.log.replication.factor={rf}"),
+            format!("transaction.state.log.min.isr={min_isr}"),
+            format!("share.coordinator.state.topic.replication.factor={rf}"),
+            format!("share.coordinator.state.topic.min.isr={min_isr}"),
+            "group.initial.rebalance.delay.ms=0".into(),
+        ];
+        if let Some(p) = self.client_port {
+            lines.push(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{p}"));
+            lines.push("inter.broker.listener.name=PLAINTEXT".into());
+        }
+        if let Some(p) = self.admin_port {
+            lines.push(format!("admin.listener=127.0.0.1:{p}"));
+        }
+        for (k, v) in extra {
+            lines.push(format!("{k}={v}"));
+        }
+        let mut out = String::new();
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+        out
+    }
+
+    fn format_command(&self, cluster_id: &str) -> Result<Command> {
+        let args = [
+            "format".to_string(),
+            "-t".into(),
+            cluster_id.into(),
+            "-c".into(),
+            self.config_file().display().to_string(),
+        ];
+        Ok(match &self.implementation {
+            Implementation::Kafka => reference::tool_command("kafka-storage", &args)?,
+            Implementation::Gregor(bin) => {
+                let mut c = Command::new(bin);
+                c.arg("storage").args(args);
+                c
+            }
+        })
+    }
+
+    /// Starts the process on the node's directories (formatted already); does not wait.
+    ///
+    /// # Errors
+    /// When it is already running or cannot be spawned.
+    pub fn spawn(&mut self) -> Result<()> {
+        ensure!(
+            !self.is_running()?,
+            "node {} is already running",
+            self.node_id
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .with_context(|| format!("opening {}", self.log_file().display()))?;
+        let mut cmd = match &self.implementation {
+            Implementation::Kafka => {
+                reference::server_command(&self.config_file(), KAFKA_JVM_OPTS)?
+            }
+            Implementation::Gregor(bin) => {
+                let mut c = Command::new(bin);
+                c.arg("serve").arg("--config").arg(self.config_file());
+                c
+            }
+        };
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd.spawn().with_context(|| {
+            format!(
+                "starting {} node {} ({})",
+                self.implementation.name(),
+                self.node_id,
+                process::display_command(&cmd)
+            )
+        })?;
+        self.child = Some(child);
+        self.paused = false;
+        Ok(())
+    }
+
+    /// kill -9: no flush, no controlled shutdown. Waits until the process is gone.
+    ///
+    /// # Errors
+    /// When the process cannot be signalled or reaped.
+    pub fn kill9(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // SIGKILL also ends a stopped process.
+        child.kill().ok();
+        child
+            .wait()
+            .with_context(|| format!("reaping node {}", self.node_id))?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOP: the process freezes (no heartbeats, no answers, its sockets stay open).
+    ///
+    /// # Errors
+    /// When the node is not running or cannot be signalled.
+    pub fn pause(&mut self) -> Result<()> {
+        let pid = self.pid().context("pausing a node that is not running")?;
+        process::signal(pid, "STOP")?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT after [`Node::pause`].
+    ///
+    /// # Errors
+    /// When the node is not running or cannot be signalled.
+    pub fn resume(&mut self) -> Result<()> {
+        let pid = self.pid().context("resuming a node that is not running")?;
+        process::signal(pid, "CONT")?;
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Graceful stop: SIGTERM (after SIGCONT if paused) and wait up to [`STOP_TIMEOUT`] for the
+    /// process to exit. Fails when it must be killed or exits uncleanly.
+    ///
+    /// # Errors
+    /// When the process does not exit in time (it is then killed) or exits uncleanly.
+    pub fn stop(&mut self) -> Result<()> {
+        let pid = self.begin_stop()?;
+        self.finish_stop(pid, Instant::now() + STOP_TIMEOUT)
+    }
+
+    /// Sends SIGTERM; [`Node::finish_stop`] waits. Lets a cluster stop its nodes together.
+    fn begin_stop(&mut self) -> Result<Option<u32>> {
+        let Some(pid) = self.pid() else {
+            return Ok(None);
+        };
+        if self.paused {
+            self.resume()?;
+        }
+        process::signal(pid, "TERM")?;
+        Ok(Some(pid))
+    }
+
+    fn finish_stop(&mut self, pid: Option<u32>, deadline: Instant) -> Result<()> {
+        let Some(pid) = pid else {
+            return Ok(());
+        };
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                ensure!(
+                    self.implementation.clean_term_exit(status),
+                    "node {} (pid {pid}) exited with {status} on SIGTERM; last lines of its log:\n{}",
+                    self.node_id,
+                    self.log_tail(40)
+                );
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill9()?;
+                bail!(
+                    "node {} (pid {pid}) did not exit within {STOP_TIMEOUT:?} of SIGTERM and was \
+                     killed; last lines of its log:\n{}",
+                    self.node_id,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until every listener of the node answers ApiVersions (not that it has joined
+    /// the cluster: [`Cluster::wait_ready`] checks that).
+    ///
+    /// # Errors
+    /// When the process exits or `timeout` passes; with the tail of its log.
+    pub fn wait_listening(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if self.listeners_answer() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} did not answer ApiVersions within {timeout:?}; last lines of its log:\n{}",
+                    self.node_id,
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Whether every listener of the node answers ApiVersions.
+    fn listeners_answer(&self) -> bool {
+        [self.client_port, self.controller_port]
+            .into_iter()
+            .flatten()
+            .all(|p| api_versions_ok(SocketAddr::from(([127, 0, 0, 1], p)), 1_000).is_ok())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Err(e) = self.kill9() {
+            eprintln!("warning: killing node {}: {e:#}", self.node_id);
+        }
+    }
+}
+
+/// What DescribeQuorum says about the metadata quorum (`kafka-metadata-quorum describe
+/// --status` prints the same fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumStatus {
+    /// `LeaderId`: the active controller.
+    pub leader_id: i32,
+    /// `LeaderEpoch`.
+    pub leader_epoch: i32,
+    /// `HighWatermark` of `__cluster_metadata-0`.
+    pub high_watermark: i64,
+    /// `CurrentVoters`: node ids.
+    pub voters: Vec<i32>,
+    /// `CurrentObservers`: node ids (brokers that fetch the metadata log).
+    pub observers: Vec<i32>,
+}
+
+impl QuorumStatus {
+    /// Parses the output of `kafka-metadata-quorum describe --status`: `Key: value` lines;
+    /// `CurrentVoters`/`CurrentObservers` are Kafka 4's JSON lists of `{"id": N, ...}`
+    /// objects (or Kafka 3's `[1,2,3]`).
+    ///
+    /// # Errors
+    /// When `LeaderId`, `LeaderEpoch`, `HighWatermark` or `CurrentVoters` is missing or not a
+    /// number.
+    pub fn parse_tool_output(text: &str) -> Result<Self> {
+        let field = |key: &str| -> Option<&str> {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == key).then(|| v.trim())
+            })
+        };
+        let number = |key: &str| -> Result<i64> {
+            field(key)
+                .with_context(|| format!("no {key} in:\n{text}"))?
+                .parse()
+                .with_context(|| format!("{key} is not a number in:\n{text}"))
+        };
+        let voters =
+            field("CurrentVoters").with_context(|| format!("no CurrentVoters in:\n{text}"))?;
+        Ok(Self {
+            leader_id: i32::try_from(number("LeaderId")?)?,
+            leader_epoch: i32::try_from(number("LeaderEpoch")?)?,
+            high_watermark: number("HighWatermark")?,
+            voters: parse_node_ids(voters)?,
+            observers: field("CurrentObservers").map_or(Ok(Vec::new()), parse_node_ids)?,
+        })
+    }
+}
+
+/// The node ids in a `CurrentVoters` value: `"id": N` fields, else bare numbers.
+fn parse_node_ids(list: &str) -> Result<Vec<i32>> {
+    let mut ids = Vec::new();
+    if list.contains("\"id\"") {
+        for part in list.split("\"id\"").skip(1) {
+            let digits: String = part
+                .trim_start_matches([':', ' '])
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '-')
+                .collect();
+            ids.push(
+                digits
+                    .parse()
+                    .with_context(|| format!("bad id in {list}"))?,
+            );
+        }
+    } else {
+        for n in list
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            ids.push(n.parse().with_context(|| format!("bad id in {list}"))?);
+        }
+    }
+    Ok(ids)
+}
+
+/// A running cluster. Dropping it kills every node and deletes its directories.
+pub struct Cluster {
+    /// The cluster id every node was formatted with.
+    pub cluster_id: String,
+    /// gregor or Kafka.
+    pub implementation: Implementation,
+    nodes: Vec<Node>,
+    /// `controller.quorum.voters`.
+    voters: String,
+    // Last: the directories go after the processes that use them.
+    root: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Allocates ports, writes the properties, formats every node with one new cluster id,
+    /// starts every node and waits until the cluster is ready ([`Cluster::wait_ready`]).
+    ///
+    /// # Errors
+    /// When a layout is empty, a format fails, a node exits or the cluster is not ready
+    /// within [`READY_TIMEOUT`]; the error carries the logs' tails.
+    pub fn start(config: &ClusterConfig) -> Result<Self> {
+        let started = Instant::now();
+        let mut cluster = Self::prepare(config)?;
+        cluster.format()?;
+        let formatted_ms = started.elapsed().as_millis();
+        for n in &mut cluster.nodes {
+            n.spawn()?;
+        }
+        cluster.wait_ready(READY_TIMEOUT)?;
+        eprintln!(
+            "{} cluster {:?} in {}: formatted in {formatted_ms} ms, ready {} ms after the start",
+            cluster.implementation.name(),
+            config.layout,
+            cluster.root().display(),
+            started.elapsed().as_millis()
+        );
+        Ok(cluster)
+    }
+
+    /// Ports, directories and properties, without formatting or starting anything.
+    ///
+    /// # Errors
+    /// When the layout has no controller or no broker, or a file cannot be written.
+    pub fn prepare(config: &ClusterConfig) -> Result<Self> {
+        let roles: Vec<Role> = match config.layout {
+            Layout::Combined(n) => vec![Role::Combined; n],
+            Layout::Split {
+                controllers,
+                brokers,
+            } => std::iter::repeat_n(Role::Controller, controllers)
+                .chain(std::iter::repeat_n(Role::Broker, brokers))
+                .collect(),
+        };
+        ensure!(
+            roles.iter().any(|r| r.is_controller()) && roles.iter().any(|r| r.is_broker()),
+            "a cluster needs at least one controller and one broker: {:?}",
+            config.layout
+        );
+        let gregor = matches!(config.implementation, Implementation::Gregor(_));
+        let wanted: usize = roles
+            .iter()
+            .map(|r| {
+                usize::from(r.is_broker()) + usize::from(r.is_controller()) + usize::from(gregor)
+            })
+            .sum();
+        let mut ports = process::free_ports(wanted)?.into_iter();
+        let root = tempfile::Builder::new()
+            .prefix(&format!("gregor-cluster-{}-", config.implementation.name()))
+            .tempdir()
+            .context("creating the cluster directory")?;
+        let mut nodes = Vec::new();
+        for (i, role) in roles.iter().enumerate() {
+            let node_id = i32::try_from(i + 1)?;
+            let dir = root.path().join(format!("node-{node_id}"));
+            std::fs::create_dir_all(dir.join("data"))
+                .with_context(|| format!("creating {}", dir.display()))?;
+            nodes.push(Node {
+                node_id,
+                role: *role,
+                client_port: role.is_broker().then(|| ports.next()).flatten(),
+                controller_port: role.is_controller().then(|| ports.next()).flatten(),
+                admin_port: gregor.then(|| ports.next()).flatten(),
+                dir,
+                implementation: config.implementation.clone(),
+                child: None,
+                paused: false,
+            });
+        }
+        let voters = nodes
+            .iter()
+            .filter_map(|n| Some(format!("{}@127.0.0.1:{}", n.node_id, n.controller_port?)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let brokers = roles.iter().filter(|r| r.is_broker()).count();
+        for n in &nodes {
+            let text = n.properties(&voters, brokers, &config.properties);
+            std::fs::write(n.config_file(), text)
+                .with_context(|| format!("writing {}", n.config_file().display()))?;
+        }
+        Ok(Self {
+            cluster_id: reference::random_cluster_id()?,
+            implementation: config.implementation.clone(),
+            nodes,
+            voters,
+            root,
+        })
+    }
+
+    /// Formats every node's storage with [`Cluster::cluster_id`] (`kafka-storage format` or
+    /// `gregor storage format`), all nodes at once.
+    ///
+    /// # Errors
+    /// When a format fails (with its output).
+    pub fn format(&self) -> Result<()> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .nodes
+                .iter()
+                .map(|n| {
+                    s.spawn(move || -> Result<()> {
+                        let mut cmd = n.format_command(&self.cluster_id)?;
+                        let out = cmd.stdin(Stdio::null()).output().with_context(|| {
+                            format!("running {}", process::display_command(&cmd))
+                        })?;
+                        ensure!(
+                            out.status.success(),
+                            "{} failed ({}):\n{}{}",
+                            process::display_command(&cmd),
+                            out.status,
+                            String::from_utf8_lossy(&out.stdout),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a format thread panicked"))??;
+            }
+            Ok(())
+        })
+    }
+
+    /// The directory holding every node's directory.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// `controller.quorum.voters`.
+    pub fn voters(&self) -> &str {
+        &self.voters
+    }
+
+    /// Every node, in node id order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node with `node_id`.
+    ///
+    /// # Panics
+    /// When there is no such node (a test's mistake).
+    pub fn node(&self, node_id: i32) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.node_id == node_id)
+            .unwrap_or_else(|| panic!("no node {node_id}"))
+    }
+
+    /// The node with `node_id`, to signal or restart it.
+    ///
+    /// # Panics
+    /// When there is no such node (a test's mistake).
+    pub fn node_mut(&mut self, node_id: i32) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.node_id == node_id)
+            .unwrap_or_else(|| panic!("no node {node_id}"))
+    }
+
+    /// The node ids of the brokers.
+    pub fn broker_ids(&self) -> Vec<i32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.role.is_broker())
+            .map(|n| n.node_id)
+            .collect()
+    }
+
+    /// The client bootstrap string: every broker's `127.0.0.1:<port>`, comma-separated.
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .filter_map(Node::bootstrap)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The bootstrap string of the controllers (`--bootstrap-controller`, KIP-919).
+    pub fn bootstrap_controllers(&self) -> String {
+        self.nodes
+            .iter()
+            .filter_map(Node::controller_endpoint)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The tail of every node's log, for a failure message.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            let _ = write!(
+                out,
+                "\n---- node {} ({:?}, pid {:?}) {} ----\n{}",
+                n.node_id,
+                n.role,
+                n.pid(),
+                n.log_file().display(),
+                n.log_tail(lines)
+            );
+        }
+        out
+    }
+
+    /// DescribeQuorum (v2, else v0) sent to each running controller in turn: the first
+    /// answer without error (only the leader answers one; the others say
+    /// NOT_LEADER_OR_FOLLOWER). `Ok(None)` when no controller knows a leader.
+    ///
+    /// # Errors
+    /// Never for an unreachable or silent controller (that is `None`); only for a response
+    /// that cannot be decoded.
+    pub fn describe_quorum(&mut self) -> Result<Option<QuorumStatus>> {
+        for n in &mut self.nodes {
+            if !n.role.is_controller() || n.paused || !n.is_running()? {
+                continue;
+            }
+            let Some(port) = n.controller_port else {
+                continue;
+            };
+            if let Some(s) = describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port))) {
+                return Ok(Some(s));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs `kafka-metadata-quorum --bootstrap-controller <controllers> describe --status`
+    /// (Kafka's tool, whatever the implementation) and parses its output.
+    ///
+    /// # Errors
+    /// When the tool fails or prints something [`QuorumStatus::parse_tool_output`] refuses.
+    pub fn describe_quorum_tool(&self) -> Result<QuorumStatus> {
+        let running: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some() && !n.paused)
+            .filter_map(Node::controller_endpoint)
+            .collect();
+        let out = reference::tool_command(
+            "kafka-metadata-quorum",
+            &[
+                "--bootstrap-controller".into(),
+                running.join(","),
+                "describe".into(),
+                "--status".into(),
+            ],
+        )?
+        .stdin(Stdio::null())
+        .output()
+        .context("running kafka-metadata-quorum")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "kafka-metadata-quorum describe --status failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        QuorumStatus::parse_tool_output(&stdout)
+    }
+
+    /// Polls [`Cluster::describe_quorum`] until `accept` takes the status, or `timeout`.
+    ///
+    /// # Errors
+    /// When the timeout passes (with the last status seen).
+    pub fn wait_for_quorum(
+        &mut self,
+        timeout: Duration,
+        accept: impl Fn(&QuorumStatus) -> bool,
+    ) -> Result<QuorumStatus> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(s) = self.describe_quorum()? {
+                if accept(&s) {
+                    return Ok(s);
+                }
+                last = Some(s);
+            }
+            if Instant::now() > deadline {
+                bail!("no acceptable quorum status within {timeout:?}; last: {last:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The active controller's node id (the quorum leader), waiting up to 30 s for one.
+    ///
+    /// # Errors
+    /// When there is no leader within 30 s.
+    pub fn active_controller(&mut self) -> Result<i32> {
+        Ok(self
+            .wait_for_quorum(Duration::from_secs(30), |s| s.leader_id >= 0)?
+            .leader_id)
+    }
+
+    /// The broker ids in the Metadata response of the running brokers (Kafka lists the
+    /// registered, unfenced ones), `None` when no broker answers within 2 s.
+    fn metadata_broker_ids(&mut self) -> Result<Option<BTreeSet<i32>>> {
+        let mut bootstrap = Vec::new();
+        for n in &mut self.nodes {
+            if n.role.is_broker() && !n.paused && n.is_running()? {
+                bootstrap.extend(n.bootstrap());
+            }
+        }
+        if bootstrap.is_empty() {
+            return Ok(None);
+        }
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap.join(","))
+            .set("log_level", "3")
+            .create()
+            .context("creating a metadata client")?;
+        Ok(consumer
+            .fetch_metadata(None, Duration::from_secs(2))
+            .ok()
+            .map(|m| {
+                m.brokers()
+                    .iter()
+                    .map(rdkafka::metadata::MetadataBroker::id)
+                    .collect()
+            }))
+    }
+
+    /// Waits until every running node answers ApiVersions on each of its listeners, the
+    /// quorum has a leader, and the Metadata response lists every running broker.
+    ///
+    /// # Errors
+    /// When a node exits or the timeout passes; with every node's log tail.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut waiting_for;
+        loop {
+            for n in &mut self.nodes {
+                n.check_alive()?;
+            }
+            let mut running = BTreeSet::new();
+            let mut listening = true;
+            for n in &mut self.nodes {
+                if n.is_running()? && !n.paused {
+                    listening &= n.listeners_answer();
+                    if n.role.is_broker() {
+                        running.insert(n.node_id);
+                    }
+                }
+            }
+            if !listening {
+                waiting_for = "every listener to answer ApiVersions".to_string();
+            } else if self.describe_quorum()?.is_none_or(|s| s.leader_id < 0) {
+                waiting_for = "a quorum leader (DescribeQuorum)".to_string();
+            } else {
+                match self.metadata_broker_ids()? {
+                    Some(ids) if running.is_subset(&ids) => return Ok(()),
+                    ids => {
+                        waiting_for =
+                            format!("brokers {running:?} in the Metadata response (got {ids:?})");
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the {} cluster was not ready within {timeout:?}: waiting for {waiting_for}{}",
+                    self.implementation.name(),
+                    self.logs(30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Restarts node `node_id` on its directories (after a kill or stop) and waits until the
+    /// cluster is ready again.
+    ///
+    /// # Errors
+    /// As [`Node::spawn`] and [`Cluster::wait_ready`].
+    pub fn restart_node(&mut self, node_id: i32) -> Result<()> {
+        let node = self.node_mut(node_id);
+        if node.is_running()? {
+            node.stop()?;
+        }
+        node.spawn()?;
+        self.wait_ready(READY_TIMEOUT)
+    }
+
+    /// Stops every node gracefully (SIGTERM to all, then waits for all).
+    ///
+    /// # Errors
+    /// When a node does not stop cleanly (every node is stopped or killed anyway).
+    pub fn stop_all(&mut self) -> Result<()> {
+        let mut pids = Vec::new();
+        for n in &mut self.nodes {
+            pids.push(n.begin_stop()?);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let mut first_error = None;
+        for (n, pid) in self.nodes.iter_mut().zip(pids) {
+            if let Err(e) = n.finish_stop(pid, deadline) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// kill -9 of every node.
+    ///
+    /// # Errors
+    /// When a process cannot be reaped.
+    pub fn kill_all(&mut self) -> Result<()> {
+        for n in &mut self.nodes {
+            n.kill9()?;
+        }
+        Ok(())
+    }
+
+    /// Starts every node that is not running, all at once, and waits until ready.
+    ///
+    /// # Errors
+    /// As [`Cluster::wait_ready`].
+    pub fn start_all(&mut self) -> Result<()> {
+        for n in &mut self.nodes {
+            if !n.is_running()? {
+                n.spawn()?;
+            }
+        }
+        self.wait_ready(READY_TIMEOUT)
+    }
+}
+
+/// DescribeQuorum for `__cluster_metadata-0` at one controller; `None` when it cannot be
+/// reached or is not the leader.
+fn describe_quorum_at(addr: SocketAddr) -> Option<QuorumStatus> {
+    for version in [2, 0] {
+        let Ok(mut conn) =
+            KafkaConn::connect_timeout(addr, Duration::from_secs(1), "gregor-cluster")
+        else {
+            return None;
+        };
+        let mut partition = describe_quorum_request::PartitionData::default();
+        partition.partition_index = 0;
+        let mut topic = describe_quorum_request::TopicData::default();
+        topic.topic_name = TopicName(sb(METADATA_TOPIC));
+        topic.partitions = vec![partition];
+        let mut req = DescribeQuorumRequest::default();
+        req.topics = vec![topic];
+        let Ok(resp) =
+            conn.call::<_, DescribeQuorumResponse>(ApiKey::DescribeQuorum, version, &req)
+        else {
+            // Closed: perhaps the version is not supported; try the next one.
+            continue;
+        };
+        if resp.error_code != 0 {
+            return None;
+        }
+        let p = resp.topics.first()?.partitions.first()?;
+        if p.error_code != 0 || p.leader_id.0 < 0 {
+            return None;
+        }
+        return Some(QuorumStatus {
+            leader_id: p.leader_id.0,
+            leader_epoch: p.leader_epoch,
+            high_watermark: p.high_watermark,
+            voters: p.current_voters.iter().map(|r| r.replica_id.0).collect(),
+            observers: p.observers.iter().map(|r| r.replica_id.0).collect(),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kafka_4_describe_status() {
+        let text = "ClusterId:              q1Sh-9_ISia_zwGINzRvyQ\n\
+            LeaderId:               2\n\
+            LeaderEpoch:            7\n\
+            HighWatermark:          1234\n\
+            MaxFollowerLag:         0\n\
+            MaxFollowerLagTimeMs:   0\n\
+            CurrentVoters:          [{\"id\": 1, \"directoryId\": null, \"endpoints\": [\"CONTROLLER://127.0.0.1:4001\"]}, {\"id\": 2, \"directoryId\": null, \"endpoints\": [\"CONTROLLER://127.0.0.1:4002\"]}, {\"id\": 3, \"directoryId\": null, \"endpoints\": [\"CONTROLLER://127.0.0.1:4003\"]}]\n\
+            CurrentObservers:       [{\"id\": 4, \"directoryId\": \"AAAAAAAAAAAAAAAAAAAAAQ\"}]\n";
+        assert_eq!(
+            QuorumStatus::parse_tool_output(text).unwrap(),
+            QuorumStatus {
+                leader_id: 2,
+                leader_epoch: 7,
+                high_watermark: 1234,
+                voters: vec![1, 2, 3],
+                observers: vec![4],
+            }
+        );
+    }
+
+    #[test]
+    fn parses_kafka_3_lists_and_refuses_missing_fields() {
+        let text = "LeaderId: 1\nLeaderEpoch: 3\nHighWatermark: 10\nCurrentVoters: [1,2,3]\nCurrentObservers: []\n";
+        let s = QuorumStatus::parse_tool_output(text).unwrap();
+        assert_eq!((s.voters, s.observers), (vec![1, 2, 3], vec![]));
+        assert!(QuorumStatus::parse_tool_output(
+            "LeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]"
+        )
+        .is_err());
+        assert!(QuorumStatus::parse_tool_output(
+            "LeaderId: x\nLeaderEpoch: 3\nHighWatermark: 1\nCurrentVoters: [1]"
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn properties_of_a_split_layout() {
+        let c = Cluster::prepare(&ClusterConfig {
+            implementation: Implementation::Gregor(PathBuf::from("/nonexistent/gregor")),
+            layout: Layout::Split {
+                controllers: 3,
+                brokers: 2,
+            },
+            properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
+        })
+        .unwrap();
+        assert_eq!(c.nodes().len(), 5);
+        assert_eq!(c.broker_ids(), [4, 5]);
+        let ports: BTreeSet<u16> = c
+            .nodes()
+            .iter()
+            .flat_map(|n| [n.client_port, n.controller_port, n.admin_port])
+            .flatten()
+            .collect();
+        assert_eq!(ports.len(), 3 + 2 + 5, "every port distinct");
+        assert_eq!(c.voters().split(',').count(), 3);
+        assert_eq!(c.bootstrap().split(',').count(), 2);
+        assert_eq!(c.bootstrap_controllers().split(',').count(), 3);
+        let controller = std::fs::read_to_string(c.node(1).config_file()).unwrap();
+        assert!(controller.contains("process.roles=controller\n"));
+        assert!(controller.contains(&format!("controller.quorum.voters={}\n", c.voters())));
+        assert!(!controller.contains("PLAINTEXT://"));
+        let broker = std::fs::read_to_string(c.node(5).config_file()).unwrap();
+        assert!(broker.contains("process.roles=broker\n"));
+        assert!(broker.contains("offsets.topic.replication.factor=2\n"));
+        assert!(broker.ends_with("broker.session.timeout.ms=3000\n"));
+        assert!(!broker.contains("CONTROLLER://"));
+        assert!(Cluster::prepare(&ClusterConfig {
+            implementation: Implementation::Kafka,
+            layout: Layout::Split {
+                controllers: 0,
+                brokers: 2,
+            },
+            properties: vec![],
+        })
+        .is_err());
+    }
+}
