@@ -117,6 +117,7 @@ pub struct RunningBroker {
     admin: Arc<crate::admin::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    lifecycle: crate::lifecycle::BrokerLifecycle,
 }
 
 impl RunningBroker {
@@ -127,6 +128,8 @@ impl RunningBroker {
     /// The log manager's error when a log cannot be closed cleanly (the next start recovers it).
     pub async fn shutdown(self) -> Result<(), gregor_log::LogError> {
         self.admin.set_ready(false);
+        // Leadership moves away (and this broker is fenced) before anything stops.
+        self.lifecycle.controlled_shutdown().await;
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -209,21 +212,11 @@ pub async fn start_with_authorizer(
     // already by the config), never served as plaintext.
     let listeners = gregor_network::bind(&config.endpoints()).await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
-    let advertised = &config.advertised_listeners[0];
-    let advertised_port = if advertised.port == 0 {
-        bound[0].port()
-    } else {
-        advertised.port
-    };
-    controller
-        .register_broker(
-            config.node_id,
-            &advertised.host,
-            advertised_port,
-            config.rack.clone(),
-        )
-        .await
-        .map_err(|e| StartError::Metadata(e.to_string()))?;
+    let bound_ports: Vec<(String, u16)> = listeners
+        .iter()
+        .map(|l| (l.endpoint.listener_name.clone(), l.local_addr.port()))
+        .collect();
+    let lifecycle = crate::lifecycle::start(&config, &controller, &bound_ports).await?;
 
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
@@ -327,6 +320,7 @@ pub async fn start_with_authorizer(
         admin,
         shutdown: shutdown_tx,
         tasks,
+        lifecycle,
     })
 }
 
