@@ -372,9 +372,11 @@ impl Controller {
     }
 
     fn current_state(&self, broker: i32) -> State {
+        // Fencing ends a controlled shutdown (Kafka's heartbeat manager forgets the shutdown
+        // offset), though the registration keeps its InControlledShutdown flag.
         match self.image.brokers.get(&broker) {
-            Some(b) if b.in_controlled_shutdown => State::ControlledShutdown,
             Some(b) if b.fenced => State::Fenced,
+            Some(b) if b.in_controlled_shutdown => State::ControlledShutdown,
             Some(_) => State::Unfenced,
             None => State::ShutdownNow,
         }

@@ -298,13 +298,13 @@ impl Controller {
         }
     }
 
-    /// The brokers replicas may go to (Kafka's `usableBrokers`: registered and not in
-    /// controlled shutdown), with their fencing.
+    /// The brokers replicas may go to (Kafka's `usableBrokers`: registered and not shutting
+    /// down; a fenced broker's controlled shutdown is over), with their fencing.
     fn usable_brokers(image: &MetadataImage) -> Vec<UsableBroker> {
         image
             .brokers
             .values()
-            .filter(|b| !b.in_controlled_shutdown)
+            .filter(|b| b.fenced || !b.in_controlled_shutdown)
             .map(|b| UsableBroker {
                 id: b.broker_id,
                 rack: b.rack.clone(),

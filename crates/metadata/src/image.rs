@@ -44,13 +44,14 @@ pub struct BrokerRegistration {
     pub epoch: i64,
     /// Its listeners, as registered (name, host, port, security protocol).
     pub endpoints: Vec<BrokerEndpoint>,
-    /// The features it supports: name, min and max level, as registered.
+    /// The features it supports: name, min and max level, by name.
     pub features: Vec<BrokerFeature>,
     /// `broker.rack`.
     pub rack: Option<String>,
     /// Fenced: not eligible as leader or ISR member, not given new replicas.
     pub fenced: bool,
-    /// In controlled shutdown: leadership is being moved away from it.
+    /// In controlled shutdown: leadership is being moved away from it. Fencing does not clear
+    /// it (Kafka's `BrokerRegistration.cloneWith`); a new registration does.
     pub in_controlled_shutdown: bool,
     /// A ZooKeeper broker in migration (always false for gregor).
     pub is_migrating_zk_broker: bool,
@@ -65,12 +66,16 @@ pub struct BrokerRegistration {
 impl BrokerRegistration {
     /// The registration a `RegisterBrokerRecord` makes (`BrokerRegistration.fromRecord`).
     pub fn from_record(r: &RegisterBrokerRecord) -> Self {
+        // Kafka keeps the features in a map, and writes them in its iteration order: the order
+        // of a record carries no meaning, so the image keeps them by name.
+        let mut features = r.features.clone();
+        features.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
             broker_id: r.broker_id,
             incarnation_id: r.incarnation_id,
             epoch: r.broker_epoch,
             endpoints: r.end_points.clone(),
-            features: r.features.clone(),
+            features,
             rack: r.rack.clone(),
             fenced: r.fenced,
             in_controlled_shutdown: r.in_controlled_shutdown,
