@@ -524,8 +524,8 @@ mod seeds {
 
     fn metadata_logs() -> Result<Vec<Vec<u8>>> {
         use gregor_protocol::metadata_records::{
-            BrokerEndpoint, ConfigRecord, PartitionRecord, ProducerIdsRecord,
-            RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+            BrokerEndpoint, ConfigRecord, PartitionRecord, ProducerIdsRecord, RegisterBrokerRecord,
+            RemoveTopicRecord, TopicRecord,
         };
         let topic_id = uuid::Uuid::from_u128(7);
         let groups: [Vec<MetadataRecord>; 5] = [

@@ -201,9 +201,11 @@ impl Controller {
     fn has_valid_session(&self, broker: i32) -> bool {
         let unfenced = self.image.brokers.get(&broker).is_some_and(|b| !b.fenced);
         unfenced
-            && self.sessions.sessions.get(&broker).is_none_or(|s| {
-                s.last_contact_ms + self.config.session_timeout_ms >= self.now_ms()
-            })
+            && self
+                .sessions
+                .sessions
+                .get(&broker)
+                .is_none_or(|s| s.last_contact_ms + self.config.session_timeout_ms >= self.now_ms())
     }
 
     /// Registers a broker (BrokerRegistration): a new incarnation gets a new broker epoch, the
@@ -387,7 +389,9 @@ impl Controller {
         let current = self.current_state(req.broker_id);
         match current {
             State::Fenced if req.want_shut_down => State::ShutdownNow,
-            State::Fenced if !req.want_fence && req.current_metadata_offset >= registration_offset => {
+            State::Fenced
+                if !req.want_fence && req.current_metadata_offset >= registration_offset =>
+            {
                 State::Unfenced
             }
             State::Fenced => State::Fenced,
@@ -451,9 +455,8 @@ impl Controller {
             }
         }
         let now = self.now_ms();
-        let end_offset = i64::try_from(self.image.offset + records.len() as u64)
-            .unwrap_or(i64::MAX)
-            - 1;
+        let end_offset =
+            i64::try_from(self.image.offset + records.len() as u64).unwrap_or(i64::MAX) - 1;
         let session = self.sessions.sessions.entry(broker_id).or_insert(Session {
             last_contact_ms: now,
             metadata_offset: -1,
@@ -636,8 +639,7 @@ impl Controller {
         which: impl Fn(&PartitionRegistration) -> bool,
     ) {
         let image: &MetadataImage = &self.image;
-        let acceptable =
-            |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+        let acceptable = |r: i32| r != remove && (r == add || Controller::is_active(image, r));
         let mut topics: Vec<_> = image.topics.values().collect();
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         for t in topics {
@@ -645,8 +647,7 @@ impl Controller {
                 if !which(p) {
                     continue;
                 }
-                let target_isr: Vec<i32> =
-                    p.isr.iter().copied().filter(|r| *r != remove).collect();
+                let target_isr: Vec<i32> = p.isr.iter().copied().filter(|r| *r != remove).collect();
                 let valid = |r: i32| target_isr.contains(&r) && acceptable(r);
                 let leader = if valid(p.leader) {
                     p.leader
@@ -784,7 +785,12 @@ mod tests {
             self.c.image.offset as i64 - 1
         }
 
-        fn create(&mut self, name: &str, partitions: i32, rf: i16) -> Result<Uuid, ControllerError> {
+        fn create(
+            &mut self,
+            name: &str,
+            partitions: i32,
+            rf: i16,
+        ) -> Result<Uuid, ControllerError> {
             let r = self.c.create_topics(
                 vec![NewTopic {
                     name: name.into(),
@@ -838,8 +844,15 @@ mod tests {
         let MetadataRecord::BrokerRegistrationChange(change) = &records[0] else {
             panic!("{records:?}")
         };
-        assert_eq!((change.broker_id, change.broker_epoch, change.fenced), (1, epoch, -1));
-        assert_eq!(crate::codec::encode_record(&records[0]).unwrap()[2], 0, "v0");
+        assert_eq!(
+            (change.broker_id, change.broker_epoch, change.fenced),
+            (1, epoch, -1)
+        );
+        assert_eq!(
+            crate::codec::encode_record(&records[0]).unwrap()[2],
+            0,
+            "v0"
+        );
         assert!(!k.c.image.brokers[&1].fenced);
     }
 
@@ -852,7 +865,10 @@ mod tests {
         k.beat(heartbeat(1, epoch, offset)).unwrap();
         let e = k.register(request(1)).unwrap_err();
         assert_eq!(e.kafka_error_code(), 101);
-        assert_eq!(e.to_string(), "Another broker is registered with that broker id.");
+        assert_eq!(
+            e.to_string(),
+            "Another broker is registered with that broker id."
+        );
         // The same incarnation amends: epoch and fencing stay.
         let mut amended = first.clone();
         amended.rack = Some("other".into());
@@ -883,7 +899,9 @@ mod tests {
             "Unable to register because the broker does not support finalized version 33 of metadata.version. The broker wants a version between 7 and 20, inclusive."
         );
         let mut no_mv = request(1);
-        no_mv.features.retain(|f| f.name != METADATA_VERSION_FEATURE);
+        no_mv
+            .features
+            .retain(|f| f.name != METADATA_VERSION_FEATURE);
         assert_eq!(k.register(no_mv).unwrap_err().kafka_error_code(), 35);
         let mut req = request(1);
         req.log_dirs = vec![];
@@ -928,10 +946,13 @@ mod tests {
             }],
             false,
         );
-        assert!(matches!(
-            r.response.first(),
-            Some(Err(ControllerError::InvalidReplicaAssignment(_)))
-        ), "partitions of different replication factors");
+        assert!(
+            matches!(
+                r.response.first(),
+                Some(Err(ControllerError::InvalidReplicaAssignment(_)))
+            ),
+            "partitions of different replication factors"
+        );
         let r = k.c.create_topics(
             vec![NewTopic {
                 name: "t".into(),
@@ -972,7 +993,11 @@ mod tests {
         assert_eq!(after.leader_epoch, before.leader_epoch + 1);
         assert_eq!(after.partition_epoch, before.partition_epoch + 1);
         assert!(k.c.image.brokers[&1].fenced);
-        assert_eq!(k.c.fence_stale_broker().response, None, "one at a time, then none");
+        assert_eq!(
+            k.c.fence_stale_broker().response,
+            None,
+            "one at a time, then none"
+        );
         // Broker 2 goes too: no replica is left to lead, the leader becomes -1 and the ISR
         // keeps its last member (no ELR).
         k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
@@ -1016,7 +1041,11 @@ mod tests {
             panic!("{records:?}")
         };
         assert_eq!((c.fenced, c.in_controlled_shutdown), (0, 1));
-        assert_eq!(crate::codec::encode_record(&records[0]).unwrap()[2], 1, "v1");
+        assert_eq!(
+            crate::codec::encode_record(&records[0]).unwrap()[2],
+            1,
+            "v1"
+        );
         assert_eq!(k.partition("t", 0).leader, 2, "leadership moved away");
         assert!(k.c.image.brokers[&1].in_controlled_shutdown);
         // Broker 2 has not yet seen the change: not yet.
@@ -1057,7 +1086,9 @@ mod tests {
         );
         commit(&mut k.c, r.records);
         let r = k.c.unregister_broker(2).unwrap();
-        assert!(matches!(r.records.last(), Some(MetadataRecord::UnregisterBroker(u)) if u.broker_id == 2));
+        assert!(
+            matches!(r.records.last(), Some(MetadataRecord::UnregisterBroker(u)) if u.broker_id == 2)
+        );
         commit(&mut k.c, r.records);
         assert!(!k.c.image.brokers.contains_key(&2));
         let p = k.partition("t", 0);
@@ -1093,7 +1124,10 @@ mod tests {
             assert_eq!((p.leader_epoch, p.partition_epoch), (0, 0));
             assert_eq!(p.directories.len(), 2);
             for (r, d) in p.replicas.iter().zip(&p.directories) {
-                assert_eq!(*d, k.c.image.brokers[r].directories[0], "the broker's one log dir");
+                assert_eq!(
+                    *d, k.c.image.brokers[r].directories[0],
+                    "the broker's one log dir"
+                );
             }
         }
         let leaders: std::collections::BTreeSet<i32> =

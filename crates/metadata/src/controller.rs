@@ -26,11 +26,11 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
+use crate::cluster_control::BrokerSessions;
 pub use crate::cluster_control::{
     BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerClock,
     ManualClock, SystemClock, DEFAULT_BROKER_SESSION_TIMEOUT_MS, SUPPORTED_FEATURES,
 };
-use crate::cluster_control::BrokerSessions;
 use crate::image::MetadataImage;
 use crate::loader::{LoaderError, LoaderHandle};
 use crate::log::{CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError};
@@ -226,6 +226,9 @@ pub struct PartitionsIncrease {
     pub assignments: Vec<Vec<i32>>,
 }
 
+/// A new partition's replicas (leader first) and its ISR.
+type Placed = (Vec<i32>, Vec<i32>);
+
 /// How the controller is run: the broker session timeout, the clock it is measured on, and the
 /// seed of the replica placer's randomness.
 #[derive(Clone)]
@@ -340,7 +343,7 @@ impl Controller {
         image: &MetadataImage,
         count: i32,
         replication_factor: i16,
-    ) -> Result<Vec<(Vec<i32>, Vec<i32>)>, ControllerError> {
+    ) -> Result<Vec<Placed>, ControllerError> {
         let unable = |why: String| {
             ControllerError::InvalidReplicationFactor(format!(
                 "Unable to replicate the partition {replication_factor} time(s): {why}"
@@ -378,7 +381,7 @@ impl Controller {
         first_partition: i32,
         assignments: &[Vec<i32>],
         mut replication_factor: Option<usize>,
-    ) -> Result<Vec<(Vec<i32>, Vec<i32>)>, ControllerError> {
+    ) -> Result<Vec<Placed>, ControllerError> {
         let invalid = ControllerError::InvalidReplicaAssignment;
         let mut out = Vec::with_capacity(assignments.len());
         for (i, a) in assignments.iter().enumerate() {
@@ -432,7 +435,7 @@ impl Controller {
         image: &MetadataImage,
         topic_id: Uuid,
         first_partition: i32,
-        placed: Vec<(Vec<i32>, Vec<i32>)>,
+        placed: Vec<Placed>,
     ) -> Vec<MetadataRecord> {
         placed
             .into_iter()
@@ -1006,7 +1009,8 @@ impl ControllerHandle {
     /// # Errors
     /// BROKER_ID_NOT_REGISTERED, NOT_CONTROLLER, or the log's or the loader's failure.
     pub async fn unregister_broker(&self, broker_id: i32) -> Result<(), ControllerError> {
-        self.submit_one(move |c| c.unregister_broker(broker_id)).await
+        self.submit_one(move |c| c.unregister_broker(broker_id))
+            .await
     }
 
     /// Creates topics; see [`Controller::create_topics`]. When the batch is not committed or

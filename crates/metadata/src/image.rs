@@ -191,8 +191,7 @@ impl PartitionRegistration {
             partition_epoch: self.partition_epoch,
             directories: self.directories.clone(),
             eligible_leader_replicas: (!self.elr.is_empty()).then(|| self.elr.clone()),
-            last_known_elr: (!self.last_known_elr.is_empty())
-                .then(|| self.last_known_elr.clone()),
+            last_known_elr: (!self.last_known_elr.is_empty()).then(|| self.last_known_elr.clone()),
             ..PartitionRecord::default()
         }
     }

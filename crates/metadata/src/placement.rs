@@ -264,7 +264,11 @@ mod tests {
             let mut leaders = HashMap::new();
             for replicas in &placed {
                 assert_eq!(replicas.len(), 3);
-                assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), 3, "{replicas:?}");
+                assert_eq!(
+                    replicas.iter().collect::<BTreeSet<_>>().len(),
+                    3,
+                    "{replicas:?}"
+                );
                 assert_ne!(replicas[0], 4, "a fenced broker never leads");
                 let racks: BTreeSet<&str> = replicas.iter().map(|r| rack[r]).collect();
                 assert_eq!(racks.len(), 3, "one replica per rack: {replicas:?}");
@@ -273,7 +277,10 @@ mod tests {
             // 50 leaderships over 5 unfenced brokers: every one leads, none more than 3x its
             // share.
             assert_eq!(leaders.len(), 5, "{leaders:?}");
-            assert!(leaders.values().all(|n| (3..=30).contains(n)), "{leaders:?}");
+            assert!(
+                leaders.values().all(|n| (3..=30).contains(n)),
+                "{leaders:?}"
+            );
         }
     }
 

@@ -74,13 +74,19 @@ fn kafkas_log_replays_into_the_image_kafka_had() {
     // Topics: payments was created and deleted; orders has 3 partitions.
     assert!(image.topic("payments").is_none());
     let orders = image.topic("orders").expect("orders");
-    assert_eq!(orders.partitions.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        orders.partitions.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
     // The clean shutdown emptied the ISR into the ELR and left no leader: each
     // PartitionChangeRecord changed only what it carries, and bumped both epochs once.
     for p in orders.partitions.values() {
         assert_eq!(p.replicas, [1]);
         assert_eq!((p.leader, p.isr.clone()), (-1, vec![]));
-        assert_eq!((p.elr.clone(), p.last_known_elr.clone()), (vec![1], vec![1]));
+        assert_eq!(
+            (p.elr.clone(), p.last_known_elr.clone()),
+            (vec![1], vec![1])
+        );
         assert_eq!((p.leader_epoch, p.partition_epoch), (1, 1));
         assert_eq!(p.directories.len(), 1);
         assert_ne!(p.directories[0], DIRECTORY_MIGRATING);
@@ -190,7 +196,10 @@ fn legacy_json_records_convert_one_for_one() {
     };
     assert_eq!((b.broker_id, b.broker_epoch, b.fenced), (1, 100, true));
     assert_eq!(b.end_points[0].name, "PLAINTEXT");
-    assert_eq!((b.end_points[0].host.as_str(), b.end_points[0].port), ("localhost", 9092));
+    assert_eq!(
+        (b.end_points[0].host.as_str(), b.end_points[0].port),
+        ("localhost", 9092)
+    );
     assert_eq!(b.rack.as_deref(), Some("r1"));
     let image = replay(&converted);
     let p = &image.topic("orders").expect("orders").partitions[&0];
@@ -239,21 +248,31 @@ fn record() -> impl Strategy<Value = MetadataRecord> {
             ..Default::default()
         }
         .into()),
-        (0u8..3, 0..3i32, ids(), ids(), -1..4i32, 0..5i32, dirs(), ids()).prop_map(
-            |(t, p, replicas, isr, leader, epoch, directories, elr)| PartitionRecord {
-                topic_id: topic_id(t),
-                partition_id: p,
-                replicas,
-                isr,
-                leader,
-                leader_epoch: epoch,
-                partition_epoch: epoch,
-                directories,
-                eligible_leader_replicas: (!elr.is_empty()).then_some(elr),
-                ..Default::default()
-            }
-            .into()
-        ),
+        (
+            0u8..3,
+            0..3i32,
+            ids(),
+            ids(),
+            -1..4i32,
+            0..5i32,
+            dirs(),
+            ids()
+        )
+            .prop_map(|(t, p, replicas, isr, leader, epoch, directories, elr)| {
+                PartitionRecord {
+                    topic_id: topic_id(t),
+                    partition_id: p,
+                    replicas,
+                    isr,
+                    leader,
+                    leader_epoch: epoch,
+                    partition_epoch: epoch,
+                    directories,
+                    eligible_leader_replicas: (!elr.is_empty()).then_some(elr),
+                    ..Default::default()
+                }
+                .into()
+            }),
         (
             0u8..3,
             0..3i32,
@@ -284,8 +303,14 @@ fn record() -> impl Strategy<Value = MetadataRecord> {
             ..Default::default()
         }
         .into()),
-        (0..3i32, 0..20i64, any::<bool>(), prop::option::of("[a-c]"), dirs()).prop_map(
-            |(id, epoch, fenced, rack, log_dirs)| RegisterBrokerRecord {
+        (
+            0..3i32,
+            0..20i64,
+            any::<bool>(),
+            prop::option::of("[a-c]"),
+            dirs()
+        )
+            .prop_map(|(id, epoch, fenced, rack, log_dirs)| RegisterBrokerRecord {
                 broker_id: id,
                 incarnation_id: Uuid::from_u128(epoch as u128),
                 broker_epoch: epoch,
@@ -306,8 +331,7 @@ fn record() -> impl Strategy<Value = MetadataRecord> {
                 log_dirs,
                 ..Default::default()
             }
-            .into()
-        ),
+            .into()),
         (0..3i32, 0..20i64, -1..2i8, 0..2i8, prop::option::of(dirs())).prop_map(
             |(id, epoch, fenced, ics, cordoned)| BrokerRegistrationChangeRecord {
                 broker_id: id,
@@ -330,7 +354,10 @@ fn record() -> impl Strategy<Value = MetadataRecord> {
             ..Default::default()
         }
         .into()),
-        (prop::sample::select(vec!["metadata.version", "kraft.version", "group.version"]), 0..3i16)
+        (
+            prop::sample::select(vec!["metadata.version", "kraft.version", "group.version"]),
+            0..3i16
+        )
             .prop_map(|(name, level)| FeatureLevelRecord {
                 name: name.into(),
                 feature_level: level,

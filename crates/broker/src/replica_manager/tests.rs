@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use gregor_log::{LogManager, ManualClock, TopicPartition};
 use gregor_metadata::{MetadataImage, MetadataRecord};
-use gregor_protocol::metadata_records::{PartitionRecord, TopicRecord};
 use gregor_protocol::batch::BatchBuilder;
+use gregor_protocol::metadata_records::{PartitionRecord, TopicRecord};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -68,16 +68,17 @@ impl Fixture {
     }
 
     fn set_leader(&mut self, partition: i32, leader: i32, leader_epoch: i32, replicas: &[i32]) {
-        self.image.apply(&MetadataRecord::Partition(PartitionRecord {
-            topic_id: self.topic_id,
-            partition_id: partition,
-            replicas: replicas.to_vec(),
-            isr: replicas.to_vec(),
-            leader,
-            leader_epoch,
-            partition_epoch: leader_epoch,
-            ..PartitionRecord::default()
-        }));
+        self.image
+            .apply(&MetadataRecord::Partition(PartitionRecord {
+                topic_id: self.topic_id,
+                partition_id: partition,
+                replicas: replicas.to_vec(),
+                isr: replicas.to_vec(),
+                leader,
+                leader_epoch,
+                partition_epoch: leader_epoch,
+                ..PartitionRecord::default()
+            }));
         self.rm.apply_image(&self.image).expect("apply image");
     }
 
