@@ -196,11 +196,16 @@ impl Controller {
         self.config.clock.now_ms()
     }
 
-    /// Whether `broker`'s incarnation is alive: unfenced and heard from within the session
-    /// timeout (`BrokerHeartbeatManager.hasValidSession`).
+    /// Whether `broker`'s incarnation is alive: unfenced, not in controlled shutdown (Kafka
+    /// 4.1's KAFKA-19047: a broker that shut down cleanly re-registers at once) and heard from
+    /// within the session timeout (`BrokerHeartbeatManager.hasValidSession`).
     fn has_valid_session(&self, broker: i32) -> bool {
-        let unfenced = self.image.brokers.get(&broker).is_some_and(|b| !b.fenced);
-        unfenced
+        let active = self
+            .image
+            .brokers
+            .get(&broker)
+            .is_some_and(|b| !b.fenced && !b.in_controlled_shutdown);
+        active
             && self
                 .sessions
                 .sessions
@@ -1067,6 +1072,34 @@ mod tests {
         go.want_shut_down = true;
         let (reply, _) = k.beat(go).unwrap();
         assert!(reply.should_shut_down);
+    }
+
+    #[test]
+    fn a_broker_in_controlled_shutdown_may_register_again_at_once() {
+        let mut k = cluster();
+        let e1 = k.join(1);
+        k.join(2);
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        let offset = k.offset();
+        let mut shut = heartbeat(1, e1, offset);
+        shut.want_shut_down = true;
+        let (reply, _) = k.beat(shut).unwrap();
+        assert!(reply.in_controlled_shutdown);
+        // Its process stops before the go-ahead; the next one registers within the session.
+        let again = k.register(request(1)).unwrap();
+        assert!(again > e1);
+        let b = &k.c.image.brokers[&1];
+        assert!(b.fenced && !b.in_controlled_shutdown);
     }
 
     #[test]
