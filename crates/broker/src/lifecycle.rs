@@ -145,6 +145,12 @@ pub async fn start(
         if !reply.is_fenced {
             break;
         }
+        if reply.is_caught_up {
+            // Caught up and still fenced: the controller will not unfence this incarnation.
+            return Err(StartError::Metadata(format!(
+                "broker {broker_id} (epoch {broker_epoch}) caught up with its registration but the controller keeps it fenced"
+            )));
+        }
         // The loader applies the registration record shortly; wait for it, not for time.
         controller
             .loader()

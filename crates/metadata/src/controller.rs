@@ -293,9 +293,12 @@ impl Controller {
         &self.image
     }
 
-    /// Applies a committed batch.
+    /// Applies a committed batch. Offsets the batch skips (a KRaft log's control records,
+    /// which are not metadata records) are skipped in the image too, so a new broker epoch,
+    /// the offset of its `RegisterBrokerRecord`, is the record's offset in the log.
     pub fn replay(&mut self, batch: &CommittedBatch) {
-        debug_assert_eq!(self.image.offset, batch.base_offset, "batches in order");
+        debug_assert!(self.image.offset <= batch.base_offset, "batches in order");
+        self.image.offset = self.image.offset.max(batch.base_offset);
         for r in batch.records.iter() {
             self.image.apply(r);
         }
