@@ -169,10 +169,30 @@ pub(crate) struct Session {
     controlled_shutdown_offset: Option<i64>,
 }
 
-/// The sessions of the registered brokers.
+/// The sessions of the registered brokers, and the offset of each broker's latest
+/// `RegisterBrokerRecord` (Kafka's `registerBrokerRecordOffsets`: a broker is caught up once
+/// its metadata reached it).
 #[derive(Debug, Default)]
 pub(crate) struct BrokerSessions {
     sessions: BTreeMap<i32, Session>,
+    register_offsets: BTreeMap<i32, i64>,
+}
+
+impl BrokerSessions {
+    /// Notes the offset of a committed `RegisterBrokerRecord` (or forgets it on
+    /// `UnregisterBrokerRecord`).
+    pub(crate) fn replayed(&mut self, offset: u64, record: &MetadataRecord) {
+        match record {
+            MetadataRecord::RegisterBroker(r) => {
+                self.register_offsets
+                    .insert(r.broker_id, i64::try_from(offset).unwrap_or(i64::MAX));
+            }
+            MetadataRecord::UnregisterBroker(r) => {
+                self.register_offsets.remove(&r.broker_id);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `BrokerControlState`.
@@ -446,7 +466,12 @@ impl Controller {
     ) -> Result<ControllerResult<BrokerHeartbeatReply>, ControllerError> {
         let broker_id = req.broker_id;
         self.check_broker_epoch(broker_id, req.broker_epoch)?;
-        let registration_offset = req.broker_epoch;
+        let registration_offset = self
+            .sessions
+            .register_offsets
+            .get(&broker_id)
+            .copied()
+            .unwrap_or(req.broker_epoch);
         let current = self.current_state(broker_id);
         let next = self.next_state(&req, registration_offset);
         let mut records = Vec::new();
@@ -859,6 +884,22 @@ mod tests {
             "v0"
         );
         assert!(!k.c.image.brokers[&1].fenced);
+    }
+
+    #[test]
+    fn caught_up_means_with_the_latest_registration_record() {
+        let mut k = cluster();
+        let req = request(1);
+        let epoch = k.register(req.clone()).unwrap();
+        // The same incarnation amends its registration (fenced still): same epoch, a new
+        // record further on, which the broker must have seen to be unfenced.
+        assert_eq!(k.register(req).unwrap(), epoch);
+        let amended_at = k.offset();
+        assert!(amended_at > epoch);
+        let (reply, records) = k.beat(heartbeat(1, epoch, epoch)).unwrap();
+        assert!(!reply.is_caught_up && reply.is_fenced && records.is_empty());
+        let (reply, _) = k.beat(heartbeat(1, epoch, amended_at)).unwrap();
+        assert!(reply.is_caught_up && !reply.is_fenced);
     }
 
     #[test]

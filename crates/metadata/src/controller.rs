@@ -300,6 +300,7 @@ impl Controller {
         debug_assert!(self.image.offset <= batch.base_offset, "batches in order");
         self.image.offset = self.image.offset.max(batch.base_offset);
         for r in batch.records.iter() {
+            self.sessions.replayed(self.image.offset, r);
             self.image.apply(r);
         }
     }
@@ -1305,6 +1306,64 @@ mod tests {
         let _unfence = s.next().await.unwrap();
         let batch = s.next().await.unwrap();
         assert_eq!(batch.records.len(), 7);
+    }
+
+    /// The controller task fences a broker whose session expired on its clock, by itself, and
+    /// elects the other replica: what the periodic session check commits reaches the loader.
+    /// (The task's check runs every SESSION_CHECK_INTERVAL_MS of real time; the session is
+    /// measured on the manual clock.)
+    #[tokio::test]
+    async fn the_controller_task_fences_brokers_whose_session_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let clock = Arc::new(ManualClock::default());
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        let config = ControllerConfig {
+            session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+            clock: clock.clone(),
+            placement_seed: Some(3),
+        };
+        let (c, controller_task) = start_controller_with(log, loader, rx, config).unwrap();
+        register_and_unfence(&c, 1).await;
+        register_and_unfence(&c, 2).await;
+        let t = NewTopic {
+            assignments: vec![vec![1, 2]],
+            num_partitions: -1,
+            replication_factor: -1,
+            ..topic("t", 1, 2)
+        };
+        create(&c, t).await.unwrap();
+        clock.advance(5_000);
+        let e2 = c.image().brokers[&2].epoch;
+        let offset = c.image().offset as i64 - 1;
+        c.broker_heartbeat(BrokerHeartbeatRequest {
+            broker_id: 2,
+            broker_epoch: e2,
+            current_metadata_offset: offset,
+            want_fence: false,
+            want_shut_down: false,
+        })
+        .await
+        .unwrap();
+        clock.advance(4_001);
+        // The next records are the fencing of broker 1 (its session ended 4001 ms after broker
+        // 2's last heartbeat).
+        let next = c.image().offset;
+        let image = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            c.loader().wait_for_offset(next + 1),
+        )
+        .await
+        .expect("the session check fenced broker 1")
+        .unwrap();
+        assert!(image.brokers[&1].fenced);
+        assert!(!image.brokers[&2].fenced);
+        let p = &image.topic("t").unwrap().partitions[&0];
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        let _ = shutdown.send(true);
+        loader_task.await.unwrap();
+        controller_task.await.unwrap();
     }
 
     /// The log of a node that follows the quorum: commits nothing itself.
