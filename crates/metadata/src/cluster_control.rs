@@ -10,10 +10,14 @@
 //! Sessions live in memory only, as in Kafka: a controller that starts (or takes over) gives
 //! every unfenced broker of the image a full session from the moment it first looks.
 //!
-//! Departures from Kafka 4.4: KIP-966's eligible leader replicas are not maintained (a fenced
-//! broker's ISR membership is removed unless it is the last member, and its partitions become
-//! leaderless, as Kafka without ELR), nor KIP-966's unclean-shutdown handling of the previous
-//! broker epoch; offline log directories in heartbeats are not taken.
+//! With `eligible.leader.replicas.version` >= 1 (KIP-966, on in a new Kafka 4.4 cluster) an
+//! ISR shrinking below `min.insync.replicas` keeps its members as eligible leader replicas, as
+//! Kafka's `PartitionChangeBuilder`; without it an ISR never becomes empty.
+//!
+//! Departures from Kafka 4.4: KIP-966's unclean-shutdown handling (a new incarnation whose
+//! previous broker epoch does not match leaves every ISR and ELR at registration) is not done,
+//! nor unclean leader election by config; offline log directories in heartbeats are not
+//! taken.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +31,13 @@ use uuid::Uuid;
 
 use crate::controller::{Controller, ControllerError, ControllerResult};
 use crate::image::{MetadataImage, PartitionRegistration, METADATA_VERSION_FEATURE, NO_LEADER};
-use crate::record::MetadataRecord;
+use crate::record::{ConfigResource, MetadataRecord};
+
+/// The feature that turns on eligible leader replicas (KIP-966).
+pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
+
+/// `min.insync.replicas`.
+const MIN_INSYNC_REPLICAS: &str = "min.insync.replicas";
 
 /// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
 pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
@@ -525,7 +535,7 @@ impl Controller {
         let epoch = b.epoch;
         let mut records = Vec::new();
         self.leader_and_isr_updates(broker_id, NO_LEADER, &mut records, |p| {
-            p.isr.contains(&broker_id)
+            p.isr.contains(&broker_id) || p.elr.contains(&broker_id)
         });
         records.push(
             UnregisterBrokerRecord {
@@ -655,12 +665,9 @@ impl Controller {
         });
     }
 
-    /// `generateLeaderAndIsrUpdates` without ELR: for each partition `which` selects, the
-    /// target ISR loses `remove`; the leader stays if it is still acceptable (in the target
-    /// ISR, active or `add`, not `remove`), else the first acceptable replica in the target ISR
-    /// leads, else nobody (-1). An ISR that would become empty is left as it is (Kafka without
-    /// ELR). One `PartitionChangeRecord` per partition that changes, carrying only what
-    /// changed.
+    /// `generateLeaderAndIsrUpdates`: for each partition `which` selects, a
+    /// `PartitionChangeRecord` as Kafka's `PartitionChangeBuilder` builds it
+    /// ([`Controller::partition_change`]) when something changes.
     fn leader_and_isr_updates(
         &self,
         remove: i32,
@@ -669,42 +676,149 @@ impl Controller {
         which: impl Fn(&PartitionRegistration) -> bool,
     ) {
         let image: &MetadataImage = &self.image;
-        let acceptable = |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+        let elr_enabled = image
+            .features
+            .get(ELR_FEATURE)
+            .is_some_and(|level| *level >= 1);
         let mut topics: Vec<_> = image.topics.values().collect();
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         for t in topics {
+            let min_isr = elr_enabled.then(|| self.effective_min_isr(&t.name, t));
             for (partition_id, p) in &t.partitions {
                 if !which(p) {
                     continue;
                 }
-                let target_isr: Vec<i32> = p.isr.iter().copied().filter(|r| *r != remove).collect();
-                let valid = |r: i32| target_isr.contains(&r) && acceptable(r);
-                let leader = if valid(p.leader) {
-                    p.leader
-                } else {
-                    p.replicas
-                        .iter()
-                        .copied()
-                        .find(|r| valid(*r))
-                        .unwrap_or(NO_LEADER)
-                };
-                let mut change = PartitionChangeRecord {
-                    partition_id: *partition_id,
-                    topic_id: t.topic_id,
-                    ..PartitionChangeRecord::default()
-                };
-                if leader != p.leader {
-                    change.leader = leader;
-                }
-                if !target_isr.is_empty() && target_isr != p.isr {
-                    change.isr = Some(target_isr);
-                }
-                if change.leader != PartitionChangeRecord::default().leader || change.isr.is_some()
-                {
+                if let Some(mut change) = self.partition_change(p, remove, add, min_isr) {
+                    change.topic_id = t.topic_id;
+                    change.partition_id = *partition_id;
                     records.push(change.into());
                 }
             }
         }
+    }
+
+    /// `min.insync.replicas` of a topic (its own, else the cluster default, else Kafka's
+    /// default 1; a broker's static config is not known to the controller), at most its
+    /// replication factor (`getTopicEffectiveMinIsr`).
+    fn effective_min_isr(&self, name: &str, t: &crate::image::TopicImage) -> usize {
+        let image = &self.image;
+        let configured = image
+            .configs
+            .get(&(ConfigResource::Topic, name.to_string()))
+            .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
+            .or_else(|| {
+                image
+                    .configs
+                    .get(&(ConfigResource::Broker, String::new()))
+                    .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
+            })
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1);
+        let replication_factor = t.partitions.values().next().map_or(1, |p| p.replicas.len());
+        configured.min(replication_factor)
+    }
+
+    /// The change of one partition when `remove` leaves its ISR and leadership and `add` may
+    /// lead although the image still shows it fenced, as Kafka's `PartitionChangeBuilder.build`
+    /// for an online election (no reassignment): the ISR without `remove`; with ELR enabled
+    /// (`min_isr` given, KIP-966) an ISR below `min_isr` moves its other members to the
+    /// eligible leader replicas and may become empty, and a partition left without ISR and
+    /// leader remembers its last leader (`LastKnownElr`); the leader stays if it is still
+    /// acceptable, else the first acceptable replica in the ISR (or, with an empty ISR, in the
+    /// ELR, which then becomes the ISR) leads, else the last known leader (an unclean
+    /// election, recovering), else nobody (-1). None when nothing changes. The record's topic
+    /// and partition ids are the caller's.
+    pub(crate) fn partition_change(
+        &self,
+        p: &PartitionRegistration,
+        remove: i32,
+        add: i32,
+        min_isr: Option<usize>,
+    ) -> Option<PartitionChangeRecord> {
+        let image: &MetadataImage = &self.image;
+        let elr_enabled = min_isr.is_some();
+        let acceptable = |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+        let mut target_isr: Vec<i32> = p.isr.iter().copied().filter(|r| *r != remove).collect();
+        let mut target_elr = p.elr.clone();
+        let mut target_lrs = p.leader_recovery_state;
+        // maybePopulateTargetElr
+        if let Some(min_isr) = min_isr {
+            if target_isr.len() >= min_isr {
+                target_elr.clear();
+            } else {
+                let mut candidates = target_elr.clone();
+                for r in &p.isr {
+                    if !candidates.contains(r) {
+                        candidates.push(*r);
+                    }
+                }
+                target_elr = candidates
+                    .into_iter()
+                    .filter(|r| !target_isr.contains(r))
+                    .collect();
+            }
+        }
+        // tryElection (Election.ONLINE)
+        let valid = |r: i32, isr: &[i32], elr: &[i32]| {
+            (isr.contains(&r) || (isr.is_empty() && elr.contains(&r))) && acceptable(r)
+        };
+        let mut unclean = false;
+        let leader = if valid(p.leader, &target_isr, &target_elr) {
+            p.leader
+        } else if let Some(r) = p
+            .replicas
+            .iter()
+            .copied()
+            .find(|r| valid(*r, &target_isr, &target_elr))
+        {
+            r
+        } else if elr_enabled
+            && target_elr.is_empty()
+            && target_isr.is_empty()
+            && p.last_known_elr.len() == 1
+        {
+            unclean = true;
+            p.last_known_elr[0]
+        } else {
+            NO_LEADER
+        };
+        let mut record = PartitionChangeRecord::default();
+        if leader != p.leader {
+            if target_elr.contains(&leader) {
+                target_isr = vec![leader];
+                target_elr.retain(|r| *r != leader);
+            }
+            record.leader = leader;
+            if unclean {
+                record.isr = Some(vec![leader]);
+                target_lrs = 1;
+            }
+        }
+        // maybeUpdateRecordElr
+        if record.isr.is_some() || !elr_enabled {
+            target_elr.clear();
+        }
+        if target_elr != p.elr {
+            record.eligible_leader_replicas = Some(target_elr);
+        }
+        if record.isr.is_none() && (!target_isr.is_empty() || elr_enabled) && target_isr != p.isr {
+            record.isr = Some(target_isr);
+        }
+        // maybeUpdateLastKnownLeader
+        if elr_enabled {
+            let emptied = record.isr.as_ref().is_some_and(Vec::is_empty);
+            if emptied && (p.last_known_elr.len() != 1 || p.last_known_elr[0] != p.leader) {
+                record.last_known_elr = Some(vec![p.leader]);
+            } else if (record.leader >= 0 || (p.leader != NO_LEADER && record.leader != NO_LEADER))
+                && !p.last_known_elr.is_empty()
+            {
+                record.last_known_elr = Some(vec![]);
+            }
+        }
+        if target_lrs != p.leader_recovery_state {
+            record.leader_recovery_state = target_lrs;
+        }
+        (record != PartitionChangeRecord::default()).then_some(record)
     }
 }
 
@@ -1060,6 +1174,43 @@ mod tests {
         let p2 = k.partition("t", 0);
         assert_eq!(p2.leader, 2);
         assert_eq!(p2.leader_epoch, p.leader_epoch + 1);
+    }
+
+    #[test]
+    fn with_elr_a_fenced_last_isr_member_becomes_eligible_and_leads_again() {
+        let mut k = cluster();
+        commit(
+            &mut k.c,
+            vec![FeatureLevelRecord {
+                name: ELR_FEATURE.into(),
+                feature_level: 1,
+                ..Default::default()
+            }
+            .into()],
+        );
+        let e1 = k.join(1);
+        k.create("t", 1, 1).unwrap();
+        k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
+        let r = k.c.fence_stale_broker();
+        let MetadataRecord::PartitionChange(pc) = &r.records[0] else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!(pc.leader, -1);
+        assert_eq!(
+            pc.isr.as_deref(),
+            Some(&[][..]),
+            "the ISR may be empty with ELR"
+        );
+        assert_eq!(pc.eligible_leader_replicas.as_deref(), Some(&[1][..]));
+        assert_eq!(pc.last_known_elr.as_deref(), Some(&[1][..]));
+        commit(&mut k.c, r.records);
+        // Back and caught up: elected from the ELR, which becomes the ISR.
+        let offset = k.offset();
+        let (reply, _) = k.beat(heartbeat(1, e1, offset)).unwrap();
+        assert!(!reply.is_fenced);
+        let p = k.partition("t", 0);
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![1]));
+        assert!(p.elr.is_empty() && p.last_known_elr.is_empty());
     }
 
     #[test]

@@ -447,3 +447,69 @@ proptest! {
         prop_assert_eq!(back, image);
     }
 }
+
+/// gregor's controller, at the image Kafka's controller had just before the broker asked for
+/// a controlled shutdown (offset 95 of the fixture log), writes the records Kafka wrote: the
+/// broker enters controlled shutdown, then each partition's ISR empties into the ELR (KIP-966,
+/// `min.insync.replicas` 1) with no leader and the last leader remembered; once it leads
+/// nothing it may shut down and is fenced.
+#[test]
+fn the_controlled_shutdown_kafka_did_is_the_one_gregor_does() {
+    use gregor_metadata::controller::{
+        BrokerHeartbeatRequest, Controller, ControllerConfig, ManualClock,
+    };
+    use gregor_metadata::log::CommittedBatch;
+    use std::sync::Arc;
+
+    let log = records("00000000000000000000.log");
+    let mut image = replay(log.iter().filter(|(o, _)| *o < 95).map(|(_, r)| r));
+    image.offset = 95;
+    let mut controller = Controller::with_config(
+        image,
+        ControllerConfig {
+            clock: Arc::new(ManualClock::default()),
+            ..ControllerConfig::default()
+        },
+    );
+    let shut_down = BrokerHeartbeatRequest {
+        broker_id: 1,
+        broker_epoch: 12,
+        current_metadata_offset: 94,
+        want_fence: false,
+        want_shut_down: true,
+    };
+    let r = controller.broker_heartbeat(shut_down).expect("a heartbeat");
+    assert!(r.response.in_controlled_shutdown && !r.response.should_shut_down);
+    let kafkas: Vec<MetadataRecord> = log
+        .iter()
+        .filter(|(o, _)| (95..=98).contains(o))
+        .map(|(_, r)| r.clone())
+        .collect();
+    assert_eq!(r.records, kafkas);
+    let encoded = |rs: &[MetadataRecord]| -> Vec<Vec<u8>> {
+        rs.iter()
+            .map(|r| encode_record(r).expect("encodes").to_vec())
+            .collect()
+    };
+    assert_eq!(encoded(&r.records), encoded(&kafkas), "the same bytes");
+    controller.replay(&CommittedBatch {
+        base_offset: 95,
+        epoch: 1,
+        records: r.records.into(),
+    });
+    let r = controller
+        .broker_heartbeat(BrokerHeartbeatRequest {
+            current_metadata_offset: 98,
+            ..shut_down
+        })
+        .expect("a heartbeat");
+    assert!(r.response.should_shut_down);
+    // Kafka's next records: a NoOpRecord (its periodic one), then the fencing.
+    let MetadataRecord::BrokerRegistrationChange(fence) = &log[log.len() - 1].1 else {
+        panic!("the log ends with the fencing")
+    };
+    assert_eq!(
+        r.records,
+        vec![MetadataRecord::BrokerRegistrationChange(fence.clone())]
+    );
+}
