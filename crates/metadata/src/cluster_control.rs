@@ -590,17 +590,6 @@ impl Controller {
         }
     }
 
-    /// When the next session may expire, in clock ms (None: no unfenced broker).
-    pub fn next_session_expiry_ms(&self) -> Option<u64> {
-        self.image
-            .brokers
-            .values()
-            .filter(|b| !b.fenced)
-            .filter_map(|b| self.sessions.sessions.get(&b.broker_id))
-            .map(|s| s.last_contact_ms + self.config.session_timeout_ms + 1)
-            .min()
-    }
-
     /// `handleBrokerFenced`: leadership and ISR away from the broker, then
     /// `BrokerRegistrationChangeRecord(fenced = 1)`.
     fn fence_records(&self, broker_id: i32, records: &mut Vec<MetadataRecord>) {
