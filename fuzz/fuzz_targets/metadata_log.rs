@@ -14,10 +14,13 @@ fuzz_target!(|data: &[u8]| {
     let (again, again_valid) = decode_frames(&data[..valid]);
     assert_eq!(again_valid, valid, "the valid prefix is valid on its own");
     assert_eq!(again.len(), batches.len());
-    let rec = MetadataRecord::ProducerIds {
+    let rec: MetadataRecord = gregor_protocol::metadata_records::ProducerIdsRecord {
         broker_id: 1,
+        broker_epoch: 3,
         next_producer_id: 1000,
-    };
+        ..Default::default()
+    }
+    .into();
     let mut file = data[..valid].to_vec();
     file.extend_from_slice(&encode_frame(std::slice::from_ref(&rec)).expect("encoding"));
     let (after, after_valid) = decode_frames(&file);

@@ -94,7 +94,7 @@ impl Gregor {
         Ok(g)
     }
 
-    /// Waits until the client listener accepts connections.
+    /// Waits until the client listener answers ApiVersions.
     ///
     /// # Errors
     /// When the process exits or does not listen within 60 s.
@@ -174,8 +174,12 @@ impl Gregor {
 
     fn wait_listening(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
         loop {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            // Answering ApiVersions, not only accepting TCP: the listener is bound before the
+            // broker has registered (after a crash that waits out the old incarnation's
+            // session, broker.session.timeout.ms), and connections wait in the backlog.
+            if TcpStream::connect(addr).is_ok() && process::api_versions_ok(addr, 1_000).is_ok() {
                 return Ok(());
             }
             if let Some(c) = self.child.as_mut() {

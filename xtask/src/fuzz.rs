@@ -523,44 +523,73 @@ mod seeds {
     }
 
     fn metadata_logs() -> Result<Vec<Vec<u8>>> {
+        use gregor_protocol::metadata_records::{
+            BrokerEndpoint, ConfigRecord, PartitionRecord, ProducerIdsRecord, RegisterBrokerRecord,
+            RemoveTopicRecord, TopicRecord,
+        };
         let topic_id = uuid::Uuid::from_u128(7);
-        let groups = [
-            vec![MetadataRecord::RegisterBroker {
+        let groups: [Vec<MetadataRecord>; 5] = [
+            vec![RegisterBrokerRecord {
                 broker_id: 1,
-                host: "localhost".into(),
-                port: 9092,
+                incarnation_id: uuid::Uuid::from_u128(9),
+                end_points: vec![BrokerEndpoint {
+                    name: "PLAINTEXT".into(),
+                    host: "localhost".into(),
+                    port: 9092,
+                    ..Default::default()
+                }],
                 rack: None,
-            }],
+                ..Default::default()
+            }
+            .into()],
             vec![
-                MetadataRecord::Topic {
+                TopicRecord {
                     name: "orders".into(),
                     topic_id,
-                },
-                MetadataRecord::Partition {
+                    ..Default::default()
+                }
+                .into(),
+                PartitionRecord {
                     topic_id,
-                    partition: 0,
+                    partition_id: 0,
                     replicas: vec![1],
                     isr: vec![1],
                     leader: 1,
                     leader_epoch: 0,
                     partition_epoch: 0,
-                },
+                    ..Default::default()
+                }
+                .into(),
             ],
-            vec![MetadataRecord::Config {
-                resource: ConfigResource::Topic,
+            vec![ConfigRecord {
+                resource_type: ConfigResource::Topic.resource_type(),
                 resource_name: "orders".into(),
                 name: "retention.ms".into(),
                 value: Some("1000".into()),
-            }],
-            vec![MetadataRecord::ProducerIds {
+                ..Default::default()
+            }
+            .into()],
+            vec![ProducerIdsRecord {
                 broker_id: 1,
+                broker_epoch: 0,
                 next_producer_id: 1000,
-            }],
-            vec![MetadataRecord::RemoveTopic { topic_id }],
+                ..Default::default()
+            }
+            .into()],
+            vec![RemoveTopicRecord {
+                topic_id,
+                ..Default::default()
+            }
+            .into()],
         ];
         // Seeds: the log after each append (a prefix of frames), as the file would hold it.
         let mut out = vec![Vec::new()];
-        let mut file = Vec::new();
+        // A file of the JSON format before KIP-631 records, which is still read.
+        let legacy = br#"[{"type":"ProducerIds","broker_id":1,"next_producer_id":1000}]"#;
+        let mut file = (legacy.len() as u32).to_be_bytes().to_vec();
+        file.extend(crc32c::crc32c(legacy).to_be_bytes());
+        file.extend_from_slice(legacy);
+        out.push(file.clone());
         for g in &groups {
             file.extend_from_slice(&encode_frame(g).context("encoding a metadata frame")?);
             out.push(file.clone());

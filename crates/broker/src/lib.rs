@@ -20,6 +20,7 @@ pub mod error_codes;
 /// The group coordinator, which lives in `gregor-coordinator`.
 pub use gregor_coordinator::group as group_coordinator;
 pub mod handlers;
+pub mod lifecycle;
 pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;

@@ -321,10 +321,11 @@ mod migration_tests {
     use crate::config::BrokerConfig;
 
     fn topic(name: &str, id: u128) -> MetadataRecord {
-        MetadataRecord::Topic {
+        MetadataRecord::Topic(gregor_protocol::metadata_records::TopicRecord {
             name: name.into(),
             topic_id: uuid::Uuid::from_u128(id),
-        }
+            ..Default::default()
+        })
     }
 
     async fn start_and_stop(

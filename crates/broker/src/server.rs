@@ -127,6 +127,9 @@ pub struct RunningBroker {
     admin: Arc<crate::admin::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// None on a node that could not register (it does not lead the quorum, and
+    /// BrokerRegistration is not yet sent to the active controller).
+    lifecycle: Option<crate::lifecycle::BrokerLifecycle>,
 }
 
 impl RunningBroker {
@@ -137,6 +140,10 @@ impl RunningBroker {
     /// The log manager's error when a log cannot be closed cleanly (the next start recovers it).
     pub async fn shutdown(self) -> Result<(), gregor_log::LogError> {
         self.admin.set_ready(false);
+        // Leadership moves away (and this broker is fenced) before anything stops.
+        if let Some(lifecycle) = self.lifecycle {
+            lifecycle.controlled_shutdown().await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -244,30 +251,23 @@ pub async fn start_with_authorizer(
     // already by the config), never served as plaintext.
     let listeners = gregor_network::bind(&broker_endpoints).await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
-    let advertised = &config.advertised_listeners[0];
-    let advertised_port = if advertised.port == 0 {
-        bound[0].port()
-    } else {
-        advertised.port
+    let bound_ports: Vec<(String, u16)> = listeners
+        .iter()
+        .map(|l| (l.endpoint.listener_name.clone(), l.local_addr.port()))
+        .collect();
+    let lifecycle = match crate::lifecycle::start(&config, &controller, &bound_ports).await {
+        Ok(l) => Some(l),
+        // Registration goes through the local controller; sending it to the active controller
+        // of a larger quorum is not implemented yet.
+        Err(crate::lifecycle::LifecycleError::NotController(leader_id)) => {
+            warn!(
+                ?leader_id,
+                "not the metadata quorum leader: this broker is not registered (BrokerRegistration to the active controller is not implemented yet)"
+            );
+            None
+        }
+        Err(crate::lifecycle::LifecycleError::Start(e)) => return Err(e),
     };
-    match controller
-        .register_broker(
-            config.node_id,
-            &advertised.host,
-            advertised_port,
-            config.rack.clone(),
-        )
-        .await
-    {
-        Ok(()) => {}
-        // Registration goes through the local controller; forwarding it to the active
-        // controller of a larger quorum is not implemented yet.
-        Err(gregor_metadata::ControllerError::NotController { leader_id }) => warn!(
-            ?leader_id,
-            "not the metadata quorum leader: this broker is not registered (forwarding BrokerRegistration to the active controller is not implemented yet)"
-        ),
-        Err(e) => return Err(StartError::Metadata(e.to_string())),
-    }
 
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
@@ -372,6 +372,7 @@ pub async fn start_with_authorizer(
         admin,
         shutdown: shutdown_tx,
         tasks,
+        lifecycle,
     })
 }
 

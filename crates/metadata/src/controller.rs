@@ -17,13 +17,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gregor_protocol::error::ErrorCode;
+use gregor_protocol::metadata_records::{
+    ConfigRecord, PartitionRecord, ProducerIdsRecord, RemoveTopicRecord, TopicRecord,
+};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
+use crate::cluster_control::BrokerSessions;
+pub use crate::cluster_control::{
+    BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerClock,
+    ManualClock, SystemClock, DEFAULT_BROKER_SESSION_TIMEOUT_MS, SUPPORTED_FEATURES,
+};
 use crate::image::MetadataImage;
 use crate::loader::{LoaderError, LoaderHandle};
 use crate::log::{CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError};
+use crate::placement::{place, UsableBroker};
 use crate::record::{ConfigResource, MetadataRecord};
 
 /// Longest legal topic name (Kafka's `Topic.MAX_NAME_LENGTH`).
@@ -75,6 +86,21 @@ pub enum ControllerError {
     /// The metadata log could not make the change durable: UNKNOWN_SERVER_ERROR (-1).
     #[error("{0}")]
     Log(Arc<MetadataLogError>),
+    /// Another live incarnation holds this broker id: DUPLICATE_BROKER_REGISTRATION (101).
+    #[error("{0}")]
+    DuplicateBrokerRegistration(String),
+    /// The broker does not support a finalized feature level: UNSUPPORTED_VERSION (35).
+    #[error("{0}")]
+    UnsupportedVersion(String),
+    /// The broker epoch is not the registration's current one: STALE_BROKER_EPOCH (77).
+    #[error("{0}")]
+    StaleBrokerEpoch(String),
+    /// No broker with this id is registered: BROKER_ID_NOT_REGISTERED (102).
+    #[error("{0}")]
+    BrokerIdNotRegistered(String),
+    /// The registration's log directories are invalid: INVALID_REGISTRATION (119).
+    #[error("{0}")]
+    InvalidRegistration(String),
 }
 
 impl From<MetadataLogError> for ControllerError {
@@ -111,6 +137,11 @@ impl ControllerError {
             Self::Log(_) => ErrorCode::UnknownServerError,
             Self::NotController { .. } => ErrorCode::NotController,
             Self::ApplyFailed(_) => ErrorCode::KafkaStorageError,
+            Self::DuplicateBrokerRegistration(_) => ErrorCode::DuplicateBrokerRegistration,
+            Self::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+            Self::StaleBrokerEpoch(_) => ErrorCode::StaleBrokerEpoch,
+            Self::BrokerIdNotRegistered(_) => ErrorCode::BrokerIdNotRegistered,
+            Self::InvalidRegistration(_) => ErrorCode::InvalidRegistration,
         }
     }
 
@@ -195,17 +226,66 @@ pub struct PartitionsIncrease {
     pub assignments: Vec<Vec<i32>>,
 }
 
-/// The active controller's state machine: the committed image, and the generation of the
-/// records of each change. Pure: no I/O.
-#[derive(Default)]
+/// A new partition's replicas (leader first) and its ISR.
+type Placed = (Vec<i32>, Vec<i32>);
+
+/// How the controller is run: the broker session timeout, the clock it is measured on, and the
+/// seed of the replica placer's randomness.
+#[derive(Clone)]
+pub struct ControllerConfig {
+    /// `broker.session.timeout.ms` (Kafka's default 9000): a broker that has not heartbeaten
+    /// for longer is fenced.
+    pub session_timeout_ms: u64,
+    /// The clock sessions are measured on.
+    pub clock: Arc<dyn ControllerClock>,
+    /// Seed of the replica placer's random start (None: from the OS).
+    pub placement_seed: Option<u64>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+            clock: Arc::new(SystemClock::new()),
+            placement_seed: None,
+        }
+    }
+}
+
+/// The active controller's state machine: the committed image, the brokers' heartbeat
+/// sessions (kept in memory, as Kafka's `BrokerHeartbeatManager`), and the generation of the
+/// records of each change. No I/O; time comes from the injected clock.
 pub struct Controller {
-    image: MetadataImage,
+    pub(crate) image: MetadataImage,
+    pub(crate) sessions: BrokerSessions,
+    pub(crate) config: ControllerConfig,
+    pub(crate) rng: StdRng,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        Self::with_config(MetadataImage::default(), ControllerConfig::default())
+    }
 }
 
 impl Controller {
     /// A controller at `image`.
     pub fn new(image: MetadataImage) -> Self {
-        Self { image }
+        Self::with_config(image, ControllerConfig::default())
+    }
+
+    /// A controller at `image` with `config`.
+    pub fn with_config(image: MetadataImage, config: ControllerConfig) -> Self {
+        let rng = match config.placement_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
+        Self {
+            image,
+            sessions: BrokerSessions::default(),
+            config,
+            rng,
+        }
     }
 
     /// The committed image the controller validates against.
@@ -213,123 +293,176 @@ impl Controller {
         &self.image
     }
 
-    /// Applies a committed batch.
+    /// Applies a committed batch. Offsets the batch skips (a KRaft log's control records,
+    /// which are not metadata records) are skipped in the image too, so a new broker epoch,
+    /// the offset of its `RegisterBrokerRecord`, is the record's offset in the log.
     pub fn replay(&mut self, batch: &CommittedBatch) {
-        debug_assert_eq!(self.image.offset, batch.base_offset, "batches in order");
+        debug_assert!(self.image.offset <= batch.base_offset, "batches in order");
+        self.image.offset = self.image.offset.max(batch.base_offset);
         for r in batch.records.iter() {
+            self.sessions.replayed(self.image.offset, r);
             self.image.apply(r);
         }
     }
 
-    /// Registers (or re-registers) a broker; records only what changed.
-    pub fn register_broker(
-        &self,
-        broker_id: i32,
-        host: &str,
-        port: u16,
-        rack: Option<String>,
-    ) -> ControllerResult<()> {
-        let same = self
-            .image
+    /// The brokers replicas may go to (Kafka's `usableBrokers`: registered and not shutting
+    /// down; a fenced broker's controlled shutdown is over), with their fencing.
+    fn usable_brokers(image: &MetadataImage) -> Vec<UsableBroker> {
+        image
             .brokers
-            .get(&broker_id)
-            .is_some_and(|b| b.host == host && b.port == port && b.rack == rack);
-        let records = if same {
-            vec![]
-        } else {
-            vec![MetadataRecord::RegisterBroker {
-                broker_id,
-                host: host.to_string(),
-                port,
-                rack,
-            }]
-        };
-        ControllerResult {
-            records,
-            response: (),
+            .values()
+            .filter(|b| b.fenced || !b.in_controlled_shutdown)
+            .map(|b| UsableBroker {
+                id: b.broker_id,
+                rack: b.rack.clone(),
+                fenced: b.fenced,
+            })
+            .collect()
+    }
+
+    /// Whether a broker can lead and be in an ISR (`ClusterControlManager.isActive`):
+    /// registered, unfenced, not in controlled shutdown.
+    pub(crate) fn is_active(image: &MetadataImage, broker: i32) -> bool {
+        image
+            .brokers
+            .get(&broker)
+            .is_some_and(|b| !b.fenced && !b.in_controlled_shutdown)
+    }
+
+    /// Kafka's `ClusterControlManager.defaultDir`: the broker's only log directory; MIGRATING
+    /// when it registered none; UNASSIGNED when it has several or is not registered.
+    pub(crate) fn default_dir(image: &MetadataImage, broker: i32) -> Uuid {
+        match image.brokers.get(&broker).map(|b| b.directories.as_slice()) {
+            None => crate::record::DIRECTORY_UNASSIGNED,
+            Some([]) => crate::record::DIRECTORY_MIGRATING,
+            Some([one]) => *one,
+            Some(_) => crate::record::DIRECTORY_UNASSIGNED,
         }
     }
 
+    /// Placed partitions: replicas from the striped placer, ISR = the active replicas, leader
+    /// the first of them (`ReplicationControlManager.createTopic`).
     fn place_replicas(
+        &mut self,
         image: &MetadataImage,
-        first_partition: i32,
         count: i32,
         replication_factor: i16,
-    ) -> Result<Vec<Vec<i32>>, ControllerError> {
-        let brokers: Vec<i32> = image.brokers.keys().copied().collect();
-        if replication_factor < 1 {
-            return Err(ControllerError::InvalidReplicationFactor(
-                "Replication factor must be larger than 0, or -1 to use the default value.".into(),
-            ));
-        }
-        if brokers.len() < replication_factor as usize {
-            return Err(ControllerError::InvalidReplicationFactor(format!(
-                "Unable to replicate the partition {replication_factor} time(s): The target replication factor of {replication_factor} cannot be reached because only {} broker(s) are registered.",
-                brokers.len()
-            )));
-        }
-        let n = brokers.len();
-        Ok((0..count)
-            .map(|i| {
-                let start = (first_partition + i) as usize;
-                (0..replication_factor as usize)
-                    .map(|r| brokers[(start + r) % n])
-                    .collect()
+    ) -> Result<Vec<Placed>, ControllerError> {
+        let unable = |why: String| {
+            ControllerError::InvalidReplicationFactor(format!(
+                "Unable to replicate the partition {replication_factor} time(s): {why}"
+            ))
+        };
+        let placed = place(
+            &Self::usable_brokers(image),
+            usize::try_from(count).unwrap_or(0),
+            i32::from(replication_factor),
+            &mut self.rng,
+        )
+        .map_err(|e| unable(e.to_string()))?;
+        placed
+            .into_iter()
+            .map(|replicas| {
+                let isr: Vec<i32> = replicas
+                    .iter()
+                    .copied()
+                    .filter(|r| Self::is_active(image, *r))
+                    .collect();
+                if isr.is_empty() {
+                    return Err(unable(
+                        "All brokers are currently fenced or in controlled shutdown.".into(),
+                    ));
+                }
+                Ok((replicas, isr))
             })
-            .collect())
+            .collect()
     }
 
+    /// Validates a manual assignment as Kafka's `validateManualPartitionAssignment`, partition
+    /// by partition; the ISR of each is its active replicas.
     fn check_assignments(
         image: &MetadataImage,
+        first_partition: i32,
         assignments: &[Vec<i32>],
-    ) -> Result<(), ControllerError> {
-        let rf = assignments.first().map_or(0, Vec::len);
+        mut replication_factor: Option<usize>,
+    ) -> Result<Vec<Placed>, ControllerError> {
+        let invalid = ControllerError::InvalidReplicaAssignment;
+        let mut out = Vec::with_capacity(assignments.len());
         for (i, a) in assignments.iter().enumerate() {
             if a.is_empty() {
-                return Err(ControllerError::InvalidReplicaAssignment(format!(
-                    "The manual partition assignment includes a partition ({i}) with no replicas."
+                return Err(invalid(
+                    "The manual partition assignment includes an empty replica list.".into(),
+                ));
+            }
+            let mut sorted = a.clone();
+            sorted.sort_unstable();
+            for (j, b) in sorted.iter().enumerate() {
+                if !image.brokers.contains_key(b) {
+                    return Err(invalid(format!(
+                        "The manual partition assignment includes broker {b}, but no such broker is registered."
+                    )));
+                }
+                if j > 0 && sorted[j - 1] == *b {
+                    return Err(invalid(format!(
+                        "The manual partition assignment includes the broker {b} more than once."
+                    )));
+                }
+            }
+            if let Some(rf) = replication_factor {
+                if a.len() != rf {
+                    return Err(invalid(format!(
+                        "The manual partition assignment includes a partition with {} replica(s), but this is not consistent with previous partitions, which have {rf} replica(s).",
+                        a.len()
+                    )));
+                }
+            }
+            replication_factor = Some(a.len());
+            let isr: Vec<i32> = a
+                .iter()
+                .copied()
+                .filter(|r| Self::is_active(image, *r))
+                .collect();
+            if isr.is_empty() {
+                return Err(invalid(format!(
+                    "All brokers specified in the manual partition assignment for partition {} are fenced or in controlled shutdown.",
+                    first_partition + i as i32
                 )));
             }
-            if a.len() != rf {
-                return Err(ControllerError::InvalidReplicaAssignment(format!(
-                    "The manual partition assignment includes the partition {i} with {} replica(s), but this is not consistent with previous partitions, which have {rf} replica(s).",
-                    a.len()
-                )));
-            }
-            let mut seen = a.clone();
-            seen.sort_unstable();
-            seen.dedup();
-            if seen.len() != a.len() {
-                return Err(ControllerError::InvalidReplicaAssignment(format!(
-                    "The manual partition assignment includes the partition {i} with duplicate replicas."
-                )));
-            }
-            if let Some(b) = a.iter().find(|b| !image.brokers.contains_key(b)) {
-                return Err(ControllerError::InvalidReplicaAssignment(format!(
-                    "The manual partition assignment includes broker {b}, but no such broker is registered."
-                )));
-            }
+            out.push((a.clone(), isr));
         }
-        Ok(())
+        Ok(out)
     }
 
+    /// The PartitionRecords of new partitions: leader the first ISR member, leader and
+    /// partition epoch 0, each replica's default directory (as Kafka at `metadata.version` 33).
     fn partition_records(
+        image: &MetadataImage,
         topic_id: Uuid,
         first_partition: i32,
-        assignments: Vec<Vec<i32>>,
-    ) -> impl Iterator<Item = MetadataRecord> {
-        assignments
+        placed: Vec<Placed>,
+    ) -> Vec<MetadataRecord> {
+        placed
             .into_iter()
             .enumerate()
-            .map(move |(i, replicas)| MetadataRecord::Partition {
-                topic_id,
-                partition: first_partition + i as i32,
-                leader: replicas.first().copied().unwrap_or(-1),
-                isr: replicas.clone(),
-                replicas,
-                leader_epoch: 0,
-                partition_epoch: 0,
+            .map(|(i, (replicas, isr))| {
+                PartitionRecord {
+                    partition_id: first_partition + i as i32,
+                    topic_id,
+                    leader: isr.first().copied().unwrap_or(crate::image::NO_LEADER),
+                    directories: replicas
+                        .iter()
+                        .map(|r| Self::default_dir(image, *r))
+                        .collect(),
+                    isr,
+                    replicas,
+                    leader_recovery_state: 0,
+                    leader_epoch: 0,
+                    partition_epoch: 0,
+                    ..PartitionRecord::default()
+                }
+                .into()
             })
+            .collect()
     }
 
     /// Creates topics (or only validates, with `validate_only`); one answer per topic, in
@@ -342,7 +475,7 @@ impl Controller {
     /// INVALID_REPLICATION_FACTOR for more replicas than registered brokers,
     /// INVALID_REPLICA_ASSIGNMENT for a bad manual assignment.
     pub fn create_topics(
-        &self,
+        &mut self,
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> ControllerResult<Vec<Result<Uuid, ControllerError>>> {
@@ -351,7 +484,7 @@ impl Controller {
         let response = topics
             .into_iter()
             .map(|t| {
-                let (topic_id, topic_records) = Self::create_topic(&scratch, t)?;
+                let (topic_id, topic_records) = self.create_topic(&scratch, t)?;
                 for r in &topic_records {
                     scratch.apply(r);
                 }
@@ -365,6 +498,7 @@ impl Controller {
     }
 
     fn create_topic(
+        &mut self,
         image: &MetadataImage,
         t: NewTopic,
     ) -> Result<(Uuid, Vec<MetadataRecord>), ControllerError> {
@@ -389,27 +523,34 @@ impl Controller {
                     "Number of partitions was set to an invalid non-positive value.".into(),
                 ));
             }
-            Self::place_replicas(image, 0, t.num_partitions, t.replication_factor)?
+            if t.replication_factor < 1 {
+                return Err(ControllerError::InvalidReplicationFactor(
+                    "Replication factor must be larger than 0, or -1 to use the default value."
+                        .into(),
+                ));
+            }
+            self.place_replicas(image, t.num_partitions, t.replication_factor)?
         } else {
-            Self::check_assignments(image, &t.assignments)?;
-            t.assignments
+            Self::check_assignments(image, 0, &t.assignments, None)?
         };
         let topic_id = Uuid::new_v4();
-        let mut records = vec![MetadataRecord::Topic {
+        // Kafka's order: the topic, its configs, then its partitions.
+        let mut records: Vec<MetadataRecord> = vec![TopicRecord {
             name: t.name.clone(),
             topic_id,
-        }];
-        records.extend(Self::partition_records(topic_id, 0, assignments));
-        records.extend(
-            t.configs
-                .into_iter()
-                .map(|(name, value)| MetadataRecord::Config {
-                    resource: ConfigResource::Topic,
-                    resource_name: t.name.clone(),
-                    name,
-                    value: Some(value),
-                }),
-        );
+            ..TopicRecord::default()
+        }
+        .into()];
+        records.extend(t.configs.into_iter().map(|(name, value)| {
+            MetadataRecord::from(ConfigRecord {
+                resource_type: ConfigResource::Topic.resource_type(),
+                resource_name: t.name.clone(),
+                name,
+                value: Some(value),
+                ..ConfigRecord::default()
+            })
+        }));
+        records.extend(Self::partition_records(image, topic_id, 0, assignments));
         Ok((topic_id, records))
     }
 
@@ -429,7 +570,13 @@ impl Controller {
                     .filter(|_| deleted.insert(topic_id))
                     .map(|t| t.name.clone())
                     .ok_or(ControllerError::UnknownTopicId)?;
-                records.push(MetadataRecord::RemoveTopic { topic_id });
+                records.push(
+                    RemoveTopicRecord {
+                        topic_id,
+                        ..RemoveTopicRecord::default()
+                    }
+                    .into(),
+                );
                 Ok(name)
             })
             .collect();
@@ -442,7 +589,7 @@ impl Controller {
     /// when the count is not larger than the current one; INVALID_REPLICA_ASSIGNMENT for a
     /// bad assignment.
     pub fn create_partitions(
-        &self,
+        &mut self,
         increases: Vec<PartitionsIncrease>,
         validate_only: bool,
     ) -> ControllerResult<Vec<Result<(), ControllerError>>> {
@@ -461,10 +608,11 @@ impl Controller {
     }
 
     fn create_partitions_of(
-        &self,
+        &mut self,
         inc: PartitionsIncrease,
     ) -> Result<Vec<MetadataRecord>, ControllerError> {
-        let image = &self.image;
+        let image = self.image.clone();
+        let image = &image;
         let t = image
             .topic(&inc.topic)
             .ok_or(ControllerError::UnknownTopicOrPartition)?;
@@ -487,7 +635,7 @@ impl Controller {
             .next()
             .map_or(1, |p| p.replicas.len() as i16);
         let assignments = if inc.assignments.is_empty() {
-            Self::place_replicas(image, current, added, rf)?
+            self.place_replicas(image, added, rf)?
         } else {
             if inc.assignments.len() as i32 != added {
                 return Err(ControllerError::InvalidReplicaAssignment(format!(
@@ -495,10 +643,14 @@ impl Controller {
                     inc.assignments.len()
                 )));
             }
-            Self::check_assignments(image, &inc.assignments)?;
-            inc.assignments
+            Self::check_assignments(image, current, &inc.assignments, Some(rf as usize))?
         };
-        Ok(Self::partition_records(t.topic_id, current, assignments).collect())
+        Ok(Self::partition_records(
+            image,
+            t.topic_id,
+            current,
+            assignments,
+        ))
     }
 
     /// Sets (Some) or removes (None) configs of one resource, all at once. The broker has
@@ -517,11 +669,15 @@ impl Controller {
         }
         let records = changes
             .into_iter()
-            .map(|(name, value)| MetadataRecord::Config {
-                resource,
-                resource_name: resource_name.to_string(),
-                name,
-                value,
+            .map(|(name, value)| {
+                ConfigRecord {
+                    resource_type: resource.resource_type(),
+                    resource_name: resource_name.to_string(),
+                    name,
+                    value,
+                    ..ConfigRecord::default()
+                }
+                .into()
             })
             .collect();
         Ok(ControllerResult {
@@ -535,11 +691,15 @@ impl Controller {
     /// committed before it is answered, so ids are never reused, even after a crash.
     pub fn allocate_producer_ids(&self, broker_id: i32) -> ControllerResult<i64> {
         let start = self.image.next_producer_id;
+        let broker_epoch = self.image.brokers.get(&broker_id).map_or(-1, |b| b.epoch);
         ControllerResult {
-            records: vec![MetadataRecord::ProducerIds {
+            records: vec![ProducerIdsRecord {
                 broker_id,
+                broker_epoch,
                 next_producer_id: start + PRODUCER_ID_BLOCK_SIZE,
-            }],
+                ..ProducerIdsRecord::default()
+            }
+            .into()],
             response: start,
         }
     }
@@ -564,7 +724,7 @@ struct Pending {
     complete: Box<dyn FnOnce(Result<Outcome, ControllerError>) + Send>,
 }
 
-type Event = Box<dyn FnOnce(&Controller) -> Pending + Send>;
+type Event = Box<dyn FnOnce(&mut Controller) -> Pending + Send>;
 
 /// Starts the controller task on `log`. It replays the log's committed batches, then serves
 /// requests from the returned handle one at a time, until `shutdown` turns true or every
@@ -577,10 +737,43 @@ pub fn start_controller(
     loader: LoaderHandle,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(ControllerHandle, tokio::task::JoinHandle<()>), ControllerError> {
+    start_controller_with(log, loader, shutdown, ControllerConfig::default())
+}
+
+/// How often the controller task looks for brokers whose session expired, in ms of the
+/// system clock (Kafka schedules the check at the next expiry; this bounds the delay).
+pub const SESSION_CHECK_INTERVAL_MS: u64 = 500;
+
+/// [`start_controller`] with a [`ControllerConfig`] (session timeout, clock, placement seed).
+///
+/// # Errors
+/// [`ControllerError::Log`] when the log cannot be subscribed to.
+pub fn start_controller_with(
+    log: Arc<dyn MetadataLog>,
+    loader: LoaderHandle,
+    shutdown: watch::Receiver<bool>,
+    config: ControllerConfig,
+) -> Result<(ControllerHandle, tokio::task::JoinHandle<()>), ControllerError> {
     let committed = log.subscribe()?;
     let (tx, rx) = mpsc::channel(CONTROLLER_QUEUE_CAPACITY);
-    let task = tokio::spawn(run_controller(log, committed, rx, shutdown));
+    let task = tokio::spawn(run_controller(log, committed, rx, shutdown, config));
     Ok((ControllerHandle { events: tx, loader }, task))
+}
+
+/// A periodic event of the controller task: fence the brokers whose session expired, one at
+/// a time, each committed before the next is decided.
+fn fence_stale_brokers_event() -> Event {
+    Box::new(|c: &mut Controller| {
+        let result = c.fence_stale_broker();
+        Pending {
+            records: result.records,
+            complete: Box::new(|outcome| {
+                if let Err(e) = outcome {
+                    tracing::warn!(error = %e, "fencing a broker whose session expired failed");
+                }
+            }),
+        }
+    })
 }
 
 async fn run_controller(
@@ -588,8 +781,12 @@ async fn run_controller(
     mut committed: CommittedBatches,
     mut events: mpsc::Receiver<Event>,
     mut shutdown: watch::Receiver<bool>,
+    config: ControllerConfig,
 ) {
-    let mut controller = Controller::default();
+    let mut controller = Controller::with_config(MetadataImage::default(), config);
+    let mut session_check =
+        tokio::time::interval(std::time::Duration::from_millis(SESSION_CHECK_INTERVAL_MS));
+    session_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             // Committed batches first: every request is validated against all that is committed.
@@ -601,34 +798,74 @@ async fn run_controller(
             },
             event = events.recv() => {
                 let Some(event) = event else { return };
-                // Batches committed by another leader, not yet read from the stream.
-                while controller.image.offset < log.high_watermark() {
-                    let Some(b) = committed.next().await else { return };
-                    controller.replay(&b);
+                if !process_event(&log, &mut committed, &mut controller, event).await {
+                    return;
                 }
-                let pending = event(&controller);
-                if pending.records.is_empty() {
-                    (pending.complete)(Ok(Outcome::Unchanged(controller.image.offset)));
+            }
+            _ = session_check.tick() => {
+                // Only the active controller fences. Sessions are its own: a controller that is
+                // not active forgets them, so on becoming active it gives every broker a full
+                // session (Kafka's BrokerHeartbeatManager is created on activation).
+                if !log.is_leader() {
+                    controller.forget_sessions();
                     continue;
                 }
-                match log.propose(pending.records).await {
-                    Ok(offset) => {
-                        // The controller's image follows the committed stream only.
-                        while controller.image.offset <= offset {
-                            let Some(b) = committed.next().await else {
-                                (pending.complete)(Err(MetadataLogError::Closed.into()));
-                                return;
-                            };
-                            controller.replay(&b);
+                if controller.image.brokers.values().any(|b| !b.fenced) {
+                    loop {
+                        let before = controller.image.offset;
+                        if !process_event(&log, &mut committed, &mut controller, fence_stale_brokers_event()).await {
+                            return;
                         }
-                        (pending.complete)(Ok(Outcome::Committed(offset)));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metadata change not committed");
-                        (pending.complete)(Err(e.into()));
+                        if controller.image.offset == before {
+                            break;
+                        }
                     }
                 }
             }
+        }
+    }
+}
+
+/// Runs one event against the committed image: its records are proposed and the controller's
+/// image follows the committed stream past them. False when the log closed.
+async fn process_event(
+    log: &Arc<dyn MetadataLog>,
+    committed: &mut CommittedBatches,
+    controller: &mut Controller,
+    event: Event,
+) -> bool {
+    {
+        {
+            // Batches committed by another leader, not yet read from the stream.
+            while controller.image.offset < log.high_watermark() {
+                let Some(b) = committed.next().await else {
+                    return false;
+                };
+                controller.replay(&b);
+            }
+            let pending = event(controller);
+            if pending.records.is_empty() {
+                (pending.complete)(Ok(Outcome::Unchanged(controller.image.offset)));
+                return true;
+            }
+            match log.propose(pending.records).await {
+                Ok(offset) => {
+                    // The controller's image follows the committed stream only.
+                    while controller.image.offset <= offset {
+                        let Some(b) = committed.next().await else {
+                            (pending.complete)(Err(MetadataLogError::Closed.into()));
+                            return false;
+                        };
+                        controller.replay(&b);
+                    }
+                    (pending.complete)(Ok(Outcome::Committed(offset)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metadata change not committed");
+                    (pending.complete)(Err(e.into()));
+                }
+            }
+            true
         }
     }
 }
@@ -666,7 +903,7 @@ impl ControllerHandle {
     async fn submit<T, F>(&self, op: F) -> Result<T, Failed<T>>
     where
         T: Send + 'static,
-        F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
+        F: FnOnce(&mut Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
         let event: Event = Box::new(move |c| match op(c) {
@@ -720,7 +957,7 @@ impl ControllerHandle {
     async fn submit_one<T, F>(&self, op: F) -> Result<T, ControllerError>
     where
         T: Send + 'static,
-        F: FnOnce(&Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
+        F: FnOnce(&mut Controller) -> Result<ControllerResult<T>, ControllerError> + Send + 'static,
     {
         self.submit(op).await.map_err(|f| f.error)
     }
@@ -733,7 +970,7 @@ impl ControllerHandle {
     ) -> Result<Vec<Result<V, ControllerError>>, ControllerError>
     where
         V: Send + 'static,
-        F: FnOnce(&Controller) -> ControllerResult<Vec<Result<V, ControllerError>>>
+        F: FnOnce(&mut Controller) -> ControllerResult<Vec<Result<V, ControllerError>>>
             + Send
             + 'static,
     {
@@ -753,19 +990,36 @@ impl ControllerHandle {
         }
     }
 
-    /// Registers (or re-registers) this broker (BrokerRegistration, KIP-631).
+    /// Registers a broker (BrokerRegistration, KIP-631); see [`Controller::register_broker`].
+    /// Returns the broker epoch.
     ///
     /// # Errors
+    /// DUPLICATE_BROKER_REGISTRATION, UNSUPPORTED_VERSION, INVALID_REGISTRATION,
     /// NOT_CONTROLLER, or the log's or the loader's failure.
     pub async fn register_broker(
         &self,
-        broker_id: i32,
-        host: &str,
-        port: u16,
-        rack: Option<String>,
-    ) -> Result<(), ControllerError> {
-        let host = host.to_string();
-        self.submit_one(move |c| Ok(c.register_broker(broker_id, &host, port, rack)))
+        request: BrokerRegistrationRequest,
+    ) -> Result<i64, ControllerError> {
+        self.submit_one(move |c| c.register_broker(request)).await
+    }
+
+    /// A broker heartbeat (BrokerHeartbeat); see [`Controller::broker_heartbeat`].
+    ///
+    /// # Errors
+    /// STALE_BROKER_EPOCH, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn broker_heartbeat(
+        &self,
+        request: BrokerHeartbeatRequest,
+    ) -> Result<BrokerHeartbeatReply, ControllerError> {
+        self.submit_one(move |c| c.broker_heartbeat(request)).await
+    }
+
+    /// Unregisters a broker (UnregisterBroker); see [`Controller::unregister_broker`].
+    ///
+    /// # Errors
+    /// BROKER_ID_NOT_REGISTERED, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn unregister_broker(&self, broker_id: i32) -> Result<(), ControllerError> {
+        self.submit_one(move |c| c.unregister_broker(broker_id))
             .await
     }
 
@@ -866,12 +1120,70 @@ mod tests {
         }
     }
 
-    async fn start(dir: &std::path::Path) -> Node {
-        let node = start_on(Arc::new(FileMetadataLog::open(dir).unwrap())).await;
-        node.controller
-            .register_broker(1, "127.0.0.1", 9092, None)
+    /// A broker registration of `broker_id` on 127.0.0.1:9092.
+    pub(crate) fn registration(broker_id: i32) -> BrokerRegistrationRequest {
+        BrokerRegistrationRequest {
+            broker_id,
+            incarnation_id: Uuid::new_v4(),
+            listeners: vec![gregor_protocol::metadata_records::BrokerEndpoint {
+                name: "PLAINTEXT".into(),
+                host: "127.0.0.1".into(),
+                port: 9092,
+                security_protocol: crate::record::SECURITY_PROTOCOL_PLAINTEXT,
+                ..Default::default()
+            }],
+            features: BrokerRegistrationRequest::supported_features(),
+            rack: None,
+            log_dirs: vec![Uuid::new_v4()],
+            previous_broker_epoch: -1,
+        }
+    }
+
+    /// Registers broker 1 and heartbeats until it is unfenced, as a starting broker does.
+    async fn register_and_unfence(c: &ControllerHandle, broker_id: i32) {
+        let epoch = c.register_broker(registration(broker_id)).await.unwrap();
+        let offset = c.image().offset as i64 - 1;
+        let reply = c
+            .broker_heartbeat(BrokerHeartbeatRequest {
+                broker_id,
+                broker_epoch: epoch,
+                current_metadata_offset: offset,
+                want_fence: false,
+                want_shut_down: false,
+            })
             .await
             .unwrap();
+        assert!(reply.is_caught_up && !reply.is_fenced, "{reply:?}");
+        assert!(!c.image().brokers[&broker_id].fenced);
+    }
+
+    async fn start(dir: &std::path::Path) -> Node {
+        let log = Arc::new(FileMetadataLog::open(dir).unwrap());
+        let high_watermark = log.high_watermark();
+        let node = start_on(log).await;
+        node.controller
+            .loader()
+            .wait_for_catch_up(high_watermark)
+            .await
+            .unwrap();
+        // A restarted node's earlier incarnation was shut down (fenced) first.
+        if let Some(b) = node.controller.image().brokers.get(&1).cloned() {
+            if !b.fenced {
+                let reply = node
+                    .controller
+                    .broker_heartbeat(BrokerHeartbeatRequest {
+                        broker_id: 1,
+                        broker_epoch: b.epoch,
+                        current_metadata_offset: node.controller.image().offset as i64 - 1,
+                        want_fence: true,
+                        want_shut_down: true,
+                    })
+                    .await
+                    .unwrap();
+                assert!(reply.should_shut_down);
+            }
+        }
+        register_and_unfence(&node.controller, 1).await;
         node
     }
 
@@ -991,14 +1303,73 @@ mod tests {
             .unwrap();
         assert!(r[0].is_ok() && r[2].is_ok());
         assert_eq!(r[1].as_ref().unwrap_err().kafka_error_code(), 17);
-        // Topic + 2 partitions + config, then topic + partition + config: one batch.
+        // Topic + config + 2 partitions, then topic + config + partition: one batch.
         assert_eq!(c.image().offset, before + 7);
         node.stop().await;
         let log = FileMetadataLog::open(dir.path()).unwrap();
         let mut s = log.subscribe().unwrap();
         let _register = s.next().await.unwrap();
+        let _unfence = s.next().await.unwrap();
         let batch = s.next().await.unwrap();
         assert_eq!(batch.records.len(), 7);
+    }
+
+    /// The controller task fences a broker whose session expired on its clock, by itself, and
+    /// elects the other replica: what the periodic session check commits reaches the loader.
+    /// (The task's check runs every SESSION_CHECK_INTERVAL_MS of real time; the session is
+    /// measured on the manual clock.)
+    #[tokio::test]
+    async fn the_controller_task_fences_brokers_whose_session_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let clock = Arc::new(ManualClock::default());
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        let config = ControllerConfig {
+            session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+            clock: clock.clone(),
+            placement_seed: Some(3),
+        };
+        let (c, controller_task) = start_controller_with(log, loader, rx, config).unwrap();
+        register_and_unfence(&c, 1).await;
+        register_and_unfence(&c, 2).await;
+        let t = NewTopic {
+            assignments: vec![vec![1, 2]],
+            num_partitions: -1,
+            replication_factor: -1,
+            ..topic("t", 1, 2)
+        };
+        create(&c, t).await.unwrap();
+        clock.advance(5_000);
+        let e2 = c.image().brokers[&2].epoch;
+        let offset = c.image().offset as i64 - 1;
+        c.broker_heartbeat(BrokerHeartbeatRequest {
+            broker_id: 2,
+            broker_epoch: e2,
+            current_metadata_offset: offset,
+            want_fence: false,
+            want_shut_down: false,
+        })
+        .await
+        .unwrap();
+        clock.advance(4_001);
+        // The next records are the fencing of broker 1 (its session ended 4001 ms after broker
+        // 2's last heartbeat).
+        let next = c.image().offset;
+        let image = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            c.loader().wait_for_offset(next + 1),
+        )
+        .await
+        .expect("the session check fenced broker 1")
+        .unwrap();
+        assert!(image.brokers[&1].fenced);
+        assert!(!image.brokers[&2].fenced);
+        let p = &image.topic("t").unwrap().partitions[&0];
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        let _ = shutdown.send(true);
+        loader_task.await.unwrap();
+        controller_task.await.unwrap();
     }
 
     /// The log of a node that follows the quorum: commits nothing itself.
@@ -1047,12 +1418,12 @@ mod tests {
         let batch = CommittedBatch {
             base_offset: 0,
             epoch: 7,
-            records: vec![MetadataRecord::RegisterBroker {
+            records: vec![gregor_protocol::metadata_records::RegisterBrokerRecord {
                 broker_id: 1,
-                host: "h".into(),
-                port: 1,
-                rack: None,
-            }]
+                fenced: false,
+                ..Default::default()
+            }
+            .into()]
             .into(),
         };
         let streams = follower.streams.lock().clone();

@@ -1,6 +1,7 @@
 //! gregor-metadata: cluster metadata as an ordered log of records.
 //!
-//! Owns the metadata records ([`record`]), the log they are committed to ([`log`]), the
+//! Owns the metadata records ([`record`]: Kafka's own KIP-631 records, with their bytes in
+//! [`codec`]), the log they are committed to ([`log`]), the
 //! in-memory [`image::MetadataImage`] built by applying them in order, the controller
 //! ([`controller`]) that validates requests against the image and turns them into records, and
 //! the loader ([`loader`]) that applies every committed batch on this node and publishes it to
@@ -14,15 +15,17 @@
 //! changes no handler. This crate knows nothing of sockets or partition data files.
 #![deny(missing_docs)]
 
+pub mod cluster_control;
 pub mod codec;
 pub mod controller;
 pub mod image;
 pub mod loader;
 pub mod log;
+pub mod placement;
 pub mod publisher;
 pub mod record;
 
 pub use controller::{Controller, ControllerError, ControllerHandle};
-pub use image::{MetadataImage, PartitionRegistration, TopicImage};
+pub use image::{BrokerRegistration, MetadataImage, PartitionRegistration, TopicImage};
 pub use loader::{LoaderHandle, MetadataDelta, MetadataPublisher};
-pub use record::{ConfigResource, MetadataRecord};
+pub use record::{ConfigResource, LegacyMetadataRecord, MetadataRecord};

@@ -294,12 +294,14 @@ mod tests {
     use parking_lot::Mutex;
 
     fn config(i: u64) -> MetadataRecord {
-        MetadataRecord::Config {
-            resource: ConfigResource::Broker,
+        gregor_protocol::metadata_records::ConfigRecord {
+            resource_type: ConfigResource::Broker.resource_type(),
             resource_name: String::new(),
             name: format!("c{i}"),
             value: Some(i.to_string()),
+            ..Default::default()
         }
+        .into()
     }
 
     fn batch(base_offset: u64, len: u64) -> CommittedBatch {

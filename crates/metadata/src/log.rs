@@ -6,8 +6,11 @@
 //!
 //! [`FileMetadataLog`] is the one-voter quorum: this node is always the leader, and a batch is
 //! committed once it is written and fsynced to one local file of frames
-//! `[length: u32 BE][crc32c: u32 BE][JSON array of records]`, one frame per batch, so a batch
-//! is all-or-nothing. On open a torn or corrupt tail (a crash during an append) is truncated
+//! `[length: u32 BE][crc32c: u32 BE][body]`, one frame per batch, so a batch is
+//! all-or-nothing. The body is `0x00` then, per record, `[length: u32 BE][the record in Kafka's
+//! framing, crate::codec]`; files of earlier versions hold JSON arrays of
+//! [`crate::record::LegacyMetadataRecord`] instead, which are read and converted with
+//! [`crate::record::from_legacy`]. On open a torn or corrupt tail (a crash during an append) is truncated
 //! away; everything before it is kept. Offsets count records from 0, as in a Kafka log.
 
 use std::collections::VecDeque;
@@ -22,7 +25,8 @@ use std::sync::Arc;
 use thiserror::Error;
 use tokio::sync::mpsc;
 
-use crate::record::MetadataRecord;
+use crate::codec::{decode_record, encode_record};
+use crate::record::{from_legacy, LegacyMetadataRecord, MetadataRecord};
 
 /// Errors of the metadata log.
 #[derive(Debug, Error)]
@@ -138,6 +142,12 @@ pub trait MetadataLog: Send + Sync {
 
     /// The offset after the last committed record (the high watermark).
     fn high_watermark(&self) -> u64;
+
+    /// True while this node leads the quorum (it may commit); a one-voter log always does.
+    /// Only the leader runs the controller's timers (Kafka's active controller).
+    fn is_leader(&self) -> bool {
+        true
+    }
 }
 
 /// Committed batches that may wait in one subscriber's stream before commits wait for it.
@@ -273,7 +283,7 @@ pub fn decode_frames(data: &[u8]) -> (Vec<CommittedBatch>, usize) {
         if crc32c::crc32c(body) != crc {
             break;
         }
-        let Ok(records) = serde_json::from_slice::<Vec<MetadataRecord>>(body) else {
+        let Some(records) = decode_body(body, next_offset) else {
             break;
         };
         // Old files may hold empty frames; they commit nothing and take no offset.
@@ -291,6 +301,31 @@ pub fn decode_frames(data: &[u8]) -> (Vec<CommittedBatch>, usize) {
     (out, pos)
 }
 
+/// The first byte of a frame body of KIP-631 records (a JSON body starts with `[`).
+const KIP631_BODY: u8 = 0;
+
+/// The records of one frame body (the first at `offset`); None when it is not one.
+fn decode_body(body: &[u8], offset: u64) -> Option<Vec<MetadataRecord>> {
+    match body.split_first() {
+        Some((&KIP631_BODY, mut rest)) => {
+            let mut records = Vec::new();
+            while !rest.is_empty() {
+                let len = rest.get(..4)?;
+                let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                // Bounded by the bytes of the body before anything is read.
+                let value = rest.get(4..4usize.checked_add(len)?)?;
+                records.push(decode_record(value).ok()?);
+                rest = &rest[4 + len..];
+            }
+            Some(records)
+        }
+        _ => {
+            let legacy = serde_json::from_slice::<Vec<LegacyMetadataRecord>>(body).ok()?;
+            Some(from_legacy(&legacy, offset))
+        }
+    }
+}
+
 /// Every record in the valid prefix of a metadata log file, in order (see [`decode_frames`]).
 pub fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
     let (batches, len) = decode_frames(data);
@@ -306,7 +341,14 @@ pub fn scan(data: &[u8]) -> (Vec<MetadataRecord>, usize) {
 /// # Errors
 /// [`MetadataLogError::Encode`] when a record cannot be serialised (a bug).
 pub fn encode_frame(records: &[MetadataRecord]) -> Result<Vec<u8>, MetadataLogError> {
-    let body = serde_json::to_vec(records).map_err(|e| MetadataLogError::Encode(e.to_string()))?;
+    let mut body = vec![KIP631_BODY];
+    for r in records {
+        let value = encode_record(r).map_err(|e| MetadataLogError::Encode(e.to_string()))?;
+        let len = u32::try_from(value.len())
+            .map_err(|_| MetadataLogError::Encode(format!("record of {} bytes", value.len())))?;
+        body.extend_from_slice(&len.to_be_bytes());
+        body.extend_from_slice(&value);
+    }
     let len = u32::try_from(body.len())
         .map_err(|_| MetadataLogError::Encode(format!("batch of {} bytes", body.len())))?;
     let mut buf = Vec::with_capacity(body.len() + FRAME_HEADER_BYTES);
@@ -389,15 +431,17 @@ impl MetadataLog for FileMetadataLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::ConfigResource;
+    use gregor_protocol::metadata_records::{ConfigRecord, ProducerIdsRecord};
 
     fn rec(i: usize) -> MetadataRecord {
-        MetadataRecord::Config {
-            resource: ConfigResource::Topic,
+        ConfigRecord {
+            resource_type: crate::record::ConfigResource::Topic.resource_type(),
             resource_name: format!("t{i}"),
             name: "retention.ms".into(),
             value: Some(i.to_string()),
+            ..ConfigRecord::default()
         }
+        .into()
     }
 
     #[tokio::test]
@@ -515,12 +559,26 @@ mod tests {
         assert_eq!((second.base_offset, second.last_offset()), (1, 2));
         assert_eq!(
             second.records[0],
-            MetadataRecord::ProducerIds {
+            MetadataRecord::ProducerIds(ProducerIdsRecord {
                 broker_id: 1,
-                next_producer_id: 1000
-            }
+                broker_epoch: -1,
+                next_producer_id: 1000,
+                ..ProducerIdsRecord::default()
+            })
         );
+        // The legacy registration became Kafka's, with its offset as broker epoch.
+        let MetadataRecord::RegisterBroker(b) = &s_first(dir.path()).await else {
+            panic!("a broker registration")
+        };
+        assert_eq!((b.broker_id, b.broker_epoch, b.fenced), (1, 0, true));
+        assert_eq!(b.end_points[0].host, "localhost");
         assert_eq!(log.propose(vec![rec(1)]).await.unwrap(), 3);
+    }
+
+    async fn s_first(dir: &Path) -> MetadataRecord {
+        let log = FileMetadataLog::open(dir).unwrap();
+        let mut s = log.subscribe().unwrap();
+        s.next().await.unwrap().records[0].clone()
     }
 
     #[test]
@@ -760,6 +818,10 @@ impl MetadataLog for RaftMetadataLog {
 
     fn high_watermark(&self) -> u64 {
         self.shared.lock().dense_next
+    }
+
+    fn is_leader(&self) -> bool {
+        self.manager.leader_and_epoch().borrow().leader_id == Some(self.manager.node_id())
     }
 }
 

@@ -96,6 +96,7 @@ impl MetadataPublisher for CoordinatorPublisher {
 mod tests {
     use super::*;
     use crate::record::MetadataRecord;
+    use gregor_protocol::metadata_records::{PartitionRecord, RemoveTopicRecord, TopicRecord};
     use parking_lot::Mutex;
     use uuid::Uuid;
 
@@ -116,15 +117,26 @@ mod tests {
     }
 
     fn partition(topic_id: Uuid, partition: i32, leader: i32, leader_epoch: i32) -> MetadataRecord {
-        MetadataRecord::Partition {
+        PartitionRecord {
             topic_id,
-            partition,
+            partition_id: partition,
             replicas: vec![1, 2],
             isr: vec![1, 2],
             leader,
             leader_epoch,
             partition_epoch: leader_epoch,
+            ..PartitionRecord::default()
         }
+        .into()
+    }
+
+    fn topic(name: &str, topic_id: Uuid) -> MetadataRecord {
+        TopicRecord {
+            name: name.into(),
+            topic_id,
+            ..TopicRecord::default()
+        }
+        .into()
     }
 
     /// Applies `records` to `image` through the publisher, as the loader does.
@@ -157,17 +169,11 @@ mod tests {
             &p,
             &mut image,
             vec![
-                MetadataRecord::Topic {
-                    name: "__consumer_offsets".into(),
-                    topic_id: id,
-                },
+                topic("__consumer_offsets", id),
                 partition(id, 0, 1, 0),
                 partition(id, 1, 2, 0),
                 // Another topic led by this node is not the coordinator's business.
-                MetadataRecord::Topic {
-                    name: "orders".into(),
-                    topic_id: other,
-                },
+                topic("orders", other),
                 partition(other, 0, 1, 0),
             ],
         );
@@ -197,7 +203,11 @@ mod tests {
         step(
             &p,
             &mut image,
-            vec![MetadataRecord::RemoveTopic { topic_id: id }],
+            vec![RemoveTopicRecord {
+                topic_id: id,
+                ..RemoveTopicRecord::default()
+            }
+            .into()],
         );
         assert_eq!(
             events.0.lock().drain(..).collect::<Vec<_>>(),

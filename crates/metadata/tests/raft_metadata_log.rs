@@ -15,12 +15,13 @@ impl Transport for NoPeers {
 }
 
 fn rec(i: usize) -> MetadataRecord {
-    MetadataRecord::Config {
-        resource: ConfigResource::Topic,
+    MetadataRecord::Config(gregor_protocol::metadata_records::ConfigRecord {
+        resource_type: ConfigResource::Topic.resource_type(),
         resource_name: format!("t{i}"),
         name: "retention.ms".into(),
         value: Some(i.to_string()),
-    }
+        ..Default::default()
+    })
 }
 
 fn manager(dir: &std::path::Path, voters: &[NodeId]) -> Arc<RaftManager> {

@@ -64,16 +64,20 @@ fn error_entry(name: Option<&str>, topic_id: Uuid, code: i16) -> MetadataRespons
         .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
 
-fn brokers(image: &MetadataImage) -> Vec<MetadataResponseBroker> {
+/// The brokers with an endpoint on `listener` (the listener the request came in on), as
+/// Kafka's `MetadataCache.getAliveBrokerNodes`: fenced brokers are left out.
+fn brokers(image: &MetadataImage, listener: &str) -> Vec<MetadataResponseBroker> {
     image
-        .brokers
-        .values()
-        .map(|b| {
-            MetadataResponseBroker::default()
-                .with_node_id(BrokerId(b.broker_id))
-                .with_host(sb(&b.host))
-                .with_port(i32::from(b.port))
-                .with_rack(b.rack.as_deref().map(sb))
+        .unfenced_brokers()
+        .filter_map(|b| {
+            let e = b.endpoint(listener)?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(b.broker_id))
+                    .with_host(sb(&e.host))
+                    .with_port(i32::from(e.port))
+                    .with_rack(b.rack.as_deref().map(sb)),
+            )
         })
         .collect()
 }
@@ -184,7 +188,7 @@ pub async fn handle(
         }
     }
     MetadataResponse::default()
-        .with_brokers(brokers(&image))
+        .with_brokers(brokers(&image, &ctx.listener_name))
         .with_cluster_id(Some(sb(&broker.cluster_id)))
         .with_controller_id(BrokerId(broker.config.node_id))
         .with_topics(topics)
@@ -220,12 +224,18 @@ pub fn describe_cluster(
             image
                 .brokers
                 .values()
-                .map(|b| {
-                    DescribeClusterBroker::default()
-                        .with_broker_id(BrokerId(b.broker_id))
-                        .with_host(sb(&b.host))
-                        .with_port(i32::from(b.port))
-                        .with_rack(b.rack.as_deref().map(sb))
+                // Fenced brokers only when asked for (v2, KIP-1073), as Kafka.
+                .filter(|b| !b.fenced || req.include_fenced_brokers)
+                .filter_map(|b| {
+                    let e = b.endpoint(&ctx.listener_name)?;
+                    Some(
+                        DescribeClusterBroker::default()
+                            .with_broker_id(BrokerId(b.broker_id))
+                            .with_host(sb(&e.host))
+                            .with_port(i32::from(e.port))
+                            .with_rack(b.rack.as_deref().map(sb))
+                            .with_is_fenced(b.fenced),
+                    )
                 })
                 .collect(),
         );

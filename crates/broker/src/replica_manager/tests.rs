@@ -8,6 +8,7 @@ use std::time::Duration;
 use gregor_log::{LogManager, ManualClock, TopicPartition};
 use gregor_metadata::{MetadataImage, MetadataRecord};
 use gregor_protocol::batch::BatchBuilder;
+use gregor_protocol::metadata_records::{PartitionRecord, TopicRecord};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -48,10 +49,11 @@ impl Fixture {
         let rm = Arc::new(ReplicaManager::new(LOCAL, config, logs));
         let topic_id = Uuid::new_v4();
         let mut image = MetadataImage::default();
-        image.apply(&MetadataRecord::Topic {
+        image.apply(&MetadataRecord::Topic(TopicRecord {
             name: "t".into(),
             topic_id,
-        });
+            ..TopicRecord::default()
+        }));
         let mut f = Self {
             _dir: dir,
             clock,
@@ -66,15 +68,17 @@ impl Fixture {
     }
 
     fn set_leader(&mut self, partition: i32, leader: i32, leader_epoch: i32, replicas: &[i32]) {
-        self.image.apply(&MetadataRecord::Partition {
-            topic_id: self.topic_id,
-            partition,
-            replicas: replicas.to_vec(),
-            isr: replicas.to_vec(),
-            leader,
-            leader_epoch,
-            partition_epoch: leader_epoch,
-        });
+        self.image
+            .apply(&MetadataRecord::Partition(PartitionRecord {
+                topic_id: self.topic_id,
+                partition_id: partition,
+                replicas: replicas.to_vec(),
+                isr: replicas.to_vec(),
+                leader,
+                leader_epoch,
+                partition_epoch: leader_epoch,
+                ..PartitionRecord::default()
+            }));
         self.rm.apply_image(&self.image).expect("apply image");
     }
 

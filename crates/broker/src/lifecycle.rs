@@ -1,0 +1,256 @@
+//! The broker's side of its registration with the controller (Kafka's
+//! `BrokerLifecycleManager`, KIP-631): register with a new incarnation id, the advertised
+//! listeners, the supported features, the rack and the log directory ids; heartbeat every
+//! `broker.heartbeat.interval.ms` (2000) with the offset of the last metadata record applied
+//! here, which unfences the broker once it has caught up with its registration; on shutdown,
+//! a controlled shutdown (leadership moved away before the broker stops).
+//!
+//! A registration refused with DUPLICATE_BROKER_REGISTRATION (the previous incarnation of this
+//! node, killed without a controlled shutdown, still has a live session) is retried until that
+//! session expires (`broker.session.timeout.ms`), as Kafka's broker does.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gregor_metadata::controller::{
+    BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerError,
+};
+use gregor_metadata::ControllerHandle;
+use gregor_network::SecurityProtocol;
+use gregor_protocol::error::ErrorCode;
+use gregor_protocol::metadata_records::BrokerEndpoint;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::start_error::StartError;
+
+/// `broker.heartbeat.interval.ms`'s default.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 2000;
+
+/// How long a registration is retried, in ms (Kafka's `initial.broker.registration.timeout.ms`
+/// default).
+pub const REGISTRATION_TIMEOUT_MS: u64 = 60_000;
+
+/// Longest a controlled shutdown waits for the controller's go-ahead before stopping anyway.
+pub const CONTROLLED_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause between the heartbeats of a controlled shutdown (the controller's answer changes
+/// once other brokers have seen the leadership moves).
+const CONTROLLED_SHUTDOWN_RETRY: Duration = Duration::from_millis(100);
+
+/// Why [`start`] failed.
+#[derive(Debug)]
+pub enum LifecycleError {
+    /// The local controller does not lead the quorum (the leader's id, if known).
+    NotController(Option<i32>),
+    /// Any other failure, fatal for start-up.
+    Start(StartError),
+}
+
+impl From<StartError> for LifecycleError {
+    fn from(e: StartError) -> Self {
+        LifecycleError::Start(e)
+    }
+}
+
+/// This broker's registration: its epoch and the heartbeat task.
+pub struct BrokerLifecycle {
+    controller: ControllerHandle,
+    broker_id: i32,
+    /// The broker epoch the controller gave this incarnation.
+    pub broker_epoch: i64,
+    stop_heartbeats: watch::Sender<bool>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+fn heartbeat_interval(config: &BrokerConfig) -> Duration {
+    let ms = config
+        .raw
+        .get("broker.heartbeat.interval.ms")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS);
+    Duration::from_millis(ms.max(1))
+}
+
+/// The offset of the last metadata record this node applied (-1 before any).
+fn applied_offset(controller: &ControllerHandle) -> i64 {
+    i64::try_from(controller.image().offset).unwrap_or(i64::MAX) - 1
+}
+
+/// Registers this broker (advertised listeners with the port each bound, `bound_ports` by
+/// listener name), heartbeats until it is unfenced, and starts the periodic heartbeats.
+///
+/// # Errors
+/// [`LifecycleError::NotController`] when this node's controller does not lead the quorum;
+/// [`StartError::Metadata`] when the controller refuses the registration (other than a live
+/// previous incarnation, which is waited out up to [`REGISTRATION_TIMEOUT_MS`]).
+pub async fn start(
+    config: &BrokerConfig,
+    controller: &ControllerHandle,
+    bound_ports: &[(String, u16)],
+) -> Result<BrokerLifecycle, LifecycleError> {
+    let interval = heartbeat_interval(config);
+    let listeners = config
+        .advertised_listeners
+        .iter()
+        .map(|l| BrokerEndpoint {
+            name: l.name.clone(),
+            host: l.host.clone(),
+            // An advertised port 0 is the port the listener of that name bound.
+            port: if l.port == 0 {
+                bound_ports
+                    .iter()
+                    .find(|(name, _)| *name == l.name)
+                    .map_or(0, |(_, p)| *p)
+            } else {
+                l.port
+            },
+            // `SecurityProtocol.id`: the position in Kafka's order.
+            security_protocol: SecurityProtocol::ALL
+                .iter()
+                .position(|p| *p == l.security_protocol)
+                .map_or(0, |i| i as i16),
+            ..BrokerEndpoint::default()
+        })
+        .collect();
+    let dirs: BTreeSet<_> = config.log_dirs.iter().cloned().collect();
+    let log_dirs: Vec<Uuid> = crate::storage::verify_ensemble(&dirs, None, config.node_id)
+        .map_err(|e| StartError::Storage(e.to_string()))?
+        .values()
+        .filter_map(|m| m.directory_id)
+        .collect();
+    let request = BrokerRegistrationRequest {
+        broker_id: config.node_id,
+        incarnation_id: Uuid::new_v4(),
+        listeners,
+        features: BrokerRegistrationRequest::supported_features(),
+        rack: config.rack.clone(),
+        log_dirs,
+        previous_broker_epoch: -1,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
+    let broker_epoch = loop {
+        match controller.register_broker(request.clone()).await {
+            Ok(epoch) => break epoch,
+            Err(e)
+                if e.error_code() == ErrorCode::DuplicateBrokerRegistration
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                info!(error = %e, "the previous incarnation of this broker is still registered; retrying");
+                tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
+            }
+            Err(ControllerError::NotController { leader_id }) => {
+                return Err(LifecycleError::NotController(leader_id))
+            }
+            Err(e) => return Err(StartError::Metadata(e.to_string()).into()),
+        }
+    };
+    let broker_id = config.node_id;
+    // Unfenced once caught up with the registration record.
+    loop {
+        let reply = controller
+            .broker_heartbeat(BrokerHeartbeatRequest {
+                broker_id,
+                broker_epoch,
+                current_metadata_offset: applied_offset(controller),
+                want_fence: false,
+                want_shut_down: false,
+            })
+            .await
+            .map_err(|e| StartError::Metadata(e.to_string()))?;
+        if !reply.is_fenced {
+            break;
+        }
+        if reply.is_caught_up {
+            // Caught up and still fenced: the controller will not unfence this incarnation.
+            return Err(StartError::Metadata(format!(
+                "broker {broker_id} (epoch {broker_epoch}) caught up with its registration but the controller keeps it fenced"
+            ))
+            .into());
+        }
+        // The loader applies the registration record shortly; wait for it, not for time.
+        controller
+            .loader()
+            .wait_for_offset(u64::try_from(broker_epoch).unwrap_or(0))
+            .await
+            .map_err(|e| StartError::Metadata(e.to_string()))?;
+    }
+    info!(broker_id, broker_epoch, "registered and unfenced");
+    let (stop_heartbeats, mut stop) = watch::channel(false);
+    let c = controller.clone();
+    let heartbeats = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tick.tick() => {
+                    let r = c.broker_heartbeat(BrokerHeartbeatRequest {
+                        broker_id,
+                        broker_epoch,
+                        current_metadata_offset: applied_offset(&c),
+                        want_fence: false,
+                        want_shut_down: false,
+                    }).await;
+                    match r {
+                        Ok(_) => {}
+                        Err(ControllerError::NotController { .. }) => return,
+                        Err(e) => warn!(error = %e, "broker heartbeat failed"),
+                    }
+                }
+            }
+        }
+    });
+    Ok(BrokerLifecycle {
+        controller: controller.clone(),
+        broker_id,
+        broker_epoch,
+        stop_heartbeats,
+        heartbeats,
+    })
+}
+
+impl BrokerLifecycle {
+    /// Controlled shutdown: heartbeats asking to shut down until the controller answers that
+    /// this broker may (it leads nothing and is fenced), at most
+    /// [`CONTROLLED_SHUTDOWN_TIMEOUT`].
+    pub async fn controlled_shutdown(self) {
+        let _ = self.stop_heartbeats.send(true);
+        let _ = self.heartbeats.await;
+        let c = Arc::new(self.controller);
+        let attempt = async {
+            loop {
+                let r = c
+                    .broker_heartbeat(BrokerHeartbeatRequest {
+                        broker_id: self.broker_id,
+                        broker_epoch: self.broker_epoch,
+                        current_metadata_offset: applied_offset(&c),
+                        want_fence: false,
+                        want_shut_down: true,
+                    })
+                    .await;
+                match r {
+                    Ok(reply) if reply.should_shut_down => return,
+                    Ok(_) => {
+                        // The controller moved leadership away; the next answer follows once
+                        // this node has applied that.
+                        tokio::time::sleep(CONTROLLED_SHUTDOWN_RETRY).await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "controlled shutdown: heartbeat failed");
+                        return;
+                    }
+                }
+            }
+        };
+        if tokio::time::timeout(CONTROLLED_SHUTDOWN_TIMEOUT, attempt)
+            .await
+            .is_err()
+        {
+            warn!("controlled shutdown did not complete in time; stopping anyway");
+        }
+    }
+}

@@ -1,0 +1,1386 @@
+//! Brokers in a cluster, on the active controller (Kafka's `ClusterControlManager`,
+//! `BrokerHeartbeatManager` and the broker parts of `ReplicationControlManager`; KIP-631):
+//! registration (the broker epoch is the offset of its `RegisterBrokerRecord`), heartbeats
+//! (unfence once the broker's metadata has reached its registration; fence when it asks or
+//! when its session of `broker.session.timeout.ms` expires; controlled shutdown moves
+//! leadership away before the broker is told it may stop), and unregistration. Fencing a
+//! broker elects new leaders for the partitions it led (`PartitionChangeRecord`, leader epoch
+//! bump; no other ISR member: no leader, -1).
+//!
+//! Sessions live in memory only, as in Kafka: a controller that starts (or takes over) gives
+//! every unfenced broker of the image a full session from the moment it first looks.
+//!
+//! With `eligible.leader.replicas.version` >= 1 (KIP-966, on in a new Kafka 4.4 cluster) an
+//! ISR shrinking below `min.insync.replicas` keeps its members as eligible leader replicas, as
+//! Kafka's `PartitionChangeBuilder`; without it an ISR never becomes empty.
+//!
+//! Departures from Kafka 4.4: KIP-966's unclean-shutdown handling (a new incarnation whose
+//! previous broker epoch does not match leaves every ISR and ELR at registration) is not done,
+//! nor unclean leader election by config; offline log directories in heartbeats are not
+//! taken.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use gregor_protocol::metadata_records::{
+    BrokerEndpoint, BrokerFeature, BrokerRegistrationChangeRecord, PartitionChangeRecord,
+    RegisterBrokerRecord, UnregisterBrokerRecord,
+};
+use uuid::Uuid;
+
+use crate::controller::{Controller, ControllerError, ControllerResult};
+use crate::image::{MetadataImage, PartitionRegistration, METADATA_VERSION_FEATURE, NO_LEADER};
+use crate::record::{ConfigResource, MetadataRecord};
+
+/// The feature that turns on eligible leader replicas (KIP-966).
+pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
+
+/// `min.insync.replicas`.
+const MIN_INSYNC_REPLICAS: &str = "min.insync.replicas";
+
+/// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
+pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
+
+/// The feature ranges a gregor broker supports, as it registers them: those Kafka 4.4.0's
+/// broker registers (`metadata.version` 3.3-IV3 (7) to 4.4-IV2 (33), and the finalized features
+/// `gregor storage format` may set).
+pub const SUPPORTED_FEATURES: &[(&str, i16, i16)] = &[
+    ("eligible.leader.replicas.version", 0, 1),
+    ("group.version", 0, 1),
+    ("kraft.version", 0, 1),
+    (METADATA_VERSION_FEATURE, 7, 33),
+    ("share.version", 0, 2),
+    ("streams.version", 0, 1),
+    ("transaction.version", 0, 2),
+];
+
+/// A monotonic clock in milliseconds, injected so tests move time by hand.
+pub trait ControllerClock: Send + Sync {
+    /// Milliseconds since an arbitrary start; never goes back.
+    fn now_ms(&self) -> u64;
+}
+
+/// The process's monotonic clock.
+pub struct SystemClock {
+    start: Instant,
+}
+
+impl SystemClock {
+    /// A clock starting at 0 now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControllerClock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock tests advance.
+#[derive(Default)]
+pub struct ManualClock {
+    now: AtomicU64,
+}
+
+impl ManualClock {
+    /// Moves time forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.now.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl ControllerClock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// A BrokerRegistration request (API 62, KIP-631), the fields the controller uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerRegistrationRequest {
+    /// `node.id`.
+    pub broker_id: i32,
+    /// A new random id per broker process start.
+    pub incarnation_id: Uuid,
+    /// The broker's advertised listeners (name, host, port, security protocol id).
+    pub listeners: Vec<BrokerEndpoint>,
+    /// The features it supports (name, min, max level).
+    pub features: Vec<BrokerFeature>,
+    /// `broker.rack`.
+    pub rack: Option<String>,
+    /// The directory ids of its online log dirs (KIP-858).
+    pub log_dirs: Vec<Uuid>,
+    /// Its epoch before a clean shutdown, -1 if none (KIP-966; not used yet).
+    pub previous_broker_epoch: i64,
+}
+
+impl BrokerRegistrationRequest {
+    /// [`SUPPORTED_FEATURES`] as the request's features.
+    pub fn supported_features() -> Vec<BrokerFeature> {
+        SUPPORTED_FEATURES
+            .iter()
+            .map(|(name, min, max)| BrokerFeature {
+                name: (*name).to_string(),
+                min_supported_version: *min,
+                max_supported_version: *max,
+                ..BrokerFeature::default()
+            })
+            .collect()
+    }
+}
+
+/// A BrokerHeartbeat request (API 63).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerHeartbeatRequest {
+    /// `node.id`.
+    pub broker_id: i32,
+    /// The epoch its registration returned.
+    pub broker_epoch: i64,
+    /// The offset of the last metadata record it applied.
+    pub current_metadata_offset: i64,
+    /// It wants to be fenced.
+    pub want_fence: bool,
+    /// It wants to shut down (controlled shutdown).
+    pub want_shut_down: bool,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerHeartbeatReply {
+    /// Its metadata has reached its registration's offset.
+    pub is_caught_up: bool,
+    /// It is fenced.
+    pub is_fenced: bool,
+    /// It is in controlled shutdown.
+    pub in_controlled_shutdown: bool,
+    /// It may shut down now.
+    pub should_shut_down: bool,
+}
+
+/// One broker's session on the active controller (`BrokerHeartbeatState`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Session {
+    /// Clock time of its last heartbeat (or registration), ms.
+    last_contact_ms: u64,
+    /// The metadata offset its last heartbeat reported.
+    metadata_offset: i64,
+    /// The offset at which its controlled shutdown records end, once it started one.
+    controlled_shutdown_offset: Option<i64>,
+}
+
+/// The sessions of the registered brokers, and the offset of each broker's latest
+/// `RegisterBrokerRecord` (Kafka's `registerBrokerRecordOffsets`: a broker is caught up once
+/// its metadata reached it).
+#[derive(Debug, Default)]
+pub(crate) struct BrokerSessions {
+    sessions: BTreeMap<i32, Session>,
+    register_offsets: BTreeMap<i32, i64>,
+}
+
+impl BrokerSessions {
+    /// Notes the offset of a committed `RegisterBrokerRecord` (or forgets it on
+    /// `UnregisterBrokerRecord`).
+    pub(crate) fn replayed(&mut self, offset: u64, record: &MetadataRecord) {
+        match record {
+            MetadataRecord::RegisterBroker(r) => {
+                self.register_offsets
+                    .insert(r.broker_id, i64::try_from(offset).unwrap_or(i64::MAX));
+            }
+            MetadataRecord::UnregisterBroker(r) => {
+                self.register_offsets.remove(&r.broker_id);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `BrokerControlState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Fenced,
+    Unfenced,
+    ControlledShutdown,
+    ShutdownNow,
+}
+
+/// `DirectoryId.reserved`: the ids below 100 with no high bits mean MIGRATING, UNASSIGNED,
+/// LOST and future markers, never a real directory.
+fn reserved_directory(id: &Uuid) -> bool {
+    let (high, low) = id.as_u64_pair();
+    high == 0 && low < 100
+}
+
+impl Controller {
+    fn now_ms(&self) -> u64 {
+        self.config.clock.now_ms()
+    }
+
+    /// Whether `broker`'s incarnation is alive: unfenced, not in controlled shutdown (Kafka
+    /// 4.1's KAFKA-19047: a broker that shut down cleanly re-registers at once) and heard from
+    /// within the session timeout (`BrokerHeartbeatManager.hasValidSession`).
+    fn has_valid_session(&self, broker: i32) -> bool {
+        let active = self
+            .image
+            .brokers
+            .get(&broker)
+            .is_some_and(|b| !b.fenced && !b.in_controlled_shutdown);
+        active
+            && self
+                .sessions
+                .sessions
+                .get(&broker)
+                .is_none_or(|s| s.last_contact_ms + self.config.session_timeout_ms >= self.now_ms())
+    }
+
+    /// Registers a broker (BrokerRegistration): a new incarnation gets a new broker epoch, the
+    /// offset its `RegisterBrokerRecord` will have, and starts fenced; the same incarnation
+    /// amends its registration and keeps epoch, fencing and controlled-shutdown state. The
+    /// answer is the broker epoch.
+    ///
+    /// # Errors
+    /// DUPLICATE_BROKER_REGISTRATION when another incarnation of the id is unfenced and within
+    /// its session; UNSUPPORTED_VERSION when the broker's range of a finalized feature (e.g.
+    /// `metadata.version`) does not contain the finalized level; INVALID_REGISTRATION for no,
+    /// reserved, duplicate or another broker's log directory ids.
+    pub fn register_broker(
+        &mut self,
+        req: BrokerRegistrationRequest,
+    ) -> Result<ControllerResult<i64>, ControllerError> {
+        let broker_id = req.broker_id;
+        let existing = self.image.brokers.get(&broker_id).cloned();
+        if let Some(e) = &existing {
+            if e.incarnation_id != req.incarnation_id && self.has_valid_session(broker_id) {
+                return Err(ControllerError::DuplicateBrokerRegistration(
+                    "Another broker is registered with that broker id.".into(),
+                ));
+            }
+        }
+        self.check_features(&req.features)?;
+        // Directory assignment (KIP-858) exists from metadata.version 3.7-IV2 (level 18).
+        let directories = self.image.metadata_version().is_some_and(|mv| mv >= 18);
+        if directories {
+            self.check_log_dirs(broker_id, &req.log_dirs)?;
+        }
+        let mut record = RegisterBrokerRecord {
+            broker_id,
+            incarnation_id: req.incarnation_id,
+            end_points: req.listeners,
+            features: req.features,
+            rack: req.rack,
+            log_dirs: if directories { req.log_dirs } else { vec![] },
+            ..RegisterBrokerRecord::default()
+        };
+        match existing {
+            Some(e) if e.incarnation_id == req.incarnation_id => {
+                record.broker_epoch = e.epoch;
+                record.fenced = e.fenced;
+                record.in_controlled_shutdown = e.in_controlled_shutdown;
+            }
+            _ => {
+                // Kafka's rule: the broker epoch is the offset of the record.
+                record.broker_epoch = i64::try_from(self.image.offset).unwrap_or(i64::MAX);
+                record.fenced = true;
+                self.sessions.sessions.remove(&broker_id);
+            }
+        }
+        let epoch = record.broker_epoch;
+        let now = self.now_ms();
+        self.sessions
+            .sessions
+            .entry(broker_id)
+            .or_insert(Session {
+                last_contact_ms: now,
+                metadata_offset: -1,
+                controlled_shutdown_offset: None,
+            })
+            .last_contact_ms = now;
+        Ok(ControllerResult {
+            records: vec![record.into()],
+            response: epoch,
+        })
+    }
+
+    fn check_features(&self, features: &[BrokerFeature]) -> Result<(), ControllerError> {
+        let unsupported = |name: &str, finalized: i16, min: i16, max: i16| {
+            ControllerError::UnsupportedVersion(format!(
+                "Unable to register because the broker does not support finalized version {finalized} of {name}. The broker wants a version between {min} and {max}, inclusive."
+            ))
+        };
+        for f in features {
+            let Some(finalized) = self.image.features.get(&f.name).copied().or(
+                // Kafka's default: metadata.version 1 when unset, other features 0. gregor's
+                // one-voter file log holds no bootstrap records, so an unset metadata.version
+                // is not checked.
+                (f.name != METADATA_VERSION_FEATURE).then_some(0),
+            ) else {
+                continue;
+            };
+            if !(f.min_supported_version..=f.max_supported_version).contains(&finalized) {
+                return Err(unsupported(
+                    &f.name,
+                    finalized,
+                    f.min_supported_version,
+                    f.max_supported_version,
+                ));
+            }
+        }
+        for (name, finalized) in &self.image.features {
+            if *finalized != 0 && !features.iter().any(|f| &f.name == name) {
+                return Err(unsupported(name, *finalized, 0, 0));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_log_dirs(&self, broker_id: i32, dirs: &[Uuid]) -> Result<(), ControllerError> {
+        let invalid = |m: String| ControllerError::InvalidRegistration(m);
+        if dirs.is_empty() {
+            return Err(invalid("No directories specified in request".into()));
+        }
+        if dirs.iter().any(reserved_directory) {
+            return Err(invalid("Reserved directory ID in request".into()));
+        }
+        let mut sorted = dirs.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != dirs.len() {
+            return Err(invalid("Duplicate directory ID in request".into()));
+        }
+        for b in self.image.brokers.values() {
+            if b.broker_id == broker_id {
+                continue;
+            }
+            if let Some(d) = dirs.iter().find(|d| b.directories.contains(d)) {
+                return Err(invalid(format!(
+                    "Broker {} is already registered with directory {d}",
+                    b.broker_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_broker_epoch(&self, broker_id: i32, epoch: i64) -> Result<(), ControllerError> {
+        match self.image.brokers.get(&broker_id) {
+            None => Err(ControllerError::StaleBrokerEpoch(format!(
+                "No broker registration found for broker id {broker_id}"
+            ))),
+            Some(b) if b.epoch != epoch => Err(ControllerError::StaleBrokerEpoch(format!(
+                "Expected broker epoch {}, but got broker epoch {epoch}",
+                b.epoch
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn has_leaderships(&self, broker: i32) -> bool {
+        self.image
+            .topics
+            .values()
+            .any(|t| t.partitions.values().any(|p| p.leader == broker))
+    }
+
+    /// The lowest metadata offset of the active brokers (unfenced, not shutting down); i64::MAX
+    /// when there are none.
+    fn lowest_active_offset(&self) -> i64 {
+        self.image
+            .brokers
+            .values()
+            .filter(|b| !b.fenced && !b.in_controlled_shutdown)
+            .map(|b| {
+                self.sessions
+                    .sessions
+                    .get(&b.broker_id)
+                    .map_or(-1, |s| s.metadata_offset)
+            })
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    fn current_state(&self, broker: i32) -> State {
+        // Fencing ends a controlled shutdown (Kafka's heartbeat manager forgets the shutdown
+        // offset), though the registration keeps its InControlledShutdown flag.
+        match self.image.brokers.get(&broker) {
+            Some(b) if b.fenced => State::Fenced,
+            Some(b) if b.in_controlled_shutdown => State::ControlledShutdown,
+            Some(_) => State::Unfenced,
+            None => State::ShutdownNow,
+        }
+    }
+
+    /// `BrokerHeartbeatManager.calculateNextBrokerState`.
+    fn next_state(&self, req: &BrokerHeartbeatRequest, registration_offset: i64) -> State {
+        let current = self.current_state(req.broker_id);
+        match current {
+            State::Fenced if req.want_shut_down => State::ShutdownNow,
+            State::Fenced
+                if !req.want_fence && req.current_metadata_offset >= registration_offset =>
+            {
+                State::Unfenced
+            }
+            State::Fenced => State::Fenced,
+            State::Unfenced if req.want_fence && req.want_shut_down => State::ShutdownNow,
+            State::Unfenced if req.want_fence => State::Fenced,
+            State::Unfenced if req.want_shut_down => {
+                if self.has_leaderships(req.broker_id) {
+                    State::ControlledShutdown
+                } else {
+                    State::ShutdownNow
+                }
+            }
+            State::Unfenced => State::Unfenced,
+            State::ControlledShutdown => {
+                if self.has_leaderships(req.broker_id) {
+                    return State::ControlledShutdown;
+                }
+                let shutdown_offset = self
+                    .sessions
+                    .sessions
+                    .get(&req.broker_id)
+                    .and_then(|s| s.controlled_shutdown_offset)
+                    .unwrap_or(i64::MAX);
+                if shutdown_offset <= self.lowest_active_offset() {
+                    State::ShutdownNow
+                } else {
+                    State::ControlledShutdown
+                }
+            }
+            State::ShutdownNow => State::ShutdownNow,
+        }
+    }
+
+    /// A heartbeat (BrokerHeartbeat): renews the broker's session and moves it between fenced,
+    /// unfenced, controlled shutdown and shut down as Kafka's `BrokerHeartbeatManager`. A
+    /// fenced broker is unfenced (`BrokerRegistrationChangeRecord` fenced = -1) once its
+    /// metadata offset reached its registration's, and leaderless partitions it can lead get
+    /// it as leader; a broker that wants to shut down and leads partitions enters controlled
+    /// shutdown (InControlledShutdown = 1, leadership moved away) and is told to shut down once
+    /// it leads nothing and every active broker has seen those changes; then it is fenced.
+    ///
+    /// # Errors
+    /// STALE_BROKER_EPOCH when the broker is not registered at that epoch.
+    pub fn broker_heartbeat(
+        &mut self,
+        req: BrokerHeartbeatRequest,
+    ) -> Result<ControllerResult<BrokerHeartbeatReply>, ControllerError> {
+        let broker_id = req.broker_id;
+        self.check_broker_epoch(broker_id, req.broker_epoch)?;
+        let registration_offset = self
+            .sessions
+            .register_offsets
+            .get(&broker_id)
+            .copied()
+            .unwrap_or(req.broker_epoch);
+        let current = self.current_state(broker_id);
+        let next = self.next_state(&req, registration_offset);
+        let mut records = Vec::new();
+        if current != next {
+            match next {
+                State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
+                State::Unfenced => self.unfence_records(broker_id, req.broker_epoch, &mut records),
+                State::ControlledShutdown => {
+                    self.controlled_shutdown_records(broker_id, req.broker_epoch, &mut records)
+                }
+            }
+        }
+        let now = self.now_ms();
+        let end_offset =
+            i64::try_from(self.image.offset + records.len() as u64).unwrap_or(i64::MAX) - 1;
+        let session = self.sessions.sessions.entry(broker_id).or_insert(Session {
+            last_contact_ms: now,
+            metadata_offset: -1,
+            controlled_shutdown_offset: None,
+        });
+        session.last_contact_ms = now;
+        session.metadata_offset = req.current_metadata_offset;
+        if next == State::ControlledShutdown && session.controlled_shutdown_offset.is_none() {
+            session.controlled_shutdown_offset = Some(end_offset);
+        }
+        Ok(ControllerResult {
+            records,
+            response: BrokerHeartbeatReply {
+                is_caught_up: req.current_metadata_offset >= registration_offset,
+                is_fenced: matches!(next, State::Fenced | State::ShutdownNow),
+                in_controlled_shutdown: next == State::ControlledShutdown,
+                should_shut_down: next == State::ShutdownNow,
+            },
+        })
+    }
+
+    /// Unregisters a broker (UnregisterBroker, KIP-631): it leaves every ISR and leadership,
+    /// then its registration is removed.
+    ///
+    /// # Errors
+    /// BROKER_ID_NOT_REGISTERED.
+    pub fn unregister_broker(
+        &mut self,
+        broker_id: i32,
+    ) -> Result<ControllerResult<()>, ControllerError> {
+        let Some(b) = self.image.brokers.get(&broker_id) else {
+            return Err(ControllerError::BrokerIdNotRegistered(format!(
+                "Broker ID {broker_id} is not currently registered"
+            )));
+        };
+        let epoch = b.epoch;
+        let mut records = Vec::new();
+        self.leader_and_isr_updates(broker_id, NO_LEADER, &mut records, |p| {
+            p.isr.contains(&broker_id) || p.elr.contains(&broker_id)
+        });
+        records.push(
+            UnregisterBrokerRecord {
+                broker_id,
+                broker_epoch: epoch,
+                ..UnregisterBrokerRecord::default()
+            }
+            .into(),
+        );
+        self.sessions.sessions.remove(&broker_id);
+        Ok(ControllerResult {
+            records,
+            response: (),
+        })
+    }
+
+    /// Forgets every broker session (this controller is not active: heartbeats go to the
+    /// active one); the next [`Controller::fence_stale_broker`] starts each unfenced broker a
+    /// full session from then.
+    pub fn forget_sessions(&mut self) {
+        self.sessions.sessions.clear();
+    }
+
+    /// Fences one broker whose session expired, if any (`maybeFenceOneStaleBroker`; one at a
+    /// time so each fencing is committed before the next is decided). The answer is its id.
+    pub fn fence_stale_broker(&mut self) -> ControllerResult<Option<i32>> {
+        let now = self.now_ms();
+        let timeout = self.config.session_timeout_ms;
+        let unfenced: Vec<i32> = self
+            .image
+            .brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| b.broker_id)
+            .collect();
+        let mut stale = None;
+        for id in unfenced {
+            // A broker the controller has not heard from since it started gets a full session.
+            let s = self.sessions.sessions.entry(id).or_insert(Session {
+                last_contact_ms: now,
+                metadata_offset: -1,
+                controlled_shutdown_offset: None,
+            });
+            if s.last_contact_ms + timeout < now && stale.is_none() {
+                stale = Some(id);
+            }
+        }
+        let mut records = Vec::new();
+        if let Some(id) = stale {
+            tracing::info!(
+                broker_id = id,
+                "fencing broker because its session has timed out"
+            );
+            self.fence_records(id, &mut records);
+        }
+        ControllerResult {
+            records,
+            response: stale,
+        }
+    }
+
+    /// `handleBrokerFenced`: leadership and ISR away from the broker, then
+    /// `BrokerRegistrationChangeRecord(fenced = 1)`.
+    fn fence_records(&self, broker_id: i32, records: &mut Vec<MetadataRecord>) {
+        let Some(b) = self.image.brokers.get(&broker_id) else {
+            return;
+        };
+        self.leader_and_isr_updates(broker_id, NO_LEADER, records, |p| {
+            p.isr.contains(&broker_id)
+        });
+        records.push(
+            BrokerRegistrationChangeRecord {
+                broker_id,
+                broker_epoch: b.epoch,
+                fenced: 1,
+                ..BrokerRegistrationChangeRecord::default()
+            }
+            .into(),
+        );
+    }
+
+    /// `handleBrokerUnfenced`: `BrokerRegistrationChangeRecord(fenced = -1)`, then leaders
+    /// for the leaderless partitions it can lead.
+    fn unfence_records(&self, broker_id: i32, epoch: i64, records: &mut Vec<MetadataRecord>) {
+        records.push(
+            BrokerRegistrationChangeRecord {
+                broker_id,
+                broker_epoch: epoch,
+                fenced: -1,
+                ..BrokerRegistrationChangeRecord::default()
+            }
+            .into(),
+        );
+        self.leader_and_isr_updates(NO_LEADER, broker_id, records, |p| p.leader == NO_LEADER);
+    }
+
+    /// `handleBrokerInControlledShutdown`: `BrokerRegistrationChangeRecord(InControlledShutdown
+    /// = 1)`, then leadership and ISR moved away.
+    fn controlled_shutdown_records(
+        &self,
+        broker_id: i32,
+        epoch: i64,
+        records: &mut Vec<MetadataRecord>,
+    ) {
+        if self
+            .image
+            .brokers
+            .get(&broker_id)
+            .is_some_and(|b| !b.in_controlled_shutdown)
+        {
+            records.push(
+                BrokerRegistrationChangeRecord {
+                    broker_id,
+                    broker_epoch: epoch,
+                    in_controlled_shutdown: 1,
+                    ..BrokerRegistrationChangeRecord::default()
+                }
+                .into(),
+            );
+        }
+        self.leader_and_isr_updates(broker_id, NO_LEADER, records, |p| {
+            p.isr.contains(&broker_id)
+        });
+    }
+
+    /// `generateLeaderAndIsrUpdates`: for each partition `which` selects, a
+    /// `PartitionChangeRecord` as Kafka's `PartitionChangeBuilder` builds it
+    /// ([`Controller::partition_change`]) when something changes.
+    fn leader_and_isr_updates(
+        &self,
+        remove: i32,
+        add: i32,
+        records: &mut Vec<MetadataRecord>,
+        which: impl Fn(&PartitionRegistration) -> bool,
+    ) {
+        let image: &MetadataImage = &self.image;
+        let elr_enabled = image
+            .features
+            .get(ELR_FEATURE)
+            .is_some_and(|level| *level >= 1);
+        let mut topics: Vec<_> = image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            let min_isr = elr_enabled.then(|| self.effective_min_isr(&t.name, t));
+            for (partition_id, p) in &t.partitions {
+                if !which(p) {
+                    continue;
+                }
+                if let Some(mut change) = self.partition_change(p, remove, add, min_isr) {
+                    change.topic_id = t.topic_id;
+                    change.partition_id = *partition_id;
+                    records.push(change.into());
+                }
+            }
+        }
+    }
+
+    /// `min.insync.replicas` of a topic (its own, else the cluster default, else Kafka's
+    /// default 1; a broker's static config is not known to the controller), at most its
+    /// replication factor (`getTopicEffectiveMinIsr`).
+    fn effective_min_isr(&self, name: &str, t: &crate::image::TopicImage) -> usize {
+        let image = &self.image;
+        let configured = image
+            .configs
+            .get(&(ConfigResource::Topic, name.to_string()))
+            .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
+            .or_else(|| {
+                image
+                    .configs
+                    .get(&(ConfigResource::Broker, String::new()))
+                    .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
+            })
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1);
+        let replication_factor = t.partitions.values().next().map_or(1, |p| p.replicas.len());
+        configured.min(replication_factor)
+    }
+
+    /// The change of one partition when `remove` leaves its ISR and leadership and `add` may
+    /// lead although the image still shows it fenced, as Kafka's `PartitionChangeBuilder.build`
+    /// for an online election (no reassignment): the ISR without `remove`; with ELR enabled
+    /// (`min_isr` given, KIP-966) an ISR below `min_isr` moves its other members to the
+    /// eligible leader replicas and may become empty, and a partition left without ISR and
+    /// leader remembers its last leader (`LastKnownElr`); the leader stays if it is still
+    /// acceptable, else the first acceptable replica in the ISR (or, with an empty ISR, in the
+    /// ELR, which then becomes the ISR) leads, else the last known leader (an unclean
+    /// election, recovering), else nobody (-1). None when nothing changes. The record's topic
+    /// and partition ids are the caller's.
+    pub(crate) fn partition_change(
+        &self,
+        p: &PartitionRegistration,
+        remove: i32,
+        add: i32,
+        min_isr: Option<usize>,
+    ) -> Option<PartitionChangeRecord> {
+        let image: &MetadataImage = &self.image;
+        let elr_enabled = min_isr.is_some();
+        let acceptable = |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+        let mut target_isr: Vec<i32> = p.isr.iter().copied().filter(|r| *r != remove).collect();
+        let mut target_elr = p.elr.clone();
+        let mut target_lrs = p.leader_recovery_state;
+        // maybePopulateTargetElr
+        if let Some(min_isr) = min_isr {
+            if target_isr.len() >= min_isr {
+                target_elr.clear();
+            } else {
+                let mut candidates = target_elr.clone();
+                for r in &p.isr {
+                    if !candidates.contains(r) {
+                        candidates.push(*r);
+                    }
+                }
+                target_elr = candidates
+                    .into_iter()
+                    .filter(|r| !target_isr.contains(r))
+                    .collect();
+            }
+        }
+        // tryElection (Election.ONLINE)
+        let valid = |r: i32, isr: &[i32], elr: &[i32]| {
+            (isr.contains(&r) || (isr.is_empty() && elr.contains(&r))) && acceptable(r)
+        };
+        let mut unclean = false;
+        let leader = if valid(p.leader, &target_isr, &target_elr) {
+            p.leader
+        } else if let Some(r) = p
+            .replicas
+            .iter()
+            .copied()
+            .find(|r| valid(*r, &target_isr, &target_elr))
+        {
+            r
+        } else if elr_enabled
+            && target_elr.is_empty()
+            && target_isr.is_empty()
+            && p.last_known_elr.len() == 1
+        {
+            unclean = true;
+            p.last_known_elr[0]
+        } else {
+            NO_LEADER
+        };
+        let mut record = PartitionChangeRecord::default();
+        if leader != p.leader {
+            if target_elr.contains(&leader) {
+                target_isr = vec![leader];
+                target_elr.retain(|r| *r != leader);
+            }
+            record.leader = leader;
+            if unclean {
+                record.isr = Some(vec![leader]);
+                target_lrs = 1;
+            }
+        }
+        // maybeUpdateRecordElr
+        if record.isr.is_some() || !elr_enabled {
+            target_elr.clear();
+        }
+        if target_elr != p.elr {
+            record.eligible_leader_replicas = Some(target_elr);
+        }
+        if record.isr.is_none() && (!target_isr.is_empty() || elr_enabled) && target_isr != p.isr {
+            record.isr = Some(target_isr);
+        }
+        // maybeUpdateLastKnownLeader
+        if elr_enabled {
+            let emptied = record.isr.as_ref().is_some_and(Vec::is_empty);
+            if emptied && (p.last_known_elr.len() != 1 || p.last_known_elr[0] != p.leader) {
+                record.last_known_elr = Some(vec![p.leader]);
+            } else if (record.leader >= 0 || (p.leader != NO_LEADER && record.leader != NO_LEADER))
+                && !p.last_known_elr.is_empty()
+            {
+                record.last_known_elr = Some(vec![]);
+            }
+        }
+        if target_lrs != p.leader_recovery_state {
+            record.leader_recovery_state = target_lrs;
+        }
+        (record != PartitionChangeRecord::default()).then_some(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gregor_protocol::metadata_records::FeatureLevelRecord;
+
+    use super::*;
+    use crate::controller::{ControllerConfig, NewTopic};
+    use crate::log::CommittedBatch;
+
+    struct Cluster {
+        c: Controller,
+        clock: Arc<ManualClock>,
+    }
+
+    fn cluster() -> Cluster {
+        let clock = Arc::new(ManualClock::default());
+        let mut c = Controller::with_config(
+            MetadataImage::default(),
+            ControllerConfig {
+                session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+                clock: clock.clone(),
+                placement_seed: Some(7),
+            },
+        );
+        commit(
+            &mut c,
+            vec![FeatureLevelRecord {
+                name: METADATA_VERSION_FEATURE.into(),
+                feature_level: 33,
+                ..Default::default()
+            }
+            .into()],
+        );
+        Cluster { c, clock }
+    }
+
+    /// Commits `records` as the next batch (what the log and the controller task do).
+    fn commit(c: &mut Controller, records: Vec<MetadataRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        let batch = CommittedBatch {
+            base_offset: c.image.offset,
+            epoch: 1,
+            records: records.into(),
+        };
+        c.replay(&batch);
+    }
+
+    fn request(broker_id: i32) -> BrokerRegistrationRequest {
+        BrokerRegistrationRequest {
+            broker_id,
+            incarnation_id: Uuid::new_v4(),
+            listeners: vec![BrokerEndpoint {
+                name: "PLAINTEXT".into(),
+                host: "127.0.0.1".into(),
+                port: 9092 + broker_id as u16,
+                security_protocol: 0,
+                ..Default::default()
+            }],
+            features: BrokerRegistrationRequest::supported_features(),
+            rack: Some(format!("rack-{broker_id}")),
+            log_dirs: vec![Uuid::new_v4()],
+            previous_broker_epoch: -1,
+        }
+    }
+
+    fn heartbeat(broker_id: i32, epoch: i64, offset: i64) -> BrokerHeartbeatRequest {
+        BrokerHeartbeatRequest {
+            broker_id,
+            broker_epoch: epoch,
+            current_metadata_offset: offset,
+            want_fence: false,
+            want_shut_down: false,
+        }
+    }
+
+    impl Cluster {
+        fn register(&mut self, req: BrokerRegistrationRequest) -> Result<i64, ControllerError> {
+            let r = self.c.register_broker(req)?;
+            commit(&mut self.c, r.records);
+            Ok(r.response)
+        }
+
+        fn beat(
+            &mut self,
+            req: BrokerHeartbeatRequest,
+        ) -> Result<(BrokerHeartbeatReply, Vec<MetadataRecord>), ControllerError> {
+            let r = self.c.broker_heartbeat(req)?;
+            commit(&mut self.c, r.records.clone());
+            Ok((r.response, r.records))
+        }
+
+        /// Registers and unfences `broker_id`; its epoch.
+        fn join(&mut self, broker_id: i32) -> i64 {
+            let epoch = self.register(request(broker_id)).unwrap();
+            let offset = self.offset();
+            let (reply, _) = self.beat(heartbeat(broker_id, epoch, offset)).unwrap();
+            assert!(!reply.is_fenced);
+            epoch
+        }
+
+        fn offset(&self) -> i64 {
+            self.c.image.offset as i64 - 1
+        }
+
+        fn create(
+            &mut self,
+            name: &str,
+            partitions: i32,
+            rf: i16,
+        ) -> Result<Uuid, ControllerError> {
+            let r = self.c.create_topics(
+                vec![NewTopic {
+                    name: name.into(),
+                    num_partitions: partitions,
+                    replication_factor: rf,
+                    assignments: vec![],
+                    configs: BTreeMap::new(),
+                }],
+                false,
+            );
+            commit(&mut self.c, r.records);
+            r.response.into_iter().next().unwrap()
+        }
+
+        fn partition(&self, topic: &str, p: i32) -> PartitionRegistration {
+            self.c.image.topic(topic).unwrap().partitions[&p].clone()
+        }
+    }
+
+    #[test]
+    fn a_new_registration_is_fenced_with_its_record_offset_as_epoch() {
+        let mut k = cluster();
+        let req = request(1);
+        let r = k.c.register_broker(req.clone()).unwrap();
+        assert_eq!(r.response, 1, "the record goes at offset 1");
+        let MetadataRecord::RegisterBroker(rec) = &r.records[0] else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!(
+            (rec.broker_epoch, rec.fenced, rec.incarnation_id),
+            (1, true, req.incarnation_id)
+        );
+        assert_eq!(rec.log_dirs, req.log_dirs);
+        commit(&mut k.c, r.records);
+        let b = &k.c.image.brokers[&1];
+        assert!(b.fenced);
+        assert_eq!(b.endpoint("PLAINTEXT").unwrap().port, 9093);
+        assert_eq!(b.rack.as_deref(), Some("rack-1"));
+    }
+
+    #[test]
+    fn unfenced_once_caught_up_with_the_registration() {
+        let mut k = cluster();
+        let epoch = k.register(request(1)).unwrap();
+        // Behind its registration record: still fenced, nothing written.
+        let (reply, records) = k.beat(heartbeat(1, epoch, epoch - 1)).unwrap();
+        assert!(!reply.is_caught_up && reply.is_fenced);
+        assert!(records.is_empty());
+        let (reply, records) = k.beat(heartbeat(1, epoch, epoch)).unwrap();
+        assert!(reply.is_caught_up && !reply.is_fenced && !reply.should_shut_down);
+        let MetadataRecord::BrokerRegistrationChange(change) = &records[0] else {
+            panic!("{records:?}")
+        };
+        assert_eq!(
+            (change.broker_id, change.broker_epoch, change.fenced),
+            (1, epoch, -1)
+        );
+        assert_eq!(
+            crate::codec::encode_record(&records[0]).unwrap()[2],
+            0,
+            "v0"
+        );
+        assert!(!k.c.image.brokers[&1].fenced);
+    }
+
+    #[test]
+    fn caught_up_means_with_the_latest_registration_record() {
+        let mut k = cluster();
+        let req = request(1);
+        let epoch = k.register(req.clone()).unwrap();
+        // The same incarnation amends its registration (fenced still): same epoch, a new
+        // record further on, which the broker must have seen to be unfenced.
+        assert_eq!(k.register(req).unwrap(), epoch);
+        let amended_at = k.offset();
+        assert!(amended_at > epoch);
+        let (reply, records) = k.beat(heartbeat(1, epoch, epoch)).unwrap();
+        assert!(!reply.is_caught_up && reply.is_fenced && records.is_empty());
+        let (reply, _) = k.beat(heartbeat(1, epoch, amended_at)).unwrap();
+        assert!(reply.is_caught_up && !reply.is_fenced);
+    }
+
+    #[test]
+    fn another_incarnation_is_refused_while_the_session_lives() {
+        let mut k = cluster();
+        let first = request(1);
+        let epoch = k.register(first.clone()).unwrap();
+        let offset = k.offset();
+        k.beat(heartbeat(1, epoch, offset)).unwrap();
+        let e = k.register(request(1)).unwrap_err();
+        assert_eq!(e.kafka_error_code(), 101);
+        assert_eq!(
+            e.to_string(),
+            "Another broker is registered with that broker id."
+        );
+        // The same incarnation amends: epoch and fencing stay.
+        let mut amended = first.clone();
+        amended.rack = Some("other".into());
+        assert_eq!(k.register(amended).unwrap(), epoch);
+        assert!(!k.c.image.brokers[&1].fenced);
+        assert_eq!(k.c.image.brokers[&1].rack.as_deref(), Some("other"));
+        // Once the session expired, a new incarnation gets a new epoch.
+        k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS);
+        assert_eq!(k.register(request(1)).unwrap_err().kafka_error_code(), 101);
+        k.clock.advance(1);
+        let next = k.register(request(1)).unwrap();
+        assert!(next > epoch);
+        assert!(k.c.image.brokers[&1].fenced);
+    }
+
+    #[test]
+    fn unsupported_metadata_version_and_bad_log_dirs_are_refused() {
+        let mut k = cluster();
+        let mut req = request(1);
+        req.features
+            .iter_mut()
+            .filter(|f| f.name == METADATA_VERSION_FEATURE)
+            .for_each(|f| f.max_supported_version = 20);
+        let e = k.register(req).unwrap_err();
+        assert_eq!(e.kafka_error_code(), 35);
+        assert_eq!(
+            e.to_string(),
+            "Unable to register because the broker does not support finalized version 33 of metadata.version. The broker wants a version between 7 and 20, inclusive."
+        );
+        let mut no_mv = request(1);
+        no_mv
+            .features
+            .retain(|f| f.name != METADATA_VERSION_FEATURE);
+        assert_eq!(k.register(no_mv).unwrap_err().kafka_error_code(), 35);
+        let mut req = request(1);
+        req.log_dirs = vec![];
+        assert_eq!(k.register(req).unwrap_err().kafka_error_code(), 119);
+        let mut req = request(1);
+        req.log_dirs = vec![crate::record::DIRECTORY_UNASSIGNED];
+        assert_eq!(k.register(req).unwrap_err().kafka_error_code(), 119);
+        let taken = request(1);
+        let dir = taken.log_dirs[0];
+        k.register(taken).unwrap();
+        let mut req = request(2);
+        req.log_dirs = vec![dir];
+        let e = k.register(req).unwrap_err();
+        assert_eq!(e.kafka_error_code(), 119);
+    }
+
+    #[test]
+    fn a_stale_broker_epoch_is_refused() {
+        let mut k = cluster();
+        let epoch = k.join(1);
+        let e = k.beat(heartbeat(1, epoch + 1, 100)).unwrap_err();
+        assert_eq!(e.kafka_error_code(), 77);
+        assert_eq!(
+            k.beat(heartbeat(9, 0, 100)).unwrap_err().kafka_error_code(),
+            77
+        );
+    }
+
+    #[test]
+    fn an_expired_session_fences_the_broker_and_moves_its_leaderships() {
+        let mut k = cluster();
+        let e1 = k.join(1);
+        let e2 = k.join(2);
+        // Manual assignments: [1, 2] led by 1, and [1] alone.
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2], vec![1]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        assert!(
+            matches!(
+                r.response.first(),
+                Some(Err(ControllerError::InvalidReplicaAssignment(_)))
+            ),
+            "partitions of different replication factors"
+        );
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2], vec![1, 2]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        assert_eq!(k.partition("t", 0).leader, 1);
+        // Broker 2 keeps heartbeating, broker 1 stops.
+        k.clock.advance(5000);
+        let offset = k.offset();
+        k.beat(heartbeat(2, e2, offset)).unwrap();
+        k.clock.advance(4000);
+        let r = k.c.fence_stale_broker();
+        assert_eq!(r.response, None, "9000 ms is still within the session");
+        k.clock.advance(1);
+        let r = k.c.fence_stale_broker();
+        assert_eq!(r.response, Some(1));
+        // One PartitionChangeRecord per partition (leader 2, ISR [2]), then the fencing.
+        assert_eq!(r.records.len(), 3, "{:?}", r.records);
+        let MetadataRecord::PartitionChange(pc) = &r.records[0] else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!((pc.leader, pc.isr.as_deref()), (2, Some(&[2][..])));
+        assert!(pc.replicas.is_none(), "only what changed");
+        let MetadataRecord::BrokerRegistrationChange(f) = &r.records[2] else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!((f.broker_id, f.broker_epoch, f.fenced), (1, e1, 1));
+        let before = k.partition("t", 0);
+        commit(&mut k.c, r.records);
+        let after = k.partition("t", 0);
+        assert_eq!((after.leader, after.isr.clone()), (2, vec![2]));
+        assert_eq!(after.leader_epoch, before.leader_epoch + 1);
+        assert_eq!(after.partition_epoch, before.partition_epoch + 1);
+        assert!(k.c.image.brokers[&1].fenced);
+        assert_eq!(
+            k.c.fence_stale_broker().response,
+            None,
+            "one at a time, then none"
+        );
+        // Broker 2 goes too: no replica is left to lead, the leader becomes -1 and the ISR
+        // keeps its last member (no ELR).
+        k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
+        let r = k.c.fence_stale_broker();
+        assert_eq!(r.response, Some(2));
+        commit(&mut k.c, r.records);
+        let p = k.partition("t", 0);
+        assert_eq!((p.leader, p.isr.clone()), (-1, vec![2]));
+        // Broker 2 comes back (caught up): it leads again, at a new leader epoch.
+        let offset = k.offset();
+        let (reply, records) = k.beat(heartbeat(2, e2, offset)).unwrap();
+        assert!(!reply.is_fenced);
+        assert!(records.len() == 3, "unfence + 2 elections: {records:?}");
+        let p2 = k.partition("t", 0);
+        assert_eq!(p2.leader, 2);
+        assert_eq!(p2.leader_epoch, p.leader_epoch + 1);
+    }
+
+    #[test]
+    fn with_elr_a_fenced_last_isr_member_becomes_eligible_and_leads_again() {
+        let mut k = cluster();
+        commit(
+            &mut k.c,
+            vec![FeatureLevelRecord {
+                name: ELR_FEATURE.into(),
+                feature_level: 1,
+                ..Default::default()
+            }
+            .into()],
+        );
+        let e1 = k.join(1);
+        k.create("t", 1, 1).unwrap();
+        k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
+        let r = k.c.fence_stale_broker();
+        let MetadataRecord::PartitionChange(pc) = &r.records[0] else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!(pc.leader, -1);
+        assert_eq!(
+            pc.isr.as_deref(),
+            Some(&[][..]),
+            "the ISR may be empty with ELR"
+        );
+        assert_eq!(pc.eligible_leader_replicas.as_deref(), Some(&[1][..]));
+        assert_eq!(pc.last_known_elr.as_deref(), Some(&[1][..]));
+        commit(&mut k.c, r.records);
+        // Back and caught up: elected from the ELR, which becomes the ISR.
+        let offset = k.offset();
+        let (reply, _) = k.beat(heartbeat(1, e1, offset)).unwrap();
+        assert!(!reply.is_fenced);
+        let p = k.partition("t", 0);
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![1]));
+        assert!(p.elr.is_empty() && p.last_known_elr.is_empty());
+    }
+
+    #[test]
+    fn controlled_shutdown_moves_leadership_first() {
+        let mut k = cluster();
+        let e1 = k.join(1);
+        let e2 = k.join(2);
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        let offset = k.offset();
+        let mut shut = heartbeat(1, e1, offset);
+        shut.want_shut_down = true;
+        let (reply, records) = k.beat(shut).unwrap();
+        assert!(reply.in_controlled_shutdown && !reply.should_shut_down && !reply.is_fenced);
+        let MetadataRecord::BrokerRegistrationChange(c) = &records[0] else {
+            panic!("{records:?}")
+        };
+        assert_eq!((c.fenced, c.in_controlled_shutdown), (0, 1));
+        assert_eq!(
+            crate::codec::encode_record(&records[0]).unwrap()[2],
+            1,
+            "v1"
+        );
+        assert_eq!(k.partition("t", 0).leader, 2, "leadership moved away");
+        assert!(k.c.image.brokers[&1].in_controlled_shutdown);
+        // Broker 2 has not yet seen the change: not yet.
+        let (reply, _) = k.beat(shut).unwrap();
+        assert!(!reply.should_shut_down);
+        let offset = k.offset();
+        k.beat(heartbeat(2, e2, offset)).unwrap();
+        let (reply, records) = k.beat(shut).unwrap();
+        assert!(reply.should_shut_down && reply.is_fenced);
+        assert!(matches!(
+            records.last(),
+            Some(MetadataRecord::BrokerRegistrationChange(c)) if c.fenced == 1
+        ));
+        assert!(k.c.image.brokers[&1].fenced);
+        // A broker that leads nothing may go at once.
+        let offset = k.offset();
+        let e3 = k.join(3);
+        let mut go = heartbeat(3, e3, offset + 2);
+        go.want_shut_down = true;
+        let (reply, _) = k.beat(go).unwrap();
+        assert!(reply.should_shut_down);
+    }
+
+    #[test]
+    fn a_broker_in_controlled_shutdown_may_register_again_at_once() {
+        let mut k = cluster();
+        let e1 = k.join(1);
+        k.join(2);
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        let offset = k.offset();
+        let mut shut = heartbeat(1, e1, offset);
+        shut.want_shut_down = true;
+        let (reply, _) = k.beat(shut).unwrap();
+        assert!(reply.in_controlled_shutdown);
+        // Its process stops before the go-ahead; the next one registers within the session.
+        let again = k.register(request(1)).unwrap();
+        assert!(again > e1);
+        let b = &k.c.image.brokers[&1];
+        assert!(b.fenced && !b.in_controlled_shutdown);
+    }
+
+    #[test]
+    fn unregistering_removes_the_broker_from_isrs_and_leadership() {
+        let mut k = cluster();
+        k.join(1);
+        k.join(2);
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "t".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![2, 1]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        let r = k.c.unregister_broker(2).unwrap();
+        assert!(
+            matches!(r.records.last(), Some(MetadataRecord::UnregisterBroker(u)) if u.broker_id == 2)
+        );
+        commit(&mut k.c, r.records);
+        assert!(!k.c.image.brokers.contains_key(&2));
+        let p = k.partition("t", 0);
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![1]));
+        assert_eq!(
+            k.c.unregister_broker(2).unwrap_err().kafka_error_code(),
+            102
+        );
+    }
+
+    #[test]
+    fn placement_uses_unfenced_brokers_and_kafkas_errors() {
+        let mut k = cluster();
+        assert_eq!(
+            k.create("none", 1, 1).unwrap_err().to_string(),
+            "Unable to replicate the partition 1 time(s): All brokers are currently fenced."
+        );
+        k.join(1);
+        k.join(2);
+        k.register(request(3)).unwrap(); // fenced
+        let e = k.create("big", 1, 4).unwrap_err();
+        assert_eq!(e.kafka_error_code(), 38);
+        assert_eq!(
+            e.to_string(),
+            "Unable to replicate the partition 4 time(s): The target replication factor of 4 cannot be reached because only 3 broker(s) are registered."
+        );
+        k.create("t", 12, 2).unwrap();
+        let t = k.c.image.topic("t").unwrap().clone();
+        for p in t.partitions.values() {
+            assert_ne!(p.leader, 3, "a fenced broker never leads");
+            assert_eq!(p.leader, p.isr[0]);
+            assert!(!p.isr.contains(&3), "fenced replicas are not in the ISR");
+            assert_eq!((p.leader_epoch, p.partition_epoch), (0, 0));
+            assert_eq!(p.directories.len(), 2);
+            for (r, d) in p.replicas.iter().zip(&p.directories) {
+                assert_eq!(
+                    *d, k.c.image.brokers[r].directories[0],
+                    "the broker's one log dir"
+                );
+            }
+        }
+        let leaders: std::collections::BTreeSet<i32> =
+            t.partitions.values().map(|p| p.leader).collect();
+        assert_eq!(leaders, [1, 2].into(), "leadership spread");
+        // Manual assignment: a fenced-only partition is refused as Kafka does.
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "m".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1], vec![3]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        let e = r.response[0].as_ref().unwrap_err();
+        assert_eq!(e.kafka_error_code(), 39);
+        assert_eq!(e.to_string(), "All brokers specified in the manual partition assignment for partition 1 are fenced or in controlled shutdown.");
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "m".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 1]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        assert_eq!(
+            r.response[0].as_ref().unwrap_err().to_string(),
+            "The manual partition assignment includes the broker 1 more than once."
+        );
+    }
+}
