@@ -81,10 +81,13 @@ fn harness_controls_gregor_processes() {
     }
     let mut pids = Vec::new();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        // The three voters must all run before any of them elects a leader and serves its
+        // broker listener.
         for id in 1..=3 {
-            let n = cluster.node_mut(id);
-            n.spawn().unwrap();
-            n.wait_listening(t).unwrap();
+            cluster.node_mut(id).spawn().unwrap();
+        }
+        for id in 1..=3 {
+            cluster.node_mut(id).wait_listening(t).unwrap();
         }
         let n = cluster.node_mut(2);
         let pid = n.pid().unwrap();
