@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
-use gregor_metadata::controller::start_controller;
+use gregor_metadata::controller::{start_controller_with, ControllerConfig};
 use gregor_metadata::loader::{start_loader, LoaderError};
 use gregor_metadata::log::{
     FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
@@ -89,8 +89,19 @@ pub async fn start_metadata(
     let log: Arc<dyn MetadataLog> = raft_log.clone();
     let (loader, loader_task) =
         start_loader(log.subscribe().map_err(|e| err(&e))?, shutdown.clone());
-    let (controller, controller_task) =
-        start_controller(log, loader.clone(), shutdown.clone()).map_err(|e| err(&e))?;
+    let bootstrap_records =
+        crate::storage::read_bootstrap_records(&manager.config().metadata_log_dir)
+            .map_err(|e| err(&e))?;
+    let (controller, controller_task) = start_controller_with(
+        log,
+        loader.clone(),
+        shutdown.clone(),
+        ControllerConfig {
+            bootstrap_records,
+            ..ControllerConfig::default()
+        },
+    )
+    .map_err(|e| err(&e))?;
     loader
         .wait_for_catch_up(high_watermark)
         .await

@@ -1114,6 +1114,44 @@ pub fn write_bootstrap_snapshot(metadata_log_dir: &Path, bytes: &[u8]) -> Result
     sync_dir(&dir)
 }
 
+/// The metadata records of the bootstrap snapshot in `<metadata_log_dir>/__cluster_metadata-0/`
+/// (the feature levels `storage format` chose), which the first active controller of a new
+/// cluster commits before anything else (Kafka's `BootstrapDirectory.read` and the controller's
+/// activation records). Without the file, only `metadata.version` at the latest production
+/// level, as Kafka's `BootstrapMetadata.fromVersion(latestProduction)`.
+///
+/// # Errors
+/// [`StorageError::Io`] when the file cannot be read; [`StorageError::Invalid`] when a batch of
+/// it does not decode (named with the file).
+pub fn read_bootstrap_records(
+    metadata_log_dir: &Path,
+) -> Result<Vec<gregor_protocol::metadata_records::MetadataRecord>, StorageError> {
+    use gregor_protocol::metadata_records::log::{BatchRecords, MetadataLogBatches};
+    let path = metadata_log_dir
+        .join(CLUSTER_METADATA_DIR)
+        .join(BOOTSTRAP_SNAPSHOT);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(vec![FeatureLevelRecord {
+                name: MetadataVersion::FEATURE_NAME.to_string(),
+                feature_level: LATEST_PRODUCTION_LEVEL,
+                ..FeatureLevelRecord::default()
+            }
+            .into()])
+        }
+        Err(e) => return Err(io("reading", &path)(e)),
+    };
+    let mut records = Vec::new();
+    for batch in MetadataLogBatches::new(&bytes) {
+        let batch = batch.map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+        if let BatchRecords::Metadata(rs) = batch.records {
+            records.extend(rs.into_iter().map(|r| r.record));
+        }
+    }
+    Ok(records)
+}
+
 /// Checks the `meta.properties` of `dirs` against each other and against `cluster_id` and
 /// `node_id` (Kafka's `MetaPropertiesEnsemble.verify`); returns the formatted dirs.
 ///

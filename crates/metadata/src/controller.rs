@@ -240,6 +240,11 @@ pub struct ControllerConfig {
     pub clock: Arc<dyn ControllerClock>,
     /// Seed of the replica placer's random start (None: from the OS).
     pub placement_seed: Option<u64>,
+    /// The bootstrap metadata records (the feature levels of the bootstrap snapshot that
+    /// `storage format` wrote): committed by the first active controller of a cluster whose
+    /// log has no `metadata.version` yet, before any other change (Kafka's activation
+    /// records). Empty: nothing is bootstrapped.
+    pub bootstrap_records: Vec<MetadataRecord>,
 }
 
 impl Default for ControllerConfig {
@@ -248,6 +253,7 @@ impl Default for ControllerConfig {
             session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
             clock: Arc::new(SystemClock::new()),
             placement_seed: None,
+            bootstrap_records: Vec::new(),
         }
     }
 }
@@ -760,6 +766,28 @@ pub fn start_controller_with(
     Ok((ControllerHandle { events: tx, loader }, task))
 }
 
+/// The activation event: commit the bootstrap records if the committed image has no
+/// `metadata.version` (a new cluster's log); nothing otherwise.
+fn bootstrap_event(records: Vec<MetadataRecord>) -> Event {
+    Box::new(move |c: &mut Controller| {
+        let records = if c.image.metadata_version().is_none() {
+            records
+        } else {
+            Vec::new()
+        };
+        Pending {
+            records,
+            complete: Box::new(|outcome| match outcome {
+                Ok(Outcome::Committed(offset)) => {
+                    tracing::info!(offset, "committed the bootstrap metadata records")
+                }
+                Ok(Outcome::Unchanged(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "committing the bootstrap records failed"),
+            }),
+        }
+    })
+}
+
 /// A periodic event of the controller task: fence the brokers whose session expired, one at
 /// a time, each committed before the next is decided.
 fn fence_stale_brokers_event() -> Event {
@@ -783,6 +811,7 @@ async fn run_controller(
     mut shutdown: watch::Receiver<bool>,
     config: ControllerConfig,
 ) {
+    let bootstrap_records = config.bootstrap_records.clone();
     let mut controller = Controller::with_config(MetadataImage::default(), config);
     let mut session_check =
         tokio::time::interval(std::time::Duration::from_millis(SESSION_CHECK_INTERVAL_MS));
@@ -798,6 +827,13 @@ async fn run_controller(
             },
             event = events.recv() => {
                 let Some(event) = event else { return };
+                if !bootstrap_records.is_empty()
+                    && controller.image.metadata_version().is_none()
+                    && log.is_leader()
+                    && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                {
+                    return;
+                }
                 if !process_event(&log, &mut committed, &mut controller, event).await {
                     return;
                 }
@@ -809,6 +845,12 @@ async fn run_controller(
                 if !log.is_leader() {
                     controller.forget_sessions();
                     continue;
+                }
+                if !bootstrap_records.is_empty()
+                    && controller.image.metadata_version().is_none()
+                    && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                {
+                    return;
                 }
                 if controller.image.brokers.values().any(|b| !b.fenced) {
                     loop {
