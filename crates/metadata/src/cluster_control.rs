@@ -841,6 +841,7 @@ mod tests {
                 session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                 clock: clock.clone(),
                 placement_seed: Some(7),
+                ..ControllerConfig::default()
             },
         );
         commit(

@@ -1134,6 +1134,7 @@ mod tests {
     use super::*;
     use crate::loader::{start_loader, MetadataDelta, MetadataPublisher};
     use crate::log::FileMetadataLog;
+    use gregor_protocol::metadata_records::FeatureLevelRecord;
     use parking_lot::Mutex;
 
     struct Node {
@@ -1356,6 +1357,45 @@ mod tests {
         assert_eq!(batch.records.len(), 7);
     }
 
+    /// A new cluster's first change is preceded by the bootstrap records, in their own batch,
+    /// committed once: a restarted controller on the same log does not repeat them.
+    #[tokio::test]
+    async fn the_bootstrap_records_are_committed_first_and_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let bootstrap: Vec<MetadataRecord> = vec![FeatureLevelRecord {
+            name: "metadata.version".into(),
+            feature_level: 33,
+            ..FeatureLevelRecord::default()
+        }
+        .into()];
+        for round in 0..2 {
+            let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+            let high_watermark = log.high_watermark();
+            let (shutdown, rx) = watch::channel(false);
+            let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+            let config = ControllerConfig {
+                bootstrap_records: bootstrap.clone(),
+                ..ControllerConfig::default()
+            };
+            let (c, controller_task) =
+                start_controller_with(log.clone(), loader, rx, config).unwrap();
+            c.loader().wait_for_catch_up(high_watermark).await.unwrap();
+            c.register_broker(registration(round + 1)).await.unwrap();
+            assert_eq!(c.image().metadata_version(), Some(33));
+            shutdown.send(true).unwrap();
+            controller_task.await.unwrap();
+            loader_task.await.unwrap();
+        }
+        let log = FileMetadataLog::open(dir.path()).unwrap();
+        let records = log.read_all().unwrap();
+        let features = records
+            .iter()
+            .filter(|r| matches!(r, MetadataRecord::FeatureLevel(_)))
+            .count();
+        assert_eq!(features, 1, "{records:?}");
+        assert!(matches!(records[0], MetadataRecord::FeatureLevel(_)));
+    }
+
     /// The controller task fences a broker whose session expired on its clock, by itself, and
     /// elects the other replica: what the periodic session check commits reaches the loader.
     /// (The task's check runs every SESSION_CHECK_INTERVAL_MS of real time; the session is
@@ -1371,6 +1411,7 @@ mod tests {
             session_timeout_ms: DEFAULT_BROKER_SESSION_TIMEOUT_MS,
             clock: clock.clone(),
             placement_seed: Some(3),
+            ..ControllerConfig::default()
         };
         let (c, controller_task) = start_controller_with(log, loader, rx, config).unwrap();
         register_and_unfence(&c, 1).await;
