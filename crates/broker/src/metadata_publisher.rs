@@ -43,16 +43,51 @@ pub fn start_quorum(
         .unwrap_or_else(|| "CONTROLLER".into());
     let mut quorum = q.quorum_config(config.node_id);
     quorum.cluster_id = Some(cluster_id.to_string());
+    let mut endpoints = q.endpoints.clone();
+    // A dynamic quorum (KIP-853: `controller.quorum.bootstrap.servers` instead of
+    // `controller.quorum.voters`): its voters are those of the bootstrap snapshot that
+    // `storage format --standalone/--initial-controllers` wrote. Adding and removing voters
+    // (AddRaftVoter/RemoveRaftVoter) is not implemented, so the set stays that one.
+    let voters_configured = config
+        .raw
+        .get("controller.quorum.voters")
+        .is_some_and(|v| !v.trim().is_empty());
+    if let Some(bootstrap) = config
+        .raw
+        .get("controller.quorum.bootstrap.servers")
+        .filter(|v| !v.trim().is_empty() && !voters_configured)
+    {
+        let voters = crate::storage::read_snapshot_voters(metadata_log_dir, &listener_name)
+            .map_err(|e| StartError::Metadata(e.to_string()))?
+            .ok_or_else(|| {
+                StartError::Metadata(format!(
+                    "controller.quorum.bootstrap.servers={bootstrap}: the metadata log in {} names no voters (it was formatted without --standalone or --initial-controllers); joining a dynamic quorum through AddRaftVoter (KIP-853) is not implemented: format every controller with --initial-controllers, or set controller.quorum.voters",
+                    metadata_log_dir.display()
+                ))
+            })?;
+        let set = gregor_raft::VoterSet::new(voters.keys().copied())
+            .map_err(|e| StartError::Metadata(e.to_string()))?;
+        if q.controller && !set.contains(config.node_id) {
+            return Err(StartError::Metadata(format!(
+                "node {} has the controller role but is not among the voters {:?} of the bootstrap snapshot in {}; adding a controller (AddRaftVoter, KIP-853) is not implemented",
+                config.node_id,
+                voters.keys().collect::<Vec<_>>(),
+                metadata_log_dir.display()
+            )));
+        }
+        quorum.voters = set;
+        endpoints = voters;
+    }
     let raft_config = RaftManagerConfig {
         quorum,
         metadata_log_dir: metadata_log_dir.to_path_buf(),
         log: gregor_raft::MetadataLogConfig::default(),
-        voter_endpoints: q.endpoints.clone(),
+        voter_endpoints: endpoints.clone(),
         controller_listener_name: listener_name,
     };
     let transport = TransportConfig {
         node_id: config.node_id,
-        endpoints: q.endpoints.clone(),
+        endpoints,
         request_timeout_ms: q.request_timeout_ms,
         retry_backoff_ms: q.retry_backoff_ms,
     };

@@ -1152,6 +1152,69 @@ pub fn read_bootstrap_records(
     Ok(records)
 }
 
+/// The voter set of a dynamic quorum (KIP-853) as the newest `.checkpoint` of
+/// `<metadata_log_dir>/__cluster_metadata-0/` that holds a `KRaftVoters` control record gives
+/// it (the bootstrap snapshot of `storage format --standalone` or `--initial-controllers`):
+/// each voter's id and its endpoint on `listener` (or its first endpoint). `None` when no
+/// snapshot names voters.
+///
+/// # Errors
+/// [`StorageError::Io`] when the directory or a snapshot cannot be read;
+/// [`StorageError::Invalid`] when a snapshot does not decode or a voter has no endpoint.
+pub fn read_snapshot_voters(
+    metadata_log_dir: &Path,
+    listener: &str,
+) -> Result<Option<BTreeMap<i32, (String, u16)>>, StorageError> {
+    use gregor_protocol::metadata_records::log::{BatchRecords, MetadataLogBatches};
+    let dir = metadata_log_dir.join(CLUSTER_METADATA_DIR);
+    let mut snapshots: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "checkpoint"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("listing", &dir)(e)),
+    };
+    // `<20-digit offset>-<10-digit epoch>.checkpoint`: the name orders them; newest first.
+    snapshots.sort();
+    for path in snapshots.iter().rev() {
+        let bytes = std::fs::read(path).map_err(io("reading", path))?;
+        let mut voters = None;
+        for batch in MetadataLogBatches::new(&bytes) {
+            let batch = batch.map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+            if let BatchRecords::Control(records) = batch.records {
+                for r in records {
+                    if let ControlRecord::KRaftVoters(v) = r {
+                        voters = Some(v);
+                    }
+                }
+            }
+        }
+        let Some(v) = voters else { continue };
+        let mut out = BTreeMap::new();
+        for voter in &v.voters {
+            let endpoint = voter
+                .endpoints
+                .iter()
+                .find(|e| e.name.as_str().eq_ignore_ascii_case(listener))
+                .or_else(|| voter.endpoints.first())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{}: voter {} has no endpoint",
+                        path.display(),
+                        voter.voter_id.0
+                    ))
+                })?;
+            out.insert(
+                voter.voter_id.0,
+                (endpoint.host.as_str().to_string(), endpoint.port),
+            );
+        }
+        return Ok(Some(out));
+    }
+    Ok(None)
+}
+
 /// Checks the `meta.properties` of `dirs` against each other and against `cluster_id` and
 /// `node_id` (Kafka's `MetaPropertiesEnsemble.verify`); returns the formatted dirs.
 ///
