@@ -1164,7 +1164,7 @@ pub fn read_bootstrap_records(
 pub fn read_snapshot_voters(
     metadata_log_dir: &Path,
     listener: &str,
-) -> Result<Option<gregor_raft::VoterEndpoints>, StorageError> {
+) -> Result<Option<gregor_raft::types::VoterEndpoints>, StorageError> {
     use gregor_protocol::metadata_records::log::{BatchRecords, MetadataLogBatches};
     let dir = metadata_log_dir.join(CLUSTER_METADATA_DIR);
     let mut snapshots: Vec<PathBuf> = match std::fs::read_dir(&dir) {
