@@ -220,8 +220,7 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
         configs,
     };
     let created = broker
-        .controller
-        .create_topics(vec![t], false)
+        .create_topics_internal(vec![t])
         .await
         .and_then(|r| {
             r.into_iter().next().unwrap_or(Err(

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
-use gregor_metadata::controller::start_controller;
+use gregor_metadata::controller::{start_controller_with, ControllerConfig};
 use gregor_metadata::loader::{start_loader, LoaderError};
 use gregor_metadata::log::{
     FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
@@ -76,6 +76,7 @@ pub async fn start_metadata(
     manager: Arc<RaftManager>,
     legacy_dir: &Path,
     shutdown: &watch::Receiver<bool>,
+    controller_config: ControllerConfig,
 ) -> Result<(ControllerHandle, Vec<tokio::task::JoinHandle<()>>), StartError> {
     let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
     let voters: Vec<_> = manager.config().quorum.voters.ids().collect();
@@ -90,7 +91,8 @@ pub async fn start_metadata(
     let (loader, loader_task) =
         start_loader(log.subscribe().map_err(|e| err(&e))?, shutdown.clone());
     let (controller, controller_task) =
-        start_controller(log, loader.clone(), shutdown.clone()).map_err(|e| err(&e))?;
+        start_controller_with(log, loader.clone(), shutdown.clone(), controller_config)
+            .map_err(|e| err(&e))?;
     loader
         .wait_for_catch_up(high_watermark)
         .await
@@ -334,7 +336,7 @@ mod migration_tests {
     ) -> std::sync::Arc<gregor_metadata::MetadataImage> {
         let (tx, rx) = watch::channel(false);
         let raft = start_quorum(config, &root.join("meta"), "cluster").unwrap();
-        let (controller, tasks) = start_metadata(raft, &root.join("legacy"), &rx)
+        let (controller, tasks) = start_metadata(raft, &root.join("legacy"), &rx, ControllerConfig::default())
             .await
             .unwrap();
         let image = controller.image();

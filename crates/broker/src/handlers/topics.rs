@@ -53,8 +53,7 @@ pub async fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
         configs: BTreeMap::new(),
     };
     let outcome = broker
-        .controller
-        .create_topics(vec![t], false)
+        .create_topics_internal(vec![t])
         .await
         .and_then(|r| {
             r.into_iter()
