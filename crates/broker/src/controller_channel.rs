@@ -31,6 +31,7 @@ use gregor_metadata::controller::{
     BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerError,
     NewTopic, PRODUCER_ID_BLOCK_SIZE,
 };
+use gregor_metadata::log::RaftMetadataLog;
 use gregor_metadata::ControllerHandle;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{
@@ -404,6 +405,7 @@ pub fn deserialize_principal(
 pub struct ControllerClient {
     node_id: i32,
     local: ControllerHandle,
+    metadata_log: Arc<RaftMetadataLog>,
     raft: Arc<RaftManager>,
     /// BrokerRegistration and BrokerHeartbeat (Kafka's lifecycle manager has its own channel,
     /// so a slow forwarded request never delays a heartbeat).
@@ -422,15 +424,18 @@ const ENVELOPE_VERSION: i16 = 0;
 const DESCRIBE_QUORUM_VERSION: i16 = 2;
 
 impl ControllerClient {
-    /// The client of broker `node_id`, over `raft`'s view of the quorum, with `local` this
-    /// node's controller; requests time out after `request_timeout`.
+    /// The client of broker `node_id`, with `local` this node's controller over
+    /// `metadata_log` (and its quorum member's view of the leader); requests time out after
+    /// `request_timeout`.
     pub fn new(
         node_id: i32,
         local: ControllerHandle,
-        raft: Arc<RaftManager>,
+        metadata_log: Arc<RaftMetadataLog>,
         request_timeout: Duration,
     ) -> Self {
+        let raft = metadata_log.manager().clone();
         Self {
+            metadata_log,
             node_id,
             heartbeat: ControllerChannel::new(raft.clone(), node_id, "heartbeat"),
             forwarding: ControllerChannel::new(raft.clone(), node_id, "forwarding"),
@@ -718,7 +723,8 @@ impl ControllerClient {
     }
 
     /// Waits until this node's loader has applied every record the active controller had
-    /// committed (its high watermark, from DescribeQuorum).
+    /// committed (its high watermark, a Raft offset, from DescribeQuorum; converted to a
+    /// metadata offset once this node has committed that far), at most the request timeout.
     ///
     /// # Errors
     /// The channel's timeout, or the loader's failure.
@@ -749,11 +755,28 @@ impl ControllerClient {
             .first()
             .and_then(|t| t.partitions.first())
             .map_or(0, |p| p.high_watermark);
-        self.local
-            .loader()
-            .wait_for_catch_up(u64::try_from(high_watermark).unwrap_or(0))
+        let wait = async {
+            let metadata_offset = self
+                .metadata_log
+                .wait_for_raft_offset(high_watermark)
+                .await?;
+            self.local
+                .loader()
+                .wait_for_catch_up(metadata_offset)
+                .await
+                .map_err(ControllerError::from)
+        };
+        tokio::time::timeout(self.request_timeout, wait)
             .await
-            .map_err(ControllerError::from)
+            .unwrap_or_else(|_| {
+                Err(ControllerError::Remote(
+                    ErrorCode::RequestTimedOut,
+                    format!(
+                        "this node did not apply the controller's high watermark {high_watermark} within {} ms",
+                        self.request_timeout.as_millis()
+                    ),
+                ))
+            })
     }
 }
 

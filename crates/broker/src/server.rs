@@ -238,7 +238,7 @@ pub async fn start_with_authorizer(
         let server = SocketServer::new(config.socket_server_config(), controller_apis.clone());
         tasks.extend(server.start(listeners, &shutdown_rx));
     }
-    let (controller, metadata_tasks) = crate::metadata_publisher::start_metadata(
+    let (controller, metadata_log, metadata_tasks) = crate::metadata_publisher::start_metadata(
         raft.clone(),
         &legacy_dir,
         &shutdown_rx,
@@ -251,7 +251,7 @@ pub async fn start_with_authorizer(
     let controller_client = Arc::new(crate::controller_channel::ControllerClient::new(
         config.node_id,
         controller.clone(),
-        raft.clone(),
+        metadata_log,
         Duration::from_millis(crate::controller_channel::DEFAULT_REQUEST_TIMEOUT_MS),
     ));
 
