@@ -38,11 +38,12 @@ use gregor_protocol::kafka_protocol::messages::{
     self as m, ApiKey, BrokerId, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
 };
 use gregor_protocol::kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use gregor_raft::driver::RaftManager;
+use gregor_raft::driver::{LeaderAndEpoch, RaftManager};
+use gregor_raft::types::VoterEndpoints;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 use tracing::{debug, info};
 use uuid::Uuid;
@@ -110,7 +111,8 @@ struct Connection {
 
 /// A channel to the active controller (one connection, one request in flight).
 pub struct ControllerChannel {
-    raft: Arc<RaftManager>,
+    leader: watch::Receiver<LeaderAndEpoch>,
+    endpoints: VoterEndpoints,
     client_id: String,
     connection: Mutex<Option<Connection>>,
     correlation_id: AtomicI32,
@@ -119,10 +121,18 @@ pub struct ControllerChannel {
 
 impl ControllerChannel {
     /// A channel named `channel_name` (Kafka's: `heartbeat`, `forwarding`) of broker
-    /// `node_id`: client id `gregor-broker-<node_id>-to-controller-<channel_name>`.
-    pub fn new(raft: Arc<RaftManager>, node_id: i32, channel_name: &str) -> Self {
+    /// `node_id`: client id `gregor-broker-<node_id>-to-controller-<channel_name>`. The
+    /// active controller is `leader`'s (the quorum member's `leader_and_epoch`), reached at
+    /// its entry of `endpoints` (`controller.quorum.voters`).
+    pub fn new(
+        leader: watch::Receiver<LeaderAndEpoch>,
+        endpoints: VoterEndpoints,
+        node_id: i32,
+        channel_name: &str,
+    ) -> Self {
         Self {
-            raft,
+            leader,
+            endpoints,
             client_id: format!("gregor-broker-{node_id}-to-controller-{channel_name}"),
             connection: Mutex::new(None),
             correlation_id: AtomicI32::new(0),
@@ -137,7 +147,14 @@ impl ControllerChannel {
 
     /// The active controller's id as this node's quorum member knows it.
     pub fn active_controller(&self) -> Option<i32> {
-        self.raft.leader_and_epoch().borrow().leader_id
+        self.leader.borrow().leader_id
+    }
+
+    /// Sets the largest response frame accepted, in bytes (default [`MAX_RESPONSE_BYTES`]).
+    #[must_use]
+    pub fn with_max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
     }
 
     /// Sends `body` (API `api_key` at `version`) to the active controller and returns its
@@ -155,7 +172,7 @@ impl ControllerChannel {
         timeout: Duration,
     ) -> Result<ResponseKind, ChannelError> {
         let deadline = Instant::now() + timeout;
-        let mut leader_rx = self.raft.leader_and_epoch();
+        let mut leader_rx = self.leader.clone();
         let mut last = String::from("no active controller known");
         loop {
             let now = Instant::now();
@@ -191,10 +208,12 @@ impl ControllerChannel {
                     *self.connection.lock().await = None;
                     last = why;
                     // Back off unless the quorum names another leader first.
-                    let backoff = (Instant::now() + Duration::from_millis(RETRY_BACKOFF_MS)).min(deadline);
+                    let backoff =
+                        (Instant::now() + Duration::from_millis(RETRY_BACKOFF_MS)).min(deadline);
                     let _ = tokio::time::timeout_at(
                         backoff,
-                        leader_rx.wait_for(|l| l.leader_id.is_some() && l.leader_id != Some(leader)),
+                        leader_rx
+                            .wait_for(|l| l.leader_id.is_some() && l.leader_id != Some(leader)),
                     )
                     .await;
                 }
@@ -214,19 +233,15 @@ impl ControllerChannel {
             *guard = None;
         }
         if guard.is_none() {
-            let (host, port) = self
-                .raft
-                .config()
-                .voter_endpoints
-                .get(&leader)
-                .cloned()
-                .ok_or_else(|| {
-                    Attempt::Retry(format!("no controller endpoint for node {leader}"))
-                })?;
+            let (host, port) = self.endpoints.get(&leader).cloned().ok_or_else(|| {
+                Attempt::Retry(format!("no controller endpoint for node {leader}"))
+            })?;
             let stream = TcpStream::connect((host.as_str(), port))
                 .await
                 .map_err(|e| {
-                    Attempt::Retry(format!("connecting to controller {leader} at {host}:{port}: {e}"))
+                    Attempt::Retry(format!(
+                        "connecting to controller {leader} at {host}:{port}: {e}"
+                    ))
                 })?;
             let _ = stream.set_nodelay(true);
             info!(client_id = %self.client_id, controller = leader, "connected to the active controller");
@@ -302,7 +317,9 @@ fn encode_request_data(
     body: &RequestKind,
     buf: &mut BytesMut,
 ) -> Result<(), ChannelError> {
-    let err = |e: anyhow::Error| ChannelError::Protocol(format!("encoding {api_key:?} v{version}: {e:#}"));
+    let err = |e: anyhow::Error| {
+        ChannelError::Protocol(format!("encoding {api_key:?} v{version}: {e:#}"))
+    };
     RequestHeader::default()
         .with_request_api_key(api_key as i16)
         .with_request_api_version(version)
@@ -325,8 +342,8 @@ pub fn decode_response(
     let err = |e: anyhow::Error| {
         ChannelError::Protocol(format!("decoding a {api_key:?} v{version} response: {e:#}"))
     };
-    let header =
-        ResponseHeader::decode(&mut frame, api_key.response_header_version(version)).map_err(err)?;
+    let header = ResponseHeader::decode(&mut frame, api_key.response_header_version(version))
+        .map_err(err)?;
     let body = ResponseKind::decode(api_key, &mut frame, version).map_err(err)?;
     Ok((header.correlation_id, body))
 }
@@ -437,8 +454,18 @@ impl ControllerClient {
         Self {
             metadata_log,
             node_id,
-            heartbeat: ControllerChannel::new(raft.clone(), node_id, "heartbeat"),
-            forwarding: ControllerChannel::new(raft.clone(), node_id, "forwarding"),
+            heartbeat: ControllerChannel::new(
+                raft.leader_and_epoch(),
+                raft.config().voter_endpoints.clone(),
+                node_id,
+                "heartbeat",
+            ),
+            forwarding: ControllerChannel::new(
+                raft.leader_and_epoch(),
+                raft.config().voter_endpoints.clone(),
+                node_id,
+                "forwarding",
+            ),
             local,
             raft,
             request_timeout,
@@ -594,7 +621,11 @@ impl ControllerClient {
     ) -> Result<Vec<Result<Uuid, ControllerError>>, ControllerError> {
         if self.local_is_active() {
             match self.local.create_topics(topics.clone(), false).await {
-                Ok(r) if !r.iter().any(|t| matches!(t, Err(ControllerError::NotController { .. }))) => {
+                Ok(r)
+                    if !r
+                        .iter()
+                        .any(|t| matches!(t, Err(ControllerError::NotController { .. }))) =>
+                {
                     return Ok(r)
                 }
                 Ok(_) | Err(ControllerError::NotController { .. }) => {}
@@ -657,6 +688,9 @@ impl ControllerClient {
                         Some("the controller did not answer for this topic".into()),
                     ));
                 };
+                if got.error_code == ErrorCode::TopicAlreadyExists.code() {
+                    return Err(ControllerError::TopicAlreadyExists(t.name.clone()));
+                }
                 if got.error_code != 0 {
                     return Err(ControllerError::from_code(
                         got.error_code,
@@ -703,7 +737,12 @@ impl ControllerClient {
         );
         let response = self
             .forwarding
-            .send(ApiKey::Envelope, ENVELOPE_VERSION, &envelope, self.request_timeout)
+            .send(
+                ApiKey::Envelope,
+                ENVELOPE_VERSION,
+                &envelope,
+                self.request_timeout,
+            )
             .await?;
         let ResponseKind::Envelope(r) = response else {
             return Err(unexpected(ApiKey::Envelope));
@@ -735,7 +774,7 @@ impl ControllerClient {
                     gregor_raft::convert::METADATA_TOPIC_NAME,
                 )))
                 .with_partitions(vec![
-                    m::describe_quorum_request::PartitionData::default().with_partition_index(0),
+                    m::describe_quorum_request::PartitionData::default().with_partition_index(0)
                 ]),
         ]);
         let response = self
@@ -783,7 +822,9 @@ impl ControllerClient {
 fn unexpected(api_key: ApiKey) -> ControllerError {
     ControllerError::from_code(
         ErrorCode::UnknownServerError.code(),
-        Some(format!("the controller answered {api_key:?} with another API")),
+        Some(format!(
+            "the controller answered {api_key:?} with another API"
+        )),
     )
 }
 
@@ -854,5 +895,313 @@ pub fn from_registration_request(r: &m::BrokerRegistrationRequest) -> BrokerRegi
         rack: r.rack.as_ref().map(|s| s.to_string()),
         log_dirs: r.log_dirs.clone(),
         previous_broker_epoch: r.previous_broker_epoch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gregor_protocol::frame::{decode_request, encode_response, DecodedRequest};
+    use std::sync::atomic::AtomicUsize;
+    use tokio::net::TcpListener;
+
+    type Answer = Arc<dyn Fn(&RequestHeader, &RequestKind) -> Option<ResponseKind> + Send + Sync>;
+
+    /// A fake controller on a free port: answers each request with `answer` (None: never
+    /// answers), counts requests, and records the client ids it saw.
+    struct FakeController {
+        port: u16,
+        requests: Arc<AtomicUsize>,
+        client_ids: Arc<parking_lot::Mutex<Vec<String>>>,
+    }
+
+    async fn fake_controller(answer: Answer) -> FakeController {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let client_ids = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (r, ids) = (requests.clone(), client_ids.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (answer, r, ids) = (answer.clone(), r.clone(), ids.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(size) = s.read_i32().await else { return };
+                        let mut buf = vec![0u8; size as usize];
+                        if s.read_exact(&mut buf).await.is_err() {
+                            return;
+                        }
+                        let Ok(DecodedRequest::Request {
+                            header,
+                            api_key,
+                            body,
+                        }) = decode_request(Bytes::from(buf), &|k| {
+                            Some((k.valid_versions().min, k.valid_versions().max))
+                        })
+                        else {
+                            return;
+                        };
+                        r.fetch_add(1, Ordering::SeqCst);
+                        ids.lock()
+                            .push(header.client_id.as_deref().unwrap_or("").to_string());
+                        let Some(response) = answer(&header, &body) else {
+                            // Hold the connection without answering.
+                            std::future::pending::<()>().await;
+                            return;
+                        };
+                        let frame = encode_response(
+                            api_key,
+                            header.request_api_version,
+                            header.correlation_id,
+                            &response,
+                        )
+                        .unwrap();
+                        if s.write_all(&frame).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        FakeController {
+            port,
+            requests,
+            client_ids,
+        }
+    }
+
+    fn heartbeat_answer(error: ErrorCode) -> Answer {
+        Arc::new(move |_, _| {
+            Some(
+                m::BrokerHeartbeatResponse::default()
+                    .with_error_code(error.code())
+                    .with_is_caught_up(true)
+                    .into(),
+            )
+        })
+    }
+
+    fn heartbeat() -> RequestKind {
+        m::BrokerHeartbeatRequest::default()
+            .with_broker_id(BrokerId(3))
+            .with_broker_epoch(7)
+            .into()
+    }
+
+    fn endpoints(ports: &[(i32, u16)]) -> VoterEndpoints {
+        ports
+            .iter()
+            .map(|(id, p)| (*id, ("127.0.0.1".to_string(), *p)))
+            .collect()
+    }
+
+    fn leader(id: Option<i32>, epoch: i32) -> LeaderAndEpoch {
+        LeaderAndEpoch {
+            epoch,
+            leader_id: id,
+        }
+    }
+
+    #[tokio::test]
+    async fn resends_to_the_new_controller_after_not_controller() {
+        let old = fake_controller(heartbeat_answer(ErrorCode::NotController)).await;
+        let new = fake_controller(heartbeat_answer(ErrorCode::None)).await;
+        let (tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(
+            rx,
+            endpoints(&[(1, old.port), (2, new.port)]),
+            3,
+            "heartbeat",
+        );
+        // The quorum moves to node 2 once node 1 has refused.
+        let requests = old.requests.clone();
+        tokio::spawn(async move {
+            while requests.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tx.send(leader(Some(2), 2)).unwrap();
+            // Kept open until the test ends.
+            std::future::pending::<()>().await;
+        });
+        let r = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("answered by the new controller");
+        let ResponseKind::BrokerHeartbeat(r) = r else {
+            panic!("a heartbeat response")
+        };
+        assert_eq!(r.error_code, 0);
+        assert!(r.is_caught_up);
+        assert!(old.requests.load(Ordering::SeqCst) >= 1);
+        assert_eq!(new.requests.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            new.client_ids.lock().as_slice(),
+            ["gregor-broker-3-to-controller-heartbeat"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_leader_change_while_waiting_resends_to_the_new_leader() {
+        let silent = fake_controller(Arc::new(|_, _| None)).await;
+        let new = fake_controller(heartbeat_answer(ErrorCode::None)).await;
+        let (tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(
+            rx,
+            endpoints(&[(1, silent.port), (2, new.port)]),
+            3,
+            "heartbeat",
+        );
+        let requests = silent.requests.clone();
+        let mover = tokio::spawn(async move {
+            while requests.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tx.send(leader(Some(2), 2)).unwrap();
+            tx
+        });
+        let started = Instant::now();
+        let r = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("answered by the new leader");
+        assert!(matches!(r, ResponseKind::BrokerHeartbeat(ref h) if h.error_code == 0));
+        // Not by waiting out the timeout.
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(new.requests.load(Ordering::SeqCst), 1);
+        drop(mover.await);
+    }
+
+    #[tokio::test]
+    async fn times_out_without_a_controller_or_with_one_that_keeps_refusing() {
+        let (_tx, rx) = watch::channel(leader(None, 0));
+        let channel = ControllerChannel::new(rx, endpoints(&[]), 3, "heartbeat");
+        let started = Instant::now();
+        let e = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_millis(300),
+            )
+            .await
+            .expect_err("no controller");
+        assert!(matches!(e, ChannelError::Timeout { .. }), "{e}");
+        assert_eq!(e.error_code(), ErrorCode::RequestTimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+
+        let refusing = fake_controller(heartbeat_answer(ErrorCode::NotController)).await;
+        let (_tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(rx, endpoints(&[(1, refusing.port)]), 3, "heartbeat");
+        let e = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_millis(500),
+            )
+            .await
+            .expect_err("NOT_CONTROLLER until the end");
+        assert!(e.to_string().contains("NOT_CONTROLLER"), "{e}");
+        // Re-sent with a backoff, not in a busy loop.
+        let n = refusing.requests.load(Ordering::SeqCst);
+        assert!((2..=10).contains(&n), "{n} requests in 500 ms");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_response_frame_is_refused_before_allocating() {
+        let fake = fake_controller(Arc::new(|_, _| {
+            Some(m::BrokerHeartbeatResponse::default().into())
+        }))
+        .await;
+        let (_tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(rx, endpoints(&[(1, fake.port)]), 3, "heartbeat")
+            .with_max_response_bytes(4);
+        let e = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_millis(300),
+            )
+            .await
+            .expect_err("frame too large");
+        assert!(e.to_string().contains("at most 4"), "{e}");
+    }
+
+    #[test]
+    fn principal_serde_is_kafkas_version_prefixed_default_principal_data() {
+        let p = gregor_network::KafkaPrincipal {
+            principal_type: "User".into(),
+            name: "alice".into(),
+        };
+        let bytes = serialize_principal(&p);
+        // int16 version 0, then the flexible message: compact strings (length + 1), a boolean,
+        // no tagged fields.
+        assert_eq!(
+            bytes.as_ref(),
+            [&[0u8, 0, 5][..], b"User", &[6], b"alice", &[0, 0]].concat()
+        );
+        assert_eq!(deserialize_principal(bytes).unwrap(), p);
+        assert!(deserialize_principal(Bytes::from_static(&[0, 1, 5])).is_err());
+        assert!(deserialize_principal(Bytes::from_static(&[0])).is_err());
+        assert!(deserialize_principal(Bytes::from_static(&[0, 0, 200])).is_err());
+    }
+
+    #[test]
+    fn not_controller_is_found_wherever_the_response_carries_it() {
+        let nc = ErrorCode::NotController.code();
+        let topic =
+            |code| m::create_topics_response::CreatableTopicResult::default().with_error_code(code);
+        assert!(is_not_controller(
+            &m::CreateTopicsResponse::default()
+                .with_topics(vec![topic(0), topic(nc)])
+                .into()
+        ));
+        assert!(!is_not_controller(
+            &m::CreateTopicsResponse::default()
+                .with_topics(vec![topic(0)])
+                .into()
+        ));
+        assert!(is_not_controller(
+            &m::EnvelopeResponse::default().with_error_code(nc).into()
+        ));
+        assert!(!is_not_controller(
+            &m::BrokerRegistrationResponse::default()
+                .with_error_code(ErrorCode::DuplicateBrokerRegistration.code())
+                .into()
+        ));
+    }
+
+    #[test]
+    fn registration_requests_round_trip_through_the_wire_form() {
+        let r = BrokerRegistrationRequest {
+            broker_id: 2,
+            incarnation_id: Uuid::new_v4(),
+            listeners: vec![gregor_protocol::metadata_records::BrokerEndpoint {
+                name: "PLAINTEXT".into(),
+                host: "h".into(),
+                port: 9092,
+                security_protocol: 0,
+                ..Default::default()
+            }],
+            features: BrokerRegistrationRequest::supported_features(),
+            rack: Some("r1".into()),
+            log_dirs: vec![Uuid::new_v4()],
+            previous_broker_epoch: -1,
+        };
+        let wire = to_registration_request("c1", &r);
+        assert_eq!(wire.cluster_id.as_str(), "c1");
+        let back = from_registration_request(&wire);
+        assert_eq!(format!("{back:?}"), format!("{r:?}"));
     }
 }

@@ -25,7 +25,8 @@ use gregor_network::{respond, Handled, RequestContext};
 use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
 use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use gregor_protocol::kafka_protocol::messages::{
-    self as m, ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind, ResponseKind,
+    self as m, ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind,
+    ResponseKind,
 };
 use gregor_raft::driver::RaftManager;
 
@@ -344,8 +345,8 @@ impl ControllerApis {
         &self,
         r: &m::AllocateProducerIdsRequest,
     ) -> m::AllocateProducerIdsResponse {
-        let reply = m::AllocateProducerIdsResponse::default()
-            .with_producer_id_start(m::ProducerId(-1));
+        let reply =
+            m::AllocateProducerIdsResponse::default().with_producer_id_start(m::ProducerId(-1));
         let controller = match self.active_controller() {
             Ok(c) => c,
             Err(e) => return reply.with_error_code(e.kafka_error_code()),
@@ -367,9 +368,7 @@ impl ControllerApis {
         match controller.allocate_producer_ids(r.broker_id.0).await {
             Ok(start) => reply
                 .with_producer_id_start(m::ProducerId(start))
-                .with_producer_id_len(
-                    gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE as i32,
-                ),
+                .with_producer_id_len(gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE as i32),
             Err(e) => reply.with_error_code(e.kafka_error_code()),
         }
     }
@@ -456,6 +455,7 @@ impl ControllerApis {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gregor_protocol::kafka_protocol::messages::BrokerId;
     use gregor_raft::driver::{RaftManagerConfig, Transport};
     use gregor_raft::{Message, MetadataLogConfig, NodeId, QuorumConfig, VoterSet};
 
@@ -508,6 +508,270 @@ mod tests {
             assert!(keys.contains(&k), "api key {k} in {keys:?}");
         }
         assert!(!keys.contains(&0), "no Produce on a controller listener");
+        for k in [19, 20, 33, 37, 44, 58, 62, 63, 64, 67] {
+            assert!(keys.contains(&k), "api key {k} in {keys:?}");
+        }
+        let range = |k: i16| {
+            let v = versions.api_keys.iter().find(|v| v.api_key == k).unwrap();
+            (v.min_version, v.max_version)
+        };
+        assert_eq!(range(62), (0, 4), "BrokerRegistration");
+        assert_eq!(range(63), (0, 1), "BrokerHeartbeat");
+        assert_eq!(range(58), (0, 0), "Envelope");
+        // No controller handed over yet: NOT_CONTROLLER, never a hang.
+        let hb = apis
+            .broker_heartbeat(&m::BrokerHeartbeatRequest::default().with_broker_id(BrokerId(1)))
+            .await;
+        assert_eq!(hb.error_code, ErrorCode::NotController.code());
+        let env = apis
+            .envelope(
+                &RequestContext::local(ApiKey::Envelope, 0),
+                m::EnvelopeRequest::default(),
+            )
+            .await;
+        assert_eq!(env.error_code, ErrorCode::NotController.code());
         raft.shutdown().await;
+    }
+
+    /// Denies creating topics to `User:bob` (and records every principal it saw).
+    struct DenyBob(parking_lot::Mutex<Vec<String>>);
+
+    impl crate::authorizer::Authorizer for DenyBob {
+        fn authorize(
+            &self,
+            ctx: &RequestContext,
+            actions: &[crate::authorizer::Action],
+        ) -> Vec<crate::authorizer::AuthorizationResult> {
+            use crate::authorizer::{AclOperation, AuthorizationResult};
+            self.0.lock().push(ctx.principal.to_string());
+            actions
+                .iter()
+                .map(|a| {
+                    if ctx.principal.name == "bob" && a.operation == AclOperation::Create {
+                        AuthorizationResult::Denied
+                    } else {
+                        AuthorizationResult::Allowed
+                    }
+                })
+                .collect()
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    #[tokio::test]
+    async fn the_active_controller_answers_broker_rpcs_and_envelopes() {
+        use crate::controller_channel::{decode_response, serialize_principal, ControllerChannel};
+        use gregor_network::KafkaPrincipal;
+        use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
+        use gregor_protocol::kafka_protocol::messages::TopicName;
+        use std::time::Duration;
+
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let props: std::collections::BTreeMap<String, String> = [
+            ("node.id", "1".to_string()),
+            ("process.roles", "broker,controller".into()),
+            ("log.dirs", dir.path().display().to_string()),
+            (
+                "listeners",
+                format!("PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}"),
+            ),
+            ("controller.listener.names", "CONTROLLER".into()),
+            ("controller.quorum.voters", format!("1@127.0.0.1:{port}")),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = crate::config::BrokerConfig::from_properties(props).unwrap();
+        let authorizer = Arc::new(DenyBob(parking_lot::Mutex::new(Vec::new())));
+        let running = crate::server::start_with_authorizer(config, authorizer.clone())
+            .await
+            .unwrap();
+        let cluster_id = running.broker.cluster_id.clone();
+        let (_tx, rx) = tokio::sync::watch::channel(gregor_raft::driver::LeaderAndEpoch {
+            epoch: 1,
+            leader_id: Some(1),
+        });
+        let channel = ControllerChannel::new(
+            rx,
+            [(1, ("127.0.0.1".to_string(), port))].into_iter().collect(),
+            9,
+            "test",
+        );
+        let t = Duration::from_secs(10);
+        let call = |api_key: ApiKey, version: i16, body: RequestKind| {
+            let channel = &channel;
+            async move { channel.send(api_key, version, &body, t).await.unwrap() }
+        };
+
+        // BrokerRegistration of another broker (id 2): an epoch; another cluster's: refused.
+        let mut reg = crate::controller_channel::to_registration_request(
+            &cluster_id,
+            &gregor_metadata::controller::BrokerRegistrationRequest {
+                broker_id: 2,
+                incarnation_id: uuid::Uuid::new_v4(),
+                listeners: vec![],
+                features:
+                    gregor_metadata::controller::BrokerRegistrationRequest::supported_features(),
+                rack: None,
+                log_dirs: vec![uuid::Uuid::new_v4()],
+                previous_broker_epoch: -1,
+            },
+        );
+        let ResponseKind::BrokerRegistration(r) =
+            call(ApiKey::BrokerRegistration, 4, reg.clone().into()).await
+        else {
+            panic!("a BrokerRegistration response")
+        };
+        assert_eq!(r.error_code, 0);
+        let epoch = r.broker_epoch;
+        assert!(epoch > 0);
+        reg.cluster_id = sb("another-cluster");
+        let ResponseKind::BrokerRegistration(r) =
+            call(ApiKey::BrokerRegistration, 4, reg.into()).await
+        else {
+            panic!("a BrokerRegistration response")
+        };
+        assert_eq!(r.error_code, ErrorCode::InconsistentClusterId.code());
+
+        // BrokerHeartbeat: caught up with its registration, so unfenced.
+        let ResponseKind::BrokerHeartbeat(h) = call(
+            ApiKey::BrokerHeartbeat,
+            1,
+            m::BrokerHeartbeatRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch)
+                .with_current_metadata_offset(epoch)
+                .into(),
+        )
+        .await
+        else {
+            panic!("a BrokerHeartbeat response")
+        };
+        assert_eq!(
+            (h.error_code, h.is_caught_up, h.is_fenced),
+            (0, true, false)
+        );
+        let ResponseKind::BrokerHeartbeat(h) = call(
+            ApiKey::BrokerHeartbeat,
+            1,
+            m::BrokerHeartbeatRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch + 1000)
+                .into(),
+        )
+        .await
+        else {
+            panic!("a BrokerHeartbeat response")
+        };
+        assert_eq!(h.error_code, ErrorCode::StaleBrokerEpoch.code());
+
+        // AllocateProducerIds: consecutive blocks.
+        let mut starts = Vec::new();
+        for _ in 0..2 {
+            let ResponseKind::AllocateProducerIds(a) = call(
+                ApiKey::AllocateProducerIds,
+                0,
+                m::AllocateProducerIdsRequest::default()
+                    .with_broker_id(BrokerId(2))
+                    .with_broker_epoch(epoch)
+                    .into(),
+            )
+            .await
+            else {
+                panic!("an AllocateProducerIds response")
+            };
+            assert_eq!((a.error_code, a.producer_id_len), (0, 1000));
+            starts.push(a.producer_id_start.0);
+        }
+        assert_eq!(starts[1], starts[0] + 1000);
+
+        // Envelope: the forwarded CreateTopics runs as the envelope's principal.
+        let envelope = |principal: &str, topic: &str| {
+            let inner = RequestKind::CreateTopics(m::CreateTopicsRequest::default().with_topics(
+                vec![CreatableTopic::default()
+                    .with_name(TopicName(sb(topic)))
+                    .with_num_partitions(1)
+                    .with_replication_factor(1)],
+            ));
+            let frame = crate::controller_channel::encode_request(
+                ApiKey::CreateTopics,
+                7,
+                41,
+                "the-client",
+                &inner,
+            )
+            .unwrap();
+            m::EnvelopeRequest::default()
+                .with_request_data(frame.slice(4..))
+                .with_request_principal(Some(serialize_principal(&KafkaPrincipal {
+                    principal_type: "User".into(),
+                    name: principal.into(),
+                })))
+                .with_client_host_address(Bytes::from_static(&[10, 0, 0, 7]))
+        };
+        for (who, topic, expected) in [
+            ("alice", "from-alice", 0),
+            (
+                "bob",
+                "from-bob",
+                ErrorCode::TopicAuthorizationFailed.code(),
+            ),
+        ] {
+            let ResponseKind::Envelope(e) =
+                call(ApiKey::Envelope, 0, envelope(who, topic).into()).await
+            else {
+                panic!("an Envelope response")
+            };
+            assert_eq!(e.error_code, 0);
+            let (correlation_id, inner) =
+                decode_response(ApiKey::CreateTopics, 7, e.response_data.unwrap()).unwrap();
+            assert_eq!(correlation_id, 41, "the client's correlation id");
+            let ResponseKind::CreateTopics(c) = inner else {
+                panic!("a CreateTopics response inside")
+            };
+            assert_eq!(c.topics[0].error_code, expected, "{who}");
+        }
+        assert!(running
+            .broker
+            .controller
+            .image()
+            .topic("from-alice")
+            .is_some());
+        assert!(running
+            .broker
+            .controller
+            .image()
+            .topic("from-bob")
+            .is_none());
+        let seen = authorizer.0.lock().clone();
+        assert!(seen.contains(&"User:alice".to_string()), "{seen:?}");
+        assert!(seen.contains(&"User:bob".to_string()), "{seen:?}");
+        // A principal that does not decode.
+        let ResponseKind::Envelope(e) = call(
+            ApiKey::Envelope,
+            0,
+            envelope("alice", "x")
+                .with_request_principal(Some(Bytes::from_static(&[0, 9])))
+                .into(),
+        )
+        .await
+        else {
+            panic!("an Envelope response")
+        };
+        assert_eq!(
+            e.error_code,
+            ErrorCode::PrincipalDeserializationFailure.code()
+        );
+
+        running.shutdown().await.unwrap();
     }
 }

@@ -120,7 +120,11 @@ pub async fn start_metadata(
         let _ = stop.wait_for(|s| *s).await;
         closing.shutdown().await;
     });
-    Ok((controller, raft_log, vec![loader_task, controller_task, closer]))
+    Ok((
+        controller,
+        raft_log,
+        vec![loader_task, controller_task, closer],
+    ))
 }
 
 /// File name the pre-KRaft metadata log gets once its records are in the quorum.
@@ -344,9 +348,14 @@ mod migration_tests {
     ) -> std::sync::Arc<gregor_metadata::MetadataImage> {
         let (tx, rx) = watch::channel(false);
         let raft = start_quorum(config, &root.join("meta"), "cluster").unwrap();
-        let (controller, _, tasks) = start_metadata(raft, &root.join("legacy"), &rx, ControllerConfig::default())
-            .await
-            .unwrap();
+        let (controller, _, tasks) = start_metadata(
+            raft,
+            &root.join("legacy"),
+            &rx,
+            gregor_metadata::controller::ControllerConfig::default(),
+        )
+        .await
+        .unwrap();
         let image = controller.image();
         tx.send(true).unwrap();
         for t in tasks {

@@ -32,7 +32,8 @@ fn addr(bootstrap: &str) -> SocketAddr {
 }
 
 fn metadata(bootstrap: &str, topics: Option<&[&str]>) -> anyhow::Result<MetadataResponse> {
-    let mut conn = KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(5), "kraft-fwd")?;
+    let mut conn =
+        KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(5), "kraft-fwd")?;
     let req = MetadataRequest::default()
         .with_topics(topics.map(|ts| {
             ts.iter()
@@ -44,7 +45,8 @@ fn metadata(bootstrap: &str, topics: Option<&[&str]>) -> anyhow::Result<Metadata
 }
 
 fn describe_cluster(bootstrap: &str) -> anyhow::Result<DescribeClusterResponse> {
-    let mut conn = KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(5), "kraft-fwd")?;
+    let mut conn =
+        KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(5), "kraft-fwd")?;
     conn.call(
         ApiKey::DescribeCluster,
         1,
@@ -53,8 +55,9 @@ fn describe_cluster(bootstrap: &str) -> anyhow::Result<DescribeClusterResponse> 
 }
 
 fn create_topic(bootstrap: &str, name: &str, partitions: i32, rf: i16) -> CreateTopicsResponse {
-    let mut conn = KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(60), "kraft-fwd")
-        .expect("connecting");
+    let mut conn =
+        KafkaConn::connect_timeout(addr(bootstrap), Duration::from_secs(60), "kraft-fwd")
+            .expect("connecting");
     let req = CreateTopicsRequest::default()
         .with_timeout_ms(30_000)
         .with_topics(vec![CreatableTopic::default()
@@ -99,11 +102,19 @@ fn brokers_register_and_forward_to_the_active_controller() {
                 .ok()
                 .filter(|m| broker_ids(m) == all)
         });
-        let dc = wait_for(Duration::from_secs(20), "every broker in DescribeCluster", || {
-            describe_cluster(&b)
-                .ok()
-                .filter(|d| d.brokers.iter().map(|x| x.broker_id.0).collect::<BTreeSet<_>>() == all)
-        });
+        let dc = wait_for(
+            Duration::from_secs(20),
+            "every broker in DescribeCluster",
+            || {
+                describe_cluster(&b).ok().filter(|d| {
+                    d.brokers
+                        .iter()
+                        .map(|x| x.broker_id.0)
+                        .collect::<BTreeSet<_>>()
+                        == all
+                })
+            },
+        );
         assert_eq!(dc.error_code, 0);
     }
     println!(
@@ -112,7 +123,9 @@ fn brokers_register_and_forward_to_the_active_controller() {
     );
 
     // CreateTopics at a node that does not lead the quorum: forwarded, not NOT_CONTROLLER.
-    let leader = cluster.active_controller().unwrap_or_else(|e| panic!("{e:#}"));
+    let leader = cluster
+        .active_controller()
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let follower = *all.iter().find(|id| **id != leader).expect("a follower");
     let at = cluster.node(follower).bootstrap().expect("broker listener");
     let t0 = Instant::now();
@@ -120,7 +133,8 @@ fn brokers_register_and_forward_to_the_active_controller() {
     let created_ms = t0.elapsed().as_millis();
     assert_eq!(r.topics.len(), 1);
     assert_eq!(
-        r.topics[0].error_code, 0,
+        r.topics[0].error_code,
+        0,
         "{:?}\n{}",
         r.topics[0].error_message,
         cluster.logs(30)
@@ -128,7 +142,10 @@ fn brokers_register_and_forward_to_the_active_controller() {
     println!("CreateTopics forwarded from node {follower} to controller {leader}: {created_ms} ms");
     // The node that answered sees the topic at once (it waited for its loader).
     let m = metadata(&at, Some(&["forwarded-rf3"])).expect("metadata");
-    assert_eq!(m.topics[0].error_code, 0, "visible on the node that forwarded");
+    assert_eq!(
+        m.topics[0].error_code, 0,
+        "visible on the node that forwarded"
+    );
     // Every node sees it, with three replicas per partition and leaders on all three brokers.
     for n in cluster.nodes() {
         let b = n.bootstrap().expect("broker listener");
@@ -150,7 +167,10 @@ fn brokers_register_and_forward_to_the_active_controller() {
 
     // Replication factor 4 on three brokers.
     let r = create_topic(&at, "forwarded-rf4", 1, 4);
-    assert_eq!(r.topics[0].error_code, 38, "INVALID_REPLICATION_FACTOR: {r:?}");
+    assert_eq!(
+        r.topics[0].error_code, 38,
+        "INVALID_REPLICATION_FACTOR: {r:?}"
+    );
 
     // kill -9 a broker that is not the active controller: fenced after the session timeout.
     let victim = *all
@@ -186,7 +206,11 @@ fn brokers_register_and_forward_to_the_active_controller() {
     assert!(fenced_ms < SESSION_TIMEOUT_MS + 10_000, "{fenced_ms} ms");
     for p in &after.topics[0].partitions {
         if led.contains(&p.partition_index) {
-            assert_ne!(p.leader_id.0, victim, "partition {} moved", p.partition_index);
+            assert_ne!(
+                p.leader_id.0, victim,
+                "partition {} moved",
+                p.partition_index
+            );
         }
         assert!(
             !p.isr_nodes.iter().any(|r| r.0 == victim),

@@ -91,7 +91,11 @@ pub async fn handle_local(
 
 /// The answer to `body` with `code` for every topic or resource it names (Kafka's
 /// `AbstractRequest.getErrorResponse`).
-pub fn error_response(body: &RequestKind, code: ErrorCode, message: Option<String>) -> ResponseKind {
+pub fn error_response(
+    body: &RequestKind,
+    code: ErrorCode,
+    message: Option<String>,
+) -> ResponseKind {
     let code = code.code();
     let message = message.as_deref().map(sb);
     match body {
