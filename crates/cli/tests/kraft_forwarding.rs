@@ -4,7 +4,8 @@
 //! does not lead the quorum is forwarded and the topic is visible from every node; replication
 //! factor 3 places replicas and leaders over all three brokers, 4 is INVALID_REPLICATION_FACTOR;
 //! a broker killed with SIGKILL is fenced once `broker.session.timeout.ms` (3000 here) has run
-//! out, and its partitions get other leaders.
+//! out, and its partitions get other leaders. IncrementalAlterConfigs, InitProducerId and
+//! FindCoordinator (`__consumer_offsets`) at a non-leader reach the controller too.
 //!
 //! `cargo test -p gregor --test kraft_forwarding -- --nocapture`
 
@@ -15,10 +16,17 @@ use std::time::{Duration, Instant};
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, CreateTopicsRequest, CreateTopicsResponse, DescribeClusterRequest,
-    DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName,
+    DescribeClusterResponse, DescribeConfigsRequest, DescribeConfigsResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse, InitProducerIdRequest, InitProducerIdResponse,
+    MetadataRequest, MetadataResponse, ProducerId, TopicName,
 };
 
 const SESSION_TIMEOUT_MS: u64 = 3000;
@@ -171,6 +179,108 @@ fn brokers_register_and_forward_to_the_active_controller() {
         r.topics[0].error_code, 38,
         "INVALID_REPLICATION_FACTOR: {r:?}"
     );
+
+    // IncrementalAlterConfigs at the follower: forwarded, applied on every node.
+    let mut conn = KafkaConn::connect_timeout(addr(&at), Duration::from_secs(60), "kraft-fwd")
+        .expect("connect");
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(sb("forwarded-rf3"))
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(sb("retention.ms"))
+                .with_config_operation(0)
+                .with_value(Some(sb("123456")))]),
+    ]);
+    let r: IncrementalAlterConfigsResponse = conn
+        .call(ApiKey::IncrementalAlterConfigs, 1, &req)
+        .expect("IncrementalAlterConfigs");
+    assert_eq!(
+        r.responses[0].error_code, 0,
+        "{:?}",
+        r.responses[0].error_message
+    );
+    for n in cluster.nodes() {
+        let b = n.bootstrap().expect("broker listener");
+        wait_for(Duration::from_secs(10), "the config on every node", || {
+            let mut c =
+                KafkaConn::connect_timeout(addr(&b), Duration::from_secs(5), "kraft-fwd").ok()?;
+            let d: DescribeConfigsResponse = c
+                .call(
+                    ApiKey::DescribeConfigs,
+                    4,
+                    &DescribeConfigsRequest::default().with_resources(vec![
+                        DescribeConfigsResource::default()
+                            .with_resource_type(2)
+                            .with_resource_name(sb("forwarded-rf3"))
+                            .with_configuration_keys(Some(vec![sb("retention.ms")])),
+                    ]),
+                )
+                .ok()?;
+            d.results[0]
+                .configs
+                .iter()
+                .any(|c| c.value.as_deref() == Some("123456"))
+                .then_some(())
+        });
+    }
+
+    // InitProducerId at the follower and at the controller: blocks from the active
+    // controller (AllocateProducerIds), so the ids differ.
+    let mut ids = BTreeSet::new();
+    for b in [
+        &at,
+        &cluster.node(leader).bootstrap().expect("broker listener"),
+    ] {
+        let mut c = KafkaConn::connect_timeout(addr(b), Duration::from_secs(60), "kraft-fwd")
+            .expect("connect");
+        let r: InitProducerIdResponse = c
+            .call(
+                ApiKey::InitProducerId,
+                4,
+                &InitProducerIdRequest::default()
+                    .with_transactional_id(None)
+                    .with_transaction_timeout_ms(-1)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            )
+            .expect("InitProducerId");
+        assert_eq!(r.error_code, 0, "InitProducerId at {b}");
+        assert!(r.producer_id.0 >= 0);
+        ids.insert(r.producer_id.0);
+    }
+    assert_eq!(ids.len(), 2, "distinct producer ids {ids:?}");
+
+    // FindCoordinator at the follower creates `__consumer_offsets` through the controller
+    // (the answer itself is COORDINATOR_NOT_AVAILABLE unless this node leads the group's
+    // partition: gregor's FindCoordinator only names itself so far).
+    let mut c = KafkaConn::connect_timeout(addr(&at), Duration::from_secs(60), "kraft-fwd")
+        .expect("connect");
+    let r: FindCoordinatorResponse = c
+        .call(
+            ApiKey::FindCoordinator,
+            4,
+            &FindCoordinatorRequest::default().with_coordinator_keys(vec![sb("g1")]),
+        )
+        .expect("FindCoordinator");
+    assert!([0, 15].contains(&r.coordinators[0].error_code), "{r:?}");
+    let m = metadata(&at, Some(&["__consumer_offsets"])).expect("metadata");
+    assert_eq!(
+        m.topics[0].error_code, 0,
+        "created before FindCoordinator answered"
+    );
+    for n in cluster.nodes() {
+        let b = n.bootstrap().expect("broker listener");
+        wait_for(
+            Duration::from_secs(10),
+            "__consumer_offsets on every node",
+            || {
+                metadata(&b, Some(&["__consumer_offsets"]))
+                    .ok()
+                    .filter(|m| m.topics[0].error_code == 0)
+            },
+        );
+    }
 
     // kill -9 a broker that is not the active controller: fenced after the session timeout.
     let victim = *all
