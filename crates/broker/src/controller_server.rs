@@ -439,6 +439,11 @@ impl ControllerApis {
             ..ctx.clone()
         };
         let response = forwarding::handle_local(broker, &inner_ctx, body).await;
+        if crate::controller_channel::is_not_controller(&response) {
+            // Leadership moved while the request ran: the forwarding broker re-sends it to
+            // the new controller, so the client never sees NOT_CONTROLLER.
+            return fail(ErrorCode::NotController);
+        }
         match gregor_protocol::frame::encode_response(
             api_key,
             header.request_api_version,

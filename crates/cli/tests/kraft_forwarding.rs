@@ -4,8 +4,9 @@
 //! does not lead the quorum is forwarded and the topic is visible from every node; replication
 //! factor 3 places replicas and leaders over all three brokers, 4 is INVALID_REPLICATION_FACTOR;
 //! a broker killed with SIGKILL is fenced once `broker.session.timeout.ms` (3000 here) has run
-//! out, and its partitions get other leaders. IncrementalAlterConfigs, InitProducerId and
-//! FindCoordinator (`__consumer_offsets`) at a non-leader reach the controller too.
+//! out, and its partitions get other leaders. CreatePartitions, DeleteTopics, Metadata
+//! auto-creation, IncrementalAlterConfigs, InitProducerId and FindCoordinator
+//! (`__consumer_offsets`) at a non-leader reach the controller too.
 //!
 //! `cargo test -p gregor --test kraft_forwarding -- --nocapture`
 
@@ -15,14 +16,17 @@ use std::time::{Duration, Instant};
 
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::wire::{sb, KafkaConn};
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{
     AlterConfigsResource, AlterableConfig,
 };
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DescribeClusterRequest,
+    ApiKey, CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeClusterRequest,
     DescribeClusterResponse, DescribeConfigsRequest, DescribeConfigsResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse, InitProducerIdRequest, InitProducerIdResponse,
@@ -178,6 +182,79 @@ fn brokers_register_and_forward_to_the_active_controller() {
     assert_eq!(
         r.topics[0].error_code, 38,
         "INVALID_REPLICATION_FACTOR: {r:?}"
+    );
+
+    // CreatePartitions, DeleteTopics and Metadata auto-creation at the follower.
+    let mut conn = KafkaConn::connect_timeout(addr(&at), Duration::from_secs(60), "kraft-fwd")
+        .expect("connect");
+    assert_eq!(
+        create_topic(&at, "forwarded-doomed", 1, 2).topics[0].error_code,
+        0
+    );
+    let r: CreatePartitionsResponse = conn
+        .call(
+            ApiKey::CreatePartitions,
+            3,
+            &CreatePartitionsRequest::default()
+                .with_timeout_ms(30_000)
+                .with_topics(vec![CreatePartitionsTopic::default()
+                    .with_name(TopicName(sb("forwarded-doomed")))
+                    .with_count(4)]),
+        )
+        .expect("CreatePartitions");
+    assert_eq!(
+        r.results[0].error_code, 0,
+        "{:?}",
+        r.results[0].error_message
+    );
+    let m = metadata(&at, Some(&["forwarded-doomed"])).expect("metadata");
+    assert_eq!(m.topics[0].partitions.len(), 4);
+    let r: DeleteTopicsResponse = conn
+        .call(
+            ApiKey::DeleteTopics,
+            6,
+            &DeleteTopicsRequest::default()
+                .with_timeout_ms(30_000)
+                .with_topics(vec![
+                    DeleteTopicState::default().with_name(Some(TopicName(sb("forwarded-doomed"))))
+                ]),
+        )
+        .expect("DeleteTopics");
+    assert_eq!(
+        r.responses[0].error_code, 0,
+        "{:?}",
+        r.responses[0].error_message
+    );
+    for n in cluster.nodes() {
+        let b = n.bootstrap().expect("broker listener");
+        wait_for(
+            Duration::from_secs(10),
+            "the deleted topic gone everywhere",
+            || {
+                metadata(&b, Some(&["forwarded-doomed"]))
+                    .ok()
+                    .filter(|m| m.topics[0].error_code == 3)
+            },
+        );
+    }
+    let auto: MetadataResponse = conn
+        .call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(TopicName(sb("auto-created"))))
+                ]))
+                .with_allow_auto_topic_creation(true),
+        )
+        .expect("Metadata");
+    // Kafka answers LEADER_NOT_AVAILABLE (5) to the request that triggers the creation; the
+    // topic exists once it returns.
+    assert!([0, 5].contains(&auto.topics[0].error_code), "{auto:?}");
+    let m = metadata(&at, Some(&["auto-created"])).expect("metadata");
+    assert_eq!(
+        m.topics[0].error_code, 0,
+        "auto-created through the controller"
     );
 
     // IncrementalAlterConfigs at the follower: forwarded, applied on every node.
