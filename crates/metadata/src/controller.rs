@@ -1122,6 +1122,31 @@ impl ControllerHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wire_codes_map_back_to_their_errors() {
+        for e in [
+            ControllerError::InvalidReplicationFactor("x".into()),
+            ControllerError::DuplicateBrokerRegistration("x".into()),
+            ControllerError::StaleBrokerEpoch("x".into()),
+            ControllerError::NotController { leader_id: None },
+            ControllerError::UnknownTopicId,
+        ] {
+            assert_eq!(
+                ControllerError::from_code(e.kafka_error_code(), Some("x".into())).error_code(),
+                e.error_code()
+            );
+        }
+        let timeout = ControllerError::from_code(ErrorCode::RequestTimedOut.code(), None);
+        assert!(matches!(
+            timeout,
+            ControllerError::Remote(ErrorCode::RequestTimedOut, _)
+        ));
+        assert_eq!(
+            ControllerError::from_code(-12345, None).error_code(),
+            ErrorCode::UnknownServerError
+        );
+    }
     use crate::loader::{start_loader, MetadataDelta, MetadataPublisher};
     use crate::log::FileMetadataLog;
     use parking_lot::Mutex;
