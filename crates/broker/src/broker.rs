@@ -38,6 +38,12 @@ pub struct Broker {
     /// APIs (Vote, BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum, Fetch of
     /// `__cluster_metadata`) are handed to it.
     pub raft: std::sync::OnceLock<std::sync::Arc<gregor_raft::driver::RaftManager>>,
+    /// The way to the active controller (local when this node leads the quorum, the
+    /// controller channel otherwise), set once at start-up; unset (in-process tests of one
+    /// node), the local controller is used.
+    pub controller_client: std::sync::OnceLock<Arc<crate::controller_channel::ControllerClient>>,
+    /// This incarnation's broker epoch (-1 before registration).
+    pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
     producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
@@ -69,6 +75,8 @@ impl Broker {
             controller,
             replica_manager,
             raft: std::sync::OnceLock::new(),
+            controller_client: std::sync::OnceLock::new(),
+            broker_epoch: std::sync::atomic::AtomicI64::new(-1),
             producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             bound,
             authorizer,
@@ -100,16 +108,47 @@ impl Broker {
     pub async fn next_producer_id(&self) -> Result<i64, gregor_metadata::ControllerError> {
         let mut b = self.producer_ids.lock().await;
         if b.next >= b.end {
-            let start = self
-                .controller
-                .allocate_producer_ids(self.config.node_id)
-                .await?;
+            let start = match self.controller_client.get() {
+                Some(client) => {
+                    client
+                        .allocate_producer_ids(
+                            self.config.node_id,
+                            self.broker_epoch.load(std::sync::atomic::Ordering::Relaxed),
+                        )
+                        .await?
+                }
+                None => {
+                    self.controller
+                        .allocate_producer_ids(self.config.node_id)
+                        .await?
+                }
+            };
             b.next = start;
             b.end = start + gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE;
         }
         let id = b.next;
         b.next += 1;
         Ok(id)
+    }
+
+    /// Creates topics the broker itself needs (`__consumer_offsets`, Metadata
+    /// auto-creation) on the active controller; returns once this node has applied them. One
+    /// answer per topic.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER when the local controller stopped, REQUEST_TIMED_OUT when the active
+    /// controller could not be reached.
+    pub async fn create_topics_internal(
+        &self,
+        topics: Vec<gregor_metadata::controller::NewTopic>,
+    ) -> Result<
+        Vec<Result<uuid::Uuid, gregor_metadata::ControllerError>>,
+        gregor_metadata::ControllerError,
+    > {
+        match self.controller_client.get() {
+            Some(client) => client.create_topics(topics).await,
+            None => self.controller.create_topics(topics, false).await,
+        }
     }
 
     /// Seconds since start-up.

@@ -589,6 +589,10 @@ const ACCEPTED_KEYS: &[&str] = &[
     "broker.id",
     "cluster.id",
     "metadata.log.dir",
+    // Read where they are used: the broker lifecycle (`lifecycle`) and the controller's
+    // session timeout (`server::controller_config`).
+    "broker.heartbeat.interval.ms",
+    "broker.session.timeout.ms",
     // Accepted as an alias of `log.index.interval.bytes` (the topic-level name).
     "index.interval.bytes",
 ];

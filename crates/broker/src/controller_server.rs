@@ -6,35 +6,98 @@
 //! DescribeQuorum) through this node's [`RaftManager`], and DescribeCluster with
 //! `EndpointType` 2 (KIP-919: the controllers and the active one, which
 //! `kafka-metadata-quorum --bootstrap-controller` asks first).
+//!
+//! The active controller also answers the brokers' controller RPCs (Kafka's `ControllerApis`):
+//! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64) and
+//! AllocateProducerIds (67) through this node's [`ControllerHandle`]; CreateTopics,
+//! DeleteTopics, CreatePartitions, AlterConfigs and IncrementalAlterConfigs sent by a broker
+//! (its own topic creations) or forwarded in an Envelope (58, KIP-590: the client's request
+//! with its principal, `DefaultPrincipalData`, and address) through this node's broker
+//! handlers, which validate and commit through the same handle. A node whose controller is not
+//! the active one answers NOT_CONTROLLER, and the broker's channel re-sends to the new one.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use gregor_metadata::controller::BrokerHeartbeatRequest;
+use gregor_metadata::{ControllerError, ControllerHandle};
 use gregor_network::{respond, Handled, RequestContext};
 use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
 use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use gregor_protocol::kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind, ResponseKind,
+    self as m, ApiKey, ApiVersionsResponse, BrokerId, DescribeClusterResponse, RequestKind,
+    ResponseKind,
 };
 use gregor_raft::driver::RaftManager;
 
-use crate::handlers::{kraft, sb};
+use crate::broker::Broker;
+use crate::handlers::{forwarding, kraft, sb};
 use gregor_protocol::error::ErrorCode;
 
 /// The APIs of a controller listener besides the KRaft ones.
-const CONTROLLER_API_KEYS: &[ApiKey] =
-    &[ApiKey::ApiVersions, ApiKey::DescribeCluster, ApiKey::Fetch];
+const CONTROLLER_API_KEYS: &[ApiKey] = &[
+    ApiKey::ApiVersions,
+    ApiKey::DescribeCluster,
+    ApiKey::Fetch,
+    ApiKey::CreateTopics,
+    ApiKey::DeleteTopics,
+    ApiKey::CreatePartitions,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
+    ApiKey::Envelope,
+    ApiKey::BrokerRegistration,
+    ApiKey::BrokerHeartbeat,
+    ApiKey::UnregisterBroker,
+    ApiKey::AllocateProducerIds,
+];
+
+/// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
+/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0).
+pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
+    match api_key {
+        ApiKey::BrokerRegistration => Some((0, 4)),
+        ApiKey::BrokerHeartbeat => Some((0, 1)),
+        ApiKey::UnregisterBroker | ApiKey::AllocateProducerIds | ApiKey::Envelope => Some((0, 0)),
+        _ => None,
+    }
+}
 
 /// [`gregor_network::RequestHandler`] of the controller listeners.
 pub struct ControllerApis {
     raft: Arc<RaftManager>,
     cluster_id: String,
+    /// This node's controller, once the metadata is loaded.
+    controller: OnceLock<ControllerHandle>,
+    /// This node's broker, once it serves (handles forwarded admin requests).
+    broker: OnceLock<Arc<Broker>>,
 }
 
 impl ControllerApis {
     /// The handler answering for `raft` in cluster `cluster_id`.
     pub fn new(raft: Arc<RaftManager>, cluster_id: String) -> Self {
-        Self { raft, cluster_id }
+        Self {
+            raft,
+            cluster_id,
+            controller: OnceLock::new(),
+            broker: OnceLock::new(),
+        }
+    }
+
+    /// Hands over this node's controller (start-up, once the metadata is loaded). Before,
+    /// the controller RPCs are answered NOT_CONTROLLER.
+    pub fn set_controller(&self, controller: ControllerHandle) {
+        let _ = self.controller.set(controller);
+    }
+
+    /// Hands over this node's broker (start-up, once it serves). Before, admin requests are
+    /// answered NOT_CONTROLLER.
+    pub fn set_broker(&self, broker: Arc<Broker>) {
+        let _ = self.broker.set(broker);
+    }
+
+    /// True when this node leads the metadata quorum.
+    fn is_active(&self) -> bool {
+        self.raft.leader_and_epoch().borrow().leader_id == Some(self.raft.node_id())
     }
 
     fn api_versions(&self) -> ApiVersionsResponse {
@@ -60,10 +123,14 @@ impl ControllerApis {
             ApiKey::Fetch => {
                 crate::handlers::supported_versions(ApiKey::Fetch).map(|(_, max)| (13, max))
             }
-            ApiKey::ApiVersions | ApiKey::DescribeCluster => {
-                crate::handlers::supported_versions(api_key)
-            }
-            other => kraft::versions(other),
+            ApiKey::ApiVersions
+            | ApiKey::DescribeCluster
+            | ApiKey::CreateTopics
+            | ApiKey::DeleteTopics
+            | ApiKey::CreatePartitions
+            | ApiKey::AlterConfigs
+            | ApiKey::IncrementalAlterConfigs => crate::handlers::supported_versions(api_key),
+            other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
 
@@ -139,6 +206,43 @@ impl gregor_network::RequestHandler for ControllerApis {
                 api_key,
                 ResponseKind::DescribeCluster(self.describe_cluster(r.endpoint_type, version)),
             )),
+            RequestKind::BrokerRegistration(r) => {
+                let response = self.broker_registration(&r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::BrokerHeartbeat(r) => {
+                let response = self.broker_heartbeat(&r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::UnregisterBroker(r) => {
+                let response = self.unregister_broker(&r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::AllocateProducerIds(r) => {
+                let response = self.allocate_producer_ids(&r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::Envelope(r) => {
+                let response = self.envelope(ctx, r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            body @ (RequestKind::CreateTopics(_)
+            | RequestKind::DeleteTopics(_)
+            | RequestKind::CreatePartitions(_)
+            | RequestKind::AlterConfigs(_)
+            | RequestKind::IncrementalAlterConfigs(_)) => {
+                let response = match self.broker.get() {
+                    Some(broker) if self.is_active() => {
+                        forwarding::handle_local(broker, ctx, body).await
+                    }
+                    _ => forwarding::error_response(
+                        &body,
+                        ErrorCode::NotController,
+                        Some(ControllerError::NotController { leader_id: None }.to_string()),
+                    ),
+                };
+                Handled::Ready(respond(&header, api_key, response))
+            }
             body => {
                 let raft = self.raft.clone();
                 Handled::Deferred(Box::pin(async move {
@@ -154,9 +258,209 @@ impl gregor_network::RequestHandler for ControllerApis {
     }
 }
 
+impl ControllerApis {
+    /// This node's controller when it is the active one.
+    fn active_controller(&self) -> Result<&ControllerHandle, ControllerError> {
+        match self.controller.get() {
+            Some(c) if self.is_active() => Ok(c),
+            _ => Err(ControllerError::NotController {
+                leader_id: self.raft.leader_and_epoch().borrow().leader_id,
+            }),
+        }
+    }
+
+    /// BrokerRegistration (62, KIP-631): INCONSISTENT_CLUSTER_ID for another cluster's broker,
+    /// otherwise the controller's answer (the broker epoch).
+    pub async fn broker_registration(
+        &self,
+        r: &m::BrokerRegistrationRequest,
+    ) -> m::BrokerRegistrationResponse {
+        let reply = m::BrokerRegistrationResponse::default().with_broker_epoch(-1);
+        if r.cluster_id.as_str() != self.cluster_id {
+            return reply.with_error_code(ErrorCode::InconsistentClusterId.code());
+        }
+        let controller = match self.active_controller() {
+            Ok(c) => c,
+            Err(e) => return reply.with_error_code(e.kafka_error_code()),
+        };
+        match controller
+            .register_broker(crate::controller_channel::from_registration_request(r))
+            .await
+        {
+            Ok(epoch) => reply.with_broker_epoch(epoch),
+            Err(e) => reply.with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// BrokerHeartbeat (63, KIP-631).
+    pub async fn broker_heartbeat(
+        &self,
+        r: &m::BrokerHeartbeatRequest,
+    ) -> m::BrokerHeartbeatResponse {
+        let reply = m::BrokerHeartbeatResponse::default().with_is_fenced(true);
+        let controller = match self.active_controller() {
+            Ok(c) => c,
+            Err(e) => return reply.with_error_code(e.kafka_error_code()),
+        };
+        match controller
+            .broker_heartbeat(BrokerHeartbeatRequest {
+                broker_id: r.broker_id.0,
+                broker_epoch: r.broker_epoch,
+                current_metadata_offset: r.current_metadata_offset,
+                want_fence: r.want_fence,
+                want_shut_down: r.want_shut_down,
+            })
+            .await
+        {
+            Ok(h) => reply
+                .with_is_caught_up(h.is_caught_up)
+                .with_is_fenced(h.is_fenced)
+                .with_should_shut_down(h.should_shut_down),
+            Err(e) => reply.with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// UnregisterBroker (64, KIP-631).
+    pub async fn unregister_broker(
+        &self,
+        r: &m::UnregisterBrokerRequest,
+    ) -> m::UnregisterBrokerResponse {
+        let reply = m::UnregisterBrokerResponse::default();
+        let result = match self.active_controller() {
+            Ok(c) => c.unregister_broker(r.broker_id.0).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => reply,
+            Err(e) => reply
+                .with_error_code(e.kafka_error_code())
+                .with_error_message(Some(sb(&e.to_string()))),
+        }
+    }
+
+    /// AllocateProducerIds (67, KIP-730): a block of
+    /// [`PRODUCER_ID_BLOCK_SIZE`](gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE) ids;
+    /// STALE_BROKER_EPOCH when the epoch is not the broker's registration's.
+    pub async fn allocate_producer_ids(
+        &self,
+        r: &m::AllocateProducerIdsRequest,
+    ) -> m::AllocateProducerIdsResponse {
+        let reply =
+            m::AllocateProducerIdsResponse::default().with_producer_id_start(m::ProducerId(-1));
+        let controller = match self.active_controller() {
+            Ok(c) => c,
+            Err(e) => return reply.with_error_code(e.kafka_error_code()),
+        };
+        let epoch = controller
+            .image()
+            .brokers
+            .get(&r.broker_id.0)
+            .map(|b| b.epoch);
+        match epoch {
+            None => {
+                return reply.with_error_code(ErrorCode::BrokerIdNotRegistered.code());
+            }
+            Some(e) if r.broker_epoch != -1 && e != r.broker_epoch => {
+                return reply.with_error_code(ErrorCode::StaleBrokerEpoch.code());
+            }
+            Some(_) => {}
+        }
+        match controller.allocate_producer_ids(r.broker_id.0).await {
+            Ok(start) => reply
+                .with_producer_id_start(m::ProducerId(start))
+                .with_producer_id_len(gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE as i32),
+            Err(e) => reply.with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// Envelope (58, KIP-590): runs the forwarded request as its client's (principal and
+    /// address from the envelope) and wraps the answer. NOT_CONTROLLER when this node is not
+    /// the active controller; INVALID_REQUEST for a request that cannot be forwarded or does
+    /// not decode; PRINCIPAL_DESERIALIZATION_FAILURE for a bad principal.
+    pub async fn envelope(
+        &self,
+        ctx: &RequestContext,
+        r: m::EnvelopeRequest,
+    ) -> m::EnvelopeResponse {
+        let fail = |code: ErrorCode| m::EnvelopeResponse::default().with_error_code(code.code());
+        let Some(broker) = self.broker.get().filter(|_| self.is_active()) else {
+            return fail(ErrorCode::NotController);
+        };
+        // Only brokers may forward (Kafka: CLUSTER_ACTION on the cluster).
+        if !broker.authorize(
+            ctx,
+            crate::authorizer::AclOperation::ClusterAction,
+            crate::authorizer::ResourceType::Cluster,
+            crate::authorizer::CLUSTER_NAME,
+        ) {
+            return fail(ErrorCode::ClusterAuthorizationFailed);
+        }
+        let principal = match r
+            .request_principal
+            .clone()
+            .map(crate::controller_channel::deserialize_principal)
+        {
+            Some(Ok(p)) => p,
+            _ => return fail(ErrorCode::PrincipalDeserializationFailure),
+        };
+        let ip: Option<std::net::IpAddr> = match r.client_host_address.len() {
+            4 => <[u8; 4]>::try_from(&r.client_host_address[..])
+                .ok()
+                .map(|a| a.into()),
+            16 => <[u8; 16]>::try_from(&r.client_host_address[..])
+                .ok()
+                .map(|a| a.into()),
+            _ => None,
+        };
+        let Some(ip) = ip else {
+            return fail(ErrorCode::InvalidRequest);
+        };
+        let decoded = gregor_protocol::frame::decode_request(r.request_data.clone(), &|k| {
+            if forwarding::FORWARDED.contains(&k) {
+                crate::handlers::supported_versions(k)
+            } else {
+                None
+            }
+        });
+        let (header, api_key, body) = match decoded {
+            Ok(gregor_protocol::frame::DecodedRequest::Request {
+                header,
+                api_key,
+                body,
+            }) => (header, api_key, *body),
+            Ok(_) => return fail(ErrorCode::UnsupportedVersion),
+            Err(_) => return fail(ErrorCode::InvalidRequest),
+        };
+        let inner_ctx = RequestContext {
+            header: header.clone(),
+            api_key,
+            principal,
+            client_address: std::net::SocketAddr::new(ip, 0),
+            ..ctx.clone()
+        };
+        let response = forwarding::handle_local(broker, &inner_ctx, body).await;
+        if crate::controller_channel::is_not_controller(&response) {
+            // Leadership moved while the request ran: the forwarding broker re-sends it to
+            // the new controller, so the client never sees NOT_CONTROLLER.
+            return fail(ErrorCode::NotController);
+        }
+        match gregor_protocol::frame::encode_response(
+            api_key,
+            header.request_api_version,
+            header.correlation_id,
+            &response,
+        ) {
+            // Without the size prefix.
+            Ok(frame) => m::EnvelopeResponse::default().with_response_data(Some(frame.slice(4..))),
+            Err(_) => fail(ErrorCode::UnknownServerError),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gregor_protocol::kafka_protocol::messages::BrokerId;
     use gregor_raft::driver::{RaftManagerConfig, Transport};
     use gregor_raft::{Message, MetadataLogConfig, NodeId, QuorumConfig, VoterSet};
 
@@ -209,6 +513,270 @@ mod tests {
             assert!(keys.contains(&k), "api key {k} in {keys:?}");
         }
         assert!(!keys.contains(&0), "no Produce on a controller listener");
+        for k in [19, 20, 33, 37, 44, 58, 62, 63, 64, 67] {
+            assert!(keys.contains(&k), "api key {k} in {keys:?}");
+        }
+        let range = |k: i16| {
+            let v = versions.api_keys.iter().find(|v| v.api_key == k).unwrap();
+            (v.min_version, v.max_version)
+        };
+        assert_eq!(range(62), (0, 4), "BrokerRegistration");
+        assert_eq!(range(63), (0, 1), "BrokerHeartbeat");
+        assert_eq!(range(58), (0, 0), "Envelope");
+        // No controller handed over yet: NOT_CONTROLLER, never a hang.
+        let hb = apis
+            .broker_heartbeat(&m::BrokerHeartbeatRequest::default().with_broker_id(BrokerId(1)))
+            .await;
+        assert_eq!(hb.error_code, ErrorCode::NotController.code());
+        let env = apis
+            .envelope(
+                &RequestContext::local(ApiKey::Envelope, 0),
+                m::EnvelopeRequest::default(),
+            )
+            .await;
+        assert_eq!(env.error_code, ErrorCode::NotController.code());
         raft.shutdown().await;
+    }
+
+    /// Denies creating topics to `User:bob` (and records every principal it saw).
+    struct DenyBob(parking_lot::Mutex<Vec<String>>);
+
+    impl crate::authorizer::Authorizer for DenyBob {
+        fn authorize(
+            &self,
+            ctx: &RequestContext,
+            actions: &[crate::authorizer::Action],
+        ) -> Vec<crate::authorizer::AuthorizationResult> {
+            use crate::authorizer::{AclOperation, AuthorizationResult};
+            self.0.lock().push(ctx.principal.to_string());
+            actions
+                .iter()
+                .map(|a| {
+                    if ctx.principal.name == "bob" && a.operation == AclOperation::Create {
+                        AuthorizationResult::Denied
+                    } else {
+                        AuthorizationResult::Allowed
+                    }
+                })
+                .collect()
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    #[tokio::test]
+    async fn the_active_controller_answers_broker_rpcs_and_envelopes() {
+        use crate::controller_channel::{decode_response, serialize_principal, ControllerChannel};
+        use gregor_network::KafkaPrincipal;
+        use gregor_protocol::kafka_protocol::messages::create_topics_request::CreatableTopic;
+        use gregor_protocol::kafka_protocol::messages::TopicName;
+        use std::time::Duration;
+
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let props: std::collections::BTreeMap<String, String> = [
+            ("node.id", "1".to_string()),
+            ("process.roles", "broker,controller".into()),
+            ("log.dirs", dir.path().display().to_string()),
+            (
+                "listeners",
+                format!("PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}"),
+            ),
+            ("controller.listener.names", "CONTROLLER".into()),
+            ("controller.quorum.voters", format!("1@127.0.0.1:{port}")),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = crate::config::BrokerConfig::from_properties(props).unwrap();
+        let authorizer = Arc::new(DenyBob(parking_lot::Mutex::new(Vec::new())));
+        let running = crate::server::start_with_authorizer(config, authorizer.clone())
+            .await
+            .unwrap();
+        let cluster_id = running.broker.cluster_id.clone();
+        let (_tx, rx) = tokio::sync::watch::channel(gregor_raft::driver::LeaderAndEpoch {
+            epoch: 1,
+            leader_id: Some(1),
+        });
+        let channel = ControllerChannel::new(
+            rx,
+            [(1, ("127.0.0.1".to_string(), port))].into_iter().collect(),
+            9,
+            "test",
+        );
+        let t = Duration::from_secs(10);
+        let call = |api_key: ApiKey, version: i16, body: RequestKind| {
+            let channel = &channel;
+            async move { channel.send(api_key, version, &body, t).await.unwrap() }
+        };
+
+        // BrokerRegistration of another broker (id 2): an epoch; another cluster's: refused.
+        let mut reg = crate::controller_channel::to_registration_request(
+            &cluster_id,
+            &gregor_metadata::controller::BrokerRegistrationRequest {
+                broker_id: 2,
+                incarnation_id: uuid::Uuid::new_v4(),
+                listeners: vec![],
+                features:
+                    gregor_metadata::controller::BrokerRegistrationRequest::supported_features(),
+                rack: None,
+                log_dirs: vec![uuid::Uuid::new_v4()],
+                previous_broker_epoch: -1,
+            },
+        );
+        let ResponseKind::BrokerRegistration(r) =
+            call(ApiKey::BrokerRegistration, 4, reg.clone().into()).await
+        else {
+            panic!("a BrokerRegistration response")
+        };
+        assert_eq!(r.error_code, 0);
+        let epoch = r.broker_epoch;
+        assert!(epoch > 0);
+        reg.cluster_id = sb("another-cluster");
+        let ResponseKind::BrokerRegistration(r) =
+            call(ApiKey::BrokerRegistration, 4, reg.into()).await
+        else {
+            panic!("a BrokerRegistration response")
+        };
+        assert_eq!(r.error_code, ErrorCode::InconsistentClusterId.code());
+
+        // BrokerHeartbeat: caught up with its registration, so unfenced.
+        let ResponseKind::BrokerHeartbeat(h) = call(
+            ApiKey::BrokerHeartbeat,
+            1,
+            m::BrokerHeartbeatRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch)
+                .with_current_metadata_offset(epoch)
+                .into(),
+        )
+        .await
+        else {
+            panic!("a BrokerHeartbeat response")
+        };
+        assert_eq!(
+            (h.error_code, h.is_caught_up, h.is_fenced),
+            (0, true, false)
+        );
+        let ResponseKind::BrokerHeartbeat(h) = call(
+            ApiKey::BrokerHeartbeat,
+            1,
+            m::BrokerHeartbeatRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch + 1000)
+                .into(),
+        )
+        .await
+        else {
+            panic!("a BrokerHeartbeat response")
+        };
+        assert_eq!(h.error_code, ErrorCode::StaleBrokerEpoch.code());
+
+        // AllocateProducerIds: consecutive blocks.
+        let mut starts = Vec::new();
+        for _ in 0..2 {
+            let ResponseKind::AllocateProducerIds(a) = call(
+                ApiKey::AllocateProducerIds,
+                0,
+                m::AllocateProducerIdsRequest::default()
+                    .with_broker_id(BrokerId(2))
+                    .with_broker_epoch(epoch)
+                    .into(),
+            )
+            .await
+            else {
+                panic!("an AllocateProducerIds response")
+            };
+            assert_eq!((a.error_code, a.producer_id_len), (0, 1000));
+            starts.push(a.producer_id_start.0);
+        }
+        assert_eq!(starts[1], starts[0] + 1000);
+
+        // Envelope: the forwarded CreateTopics runs as the envelope's principal.
+        let envelope = |principal: &str, topic: &str| {
+            let inner = RequestKind::CreateTopics(m::CreateTopicsRequest::default().with_topics(
+                vec![CreatableTopic::default()
+                    .with_name(TopicName(sb(topic)))
+                    .with_num_partitions(1)
+                    .with_replication_factor(1)],
+            ));
+            let frame = crate::controller_channel::encode_request(
+                ApiKey::CreateTopics,
+                7,
+                41,
+                "the-client",
+                &inner,
+            )
+            .unwrap();
+            m::EnvelopeRequest::default()
+                .with_request_data(frame.slice(4..))
+                .with_request_principal(Some(serialize_principal(&KafkaPrincipal {
+                    principal_type: "User".into(),
+                    name: principal.into(),
+                })))
+                .with_client_host_address(Bytes::from_static(&[10, 0, 0, 7]))
+        };
+        for (who, topic, expected) in [
+            ("alice", "from-alice", 0),
+            (
+                "bob",
+                "from-bob",
+                ErrorCode::TopicAuthorizationFailed.code(),
+            ),
+        ] {
+            let ResponseKind::Envelope(e) =
+                call(ApiKey::Envelope, 0, envelope(who, topic).into()).await
+            else {
+                panic!("an Envelope response")
+            };
+            assert_eq!(e.error_code, 0);
+            let (correlation_id, inner) =
+                decode_response(ApiKey::CreateTopics, 7, e.response_data.unwrap()).unwrap();
+            assert_eq!(correlation_id, 41, "the client's correlation id");
+            let ResponseKind::CreateTopics(c) = inner else {
+                panic!("a CreateTopics response inside")
+            };
+            assert_eq!(c.topics[0].error_code, expected, "{who}");
+        }
+        assert!(running
+            .broker
+            .controller
+            .image()
+            .topic("from-alice")
+            .is_some());
+        assert!(running
+            .broker
+            .controller
+            .image()
+            .topic("from-bob")
+            .is_none());
+        let seen = authorizer.0.lock().clone();
+        assert!(seen.contains(&"User:alice".to_string()), "{seen:?}");
+        assert!(seen.contains(&"User:bob".to_string()), "{seen:?}");
+        // A principal that does not decode.
+        let ResponseKind::Envelope(e) = call(
+            ApiKey::Envelope,
+            0,
+            envelope("alice", "x")
+                .with_request_principal(Some(Bytes::from_static(&[0, 9])))
+                .into(),
+        )
+        .await
+        else {
+            panic!("an Envelope response")
+        };
+        assert_eq!(
+            e.error_code,
+            ErrorCode::PrincipalDeserializationFailure.code()
+        );
+
+        running.shutdown().await.unwrap();
     }
 }

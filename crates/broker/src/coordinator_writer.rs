@@ -219,15 +219,11 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
         assignments: vec![],
         configs,
     };
-    let created = broker
-        .controller
-        .create_topics(vec![t], false)
-        .await
-        .and_then(|r| {
-            r.into_iter().next().unwrap_or(Err(
-                gregor_metadata::ControllerError::UnknownTopicOrPartition,
-            ))
-        });
+    let created = broker.create_topics_internal(vec![t]).await.and_then(|r| {
+        r.into_iter().next().unwrap_or(Err(
+            gregor_metadata::ControllerError::UnknownTopicOrPartition,
+        ))
+    });
     match created {
         Ok(_) => {
             info!(

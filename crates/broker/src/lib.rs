@@ -14,6 +14,7 @@ pub mod admin;
 pub mod authorizer;
 pub mod broker;
 pub mod config;
+pub mod controller_channel;
 pub mod controller_server;
 pub mod coordinator_writer;
 pub mod error_codes;

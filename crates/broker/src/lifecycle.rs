@@ -8,15 +8,17 @@
 //! A registration refused with DUPLICATE_BROKER_REGISTRATION (the previous incarnation of this
 //! node, killed without a controlled shutdown, still has a live session) is retried until that
 //! session expires (`broker.session.timeout.ms`), as Kafka's broker does.
+//!
+//! Every request goes to the active controller through the
+//! [`ControllerClient`](crate::controller_channel::ControllerClient): the local controller when
+//! this node leads the metadata quorum, the controller channel (BrokerRegistration 62,
+//! BrokerHeartbeat 63) otherwise, so every broker of a cluster registers.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gregor_metadata::controller::{
-    BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerError,
-};
-use gregor_metadata::ControllerHandle;
+use gregor_metadata::controller::{BrokerHeartbeatRequest, BrokerRegistrationRequest};
 use gregor_network::SecurityProtocol;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::metadata_records::BrokerEndpoint;
@@ -25,6 +27,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
+use crate::controller_channel::ControllerClient;
 use crate::start_error::StartError;
 
 /// `broker.heartbeat.interval.ms`'s default.
@@ -41,24 +44,9 @@ pub const CONTROLLED_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// once other brokers have seen the leadership moves).
 const CONTROLLED_SHUTDOWN_RETRY: Duration = Duration::from_millis(100);
 
-/// Why [`start`] failed.
-#[derive(Debug)]
-pub enum LifecycleError {
-    /// The local controller does not lead the quorum (the leader's id, if known).
-    NotController(Option<i32>),
-    /// Any other failure, fatal for start-up.
-    Start(StartError),
-}
-
-impl From<StartError> for LifecycleError {
-    fn from(e: StartError) -> Self {
-        LifecycleError::Start(e)
-    }
-}
-
 /// This broker's registration: its epoch and the heartbeat task.
 pub struct BrokerLifecycle {
-    controller: ControllerHandle,
+    client: Arc<ControllerClient>,
     broker_id: i32,
     /// The broker epoch the controller gave this incarnation.
     pub broker_epoch: i64,
@@ -76,22 +64,23 @@ fn heartbeat_interval(config: &BrokerConfig) -> Duration {
 }
 
 /// The offset of the last metadata record this node applied (-1 before any).
-fn applied_offset(controller: &ControllerHandle) -> i64 {
-    i64::try_from(controller.image().offset).unwrap_or(i64::MAX) - 1
+fn applied_offset(client: &ControllerClient) -> i64 {
+    i64::try_from(client.local().image().offset).unwrap_or(i64::MAX) - 1
 }
 
 /// Registers this broker (advertised listeners with the port each bound, `bound_ports` by
 /// listener name), heartbeats until it is unfenced, and starts the periodic heartbeats.
 ///
 /// # Errors
-/// [`LifecycleError::NotController`] when this node's controller does not lead the quorum;
-/// [`StartError::Metadata`] when the controller refuses the registration (other than a live
-/// previous incarnation, which is waited out up to [`REGISTRATION_TIMEOUT_MS`]).
+/// [`StartError::Metadata`] when the active controller refuses the registration (other than
+/// a live previous incarnation, or no controller reachable, which are retried up to
+/// [`REGISTRATION_TIMEOUT_MS`]).
 pub async fn start(
     config: &BrokerConfig,
-    controller: &ControllerHandle,
+    client: &Arc<ControllerClient>,
+    cluster_id: &str,
     bound_ports: &[(String, u16)],
-) -> Result<BrokerLifecycle, LifecycleError> {
+) -> Result<BrokerLifecycle, StartError> {
     let interval = heartbeat_interval(config);
     let listeners = config
         .advertised_listeners
@@ -133,29 +122,30 @@ pub async fn start(
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
     let broker_epoch = loop {
-        match controller.register_broker(request.clone()).await {
+        match client.register_broker(cluster_id, request.clone()).await {
             Ok(epoch) => break epoch,
             Err(e)
-                if e.error_code() == ErrorCode::DuplicateBrokerRegistration
-                    && tokio::time::Instant::now() < deadline =>
+                if matches!(
+                    e.error_code(),
+                    ErrorCode::DuplicateBrokerRegistration
+                        | ErrorCode::RequestTimedOut
+                        | ErrorCode::NotController
+                ) && tokio::time::Instant::now() < deadline =>
             {
-                info!(error = %e, "the previous incarnation of this broker is still registered; retrying");
+                info!(error = %e, "broker registration not accepted yet; retrying");
                 tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
             }
-            Err(ControllerError::NotController { leader_id }) => {
-                return Err(LifecycleError::NotController(leader_id))
-            }
-            Err(e) => return Err(StartError::Metadata(e.to_string()).into()),
+            Err(e) => return Err(StartError::Metadata(e.to_string())),
         }
     };
     let broker_id = config.node_id;
     // Unfenced once caught up with the registration record.
     loop {
-        let reply = controller
+        let reply = client
             .broker_heartbeat(BrokerHeartbeatRequest {
                 broker_id,
                 broker_epoch,
-                current_metadata_offset: applied_offset(controller),
+                current_metadata_offset: applied_offset(client),
                 want_fence: false,
                 want_shut_down: false,
             })
@@ -169,10 +159,11 @@ pub async fn start(
             return Err(StartError::Metadata(format!(
                 "broker {broker_id} (epoch {broker_epoch}) caught up with its registration but the controller keeps it fenced"
             ))
-            .into());
+            );
         }
         // The loader applies the registration record shortly; wait for it, not for time.
-        controller
+        client
+            .local()
             .loader()
             .wait_for_offset(u64::try_from(broker_epoch).unwrap_or(0))
             .await
@@ -180,7 +171,7 @@ pub async fn start(
     }
     info!(broker_id, broker_epoch, "registered and unfenced");
     let (stop_heartbeats, mut stop) = watch::channel(false);
-    let c = controller.clone();
+    let c = client.clone();
     let heartbeats = tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -196,8 +187,10 @@ pub async fn start(
                         want_shut_down: false,
                     }).await;
                     match r {
+                        Ok(reply) if reply.is_fenced => {
+                            warn!(broker_id, broker_epoch, "the active controller has fenced this broker");
+                        }
                         Ok(_) => {}
-                        Err(ControllerError::NotController { .. }) => return,
                         Err(e) => warn!(error = %e, "broker heartbeat failed"),
                     }
                 }
@@ -205,7 +198,7 @@ pub async fn start(
         }
     });
     Ok(BrokerLifecycle {
-        controller: controller.clone(),
+        client: client.clone(),
         broker_id,
         broker_epoch,
         stop_heartbeats,
@@ -220,7 +213,7 @@ impl BrokerLifecycle {
     pub async fn controlled_shutdown(self) {
         let _ = self.stop_heartbeats.send(true);
         let _ = self.heartbeats.await;
-        let c = Arc::new(self.controller);
+        let c = self.client.clone();
         let attempt = async {
             loop {
                 let r = c

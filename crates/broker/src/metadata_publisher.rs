@@ -111,7 +111,15 @@ pub async fn start_metadata(
     manager: Arc<RaftManager>,
     legacy_dir: &Path,
     shutdown: &watch::Receiver<bool>,
-) -> Result<(ControllerHandle, Vec<tokio::task::JoinHandle<()>>), StartError> {
+    controller_config: ControllerConfig,
+) -> Result<
+    (
+        ControllerHandle,
+        Arc<RaftMetadataLog>,
+        Vec<tokio::task::JoinHandle<()>>,
+    ),
+    StartError,
+> {
     let err = |e: &dyn std::fmt::Display| StartError::Metadata(e.to_string());
     let voters: Vec<_> = manager.config().quorum.voters.ids().collect();
     let raft_log = Arc::new(RaftMetadataLog::start(manager.clone()));
@@ -133,7 +141,7 @@ pub async fn start_metadata(
         shutdown.clone(),
         ControllerConfig {
             bootstrap_records,
-            ..ControllerConfig::default()
+            ..controller_config
         },
     )
     .map_err(|e| err(&e))?;
@@ -152,11 +160,16 @@ pub async fn start_metadata(
         manager.config().metadata_log_dir.display()
     );
     let mut stop = shutdown.clone();
+    let closing = raft_log.clone();
     let closer = tokio::spawn(async move {
         let _ = stop.wait_for(|s| *s).await;
-        raft_log.shutdown().await;
+        closing.shutdown().await;
     });
-    Ok((controller, vec![loader_task, controller_task, closer]))
+    Ok((
+        controller,
+        raft_log,
+        vec![loader_task, controller_task, closer],
+    ))
 }
 
 /// File name the pre-KRaft metadata log gets once its records are in the quorum.
@@ -380,9 +393,14 @@ mod migration_tests {
     ) -> std::sync::Arc<gregor_metadata::MetadataImage> {
         let (tx, rx) = watch::channel(false);
         let raft = start_quorum(config, &root.join("meta"), "cluster").unwrap();
-        let (controller, tasks) = start_metadata(raft, &root.join("legacy"), &rx)
-            .await
-            .unwrap();
+        let (controller, _, tasks) = start_metadata(
+            raft,
+            &root.join("legacy"),
+            &rx,
+            gregor_metadata::controller::ControllerConfig::default(),
+        )
+        .await
+        .unwrap();
         let image = controller.image();
         tx.send(true).unwrap();
         for t in tasks {

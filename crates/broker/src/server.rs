@@ -127,9 +127,8 @@ pub struct RunningBroker {
     admin: Arc<crate::admin::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// None on a node that could not register (it does not lead the quorum, and
-    /// BrokerRegistration is not yet sent to the active controller).
-    lifecycle: Option<crate::lifecycle::BrokerLifecycle>,
+    /// This broker's registration with the active controller.
+    lifecycle: crate::lifecycle::BrokerLifecycle,
 }
 
 impl RunningBroker {
@@ -141,9 +140,7 @@ impl RunningBroker {
     pub async fn shutdown(self) -> Result<(), gregor_log::LogError> {
         self.admin.set_ready(false);
         // Leadership moves away (and this broker is fenced) before anything stops.
-        if let Some(lifecycle) = self.lifecycle {
-            lifecycle.controlled_shutdown().await;
-        }
+        self.lifecycle.controlled_shutdown().await;
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -226,6 +223,10 @@ pub async fn start_with_authorizer(
         .endpoints()
         .into_iter()
         .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
+    let controller_apis = Arc::new(crate::controller_server::ControllerApis::new(
+        raft.clone(),
+        cluster_id.clone(),
+    ));
     if !controller_endpoints.is_empty() {
         let listeners = match gregor_network::bind(&controller_endpoints).await {
             Ok(l) => l,
@@ -234,18 +235,25 @@ pub async fn start_with_authorizer(
                 return Err(e.into());
             }
         };
-        let server = SocketServer::new(
-            config.socket_server_config(),
-            Arc::new(crate::controller_server::ControllerApis::new(
-                raft.clone(),
-                cluster_id.clone(),
-            )),
-        );
+        let server = SocketServer::new(config.socket_server_config(), controller_apis.clone());
         tasks.extend(server.start(listeners, &shutdown_rx));
     }
-    let (controller, metadata_tasks) =
-        crate::metadata_publisher::start_metadata(raft.clone(), &legacy_dir, &shutdown_rx).await?;
+    let (controller, metadata_log, metadata_tasks) = crate::metadata_publisher::start_metadata(
+        raft.clone(),
+        &legacy_dir,
+        &shutdown_rx,
+        controller_config(&config),
+    )
+    .await?;
     tasks.extend(metadata_tasks);
+    controller_apis.set_controller(controller.clone());
+    // BrokerRegistration, heartbeats, forwarded admin requests: to the active controller.
+    let controller_client = Arc::new(crate::controller_channel::ControllerClient::new(
+        config.node_id,
+        controller.clone(),
+        metadata_log,
+        Duration::from_millis(crate::controller_channel::DEFAULT_REQUEST_TIMEOUT_MS),
+    ));
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
@@ -255,19 +263,8 @@ pub async fn start_with_authorizer(
         .iter()
         .map(|l| (l.endpoint.listener_name.clone(), l.local_addr.port()))
         .collect();
-    let lifecycle = match crate::lifecycle::start(&config, &controller, &bound_ports).await {
-        Ok(l) => Some(l),
-        // Registration goes through the local controller; sending it to the active controller
-        // of a larger quorum is not implemented yet.
-        Err(crate::lifecycle::LifecycleError::NotController(leader_id)) => {
-            warn!(
-                ?leader_id,
-                "not the metadata quorum leader: this broker is not registered (BrokerRegistration to the active controller is not implemented yet)"
-            );
-            None
-        }
-        Err(crate::lifecycle::LifecycleError::Start(e)) => return Err(e),
-    };
+    let lifecycle =
+        crate::lifecycle::start(&config, &controller_client, &cluster_id, &bound_ports).await?;
 
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
@@ -300,6 +297,10 @@ pub async fn start_with_authorizer(
         },
     );
     let _ = broker.raft.set(raft);
+    let _ = broker.controller_client.set(controller_client);
+    broker
+        .broker_epoch
+        .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
         .await
@@ -364,6 +365,7 @@ pub async fn start_with_authorizer(
             )));
         }
     }
+    controller_apis.set_broker(broker.clone());
     admin.attach(broker.clone());
     admin.set_ready(true);
     Ok(RunningBroker {
@@ -374,6 +376,21 @@ pub async fn start_with_authorizer(
         tasks,
         lifecycle,
     })
+}
+
+/// The controller's settings from the broker config: `broker.session.timeout.ms` (Kafka's
+/// default 9000).
+fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::ControllerConfig {
+    let session_timeout_ms = config
+        .raw
+        .get("broker.session.timeout.ms")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .unwrap_or(gregor_metadata::controller::DEFAULT_BROKER_SESSION_TIMEOUT_MS);
+    gregor_metadata::controller::ControllerConfig {
+        session_timeout_ms,
+        ..Default::default()
+    }
 }
 
 async fn flush_scheduler(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {

@@ -101,6 +101,11 @@ pub enum ControllerError {
     /// The registration's log directories are invalid: INVALID_REGISTRATION (119).
     #[error("{0}")]
     InvalidRegistration(String),
+    /// An error the active controller answered with (through the broker's controller channel)
+    /// that has no variant above, or a failure to reach it (REQUEST_TIMED_OUT): the code and
+    /// its message.
+    #[error("{1}")]
+    Remote(ErrorCode, String),
 }
 
 impl From<MetadataLogError> for ControllerError {
@@ -142,6 +147,33 @@ impl ControllerError {
             Self::StaleBrokerEpoch(_) => ErrorCode::StaleBrokerEpoch,
             Self::BrokerIdNotRegistered(_) => ErrorCode::BrokerIdNotRegistered,
             Self::InvalidRegistration(_) => ErrorCode::InvalidRegistration,
+            Self::Remote(code, _) => *code,
+        }
+    }
+
+    /// The error for a wire error `code` and its message (the active controller's answer,
+    /// read by a broker): the variant of that code, with `message` or Kafka's default
+    /// message of the code. Unknown codes become UNKNOWN_SERVER_ERROR.
+    pub fn from_code(code: i16, message: Option<String>) -> Self {
+        let error = ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError);
+        let msg = message.unwrap_or_else(|| format!("{} from the active controller", error.name()));
+        match error {
+            ErrorCode::InvalidTopicException => Self::InvalidTopic(msg),
+            ErrorCode::TopicAlreadyExists => Self::TopicAlreadyExists(msg),
+            ErrorCode::UnknownTopicOrPartition => Self::UnknownTopicOrPartition,
+            ErrorCode::UnknownTopicId => Self::UnknownTopicId,
+            ErrorCode::InvalidPartitions => Self::InvalidPartitions(msg),
+            ErrorCode::InvalidReplicationFactor => Self::InvalidReplicationFactor(msg),
+            ErrorCode::InvalidReplicaAssignment => Self::InvalidReplicaAssignment(msg),
+            ErrorCode::InvalidConfig => Self::InvalidConfig(msg),
+            ErrorCode::NotController => Self::NotController { leader_id: None },
+            ErrorCode::KafkaStorageError => Self::ApplyFailed(msg),
+            ErrorCode::DuplicateBrokerRegistration => Self::DuplicateBrokerRegistration(msg),
+            ErrorCode::UnsupportedVersion => Self::UnsupportedVersion(msg),
+            ErrorCode::StaleBrokerEpoch => Self::StaleBrokerEpoch(msg),
+            ErrorCode::BrokerIdNotRegistered => Self::BrokerIdNotRegistered(msg),
+            ErrorCode::InvalidRegistration => Self::InvalidRegistration(msg),
+            other => Self::Remote(other, msg),
         }
     }
 
@@ -1132,6 +1164,31 @@ impl ControllerHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wire_codes_map_back_to_their_errors() {
+        for e in [
+            ControllerError::InvalidReplicationFactor("x".into()),
+            ControllerError::DuplicateBrokerRegistration("x".into()),
+            ControllerError::StaleBrokerEpoch("x".into()),
+            ControllerError::NotController { leader_id: None },
+            ControllerError::UnknownTopicId,
+        ] {
+            assert_eq!(
+                ControllerError::from_code(e.kafka_error_code(), Some("x".into())).error_code(),
+                e.error_code()
+            );
+        }
+        let timeout = ControllerError::from_code(ErrorCode::RequestTimedOut.code(), None);
+        assert!(matches!(
+            timeout,
+            ControllerError::Remote(ErrorCode::RequestTimedOut, _)
+        ));
+        assert_eq!(
+            ControllerError::from_code(-12345, None).error_code(),
+            ErrorCode::UnknownServerError
+        );
+    }
     use crate::loader::{start_loader, MetadataDelta, MetadataPublisher};
     use crate::log::FileMetadataLog;
     use gregor_protocol::metadata_records::FeatureLevelRecord;

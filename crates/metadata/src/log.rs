@@ -673,6 +673,22 @@ impl RaftMetadataLog {
         Ok(self.high_watermark())
     }
 
+    /// Waits until every batch below Raft offset `raft_offset` (another node's high
+    /// watermark, say the active controller's) has been committed here and distributed, and
+    /// returns the metadata offset ([`MetadataLog::high_watermark`]) the loader must reach to
+    /// have applied them.
+    ///
+    /// # Errors
+    /// [`MetadataLogError::Closed`] when the quorum stops first.
+    pub async fn wait_for_raft_offset(&self, raft_offset: i64) -> Result<u64, MetadataLogError> {
+        let mut position = self.position.clone();
+        position
+            .wait_for(|&p| p >= raft_offset)
+            .await
+            .map_err(|_| MetadataLogError::Closed)?;
+        Ok(self.high_watermark())
+    }
+
     /// Stops the quorum member (a leader resigns; the log is closed cleanly) and the
     /// distributor; open streams end.
     pub async fn shutdown(&self) {

@@ -10,6 +10,7 @@ pub mod configs;
 pub mod consumer_group;
 pub mod delete_records;
 pub mod fetch;
+pub mod forwarding;
 pub mod groups;
 pub mod kraft;
 pub mod list_offsets;
@@ -287,26 +288,14 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::DescribeCluster(r) => {
             ready(metadata::describe_cluster(broker, ctx, &r, v).into())
         }
-        RequestKind::CreateTopics(r) => {
-            ready(topics::create_topics(broker, ctx, r, v).await.into())
-        }
-        RequestKind::DeleteTopics(r) => {
-            ready(topics::delete_topics(broker, ctx, r, v).await.into())
-        }
-        RequestKind::CreatePartitions(r) => {
-            ready(topics::create_partitions(broker, ctx, r, v).await.into())
-        }
+        body @ (RequestKind::CreateTopics(_)
+        | RequestKind::DeleteTopics(_)
+        | RequestKind::CreatePartitions(_)
+        | RequestKind::AlterConfigs(_)
+        | RequestKind::IncrementalAlterConfigs(_)) => forwarding::handle(broker, ctx, body).await,
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }
-        RequestKind::AlterConfigs(r) => {
-            ready(configs::alter_configs(broker, ctx, &r, v).await.into())
-        }
-        RequestKind::IncrementalAlterConfigs(r) => ready(
-            configs::incremental_alter_configs(broker, ctx, &r, v)
-                .await
-                .into(),
-        ),
         RequestKind::DeleteRecords(r) => {
             ready(delete_records::handle(broker, ctx, &r, v).await.into())
         }

@@ -52,15 +52,11 @@ pub async fn auto_create(broker: &Arc<Broker>, name: &str) -> Result<(), i16> {
         assignments: vec![],
         configs: BTreeMap::new(),
     };
-    let outcome = broker
-        .controller
-        .create_topics(vec![t], false)
-        .await
-        .and_then(|r| {
-            r.into_iter()
-                .next()
-                .unwrap_or(Err(ControllerError::UnknownTopicOrPartition))
-        });
+    let outcome = broker.create_topics_internal(vec![t]).await.and_then(|r| {
+        r.into_iter()
+            .next()
+            .unwrap_or(Err(ControllerError::UnknownTopicOrPartition))
+    });
     match outcome {
         Ok(_) => {
             info!(topic = name, "auto-created topic");

@@ -1,0 +1,183 @@
+//! Forwarding of the admin requests that change metadata to the active controller (Kafka's
+//! `ForwardingManager`, KIP-590): CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs
+//! and IncrementalAlterConfigs. On a node whose controller is the active one they are handled
+//! here (the handlers commit through the local controller); on any other node the client's
+//! request goes, as it is, in an Envelope (58) with its principal and address to the active
+//! controller, whose `ControllerApis` runs the same handlers (authorising the client's
+//! principal) and returns the answer, which is relayed to the client once this node has
+//! applied what the controller had committed. NOT_CONTROLLER never reaches the client from a
+//! node that can forward: a local NOT_CONTROLLER (leadership just moved) is forwarded too, and
+//! the channel re-sends on NOT_CONTROLLER from a controller.
+
+use std::sync::Arc;
+
+use gregor_protocol::error::ErrorCode;
+use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
+
+use super::{configs, sb, topics};
+use crate::broker::Broker;
+use gregor_network::{respond, Handled, RequestContext};
+
+/// The APIs forwarded to the active controller.
+pub const FORWARDED: &[ApiKey] = &[
+    ApiKey::CreateTopics,
+    ApiKey::DeleteTopics,
+    ApiKey::CreatePartitions,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
+];
+
+/// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
+/// controller is the active one (or there is no channel), forwarded otherwise.
+pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> Handled {
+    let client = broker.controller_client.get().cloned();
+    let response = match client {
+        Some(client) if !client.local_is_active() => forward(&client, ctx, &body).await,
+        Some(client) => {
+            let local = handle_local(broker, ctx, body.clone()).await;
+            if crate::controller_channel::is_not_controller(&local) {
+                forward(&client, ctx, &body).await
+            } else {
+                local
+            }
+        }
+        None => handle_local(broker, ctx, body).await,
+    };
+    Handled::Ready(respond(&ctx.header, ctx.api_key, response))
+}
+
+async fn forward(
+    client: &crate::controller_channel::ControllerClient,
+    ctx: &RequestContext,
+    body: &RequestKind,
+) -> ResponseKind {
+    match client.forward(ctx, body).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::warn!(api_key = ?ctx.api_key, error = %e, "forwarding to the active controller failed");
+            let code = match e.error_code() {
+                // A controller that stays unreachable is a timeout to the client, never
+                // NOT_CONTROLLER.
+                ErrorCode::NotController => ErrorCode::RequestTimedOut,
+                other => other,
+            };
+            error_response(body, code, Some(e.to_string()))
+        }
+    }
+}
+
+/// Runs the handler of a [`FORWARDED`] request on this node (its controller commits).
+pub async fn handle_local(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    body: RequestKind,
+) -> ResponseKind {
+    let v = ctx.api_version();
+    match body {
+        RequestKind::CreateTopics(r) => topics::create_topics(broker, ctx, r, v).await.into(),
+        RequestKind::DeleteTopics(r) => topics::delete_topics(broker, ctx, r, v).await.into(),
+        RequestKind::CreatePartitions(r) => {
+            topics::create_partitions(broker, ctx, r, v).await.into()
+        }
+        RequestKind::AlterConfigs(r) => configs::alter_configs(broker, ctx, &r, v).await.into(),
+        RequestKind::IncrementalAlterConfigs(r) => {
+            configs::incremental_alter_configs(broker, ctx, &r, v)
+                .await
+                .into()
+        }
+        other => error_response(&other, ErrorCode::InvalidRequest, None),
+    }
+}
+
+/// The answer to `body` with `code` for every topic or resource it names (Kafka's
+/// `AbstractRequest.getErrorResponse`).
+pub fn error_response(
+    body: &RequestKind,
+    code: ErrorCode,
+    message: Option<String>,
+) -> ResponseKind {
+    let code = code.code();
+    let message = message.as_deref().map(sb);
+    match body {
+        RequestKind::CreateTopics(r) => m::CreateTopicsResponse::default()
+            .with_topics(
+                r.topics
+                    .iter()
+                    .map(|t| {
+                        m::create_topics_response::CreatableTopicResult::default()
+                            .with_name(t.name.clone())
+                            .with_error_code(code)
+                            .with_error_message(message.clone())
+                            .with_num_partitions(-1)
+                            .with_replication_factor(-1)
+                    })
+                    .collect(),
+            )
+            .into(),
+        RequestKind::DeleteTopics(r) => {
+            let mut responses: Vec<_> = r
+                .topic_names
+                .iter()
+                .map(|n| {
+                    m::delete_topics_response::DeletableTopicResult::default()
+                        .with_name(Some(n.clone()))
+                        .with_error_code(code)
+                        .with_error_message(message.clone())
+                })
+                .collect();
+            responses.extend(r.topics.iter().map(|t| {
+                m::delete_topics_response::DeletableTopicResult::default()
+                    .with_name(t.name.clone())
+                    .with_topic_id(t.topic_id)
+                    .with_error_code(code)
+                    .with_error_message(message.clone())
+            }));
+            m::DeleteTopicsResponse::default()
+                .with_responses(responses)
+                .into()
+        }
+        RequestKind::CreatePartitions(r) => m::CreatePartitionsResponse::default()
+            .with_results(
+                r.topics
+                    .iter()
+                    .map(|t| {
+                        m::create_partitions_response::CreatePartitionsTopicResult::default()
+                            .with_name(t.name.clone())
+                            .with_error_code(code)
+                            .with_error_message(message.clone())
+                    })
+                    .collect(),
+            )
+            .into(),
+        RequestKind::AlterConfigs(r) => m::AlterConfigsResponse::default()
+            .with_responses(
+                r.resources
+                    .iter()
+                    .map(|res| {
+                        m::alter_configs_response::AlterConfigsResourceResponse::default()
+                            .with_resource_type(res.resource_type)
+                            .with_resource_name(res.resource_name.clone())
+                            .with_error_code(code)
+                            .with_error_message(message.clone())
+                    })
+                    .collect(),
+            )
+            .into(),
+        RequestKind::IncrementalAlterConfigs(r) => m::IncrementalAlterConfigsResponse::default()
+            .with_responses(
+                r.resources
+                    .iter()
+                    .map(|res| {
+                        m::incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                            .with_resource_type(res.resource_type)
+                            .with_resource_name(res.resource_name.clone())
+                            .with_error_code(code)
+                            .with_error_message(message.clone())
+                    })
+                    .collect(),
+            )
+            .into(),
+        // Only the APIs above are forwarded.
+        _ => m::CreateTopicsResponse::default().into(),
+    }
+}
