@@ -36,6 +36,15 @@ fn scenario_config(implementation: Implementation) -> ClusterConfig {
         .with("broker.heartbeat.interval.ms", "500")
 }
 
+/// The replication factor a scenario's topics get: `wanted` on Kafka; 1 on gregor, which
+/// refuses more (INVALID_REPLICATION_FACTOR) until partitions are replicated between brokers.
+fn replication_factor(implementation: &Implementation, wanted: i32) -> i32 {
+    match implementation {
+        Implementation::Gregor(_) => 1,
+        Implementation::Kafka => wanted,
+    }
+}
+
 /// Kafka error codes after which the operation was definitely not applied. Everything else
 /// (timeouts, lost connections, NOT_CONTROLLER after forwarding, ...) counts as unknown.
 fn outcome_of_error(e: &KafkaError) -> Outcome {
@@ -222,6 +231,7 @@ fn controller_failover(cluster: &mut Cluster) -> Result<ControllerFailover> {
     let history = Arc::new(History::new());
     let stop = Arc::new(AtomicBool::new(false));
     let bootstrap = cluster.bootstrap();
+    let rf = replication_factor(&cluster.implementation, 2);
     let creator = {
         let (history, stop, bootstrap) = (history.clone(), stop.clone(), bootstrap.clone());
         std::thread::spawn(move || -> Result<()> {
@@ -235,7 +245,7 @@ fn controller_failover(cluster: &mut Cluster) -> Result<ControllerFailover> {
                     &history,
                     &format!("failover-{i}"),
                     1,
-                    2,
+                    rf,
                     &[],
                 );
                 if !matches!(outcome, Outcome::Ok { .. }) {
@@ -340,7 +350,7 @@ pub enum FullRestart {
     Kill9,
 }
 
-/// (b) A full-cluster restart keeps every topic: topics created (replication factor 3, one
+/// (b) A full-cluster restart keeps every topic: topics created (replication factor 3 on Kafka, 1 on gregor, one
 /// to three partitions), every node stopped (gracefully or by kill -9) and started again;
 /// every acknowledged topic must be listed with its partition count, and the cluster must
 /// create topics again.
@@ -360,6 +370,7 @@ fn full_restart(cluster: &mut Cluster, how: FullRestart) -> Result<()> {
     let history = History::new();
     let rt = crate::clients::runtime()?;
     let mut partitions_of = BTreeMap::new();
+    let rf = replication_factor(&cluster.implementation, 3);
     let create = |cluster: &Cluster,
                   prefix: &str,
                   partitions_of: &mut BTreeMap<String, i32>|
@@ -368,7 +379,7 @@ fn full_restart(cluster: &mut Cluster, how: FullRestart) -> Result<()> {
         for i in 0..10 {
             let name = format!("{prefix}-{i}");
             let partitions = 1 + i % 3;
-            let outcome = create_topic_recorded(&rt, &admin, &history, &name, partitions, 3, &[]);
+            let outcome = create_topic_recorded(&rt, &admin, &history, &name, partitions, rf, &[]);
             ensure!(
                 matches!(outcome, Outcome::Ok { .. }),
                 "creating {name} on a healthy cluster: {outcome:?}"

@@ -277,6 +277,11 @@ pub struct ControllerConfig {
     /// log has no `metadata.version` yet, before any other change (Kafka's activation
     /// records). Empty: nothing is bootstrapped.
     pub bootstrap_records: Vec<MetadataRecord>,
+    /// The most replicas a partition may have (INVALID_REPLICATION_FACTOR above it, for
+    /// placed and manually assigned partitions alike). The broker sets 1 while partitions are
+    /// not replicated between brokers: a partition with followers that never fetch would keep
+    /// its high watermark at 0. Default: no limit beyond the registered brokers.
+    pub max_replication_factor: i16,
 }
 
 impl Default for ControllerConfig {
@@ -286,6 +291,7 @@ impl Default for ControllerConfig {
             clock: Arc::new(SystemClock::new()),
             placement_seed: None,
             bootstrap_records: Vec::new(),
+            max_replication_factor: i16::MAX,
         }
     }
 }
@@ -391,6 +397,12 @@ impl Controller {
                 "Unable to replicate the partition {replication_factor} time(s): {why}"
             ))
         };
+        let max = self.config.max_replication_factor;
+        if replication_factor > max {
+            return Err(unable(format!(
+                "this cluster allows at most {max} replica(s) per partition (gregor does not replicate partitions between brokers yet)"
+            )));
+        }
         let placed = place(
             &Self::usable_brokers(image),
             usize::try_from(count).unwrap_or(0),
@@ -419,14 +431,22 @@ impl Controller {
     /// Validates a manual assignment as Kafka's `validateManualPartitionAssignment`, partition
     /// by partition; the ISR of each is its active replicas.
     fn check_assignments(
+        &self,
         image: &MetadataImage,
         first_partition: i32,
         assignments: &[Vec<i32>],
         mut replication_factor: Option<usize>,
     ) -> Result<Vec<Placed>, ControllerError> {
         let invalid = ControllerError::InvalidReplicaAssignment;
+        let max = usize::try_from(self.config.max_replication_factor).unwrap_or(0);
         let mut out = Vec::with_capacity(assignments.len());
         for (i, a) in assignments.iter().enumerate() {
+            if a.len() > max {
+                return Err(ControllerError::InvalidReplicationFactor(format!(
+                    "The manual partition assignment includes a partition with {} replica(s), but this cluster allows at most {max} (gregor does not replicate partitions between brokers yet).",
+                    a.len()
+                )));
+            }
             if a.is_empty() {
                 return Err(invalid(
                     "The manual partition assignment includes an empty replica list.".into(),
@@ -569,7 +589,7 @@ impl Controller {
             }
             self.place_replicas(image, t.num_partitions, t.replication_factor)?
         } else {
-            Self::check_assignments(image, 0, &t.assignments, None)?
+            self.check_assignments(image, 0, &t.assignments, None)?
         };
         let topic_id = Uuid::new_v4();
         // Kafka's order: the topic, its configs, then its partitions.
@@ -681,7 +701,7 @@ impl Controller {
                     inc.assignments.len()
                 )));
             }
-            Self::check_assignments(image, current, &inc.assignments, Some(rf as usize))?
+            self.check_assignments(image, current, &inc.assignments, Some(rf as usize))?
         };
         Ok(Self::partition_records(
             image,
@@ -1412,6 +1432,51 @@ mod tests {
         let _unfence = s.next().await.unwrap();
         let batch = s.next().await.unwrap();
         assert_eq!(batch.records.len(), 7);
+    }
+
+    /// `max_replication_factor` refuses placed and manually assigned partitions above it.
+    #[test]
+    fn replication_factor_above_the_maximum_is_refused() {
+        let mut c = Controller::with_config(
+            MetadataImage::default(),
+            ControllerConfig {
+                max_replication_factor: 1,
+                ..ControllerConfig::default()
+            },
+        );
+        for id in 1..=3 {
+            let r = c.register_broker(registration(id)).unwrap();
+            let batch = CommittedBatch {
+                base_offset: c.image.offset,
+                epoch: 1,
+                records: r.records.into(),
+            };
+            c.replay(&batch);
+            let r = c
+                .broker_heartbeat(BrokerHeartbeatRequest {
+                    broker_id: id,
+                    broker_epoch: r.response,
+                    current_metadata_offset: c.image.offset as i64,
+                    want_fence: false,
+                    want_shut_down: false,
+                })
+                .unwrap();
+            let batch = CommittedBatch {
+                base_offset: c.image.offset,
+                epoch: 1,
+                records: r.records.into(),
+            };
+            c.replay(&batch);
+        }
+        let image = c.image.clone();
+        let err = c.create_topic(&image, topic("three", 1, 3)).unwrap_err();
+        assert_eq!(err.kafka_error_code(), 38, "{err}");
+        assert!(err.to_string().contains("does not replicate"), "{err}");
+        let mut manual = topic("manual", -1, -1);
+        manual.assignments = vec![vec![1, 2]];
+        let err = c.create_topic(&image, manual).unwrap_err();
+        assert_eq!(err.kafka_error_code(), 38, "{err}");
+        assert!(c.create_topic(&image, topic("one", 3, 1)).is_ok());
     }
 
     /// A new cluster's first change is preceded by the bootstrap records, in their own batch,
