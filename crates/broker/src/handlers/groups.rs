@@ -98,45 +98,51 @@ pub async fn find_coordinator(
     } else {
         vec![req.key.to_string()]
     };
-    let advertised = &broker.config.advertised_listeners[0];
-    let port = if advertised.port == 0 {
-        broker.bound.first().map_or(0, |a| a.port())
-    } else {
-        advertised.port
-    };
     let offsets_topic = if req.key_type == 0 {
         crate::coordinator_writer::ensure_offsets_topic(broker).await
     } else {
         Ok(())
     };
-    let answer = |key: &str| -> (i16, Option<String>, i32) {
+    let image = broker.controller.image();
+    // Kafka's `KafkaApis.getCoordinator`: the coordinator is the leader of the key's partition of
+    // `__consumer_offsets`, at its endpoint on the listener the request came in on; whether
+    // that broker has loaded the partition yet is for it to answer (COORDINATOR_LOAD_IN_PROGRESS).
+    let answer = |key: &str| -> (i16, Option<String>, i32, String, i32) {
+        let unavailable = |code: i16, msg: Option<String>| (code, msg, -1, String::new(), -1);
         match req.key_type {
             0 if !group_allowed(broker, ctx, AclOperation::Describe, key) => {
-                return (ec::GROUP_AUTHORIZATION_FAILED, None, -1)
+                return unavailable(ec::GROUP_AUTHORIZATION_FAILED, None)
             }
             0 => {}
             1 => {
-                return (
+                return unavailable(
                     ec::COORDINATOR_NOT_AVAILABLE,
                     Some("transactions are not supported yet".into()),
-                    -1,
                 )
             }
             _ => {
-                return (
+                return unavailable(
                     ec::INVALID_REQUEST,
                     Some(format!("Unsupported key type {}", req.key_type)),
-                    -1,
                 )
             }
         }
-        let c = &broker.group_coordinator;
         if let Err(e) = offsets_topic {
-            return (e, None, -1);
+            return unavailable(e, None);
         }
-        match c.check_coordinator(key) {
-            Ok(_) => (ec::NONE, None, broker.config.node_id),
-            Err(_) => (ec::COORDINATOR_NOT_AVAILABLE, None, -1),
+        let partition = broker.group_coordinator.partition_for(key);
+        let leader = image
+            .topic(gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME)
+            .and_then(|t| t.partitions.get(&partition))
+            .map_or(-1, |p| p.leader);
+        let endpoint = image
+            .brokers
+            .get(&leader)
+            .filter(|b| !b.fenced)
+            .and_then(|b| b.endpoint(&ctx.listener_name));
+        match endpoint {
+            Some(e) => (ec::NONE, None, leader, e.host.clone(), i32::from(e.port)),
+            None => unavailable(ec::COORDINATOR_NOT_AVAILABLE, None),
         }
     };
     let mut resp = FindCoordinatorResponse::default();
@@ -144,20 +150,18 @@ pub async fn find_coordinator(
         resp.coordinators = keys
             .iter()
             .map(|k| {
-                let (code, msg, node) = answer(k);
-                let ok = code == ec::NONE;
+                let (code, msg, node, host, port) = answer(k);
                 Coordinator::default()
                     .with_key(sb(k))
                     .with_node_id(BrokerId(node))
-                    .with_host(sb(if ok { &advertised.host } else { "" }))
-                    .with_port(if ok { i32::from(port) } else { -1 })
+                    .with_host(sb(&host))
+                    .with_port(port)
                     .with_error_code(code)
                     .with_error_message(msg.as_deref().map(sb))
             })
             .collect();
     } else {
-        let (code, msg, node) = answer(&keys[0]);
-        let ok = code == ec::NONE;
+        let (code, msg, node, host, port) = answer(&keys[0]);
         resp = resp
             .with_error_code(code)
             .with_error_message(if version >= 1 {
@@ -166,8 +170,8 @@ pub async fn find_coordinator(
                 None
             })
             .with_node_id(BrokerId(node))
-            .with_host(sb(if ok { &advertised.host } else { "" }))
-            .with_port(if ok { i32::from(port) } else { -1 });
+            .with_host(sb(&host))
+            .with_port(port);
     }
     resp
 }
