@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use gregor_metadata::log::{MetadataLog, MetadataLogError, RaftMetadataLog};
+use gregor_metadata::log::{
+    CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError, RaftMetadataLog,
+};
 use gregor_metadata::record::{ConfigResource, MetadataRecord};
 use gregor_raft::driver::{RaftManager, RaftManagerConfig, Transport};
 use gregor_raft::{Message, MetadataLogConfig, NodeId, QuorumConfig, VoterSet};
@@ -43,40 +45,49 @@ fn manager(dir: &std::path::Path, voters: &[NodeId]) -> Arc<RaftManager> {
     .unwrap()
 }
 
+/// The next committed batch of `s` (no snapshot is written in these tests).
+async fn next_batch(s: &mut CommittedBatches) -> CommittedBatch {
+    s.next().await.unwrap().into_batch().unwrap()
+}
+
 #[tokio::test]
-async fn one_voter_log_commits_streams_and_survives_a_restart_with_dense_offsets() {
+async fn one_voter_log_commits_streams_and_survives_a_restart_with_raft_offsets() {
     let dir = tempfile::tempdir().unwrap();
     {
         let log = RaftMetadataLog::start(manager(dir.path(), &[1]));
+        // The LeaderChange control batch of epoch 1 is at offset 0: no metadata record.
         assert_eq!(log.catch_up().await.unwrap(), 0);
         let mut early = log.subscribe().unwrap();
-        assert_eq!(log.propose(vec![rec(1), rec(2)]).await.unwrap(), 1);
-        assert_eq!(log.propose(vec![rec(3)]).await.unwrap(), 2);
+        assert_eq!(log.next_write_offset(), 1, "after the LeaderChange record");
+        assert_eq!(log.propose(vec![rec(1), rec(2)]).await.unwrap(), 2);
+        assert_eq!(log.propose(vec![rec(3)]).await.unwrap(), 3);
         assert!(matches!(
             log.propose(vec![]).await,
             Err(MetadataLogError::EmptyBatch)
         ));
-        assert_eq!(log.high_watermark(), 3);
-        let a = early.next().await.unwrap();
-        assert_eq!((a.base_offset, a.last_offset()), (0, 1));
+        assert_eq!(log.high_watermark(), 4);
+        let a = next_batch(&mut early).await;
+        assert_eq!((a.base_offset, a.last_offset()), (1, 2));
         assert_eq!(a.records[..], [rec(1), rec(2)]);
-        let b = early.next().await.unwrap();
-        assert_eq!((b.base_offset, b.records[0].clone()), (2, rec(3)));
+        let b = next_batch(&mut early).await;
+        assert_eq!((b.base_offset, b.records[0].clone()), (3, rec(3)));
         log.shutdown().await;
         assert!(early.next().await.is_none(), "streams end at shutdown");
     }
-    // Restarted: a new epoch (another LeaderChange record in the Raft log) and the same
-    // metadata offsets.
+    // Restarted: a new epoch (another LeaderChange record, at offset 4) and the same offsets;
+    // the next batch comes after the gap.
     let log = RaftMetadataLog::start(manager(dir.path(), &[1]));
-    assert_eq!(log.catch_up().await.unwrap(), 3);
+    assert_eq!(log.catch_up().await.unwrap(), 4);
     let mut s = log.subscribe().unwrap();
-    let offsets: Vec<_> = [s.next().await.unwrap(), s.next().await.unwrap()]
+    let offsets = vec![next_batch(&mut s).await, next_batch(&mut s).await]
         .iter()
         .map(|b| (b.base_offset, b.last_offset()))
-        .collect();
-    assert_eq!(offsets, vec![(0, 1), (2, 2)]);
-    assert_eq!(log.propose(vec![rec(4)]).await.unwrap(), 3);
-    assert_eq!(s.next().await.unwrap().records[..], [rec(4)]);
+        .collect::<Vec<_>>();
+    assert_eq!(offsets, vec![(1, 2), (3, 3)]);
+    assert_eq!(log.propose(vec![rec(4)]).await.unwrap(), 5);
+    let c = next_batch(&mut s).await;
+    assert_eq!((c.base_offset, &c.records[..]), (5, &[rec(4)][..]));
+    assert_eq!(log.high_watermark(), 6);
     log.shutdown().await;
 }
 
