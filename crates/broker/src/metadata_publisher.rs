@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
 use gregor_metadata::controller::{start_controller_with, ControllerConfig};
 use gregor_metadata::loader::{start_loader, LoaderError};
+use gregor_metadata::snapshot::SnapshotGenerator;
 use gregor_metadata::log::{
     FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
 };
@@ -46,7 +47,7 @@ pub fn start_quorum(
     let raft_config = RaftManagerConfig {
         quorum,
         metadata_log_dir: metadata_log_dir.to_path_buf(),
-        log: gregor_raft::MetadataLogConfig::default(),
+        log: q.metadata_log.clone(),
         voter_endpoints: q.endpoints.clone(),
         controller_listener_name: listener_name,
     };
@@ -89,6 +90,13 @@ pub async fn start_metadata(
     let log: Arc<dyn MetadataLog> = raft_log.clone();
     let (loader, loader_task) =
         start_loader(log.subscribe().map_err(|e| err(&e))?, shutdown.clone());
+    loader
+        .install_publisher(Arc::new(SnapshotGenerator::new(
+            raft_log.clone(),
+            manager.config().log.clone(),
+        )))
+        .await
+        .map_err(|e| err(&e))?;
     let bootstrap_records =
         crate::storage::read_bootstrap_records(&manager.config().metadata_log_dir)
             .map_err(|e| err(&e))?;
@@ -324,7 +332,7 @@ mod tests {
 mod migration_tests {
     use std::collections::BTreeMap;
 
-    use gregor_metadata::log::{FileMetadataLog, MetadataLog, METADATA_LOG_FILE};
+use gregor_metadata::log::{FileMetadataLog, MetadataLog, METADATA_LOG_FILE};
     use gregor_metadata::MetadataRecord;
     use tokio::sync::watch;
 
