@@ -468,6 +468,73 @@ mod tests {
         assert_eq!(loader.wait_for_offset(2).await.unwrap().offset, 3);
     }
 
+    /// A snapshot installed from the leader replaces the image whole (Kafka's
+    /// `handleLoadSnapshot`): publishers get the old image as `previous` and the snapshot's
+    /// image, so what the snapshot no longer has is gone for them.
+    #[tokio::test]
+    async fn a_snapshot_replaces_the_image_and_publishers_see_the_whole_change() {
+        let (tx, rx) = mpsc::channel(8);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        let seen: Arc<Mutex<Vec<(bool, usize, usize, u64)>>> = Arc::default();
+        struct Snap(Arc<Mutex<Vec<(bool, usize, usize, u64)>>>);
+        impl MetadataPublisher for Snap {
+            fn name(&self) -> &str {
+                "snap"
+            }
+            fn on_metadata_update(
+                &self,
+                delta: &MetadataDelta<'_>,
+                image: &Arc<MetadataImage>,
+            ) -> Result<(), String> {
+                let configs = |i: &MetadataImage| i.configs_of(ConfigResource::Broker, "").len();
+                self.0.lock().push((
+                    delta.snapshot,
+                    configs(delta.previous),
+                    configs(image),
+                    image.offset,
+                ));
+                Ok(())
+            }
+        }
+        loader
+            .install_publisher(Arc::new(Snap(seen.clone())))
+            .await
+            .unwrap();
+        // Batches with a gap between them (a control batch at offset 3).
+        tx.send(batch(1, 2).into()).await.unwrap();
+        tx.send(batch(4, 2).into()).await.unwrap();
+        assert_eq!(loader.wait_for_offset(5).await.unwrap().offset, 6);
+        // The leader's snapshot at 40 holds configs c100 and c101 only.
+        tx.send(Committed::Snapshot(MetadataSnapshot {
+            end_offset: 40,
+            epoch: 3,
+            records: vec![config(100), config(101)].into(),
+        }))
+        .await
+        .unwrap();
+        let image = loader.wait_for_offset(39).await.unwrap();
+        assert_eq!(image.offset, 40);
+        let names: Vec<String> = image
+            .configs_of(ConfigResource::Broker, "")
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(names, vec!["c100".to_string(), "c101".to_string()]);
+        tx.send(batch(41, 1).into()).await.unwrap();
+        assert_eq!(loader.wait_for_offset(41).await.unwrap().offset, 42);
+        assert_eq!(
+            seen.lock().clone(),
+            vec![
+                (false, 0, 0, 0),
+                (false, 0, 2, 3),
+                (false, 2, 4, 6),
+                (true, 4, 2, 40),
+                (false, 2, 3, 42),
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn shutdown_stops_the_loader() {
         let (_tx, rx) = mpsc::channel(8);
