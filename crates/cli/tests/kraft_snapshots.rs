@@ -17,10 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gregor_tests::clients::{admin, runtime};
 use gregor_tests::process::{free_ports, tail, wait_for_broker, ChildGuard};
 use gregor_tests::reference;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use gregor_tests::wire::KafkaConn;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
@@ -135,37 +134,54 @@ fn prepare(root: &Path, n: usize, extra: &str) -> Vec<Node> {
         .collect()
 }
 
-/// Creates `names` (one partition, replication factor 1) through `bootstrap`, retrying the
-/// topics not created yet (a node that is not the active controller answers NOT_CONTROLLER).
-fn create_topics(bootstrap: &str, names: &[String]) {
-    let rt = runtime().expect("runtime");
-    let client = admin(bootstrap).expect("admin client");
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    let mut left: Vec<String> = names.to_vec();
+/// Creates `names` (one partition, replication factor 1) with CreateTopics v7 sent to each of
+/// `bootstraps` in turn until one takes them: only the active controller's node commits (the
+/// others answer NOT_CONTROLLER; gregor does not forward yet).
+fn create_topics(bootstraps: &[String], names: &[String]) {
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::{ApiKey, CreateTopicsRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !left.is_empty() {
-        let chunk: Vec<String> = left.iter().take(50).cloned().collect();
-        let topics: Vec<NewTopic<'_>> = chunk
-            .iter()
-            .map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1)))
-            .collect();
-        let mut failed = Vec::new();
-        match rt.block_on(client.create_topics(&topics, &opts)) {
-            Ok(results) => {
-                for r in results {
-                    match r {
-                        Ok(_) => {}
-                        Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                        Err((t, e)) => failed.push(format!("{t}: {e}")),
+    let mut errors = Vec::new();
+    for chunk in names.chunks(50) {
+        'chunk: loop {
+            for b in bootstraps {
+                let req = CreateTopicsRequest::default().with_timeout_ms(20_000).with_topics(
+                    chunk
+                        .iter()
+                        .map(|n| {
+                            CreatableTopic::default()
+                                .with_name(TopicName(StrBytes::from_string(n.clone())))
+                                .with_num_partitions(1)
+                                .with_replication_factor(1)
+                        })
+                        .collect(),
+                );
+                let answer = KafkaConn::connect(b.as_str(), "kraft-snapshots-test")
+                    .and_then(|mut c| {
+                        c.call::<_, kafka_protocol::messages::CreateTopicsResponse>(
+                            ApiKey::CreateTopics,
+                            7,
+                            &req,
+                        )
+                    });
+                match answer {
+                    // NONE or TOPIC_ALREADY_EXISTS (a retry of a chunk that committed).
+                    Ok(r) if r.topics.iter().all(|t| matches!(t.error_code, 0 | 36)) => {
+                        break 'chunk
                     }
+                    Ok(r) => errors.push(format!(
+                        "{b}: {:?}",
+                        r.topics.iter().map(|t| t.error_code).collect::<BTreeSet<_>>()
+                    )),
+                    Err(e) => errors.push(format!("{b}: {e:#}")),
                 }
             }
-            Err(e) => failed.push(e.to_string()),
-        }
-        if failed.is_empty() {
-            left.drain(..chunk.len());
-        } else {
-            assert!(Instant::now() < deadline, "creating topics: {failed:?}");
+            assert!(
+                Instant::now() < deadline,
+                "creating topics: {:?}",
+                &errors[errors.len().saturating_sub(6)..]
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -252,7 +268,7 @@ fn one_node_writes_snapshots_cleans_its_log_and_restarts_from_a_snapshot() {
     node.start();
     node.wait_serving();
     let topics = names("snap", 300);
-    create_topics(&node.bootstrap(), &topics);
+    create_topics(&[node.bootstrap()], &topics);
     let snapshot = wait_for_snapshot_and_cleaning(&node.partition_dir(), &node.log);
     let (snapshots, segments) = files(&node.partition_dir());
     eprintln!(
@@ -297,9 +313,14 @@ fn a_stopped_voter_catches_up_through_fetch_snapshot() {
     }
     let all_bootstrap: Vec<String> = nodes.iter().map(Node::bootstrap).collect();
     let first = names("before", 20);
-    create_topics(&all_bootstrap.join(","), &first);
-    // Whether or not it led, the two others go on as a quorum of two of three.
-    let stopped = 2;
+    create_topics(&all_bootstrap, &first);
+    // A node whose broker did not register: until brokers register over RPC (a node that
+    // does not lead skips registration), the leader's broker is the only one replicas can go
+    // to, so it must stay.
+    let stopped = nodes
+        .iter()
+        .rposition(|n| !n.log_text().contains("registered and unfenced"))
+        .expect("a node that does not lead");
     nodes[stopped].stop();
     let stopped_end = files(&nodes[stopped].partition_dir()).1;
     eprintln!("stopped node {} with segments {stopped_end:?}", nodes[stopped].id);
@@ -310,7 +331,7 @@ fn a_stopped_voter_catches_up_through_fetch_snapshot() {
         .map(|(_, n)| n.bootstrap())
         .collect();
     let more = names("after", 300);
-    create_topics(&running.join(","), &more);
+    create_topics(&running, &more);
     for (i, n) in nodes.iter().enumerate() {
         if i != stopped {
             wait_for_snapshot_and_cleaning(&n.partition_dir(), &n.log);
