@@ -9,11 +9,11 @@ use std::sync::{Arc, Weak};
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
 use gregor_metadata::controller::{start_controller_with, ControllerConfig};
 use gregor_metadata::loader::{start_loader, LoaderError};
-use gregor_metadata::snapshot::SnapshotGenerator;
 use gregor_metadata::log::{
     FileMetadataLog, MetadataLog, MetadataLogError, RaftMetadataLog, METADATA_LOG_FILE,
 };
 use gregor_metadata::publisher::{CoordinatorLeadership, CoordinatorPublisher};
+use gregor_metadata::snapshot::SnapshotGenerator;
 use gregor_metadata::{ControllerHandle, MetadataDelta, MetadataImage, MetadataPublisher};
 use gregor_raft::driver::transport::{SocketTransport, TransportConfig};
 use gregor_raft::driver::{RaftManager, RaftManagerConfig};
@@ -332,7 +332,7 @@ mod tests {
 mod migration_tests {
     use std::collections::BTreeMap;
 
-use gregor_metadata::log::{FileMetadataLog, MetadataLog, METADATA_LOG_FILE};
+    use gregor_metadata::log::{FileMetadataLog, MetadataLog, METADATA_LOG_FILE};
     use gregor_metadata::MetadataRecord;
     use tokio::sync::watch;
 

@@ -146,19 +146,21 @@ fn create_topics(bootstraps: &[String], names: &[String]) {
     for chunk in names.chunks(50) {
         'chunk: loop {
             for b in bootstraps {
-                let req = CreateTopicsRequest::default().with_timeout_ms(20_000).with_topics(
-                    chunk
-                        .iter()
-                        .map(|n| {
-                            CreatableTopic::default()
-                                .with_name(TopicName(StrBytes::from_string(n.clone())))
-                                .with_num_partitions(1)
-                                .with_replication_factor(1)
-                        })
-                        .collect(),
-                );
-                let answer = KafkaConn::connect(b.as_str(), "kraft-snapshots-test")
-                    .and_then(|mut c| {
+                let req = CreateTopicsRequest::default()
+                    .with_timeout_ms(20_000)
+                    .with_topics(
+                        chunk
+                            .iter()
+                            .map(|n| {
+                                CreatableTopic::default()
+                                    .with_name(TopicName(StrBytes::from_string(n.clone())))
+                                    .with_num_partitions(1)
+                                    .with_replication_factor(1)
+                            })
+                            .collect(),
+                    );
+                let answer =
+                    KafkaConn::connect(b.as_str(), "kraft-snapshots-test").and_then(|mut c| {
                         c.call::<_, kafka_protocol::messages::CreateTopicsResponse>(
                             ApiKey::CreateTopics,
                             7,
@@ -172,7 +174,10 @@ fn create_topics(bootstraps: &[String], names: &[String]) {
                     }
                     Ok(r) => errors.push(format!(
                         "{b}: {:?}",
-                        r.topics.iter().map(|t| t.error_code).collect::<BTreeSet<_>>()
+                        r.topics
+                            .iter()
+                            .map(|t| t.error_code)
+                            .collect::<BTreeSet<_>>()
                     )),
                     Err(e) => errors.push(format!("{b}: {e:#}")),
                 }
@@ -223,7 +228,11 @@ fn files(dir: &Path) -> (Vec<PathBuf>, Vec<String>) {
     let mut segments = Vec::new();
     for e in std::fs::read_dir(dir).expect("reading __cluster_metadata-0") {
         let p = e.expect("entry").path();
-        let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let name = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
         if name.ends_with(".checkpoint") {
             snapshots.push(p);
         } else if name.ends_with(".log") {
@@ -275,13 +284,20 @@ fn one_node_writes_snapshots_cleans_its_log_and_restarts_from_a_snapshot() {
         "snapshots {:?}, segments {segments:?}",
         snapshots
             .iter()
-            .map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned())
+            .map(|p| p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned())
             .collect::<Vec<_>>()
     );
     assert!(node.log_text().contains("wrote a metadata snapshot"));
     if reference::jars_or_skip() {
         let dump = reference::dump_cluster_metadata(&snapshot).expect("kafka-dump-log");
-        assert!(dump.contains("snap-0000"), "the first topic is in the snapshot:\n{dump}");
+        assert!(
+            dump.contains("snap-0000"),
+            "the first topic is in the snapshot:\n{dump}"
+        );
     }
     node.stop();
     let restarted = Instant::now();
@@ -323,7 +339,10 @@ fn a_stopped_voter_catches_up_through_fetch_snapshot() {
         .expect("a node that does not lead");
     nodes[stopped].stop();
     let stopped_end = files(&nodes[stopped].partition_dir()).1;
-    eprintln!("stopped node {} with segments {stopped_end:?}", nodes[stopped].id);
+    eprintln!(
+        "stopped node {} with segments {stopped_end:?}",
+        nodes[stopped].id
+    );
     let running: Vec<String> = nodes
         .iter()
         .enumerate()

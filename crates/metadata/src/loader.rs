@@ -476,8 +476,10 @@ mod tests {
         let (tx, rx) = mpsc::channel(8);
         let (_shutdown_tx, shutdown) = watch::channel(false);
         let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
-        let seen: Arc<Mutex<Vec<(bool, usize, usize, u64)>>> = Arc::default();
-        struct Snap(Arc<Mutex<Vec<(bool, usize, usize, u64)>>>);
+        /// (snapshot load, configs before, configs after, image offset) per call.
+        type Seen = Arc<Mutex<Vec<(bool, usize, usize, u64)>>>;
+        let seen: Seen = Arc::default();
+        struct Snap(Seen);
         impl MetadataPublisher for Snap {
             fn name(&self) -> &str {
                 "snap"

@@ -589,7 +589,16 @@ mod tests {
         committed.sort_unstable();
         assert_eq!(committed, (0..20).collect::<Vec<u64>>());
         for expected in 0..20 {
-            assert_eq!(stream.next().await.unwrap().into_batch().unwrap().base_offset, expected);
+            assert_eq!(
+                stream
+                    .next()
+                    .await
+                    .unwrap()
+                    .into_batch()
+                    .unwrap()
+                    .base_offset,
+                expected
+            );
         }
     }
 

@@ -159,7 +159,12 @@ mod tests {
         panic!("{n} snapshots expected, got {}", rec.0.lock().len());
     }
 
-    fn publish(g: &SnapshotGenerator, image: &mut Arc<MetadataImage>, records: &[MetadataRecord], epoch: i32) {
+    fn publish(
+        g: &SnapshotGenerator,
+        image: &mut Arc<MetadataImage>,
+        records: &[MetadataRecord],
+        epoch: i32,
+    ) {
         let mut next = (**image).clone();
         next.offset += 1; // a control batch before it
         for r in records {
@@ -229,7 +234,12 @@ mod tests {
             },
         );
         let mut image = Arc::new(MetadataImage::default());
-        publish(&g, &mut image, &[MetadataRecord::NoOp(NoOpRecord::default())], 1);
+        publish(
+            &g,
+            &mut image,
+            &[MetadataRecord::NoOp(NoOpRecord::default())],
+            1,
+        );
         tokio::task::yield_now().await;
         assert!(sink.0.lock().is_empty(), "not before the interval");
         g.since.lock().at = Instant::now() - std::time::Duration::from_millis(60);

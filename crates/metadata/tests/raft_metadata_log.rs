@@ -6,8 +6,8 @@ use std::sync::Arc;
 use gregor_metadata::image::MetadataImage;
 use gregor_metadata::loader::{apply_batch, image_from_snapshot};
 use gregor_metadata::log::{
-    Committed, CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError,
-    MetadataSnapshot, RaftMetadataLog, SnapshotSink,
+    Committed, CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError, MetadataSnapshot,
+    RaftMetadataLog, SnapshotSink,
 };
 use gregor_metadata::record::{ConfigResource, MetadataRecord};
 use gregor_raft::driver::{RaftManager, RaftManagerConfig, Transport};
@@ -82,7 +82,7 @@ async fn one_voter_log_commits_streams_and_survives_a_restart_with_raft_offsets(
     let log = RaftMetadataLog::start(manager(dir.path(), &[1]));
     assert_eq!(log.catch_up().await.unwrap(), 4);
     let mut s = log.subscribe().unwrap();
-    let offsets = vec![next_batch(&mut s).await, next_batch(&mut s).await]
+    let offsets = [next_batch(&mut s).await, next_batch(&mut s).await]
         .iter()
         .map(|b| (b.base_offset, b.last_offset()))
         .collect::<Vec<_>>();
@@ -170,7 +170,10 @@ async fn image_from_a_snapshot_and_the_tail_equals_the_image_of_the_whole_log() 
             records: image.to_records().into(),
         };
         assert!(log.write_snapshot(snapshot.clone()).await.unwrap());
-        assert!(!log.write_snapshot(snapshot).await.unwrap(), "already there");
+        assert!(
+            !log.write_snapshot(snapshot).await.unwrap(),
+            "already there"
+        );
         // A new subscriber starts from the snapshot.
         let mut s = log.subscribe().unwrap();
         assert!(matches!(s.next().await, Some(Committed::Snapshot(_))));
@@ -213,15 +216,13 @@ async fn image_from_a_snapshot_and_the_tail_equals_the_image_of_the_whole_log() 
 #[tokio::test]
 async fn snapshot_size_of_ten_thousand_partitions() {
     let mut image = MetadataImage::default();
-    for r in [MetadataRecord::FeatureLevel(
+    image.apply(&MetadataRecord::FeatureLevel(
         gregor_protocol::metadata_records::FeatureLevelRecord {
             name: "metadata.version".into(),
             feature_level: 27,
             ..Default::default()
         },
-    )] {
-        image.apply(&r);
-    }
+    ));
     for t in 0..1000 {
         for r in topic(&format!("topic-{t:04}"), 10, &[1, 2, 3]) {
             image.apply(&r);
@@ -230,7 +231,7 @@ async fn snapshot_size_of_ten_thousand_partitions() {
     let records = image.to_records();
     let values: Vec<bytes::Bytes> = records
         .iter()
-        .map(|r| gregor_metadata::codec::encode_record(r).unwrap().into())
+        .map(|r| gregor_metadata::codec::encode_record(r).unwrap())
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let id = gregor_raft::OffsetAndEpoch::new(image.offset as i64, 1);

@@ -1053,8 +1053,17 @@ impl<T: Transport> Driver<T> {
             .map_err(|e| DriverError::Read(e.to_string()))
     }
 
-    fn write_snapshot(&mut self, id: OffsetAndEpoch, values: &[Bytes]) -> Result<bool, DriverError> {
-        if self.node.log().latest_snapshot_id().is_some_and(|s| s.offset >= id.offset) {
+    fn write_snapshot(
+        &mut self,
+        id: OffsetAndEpoch,
+        values: &[Bytes],
+    ) -> Result<bool, DriverError> {
+        if self
+            .node
+            .log()
+            .latest_snapshot_id()
+            .is_some_and(|s| s.offset >= id.offset)
+        {
             return Ok(false);
         }
         self.node

@@ -126,7 +126,10 @@ async fn committed_stream_starts_from_the_latest_snapshot() {
         .write_snapshot(id, vec![Bytes::from_static(b"image")])
         .await
         .unwrap());
-    assert!(!m.write_snapshot(id, vec![]).await.unwrap(), "already there");
+    assert!(
+        !m.write_snapshot(id, vec![]).await.unwrap(),
+        "already there"
+    );
     let c = m.propose(vec![Bytes::from_static(b"c")]).await.unwrap();
     let snapshot = Committed::Snapshot(LoadedSnapshot {
         id,
@@ -147,7 +150,6 @@ async fn committed_stream_starts_from_the_latest_snapshot() {
     assert_eq!(s.next().await.unwrap().into_batch().unwrap().last_offset, c);
     m.shutdown().await;
 }
-
 
 #[tokio::test]
 async fn a_vote_is_on_disk_before_it_is_answered() {
