@@ -309,6 +309,22 @@ fn one_node_writes_snapshots_cleans_its_log_and_restarts_from_a_snapshot() {
         topics.len(),
         took.as_millis()
     );
+    let text = node.log_text();
+    let restart_log = &text[text
+        .rfind("loading the metadata snapshot")
+        .map_or(0, |i| text[..i].rfind('\n').map_or(0, |j| j + 1))..];
+    for line in restart_log.lines().filter(|l| {
+        l.contains("loading the metadata snapshot") || l.contains("metadata loaded from")
+    }) {
+        eprintln!("{line}");
+    }
+    // A restarted combined node waits out its previous incarnation's session
+    // (`broker.session.timeout.ms`, 9 s) before its broker registers and serves.
+    eprintln!(
+        "waited for the previous incarnation's session: {}",
+        node.log_text()
+            .contains("the previous incarnation of this broker is still registered")
+    );
     assert!(
         node.log_text().contains("loading the metadata snapshot"),
         "the restart loads the snapshot:\n{}",
