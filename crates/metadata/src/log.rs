@@ -172,8 +172,9 @@ impl CommittedBatches {
 pub type ProposeFuture<'a, T = u64> =
     Pin<Box<dyn Future<Output = Result<T, MetadataLogError>> + Send + 'a>>;
 
-/// The metadata log of a quorum. Implementations: [`FileMetadataLog`] (one voter); KRaft
-/// (KIP-595) next.
+/// The metadata log of a quorum. Implementations: [`FileMetadataLog`] (the legacy one-voter
+/// file, read for migration; its offsets count records) and [`RaftMetadataLog`] (KRaft,
+/// KIP-595; Raft offsets).
 pub trait MetadataLog: Send + Sync {
     /// Appends `records` as one batch (all or none) if this node leads the quorum. The future
     /// resolves once the batch is committed, with the offset of its last record; by then the
@@ -185,7 +186,8 @@ pub trait MetadataLog: Send + Sync {
     /// [`MetadataLogError::EmptyBatch`] for no records.
     fn propose(&self, records: Vec<MetadataRecord>) -> ProposeFuture<'_>;
 
-    /// The committed batches from offset 0, then each new one as it commits. Each call gives
+    /// The committed batches from offset 0 (or the latest snapshot first, then the batches
+    /// after it, [`Committed::Snapshot`]), then each new one as it commits. Each call gives
     /// an independent stream; a stream that is not read holds back commits once
     /// [`STREAM_CAPACITY_BATCHES`] batches wait in it.
     ///
