@@ -22,7 +22,21 @@ pub const QUORUM_KEYS: &[&str] = &[
     "controller.quorum.election.backoff.max.ms",
     "controller.quorum.request.timeout.ms",
     "controller.quorum.retry.backoff.ms",
+    "metadata.log.segment.bytes",
+    "internal.metadata.log.segment.bytes",
+    "metadata.log.segment.ms",
+    "metadata.max.retention.bytes",
+    "metadata.max.retention.ms",
+    "metadata.log.max.record.bytes.between.snapshots",
+    "metadata.log.max.snapshot.interval.ms",
 ];
+
+/// Smallest `metadata.log.segment.bytes` Kafka accepts (8 MiB, `KafkaRaftClient`'s largest
+/// batch; KAFKA-19080). Tests lower it with `internal.metadata.log.segment.bytes`.
+pub const MIN_METADATA_LOG_SEGMENT_BYTES: i64 = 8 * 1024 * 1024;
+
+/// Kafka's `Records.LOG_OVERHEAD`: the least a segment size may be.
+const LOG_OVERHEAD: i64 = 12;
 
 /// Roles and quorum of this node.
 #[derive(Debug, Clone)]
@@ -47,6 +61,13 @@ pub struct QuorumSettings {
     pub request_timeout_ms: u64,
     /// `controller.quorum.retry.backoff.ms` (20).
     pub retry_backoff_ms: u64,
+    /// The metadata log's segments, snapshots and retention: `metadata.log.segment.bytes`
+    /// (1 GiB, at least 8 MiB; `internal.metadata.log.segment.bytes`, for tests, overrides it
+    /// with any size from 12 bytes), `metadata.log.segment.ms` (7 days),
+    /// `metadata.max.retention.bytes` (100 MiB), `metadata.max.retention.ms` (7 days),
+    /// `metadata.log.max.record.bytes.between.snapshots` (20 MiB, at least 1),
+    /// `metadata.log.max.snapshot.interval.ms` (1 hour, 0 = no time trigger).
+    pub metadata_log: gregor_raft::MetadataLogConfig,
 }
 
 impl QuorumSettings {
@@ -209,7 +230,74 @@ pub fn parse(
                 .map_err(|_| ConfigError::new(k, &v, "Value must be a non-negative integer (ms)")),
         }
     };
+    let long = |k: &str, default: i64, min: Option<i64>| -> Result<i64, ConfigError> {
+        let Some(v) = get(k) else {
+            return Ok(default);
+        };
+        let n = v
+            .parse::<i64>()
+            .map_err(|_| ConfigError::new(k, &v, "Value must be an integer"))?;
+        match min {
+            Some(m) if n < m => Err(ConfigError::new(
+                k,
+                &v,
+                format!("Value must be at least {m}"),
+            )),
+            _ => Ok(n),
+        }
+    };
+    let defaults = gregor_raft::MetadataLogConfig::default();
+    let int_max = i64::from(i32::MAX);
+    let mut segment_bytes = long(
+        "metadata.log.segment.bytes",
+        defaults.segment_bytes as i64,
+        Some(MIN_METADATA_LOG_SEGMENT_BYTES),
+    )?;
+    if segment_bytes > int_max {
+        return Err(ConfigError::new(
+            "metadata.log.segment.bytes",
+            &segment_bytes.to_string(),
+            "Value must be at most 2147483647",
+        ));
+    }
+    if let Some(v) = get("internal.metadata.log.segment.bytes") {
+        let n = long("internal.metadata.log.segment.bytes", 0, Some(LOG_OVERHEAD))?;
+        if n > int_max {
+            return Err(ConfigError::new(
+                "internal.metadata.log.segment.bytes",
+                &v,
+                "Value must be at most 2147483647",
+            ));
+        }
+        tracing::error!(
+            "Overriding internal.metadata.log.segment.bytes is only supported for testing. \
+             Setting this value too low may lead to an inability to write batches of metadata records."
+        );
+        segment_bytes = n;
+    }
+    let metadata_log = gregor_raft::MetadataLogConfig {
+        segment_bytes: segment_bytes as u64,
+        segment_ms: long("metadata.log.segment.ms", defaults.segment_ms, Some(1))?,
+        retention_max_bytes: long(
+            "metadata.max.retention.bytes",
+            defaults.retention_max_bytes,
+            None,
+        )?,
+        retention_ms: long("metadata.max.retention.ms", defaults.retention_ms, None)?,
+        max_record_bytes_between_snapshots: long(
+            "metadata.log.max.record.bytes.between.snapshots",
+            defaults.max_record_bytes_between_snapshots as i64,
+            Some(1),
+        )? as u64,
+        max_snapshot_interval_ms: long(
+            "metadata.log.max.snapshot.interval.ms",
+            defaults.max_snapshot_interval_ms,
+            Some(0),
+        )?,
+        ..defaults
+    };
     Ok(QuorumSettings {
+        metadata_log,
         broker,
         controller,
         voters,
@@ -238,6 +326,65 @@ mod tests {
             Listener::parse("listeners", "PLAINTEXT://127.0.0.1:9092").unwrap(),
             Listener::parse("listeners", "CONTROLLER://127.0.0.1:9093").unwrap(),
         ]
+    }
+
+    #[test]
+    fn metadata_log_settings_have_kafkas_names_defaults_and_bounds() {
+        let q = parse(&props(&[]), 1, &listeners()).unwrap();
+        assert_eq!(q.metadata_log, gregor_raft::MetadataLogConfig::default());
+        assert_eq!(
+            (
+                q.metadata_log.segment_bytes,
+                q.metadata_log.max_record_bytes_between_snapshots,
+                q.metadata_log.max_snapshot_interval_ms,
+                q.metadata_log.retention_max_bytes,
+                q.metadata_log.retention_ms
+            ),
+            (1 << 30, 20 << 20, 3_600_000, 100 << 20, 604_800_000)
+        );
+        let q = parse(
+            &props(&[
+                ("metadata.log.segment.bytes", "8388608"),
+                ("metadata.log.segment.ms", "60000"),
+                ("metadata.max.retention.bytes", "-1"),
+                ("metadata.max.retention.ms", "1000"),
+                ("metadata.log.max.record.bytes.between.snapshots", "4096"),
+                ("metadata.log.max.snapshot.interval.ms", "0"),
+            ]),
+            1,
+            &listeners(),
+        )
+        .unwrap();
+        let m = &q.metadata_log;
+        assert_eq!(
+            (
+                m.segment_bytes,
+                m.segment_ms,
+                m.retention_max_bytes,
+                m.retention_ms,
+                m.max_record_bytes_between_snapshots,
+                m.max_snapshot_interval_ms
+            ),
+            (8 << 20, 60_000, -1, 1000, 4096, 0)
+        );
+        for (k, v) in [
+            ("metadata.log.segment.bytes", "1048576"),
+            ("metadata.log.segment.bytes", "4294967296"),
+            ("internal.metadata.log.segment.bytes", "11"),
+            ("metadata.log.max.record.bytes.between.snapshots", "0"),
+            ("metadata.log.max.snapshot.interval.ms", "-1"),
+            ("metadata.max.retention.ms", "soon"),
+        ] {
+            let e = parse(&props(&[(k, v)]), 1, &listeners()).unwrap_err();
+            assert_eq!(e.name, k, "{k}={v}");
+        }
+        let q = parse(
+            &props(&[("internal.metadata.log.segment.bytes", "4096")]),
+            1,
+            &listeners(),
+        )
+        .unwrap();
+        assert_eq!(q.metadata_log.segment_bytes, 4096, "the testing override");
     }
 
     #[test]

@@ -189,6 +189,11 @@ pub(crate) struct BrokerSessions {
 }
 
 impl BrokerSessions {
+    /// Forgets every registration offset (a snapshot replaces the image).
+    pub(crate) fn register_offsets_clear(&mut self) {
+        self.register_offsets.clear();
+    }
+
     /// Notes the offset of a committed `RegisterBrokerRecord` (or forgets it on
     /// `UnregisterBrokerRecord`).
     pub(crate) fn replayed(&mut self, offset: u64, record: &MetadataRecord) {
@@ -289,7 +294,7 @@ impl Controller {
             }
             _ => {
                 // Kafka's rule: the broker epoch is the offset of the record.
-                record.broker_epoch = i64::try_from(self.image.offset).unwrap_or(i64::MAX);
+                record.broker_epoch = i64::try_from(self.write_offset()).unwrap_or(i64::MAX);
                 record.fenced = true;
                 self.sessions.sessions.remove(&broker_id);
             }
@@ -496,7 +501,7 @@ impl Controller {
         }
         let now = self.now_ms();
         let end_offset =
-            i64::try_from(self.image.offset + records.len() as u64).unwrap_or(i64::MAX) - 1;
+            i64::try_from(self.write_offset() + records.len() as u64).unwrap_or(i64::MAX) - 1;
         let session = self.sessions.sessions.entry(broker_id).or_insert(Session {
             last_contact_ms: now,
             metadata_offset: -1,

@@ -33,7 +33,9 @@ pub use crate::cluster_control::{
 };
 use crate::image::MetadataImage;
 use crate::loader::{LoaderError, LoaderHandle};
-use crate::log::{CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError};
+use crate::log::{
+    Committed, CommittedBatch, CommittedBatches, MetadataLog, MetadataLogError, MetadataSnapshot,
+};
 use crate::placement::{place, UsableBroker};
 use crate::record::{ConfigResource, MetadataRecord};
 
@@ -304,6 +306,9 @@ pub struct Controller {
     pub(crate) sessions: BrokerSessions,
     pub(crate) config: ControllerConfig,
     pub(crate) rng: StdRng,
+    /// The offset the log gives the next proposed batch, as the controller task last heard
+    /// ([`MetadataLog::next_write_offset`]); never below `image.offset`.
+    pub(crate) next_write_offset: u64,
 }
 
 impl Default for Controller {
@@ -329,6 +334,7 @@ impl Controller {
             sessions: BrokerSessions::default(),
             config,
             rng,
+            next_write_offset: 0,
         }
     }
 
@@ -347,6 +353,35 @@ impl Controller {
             self.sessions.replayed(self.image.offset, r);
             self.image.apply(r);
         }
+    }
+
+    /// Replaces the controller's image with `snapshot` (Kafka's `handleLoadSnapshot`): every
+    /// `RegisterBrokerRecord` in it counts as at the snapshot's last offset, as Kafka's
+    /// `registerBrokerRecordOffsets` after a snapshot load.
+    pub fn load_snapshot(&mut self, snapshot: &MetadataSnapshot) {
+        let mut image = MetadataImage::default();
+        let last = snapshot.end_offset.saturating_sub(1);
+        self.sessions.register_offsets_clear();
+        for r in snapshot.records.iter() {
+            self.sessions.replayed(last, r);
+            image.apply(r);
+        }
+        image.offset = snapshot.end_offset;
+        self.image = image;
+    }
+
+    /// Applies what the committed stream delivered: a batch ([`Controller::replay`]) or a
+    /// snapshot ([`Controller::load_snapshot`]).
+    pub fn apply_committed(&mut self, committed: &Committed) {
+        match committed {
+            Committed::Batch(b) => self.replay(b),
+            Committed::Snapshot(s) => self.load_snapshot(s),
+        }
+    }
+
+    /// The offset a record proposed now would get: a new broker epoch.
+    pub(crate) fn write_offset(&self) -> u64 {
+        self.next_write_offset.max(self.image.offset)
     }
 
     /// The brokers replicas may go to (Kafka's `usableBrokers`: registered and not shutting
@@ -874,7 +909,7 @@ async fn run_controller(
             biased;
             _ = shutdown.changed() => return,
             batch = committed.next() => match batch {
-                Some(b) => controller.replay(&b),
+                Some(b) => controller.apply_committed(&b),
                 None => return,
             },
             event = events.recv() => {
@@ -935,8 +970,9 @@ async fn process_event(
                 let Some(b) = committed.next().await else {
                     return false;
                 };
-                controller.replay(&b);
+                controller.apply_committed(&b);
             }
+            controller.next_write_offset = log.next_write_offset();
             let pending = event(controller);
             if pending.records.is_empty() {
                 (pending.complete)(Ok(Outcome::Unchanged(controller.image.offset)));
@@ -950,7 +986,7 @@ async fn process_event(
                             (pending.complete)(Err(MetadataLogError::Closed.into()));
                             return false;
                         };
-                        controller.replay(&b);
+                        controller.apply_committed(&b);
                     }
                     (pending.complete)(Ok(Outcome::Committed(offset)));
                 }
@@ -1430,7 +1466,7 @@ mod tests {
         let mut s = log.subscribe().unwrap();
         let _register = s.next().await.unwrap();
         let _unfence = s.next().await.unwrap();
-        let batch = s.next().await.unwrap();
+        let batch = s.next().await.unwrap().into_batch().unwrap();
         assert_eq!(batch.records.len(), 7);
     }
 
@@ -1579,7 +1615,7 @@ mod tests {
 
     /// The log of a node that follows the quorum: commits nothing itself.
     struct FollowerLog {
-        streams: Mutex<Vec<mpsc::Sender<CommittedBatch>>>,
+        streams: Mutex<Vec<mpsc::Sender<Committed>>>,
         high_watermark: std::sync::atomic::AtomicU64,
     }
 
@@ -1633,7 +1669,7 @@ mod tests {
         };
         let streams = follower.streams.lock().clone();
         for s in streams {
-            s.send(batch.clone()).await.unwrap();
+            s.send(batch.clone().into()).await.unwrap();
         }
         follower
             .high_watermark

@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::image::MetadataImage;
-use crate::log::{CommittedBatch, CommittedBatches};
+use crate::log::{Committed, CommittedBatch, CommittedBatches, MetadataSnapshot};
 use crate::record::MetadataRecord;
 
 /// Gauge: offset of the last metadata record this node applied (Kafka's
@@ -32,7 +32,16 @@ pub struct MetadataDelta<'a> {
     /// The image before the change.
     pub previous: &'a MetadataImage,
     /// The committed records that made the new image; empty for a publisher's first image.
+    /// For a snapshot load, the snapshot's records (applied to the empty image, not to
+    /// `previous`).
     pub records: &'a [MetadataRecord],
+    /// True when the new image was loaded from a snapshot and replaces `previous` whole
+    /// (Kafka's `handleLoadSnapshot`): publishers reconcile with the new image (ReplicaManager
+    /// creates and deletes logs to match it).
+    pub snapshot: bool,
+    /// The quorum epoch of the last record the new image holds (of the batch, or the
+    /// snapshot's epoch); 0 for a publisher's first image.
+    pub epoch: i32,
 }
 
 /// A publisher's failure to apply an image.
@@ -198,7 +207,7 @@ async fn run(
                 let Some(batch) = batch else { return };
                 let (next, failure) = apply_and_publish(&image, &batch, &publishers).await;
                 image = next;
-                last_applied.set(batch.last_offset() as f64);
+                last_applied.set(batch.next_offset() as f64 - 1.0);
                 if failure.is_some() {
                     apply_errors.increment(1);
                 }
@@ -215,7 +224,7 @@ async fn run(
                 let img = image.clone();
                 let outcome = tokio::task::spawn_blocking(move || {
                     let empty = MetadataImage::default();
-                    let delta = MetadataDelta { previous: &empty, records: &[] };
+                    let delta = MetadataDelta { previous: &empty, records: &[], snapshot: false, epoch: 0 };
                     p.on_metadata_update(&delta, &img)
                 })
                 .await
@@ -232,35 +241,68 @@ async fn run(
     }
 }
 
-/// Applies `batch` to `image` and calls every publisher, in order, on a blocking thread.
-async fn apply_and_publish(
-    image: &Arc<MetadataImage>,
-    batch: &CommittedBatch,
-    publishers: &[Arc<dyn MetadataPublisher>],
-) -> (Arc<MetadataImage>, Option<(u64, String)>) {
-    debug_assert_eq!(
-        image.offset, batch.base_offset,
-        "committed batches arrive in offset order without gaps"
-    );
-    if image.offset != batch.base_offset {
+/// The image `snapshot` holds: its records applied to the empty image, at its end offset.
+pub fn image_from_snapshot(snapshot: &MetadataSnapshot) -> MetadataImage {
+    let mut image = MetadataImage::default();
+    for r in snapshot.records.iter() {
+        image.apply(r);
+    }
+    image.offset = snapshot.end_offset;
+    image
+}
+
+/// `image` with `batch` applied: its records from the batch's base offset on (the offsets
+/// between, a Raft log's control batches, hold no metadata record).
+pub fn apply_batch(image: &MetadataImage, batch: &CommittedBatch) -> MetadataImage {
+    let mut next = image.clone();
+    if next.offset > batch.base_offset {
         tracing::error!(
-            image_offset = image.offset,
+            image_offset = next.offset,
             batch_offset = batch.base_offset,
             "metadata batch out of order; applying it anyway"
         );
     }
-    let mut next = (**image).clone();
+    next.offset = next.offset.max(batch.base_offset);
     for r in batch.records.iter() {
         next.apply(r);
     }
+    next
+}
+
+/// Applies `committed` to `image` (or replaces it with a snapshot) and calls every
+/// publisher, in order, on a blocking thread.
+async fn apply_and_publish(
+    image: &Arc<MetadataImage>,
+    committed: &Committed,
+    publishers: &[Arc<dyn MetadataPublisher>],
+) -> (Arc<MetadataImage>, Option<(u64, String)>) {
+    let (next, records, snapshot, epoch) = match committed {
+        Committed::Batch(batch) => (
+            apply_batch(image, batch),
+            batch.records.clone(),
+            false,
+            batch.epoch,
+        ),
+        Committed::Snapshot(s) => {
+            tracing::info!(
+                end_offset = s.end_offset,
+                epoch = s.epoch,
+                previous_offset = image.offset,
+                "metadata image loaded from a snapshot"
+            );
+            (image_from_snapshot(s), s.records.clone(), true, s.epoch)
+        }
+    };
     let next = Arc::new(next);
-    let last_offset = batch.last_offset();
-    let (previous, published, records) = (image.clone(), next.clone(), batch.records.clone());
+    let last_offset = committed.next_offset().saturating_sub(1);
+    let (previous, published) = (image.clone(), next.clone());
     let publishers = publishers.to_vec();
     let failure = tokio::task::spawn_blocking(move || {
         let delta = MetadataDelta {
             previous: &previous,
             records: &records,
+            snapshot,
+            epoch,
         };
         let mut errors = Vec::new();
         for p in &publishers {
@@ -356,7 +398,7 @@ mod tests {
     async fn batches_are_applied_in_order_and_publishers_called_in_install_order() {
         let (tx, rx) = mpsc::channel(8);
         // Two batches committed before start-up, then live ones.
-        let stream = CommittedBatches::new(vec![batch(0, 2), batch(2, 1)], rx);
+        let stream = CommittedBatches::from_batches(vec![batch(0, 2), batch(2, 1)], rx);
         let (_shutdown_tx, shutdown) = watch::channel(false);
         let (loader, task) = start_loader(stream, shutdown);
         loader.wait_for_catch_up(3).await.unwrap();
@@ -382,8 +424,8 @@ mod tests {
         );
         calls.lock().clear();
 
-        tx.send(batch(3, 2)).await.unwrap();
-        tx.send(batch(5, 1)).await.unwrap();
+        tx.send(batch(3, 2).into()).await.unwrap();
+        tx.send(batch(5, 1).into()).await.unwrap();
         let image = loader.wait_for_offset(5).await.unwrap();
         assert_eq!(image.offset, 6);
         assert_eq!(
@@ -417,13 +459,82 @@ mod tests {
             .install_publisher(recorder("coordinators", &calls, None))
             .await
             .unwrap();
-        tx.send(batch(0, 2)).await.unwrap();
+        tx.send(batch(0, 2).into()).await.unwrap();
         let e = loader.wait_for_offset(1).await.unwrap_err();
         assert!(e.to_string().contains("disk full"), "{e}");
         // The publishers after the failing one still saw the batch.
         assert!(calls.lock().contains(&("coordinators", 0, 2, 2)));
-        tx.send(batch(2, 1)).await.unwrap();
+        tx.send(batch(2, 1).into()).await.unwrap();
         assert_eq!(loader.wait_for_offset(2).await.unwrap().offset, 3);
+    }
+
+    /// A snapshot installed from the leader replaces the image whole (Kafka's
+    /// `handleLoadSnapshot`): publishers get the old image as `previous` and the snapshot's
+    /// image, so what the snapshot no longer has is gone for them.
+    #[tokio::test]
+    async fn a_snapshot_replaces_the_image_and_publishers_see_the_whole_change() {
+        let (tx, rx) = mpsc::channel(8);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        /// (snapshot load, configs before, configs after, image offset) per call.
+        type Seen = Arc<Mutex<Vec<(bool, usize, usize, u64)>>>;
+        let seen: Seen = Arc::default();
+        struct Snap(Seen);
+        impl MetadataPublisher for Snap {
+            fn name(&self) -> &str {
+                "snap"
+            }
+            fn on_metadata_update(
+                &self,
+                delta: &MetadataDelta<'_>,
+                image: &Arc<MetadataImage>,
+            ) -> Result<(), String> {
+                let configs = |i: &MetadataImage| i.configs_of(ConfigResource::Broker, "").len();
+                self.0.lock().push((
+                    delta.snapshot,
+                    configs(delta.previous),
+                    configs(image),
+                    image.offset,
+                ));
+                Ok(())
+            }
+        }
+        loader
+            .install_publisher(Arc::new(Snap(seen.clone())))
+            .await
+            .unwrap();
+        // Batches with a gap between them (a control batch at offset 3).
+        tx.send(batch(1, 2).into()).await.unwrap();
+        tx.send(batch(4, 2).into()).await.unwrap();
+        assert_eq!(loader.wait_for_offset(5).await.unwrap().offset, 6);
+        // The leader's snapshot at 40 holds configs c100 and c101 only.
+        tx.send(Committed::Snapshot(MetadataSnapshot {
+            end_offset: 40,
+            epoch: 3,
+            records: vec![config(100), config(101)].into(),
+        }))
+        .await
+        .unwrap();
+        let image = loader.wait_for_offset(39).await.unwrap();
+        assert_eq!(image.offset, 40);
+        let names: Vec<String> = image
+            .configs_of(ConfigResource::Broker, "")
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(names, vec!["c100".to_string(), "c101".to_string()]);
+        tx.send(batch(41, 1).into()).await.unwrap();
+        assert_eq!(loader.wait_for_offset(41).await.unwrap().offset, 42);
+        assert_eq!(
+            seen.lock().clone(),
+            vec![
+                (false, 0, 0, 0),
+                (false, 0, 2, 3),
+                (false, 2, 4, 6),
+                (true, 4, 2, 40),
+                (false, 2, 3, 42),
+            ]
+        );
     }
 
     #[tokio::test]

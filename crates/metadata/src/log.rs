@@ -88,25 +88,78 @@ impl CommittedBatch {
     }
 }
 
-/// Committed batches in offset order, from offset 0: first those committed before
-/// [`MetadataLog::subscribe`] was called, then each new one as it commits.
+/// A snapshot of the metadata (KIP-630): the image's records as of `end_offset` (everything
+/// committed below it), Kafka's `<end offset>-<epoch>.checkpoint`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataSnapshot {
+    /// The offset after the last record the snapshot contains.
+    pub end_offset: u64,
+    /// The quorum epoch of the record at `end_offset - 1`.
+    pub epoch: i32,
+    /// The records of the image ([`crate::image::MetadataImage::to_records`]).
+    pub records: Arc<[MetadataRecord]>,
+}
+
+/// What a [`CommittedBatches`] stream delivers (Kafka's `RaftClient.Listener.handleCommit` and
+/// `handleLoadSnapshot`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Committed {
+    /// The next committed batch.
+    Batch(CommittedBatch),
+    /// A snapshot: the reader replaces its state with it, and batches from its end offset on
+    /// follow. Comes first when the log starts from a snapshot, and later when this node
+    /// installed a snapshot fetched from the leader (its log no longer holds what came before).
+    Snapshot(MetadataSnapshot),
+}
+
+impl From<CommittedBatch> for Committed {
+    fn from(b: CommittedBatch) -> Self {
+        Committed::Batch(b)
+    }
+}
+
+impl Committed {
+    /// The batch, or None for a snapshot.
+    pub fn into_batch(self) -> Option<CommittedBatch> {
+        match self {
+            Committed::Batch(b) => Some(b),
+            Committed::Snapshot(_) => None,
+        }
+    }
+
+    /// The offset after what this event brings the reader to.
+    pub fn next_offset(&self) -> u64 {
+        match self {
+            Committed::Batch(b) => b.next_offset(),
+            Committed::Snapshot(s) => s.end_offset,
+        }
+    }
+}
+
+/// Committed batches in offset order, from offset 0 (or from a snapshot): first those committed
+/// before [`MetadataLog::subscribe`] was called, then each new one as it commits.
 pub struct CommittedBatches {
-    backlog: VecDeque<CommittedBatch>,
-    live: mpsc::Receiver<CommittedBatch>,
+    backlog: VecDeque<Committed>,
+    live: mpsc::Receiver<Committed>,
 }
 
 impl CommittedBatches {
     /// A stream of `backlog` followed by what arrives on `live`. For implementations of
     /// [`MetadataLog`].
-    pub fn new(backlog: Vec<CommittedBatch>, live: mpsc::Receiver<CommittedBatch>) -> Self {
+    pub fn new(backlog: Vec<Committed>, live: mpsc::Receiver<Committed>) -> Self {
         Self {
             backlog: backlog.into(),
             live,
         }
     }
 
-    /// The next committed batch; None once the log is closed.
-    pub async fn next(&mut self) -> Option<CommittedBatch> {
+    /// A stream of `backlog` batches followed by what arrives on `live`.
+    pub fn from_batches(backlog: Vec<CommittedBatch>, live: mpsc::Receiver<Committed>) -> Self {
+        Self::new(backlog.into_iter().map(Committed::Batch).collect(), live)
+    }
+
+    /// The next committed batch or snapshot; None once the log is closed.
+    pub async fn next(&mut self) -> Option<Committed> {
         if let Some(b) = self.backlog.pop_front() {
             return Some(b);
         }
@@ -116,11 +169,12 @@ impl CommittedBatches {
 
 /// What [`MetadataLog::propose`] returns: resolves with the offset of the last record of the
 /// batch once it is committed.
-pub type ProposeFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<u64, MetadataLogError>> + Send + 'a>>;
+pub type ProposeFuture<'a, T = u64> =
+    Pin<Box<dyn Future<Output = Result<T, MetadataLogError>> + Send + 'a>>;
 
-/// The metadata log of a quorum. Implementations: [`FileMetadataLog`] (one voter); KRaft
-/// (KIP-595) next.
+/// The metadata log of a quorum. Implementations: [`FileMetadataLog`] (the legacy one-voter
+/// file, read for migration; its offsets count records) and [`RaftMetadataLog`] (KRaft,
+/// KIP-595; Raft offsets).
 pub trait MetadataLog: Send + Sync {
     /// Appends `records` as one batch (all or none) if this node leads the quorum. The future
     /// resolves once the batch is committed, with the offset of its last record; by then the
@@ -132,7 +186,8 @@ pub trait MetadataLog: Send + Sync {
     /// [`MetadataLogError::EmptyBatch`] for no records.
     fn propose(&self, records: Vec<MetadataRecord>) -> ProposeFuture<'_>;
 
-    /// The committed batches from offset 0, then each new one as it commits. Each call gives
+    /// The committed batches from offset 0 (or the latest snapshot first, then the batches
+    /// after it, [`Committed::Snapshot`]), then each new one as it commits. Each call gives
     /// an independent stream; a stream that is not read holds back commits once
     /// [`STREAM_CAPACITY_BATCHES`] batches wait in it.
     ///
@@ -142,6 +197,13 @@ pub trait MetadataLog: Send + Sync {
 
     /// The offset after the last committed record (the high watermark).
     fn high_watermark(&self) -> u64;
+
+    /// The offset the next proposed batch gets when nothing else is proposed before it (the
+    /// log end; Kafka's controller's next write offset: a new broker epoch is the offset of its
+    /// `RegisterBrokerRecord`). At least [`MetadataLog::high_watermark`].
+    fn next_write_offset(&self) -> u64 {
+        self.high_watermark()
+    }
 
     /// True while this node leads the quorum (it may commit); a one-voter log always does.
     /// Only the leader runs the controller's timers (Kafka's active controller).
@@ -183,7 +245,7 @@ struct Writer {
 struct Shared {
     committed_len: u64,
     high_watermark: u64,
-    subscribers: Vec<mpsc::Sender<CommittedBatch>>,
+    subscribers: Vec<mpsc::Sender<Committed>>,
 }
 
 impl FileMetadataLog {
@@ -404,7 +466,7 @@ impl MetadataLog for FileMetadataLog {
             };
             // Still under the writer lock: the next batch is handed over after this one.
             for s in subscribers {
-                let _ = s.send(batch.clone()).await;
+                let _ = s.send(Committed::Batch(batch.clone())).await;
             }
             Ok(batch.last_offset())
         })
@@ -420,7 +482,7 @@ impl MetadataLog for FileMetadataLog {
         // Batches committed after the lock above arrive on the channel; those before are in
         // the file's first `committed_len` bytes.
         let backlog = self.read_committed(committed_len)?;
-        Ok(CommittedBatches::new(backlog, rx))
+        Ok(CommittedBatches::from_batches(backlog, rx))
     }
 
     fn high_watermark(&self) -> u64 {
@@ -488,7 +550,7 @@ mod tests {
             let mut expected_offset = 0;
             let mut seen = Vec::new();
             for _ in 0..3 {
-                let b = stream.next().await.unwrap();
+                let b = stream.next().await.unwrap().into_batch().unwrap();
                 assert_eq!(b.base_offset, expected_offset, "no gap, no duplicate");
                 assert_eq!(b.epoch, FILE_LOG_EPOCH);
                 expected_offset = b.next_offset();
@@ -502,9 +564,9 @@ mod tests {
         let log = FileMetadataLog::open(dir.path()).unwrap();
         let mut s = log.subscribe().unwrap();
         let offsets: Vec<_> = [
-            s.next().await.unwrap(),
-            s.next().await.unwrap(),
-            s.next().await.unwrap(),
+            s.next().await.unwrap().into_batch().unwrap(),
+            s.next().await.unwrap().into_batch().unwrap(),
+            s.next().await.unwrap().into_batch().unwrap(),
         ]
         .iter()
         .map(|b| (b.base_offset, b.last_offset()))
@@ -529,7 +591,16 @@ mod tests {
         committed.sort_unstable();
         assert_eq!(committed, (0..20).collect::<Vec<u64>>());
         for expected in 0..20 {
-            assert_eq!(stream.next().await.unwrap().base_offset, expected);
+            assert_eq!(
+                stream
+                    .next()
+                    .await
+                    .unwrap()
+                    .into_batch()
+                    .unwrap()
+                    .base_offset,
+                expected
+            );
         }
     }
 
@@ -554,8 +625,8 @@ mod tests {
         let log = FileMetadataLog::open(dir.path()).unwrap();
         assert_eq!(log.high_watermark(), 3);
         let mut s = log.subscribe().unwrap();
-        assert_eq!(s.next().await.unwrap().base_offset, 0);
-        let second = s.next().await.unwrap();
+        assert_eq!(s.next().await.unwrap().into_batch().unwrap().base_offset, 0);
+        let second = s.next().await.unwrap().into_batch().unwrap();
         assert_eq!((second.base_offset, second.last_offset()), (1, 2));
         assert_eq!(
             second.records[0],
@@ -578,7 +649,7 @@ mod tests {
     async fn s_first(dir: &Path) -> MetadataRecord {
         let log = FileMetadataLog::open(dir).unwrap();
         let mut s = log.subscribe().unwrap();
-        s.next().await.unwrap().records[0].clone()
+        s.next().await.unwrap().into_batch().unwrap().records[0].clone()
     }
 
     #[test]
@@ -597,21 +668,21 @@ mod tests {
     }
 }
 
-/// How many recent (Raft last offset -> metadata offset) pairs [`RaftMetadataLog`] keeps for
-/// proposals that commit before their caller asks.
+/// How many recent committed data batches [`RaftMetadataLog`] remembers (by Raft last offset)
+/// for proposals that commit before their caller asks.
 const RECENT_BATCHES: usize = 4096;
 
 /// [`MetadataLog`] on the KRaft quorum (KIP-595): `__cluster_metadata-0` replicated by a
 /// [`gregor_raft::driver::RaftManager`], one record value per [`MetadataRecord`]
 /// ([`crate::codec`]).
 ///
-/// Offsets: the metadata offsets of [`CommittedBatch`] count the data records committed, from
-/// 0, as this crate's image and controller do (`MetadataImage::offset` counts records), so
-/// the Raft log's control batches (LeaderChange, one per epoch) take no metadata offset; the
-/// Raft offsets stay in `__cluster_metadata-0`. A committed batch is decoded once, by a
-/// distributor task that feeds every subscriber; the batches committed since start are kept
-/// in memory for new subscribers (as [`FileMetadataLog`] re-reads its whole file). A record
-/// that does not decode is logged and skipped (it takes no metadata offset).
+/// Offsets are the Raft log's: a [`CommittedBatch`] starts at its batch's base offset in
+/// `__cluster_metadata-0`, so control batches (LeaderChange, one per epoch) leave gaps between
+/// committed batches, as in Kafka (a broker epoch is the offset of its `RegisterBrokerRecord`).
+/// A committed batch is decoded once, by a distributor task that feeds every subscriber; the
+/// latest snapshot and the batches committed after it are kept in memory for new subscribers.
+/// A record that does not decode is logged and replaced by a `NoOpRecord`, so offsets stay
+/// the log's.
 pub struct RaftMetadataLog {
     manager: Arc<gregor_raft::driver::RaftManager>,
     shared: Arc<parking_lot::Mutex<RaftShared>>,
@@ -621,20 +692,65 @@ pub struct RaftMetadataLog {
 
 #[derive(Default)]
 struct RaftShared {
+    /// The latest snapshot delivered or written, and the batches committed after it.
+    snapshot: Option<MetadataSnapshot>,
     history: Vec<CommittedBatch>,
-    /// Metadata offset after the last distributed record (the metadata high watermark).
-    dense_next: u64,
-    /// Raft offset after the last distributed data batch.
+    /// The offset after the last metadata record (or snapshot) distributed: the metadata high
+    /// watermark ([`MetadataLog::high_watermark`]).
+    next_offset: u64,
+    /// Raft offset after the last distributed data batch or snapshot.
     raft_next: i64,
-    recent: std::collections::BTreeMap<i64, u64>,
-    waiters: std::collections::BTreeMap<i64, Vec<tokio::sync::oneshot::Sender<Option<u64>>>>,
-    subscribers: Vec<mpsc::Sender<CommittedBatch>>,
+    /// Raft last offsets of recently distributed data batches.
+    recent: std::collections::BTreeSet<i64>,
+    /// Proposals by Raft last offset, answered true once their batch is distributed.
+    waiters: std::collections::BTreeMap<i64, Vec<tokio::sync::oneshot::Sender<bool>>>,
+    subscribers: Vec<mpsc::Sender<Committed>>,
     closed: bool,
+}
+
+impl RaftShared {
+    fn close(&mut self) {
+        self.closed = true;
+        self.subscribers.clear();
+        for (_, ws) in std::mem::take(&mut self.waiters) {
+            for w in ws {
+                let _ = w.send(false);
+            }
+        }
+    }
+
+    /// Answers the proposals below `raft_next`: true when `committed` says their batch is in.
+    fn answer_waiters(&mut self, committed: impl Fn(&Self, i64) -> bool) {
+        while let Some(entry) = self.waiters.first_entry() {
+            if *entry.key() >= self.raft_next {
+                break;
+            }
+            let (offset, ws) = entry.remove_entry();
+            let answer = committed(self, offset);
+            for w in ws {
+                let _ = w.send(answer);
+            }
+        }
+    }
+}
+
+/// Writes snapshots of the metadata image (implemented by [`RaftMetadataLog`]; used by
+/// [`crate::snapshot::SnapshotGenerator`]).
+pub trait SnapshotSink: Send + Sync {
+    /// Writes `snapshot` as the log's snapshot `<end_offset>-<epoch>.checkpoint` and lets the
+    /// log apply its retention. Resolves with false when the log already had a snapshot at or
+    /// past `end_offset`.
+    ///
+    /// # Errors
+    /// [`MetadataLogError::Encode`] when a record cannot be serialised or the log refuses the
+    /// snapshot (an id above the high watermark or with the wrong epoch);
+    /// [`MetadataLogError::Closed`].
+    fn write_snapshot(&self, snapshot: MetadataSnapshot) -> ProposeFuture<'_, bool>;
 }
 
 impl RaftMetadataLog {
     /// The log over `manager`: starts the distributor task (on the current runtime) reading
-    /// the committed batches from the start of the Raft log.
+    /// the committed batches from the latest snapshot (or the start) of the Raft log.
     pub fn start(manager: Arc<gregor_raft::driver::RaftManager>) -> Self {
         let shared = Arc::new(parking_lot::Mutex::new(RaftShared::default()));
         let stream = manager.committed(0);
@@ -694,15 +810,27 @@ impl RaftMetadataLog {
     pub async fn shutdown(&self) {
         self.manager.shutdown().await;
         self.distributor.abort();
-        let mut s = self.shared.lock();
-        s.closed = true;
-        s.subscribers.clear();
-        for (_, ws) in std::mem::take(&mut s.waiters) {
-            for w in ws {
-                let _ = w.send(None);
-            }
-        }
+        self.shared.lock().close();
     }
+}
+
+/// Decodes record values; an undecodable one is logged and becomes a `NoOpRecord` (it takes its
+/// offset and changes nothing).
+fn decode_values(values: &[bytes::Bytes], base_offset: i64) -> Vec<MetadataRecord> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            crate::codec::decode_record(v).unwrap_or_else(|e| {
+                tracing::error!(
+                    offset = base_offset + i as i64,
+                    error = %e,
+                    "undecodable metadata record skipped"
+                );
+                MetadataRecord::NoOp(gregor_protocol::metadata_records::NoOpRecord::default())
+            })
+        })
+        .collect()
 }
 
 async fn distribute(
@@ -710,73 +838,66 @@ async fn distribute(
     shared: Arc<parking_lot::Mutex<RaftShared>>,
 ) {
     loop {
-        let batch = match stream.next().await {
-            Ok(b) => b,
+        let event = match stream.next().await {
+            Ok(gregor_raft::driver::Committed::Batch(batch)) => {
+                let records = decode_values(&batch.values, batch.base_offset);
+                if records.is_empty() {
+                    continue;
+                }
+                Committed::Batch(CommittedBatch {
+                    base_offset: u64::try_from(batch.base_offset).unwrap_or(0),
+                    epoch: batch.epoch,
+                    records: records.into(),
+                })
+            }
+            Ok(gregor_raft::driver::Committed::Snapshot(s)) => {
+                tracing::info!(
+                    end_offset = s.id.offset,
+                    epoch = s.id.epoch,
+                    records = s.values.len(),
+                    "loading the metadata snapshot"
+                );
+                Committed::Snapshot(MetadataSnapshot {
+                    end_offset: u64::try_from(s.id.offset).unwrap_or(0),
+                    epoch: s.id.epoch,
+                    records: decode_values(&s.values, 0).into(),
+                })
+            }
             Err(e) => {
                 if e != gregor_raft::driver::DriverError::Shutdown {
                     tracing::error!(error = %e, "reading committed metadata failed; the metadata stream stops");
                 }
-                let mut s = shared.lock();
-                s.closed = true;
-                s.subscribers.clear();
-                for (_, ws) in std::mem::take(&mut s.waiters) {
-                    for w in ws {
-                        let _ = w.send(None);
-                    }
-                }
+                shared.lock().close();
                 return;
             }
         };
-        let mut records = Vec::with_capacity(batch.values.len());
-        for (i, v) in batch.values.iter().enumerate() {
-            match crate::codec::decode_record(v) {
-                Ok(r) => records.push(r),
-                Err(e) => tracing::error!(
-                    offset = batch.base_offset + i as i64,
-                    error = %e,
-                    "undecodable metadata record skipped"
-                ),
-            }
-        }
-        let (committed, subscribers) = {
+        let subscribers = {
             let mut s = shared.lock();
-            let committed = (!records.is_empty()).then(|| CommittedBatch {
-                base_offset: s.dense_next,
-                epoch: batch.epoch,
-                records: records.into(),
-            });
-            if let Some(c) = &committed {
-                s.dense_next = c.next_offset();
-                s.history.push(c.clone());
-            }
-            s.raft_next = batch.last_offset + 1;
-            let dense_last = committed.as_ref().map(CommittedBatch::last_offset);
-            if let Some(d) = dense_last {
-                s.recent.insert(batch.last_offset, d);
-                while s.recent.len() > RECENT_BATCHES {
-                    s.recent.pop_first();
+            let next = i64::try_from(event.next_offset()).unwrap_or(i64::MAX);
+            s.next_offset = s.next_offset.max(event.next_offset());
+            s.raft_next = s.raft_next.max(next);
+            match &event {
+                Committed::Batch(b) => {
+                    s.history.push(b.clone());
+                    s.recent.insert(next - 1);
+                    while s.recent.len() > RECENT_BATCHES {
+                        s.recent.pop_first();
+                    }
+                    s.answer_waiters(|s, o| s.recent.contains(&o));
                 }
-            }
-            let raft_next = s.raft_next;
-            while let Some(entry) = s.waiters.first_entry() {
-                if *entry.key() >= raft_next {
-                    break;
-                }
-                let (offset, ws) = entry.remove_entry();
-                let answer = (offset == batch.last_offset)
-                    .then_some(dense_last)
-                    .flatten();
-                for w in ws {
-                    let _ = w.send(answer);
+                Committed::Snapshot(snap) => {
+                    s.history.clear();
+                    s.snapshot = Some(snap.clone());
+                    // A proposal below a snapshot installed from the leader was committed (the
+                    // driver checked it was still in the log at its commit).
+                    s.answer_waiters(|_, _| true);
                 }
             }
             s.subscribers.retain(|t| !t.is_closed());
-            (committed, s.subscribers.clone())
+            s.subscribers.clone()
         };
-        if let Some(c) = committed {
-            for t in subscribers {
-                let _ = t.send(c.clone()).await;
-            }
+        for t in subscribers {
+            let _ = t.send(event.clone()).await;
         }
     }
 }
@@ -802,14 +923,19 @@ impl MetadataLog for RaftMetadataLog {
                 gregor_raft::driver::DriverError::Shutdown => MetadataLogError::Closed,
                 other => MetadataLogError::Encode(other.to_string()),
             })?;
+            let offset = u64::try_from(raft_last).map_err(|_| MetadataLogError::Closed)?;
             let rx = {
                 let mut s = self.shared.lock();
                 if s.raft_next > raft_last {
-                    return s
-                        .recent
-                        .get(&raft_last)
-                        .copied()
-                        .ok_or(MetadataLogError::Closed);
+                    let below_snapshot = s
+                        .snapshot
+                        .as_ref()
+                        .is_some_and(|snap| snap.end_offset > offset);
+                    return if below_snapshot || s.recent.contains(&raft_last) {
+                        Ok(offset)
+                    } else {
+                        Err(MetadataLogError::Closed)
+                    };
                 }
                 if s.closed {
                     return Err(MetadataLogError::Closed);
@@ -818,7 +944,11 @@ impl MetadataLog for RaftMetadataLog {
                 s.waiters.entry(raft_last).or_default().push(tx);
                 rx
             };
-            rx.await.ok().flatten().ok_or(MetadataLogError::Closed)
+            if rx.await.unwrap_or(false) {
+                Ok(offset)
+            } else {
+                Err(MetadataLogError::Closed)
+            }
         })
     }
 
@@ -829,15 +959,65 @@ impl MetadataLog for RaftMetadataLog {
             return Err(MetadataLogError::Closed);
         }
         s.subscribers.push(tx);
-        Ok(CommittedBatches::new(s.history.clone(), rx))
+        let backlog = s
+            .snapshot
+            .iter()
+            .cloned()
+            .map(Committed::Snapshot)
+            .chain(s.history.iter().cloned().map(Committed::Batch))
+            .collect();
+        Ok(CommittedBatches::new(backlog, rx))
     }
 
     fn high_watermark(&self) -> u64 {
-        self.shared.lock().dense_next
+        self.shared.lock().next_offset
+    }
+
+    fn next_write_offset(&self) -> u64 {
+        u64::try_from(self.manager.log_end_offset())
+            .unwrap_or(0)
+            .max(self.high_watermark())
     }
 
     fn is_leader(&self) -> bool {
         self.manager.leader_and_epoch().borrow().leader_id == Some(self.manager.node_id())
+    }
+}
+
+impl SnapshotSink for RaftMetadataLog {
+    fn write_snapshot(&self, snapshot: MetadataSnapshot) -> ProposeFuture<'_, bool> {
+        Box::pin(async move {
+            let values = snapshot
+                .records
+                .iter()
+                .map(crate::codec::encode_record)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| MetadataLogError::Encode(e.to_string()))?;
+            let id = gregor_raft::OffsetAndEpoch::new(
+                i64::try_from(snapshot.end_offset).unwrap_or(i64::MAX),
+                snapshot.epoch,
+            );
+            let written = self
+                .manager
+                .write_snapshot(id, values)
+                .await
+                .map_err(|e| match e {
+                    gregor_raft::driver::DriverError::Shutdown => MetadataLogError::Closed,
+                    other => MetadataLogError::Encode(other.to_string()),
+                })?;
+            // New subscribers start from the snapshot; the batches below it are dropped.
+            let mut s = self.shared.lock();
+            let newer = s
+                .snapshot
+                .as_ref()
+                .is_none_or(|old| old.end_offset < snapshot.end_offset);
+            if newer && snapshot.end_offset <= s.next_offset {
+                let end = snapshot.end_offset;
+                s.history.retain(|b| b.base_offset >= end);
+                s.snapshot = Some(snapshot);
+            }
+            Ok(written)
+        })
     }
 }
 

@@ -151,6 +151,8 @@ mod tests {
         }
         let next = Arc::new(next);
         let delta = MetadataDelta {
+            snapshot: false,
+            epoch: 1,
             previous: image,
             records: &records,
         };

@@ -151,7 +151,9 @@ async fn committed_values(manager: &Arc<RaftManager>, count: usize) -> Vec<Strin
         let b = tokio::time::timeout(Duration::from_secs(20), stream.next())
             .await
             .expect("caught up in time")
-            .unwrap();
+            .unwrap()
+            .into_batch()
+            .expect("no snapshot is written in this test");
         out.extend(
             b.values
                 .iter()

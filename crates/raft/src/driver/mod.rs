@@ -59,7 +59,7 @@ use crate::metadata_log::{KafkaMetadataLog, MetadataLogConfig};
 use crate::node::{Action, ProposeError, QuorumDescription, RaftNode};
 use crate::quorum_state::FileQuorumStateStore;
 use crate::rng::Rng;
-use crate::types::{NodeId, VoterEndpoints};
+use crate::types::{NodeId, OffsetAndEpoch, VoterEndpoints};
 
 /// How often the driver thread ticks the node (ms) when no command arrives.
 pub const TICK_INTERVAL_MS: u64 = 10;
@@ -80,6 +80,10 @@ pub const COMMAND_QUEUE_CAPACITY: usize = 1024;
 /// Largest read of committed batches per [`CommittedStream`] step (bytes; the first batch is
 /// returned whole, KIP-74).
 pub const COMMITTED_READ_BYTES: usize = 1024 * 1024;
+
+/// How often the driver applies the metadata log's retention (`maybeClean`) and removes
+/// deleted segment files, in ms (Kafka's raft client checks on its poll loop as well).
+pub const CLEAN_INTERVAL_MS: u64 = 1_000;
 
 /// Errors of the driver's calls.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,6 +141,40 @@ pub struct CommittedRecords {
     pub epoch: i32,
     /// The record values, in order (a null value is empty).
     pub values: Vec<Bytes>,
+}
+
+/// A snapshot of the state machine, read whole for loading (KIP-630): the values of its data
+/// records in order (control records such as SnapshotHeader/Footer, KRaftVersion and
+/// KRaftVoters are left out). The state it holds is everything committed below `id.offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedSnapshot {
+    /// End offset and epoch of the snapshot.
+    pub id: OffsetAndEpoch,
+    /// The record values, in order (a null value is empty).
+    pub values: Vec<Bytes>,
+}
+
+/// What a [`CommittedStream`] delivers: the next committed data batch, or a snapshot that
+/// replaces everything the reader applied (Kafka's `handleCommit` and `handleLoadSnapshot`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// A committed data batch, the next one after what the reader had.
+    Batch(CommittedRecords),
+    /// The latest snapshot: the reader drops its state and loads this one; batches from
+    /// `id.offset` on follow. Delivered first when the log has a snapshot past the stream's
+    /// start, and again whenever the log no longer holds the next batch the reader needs (a
+    /// snapshot fetched from the leader replaced it, `Action::SnapshotInstalled`).
+    Snapshot(LoadedSnapshot),
+}
+
+impl Committed {
+    /// The batch, or None for a snapshot.
+    pub fn into_batch(self) -> Option<CommittedRecords> {
+        match self {
+            Committed::Batch(b) => Some(b),
+            Committed::Snapshot(_) => None,
+        }
+    }
 }
 
 /// Where the transport hands responses (and, for in-process tests, anything addressed to this
@@ -199,12 +237,28 @@ enum Command {
     },
     Read {
         from: i64,
-        reply: oneshot::Sender<Result<(Bytes, i64), DriverError>>,
+        /// Answer with the latest snapshot when it ends past `from` even if the log still
+        /// holds `from` (a stream's first read).
+        snapshot_first: bool,
+        reply: oneshot::Sender<Result<ReadOutcome, DriverError>>,
+    },
+    WriteSnapshot {
+        id: OffsetAndEpoch,
+        values: Vec<Bytes>,
+        reply: oneshot::Sender<Result<bool, DriverError>>,
     },
     Shutdown {
         graceful: bool,
         reply: oneshot::Sender<()>,
     },
+}
+
+/// The answer to a committed-stream read.
+enum ReadOutcome {
+    /// Whole batches from the offset read, and the high watermark at the time.
+    Batches(Bytes, i64),
+    /// The latest snapshot, to load before the batches after it.
+    Snapshot(LoadedSnapshot),
 }
 
 /// The running quorum member. Cheap to share (`Arc`); see the module docs.
@@ -214,6 +268,7 @@ pub struct RaftManager {
     commands: mpsc::Sender<Command>,
     leader: watch::Receiver<LeaderAndEpoch>,
     high_watermark: watch::Receiver<i64>,
+    log_end_offset: watch::Receiver<i64>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -242,6 +297,7 @@ impl RaftManager {
         let transport = transport(InboundSender { tx: tx.clone() });
         let (leader_tx, leader_rx) = watch::channel(LeaderAndEpoch::default());
         let (hw_tx, hw_rx) = watch::channel(-1i64);
+        let (leo_tx, leo_rx) = watch::channel(log.log_end_offset());
         let node_id = config.quorum.node_id;
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -276,6 +332,8 @@ impl RaftManager {
                     started,
                     leader: leader_tx,
                     high_watermark: hw_tx,
+                    log_end_offset: leo_tx,
+                    last_clean_ms: 0,
                     pending_requests: BTreeMap::new(),
                     next_correlation_id: 0,
                     proposals: BTreeMap::new(),
@@ -291,6 +349,7 @@ impl RaftManager {
             commands: tx,
             leader: leader_rx,
             high_watermark: hw_rx,
+            log_end_offset: leo_rx,
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -528,11 +587,40 @@ impl RaftManager {
         .with_nodes(nodes)
     }
 
+    /// The offset after the last record in this node's log (committed or not), as of the
+    /// driver's last step. On the leader, with no proposal pending, it is the offset the next
+    /// proposed batch gets (Kafka's controller uses it as the next write offset).
+    pub fn log_end_offset(&self) -> i64 {
+        *self.log_end_offset.borrow()
+    }
+
+    /// Writes the state machine's snapshot `id` (its state after every committed record below
+    /// `id.offset`: `values`, Kafka's snapshot records) through [`RaftLog::write_snapshot`] on
+    /// the driver thread, then applies the log's retention
+    /// ([`KafkaMetadataLog::maybe_clean`]: `metadata.max.retention.bytes`/`.ms`, whole
+    /// segments below a snapshot). Returns false when the log already had that snapshot.
+    ///
+    /// # Errors
+    /// [`DriverError::Refused`] when the log refuses the id (above the high watermark, wrong
+    /// epoch, below the log start) or the write fails; [`DriverError::Shutdown`].
+    pub async fn write_snapshot(
+        &self,
+        id: OffsetAndEpoch,
+        values: Vec<Bytes>,
+    ) -> Result<bool, DriverError> {
+        self.call(|reply| Command::WriteSnapshot { id, values, reply })
+            .await
+            .unwrap_or(Err(DriverError::Shutdown))
+    }
+
     /// The committed data batches from `from_offset` on (control batches skipped), read from
-    /// the log up to the high watermark as it rises.
+    /// the log up to the high watermark as it rises; first the latest snapshot when it ends
+    /// past `from_offset`, and a snapshot again whenever the log was replaced by a fetched one
+    /// ([`Committed::Snapshot`]).
     pub fn committed(self: &Arc<Self>, from_offset: i64) -> CommittedStream {
         CommittedStream {
             manager: self.clone(),
+            snapshot_first: true,
             next_offset: from_offset,
             position: watch::channel(from_offset).0,
             high_watermark: self.high_watermark.clone(),
@@ -568,6 +656,7 @@ impl RaftManager {
 /// ([`RaftManager::committed`]).
 pub struct CommittedStream {
     manager: Arc<RaftManager>,
+    snapshot_first: bool,
     next_offset: i64,
     position: watch::Sender<i64>,
     high_watermark: watch::Receiver<i64>,
@@ -587,29 +676,45 @@ impl CommittedStream {
         self.position.subscribe()
     }
 
-    /// The next committed data batch; waits for the high watermark to pass one.
+    /// The next committed data batch or snapshot to load; waits for the high watermark to
+    /// pass a batch.
     ///
     /// # Errors
     /// [`DriverError::Shutdown`] once the driver stopped; [`DriverError::Read`] when the log
-    /// cannot be read or holds an undecodable batch below the high watermark.
-    pub async fn next(&mut self) -> Result<CommittedRecords, DriverError> {
+    /// or a snapshot cannot be read or holds an undecodable batch below the high watermark.
+    pub async fn next(&mut self) -> Result<Committed, DriverError> {
         loop {
             if let Some(b) = self.buffered.pop_front() {
-                return Ok(b);
+                return Ok(Committed::Batch(b));
             }
             // Everything returned before was handled by the caller, which is back for more.
             self.position.send_replace(self.next_offset);
             let from = self.next_offset;
-            self.high_watermark
-                .wait_for(|&hw| hw > from)
-                .await
-                .map_err(|_| DriverError::Shutdown)?;
-            let (bytes, hw) = self
+            if !self.snapshot_first {
+                self.high_watermark
+                    .wait_for(|&hw| hw > from)
+                    .await
+                    .map_err(|_| DriverError::Shutdown)?;
+            }
+            let snapshot_first = std::mem::take(&mut self.snapshot_first);
+            let outcome = self
                 .manager
-                .call(|reply| Command::Read { from, reply })
+                .call(|reply| Command::Read {
+                    from,
+                    snapshot_first,
+                    reply,
+                })
                 .await
                 .unwrap_or(Err(DriverError::Shutdown))?;
-            self.next_offset = parse_committed(&bytes, from, hw, &mut self.buffered)?;
+            match outcome {
+                ReadOutcome::Batches(bytes, hw) => {
+                    self.next_offset = parse_committed(&bytes, from, hw, &mut self.buffered)?;
+                }
+                ReadOutcome::Snapshot(s) => {
+                    self.next_offset = s.id.offset;
+                    return Ok(Committed::Snapshot(s));
+                }
+            }
         }
     }
 }
@@ -670,6 +775,9 @@ struct Driver<T: Transport> {
     started: Instant,
     leader: watch::Sender<LeaderAndEpoch>,
     high_watermark: watch::Sender<i64>,
+    log_end_offset: watch::Sender<i64>,
+    /// When (driver ms) retention was last applied.
+    last_clean_ms: u64,
     /// Inbound requests waiting for the node's answer, by (requester, local correlation id),
     /// with the time (ms) after which the caller is given up on.
     pending_requests: BTreeMap<(NodeId, i32), (oneshot::Sender<Response>, u64)>,
@@ -708,6 +816,7 @@ impl<T: Transport> Driver<T> {
             let now = self.now_ms();
             let actions = self.node.tick(now);
             self.execute(actions);
+            self.maybe_clean();
             // A caller that went away, or a request the node never answered (it always answers;
             // this only bounds the map), is dropped: the caller gets DriverError::Shutdown.
             self.pending_requests
@@ -795,15 +904,15 @@ impl<T: Transport> Driver<T> {
             Command::Describe { reply } => {
                 let _ = reply.send(self.node.describe_quorum(now).map(|d| (d, now)));
             }
-            Command::Read { from, reply } => {
-                let hw = *self.high_watermark.borrow();
-                let result = self
-                    .node
-                    .log()
-                    .read(from, COMMITTED_READ_BYTES)
-                    .map(|b| (b, hw))
-                    .map_err(|e| DriverError::Read(e.to_string()));
-                let _ = reply.send(result);
+            Command::Read {
+                from,
+                snapshot_first,
+                reply,
+            } => {
+                let _ = reply.send(self.read_committed(from, snapshot_first));
+            }
+            Command::WriteSnapshot { id, values, reply } => {
+                let _ = reply.send(self.write_snapshot(id, &values));
             }
             Command::Shutdown { reply, .. } => {
                 let _ = reply.send(());
@@ -814,6 +923,14 @@ impl<T: Transport> Driver<T> {
     /// Executes `actions` in order; a failed barrier stops the driver before anything after
     /// it runs.
     fn execute(&mut self, actions: Vec<Action>) {
+        // Appends happened in the call that returned the actions: the log end is known before
+        // any proposal they complete is answered.
+        let leo = self.node.log().log_end_offset();
+        self.log_end_offset.send_if_modified(|v| {
+            let changed = *v != leo;
+            *v = leo;
+            changed
+        });
         for action in actions {
             if self.stopped {
                 return;
@@ -845,16 +962,16 @@ impl<T: Transport> Driver<T> {
                     }
                 },
                 Action::SnapshotInstalled { snapshot_id } => {
-                    // The log now starts at the snapshot: the committed stream's next read
-                    // below it fails with DriverError::Read, and the metadata loader cannot
-                    // rebuild its image from a snapshot yet, so it stops rather than apply a
-                    // log with a hole.
-                    tracing::error!(
+                    // The log now starts at the snapshot: a committed stream's next read below
+                    // it finds the log start past it and is answered with this snapshot,
+                    // which the reader loads (Kafka's `handleLoadSnapshot`).
+                    tracing::info!(
                         offset = snapshot_id.offset,
                         epoch = snapshot_id.epoch,
-                        "installed a metadata snapshot fetched from the leader; loading the \
-                         metadata image from a snapshot is not implemented yet"
+                        "installed a metadata snapshot fetched from the leader"
                     );
+                    self.log_end_offset
+                        .send_replace(self.node.log().log_end_offset());
                 }
                 Action::HighWatermark(hw) => {
                     self.high_watermark.send_replace(hw);
@@ -879,6 +996,88 @@ impl<T: Transport> Driver<T> {
                 }
             }
         }
+    }
+
+    /// Wall-clock ms: snapshot timestamps and `metadata.max.retention.ms` are wall-clock
+    /// times, as in Kafka.
+    fn wall_ms() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// Kafka's periodic `maybeClean` (every [`CLEAN_INTERVAL_MS`]) and the removal of deleted
+    /// segments whose `file.delete.delay.ms` passed.
+    fn maybe_clean(&mut self) {
+        let now = self.now_ms();
+        if now < self.last_clean_ms + CLEAN_INTERVAL_MS {
+            return;
+        }
+        self.last_clean_ms = now;
+        self.clean();
+    }
+
+    fn clean(&mut self) {
+        let wall = Self::wall_ms();
+        if let Err(e) = self.node.log_mut().maybe_clean(wall) {
+            tracing::warn!(error = %e, "cleaning __cluster_metadata-0 up to a snapshot failed");
+        }
+        self.node.log().delete_due_files(wall);
+    }
+
+    fn read_committed(&self, from: i64, snapshot_first: bool) -> Result<ReadOutcome, DriverError> {
+        let log = self.node.log();
+        let latest = log.latest_snapshot_id();
+        let load = latest.filter(|s| {
+            s.offset > from && (snapshot_first || from < RaftLog::log_start_offset(log))
+        });
+        if let Some(id) = load {
+            let snapshot = RaftLog::read_snapshot(log, id)
+                .map_err(|e| DriverError::Read(format!("snapshot {id:?}: {e}")))?;
+            let mut values = Vec::new();
+            for batch in &snapshot.batches {
+                let header =
+                    BatchHeader::parse(batch).map_err(|e| DriverError::Read(e.to_string()))?;
+                if header.is_control() {
+                    continue;
+                }
+                let records = decode_records(batch)
+                    .map_err(|e| DriverError::Read(format!("snapshot {id:?}: {e}")))?;
+                values.extend(records.into_iter().map(|r| r.value.unwrap_or_default()));
+            }
+            return Ok(ReadOutcome::Snapshot(LoadedSnapshot { id, values }));
+        }
+        let hw = *self.high_watermark.borrow();
+        log.read(from, COMMITTED_READ_BYTES)
+            .map(|b| ReadOutcome::Batches(b, hw))
+            .map_err(|e| DriverError::Read(e.to_string()))
+    }
+
+    fn write_snapshot(
+        &mut self,
+        id: OffsetAndEpoch,
+        values: &[Bytes],
+    ) -> Result<bool, DriverError> {
+        if self
+            .node
+            .log()
+            .latest_snapshot_id()
+            .is_some_and(|s| s.offset >= id.offset)
+        {
+            return Ok(false);
+        }
+        self.node
+            .log_mut()
+            .write_snapshot(id, values, Self::wall_ms())
+            .map_err(|e| DriverError::Refused(e.to_string()))?;
+        tracing::info!(
+            offset = id.offset,
+            epoch = id.epoch,
+            records = values.len(),
+            "wrote a metadata snapshot"
+        );
+        self.clean();
+        Ok(true)
     }
 
     fn complete_proposals(&mut self, hw: i64) {

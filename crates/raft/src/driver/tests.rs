@@ -72,14 +72,14 @@ async fn one_voter_commits_and_streams_committed_batches_without_control_batches
     assert_eq!(b, a + 2);
     assert!(*m.high_watermark().borrow() > b, "resolved at commit");
     let mut s = m.committed(0);
-    let first = s.next().await.unwrap();
+    let first = s.next().await.unwrap().into_batch().unwrap();
     assert_eq!(first.values, vec![Bytes::from_static(b"a")]);
     assert_eq!(first.last_offset, a);
     assert!(
         first.base_offset >= 1,
         "the LeaderChange control batch comes first"
     );
-    let second = s.next().await.unwrap();
+    let second = s.next().await.unwrap().into_batch().unwrap();
     assert_eq!((second.base_offset, second.last_offset), (a + 1, b));
     assert_eq!(second.values.len(), 2);
     assert_eq!(
@@ -101,9 +101,53 @@ async fn one_voter_commits_and_streams_committed_batches_without_control_batches
     // It leads only once its new epoch is committed; reading waits for that.
     let mut s = m.committed(0);
     assert_eq!(
-        s.next().await.unwrap().values,
+        s.next().await.unwrap().into_batch().unwrap().values,
         vec![Bytes::from_static(b"a")]
     );
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn committed_stream_starts_from_the_latest_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _out, _in) = start(dir.path(), &[1]);
+    let le = wait_leader(&m, 1, 0).await;
+    m.propose(vec![Bytes::from_static(b"a")]).await.unwrap();
+    let b = m.propose(vec![Bytes::from_static(b"b")]).await.unwrap();
+    assert_eq!(m.log_end_offset(), b + 1, "nothing else was appended");
+    let id = OffsetAndEpoch::new(b + 1, le.epoch);
+    assert!(
+        m.write_snapshot(OffsetAndEpoch::new(b + 5, le.epoch), vec![])
+            .await
+            .is_err(),
+        "a snapshot above the high watermark is refused"
+    );
+    assert!(m
+        .write_snapshot(id, vec![Bytes::from_static(b"image")])
+        .await
+        .unwrap());
+    assert!(
+        !m.write_snapshot(id, vec![]).await.unwrap(),
+        "already there"
+    );
+    let c = m.propose(vec![Bytes::from_static(b"c")]).await.unwrap();
+    let snapshot = Committed::Snapshot(LoadedSnapshot {
+        id,
+        values: vec![Bytes::from_static(b"image")],
+    });
+    let mut s = m.committed(0);
+    assert_eq!(s.next().await.unwrap(), snapshot);
+    let next = s.next().await.unwrap().into_batch().unwrap();
+    assert_eq!((next.last_offset, next.values.len()), (c, 1));
+    // A stream that starts at the snapshot's end reads the log only.
+    let mut s = m.committed(id.offset);
+    assert_eq!(s.next().await.unwrap().into_batch().unwrap().last_offset, c);
+    m.shutdown().await;
+    // After a restart the snapshot still comes first.
+    let (m, _out, _in) = start(dir.path(), &[1]);
+    let mut s = m.committed(0);
+    assert_eq!(s.next().await.unwrap(), snapshot);
+    assert_eq!(s.next().await.unwrap().into_batch().unwrap().last_offset, c);
     m.shutdown().await;
 }
 
