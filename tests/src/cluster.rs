@@ -879,7 +879,10 @@ impl Cluster {
 
     /// The broker ids in the Metadata response of the running brokers (Kafka lists the
     /// registered, unfenced ones), `None` when no broker answers within 2 s.
-    fn metadata_broker_ids(&mut self) -> Result<Option<BTreeSet<i32>>> {
+    ///
+    /// # Errors
+    /// When a node's state cannot be read or the client cannot be created.
+    pub fn metadata_broker_ids(&mut self) -> Result<Option<BTreeSet<i32>>> {
         let mut bootstrap = Vec::new();
         for n in &mut self.nodes {
             if n.role.is_broker() && !n.paused && n.is_running()? {

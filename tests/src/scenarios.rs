@@ -681,6 +681,31 @@ fn pause_resume(cluster: &mut Cluster) -> Result<PausedController> {
         before.observers.contains(&4),
         "the broker observes: {before:?}"
     );
+    // Only the broker is a broker: controller-only nodes never register as one.
+    let listed = cluster.metadata_broker_ids()?;
+    let brokers: BTreeSet<i32> = cluster.broker_ids().into_iter().collect();
+    ensure!(
+        listed.as_ref() == Some(&brokers),
+        "Metadata lists {listed:?}, the brokers are {brokers:?}"
+    );
+    // ... and partitions are placed on brokers only.
+    crate::clients::create_topic(&cluster.bootstrap(), "split-placement", 6)?;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap())
+        .create()
+        .context("a metadata client")?;
+    let m = consumer
+        .fetch_metadata(Some("split-placement"), Duration::from_secs(10))
+        .context("Metadata of split-placement")?;
+    let leaders: BTreeSet<i32> = m
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.leader()))
+        .collect();
+    ensure!(
+        leaders.is_subset(&brokers) && !leaders.is_empty(),
+        "partition leaders {leaders:?}, the brokers are {brokers:?}"
+    );
     let old = cluster.active_controller()?;
     ensure!(
         old == before.leader_id,

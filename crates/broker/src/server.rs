@@ -127,8 +127,9 @@ pub struct RunningBroker {
     admin: Arc<crate::admin::AdminState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// This broker's registration with the active controller.
-    lifecycle: crate::lifecycle::BrokerLifecycle,
+    /// This broker's registration with the active controller; None on a node without the
+    /// broker role (`process.roles=controller`), which never registers as a broker.
+    lifecycle: Option<crate::lifecycle::BrokerLifecycle>,
 }
 
 impl RunningBroker {
@@ -140,7 +141,9 @@ impl RunningBroker {
     pub async fn shutdown(self) -> Result<(), gregor_log::LogError> {
         self.admin.set_ready(false);
         // Leadership moves away (and this broker is fenced) before anything stops.
-        self.lifecycle.controlled_shutdown().await;
+        if let Some(lifecycle) = self.lifecycle {
+            lifecycle.controlled_shutdown().await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
@@ -263,8 +266,14 @@ pub async fn start_with_authorizer(
         .iter()
         .map(|l| (l.endpoint.listener_name.clone(), l.local_addr.port()))
         .collect();
-    let lifecycle =
-        crate::lifecycle::start(&config, &controller_client, &cluster_id, &bound_ports).await?;
+    // A controller-only node does not register as a broker: it is never listed in Metadata
+    // and no partition is placed on it (Kafka's controller-only `ControllerServer`).
+    let lifecycle = if config.quorum.broker {
+        Some(crate::lifecycle::start(&config, &controller_client, &cluster_id, &bound_ports).await?)
+    } else {
+        info!("process.roles has no broker role: this node does not register as a broker");
+        None
+    };
 
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
@@ -298,9 +307,11 @@ pub async fn start_with_authorizer(
     );
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client);
-    broker
-        .broker_epoch
-        .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
+    if let Some(lifecycle) = &lifecycle {
+        broker
+            .broker_epoch
+            .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
+    }
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
         .await
