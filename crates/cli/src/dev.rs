@@ -125,8 +125,11 @@ pub fn node_properties(
     all: &[NodePorts],
     node_dir: &Path,
 ) -> Vec<(String, String)> {
-    let rf = all.len().clamp(1, 3);
-    let min_isr = rf.min(2);
+    // One replica per partition until partitions are replicated between brokers: a larger
+    // default would make every topic created without a replication factor (and every
+    // auto-created one) fail with INVALID_REPLICATION_FACTOR.
+    let rf = gregor_broker::broker::MAX_REPLICATION_FACTOR.max(1);
+    let min_isr = 1;
     [
         ("node.id", node.node_id.to_string()),
         ("process.roles", "broker,controller".into()),

@@ -130,6 +130,16 @@ impl VoterSet {
                 reason,
             };
             let (id, address) = entry.split_once('@').ok_or_else(|| bad("missing '@'"))?;
+            // One voter per entry (Kafka splits on ',' and wants exactly one '@'): a list
+            // joined with another separator must not read as one voter at a strange host.
+            if address.contains('@') {
+                return Err(bad("more than one '@' (voters are separated by ',')"));
+            }
+            if address.chars().any(|c| c.is_whitespace() || c == ';') {
+                return Err(bad(
+                    "the address has a ';' or a space (voters are separated by ',')",
+                ));
+            }
             let id: NodeId = id.trim().parse().map_err(|_| bad("id is not an integer"))?;
             if id < 0 {
                 return Err(VoterSetError::NegativeId(id));
@@ -179,6 +189,26 @@ impl VoterSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn voters_joined_with_another_separator_are_refused() {
+        for bad in [
+            "1@127.0.0.1:9093;2@127.0.0.1:9094",
+            "1@127.0.0.1:9093 2@127.0.0.1:9094",
+        ] {
+            assert!(
+                matches!(
+                    VoterSet::parse_quorum_voters(bad),
+                    Err(VoterSetError::BadEntry { .. })
+                ),
+                "{bad}"
+            );
+        }
+        let (set, endpoints) =
+            VoterSet::parse_quorum_voters("1@127.0.0.1:9093, 2@[::1]:9094").unwrap();
+        assert_eq!(set.len(), 2);
+        assert_eq!(endpoints[&2], ("::1".to_string(), 9094));
+    }
 
     #[test]
     fn offset_and_epoch_orders_by_epoch_first() {
