@@ -205,6 +205,26 @@ pub fn tool_command(tool: &str, args: &[String]) -> Result<Command> {
     Ok(cmd)
 }
 
+/// Runs a Kafka tool with `args` and returns its stdout followed by its stderr, whatever its
+/// exit status (callers look for what they expect in it).
+///
+/// # Errors
+/// When the command cannot be built or run.
+pub fn tool_output(tool: &str, args: &[&str]) -> Result<String> {
+    let out = tool_command(
+        tool,
+        &args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>(),
+    )?
+    .stdin(Stdio::null())
+    .output()
+    .with_context(|| format!("running {tool}"))?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
 /// One broker started by xtask, keyed by its client port.
 pub struct Instance {
     /// Client (PLAINTEXT) port on 127.0.0.1.

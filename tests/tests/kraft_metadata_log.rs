@@ -7,7 +7,6 @@
 //! log create. Skipped (with a message) when the Kafka jars cannot be fetched.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,7 +20,7 @@ use gregor_raft::{
     ElectionState, KafkaMetadataLog, MetadataLogConfig, OffsetAndEpoch, RaftLog, VoterSet,
 };
 use gregor_tests::process::{free_port, ChildGuard};
-use gregor_tests::reference::{self, tool_command, Instance};
+use gregor_tests::reference::{self, Instance};
 use uuid::Uuid;
 
 const TOPIC_A: u128 = 0x0a0a_0a0a_0a0a_0a0a_0a0a_0a0a_0a0a_0a0a;
@@ -190,19 +189,7 @@ fn kafka_dump_log_reads_our_segment_and_snapshot() {
 }
 
 fn tool_output(args: &[&str]) -> String {
-    let out = tool_command(
-        "kafka-topics",
-        &args.iter().map(|s| (*s).to_string()).collect::<Vec<_>>(),
-    )
-    .expect("kafka-topics")
-    .stdin(Stdio::null())
-    .output()
-    .expect("running kafka-topics");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    reference::tool_output("kafka-topics", args).expect("kafka-topics")
 }
 
 #[test]

@@ -768,7 +768,7 @@ fn a_kafka_controller_starts_from_a_log_gregor_wrote() {
     let bs = instance.bootstrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let describe = loop {
-        let out = tool_output(
+        let out = reference::tool_output(
             "kafka-topics",
             &[
                 "--bootstrap-server",
@@ -777,7 +777,8 @@ fn a_kafka_controller_starts_from_a_log_gregor_wrote() {
                 "--topic",
                 "made-by-gregor",
             ],
-        );
+        )
+        .expect("kafka-topics");
         if out.contains("PartitionCount: 2") && out.contains("Leader: 1") {
             break out;
         }
@@ -813,23 +814,6 @@ fn a_kafka_controller_starts_from_a_log_gregor_wrote() {
     }
     assert!(kinds.contains(&"RegisterBrokerRecord"), "{kinds:?}");
     let _ = std::fs::remove_dir_all(&instance.data_dir);
-}
-
-/// Runs a Kafka tool and returns its stdout (and stderr, for messages), whatever its status.
-fn tool_output(tool: &str, args: &[&str]) -> String {
-    let out = tool_command(
-        tool,
-        &args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>(),
-    )
-    .expect("a Kafka tool command")
-    .stdin(Stdio::null())
-    .output()
-    .expect("running a Kafka tool");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gregor_tests::clients::{self, create_topic_with};
 use gregor_tests::process::{free_port, wait_for_broker, ChildGuard};
-use gregor_tests::reference::{self, tool_command, Instance};
+use gregor_tests::reference::{self, Instance};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -121,18 +121,9 @@ fn dump_segments(dir: &Path) -> String {
 }
 
 fn kafka_topics(bootstrap: &str, args: &[&str]) -> String {
-    let mut all = vec!["--bootstrap-server".to_string(), bootstrap.to_string()];
-    all.extend(args.iter().map(|s| (*s).to_string()));
-    let out = tool_command("kafka-topics", &all)
-        .expect("kafka-topics")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running kafka-topics");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    let mut all = vec!["--bootstrap-server", bootstrap];
+    all.extend_from_slice(args);
+    reference::tool_output("kafka-topics", &all).expect("kafka-topics")
 }
 
 #[test]
