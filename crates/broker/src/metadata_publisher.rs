@@ -129,7 +129,33 @@ pub async fn start_metadata(
         ?voters,
         "waiting for the metadata quorum's high watermark"
     );
-    let high_watermark = raft_log.catch_up().await.map_err(|e| err(&e))?;
+    let high_watermark = {
+        // A quorum waits for a majority of its voters; say so every 10 s, naming them, so an
+        // operator who started one node of three sees why nothing happens.
+        let catch_up = raft_log.catch_up();
+        tokio::pin!(catch_up);
+        let started = std::time::Instant::now();
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+        every.tick().await;
+        loop {
+            tokio::select! {
+                r = &mut catch_up => break r.map_err(|e| err(&e))?,
+                _ = every.tick() => {
+                    let leader = manager.leader_and_epoch().borrow().leader_id;
+                    warn!(
+                        node = manager.node_id(),
+                        ?voters,
+                        ?leader,
+                        waited_s = started.elapsed().as_secs(),
+                        "still waiting for the metadata quorum: a majority of the voters ({} of {}) \
+                         must be running and reachable on their controller listeners",
+                        voters.len() / 2 + 1,
+                        voters.len()
+                    );
+                }
+            }
+        }
+    };
     let log: Arc<dyn MetadataLog> = raft_log.clone();
     let (loader, loader_task) =
         start_loader(log.subscribe().map_err(|e| err(&e))?, shutdown.clone());

@@ -480,6 +480,8 @@ pub async fn run(cmd: DevCommand) -> Result<i32> {
                 log.display(),
                 tail(&log, 30)
             );
+            // The dead node is reported above; stop_nodes reports the others only.
+            running.remove(i);
             stop_nodes(&mut running);
             Ok(1)
         }

@@ -400,6 +400,8 @@ pub struct RaftNode<L: RaftLog> {
     notified_leader: Option<(i32, Option<NodeId>)>,
     anomalies: u64,
     last_anomaly: Option<String>,
+    /// Occurrences of each kind of anomaly or misconfiguration error, to log the 1st, 2nd, 4th, 8th, ... of each.
+    anomaly_counts: BTreeMap<&'static str, u64>,
 }
 
 impl<L: RaftLog> RaftNode<L> {
@@ -476,6 +478,7 @@ impl<L: RaftLog> RaftNode<L> {
             notified_leader: None,
             anomalies: 0,
             last_anomaly: None,
+            anomaly_counts: BTreeMap::new(),
         };
         tracing::info!(node = local, state = ?node.state.role(), epoch = node.epoch(), "raft node starting");
         node.after_transition();
@@ -1339,7 +1342,22 @@ impl<L: RaftLog> RaftNode<L> {
         now: u64,
     ) -> Option<bool> {
         if error == ErrorCode::InconsistentClusterId || error == ErrorCode::InconsistentVoterSet {
-            tracing::error!(node = self.config.node_id, %error, "quorum misconfigured");
+            let (kind, cause) = if error == ErrorCode::InconsistentClusterId {
+                (
+                    "INCONSISTENT_CLUSTER_ID",
+                    "a peer was formatted with another cluster.id (meta.properties); format \
+                     every node with the same cluster id",
+                )
+            } else {
+                (
+                    "INCONSISTENT_VOTER_SET",
+                    "a peer has another controller.quorum.voters; every node needs the same voters",
+                )
+            };
+            if let Some(occurrences) = self.count_repeated(kind) {
+                tracing::error!(node = self.config.node_id, %error, occurrences,
+                    "quorum misconfigured: {cause}");
+            }
             return Some(false);
         }
         if epoch < self.epoch() || error == ErrorCode::UnknownLeaderEpoch {
@@ -2375,7 +2393,18 @@ impl<L: RaftLog> RaftNode<L> {
         (RETRY_BACKOFF_BASE_MS * self.rng.below(draws)).min(self.config.election_backoff_max_ms)
     }
 
-    fn anomaly(&mut self, what: &str) {
+    /// Counts one more occurrence of a repeated error `kind`; returns the count when it is the
+    /// 1st, 2nd, 4th, 8th, ... occurrence, the ones worth logging.
+    fn count_repeated(&mut self, kind: &'static str) -> Option<u64> {
+        let count = self.anomaly_counts.entry(kind).or_insert(0);
+        *count += 1;
+        count.is_power_of_two().then_some(*count)
+    }
+
+    /// Records an anomaly: a message or transition a correct quorum never produces. Logged at
+    /// error level the 1st, 2nd, 4th, 8th, ... time each kind occurs (a misconfigured cluster
+    /// repeats the same anomaly many times a second), with the likely cause.
+    fn anomaly(&mut self, what: &'static str) {
         self.anomalies += 1;
         self.last_anomaly = Some(format!(
             "{what} (node {} {:?} in epoch {}, leader {:?})",
@@ -2384,7 +2413,36 @@ impl<L: RaftLog> RaftNode<L> {
             self.epoch(),
             self.leader_id()
         ));
-        tracing::error!(node = self.config.node_id, epoch = self.epoch(), role = ?self.role(), "{what}");
+        if let Some(count) = self.count_repeated(what) {
+            let node = self.config.node_id;
+            tracing::error!(
+                node,
+                epoch = self.epoch(),
+                role = ?self.role(),
+                occurrences = count,
+                "{what}: {}",
+                anomaly_cause(what, node)
+            );
+        }
+    }
+}
+
+/// The likely cause of an anomaly, for the operator.
+fn anomaly_cause(what: &str, node: NodeId) -> String {
+    match what {
+        "message from itself"
+        | "message names another leader for our epoch"
+        | "a newer epoch names this node leader"
+        | "leader is this node or not a voter" => format!(
+            "another process may be running with node.id={node}, or the nodes disagree on \
+             controller.quorum.voters; every node needs its own node.id and the same voters"
+        ),
+        "leader asked to truncate below the high watermark"
+        | "leader's high watermark is below ours" => format!(
+            "node {node}'s metadata log may come from another cluster or have been restored \
+             from an older copy; check cluster.id in meta.properties of every node"
+        ),
+        _ => "logged with its occurrence count (1st, 2nd, 4th, ...)".to_string(),
     }
 }
 
