@@ -44,6 +44,7 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::CreatePartitions,
     ApiKey::AlterConfigs,
     ApiKey::IncrementalAlterConfigs,
+    ApiKey::DescribeConfigs,
     ApiKey::Envelope,
     ApiKey::BrokerRegistration,
     ApiKey::BrokerHeartbeat,
@@ -114,7 +115,11 @@ impl ControllerApis {
             })
             .collect();
         keys.sort_by_key(|k| k.api_key);
-        ApiVersionsResponse::default().with_api_keys(keys)
+        let image = self.controller.get().map(ControllerHandle::image);
+        crate::handlers::api_versions::with_features(
+            ApiVersionsResponse::default().with_api_keys(keys),
+            image.as_deref(),
+        )
     }
 
     fn versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
@@ -129,7 +134,8 @@ impl ControllerApis {
             | ApiKey::DeleteTopics
             | ApiKey::CreatePartitions
             | ApiKey::AlterConfigs
-            | ApiKey::IncrementalAlterConfigs => crate::handlers::supported_versions(api_key),
+            | ApiKey::IncrementalAlterConfigs
+            | ApiKey::DescribeConfigs => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -225,6 +231,37 @@ impl gregor_network::RequestHandler for ControllerApis {
             RequestKind::Envelope(r) => {
                 let response = self.envelope(ctx, r).await;
                 Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            // Any controller answers from its own metadata and config (Kafka's
+            // `ControllerApis.handleDescribeConfigsRequest`), as `kafka-configs
+            // --bootstrap-controller --describe` expects.
+            RequestKind::DescribeConfigs(r) => {
+                let response = match self.broker.get() {
+                    Some(broker) => {
+                        crate::handlers::configs::describe_configs(broker, ctx, &r, version).into()
+                    }
+                    // Not reachable in practice: the listener is served before the metadata
+                    // loads, so a request can arrive that early.
+                    None => m::DescribeConfigsResponse::default()
+                        .with_results(
+                            r.resources
+                                .iter()
+                                .map(|res| {
+                                    m::describe_configs_response::DescribeConfigsResult::default()
+                                        .with_error_code(ErrorCode::NotController.code())
+                                        .with_error_message(Some(
+                                            "the controller has not loaded its metadata yet"
+                                                .to_string()
+                                                .into(),
+                                        ))
+                                        .with_resource_type(res.resource_type)
+                                        .with_resource_name(res.resource_name.clone())
+                                })
+                                .collect(),
+                        )
+                        .into(),
+                };
+                Handled::Ready(respond(&header, api_key, response))
             }
             body @ (RequestKind::CreateTopics(_)
             | RequestKind::DeleteTopics(_)

@@ -2,8 +2,11 @@
 //! KIP-35 and KIP-511 (client software name and version; answering unknown versions with v0).
 
 use bytes::Bytes;
+use gregor_metadata::MetadataImage;
 use gregor_protocol::frame;
-use gregor_protocol::kafka_protocol::messages::api_versions_response::ApiVersion;
+use gregor_protocol::kafka_protocol::messages::api_versions_response::{
+    ApiVersion, FinalizedFeatureKey, SupportedFeatureKey,
+};
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, ResponseKind,
 };
@@ -68,6 +71,44 @@ pub fn handle_on(req: &ApiVersionsRequest, version: i16, controller: bool) -> Ap
             || !valid_software_field(&req.client_software_version))
     {
         resp.error_code = ec::INVALID_REQUEST;
+    }
+    resp
+}
+
+/// Adds the feature flags (KIP-584) of ApiVersions v3+: the feature levels this node supports
+/// (`SUPPORTED_FEATURES`, as in its BrokerRegistration) and the cluster's finalized levels
+/// from the metadata `image` (FeatureLevelRecords; a level of 0 is not listed), with the
+/// image's offset as the finalized-features epoch (-1 when no image is loaded yet). This is
+/// what `kafka-features describe` and clients' `describeFeatures` read.
+pub fn with_features(
+    mut resp: ApiVersionsResponse,
+    image: Option<&MetadataImage>,
+) -> ApiVersionsResponse {
+    resp.supported_features = gregor_metadata::cluster_control::SUPPORTED_FEATURES
+        .iter()
+        .map(|(name, min, max)| {
+            SupportedFeatureKey::default()
+                .with_name((*name).to_string().into())
+                .with_min_version(*min)
+                .with_max_version(*max)
+        })
+        .collect();
+    match image {
+        Some(image) if image.metadata_version().is_some() => {
+            resp.finalized_features_epoch = i64::try_from(image.offset).unwrap_or(i64::MAX);
+            resp.finalized_features = image
+                .features
+                .iter()
+                .filter(|(_, level)| **level > 0)
+                .map(|(name, level)| {
+                    FinalizedFeatureKey::default()
+                        .with_name(name.clone().into())
+                        .with_min_version_level(*level)
+                        .with_max_version_level(*level)
+                })
+                .collect();
+        }
+        _ => resp.finalized_features_epoch = -1,
     }
     resp
 }

@@ -274,7 +274,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
                 .config
                 .quorum
                 .is_controller_listener(&ctx.listener_name);
-            ready(api_versions::handle_on(&r, v, controller).into())
+            let image = broker.controller.image();
+            let resp = api_versions::handle_on(&r, v, controller);
+            ready(api_versions::with_features(resp, Some(&image)).into())
         }
         RequestKind::Fetch(r) if kraft::is_metadata_fetch(&r) => {
             kraft::handle(broker, ctx, RequestKind::Fetch(r))
