@@ -16,6 +16,7 @@ mod difftest;
 mod difftest_requests;
 mod fuzz;
 mod kafka;
+mod parallel_test;
 mod proc;
 mod sim;
 mod test;

@@ -160,7 +160,11 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 eprintln!("warning: promtool is not available: {e:#}");
             }
         }
-        let result = proc::run_checked(Command::new(&cargo).args(cargo_args).current_dir(&root));
+        let result = if suite == Suite::Test {
+            crate::parallel_test::run(&root, &cargo)
+        } else {
+            proc::run_checked(Command::new(&cargo).args(cargo_args).current_dir(&root))
+        };
         outcomes.push(Outcome {
             name,
             result,

@@ -477,7 +477,13 @@ mod migration_tests {
             old.propose(vec![topic("z", 9)]).await.unwrap();
         }
         let image = start_and_stop(&config, root.path()).await;
-        assert_eq!(image.offset, migrated_offset);
+        // The restarted voter leads epoch 2 from a LeaderChange control record at the end of
+        // the log; whether the image shows it yet depends on timing (one more Raft offset).
+        assert!(
+            image.offset == migrated_offset || image.offset == migrated_offset + 1,
+            "{} after {migrated_offset}",
+            image.offset
+        );
         assert!(image.topic("z").is_none());
         assert!(root
             .path()
