@@ -18,6 +18,8 @@ use super::purgatory::DelayedOperationPurgatory;
 use crate::error_codes as ec;
 use crate::observability::TopicMetrics;
 
+mod follower;
+
 /// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
 pub struct DelayedOperations {
     /// Delayed fetches (long polls), `delayed_operation="Fetch"`.
