@@ -125,10 +125,9 @@ pub fn node_properties(
     all: &[NodePorts],
     node_dir: &Path,
 ) -> Vec<(String, String)> {
-    // One replica per partition until partitions are replicated between brokers: a larger
-    // default would make every topic created without a replication factor (and every
-    // auto-created one) fail with INVALID_REPLICATION_FACTOR.
-    let rf = gregor_broker::broker::MAX_REPLICATION_FACTOR.max(1);
+    // One replica per partition by default until leaders shrink their ISR (issue 11): with
+    // more, one stopped node would hold every acks=all produce of its partitions.
+    let rf = 1;
     let min_isr = 1;
     [
         ("node.id", node.node_id.to_string()),
