@@ -704,7 +704,11 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("replica.fetch.wait.max.ms", ConfigType::Int, "500"),
     ("replica.fetch.min.bytes", ConfigType::Int, "1"),
     ("replica.fetch.max.bytes", ConfigType::Int, "1048576"),
-    ("replica.fetch.response.max.bytes", ConfigType::Int, "10485760"),
+    (
+        "replica.fetch.response.max.bytes",
+        ConfigType::Int,
+        "10485760",
+    ),
     ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
     (

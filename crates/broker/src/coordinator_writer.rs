@@ -204,8 +204,7 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
     let brokers = image.brokers.len().max(1);
     let rf = config
         .offsets_topic_replication_factor
-        .min(i16::try_from(brokers).unwrap_or(i16::MAX))
-        .min(crate::broker::MAX_REPLICATION_FACTOR);
+        .min(i16::try_from(brokers).unwrap_or(i16::MAX));
     let mut configs = BTreeMap::new();
     configs.insert("cleanup.policy".to_string(), "compact".to_string());
     configs.insert("compression.type".to_string(), "producer".to_string());

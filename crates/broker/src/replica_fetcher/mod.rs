@@ -138,7 +138,12 @@ pub struct ReplicaFetcherManager {
 impl ReplicaFetcherManager {
     /// A manager with no fetcher yet. Fetcher tasks run on the current tokio runtime (must be
     /// called inside one); appends and truncations run on `io`.
-    pub fn new(config: FetcherConfig, broker_epoch: i64, io: Arc<IoPool>, clock: SharedClock) -> Self {
+    pub fn new(
+        config: FetcherConfig,
+        broker_epoch: i64,
+        io: Arc<IoPool>,
+        clock: SharedClock,
+    ) -> Self {
         Self {
             ctx: Arc::new(FetcherContext {
                 config,
@@ -187,10 +192,8 @@ impl ReplicaFetcherManager {
             .iter()
             .filter(|(tp, ((leader, _), epoch, topic_id))| {
                 let reg = image
-                    .topics
-                    .values()
-                    .find(|t| t.name == tp.topic)
-                    .filter(|t| t.topic_id == *topic_id)
+                    .topic_by_id(topic_id)
+                    .filter(|t| t.name == tp.topic)
                     .and_then(|t| t.partitions.get(&tp.partition));
                 !reg.is_some_and(|r| {
                     r.leader == *leader
@@ -362,7 +365,11 @@ impl ReplicaFetcherManager {
             .collect();
         for key in idle {
             if let Some(f) = fetchers.remove(&key) {
-                tracing::info!(source_broker = key.0, fetcher_id = key.1, "stopping idle replica fetcher");
+                tracing::info!(
+                    source_broker = key.0,
+                    fetcher_id = key.1,
+                    "stopping idle replica fetcher"
+                );
                 let _ = f.stop.send(true);
             }
         }
@@ -405,3 +412,6 @@ pub fn checkpoint_high_watermarks(rm: &ReplicaManager) -> Result<(), gregor_log:
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
