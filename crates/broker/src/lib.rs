@@ -26,6 +26,7 @@ pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;
 pub mod replica_manager;
+pub mod replication;
 pub mod server;
 pub mod start_error;
 pub mod storage;
