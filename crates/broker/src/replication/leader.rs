@@ -780,7 +780,7 @@ mod tests {
 
     #[test]
     fn a_follower_that_never_fetched_leaves_after_the_lag() {
-        let mut l = leader(&[1, 2, 3], 1, 100, 1000);
+        let l = leader(&[1, 2, 3], 1, 100, 1000);
         assert!(l.out_of_sync_replicas(100, 1000 + LAG).is_empty());
         assert_eq!(l.out_of_sync_replicas(100, 1001 + LAG), vec![2, 3]);
     }
