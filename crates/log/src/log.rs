@@ -625,7 +625,11 @@ impl PartitionLog {
     ///
     /// # Errors
     /// The checkpoint write's I/O error.
-    pub fn maybe_assign_epoch_start_offset(&self, leader_epoch: i32, start_offset: i64) -> Result<()> {
+    pub fn maybe_assign_epoch_start_offset(
+        &self,
+        leader_epoch: i32,
+        start_offset: i64,
+    ) -> Result<()> {
         let mut cache = self.epoch_cache.lock();
         if cache.assign(leader_epoch, start_offset, true)? {
             self.latest_epoch.store(leader_epoch, Ordering::Release);

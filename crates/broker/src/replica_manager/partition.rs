@@ -389,7 +389,10 @@ impl Partition {
             }
             moved.is_some()
         };
-        debug_assert!(self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()), "HW <= LEO");
+        debug_assert!(
+            self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()),
+            "HW <= LEO"
+        );
         if moved {
             self.delayed.check_and_complete_all(&self.topic_partition);
         }
@@ -447,7 +450,9 @@ impl Partition {
     /// True when `replica_id` is a follower replica of this partition led here.
     pub fn is_follower_replica(&self, replica_id: i32) -> bool {
         let s = self.state.read();
-        s.role == Role::Leader && replica_id != self.local_broker && s.replicas.contains(&replica_id)
+        s.role == Role::Leader
+            && replica_id != self.local_broker
+            && s.replicas.contains(&replica_id)
     }
 
     /// Kafka's `maybeShrinkIsr` (the ISR-expiration task): proposes removing the ISR followers
@@ -505,7 +510,10 @@ impl Partition {
 
     /// The pending ISR change, if this broker leads and one is in flight.
     pub fn pending_isr_change(&self) -> Option<IsrChange> {
-        self.leader.lock().as_ref().and_then(|c| c.pending().cloned())
+        self.leader
+            .lock()
+            .as_ref()
+            .and_then(|c| c.pending().cloned())
     }
 
     /// Kafka's `checkEnoughReplicasReachOffset` for a delayed produce waiting for
@@ -586,6 +594,23 @@ impl Partition {
             self.delayed.fetch.check_and_complete(&self.topic_partition);
         }
         Ok(info)
+    }
+
+    /// Kafka's `Partition.lastOffsetForLeaderEpoch` as the leader (OffsetForLeaderEpoch):
+    /// after the leader check of `current_leader_epoch` (KIP-320), the largest epoch `<=`
+    /// `leader_epoch` in the epoch cache and its end offset (the log end offset for the
+    /// latest epoch); `(-1, -1)` when unknown.
+    ///
+    /// # Errors
+    /// The leader check's codes: FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+    /// NOT_LEADER_OR_FOLLOWER.
+    pub fn last_offset_for_leader_epoch(
+        &self,
+        current_leader_epoch: i32,
+        leader_epoch: i32,
+    ) -> Result<(i32, i64), i16> {
+        self.check_leader(current_leader_epoch)?;
+        Ok(self.log.end_offset_for_leader_epoch(leader_epoch))
     }
 
     /// The offset a read may not pass: the log end offset for a follower, else the high
