@@ -427,7 +427,6 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
         .unwrap_or(gregor_metadata::controller::DEFAULT_BROKER_SESSION_TIMEOUT_MS);
     gregor_metadata::controller::ControllerConfig {
         session_timeout_ms,
-        max_replication_factor: crate::broker::MAX_REPLICATION_FACTOR,
         ..Default::default()
     }
 }
