@@ -26,6 +26,7 @@ pub mod lifecycle;
 pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;
+pub mod replica_fetcher;
 pub mod replica_manager;
 pub mod replication;
 pub mod server;

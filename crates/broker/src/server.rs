@@ -144,12 +144,23 @@ impl RunningBroker {
         if let Some(lifecycle) = self.lifecycle {
             lifecycle.controlled_shutdown().await;
         }
+        // Fetchers stop (closing their connections) before the logs close; the high
+        // watermarks are checkpointed after the last follower append.
+        if let Some(fetchers) = self.broker.replica_manager.fetchers() {
+            fetchers.shutdown().await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
         let broker = self.broker.clone();
-        tokio::task::spawn_blocking(move || broker.replica_manager.logs().shutdown())
+        tokio::task::spawn_blocking(move || {
+            let rm = &broker.replica_manager;
+            if let Err(e) = crate::replica_fetcher::checkpoint_high_watermarks(rm) {
+                warn!(error = %e, "writing replication-offset-checkpoint at shutdown failed");
+            }
+            rm.logs().shutdown()
+        })
             .await
             .unwrap_or_else(|e| {
                 Err(gregor_log::LogError::Io {
@@ -339,6 +350,17 @@ pub async fn start_with_authorizer(
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
     }
+    // Partitions led elsewhere are fetched from their leaders (issue 11); a node without the
+    // broker role hosts no partition.
+    if let Some(lifecycle) = &lifecycle {
+        let rm = &broker.replica_manager;
+        rm.set_fetchers(Arc::new(crate::replica_fetcher::ReplicaFetcherManager::new(
+            crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
+            lifecycle.broker_epoch,
+            rm.io_pool().clone(),
+            rm.clock().clone(),
+        )));
+    }
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
         .await
@@ -391,6 +413,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(high_watermark_checkpointer(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -428,6 +454,35 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
     gregor_metadata::controller::ControllerConfig {
         session_timeout_ms,
         ..Default::default()
+    }
+}
+
+/// Writes `replication-offset-checkpoint` every
+/// `replica.high.watermark.checkpoint.interval.ms` (Kafka's `checkpointHighWatermarks`, started
+/// by `ReplicaManager.startHighWatermarkCheckPointThread`), on the I/O pool.
+async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let period = Duration::from_millis(
+        broker
+            .config
+            .replica_high_watermark_checkpoint_interval_ms()
+            .max(1) as u64,
+    );
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+        let b = broker.clone();
+        let written = broker
+            .replica_manager
+            .io_pool()
+            .run(move || crate::replica_fetcher::checkpoint_high_watermarks(&b.replica_manager))
+            .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "writing replication-offset-checkpoint failed"),
+            Err(e) => warn!(error = %e, "high watermark checkpoint job failed"),
+        }
     }
 }
 

@@ -484,6 +484,11 @@ pub struct ReplicaManager {
     delayed: Arc<DelayedOperations>,
     io: Arc<IoPool>,
     replication: Arc<ReplicationContext>,
+    /// The replica fetchers, installed at start-up ([`ReplicaManager::set_fetchers`]).
+    fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
+    /// High watermarks read from `replication-offset-checkpoint`, taken by each partition as
+    /// it is created.
+    checkpointed_high_watermarks: parking_lot::Mutex<std::collections::HashMap<TopicPartition, i64>>,
 }
 
 impl ReplicaManager {
@@ -494,8 +499,11 @@ impl ReplicaManager {
     pub fn new(local_broker: i32, config: BrokerConfig, logs: LogManager) -> Self {
         let clock = logs.clock().clone();
         let io = Arc::new(IoPool::new(config.num_io_threads()));
+        let checkpointed = logs.read_high_watermark_checkpoints();
         Self {
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
+            fetchers: std::sync::OnceLock::new(),
+            checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
             local_broker,
             delayed: DelayedOperations::new(&clock),
             clock,
@@ -505,6 +513,16 @@ impl ReplicaManager {
             dynamic_configs: RwLock::new(DynamicBrokerConfigs::default()),
             io,
         }
+    }
+
+    /// Installs the replica fetchers (once; later calls are ignored).
+    pub fn set_fetchers(&self, fetchers: Arc<crate::replica_fetcher::ReplicaFetcherManager>) {
+        let _ = self.fetchers.set(fetchers);
+    }
+
+    /// The replica fetchers, once installed.
+    pub fn fetchers(&self) -> Option<&Arc<crate::replica_fetcher::ReplicaFetcherManager>> {
+        self.fetchers.get()
     }
 
     /// The partition `topic`-`index`, if hosted here.
@@ -897,6 +915,11 @@ impl ReplicaManager {
                 }
             }
         }
+        // Partitions that stop following their leader leave their fetcher first (Kafka's
+        // applyDelta), so no follower append lands after a role change or deletion.
+        if let Some(f) = self.fetchers.get() {
+            f.before_image(image, self.local_broker);
+        }
         let current: Vec<((String, i32), Arc<Partition>)> = self
             .partitions
             .read()
@@ -950,8 +973,18 @@ impl ReplicaManager {
                 self.clock.clone(),
                 self.replication.clone(),
             );
+            let checkpointed = self
+                .checkpointed_high_watermarks
+                .lock()
+                .remove(p.topic_partition());
+            if let Some(hw) = checkpointed {
+                p.init_high_watermark(hw);
+            }
             p.apply(leader_and_isr);
             self.partitions.write().insert((topic, index), p);
+        }
+        if let Some(f) = self.fetchers.get() {
+            f.after_image(image, &self.partitions());
         }
         Ok(())
     }

@@ -74,6 +74,8 @@ impl Default for ReplicationContext {
     }
 }
 
+mod follower;
+
 /// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
 pub struct DelayedOperations {
     /// Delayed fetches (long polls), `delayed_operation="Fetch"`.
