@@ -704,8 +704,14 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("replica.fetch.wait.max.ms", ConfigType::Int, "500"),
     ("replica.fetch.min.bytes", ConfigType::Int, "1"),
     ("replica.fetch.max.bytes", ConfigType::Int, "1048576"),
-    ("replica.fetch.response.max.bytes", ConfigType::Int, "10485760"),
+    (
+        "replica.fetch.response.max.bytes",
+        ConfigType::Int,
+        "10485760",
+    ),
     ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
+    // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
+    ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
     (
         "replica.high.watermark.checkpoint.interval.ms",

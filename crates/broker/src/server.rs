@@ -161,13 +161,13 @@ impl RunningBroker {
             }
             rm.logs().shutdown()
         })
-            .await
-            .unwrap_or_else(|e| {
-                Err(gregor_log::LogError::Io {
-                    context: format!("shutdown task failed: {e}"),
-                    source: std::io::Error::other("join error"),
-                })
+        .await
+        .unwrap_or_else(|e| {
+            Err(gregor_log::LogError::Io {
+                context: format!("shutdown task failed: {e}"),
+                source: std::io::Error::other("join error"),
             })
+        })
     }
 }
 
@@ -354,12 +354,14 @@ pub async fn start_with_authorizer(
     // broker role hosts no partition.
     if let Some(lifecycle) = &lifecycle {
         let rm = &broker.replica_manager;
-        rm.set_fetchers(Arc::new(crate::replica_fetcher::ReplicaFetcherManager::new(
-            crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
-            lifecycle.broker_epoch,
-            rm.io_pool().clone(),
-            rm.clock().clone(),
-        )));
+        rm.set_fetchers(Arc::new(
+            crate::replica_fetcher::ReplicaFetcherManager::new(
+                crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
+                lifecycle.broker_epoch,
+                rm.io_pool().clone(),
+                rm.clock().clone(),
+            ),
+        ));
     }
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)

@@ -48,7 +48,11 @@ fn wait_for<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<
 }
 
 fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
-    KafkaConn::connect_timeout(bootstrap.parse()?, Duration::from_secs(5), "replica-fetcher-test")
+    KafkaConn::connect_timeout(
+        bootstrap.parse()?,
+        Duration::from_secs(5),
+        "replica-fetcher-test",
+    )
 }
 
 fn create_topic(bootstrap: &str, name: &str, rf: i16) {
@@ -165,9 +169,13 @@ fn wait_for_log(cluster: &Cluster, id: i32, topic: &str, expected: &[(i64, i64, 
 
 /// The high watermark node `id` checkpointed for partition 0 of `topic`.
 fn checkpointed_hw(cluster: &Cluster, id: i32, topic: &str) -> Option<i64> {
-    let text =
-        std::fs::read_to_string(cluster.node(id).data_dir().join("replication-offset-checkpoint"))
-            .ok()?;
+    let text = std::fs::read_to_string(
+        cluster
+            .node(id)
+            .data_dir()
+            .join("replication-offset-checkpoint"),
+    )
+    .ok()?;
     let mut lines = text.lines();
     if lines.next()? != "0" {
         return None;
@@ -200,7 +208,10 @@ fn followers_copy_the_leader_and_a_killed_follower_catches_up() {
     // acks=all completes only once both followers fetched the batches (the ISR is all three).
     let started = Instant::now();
     assert_eq!(produce(&lb, "copied", -1, 20, "a"), Ok(95));
-    println!("20 acks=all batches in {} ms", started.elapsed().as_millis());
+    println!(
+        "20 acks=all batches in {} ms",
+        started.elapsed().as_millis()
+    );
     let expected = log_batches(&cluster.node(leader).data_dir(), "copied");
     assert_eq!(expected.len(), 20);
     assert_eq!(expected.last().map(|b| b.1), Some(99));
@@ -208,9 +219,11 @@ fn followers_copy_the_leader_and_a_killed_follower_catches_up() {
     for f in &followers {
         wait_for_log(&cluster, *f, "copied", &expected);
         // The follower's high watermark (the leader's, as it fetched) reaches the checkpoint.
-        wait_for(Duration::from_secs(20), "the follower's HW checkpoint", || {
-            (checkpointed_hw(&cluster, *f, "copied")? == 100).then_some(())
-        });
+        wait_for(
+            Duration::from_secs(20),
+            "the follower's HW checkpoint",
+            || (checkpointed_hw(&cluster, *f, "copied")? == 100).then_some(()),
+        );
     }
 
     // kill -9 a follower; the leader takes more (acks=1: the ISR does not shrink yet);
@@ -231,9 +244,11 @@ fn followers_copy_the_leader_and_a_killed_follower_catches_up() {
         .wait_listening(Duration::from_secs(30))
         .unwrap();
     wait_for_log(&cluster, victim, "copied", &expected);
-    wait_for(Duration::from_secs(20), "the HW checkpoint after catching up", || {
-        (checkpointed_hw(&cluster, victim, "copied")? == 150).then_some(())
-    });
+    wait_for(
+        Duration::from_secs(20),
+        "the HW checkpoint after catching up",
+        || (checkpointed_hw(&cluster, victim, "copied")? == 150).then_some(()),
+    );
     // Every replica still agrees after one more acks=all round.
     assert_eq!(produce(&lb, "copied", -1, 1, "c"), Ok(150));
     let expected = log_batches(&cluster.node(leader).data_dir(), "copied");
@@ -309,7 +324,10 @@ fn divergent_tail(new_leader_writes_first: bool) {
     assert_eq!(produce(&nb, "diverge", 1, 2, "after"), Ok(next + 5));
     let expected = log_batches(&cluster.node(new_leader).data_dir(), "diverge");
     assert_eq!(&expected[..10], &common[..]);
-    assert!(expected[10..].iter().all(|b| b.2 == new_epoch), "{expected:?}");
+    assert!(
+        expected[10..].iter().all(|b| b.2 == new_epoch),
+        "{expected:?}"
+    );
     for id in [1, 2, 3] {
         wait_for_log(&cluster, id, "diverge", &expected);
     }

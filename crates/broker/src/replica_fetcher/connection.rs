@@ -160,9 +160,8 @@ impl BrokerConnection {
             .await
             .map_err(|e| self.io("writing to", e))?;
         let mut frame = self.read_frame().await?;
-        let header =
-            ResponseHeader::decode(&mut frame, api_key.response_header_version(version))
-                .map_err(|e| self.protocol(format!("{e:#}")))?;
+        let header = ResponseHeader::decode(&mut frame, api_key.response_header_version(version))
+            .map_err(|e| self.protocol(format!("{e:#}")))?;
         if header.correlation_id != correlation_id {
             return Err(self.protocol(format!(
                 "correlation id {} answers {correlation_id}",

@@ -23,7 +23,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::connection::{BrokerConnection, ConnectionError};
-use super::{FetcherContext, FetcherShared, FollowedPartition, FETCH_VERSION, LIST_OFFSETS_VERSION};
+use super::{
+    FetcherContext, FetcherShared, FollowedPartition, FETCH_VERSION, LIST_OFFSETS_VERSION,
+};
 use crate::error_codes as ec;
 use crate::replication::follower::{
     on_fetch_response, resolve_out_of_range, truncation_for_diverging_epoch, EpochEndOffset,
@@ -101,7 +103,11 @@ pub(crate) async fn run(
             }
         };
         if response.error_code != ec::NONE {
-            tracing::warn!(source, error_code = response.error_code, "fetch failed as a whole; backing off");
+            tracing::warn!(
+                source,
+                error_code = response.error_code,
+                "fetch failed as a whole; backing off"
+            );
             delay_all(&ctx, &shared, &sent);
             continue;
         }
@@ -126,7 +132,16 @@ pub(crate) async fn run(
                 Ok(result) => {
                     let job = {
                         let (ctx, shared) = (ctx.clone(), shared.clone());
-                        move || apply_out_of_range(&ctx, &shared, &tp, fetch_offset, leader_epoch, result)
+                        move || {
+                            apply_out_of_range(
+                                &ctx,
+                                &shared,
+                                &tp,
+                                fetch_offset,
+                                leader_epoch,
+                                result,
+                            )
+                        }
                     };
                     if let Err(e) = ctx.io.run(job).await {
                         tracing::error!(source, error = %e, "out-of-range recovery failed");
@@ -265,7 +280,10 @@ fn apply_fetch_response(
             let (Some(&(offset, epoch)), Some(f)) = (sent.get(&tp), partitions.get_mut(&tp)) else {
                 continue;
             };
-            if !f.partition.is_follower_of(f.leader, f.state.current_leader_epoch) {
+            if !f
+                .partition
+                .is_follower_of(f.leader, f.state.current_leader_epoch)
+            {
                 continue;
             }
             let diverging = (pd.diverging_epoch.epoch >= 0 || pd.diverging_epoch.end_offset >= 0)
@@ -285,7 +303,15 @@ fn apply_fetch_response(
                 FetchDecision::Append {
                     leader_high_watermark,
                     leader_log_start_offset,
-                } => append(ctx, f, &tp, records, leader_high_watermark, leader_log_start_offset, now),
+                } => append(
+                    ctx,
+                    f,
+                    &tp,
+                    records,
+                    leader_high_watermark,
+                    leader_log_start_offset,
+                    now,
+                ),
                 FetchDecision::Diverged(d) => truncate_diverging(ctx, f, &tp, d, now),
                 FetchDecision::ResolveOutOfRange => out_of_range.push((tp, offset, epoch)),
                 FetchDecision::AwaitMetadata => {
@@ -318,20 +344,23 @@ fn append(
         if let Err(e) = f.partition.append_records_as_follower(&records[..whole]) {
             tracing::error!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
                 "follower append failed; backing off");
-            f.state
-                .advance(f.partition.log.log_end_offset(), f.partition.log.latest_leader_epoch());
+            f.state.advance(
+                f.partition.log.log_end_offset(),
+                f.partition.log.latest_leader_epoch(),
+            );
             f.state.delay(now, ctx.config.backoff_ms);
             return;
         }
     }
-    if f
-        .partition
+    if f.partition
         .update_follower_offsets(leader_hw, leader_log_start)
     {
         ctx.log_start_moved.store(true, Ordering::Release);
     }
-    f.state
-        .advance(f.partition.log.log_end_offset(), f.partition.log.latest_leader_epoch());
+    f.state.advance(
+        f.partition.log.log_end_offset(),
+        f.partition.log.latest_leader_epoch(),
+    );
 }
 
 fn truncate_diverging(

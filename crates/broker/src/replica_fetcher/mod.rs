@@ -138,7 +138,12 @@ pub struct ReplicaFetcherManager {
 impl ReplicaFetcherManager {
     /// A manager with no fetcher yet. Fetcher tasks run on the current tokio runtime (must be
     /// called inside one); appends and truncations run on `io`.
-    pub fn new(config: FetcherConfig, broker_epoch: i64, io: Arc<IoPool>, clock: SharedClock) -> Self {
+    pub fn new(
+        config: FetcherConfig,
+        broker_epoch: i64,
+        io: Arc<IoPool>,
+        clock: SharedClock,
+    ) -> Self {
         Self {
             ctx: Arc::new(FetcherContext {
                 config,
@@ -362,7 +367,11 @@ impl ReplicaFetcherManager {
             .collect();
         for key in idle {
             if let Some(f) = fetchers.remove(&key) {
-                tracing::info!(source_broker = key.0, fetcher_id = key.1, "stopping idle replica fetcher");
+                tracing::info!(
+                    source_broker = key.0,
+                    fetcher_id = key.1,
+                    "stopping idle replica fetcher"
+                );
                 let _ = f.stop.send(true);
             }
         }

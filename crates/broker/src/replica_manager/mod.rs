@@ -488,7 +488,8 @@ pub struct ReplicaManager {
     fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
     /// High watermarks read from `replication-offset-checkpoint`, taken by each partition as
     /// it is created.
-    checkpointed_high_watermarks: parking_lot::Mutex<std::collections::HashMap<TopicPartition, i64>>,
+    checkpointed_high_watermarks:
+        parking_lot::Mutex<std::collections::HashMap<TopicPartition, i64>>,
 }
 
 impl ReplicaManager {

@@ -35,12 +35,19 @@ impl Partition {
     /// rises to the leader's (never above the new high watermark). Delayed operations on the
     /// partition are re-checked when the high watermark moved. Returns whether the log start
     /// offset moved (the caller checkpoints it).
-    pub fn update_follower_offsets(&self, leader_high_watermark: i64, leader_log_start: i64) -> bool {
+    pub fn update_follower_offsets(
+        &self,
+        leader_high_watermark: i64,
+        leader_log_start: i64,
+    ) -> bool {
         let leo = self.log.log_end_offset();
         let hw = follower_high_watermark(leader_high_watermark, self.log.log_start_offset(), leo);
         let before_start = self.log.log_start_offset();
         if leader_log_start > before_start {
-            if let Err(e) = self.log.maybe_increment_log_start_offset(leader_log_start.min(hw)) {
+            if let Err(e) = self
+                .log
+                .maybe_increment_log_start_offset(leader_log_start.min(hw))
+            {
                 tracing::warn!(partition = %self.topic_partition, error = %e,
                     "could not move the follower's log start offset to the leader's");
             }
