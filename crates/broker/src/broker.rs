@@ -23,11 +23,6 @@ struct ProducerIdBlock {
     end: i64,
 }
 
-/// The most replicas a partition may have: no limit beyond the number of usable brokers (the
-/// controller's placement refuses more with INVALID_REPLICATION_FACTOR), now that followers
-/// fetch from their leaders (issue 11, [`crate::replica_fetcher`]).
-pub const MAX_REPLICATION_FACTOR: i16 = i16::MAX;
-
 /// Shared state of a running broker.
 pub struct Broker {
     /// Configuration.

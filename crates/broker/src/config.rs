@@ -710,6 +710,8 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "10485760",
     ),
     ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
+    // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
+    ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
     (
         "replica.high.watermark.checkpoint.interval.ms",
@@ -1705,6 +1707,17 @@ impl BrokerConfig {
             .get("producer.id.expiration.ms")
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(86_400_000)
+    }
+
+    /// `replica.lag.time.max.ms` (Kafka's default 30000, at least 1): a follower that has not
+    /// caught up with the leader's log end offset for this long leaves the ISR; the leader
+    /// checks every half of it (ISR expiration).
+    pub fn replica_lag_time_max_ms(&self) -> i64 {
+        self.raw
+            .get("replica.lag.time.max.ms")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(crate::replication::leader::DEFAULT_REPLICA_LAG_TIME_MAX_MS)
+            .max(1)
     }
 
     /// One cleaner thread's settings: `log.cleaner.dedupe.buffer.size` split over

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod alter_partition;
 pub mod authorizer;
 pub mod broker;
 pub mod config;

@@ -317,7 +317,34 @@ pub async fn start_with_authorizer(
         },
     );
     let _ = broker.raft.set(raft);
-    let _ = broker.controller_client.set(controller_client);
+    let _ = broker.controller_client.set(controller_client.clone());
+    // ISR changes of the partitions led here go to the active controller (AlterPartition),
+    // and the ISR-expiration task proposes shrinks (replication, issue 11).
+    {
+        let weak = Arc::downgrade(&broker);
+        let (manager, task) = crate::alter_partition::start(
+            config.node_id,
+            Arc::new(move || {
+                weak.upgrade().map_or(-1, |b| {
+                    b.broker_epoch.load(std::sync::atomic::Ordering::Relaxed)
+                })
+            }),
+            Arc::new(crate::alter_partition::ControllerAlterPartition(
+                controller_client,
+            )),
+            Duration::from_millis(crate::alter_partition::DEFAULT_RETRY_BACKOFF_MS),
+            shutdown_rx.clone(),
+        );
+        broker
+            .replica_manager
+            .replication()
+            .set_alter_partition_sender(manager);
+        tasks.push(task);
+        let (b, shutdown) = (broker.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            b.replica_manager.run_isr_expiration(shutdown).await;
+        }));
+    }
     if let Some(lifecycle) = &lifecycle {
         broker
             .broker_epoch
@@ -428,7 +455,6 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
         .unwrap_or(gregor_metadata::controller::DEFAULT_BROKER_SESSION_TIMEOUT_MS);
     gregor_metadata::controller::ControllerConfig {
         session_timeout_ms,
-        max_replication_factor: crate::broker::MAX_REPLICATION_FACTOR,
         ..Default::default()
     }
 }

@@ -125,8 +125,8 @@ pub fn node_properties(
     all: &[NodePorts],
     node_dir: &Path,
 ) -> Vec<(String, String)> {
-    // One replica per partition by default until leaders shrink their ISR (issue 11): with
-    // more, one stopped node would hold every acks=all produce of its partitions.
+    // One replica per partition until the brokers' replica fetchers (issue 11) have landed:
+    // then 3 with min.insync.replicas 2 for a 3-node cluster.
     let rf = 1;
     let min_isr = 1;
     [

@@ -279,11 +279,9 @@ pub struct ControllerConfig {
     /// log has no `metadata.version` yet, before any other change (Kafka's activation
     /// records). Empty: nothing is bootstrapped.
     pub bootstrap_records: Vec<MetadataRecord>,
-    /// The most replicas a partition may have (INVALID_REPLICATION_FACTOR above it, for
-    /// placed and manually assigned partitions alike). The broker sets 1 while partitions are
-    /// not replicated between brokers: a partition with followers that never fetch would keep
-    /// its high watermark at 0. Default: no limit beyond the registered brokers.
-    pub max_replication_factor: i16,
+    /// `unclean.leader.election.enable` of this node's static config (Kafka's default false):
+    /// used for a topic whose own config and the cluster default do not set it.
+    pub unclean_leader_election_enable: bool,
 }
 
 impl Default for ControllerConfig {
@@ -293,7 +291,7 @@ impl Default for ControllerConfig {
             clock: Arc::new(SystemClock::new()),
             placement_seed: None,
             bootstrap_records: Vec::new(),
-            max_replication_factor: i16::MAX,
+            unclean_leader_election_enable: false,
         }
     }
 }
@@ -432,12 +430,6 @@ impl Controller {
                 "Unable to replicate the partition {replication_factor} time(s): {why}"
             ))
         };
-        let max = self.config.max_replication_factor;
-        if replication_factor > max {
-            return Err(unable(format!(
-                "this cluster allows at most {max} replica(s) per partition (gregor does not replicate partitions between brokers yet)"
-            )));
-        }
         let placed = place(
             &Self::usable_brokers(image),
             usize::try_from(count).unwrap_or(0),
@@ -473,15 +465,8 @@ impl Controller {
         mut replication_factor: Option<usize>,
     ) -> Result<Vec<Placed>, ControllerError> {
         let invalid = ControllerError::InvalidReplicaAssignment;
-        let max = usize::try_from(self.config.max_replication_factor).unwrap_or(0);
         let mut out = Vec::with_capacity(assignments.len());
         for (i, a) in assignments.iter().enumerate() {
-            if a.len() > max {
-                return Err(ControllerError::InvalidReplicationFactor(format!(
-                    "The manual partition assignment includes a partition with {} replica(s), but this cluster allows at most {max} (gregor does not replicate partitions between brokers yet).",
-                    a.len()
-                )));
-            }
             if a.is_empty() {
                 return Err(invalid(
                     "The manual partition assignment includes an empty replica list.".into(),
@@ -1206,6 +1191,21 @@ impl ControllerHandle {
             .await
     }
 
+    /// AlterPartition (API 56, KIP-497) from a partition leader; see
+    /// [`Controller::alter_partition`]. Returns once the change is committed and applied on
+    /// this node, with each partition's new state (leader, leader epoch, ISR, partition epoch)
+    /// or its error.
+    ///
+    /// # Errors
+    /// STALE_BROKER_EPOCH, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_partition(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AlterPartitionRequest,
+    ) -> Result<gregor_protocol::kafka_protocol::messages::AlterPartitionResponse, ControllerError>
+    {
+        self.submit_one(move |c| c.alter_partition(request)).await
+    }
+
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its
     /// first id.
     ///
@@ -1470,16 +1470,12 @@ mod tests {
         assert_eq!(batch.records.len(), 7);
     }
 
-    /// `max_replication_factor` refuses placed and manually assigned partitions above it.
+    /// Partitions get as many replicas as there are brokers (Kafka's placement); more is
+    /// INVALID_REPLICATION_FACTOR with Kafka's message, and a manual assignment may name
+    /// every registered broker.
     #[test]
-    fn replication_factor_above_the_maximum_is_refused() {
-        let mut c = Controller::with_config(
-            MetadataImage::default(),
-            ControllerConfig {
-                max_replication_factor: 1,
-                ..ControllerConfig::default()
-            },
-        );
+    fn replication_factor_up_to_the_registered_brokers() {
+        let mut c = Controller::with_config(MetadataImage::default(), ControllerConfig::default());
         for id in 1..=3 {
             let r = c.register_broker(registration(id)).unwrap();
             let batch = CommittedBatch {
@@ -1505,14 +1501,32 @@ mod tests {
             c.replay(&batch);
         }
         let image = c.image.clone();
-        let err = c.create_topic(&image, topic("three", 1, 3)).unwrap_err();
+        let (_, records) = c.create_topic(&image, topic("three", 2, 3)).unwrap();
+        let partitions: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                MetadataRecord::Partition(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(partitions.len(), 2);
+        for p in &partitions {
+            let mut replicas = p.replicas.clone();
+            replicas.sort_unstable();
+            assert_eq!(replicas, vec![1, 2, 3]);
+            assert_eq!(p.isr.len(), 3);
+            assert_eq!(p.leader, p.replicas[0]);
+        }
+        let err = c.create_topic(&image, topic("four", 1, 4)).unwrap_err();
         assert_eq!(err.kafka_error_code(), 38, "{err}");
-        assert!(err.to_string().contains("does not replicate"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("cannot be reached because only 3 broker(s) are registered"),
+            "{err}"
+        );
         let mut manual = topic("manual", -1, -1);
-        manual.assignments = vec![vec![1, 2]];
-        let err = c.create_topic(&image, manual).unwrap_err();
-        assert_eq!(err.kafka_error_code(), 38, "{err}");
-        assert!(c.create_topic(&image, topic("one", 3, 1)).is_ok());
+        manual.assignments = vec![vec![3, 1, 2]];
+        assert!(c.create_topic(&image, manual).is_ok());
     }
 
     /// A new cluster's first change is preceded by the bootstrap records, in their own batch,

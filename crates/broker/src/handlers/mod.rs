@@ -39,6 +39,7 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::Produce,
     ApiKey::Fetch,
     ApiKey::ListOffsets,
+    ApiKey::OffsetForLeaderEpoch,
     ApiKey::Metadata,
     ApiKey::ApiVersions,
     ApiKey::CreateTopics,
@@ -80,6 +81,10 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::ListOffsets => (
             ListOffsetsRequest::default().into(),
             ListOffsetsResponse::default().into(),
+        ),
+        ApiKey::OffsetForLeaderEpoch => (
+            OffsetForLeaderEpochRequest::default().into(),
+            OffsetForLeaderEpochResponse::default().into(),
         ),
         ApiKey::Metadata => (
             MetadataRequest::default().into(),
@@ -303,6 +308,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
             ready(producer_id::handle(broker, ctx, &r, v).await.into())
         }
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, ctx, r, v).await.into()),
+        RequestKind::OffsetForLeaderEpoch(r) => {
+            ready(list_offsets::offset_for_leader_epoch(broker, ctx, &r).into())
+        }
         RequestKind::Produce(r) => produce::handle(broker, ctx, r).await,
         RequestKind::Fetch(r) => fetch::handle(broker, ctx, r).await,
         RequestKind::FindCoordinator(r) => {
