@@ -423,13 +423,15 @@ mod tests {
         let got = outcomes.lock().clone();
         assert!(got.contains(&(0, AlterPartitionOutcome::AwaitMetadata)));
         assert!(got.contains(&(1, AlterPartitionOutcome::Committed)));
-        let requests = requests.lock();
-        assert_eq!(
-            requests.last().unwrap().topics[0].partitions.len(),
-            1,
-            "only the missing one resent"
-        );
-        assert!(requests.iter().all(|r| r.broker_epoch == 42));
+        {
+            let requests = requests.lock();
+            assert_eq!(
+                requests.last().unwrap().topics[0].partitions.len(),
+                1,
+                "only the missing one resent"
+            );
+            assert!(requests.iter().all(|r| r.broker_epoch == 42));
+        }
         drop(manager);
         task.await.expect("task ends when every handle is gone");
     }

@@ -1,6 +1,6 @@
 //! The fault scenarios of `gregor_tests::scenarios` on three combined gregor nodes: the
 //! same scenarios that `tests/tests/cluster_kafka.rs` runs on Apache Kafka 4.4.0 (which
-//! validates them). Run them with
+//! validates them). Run them all with
 //! `cargo test -p gregor --test cluster -- --test-threads=1 --nocapture`.
 
 use gregor_tests::cluster::Implementation;

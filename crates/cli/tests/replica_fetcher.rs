@@ -279,6 +279,12 @@ fn divergent_tail(new_leader_writes_first: bool) {
             leader_of(&b1, "diverge")
         });
     let lb = cluster.node(old_leader).bootstrap().expect("listener");
+    // The leader itself must have applied the topic before it takes records.
+    wait_for(
+        Duration::from_secs(20),
+        "the leader to know it leads",
+        || leader_of(&lb, "diverge").filter(|(l, _, _)| *l == old_leader),
+    );
     assert_eq!(produce(&lb, "diverge", -1, 10, "common"), Ok(45));
     let common = log_batches(&cluster.node(old_leader).data_dir(), "diverge");
     let followers: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != old_leader).collect();

@@ -19,8 +19,8 @@ use crate::alter_partition::{AlterPartitionItem, AlterPartitionSender};
 use crate::error_codes as ec;
 use crate::observability::TopicMetrics;
 use crate::replication::leader::{
-    AlterPartitionOutcome, BrokerLiveness, IsrChange, LeaderRegistration, LeaderState,
-    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    AlterPartitionOutcome, BrokerLiveness, FollowerFetch, IsrChange, LeaderRegistration,
+    LeaderState, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
 };
 
 /// What every partition of a broker shares for replication: `replica.lag.time.max.ms`, the
@@ -423,10 +423,12 @@ impl Partition {
             let core = guard.as_mut().ok_or(ec::NOT_LEADER_OR_FOLLOWER)?;
             let update = core
                 .update_follower_fetch_state(
-                    replica_id,
-                    fetch_offset,
-                    follower_log_start_offset,
-                    broker_epoch,
+                    FollowerFetch {
+                        replica: replica_id,
+                        fetch_offset,
+                        log_start_offset: follower_log_start_offset,
+                        broker_epoch,
+                    },
                     leader_log_end_offset,
                     self.log.log_start_offset(),
                     self.clock.now_ms(),

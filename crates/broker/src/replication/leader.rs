@@ -145,6 +145,19 @@ pub enum AlterPartitionOutcome {
     AwaitMetadata,
 }
 
+/// What a follower's fetch says about it (Kafka's `updateFollowerFetchState` arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerFetch {
+    /// The follower's broker id.
+    pub replica: i32,
+    /// The fetch offset: the follower's log end offset.
+    pub fetch_offset: i64,
+    /// The follower's log start offset.
+    pub log_start_offset: i64,
+    /// The broker epoch in the fetch (Fetch v15+ `ReplicaState.ReplicaEpoch`), -1 when none.
+    pub broker_epoch: i64,
+}
+
 /// What a follower fetch changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FetchStateUpdate {
@@ -426,11 +439,10 @@ impl LeaderState {
         })
     }
 
-    /// Kafka's `updateFollowerFetchState`: follower `replica` fetched from `fetch_offset` (its
-    /// log end offset) with log start offset `follower_log_start_offset` and broker epoch
-    /// `broker_epoch` (-1 when the fetch has none) at `now_ms`, while the leader's log end
-    /// offset was `leader_log_end_offset`. May move the high watermark and propose adding the
-    /// follower to the ISR.
+    /// Kafka's `updateFollowerFetchState`: a follower fetched ([`FollowerFetch`]: its log end
+    /// and start offsets, its broker epoch) at `now_ms`, while the leader's log end offset was
+    /// `leader_log_end_offset` (`log_start_offset` is the leader's, the high watermark's
+    /// floor). May move the high watermark and propose adding the follower to the ISR.
     ///
     /// # Errors
     /// [`FollowerFetchError::NotAReplica`] for a replica id that is not a follower here,
@@ -438,14 +450,17 @@ impl LeaderState {
     /// the registered one.
     pub fn update_follower_fetch_state(
         &mut self,
-        replica: i32,
-        fetch_offset: i64,
-        follower_log_start_offset: i64,
-        broker_epoch: i64,
+        fetch: FollowerFetch,
         leader_log_end_offset: i64,
         log_start_offset: i64,
         now_ms: i64,
     ) -> Result<FetchStateUpdate, FollowerFetchError> {
+        let FollowerFetch {
+            replica,
+            fetch_offset,
+            log_start_offset: follower_log_start_offset,
+            broker_epoch,
+        } = fetch;
         let registered = self.brokers.get(&replica).map(|b| b.broker_epoch);
         let Some(f) = self.followers.get_mut(&replica) else {
             return Err(FollowerFetchError::NotAReplica(replica));
@@ -668,7 +683,17 @@ mod tests {
         leo: i64,
         now: i64,
     ) -> Result<FetchStateUpdate, FollowerFetchError> {
-        l.update_follower_fetch_state(id, offset, 0, 100 + i64::from(id), leo, 0, now)
+        l.update_follower_fetch_state(
+            FollowerFetch {
+                replica: id,
+                fetch_offset: offset,
+                log_start_offset: 0,
+                broker_epoch: 100 + i64::from(id),
+            },
+            leo,
+            0,
+            now,
+        )
     }
 
     #[test]
@@ -851,13 +876,35 @@ mod tests {
             l.set_brokers(b);
             let epoch = if case == 3 { 999 } else { 102 };
             let u = l
-                .update_follower_fetch_state(2, 0, 0, epoch, 0, 0, 1)
+                .update_follower_fetch_state(
+                    FollowerFetch {
+                        replica: 2,
+                        fetch_offset: 0,
+                        log_start_offset: 0,
+                        broker_epoch: epoch,
+                    },
+                    0,
+                    0,
+                    1,
+                )
                 .unwrap();
             assert_eq!(u.isr_change, None, "case {case}");
         }
         // A fetch without a broker epoch (-1, Fetch < v15) is eligible.
         let mut l = leader(&[1], 1, 0, 0);
-        let u = l.update_follower_fetch_state(2, 0, 0, -1, 0, 0, 1).unwrap();
+        let u = l
+            .update_follower_fetch_state(
+                FollowerFetch {
+                    replica: 2,
+                    fetch_offset: 0,
+                    log_start_offset: 0,
+                    broker_epoch: -1,
+                },
+                0,
+                0,
+                1,
+            )
+            .unwrap();
         assert_eq!(
             u.isr_change.map(|c| c.new_isr),
             Some(vec![(1, 101), (2, -1)])
@@ -868,7 +915,17 @@ mod tests {
     fn stale_broker_epoch_and_unknown_replica_are_refused() {
         let mut l = leader(&[1, 2, 3], 1, 0, 0);
         assert_eq!(
-            l.update_follower_fetch_state(2, 0, 0, 50, 0, 0, 1),
+            l.update_follower_fetch_state(
+                FollowerFetch {
+                    replica: 2,
+                    fetch_offset: 0,
+                    log_start_offset: 0,
+                    broker_epoch: 50
+                },
+                0,
+                0,
+                1
+            ),
             Err(FollowerFetchError::StaleBrokerEpoch {
                 replica: 2,
                 fetch: 50,
@@ -876,11 +933,31 @@ mod tests {
             })
         );
         assert_eq!(
-            l.update_follower_fetch_state(9, 0, 0, -1, 0, 0, 1),
+            l.update_follower_fetch_state(
+                FollowerFetch {
+                    replica: 9,
+                    fetch_offset: 0,
+                    log_start_offset: 0,
+                    broker_epoch: -1
+                },
+                0,
+                0,
+                1
+            ),
             Err(FollowerFetchError::NotAReplica(9))
         );
         assert_eq!(
-            l.update_follower_fetch_state(1, 0, 0, -1, 0, 0, 1),
+            l.update_follower_fetch_state(
+                FollowerFetch {
+                    replica: 1,
+                    fetch_offset: 0,
+                    log_start_offset: 0,
+                    broker_epoch: -1
+                },
+                0,
+                0,
+                1
+            ),
             Err(FollowerFetchError::NotAReplica(1)),
             "the leader itself is no follower"
         );
