@@ -199,3 +199,47 @@ fn high_watermarks_are_restored_from_the_checkpoint() {
     let text = std::fs::read_to_string(dir.path().join("replication-offset-checkpoint")).unwrap();
     assert_eq!(text, "0\n3\nt 0 9\nt 1 5\nt 2 0\n");
 }
+
+/// The leader's log start offset fell inside a batch (DeleteRecords): a follower restarted at
+/// that offset gets the whole batch, starts its log at the batch's base offset, appends it,
+/// and raises its log start offset back to the leader's; its high watermark is the leader's
+/// clipped to its log.
+#[test]
+fn a_follower_restarted_inside_a_batch_takes_the_whole_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let topic_id = Uuid::new_v4();
+    let log = logs
+        .get_or_create(&tp, *topic_id.as_bytes(), Default::default())
+        .unwrap();
+    let clock = logs.clock().clone();
+    let p = Partition::new(
+        topic_id,
+        tp,
+        log.clone(),
+        LOCAL,
+        crate::replica_manager::DelayedOperations::new(&clock),
+        clock,
+        crate::replica_manager::partition::ReplicationContext::new(30_000),
+    );
+    log.append_as_follower(&batch(0, 0, 5), 0).unwrap();
+    // Out of range below the leader's log start offset 7: start over there.
+    p.truncate_fully_as_follower(7).unwrap();
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (7, 7));
+    assert_eq!(p.high_watermark(), 7);
+    // The leader answers the fetch at 7 with its batch [5, 9].
+    p.append_records_as_follower(&batch(5, 2, 5)).unwrap();
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (5, 10));
+    assert!(p.update_follower_offsets(8, 7), "the log start offset moved");
+    assert_eq!(log.log_start_offset(), 7);
+    assert_eq!(p.high_watermark(), 8);
+    // A batch that does not reach the log end offset is still refused.
+    assert!(p.append_records_as_follower(&batch(20, 2, 1)).is_err());
+    // Diverging: truncation drops the high watermark with the log end offset.
+    p.append_records_as_follower(&batch(10, 2, 5)).unwrap();
+    assert!(!p.update_follower_offsets(15, 7));
+    assert_eq!(p.high_watermark(), 15);
+    assert_eq!(p.truncate_as_follower(10).unwrap(), 10);
+    assert_eq!(p.high_watermark(), 10);
+}
