@@ -231,7 +231,10 @@ fn a_follower_restarted_inside_a_batch_takes_the_whole_batch() {
     // The leader answers the fetch at 7 with its batch [5, 9].
     p.append_records_as_follower(&batch(5, 2, 5)).unwrap();
     assert_eq!((log.log_start_offset(), log.log_end_offset()), (5, 10));
-    assert!(p.update_follower_offsets(8, 7), "the log start offset moved");
+    assert!(
+        p.update_follower_offsets(8, 7),
+        "the log start offset moved"
+    );
     assert_eq!(log.log_start_offset(), 7);
     assert_eq!(p.high_watermark(), 8);
     // A batch that does not reach the log end offset is still refused.

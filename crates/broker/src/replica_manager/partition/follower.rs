@@ -15,7 +15,10 @@ use crate::replication::follower::follower_high_watermark;
 fn first_batch_offsets(records: &[u8]) -> Option<(i64, i64)> {
     let header = records.get(..gregor_protocol::batch::BATCH_HEADER_LEN)?;
     let h = gregor_protocol::batch::BatchHeader::parse(header).ok()?;
-    Some((h.base_offset, h.base_offset + i64::from(h.last_offset_delta)))
+    Some((
+        h.base_offset,
+        h.base_offset + i64::from(h.last_offset_delta),
+    ))
 }
 
 impl Partition {
