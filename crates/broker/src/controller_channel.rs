@@ -567,16 +567,24 @@ impl ControllerClient {
         })
     }
 
-    /// AlterPartition (56, KIP-497) v3 to the active controller over the forwarding channel
-    /// (the partition leader's ISR changes, sent by [`crate::alter_partition`]). Partition
-    /// errors are in the response; a top-level error code is too.
+    /// AlterPartition (56, KIP-497) v3 to the active controller: the local controller when it
+    /// is the active one, else over the forwarding channel (the partition leader's ISR changes,
+    /// sent by [`crate::alter_partition`]). Partition errors are in the response; a top-level
+    /// error code is too.
     ///
     /// # Errors
-    /// The channel's (no controller known, timeout, NOT_CONTROLLER is retried by the caller).
+    /// The controller's (STALE_BROKER_EPOCH, ...) or the channel's (no controller known,
+    /// timeout); the caller retries them.
     pub async fn alter_partition(
         &self,
         request: m::AlterPartitionRequest,
     ) -> Result<m::AlterPartitionResponse, ControllerError> {
+        if self.local_is_active() {
+            match self.local.alter_partition(request.clone()).await {
+                Err(ControllerError::NotController { .. }) => {}
+                other => return other,
+            }
+        }
         let body = RequestKind::AlterPartition(request);
         let response = self
             .forwarding
