@@ -59,6 +59,15 @@ pub enum ControllerError {
     /// UNKNOWN_TOPIC_OR_PARTITION (3).
     #[error("This server does not host this topic-partition.")]
     UnknownTopicOrPartition,
+    /// UNKNOWN_TOPIC_OR_PARTITION (3) with a message.
+    #[error("{0}")]
+    UnknownTopicOrPartitionWithMessage(String),
+    /// INVALID_REQUEST (42).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// NO_REASSIGNMENT_IN_PROGRESS (85).
+    #[error("{0}")]
+    NoReassignmentInProgress(String),
     /// UNKNOWN_TOPIC_ID (100).
     #[error("This server does not host this topic ID.")]
     UnknownTopicId,
@@ -137,6 +146,9 @@ impl ControllerError {
             Self::TopicAlreadyExists(_) => ErrorCode::TopicAlreadyExists,
             Self::UnknownTopicOrPartition => ErrorCode::UnknownTopicOrPartition,
             Self::UnknownTopicId => ErrorCode::UnknownTopicId,
+            Self::UnknownTopicOrPartitionWithMessage(_) => ErrorCode::UnknownTopicOrPartition,
+            Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Self::NoReassignmentInProgress(_) => ErrorCode::NoReassignmentInProgress,
             Self::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
             Self::InvalidReplicationFactor(_) => ErrorCode::InvalidReplicationFactor,
             Self::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
@@ -175,6 +187,8 @@ impl ControllerError {
             ErrorCode::StaleBrokerEpoch => Self::StaleBrokerEpoch(msg),
             ErrorCode::BrokerIdNotRegistered => Self::BrokerIdNotRegistered(msg),
             ErrorCode::InvalidRegistration => Self::InvalidRegistration(msg),
+            ErrorCode::InvalidRequest => Self::InvalidRequest(msg),
+            ErrorCode::NoReassignmentInProgress => Self::NoReassignmentInProgress(msg),
             other => Self::Remote(other, msg),
         }
     }
@@ -282,6 +296,15 @@ pub struct ControllerConfig {
     /// `unclean.leader.election.enable` of this node's static config (Kafka's default false):
     /// used for a topic whose own config and the cluster default do not set it.
     pub unclean_leader_election_enable: bool,
+    /// `auto.leader.rebalance.enable` (Kafka's default true): the periodic preferred leader
+    /// elections ([`Controller::balance_partition_leaders`]).
+    pub auto_leader_rebalance_enable: bool,
+    /// `leader.imbalance.check.interval.seconds` in ms (Kafka's default 300 s).
+    pub leader_imbalance_check_interval_ms: u64,
+    /// `leader.imbalance.per.broker.percentage` (Kafka's default 10): a broker's partitions are
+    /// rebalanced once more than this percentage of those it is the preferred replica of are
+    /// led by another broker.
+    pub leader_imbalance_per_broker_percentage: u32,
 }
 
 impl Default for ControllerConfig {
@@ -292,6 +315,9 @@ impl Default for ControllerConfig {
             placement_seed: None,
             bootstrap_records: Vec::new(),
             unclean_leader_election_enable: false,
+            auto_leader_rebalance_enable: true,
+            leader_imbalance_check_interval_ms: 300_000,
+            leader_imbalance_per_broker_percentage: 10,
         }
     }
 }
@@ -876,6 +902,23 @@ fn fence_stale_brokers_event() -> Event {
     })
 }
 
+/// A periodic event of the controller task: a result of the controller that commits records
+/// and answers a count (leader balancing, unclean elections), logged under `what`.
+fn periodic_event(what: &'static str, op: fn(&Controller) -> ControllerResult<usize>) -> Event {
+    Box::new(move |c: &mut Controller| {
+        let result = op(c);
+        let n = result.response;
+        Pending {
+            records: result.records,
+            complete: Box::new(move |outcome| match outcome {
+                Ok(Outcome::Committed(_)) => tracing::info!(elections = n, "{what}"),
+                Ok(Outcome::Unchanged(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "{what} failed"),
+            }),
+        }
+    })
+}
+
 async fn run_controller(
     log: Arc<dyn MetadataLog>,
     mut committed: CommittedBatches,
@@ -884,6 +927,12 @@ async fn run_controller(
     config: ControllerConfig,
 ) {
     let bootstrap_records = config.bootstrap_records.clone();
+    let mut balance_check = tokio::time::interval(std::time::Duration::from_millis(
+        config.leader_imbalance_check_interval_ms.max(1),
+    ));
+    balance_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate: the first balancing waits one interval, as Kafka's.
+    balance_check.tick().await;
     let mut controller = Controller::with_config(MetadataImage::default(), config);
     let mut session_check =
         tokio::time::interval(std::time::Duration::from_millis(SESSION_CHECK_INTERVAL_MS));
@@ -910,6 +959,13 @@ async fn run_controller(
                     return;
                 }
             }
+            _ = balance_check.tick() => {
+                if log.is_leader()
+                    && !process_event(&log, &mut committed, &mut controller, periodic_event("preferred leader elections to balance leadership", Controller::balance_partition_leaders)).await
+                {
+                    return;
+                }
+            }
             _ = session_check.tick() => {
                 // Only the active controller fences. Sessions are its own: a controller that is
                 // not active forgets them, so on becoming active it gives every broker a full
@@ -921,6 +977,11 @@ async fn run_controller(
                 if !bootstrap_records.is_empty()
                     && controller.image.metadata_version().is_none()
                     && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                {
+                    return;
+                }
+                if controller.image.topics.values().any(|t| t.partitions.values().any(|p| p.leader == crate::image::NO_LEADER))
+                    && !process_event(&log, &mut committed, &mut controller, periodic_event("unclean leader elections", Controller::elect_unclean_leaders)).await
                 {
                     return;
                 }
@@ -1204,6 +1265,59 @@ impl ControllerHandle {
     ) -> Result<gregor_protocol::kafka_protocol::messages::AlterPartitionResponse, ControllerError>
     {
         self.submit_one(move |c| c.alter_partition(request)).await
+    }
+
+    /// ElectLeaders (API 43, KIP-460); see [`Controller::elect_leaders`]. `topic_partitions`
+    /// None: every partition.
+    ///
+    /// # Errors
+    /// INVALID_REQUEST (unknown election type), NOT_CONTROLLER, or the log's or the loader's
+    /// failure.
+    pub async fn elect_leaders(
+        &self,
+        election_type: i8,
+        topic_partitions: Option<Vec<(String, Vec<i32>)>>,
+    ) -> Result<gregor_protocol::kafka_protocol::messages::ElectLeadersResponse, ControllerError>
+    {
+        self.submit_one(move |c| c.elect_leaders(election_type, topic_partitions))
+            .await
+    }
+
+    /// AlterPartitionReassignments (API 45, KIP-455); see
+    /// [`Controller::alter_partition_reassignments`].
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_partition_reassignments(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AlterPartitionReassignmentsRequest,
+    ) -> Result<
+        gregor_protocol::kafka_protocol::messages::AlterPartitionReassignmentsResponse,
+        ControllerError,
+    > {
+        self.submit_one(move |c| Ok(c.alter_partition_reassignments(&request)))
+            .await
+    }
+
+    /// ListPartitionReassignments (API 46, KIP-455), answered by the controller from the
+    /// committed image; see [`Controller::list_partition_reassignments`].
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER.
+    pub async fn list_partition_reassignments(
+        &self,
+        topics: Option<Vec<(String, Vec<i32>)>>,
+    ) -> Result<
+        gregor_protocol::kafka_protocol::messages::ListPartitionReassignmentsResponse,
+        ControllerError,
+    > {
+        self.submit_one(move |c| {
+            Ok(ControllerResult {
+                records: Vec::new(),
+                response: c.list_partition_reassignments(topics),
+            })
+        })
+        .await
     }
 
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its
