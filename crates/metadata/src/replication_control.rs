@@ -1633,7 +1633,10 @@ pub(crate) mod tests {
         )
     }
 
-    fn listed(c: &Controller) -> Vec<(String, i32, Vec<i32>, Vec<i32>, Vec<i32>)> {
+    /// (topic, partition, replicas, adding, removing) of a listed reassignment.
+    type Listed = (String, i32, Vec<i32>, Vec<i32>, Vec<i32>);
+
+    fn listed(c: &Controller) -> Vec<Listed> {
         let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<_>>();
         c.list_partition_reassignments(None)
             .topics
