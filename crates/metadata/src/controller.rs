@@ -1741,6 +1741,85 @@ mod tests {
         controller_task.await.unwrap();
     }
 
+    /// The controller task's periodic leader balancing (`auto.leader.rebalance.enable`) gives
+    /// leadership back to the preferred replica once the leader took it back into the ISR
+    /// (AlterPartition through the handle).
+    #[tokio::test]
+    async fn the_controller_task_balances_leaders_periodically() {
+        use gregor_protocol::kafka_protocol::messages::alter_partition_request::{
+            BrokerState, PartitionData, TopicData,
+        };
+        use gregor_protocol::kafka_protocol::messages::{AlterPartitionRequest, BrokerId};
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        let config = ControllerConfig {
+            leader_imbalance_check_interval_ms: 100,
+            ..ControllerConfig::default()
+        };
+        let (c, controller_task) = start_controller_with(log, loader, rx, config).unwrap();
+        register_and_unfence(&c, 1).await;
+        register_and_unfence(&c, 2).await;
+        let t = NewTopic {
+            assignments: vec![vec![1, 2]],
+            num_partitions: -1,
+            replication_factor: -1,
+            ..topic("t", 1, 2)
+        };
+        let topic_id = create(&c, t).await.unwrap();
+        let beat = |want_fence| BrokerHeartbeatRequest {
+            broker_id: 1,
+            broker_epoch: c.image().brokers[&1].epoch,
+            current_metadata_offset: c.image().offset as i64,
+            want_fence,
+            want_shut_down: false,
+        };
+        c.broker_heartbeat(beat(true)).await.unwrap();
+        c.broker_heartbeat(beat(false)).await.unwrap();
+        let p = c.image().topic("t").unwrap().partitions[&0].clone();
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        let e1 = c.image().brokers[&1].epoch;
+        let e2 = c.image().brokers[&2].epoch;
+        let answer = c
+            .alter_partition(
+                AlterPartitionRequest::default()
+                    .with_broker_id(BrokerId(2))
+                    .with_broker_epoch(e2)
+                    .with_topics(vec![TopicData::default()
+                        .with_topic_id(topic_id)
+                        .with_partitions(vec![PartitionData::default()
+                            .with_partition_index(0)
+                            .with_leader_epoch(p.leader_epoch)
+                            .with_partition_epoch(p.partition_epoch)
+                            .with_new_isr_with_epochs(vec![
+                                BrokerState::default()
+                                    .with_broker_id(BrokerId(2))
+                                    .with_broker_epoch(e2),
+                                BrokerState::default()
+                                    .with_broker_id(BrokerId(1))
+                                    .with_broker_epoch(e1),
+                            ])])]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.topics[0].partitions[0].error_code, 0, "{answer:?}");
+        // The next committed change is the balancing election.
+        let next = c.image().offset;
+        let image = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            c.loader().wait_for_offset(next),
+        )
+        .await
+        .expect("the periodic balancing elected the preferred replica")
+        .unwrap();
+        let p = &image.topic("t").unwrap().partitions[&0];
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![2, 1]));
+        let _ = shutdown.send(true);
+        loader_task.await.unwrap();
+        controller_task.await.unwrap();
+    }
+
     /// The log of a node that follows the quorum: commits nothing itself.
     struct FollowerLog {
         streams: Mutex<Vec<mpsc::Sender<Committed>>>,

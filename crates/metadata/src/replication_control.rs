@@ -1804,4 +1804,30 @@ pub(crate) mod tests {
         c.config.leader_imbalance_per_broker_percentage = 100;
         assert_eq!(c.balance_partition_leaders().response, 0);
     }
+
+    #[test]
+    fn an_eligible_leader_replica_that_comes_back_leads_again() {
+        let mut c = controller();
+        for id in 1..=2 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2], &[]);
+        alter_isr(&mut c, 1, id, &[1]);
+        heartbeat(&mut c, 1, true, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (NO_LEADER, vec![], vec![1])
+        );
+        assert_eq!(p.last_known_elr, vec![1]);
+        // handleBrokerUnfenced: the leaderless partition gets its ELR member back as leader.
+        heartbeat(&mut c, 1, false, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![])
+        );
+        assert!(p.last_known_elr.is_empty());
+        assert_eq!(p.leader_recovery_state, LEADER_RECOVERED);
+    }
 }
