@@ -15,9 +15,10 @@
 //! Kafka's `PartitionChangeBuilder`; without it an ISR never becomes empty.
 //!
 //! Departures from Kafka 4.4: KIP-966's unclean-shutdown handling (a new incarnation whose
-//! previous broker epoch does not match leaves every ISR and ELR at registration) is not done,
-//! nor unclean leader election by config; offline log directories in heartbeats are not
-//! taken.
+//! previous broker epoch does not match leaves every ISR and ELR at registration) is not done;
+//! offline log directories in heartbeats are not taken. Partition changes are built by
+//! [`crate::replication_control::PartitionChangeBuilder`] (with `unclean.leader.election.enable`
+//! an out-of-ISR replica may be elected, RECOVERING).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
