@@ -4,7 +4,8 @@
 //!
 //! - a preferred election where the preferred replica leads is ELECTION_NOT_NEEDED; once the
 //!   partition lost its ISR (follower, then leader stopped) the preferred replica is not
-//!   available, and an unclean election makes the live out-of-ISR replica the leader;
+//!   available, and an unclean election makes the live out-of-ISR replica the leader (at once,
+//!   without the tool, for a topic with `unclean.leader.election.enable=true`);
 //! - `--execute` starts a reassignment that `--list` and `--verify` show in progress (adding
 //!   and removing replicas; it cannot complete before the broker-side replica fetchers land),
 //!   `--cancel` reverts it, and a reassignment that only drops a replica completes at once
@@ -79,19 +80,24 @@ fn wait_partition(
 }
 
 fn create(bootstrap: &str, topic: &str, assignment: &str) {
-    let out = tool_output(
-        "kafka-topics",
-        &[
-            "--bootstrap-server",
-            bootstrap,
-            "--create",
-            "--topic",
-            topic,
-            "--replica-assignment",
-            assignment,
-        ],
-    )
-    .expect("kafka-topics");
+    create_with(bootstrap, topic, assignment, &[]);
+}
+
+fn create_with(bootstrap: &str, topic: &str, assignment: &str, configs: &[&str]) {
+    let mut args = vec![
+        "--bootstrap-server",
+        bootstrap,
+        "--create",
+        "--topic",
+        topic,
+        "--replica-assignment",
+        assignment,
+    ];
+    for c in configs {
+        args.push("--config");
+        args.push(c);
+    }
+    let out = tool_output("kafka-topics", &args).expect("kafka-topics");
     assert!(out.contains(&format!("Created topic {topic}")), "{out}");
 }
 
@@ -117,6 +123,7 @@ fn kafka_leader_election_preferred_and_unclean() {
     let mut cluster = start();
     let b3 = cluster.node(3).bootstrap().expect("broker 3");
     create(&b3, "elect", "1:2");
+    create_with(&b3, "auto", "1:2", &["unclean.leader.election.enable=true"]);
     assert_eq!(partition(&b3, "elect"), (1, vec![1, 2], vec![1, 2]));
 
     let out = elect(&b3, "PREFERRED", "elect");
@@ -138,9 +145,12 @@ fn kafka_leader_election_preferred_and_unclean() {
     cluster
         .wait_ready(Duration::from_secs(60))
         .expect("2 is back");
-    // The leader stops: no ISR member is left, the partition has no leader.
+    // The leader stops: no ISR member is left, the partition has no leader; the topic with
+    // unclean.leader.election.enable gets the live out-of-ISR replica at once.
     cluster.node_mut(1).stop().expect("stop 1");
     wait_partition(&b3, "elect", "no leader", |p| p.0 == -1);
+    let p = wait_partition(&b3, "auto", "unclean election by config", |p| p.0 == 2);
+    assert_eq!(p.2, vec![2]);
 
     let out = elect(&b3, "PREFERRED", "elect");
     assert!(
