@@ -1830,4 +1830,62 @@ pub(crate) mod tests {
         assert!(p.last_known_elr.is_empty());
         assert_eq!(p.leader_recovery_state, LEADER_RECOVERED);
     }
+
+    /// A new incarnation that does not present its predecessor's epoch (an unclean shutdown,
+    /// KIP-966) leaves the ISR and ELR before it registers; one that does keeps them.
+    #[test]
+    fn an_unclean_restart_leaves_the_isr_and_elr() {
+        let mut c = controller();
+        for id in 1..=3 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2, 3], &[("min.insync.replicas", "3")]);
+        alter_isr(&mut c, 1, id, &[1, 2]);
+        let p = partition(&c, "t");
+        assert_eq!((p.isr.clone(), p.elr.clone()), (vec![1, 2], vec![3]));
+        let registration = |id: i32, previous: i64| BrokerRegistrationRequest {
+            broker_id: id,
+            incarnation_id: Uuid::new_v4(),
+            listeners: vec![],
+            features: BrokerRegistrationRequest::supported_features(),
+            rack: None,
+            log_dirs: vec![Uuid::new_v4()],
+            previous_broker_epoch: previous,
+        };
+        // Broker 3 stops and comes back with its previous epoch: a clean restart, still in
+        // the ELR.
+        heartbeat(&mut c, 3, true, false);
+        let e3 = c.image.brokers[&3].epoch;
+        let r = c.register_broker(registration(3, e3)).unwrap();
+        assert_eq!(r.records.len(), 1, "only the registration: {:?}", r.records);
+        commit(&mut c, r.records);
+        assert_eq!(partition(&c, "t").elr, vec![3]);
+        // Broker 2 stops (fenced: from the ISR into the ELR) and restarts uncleanly (-1): it
+        // leaves the ELR first; the epoch is where the change starts.
+        heartbeat(&mut c, 2, true, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![2, 3])
+        );
+        let offset = c.image.offset;
+        let r = c.register_broker(registration(2, -1)).unwrap();
+        assert_eq!(r.response, offset as i64);
+        let [MetadataRecord::PartitionChange(change), MetadataRecord::RegisterBroker(_)] =
+            r.records.as_slice()
+        else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!(change.eligible_leader_replicas, Some(vec![3]));
+        commit(&mut c, r.records);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![3])
+        );
+        // Broker 3 restarts again, uncleanly: it leaves the ELR.
+        let r = c.register_broker(registration(3, -1)).unwrap();
+        commit(&mut c, r.records);
+        assert!(partition(&c, "t").elr.is_empty());
+    }
 }
