@@ -364,6 +364,20 @@ pub fn is_not_controller(response: &ResponseKind) -> bool {
         ResponseKind::CreatePartitions(r) => r.results.iter().any(|t| t.error_code == nc),
         ResponseKind::AlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
         ResponseKind::IncrementalAlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
+        ResponseKind::AlterPartition(r) => r.error_code == nc,
+        ResponseKind::ElectLeaders(r) => {
+            r.error_code == nc
+                || r.replica_election_results
+                    .iter()
+                    .any(|t| t.partition_result.iter().any(|p| p.error_code == nc))
+        }
+        ResponseKind::AlterPartitionReassignments(r) => {
+            r.error_code == nc
+                || r.responses
+                    .iter()
+                    .any(|t| t.partitions.iter().any(|p| p.error_code == nc))
+        }
+        ResponseKind::ListPartitionReassignments(r) => r.error_code == nc,
         ResponseKind::DescribeQuorum(r) => {
             r.error_code == nc
                 || r.topics.iter().any(|t| {
