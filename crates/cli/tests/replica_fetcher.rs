@@ -3,7 +3,8 @@
 //! followers' logs, which is also what lets acks=all produces complete; a follower killed
 //! with kill -9 catches up after its restart, and writes its `replication-offset-checkpoint`;
 //! an old leader that appended records the followers never got truncates that divergent tail
-//! when it comes back as a follower of the new leader.
+//! when it comes back as a follower of the new leader; a follower whose log ends below the
+//! leader's log start offset (DeleteRecords while it was down) starts over there.
 //!
 //! `cargo test -p gregor --test replica_fetcher -- --nocapture --test-threads=1`
 
@@ -15,11 +16,14 @@ use gregor_protocol::batch::{BatchBuilder, Batches};
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, TopicName,
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DeleteRecordsRequest, DeleteRecordsResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
 };
 
 fn gregor() -> Implementation {
@@ -108,8 +112,17 @@ fn produce(bootstrap: &str, topic: &str, acks: i16, batches: usize, tag: &str) -
                 .with_partition_data(vec![PartitionProduceData::default()
                     .with_index(0)
                     .with_records(Some(Bytes::from(b.build())))])]);
-        let resp: ProduceResponse = c.call(ApiKey::Produce, 9, &req).map_err(|_| -1i16)?;
-        let p = &resp.responses[0].partition_responses[0];
+        // A leader that has not applied the topic yet answers UNKNOWN_TOPIC_OR_PARTITION (3)
+        // or NOT_LEADER_OR_FOLLOWER (6) for a moment: retried, nothing was appended.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let p = loop {
+            let resp: ProduceResponse = c.call(ApiKey::Produce, 9, &req).map_err(|_| -1i16)?;
+            let p = resp.responses[0].partition_responses[0].clone();
+            if !matches!(p.error_code, 3 | 6) || Instant::now() > deadline {
+                break p;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         if p.error_code != 0 {
             return Err(p.error_code);
         }
@@ -226,7 +239,7 @@ fn followers_copy_the_leader_and_a_killed_follower_catches_up() {
         );
     }
 
-    // kill -9 a follower; the leader takes more (acks=1: the ISR does not shrink yet);
+    // kill -9 a follower; the leader takes more (acks=1, not waiting for the ISR to shrink);
     // the restarted follower catches up from its log end offset.
     let victim = followers[0];
     cluster.node_mut(victim).kill9().unwrap();
@@ -344,7 +357,82 @@ fn an_old_leader_truncates_its_divergent_tail_beyond_the_new_leaders_log() {
     divergent_tail(false);
 }
 
+/// Found through the leader's `DivergingEpoch` (the old leader's fetch offset is inside the
+/// new leader's log, so no OFFSET_OUT_OF_RANGE).
 #[test]
 fn an_old_leader_truncates_a_divergent_tail_the_new_leader_overwrote() {
     divergent_tail(true);
+}
+
+/// A follower down while the leader moved its log start offset past the follower's log end
+/// (DeleteRecords, inside a batch) gets OFFSET_OUT_OF_RANGE, learns the leader's log start
+/// offset (ListOffsets earliest), drops its log and starts at the batch holding that offset,
+/// then copies the rest; its log start offset is the leader's.
+#[test]
+fn a_follower_behind_the_leaders_log_start_starts_over_there() {
+    let mut cluster = Cluster::start(&config().with("replica.lag.time.max.ms", "1500"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let b1 = cluster.node(1).bootstrap().expect("broker listener");
+    create_topic(&b1, "trimmed", 3);
+    let (leader, _, _) = wait_for(Duration::from_secs(20), "a leader of trimmed", || {
+        leader_of(&b1, "trimmed")
+    });
+    let lb = cluster.node(leader).bootstrap().expect("listener");
+    assert_eq!(produce(&lb, "trimmed", -1, 10, "old"), Ok(45));
+    let followers: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != leader).collect();
+    let victim = followers[0];
+    let early = log_batches(&cluster.node(leader).data_dir(), "trimmed");
+    wait_for_log(&cluster, victim, "trimmed", &early);
+    cluster.node_mut(victim).kill9().unwrap();
+    assert_eq!(produce(&lb, "trimmed", 1, 10, "new"), Ok(95));
+    // The leader drops the dead follower from the ISR, so its high watermark reaches 100.
+    wait_for(
+        Duration::from_secs(30),
+        "the ISR without the dead follower",
+        || leader_of(&lb, "trimmed").filter(|(_, _, isr)| !isr.contains(&victim)),
+    );
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![DeleteRecordsTopic::default()
+            .with_name(TopicName(sb("trimmed")))
+            .with_partitions(vec![DeleteRecordsPartition::default()
+                .with_partition_index(0)
+                .with_offset(72)])]);
+    let low = wait_for(Duration::from_secs(20), "DeleteRecords up to 72", || {
+        let r: DeleteRecordsResponse = conn(&lb).ok()?.call(ApiKey::DeleteRecords, 2, &req).ok()?;
+        let p = &r.topics[0].partitions[0];
+        (p.error_code == 0).then_some(p.low_watermark)
+    });
+    assert_eq!(low, 72);
+
+    cluster.node_mut(victim).spawn().unwrap();
+    cluster
+        .node_mut(victim)
+        .wait_listening(Duration::from_secs(30))
+        .unwrap();
+    // From the batch [70, 74] that holds the leader's log start offset on.
+    let expected: Vec<_> = log_batches(&cluster.node(leader).data_dir(), "trimmed")
+        .into_iter()
+        .filter(|b| b.1 >= 72)
+        .collect();
+    assert_eq!(expected.first().map(|b| b.0), Some(70));
+    wait_for_log(&cluster, victim, "trimmed", &expected);
+    let start_checkpoint = |id: i32| {
+        std::fs::read_to_string(
+            cluster
+                .node(id)
+                .data_dir()
+                .join("log-start-offset-checkpoint"),
+        )
+        .unwrap_or_default()
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the follower's log start offset checkpoint",
+        || {
+            start_checkpoint(victim)
+                .contains("trimmed 0 72\n")
+                .then_some(())
+        },
+    );
 }

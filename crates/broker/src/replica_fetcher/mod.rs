@@ -192,10 +192,8 @@ impl ReplicaFetcherManager {
             .iter()
             .filter(|(tp, ((leader, _), epoch, topic_id))| {
                 let reg = image
-                    .topics
-                    .values()
-                    .find(|t| t.name == tp.topic)
-                    .filter(|t| t.topic_id == *topic_id)
+                    .topic_by_id(topic_id)
+                    .filter(|t| t.name == tp.topic)
                     .and_then(|t| t.partitions.get(&tp.partition));
                 !reg.is_some_and(|r| {
                     r.leader == *leader
@@ -414,3 +412,6 @@ pub fn checkpoint_high_watermarks(rm: &ReplicaManager) -> Result<(), gregor_log:
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,6 +11,16 @@ use gregor_log::{AppendInfo, LogError};
 use super::{Partition, Role};
 use crate::replication::follower::follower_high_watermark;
 
+/// The base and last offset of the first batch in `records`, if its header is there.
+fn first_batch_offsets(records: &[u8]) -> Option<(i64, i64)> {
+    let header = records.get(..gregor_protocol::batch::BATCH_HEADER_LEN)?;
+    let h = gregor_protocol::batch::BatchHeader::parse(header).ok()?;
+    Some((
+        h.base_offset,
+        h.base_offset + i64::from(h.last_offset_delta),
+    ))
+}
+
 impl Partition {
     /// True when this broker follows `leader` in `leader_epoch` (the state a fetch was built
     /// for is still current).
@@ -23,11 +33,30 @@ impl Partition {
     /// ([`gregor_log::PartitionLog::append_as_follower`]; the epoch cache follows the batches).
     /// Blocking: runs on an I/O thread.
     ///
+    /// An empty log (log end offset = log start offset, e.g. just restarted at the leader's log
+    /// start offset) whose first fetched batch starts below its end and ends at or after it is
+    /// restarted at that batch's base offset first: the leader's log start offset fell inside
+    /// the batch (DeleteRecords), and the leader returns whole batches (Kafka's
+    /// `Partition.doAppendRecordsToFollowerOrFutureReplica` on `UnexpectedAppendOffsetException`).
+    /// The log start offset then rises back to the leader's with
+    /// [`Partition::update_follower_offsets`].
+    ///
     /// # Errors
     /// The log's: a malformed batch or one not starting at the log end offset, I/O errors.
     pub fn append_records_as_follower(&self, records: &[u8]) -> Result<AppendInfo, LogError> {
-        let info = self.log.append_as_follower(records, self.clock.now_ms())?;
-        Ok(info)
+        let leo = self.log.log_end_offset();
+        if leo == self.log.log_start_offset() {
+            if let Some((first, last)) = first_batch_offsets(records) {
+                if first < leo && last >= leo {
+                    tracing::info!(partition = %self.topic_partition, first_offset = first,
+                        log_start_offset = leo,
+                        "the first fetched batch starts below the log start offset; starting the log at its base offset");
+                    self.log
+                        .truncate_fully_and_start_at(first, self.clock.now_ms())?;
+                }
+            }
+        }
+        self.log.append_as_follower(records, self.clock.now_ms())
     }
 
     /// Kafka's `processPartitionData` after the append: the high watermark becomes the
