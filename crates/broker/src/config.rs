@@ -592,6 +592,10 @@ const ACCEPTED_KEYS: &[&str] = &[
     // session timeout (`server::controller_config`).
     "broker.heartbeat.interval.ms",
     "broker.session.timeout.ms",
+    // Read by the controller (`server::controller_config`): leader balancing.
+    "auto.leader.rebalance.enable",
+    "leader.imbalance.check.interval.seconds",
+    "leader.imbalance.per.broker.percentage",
     // Accepted as an alias of `log.index.interval.bytes` (the topic-level name).
     "index.interval.bytes",
 ];

@@ -9,8 +9,10 @@
 //!
 //! The active controller also answers the brokers' controller RPCs (Kafka's `ControllerApis`):
 //! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64) and
-//! AllocateProducerIds (67) through this node's [`ControllerHandle`]; CreateTopics,
-//! DeleteTopics, CreatePartitions, AlterConfigs and IncrementalAlterConfigs sent by a broker
+//! AllocateProducerIds (67) and AlterPartition (56, from partition leaders) through this
+//! node's [`ControllerHandle`]; CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
+//! IncrementalAlterConfigs, ElectLeaders, AlterPartitionReassignments and
+//! ListPartitionReassignments sent by a broker
 //! (its own topic creations) or forwarded in an Envelope (58, KIP-590: the client's request
 //! with its principal, `DefaultPrincipalData`, and address) through this node's broker
 //! handlers, which validate and commit through the same handle. A node whose controller is not
@@ -50,6 +52,9 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::UnregisterBroker,
     ApiKey::AllocateProducerIds,
     ApiKey::AlterPartition,
+    ApiKey::ElectLeaders,
+    ApiKey::AlterPartitionReassignments,
+    ApiKey::ListPartitionReassignments,
 ];
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
@@ -132,7 +137,10 @@ impl ControllerApis {
             | ApiKey::DeleteTopics
             | ApiKey::CreatePartitions
             | ApiKey::AlterConfigs
-            | ApiKey::IncrementalAlterConfigs => crate::handlers::supported_versions(api_key),
+            | ApiKey::IncrementalAlterConfigs
+            | ApiKey::ElectLeaders
+            | ApiKey::AlterPartitionReassignments
+            | ApiKey::ListPartitionReassignments => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -237,7 +245,10 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::DeleteTopics(_)
             | RequestKind::CreatePartitions(_)
             | RequestKind::AlterConfigs(_)
-            | RequestKind::IncrementalAlterConfigs(_)) => {
+            | RequestKind::IncrementalAlterConfigs(_)
+            | RequestKind::ElectLeaders(_)
+            | RequestKind::AlterPartitionReassignments(_)
+            | RequestKind::ListPartitionReassignments(_)) => {
                 let response = match self.broker.get() {
                     Some(broker) if self.is_active() => {
                         forwarding::handle_local(broker, ctx, body).await

@@ -445,17 +445,37 @@ pub async fn start_with_authorizer(
 }
 
 /// The controller's settings from the broker config: `broker.session.timeout.ms` (Kafka's
-/// default 9000).
+/// default 9000), `unclean.leader.election.enable` (false), `auto.leader.rebalance.enable`
+/// (true), `leader.imbalance.check.interval.seconds` (300) and
+/// `leader.imbalance.per.broker.percentage` (10). An unparsable value keeps the default.
 fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::ControllerConfig {
-    let session_timeout_ms = config
-        .raw
-        .get("broker.session.timeout.ms")
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    let raw = |key: &str| config.raw.get(key).map(|v| v.trim().to_string());
+    let flag = |key: &str, default: bool| {
+        raw(key).map_or(default, |v| match v.to_ascii_lowercase().as_str() {
+            "true" => true,
+            "false" => false,
+            _ => default,
+        })
+    };
+    let session_timeout_ms = raw("broker.session.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .unwrap_or(gregor_metadata::controller::DEFAULT_BROKER_SESSION_TIMEOUT_MS);
+    let defaults = gregor_metadata::controller::ControllerConfig::default();
     gregor_metadata::controller::ControllerConfig {
         session_timeout_ms,
-        ..Default::default()
+        unclean_leader_election_enable: flag("unclean.leader.election.enable", false),
+        auto_leader_rebalance_enable: flag("auto.leader.rebalance.enable", true),
+        leader_imbalance_check_interval_ms: raw("leader.imbalance.check.interval.seconds")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .map_or(defaults.leader_imbalance_check_interval_ms, |s| {
+                s.saturating_mul(1000)
+            }),
+        leader_imbalance_per_broker_percentage: raw("leader.imbalance.per.broker.percentage")
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(defaults.leader_imbalance_per_broker_percentage),
+        ..defaults
     }
 }
 

@@ -57,7 +57,7 @@ fn wait_for<T>(
         assert!(
             Instant::now() < deadline,
             "timed out waiting for {what}\n{}",
-            cluster.logs(40)
+            cluster.logs(400)
         );
         // Another process's state over the wire: no event to wait on.
         std::thread::sleep(Duration::from_millis(100));
@@ -155,6 +155,13 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
     });
     let lb = cluster.node(leader).bootstrap().expect("leader listener");
     let followers: Vec<i32> = all.iter().copied().filter(|b| *b != leader).collect();
+    // The leader itself must have applied the topic before it takes records.
+    wait_for(
+        &cluster,
+        Duration::from_secs(30),
+        "the leader's own view",
+        || partition_state(&lb).filter(|(l, isr, _)| *l == leader && *isr == all),
+    );
     assert_eq!(produce(&lb, -1, "all-in-sync"), Ok(0));
 
     // One follower stops and the leader takes a batch it will not fetch: it leaves the ISR

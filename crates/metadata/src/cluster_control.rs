@@ -14,10 +14,12 @@
 //! ISR shrinking below `min.insync.replicas` keeps its members as eligible leader replicas, as
 //! Kafka's `PartitionChangeBuilder`; without it an ISR never becomes empty.
 //!
-//! Departures from Kafka 4.4: KIP-966's unclean-shutdown handling (a new incarnation whose
-//! previous broker epoch does not match leaves every ISR and ELR at registration) is not done,
-//! nor unclean leader election by config; offline log directories in heartbeats are not
-//! taken.
+//! KIP-966's unclean-shutdown handling: with ELR on, a new incarnation whose previous broker
+//! epoch is not its registration's leaves every ISR and ELR at registration (gregor's brokers
+//! do not keep their clean-shutdown epoch yet and send -1, so each of their restarts counts as
+//! unclean). Departure from Kafka 4.4: offline log directories in heartbeats are not taken. Partition changes are built by
+//! [`crate::replication_control::PartitionChangeBuilder`] (with `unclean.leader.election.enable`
+//! an out-of-ISR replica may be elected, RECOVERING).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,7 +121,8 @@ pub struct BrokerRegistrationRequest {
     pub rack: Option<String>,
     /// The directory ids of its online log dirs (KIP-858).
     pub log_dirs: Vec<Uuid>,
-    /// Its epoch before a clean shutdown, -1 if none (KIP-966; not used yet).
+    /// Its epoch before a clean shutdown, -1 if none (KIP-966: any other value than its
+    /// registration's epoch makes the registration leave every ISR and ELR).
     pub previous_broker_epoch: i64,
 }
 
@@ -284,14 +287,24 @@ impl Controller {
             log_dirs: if directories { req.log_dirs } else { vec![] },
             ..RegisterBrokerRecord::default()
         };
+        let mut records: Vec<MetadataRecord> = Vec::new();
         match existing {
             Some(e) if e.incarnation_id == req.incarnation_id => {
                 record.broker_epoch = e.epoch;
                 record.fenced = e.fenced;
                 record.in_controlled_shutdown = e.in_controlled_shutdown;
             }
-            _ => {
-                // Kafka's rule: the broker epoch is the offset of the record.
+            existing => {
+                // KIP-966: a new incarnation that does not present the epoch its predecessor
+                // shut down cleanly with may have lost data: it leaves every ISR and ELR (and
+                // may not be elected from them) before it registers.
+                if existing.is_some_and(|e| e.epoch != req.previous_broker_epoch)
+                    && crate::replication_control::elr_enabled(&self.image)
+                {
+                    self.unclean_shutdown_records(broker_id, &mut records);
+                }
+                // Kafka's rule: the broker epoch is the offset the change starts at (the
+                // record's own offset when nothing precedes it).
                 record.broker_epoch = i64::try_from(self.write_offset()).unwrap_or(i64::MAX);
                 record.fenced = true;
                 self.sessions.sessions.remove(&broker_id);
@@ -308,10 +321,41 @@ impl Controller {
                 controlled_shutdown_offset: None,
             })
             .last_contact_ms = now;
+        records.push(record.into());
         Ok(ControllerResult {
-            records: vec![record.into()],
+            records,
             response: epoch,
         })
+    }
+
+    /// `handleBrokerUncleanShutdown` (KIP-966): the broker leaves the ISR and ELR of every
+    /// partition that has it there, and may not be elected from them.
+    fn unclean_shutdown_records(&self, broker_id: i32, records: &mut Vec<MetadataRecord>) {
+        let image: &MetadataImage = &self.image;
+        let mut topics: Vec<_> = image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            let election = if self.unclean_leader_election_enabled(&t.name) {
+                Election::Unclean
+            } else {
+                Election::Online
+            };
+            for (partition_id, p) in &t.partitions {
+                if !p.isr.contains(&broker_id) && !p.elr.contains(&broker_id) {
+                    continue;
+                }
+                let acceptable = |r: i32| r != broker_id && Controller::is_active(image, r);
+                let change =
+                    PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
+                        .election(election)
+                        .unclean_shutdown_replicas(vec![broker_id])
+                        .target_isr(p.isr.iter().copied().filter(|r| *r != broker_id).collect())
+                        .build();
+                if let Some(change) = change {
+                    records.push(change.into());
+                }
+            }
+        }
     }
 
     fn check_features(&self, features: &[BrokerFeature]) -> Result<(), ControllerError> {

@@ -11,19 +11,31 @@
 //! and writes only the fields that change (no record when nothing does).
 
 use gregor_protocol::error::ErrorCode;
+use gregor_protocol::kafka_protocol::messages::alter_partition_reassignments_response::{
+    ReassignablePartitionResponse, ReassignableTopicResponse,
+};
 use gregor_protocol::kafka_protocol::messages::alter_partition_response::{
     PartitionData as AlterPartitionResponsePartition, TopicData as AlterPartitionResponseTopic,
 };
-use gregor_protocol::kafka_protocol::messages::{
-    AlterPartitionRequest, AlterPartitionResponse, BrokerId,
+use gregor_protocol::kafka_protocol::messages::elect_leaders_response::{
+    PartitionResult as ElectLeadersPartitionResult, ReplicaElectionResult,
 };
+use gregor_protocol::kafka_protocol::messages::list_partition_reassignments_response::{
+    OngoingPartitionReassignment, OngoingTopicReassignment,
+};
+use gregor_protocol::kafka_protocol::messages::{
+    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, AlterPartitionRequest,
+    AlterPartitionResponse, BrokerId, ElectLeadersResponse, ListPartitionReassignmentsResponse,
+    TopicName,
+};
+use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use gregor_protocol::metadata_records::PartitionChangeRecord;
 use uuid::Uuid;
 
 use crate::cluster_control::ELR_FEATURE;
 use crate::controller::{Controller, ControllerError, ControllerResult};
 use crate::image::{MetadataImage, PartitionRegistration, NO_LEADER, NO_LEADER_CHANGE};
-use crate::record::ConfigResource;
+use crate::record::{ConfigResource, MetadataRecord};
 
 /// `unclean.leader.election.enable`.
 pub const UNCLEAN_LEADER_ELECTION_ENABLE: &str = "unclean.leader.election.enable";
@@ -620,11 +632,471 @@ impl Controller {
     }
 }
 
+/// `ElectionType.PREFERRED` (KIP-460).
+pub const ELECTION_PREFERRED: i8 = 0;
+/// `ElectionType.UNCLEAN` (KIP-460).
+pub const ELECTION_UNCLEAN: i8 = 1;
+
+/// The most elections one periodic balancing event writes (Kafka's
+/// `maxElectionsPerImbalance`); the rest wait for the next event.
+pub const MAX_ELECTIONS_PER_IMBALANCE: usize = 1000;
+
+/// A per-partition error with Kafka's message.
+fn api_error(code: ErrorCode, message: Option<String>) -> (i16, Option<StrBytes>) {
+    (code.code(), message.map(StrBytes::from_string))
+}
+
+/// Validates the replicas of a reassignment as Kafka's `validateManualPartitionAssignment`.
+fn validate_replicas(image: &MetadataImage, replicas: &[i32]) -> Result<(), ControllerError> {
+    let invalid = ControllerError::InvalidReplicaAssignment;
+    if replicas.is_empty() {
+        return Err(invalid(
+            "The manual partition assignment includes an empty replica list.".into(),
+        ));
+    }
+    let mut sorted = replicas.to_vec();
+    sorted.sort_unstable();
+    for (i, b) in sorted.iter().enumerate() {
+        if !image.brokers.contains_key(b) {
+            return Err(invalid(format!(
+                "The manual partition assignment includes broker {b}, but no such broker is registered."
+            )));
+        }
+        if i > 0 && sorted[i - 1] == *b {
+            return Err(invalid(format!(
+                "The manual partition assignment includes the broker {b} more than once."
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `a` without the members of `b`, sorted (Kafka's `calculateDifference`, a `TreeSet`).
+fn difference(a: &[i32], b: &[i32]) -> Vec<i32> {
+    let mut out: Vec<i32> = a.iter().copied().filter(|r| !b.contains(r)).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+impl Controller {
+    fn builder<'a>(
+        &'a self,
+        t: &'a crate::image::TopicImage,
+        partition_id: i32,
+        p: &'a PartitionRegistration,
+    ) -> PartitionChangeBuilder<'a> {
+        let image = &self.image;
+        PartitionChangeBuilder::new(image, p, t.topic_id, partition_id, move |r| {
+            Controller::is_active(image, r)
+        })
+    }
+
+    /// ElectLeaders (API 43, KIP-460): a preferred (`election_type` 0, and every v0 request)
+    /// or unclean (1) election for each partition named, or for every partition when
+    /// `topic_partitions` is null (then the partitions that need no election are left out of
+    /// the answer). Per partition: ELECTION_NOT_NEEDED (the preferred replica leads, or for an
+    /// unclean election the partition has a leader), PREFERRED_LEADER_NOT_AVAILABLE (the
+    /// preferred replica is not in the ISR or not alive, and no other change is possible),
+    /// ELIGIBLE_LEADERS_NOT_AVAILABLE (no live replica for an unclean election),
+    /// UNKNOWN_TOPIC_OR_PARTITION. An unclean election makes the leader RECOVERING (KIP-704).
+    ///
+    /// # Errors
+    /// INVALID_REQUEST for an unknown election type.
+    pub fn elect_leaders(
+        &self,
+        election_type: i8,
+        topic_partitions: Option<Vec<(String, Vec<i32>)>>,
+    ) -> Result<ControllerResult<ElectLeadersResponse>, ControllerError> {
+        if !matches!(election_type, ELECTION_PREFERRED | ELECTION_UNCLEAN) {
+            return Err(ControllerError::InvalidRequest(format!(
+                "Unknown election type {election_type}"
+            )));
+        }
+        let mut records = Vec::new();
+        let mut response = ElectLeadersResponse::default();
+        let all = topic_partitions.is_none();
+        let wanted = topic_partitions.unwrap_or_else(|| {
+            let mut topics: Vec<_> = self.image.topics.values().collect();
+            topics.sort_by(|a, b| a.name.cmp(&b.name));
+            topics
+                .into_iter()
+                .map(|t| (t.name.clone(), t.partitions.keys().copied().collect()))
+                .collect()
+        });
+        for (topic, partitions) in wanted {
+            let mut result = ReplicaElectionResult::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.clone())));
+            for partition_id in partitions {
+                let (code, message) =
+                    self.elect_leader(&topic, partition_id, election_type, &mut records);
+                if all && code == ErrorCode::ElectionNotNeeded.code() {
+                    continue;
+                }
+                result.partition_result.push(
+                    ElectLeadersPartitionResult::default()
+                        .with_partition_id(partition_id)
+                        .with_error_code(code)
+                        .with_error_message(message),
+                );
+            }
+            response.replica_election_results.push(result);
+        }
+        Ok(ControllerResult { records, response })
+    }
+
+    /// `electLeader`: one partition's election; its error code and message.
+    fn elect_leader(
+        &self,
+        topic: &str,
+        partition_id: i32,
+        election_type: i8,
+        records: &mut Vec<MetadataRecord>,
+    ) -> (i16, Option<StrBytes>) {
+        let Some(t) = self.image.topic(topic) else {
+            return api_error(
+                ErrorCode::UnknownTopicOrPartition,
+                Some(format!("No such topic as {topic}")),
+            );
+        };
+        let Some(p) = t.partitions.get(&partition_id) else {
+            return api_error(
+                ErrorCode::UnknownTopicOrPartition,
+                Some(format!("No such partition as {topic}-{partition_id}")),
+            );
+        };
+        let has_preferred_leader = p.replicas.first().is_some_and(|r| *r == p.leader);
+        if (election_type == ELECTION_PREFERRED && has_preferred_leader)
+            || (election_type == ELECTION_UNCLEAN && p.leader != NO_LEADER)
+        {
+            return api_error(ErrorCode::ElectionNotNeeded, None);
+        }
+        let election = if election_type == ELECTION_UNCLEAN {
+            Election::Unclean
+        } else {
+            Election::Preferred
+        };
+        match self.builder(t, partition_id, p).election(election).build() {
+            Some(change) => {
+                records.push(change.into());
+                (0, None)
+            }
+            None if election_type == ELECTION_PREFERRED => {
+                api_error(ErrorCode::PreferredLeaderNotAvailable, None)
+            }
+            None => api_error(ErrorCode::EligibleLeadersNotAvailable, None),
+        }
+    }
+
+    /// AlterPartitionReassignments (API 45, KIP-455), all partitions in one batch: for each
+    /// partition, a target replica list starts (or replaces) a reassignment, null cancels the
+    /// one in progress. Starting one adds the new replicas to the replica list and records
+    /// them as adding, the replicas to drop as removing; it completes (replicas = the target,
+    /// adding/removing cleared, leader moved off removed replicas, leader epoch bumped) as
+    /// soon as every target replica is in the ISR, at once for a reordering or a pure removal,
+    /// otherwise when an AlterPartition brings the last one in. Per partition:
+    /// UNKNOWN_TOPIC_OR_PARTITION, INVALID_REPLICA_ASSIGNMENT (empty, unregistered or repeated
+    /// brokers; a cancellation that would need an unclean election without
+    /// `unclean.leader.election.enable`), NO_REASSIGNMENT_IN_PROGRESS (cancelling none),
+    /// INVALID_REPLICATION_FACTOR (v1 with `AllowReplicationFactorChange` false and another
+    /// replica count, KIP-860).
+    pub fn alter_partition_reassignments(
+        &self,
+        request: &AlterPartitionReassignmentsRequest,
+    ) -> ControllerResult<AlterPartitionReassignmentsResponse> {
+        let mut records = Vec::new();
+        let mut response = AlterPartitionReassignmentsResponse::default()
+            .with_allow_replication_factor_change(request.allow_replication_factor_change);
+        for topic in &request.topics {
+            let mut out = ReassignableTopicResponse::default().with_name(topic.name.clone());
+            for target in &topic.partitions {
+                let (code, message) = match self.alter_partition_reassignment(
+                    topic.name.as_str(),
+                    target.partition_index,
+                    target
+                        .replicas
+                        .as_ref()
+                        .map(|r| r.iter().map(|b| b.0).collect()),
+                    request.allow_replication_factor_change,
+                ) {
+                    Ok(record) => {
+                        records.extend(record.map(MetadataRecord::from));
+                        (0, None)
+                    }
+                    Err(e) => (
+                        e.kafka_error_code(),
+                        Some(StrBytes::from_string(e.to_string())),
+                    ),
+                };
+                out.partitions.push(
+                    ReassignablePartitionResponse::default()
+                        .with_partition_index(target.partition_index)
+                        .with_error_code(code)
+                        .with_error_message(message),
+                );
+            }
+            response.responses.push(out);
+        }
+        ControllerResult { records, response }
+    }
+
+    fn alter_partition_reassignment(
+        &self,
+        topic: &str,
+        partition_id: i32,
+        target: Option<Vec<i32>>,
+        allow_replication_factor_change: bool,
+    ) -> Result<Option<PartitionChangeRecord>, ControllerError> {
+        let unknown = || {
+            ControllerError::UnknownTopicOrPartitionWithMessage(format!(
+                "Unable to find partition {topic}:{partition_id}."
+            ))
+        };
+        let t = self.image.topic(topic).ok_or_else(|| {
+            ControllerError::UnknownTopicOrPartitionWithMessage(format!(
+                "Unable to find a topic named {topic}."
+            ))
+        })?;
+        let p = t.partitions.get(&partition_id).ok_or_else(unknown)?;
+        let Some(target) = target else {
+            return self.cancel_partition_reassignment(t, partition_id, p);
+        };
+        validate_replicas(&self.image, &target)?;
+        if !allow_replication_factor_change {
+            let current: Vec<i32> = difference(&p.replicas, &p.adding_replicas);
+            if current.len() != target.len() {
+                return Err(ControllerError::InvalidReplicationFactor(format!(
+                    "The replication factor is changed from {} to {} but allowReplicationFactorChange is false.",
+                    current.len(),
+                    target.len()
+                )));
+            }
+        }
+        let removing = difference(&p.replicas, &target);
+        let adding = difference(&target, &p.replicas);
+        let mut replicas = target.clone();
+        replicas.extend(removing.iter().copied());
+        let mut builder = self.builder(t, partition_id, p);
+        if replicas != p.replicas {
+            builder = builder.target_replicas(replicas);
+        }
+        if !removing.is_empty() {
+            builder = builder.target_removing(removing);
+        }
+        if !adding.is_empty() {
+            builder = builder.target_adding(adding);
+        }
+        Ok(builder.build())
+    }
+
+    /// `cancelPartitionReassignment`: back to the replicas before the reassignment (those it
+    /// was adding leave the replicas and the ISR).
+    fn cancel_partition_reassignment(
+        &self,
+        t: &crate::image::TopicImage,
+        partition_id: i32,
+        p: &PartitionRegistration,
+    ) -> Result<Option<PartitionChangeRecord>, ControllerError> {
+        if !reassignment_in_progress(p) {
+            return Err(ControllerError::NoReassignmentInProgress(
+                "No partition reassignment is in progress for the topic partition.".into(),
+            ));
+        }
+        let replicas: Vec<i32> = p
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| !p.adding_replicas.contains(r))
+            .collect();
+        let mut isr: Vec<i32> = p
+            .isr
+            .iter()
+            .copied()
+            .filter(|r| !p.adding_replicas.contains(r))
+            .collect();
+        let unclean_enabled = self.unclean_leader_election_enabled(&t.name);
+        if isr.is_empty() {
+            let Some(first) = replicas.first() else {
+                return Err(ControllerError::InvalidReplicaAssignment(
+                    "Invalid replica assignment: addingReplicas contains all replicas.".into(),
+                ));
+            };
+            if !unclean_enabled {
+                return Err(ControllerError::InvalidReplicaAssignment(format!(
+                    "Unable to revert partition assignment for {}:{partition_id} because it would require an unclean leader election.",
+                    t.name
+                )));
+            }
+            isr.push(*first);
+        }
+        let mut builder = self
+            .builder(t, partition_id, p)
+            .target_isr(isr)
+            .target_replicas(replicas)
+            .target_removing(Vec::new())
+            .target_adding(Vec::new());
+        if unclean_enabled {
+            builder = builder.election(Election::Unclean);
+        }
+        Ok(builder.build())
+    }
+
+    /// ListPartitionReassignments (API 46, KIP-455): the partitions with a reassignment in
+    /// progress (replicas, adding, removing), of the topics and partitions named or of all
+    /// topics (null). Unknown topics and partitions are left out, as in Kafka.
+    pub fn list_partition_reassignments(
+        &self,
+        topics: Option<Vec<(String, Vec<i32>)>>,
+    ) -> ListPartitionReassignmentsResponse {
+        let mut response = ListPartitionReassignmentsResponse::default();
+        let wanted = topics.unwrap_or_else(|| {
+            let mut all: Vec<_> = self
+                .image
+                .topics
+                .values()
+                .filter(|t| t.partitions.values().any(reassignment_in_progress))
+                .collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            all.into_iter()
+                .map(|t| (t.name.clone(), t.partitions.keys().copied().collect()))
+                .collect()
+        });
+        let ids = |v: &[i32]| v.iter().map(|r| BrokerId(*r)).collect::<Vec<_>>();
+        for (name, partitions) in wanted {
+            let Some(t) = self.image.topic(&name) else {
+                continue;
+            };
+            let ongoing: Vec<OngoingPartitionReassignment> = partitions
+                .iter()
+                .filter_map(|id| t.partitions.get(id).map(|p| (id, p)))
+                .filter(|(_, p)| reassignment_in_progress(p))
+                .map(|(id, p)| {
+                    OngoingPartitionReassignment::default()
+                        .with_partition_index(*id)
+                        .with_replicas(ids(&p.replicas))
+                        .with_adding_replicas(ids(&p.adding_replicas))
+                        .with_removing_replicas(ids(&p.removing_replicas))
+                })
+                .collect();
+            if !ongoing.is_empty() {
+                response.topics.push(
+                    OngoingTopicReassignment::default()
+                        .with_name(TopicName(StrBytes::from_string(name)))
+                        .with_partitions(ongoing),
+                );
+            }
+        }
+        response
+    }
+
+    /// The periodic leader balancing (`auto.leader.rebalance.enable`): for every broker whose
+    /// share of partitions it is the preferred replica of but does not lead is above
+    /// `leader.imbalance.per.broker.percentage`, a preferred election for each such partition
+    /// (at most [`MAX_ELECTIONS_PER_IMBALANCE`]); an election that is not possible (the
+    /// preferred replica out of the ISR or not alive) writes nothing. The answer is the number
+    /// of elections.
+    pub fn balance_partition_leaders(&self) -> ControllerResult<usize> {
+        let mut records = Vec::new();
+        if !self.config.auto_leader_rebalance_enable {
+            return ControllerResult {
+                records,
+                response: 0,
+            };
+        }
+        // Per preferred broker: (partitions, partitions it does not lead).
+        let mut counts: std::collections::BTreeMap<i32, (usize, usize)> = Default::default();
+        for t in self.image.topics.values() {
+            for p in t.partitions.values() {
+                if let Some(preferred) = p.replicas.first() {
+                    let c = counts.entry(*preferred).or_default();
+                    c.0 += 1;
+                    if p.leader != *preferred {
+                        c.1 += 1;
+                    }
+                }
+            }
+        }
+        let threshold = self.config.leader_imbalance_per_broker_percentage;
+        let imbalanced: Vec<i32> = counts
+            .into_iter()
+            .filter(|(_, (total, off))| {
+                *off > 0 && (*off as u64) * 100 > u64::from(threshold) * (*total as u64)
+            })
+            .map(|(b, _)| b)
+            .collect();
+        let mut topics: Vec<_> = self.image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        'topics: for t in topics {
+            for (id, p) in &t.partitions {
+                if records.len() >= MAX_ELECTIONS_PER_IMBALANCE {
+                    break 'topics;
+                }
+                let Some(preferred) = p.replicas.first() else {
+                    continue;
+                };
+                if p.leader == *preferred || !imbalanced.contains(preferred) {
+                    continue;
+                }
+                if let Some(change) = self
+                    .builder(t, *id, p)
+                    .election(Election::Preferred)
+                    .build()
+                {
+                    if change.leader == *preferred {
+                        records.push(change.into());
+                    }
+                }
+            }
+        }
+        let n = records.len();
+        ControllerResult {
+            records,
+            response: n,
+        }
+    }
+
+    /// Unclean elections for the leaderless partitions of topics with
+    /// `unclean.leader.election.enable` (Kafka's `maybeElectUncleanLeaders`): a partition whose
+    /// every ISR and ELR member is gone gets a live replica as leader, RECOVERING, once the
+    /// config is turned on. The answer is the number of elections.
+    pub fn elect_unclean_leaders(&self) -> ControllerResult<usize> {
+        let mut records = Vec::new();
+        let mut topics: Vec<_> = self.image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            if !t.partitions.values().any(|p| p.leader == NO_LEADER)
+                || !self.unclean_leader_election_enabled(&t.name)
+            {
+                continue;
+            }
+            for (id, p) in &t.partitions {
+                if p.leader != NO_LEADER || records.len() >= MAX_ELECTIONS_PER_IMBALANCE {
+                    continue;
+                }
+                if let Some(change) = self.builder(t, *id, p).election(Election::Unclean).build() {
+                    if change.leader >= 0 {
+                        tracing::warn!(topic = %t.name, partition = id, leader = change.leader, "unclean leader election for an offline partition");
+                        records.push(change.into());
+                    }
+                }
+            }
+        }
+        let n = records.len();
+        ControllerResult {
+            records,
+            response: n,
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
+    use gregor_protocol::kafka_protocol::messages::alter_partition_reassignments_request::{
+        ReassignablePartition, ReassignableTopic,
+    };
     use gregor_protocol::kafka_protocol::messages::alter_partition_request::{
         BrokerState, PartitionData, TopicData,
     };
@@ -997,5 +1469,423 @@ pub(crate) mod tests {
         };
         assert_eq!(change.leader_recovery_state, LEADER_RECOVERED);
         assert_eq!(answer.leader_recovery_state, LEADER_RECOVERED);
+    }
+
+    fn election(c: &mut Controller, election_type: i8, topic: &str) -> (i16, Option<String>) {
+        let r = c
+            .elect_leaders(election_type, Some(vec![(topic.to_string(), vec![0])]))
+            .unwrap();
+        commit(c, r.records);
+        let p = &r.response.replica_election_results[0].partition_result[0];
+        (
+            p.error_code,
+            p.error_message.as_ref().map(|m| m.to_string()),
+        )
+    }
+
+    #[test]
+    fn preferred_election_moves_leadership_back_to_the_first_replica() {
+        let (mut c, id) = three_brokers();
+        // Broker 1 shuts down: broker 2 leads; it comes back and the leader takes it back
+        // into the ISR.
+        heartbeat(&mut c, 1, true, false);
+        assert_eq!(partition(&c, "t").leader, 2);
+        heartbeat(&mut c, 1, false, false);
+        // Not in the ISR yet: the preferred replica is not available.
+        assert_eq!(election(&mut c, ELECTION_PREFERRED, "t").0, 80);
+        alter_isr(&mut c, 2, id, &[2, 3, 1]);
+        let before = partition(&c, "t");
+        assert_eq!(election(&mut c, ELECTION_PREFERRED, "t").0, 0);
+        let after = partition(&c, "t");
+        assert_eq!(after.leader, 1);
+        assert_eq!(after.leader_epoch, before.leader_epoch + 1);
+        assert_eq!(after.isr, before.isr, "a clean election keeps the ISR");
+        // Now the preferred replica leads.
+        assert_eq!(election(&mut c, ELECTION_PREFERRED, "t").0, 84);
+        assert_eq!(election(&mut c, ELECTION_UNCLEAN, "t").0, 84);
+        let (code, message) = election(&mut c, ELECTION_PREFERRED, "nope");
+        assert_eq!(code, 3);
+        assert_eq!(message.as_deref(), Some("No such topic as nope"));
+        let r = c
+            .elect_leaders(ELECTION_PREFERRED, Some(vec![("t".into(), vec![5])]))
+            .unwrap();
+        assert_eq!(
+            r.response.replica_election_results[0].partition_result[0].error_code,
+            3
+        );
+        assert_eq!(c.elect_leaders(7, None).unwrap_err().kafka_error_code(), 42);
+    }
+
+    #[test]
+    fn electing_every_partition_answers_only_those_that_needed_one() {
+        let (mut c, id) = three_brokers();
+        create(&mut c, "u", vec![2, 3, 1], &[]);
+        heartbeat(&mut c, 1, true, false);
+        heartbeat(&mut c, 1, false, false);
+        alter_isr(&mut c, 2, id, &[2, 3, 1]);
+        let r = c.elect_leaders(ELECTION_PREFERRED, None).unwrap();
+        let results = &r.response.replica_election_results;
+        let t: Vec<_> = results
+            .iter()
+            .map(|t| (t.topic.as_str().to_string(), t.partition_result.len()))
+            .collect();
+        assert_eq!(t, vec![("t".to_string(), 1), ("u".to_string(), 0)]);
+        assert_eq!(results[0].partition_result[0].error_code, 0);
+        assert_eq!(r.records.len(), 1);
+    }
+
+    #[test]
+    fn unclean_election_picks_a_live_replica_outside_the_isr_and_recovers() {
+        let mut c = controller();
+        for id in 1..=2 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2], &[]);
+        alter_isr(&mut c, 1, id, &[1]);
+        heartbeat(&mut c, 1, true, false);
+        let p = partition(&c, "t");
+        assert_eq!(p.leader, NO_LEADER, "unclean election is off: no leader");
+        assert_eq!(p.elr, vec![1], "{p:?}");
+        assert_eq!(election(&mut c, ELECTION_PREFERRED, "t").0, 80);
+        // Broker 2 is alive but out of the ISR: only an unclean election takes it.
+        assert!(c.elect_unclean_leaders().records.is_empty(), "config off");
+        assert_eq!(election(&mut c, ELECTION_UNCLEAN, "t").0, 0);
+        let p = partition(&c, "t");
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        assert_eq!(p.leader_recovery_state, LEADER_RECOVERING);
+        assert!(p.elr.is_empty());
+        // No live replica at all: ELIGIBLE_LEADERS_NOT_AVAILABLE.
+        heartbeat(&mut c, 2, true, false);
+        assert_eq!(partition(&c, "t").leader, NO_LEADER);
+        assert_eq!(election(&mut c, ELECTION_UNCLEAN, "t").0, 83);
+    }
+
+    #[test]
+    fn turning_on_unclean_leader_election_elects_leaderless_partitions() {
+        let mut c = controller();
+        for id in 1..=2 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2], &[]);
+        alter_isr(&mut c, 1, id, &[1]);
+        heartbeat(&mut c, 1, true, false);
+        assert_eq!(partition(&c, "t").leader, NO_LEADER);
+        let r = c
+            .alter_configs(
+                ConfigResource::Topic,
+                "t",
+                vec![(UNCLEAN_LEADER_ELECTION_ENABLE.into(), Some("true".into()))],
+            )
+            .unwrap();
+        commit(&mut c, r.records);
+        let r = c.elect_unclean_leaders();
+        assert_eq!(r.response, 1);
+        commit(&mut c, r.records);
+        let p = partition(&c, "t");
+        assert_eq!((p.leader, p.leader_recovery_state), (2, LEADER_RECOVERING));
+        assert_eq!(c.elect_unclean_leaders().response, 0);
+    }
+
+    #[test]
+    fn a_fenced_leader_with_unclean_election_enabled_in_the_cluster_default() {
+        let mut c = controller();
+        for id in 1..=2 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2], &[]);
+        alter_isr(&mut c, 1, id, &[1]);
+        let r = c
+            .alter_configs(
+                ConfigResource::Broker,
+                "",
+                vec![(UNCLEAN_LEADER_ELECTION_ENABLE.into(), Some("true".into()))],
+            )
+            .unwrap();
+        commit(&mut c, r.records);
+        heartbeat(&mut c, 1, true, false);
+        let p = partition(&c, "t");
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]), "{p:?}");
+        assert_eq!(p.leader_recovery_state, LEADER_RECOVERING);
+    }
+
+    fn reassign(
+        c: &mut Controller,
+        topic: &str,
+        replicas: Option<Vec<i32>>,
+        allow_rf_change: bool,
+    ) -> (i16, Option<String>) {
+        let r = c.alter_partition_reassignments(
+            &AlterPartitionReassignmentsRequest::default()
+                .with_allow_replication_factor_change(allow_rf_change)
+                .with_topics(vec![ReassignableTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.into())))
+                    .with_partitions(vec![ReassignablePartition::default()
+                        .with_partition_index(0)
+                        .with_replicas(
+                            replicas.map(|r| r.into_iter().map(BrokerId).collect()),
+                        )])]),
+        );
+        commit(c, r.records);
+        let p = &r.response.responses[0].partitions[0];
+        (
+            p.error_code,
+            p.error_message.as_ref().map(|m| m.to_string()),
+        )
+    }
+
+    /// (topic, partition, replicas, adding, removing) of a listed reassignment.
+    type Listed = (String, i32, Vec<i32>, Vec<i32>, Vec<i32>);
+
+    fn listed(c: &Controller) -> Vec<Listed> {
+        let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<_>>();
+        c.list_partition_reassignments(None)
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(|p| {
+                    (
+                        t.name.as_str().to_string(),
+                        p.partition_index,
+                        ids(&p.replicas),
+                        ids(&p.adding_replicas),
+                        ids(&p.removing_replicas),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reassignment_adds_then_completes_when_the_target_is_in_the_isr() {
+        let mut c = controller();
+        for id in 1..=4 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2, 3], &[]);
+        let before = partition(&c, "t");
+        // Move the replica of broker 1 to broker 4.
+        assert_eq!(reassign(&mut c, "t", Some(vec![4, 2, 3]), false).0, 0);
+        let p = partition(&c, "t");
+        assert_eq!(p.replicas, vec![4, 2, 3, 1]);
+        assert_eq!(
+            (p.adding_replicas.clone(), p.removing_replicas.clone()),
+            (vec![4], vec![1])
+        );
+        assert_eq!(
+            (p.leader, p.leader_epoch),
+            (1, before.leader_epoch),
+            "{p:?}"
+        );
+        assert_eq!(
+            listed(&c),
+            vec![("t".into(), 0, vec![4, 2, 3, 1], vec![4], vec![1])]
+        );
+        assert_eq!(
+            c.list_partition_reassignments(Some(vec![
+                ("t".into(), vec![0, 9]),
+                ("x".into(), vec![0])
+            ]))
+            .topics
+            .len(),
+            1
+        );
+        // ISR changes without broker 4 do not complete it.
+        alter_isr(&mut c, 1, id, &[1, 2]);
+        let (answer, _) = alter_isr(&mut c, 1, id, &[1, 2, 3]);
+        assert_eq!(answer.error_code, 0);
+        assert_eq!(partition(&c, "t").adding_replicas, vec![4]);
+        // Broker 4 caught up and the leader adds it: the reassignment completes, leadership
+        // leaves the removed broker 1 (which gets NEW_LEADER_ELECTED) and the leader epoch is
+        // bumped.
+        let (answer, records) = alter_isr(&mut c, 1, id, &[1, 2, 3, 4]);
+        assert_eq!(answer.error_code, 108, "{answer:?}");
+        assert_eq!(records.len(), 1);
+        let p = partition(&c, "t");
+        assert_eq!(p.replicas, vec![4, 2, 3]);
+        assert_eq!(p.isr, vec![2, 3, 4]);
+        assert!(p.adding_replicas.is_empty() && p.removing_replicas.is_empty());
+        assert_eq!((p.leader, p.leader_epoch), (4, before.leader_epoch + 1));
+        assert!(listed(&c).is_empty());
+    }
+
+    #[test]
+    fn removing_or_reordering_replicas_completes_at_once() {
+        let (mut c, _) = three_brokers();
+        let before = partition(&c, "t");
+        // Reorder: done at once, same leader and leader epoch.
+        assert_eq!(reassign(&mut c, "t", Some(vec![2, 1, 3]), false).0, 0);
+        let p = partition(&c, "t");
+        assert_eq!((p.replicas.clone(), p.leader), (vec![2, 1, 3], 1));
+        assert_eq!(p.leader_epoch, before.leader_epoch);
+        // Remove the leader's replica: done at once (the rest is in the ISR), the leader moves
+        // to a remaining replica, leader epoch bumped.
+        assert_eq!(reassign(&mut c, "t", Some(vec![2, 3]), true).0, 0);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.replicas.clone(), p.isr.clone()),
+            (vec![2, 3], vec![2, 3])
+        );
+        assert_eq!((p.leader, p.leader_epoch), (2, before.leader_epoch + 1));
+        assert!(listed(&c).is_empty());
+    }
+
+    #[test]
+    fn cancelling_a_reassignment_goes_back_to_the_original_replicas() {
+        let mut c = controller();
+        for id in 1..=4 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2, 3], &[]);
+        assert_eq!(reassign(&mut c, "t", None, false).0, 85);
+        assert_eq!(reassign(&mut c, "t", Some(vec![4, 2, 3]), false).0, 0);
+        // Broker 4 joined the ISR, not yet the whole target (3 left it).
+        alter_isr(&mut c, 1, id, &[1, 2]);
+        alter_isr(&mut c, 1, id, &[1, 2, 4]);
+        assert_eq!(partition(&c, "t").adding_replicas, vec![4]);
+        assert_eq!(reassign(&mut c, "t", None, false).0, 0);
+        let p = partition(&c, "t");
+        assert_eq!(p.replicas, vec![2, 3, 1]);
+        assert_eq!(p.isr, vec![1, 2]);
+        assert!(p.adding_replicas.is_empty() && p.removing_replicas.is_empty());
+        assert_eq!(p.leader, 1);
+        assert!(listed(&c).is_empty());
+    }
+
+    #[test]
+    fn reassignment_errors_are_kafkas() {
+        let (mut c, _) = three_brokers();
+        let (code, message) = reassign(&mut c, "nope", Some(vec![1]), true);
+        assert_eq!(code, 3);
+        assert_eq!(
+            message.as_deref(),
+            Some("Unable to find a topic named nope.")
+        );
+        assert_eq!(reassign(&mut c, "t", Some(vec![1, 2, 9]), true).0, 39);
+        assert_eq!(reassign(&mut c, "t", Some(vec![1, 1, 2]), true).0, 39);
+        assert_eq!(reassign(&mut c, "t", Some(vec![]), true).0, 39);
+        let (code, message) = reassign(&mut c, "t", Some(vec![1, 2]), false);
+        assert_eq!(code, 38, "{message:?}");
+        assert!(partition(&c, "t").replicas.len() == 3, "nothing changed");
+        let r = c.alter_partition_reassignments(
+            &AlterPartitionReassignmentsRequest::default().with_topics(vec![
+                ReassignableTopic::default()
+                    .with_name(TopicName(StrBytes::from_string("t".into())))
+                    .with_partitions(vec![ReassignablePartition::default()
+                        .with_partition_index(3)
+                        .with_replicas(Some(vec![BrokerId(1)]))]),
+            ]),
+        );
+        assert_eq!(r.response.responses[0].partitions[0].error_code, 3);
+        assert!(r.records.is_empty());
+    }
+
+    #[test]
+    fn the_periodic_balancing_elects_preferred_leaders_above_the_imbalance_threshold() {
+        let (mut c, id) = three_brokers();
+        // Broker 1 leaves and comes back into the ISR: broker 2 leads its partition.
+        heartbeat(&mut c, 1, true, false);
+        heartbeat(&mut c, 1, false, false);
+        alter_isr(&mut c, 2, id, &[2, 3, 1]);
+        assert_eq!(partition(&c, "t").leader, 2);
+        // 1 of broker 1's 1 preferred partitions is led elsewhere: 100% > 10%.
+        let r = c.balance_partition_leaders();
+        assert_eq!(r.response, 1);
+        commit(&mut c, r.records);
+        assert_eq!(partition(&c, "t").leader, 1);
+        assert_eq!(c.balance_partition_leaders().response, 0);
+        // Off: nothing.
+        heartbeat(&mut c, 1, true, false);
+        heartbeat(&mut c, 1, false, false);
+        alter_isr(&mut c, 2, id, &[2, 3, 1]);
+        c.config.auto_leader_rebalance_enable = false;
+        assert_eq!(c.balance_partition_leaders().response, 0);
+        // Below the threshold: nothing.
+        c.config.auto_leader_rebalance_enable = true;
+        c.config.leader_imbalance_per_broker_percentage = 100;
+        assert_eq!(c.balance_partition_leaders().response, 0);
+    }
+
+    #[test]
+    fn an_eligible_leader_replica_that_comes_back_leads_again() {
+        let mut c = controller();
+        for id in 1..=2 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2], &[]);
+        alter_isr(&mut c, 1, id, &[1]);
+        heartbeat(&mut c, 1, true, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (NO_LEADER, vec![], vec![1])
+        );
+        assert_eq!(p.last_known_elr, vec![1]);
+        // handleBrokerUnfenced: the leaderless partition gets its ELR member back as leader.
+        heartbeat(&mut c, 1, false, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![])
+        );
+        assert!(p.last_known_elr.is_empty());
+        assert_eq!(p.leader_recovery_state, LEADER_RECOVERED);
+    }
+
+    /// A new incarnation that does not present its predecessor's epoch (an unclean shutdown,
+    /// KIP-966) leaves the ISR and ELR before it registers; one that does keeps them.
+    #[test]
+    fn an_unclean_restart_leaves_the_isr_and_elr() {
+        let mut c = controller();
+        for id in 1..=3 {
+            join(&mut c, id);
+        }
+        let id = create(&mut c, "t", vec![1, 2, 3], &[("min.insync.replicas", "3")]);
+        alter_isr(&mut c, 1, id, &[1, 2]);
+        let p = partition(&c, "t");
+        assert_eq!((p.isr.clone(), p.elr.clone()), (vec![1, 2], vec![3]));
+        let registration = |id: i32, previous: i64| BrokerRegistrationRequest {
+            broker_id: id,
+            incarnation_id: Uuid::new_v4(),
+            listeners: vec![],
+            features: BrokerRegistrationRequest::supported_features(),
+            rack: None,
+            log_dirs: vec![Uuid::new_v4()],
+            previous_broker_epoch: previous,
+        };
+        // Broker 3 stops and comes back with its previous epoch: a clean restart, still in
+        // the ELR.
+        heartbeat(&mut c, 3, true, false);
+        let e3 = c.image.brokers[&3].epoch;
+        let r = c.register_broker(registration(3, e3)).unwrap();
+        assert_eq!(r.records.len(), 1, "only the registration: {:?}", r.records);
+        commit(&mut c, r.records);
+        assert_eq!(partition(&c, "t").elr, vec![3]);
+        // Broker 2 stops (fenced: from the ISR into the ELR) and restarts uncleanly (-1): it
+        // leaves the ELR first; the epoch is where the change starts.
+        heartbeat(&mut c, 2, true, false);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![2, 3])
+        );
+        let offset = c.image.offset;
+        let r = c.register_broker(registration(2, -1)).unwrap();
+        assert_eq!(r.response, offset as i64);
+        let [MetadataRecord::PartitionChange(change), MetadataRecord::RegisterBroker(_)] =
+            r.records.as_slice()
+        else {
+            panic!("{:?}", r.records)
+        };
+        assert_eq!(change.eligible_leader_replicas, Some(vec![3]));
+        commit(&mut c, r.records);
+        let p = partition(&c, "t");
+        assert_eq!(
+            (p.leader, p.isr.clone(), p.elr.clone()),
+            (1, vec![1], vec![3])
+        );
+        // Broker 3 restarts again, uncleanly: it leaves the ELR.
+        let r = c.register_broker(registration(3, -1)).unwrap();
+        commit(&mut c, r.records);
+        assert!(partition(&c, "t").elr.is_empty());
     }
 }

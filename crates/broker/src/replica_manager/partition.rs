@@ -673,8 +673,9 @@ impl Partition {
     /// the time index and a segment.
     ///
     /// # Errors
-    /// The leader check's codes, INVALID_REQUEST for another negative timestamp, the log's
-    /// errors.
+    /// The leader check's codes, INVALID_REQUEST for another negative timestamp,
+    /// OFFSET_NOT_AVAILABLE (78) for latest, or a record at or past the high watermark, while a
+    /// new leader's high watermark is below its epoch's start offset, the log's errors.
     pub fn fetch_offset_for_timestamp(
         &self,
         timestamp: i64,
@@ -683,14 +684,24 @@ impl Partition {
     ) -> Result<(i64, i64, i32), i16> {
         self.check_leader(current_leader_epoch)?;
         let epoch = self.log.latest_leader_epoch().unwrap_or(-1);
+        let last_fetchable = self.fetch_upper_bound(isolation_level, false);
+        // Kafka's fetchOffsetForTimestamp: a new leader whose high watermark has not reached
+        // the start offset of its epoch cannot tell where the committed data ends yet.
+        let lagging = self
+            .leader
+            .lock()
+            .as_ref()
+            .is_some_and(|c| c.leader_epoch_start_offset() > self.high_watermark());
         let found = |t: Option<gregor_log::TimestampAndOffset>| match t {
-            Some(t) if t.offset < self.high_watermark() => {
-                (t.timestamp_ms, t.offset, t.leader_epoch.unwrap_or(-1))
+            Some(t) if t.offset < last_fetchable => {
+                Ok((t.timestamp_ms, t.offset, t.leader_epoch.unwrap_or(-1)))
             }
-            _ => (-1, -1, -1),
+            Some(_) if lagging => Err(ec::OFFSET_NOT_AVAILABLE),
+            _ => Ok((-1, -1, -1)),
         };
         match timestamp {
-            LATEST_TIMESTAMP => Ok((-1, self.fetch_upper_bound(isolation_level, false), epoch)),
+            LATEST_TIMESTAMP if lagging => Err(ec::OFFSET_NOT_AVAILABLE),
+            LATEST_TIMESTAMP => Ok((-1, last_fetchable, epoch)),
             EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => {
                 Ok((-1, self.log.log_start_offset(), epoch))
             }
@@ -698,14 +709,14 @@ impl Partition {
             MAX_TIMESTAMP => self
                 .log
                 .max_timestamp_and_offset()
-                .map(found)
-                .map_err(|e| e.kafka_error_code()),
+                .map_err(|e| e.kafka_error_code())
+                .and_then(found),
             ts if ts < 0 => Err(ec::INVALID_REQUEST),
             ts => self
                 .log
                 .fetch_offset_by_timestamp(ts)
-                .map(found)
-                .map_err(|e| e.kafka_error_code()),
+                .map_err(|e| e.kafka_error_code())
+                .and_then(found),
         }
     }
 }

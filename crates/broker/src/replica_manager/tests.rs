@@ -645,6 +645,50 @@ async fn follower_fetches_are_fenced_by_epochs() {
 }
 
 #[tokio::test]
+async fn list_offsets_latest_waits_for_a_new_leaders_high_watermark() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    // Leader again in epoch 1 at LEO 1 while the HW is still 0 (the follower never fetched).
+    f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    let latest = || (TopicPartition::new("t", 0), partition::LATEST_TIMESTAMP, -1);
+    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    assert_eq!(r[0], Err(ec::OFFSET_NOT_AVAILABLE));
+    follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 1, 1, 0).await;
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    assert_eq!(r[0].map(|(_, offset, epoch)| (offset, epoch)), Ok((1, 1)));
+}
+
+#[tokio::test]
+async fn offset_for_leader_epoch_answers_from_the_epoch_cache_as_the_leader() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    complete(f.append(0, 1, 1000, 10).await);
+    f.set_partition(0, 2, 2, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    complete(f.append(0, 1, 1000, 10).await);
+    let p = f.partition(0);
+    // Epoch 0 ends where epoch 2 starts; 1 was never seen here (its floor is 0); the latest
+    // epoch ends at the log end offset; a newer one is unknown.
+    assert_eq!(p.last_offset_for_leader_epoch(2, 0), Ok((0, 2)));
+    assert_eq!(p.last_offset_for_leader_epoch(-1, 1), Ok((0, 2)));
+    assert_eq!(p.last_offset_for_leader_epoch(2, 2), Ok((2, 3)));
+    assert_eq!(p.last_offset_for_leader_epoch(2, 5), Ok((-1, -1)));
+    assert_eq!(
+        p.last_offset_for_leader_epoch(1, 0),
+        Err(ec::FENCED_LEADER_EPOCH)
+    );
+    assert_eq!(
+        p.last_offset_for_leader_epoch(3, 0),
+        Err(ec::UNKNOWN_LEADER_EPOCH)
+    );
+    f.set_leader(0, FOLLOWER, 3, &[LOCAL, FOLLOWER]);
+    assert_eq!(
+        p.last_offset_for_leader_epoch(3, 0),
+        Err(ec::NOT_LEADER_OR_FOLLOWER)
+    );
+}
+
+#[tokio::test]
 async fn a_waiting_follower_fetch_completes_on_an_append() {
     let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
     let params = FetchParams {
