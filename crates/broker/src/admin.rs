@@ -48,14 +48,12 @@ impl AdminState {
 /// so gauges are exact when read and cost nothing in between.
 fn update_gauges(broker: &Broker) {
     let partitions = broker.replica_manager.partitions();
-    let (mut leaders, mut under_replicated) = (0u64, 0u64);
+    let (mut leaders, mut under_replicated, mut under_min_isr) = (0u64, 0u64, 0u64);
     for p in &partitions {
-        let state = p.state();
         if p.is_leader() {
             leaders += 1;
-            if state.isr.len() < state.replicas.len() {
-                under_replicated += 1;
-            }
+            under_replicated += u64::from(p.is_under_replicated());
+            under_min_isr += u64::from(p.is_under_min_isr());
         }
         let labels = [
             ("topic", p.topic.clone()),
@@ -70,6 +68,7 @@ fn update_gauges(broker: &Broker) {
     metrics::gauge!(PARTITIONS).set(partitions.len() as f64);
     metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);
     metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
+    metrics::gauge!(UNDER_MIN_ISR_PARTITIONS).set(under_min_isr as f64);
     metrics::gauge!(UPTIME_SECONDS).set(broker.uptime().as_secs_f64());
     update_group_gauges(broker);
 }

@@ -23,13 +23,6 @@ struct ProducerIdBlock {
     end: i64,
 }
 
-/// The most replicas a partition may have while gregor does not replicate partitions between
-/// brokers (partition replication is the next step): CreateTopics/CreatePartitions asking for
-/// more get INVALID_REPLICATION_FACTOR, and `__consumer_offsets` gets this many at most. A
-/// partition with followers that never fetch would keep its high watermark at 0 (nothing
-/// readable, acks=all never answered).
-pub const MAX_REPLICATION_FACTOR: i16 = 1;
-
 /// Shared state of a running broker.
 pub struct Broker {
     /// Configuration.

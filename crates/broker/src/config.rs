@@ -579,7 +579,6 @@ const ACCEPTED_KEYS: &[&str] = &[
     "security.inter.broker.protocol",
     "num.network.threads",
     "num.recovery.threads.per.data.dir",
-    "num.replica.fetchers",
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
     "transaction.state.log.replication.factor",
@@ -593,6 +592,10 @@ const ACCEPTED_KEYS: &[&str] = &[
     // session timeout (`server::controller_config`).
     "broker.heartbeat.interval.ms",
     "broker.session.timeout.ms",
+    // Read by the controller (`server::controller_config`): leader balancing.
+    "auto.leader.rebalance.enable",
+    "leader.imbalance.check.interval.seconds",
+    "leader.imbalance.per.broker.percentage",
     // Accepted as an alias of `log.index.interval.bytes` (the topic-level name).
     "index.interval.bytes",
 ];
@@ -700,6 +703,25 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "1.7976931348623157E308",
     ),
     ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
+    // Replica fetchers (Kafka's `ReplicationConfigs`).
+    ("num.replica.fetchers", ConfigType::Int, "1"),
+    ("replica.fetch.wait.max.ms", ConfigType::Int, "500"),
+    ("replica.fetch.min.bytes", ConfigType::Int, "1"),
+    ("replica.fetch.max.bytes", ConfigType::Int, "1048576"),
+    (
+        "replica.fetch.response.max.bytes",
+        ConfigType::Int,
+        "10485760",
+    ),
+    ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
+    // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
+    ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
+    ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
+    (
+        "replica.high.watermark.checkpoint.interval.ms",
+        ConfigType::Long,
+        "5000",
+    ),
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
     // Group coordinator (gregor_coordinator::group::GroupConfig).
     ("offsets.commit.timeout.ms", ConfigType::Int, "5000"),
@@ -1595,6 +1617,93 @@ impl BrokerConfig {
             .max(1024)
     }
 
+    fn raw_i64(&self, key: &str, default: i64, min: i64, max: i64) -> i64 {
+        self.raw
+            .get(key)
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(default)
+            .clamp(min, max)
+    }
+
+    /// `num.replica.fetchers` (Kafka's default 1, at least 1): fetchers per source broker.
+    pub fn num_replica_fetchers(&self) -> usize {
+        self.raw_i64("num.replica.fetchers", 1, 1, 64) as usize
+    }
+
+    /// `replica.fetch.wait.max.ms` (default 500): how long the leader may hold a follower
+    /// fetch, in ms.
+    pub fn replica_fetch_wait_max_ms(&self) -> i32 {
+        self.raw_i64("replica.fetch.wait.max.ms", 500, 0, i64::from(i32::MAX)) as i32
+    }
+
+    /// `replica.fetch.min.bytes` (default 1): bytes a follower fetch waits for.
+    pub fn replica_fetch_min_bytes(&self) -> i32 {
+        self.raw_i64("replica.fetch.min.bytes", 1, 0, i64::from(i32::MAX)) as i32
+    }
+
+    /// `replica.fetch.max.bytes` (default 1 MiB): bytes per partition of a follower fetch
+    /// (the first batch is returned whole, KIP-74).
+    pub fn replica_fetch_max_bytes(&self) -> i32 {
+        self.raw_i64("replica.fetch.max.bytes", 1_048_576, 0, i64::from(i32::MAX)) as i32
+    }
+
+    /// `replica.fetch.response.max.bytes` (default 10 MiB): bytes of a whole follower fetch
+    /// response (soft for the first batch, KIP-74).
+    pub fn replica_fetch_response_max_bytes(&self) -> i32 {
+        self.raw_i64(
+            "replica.fetch.response.max.bytes",
+            10_485_760,
+            0,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
+    /// `replica.fetch.backoff.ms` (default 1000): a follower partition's pause after a fetch
+    /// error, in ms.
+    pub fn replica_fetch_backoff_ms(&self) -> i64 {
+        self.raw_i64("replica.fetch.backoff.ms", 1_000, 0, i64::from(i32::MAX))
+    }
+
+    /// `replica.socket.timeout.ms` (default 30000): a follower's connect and request timeout,
+    /// in ms (Kafka checks it is at least `replica.fetch.wait.max.ms`; here the larger wins).
+    pub fn replica_socket_timeout_ms(&self) -> i64 {
+        self.raw_i64("replica.socket.timeout.ms", 30_000, 1, i64::from(i32::MAX))
+            .max(i64::from(self.replica_fetch_wait_max_ms()) + 1)
+    }
+
+    /// `replica.high.watermark.checkpoint.interval.ms` (default 5000): how often each log
+    /// dir's `replication-offset-checkpoint` is written, in ms.
+    pub fn replica_high_watermark_checkpoint_interval_ms(&self) -> i64 {
+        self.raw_i64(
+            "replica.high.watermark.checkpoint.interval.ms",
+            5_000,
+            1,
+            i64::MAX,
+        )
+    }
+
+    /// `inter.broker.listener.name`: the listener followers fetch from. Unset: `PLAINTEXT`
+    /// (Kafka's default, the listener named after `security.inter.broker.protocol`, which
+    /// gregor accepts only as PLAINTEXT) when such a broker listener exists, else the first
+    /// broker listener.
+    pub fn inter_broker_listener_name(&self) -> Option<String> {
+        self.raw
+            .get("inter.broker.listener.name")
+            .map(|v| v.trim().to_ascii_uppercase())
+            .filter(|v| !v.is_empty())
+            .or_else(|| {
+                let brokers = || {
+                    self.listeners
+                        .iter()
+                        .filter(|l| !self.quorum.is_controller_listener(&l.name))
+                };
+                brokers()
+                    .find(|l| l.name == "PLAINTEXT")
+                    .or_else(|| brokers().next())
+                    .map(|l| l.name.clone())
+            })
+    }
+
     /// `producer.id.expiration.ms` (default one day): idle producers' state is dropped after
     /// this many ms.
     pub fn producer_id_expiration_ms(&self) -> i64 {
@@ -1602,6 +1711,17 @@ impl BrokerConfig {
             .get("producer.id.expiration.ms")
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(86_400_000)
+    }
+
+    /// `replica.lag.time.max.ms` (Kafka's default 30000, at least 1): a follower that has not
+    /// caught up with the leader's log end offset for this long leaves the ISR; the leader
+    /// checks every half of it (ISR expiration).
+    pub fn replica_lag_time_max_ms(&self) -> i64 {
+        self.raw
+            .get("replica.lag.time.max.ms")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(crate::replication::leader::DEFAULT_REPLICA_LAG_TIME_MAX_MS)
+            .max(1)
     }
 
     /// One cleaner thread's settings: `log.cleaner.dedupe.buffer.size` split over

@@ -364,6 +364,20 @@ pub fn is_not_controller(response: &ResponseKind) -> bool {
         ResponseKind::CreatePartitions(r) => r.results.iter().any(|t| t.error_code == nc),
         ResponseKind::AlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
         ResponseKind::IncrementalAlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
+        ResponseKind::AlterPartition(r) => r.error_code == nc,
+        ResponseKind::ElectLeaders(r) => {
+            r.error_code == nc
+                || r.replica_election_results
+                    .iter()
+                    .any(|t| t.partition_result.iter().any(|p| p.error_code == nc))
+        }
+        ResponseKind::AlterPartitionReassignments(r) => {
+            r.error_code == nc
+                || r.responses
+                    .iter()
+                    .any(|t| t.partitions.iter().any(|p| p.error_code == nc))
+        }
+        ResponseKind::ListPartitionReassignments(r) => r.error_code == nc,
         ResponseKind::DescribeQuorum(r) => {
             r.error_code == nc
                 || r.topics.iter().any(|t| {
@@ -565,6 +579,40 @@ impl ControllerClient {
             in_controlled_shutdown: request.want_shut_down && !r.should_shut_down,
             should_shut_down: r.should_shut_down,
         })
+    }
+
+    /// AlterPartition (56, KIP-497) v3 to the active controller: the local controller when it
+    /// is the active one, else over the forwarding channel (the partition leader's ISR changes,
+    /// sent by [`crate::alter_partition`]). Partition errors are in the response; a top-level
+    /// error code is too.
+    ///
+    /// # Errors
+    /// The controller's (STALE_BROKER_EPOCH, ...) or the channel's (no controller known,
+    /// timeout); the caller retries them.
+    pub async fn alter_partition(
+        &self,
+        request: m::AlterPartitionRequest,
+    ) -> Result<m::AlterPartitionResponse, ControllerError> {
+        if self.local_is_active() {
+            match self.local.alter_partition(request.clone()).await {
+                Err(ControllerError::NotController { .. }) => {}
+                other => return other,
+            }
+        }
+        let body = RequestKind::AlterPartition(request);
+        let response = self
+            .forwarding
+            .send(
+                ApiKey::AlterPartition,
+                crate::alter_partition::ALTER_PARTITION_VERSION,
+                &body,
+                self.request_timeout,
+            )
+            .await?;
+        let ResponseKind::AlterPartition(r) = response else {
+            return Err(unexpected(ApiKey::AlterPartition));
+        };
+        Ok(r)
     }
 
     /// AllocateProducerIds (67, KIP-730): the first id of a block of

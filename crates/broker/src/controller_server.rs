@@ -9,8 +9,10 @@
 //!
 //! The active controller also answers the brokers' controller RPCs (Kafka's `ControllerApis`):
 //! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64) and
-//! AllocateProducerIds (67) through this node's [`ControllerHandle`]; CreateTopics,
-//! DeleteTopics, CreatePartitions, AlterConfigs and IncrementalAlterConfigs sent by a broker
+//! AllocateProducerIds (67) and AlterPartition (56, from partition leaders) through this
+//! node's [`ControllerHandle`]; CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
+//! IncrementalAlterConfigs, ElectLeaders, AlterPartitionReassignments and
+//! ListPartitionReassignments sent by a broker
 //! (its own topic creations) or forwarded in an Envelope (58, KIP-590: the client's request
 //! with its principal, `DefaultPrincipalData`, and address) through this node's broker
 //! handlers, which validate and commit through the same handle. A node whose controller is not
@@ -50,14 +52,20 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::BrokerHeartbeat,
     ApiKey::UnregisterBroker,
     ApiKey::AllocateProducerIds,
+    ApiKey::AlterPartition,
+    ApiKey::ElectLeaders,
+    ApiKey::AlterPartitionReassignments,
+    ApiKey::ListPartitionReassignments,
 ];
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
-/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0).
+/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0,
+/// `AlterPartition` 2-3: topic ids, and from v3 the broker epochs of the new ISR, KIP-903).
 pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
     match api_key {
         ApiKey::BrokerRegistration => Some((0, 4)),
         ApiKey::BrokerHeartbeat => Some((0, 1)),
+        ApiKey::AlterPartition => Some((2, 3)),
         ApiKey::UnregisterBroker | ApiKey::AllocateProducerIds | ApiKey::Envelope => Some((0, 0)),
         _ => None,
     }
@@ -135,7 +143,10 @@ impl ControllerApis {
             | ApiKey::CreatePartitions
             | ApiKey::AlterConfigs
             | ApiKey::IncrementalAlterConfigs
-            | ApiKey::DescribeConfigs => crate::handlers::supported_versions(api_key),
+            | ApiKey::DescribeConfigs
+            | ApiKey::ElectLeaders
+            | ApiKey::AlterPartitionReassignments
+            | ApiKey::ListPartitionReassignments => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -228,6 +239,10 @@ impl gregor_network::RequestHandler for ControllerApis {
                 let response = self.allocate_producer_ids(&r).await;
                 Handled::Ready(respond(&header, api_key, response.into()))
             }
+            RequestKind::AlterPartition(r) => {
+                let response = self.alter_partition(r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
             RequestKind::Envelope(r) => {
                 let response = self.envelope(ctx, r).await;
                 Handled::Ready(respond(&header, api_key, response.into()))
@@ -267,7 +282,10 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::DeleteTopics(_)
             | RequestKind::CreatePartitions(_)
             | RequestKind::AlterConfigs(_)
-            | RequestKind::IncrementalAlterConfigs(_)) => {
+            | RequestKind::IncrementalAlterConfigs(_)
+            | RequestKind::ElectLeaders(_)
+            | RequestKind::AlterPartitionReassignments(_)
+            | RequestKind::ListPartitionReassignments(_)) => {
                 let response = match self.broker.get() {
                     Some(broker) if self.is_active() => {
                         forwarding::handle_local(broker, ctx, body).await
@@ -407,6 +425,20 @@ impl ControllerApis {
                 .with_producer_id_start(m::ProducerId(start))
                 .with_producer_id_len(gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE as i32),
             Err(e) => reply.with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// AlterPartition (56, KIP-497) from a partition leader: the controller's answer per
+    /// partition ([`ControllerHandle::alter_partition`]); NOT_CONTROLLER or STALE_BROKER_EPOCH
+    /// (or the log's failure) as the top-level error.
+    pub async fn alter_partition(&self, r: m::AlterPartitionRequest) -> m::AlterPartitionResponse {
+        let result = match self.active_controller() {
+            Ok(c) => c.alter_partition(r).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(response) => response,
+            Err(e) => m::AlterPartitionResponse::default().with_error_code(e.kafka_error_code()),
         }
     }
 

@@ -188,6 +188,31 @@ impl TopicMetadata for BrokerTopicMetadata {
     }
 }
 
+/// The replication factor `__consumer_offsets` is created with: `offsets.topic.replication.factor`
+/// (Kafka's default 3). As in Kafka, the creation fails (COORDINATOR_NOT_AVAILABLE, the client
+/// retries) until that many brokers are registered, so a 3-node cluster never gets an
+/// under-replicated offsets topic because its first group came early. One exception, so that
+/// a one-node `gregor serve` works without a config file: in a single-node cluster (this node
+/// is the only quorum voter) the factor is at most the number of registered brokers (Kafka's
+/// own single-node example config sets it to 1 for the same reason).
+fn offsets_topic_replication_factor(
+    broker: &Broker,
+    image: &gregor_metadata::MetadataImage,
+) -> i16 {
+    let configured = broker
+        .group_coordinator
+        .config
+        .offsets_topic_replication_factor;
+    let voters = &broker.config.quorum.voters;
+    let single_node = voters.len() == 1 && voters.contains(broker.config.node_id);
+    if single_node {
+        let brokers = image.brokers.len().max(1);
+        configured.min(i16::try_from(brokers).unwrap_or(i16::MAX))
+    } else {
+        configured
+    }
+}
+
 /// Creates `__consumer_offsets` if it does not exist (Kafka creates it on the first
 /// FindCoordinator for a group): `offsets.topic.num.partitions` partitions,
 /// `cleanup.policy=compact`, `offsets.topic.segment.bytes`. The metadata loader loads the
@@ -201,11 +226,7 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
     if image.topic(GROUP_METADATA_TOPIC_NAME).is_some() {
         return Ok(());
     }
-    let brokers = image.brokers.len().max(1);
-    let rf = config
-        .offsets_topic_replication_factor
-        .min(i16::try_from(brokers).unwrap_or(i16::MAX))
-        .min(crate::broker::MAX_REPLICATION_FACTOR);
+    let rf = offsets_topic_replication_factor(broker, &image);
     let mut configs = BTreeMap::new();
     configs.insert("cleanup.policy".to_string(), "compact".to_string());
     configs.insert("compression.type".to_string(), "producer".to_string());

@@ -16,6 +16,10 @@ pub const CORRUPT_MESSAGE: i16 = ErrorCode::CorruptMessage.code();
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = ErrorCode::UnknownTopicOrPartition.code();
 /// LEADER_NOT_AVAILABLE.
 pub const LEADER_NOT_AVAILABLE: i16 = ErrorCode::LeaderNotAvailable.code();
+/// The leader has no endpoint on the request's listener (72).
+pub const LISTENER_NOT_FOUND: i16 = ErrorCode::ListenerNotFound.code();
+/// A new leader's high watermark has not reached its epoch's start offset (78, KIP-207).
+pub const OFFSET_NOT_AVAILABLE: i16 = ErrorCode::OffsetNotAvailable.code();
 /// NOT_LEADER_OR_FOLLOWER.
 pub const NOT_LEADER_OR_FOLLOWER: i16 = ErrorCode::NotLeaderOrFollower.code();
 /// REQUEST_TIMED_OUT.

@@ -51,6 +51,9 @@ pub const PARTITIONS: &str = "gregor_partitions";
 pub const LEADER_PARTITIONS: &str = "gregor_leader_partitions";
 /// Led partitions whose ISR is smaller than their replica set.
 pub const UNDER_REPLICATED_PARTITIONS: &str = "gregor_under_replicated_partitions";
+/// Led partitions whose ISR is smaller than their effective `min.insync.replicas` (Kafka's
+/// `UnderMinIsrPartitionCount`): acks=all produces to them fail with NOT_ENOUGH_REPLICAS.
+pub const UNDER_MIN_ISR_PARTITIONS: &str = "gregor_under_min_isr_partitions";
 /// Size of a partition's log.
 pub const LOG_SIZE_BYTES: &str = "gregor_log_size_bytes";
 /// Segments of a partition's log.
@@ -165,6 +168,10 @@ fn describe() {
     describe_gauge!(
         UNDER_REPLICATED_PARTITIONS,
         "Led partitions with ISR smaller than replicas."
+    );
+    describe_gauge!(
+        UNDER_MIN_ISR_PARTITIONS,
+        "Led partitions with ISR smaller than min.insync.replicas."
     );
     describe_gauge!(LOG_SIZE_BYTES, Unit::Bytes, "Size of the partition's log.");
     describe_gauge!(LOG_SEGMENTS, "Segments in the partition's log.");

@@ -144,19 +144,30 @@ impl RunningBroker {
         if let Some(lifecycle) = self.lifecycle {
             lifecycle.controlled_shutdown().await;
         }
+        // Fetchers stop (closing their connections) before the logs close; the high
+        // watermarks are checkpointed after the last follower append.
+        if let Some(fetchers) = self.broker.replica_manager.fetchers() {
+            fetchers.shutdown().await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
         let broker = self.broker.clone();
-        tokio::task::spawn_blocking(move || broker.replica_manager.logs().shutdown())
-            .await
-            .unwrap_or_else(|e| {
-                Err(gregor_log::LogError::Io {
-                    context: format!("shutdown task failed: {e}"),
-                    source: std::io::Error::other("join error"),
-                })
+        tokio::task::spawn_blocking(move || {
+            let rm = &broker.replica_manager;
+            if let Err(e) = crate::replica_fetcher::checkpoint_high_watermarks(rm) {
+                warn!(error = %e, "writing replication-offset-checkpoint at shutdown failed");
+            }
+            rm.logs().shutdown()
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(gregor_log::LogError::Io {
+                context: format!("shutdown task failed: {e}"),
+                source: std::io::Error::other("join error"),
             })
+        })
     }
 }
 
@@ -306,11 +317,51 @@ pub async fn start_with_authorizer(
         },
     );
     let _ = broker.raft.set(raft);
-    let _ = broker.controller_client.set(controller_client);
+    let _ = broker.controller_client.set(controller_client.clone());
+    // ISR changes of the partitions led here go to the active controller (AlterPartition),
+    // and the ISR-expiration task proposes shrinks (replication, issue 11).
+    {
+        let weak = Arc::downgrade(&broker);
+        let (manager, task) = crate::alter_partition::start(
+            config.node_id,
+            Arc::new(move || {
+                weak.upgrade().map_or(-1, |b| {
+                    b.broker_epoch.load(std::sync::atomic::Ordering::Relaxed)
+                })
+            }),
+            Arc::new(crate::alter_partition::ControllerAlterPartition(
+                controller_client,
+            )),
+            Duration::from_millis(crate::alter_partition::DEFAULT_RETRY_BACKOFF_MS),
+            shutdown_rx.clone(),
+        );
+        broker
+            .replica_manager
+            .replication()
+            .set_alter_partition_sender(manager);
+        tasks.push(task);
+        let (b, shutdown) = (broker.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            b.replica_manager.run_isr_expiration(shutdown).await;
+        }));
+    }
     if let Some(lifecycle) = &lifecycle {
         broker
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
+    }
+    // Partitions led elsewhere are fetched from their leaders (issue 11); a node without the
+    // broker role hosts no partition.
+    if let Some(lifecycle) = &lifecycle {
+        let rm = &broker.replica_manager;
+        rm.set_fetchers(Arc::new(
+            crate::replica_fetcher::ReplicaFetcherManager::new(
+                crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
+                lifecycle.broker_epoch,
+                rm.io_pool().clone(),
+                rm.clock().clone(),
+            ),
+        ));
     }
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
@@ -364,6 +415,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(high_watermark_checkpointer(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -390,18 +445,66 @@ pub async fn start_with_authorizer(
 }
 
 /// The controller's settings from the broker config: `broker.session.timeout.ms` (Kafka's
-/// default 9000).
+/// default 9000), `unclean.leader.election.enable` (false), `auto.leader.rebalance.enable`
+/// (true), `leader.imbalance.check.interval.seconds` (300) and
+/// `leader.imbalance.per.broker.percentage` (10). An unparsable value keeps the default.
 fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::ControllerConfig {
-    let session_timeout_ms = config
-        .raw
-        .get("broker.session.timeout.ms")
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    let raw = |key: &str| config.raw.get(key).map(|v| v.trim().to_string());
+    let flag = |key: &str, default: bool| {
+        raw(key).map_or(default, |v| match v.to_ascii_lowercase().as_str() {
+            "true" => true,
+            "false" => false,
+            _ => default,
+        })
+    };
+    let session_timeout_ms = raw("broker.session.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .unwrap_or(gregor_metadata::controller::DEFAULT_BROKER_SESSION_TIMEOUT_MS);
+    let defaults = gregor_metadata::controller::ControllerConfig::default();
     gregor_metadata::controller::ControllerConfig {
         session_timeout_ms,
-        max_replication_factor: crate::broker::MAX_REPLICATION_FACTOR,
-        ..Default::default()
+        unclean_leader_election_enable: flag("unclean.leader.election.enable", false),
+        auto_leader_rebalance_enable: flag("auto.leader.rebalance.enable", true),
+        leader_imbalance_check_interval_ms: raw("leader.imbalance.check.interval.seconds")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .map_or(defaults.leader_imbalance_check_interval_ms, |s| {
+                s.saturating_mul(1000)
+            }),
+        leader_imbalance_per_broker_percentage: raw("leader.imbalance.per.broker.percentage")
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(defaults.leader_imbalance_per_broker_percentage),
+        ..defaults
+    }
+}
+
+/// Writes `replication-offset-checkpoint` every
+/// `replica.high.watermark.checkpoint.interval.ms` (Kafka's `checkpointHighWatermarks`, started
+/// by `ReplicaManager.startHighWatermarkCheckPointThread`), on the I/O pool.
+async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let period = Duration::from_millis(
+        broker
+            .config
+            .replica_high_watermark_checkpoint_interval_ms()
+            .max(1) as u64,
+    );
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+        let b = broker.clone();
+        let written = broker
+            .replica_manager
+            .io_pool()
+            .run(move || crate::replica_fetcher::checkpoint_high_watermarks(&b.replica_manager))
+            .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "writing replication-offset-checkpoint failed"),
+            Err(e) => warn!(error = %e, "high watermark checkpoint job failed"),
+        }
     }
 }
 

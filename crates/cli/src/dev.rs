@@ -125,10 +125,9 @@ pub fn node_properties(
     all: &[NodePorts],
     node_dir: &Path,
 ) -> Vec<(String, String)> {
-    // One replica per partition until partitions are replicated between brokers: a larger
-    // default would make every topic created without a replication factor (and every
-    // auto-created one) fail with INVALID_REPLICATION_FACTOR.
-    let rf = gregor_broker::broker::MAX_REPLICATION_FACTOR.max(1);
+    // One replica per partition until the brokers' replica fetchers (issue 11) have landed:
+    // then 3 with min.insync.replicas 2 for a 3-node cluster.
+    let rf = 1;
     let min_isr = 1;
     [
         ("node.id", node.node_id.to_string()),

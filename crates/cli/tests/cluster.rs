@@ -1,7 +1,7 @@
 //! The fault scenarios of `gregor_tests::scenarios` on three combined gregor nodes: the
 //! same scenarios that `tests/tests/cluster_kafka.rs` runs on Apache Kafka 4.4.0 (which
-//! validates them). The one still ignored says why; run them all with
-//! `cargo test -p gregor --test cluster -- --include-ignored --test-threads=1 --nocapture`.
+//! validates them). Run them all with
+//! `cargo test -p gregor --test cluster -- --test-threads=1 --nocapture`.
 
 use gregor_tests::cluster::Implementation;
 use gregor_tests::scenarios::{self, FullRestart};
@@ -31,7 +31,6 @@ fn gregor_full_cluster_crash_restart_keeps_topics() {
 }
 
 #[test]
-#[ignore = "needs partition replication (issue 11): gregor refuses replication factor 3 (INVALID_REPLICATION_FACTOR) while it has no replica fetchers"]
 fn gregor_produce_acks_all_while_killing_a_broker() {
     let m = scenarios::produce_while_killing_a_broker(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(m.acknowledged >= 500, "{m:?}");

@@ -1,8 +1,9 @@
 //! Three combined gregor nodes, each broker talking to the ACTIVE controller through its
 //! controller channel (KIP-631 registration and heartbeats, KIP-590 forwarding): every node
 //! registers and is listed by Metadata and DescribeCluster; a CreateTopics sent to a node that
-//! does not lead the quorum is forwarded and the topic is visible from every node; replication
-//! factor 3 places replicas and leaders over all three brokers, 4 is INVALID_REPLICATION_FACTOR;
+//! does not lead the quorum is forwarded and the topic is visible from every node; leaders are
+//! spread over the three brokers, replication factor 3 puts a replica on each, 4 is
+//! INVALID_REPLICATION_FACTOR;
 //! a broker killed with SIGKILL is fenced once `broker.session.timeout.ms` (3000 here) has run
 //! out, and its partitions get other leaders. CreatePartitions, DeleteTopics, Metadata
 //! auto-creation, IncrementalAlterConfigs, InitProducerId and FindCoordinator
@@ -183,21 +184,28 @@ fn brokers_register_and_forward_to_the_active_controller() {
         assert_eq!(leaders, all, "partition leaders spread over the brokers");
     }
 
-    // Replication factor 3: refused while partitions are not replicated between brokers
-    // (followers that never fetch would hold the high watermark at 0), and 4 on three brokers.
-    for rf in [3, 4] {
-        let r = create_topic(&at, &format!("forwarded-rf{rf}"), 1, rf);
-        assert_eq!(
-            r.topics[0].error_code, 38,
-            "INVALID_REPLICATION_FACTOR: {r:?}"
-        );
-    }
+    // Replication factor 3: every broker holds a replica; 4 on three brokers is refused with
+    // Kafka's placement error.
     let r = create_topic(&at, "forwarded-rf3", 1, 3);
+    assert_eq!(r.topics[0].error_code, 0, "{r:?}");
+    let m = metadata(&at, Some(&["forwarded-rf3"])).expect("metadata");
+    let mut replicas: Vec<i32> = m.topics[0].partitions[0]
+        .replica_nodes
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    replicas.sort_unstable();
+    assert_eq!(replicas, all.iter().copied().collect::<Vec<_>>());
+    let r = create_topic(&at, "forwarded-rf4", 1, 4);
+    assert_eq!(
+        r.topics[0].error_code, 38,
+        "INVALID_REPLICATION_FACTOR: {r:?}"
+    );
     assert!(
         r.topics[0]
             .error_message
             .as_deref()
-            .is_some_and(|m| m.contains("does not replicate")),
+            .is_some_and(|m| m.contains("cannot be reached")),
         "{r:?}"
     );
 

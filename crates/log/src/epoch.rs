@@ -86,6 +86,12 @@ impl LeaderEpochCache {
         Ok(())
     }
 
+    /// Drops every epoch and rewrites the checkpoint (Kafka's `clearAndFlush`).
+    pub(crate) fn clear(&mut self) -> Result<()> {
+        self.entries.clear();
+        self.write()
+    }
+
     /// Rewrites the checkpoint.
     pub(crate) fn persist(&self) -> Result<()> {
         self.write()

@@ -617,6 +617,26 @@ impl PartitionLog {
         self.epoch_cache.lock().end_offset_for(requested_epoch, leo)
     }
 
+    /// Kafka's `UnifiedLog.maybeAssignEpochStartOffset` (KIP-101): a new leader records that
+    /// `leader_epoch` starts at `start_offset` (its log end offset) before any record of that
+    /// epoch is written, so followers holding entries of a later epoch than any in this log
+    /// can still find where to truncate. A no-op when the cache already has this epoch or a
+    /// newer one. Persists `leader-epoch-checkpoint`.
+    ///
+    /// # Errors
+    /// The checkpoint write's I/O error.
+    pub fn maybe_assign_epoch_start_offset(
+        &self,
+        leader_epoch: i32,
+        start_offset: i64,
+    ) -> Result<()> {
+        let mut cache = self.epoch_cache.lock();
+        if cache.assign(leader_epoch, start_offset, true)? {
+            self.latest_epoch.store(leader_epoch, Ordering::Release);
+        }
+        Ok(())
+    }
+
     pub(crate) fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
         Arc::clone(&self.segments.read())
     }
@@ -1094,6 +1114,59 @@ impl PartitionLog {
         tracing::info!(partition = %self.topic_partition, offset, log_end_offset = new_end,
             "truncated log");
         Ok(new_end)
+    }
+
+    /// Kafka's `UnifiedLog.truncateFullyAndStartAt`: removes every segment and starts an empty
+    /// log at `new_offset`, which becomes both the log start and the log end offset. The leader
+    /// epoch cache and producer state are cleared. A follower does this when its log end offset
+    /// is below the leader's log start offset (its data is all stale, Kafka's
+    /// `AbstractFetcherThread.fetchOffsetAndTruncate`). Durable after the next
+    /// [`PartitionLog::flush`], as [`PartitionLog::truncate_to`].
+    ///
+    /// # Errors
+    /// [`LogError::InvalidRecord`] for a negative offset, [`LogError::Closed`],
+    /// [`LogError::Io`].
+    pub fn truncate_fully_and_start_at(&self, new_offset: i64, now_ms: i64) -> Result<()> {
+        if new_offset < 0 {
+            return Err(LogError::InvalidRecord(format!(
+                "cannot start the log at negative offset {new_offset}"
+            )));
+        }
+        let _maintenance = self.maintenance_lock.lock();
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(LogError::Closed(self.topic_partition.to_string()));
+        }
+        let config = self.config.read().clone();
+        let removed: Vec<_> = inner.segments.drain(..).collect();
+        for seg in &removed {
+            delete_segment_files(&self.dir, seg.base_offset())?;
+        }
+        let seg = Arc::new(LogSegment::create(
+            &self.dir,
+            new_offset,
+            config.segment_index_bytes,
+            now_ms,
+        )?);
+        inner.segments.push(seg);
+        *self.segments.write() = Arc::new(inner.segments.clone());
+        self.log_end_offset.store(new_offset, Ordering::Release);
+        self.log_start_offset.store(new_offset, Ordering::Release);
+        self.recovery_point.store(new_offset, Ordering::Release);
+        {
+            let mut cache = self.epoch_cache.lock();
+            cache.clear()?;
+            self.latest_epoch.store(-1, Ordering::Release);
+        }
+        let producer_state = ProducerStateManager::new(&self.dir);
+        for snap in producer_state.list_snapshots()? {
+            producer_state.delete_snapshot(snap)?;
+        }
+        inner.producer_state = producer_state;
+        self.truncated_since_flush.store(true, Ordering::Release);
+        tracing::info!(partition = %self.topic_partition, offset = new_offset,
+            "truncated the whole log and started it at a new offset");
+        Ok(())
     }
 
     /// Reads whole batches starting with the one containing `fetch_offset`, up to `max_bytes`

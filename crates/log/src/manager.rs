@@ -27,6 +27,9 @@ pub const RECOVERY_POINT_CHECKPOINT: &str = "recovery-point-offset-checkpoint";
 pub const LOG_START_OFFSET_CHECKPOINT: &str = "log-start-offset-checkpoint";
 /// Kafka's per-directory cleaner checkpoint: each compacted log's first dirty offset.
 pub const CLEANER_OFFSET_CHECKPOINT: &str = "cleaner-offset-checkpoint";
+/// Kafka's per-directory high watermark checkpoint (`ReplicaManager`'s
+/// `replication-offset-checkpoint`, written every `replica.high.watermark.checkpoint.interval.ms`).
+pub const REPLICATION_OFFSET_CHECKPOINT: &str = "replication-offset-checkpoint";
 /// Kafka's per-partition topic id file.
 pub const PARTITION_METADATA_FILE: &str = "partition.metadata";
 const LOCK_FILE: &str = ".lock";
@@ -494,6 +497,37 @@ impl LogManager {
         self.write_offset_checkpoint(CLEANER_OFFSET_CHECKPOINT, PartitionLog::cleaner_checkpoint)
     }
 
+    /// Writes `replication-offset-checkpoint` in every log directory: the high watermark
+    /// `high_watermark` gives for each log (None leaves the log out), in Kafka's format
+    /// (`0`, count, `topic partition offset` lines).
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn checkpoint_high_watermarks(
+        &self,
+        high_watermark: impl Fn(&TopicPartition) -> Option<i64>,
+    ) -> Result<()> {
+        self.write_offset_checkpoint(REPLICATION_OFFSET_CHECKPOINT, |log| {
+            high_watermark(log.topic_partition())
+        })
+    }
+
+    /// The high watermarks of every log directory's `replication-offset-checkpoint`. A missing
+    /// file is empty; an unreadable one is logged and ignored (the high watermarks then start
+    /// at the log start offsets and followers learn them again from their leaders).
+    pub fn read_high_watermark_checkpoints(&self) -> HashMap<TopicPartition, i64> {
+        let mut out = HashMap::new();
+        for dir in &self.log_dirs {
+            match read_offset_checkpoint(dir, REPLICATION_OFFSET_CHECKPOINT) {
+                Ok(hws) => out.extend(hws),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring unreadable high watermark checkpoint")
+                }
+            }
+        }
+        out
+    }
+
     fn write_offset_checkpoint(
         &self,
         file: &str,
@@ -591,6 +625,40 @@ fn has_partition_dirs(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `replication-offset-checkpoint` in Kafka's format, one file per log dir holding that
+    /// dir's partitions, read back whole; a corrupt file reads as empty.
+    #[test]
+    fn high_watermark_checkpoint_round_trip() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        let t0 = TopicPartition::new("orders", 0);
+        let t1 = TopicPartition::new("orders", 1);
+        let t2 = TopicPartition::new("other", 3);
+        for tp in [&t0, &t1, &t2] {
+            m.get_or_create(tp, [7; 16], LogConfig::default()).unwrap();
+        }
+        m.checkpoint_high_watermarks(|tp| (tp != &t2).then_some(40 + i64::from(tp.partition)))
+            .unwrap();
+        let texts: Vec<String> = dirs
+            .iter()
+            .map(|d| std::fs::read_to_string(d.join(REPLICATION_OFFSET_CHECKPOINT)).unwrap())
+            .collect();
+        let joined = texts.concat();
+        assert!(texts.iter().all(|t| t.starts_with("0\n")), "{texts:?}");
+        assert!(joined.contains("orders 0 40\n") && joined.contains("orders 1 41\n"));
+        assert!(!joined.contains("other"));
+        let read = m.read_high_watermark_checkpoints();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read.get(&t0), Some(&40));
+        assert_eq!(read.get(&t1), Some(&41));
+        for d in &dirs {
+            std::fs::write(d.join(REPLICATION_OFFSET_CHECKPOINT), "0\n5\norders 0 1\n").unwrap();
+        }
+        assert!(m.read_high_watermark_checkpoints().is_empty());
+    }
 
     #[test]
     fn topic_id_base64url() {

@@ -121,3 +121,38 @@ fn truncate_to_removes_whole_batches_segments_and_epochs_durably() {
     assert_eq!(log.num_segments(), 1);
     assert_eq!(log.latest_leader_epoch(), None);
 }
+
+/// A follower whose log ends below the leader's log start offset drops everything and starts
+/// at the leader's log start offset (Kafka's `truncateFullyAndStartAt`): both offsets move
+/// there, the epoch cache empties, appends continue at the new offset, and a reopen agrees.
+#[test]
+fn truncate_fully_and_start_at_restarts_the_log_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), true);
+    let mut next = 0;
+    for epoch in [1, 1, 2, 2, 3] {
+        log.append_as_follower(&batch(next, epoch, 3, false), 0)
+            .unwrap();
+        next += 3;
+    }
+    assert!(log.num_segments() > 1);
+    assert!(log.truncate_fully_and_start_at(-1, 0).is_err());
+    log.truncate_fully_and_start_at(100, 0).unwrap();
+    assert_eq!(log.log_start_offset(), 100);
+    assert_eq!(log.log_end_offset(), 100);
+    assert_eq!(log.num_segments(), 1);
+    assert_eq!(log.segment_base_offsets(), vec![100]);
+    assert_eq!(log.latest_leader_epoch(), None);
+    assert!(log.read(99, usize::MAX, i64::MAX, true).is_err());
+    log.append_as_follower(&batch(100, 7, 2, false), 0).unwrap();
+    assert_eq!(log.log_end_offset(), 102);
+    assert_eq!(log.leader_epoch_entries().len(), 1);
+    log.flush().unwrap();
+    drop(log);
+    let log = open(dir.path(), false);
+    assert_eq!(log.log_start_offset(), 100);
+    assert_eq!(log.log_end_offset(), 102);
+    assert_eq!(log.latest_leader_epoch(), Some(7));
+    let read = log.read(100, usize::MAX, i64::MAX, true).unwrap();
+    assert!(!read.records.is_empty());
+}

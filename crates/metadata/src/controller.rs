@@ -59,6 +59,15 @@ pub enum ControllerError {
     /// UNKNOWN_TOPIC_OR_PARTITION (3).
     #[error("This server does not host this topic-partition.")]
     UnknownTopicOrPartition,
+    /// UNKNOWN_TOPIC_OR_PARTITION (3) with a message.
+    #[error("{0}")]
+    UnknownTopicOrPartitionWithMessage(String),
+    /// INVALID_REQUEST (42).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// NO_REASSIGNMENT_IN_PROGRESS (85).
+    #[error("{0}")]
+    NoReassignmentInProgress(String),
     /// UNKNOWN_TOPIC_ID (100).
     #[error("This server does not host this topic ID.")]
     UnknownTopicId,
@@ -137,6 +146,9 @@ impl ControllerError {
             Self::TopicAlreadyExists(_) => ErrorCode::TopicAlreadyExists,
             Self::UnknownTopicOrPartition => ErrorCode::UnknownTopicOrPartition,
             Self::UnknownTopicId => ErrorCode::UnknownTopicId,
+            Self::UnknownTopicOrPartitionWithMessage(_) => ErrorCode::UnknownTopicOrPartition,
+            Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Self::NoReassignmentInProgress(_) => ErrorCode::NoReassignmentInProgress,
             Self::InvalidPartitions(_) => ErrorCode::InvalidPartitions,
             Self::InvalidReplicationFactor(_) => ErrorCode::InvalidReplicationFactor,
             Self::InvalidReplicaAssignment(_) => ErrorCode::InvalidReplicaAssignment,
@@ -175,6 +187,8 @@ impl ControllerError {
             ErrorCode::StaleBrokerEpoch => Self::StaleBrokerEpoch(msg),
             ErrorCode::BrokerIdNotRegistered => Self::BrokerIdNotRegistered(msg),
             ErrorCode::InvalidRegistration => Self::InvalidRegistration(msg),
+            ErrorCode::InvalidRequest => Self::InvalidRequest(msg),
+            ErrorCode::NoReassignmentInProgress => Self::NoReassignmentInProgress(msg),
             other => Self::Remote(other, msg),
         }
     }
@@ -279,11 +293,18 @@ pub struct ControllerConfig {
     /// log has no `metadata.version` yet, before any other change (Kafka's activation
     /// records). Empty: nothing is bootstrapped.
     pub bootstrap_records: Vec<MetadataRecord>,
-    /// The most replicas a partition may have (INVALID_REPLICATION_FACTOR above it, for
-    /// placed and manually assigned partitions alike). The broker sets 1 while partitions are
-    /// not replicated between brokers: a partition with followers that never fetch would keep
-    /// its high watermark at 0. Default: no limit beyond the registered brokers.
-    pub max_replication_factor: i16,
+    /// `unclean.leader.election.enable` of this node's static config (Kafka's default false):
+    /// used for a topic whose own config and the cluster default do not set it.
+    pub unclean_leader_election_enable: bool,
+    /// `auto.leader.rebalance.enable` (Kafka's default true): the periodic preferred leader
+    /// elections ([`Controller::balance_partition_leaders`]).
+    pub auto_leader_rebalance_enable: bool,
+    /// `leader.imbalance.check.interval.seconds` in ms (Kafka's default 300 s).
+    pub leader_imbalance_check_interval_ms: u64,
+    /// `leader.imbalance.per.broker.percentage` (Kafka's default 10): a broker's partitions are
+    /// rebalanced once more than this percentage of those it is the preferred replica of are
+    /// led by another broker.
+    pub leader_imbalance_per_broker_percentage: u32,
 }
 
 impl Default for ControllerConfig {
@@ -293,7 +314,10 @@ impl Default for ControllerConfig {
             clock: Arc::new(SystemClock::new()),
             placement_seed: None,
             bootstrap_records: Vec::new(),
-            max_replication_factor: i16::MAX,
+            unclean_leader_election_enable: false,
+            auto_leader_rebalance_enable: true,
+            leader_imbalance_check_interval_ms: 300_000,
+            leader_imbalance_per_broker_percentage: 10,
         }
     }
 }
@@ -432,12 +456,6 @@ impl Controller {
                 "Unable to replicate the partition {replication_factor} time(s): {why}"
             ))
         };
-        let max = self.config.max_replication_factor;
-        if replication_factor > max {
-            return Err(unable(format!(
-                "this cluster allows at most {max} replica(s) per partition (gregor does not replicate partitions between brokers yet)"
-            )));
-        }
         let placed = place(
             &Self::usable_brokers(image),
             usize::try_from(count).unwrap_or(0),
@@ -473,15 +491,8 @@ impl Controller {
         mut replication_factor: Option<usize>,
     ) -> Result<Vec<Placed>, ControllerError> {
         let invalid = ControllerError::InvalidReplicaAssignment;
-        let max = usize::try_from(self.config.max_replication_factor).unwrap_or(0);
         let mut out = Vec::with_capacity(assignments.len());
         for (i, a) in assignments.iter().enumerate() {
-            if a.len() > max {
-                return Err(ControllerError::InvalidReplicationFactor(format!(
-                    "The manual partition assignment includes a partition with {} replica(s), but this cluster allows at most {max} (gregor does not replicate partitions between brokers yet).",
-                    a.len()
-                )));
-            }
             if a.is_empty() {
                 return Err(invalid(
                     "The manual partition assignment includes an empty replica list.".into(),
@@ -891,6 +902,23 @@ fn fence_stale_brokers_event() -> Event {
     })
 }
 
+/// A periodic event of the controller task: a result of the controller that commits records
+/// and answers a count (leader balancing, unclean elections), logged under `what`.
+fn periodic_event(what: &'static str, op: fn(&Controller) -> ControllerResult<usize>) -> Event {
+    Box::new(move |c: &mut Controller| {
+        let result = op(c);
+        let n = result.response;
+        Pending {
+            records: result.records,
+            complete: Box::new(move |outcome| match outcome {
+                Ok(Outcome::Committed(_)) => tracing::info!(elections = n, "{what}"),
+                Ok(Outcome::Unchanged(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "{what} failed"),
+            }),
+        }
+    })
+}
+
 async fn run_controller(
     log: Arc<dyn MetadataLog>,
     mut committed: CommittedBatches,
@@ -899,6 +927,12 @@ async fn run_controller(
     config: ControllerConfig,
 ) {
     let bootstrap_records = config.bootstrap_records.clone();
+    let mut balance_check = tokio::time::interval(std::time::Duration::from_millis(
+        config.leader_imbalance_check_interval_ms.max(1),
+    ));
+    balance_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate: the first balancing waits one interval, as Kafka's.
+    balance_check.tick().await;
     let mut controller = Controller::with_config(MetadataImage::default(), config);
     let mut session_check =
         tokio::time::interval(std::time::Duration::from_millis(SESSION_CHECK_INTERVAL_MS));
@@ -925,6 +959,13 @@ async fn run_controller(
                     return;
                 }
             }
+            _ = balance_check.tick() => {
+                if log.is_leader()
+                    && !process_event(&log, &mut committed, &mut controller, periodic_event("preferred leader elections to balance leadership", Controller::balance_partition_leaders)).await
+                {
+                    return;
+                }
+            }
             _ = session_check.tick() => {
                 // Only the active controller fences. Sessions are its own: a controller that is
                 // not active forgets them, so on becoming active it gives every broker a full
@@ -936,6 +977,11 @@ async fn run_controller(
                 if !bootstrap_records.is_empty()
                     && controller.image.metadata_version().is_none()
                     && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                {
+                    return;
+                }
+                if controller.image.topics.values().any(|t| t.partitions.values().any(|p| p.leader == crate::image::NO_LEADER))
+                    && !process_event(&log, &mut committed, &mut controller, periodic_event("unclean leader elections", Controller::elect_unclean_leaders)).await
                 {
                     return;
                 }
@@ -1206,6 +1252,74 @@ impl ControllerHandle {
             .await
     }
 
+    /// AlterPartition (API 56, KIP-497) from a partition leader; see
+    /// [`Controller::alter_partition`]. Returns once the change is committed and applied on
+    /// this node, with each partition's new state (leader, leader epoch, ISR, partition epoch)
+    /// or its error.
+    ///
+    /// # Errors
+    /// STALE_BROKER_EPOCH, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_partition(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AlterPartitionRequest,
+    ) -> Result<gregor_protocol::kafka_protocol::messages::AlterPartitionResponse, ControllerError>
+    {
+        self.submit_one(move |c| c.alter_partition(request)).await
+    }
+
+    /// ElectLeaders (API 43, KIP-460); see [`Controller::elect_leaders`]. `topic_partitions`
+    /// None: every partition.
+    ///
+    /// # Errors
+    /// INVALID_REQUEST (unknown election type), NOT_CONTROLLER, or the log's or the loader's
+    /// failure.
+    pub async fn elect_leaders(
+        &self,
+        election_type: i8,
+        topic_partitions: Option<Vec<(String, Vec<i32>)>>,
+    ) -> Result<gregor_protocol::kafka_protocol::messages::ElectLeadersResponse, ControllerError>
+    {
+        self.submit_one(move |c| c.elect_leaders(election_type, topic_partitions))
+            .await
+    }
+
+    /// AlterPartitionReassignments (API 45, KIP-455); see
+    /// [`Controller::alter_partition_reassignments`].
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_partition_reassignments(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AlterPartitionReassignmentsRequest,
+    ) -> Result<
+        gregor_protocol::kafka_protocol::messages::AlterPartitionReassignmentsResponse,
+        ControllerError,
+    > {
+        self.submit_one(move |c| Ok(c.alter_partition_reassignments(&request)))
+            .await
+    }
+
+    /// ListPartitionReassignments (API 46, KIP-455), answered by the controller from the
+    /// committed image; see [`Controller::list_partition_reassignments`].
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER.
+    pub async fn list_partition_reassignments(
+        &self,
+        topics: Option<Vec<(String, Vec<i32>)>>,
+    ) -> Result<
+        gregor_protocol::kafka_protocol::messages::ListPartitionReassignmentsResponse,
+        ControllerError,
+    > {
+        self.submit_one(move |c| {
+            Ok(ControllerResult {
+                records: Vec::new(),
+                response: c.list_partition_reassignments(topics),
+            })
+        })
+        .await
+    }
+
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its
     /// first id.
     ///
@@ -1470,16 +1584,12 @@ mod tests {
         assert_eq!(batch.records.len(), 7);
     }
 
-    /// `max_replication_factor` refuses placed and manually assigned partitions above it.
+    /// Partitions get as many replicas as there are brokers (Kafka's placement); more is
+    /// INVALID_REPLICATION_FACTOR with Kafka's message, and a manual assignment may name
+    /// every registered broker.
     #[test]
-    fn replication_factor_above_the_maximum_is_refused() {
-        let mut c = Controller::with_config(
-            MetadataImage::default(),
-            ControllerConfig {
-                max_replication_factor: 1,
-                ..ControllerConfig::default()
-            },
-        );
+    fn replication_factor_up_to_the_registered_brokers() {
+        let mut c = Controller::with_config(MetadataImage::default(), ControllerConfig::default());
         for id in 1..=3 {
             let r = c.register_broker(registration(id)).unwrap();
             let batch = CommittedBatch {
@@ -1505,14 +1615,32 @@ mod tests {
             c.replay(&batch);
         }
         let image = c.image.clone();
-        let err = c.create_topic(&image, topic("three", 1, 3)).unwrap_err();
+        let (_, records) = c.create_topic(&image, topic("three", 2, 3)).unwrap();
+        let partitions: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                MetadataRecord::Partition(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(partitions.len(), 2);
+        for p in &partitions {
+            let mut replicas = p.replicas.clone();
+            replicas.sort_unstable();
+            assert_eq!(replicas, vec![1, 2, 3]);
+            assert_eq!(p.isr.len(), 3);
+            assert_eq!(p.leader, p.replicas[0]);
+        }
+        let err = c.create_topic(&image, topic("four", 1, 4)).unwrap_err();
         assert_eq!(err.kafka_error_code(), 38, "{err}");
-        assert!(err.to_string().contains("does not replicate"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("cannot be reached because only 3 broker(s) are registered"),
+            "{err}"
+        );
         let mut manual = topic("manual", -1, -1);
-        manual.assignments = vec![vec![1, 2]];
-        let err = c.create_topic(&image, manual).unwrap_err();
-        assert_eq!(err.kafka_error_code(), 38, "{err}");
-        assert!(c.create_topic(&image, topic("one", 3, 1)).is_ok());
+        manual.assignments = vec![vec![3, 1, 2]];
+        assert!(c.create_topic(&image, manual).is_ok());
     }
 
     /// A new cluster's first change is preceded by the bootstrap records, in their own batch,
@@ -1608,6 +1736,85 @@ mod tests {
         assert!(!image.brokers[&2].fenced);
         let p = &image.topic("t").unwrap().partitions[&0];
         assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        let _ = shutdown.send(true);
+        loader_task.await.unwrap();
+        controller_task.await.unwrap();
+    }
+
+    /// The controller task's periodic leader balancing (`auto.leader.rebalance.enable`) gives
+    /// leadership back to the preferred replica once the leader took it back into the ISR
+    /// (AlterPartition through the handle).
+    #[tokio::test]
+    async fn the_controller_task_balances_leaders_periodically() {
+        use gregor_protocol::kafka_protocol::messages::alter_partition_request::{
+            BrokerState, PartitionData, TopicData,
+        };
+        use gregor_protocol::kafka_protocol::messages::{AlterPartitionRequest, BrokerId};
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        let config = ControllerConfig {
+            leader_imbalance_check_interval_ms: 100,
+            ..ControllerConfig::default()
+        };
+        let (c, controller_task) = start_controller_with(log, loader, rx, config).unwrap();
+        register_and_unfence(&c, 1).await;
+        register_and_unfence(&c, 2).await;
+        let t = NewTopic {
+            assignments: vec![vec![1, 2]],
+            num_partitions: -1,
+            replication_factor: -1,
+            ..topic("t", 1, 2)
+        };
+        let topic_id = create(&c, t).await.unwrap();
+        let beat = |want_fence| BrokerHeartbeatRequest {
+            broker_id: 1,
+            broker_epoch: c.image().brokers[&1].epoch,
+            current_metadata_offset: c.image().offset as i64,
+            want_fence,
+            want_shut_down: false,
+        };
+        c.broker_heartbeat(beat(true)).await.unwrap();
+        c.broker_heartbeat(beat(false)).await.unwrap();
+        let p = c.image().topic("t").unwrap().partitions[&0].clone();
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        let e1 = c.image().brokers[&1].epoch;
+        let e2 = c.image().brokers[&2].epoch;
+        let answer = c
+            .alter_partition(
+                AlterPartitionRequest::default()
+                    .with_broker_id(BrokerId(2))
+                    .with_broker_epoch(e2)
+                    .with_topics(vec![TopicData::default()
+                        .with_topic_id(topic_id)
+                        .with_partitions(vec![PartitionData::default()
+                            .with_partition_index(0)
+                            .with_leader_epoch(p.leader_epoch)
+                            .with_partition_epoch(p.partition_epoch)
+                            .with_new_isr_with_epochs(vec![
+                                BrokerState::default()
+                                    .with_broker_id(BrokerId(2))
+                                    .with_broker_epoch(e2),
+                                BrokerState::default()
+                                    .with_broker_id(BrokerId(1))
+                                    .with_broker_epoch(e1),
+                            ])])]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.topics[0].partitions[0].error_code, 0, "{answer:?}");
+        // The next committed change is the balancing election.
+        let next = c.image().offset;
+        let image = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            c.loader().wait_for_offset(next),
+        )
+        .await
+        .expect("the periodic balancing elected the preferred replica")
+        .unwrap();
+        let p = &image.topic("t").unwrap().partitions[&0];
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![2, 1]));
         let _ = shutdown.send(true);
         loader_task.await.unwrap();
         controller_task.await.unwrap();

@@ -1,6 +1,7 @@
 //! Forwarding of the admin requests that change metadata to the active controller (Kafka's
-//! `ForwardingManager`, KIP-590): CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs
-//! and IncrementalAlterConfigs. On a node whose controller is the active one they are handled
+//! `ForwardingManager`, KIP-590): CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
+//! IncrementalAlterConfigs, ElectLeaders, AlterPartitionReassignments and
+//! ListPartitionReassignments. On a node whose controller is the active one they are handled
 //! here (the handlers commit through the local controller); on any other node the client's
 //! request goes, as it is, in an Envelope (58) with its principal and address to the active
 //! controller, whose `ControllerApis` runs the same handlers (authorising the client's
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, sb, topics};
+use super::{configs, elect_leaders, reassignments, sb, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -25,6 +26,9 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::CreatePartitions,
     ApiKey::AlterConfigs,
     ApiKey::IncrementalAlterConfigs,
+    ApiKey::ElectLeaders,
+    ApiKey::AlterPartitionReassignments,
+    ApiKey::ListPartitionReassignments,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -82,6 +86,19 @@ pub async fn handle_local(
         RequestKind::AlterConfigs(r) => configs::alter_configs(broker, ctx, &r, v).await.into(),
         RequestKind::IncrementalAlterConfigs(r) => {
             configs::incremental_alter_configs(broker, ctx, &r, v)
+                .await
+                .into()
+        }
+        RequestKind::ElectLeaders(r) => {
+            elect_leaders::elect_leaders(broker, ctx, r, v).await.into()
+        }
+        RequestKind::AlterPartitionReassignments(r) => {
+            reassignments::alter_partition_reassignments(broker, ctx, r)
+                .await
+                .into()
+        }
+        RequestKind::ListPartitionReassignments(r) => {
+            reassignments::list_partition_reassignments(broker, ctx, r)
                 .await
                 .into()
         }
@@ -177,6 +194,16 @@ pub fn error_response(
                     .collect(),
             )
             .into(),
+        RequestKind::ElectLeaders(r) => {
+            elect_leaders::error_response(r, code, message.as_deref()).into()
+        }
+        RequestKind::AlterPartitionReassignments(r) => {
+            reassignments::alter_error_response(r, code, message.as_deref())
+                .into()
+        }
+        RequestKind::ListPartitionReassignments(_) => {
+            reassignments::list_error_response(code, message.as_deref()).into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }

@@ -5,6 +5,10 @@
 //! first offset whose timestamp is at or after the target (KIP-79). The lookups are
 //! [`ReplicaManager::fetch_offsets`](crate::replica_manager::ReplicaManager::fetch_offsets)
 //! (`Partition::fetch_offset_for_timestamp`).
+//!
+//! OffsetForLeaderEpoch (key 23, KIP-101/KIP-320) lives here too: the end offset of a leader
+//! epoch from the leader's epoch cache, for followers and for consumers validating their
+//! position after a leader change.
 
 use std::sync::Arc;
 
@@ -12,10 +16,16 @@ use gregor_log::TopicPartition;
 use gregor_protocol::kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
+use gregor_protocol::kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
 use gregor_protocol::kafka_protocol::messages::ApiKey;
 use gregor_protocol::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+use gregor_protocol::kafka_protocol::messages::{
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse,
+};
 
-use crate::authorizer::{AclOperation, ResourceType};
+use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
 use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
@@ -91,4 +101,74 @@ pub async fn handle(
         })
         .collect();
     ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// Answers OffsetForLeaderEpoch (Kafka's `KafkaApis.handleOffsetForLeaderEpochRequest`):
+/// `ClusterAction` on the Cluster allows every topic, else `Describe` on each
+/// (TOPIC_AUTHORIZATION_FAILED). Per partition, as the leader only (Kafka's
+/// `Partition.lastOffsetForLeaderEpoch` with `fetchOnlyFromLeader`): the largest epoch `<=`
+/// the requested one and its end offset (the log end offset for the latest epoch; -1 and -1
+/// when unknown), or UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER (known topic, not
+/// hosted or not led here), FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320).
+pub fn offset_for_leader_epoch(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    req: &OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let cluster_action = broker.authorize(
+        ctx,
+        AclOperation::ClusterAction,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
+    let image = broker.controller.image();
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            let authorized = cluster_action
+                || broker.authorize(ctx, AclOperation::Describe, ResourceType::Topic, &t.topic);
+            let partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let resp = EpochEndOffset::default()
+                        .with_partition(p.partition)
+                        .with_leader_epoch(-1)
+                        .with_end_offset(-1);
+                    let result = if !authorized {
+                        Err(ec::TOPIC_AUTHORIZATION_FAILED)
+                    } else {
+                        match broker.replica_manager.partition(&t.topic, p.partition) {
+                            Some(part) => part.last_offset_for_leader_epoch(
+                                p.current_leader_epoch,
+                                p.leader_epoch,
+                            ),
+                            None if image.topics.values().any(|ti| {
+                                ti.name == t.topic.as_str()
+                                    && ti.partitions.contains_key(&p.partition)
+                            }) =>
+                            {
+                                Err(ec::NOT_LEADER_OR_FOLLOWER)
+                            }
+                            None => Err(ec::UNKNOWN_TOPIC_OR_PARTITION),
+                        }
+                    };
+                    match result {
+                        Ok((epoch, end_offset)) => {
+                            resp.with_leader_epoch(epoch).with_end_offset(end_offset)
+                        }
+                        Err(code) => {
+                            record_error(ApiKey::OffsetForLeaderEpoch, code);
+                            resp.with_error_code(code)
+                        }
+                    }
+                })
+                .collect();
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic.clone())
+                .with_partitions(partitions)
+        })
+        .collect();
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use gregor_metadata::{MetadataImage, TopicImage};
+use gregor_metadata::record::{DIRECTORY_LOST, DIRECTORY_MIGRATING, DIRECTORY_UNASSIGNED};
+use gregor_metadata::{MetadataImage, PartitionRegistration, TopicImage};
 use gregor_protocol::kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use gregor_protocol::kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -25,23 +26,72 @@ use gregor_network::RequestContext;
 /// "Authorized operations not requested" (Kafka's `Integer.MIN_VALUE` sentinel).
 const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
 
-fn topic_entry(t: &TopicImage) -> MetadataResponseTopic {
+/// Kafka's `KRaftMetadataCache.isReplicaOffline`: a replica is offline when its broker is not
+/// registered, is fenced, has no endpoint on `listener`, or its log directory is not among the
+/// broker's online ones (`DirectoryId.isOnline`: unassigned and migrating directories count as
+/// online, lost ones do not, and a broker that reported no directories is trusted).
+fn is_replica_offline(
+    image: &MetadataImage,
+    p: &PartitionRegistration,
+    replica: i32,
+    listener: &str,
+) -> bool {
+    let Some(b) = image.brokers.get(&replica) else {
+        return true;
+    };
+    if b.fenced || b.endpoint(listener).is_none() {
+        return true;
+    }
+    let dir = p
+        .replicas
+        .iter()
+        .position(|r| *r == replica)
+        .and_then(|i| p.directories.get(i))
+        .copied()
+        .unwrap_or(DIRECTORY_UNASSIGNED);
+    let online = dir == DIRECTORY_UNASSIGNED
+        || dir == DIRECTORY_MIGRATING
+        || (dir != DIRECTORY_LOST && (b.directories.is_empty() || b.directories.contains(&dir)));
+    !online
+}
+
+/// One topic as Kafka's `KRaftMetadataCache.getPartitionMetadata` answers it: a partition whose
+/// leader is not alive on `listener` (not registered, fenced, or without that listener) has
+/// leader -1 and LEADER_NOT_AVAILABLE (LISTENER_NOT_FOUND from v6 when only the listener is
+/// missing); offline replicas per [`is_replica_offline`].
+fn topic_entry(
+    t: &TopicImage,
+    image: &MetadataImage,
+    listener: &str,
+    version: i16,
+) -> MetadataResponseTopic {
     let partitions = t
         .partitions
         .iter()
         .map(|(idx, p)| {
+            let leader = image.brokers.get(&p.leader);
+            let leader_alive = leader.is_some_and(|b| !b.fenced && b.endpoint(listener).is_some());
+            let error = if leader_alive {
+                ec::NONE
+            } else if leader.is_some_and(|b| !b.fenced) && version >= 6 {
+                ec::LISTENER_NOT_FOUND
+            } else {
+                ec::LEADER_NOT_AVAILABLE
+            };
             MetadataResponsePartition::default()
-                .with_error_code(if p.leader < 0 {
-                    ec::LEADER_NOT_AVAILABLE
-                } else {
-                    ec::NONE
-                })
+                .with_error_code(error)
                 .with_partition_index(*idx)
-                .with_leader_id(BrokerId(p.leader))
+                .with_leader_id(BrokerId(if leader_alive { p.leader } else { -1 }))
                 .with_leader_epoch(p.leader_epoch)
                 .with_replica_nodes(p.replicas.iter().map(|b| BrokerId(*b)).collect())
                 .with_isr_nodes(p.isr.iter().map(|b| BrokerId(*b)).collect())
-                .with_offline_replicas(vec![])
+                .with_offline_replicas(
+                    p.replicas
+                        .iter()
+                        .filter(|r| is_replica_offline(image, p, **r, listener))
+                        .map(|b| BrokerId(*b))
+                        .collect(),
+                )
         })
         .collect();
     MetadataResponseTopic::default()
@@ -108,7 +158,7 @@ pub async fn handle(
         for n in names {
             if let Some(t) = image.topic(n) {
                 if describe(n) {
-                    topics.push(topic_entry(t));
+                    topics.push(topic_entry(t, &image, &ctx.listener_name, version));
                 }
             }
         }
@@ -119,7 +169,9 @@ pub async fn handle(
                 None => {
                     // Lookup by topic id (v10+).
                     match image.topic_by_id(&rt.topic_id) {
-                        Some(t) if describe(&t.name) => topics.push(topic_entry(t)),
+                        Some(t) if describe(&t.name) => {
+                            topics.push(topic_entry(t, &image, &ctx.listener_name, version))
+                        }
                         Some(_) => topics.push(error_entry(
                             None,
                             rt.topic_id,
@@ -138,7 +190,7 @@ pub async fn handle(
                         continue;
                     }
                     if let Some(t) = image.topic(&name) {
-                        topics.push(topic_entry(t));
+                        topics.push(topic_entry(t, &image, &ctx.listener_name, version));
                         continue;
                     }
                     if let Err(e) = gregor_metadata::controller::validate_topic_name(&name) {
@@ -164,7 +216,12 @@ pub async fn handle(
                             Ok(()) => {
                                 image = broker.controller.image();
                                 match image.topic(&name) {
-                                    Some(t) => topics.push(topic_entry(t)),
+                                    Some(t) => topics.push(topic_entry(
+                                        t,
+                                        &image,
+                                        &ctx.listener_name,
+                                        version,
+                                    )),
                                     None => topics.push(error_entry(
                                         Some(&name),
                                         Uuid::nil(),

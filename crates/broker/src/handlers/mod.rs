@@ -9,6 +9,8 @@ pub mod api_versions;
 pub mod configs;
 pub mod consumer_group;
 pub mod delete_records;
+pub mod describe_log_dirs;
+pub mod elect_leaders;
 pub mod fetch;
 pub mod forwarding;
 pub mod groups;
@@ -17,6 +19,7 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer_id;
+pub mod reassignments;
 pub mod topics;
 
 use std::collections::HashMap;
@@ -39,6 +42,7 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::Produce,
     ApiKey::Fetch,
     ApiKey::ListOffsets,
+    ApiKey::OffsetForLeaderEpoch,
     ApiKey::Metadata,
     ApiKey::ApiVersions,
     ApiKey::CreateTopics,
@@ -63,6 +67,10 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::OffsetDelete,
     ApiKey::ConsumerGroupHeartbeat,
     ApiKey::ConsumerGroupDescribe,
+    ApiKey::ElectLeaders,
+    ApiKey::DescribeLogDirs,
+    ApiKey::AlterPartitionReassignments,
+    ApiKey::ListPartitionReassignments,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -80,6 +88,10 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::ListOffsets => (
             ListOffsetsRequest::default().into(),
             ListOffsetsResponse::default().into(),
+        ),
+        ApiKey::OffsetForLeaderEpoch => (
+            OffsetForLeaderEpochRequest::default().into(),
+            OffsetForLeaderEpochResponse::default().into(),
         ),
         ApiKey::Metadata => (
             MetadataRequest::default().into(),
@@ -108,6 +120,22 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::CreatePartitions => (
             CreatePartitionsRequest::default().into(),
             CreatePartitionsResponse::default().into(),
+        ),
+        ApiKey::DescribeLogDirs => (
+            DescribeLogDirsRequest::default().into(),
+            DescribeLogDirsResponse::default().into(),
+        ),
+        ApiKey::ElectLeaders => (
+            ElectLeadersRequest::default().into(),
+            ElectLeadersResponse::default().into(),
+        ),
+        ApiKey::AlterPartitionReassignments => (
+            AlterPartitionReassignmentsRequest::default().into(),
+            AlterPartitionReassignmentsResponse::default().into(),
+        ),
+        ApiKey::ListPartitionReassignments => (
+            ListPartitionReassignmentsRequest::default().into(),
+            ListPartitionReassignmentsResponse::default().into(),
         ),
         ApiKey::DeleteRecords => (
             DeleteRecordsRequest::default().into(),
@@ -294,9 +322,17 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::DeleteTopics(_)
         | RequestKind::CreatePartitions(_)
         | RequestKind::AlterConfigs(_)
-        | RequestKind::IncrementalAlterConfigs(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::IncrementalAlterConfigs(_)
+        | RequestKind::ElectLeaders(_)
+        | RequestKind::AlterPartitionReassignments(_)
+        | RequestKind::ListPartitionReassignments(_)) => {
+            forwarding::handle(broker, ctx, body).await
+        }
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
+        }
+        RequestKind::DescribeLogDirs(r) => {
+            ready(describe_log_dirs::describe_log_dirs(broker, ctx, &r).into())
         }
         RequestKind::DeleteRecords(r) => {
             ready(delete_records::handle(broker, ctx, &r, v).await.into())
@@ -305,6 +341,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
             ready(producer_id::handle(broker, ctx, &r, v).await.into())
         }
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, ctx, r, v).await.into()),
+        RequestKind::OffsetForLeaderEpoch(r) => {
+            ready(list_offsets::offset_for_leader_epoch(broker, ctx, &r).into())
+        }
         RequestKind::Produce(r) => produce::handle(broker, ctx, r).await,
         RequestKind::Fetch(r) => fetch::handle(broker, ctx, r).await,
         RequestKind::FindCoordinator(r) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gregor_log::{LogManager, ManualClock, TopicPartition};
 use gregor_metadata::{MetadataImage, MetadataRecord};
 use gregor_protocol::batch::BatchBuilder;
-use gregor_protocol::metadata_records::{PartitionRecord, TopicRecord};
+use gregor_protocol::metadata_records::{PartitionRecord, RegisterBrokerRecord, TopicRecord};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -82,6 +82,42 @@ impl Fixture {
         self.rm.apply_image(&self.image).expect("apply image");
     }
 
+    /// Applies a registration of partition `partition` with its own ISR and partition epoch.
+    fn set_partition(
+        &mut self,
+        partition: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        replicas: &[i32],
+        isr: &[i32],
+    ) {
+        self.image
+            .apply(&MetadataRecord::Partition(PartitionRecord {
+                topic_id: self.topic_id,
+                partition_id: partition,
+                replicas: replicas.to_vec(),
+                isr: isr.to_vec(),
+                leader: LOCAL,
+                leader_epoch,
+                partition_epoch,
+                ..PartitionRecord::default()
+            }));
+        self.rm.apply_image(&self.image).expect("apply image");
+    }
+
+    /// Registers broker `id` (unfenced) with broker epoch `epoch` in the image.
+    fn register_broker(&mut self, id: i32, epoch: i64) {
+        self.image
+            .apply(&MetadataRecord::RegisterBroker(RegisterBrokerRecord {
+                broker_id: id,
+                broker_epoch: epoch,
+                incarnation_id: Uuid::new_v4(),
+                fenced: false,
+                ..RegisterBrokerRecord::default()
+            }));
+        self.rm.apply_image(&self.image).expect("apply image");
+    }
+
     fn partition(&self, p: i32) -> Arc<Partition> {
         self.rm.partition("t", p).expect("hosted")
     }
@@ -115,6 +151,8 @@ impl Fixture {
                 fetch_offset: *offset,
                 partition_max_bytes: i32::MAX,
                 current_leader_epoch: -1,
+                last_fetched_epoch: -1,
+                log_start_offset: -1,
             })
             .collect();
         self.rm.fetch_messages(params, parts).await
@@ -128,6 +166,7 @@ fn consumer(max_wait_ms: i64) -> FetchParams {
         min_bytes: 1,
         max_bytes: i32::MAX,
         isolation_level: 0,
+        replica_epoch: -1,
     }
 }
 
@@ -251,6 +290,7 @@ async fn leadership_transitions_in_one_place() {
     p.make_leader(LeaderAndIsr {
         leader: LOCAL,
         leader_epoch: 0,
+        partition_epoch: 0,
         replicas: vec![LOCAL],
         isr: vec![LOCAL],
         min_insync_replicas: 1,
@@ -409,6 +449,269 @@ async fn a_replica_id_that_is_not_a_follower_is_refused() {
     // A consumer still sees nothing below the high watermark.
     let got = fetched(f.fetch(consumer(0), &[(0, 0)]).await);
     assert!(got[0].records.is_empty());
+}
+
+/// Records the ISR changes partitions submit.
+#[derive(Default)]
+struct RecordingSender {
+    items: parking_lot::Mutex<Vec<crate::replication::leader::IsrChange>>,
+}
+
+impl crate::alter_partition::AlterPartitionSender for RecordingSender {
+    fn submit(&self, item: crate::alter_partition::AlterPartitionItem) {
+        self.items.lock().push(item.change);
+    }
+}
+
+fn follower_fetch(replica_id: i32, replica_epoch: i64) -> FetchParams {
+    FetchParams {
+        replica_id,
+        replica_epoch,
+        ..consumer(0)
+    }
+}
+
+async fn follower_fetch_one(
+    f: &Fixture,
+    params: FetchParams,
+    offset: i64,
+    current_leader_epoch: i32,
+    last_fetched_epoch: i32,
+) -> FetchPartitionResult {
+    let parts = vec![FetchPartition {
+        topic_partition: TopicPartition::new("t", 0),
+        fetch_offset: offset,
+        partition_max_bytes: i32::MAX,
+        current_leader_epoch,
+        last_fetched_epoch,
+        log_start_offset: 0,
+    }];
+    fetched(f.rm.fetch_messages(params, parts).await).remove(0)
+}
+
+#[tokio::test]
+async fn a_caught_up_follower_is_proposed_for_the_isr_and_joins_from_the_image() {
+    use crate::replication::leader::IsrChangeKind;
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER, 3], &[]);
+    for (id, epoch) in [(LOCAL, 10), (FOLLOWER, 20), (3, 30)] {
+        f.register_broker(id, epoch);
+    }
+    let sender = Arc::new(RecordingSender::default());
+    f.rm.replication()
+        .set_alter_partition_sender(sender.clone());
+    f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER, 3], &[LOCAL, FOLLOWER]);
+    complete(f.append(0, 1, 1000, 10).await);
+    // 2 fetches everything: the HW moves, 3 (not in the ISR, never fetched) does not hold it.
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 1, 1, -1).await;
+    assert_eq!(r.error_code, ec::NONE);
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    assert!(sender.items.lock().is_empty(), "2 is already in the ISR");
+    // 3 catches up: one AlterPartition proposal with broker epochs (KIP-903).
+    let r = follower_fetch_one(&f, follower_fetch(3, 30), 1, 1, -1).await;
+    assert_eq!(r.error_code, ec::NONE);
+    let items = sender.items.lock().clone();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].kind, IsrChangeKind::Expand(3));
+    assert_eq!(items[0].new_isr, vec![(LOCAL, 10), (FOLLOWER, 20), (3, 30)]);
+    assert_eq!((items[0].leader_epoch, items[0].partition_epoch), (1, 1));
+    // Still pending: no second proposal; the committed ISR is unchanged until the image.
+    follower_fetch_one(&f, follower_fetch(3, 30), 1, 1, -1).await;
+    assert_eq!(sender.items.lock().len(), 1);
+    assert_eq!(f.partition(0).state().isr, vec![LOCAL, FOLLOWER]);
+    assert!(f.partition(0).pending_isr_change().is_some());
+    f.set_partition(0, 1, 2, &[LOCAL, FOLLOWER, 3], &[LOCAL, FOLLOWER, 3]);
+    assert_eq!(f.partition(0).state().isr, vec![LOCAL, FOLLOWER, 3]);
+    assert!(f.partition(0).pending_isr_change().is_none());
+    assert!(!f.partition(0).is_under_replicated());
+}
+
+#[tokio::test]
+async fn a_lagging_follower_is_proposed_for_removal_after_replica_lag_time_max_ms() {
+    use crate::replication::leader::IsrChangeKind;
+    let mut f = Fixture::new(
+        1,
+        &[LOCAL, FOLLOWER],
+        &[("replica.lag.time.max.ms", "1000")],
+    );
+    f.register_broker(LOCAL, 10);
+    f.register_broker(FOLLOWER, 20);
+    let sender = Arc::new(RecordingSender::default());
+    f.rm.replication()
+        .set_alter_partition_sender(sender.clone());
+    complete(f.append(0, 1, 1000, 10).await);
+    follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 1, -1, -1).await;
+    complete(f.append(0, 1, 1000, 10).await);
+    f.clock.advance_ms(1000);
+    assert_eq!(f.rm.maybe_shrink_isr(), 0, "caught up within the lag");
+    f.clock.advance_ms(1);
+    assert_eq!(f.rm.maybe_shrink_isr(), 1);
+    let items = sender.items.lock().clone();
+    assert_eq!(items[0].kind, IsrChangeKind::Shrink(vec![FOLLOWER]));
+    assert_eq!(items[0].new_isr, vec![(LOCAL, 10)]);
+    // The HW still waits for the committed ISR (the maximal ISR keeps 2).
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    f.set_partition(0, 0, 1, &[LOCAL, FOLLOWER], &[LOCAL]);
+    assert_eq!(
+        f.partition(0).high_watermark(),
+        2,
+        "ISR {{1}}: the HW follows the leader"
+    );
+    assert!(f.partition(0).is_under_replicated());
+}
+
+#[tokio::test]
+async fn acks_all_needs_min_insync_replicas_capped_at_the_replication_factor() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[("min.insync.replicas", "2")]);
+    f.set_partition(0, 0, 1, &[LOCAL, FOLLOWER], &[LOCAL]);
+    let r = complete(f.append(0, -1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NOT_ENOUGH_REPLICAS);
+    assert_eq!(
+        f.partition(0).log.log_end_offset(),
+        0,
+        "refused before the append"
+    );
+    assert!(f.partition(0).is_under_min_isr());
+    // acks=1 is not checked; the HW does not move under min ISR (KIP-966).
+    let r = complete(f.append(0, 1, 1000, 10).await);
+    assert_eq!(r[0].error_code, ec::NONE);
+    assert_eq!(f.partition(0).high_watermark(), 0);
+    // min.insync.replicas 3 with two replicas counts as 2.
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[("min.insync.replicas", "3")]);
+    f.set_partition(0, 0, 1, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    let AppendOutcome::Delayed(d) = f.append(0, -1, 30_000, 10).await else {
+        panic!("must wait for the follower");
+    };
+    let waiter = tokio::spawn(d.complete());
+    follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 1, -1, -1).await;
+    assert_eq!(waiter.await.expect("join")[0].error_code, ec::NONE);
+}
+
+#[tokio::test]
+async fn a_follower_with_a_diverging_epoch_gets_the_epoch_end_offset() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    complete(f.append(0, 1, 1000, 10).await);
+    // Re-elected at epoch 3: the epoch cache records (3, LEO=2) before any epoch-3 record.
+    f.set_partition(0, 3, 3, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    let entries = f.partition(0).log.leader_epoch_entries();
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| (e.epoch, e.start_offset))
+            .collect::<Vec<_>>(),
+        vec![(0, 0), (3, 2)]
+    );
+    complete(f.append(0, 1, 1000, 10).await);
+    // A follower that has epoch 2 up to offset 5 (a leader this one never saw): it must
+    // truncate to the end of epoch 0 here, offset 2.
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 5, 3, 2).await;
+    assert_eq!(r.error_code, ec::NONE);
+    assert_eq!(r.diverging_epoch, Some((0, 2)));
+    assert!(r.records.is_empty());
+    assert_eq!(
+        f.partition(0).follower_log_end_offset(FOLLOWER),
+        Some(-1),
+        "no progress recorded"
+    );
+    // In line with the leader: records, no divergence.
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 2, 3, 0).await;
+    assert_eq!((r.error_code, r.diverging_epoch), (ec::NONE, None));
+    assert!(!r.records.is_empty());
+    assert_eq!(f.partition(0).follower_log_end_offset(FOLLOWER), Some(2));
+    // An epoch this log cannot place (newer than any): OFFSET_OUT_OF_RANGE.
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 3, 3, 9).await;
+    assert_eq!(r.error_code, ec::OFFSET_OUT_OF_RANGE);
+}
+
+#[tokio::test]
+async fn follower_fetches_are_fenced_by_epochs() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    f.register_broker(FOLLOWER, 20);
+    f.set_partition(0, 4, 4, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 0, 3, -1).await;
+    assert_eq!(r.error_code, ec::FENCED_LEADER_EPOCH);
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 0, 5, -1).await;
+    assert_eq!(r.error_code, ec::UNKNOWN_LEADER_EPOCH);
+    // Not a replica: UNKNOWN_LEADER_EPOCH with a leader epoch, else NOT_LEADER_OR_FOLLOWER.
+    let r = follower_fetch_one(&f, follower_fetch(9, -1), 0, 4, -1).await;
+    assert_eq!(r.error_code, ec::UNKNOWN_LEADER_EPOCH);
+    let r = follower_fetch_one(&f, follower_fetch(9, -1), 0, -1, -1).await;
+    assert_eq!(r.error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    // A stale broker epoch (an earlier incarnation of the follower, KIP-903).
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 19), 0, 4, -1).await;
+    assert_eq!(r.error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 0, 4, -1).await;
+    assert_eq!(r.error_code, ec::NONE);
+}
+
+#[tokio::test]
+async fn list_offsets_latest_waits_for_a_new_leaders_high_watermark() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    // Leader again in epoch 1 at LEO 1 while the HW is still 0 (the follower never fetched).
+    f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    let latest = || (TopicPartition::new("t", 0), partition::LATEST_TIMESTAMP, -1);
+    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    assert_eq!(r[0], Err(ec::OFFSET_NOT_AVAILABLE));
+    follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 1, 1, 0).await;
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    assert_eq!(r[0].map(|(_, offset, epoch)| (offset, epoch)), Ok((1, 1)));
+}
+
+#[tokio::test]
+async fn offset_for_leader_epoch_answers_from_the_epoch_cache_as_the_leader() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    complete(f.append(0, 1, 1000, 10).await);
+    complete(f.append(0, 1, 1000, 10).await);
+    f.set_partition(0, 2, 2, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+    complete(f.append(0, 1, 1000, 10).await);
+    let p = f.partition(0);
+    // Epoch 0 ends where epoch 2 starts; 1 was never seen here (its floor is 0); the latest
+    // epoch ends at the log end offset; a newer one is unknown.
+    assert_eq!(p.last_offset_for_leader_epoch(2, 0), Ok((0, 2)));
+    assert_eq!(p.last_offset_for_leader_epoch(-1, 1), Ok((0, 2)));
+    assert_eq!(p.last_offset_for_leader_epoch(2, 2), Ok((2, 3)));
+    assert_eq!(p.last_offset_for_leader_epoch(2, 5), Ok((-1, -1)));
+    assert_eq!(
+        p.last_offset_for_leader_epoch(1, 0),
+        Err(ec::FENCED_LEADER_EPOCH)
+    );
+    assert_eq!(
+        p.last_offset_for_leader_epoch(3, 0),
+        Err(ec::UNKNOWN_LEADER_EPOCH)
+    );
+    f.set_leader(0, FOLLOWER, 3, &[LOCAL, FOLLOWER]);
+    assert_eq!(
+        p.last_offset_for_leader_epoch(3, 0),
+        Err(ec::NOT_LEADER_OR_FOLLOWER)
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_follower_fetch_completes_on_an_append() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let params = FetchParams {
+        max_wait_ms: 30_000,
+        ..follower_fetch(FOLLOWER, -1)
+    };
+    let FetchOutcome::Delayed(d) = f.fetch(params, &[(0, 0)]).await else {
+        panic!("nothing to read: the follower's fetch waits");
+    };
+    let waiter = tokio::spawn(d.complete());
+    until("the fetch waits", || {
+        f.rm.delayed_operations().fetch.delayed() == 1
+    })
+    .await;
+    complete(f.append(0, 1, 1000, 10).await);
+    let got = waiter.await.expect("join");
+    assert_eq!(got[0].error_code, ec::NONE);
+    assert!(!got[0].records.is_empty());
+    assert_eq!(
+        got[0].high_watermark, 0,
+        "the follower has not confirmed it yet"
+    );
+    assert!(purgatories_empty(&f.rm));
 }
 
 #[tokio::test]

@@ -1,0 +1,248 @@
+//! The fetcher manager's bookkeeping over real partitions (a temp log dir, images built from
+//! records): which partitions are fetched from which leader as the metadata changes, and the
+//! high watermark read back from `replication-offset-checkpoint` at start-up. The fetching
+//! itself runs against real gregor leaders in `crates/cli/tests/replica_fetcher.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gregor_log::{LogManager, TopicPartition};
+use gregor_metadata::{MetadataImage, MetadataRecord};
+use gregor_protocol::batch::{set_partition_leader_epoch, BatchBuilder};
+use gregor_protocol::metadata_records::{
+    BrokerEndpoint, PartitionRecord, RegisterBrokerRecord, TopicRecord,
+};
+use tempfile::TempDir;
+use uuid::Uuid;
+
+use super::*;
+use crate::config::BrokerConfig;
+
+const LOCAL: i32 = 1;
+
+fn config(dir: &TempDir) -> BrokerConfig {
+    let props: BTreeMap<String, String> = [
+        ("log.dirs", dir.path().display().to_string()),
+        ("node.id", LOCAL.to_string()),
+        ("num.io.threads", "1".to_string()),
+        ("num.replica.fetchers", "2".to_string()),
+        ("listeners", "PLAINTEXT://127.0.0.1:0".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    BrokerConfig::from_properties(props).expect("config").0
+}
+
+fn register(image: &mut MetadataImage, id: i32, port: u16) {
+    image.apply(&MetadataRecord::RegisterBroker(RegisterBrokerRecord {
+        broker_id: id,
+        broker_epoch: 10 + i64::from(id),
+        end_points: vec![BrokerEndpoint {
+            name: "PLAINTEXT".into(),
+            host: "127.0.0.1".into(),
+            port,
+            security_protocol: 0,
+            ..BrokerEndpoint::default()
+        }],
+        ..RegisterBrokerRecord::default()
+    }));
+}
+
+fn set_partition(image: &mut MetadataImage, topic_id: Uuid, p: i32, leader: i32, epoch: i32) {
+    image.apply(&MetadataRecord::Partition(PartitionRecord {
+        topic_id,
+        partition_id: p,
+        replicas: vec![1, 2, 3],
+        isr: vec![1, 2, 3],
+        leader,
+        leader_epoch: epoch,
+        partition_epoch: epoch,
+        ..PartitionRecord::default()
+    }));
+}
+
+fn image_with_topic(topic_id: Uuid, partitions: i32, leader: i32) -> MetadataImage {
+    let mut image = MetadataImage::default();
+    // Ports nothing listens on: the fetchers only back off and reconnect.
+    register(&mut image, 1, 1);
+    register(&mut image, 2, 2);
+    register(&mut image, 3, 3);
+    image.apply(&MetadataRecord::Topic(TopicRecord {
+        name: "t".into(),
+        topic_id,
+        ..TopicRecord::default()
+    }));
+    for p in 0..partitions {
+        set_partition(&mut image, topic_id, p, leader, 0);
+    }
+    image
+}
+
+/// Partitions led elsewhere join the fetcher of their leader (fetcher id by Kafka's hash);
+/// a leader epoch change re-adds them; becoming leader, losing the leader and deletion
+/// remove them, and fetchers left without partitions stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetchers_follow_the_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let rm = ReplicaManager::new(LOCAL, cfg.clone(), logs);
+    let fetchers = Arc::new(ReplicaFetcherManager::new(
+        FetcherConfig::from_broker(&cfg),
+        7,
+        rm.io_pool().clone(),
+        rm.clock().clone(),
+    ));
+    assert_eq!(
+        fetchers.config().listener_name.as_deref(),
+        Some("PLAINTEXT")
+    );
+    rm.set_fetchers(fetchers.clone());
+    let topic_id = Uuid::new_v4();
+    let mut image = image_with_topic(topic_id, 4, 2);
+    rm.apply_image(&image).unwrap();
+    let tp = |p| TopicPartition::new("t", p);
+    for p in 0..4 {
+        let (source, id) = fetchers.fetcher_of(&tp(p)).expect("followed");
+        assert_eq!(source, 2);
+        assert_eq!(id, fetcher_id("t", p, 2));
+    }
+    let ids: std::collections::BTreeSet<_> = (0..4).map(|p| fetcher_id("t", p, 2)).collect();
+    assert_eq!(fetchers.num_fetchers(), ids.len());
+
+    // Partition 0: leader 3 now (another fetcher); 1: this broker leads; 2: no leader;
+    // 3: same leader, new epoch (stays with leader 2).
+    set_partition(&mut image, topic_id, 0, 3, 1);
+    set_partition(&mut image, topic_id, 1, LOCAL, 1);
+    set_partition(&mut image, topic_id, 2, -1, 1);
+    set_partition(&mut image, topic_id, 3, 2, 1);
+    rm.apply_image(&image).unwrap();
+    assert_eq!(fetchers.fetcher_of(&tp(0)).map(|k| k.0), Some(3));
+    assert_eq!(fetchers.fetcher_of(&tp(1)), None);
+    assert_eq!(fetchers.fetcher_of(&tp(2)), None);
+    assert_eq!(fetchers.fetcher_of(&tp(3)).map(|k| k.0), Some(2));
+    assert!(rm.partition("t", 1).is_some_and(|p| p.is_leader()));
+    {
+        let all = fetchers.fetchers.lock();
+        let total: usize = all.values().map(|f| f.shared.partitions.lock().len()).sum();
+        assert_eq!(total, 2);
+        // The epoch-1 partition is fetched with its new epoch from its log end offset.
+        let key = fetchers.fetcher_of(&tp(3)).unwrap();
+        let shared = all.get(&key).unwrap().shared.clone();
+        let parts = shared.partitions.lock();
+        let f = parts.get(&tp(3)).unwrap();
+        assert_eq!(f.state.current_leader_epoch, 1);
+        assert_eq!(f.state.fetch_offset, 0);
+    }
+
+    // The topic is deleted: every fetcher empties and stops.
+    image.apply(&MetadataRecord::RemoveTopic(
+        gregor_protocol::metadata_records::RemoveTopicRecord {
+            topic_id,
+            ..Default::default()
+        },
+    ));
+    rm.apply_image(&image).unwrap();
+    assert_eq!(fetchers.fetcher_of(&tp(0)), None);
+    assert_eq!(fetchers.fetcher_of(&tp(3)), None);
+    assert_eq!(fetchers.num_fetchers(), 0);
+    fetchers.shutdown().await;
+}
+
+fn batch(base: i64, epoch: i32, records: usize) -> Vec<u8> {
+    let mut b = BatchBuilder::new(base, 1_000);
+    for _ in 0..records {
+        b = b.record(1_000, None, Some(&[7u8; 20]), &[]);
+    }
+    let mut v = b.build();
+    set_partition_leader_epoch(&mut v, epoch);
+    v
+}
+
+/// `replication-offset-checkpoint` is read when the replica manager starts: each partition
+/// created from the metadata starts at its checkpointed high watermark, clipped to its log
+/// end offset; a partition without an entry starts at its log start offset.
+#[test]
+fn high_watermarks_are_restored_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let topic_id = Uuid::new_v4();
+    {
+        let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+        for (p, n) in [(0, 3), (1, 1), (2, 2)] {
+            let log = logs
+                .get_or_create(
+                    &TopicPartition::new("t", p),
+                    *topic_id.as_bytes(),
+                    Default::default(),
+                )
+                .unwrap();
+            for i in 0..n {
+                log.append_as_follower(&batch(i * 5, 0, 5), 0).unwrap();
+            }
+        }
+        let hws = BTreeMap::from([(0, 9i64), (1, 100)]);
+        logs.checkpoint_high_watermarks(|tp| hws.get(&tp.partition).copied())
+            .unwrap();
+        logs.shutdown().unwrap();
+    }
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let rm = ReplicaManager::new(LOCAL, cfg, logs);
+    rm.apply_image(&image_with_topic(topic_id, 3, 2)).unwrap();
+    let hw = |p| rm.partition("t", p).map(|p| p.high_watermark());
+    assert_eq!(hw(0), Some(9));
+    assert_eq!(hw(1), Some(5), "clipped to the log end offset");
+    assert_eq!(hw(2), Some(0), "no entry: the log start offset");
+    // Written back as it is now.
+    checkpoint_high_watermarks(&rm).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("replication-offset-checkpoint")).unwrap();
+    assert_eq!(text, "0\n3\nt 0 9\nt 1 5\nt 2 0\n");
+}
+
+/// The leader's log start offset fell inside a batch (DeleteRecords): a follower restarted at
+/// that offset gets the whole batch, starts its log at the batch's base offset, appends it,
+/// and raises its log start offset back to the leader's; its high watermark is the leader's
+/// clipped to its log.
+#[test]
+fn a_follower_restarted_inside_a_batch_takes_the_whole_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let topic_id = Uuid::new_v4();
+    let log = logs
+        .get_or_create(&tp, *topic_id.as_bytes(), Default::default())
+        .unwrap();
+    let clock = logs.clock().clone();
+    let p = Partition::new(
+        topic_id,
+        tp,
+        log.clone(),
+        LOCAL,
+        crate::replica_manager::DelayedOperations::new(&clock),
+        clock,
+        crate::replica_manager::partition::ReplicationContext::new(30_000),
+    );
+    log.append_as_follower(&batch(0, 0, 5), 0).unwrap();
+    // Out of range below the leader's log start offset 7: start over there.
+    p.truncate_fully_as_follower(7).unwrap();
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (7, 7));
+    assert_eq!(p.high_watermark(), 7);
+    // The leader answers the fetch at 7 with its batch [5, 9].
+    p.append_records_as_follower(&batch(5, 2, 5)).unwrap();
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (5, 10));
+    assert!(
+        p.update_follower_offsets(8, 7),
+        "the log start offset moved"
+    );
+    assert_eq!(log.log_start_offset(), 7);
+    assert_eq!(p.high_watermark(), 8);
+    // A batch that does not reach the log end offset is still refused.
+    assert!(p.append_records_as_follower(&batch(20, 2, 1)).is_err());
+    // Diverging: truncation drops the high watermark with the log end offset.
+    p.append_records_as_follower(&batch(10, 2, 5)).unwrap();
+    assert!(!p.update_follower_offsets(15, 7));
+    assert_eq!(p.high_watermark(), 15);
+    assert_eq!(p.truncate_as_follower(10).unwrap(), 10);
+    assert_eq!(p.high_watermark(), 10);
+}

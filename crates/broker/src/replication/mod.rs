@@ -1,0 +1,6 @@
+//! Partition replication between brokers (issue 11): the leader side ([`leader`]: ISR, high
+//! watermark, AlterPartition proposals, as a sans-I/O state machine) and the follower's
+//! decisions ([`follower`]).
+
+pub mod follower;
+pub mod leader;

@@ -1,0 +1,257 @@
+//! Leader elections (KIP-460) and replica reassignments (KIP-455) on a 3-node gregor cluster,
+//! driven by Apache Kafka 4.4.0's own tools (`LeaderElectionCommand`,
+//! `ReassignPartitionsCommand`) through a broker, which forwards to the active controller:
+//!
+//! - a preferred election where the preferred replica leads is ELECTION_NOT_NEEDED; once the
+//!   partition lost its ISR (follower, then leader stopped) the preferred replica is not
+//!   available, and an unclean election makes the live out-of-ISR replica the leader (at once,
+//!   without the tool, for a topic with `unclean.leader.election.enable=true`);
+//! - `--execute` starts a reassignment that `--list` and `--verify` show in progress (adding
+//!   and removing replicas; it cannot complete before the broker-side replica fetchers land),
+//!   `--cancel` reverts it, and a reassignment that only drops a replica completes at once
+//!   (`--execute` reads the current assignment with DescribeLogDirs; `--verify` and `--cancel`
+//!   run with `--preserve-throttles`, gregor having no replication throttle configs).
+//!
+//! `cargo test -p gregor --test kraft_elections -- --nocapture` (needs `cargo xtask kafka`).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+use gregor_tests::reference::tool_output;
+use gregor_tests::wire::{sb, KafkaConn};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
+
+const LEADER_ELECTION: &str = "org.apache.kafka.tools.LeaderElectionCommand";
+const REASSIGN: &str = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand";
+
+fn gregor() -> Implementation {
+    Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into())
+}
+
+fn start() -> Cluster {
+    Cluster::start(
+        &ClusterConfig::combined(gregor(), 3)
+            .with("broker.session.timeout.ms", "3000")
+            .with("broker.heartbeat.interval.ms", "500"),
+    )
+    .expect("a 3-node cluster")
+}
+
+/// (leader, replicas, ISR) of partition 0 of `topic`, from the broker at `bootstrap`.
+fn partition(bootstrap: &str, topic: &str) -> (i32, Vec<i32>, Vec<i32>) {
+    let addr: SocketAddr = bootstrap.parse().expect("an address");
+    let mut conn =
+        KafkaConn::connect_timeout(addr, Duration::from_secs(10), "elections").expect("connect");
+    let m: MetadataResponse = conn
+        .call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default().with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic))))
+            ])),
+        )
+        .expect("Metadata");
+    let p = &m.topics[0].partitions[0];
+    (
+        p.leader_id.0,
+        p.replica_nodes.iter().map(|b| b.0).collect(),
+        p.isr_nodes.iter().map(|b| b.0).collect(),
+    )
+}
+
+/// Waits until `check` holds for partition 0 of `topic` as seen from `bootstrap`.
+fn wait_partition(
+    bootstrap: &str,
+    topic: &str,
+    what: &str,
+    check: impl Fn(&(i32, Vec<i32>, Vec<i32>)) -> bool,
+) -> (i32, Vec<i32>, Vec<i32>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = partition(bootstrap, topic);
+        if check(&p) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "{what}: partition is {p:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn create(bootstrap: &str, topic: &str, assignment: &str) {
+    create_with(bootstrap, topic, assignment, &[]);
+}
+
+fn create_with(bootstrap: &str, topic: &str, assignment: &str, configs: &[&str]) {
+    let mut args = vec![
+        "--bootstrap-server",
+        bootstrap,
+        "--create",
+        "--topic",
+        topic,
+        "--replica-assignment",
+        assignment,
+    ];
+    for c in configs {
+        args.push("--config");
+        args.push(c);
+    }
+    let out = tool_output("kafka-topics", &args).expect("kafka-topics");
+    assert!(out.contains(&format!("Created topic {topic}")), "{out}");
+}
+
+fn elect(bootstrap: &str, election_type: &str, topic: &str) -> String {
+    tool_output(
+        LEADER_ELECTION,
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--election-type",
+            election_type,
+            "--topic",
+            topic,
+            "--partition",
+            "0",
+        ],
+    )
+    .expect("kafka-leader-election")
+}
+
+#[test]
+fn kafka_leader_election_preferred_and_unclean() {
+    let mut cluster = start();
+    let b3 = cluster.node(3).bootstrap().expect("broker 3");
+    create(&b3, "elect", "1:2");
+    create_with(&b3, "auto", "1:2", &["unclean.leader.election.enable=true"]);
+    assert_eq!(partition(&b3, "elect"), (1, vec![1, 2], vec![1, 2]));
+
+    let out = elect(&b3, "PREFERRED", "elect");
+    assert!(
+        out.contains("Valid replica already elected for partitions elect-0"),
+        "{out}"
+    );
+    let out = elect(&b3, "UNCLEAN", "elect");
+    assert!(
+        out.contains("Valid replica already elected for partitions elect-0"),
+        "{out}"
+    );
+
+    // Broker 2 stops (controlled shutdown: it leaves the ISR) and comes back; without an
+    // AlterPartition from the leader it stays out of the ISR.
+    cluster.node_mut(2).stop().expect("stop 2");
+    wait_partition(&b3, "elect", "2 out of the ISR", |p| p.2 == vec![1]);
+    cluster.node_mut(2).spawn().expect("restart 2");
+    cluster
+        .wait_ready(Duration::from_secs(60))
+        .expect("2 is back");
+    // The leader stops: no ISR member is left, the partition has no leader; the topic with
+    // unclean.leader.election.enable gets the live out-of-ISR replica at once.
+    cluster.node_mut(1).stop().expect("stop 1");
+    wait_partition(&b3, "elect", "no leader", |p| p.0 == -1);
+    let p = wait_partition(&b3, "auto", "unclean election by config", |p| p.0 == 2);
+    assert_eq!(p.2, vec![2]);
+
+    let out = elect(&b3, "PREFERRED", "elect");
+    assert!(
+        out.contains("elect-0") && out.contains("PreferredLeaderNotAvailableException"),
+        "{out}"
+    );
+    let out = elect(&b3, "UNCLEAN", "elect");
+    assert!(
+        out.contains("Successfully completed leader election (UNCLEAN) for partitions elect-0"),
+        "{out}"
+    );
+    let p = wait_partition(&b3, "elect", "2 leads", |p| p.0 == 2);
+    assert_eq!(
+        p.2,
+        vec![2],
+        "an unclean election leaves the leader alone in the ISR"
+    );
+
+    let out = tool_output(
+        LEADER_ELECTION,
+        &[
+            "--bootstrap-server",
+            &b3,
+            "--election-type",
+            "PREFERRED",
+            "--topic",
+            "nope",
+            "--partition",
+            "0",
+        ],
+    )
+    .expect("kafka-leader-election");
+    assert!(out.contains("UnknownTopicOrPartitionException"), "{out}");
+}
+
+fn reassign(bootstrap: &str, action: &str, json: Option<&str>) -> String {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("reassignment.json");
+    let mut args = vec!["--bootstrap-server".to_string(), bootstrap.to_string()];
+    if let Some(json) = json {
+        std::fs::write(&file, json).expect("write the plan");
+        args.push("--reassignment-json-file".into());
+        args.push(file.display().to_string());
+    }
+    args.push(format!("--{action}"));
+    if matches!(action, "verify" | "cancel") {
+        // gregor has no replication throttles (`*.replication.throttled.*`): the tool would
+        // try to clear them and fail on the unknown config names.
+        args.push("--preserve-throttles".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    tool_output(REASSIGN, &args).expect("kafka-reassign-partitions")
+}
+
+#[test]
+fn kafka_reassign_partitions_execute_list_verify_cancel() {
+    let cluster = start();
+    let b1 = cluster.node(1).bootstrap().expect("broker 1");
+    create(&b1, "move", "1:2");
+    let plan = r#"{"version":1,"partitions":[{"topic":"move","partition":0,"replicas":[3,2]}]}"#;
+
+    let out = reassign(&b1, "list", None);
+    assert!(out.contains("No partition reassignments found"), "{out}");
+    let out = reassign(&b1, "execute", Some(plan));
+    assert!(
+        out.contains("Successfully started partition reassignment for move-0"),
+        "{out}"
+    );
+    assert_eq!(partition(&b1, "move").1, vec![3, 2, 1]);
+    let out = reassign(&b1, "list", None);
+    assert!(
+        out.contains("move-0: replicas: 3,2,1. adding: 3. removing: 1."),
+        "{out}"
+    );
+    let out = reassign(&b1, "verify", Some(plan));
+    assert!(
+        out.contains("Reassignment of partition move-0 is still in progress"),
+        "{out}"
+    );
+    let out = reassign(&b1, "cancel", Some(plan));
+    assert!(
+        out.contains("Successfully cancelled partition reassignment for: move-0"),
+        "{out}"
+    );
+    assert_eq!(partition(&b1, "move").1, vec![2, 1]);
+    let out = reassign(&b1, "list", None);
+    assert!(out.contains("No partition reassignments found"), "{out}");
+
+    // Dropping a replica needs no new one to catch up: done at once, and the leader moves off
+    // the removed replica.
+    let drop = r#"{"version":1,"partitions":[{"topic":"move","partition":0,"replicas":[2]}]}"#;
+    let out = reassign(&b1, "execute", Some(drop));
+    assert!(
+        out.contains("Successfully started partition reassignment for move-0"),
+        "{out}"
+    );
+    let (leader, replicas, isr) = partition(&b1, "move");
+    assert_eq!((leader, replicas, isr), (2, vec![2], vec![2]));
+    let out = reassign(&b1, "verify", Some(drop));
+    assert!(
+        out.contains("Reassignment of partition move-0 is completed"),
+        "{out}"
+    );
+}

@@ -1,0 +1,221 @@
+//! The `test` suite of `cargo xtask test`: `cargo test --workspace`, with the test binaries run
+//! side by side instead of one after another.
+//!
+//! Most of gregor's integration tests wait (for elections, session timeouts, a JVM to start)
+//! rather than compute, so on a 2-core machine running a few binaries at once roughly halves
+//! the wall time. The binaries are built once (`cargo test --no-run`), then run by `jobs`
+//! workers, longest first by the durations the previous run recorded in
+//! `target/xtask-test-timings.json` (binaries without a record go first). Each binary runs in
+//! its package's directory, as `cargo test` runs it, with its output kept in
+//! `target/xtask-test-logs/<binary>.log` and printed when it ends. A binary that has not ended
+//! after [`BINARY_TIMEOUT`] is killed and fails. Doc tests run afterwards with `cargo test
+//! --doc`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// How long one test binary may run (the slowest, `cluster_kafka`, takes about two minutes).
+pub const BINARY_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Default number of test binaries run at once (`XTASK_TEST_JOBS` overrides it).
+pub const DEFAULT_JOBS: usize = 3;
+
+/// One test executable cargo built.
+#[derive(Debug, Clone)]
+struct TestBinary {
+    /// `<package>::<target>` (`gregor::cluster`, `gregor-broker::gregor_broker`).
+    name: String,
+    executable: PathBuf,
+    /// The package directory, the working directory `cargo test` gives it.
+    package_dir: PathBuf,
+}
+
+/// Builds and runs every test of the workspace; `Err` names the binaries that failed.
+pub fn run(root: &Path, cargo: &str) -> Result<()> {
+    let jobs = std::env::var("XTASK_TEST_JOBS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|j| *j > 0)
+        .unwrap_or(DEFAULT_JOBS);
+    let binaries = build(root, cargo)?;
+    let timings_file = root.join("target").join("xtask-test-timings.json");
+    let mut timings = read_timings(&timings_file);
+    let logs = root.join("target").join("xtask-test-logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut queue: Vec<TestBinary> = binaries;
+    // Longest first; unknown ones (new binaries) before everything.
+    queue.sort_by(|a, b| {
+        let ta = timings.get(&a.name).copied().unwrap_or(f64::MAX);
+        let tb = timings.get(&b.name).copied().unwrap_or(f64::MAX);
+        tb.total_cmp(&ta).then_with(|| a.name.cmp(&b.name))
+    });
+    println!(
+        "running {} test binaries, {jobs} at a time (XTASK_TEST_JOBS)",
+        queue.len()
+    );
+    let queue = Arc::new(Mutex::new(VecDeque::from(queue)));
+    let results: Arc<Mutex<Vec<(String, Result<()>, f64)>>> = Arc::default();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..jobs)
+        .map(|_| {
+            let (queue, results, logs) = (queue.clone(), results.clone(), logs.clone());
+            std::thread::spawn(move || loop {
+                let next = queue.lock().map(|mut q| q.pop_front()).unwrap_or(None);
+                let Some(binary) = next else { return };
+                let start = Instant::now();
+                let result = run_binary(&binary, &logs);
+                let seconds = start.elapsed().as_secs_f64();
+                if let Ok(mut r) = results.lock() {
+                    r.push((binary.name.clone(), result, seconds));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
+    }
+    let results = std::mem::take(&mut *results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    for (name, _, seconds) in &results {
+        timings.insert(name.clone(), *seconds);
+    }
+    if let Ok(text) = serde_json::to_string_pretty(&timings) {
+        let _ = std::fs::write(&timings_file, text);
+    }
+    println!(
+        "\n{} test binaries in {:.1}s",
+        results.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let doc = crate::proc::run_checked(
+        Command::new(cargo)
+            .args(["test", "--workspace", "--doc"])
+            .current_dir(root),
+    );
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|(_, r, _)| r.is_err())
+        .map(|(n, _, _)| n.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("test binaries failed: {}", failed.join(", "));
+    }
+    doc.context("doc tests")
+}
+
+/// `cargo test --workspace --no-run`, returning the test executables it built.
+fn build(root: &Path, cargo: &str) -> Result<Vec<TestBinary>> {
+    let mut child = Command::new(cargo)
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("running cargo test --no-run")?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut binaries = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo's messages")?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(executable) = msg["executable"].as_str() else {
+            continue;
+        };
+        let manifest = PathBuf::from(msg["manifest_path"].as_str().unwrap_or_default());
+        let package_dir = manifest
+            .parent()
+            .map_or_else(|| root.to_path_buf(), Path::to_path_buf);
+        let package = package_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?")
+            .to_string();
+        let target = msg["target"]["name"].as_str().unwrap_or("?");
+        binaries.push(TestBinary {
+            name: format!("{package}::{target}"),
+            executable: PathBuf::from(executable),
+            package_dir,
+        });
+    }
+    let status = child.wait().context("waiting for cargo test --no-run")?;
+    if !status.success() {
+        bail!("cargo test --no-run failed ({status})");
+    }
+    if binaries.is_empty() {
+        bail!("cargo test --no-run built no test binary");
+    }
+    Ok(binaries)
+}
+
+/// Runs one binary with its output in `logs/<name>.log`, printed when it ends.
+fn run_binary(binary: &TestBinary, logs: &Path) -> Result<()> {
+    let log_path = logs.join(format!("{}.log", binary.name.replace("::", "__")));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let start = Instant::now();
+    let result = (|| -> Result<()> {
+        let mut child = Command::new(&binary.executable)
+            .current_dir(&binary.package_dir)
+            .env("CARGO_MANIFEST_DIR", &binary.package_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own process group, so a timeout kills the nodes it started too.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.executable.display()))?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                if status.success() {
+                    return Ok(());
+                }
+                bail!("{status}");
+            }
+            if start.elapsed() > BINARY_TIMEOUT {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("killed after {BINARY_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })();
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\n---- {} ({:.1}s): {} ----",
+        binary.name,
+        start.elapsed().as_secs_f64(),
+        match &result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("FAILED: {e:#}"),
+        }
+    );
+    let _ = out.write_all(output.as_bytes());
+    result
+}
+
+fn read_timings(path: &Path) -> BTreeMap<String, f64> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
