@@ -21,6 +21,7 @@ pub mod clients;
 pub mod cluster;
 pub mod history;
 pub mod process;
+pub mod proxy;
 pub mod reference;
 #[cfg(feature = "rdkafka")]
 pub mod scenarios;

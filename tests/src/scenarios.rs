@@ -669,6 +669,8 @@ pub fn pause_and_resume_active_controller(
             brokers: 1,
         },
         properties: Vec::new(),
+        proxies: false,
+        disk_limit_mib: None,
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
