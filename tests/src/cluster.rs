@@ -657,7 +657,7 @@ pub struct Cluster {
     /// The proxies, when [`ClusterConfig::proxies`] (dropped after the processes).
     network: Option<Network>,
     /// The tmpfs mounts, unmounted after the processes are gone.
-    mounts: Mounts,
+    _mounts: Mounts,
     // Last: the directories go after the processes that use them.
     root: tempfile::TempDir,
 }
@@ -817,7 +817,7 @@ impl Cluster {
             nodes,
             voters,
             network,
-            mounts,
+            _mounts: mounts,
             root,
         })
     }

@@ -14,7 +14,13 @@
 //!   them (acknowledged but lost, duplicated, reordered).
 //! - `scenarios` (feature `rdkafka`): fault scenarios on a three-node cluster, generic over
 //!   the implementation.
+//! - [`proxy`]: in-process TCP proxies in front of every listener of a cluster, to cut and
+//!   heal single links between nodes without root.
+//! - `chaos` (feature `rdkafka`): the replication fault test: librdkafka and Java acks=all
+//!   producers, a live consumer, a seeded schedule of faults, the history check.
 
+#[cfg(feature = "rdkafka")]
+pub mod chaos;
 #[cfg(feature = "rdkafka")]
 pub mod clients;
 #[cfg(feature = "rdkafka")]

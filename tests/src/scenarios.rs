@@ -65,7 +65,7 @@ fn outcome_of_error(e: &KafkaError) -> Outcome {
     }
 }
 
-fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
+pub(crate) fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
@@ -73,7 +73,7 @@ fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
 }
 
 /// Creates `name` through `admin`, recording the operation in `history`.
-fn create_topic_recorded(
+pub(crate) fn create_topic_recorded(
     rt: &tokio::runtime::Runtime,
     admin: &AdminClient<DefaultClientContext>,
     history: &History,
@@ -158,7 +158,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Reads every partition of `topic` from its log start up to the high watermark seen at the
 /// start of the read, as (offset, value) per partition.
-fn read_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<PartitionRecords> {
+pub(crate) fn read_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<PartitionRecords> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "gregor-history-reader")
@@ -615,7 +615,7 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
 }
 
 /// The leader of each partition of `topic`, from a Metadata response.
-fn partition_leaders(bootstrap: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i32>> {
+pub(crate) fn partition_leaders(bootstrap: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i32>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
