@@ -137,7 +137,20 @@ pub fn schedule(seed: u64, faults: &[Fault], n: usize) -> Vec<Step> {
     let mut rng = SplitMix64::new(seed);
     (0..n)
         .map(|_| {
-            let fault = faults[usize::try_from(rng.next_u64() % faults.len() as u64).unwrap_or(0)];
+            // A full restart takes the longest (every JVM starts again): half as often.
+            let weights: Vec<u64> = faults
+                .iter()
+                .map(|f| if *f == Fault::FullRestart { 1 } else { 2 })
+                .collect();
+            let mut ticket = rng.next_u64() % weights.iter().sum::<u64>().max(1);
+            let mut fault = faults[0];
+            for (f, w) in faults.iter().zip(&weights) {
+                if ticket < *w {
+                    fault = *f;
+                    break;
+                }
+                ticket -= w;
+            }
             let (lo, hi) = fault.hold_ms();
             Step {
                 fault,
@@ -370,9 +383,17 @@ fn unknown(e: &KafkaError) -> Outcome {
 
 struct Recorder {
     history: Arc<History>,
+    /// librdkafka's log lines (with `debug=eos`), when `GREGOR_CHAOS_RDKAFKA_DEBUG` is set.
+    log: Option<Mutex<std::fs::File>>,
 }
 
-impl ClientContext for Recorder {}
+impl ClientContext for Recorder {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        if let Some(f) = &self.log {
+            let _ = writeln!(lock(f), "{level:?} {fac} {message}");
+        }
+    }
+}
 
 impl ProducerContext for Recorder {
     type DeliveryOpaque = usize;
@@ -495,6 +516,9 @@ fn run_on(
         records: read_topic(&bootstrap, TOPIC, config.partitions)?,
     };
     let report = history.check_reads(&state, &observed);
+    if !report.is_valid() {
+        dump(&history, &state, cluster.implementation.name(), config.seed);
+    }
     for e in &mut events {
         if e.led.is_empty() {
             continue;
@@ -523,6 +547,29 @@ fn run_on(
         skipped,
         seconds: started.elapsed().as_secs(),
     })
+}
+
+/// Writes the history and the final log to `target/chaos/<impl>-<seed>.txt`, for a failed
+/// check (best effort: a failure to write is printed, not returned).
+fn dump(history: &History, state: &FinalState, implementation: &str, seed: u64) {
+    let dir = process::repo_root().join("target/chaos");
+    let path = dir.join(format!("{implementation}-{seed}.txt"));
+    let mut text = String::new();
+    for op in history.ops() {
+        text.push_str(&format!(
+            "op {} {:?} {:?} {:?}\n",
+            op.invoke_ms, op.complete_ms, op.kind, op.outcome
+        ));
+    }
+    for ((topic, partition), records) in &state.records {
+        for (offset, value) in records {
+            text.push_str(&format!("log {topic}-{partition} {offset} {value}\n"));
+        }
+    }
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
+        Ok(()) => eprintln!("chaos: history and final log in {}", path.display()),
+        Err(e) => eprintln!("warning: writing {}: {e}", path.display()),
+    }
 }
 
 /// Injects one fault, holds it, heals it and waits until the cluster is ready again.
@@ -650,15 +697,27 @@ fn start_workload(
     let pause = Duration::from_micros(1_000_000 / u64::from(config.rate.max(1)));
     let partitions = config.partitions;
 
-    let producer: ThreadedProducer<Recorder> = ClientConfig::new()
+    let debug_log = match std::env::var_os("GREGOR_CHAOS_RDKAFKA_DEBUG") {
+        Some(path) => Some(Mutex::new(
+            std::fs::File::create(&path).context("creating the librdkafka debug log")?,
+        )),
+        None => None,
+    };
+    let mut producer_config = ClientConfig::new();
+    producer_config
         .set("bootstrap.servers", bootstrap)
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .set("message.timeout.ms", "10000")
-        .set("log_level", "3")
-        .create_with_context(Recorder {
+        .set("log_level", "3");
+    if debug_log.is_some() {
+        producer_config.set("debug", "eos,msg").set("log_level", "7");
+    }
+    let producer: ThreadedProducer<Recorder> =
+        producer_config.create_with_context(Recorder {
             history: history.clone(),
+            log: debug_log,
         })?;
     let rdkafka = {
         let (history, stop) = (history.clone(), stop.clone());

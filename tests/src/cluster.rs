@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use kafka_protocol::messages::{
-    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, TopicName,
+    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse,
+    MetadataRequest, MetadataResponse, TopicName,
 };
-use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::process::{self, api_versions_ok};
 use crate::proxy::{Listener, Network, PidRegistry};
@@ -141,6 +141,9 @@ pub struct ClusterConfig {
     /// can be filled ([`Node::fill_disk`]). Needs `mount` to be permitted (root, or
     /// CAP_SYS_ADMIN); [`Cluster::prepare`] fails otherwise.
     pub disk_limit_mib: Option<u64>,
+    /// JVM options of Kafka nodes instead of the default small heap with the C1 compiler
+    /// only (which starts fast but is slow; a benchmark wants the full JIT).
+    pub kafka_jvm_opts: Option<Vec<String>>,
 }
 
 impl ClusterConfig {
@@ -152,7 +155,15 @@ impl ClusterConfig {
             properties: Vec::new(),
             proxies: false,
             disk_limit_mib: None,
+            kafka_jvm_opts: None,
         }
+    }
+
+    /// With these JVM options on Kafka nodes (see [`ClusterConfig::kafka_jvm_opts`]).
+    #[must_use]
+    pub fn with_kafka_jvm_opts(mut self, opts: &[&str]) -> Self {
+        self.kafka_jvm_opts = Some(opts.iter().map(|s| (*s).to_string()).collect());
+        self
     }
 
     /// With a proxy in front of every listener (see [`ClusterConfig::proxies`]).
@@ -201,6 +212,7 @@ pub struct Node {
     paused: bool,
     pids: Option<PidRegistry>,
     disk_limited: bool,
+    jvm_opts: Vec<String>,
 }
 
 impl Node {
@@ -358,7 +370,8 @@ impl Node {
             .with_context(|| format!("opening {}", self.log_file().display()))?;
         let mut cmd = match &self.implementation {
             Implementation::Kafka => {
-                reference::server_command(&self.config_file(), KAFKA_JVM_OPTS)?
+                let opts: Vec<&str> = self.jvm_opts.iter().map(String::as_str).collect();
+                reference::server_command(&self.config_file(), &opts)?
             }
             Implementation::Gregor(bin) => {
                 let mut c = Command::new(bin);
@@ -784,6 +797,9 @@ impl Cluster {
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
                 disk_limited: config.disk_limit_mib.is_some(),
+                jvm_opts: config.kafka_jvm_opts.clone().unwrap_or_else(|| {
+                    KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()
+                }),
             });
         }
         let mut network = network;
@@ -1036,35 +1052,33 @@ impl Cluster {
             .leader_id)
     }
 
-    /// The broker ids in the Metadata response of the running brokers (Kafka lists the
-    /// registered, unfenced ones), `None` when no broker answers within 2 s.
+    /// The broker ids in the Metadata response (v12, no topics) of the first running broker
+    /// that answers within 2 s (Kafka lists the registered, unfenced brokers); `None` when
+    /// none answers.
     ///
     /// # Errors
-    /// When a node's state cannot be read or the client cannot be created.
+    /// When a node's state cannot be read.
     pub fn metadata_broker_ids(&mut self) -> Result<Option<BTreeSet<i32>>> {
-        let mut bootstrap = Vec::new();
         for n in &mut self.nodes {
-            if n.role.is_broker() && !n.paused && n.is_running()? {
-                bootstrap.extend(n.bootstrap());
+            if !n.role.is_broker() || n.paused || !n.is_running()? {
+                continue;
+            }
+            let Some(port) = n.client_port else {
+                continue;
+            };
+            let Ok(mut conn) = KafkaConn::connect_timeout(
+                SocketAddr::from(([127, 0, 0, 1], port)),
+                Duration::from_secs(2),
+                "gregor-cluster",
+            ) else {
+                continue;
+            };
+            let req = MetadataRequest::default().with_topics(Some(Vec::new()));
+            if let Ok(resp) = conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req) {
+                return Ok(Some(resp.brokers.iter().map(|b| b.node_id.0).collect()));
             }
         }
-        if bootstrap.is_empty() {
-            return Ok(None);
-        }
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap.join(","))
-            .set("log_level", "3")
-            .create()
-            .context("creating a metadata client")?;
-        Ok(consumer
-            .fetch_metadata(None, Duration::from_secs(2))
-            .ok()
-            .map(|m| {
-                m.brokers()
-                    .iter()
-                    .map(rdkafka::metadata::MetadataBroker::id)
-                    .collect()
-            }))
+        Ok(None)
     }
 
     /// Waits until every running node answers ApiVersions on each of its listeners, the
@@ -1263,6 +1277,7 @@ mod tests {
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
             proxies: false,
             disk_limit_mib: None,
+            kafka_jvm_opts: None,
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1295,6 +1310,7 @@ mod tests {
             properties: vec![],
             proxies: false,
             disk_limit_mib: None,
+            kafka_jvm_opts: None,
         })
         .is_err());
     }

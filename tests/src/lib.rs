@@ -8,7 +8,7 @@
 //! - [`wire`]: a raw Kafka protocol client for tests that control every byte.
 //! - [`reference`]: the reference Apache Kafka broker and tools from Maven Central.
 //! - `clients` (feature `rdkafka`, on by default): rdkafka admin/producer/consumer helpers.
-//! - `cluster` (feature `rdkafka`): a multi-node KRaft cluster of gregor or Kafka processes,
+//! - [`cluster`]: a multi-node KRaft cluster of gregor or Kafka processes,
 //!   with kill -9, SIGSTOP/SIGCONT, graceful stop and restart per node.
 //! - [`history`]: records operations and their outcomes, and checks the final state against
 //!   them (acknowledged but lost, duplicated, reordered).
@@ -23,7 +23,6 @@
 pub mod chaos;
 #[cfg(feature = "rdkafka")]
 pub mod clients;
-#[cfg(feature = "rdkafka")]
 pub mod cluster;
 pub mod history;
 pub mod process;

@@ -671,6 +671,7 @@ pub fn pause_and_resume_active_controller(
         properties: Vec::new(),
         proxies: false,
         disk_limit_mib: None,
+        kafka_jvm_opts: None,
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
