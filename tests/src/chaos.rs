@@ -79,6 +79,41 @@ impl Fault {
         Self::DiskFull,
     ];
 
+    /// The fault's name on the command line (`kill-leader`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KillLeader => "kill-leader",
+            Self::KillController => "kill-controller",
+            Self::PauseBroker => "pause-broker",
+            Self::CutLink => "cut-link",
+            Self::IsolateNode => "isolate-node",
+            Self::FullRestart => "full-restart",
+            Self::DiskFull => "disk-full",
+        }
+    }
+
+    /// Parses a comma-separated list of [`Fault::name`]s.
+    ///
+    /// # Errors
+    /// On an unknown name (the message lists the known ones).
+    pub fn parse_list(list: &str) -> Result<Vec<Self>> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|name| {
+                Self::ALL
+                    .into_iter()
+                    .find(|f| f.name() == name)
+                    .with_context(|| {
+                        format!(
+                            "unknown fault {name:?}; known: {}",
+                            Self::ALL.map(Self::name).join(",")
+                        )
+                    })
+            })
+            .collect()
+    }
+
     /// How long the fault is held, ms: (min, max).
     fn hold_ms(self) -> (u64, u64) {
         match self {
@@ -462,7 +497,11 @@ fn run_on(
         cluster.implementation.name(),
         config.seed,
         faults,
-        if disk { "" } else { " (no disk full)" }
+        if disk || !config.faults.contains(&Fault::DiskFull) {
+            ""
+        } else {
+            " (disk full skipped: mount not permitted)"
+        }
     );
     let end = Instant::now() + config.duration;
     let mut events = Vec::new();
@@ -983,6 +1022,11 @@ mod tests {
             assert!((lo..=hi).contains(&s.hold_ms));
             assert!((1..=2).contains(&s.pick2));
         }
+        assert_eq!(
+            Fault::parse_list("cut-link, full-restart").unwrap(),
+            [Fault::CutLink, Fault::FullRestart]
+        );
+        assert!(Fault::parse_list("cut-links").is_err());
         let only = schedule(7, &[Fault::CutLink], 10);
         assert!(only.iter().all(|s| s.fault == Fault::CutLink));
     }

@@ -3,7 +3,9 @@
 //! same run on gregor is in `crates/cli/tests/cluster.rs`), and the long run behind
 //! `cargo xtask chaos`.
 //!
-//! Environment: `GREGOR_CHAOS_SEED` (default: from the clock, printed), and for the long run
+//! Environment: `GREGOR_CHAOS_SEED` (default: from the clock, printed), `GREGOR_CHAOS_FAULTS`
+//! (a comma-separated subset of `kill-leader,kill-controller,pause-broker,cut-link,
+//! isolate-node,full-restart,disk-full`), and for the long run
 //! `GREGOR_CHAOS_MINUTES`, `GREGOR_CHAOS_IMPL` (`kafka` or `gregor`) and `GREGOR_BIN` (the
 //! gregor binary, for `gregor`).
 
@@ -26,6 +28,11 @@ fn seed() -> u64 {
 }
 
 fn run_and_check(config: &ChaosConfig) {
+    let mut config = config.clone();
+    if let Ok(list) = std::env::var("GREGOR_CHAOS_FAULTS") {
+        config.faults = chaos::Fault::parse_list(&list).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    let config = &config;
     eprintln!(
         "chaos seed {} (replay: GREGOR_CHAOS_SEED={})",
         config.seed, config.seed
