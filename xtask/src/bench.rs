@@ -757,6 +757,51 @@ fn create_topic(binary: &Path, bootstrap: &str, topic: &str, replicated: bool) -
     Ok(())
 }
 
+/// Waits until every broker in `bootstrap` (comma-separated) has a leader for each of the
+/// [`PARTITIONS`] partitions of `topic` in its Metadata: on a cluster the controller
+/// acknowledges a creation before the brokers learn of it.
+fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
+    use gregor_tests::wire::{sb, KafkaConn};
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    for addr in bootstrap.split(',') {
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .with_context(|| format!("bootstrap address {addr}"))?;
+        loop {
+            let ready = KafkaConn::connect_timeout(
+                addr,
+                std::time::Duration::from_secs(5),
+                "xtask-bench",
+            )
+            .and_then(|mut conn| {
+                let req = MetadataRequest::default().with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic)))),
+                ]));
+                conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req)
+            })
+            .is_ok_and(|resp| {
+                resp.topics.iter().any(|t| {
+                    t.error_code == 0
+                        && t.partitions.len() == PARTITIONS as usize
+                        && t.partitions
+                            .iter()
+                            .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
+                })
+            });
+            if ready {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{topic} has no leader for every partition at {addr} within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
 /// Records produced to a separate topic before each measured run, on both brokers alike, so
 /// that Kafka's JIT compiler has warmed up (and gregor's page cache is in the same state).
 const WARMUP_RECORDS: u64 = 50_000;
@@ -784,6 +829,7 @@ fn run_workload(
         throughput: -1,
     };
     create_topic(binary, bootstrap, "bench-warmup", replicated)?;
+    wait_for_topic(bootstrap, "bench-warmup")?;
     perf(&mut produce_command(
         binary,
         bootstrap,
@@ -793,6 +839,7 @@ fn run_workload(
     ))?;
     let topic = format!("bench-{}", w.id);
     create_topic(binary, bootstrap, &topic, replicated)?;
+    wait_for_topic(bootstrap, &topic)?;
     let (measured, cpu) = if w.consume {
         perf(&mut produce_command(
             binary, bootstrap, &topic, &w.produce, false,
