@@ -564,9 +564,10 @@ fn run_on(
         }
         let led = e.led.clone();
         e.failover_ms = history
-            .first_ack_invoked_after(e.at_ms, |k| {
-                matches!(k, OpKind::Produce { partition, .. } if led.contains(partition))
-            })
+            .first_ack_invoked_after(
+                e.at_ms,
+                |k| matches!(k, OpKind::Produce { partition, .. } if led.contains(partition)),
+            )
             .filter(|ack| *ack < e.healed_ms)
             .map(|ack| ack - e.at_ms);
     }
@@ -706,7 +707,11 @@ fn inject(
                 format!(
                     "node {node} (follower of {TOPIC}-{partition}) disk full ({} MiB filler){}",
                     bytes >> 20,
-                    if exited { ", it exited and was restarted" } else { "" }
+                    if exited {
+                        ", it exited and was restarted"
+                    } else {
+                        ""
+                    }
                 ),
                 BTreeSet::new(),
             )
@@ -751,13 +756,14 @@ fn start_workload(
         .set("message.timeout.ms", "10000")
         .set("log_level", "3");
     if debug_log.is_some() {
-        producer_config.set("debug", "eos,msg").set("log_level", "7");
+        producer_config
+            .set("debug", "eos,msg")
+            .set("log_level", "7");
     }
-    let producer: ThreadedProducer<Recorder> =
-        producer_config.create_with_context(Recorder {
-            history: history.clone(),
-            log: debug_log,
-        })?;
+    let producer: ThreadedProducer<Recorder> = producer_config.create_with_context(Recorder {
+        history: history.clone(),
+        log: debug_log,
+    })?;
     let rdkafka = {
         let (history, stop) = (history.clone(), stop.clone());
         std::thread::spawn(move || -> Result<ThreadedProducer<Recorder>> {
@@ -822,16 +828,15 @@ fn start_workload(
         let (observed, stop) = (observed.clone(), stop.clone());
         std::thread::spawn(move || -> Result<()> {
             while !stop.load(Ordering::Relaxed) {
-                match consumer.poll(Duration::from_millis(200)) {
-                    Some(Ok(m)) => lock(&observed).push(Found {
+                // Errors during faults (leaders moving, brokers gone) are expected.
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                    lock(&observed).push(Found {
                         topic: m.topic().to_string(),
                         partition: m.partition(),
                         offset: m.offset(),
                         value: String::from_utf8_lossy(m.payload().unwrap_or_default())
                             .into_owned(),
-                    }),
-                    // Errors during faults (leaders moving, brokers gone) are expected.
-                    Some(Err(_)) | None => {}
+                    });
                 }
             }
             Ok(())
@@ -908,7 +913,12 @@ impl JavaProducer {
     ) -> Result<Self> {
         let classes = compile_java_workload()?;
         let mut child = Command::new("java")
-            .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp"])
+            .args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+            ])
             .arg(format!("{}:{}", reference::classpath()?, classes.display()))
             .arg("ProducerWorkload")
             .args([bootstrap, TOPIC, "10000"])

@@ -421,8 +421,8 @@ impl Node {
             self.node_id
         );
         let path = self.data_dir().join("disk-filler");
-        let mut f = std::fs::File::create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
+        let mut f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         let chunk = vec![0u8; 1 << 20];
         let mut written = 0u64;
         loop {
@@ -797,9 +797,10 @@ impl Cluster {
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
                 disk_limited: config.disk_limit_mib.is_some(),
-                jvm_opts: config.kafka_jvm_opts.clone().unwrap_or_else(|| {
-                    KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()
-                }),
+                jvm_opts: config
+                    .kafka_jvm_opts
+                    .clone()
+                    .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
             });
         }
         let mut network = network;

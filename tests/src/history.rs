@@ -378,9 +378,7 @@ impl History {
         }
         let mut seen = BTreeSet::new();
         for o in observed {
-            if !state
-                .records
-                .contains_key(&(o.topic.clone(), o.partition))
+            if !state.records.contains_key(&(o.topic.clone(), o.partition))
                 || !seen.insert((&o.topic, o.partition, o.offset, &o.value))
             {
                 continue;
@@ -417,7 +415,11 @@ impl History {
         for op in produces() {
             let end = op.complete_ms.unwrap_or(until_ms);
             if let (Some(a), Some(b)) = (index(op.invoke_ms), index(end)) {
-                for w in sending.iter_mut().take(b.min(windows.saturating_sub(1)) + 1).skip(a) {
+                for w in sending
+                    .iter_mut()
+                    .take(b.min(windows.saturating_sub(1)) + 1)
+                    .skip(a)
+                {
                     *w = true;
                 }
             }
@@ -427,7 +429,11 @@ impl History {
                 }
             }
         }
-        let down = sending.iter().zip(&acked).filter(|(s, a)| **s && !**a).count();
+        let down = sending
+            .iter()
+            .zip(&acked)
+            .filter(|(s, a)| **s && !**a)
+            .count();
         u64::try_from(down).unwrap_or(u64::MAX)
     }
 }
@@ -836,7 +842,12 @@ mod tests {
         h.record(produce("a", 0), 0, 100, ok(0));
         h.record(produce("b", 0), 1000, 1100, ok(1));
         h.record(produce("c", 0), 1900, 4200, ok(2));
-        h.record(produce("d", 0), 2500, 4900, Outcome::Unknown("timed out".into()));
+        h.record(
+            produce("d", 0),
+            2500,
+            4900,
+            Outcome::Unknown("timed out".into()),
+        );
         assert_eq!(h.unavailable_seconds(5000), 2);
         // Nothing sent: nothing unavailable.
         assert_eq!(History::new().unavailable_seconds(5000), 0);

@@ -480,7 +480,13 @@ mod tests {
         open.read_exact(&mut buf).unwrap();
         // This test process is a client, not a node.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while net.connections().get(&(Peer::Client, 1)).copied().unwrap_or(0) == 0 {
+        while net
+            .connections()
+            .get(&(Peer::Client, 1))
+            .copied()
+            .unwrap_or(0)
+            == 0
+        {
             assert!(Instant::now() < deadline, "{:?}", net.connections());
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -502,7 +508,8 @@ mod tests {
         let (target, _server) = echo_server();
         let mut net = Network::new();
         let port = crate::free_port().unwrap();
-        net.add_proxy(2, Listener::Controller, port, target).unwrap();
+        net.add_proxy(2, Listener::Controller, port, target)
+            .unwrap();
         // This process plays node 1: its connections are node 1's, so the link 1-2 cut
         // refuses them while a client-only cut would not.
         net.set_pid(1, Some(std::process::id()));

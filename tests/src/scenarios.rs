@@ -158,7 +158,11 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Reads every partition of `topic` from its log start up to the high watermark seen at the
 /// start of the read, as (offset, value) per partition.
-pub(crate) fn read_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<PartitionRecords> {
+pub(crate) fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<PartitionRecords> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "gregor-history-reader")
@@ -615,7 +619,11 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
 }
 
 /// The leader of each partition of `topic`, from a Metadata response.
-pub(crate) fn partition_leaders(bootstrap: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i32>> {
+pub(crate) fn partition_leaders(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<BTreeMap<i32, i32>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")

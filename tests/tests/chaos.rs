@@ -39,7 +39,11 @@ fn run_and_check(config: &ChaosConfig) {
     );
     let out = chaos::run(config).unwrap_or_else(|e| panic!("seed {}: {e:#}", config.seed));
     eprintln!("{out}");
-    assert!(out.is_valid(), "seed {}: the history check failed:\n{out}", config.seed);
+    assert!(
+        out.is_valid(),
+        "seed {}: the history check failed:\n{out}",
+        config.seed
+    );
     assert!(!out.events.is_empty(), "no fault was injected:\n{out}");
     assert!(
         out.acknowledged_rdkafka > 0 && (!config.java || out.acknowledged_java > 0),

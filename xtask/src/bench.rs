@@ -770,26 +770,23 @@ fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
             .parse()
             .with_context(|| format!("bootstrap address {addr}"))?;
         loop {
-            let ready = KafkaConn::connect_timeout(
-                addr,
-                std::time::Duration::from_secs(5),
-                "xtask-bench",
-            )
-            .and_then(|mut conn| {
-                let req = MetadataRequest::default().with_topics(Some(vec![
-                    MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic)))),
-                ]));
-                conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req)
-            })
-            .is_ok_and(|resp| {
-                resp.topics.iter().any(|t| {
-                    t.error_code == 0
-                        && t.partitions.len() == PARTITIONS as usize
-                        && t.partitions
-                            .iter()
-                            .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
-                })
-            });
+            let ready =
+                KafkaConn::connect_timeout(addr, std::time::Duration::from_secs(5), "xtask-bench")
+                    .and_then(|mut conn| {
+                        let req = MetadataRequest::default()
+                            .with_topics(Some(vec![MetadataRequestTopic::default()
+                                .with_name(Some(TopicName(sb(topic))))]));
+                        conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req)
+                    })
+                    .is_ok_and(|resp| {
+                        resp.topics.iter().any(|t| {
+                            t.error_code == 0
+                                && t.partitions.len() == PARTITIONS as usize
+                                && t.partitions
+                                    .iter()
+                                    .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
+                        })
+                    });
             if ready {
                 break;
             }
@@ -817,9 +814,8 @@ fn run_workload(
     let pids = server.pids();
     let replicated = server.is_cluster();
     // A cluster's CPU and peak RSS are the sums over its nodes.
-    let cpu_total = |clk_tck: f64| -> Result<f64> {
-        pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum()
-    };
+    let cpu_total =
+        |clk_tck: f64| -> Result<f64> { pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum() };
     let rss_total = || -> Result<f64> { pids.iter().map(|p| peak_rss_mb(*p)).sum() };
     let warmup = Produce {
         records: if quick { 5_000 } else { WARMUP_RECORDS },

@@ -55,9 +55,15 @@ pub fn run(args: &ChaosArgs) -> Result<i32> {
     if args.release {
         test.arg("--release");
     }
-    test.args(["chaos_from_env", "--", "--ignored", "--exact", "--nocapture"])
-        .env("GREGOR_CHAOS_MINUTES", args.minutes.to_string())
-        .env("GREGOR_CHAOS_SEED", seed.to_string());
+    test.args([
+        "chaos_from_env",
+        "--",
+        "--ignored",
+        "--exact",
+        "--nocapture",
+    ])
+    .env("GREGOR_CHAOS_MINUTES", args.minutes.to_string())
+    .env("GREGOR_CHAOS_SEED", seed.to_string());
     match args.implementation {
         Impl::Kafka => {
             test.env("GREGOR_CHAOS_IMPL", "kafka");
@@ -73,8 +79,10 @@ pub fn run(args: &ChaosArgs) -> Result<i32> {
                 bail!("cargo build -p gregor failed: {status}");
             }
             let profile = if args.release { "release" } else { "debug" };
-            test.env("GREGOR_CHAOS_IMPL", "gregor")
-                .env("GREGOR_BIN", root.join("target").join(profile).join("gregor"));
+            test.env("GREGOR_CHAOS_IMPL", "gregor").env(
+                "GREGOR_BIN",
+                root.join("target").join(profile).join("gregor"),
+            );
         }
     }
     eprintln!(

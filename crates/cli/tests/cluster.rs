@@ -153,7 +153,10 @@ fn gregor_chaos_bounded() {
     ))
     .unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
     eprintln!("{out}");
-    assert!(out.is_valid(), "seed {seed}: the history check failed:\n{out}");
+    assert!(
+        out.is_valid(),
+        "seed {seed}: the history check failed:\n{out}"
+    );
     assert!(!out.events.is_empty(), "no fault was injected:\n{out}");
     assert!(
         out.acknowledged_rdkafka > 0 && out.acknowledged_java > 0,
