@@ -318,9 +318,18 @@ impl Node {
             format!("share.coordinator.state.topic.min.isr={min_isr}"),
             "group.initial.rebalance.delay.ms=0".into(),
         ];
+        let mut advertised = Vec::new();
         if let Some(p) = self.client_proxy_port.or(self.client_port) {
-            lines.push(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{p}"));
+            advertised.push(format!("PLAINTEXT://127.0.0.1:{p}"));
             lines.push("inter.broker.listener.name=PLAINTEXT".into());
+        }
+        // Behind a proxy the controller listener is advertised too: Kafka 4's followers fetch
+        // from the endpoint the leader advertises (KIP-853), not from controller.quorum.voters.
+        if let Some(p) = self.controller_proxy_port {
+            advertised.push(format!("CONTROLLER://127.0.0.1:{p}"));
+        }
+        if !advertised.is_empty() {
+            lines.push(format!("advertised.listeners={}", advertised.join(",")));
         }
         if let Some(p) = self.admin_port {
             lines.push(format!("admin.listener=127.0.0.1:{p}"));
@@ -982,6 +991,13 @@ impl Cluster {
             }
         }
         Ok(None)
+    }
+
+    /// DescribeQuorum sent to node `node_id`'s own controller listener (not through a proxy):
+    /// what that node says, `None` when it is not the leader or cannot be reached.
+    pub fn describe_quorum_at_node(&self, node_id: i32) -> Option<QuorumStatus> {
+        let port = self.node(node_id).controller_port?;
+        describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     /// Runs `kafka-metadata-quorum --bootstrap-controller <controllers> describe --status`

@@ -37,6 +37,15 @@ fn gregor_produce_acks_all_while_killing_a_broker() {
     assert!(m.acknowledged >= 500, "{m:?}");
 }
 
+/// The proxies on gregor nodes: the active controller cut from the other two; they elect a
+/// new leader; after the heal the old one follows (as on Kafka in `cluster_kafka.rs`).
+#[test]
+fn gregor_isolate_the_active_controller_behind_proxies() {
+    let m = scenarios::isolate_active_controller(gregor()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
+    assert_ne!(m.new_leader, m.isolated);
+}
+
 #[test]
 fn gregor_split_layout_pause_and_resume_the_active_controller() {
     let m =
