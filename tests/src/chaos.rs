@@ -453,6 +453,13 @@ struct Workload {
     observed: Arc<Mutex<Vec<Found>>>,
 }
 
+impl Drop for Workload {
+    /// On an error path the threads stop too (the Java process is killed by its guard).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 fn run_on(
     cluster: &mut Cluster,
     config: &ChaosConfig,
