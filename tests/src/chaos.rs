@@ -274,8 +274,8 @@ pub struct ChaosOutcome {
     pub unavailable_seconds: u64,
     /// Faults of the configuration that could not be used, and why.
     pub skipped: Vec<String>,
-    /// Epoch bumps of librdkafka's idempotent producer. After one, librdkafka resends
-    /// possibly-persisted records of other partitions with new sequence numbers, which the
+    /// Epoch bumps (or producer id resets) of librdkafka's idempotent producer. After one,
+    /// librdkafka resends possibly-persisted records with new sequence numbers, which the
     /// broker cannot deduplicate (librdkafka issue #4953, also on Apache Kafka): duplicates of
     /// librdkafka records in such a run are reported apart and do not fail the check.
     pub rdkafka_epoch_bumps: u64,
@@ -452,13 +452,17 @@ struct Recorder {
     history: Arc<History>,
     /// librdkafka's log lines (`debug=eos,msg`), when `GREGOR_CHAOS_RDKAFKA_DEBUG` is set.
     log: Option<Mutex<std::fs::File>>,
-    /// librdkafka's epoch bumps of the idempotent producer (`debug=eos`, "bumped epoch").
+    /// librdkafka's epoch bumps and producer id resets (`debug=eos`, "All partitions
+    /// drained").
     epoch_bumps: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl ClientContext for Recorder {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        if message.contains("bumped epoch") {
+        // librdkafka (rdkafka_idempotence.c) logs this when it has drained its partitions
+        // to bump the epoch ("..., bumped epoch to ...") or to fetch a new producer id: both
+        // resend the unacknowledged records with new sequence numbers.
+        if message.starts_with("All partitions drained") {
             self.epoch_bumps.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(f) = &self.log {
