@@ -462,7 +462,7 @@ impl ClientContext for Recorder {
         // librdkafka (rdkafka_idempotence.c) logs this when it has drained its partitions
         // to bump the epoch ("..., bumped epoch to ...") or to fetch a new producer id: both
         // resend the unacknowledged records with new sequence numbers.
-        if message.starts_with("All partitions drained") {
+        if message.contains("All partitions drained") {
             self.epoch_bumps.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(f) = &self.log {
@@ -807,7 +807,9 @@ fn start_workload(
         .set("linger.ms", "5")
         .set("message.timeout.ms", "10000")
         .set("debug", "eos")
-        .set("log_level", "7");
+        .set("log_level", "7")
+        // rdkafka sets the client's log level from this, not from the property above.
+        .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
     if debug_log.is_some() {
         producer_config.set("debug", "eos,msg");
     }
