@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use kafka_protocol::messages::{
-    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, TopicName,
+    describe_quorum_request, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse,
+    MetadataRequest, MetadataResponse, TopicName,
 };
-use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::process::{self, api_versions_ok};
+use crate::proxy::{Listener, Network, PidRegistry};
 use crate::reference;
 use crate::wire::{sb, KafkaConn};
 
@@ -133,6 +134,16 @@ pub struct ClusterConfig {
     /// `key=value` properties added to every node's file after the generated ones (a later
     /// line wins), e.g. shorter `broker.session.timeout.ms` for a test.
     pub properties: Vec<(String, String)>,
+    /// Put a [`Network`] proxy in front of every listener and advertise the proxies, so that
+    /// links can be cut ([`Cluster::network`]).
+    pub proxies: bool,
+    /// Mount a tmpfs of this many MiB on every node's data directory, so that a node's disk
+    /// can be filled ([`Node::fill_disk`]). Needs `mount` to be permitted (root, or
+    /// CAP_SYS_ADMIN); [`Cluster::prepare`] fails otherwise.
+    pub disk_limit_mib: Option<u64>,
+    /// JVM options of Kafka nodes instead of the default small heap with the C1 compiler
+    /// only (which starts fast but is slow; a benchmark wants the full JIT).
+    pub kafka_jvm_opts: Option<Vec<String>>,
 }
 
 impl ClusterConfig {
@@ -142,7 +153,31 @@ impl ClusterConfig {
             implementation,
             layout: Layout::Combined(n),
             properties: Vec::new(),
+            proxies: false,
+            disk_limit_mib: None,
+            kafka_jvm_opts: None,
         }
+    }
+
+    /// With these JVM options on Kafka nodes (see [`ClusterConfig::kafka_jvm_opts`]).
+    #[must_use]
+    pub fn with_kafka_jvm_opts(mut self, opts: &[&str]) -> Self {
+        self.kafka_jvm_opts = Some(opts.iter().map(|s| (*s).to_string()).collect());
+        self
+    }
+
+    /// With a proxy in front of every listener (see [`ClusterConfig::proxies`]).
+    #[must_use]
+    pub fn with_proxies(mut self) -> Self {
+        self.proxies = true;
+        self
+    }
+
+    /// With a size-limited tmpfs per data directory (see [`ClusterConfig::disk_limit_mib`]).
+    #[must_use]
+    pub fn with_disk_limit_mib(mut self, mib: u64) -> Self {
+        self.disk_limit_mib = Some(mib);
+        self
     }
 
     /// Adds a property to every node.
@@ -167,9 +202,17 @@ pub struct Node {
     pub admin_port: Option<u16>,
     /// The node's directory: `server.properties`, `server.log`, `data/`.
     pub dir: PathBuf,
+    /// The port of the proxy in front of the PLAINTEXT listener (advertised), when proxied.
+    pub client_proxy_port: Option<u16>,
+    /// The port of the proxy in front of the CONTROLLER listener (in
+    /// `controller.quorum.voters`), when proxied.
+    pub controller_proxy_port: Option<u16>,
     implementation: Implementation,
     child: Option<Child>,
     paused: bool,
+    pids: Option<PidRegistry>,
+    disk_limited: bool,
+    jvm_opts: Vec<String>,
 }
 
 impl Node {
@@ -275,9 +318,18 @@ impl Node {
             format!("share.coordinator.state.topic.min.isr={min_isr}"),
             "group.initial.rebalance.delay.ms=0".into(),
         ];
-        if let Some(p) = self.client_port {
-            lines.push(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{p}"));
+        let mut advertised = Vec::new();
+        if let Some(p) = self.client_proxy_port.or(self.client_port) {
+            advertised.push(format!("PLAINTEXT://127.0.0.1:{p}"));
             lines.push("inter.broker.listener.name=PLAINTEXT".into());
+        }
+        // Behind a proxy the controller listener is advertised too: Kafka 4's followers fetch
+        // from the endpoint the leader advertises (KIP-853), not from controller.quorum.voters.
+        if let Some(p) = self.controller_proxy_port {
+            advertised.push(format!("CONTROLLER://127.0.0.1:{p}"));
+        }
+        if !advertised.is_empty() {
+            lines.push(format!("advertised.listeners={}", advertised.join(",")));
         }
         if let Some(p) = self.admin_port {
             lines.push(format!("admin.listener=127.0.0.1:{p}"));
@@ -327,7 +379,8 @@ impl Node {
             .with_context(|| format!("opening {}", self.log_file().display()))?;
         let mut cmd = match &self.implementation {
             Implementation::Kafka => {
-                reference::server_command(&self.config_file(), KAFKA_JVM_OPTS)?
+                let opts: Vec<&str> = self.jvm_opts.iter().map(String::as_str).collect();
+                reference::server_command(&self.config_file(), &opts)?
             }
             Implementation::Gregor(bin) => {
                 let mut c = Command::new(bin);
@@ -346,9 +399,62 @@ impl Node {
                 process::display_command(&cmd)
             )
         })?;
+        if let Some(r) = &self.pids {
+            r.set(self.node_id, Some(child.id()));
+        }
         self.child = Some(child);
         self.paused = false;
         Ok(())
+    }
+
+    /// Forgets the process (it has exited or been killed).
+    fn forget_child(&mut self) {
+        self.child = None;
+        self.paused = false;
+        if let Some(r) = &self.pids {
+            r.set(self.node_id, None);
+        }
+    }
+
+    /// Fills the node's data directory (a tmpfs of [`ClusterConfig::disk_limit_mib`]) with a
+    /// file `disk-filler` until the device is full: every later write of the node fails with
+    /// ENOSPC. Returns the bytes written.
+    ///
+    /// # Errors
+    /// When the cluster has no disk limit (filling the machine's disk is not a test), or the
+    /// file cannot be created.
+    pub fn fill_disk(&self) -> Result<u64> {
+        ensure!(
+            self.disk_limited,
+            "node {} has no size-limited data directory (ClusterConfig::disk_limit_mib)",
+            self.node_id
+        );
+        let path = self.data_dir().join("disk-filler");
+        let mut f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let chunk = vec![0u8; 1 << 20];
+        let mut written = 0u64;
+        loop {
+            match std::io::Write::write(&mut f, &chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => written += n as u64,
+            }
+        }
+        Ok(written)
+    }
+
+    /// Removes the file of [`Node::fill_disk`]: the disk has room again.
+    ///
+    /// # Errors
+    /// When it exists and cannot be removed.
+    pub fn free_disk(&self) -> Result<()> {
+        let path = self.data_dir().join("disk-filler");
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("removing {}", path.display()))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// kill -9: no flush, no controlled shutdown. Waits until the process is gone.
@@ -364,7 +470,7 @@ impl Node {
         child
             .wait()
             .with_context(|| format!("reaping node {}", self.node_id))?;
-        self.paused = false;
+        self.forget_child();
         Ok(())
     }
 
@@ -421,7 +527,7 @@ impl Node {
         };
         loop {
             if let Some(status) = child.try_wait()? {
-                self.child = None;
+                self.forget_child();
                 ensure!(
                     self.implementation.clean_term_exit(status),
                     "node {} (pid {pid}) exited with {status} on SIGTERM; last lines of its log:\n{}",
@@ -570,8 +676,26 @@ pub struct Cluster {
     nodes: Vec<Node>,
     /// `controller.quorum.voters`.
     voters: String,
+    /// The proxies, when [`ClusterConfig::proxies`] (dropped after the processes).
+    network: Option<Network>,
+    /// The tmpfs mounts, unmounted after the processes are gone.
+    _mounts: Mounts,
     // Last: the directories go after the processes that use them.
     root: tempfile::TempDir,
+}
+
+/// tmpfs mounts, unmounted when dropped.
+struct Mounts(Vec<PathBuf>);
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            match Command::new("umount").arg(dir).status() {
+                Ok(s) if s.success() => {}
+                other => eprintln!("warning: umount {}: {other:?}", dir.display()),
+            }
+        }
+    }
 }
 
 impl Cluster {
@@ -620,10 +744,12 @@ impl Cluster {
             config.layout
         );
         let gregor = matches!(config.implementation, Implementation::Gregor(_));
+        let per_listener = if config.proxies { 2 } else { 1 };
         let wanted: usize = roles
             .iter()
             .map(|r| {
-                usize::from(r.is_broker()) + usize::from(r.is_controller()) + usize::from(gregor)
+                per_listener * (usize::from(r.is_broker()) + usize::from(r.is_controller()))
+                    + usize::from(gregor)
             })
             .sum();
         let mut ports = process::free_ports(wanted)?.into_iter();
@@ -631,27 +757,78 @@ impl Cluster {
             .prefix(&format!("gregor-cluster-{}-", config.implementation.name()))
             .tempdir()
             .context("creating the cluster directory")?;
+        let network = config.proxies.then(Network::new);
+        let mut mounts = Mounts(Vec::new());
         let mut nodes = Vec::new();
         for (i, role) in roles.iter().enumerate() {
             let node_id = i32::try_from(i + 1)?;
             let dir = root.path().join(format!("node-{node_id}"));
             std::fs::create_dir_all(dir.join("data"))
                 .with_context(|| format!("creating {}", dir.display()))?;
+            if let Some(mib) = config.disk_limit_mib {
+                let data = dir.join("data");
+                let out = Command::new("mount")
+                    .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                    .arg(&data)
+                    .output()
+                    .context("running mount")?;
+                ensure!(
+                    out.status.success(),
+                    "mounting a {mib} MiB tmpfs on {} failed ({}): {} (a size-limited data \
+                     directory needs mount, i.e. root or CAP_SYS_ADMIN)",
+                    data.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                mounts.0.push(data);
+            }
+            let client_port = role.is_broker().then(|| ports.next()).flatten();
+            let controller_port = role.is_controller().then(|| ports.next()).flatten();
+            let (client_proxy_port, controller_proxy_port) = if config.proxies {
+                (
+                    client_port.and_then(|_| ports.next()),
+                    controller_port.and_then(|_| ports.next()),
+                )
+            } else {
+                (None, None)
+            };
             nodes.push(Node {
                 node_id,
                 role: *role,
-                client_port: role.is_broker().then(|| ports.next()).flatten(),
-                controller_port: role.is_controller().then(|| ports.next()).flatten(),
+                client_port,
+                controller_port,
                 admin_port: gregor.then(|| ports.next()).flatten(),
                 dir,
+                client_proxy_port,
+                controller_proxy_port,
                 implementation: config.implementation.clone(),
                 child: None,
                 paused: false,
+                pids: network.as_ref().map(Network::pid_registry),
+                disk_limited: config.disk_limit_mib.is_some(),
+                jvm_opts: config
+                    .kafka_jvm_opts
+                    .clone()
+                    .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
             });
+        }
+        let mut network = network;
+        if let Some(net) = network.as_mut() {
+            for n in &nodes {
+                if let (Some(proxy), Some(real)) = (n.client_proxy_port, n.client_port) {
+                    net.add_proxy(n.node_id, Listener::Broker, proxy, real)?;
+                }
+                if let (Some(proxy), Some(real)) = (n.controller_proxy_port, n.controller_port) {
+                    net.add_proxy(n.node_id, Listener::Controller, proxy, real)?;
+                }
+            }
         }
         let voters = nodes
             .iter()
-            .filter_map(|n| Some(format!("{}@127.0.0.1:{}", n.node_id, n.controller_port?)))
+            .filter_map(|n| {
+                let port = n.controller_proxy_port.or(n.controller_port)?;
+                Some(format!("{}@127.0.0.1:{port}", n.node_id))
+            })
             .collect::<Vec<_>>()
             .join(",");
         let brokers = roles.iter().filter(|r| r.is_broker()).count();
@@ -665,6 +842,8 @@ impl Cluster {
             implementation: config.implementation.clone(),
             nodes,
             voters,
+            network,
+            _mounts: mounts,
             root,
         })
     }
@@ -713,6 +892,12 @@ impl Cluster {
     /// `controller.quorum.voters`.
     pub fn voters(&self) -> &str {
         &self.voters
+    }
+
+    /// The proxies in front of the listeners, when started with [`ClusterConfig::proxies`]:
+    /// cut and heal links between nodes.
+    pub fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
     }
 
     /// Every node, in node id order.
@@ -808,6 +993,13 @@ impl Cluster {
         Ok(None)
     }
 
+    /// DescribeQuorum sent to node `node_id`'s own controller listener (not through a proxy):
+    /// what that node says, `None` when it is not the leader or cannot be reached.
+    pub fn describe_quorum_at_node(&self, node_id: i32) -> Option<QuorumStatus> {
+        let port = self.node(node_id).controller_port?;
+        describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     /// Runs `kafka-metadata-quorum --bootstrap-controller <controllers> describe --status`
     /// (Kafka's tool, whatever the implementation) and parses its output.
     ///
@@ -877,35 +1069,33 @@ impl Cluster {
             .leader_id)
     }
 
-    /// The broker ids in the Metadata response of the running brokers (Kafka lists the
-    /// registered, unfenced ones), `None` when no broker answers within 2 s.
+    /// The broker ids in the Metadata response (v12, no topics) of the first running broker
+    /// that answers within 2 s (Kafka lists the registered, unfenced brokers); `None` when
+    /// none answers.
     ///
     /// # Errors
-    /// When a node's state cannot be read or the client cannot be created.
+    /// When a node's state cannot be read.
     pub fn metadata_broker_ids(&mut self) -> Result<Option<BTreeSet<i32>>> {
-        let mut bootstrap = Vec::new();
         for n in &mut self.nodes {
-            if n.role.is_broker() && !n.paused && n.is_running()? {
-                bootstrap.extend(n.bootstrap());
+            if !n.role.is_broker() || n.paused || !n.is_running()? {
+                continue;
+            }
+            let Some(port) = n.client_port else {
+                continue;
+            };
+            let Ok(mut conn) = KafkaConn::connect_timeout(
+                SocketAddr::from(([127, 0, 0, 1], port)),
+                Duration::from_secs(2),
+                "gregor-cluster",
+            ) else {
+                continue;
+            };
+            let req = MetadataRequest::default().with_topics(Some(Vec::new()));
+            if let Ok(resp) = conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req) {
+                return Ok(Some(resp.brokers.iter().map(|b| b.node_id.0).collect()));
             }
         }
-        if bootstrap.is_empty() {
-            return Ok(None);
-        }
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap.join(","))
-            .set("log_level", "3")
-            .create()
-            .context("creating a metadata client")?;
-        Ok(consumer
-            .fetch_metadata(None, Duration::from_secs(2))
-            .ok()
-            .map(|m| {
-                m.brokers()
-                    .iter()
-                    .map(rdkafka::metadata::MetadataBroker::id)
-                    .collect()
-            }))
+        Ok(None)
     }
 
     /// Waits until every running node answers ApiVersions on each of its listeners, the
@@ -1102,6 +1292,9 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
+            proxies: false,
+            disk_limit_mib: None,
+            kafka_jvm_opts: None,
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1132,6 +1325,9 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![],
+            proxies: false,
+            disk_limit_mib: None,
+            kafka_jvm_opts: None,
         })
         .is_err());
     }

@@ -11,6 +11,11 @@
 //! - **misplaced**: a record found in another partition than it was sent to, or, when the
 //!   acknowledgement carried an offset, at another offset than acknowledged;
 //! - **unexpected**: present, but never sent (a topic or value no operation named);
+//! - **offset gaps**: a partition of a produced-to topic whose offsets, read from the log
+//!   start, are not contiguous (no transactions, no compaction: every offset holds a record);
+//! - **reads gone** ([`History::check_reads`]): a record that a consumer saw while the faults
+//!   ran but that is not at that offset in the final log (a read above the high watermark
+//!   that a truncation later removed);
 //! - operations whose outcome is unknown (timeouts, connections lost) split into present and
 //!   absent; both are allowed. Definitely failed operations found present are counted too
 //!   (a client that calls a write failed when it was not is worth knowing about).
@@ -148,6 +153,11 @@ pub struct Report {
     pub records_failed_present: Vec<String>,
     /// Records present that no operation sent (in the topics the history produced to).
     pub records_unexpected: Vec<Found>,
+    /// Non-contiguous offsets in a partition: (topic, partition, expected offset, found).
+    pub offset_gaps: Vec<(String, i32, i64, i64)>,
+    /// Records a consumer saw during the run that the final log does not hold at that offset
+    /// (filled by [`History::check_reads`]), with what the final log holds there.
+    pub reads_gone: Vec<(Found, String)>,
 }
 
 impl Report {
@@ -162,6 +172,8 @@ impl Report {
             && self.records_misplaced.is_empty()
             && self.records_failed_present.is_empty()
             && self.records_unexpected.is_empty()
+            && self.offset_gaps.is_empty()
+            && self.reads_gone.is_empty()
     }
 }
 
@@ -179,7 +191,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "records: {} acknowledged, {} lost, {} duplicated, {} reordered, {} misplaced, \
-             {} unexpected, unknown {} present / {} absent, {} failed but present",
+             {} unexpected, unknown {} present / {} absent, {} failed but present, {} offset \
+             gaps, {} reads gone",
             self.records_acknowledged,
             self.records_lost.len(),
             self.records_duplicated.len(),
@@ -188,7 +201,9 @@ impl fmt::Display for Report {
             self.records_unexpected.len(),
             self.records_unknown_present,
             self.records_unknown_absent,
-            self.records_failed_present.len()
+            self.records_failed_present.len(),
+            self.offset_gaps.len(),
+            self.reads_gone.len()
         )?;
         // The first few of each problem, enough to start debugging.
         for t in self.topics_lost.iter().take(5) {
@@ -218,6 +233,12 @@ impl fmt::Display for Report {
         }
         for found in self.records_unexpected.iter().take(5) {
             write!(f, "\n  unexpected {found:?}")?;
+        }
+        for (t, p, want, got) in self.offset_gaps.iter().take(5) {
+            write!(f, "\n  offset gap in {t}-{p}: expected {want}, found {got}")?;
+        }
+        for (found, why) in self.reads_gone.iter().take(5) {
+            write!(f, "\n  read gone {found:?}: {why}")?;
         }
         Ok(())
     }
@@ -341,6 +362,79 @@ impl History {
         check_topics(&ops, state, &mut report);
         check_records(&ops, state, &mut report);
         report
+    }
+
+    /// [`History::check`], plus every record in `observed` (what consumers read while the
+    /// faults ran, any number of times) must be at its offset in the final state: Kafka
+    /// hands consumers only records below the high watermark, which no later leader may
+    /// truncate. Records of topics the final state does not hold are not checked.
+    pub fn check_reads(&self, state: &FinalState, observed: &[Found]) -> Report {
+        let mut report = self.check(state);
+        let mut at: HashMap<(&str, i32, i64), &str> = HashMap::new();
+        for ((topic, partition), records) in &state.records {
+            for (offset, value) in records {
+                at.insert((topic.as_str(), *partition, *offset), value.as_str());
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for o in observed {
+            if !state.records.contains_key(&(o.topic.clone(), o.partition))
+                || !seen.insert((&o.topic, o.partition, o.offset, &o.value))
+            {
+                continue;
+            }
+            match at.get(&(o.topic.as_str(), o.partition, o.offset)) {
+                Some(v) if *v == o.value => {}
+                Some(v) => report
+                    .reads_gone
+                    .push((o.clone(), format!("the final log holds {v} there"))),
+                None => report
+                    .reads_gone
+                    .push((o.clone(), "the final log has no record there".to_string())),
+            }
+        }
+        report
+    }
+
+    /// Seconds, in whole one-second windows from the first produce invoked to `until_ms`, in
+    /// which no produce was acknowledged although producers were sending: the time the
+    /// cluster was unavailable for writes.
+    pub fn unavailable_seconds(&self, until_ms: u64) -> u64 {
+        let ops = self.ops();
+        let produces = || {
+            ops.iter()
+                .filter(|op| matches!(op.kind, OpKind::Produce { .. }))
+        };
+        let Some(start) = produces().map(|op| op.invoke_ms).min() else {
+            return 0;
+        };
+        let windows = usize::try_from(until_ms.saturating_sub(start) / 1000).unwrap_or(0);
+        let mut acked = vec![false; windows];
+        let mut sending = vec![false; windows];
+        let index = |ms: u64| usize::try_from(ms.saturating_sub(start) / 1000).ok();
+        for op in produces() {
+            let end = op.complete_ms.unwrap_or(until_ms);
+            if let (Some(a), Some(b)) = (index(op.invoke_ms), index(end)) {
+                for w in sending
+                    .iter_mut()
+                    .take(b.min(windows.saturating_sub(1)) + 1)
+                    .skip(a)
+                {
+                    *w = true;
+                }
+            }
+            if let (Some(Outcome::Ok { .. }), Some(c)) = (&op.outcome, op.complete_ms) {
+                if let Some(w) = index(c).and_then(|i| acked.get_mut(i)) {
+                    *w = true;
+                }
+            }
+        }
+        let down = sending
+            .iter()
+            .zip(&acked)
+            .filter(|(s, a)| **s && !**a)
+            .count();
+        u64::try_from(down).unwrap_or(u64::MAX)
     }
 }
 
@@ -483,6 +577,24 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
                 } else {
                     report.records_unknown_present += 1;
                 }
+            }
+        }
+    }
+
+    // Contiguous offsets from the first record read, in every produced-to partition.
+    for ((topic, partition), records) in &state.records {
+        if !topics.contains(topic.as_str()) {
+            continue;
+        }
+        if let Some(first) = records.first() {
+            let mut want = first.0;
+            for (offset, _) in records {
+                if *offset != want {
+                    report
+                        .offset_gaps
+                        .push((topic.clone(), *partition, want, *offset));
+                }
+                want = offset + 1;
             }
         }
     }
@@ -691,6 +803,54 @@ mod tests {
         h.record(produce("a", 0), 0, 5, ok(3));
         let r = h.check(&state(&[(0, &[(0, "a")])]));
         assert_eq!(r.records_misplaced.len(), 1);
+    }
+
+    #[test]
+    fn offset_gaps_and_reads_gone_are_reported() {
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(0));
+        h.record(produce("b", 0), 6, 9, ok(2));
+        let r = h.check(&state(&[(0, &[(0, "a"), (2, "b")])]));
+        assert_eq!(r.offset_gaps, [("t".to_string(), 0, 1, 2)]);
+        assert!(!r.is_valid());
+
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(0));
+        h.record(produce("b", 0), 6, 9, Outcome::Unknown("timed out".into()));
+        h.record(produce("c", 0), 6, 9, ok(1));
+        let final_state = state(&[(0, &[(0, "a"), (1, "c")])]);
+        let seen = |offset: i64, value: &str| Found {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            value: value.into(),
+        };
+        // Seen twice at the right place: fine.
+        let r = h.check_reads(&final_state, &[seen(0, "a"), seen(0, "a"), seen(1, "c")]);
+        assert!(r.is_valid(), "{r}");
+        // "b" was read at offset 1, then truncated away and replaced by "c"; and a read at
+        // offset 2, beyond the final log.
+        let r = h.check_reads(&final_state, &[seen(1, "b"), seen(2, "c")]);
+        assert_eq!(r.reads_gone.len(), 2, "{r}");
+        assert!(!r.is_valid());
+    }
+
+    #[test]
+    fn unavailable_seconds_count_windows_without_acknowledgements() {
+        let h = History::new();
+        // Acknowledged in seconds 0, 1 and 4; sending throughout; seconds 2 and 3 without.
+        h.record(produce("a", 0), 0, 100, ok(0));
+        h.record(produce("b", 0), 1000, 1100, ok(1));
+        h.record(produce("c", 0), 1900, 4200, ok(2));
+        h.record(
+            produce("d", 0),
+            2500,
+            4900,
+            Outcome::Unknown("timed out".into()),
+        );
+        assert_eq!(h.unavailable_seconds(5000), 2);
+        // Nothing sent: nothing unavailable.
+        assert_eq!(History::new().unavailable_seconds(5000), 0);
     }
 
     #[test]

@@ -8,19 +8,25 @@
 //! - [`wire`]: a raw Kafka protocol client for tests that control every byte.
 //! - [`reference`]: the reference Apache Kafka broker and tools from Maven Central.
 //! - `clients` (feature `rdkafka`, on by default): rdkafka admin/producer/consumer helpers.
-//! - `cluster` (feature `rdkafka`): a multi-node KRaft cluster of gregor or Kafka processes,
+//! - [`cluster`]: a multi-node KRaft cluster of gregor or Kafka processes,
 //!   with kill -9, SIGSTOP/SIGCONT, graceful stop and restart per node.
 //! - [`history`]: records operations and their outcomes, and checks the final state against
 //!   them (acknowledged but lost, duplicated, reordered).
 //! - `scenarios` (feature `rdkafka`): fault scenarios on a three-node cluster, generic over
 //!   the implementation.
+//! - [`proxy`]: in-process TCP proxies in front of every listener of a cluster, to cut and
+//!   heal single links between nodes without root.
+//! - `chaos` (feature `rdkafka`): the replication fault test: librdkafka and Java acks=all
+//!   producers, a live consumer, a seeded schedule of faults, the history check.
 
 #[cfg(feature = "rdkafka")]
-pub mod clients;
+pub mod chaos;
 #[cfg(feature = "rdkafka")]
+pub mod clients;
 pub mod cluster;
 pub mod history;
 pub mod process;
+pub mod proxy;
 pub mod reference;
 #[cfg(feature = "rdkafka")]
 pub mod scenarios;

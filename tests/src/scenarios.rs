@@ -65,7 +65,7 @@ fn outcome_of_error(e: &KafkaError) -> Outcome {
     }
 }
 
-fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
+pub(crate) fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
@@ -73,7 +73,7 @@ fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
 }
 
 /// Creates `name` through `admin`, recording the operation in `history`.
-fn create_topic_recorded(
+pub(crate) fn create_topic_recorded(
     rt: &tokio::runtime::Runtime,
     admin: &AdminClient<DefaultClientContext>,
     history: &History,
@@ -158,7 +158,11 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Reads every partition of `topic` from its log start up to the high watermark seen at the
 /// start of the read, as (offset, value) per partition.
-fn read_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<PartitionRecords> {
+pub(crate) fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<PartitionRecords> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "gregor-history-reader")
@@ -615,7 +619,11 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
 }
 
 /// The leader of each partition of `topic`, from a Metadata response.
-fn partition_leaders(bootstrap: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i32>> {
+pub(crate) fn partition_leaders(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<BTreeMap<i32, i32>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
@@ -669,6 +677,9 @@ pub fn pause_and_resume_active_controller(
             brokers: 1,
         },
         properties: Vec::new(),
+        proxies: false,
+        disk_limit_mib: None,
+        kafka_jvm_opts: None,
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
@@ -738,3 +749,97 @@ fn pause_resume(cluster: &mut Cluster) -> Result<PausedController> {
         to_new_leader_ms,
     })
 }
+
+/// What [`isolate_active_controller`] measured.
+#[derive(Debug, Clone)]
+pub struct IsolatedController {
+    /// The controller isolated.
+    pub isolated: i32,
+    /// The leader the other two elected.
+    pub new_leader: i32,
+    /// From the cut to the new leader answering DescribeQuorum, ms.
+    pub to_new_leader_ms: u64,
+    /// Connections the proxies refused while the node was isolated.
+    pub refused: u64,
+}
+
+/// Three combined nodes behind [`crate::proxy`] proxies: the active controller is cut from
+/// the other two nodes (its process keeps running; clients still reach it); the other two
+/// elect a new leader among themselves; after the links heal the cluster is ready again with
+/// the old node back, and topics can be created.
+///
+/// # Errors
+/// When the cluster misbehaves; with the nodes' logs.
+pub fn isolate_active_controller(implementation: Implementation) -> Result<IsolatedController> {
+    let mut cluster = Cluster::start(&scenario_config(implementation).with_proxies())?;
+    let result = isolate_controller(&mut cluster);
+    result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
+}
+
+fn isolate_controller(cluster: &mut Cluster) -> Result<IsolatedController> {
+    let before = cluster.wait_for_quorum(Duration::from_secs(30), |s| s.leader_id >= 0)?;
+    let old = before.leader_id;
+    let others: Vec<i32> = cluster
+        .broker_ids()
+        .into_iter()
+        .filter(|n| *n != old)
+        .collect();
+    let all = cluster.broker_ids();
+    let cut_at = Instant::now();
+    cluster
+        .network()
+        .context("the cluster has proxies")?
+        .isolate(old, &all, false);
+    // Ask the two that are still connected: the isolated node may still believe it leads.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let new_leader = loop {
+        let views: Vec<Option<QuorumStatusSummary>> = others
+            .iter()
+            .map(|n| {
+                cluster
+                    .describe_quorum_at_node(*n)
+                    .map(|s| (s.leader_id, s.leader_epoch))
+            })
+            .collect();
+        if let Some(Some((leader, epoch))) = views.iter().find(|v| v.is_some()) {
+            if *leader != old && *epoch > before.leader_epoch {
+                break *leader;
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no new leader among {others:?} within 30 s of isolating {old}: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let to_new_leader_ms = u64::try_from(cut_at.elapsed().as_millis())?;
+    let net = cluster.network().context("the cluster has proxies")?;
+    let refused = net.refused();
+    ensure!(
+        refused > 0,
+        "no connection was refused while node {old} was isolated"
+    );
+    net.heal();
+    cluster.wait_ready(Duration::from_secs(60))?;
+    // The old node follows the new leader again, and the cluster takes writes.
+    let back = cluster.wait_for_quorum(Duration::from_secs(30), |s| s.leader_id >= 0)?;
+    ensure!(
+        back.leader_epoch > before.leader_epoch,
+        "the epoch went back: {back:?} after {before:?}"
+    );
+    crate::clients::create_topic(&cluster.bootstrap(), "after-isolation", 3)?;
+    eprintln!(
+        "{}: isolated active controller {old}: new leader {new_leader} after \
+         {to_new_leader_ms} ms ({refused} connections refused); healed: {back:?}",
+        cluster.implementation.name()
+    );
+    Ok(IsolatedController {
+        isolated: old,
+        new_leader,
+        to_new_leader_ms,
+        refused,
+    })
+}
+
+/// (leader id, leader epoch) as one node reports it.
+type QuorumStatusSummary = (i32, i32);

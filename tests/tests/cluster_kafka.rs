@@ -77,3 +77,17 @@ fn kafka_split_layout_pause_and_resume_the_active_controller() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(m.to_new_leader_ms < 15_000, "{m:?}");
 }
+
+/// The proxies on real nodes: the active controller cut from the other two (a network
+/// partition); they elect a new leader; after the heal the old one follows.
+#[test]
+fn kafka_isolate_the_active_controller_behind_proxies() {
+    if !reference::jars_or_skip() {
+        return;
+    }
+    let _one = lock();
+    let m = scenarios::isolate_active_controller(Implementation::Kafka)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.to_new_leader_ms < 15_000, "{m:?}");
+    assert_ne!(m.new_leader, m.isolated);
+}

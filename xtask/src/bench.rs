@@ -30,6 +30,7 @@ use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::process::GregorServer;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -127,7 +128,13 @@ struct Workload {
     produce: Produce,
     /// (f): the produce phase only fills the topic; consuming it is measured.
     consume: bool,
+    /// (g): a three-node cluster (`gregor_tests::cluster`, every node combined broker and
+    /// controller), the topic with replication factor 3 and `min.insync.replicas=2`.
+    cluster: bool,
 }
+
+/// Nodes of the cluster workload.
+const CLUSTER_NODES: usize = 3;
 
 const PARTITIONS: u32 = 6;
 
@@ -149,18 +156,21 @@ fn workloads(quick: bool) -> Vec<Workload> {
             name: "1 KiB, acks=1".into(),
             produce: kib(s(1_000_000, 20_000), "1", "none"),
             consume: false,
+            cluster: false,
         },
         Workload {
             id: "b",
             name: "1 KiB, acks=all".into(),
             produce: kib(s(1_000_000, 20_000), "all", "none"),
             consume: false,
+            cluster: false,
         },
         Workload {
             id: "c",
             name: "1 KiB, acks=1, lz4".into(),
             produce: kib(s(1_000_000, 20_000), "1", "lz4"),
             consume: false,
+            cluster: false,
         },
         Workload {
             id: "d",
@@ -173,6 +183,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: -1,
             },
             consume: false,
+            cluster: false,
         },
         Workload {
             id: "e",
@@ -185,6 +196,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: i64::try_from(e_rate).unwrap_or(20_000),
             },
             consume: false,
+            cluster: false,
         },
         Workload {
             id: "f",
@@ -197,6 +209,14 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: -1,
             },
             consume: true,
+            cluster: false,
+        },
+        Workload {
+            id: "g",
+            name: format!("1 KiB, acks=all, {CLUSTER_NODES} nodes, RF 3"),
+            produce: kib(s(500_000, 10_000), "all", "none"),
+            consume: false,
+            cluster: true,
         },
     ]
 }
@@ -275,11 +295,23 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
                     w.id,
                     w.name
                 );
-                let mut server = Server::start(side, &work)?;
+                let mut server = if w.cluster {
+                    Server::start_cluster(side)?
+                } else {
+                    Server::start(side, &work)?
+                };
                 let result = run_workload(&binary, &server, w, clk_tck, args.quick)
                     .with_context(|| format!("workload ({}) on {broker}", w.id));
                 let result = match result {
                     Ok(r) => r,
+                    // A gregor without partition replication refuses replication factor 3:
+                    // the report says so instead of failing the whole run.
+                    Err(e) if w.cluster && side.binary.is_some() && refuses_replication(&e) => {
+                        eprintln!("     not measured: {e:#}");
+                        server.stop();
+                        runs[wi][bi].push(json!({"error": format!("{e:#}")}));
+                        continue;
+                    }
                     Err(e) => {
                         server.stop();
                         return Err(e);
@@ -307,6 +339,9 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         let mut all_runs = json!({});
         for (side, r) in sides.iter().zip(side_runs) {
             med[side.key] = medians(r);
+            if let Some(e) = r.iter().find_map(|x| x["error"].as_str()) {
+                med[side.key]["error"] = json!(e);
+            }
             all_runs[side.key] = json!(r);
         }
         let mut entry = json!({
@@ -315,6 +350,8 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
             "records": w.produce.records,
             "record_size": w.produce.record_size,
             "partitions": PARTITIONS,
+            "nodes": if w.cluster { CLUSTER_NODES } else { 1 },
+            "replication_factor": if w.cluster { 3 } else { 1 },
             "acks": w.produce.acks,
             "compression": w.produce.compression,
             "throughput_limit": w.produce.throughput,
@@ -488,6 +525,19 @@ enum Server {
         guard: ChildGuard,
         data_dir: PathBuf,
     },
+    /// A three-node cluster of gregor or Kafka (its directories go with it).
+    Cluster {
+        bootstrap: String,
+        cluster: Box<Cluster>,
+    },
+}
+
+/// Whether `e` is a broker refusing replication factor 3 (gregor before issue 11).
+fn refuses_replication(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    text.contains("INVALID_REPLICATION_FACTOR")
+        || text.contains("InvalidReplicationFactor")
+        || text.contains("replication factor")
 }
 
 impl Server {
@@ -510,24 +560,54 @@ impl Server {
         }
     }
 
+    /// A cluster of [`CLUSTER_NODES`] combined nodes of the side's implementation; Kafka
+    /// nodes get the single broker's JVM options (`-Xmx1g -Xms256m`, full JIT).
+    fn start_cluster(side: &Side) -> Result<Self> {
+        let implementation = match &side.binary {
+            Some(b) => Implementation::Gregor(b.clone()),
+            None => Implementation::Kafka,
+        };
+        let config = ClusterConfig::combined(implementation, CLUSTER_NODES)
+            .with_kafka_jvm_opts(&["-Xmx1g", "-Xms256m"]);
+        let cluster = Cluster::start(&config)?;
+        Ok(Self::Cluster {
+            bootstrap: cluster.bootstrap(),
+            cluster: Box::new(cluster),
+        })
+    }
+
     fn bootstrap(&self) -> &str {
         match self {
             Self::Gregor(g) => &g.bootstrap,
-            Self::Kafka { bootstrap, .. } => bootstrap,
+            Self::Kafka { bootstrap, .. } | Self::Cluster { bootstrap, .. } => bootstrap,
         }
     }
 
-    fn pid(&self) -> u32 {
+    /// The broker's processes: one, or every node of a cluster.
+    fn pids(&self) -> Vec<u32> {
         match self {
-            Self::Gregor(g) => g.guard.id(),
-            Self::Kafka { guard, .. } => guard.id(),
+            Self::Gregor(g) => vec![g.guard.id()],
+            Self::Kafka { guard, .. } => vec![guard.id()],
+            Self::Cluster { cluster, .. } => {
+                cluster.nodes().iter().filter_map(|n| n.pid()).collect()
+            }
         }
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster { .. })
     }
 
     fn check_alive(&mut self) -> Result<()> {
         match self {
             Self::Gregor(g) => g.check_alive(),
             Self::Kafka { guard, .. } => guard.check_alive(),
+            Self::Cluster { cluster, .. } => {
+                for id in cluster.broker_ids() {
+                    cluster.node_mut(id).check_alive()?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -540,6 +620,13 @@ impl Server {
                 data_dir,
                 ..
             } => (data_dir, guard.stop()),
+            Self::Cluster { mut cluster, .. } => {
+                // Dropping the cluster removes its directories.
+                if let Err(e) = cluster.stop_all() {
+                    eprintln!("warning: stopping a cluster: {e:#}");
+                }
+                return;
+            }
         };
         if let Err(e) = result {
             eprintln!("warning: stopping a broker: {e:#}");
@@ -645,10 +732,20 @@ fn produce_command(
     c
 }
 
-fn create_topic(binary: &Path, bootstrap: &str, topic: &str) -> Result<()> {
+/// Creates `topic` with [`PARTITIONS`] partitions; on a cluster with replication factor 3
+/// and `min.insync.replicas=2`.
+fn create_topic(binary: &Path, bootstrap: &str, topic: &str, replicated: bool) -> Result<()> {
     let mut c = gregor_client(binary, bootstrap);
     c.args(["topic", "create", topic, "--partitions"])
         .arg(PARTITIONS.to_string());
+    if replicated {
+        c.args([
+            "--replication-factor",
+            "3",
+            "--config",
+            "min.insync.replicas=2",
+        ]);
+    }
     let out = c.output().context("running gregor topic create")?;
     if !out.status.success() {
         bail!(
@@ -656,6 +753,48 @@ fn create_topic(binary: &Path, bootstrap: &str, topic: &str) -> Result<()> {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+    Ok(())
+}
+
+/// Waits until every broker in `bootstrap` (comma-separated) has a leader for each of the
+/// [`PARTITIONS`] partitions of `topic` in its Metadata: on a cluster the controller
+/// acknowledges a creation before the brokers learn of it.
+fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
+    use gregor_tests::wire::{sb, KafkaConn};
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    for addr in bootstrap.split(',') {
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .with_context(|| format!("bootstrap address {addr}"))?;
+        loop {
+            let ready =
+                KafkaConn::connect_timeout(addr, std::time::Duration::from_secs(5), "xtask-bench")
+                    .and_then(|mut conn| {
+                        let req = MetadataRequest::default()
+                            .with_topics(Some(vec![MetadataRequestTopic::default()
+                                .with_name(Some(TopicName(sb(topic))))]));
+                        conn.call::<_, MetadataResponse>(ApiKey::Metadata, 12, &req)
+                    })
+                    .is_ok_and(|resp| {
+                        resp.topics.iter().any(|t| {
+                            t.error_code == 0
+                                && t.partitions.len() == PARTITIONS as usize
+                                && t.partitions
+                                    .iter()
+                                    .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
+                        })
+                    });
+            if ready {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{topic} has no leader for every partition at {addr} within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
     Ok(())
 }
@@ -672,7 +811,12 @@ fn run_workload(
     quick: bool,
 ) -> Result<Value> {
     let bootstrap = server.bootstrap();
-    let pid = server.pid();
+    let pids = server.pids();
+    let replicated = server.is_cluster();
+    // A cluster's CPU and peak RSS are the sums over its nodes.
+    let cpu_total =
+        |clk_tck: f64| -> Result<f64> { pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum() };
+    let rss_total = || -> Result<f64> { pids.iter().map(|p| peak_rss_mb(*p)).sum() };
     let warmup = Produce {
         records: if quick { 5_000 } else { WARMUP_RECORDS },
         record_size: 1024,
@@ -680,7 +824,8 @@ fn run_workload(
         compression: w.produce.compression,
         throughput: -1,
     };
-    create_topic(binary, bootstrap, "bench-warmup")?;
+    create_topic(binary, bootstrap, "bench-warmup", replicated)?;
+    wait_for_topic(bootstrap, "bench-warmup")?;
     perf(&mut produce_command(
         binary,
         bootstrap,
@@ -689,24 +834,25 @@ fn run_workload(
         true,
     ))?;
     let topic = format!("bench-{}", w.id);
-    create_topic(binary, bootstrap, &topic)?;
+    create_topic(binary, bootstrap, &topic, replicated)?;
+    wait_for_topic(bootstrap, &topic)?;
     let (measured, cpu) = if w.consume {
         perf(&mut produce_command(
             binary, bootstrap, &topic, &w.produce, false,
         ))?;
-        let cpu0 = cpu_seconds(pid, clk_tck)?;
+        let cpu0 = cpu_total(clk_tck)?;
         let mut c = gregor_client(binary, bootstrap);
         c.args(["perf", "consume", "--topic", &topic])
             .arg("--num-records")
             .arg(w.produce.records.to_string());
         let v = perf(&mut c)?;
-        (v, cpu_seconds(pid, clk_tck)? - cpu0)
+        (v, cpu_total(clk_tck)? - cpu0)
     } else {
-        let cpu0 = cpu_seconds(pid, clk_tck)?;
+        let cpu0 = cpu_total(clk_tck)?;
         let v = perf(&mut produce_command(
             binary, bootstrap, &topic, &w.produce, true,
         ))?;
-        (v, cpu_seconds(pid, clk_tck)? - cpu0)
+        (v, cpu_total(clk_tck)? - cpu0)
     };
     let lat = &measured["latency_ms"];
     Ok(json!({
@@ -716,7 +862,7 @@ fn run_workload(
         "p99_ms": lat["p99"],
         "p999_ms": lat["p999"],
         "cpu_s": round(cpu, 2),
-        "rss_mb": round(peak_rss_mb(pid)?, 1),
+        "rss_mb": round(rss_total()?, 1),
         "seconds": round(measured["seconds"].as_f64().unwrap_or(0.0), 2),
     }))
 }
@@ -887,6 +1033,28 @@ fn markdown(report: &Value) -> String {
                 fmt_num(&m["cpu_s"], digits),
                 fmt_num(&m["rss_mb"], digits),
             );
+        }
+    }
+    for w in report["workloads"].as_array().into_iter().flatten() {
+        if w["nodes"].as_u64().unwrap_or(1) > 1 {
+            let _ = writeln!(
+                s,
+                "\n({}) runs on a cluster of {} combined nodes per broker (replication factor {}, \
+                 min.insync.replicas=2); its CPU seconds and peak RSS are sums over the nodes.",
+                w["id"].as_str().unwrap_or(""),
+                w["nodes"],
+                w["replication_factor"]
+            );
+        }
+        for (broker, key, _) in rows(report) {
+            if let Some(e) = w[key]["error"].as_str() {
+                let _ = writeln!(
+                    s,
+                    "\n({}) not measured on {broker}: {}",
+                    w["id"].as_str().unwrap_or(""),
+                    e.lines().next().unwrap_or(e)
+                );
+            }
         }
     }
     let x = &report["producer_performance_cross_check"];

@@ -9,9 +9,11 @@
 //! - `cargo xtask bench` runs the same workloads against both and reports the ratios.
 //! - `cargo xtask fuzz` runs the cargo-fuzz targets in `fuzz/` on their committed corpora.
 //! - `cargo xtask sim` runs the deterministic KRaft simulator of `gregor-raft` over many seeds.
+//! - `cargo xtask chaos` runs the replication fault test on a 3-node cluster for N minutes.
 
 mod bench;
 mod bench_png;
+mod chaos;
 mod difftest;
 mod difftest_requests;
 mod fuzz;
@@ -46,6 +48,9 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Run the deterministic KRaft simulator (gregor-raft) over many seeds.
     Sim(sim::SimArgs),
+    /// The replication fault test on a 3-node cluster for N minutes (seeded faults, history
+    /// check).
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> Result<()> {
@@ -73,6 +78,10 @@ fn main() -> Result<()> {
         }
         Command::Sim(args) => {
             let code = sim::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::Chaos(args) => {
+            let code = chaos::run(&args)?;
             std::process::exit(code);
         }
     }

@@ -15,7 +15,10 @@
 //! fault scenarios (`gregor_tests::scenarios`) on three Apache Kafka nodes with the other
 //! reference-Kafka tests (one cluster at a time, each under a minute), and
 //! `crates/cli/tests/cluster.rs` and `dev_cluster.rs` run them on gregor (the multi-node
-//! ones ignored until gregor is a KRaft cluster). `--only cluster` runs just those files,
+//! ones ignored until gregor is a KRaft cluster). `tests/tests/chaos.rs` runs the replication
+//! fault test (`gregor_tests::chaos`, 90 s of faults, about 2.5 minutes in all) on Kafka;
+//! its gregor twin `gregor_chaos_bounded` in `crates/cli/tests/cluster.rs` is ignored until
+//! partition replication lands. `--only cluster` runs just those files,
 //! ignored tests included, within [`CLUSTER_SUITE_TIMEOUT_SECS`].
 
 use crate::kafka;
@@ -512,6 +515,8 @@ fn cluster_suite(root: &Path, cargo: &str) -> Result<()> {
             "gregor-tests",
             "--test",
             "cluster_kafka",
+            "--test",
+            "chaos",
             "--",
             "--test-threads=1",
         ],
