@@ -50,14 +50,17 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::BrokerHeartbeat,
     ApiKey::UnregisterBroker,
     ApiKey::AllocateProducerIds,
+    ApiKey::AlterPartition,
 ];
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
-/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0).
+/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0,
+/// `AlterPartition` 2-3: topic ids, and from v3 the broker epochs of the new ISR, KIP-903).
 pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
     match api_key {
         ApiKey::BrokerRegistration => Some((0, 4)),
         ApiKey::BrokerHeartbeat => Some((0, 1)),
+        ApiKey::AlterPartition => Some((2, 3)),
         ApiKey::UnregisterBroker | ApiKey::AllocateProducerIds | ApiKey::Envelope => Some((0, 0)),
         _ => None,
     }
@@ -226,6 +229,10 @@ impl gregor_network::RequestHandler for ControllerApis {
             }
             RequestKind::AllocateProducerIds(r) => {
                 let response = self.allocate_producer_ids(&r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::AlterPartition(r) => {
+                let response = self.alter_partition(r).await;
                 Handled::Ready(respond(&header, api_key, response.into()))
             }
             RequestKind::Envelope(r) => {
@@ -407,6 +414,20 @@ impl ControllerApis {
                 .with_producer_id_start(m::ProducerId(start))
                 .with_producer_id_len(gregor_metadata::controller::PRODUCER_ID_BLOCK_SIZE as i32),
             Err(e) => reply.with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// AlterPartition (56, KIP-497) from a partition leader: the controller's answer per
+    /// partition ([`ControllerHandle::alter_partition`]); NOT_CONTROLLER or STALE_BROKER_EPOCH
+    /// (or the log's failure) as the top-level error.
+    pub async fn alter_partition(&self, r: m::AlterPartitionRequest) -> m::AlterPartitionResponse {
+        let result = match self.active_controller() {
+            Ok(c) => c.alter_partition(r).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(response) => response,
+            Err(e) => m::AlterPartitionResponse::default().with_error_code(e.kafka_error_code()),
         }
     }
 

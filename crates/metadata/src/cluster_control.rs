@@ -24,20 +24,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use gregor_protocol::metadata_records::{
-    BrokerEndpoint, BrokerFeature, BrokerRegistrationChangeRecord, PartitionChangeRecord,
-    RegisterBrokerRecord, UnregisterBrokerRecord,
+    BrokerEndpoint, BrokerFeature, BrokerRegistrationChangeRecord, RegisterBrokerRecord,
+    UnregisterBrokerRecord,
 };
 use uuid::Uuid;
 
 use crate::controller::{Controller, ControllerError, ControllerResult};
 use crate::image::{MetadataImage, PartitionRegistration, METADATA_VERSION_FEATURE, NO_LEADER};
-use crate::record::{ConfigResource, MetadataRecord};
+use crate::record::MetadataRecord;
+use crate::replication_control::{Election, PartitionChangeBuilder};
 
 /// The feature that turns on eligible leader replicas (KIP-966).
 pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
-
-/// `min.insync.replicas`.
-const MIN_INSYNC_REPLICAS: &str = "min.insync.replicas";
 
 /// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
 pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
@@ -376,7 +374,11 @@ impl Controller {
         Ok(())
     }
 
-    fn check_broker_epoch(&self, broker_id: i32, epoch: i64) -> Result<(), ControllerError> {
+    pub(crate) fn check_broker_epoch(
+        &self,
+        broker_id: i32,
+        epoch: i64,
+    ) -> Result<(), ControllerError> {
         match self.image.brokers.get(&broker_id) {
             None => Err(ControllerError::StaleBrokerEpoch(format!(
                 "No broker registration found for broker id {broker_id}"
@@ -666,10 +668,13 @@ impl Controller {
         });
     }
 
-    /// `generateLeaderAndIsrUpdates`: for each partition `which` selects, a
-    /// `PartitionChangeRecord` as Kafka's `PartitionChangeBuilder` builds it
-    /// ([`Controller::partition_change`]) when something changes.
-    fn leader_and_isr_updates(
+    /// `generateLeaderAndIsrUpdates`: for each partition `which` selects, the
+    /// `PartitionChangeRecord` of Kafka's `PartitionChangeBuilder`
+    /// ([`crate::replication_control::PartitionChangeBuilder`]) when something changes:
+    /// `remove` leaves the ISR and may not lead, `add` may lead although the image still shows
+    /// it fenced; an unclean election when the topic's `unclean.leader.election.enable` is
+    /// true.
+    pub(crate) fn leader_and_isr_updates(
         &self,
         remove: i32,
         add: i32,
@@ -677,149 +682,30 @@ impl Controller {
         which: impl Fn(&PartitionRegistration) -> bool,
     ) {
         let image: &MetadataImage = &self.image;
-        let elr_enabled = image
-            .features
-            .get(ELR_FEATURE)
-            .is_some_and(|level| *level >= 1);
         let mut topics: Vec<_> = image.topics.values().collect();
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         for t in topics {
-            let min_isr = elr_enabled.then(|| self.effective_min_isr(&t.name, t));
+            let election = if self.unclean_leader_election_enabled(&t.name) {
+                Election::Unclean
+            } else {
+                Election::Online
+            };
             for (partition_id, p) in &t.partitions {
                 if !which(p) {
                     continue;
                 }
-                if let Some(mut change) = self.partition_change(p, remove, add, min_isr) {
-                    change.topic_id = t.topic_id;
-                    change.partition_id = *partition_id;
+                let acceptable =
+                    |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+                let change =
+                    PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
+                        .election(election)
+                        .target_isr(p.isr.iter().copied().filter(|r| *r != remove).collect())
+                        .build();
+                if let Some(change) = change {
                     records.push(change.into());
                 }
             }
         }
-    }
-
-    /// `min.insync.replicas` of a topic (its own, else the cluster default, else Kafka's
-    /// default 1; a broker's static config is not known to the controller), at most its
-    /// replication factor (`getTopicEffectiveMinIsr`).
-    fn effective_min_isr(&self, name: &str, t: &crate::image::TopicImage) -> usize {
-        let image = &self.image;
-        let configured = image
-            .configs
-            .get(&(ConfigResource::Topic, name.to_string()))
-            .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
-            .or_else(|| {
-                image
-                    .configs
-                    .get(&(ConfigResource::Broker, String::new()))
-                    .and_then(|c| c.get(MIN_INSYNC_REPLICAS))
-            })
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(1);
-        let replication_factor = t.partitions.values().next().map_or(1, |p| p.replicas.len());
-        configured.min(replication_factor)
-    }
-
-    /// The change of one partition when `remove` leaves its ISR and leadership and `add` may
-    /// lead although the image still shows it fenced, as Kafka's `PartitionChangeBuilder.build`
-    /// for an online election (no reassignment): the ISR without `remove`; with ELR enabled
-    /// (`min_isr` given, KIP-966) an ISR below `min_isr` moves its other members to the
-    /// eligible leader replicas and may become empty, and a partition left without ISR and
-    /// leader remembers its last leader (`LastKnownElr`); the leader stays if it is still
-    /// acceptable, else the first acceptable replica in the ISR (or, with an empty ISR, in the
-    /// ELR, which then becomes the ISR) leads, else the last known leader (an unclean
-    /// election, recovering), else nobody (-1). None when nothing changes. The record's topic
-    /// and partition ids are the caller's.
-    pub(crate) fn partition_change(
-        &self,
-        p: &PartitionRegistration,
-        remove: i32,
-        add: i32,
-        min_isr: Option<usize>,
-    ) -> Option<PartitionChangeRecord> {
-        let image: &MetadataImage = &self.image;
-        let elr_enabled = min_isr.is_some();
-        let acceptable = |r: i32| r != remove && (r == add || Controller::is_active(image, r));
-        let mut target_isr: Vec<i32> = p.isr.iter().copied().filter(|r| *r != remove).collect();
-        let mut target_elr = p.elr.clone();
-        let mut target_lrs = p.leader_recovery_state;
-        // maybePopulateTargetElr
-        if let Some(min_isr) = min_isr {
-            if target_isr.len() >= min_isr {
-                target_elr.clear();
-            } else {
-                let mut candidates = target_elr.clone();
-                for r in &p.isr {
-                    if !candidates.contains(r) {
-                        candidates.push(*r);
-                    }
-                }
-                target_elr = candidates
-                    .into_iter()
-                    .filter(|r| !target_isr.contains(r))
-                    .collect();
-            }
-        }
-        // tryElection (Election.ONLINE)
-        let valid = |r: i32, isr: &[i32], elr: &[i32]| {
-            (isr.contains(&r) || (isr.is_empty() && elr.contains(&r))) && acceptable(r)
-        };
-        let mut unclean = false;
-        let leader = if valid(p.leader, &target_isr, &target_elr) {
-            p.leader
-        } else if let Some(r) = p
-            .replicas
-            .iter()
-            .copied()
-            .find(|r| valid(*r, &target_isr, &target_elr))
-        {
-            r
-        } else if elr_enabled
-            && target_elr.is_empty()
-            && target_isr.is_empty()
-            && p.last_known_elr.len() == 1
-        {
-            unclean = true;
-            p.last_known_elr[0]
-        } else {
-            NO_LEADER
-        };
-        let mut record = PartitionChangeRecord::default();
-        if leader != p.leader {
-            if target_elr.contains(&leader) {
-                target_isr = vec![leader];
-                target_elr.retain(|r| *r != leader);
-            }
-            record.leader = leader;
-            if unclean {
-                record.isr = Some(vec![leader]);
-                target_lrs = 1;
-            }
-        }
-        // maybeUpdateRecordElr
-        if record.isr.is_some() || !elr_enabled {
-            target_elr.clear();
-        }
-        if target_elr != p.elr {
-            record.eligible_leader_replicas = Some(target_elr);
-        }
-        if record.isr.is_none() && (!target_isr.is_empty() || elr_enabled) && target_isr != p.isr {
-            record.isr = Some(target_isr);
-        }
-        // maybeUpdateLastKnownLeader
-        if elr_enabled {
-            let emptied = record.isr.as_ref().is_some_and(Vec::is_empty);
-            if emptied && (p.last_known_elr.len() != 1 || p.last_known_elr[0] != p.leader) {
-                record.last_known_elr = Some(vec![p.leader]);
-            } else if (record.leader >= 0 || (p.leader != NO_LEADER && record.leader != NO_LEADER))
-                && !p.last_known_elr.is_empty()
-            {
-                record.last_known_elr = Some(vec![]);
-            }
-        }
-        if target_lrs != p.leader_recovery_state {
-            record.leader_recovery_state = target_lrs;
-        }
-        (record != PartitionChangeRecord::default()).then_some(record)
     }
 }
 

@@ -284,6 +284,9 @@ pub struct ControllerConfig {
     /// not replicated between brokers: a partition with followers that never fetch would keep
     /// its high watermark at 0. Default: no limit beyond the registered brokers.
     pub max_replication_factor: i16,
+    /// `unclean.leader.election.enable` of this node's static config (Kafka's default false):
+    /// used for a topic whose own config and the cluster default do not set it.
+    pub unclean_leader_election_enable: bool,
 }
 
 impl Default for ControllerConfig {
@@ -294,6 +297,7 @@ impl Default for ControllerConfig {
             placement_seed: None,
             bootstrap_records: Vec::new(),
             max_replication_factor: i16::MAX,
+            unclean_leader_election_enable: false,
         }
     }
 }
@@ -1204,6 +1208,21 @@ impl ControllerHandle {
         let resource_name = resource_name.to_string();
         self.submit_one(move |c| c.alter_configs(resource, &resource_name, changes))
             .await
+    }
+
+    /// AlterPartition (API 56, KIP-497) from a partition leader; see
+    /// [`Controller::alter_partition`]. Returns once the change is committed and applied on
+    /// this node, with each partition's new state (leader, leader epoch, ISR, partition epoch)
+    /// or its error.
+    ///
+    /// # Errors
+    /// STALE_BROKER_EPOCH, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_partition(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AlterPartitionRequest,
+    ) -> Result<gregor_protocol::kafka_protocol::messages::AlterPartitionResponse, ControllerError>
+    {
+        self.submit_one(move |c| c.alter_partition(request)).await
     }
 
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its

@@ -24,6 +24,7 @@ pub mod log;
 pub mod placement;
 pub mod publisher;
 pub mod record;
+pub mod replication_control;
 pub mod snapshot;
 
 pub use controller::{Controller, ControllerError, ControllerHandle};
