@@ -1604,6 +1604,17 @@ impl BrokerConfig {
             .unwrap_or(86_400_000)
     }
 
+    /// `replica.lag.time.max.ms` (Kafka's default 30000, at least 1): a follower that has not
+    /// caught up with the leader's log end offset for this long leaves the ISR; the leader
+    /// checks every half of it (ISR expiration).
+    pub fn replica_lag_time_max_ms(&self) -> i64 {
+        self.raw
+            .get("replica.lag.time.max.ms")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(crate::replication::leader::DEFAULT_REPLICA_LAG_TIME_MAX_MS)
+            .max(1)
+    }
+
     /// One cleaner thread's settings: `log.cleaner.dedupe.buffer.size` split over
     /// `log.cleaner.threads`, `log.cleaner.io.buffer.load.factor`,
     /// `log.cleaner.io.max.bytes.per.second` (Kafka's `CleanerConfig`).

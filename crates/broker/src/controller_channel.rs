@@ -567,6 +567,32 @@ impl ControllerClient {
         })
     }
 
+    /// AlterPartition (56, KIP-497) v3 to the active controller over the forwarding channel
+    /// (the partition leader's ISR changes, sent by [`crate::alter_partition`]). Partition
+    /// errors are in the response; a top-level error code is too.
+    ///
+    /// # Errors
+    /// The channel's (no controller known, timeout, NOT_CONTROLLER is retried by the caller).
+    pub async fn alter_partition(
+        &self,
+        request: m::AlterPartitionRequest,
+    ) -> Result<m::AlterPartitionResponse, ControllerError> {
+        let body = RequestKind::AlterPartition(request);
+        let response = self
+            .forwarding
+            .send(
+                ApiKey::AlterPartition,
+                crate::alter_partition::ALTER_PARTITION_VERSION,
+                &body,
+                self.request_timeout,
+            )
+            .await?;
+        let ResponseKind::AlterPartition(r) = response else {
+            return Err(unexpected(ApiKey::AlterPartition));
+        };
+        Ok(r)
+    }
+
     /// AllocateProducerIds (67, KIP-730): the first id of a block of
     /// [`PRODUCER_ID_BLOCK_SIZE`].
     ///

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod alter_partition;
 pub mod authorizer;
 pub mod broker;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;
 pub mod replica_manager;
+pub mod replication;
 pub mod server;
 pub mod start_error;
 pub mod storage;

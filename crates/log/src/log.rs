@@ -617,6 +617,22 @@ impl PartitionLog {
         self.epoch_cache.lock().end_offset_for(requested_epoch, leo)
     }
 
+    /// Kafka's `UnifiedLog.maybeAssignEpochStartOffset` (KIP-101): a new leader records that
+    /// `leader_epoch` starts at `start_offset` (its log end offset) before any record of that
+    /// epoch is written, so followers holding entries of a later epoch than any in this log
+    /// can still find where to truncate. A no-op when the cache already has this epoch or a
+    /// newer one. Persists `leader-epoch-checkpoint`.
+    ///
+    /// # Errors
+    /// The checkpoint write's I/O error.
+    pub fn maybe_assign_epoch_start_offset(&self, leader_epoch: i32, start_offset: i64) -> Result<()> {
+        let mut cache = self.epoch_cache.lock();
+        if cache.assign(leader_epoch, start_offset, true)? {
+            self.latest_epoch.store(leader_epoch, Ordering::Release);
+        }
+        Ok(())
+    }
+
     pub(crate) fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
         Arc::clone(&self.segments.read())
     }

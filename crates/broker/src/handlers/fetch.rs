@@ -5,13 +5,18 @@
 //! batch returned (KIP-74). Empty partitions carry zero-length records, never null. Topic ids
 //! from v13 (KIP-516). gregor does not create incremental fetch sessions (KIP-227): it answers
 //! session id 0, which tells clients to keep sending full fetch requests.
+//!
+//! Followers (replica id >= 0: `ReplicaState.ReplicaId` from v15, the top-level `ReplicaId`
+//! before) need ClusterAction, read up to the log end offset, send their broker epoch (v15,
+//! KIP-903), log start offset and `LastFetchedEpoch` (v12); a diverging log is answered with
+//! `DivergingEpoch` (Kafka's `Partition.fetchRecords`).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use gregor_log::TopicPartition;
 use gregor_protocol::kafka_protocol::messages::fetch_response::{
-    FetchableTopicResponse, PartitionData,
+    EpochEndOffset, FetchableTopicResponse, PartitionData,
 };
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseKind, TopicName,
@@ -62,7 +67,16 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
     if r.error_code != ec::NONE {
         record_error(ApiKey::Fetch, r.error_code);
     }
+    let diverging = r.diverging_epoch.map_or_else(
+        || EpochEndOffset::default().with_epoch(-1).with_end_offset(-1),
+        |(epoch, end_offset)| {
+            EpochEndOffset::default()
+                .with_epoch(epoch)
+                .with_end_offset(end_offset)
+        },
+    );
     PartitionData::default()
+        .with_diverging_epoch(diverging)
         .with_partition_index(index)
         .with_error_code(r.error_code)
         .with_high_watermark(r.high_watermark)
@@ -176,6 +190,16 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
                                 fetch_offset: fp.fetch_offset,
                                 partition_max_bytes: fp.partition_max_bytes,
                                 current_leader_epoch: fp.current_leader_epoch,
+                                last_fetched_epoch: if version >= 12 {
+                                    fp.last_fetched_epoch
+                                } else {
+                                    -1
+                                },
+                                log_start_offset: if replica_id >= 0 {
+                                    fp.log_start_offset
+                                } else {
+                                    -1
+                                },
                             });
                             Ok(entries.len() - 1)
                         }
@@ -202,6 +226,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         min_bytes: req.min_bytes,
         max_bytes: req.max_bytes,
         isolation_level,
+        replica_epoch: if version >= 15 {
+            req.replica_state.replica_epoch
+        } else {
+            -1
+        },
     };
     match broker.replica_manager.fetch_messages(params, entries).await {
         FetchOutcome::Complete(results) => Handled::Ready(reply(

@@ -31,7 +31,9 @@ use crate::error_codes as ec;
 use crate::observability::{self, InFlight};
 
 pub use io::{IoPool, IoPoolError};
-pub use partition::{DelayedOperations, LeaderAndIsr, Partition, PartitionState, Role};
+pub use partition::{
+    DelayedOperations, LeaderAndIsr, Partition, PartitionState, ReplicationContext, Role,
+};
 pub use purgatory::{Completion, DelayedOperation, DelayedOperationPurgatory};
 
 /// Milliseconds since the Unix epoch, from the system clock. Components that hold a
@@ -102,21 +104,26 @@ pub struct DelayedProduce {
 impl DelayedProduce {
     /// Waits for completion and returns one result per entry, in order: REQUEST_TIMED_OUT for
     /// a partition whose high watermark did not reach its batch in time,
-    /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile.
+    /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile,
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) for one whose high watermark reached the batch
+    /// while the ISR was below `min.insync.replicas` (Kafka's
+    /// `checkEnoughReplicasReachOffset`).
     pub async fn complete(mut self) -> Vec<PartitionAppendResult> {
         let _delayed = InFlight::new(observability::DELAYED_PRODUCE_REQUESTS);
         if let Some(op) = self.operation.take() {
             op.wait().await;
         }
         for (i, p, target) in &self.waits {
-            if p.high_watermark() >= *target {
-                continue;
-            }
             let r = &mut self.results[*i];
-            if p.is_leader() {
-                r.error_code = ec::REQUEST_TIMED_OUT;
-            } else {
-                *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
+            match p.check_enough_replicas_reach_offset(*target) {
+                (true, code) => {
+                    // NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below min ISR.
+                    r.error_code = code;
+                }
+                (false, ec::NONE) if p.is_leader() => r.error_code = ec::REQUEST_TIMED_OUT,
+                (false, _) => {
+                    *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
+                }
             }
         }
         self.results
@@ -138,6 +145,9 @@ pub struct FetchParams {
     pub max_bytes: i32,
     /// 0 read_uncommitted (up to the high watermark), 1 read_committed (up to the LSO).
     pub isolation_level: i8,
+    /// The follower's broker epoch (Fetch v15+ `ReplicaState.ReplicaEpoch`, KIP-903), -1 when
+    /// not given.
+    pub replica_epoch: i64,
 }
 
 /// One partition of a fetch.
@@ -151,6 +161,11 @@ pub struct FetchPartition {
     pub partition_max_bytes: i32,
     /// The client's leader epoch, -1 when not given (KIP-320).
     pub current_leader_epoch: i32,
+    /// The epoch of the last batch the follower has (Fetch v12+, KIP-595 style truncation
+    /// detection), -1 when not given.
+    pub last_fetched_epoch: i32,
+    /// The follower's log start offset, -1 for consumers.
+    pub log_start_offset: i64,
 }
 
 /// What a fetch returns for one partition (Kafka's `FetchPartitionData`).
@@ -166,6 +181,9 @@ pub struct FetchPartitionResult {
     pub log_start_offset: i64,
     /// Whole batches (possibly empty, never null on the wire).
     pub records: Bytes,
+    /// For a follower whose `last_fetched_epoch` diverges from this log: the largest epoch
+    /// `<=` it here and that epoch's end offset (`DivergingEpoch`); the follower truncates.
+    pub diverging_epoch: Option<(i32, i64)>,
 }
 
 impl FetchPartitionResult {
@@ -176,6 +194,7 @@ impl FetchPartitionResult {
             last_stable_offset: -1,
             log_start_offset: -1,
             records: Bytes::new(),
+            diverging_epoch: None,
         }
     }
 }
@@ -205,20 +224,51 @@ struct ReadPass {
     seen: Vec<(Arc<Partition>, i64, i32)>,
 }
 
+/// Kafka's `Partition.readRecords` check of a follower's `LastFetchedEpoch`: `Some((epoch,
+/// end offset))` when the follower's log diverges from this one (this log's largest epoch `<=`
+/// the follower's is older, or ends before the fetch offset), `None` when it does not.
+///
+/// # Errors
+/// OFFSET_OUT_OF_RANGE when the epoch's end offset is unknown here or the fetch offset is below
+/// the log start offset.
+fn diverging_epoch(
+    p: &Partition,
+    fp: &FetchPartition,
+    log_start_offset: i64,
+) -> Result<Option<(i32, i64)>, i16> {
+    let (epoch, end_offset) = p.log.end_offset_for_leader_epoch(fp.last_fetched_epoch);
+    if epoch < 0 || end_offset < 0 {
+        return Err(ec::OFFSET_OUT_OF_RANGE);
+    }
+    if fp.fetch_offset < log_start_offset {
+        return Err(ec::OFFSET_OUT_OF_RANGE);
+    }
+    if epoch < fp.last_fetched_epoch || end_offset < fp.fetch_offset {
+        return Ok(Some((epoch, end_offset)));
+    }
+    Ok(None)
+}
+
 impl FetchPlan {
     fn is_follower_fetch(&self) -> bool {
         self.params.replica_id >= 0
     }
 
     /// One pass over every partition: KIP-74 (the first batch whole), `max_bytes` over the
-    /// response, `partition_max_bytes` per partition. Runs on an I/O thread.
-    fn read(&self) -> ReadPass {
+    /// response, `partition_max_bytes` per partition. For a follower (Kafka's
+    /// `Partition.fetchRecords`): the replica must be a follower of the partition, a
+    /// `last_fetched_epoch` this log diverges from answers `DivergingEpoch` without records,
+    /// reads go to the log end offset, and with `update_fetch_state` the follower's progress
+    /// is recorded after the read (not on a delayed fetch's re-reads, as Kafka). Runs on an
+    /// I/O thread.
+    fn read(&self, update_fetch_state: bool) -> ReadPass {
         let mut remaining = self.max_bytes.max(0) as usize;
         let mut bytes = 0usize;
         let mut min_one_batch = true;
         let mut any_error = false;
         let mut results = Vec::with_capacity(self.partitions.len());
         let mut seen = Vec::with_capacity(self.partitions.len());
+        let from_follower = self.is_follower_fetch();
         for (fp, p) in &self.partitions {
             let p = match p {
                 Ok(p) => p,
@@ -233,23 +283,64 @@ impl FetchPlan {
                 results.push(FetchPartitionResult::error(code));
                 continue;
             }
-            // Kafka's followerReplicaOrThrow: a replica id that is not a follower of this
-            // partition gets NOT_LEADER_OR_FOLLOWER.
-            if self.is_follower_fetch()
-                && !p.update_follower_fetch_state(self.params.replica_id, fp.fetch_offset)
-            {
+            // Kafka's followerReplicaOrThrow.
+            if from_follower && !p.is_follower_replica(self.params.replica_id) {
                 any_error = true;
-                results.push(FetchPartitionResult::error(ec::NOT_LEADER_OR_FOLLOWER));
+                results.push(FetchPartitionResult::error(
+                    crate::replication::leader::LeaderState::unknown_replica_error(
+                        fp.current_leader_epoch >= 0,
+                    ),
+                ));
                 continue;
             }
             let limit = (fp.partition_max_bytes.max(0) as usize).min(remaining);
+            // Offsets as of before the read (Kafka's readRecords), so appends during the read
+            // do not keep a follower from catching up.
             let hw = p.high_watermark();
             let lso = p.last_stable_offset();
+            let log_start = p.log.log_start_offset();
+            let leo = p.log.log_end_offset();
             let epoch = p.leader_epoch();
-            let upper = p.fetch_upper_bound(self.params.isolation_level, self.is_follower_fetch());
+            let upper = p.fetch_upper_bound(self.params.isolation_level, from_follower);
             seen.push((p.clone(), upper, epoch));
+            if from_follower && fp.last_fetched_epoch >= 0 {
+                match diverging_epoch(p, fp, log_start) {
+                    Ok(None) => {}
+                    Ok(Some(diverging)) => {
+                        results.push(FetchPartitionResult {
+                            error_code: ec::NONE,
+                            high_watermark: hw,
+                            last_stable_offset: lso,
+                            log_start_offset: log_start,
+                            records: Bytes::new(),
+                            diverging_epoch: Some(diverging),
+                        });
+                        // An answer the follower acts on at once.
+                        any_error = true;
+                        continue;
+                    }
+                    Err(code) => {
+                        any_error = true;
+                        results.push(FetchPartitionResult::error(code));
+                        continue;
+                    }
+                }
+            }
             match p.read_bounded(fp.fetch_offset, limit, upper, min_one_batch) {
                 Ok(info) => {
+                    if from_follower && update_fetch_state {
+                        if let Err(code) = p.update_follower_fetch_state(
+                            self.params.replica_id,
+                            fp.fetch_offset,
+                            fp.log_start_offset,
+                            self.params.replica_epoch,
+                            leo,
+                        ) {
+                            any_error = true;
+                            results.push(FetchPartitionResult::error(code));
+                            continue;
+                        }
+                    }
                     let n = info.records.len();
                     if n > 0 {
                         min_one_batch = false;
@@ -260,8 +351,9 @@ impl FetchPlan {
                         error_code: ec::NONE,
                         high_watermark: hw,
                         last_stable_offset: lso,
-                        log_start_offset: p.log.log_start_offset(),
+                        log_start_offset: log_start,
                         records: info.records,
+                        diverging_epoch: None,
                     });
                 }
                 Err(e) => {
@@ -358,7 +450,7 @@ impl DelayedFetch {
                 None => remaining_ms <= 0,
             };
             let plan = self.plan.clone();
-            let pass = match self.io.run(move || plan.read()).await {
+            let pass = match self.io.run(move || plan.read(false)).await {
                 Ok(pass) => pass,
                 Err(e) => {
                     tracing::error!(error = %e, "fetch read failed");
@@ -391,6 +483,7 @@ pub struct ReplicaManager {
     clock: SharedClock,
     delayed: Arc<DelayedOperations>,
     io: Arc<IoPool>,
+    replication: Arc<ReplicationContext>,
 }
 
 impl ReplicaManager {
@@ -402,6 +495,7 @@ impl ReplicaManager {
         let clock = logs.clock().clone();
         let io = Arc::new(IoPool::new(config.num_io_threads()));
         Self {
+            replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             local_broker,
             delayed: DelayedOperations::new(&clock),
             clock,
@@ -444,6 +538,40 @@ impl ReplicaManager {
     /// Now on the replica manager's clock, in ms since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    /// What the partitions share for replication (lag limit, brokers' liveness, the
+    /// AlterPartition sender).
+    pub fn replication(&self) -> &Arc<ReplicationContext> {
+        &self.replication
+    }
+
+    /// Kafka's `ReplicaManager.maybeShrinkIsr` (the `isr-expiration` task, every
+    /// `replica.lag.time.max.ms / 2`): every partition led here proposes removing its
+    /// out-of-sync followers. Returns how many proposed a change.
+    pub fn maybe_shrink_isr(&self) -> usize {
+        self.partitions()
+            .iter()
+            .filter(|p| p.maybe_shrink_isr())
+            .count()
+    }
+
+    /// Runs [`ReplicaManager::maybe_shrink_isr`] every `replica.lag.time.max.ms / 2` until
+    /// `shutdown` turns true.
+    pub async fn run_isr_expiration(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let period = std::time::Duration::from_millis(
+            (self.replication.replica_lag_time_max_ms() / 2).max(1) as u64,
+        );
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = shutdown.changed() => return,
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            self.maybe_shrink_isr();
+        }
     }
 
     /// The fetch and produce purgatories.
@@ -529,7 +657,15 @@ impl ReplicaManager {
                 }
             }
         }
-        waits.retain(|(_, p, target)| p.high_watermark() < *target);
+        // Already replicated (a single replica, or followers ahead): answered now, with
+        // NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min ISR meanwhile.
+        waits.retain(|(i, p, target)| match p.check_enough_replicas_reach_offset(*target) {
+            (true, code) => {
+                results[*i].error_code = code;
+                false
+            }
+            _ => true,
+        });
         if waits.is_empty() {
             return AppendOutcome::Complete(results);
         }
@@ -539,12 +675,13 @@ impl ReplicaManager {
             .collect();
         let watched: Vec<(Arc<Partition>, i64)> =
             waits.iter().map(|(_, p, t)| (p.clone(), *t)).collect();
-        // Kafka's DelayedProduce.tryComplete: every partition reached its offset or is no
-        // longer led here.
+        // Kafka's DelayedProduce.tryComplete: every partition reached its offset
+        // (checkEnoughReplicasReachOffset) or has an error (no longer led here).
         let check = Box::new(move || {
-            watched
-                .iter()
-                .all(|(p, target)| p.high_watermark() >= *target || !p.is_leader())
+            watched.iter().all(|(p, target)| {
+                let (reached, code) = p.check_enough_replicas_reach_offset(*target);
+                reached || code != ec::NONE
+            })
         });
         let operation = self
             .delayed
@@ -593,7 +730,7 @@ impl ReplicaManager {
                 .collect(),
         });
         let reader = plan.clone();
-        let pass = match self.io.run(move || reader.read()).await {
+        let pass = match self.io.run(move || reader.read(true)).await {
             Ok(pass) => pass,
             Err(e) => {
                 tracing::error!(error = %e, "fetch read failed");
@@ -730,6 +867,22 @@ impl ReplicaManager {
             BTreeMap::new();
         let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
         *self.dynamic_configs.write() = dynamic.clone();
+        self.replication.set_brokers(
+            image
+                .brokers
+                .values()
+                .map(|b| {
+                    (
+                        b.broker_id,
+                        crate::replication::leader::BrokerLiveness {
+                            broker_epoch: b.epoch,
+                            fenced: b.fenced,
+                            in_controlled_shutdown: b.in_controlled_shutdown,
+                        },
+                    )
+                })
+                .collect(),
+        );
         for t in image.topics.values() {
             let overrides = image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
             let configs = TopicConfigs::resolve_dynamic(&self.config, &dynamic, &overrides);
@@ -765,6 +918,7 @@ impl ReplicaManager {
             let leader_and_isr = LeaderAndIsr {
                 leader: reg.leader,
                 leader_epoch: reg.leader_epoch,
+                partition_epoch: reg.partition_epoch,
                 replicas: reg.replicas.clone(),
                 isr: reg.isr.clone(),
                 min_insync_replicas: min_isr,
@@ -785,14 +939,15 @@ impl ReplicaManager {
                 .get_or_create(&tp, *topic_id.as_bytes(), log_config.clone())?;
             // Logs loaded at start-up were opened with the broker defaults.
             log.update_config(log_config);
-            let p = Arc::new(Partition::new(
+            let p = Partition::new(
                 topic_id,
                 tp,
                 log,
                 self.local_broker,
                 self.delayed.clone(),
                 self.clock.clone(),
-            ));
+                self.replication.clone(),
+            );
             p.apply(leader_and_isr);
             self.partitions.write().insert((topic, index), p);
         }

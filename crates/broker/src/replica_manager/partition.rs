@@ -6,17 +6,73 @@
 //! delayed operation complete (high watermark moved, new data, leadership changed) triggers the
 //! partition's key in both purgatories ([`DelayedOperations`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use gregor_log::{AppendInfo, LogError, PartitionLog, ReadInfo, SharedClock, TopicPartition};
 use parking_lot::{Mutex, RwLock};
 use uuid::Uuid;
 
 use super::purgatory::DelayedOperationPurgatory;
+use crate::alter_partition::{AlterPartitionItem, AlterPartitionSender};
 use crate::error_codes as ec;
 use crate::observability::TopicMetrics;
+use crate::replication::leader::{
+    AlterPartitionOutcome, BrokerLiveness, IsrChange, LeaderRegistration, LeaderState,
+    DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+};
+
+/// What every partition of a broker shares for replication: `replica.lag.time.max.ms`, the
+/// brokers' liveness from the latest metadata image (ISR eligibility, KIP-841) and the
+/// AlterPartition sender (installed once the broker reaches its controller).
+pub struct ReplicationContext {
+    replica_lag_time_max_ms: AtomicI64,
+    brokers: RwLock<Arc<BTreeMap<i32, BrokerLiveness>>>,
+    alter_partition: OnceLock<Arc<dyn AlterPartitionSender>>,
+}
+
+impl ReplicationContext {
+    /// A context with `replica.lag.time.max.ms` in ms, no brokers and no sender.
+    pub fn new(replica_lag_time_max_ms: i64) -> Arc<Self> {
+        Arc::new(Self {
+            replica_lag_time_max_ms: AtomicI64::new(replica_lag_time_max_ms),
+            brokers: RwLock::new(Arc::new(BTreeMap::new())),
+            alter_partition: OnceLock::new(),
+        })
+    }
+
+    /// `replica.lag.time.max.ms` (ms).
+    pub fn replica_lag_time_max_ms(&self) -> i64 {
+        self.replica_lag_time_max_ms.load(Ordering::Relaxed)
+    }
+
+    /// The brokers' liveness of the latest image.
+    pub fn brokers(&self) -> Arc<BTreeMap<i32, BrokerLiveness>> {
+        self.brokers.read().clone()
+    }
+
+    /// Replaces the brokers' liveness (from a metadata image).
+    pub fn set_brokers(&self, brokers: BTreeMap<i32, BrokerLiveness>) {
+        *self.brokers.write() = Arc::new(brokers);
+    }
+
+    /// Installs the AlterPartition sender; later calls are ignored. Until then, ISR changes
+    /// are dropped as soon as they are proposed (and proposed again by the next check).
+    pub fn set_alter_partition_sender(&self, sender: Arc<dyn AlterPartitionSender>) {
+        let _ = self.alter_partition.set(sender);
+    }
+}
+
+impl Default for ReplicationContext {
+    fn default() -> Self {
+        Self {
+            replica_lag_time_max_ms: AtomicI64::new(DEFAULT_REPLICA_LAG_TIME_MAX_MS),
+            brokers: RwLock::new(Arc::new(BTreeMap::new())),
+            alter_partition: OnceLock::new(),
+        }
+    }
+}
 
 /// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
 pub struct DelayedOperations {
@@ -62,6 +118,8 @@ pub struct PartitionState {
     pub leader: i32,
     /// Leader epoch.
     pub leader_epoch: i32,
+    /// Partition epoch (bumps with every change of the registration).
+    pub partition_epoch: i32,
     /// Replica ids.
     pub replicas: Vec<i32>,
     /// In-sync replica ids.
@@ -77,6 +135,8 @@ pub struct LeaderAndIsr {
     pub leader: i32,
     /// Leader epoch.
     pub leader_epoch: i32,
+    /// Partition epoch (bumps with every change of the registration).
+    pub partition_epoch: i32,
     /// Replica ids.
     pub replicas: Vec<i32>,
     /// In-sync replica ids.
@@ -98,8 +158,10 @@ pub struct Partition {
     topic_partition: TopicPartition,
     state: RwLock<PartitionState>,
     high_watermark: AtomicI64,
-    /// Log end offsets of followers by broker id (empty with one replica).
-    follower_leos: Mutex<HashMap<i32, i64>>,
+    /// The leader's replication state (followers, pending ISR change), while this broker leads.
+    leader: Mutex<Option<LeaderState>>,
+    replication: Arc<ReplicationContext>,
+    self_ref: Weak<Partition>,
     delayed: Arc<DelayedOperations>,
     clock: SharedClock,
     local_broker: i32,
@@ -117,9 +179,10 @@ impl Partition {
         local_broker: i32,
         delayed: Arc<DelayedOperations>,
         clock: SharedClock,
-    ) -> Self {
+        replication: Arc<ReplicationContext>,
+    ) -> Arc<Self> {
         let hw = log.log_start_offset();
-        Self {
+        Arc::new_cyclic(|self_ref| Self {
             topic: topic_partition.topic.clone(),
             topic_id,
             index: topic_partition.partition,
@@ -130,16 +193,19 @@ impl Partition {
                 role: Role::None,
                 leader: -1,
                 leader_epoch: -1,
+                partition_epoch: -1,
                 replicas: Vec::new(),
                 isr: Vec::new(),
                 min_insync_replicas: 1,
             }),
             high_watermark: AtomicI64::new(hw),
-            follower_leos: Mutex::new(HashMap::new()),
+            leader: Mutex::new(None),
+            replication,
+            self_ref: self_ref.clone(),
             delayed,
             clock,
             local_broker,
-        }
+        })
     }
 
     /// `topic`-`index`.
@@ -190,14 +256,47 @@ impl Partition {
         }
     }
 
-    /// Kafka's `Partition.makeLeader`: this broker leads from `reg.leader_epoch`. Followers'
-    /// progress is forgotten (they report it again by fetching); the high watermark is
-    /// recomputed. A registration with an older leader epoch than the current one is stale
-    /// and ignored. Delayed operations on the partition are re-checked.
+    /// Kafka's `Partition.makeLeader`: this broker leads from `reg.leader_epoch`. The
+    /// leader state ([`LeaderState::apply`]) takes the committed ISR; on a new leader epoch the
+    /// epoch cache records `(leader epoch, log end offset)` (Kafka's
+    /// `maybeAssignEpochStartOffset`) and followers' progress is reset (ISR members count as
+    /// caught up now). A registration older than the current one (leader or partition epoch)
+    /// is stale and ignored. The high watermark is recomputed and delayed operations on the
+    /// partition re-checked.
     pub fn make_leader(&self, reg: LeaderAndIsr) {
         debug_assert_eq!(reg.leader, self.local_broker);
+        let registration = LeaderRegistration {
+            leader_epoch: reg.leader_epoch,
+            partition_epoch: reg.partition_epoch,
+            replicas: reg.replicas.clone(),
+            isr: reg.isr.clone(),
+            min_insync_replicas: reg.min_insync_replicas,
+        };
         if !self.set_state(Role::Leader, reg) {
             return;
+        }
+        let now = self.clock.now_ms();
+        let leo = self.log.log_end_offset();
+        let new_epoch = {
+            let mut guard = self.leader.lock();
+            let core = guard.get_or_insert_with(|| {
+                LeaderState::new(
+                    self.local_broker,
+                    self.replication.replica_lag_time_max_ms(),
+                    self.high_watermark(),
+                )
+            });
+            core.set_brokers((*self.replication.brokers()).clone());
+            core.apply(&registration, leo, now)
+        };
+        if new_epoch == Some(true) {
+            if let Err(e) = self
+                .log
+                .maybe_assign_epoch_start_offset(registration.leader_epoch, leo)
+            {
+                tracing::error!(partition = %self.topic_partition, error = %e,
+                    "recording the leader epoch start offset failed");
+            }
         }
         self.maybe_increment_high_watermark();
         self.delayed.check_and_complete_all(&self.topic_partition);
@@ -208,6 +307,7 @@ impl Partition {
     pub fn make_follower(&self, reg: LeaderAndIsr) {
         debug_assert!(reg.leader >= 0 && reg.leader != self.local_broker);
         if self.set_state(Role::Follower, reg) {
+            *self.leader.lock() = None;
             self.delayed.check_and_complete_all(&self.topic_partition);
         }
     }
@@ -221,30 +321,28 @@ impl Partition {
             s.leader = -1;
             s.leader_epoch = s.leader_epoch.max(leader_epoch);
         }
-        self.follower_leos.lock().clear();
+        *self.leader.lock() = None;
         self.delayed.check_and_complete_all(&self.topic_partition);
     }
 
     fn set_state(&self, role: Role, reg: LeaderAndIsr) -> bool {
         let mut s = self.state.write();
-        if reg.leader_epoch < s.leader_epoch {
+        if reg.leader_epoch < s.leader_epoch
+            || (reg.leader_epoch == s.leader_epoch && reg.partition_epoch < s.partition_epoch)
+        {
             tracing::debug!(partition = %self.topic_partition, epoch = reg.leader_epoch,
                 current = s.leader_epoch, "ignoring a stale leader epoch");
             return false;
         }
-        let changed_leader = s.role != role || s.leader_epoch != reg.leader_epoch;
         *s = PartitionState {
             role,
             leader: reg.leader,
             leader_epoch: reg.leader_epoch,
+            partition_epoch: reg.partition_epoch,
             replicas: reg.replicas,
             isr: reg.isr,
             min_insync_replicas: reg.min_insync_replicas,
         };
-        drop(s);
-        if changed_leader {
-            self.follower_leos.lock().clear();
-        }
         true
     }
 
@@ -269,54 +367,180 @@ impl Partition {
         Ok(())
     }
 
-    /// Recomputes the high watermark as the minimum log end offset over the ISR (never below
-    /// the log start offset) and, if it moved, completes the delayed operations it unblocks.
-    /// The high watermark never goes backwards. Returns whether it moved.
+    /// Kafka's `maybeIncrementLeaderHW` through the leader state
+    /// ([`LeaderState::maybe_increment_high_watermark`]: min log end offset over the maximal
+    /// ISR and caught-up eligible followers, not while under min ISR, never below the log
+    /// start offset) and, if it moved, completes the delayed operations it unblocks. Returns
+    /// whether it moved.
     pub fn maybe_increment_high_watermark(&self) -> bool {
-        let leo = self.log.log_end_offset();
-        let new_hw = {
-            let s = self.state.read();
-            if s.role != Role::Leader {
+        let moved = {
+            let mut guard = self.leader.lock();
+            let Some(core) = guard.as_mut() else {
                 return false;
+            };
+            let leo = self.log.log_end_offset();
+            let moved = core.maybe_increment_high_watermark(
+                leo,
+                self.log.log_start_offset(),
+                self.clock.now_ms(),
+            );
+            if let Some(hw) = moved {
+                self.high_watermark.fetch_max(hw, Ordering::AcqRel);
             }
-            let followers = self.follower_leos.lock();
-            s.isr
-                .iter()
-                .filter(|id| **id != self.local_broker)
-                .map(|id| followers.get(id).copied().unwrap_or(0))
-                .fold(leo, i64::min)
-                .max(self.log.log_start_offset())
+            moved.is_some()
         };
-        let old = self.high_watermark.fetch_max(new_hw, Ordering::AcqRel);
-        debug_assert!(self.high_watermark() <= leo, "HW <= LEO");
-        debug_assert!(
-            self.log.log_start_offset() <= self.high_watermark(),
-            "log start offset <= HW"
-        );
-        if new_hw > old {
+        debug_assert!(self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()), "HW <= LEO");
+        if moved {
             self.delayed.check_and_complete_all(&self.topic_partition);
-            return true;
         }
-        false
+        moved
     }
 
-    /// Kafka's `Partition.updateFollowerFetchState`: a follower fetching from `fetch_offset`
-    /// has every record below it, so that is its log end offset. May move the high watermark.
-    /// Returns false when `replica_id` is not a follower replica of this partition (or this
-    /// broker does not lead).
-    pub fn update_follower_fetch_state(&self, replica_id: i32, fetch_offset: i64) -> bool {
-        {
-            let s = self.state.read();
-            if s.role != Role::Leader
-                || replica_id == self.local_broker
-                || !s.replicas.contains(&replica_id)
-            {
-                return false;
+    /// Kafka's `Partition.updateFollowerFetchState`: follower `replica_id` fetched from
+    /// `fetch_offset` (so that is its log end offset) with log start offset
+    /// `follower_log_start_offset` and broker epoch `broker_epoch` (-1 when the fetch has none,
+    /// Fetch < v15), while this log's end offset was `leader_log_end_offset`. May move the high
+    /// watermark (completing delayed operations) and propose adding the follower to the ISR.
+    ///
+    /// # Errors
+    /// NOT_LEADER_OR_FOLLOWER when this broker does not lead, the replica is not a follower of
+    /// the partition, or the fetch's broker epoch is stale (KIP-903).
+    pub fn update_follower_fetch_state(
+        &self,
+        replica_id: i32,
+        fetch_offset: i64,
+        follower_log_start_offset: i64,
+        broker_epoch: i64,
+        leader_log_end_offset: i64,
+    ) -> Result<(), i16> {
+        let update = {
+            let mut guard = self.leader.lock();
+            let core = guard.as_mut().ok_or(ec::NOT_LEADER_OR_FOLLOWER)?;
+            let update = core
+                .update_follower_fetch_state(
+                    replica_id,
+                    fetch_offset,
+                    follower_log_start_offset,
+                    broker_epoch,
+                    leader_log_end_offset,
+                    self.log.log_start_offset(),
+                    self.clock.now_ms(),
+                )
+                .map_err(|e| {
+                    tracing::debug!(partition = %self.topic_partition, error = %e, "follower fetch refused");
+                    e.error_code()
+                })?;
+            if let Some(hw) = update.high_watermark {
+                self.high_watermark.fetch_max(hw, Ordering::AcqRel);
             }
+            update
+        };
+        if update.high_watermark.is_some() {
+            self.delayed.check_and_complete_all(&self.topic_partition);
         }
-        self.follower_leos.lock().insert(replica_id, fetch_offset);
-        self.maybe_increment_high_watermark();
-        true
+        if let Some(change) = update.isr_change {
+            self.submit_isr_change(change);
+        }
+        Ok(())
+    }
+
+    /// True when `replica_id` is a follower replica of this partition led here.
+    pub fn is_follower_replica(&self, replica_id: i32) -> bool {
+        let s = self.state.read();
+        s.role == Role::Leader && replica_id != self.local_broker && s.replicas.contains(&replica_id)
+    }
+
+    /// Kafka's `maybeShrinkIsr` (the ISR-expiration task): proposes removing the ISR followers
+    /// that are not caught up. Returns whether a change was proposed.
+    pub fn maybe_shrink_isr(&self) -> bool {
+        let change = {
+            let mut guard = self.leader.lock();
+            let Some(core) = guard.as_mut() else {
+                return false;
+            };
+            core.set_replica_lag_time_max_ms(self.replication.replica_lag_time_max_ms());
+            core.maybe_shrink_isr(self.log.log_end_offset(), self.clock.now_ms())
+        };
+        match change {
+            Some(change) => {
+                tracing::info!(partition = %self.topic_partition, ?change, "shrinking the ISR");
+                self.submit_isr_change(change);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn submit_isr_change(&self, change: IsrChange) {
+        let id = change.id;
+        let Some(sender) = self.replication.alter_partition.get() else {
+            self.on_alter_partition_outcome(id, AlterPartitionOutcome::Rejected);
+            return;
+        };
+        let weak = self.self_ref.clone();
+        let item = AlterPartitionItem {
+            topic_id: self.topic_id,
+            topic_partition: self.topic_partition.clone(),
+            change,
+            on_complete: Box::new(move |outcome| {
+                if let Some(p) = weak.upgrade() {
+                    p.on_alter_partition_outcome(id, outcome);
+                }
+            }),
+        };
+        sender.submit(item);
+    }
+
+    /// The controller's answer to ISR change `id` ([`LeaderState::on_alter_partition_outcome`]).
+    pub fn on_alter_partition_outcome(&self, id: u64, outcome: AlterPartitionOutcome) {
+        let dropped = self
+            .leader
+            .lock()
+            .as_mut()
+            .is_some_and(|core| core.on_alter_partition_outcome(id, outcome));
+        if dropped {
+            self.maybe_increment_high_watermark();
+        }
+    }
+
+    /// The pending ISR change, if this broker leads and one is in flight.
+    pub fn pending_isr_change(&self) -> Option<IsrChange> {
+        self.leader.lock().as_ref().and_then(|c| c.pending().cloned())
+    }
+
+    /// Kafka's `checkEnoughReplicasReachOffset` for a delayed produce waiting for
+    /// `required_offset`: `(true, NONE)` when reached, `(true,
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND)` when reached with the ISR below min ISR, `(false,
+    /// NONE)` while waiting, `(false, NOT_LEADER_OR_FOLLOWER)` when not led here.
+    pub fn check_enough_replicas_reach_offset(&self, required_offset: i64) -> (bool, i16) {
+        match self.leader.lock().as_ref() {
+            Some(core) => core.check_enough_replicas_reach_offset(required_offset),
+            None => (false, ec::NOT_LEADER_OR_FOLLOWER),
+        }
+    }
+
+    /// Kafka's `isUnderReplicated`: led here with an ISR smaller than the replica set.
+    pub fn is_under_replicated(&self) -> bool {
+        let s = self.state.read();
+        s.role == Role::Leader && s.isr.len() < s.replicas.len()
+    }
+
+    /// Kafka's `isUnderMinIsr`: led here with an ISR smaller than the effective
+    /// `min.insync.replicas` (capped at the replication factor).
+    pub fn is_under_min_isr(&self) -> bool {
+        self.leader
+            .lock()
+            .as_ref()
+            .is_some_and(LeaderState::is_under_min_isr)
+    }
+
+    /// The leader's view of a follower's log end offset ([`crate::replication::leader::UNKNOWN_OFFSET`]
+    /// before its first fetch), `None` when not led here or not a follower.
+    pub fn follower_log_end_offset(&self, replica_id: i32) -> Option<i64> {
+        self.leader
+            .lock()
+            .as_ref()
+            .and_then(|c| c.follower(replica_id).map(|f| f.log_end_offset))
     }
 
     /// Appends a produce request's records as leader (Kafka's `appendRecordsToLeader`),
@@ -336,13 +560,14 @@ impl Partition {
             if s.role != Role::Leader {
                 return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
             }
-            if required_acks == -1 && s.isr.len() < s.min_insync_replicas {
+            // Kafka's effectiveMinIsr: min(min.insync.replicas, replication factor).
+            let min_isr = s.min_insync_replicas.min(s.replicas.len().max(1));
+            if required_acks == -1 && s.isr.len() < min_isr {
                 return Err((
                     ec::NOT_ENOUGH_REPLICAS,
                     format!(
-                        "The size of the current ISR {} is insufficient to satisfy the min.isr requirement of {}",
-                        s.isr.len(),
-                        s.min_insync_replicas
+                        "The size of the current ISR {:?} is insufficient to satisfy the min.isr requirement of {} for partition {}",
+                        s.isr, min_isr, self.topic_partition
                     ),
                 ));
             }

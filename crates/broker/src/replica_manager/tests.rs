@@ -115,6 +115,8 @@ impl Fixture {
                 fetch_offset: *offset,
                 partition_max_bytes: i32::MAX,
                 current_leader_epoch: -1,
+                last_fetched_epoch: -1,
+                log_start_offset: -1,
             })
             .collect();
         self.rm.fetch_messages(params, parts).await
@@ -128,6 +130,7 @@ fn consumer(max_wait_ms: i64) -> FetchParams {
         min_bytes: 1,
         max_bytes: i32::MAX,
         isolation_level: 0,
+        replica_epoch: -1,
     }
 }
 
@@ -251,6 +254,7 @@ async fn leadership_transitions_in_one_place() {
     p.make_leader(LeaderAndIsr {
         leader: LOCAL,
         leader_epoch: 0,
+        partition_epoch: 0,
         replicas: vec![LOCAL],
         isr: vec![LOCAL],
         min_insync_replicas: 1,
