@@ -140,7 +140,8 @@ pub fn start(
             while let Ok(item) = rx.try_recv() {
                 insert(&mut unsent, item);
             }
-            let items: Vec<AlterPartitionItem> = std::mem::take(&mut unsent).into_values().collect();
+            let items: Vec<AlterPartitionItem> =
+                std::mem::take(&mut unsent).into_values().collect();
             let request = build_request(broker_id, broker_epoch(), &items);
             let result = tokio::select! {
                 r = client.alter_partition(request) => r,
@@ -359,11 +360,18 @@ mod tests {
     fn request_is_v3_with_broker_epochs() {
         let topic = Uuid::new_v4();
         let outcomes = Arc::new(Mutex::new(Vec::new()));
-        let r = build_request(1, 99, &[item(topic, 0, &outcomes), item(topic, 3, &outcomes)]);
+        let r = build_request(
+            1,
+            99,
+            &[item(topic, 0, &outcomes), item(topic, 3, &outcomes)],
+        );
         assert_eq!((r.broker_id.0, r.broker_epoch), (1, 99));
         assert_eq!(r.topics.len(), 1);
         let p = &r.topics[0].partitions[1];
-        assert_eq!((p.partition_index, p.leader_epoch, p.partition_epoch), (3, 4, 7));
+        assert_eq!(
+            (p.partition_index, p.leader_epoch, p.partition_epoch),
+            (3, 4, 7)
+        );
         assert!(p.new_isr.is_empty());
         let isr: Vec<(i32, i64)> = p
             .new_isr_with_epochs
@@ -416,7 +424,11 @@ mod tests {
         assert!(got.contains(&(0, AlterPartitionOutcome::AwaitMetadata)));
         assert!(got.contains(&(1, AlterPartitionOutcome::Committed)));
         let requests = requests.lock();
-        assert_eq!(requests.last().unwrap().topics[0].partitions.len(), 1, "only the missing one resent");
+        assert_eq!(
+            requests.last().unwrap().topics[0].partitions.len(),
+            1,
+            "only the missing one resent"
+        );
         assert!(requests.iter().all(|r| r.broker_epoch == 42));
         drop(manager);
         task.await.expect("task ends when every handle is gone");

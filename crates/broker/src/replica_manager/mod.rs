@@ -659,13 +659,15 @@ impl ReplicaManager {
         }
         // Already replicated (a single replica, or followers ahead): answered now, with
         // NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min ISR meanwhile.
-        waits.retain(|(i, p, target)| match p.check_enough_replicas_reach_offset(*target) {
-            (true, code) => {
-                results[*i].error_code = code;
-                false
-            }
-            _ => true,
-        });
+        waits.retain(
+            |(i, p, target)| match p.check_enough_replicas_reach_offset(*target) {
+                (true, code) => {
+                    results[*i].error_code = code;
+                    false
+                }
+                _ => true,
+            },
+        );
         if waits.is_empty() {
             return AppendOutcome::Complete(results);
         }

@@ -389,7 +389,10 @@ impl Partition {
             }
             moved.is_some()
         };
-        debug_assert!(self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()), "HW <= LEO");
+        debug_assert!(
+            self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()),
+            "HW <= LEO"
+        );
         if moved {
             self.delayed.check_and_complete_all(&self.topic_partition);
         }
@@ -447,7 +450,9 @@ impl Partition {
     /// True when `replica_id` is a follower replica of this partition led here.
     pub fn is_follower_replica(&self, replica_id: i32) -> bool {
         let s = self.state.read();
-        s.role == Role::Leader && replica_id != self.local_broker && s.replicas.contains(&replica_id)
+        s.role == Role::Leader
+            && replica_id != self.local_broker
+            && s.replicas.contains(&replica_id)
     }
 
     /// Kafka's `maybeShrinkIsr` (the ISR-expiration task): proposes removing the ISR followers
@@ -505,7 +510,10 @@ impl Partition {
 
     /// The pending ISR change, if this broker leads and one is in flight.
     pub fn pending_isr_change(&self) -> Option<IsrChange> {
-        self.leader.lock().as_ref().and_then(|c| c.pending().cloned())
+        self.leader
+            .lock()
+            .as_ref()
+            .and_then(|c| c.pending().cloned())
     }
 
     /// Kafka's `checkEnoughReplicasReachOffset` for a delayed produce waiting for

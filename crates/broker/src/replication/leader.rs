@@ -337,7 +337,8 @@ impl LeaderState {
         self.isr = reg.isr.clone();
         self.partition_epoch = reg.partition_epoch;
         let local = self.local_broker;
-        self.followers.retain(|id, _| *id != local && reg.replicas.contains(id));
+        self.followers
+            .retain(|id, _| *id != local && reg.replicas.contains(id));
         for id in reg.replicas.iter().filter(|id| **id != local) {
             self.followers.entry(*id).or_insert(FollowerState::EMPTY);
         }
@@ -530,7 +531,11 @@ impl LeaderState {
 
     /// Kafka's `maybeShrinkIsr` (the ISR-expiration task, every `replica.lag.time.max.ms / 2`):
     /// proposes removing the out-of-sync followers. The proposal becomes the pending change.
-    pub fn maybe_shrink_isr(&mut self, leader_log_end_offset: i64, now_ms: i64) -> Option<IsrChange> {
+    pub fn maybe_shrink_isr(
+        &mut self,
+        leader_log_end_offset: i64,
+        now_ms: i64,
+    ) -> Option<IsrChange> {
         let out = self.out_of_sync_replicas(leader_log_end_offset, now_ms);
         if out.is_empty() {
             return None;
@@ -673,12 +678,18 @@ mod tests {
         assert_eq!(fetch(&mut l, 2, 7, 10, 1001).unwrap().high_watermark, None);
         let u = fetch(&mut l, 3, 4, 10, 1002).unwrap();
         assert_eq!(u.high_watermark, Some(4));
-        assert_eq!(fetch(&mut l, 3, 9, 10, 1003).unwrap().high_watermark, Some(7));
+        assert_eq!(
+            fetch(&mut l, 3, 9, 10, 1003).unwrap().high_watermark,
+            Some(7)
+        );
         assert_eq!(l.high_watermark(), 7);
         // A follower going back (it truncated) does not move the HW back.
         assert_eq!(fetch(&mut l, 2, 3, 10, 1004).unwrap().high_watermark, None);
         assert_eq!(l.high_watermark(), 7);
-        assert_eq!(fetch(&mut l, 2, 10, 10, 1005).unwrap().high_watermark, Some(9));
+        assert_eq!(
+            fetch(&mut l, 2, 10, 10, 1005).unwrap().high_watermark,
+            Some(9)
+        );
     }
 
     #[test]
@@ -702,7 +713,10 @@ mod tests {
         assert_eq!(l.effective_min_isr(), 3);
         assert!(!l.is_under_min_isr());
         fetch(&mut l, 2, 10, 10, 1).unwrap();
-        assert_eq!(fetch(&mut l, 3, 10, 10, 1).unwrap().high_watermark, Some(10));
+        assert_eq!(
+            fetch(&mut l, 3, 10, 10, 1).unwrap().high_watermark,
+            Some(10)
+        );
     }
 
     #[test]
@@ -711,10 +725,16 @@ mod tests {
         let mut l = leader(&[1], 1, 10, T);
         assert_eq!(l.maybe_increment_high_watermark(10, 0, T), Some(10));
         // 2 joins (pending); 3 is caught up but cannot be proposed while 2 is pending.
-        assert!(fetch(&mut l, 2, 10, 10, T + 1).unwrap().isr_change.is_some());
+        assert!(fetch(&mut l, 2, 10, 10, T + 1)
+            .unwrap()
+            .isr_change
+            .is_some());
         assert_eq!(fetch(&mut l, 3, 10, 10, T + 1).unwrap().isr_change, None);
         // The leader is at 20 and 2 has it all: 3, caught up and eligible, holds the HW at 10.
-        assert_eq!(fetch(&mut l, 2, 20, 20, T + 2).unwrap().high_watermark, None);
+        assert_eq!(
+            fetch(&mut l, 2, 20, 20, T + 2).unwrap().high_watermark,
+            None
+        );
         assert_eq!(l.high_watermark(), 10);
         // Once 3 is no longer caught up it does not.
         assert_eq!(
@@ -752,7 +772,10 @@ mod tests {
         fetch(&mut l, 2, 160, 250, 4000).unwrap();
         assert_eq!(l.follower(2).unwrap().last_caught_up_time_ms, 2000);
         let f = *l.follower(2).unwrap();
-        assert!(f.is_caught_up(160, 1_000_000, LAG), "same LEO as the leader");
+        assert!(
+            f.is_caught_up(160, 1_000_000, LAG),
+            "same LEO as the leader"
+        );
         assert!(f.is_caught_up(250, 2000 + LAG, LAG));
         assert!(!f.is_caught_up(250, 2001 + LAG, LAG));
     }
@@ -826,13 +849,18 @@ mod tests {
             }
             l.set_brokers(b);
             let epoch = if case == 3 { 999 } else { 102 };
-            let u = l.update_follower_fetch_state(2, 0, 0, epoch, 0, 0, 1).unwrap();
+            let u = l
+                .update_follower_fetch_state(2, 0, 0, epoch, 0, 0, 1)
+                .unwrap();
             assert_eq!(u.isr_change, None, "case {case}");
         }
         // A fetch without a broker epoch (-1, Fetch < v15) is eligible.
         let mut l = leader(&[1], 1, 0, 0);
         let u = l.update_follower_fetch_state(2, 0, 0, -1, 0, 0, 1).unwrap();
-        assert_eq!(u.isr_change.map(|c| c.new_isr), Some(vec![(1, 101), (2, -1)]));
+        assert_eq!(
+            u.isr_change.map(|c| c.new_isr),
+            Some(vec![(1, 101), (2, -1)])
+        );
     }
 
     #[test]
@@ -908,7 +936,10 @@ mod tests {
         // A first-time leader knows nothing of its followers.
         let l = leader(&[1, 2], 1, 10, 700);
         let f = *l.follower(2).unwrap();
-        assert_eq!((f.log_end_offset, f.last_caught_up_time_ms), (UNKNOWN_OFFSET, 700));
+        assert_eq!(
+            (f.log_end_offset, f.last_caught_up_time_ms),
+            (UNKNOWN_OFFSET, 700)
+        );
         assert_eq!(l.follower(3).unwrap().last_caught_up_time_ms, 0);
     }
 
