@@ -1059,6 +1059,16 @@ impl PartitionLog {
         }
         let log_end_offset = self.log_end_offset();
         if offset >= log_end_offset {
+            // Nothing to remove from the segments, but the epoch cache may end with an epoch
+            // that starts at the log end offset and has no record: this broker became leader
+            // and lost leadership before appending. Kafka's `UnifiedLog.truncateTo` always
+            // truncates the cache for this reason; a follower that kept such an entry would
+            // send it as LastFetchedEpoch, be told to truncate to where it already is, and
+            // never fetch again (found by the replication simulator).
+            let mut cache = self.epoch_cache.lock();
+            cache.truncate_from_end(log_end_offset)?;
+            self.latest_epoch
+                .store(cache.latest_epoch().unwrap_or(-1), Ordering::Release);
             return Ok(log_end_offset);
         }
         let log_start_offset = self.log_start_offset();

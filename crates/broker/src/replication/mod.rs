@@ -4,3 +4,4 @@
 
 pub mod follower;
 pub mod leader;
+pub mod sim;
