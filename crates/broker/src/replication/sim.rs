@@ -49,7 +49,7 @@ use super::follower::{
     truncation_for_diverging_epoch, EpochEndOffset, FetchDecision, FetchStatus, FetchedPartition,
     OutOfRange, PartitionFetchState,
 };
-use super::leader::{BrokerLiveness, IsrChange, LeaderRegistration, LeaderState};
+use super::leader::{BrokerLiveness, FollowerFetch, IsrChange, LeaderRegistration, LeaderState};
 use crate::alter_partition::{build_request, outcome_of, AlterPartitionItem};
 use crate::error_codes as ec;
 
@@ -747,10 +747,12 @@ impl Sim {
                             response.log_start_offset = 0;
                             response.records_bytes = records.len();
                             match state.update_follower_fetch_state(
-                                follower,
-                                fetch_offset,
-                                0,
-                                broker_epoch,
+                                FollowerFetch {
+                                    replica: follower,
+                                    fetch_offset,
+                                    log_start_offset: 0,
+                                    broker_epoch,
+                                },
                                 leo,
                                 0,
                                 now,
