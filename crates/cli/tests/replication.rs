@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gregor_protocol::batch::BatchBuilder;
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation, Layout};
+use gregor_tests::reference::tool_output;
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
@@ -111,6 +112,32 @@ fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>, Vec<i32>)> {
     })
 }
 
+/// The ISR of partition 0 as Kafka 4.4's `kafka-topics --describe` prints it (`Isr: 4,3`),
+/// sorted; None when the tool printed no partition line.
+fn describe_isr(bootstrap: &str) -> Option<Vec<i32>> {
+    let out = tool_output(
+        "kafka-topics",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--topic",
+            TOPIC,
+        ],
+    )
+    .expect("kafka-topics");
+    let line = out.lines().find(|l| l.contains("Partition: 0"))?;
+    let isr = line
+        .split('\t')
+        .find_map(|f| f.trim().strip_prefix("Isr: "))?;
+    let mut ids: Vec<i32> = isr
+        .split(',')
+        .filter_map(|i| i.trim().parse().ok())
+        .collect();
+    ids.sort_unstable();
+    Some(ids)
+}
+
 /// One batch of 5 records to partition 0 with `acks`: the base offset or the error code.
 fn produce(bootstrap: &str, acks: i16, tag: &str) -> Result<i64, i16> {
     let mut c = conn(bootstrap).map_err(|_| -1i16)?;
@@ -187,6 +214,8 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
         shrink_ms >= u128::from(LAG_MS),
         "not before the lag time: {shrink_ms} ms"
     );
+    // Kafka's own tool sees the same ISR.
+    assert_eq!(describe_isr(&lb), Some(expected.clone()));
     assert_eq!(produce(&lb, -1, "two-in-sync"), Ok(10));
 
     // Both followers stopped: the ISR is the leader alone, below min.insync.replicas.
