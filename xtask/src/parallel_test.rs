@@ -27,6 +27,9 @@ pub const BINARY_TIMEOUT: Duration = Duration::from_secs(900);
 /// Default number of test binaries run at once (`XTASK_TEST_JOBS` overrides it).
 pub const DEFAULT_JOBS: usize = 3;
 
+/// A binary's name, outcome and duration in seconds.
+type BinaryResult = (String, Result<()>, f64);
+
 /// One test executable cargo built.
 #[derive(Debug, Clone)]
 struct TestBinary {
@@ -61,7 +64,7 @@ pub fn run(root: &Path, cargo: &str) -> Result<()> {
         queue.len()
     );
     let queue = Arc::new(Mutex::new(VecDeque::from(queue)));
-    let results: Arc<Mutex<Vec<(String, Result<()>, f64)>>> = Arc::default();
+    let results: Arc<Mutex<Vec<BinaryResult>>> = Arc::default();
     let started = Instant::now();
     let workers: Vec<_> = (0..jobs)
         .map(|_| {
