@@ -39,7 +39,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::cluster::{Cluster, ClusterConfig, Implementation, READY_TIMEOUT};
+use crate::cluster::{Cluster, ClusterConfig, ClusterOptions, Implementation, READY_TIMEOUT};
 use crate::history::{FinalState, Found, History, OpId, OpKind, Outcome, Report};
 use crate::process::{self, ChildGuard};
 use crate::reference;
@@ -424,16 +424,16 @@ pub fn run(config: &ChaosConfig) -> Result<ChaosOutcome> {
             }
         };
     ensure!(!faults.is_empty(), "no fault to inject");
-    let mut cluster_config = ClusterConfig::combined(config.implementation.clone(), 3)
-        .with_proxies()
+    let cluster_config = ClusterConfig::combined(config.implementation.clone(), 3)
         .with("broker.session.timeout.ms", "4000")
         .with("broker.heartbeat.interval.ms", "500")
         .with("replica.lag.time.max.ms", "5000")
         .with("unclean.leader.election.enable", "false");
+    let mut options = ClusterOptions::default().with_proxies();
     if disk {
-        cluster_config = cluster_config.with_disk_limit_mib(256);
+        options = options.with_disk_limit_mib(256);
     }
-    let mut cluster = Cluster::start(&cluster_config)?;
+    let mut cluster = Cluster::start_with(&cluster_config, &options)?;
     let result = run_on(&mut cluster, config, &faults, disk, skipped, started);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(30)))
 }

@@ -134,16 +134,6 @@ pub struct ClusterConfig {
     /// `key=value` properties added to every node's file after the generated ones (a later
     /// line wins), e.g. shorter `broker.session.timeout.ms` for a test.
     pub properties: Vec<(String, String)>,
-    /// Put a [`Network`] proxy in front of every listener and advertise the proxies, so that
-    /// links can be cut ([`Cluster::network`]).
-    pub proxies: bool,
-    /// Mount a tmpfs of this many MiB on every node's data directory, so that a node's disk
-    /// can be filled ([`Node::fill_disk`]). Needs `mount` to be permitted (root, or
-    /// CAP_SYS_ADMIN); [`Cluster::prepare`] fails otherwise.
-    pub disk_limit_mib: Option<u64>,
-    /// JVM options of Kafka nodes instead of the default small heap with the C1 compiler
-    /// only (which starts fast but is slow; a benchmark wants the full JIT).
-    pub kafka_jvm_opts: Option<Vec<String>>,
 }
 
 impl ClusterConfig {
@@ -153,37 +143,51 @@ impl ClusterConfig {
             implementation,
             layout: Layout::Combined(n),
             properties: Vec::new(),
-            proxies: false,
-            disk_limit_mib: None,
-            kafka_jvm_opts: None,
         }
-    }
-
-    /// With these JVM options on Kafka nodes (see [`ClusterConfig::kafka_jvm_opts`]).
-    #[must_use]
-    pub fn with_kafka_jvm_opts(mut self, opts: &[&str]) -> Self {
-        self.kafka_jvm_opts = Some(opts.iter().map(|s| (*s).to_string()).collect());
-        self
-    }
-
-    /// With a proxy in front of every listener (see [`ClusterConfig::proxies`]).
-    #[must_use]
-    pub fn with_proxies(mut self) -> Self {
-        self.proxies = true;
-        self
-    }
-
-    /// With a size-limited tmpfs per data directory (see [`ClusterConfig::disk_limit_mib`]).
-    #[must_use]
-    pub fn with_disk_limit_mib(mut self, mib: u64) -> Self {
-        self.disk_limit_mib = Some(mib);
-        self
     }
 
     /// Adds a property to every node.
     #[must_use]
     pub fn with(mut self, key: &str, value: &str) -> Self {
         self.properties.push((key.to_string(), value.to_string()));
+        self
+    }
+}
+
+/// Options of a cluster beyond its configuration ([`Cluster::start_with`]).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Put a [`Network`] proxy in front of every listener and advertise the proxies, so that
+    /// links can be cut ([`Cluster::network`]).
+    pub proxies: bool,
+    /// Mount a tmpfs of this many MiB on every node's data directory, so that a node's disk
+    /// can be filled ([`Node::fill_disk`]). Needs `mount` to be permitted (root, or
+    /// CAP_SYS_ADMIN); [`Cluster::prepare_with`] fails otherwise.
+    pub disk_limit_mib: Option<u64>,
+    /// JVM options of Kafka nodes instead of the default small heap with the C1 compiler
+    /// only (which starts fast but is slow; a benchmark wants the full JIT).
+    pub kafka_jvm_opts: Option<Vec<String>>,
+}
+
+impl ClusterOptions {
+    /// With these JVM options on Kafka nodes (see [`ClusterOptions::kafka_jvm_opts`]).
+    #[must_use]
+    pub fn with_kafka_jvm_opts(mut self, opts: &[&str]) -> Self {
+        self.kafka_jvm_opts = Some(opts.iter().map(|s| (*s).to_string()).collect());
+        self
+    }
+
+    /// With a proxy in front of every listener (see [`ClusterOptions::proxies`]).
+    #[must_use]
+    pub fn with_proxies(mut self) -> Self {
+        self.proxies = true;
+        self
+    }
+
+    /// With a size-limited tmpfs per data directory (see [`ClusterOptions::disk_limit_mib`]).
+    #[must_use]
+    pub fn with_disk_limit_mib(mut self, mib: u64) -> Self {
+        self.disk_limit_mib = Some(mib);
         self
     }
 }
@@ -416,7 +420,7 @@ impl Node {
         }
     }
 
-    /// Fills the node's data directory (a tmpfs of [`ClusterConfig::disk_limit_mib`]) with a
+    /// Fills the node's data directory (a tmpfs of [`ClusterOptions::disk_limit_mib`]) with a
     /// file `disk-filler` until the device is full: every later write of the node fails with
     /// ENOSPC. Returns the bytes written.
     ///
@@ -426,7 +430,7 @@ impl Node {
     pub fn fill_disk(&self) -> Result<u64> {
         ensure!(
             self.disk_limited,
-            "node {} has no size-limited data directory (ClusterConfig::disk_limit_mib)",
+            "node {} has no size-limited data directory (ClusterOptions::disk_limit_mib)",
             self.node_id
         );
         let path = self.data_dir().join("disk-filler");
@@ -676,7 +680,7 @@ pub struct Cluster {
     nodes: Vec<Node>,
     /// `controller.quorum.voters`.
     voters: String,
-    /// The proxies, when [`ClusterConfig::proxies`] (dropped after the processes).
+    /// The proxies, when [`ClusterOptions::proxies`] (dropped after the processes).
     network: Option<Network>,
     /// The tmpfs mounts, unmounted after the processes are gone.
     _mounts: Mounts,
@@ -706,8 +710,16 @@ impl Cluster {
     /// When a layout is empty, a format fails, a node exits or the cluster is not ready
     /// within [`READY_TIMEOUT`]; the error carries the logs' tails.
     pub fn start(config: &ClusterConfig) -> Result<Self> {
+        Self::start_with(config, &ClusterOptions::default())
+    }
+
+    /// [`Cluster::start`] with `options` (proxies, size-limited disks, JVM options).
+    ///
+    /// # Errors
+    /// As [`Cluster::start`], and when a tmpfs cannot be mounted or a proxy port bound.
+    pub fn start_with(config: &ClusterConfig, options: &ClusterOptions) -> Result<Self> {
         let started = Instant::now();
-        let mut cluster = Self::prepare(config)?;
+        let mut cluster = Self::prepare_with(config, options)?;
         cluster.format()?;
         let formatted_ms = started.elapsed().as_millis();
         for n in &mut cluster.nodes {
@@ -729,6 +741,14 @@ impl Cluster {
     /// # Errors
     /// When the layout has no controller or no broker, or a file cannot be written.
     pub fn prepare(config: &ClusterConfig) -> Result<Self> {
+        Self::prepare_with(config, &ClusterOptions::default())
+    }
+
+    /// [`Cluster::prepare`] with `options`.
+    ///
+    /// # Errors
+    /// As [`Cluster::prepare`], and when a tmpfs cannot be mounted or a proxy port bound.
+    pub fn prepare_with(config: &ClusterConfig, options: &ClusterOptions) -> Result<Self> {
         let roles: Vec<Role> = match config.layout {
             Layout::Combined(n) => vec![Role::Combined; n],
             Layout::Split {
@@ -744,7 +764,7 @@ impl Cluster {
             config.layout
         );
         let gregor = matches!(config.implementation, Implementation::Gregor(_));
-        let per_listener = if config.proxies { 2 } else { 1 };
+        let per_listener = if options.proxies { 2 } else { 1 };
         let wanted: usize = roles
             .iter()
             .map(|r| {
@@ -757,7 +777,7 @@ impl Cluster {
             .prefix(&format!("gregor-cluster-{}-", config.implementation.name()))
             .tempdir()
             .context("creating the cluster directory")?;
-        let network = config.proxies.then(Network::new);
+        let network = options.proxies.then(Network::new);
         let mut mounts = Mounts(Vec::new());
         let mut nodes = Vec::new();
         for (i, role) in roles.iter().enumerate() {
@@ -765,7 +785,7 @@ impl Cluster {
             let dir = root.path().join(format!("node-{node_id}"));
             std::fs::create_dir_all(dir.join("data"))
                 .with_context(|| format!("creating {}", dir.display()))?;
-            if let Some(mib) = config.disk_limit_mib {
+            if let Some(mib) = options.disk_limit_mib {
                 let data = dir.join("data");
                 let out = Command::new("mount")
                     .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
@@ -784,7 +804,7 @@ impl Cluster {
             }
             let client_port = role.is_broker().then(|| ports.next()).flatten();
             let controller_port = role.is_controller().then(|| ports.next()).flatten();
-            let (client_proxy_port, controller_proxy_port) = if config.proxies {
+            let (client_proxy_port, controller_proxy_port) = if options.proxies {
                 (
                     client_port.and_then(|_| ports.next()),
                     controller_port.and_then(|_| ports.next()),
@@ -805,8 +825,8 @@ impl Cluster {
                 child: None,
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
-                disk_limited: config.disk_limit_mib.is_some(),
-                jvm_opts: config
+                disk_limited: options.disk_limit_mib.is_some(),
+                jvm_opts: options
                     .kafka_jvm_opts
                     .clone()
                     .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
@@ -894,7 +914,7 @@ impl Cluster {
         &self.voters
     }
 
-    /// The proxies in front of the listeners, when started with [`ClusterConfig::proxies`]:
+    /// The proxies in front of the listeners, when started with [`ClusterOptions::proxies`]:
     /// cut and heal links between nodes.
     pub fn network(&self) -> Option<&Network> {
         self.network.as_ref()
@@ -1292,9 +1312,6 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
-            proxies: false,
-            disk_limit_mib: None,
-            kafka_jvm_opts: None,
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1325,9 +1342,6 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![],
-            proxies: false,
-            disk_limit_mib: None,
-            kafka_jvm_opts: None,
         })
         .is_err());
     }

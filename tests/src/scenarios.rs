@@ -677,9 +677,6 @@ pub fn pause_and_resume_active_controller(
             brokers: 1,
         },
         properties: Vec::new(),
-        proxies: false,
-        disk_limit_mib: None,
-        kafka_jvm_opts: None,
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
@@ -771,7 +768,10 @@ pub struct IsolatedController {
 /// # Errors
 /// When the cluster misbehaves; with the nodes' logs.
 pub fn isolate_active_controller(implementation: Implementation) -> Result<IsolatedController> {
-    let mut cluster = Cluster::start(&scenario_config(implementation).with_proxies())?;
+    let mut cluster = Cluster::start_with(
+        &scenario_config(implementation),
+        &crate::cluster::ClusterOptions::default().with_proxies(),
+    )?;
     let result = isolate_controller(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
 }

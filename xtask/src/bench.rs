@@ -30,7 +30,7 @@ use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+use gregor_tests::cluster::{Cluster, ClusterConfig, ClusterOptions, Implementation};
 use gregor_tests::process::GregorServer;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -567,9 +567,9 @@ impl Server {
             Some(b) => Implementation::Gregor(b.clone()),
             None => Implementation::Kafka,
         };
-        let config = ClusterConfig::combined(implementation, CLUSTER_NODES)
-            .with_kafka_jvm_opts(&["-Xmx1g", "-Xms256m"]);
-        let cluster = Cluster::start(&config)?;
+        let config = ClusterConfig::combined(implementation, CLUSTER_NODES);
+        let options = ClusterOptions::default().with_kafka_jvm_opts(&["-Xmx1g", "-Xms256m"]);
+        let cluster = Cluster::start_with(&config, &options)?;
         Ok(Self::Cluster {
             bootstrap: cluster.bootstrap(),
             cluster: Box::new(cluster),
