@@ -34,9 +34,6 @@ fn config() -> ClusterConfig {
             brokers: 3,
         },
         properties: Vec::new(),
-        proxies: false,
-        disk_limit_mib: None,
-        kafka_jvm_opts: None,
     }
     .with("replica.lag.time.max.ms", &LAG_MS.to_string())
     // Stopped brokers stay registered and unfenced for the whole test: the ISR changes come
