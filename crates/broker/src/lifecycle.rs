@@ -118,7 +118,9 @@ pub async fn start(
         features: BrokerRegistrationRequest::supported_features(),
         rack: config.rack.clone(),
         log_dirs,
-        previous_broker_epoch: -1,
+        // KIP-966: the epoch a clean shutdown recorded; -1 after a crash, so the controller
+        // takes this broker out of every ISR and ELR until it has caught up again.
+        previous_broker_epoch: gregor_log::read_clean_shutdown_broker_epoch(&config.log_dirs),
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
     let broker_epoch = loop {

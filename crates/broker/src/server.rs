@@ -293,6 +293,10 @@ pub async fn start_with_authorizer(
         .await
         .map_err(|e| StartError::Logs(e.to_string()))?
         .map_err(|e| StartError::Logs(e.to_string()))?;
+    if let Some(lifecycle) = &lifecycle {
+        // A clean shutdown records it for the next registration's PreviousBrokerEpoch.
+        logs.set_broker_epoch(lifecycle.broker_epoch);
+    }
     info!(
         partitions = loaded.len(),
         elapsed_ms = load_started.elapsed().as_millis() as u64,

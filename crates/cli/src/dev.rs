@@ -125,10 +125,10 @@ pub fn node_properties(
     all: &[NodePorts],
     node_dir: &Path,
 ) -> Vec<(String, String)> {
-    // One replica per partition until the brokers' replica fetchers (issue 11) have landed:
-    // then 3 with min.insync.replicas 2 for a 3-node cluster.
-    let rf = 1;
-    let min_isr = 1;
+    // As a production cluster: three replicas (fewer nodes: one per node) and
+    // min.insync.replicas 2 once there are three, so acks=all survives the loss of a node.
+    let rf = all.len().clamp(1, 3);
+    let min_isr = if rf >= 3 { 2 } else { 1 };
     [
         ("node.id", node.node_id.to_string()),
         ("process.roles", "broker,controller".into()),
@@ -154,6 +154,7 @@ pub fn node_properties(
         ("admin.listener", format!("127.0.0.1:{}", node.admin)),
         ("offsets.topic.replication.factor", rf.to_string()),
         ("default.replication.factor", rf.to_string()),
+        ("min.insync.replicas", min_isr.to_string()),
         ("transaction.state.log.replication.factor", rf.to_string()),
         ("transaction.state.log.min.isr", min_isr.to_string()),
     ]

@@ -287,8 +287,7 @@ fn the_nodes_form_one_cluster() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    // One replica per partition: `gregor dev cluster` writes replication factor 1 defaults
-    // until the brokers' replica fetchers land (issue 11).
+    // One replica per partition, given explicitly (the dev cluster's default is 3).
     let rt = gregor_tests::clients::runtime().unwrap();
     let topic =
         rdkafka::admin::NewTopic::new("spread", 3, rdkafka::admin::TopicReplication::Fixed(1));

@@ -49,6 +49,44 @@ pub struct LogManager {
     _locks: Vec<File>,
     /// The clock handed to every log it opens.
     clock: SharedClock,
+    /// This broker's epoch, written into `.kafka_cleanshutdown` at a clean shutdown (-1 until
+    /// set); see [`read_clean_shutdown_broker_epoch`].
+    broker_epoch: std::sync::atomic::AtomicI64,
+}
+
+/// The broker epoch a clean shutdown left in every log dir's `.kafka_cleanshutdown`
+/// (`{"version":0,"brokerEpoch":N}`, Kafka's `CleanShutdownFileHandler`), for the
+/// `PreviousBrokerEpoch` of the next BrokerRegistration (KIP-966: a broker that did not shut
+/// down cleanly leaves every ISR and ELR when it registers again). -1 when any dir lacks the
+/// file or has an unreadable one, or the dirs disagree (Kafka's
+/// `readBrokerEpochFromCleanShutdownFiles`). Read before the logs are loaded: loading removes
+/// the files.
+pub fn read_clean_shutdown_broker_epoch(log_dirs: &[PathBuf]) -> i64 {
+    let mut epoch = None;
+    for dir in log_dirs {
+        let Ok(text) = std::fs::read_to_string(dir.join(CLEAN_SHUTDOWN_FILE)) else {
+            return -1;
+        };
+        let Some(this) = parse_clean_shutdown_epoch(&text) else {
+            return -1;
+        };
+        if epoch.is_some_and(|e| e != this) {
+            return -1;
+        }
+        epoch = Some(this);
+    }
+    epoch.unwrap_or(-1)
+}
+
+/// The `brokerEpoch` of a `.kafka_cleanshutdown` file's JSON (None when absent or not a
+/// number; an empty file from an older gregor or Kafka has none).
+fn parse_clean_shutdown_epoch(text: &str) -> Option<i64> {
+    let rest = &text[text.find("\"brokerEpoch\"")? + "\"brokerEpoch\"".len()..];
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '-'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
 }
 
 /// Encodes a topic id as Kafka's `Uuid.toString`: URL-safe base64 without padding.
@@ -309,6 +347,7 @@ impl LogManager {
             logs: Mutex::new(logs),
             _locks: locks,
             clock,
+            broker_epoch: std::sync::atomic::AtomicI64::new(-1),
         };
         manager.checkpoint_recovery_points()?;
         Ok((manager, loaded))
@@ -566,6 +605,13 @@ impl LogManager {
             .min()
     }
 
+    /// Sets the broker epoch a clean shutdown records (see
+    /// [`read_clean_shutdown_broker_epoch`]).
+    pub fn set_broker_epoch(&self, epoch: i64) {
+        self.broker_epoch
+            .store(epoch, std::sync::atomic::Ordering::Release);
+    }
+
     /// Closes every log (flush, producer snapshot, trimmed indexes), checkpoints recovery
     /// points, then writes `.kafka_cleanshutdown` in each directory whose logs all closed.
     ///
@@ -597,8 +643,11 @@ impl LogManager {
                 continue;
             }
             let marker = dir.join(CLEAN_SHUTDOWN_FILE);
-            if let Err(err) = write_atomically(&marker, br#"{"version":0,"brokerEpoch":-1}"#, true)
-            {
+            let body = format!(
+                r#"{{"version":0,"brokerEpoch":{}}}"#,
+                self.broker_epoch.load(std::sync::atomic::Ordering::Acquire)
+            );
+            if let Err(err) = write_atomically(&marker, body.as_bytes(), true) {
                 first_error.get_or_insert(err);
             }
         }
@@ -672,5 +721,44 @@ mod tests {
         assert_eq!(topic_id_from_string(&s), Some(id));
         assert_eq!(topic_id_to_string(&[0; 16]), "AAAAAAAAAAAAAAAAAAAAAA");
         assert_eq!(topic_id_from_string("short"), None);
+    }
+}
+
+#[cfg(test)]
+mod clean_shutdown_epoch_tests {
+    use super::*;
+
+    #[test]
+    fn the_broker_epoch_of_a_clean_shutdown_is_read_back_from_every_dir() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        // No marker anywhere: a crash.
+        assert_eq!(read_clean_shutdown_broker_epoch(&dirs), -1);
+        {
+            let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+            m.set_broker_epoch(42);
+            m.shutdown().unwrap();
+        }
+        let text = std::fs::read_to_string(a.path().join(CLEAN_SHUTDOWN_FILE)).unwrap();
+        assert_eq!(text, r#"{"version":0,"brokerEpoch":42}"#);
+        assert_eq!(read_clean_shutdown_broker_epoch(&dirs), 42);
+        // One dir without it (or disagreeing) is not a clean shutdown of the broker.
+        std::fs::write(
+            b.path().join(CLEAN_SHUTDOWN_FILE),
+            r#"{"version":0,"brokerEpoch":7}"#,
+        )
+        .unwrap();
+        assert_eq!(read_clean_shutdown_broker_epoch(&dirs), -1);
+        std::fs::remove_file(b.path().join(CLEAN_SHUTDOWN_FILE)).unwrap();
+        assert_eq!(read_clean_shutdown_broker_epoch(&dirs), -1);
+        // Loading the logs removes the marker.
+        let _ = LogManager::open(&dirs[..1], LogConfig::default()).unwrap();
+        assert_eq!(read_clean_shutdown_broker_epoch(&dirs[..1]), -1);
+        assert_eq!(parse_clean_shutdown_epoch(""), None);
+        assert_eq!(
+            parse_clean_shutdown_epoch(r#"{"brokerEpoch" : -1}"#),
+            Some(-1)
+        );
     }
 }
