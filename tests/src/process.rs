@@ -19,22 +19,61 @@ pub fn repo_root() -> PathBuf {
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")?;
-    Ok(listener.local_addr()?.port())
+    Ok(free_ports(1)?[0])
 }
 
-/// `n` distinct free ports (the listeners are held until all are picked, so they differ).
+/// Where ports handed out by [`free_ports`] are recorded across processes: the test binaries
+/// run side by side (`cargo xtask test`), and a port one of them picked but has not bound yet
+/// (a JVM takes seconds to start) must not be picked by another.
+const PORT_REGISTRY: &str = "gregor-test-ports";
+
+/// How long a recorded port stays reserved.
+const PORT_RESERVATION: Duration = Duration::from_secs(600);
+
+/// Records `port` as taken unless another process took it within [`PORT_RESERVATION`].
+fn reserve(port: u16) -> bool {
+    let dir = std::env::temp_dir().join(PORT_REGISTRY);
+    if std::fs::create_dir_all(&dir).is_err() {
+        return true; // no registry: as before, the kernel's choice alone
+    }
+    let path = dir.join(port.to_string());
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let stale = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age > PORT_RESERVATION);
+            // An old record is taken over (rewritten, so its time is now).
+            stale && std::fs::write(&path, b"").is_ok()
+        }
+        Err(_) => true,
+    }
+}
+
+/// `n` distinct free ports (the listeners are held until all are picked, so they differ), none
+/// handed to another test process in the last ten minutes.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")
-        })
-        .collect::<Result<Vec<_>>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")?;
+        let port = listener.local_addr()?.port();
+        if held.len() > 10_000 {
+            bail!("no free port found that is not reserved by another test process");
+        }
+        if reserve(port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    Ok(ports)
 }
 
 /// Sends one ApiVersions v0 request and checks that a well-formed, error-free answer comes back.

@@ -455,7 +455,7 @@ mod tests {
 
     fn roundtrip(port: u16) -> std::io::Result<()> {
         let mut s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
         s.write_all(b"ping")?;
         let mut buf = [0u8; 4];
         s.read_exact(&mut buf)?;

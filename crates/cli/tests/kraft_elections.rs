@@ -31,9 +31,14 @@ fn gregor() -> Implementation {
 }
 
 fn start() -> Cluster {
+    start_with_session_timeout(3000)
+}
+
+/// A 3-node cluster whose brokers are fenced `session_timeout_ms` after their last heartbeat.
+fn start_with_session_timeout(session_timeout_ms: u64) -> Cluster {
     Cluster::start(
         &ClusterConfig::combined(gregor(), 3)
-            .with("broker.session.timeout.ms", "3000")
+            .with("broker.session.timeout.ms", &session_timeout_ms.to_string())
             .with("broker.heartbeat.interval.ms", "500"),
     )
     .expect("a 3-node cluster")
@@ -137,19 +142,22 @@ fn kafka_leader_election_preferred_and_unclean() {
         "{out}"
     );
 
-    // Broker 2 stops (controlled shutdown: it leaves the ISR) and comes back; without an
-    // AlterPartition from the leader it stays out of the ISR.
+    // Broker 2 stops (controlled shutdown: it leaves the ISR), then the leader 1: no ISR
+    // member is left and the partition has no leader. Broker 2 comes back out of the ISR
+    // (its partition has no leader to fetch from, so it cannot catch up and rejoin): the topic
+    // with unclean.leader.election.enable gets it as leader at once, the other stays
+    // leaderless.
     cluster.node_mut(2).stop().expect("stop 2");
     wait_partition(&b3, "elect", "2 out of the ISR", |p| p.2 == vec![1]);
-    cluster.node_mut(2).spawn().expect("restart 2");
-    cluster
-        .wait_ready(Duration::from_secs(60))
-        .expect("2 is back");
-    // The leader stops: no ISR member is left, the partition has no leader; the topic with
-    // unclean.leader.election.enable gets the live out-of-ISR replica at once.
     cluster.node_mut(1).stop().expect("stop 1");
     wait_partition(&b3, "elect", "no leader", |p| p.0 == -1);
+    cluster.node_mut(2).spawn().expect("restart 2");
+    cluster
+        .node_mut(2)
+        .wait_listening(Duration::from_secs(60))
+        .expect("2 is back");
     let p = wait_partition(&b3, "auto", "unclean election by config", |p| p.0 == 2);
+    assert_eq!(partition(&b3, "elect").0, -1, "no clean leader for elect-0");
     assert_eq!(p.2, vec![2]);
 
     let out = elect(&b3, "PREFERRED", "elect");
@@ -207,13 +215,18 @@ fn reassign(bootstrap: &str, action: &str, json: Option<&str>) -> String {
 
 #[test]
 fn kafka_reassign_partitions_execute_list_verify_cancel() {
-    let cluster = start();
+    // A stopped (SIGSTOP) broker stays registered and unfenced for the whole test: the tool
+    // refuses a reassignment to a broker it does not see.
+    let mut cluster = start_with_session_timeout(120_000);
     let b1 = cluster.node(1).bootstrap().expect("broker 1");
     create(&b1, "move", "1:2");
     let plan = r#"{"version":1,"partitions":[{"topic":"move","partition":0,"replicas":[3,2]}]}"#;
 
     let out = reassign(&b1, "list", None);
     assert!(out.contains("No partition reassignments found"), "{out}");
+    // Broker 3 is stopped (SIGSTOP), so the replica it adds cannot catch up and the
+    // reassignment stays in progress until it is cancelled.
+    cluster.node_mut(3).pause().expect("SIGSTOP broker 3");
     let out = reassign(&b1, "execute", Some(plan));
     assert!(
         out.contains("Successfully started partition reassignment for move-0"),
@@ -238,6 +251,30 @@ fn kafka_reassign_partitions_execute_list_verify_cancel() {
     assert_eq!(partition(&b1, "move").1, vec![2, 1]);
     let out = reassign(&b1, "list", None);
     assert!(out.contains("No partition reassignments found"), "{out}");
+
+    // With broker 3 running, the same plan completes: 3 fetches the partition, joins the ISR,
+    // and broker 1 leaves the replicas.
+    cluster.node_mut(3).resume().expect("SIGCONT broker 3");
+    let out = reassign(&b1, "execute", Some(plan));
+    assert!(
+        out.contains("Successfully started partition reassignment for move-0"),
+        "{out}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = reassign(&b1, "verify", Some(plan));
+        if out.contains("Reassignment of partition move-0 is completed") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reassignment to [3, 2] did not complete: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let (_, replicas, isr) = partition(&b1, "move");
+    assert_eq!(replicas, vec![3, 2]);
+    assert!(isr.contains(&3) && !isr.contains(&1), "ISR {isr:?}");
 
     // Dropping a replica needs no new one to catch up: done at once, and the leader moves off
     // the removed replica.
