@@ -606,6 +606,7 @@ fn run_on(
     let report = history.check_reads(&state, &observed);
     if !report.is_valid() {
         dump(&history, &state, cluster.implementation.name(), config.seed);
+        keep_server_logs(cluster, config.seed);
     }
     for e in &mut events {
         if e.led.is_empty() {
@@ -659,6 +660,23 @@ fn dump(history: &History, state: &FinalState, implementation: &str, seed: u64) 
     match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text)) {
         Ok(()) => eprintln!("chaos: history and final log in {}", path.display()),
         Err(e) => eprintln!("warning: writing {}: {e}", path.display()),
+    }
+}
+
+/// Copies every node's `server.log` next to the history (`target/chaos/<impl>-<seed>-node-<id>.log`)
+/// so a failed run can be read after the cluster's directory is removed.
+fn keep_server_logs(cluster: &Cluster, seed: u64) {
+    let dir = process::repo_root().join("target/chaos");
+    for node in cluster.nodes() {
+        let path = dir.join(format!(
+            "{}-{seed}-node-{}.log",
+            cluster.implementation.name(),
+            node.node_id
+        ));
+        match std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(node.log_file(), &path)) {
+            Ok(_) => eprintln!("chaos: node {} log in {}", node.node_id, path.display()),
+            Err(e) => eprintln!("warning: keeping {}: {e}", path.display()),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use gregor_log::{LogError, LogManager, SharedClock, TopicPartition};
+use gregor_log::{AppendInfo, LogError, LogManager, SharedClock, TopicPartition};
 use gregor_metadata::{MetadataImage, PartitionRegistration};
 use gregor_protocol::batch::Batches;
 use parking_lot::RwLock;
@@ -91,6 +91,15 @@ pub enum AppendOutcome {
     Complete(Vec<PartitionAppendResult>),
     /// An acks=all wait in the produce purgatory.
     Delayed(DelayedProduce),
+}
+
+/// The offset an acks=all append waits for the high watermark to reach before it is
+/// acknowledged (Kafka's `ProducePartitionStatus.requiredOffset`, `lastOffset + 1`), `None`
+/// for acks 0 and 1. A duplicate batch (an idempotent retry, [`AppendInfo::duplicate`]) waits
+/// for its original offsets too: it was acknowledged by nobody yet, and its original may still
+/// be only on this leader.
+pub(crate) fn acks_all_required_offset(required_acks: i16, info: &AppendInfo) -> Option<i64> {
+    (required_acks == -1).then_some(info.last_offset + 1)
 }
 
 /// Kafka's `DelayedProduce`: an acks=all append waiting for the high watermark.
@@ -659,8 +668,14 @@ impl ReplicaManager {
         for (i, a) in appended.into_iter().enumerate() {
             match a {
                 Ok((p, info)) => {
-                    if required_acks == -1 && !info.duplicate {
-                        waits.push((i, p, info.last_offset + 1));
+                    // A duplicate (an idempotent producer's retry) carries the original
+                    // batch's offsets and waits for them like the original did: the retry of a
+                    // batch appended but not yet replicated (the first attempt timed out on a
+                    // leader cut from its followers) must not be acknowledged before the high
+                    // watermark passes it (Kafka's ReplicaManager waits on `lastOffset + 1`
+                    // whatever the append found).
+                    if let Some(offset) = acks_all_required_offset(required_acks, &info) {
+                        waits.push((i, p, offset));
                     }
                     results.push(PartitionAppendResult {
                         error_code: ec::NONE,

@@ -726,3 +726,69 @@ async fn log_append_time_comes_from_the_injected_clock() {
     assert_eq!(r[0].error_code, ec::NONE);
     assert_eq!(r[0].log_append_time_ms, T0_MS + 1_234);
 }
+
+/// An idempotent producer's retry of an acks=all batch that was appended but never replicated
+/// (the first attempt timed out on a leader cut from its followers) is a duplicate: it must
+/// wait for the original offsets like the original did, not be acknowledged at once. Acking it
+/// at once lost acknowledged records in the chaos test (seeds 1001 and 42): the isolated
+/// leader acknowledged the retries, and the new leader's log never had them.
+#[tokio::test]
+async fn an_idempotent_retry_of_an_unreplicated_batch_waits_for_the_high_watermark() {
+    let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let batch = BatchBuilder::new(0, T0_MS)
+        .producer(7, 0, 0)
+        .record(T0_MS, Some(b"k"), Some(b"j-5606"), &[])
+        .build();
+    let send = |timeout_ms: i64| {
+        f.rm.append_records(
+            timeout_ms,
+            -1,
+            AppendOrigin::Client,
+            vec![(TopicPartition::new("t", 0), batch.clone())],
+        )
+    };
+    let AppendOutcome::Delayed(first) = send(5_000).await else {
+        panic!("acks=all with a lagging follower must wait");
+    };
+    let first = tokio::spawn(first.complete());
+    let produce = &f.rm.delayed_operations().produce;
+    f.clock.advance_ms(5_000);
+    assert_eq!(produce.expire_due(), 1);
+    assert_eq!(
+        first.await.expect("join")[0].error_code,
+        ec::REQUEST_TIMED_OUT
+    );
+    // The retry: the same producer id, epoch and sequence.
+    let AppendOutcome::Delayed(retry) = send(5_000).await else {
+        panic!("the retry of an unreplicated batch was answered at once");
+    };
+    assert_eq!(f.partition(0).high_watermark(), 0);
+    assert_eq!(
+        f.partition(0).log.log_end_offset(),
+        1,
+        "nothing appended twice"
+    );
+    let retry = tokio::spawn(retry.complete());
+    // Not replicated before the timeout: the retry times out too.
+    f.clock.advance_ms(5_000);
+    assert_eq!(produce.expire_due(), 1);
+    let r = retry.await.expect("join");
+    assert_eq!(r[0].error_code, ec::REQUEST_TIMED_OUT);
+    assert_eq!(r[0].base_offset, 0, "the original batch's offset");
+    // Once the follower has it, a further retry completes with the original offset.
+    let AppendOutcome::Delayed(again) = send(30_000).await else {
+        panic!("still not replicated");
+    };
+    let again = tokio::spawn(again.complete());
+    let follower = FetchParams {
+        replica_id: FOLLOWER,
+        ..consumer(0)
+    };
+    assert_eq!(
+        fetched(f.fetch(follower, &[(0, 1)]).await)[0].error_code,
+        ec::NONE
+    );
+    let r = again.await.expect("join");
+    assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
+    assert!(purgatories_empty(&f.rm));
+}

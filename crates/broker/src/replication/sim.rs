@@ -13,6 +13,10 @@
 //!   semantics (`assign`, `truncate_from_end`, `end_offset_for`); a crash (kill -9) keeps the
 //!   log (the page cache survives a process crash) and loses everything in memory; the high
 //!   watermark restarts from the last `replication-offset-checkpoint` (every 5 s);
+//! - the producer is idempotent: an attempt that fails or times out is retried (up to
+//!   three times) with the same record; a leader whose log has it answers a duplicate, which
+//!   waits for the high watermark by the replica manager's rule
+//!   (`replica_manager::acks_all_required_offset`);
 //! - faults: crash and restart, pause (SIGSTOP: nothing is processed, messages queue), cut
 //!   links between two brokers or between a broker and the controller; then everything heals
 //!   and the cluster must converge.
@@ -52,6 +56,8 @@ use super::follower::{
 use super::leader::{BrokerLiveness, FollowerFetch, IsrChange, LeaderRegistration, LeaderState};
 use crate::alter_partition::{build_request, outcome_of, AlterPartitionItem};
 use crate::error_codes as ec;
+use crate::replica_manager::acks_all_required_offset;
+use gregor_log::AppendInfo;
 
 const TOPIC: &str = "sim";
 const BROKERS: [i32; 3] = [1, 2, 3];
@@ -63,6 +69,9 @@ const CHECKPOINT_INTERVAL_MS: i64 = 5_000;
 const FETCH_BACKOFF_MS: i64 = 100;
 const FETCH_TIMEOUT_MS: i64 = 1_000;
 const PRODUCE_TIMEOUT_MS: i64 = 3_000;
+/// Retries of an idempotent producer for a record whose attempt failed or timed out (the same
+/// producer id and sequence: a leader that has the batch answers it as a duplicate).
+const PRODUCE_RETRIES: u32 = 3;
 const MAX_RECORDS_PER_FETCH: usize = 20;
 const ELR_FEATURE: &str = "eligible.leader.replicas.version";
 
@@ -100,6 +109,8 @@ pub struct SimReport {
     pub acknowledged: u64,
     /// Produce attempts refused or failed (not leader, NOT_ENOUGH_REPLICAS, timeouts, ...).
     pub failed: u64,
+    /// Idempotent retries a leader answered as duplicates (the batch already in its log).
+    pub duplicates: u64,
     /// Leader changes in the committed metadata.
     pub leader_changes: u64,
     /// ISR changes committed by the controller.
@@ -295,6 +306,8 @@ struct Pending {
     offset: i64,
     value: u64,
     deadline: i64,
+    /// Retries the idempotent producer has left for this record.
+    retries_left: u32,
 }
 
 struct Sim {
@@ -1140,6 +1153,17 @@ impl Sim {
     // ----- the producer -----
 
     fn produce(&mut self) -> Result<(), Violation> {
+        let value = self.next_value;
+        self.next_value += 1;
+        self.send_produce(value, PRODUCE_RETRIES)
+    }
+
+    /// One acks=all attempt for `value` by an idempotent producer: to the leader the client's
+    /// metadata (any running broker's image) names. A leader whose log already has the value
+    /// answers the attempt as a duplicate (`AppendInfo::duplicate`, the original offset) and
+    /// the replica manager's rule ([`acks_all_required_offset`]) decides whether it waits for
+    /// the high watermark.
+    fn send_produce(&mut self, value: u64, retries_left: u32) -> Result<(), Violation> {
         let now = self.now;
         // The client's metadata comes from any running broker.
         let running: Vec<i32> = self
@@ -1149,15 +1173,16 @@ impl Sim {
             .map(|b| b.id)
             .collect();
         if running.is_empty() {
+            self.report.failed += 1;
             return Ok(());
         }
         let source = running[self.rng.below(running.len() as u64) as usize];
         let Some((leader, _, _)) = self.partition_of(self.brokers[&source].applied.unwrap_or(0))
         else {
+            self.report.failed += 1;
             return Ok(());
         };
         let current_leader = self.current_leader();
-        let value = self.next_value;
         let Some(b) = self.brokers.get_mut(&leader).filter(|b| b.running(now)) else {
             self.report.failed += 1;
             return Ok(());
@@ -1172,6 +1197,33 @@ impl Sim {
             return Ok(());
         }
         let epoch = state.leader_epoch();
+        let pending = |offset: i64| Pending {
+            broker: leader,
+            leader_epoch: epoch,
+            offset,
+            value,
+            deadline: now + PRODUCE_TIMEOUT_MS,
+            retries_left,
+        };
+        if let Some(offset) = b.log.entries.iter().position(|e| e.1 == value) {
+            // A duplicate: nothing is appended, the original offset is answered.
+            self.report.duplicates += 1;
+            let offset = offset as i64;
+            let info = AppendInfo {
+                first_offset: offset,
+                last_offset: offset,
+                log_append_time_ms: -1,
+                log_start_offset: 0,
+                duplicate: true,
+                records: 0,
+                bytes: 0,
+            };
+            match acks_all_required_offset(-1, &info) {
+                Some(_) => self.pending.push(pending(offset)),
+                None => self.acknowledge(offset, value)?,
+            }
+            return Ok(());
+        }
         let is_current = current_leader == Some((leader, epoch));
         check_leader_complete(&mut b.log, if is_current { &self.committed } else { &[] }).map_err(
             |w| Violation {
@@ -1183,49 +1235,58 @@ impl Sim {
         )?;
         let offset = b.log.leo();
         b.log.append((epoch, value));
-        self.next_value += 1;
         self.report.produced += 1;
-        self.pending.push(Pending {
-            broker: leader,
-            leader_epoch: epoch,
-            offset,
-            value,
-            deadline: now + PRODUCE_TIMEOUT_MS,
-        });
+        self.pending.push(pending(offset));
         self.update_leader_hw(leader)
+    }
+
+    /// An acks=all acknowledgement of `value` at `offset`: it must name the committed record.
+    fn acknowledge(&mut self, offset: i64, value: u64) -> Result<(), Violation> {
+        if self.committed.get(offset as usize).map(|e| e.1) != Some(value) {
+            return Err(self.violation(format!(
+                "acknowledged value {value} at offset {offset} is not the committed record {:?}",
+                self.committed.get(offset as usize)
+            )));
+        }
+        self.acked.insert(offset, value);
+        self.report.acknowledged += 1;
+        Ok(())
     }
 
     fn complete_produces(&mut self) -> Result<(), Violation> {
         let now = self.now;
         let mut still = Vec::new();
+        let mut retries = Vec::new();
         for p in std::mem::take(&mut self.pending) {
             let b = &self.brokers[&p.broker];
             let state = match &b.role {
                 Role::Leader(s) if b.alive && s.leader_epoch() == p.leader_epoch => s,
                 _ => {
                     self.report.failed += 1;
+                    retries.push(p);
                     continue;
                 }
             };
             match state.check_enough_replicas_reach_offset(p.offset + 1) {
-                (true, 0) => {
-                    if self.committed.get(p.offset as usize).map(|e| e.1) != Some(p.value) {
-                        return Err(self.violation(format!(
-                            "acknowledged value {} at offset {} is not the committed record {:?}",
-                            p.value,
-                            p.offset,
-                            self.committed.get(p.offset as usize)
-                        )));
-                    }
-                    self.acked.insert(p.offset, p.value);
-                    self.report.acknowledged += 1;
+                (true, 0) => self.acknowledge(p.offset, p.value)?,
+                (true, _) => {
+                    self.report.failed += 1;
+                    retries.push(p);
                 }
-                (true, _) => self.report.failed += 1,
-                (false, _) if now > p.deadline => self.report.failed += 1,
+                (false, _) if now > p.deadline => {
+                    self.report.failed += 1;
+                    retries.push(p);
+                }
                 (false, _) => still.push(p),
             }
         }
         self.pending = still;
+        // The idempotent producer retries a failed attempt with the same sequence.
+        for p in retries {
+            if p.retries_left > 0 {
+                self.send_produce(p.value, p.retries_left - 1)?;
+            }
+        }
         Ok(())
     }
 
@@ -1441,8 +1502,12 @@ mod tests {
             "nothing was acknowledged: {totals:?}"
         );
         assert!(
-            totals.leader_changes > 0 && totals.isr_changes > 0 && totals.truncations > 0,
-            "failover, ISR changes and truncation not all exercised: {totals:?}"
+            totals.leader_changes > 0
+                && totals.isr_changes > 0
+                && totals.truncations > 0
+                && totals.duplicates > 0,
+            "failover, ISR changes, truncation and idempotent retries not all exercised: \
+             {totals:?}"
         );
     }
 
