@@ -12,8 +12,11 @@
 set -euo pipefail
 
 : "${GREGOR_BOOTSTRAP:?GREGOR_BOOTSTRAP must be host:port of the broker under test}"
-: "${GREGOR_LOG_DIR:?GREGOR_LOG_DIR must be the log.dirs of the broker}"
+: "${GREGOR_LOG_DIR:?GREGOR_LOG_DIR must be the log.dirs of the broker (':'-separated for a cluster)}"
 B="$GREGOR_BOOTSTRAP"
+# Replication factor of the topics the suite creates: 3 against a 3-node cluster
+# (`cargo xtask test --cluster`), 1 against one broker.
+RF="${GREGOR_REPLICATION_FACTOR:-1}"
 # `cargo xtask test` passes its own binary in XTASK to skip a cargo round trip per tool.
 read -r -a XTASK_CMD <<<"${XTASK:-cargo xtask}"
 
@@ -39,9 +42,9 @@ N_GZIP=40
 N=$((N_PLAIN + N_GZIP))
 
 step "kafka-topics --create"
-kafka kafka-topics --bootstrap-server "$B" --create --topic "$MULTI" --partitions 3 --replication-factor 1 >"$WORK/create1"
+kafka kafka-topics --bootstrap-server "$B" --create --topic "$MULTI" --partitions 3 --replication-factor "$RF" >"$WORK/create1"
 expect_line "$WORK/create1" "Created topic $MULTI."
-kafka kafka-topics --bootstrap-server "$B" --create --topic "$SINGLE" --partitions 1 --replication-factor 1 \
+kafka kafka-topics --bootstrap-server "$B" --create --topic "$SINGLE" --partitions 1 --replication-factor "$RF" \
     --config retention.ms=86400000 >"$WORK/create2"
 expect_line "$WORK/create2" "Created topic $SINGLE."
 
@@ -97,8 +100,13 @@ for p in 0 1 2; do expect_line "$WORK/multi" "$MULTI:$p:0"; done
 cat "$WORK/latest" "$WORK/earliest" "$WORK/multi"
 
 step "kafka-dump-log --files on the broker's segment"
-SEGMENT="$GREGOR_LOG_DIR/$SINGLE-0/00000000000000000000.log"
-[[ -f "$SEGMENT" ]] || { ls -la "$GREGOR_LOG_DIR" "$GREGOR_LOG_DIR/$SINGLE-0" || true; fail "no segment file $SEGMENT"; }
+# The first log dir holding the partition (a cluster's nodes each have their own).
+SEGMENT=""
+IFS=':' read -r -a LOG_DIRS <<<"$GREGOR_LOG_DIR"
+for d in "${LOG_DIRS[@]}"; do
+  if [[ -f "$d/$SINGLE-0/00000000000000000000.log" ]]; then SEGMENT="$d/$SINGLE-0/00000000000000000000.log"; break; fi
+done
+[[ -n "$SEGMENT" ]] || { ls -la "${LOG_DIRS[@]}" || true; fail "no segment file of $SINGLE-0 under $GREGOR_LOG_DIR"; }
 kafka kafka-dump-log --files "$SEGMENT" --print-data-log >"$WORK/dump" 2>&1 || { cat "$WORK/dump"; fail "kafka-dump-log failed"; }
 head -5 "$WORK/dump"
 expect_line "$WORK/dump" "Log starting offset: 0"
@@ -162,7 +170,7 @@ G="interop-java-group-$SUFFIX"
 groups() { kafka kafka-consumer-groups --bootstrap-server "$B" "$@"; }
 
 step "consumer group: kafka-console-consumer --group $G --max-messages 30"
-kafka kafka-topics --bootstrap-server "$B" --create --topic "$GROUP_TOPIC" --partitions 2 --replication-factor 1 >/dev/null
+kafka kafka-topics --bootstrap-server "$B" --create --topic "$GROUP_TOPIC" --partitions 2 --replication-factor "$RF" >/dev/null
 keyed_lines() { for ((i = $1; i < $2; i++)); do printf 'key-%d\tvalue-%d\n' "$i" "$i"; done; }
 keyed_lines 0 30 >"$WORK/group-input1"
 keyed_props=(--reader-property parse.key=true --reader-property "key.separator=$(printf '\t')")

@@ -5,6 +5,8 @@ DeleteRecords, and the consumer-group admin calls (list, describe, list/alter of
 import time
 
 import pytest
+
+from conftest import REPLICATION_FACTOR
 from confluent_kafka import ConsumerGroupState, ConsumerGroupType, KafkaError, KafkaException, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -60,7 +62,7 @@ def broker_id(a: AdminClient) -> int:
 
 def test_confluent_kafka_topic_config_round_trip(bootstrap, topic_name):
     a = admin(bootstrap)
-    fs = a.create_topics([NewTopic(topic_name, 1, 1, config={"retention.ms": "86400000"})])
+    fs = a.create_topics([NewTopic(topic_name, 1, REPLICATION_FACTOR, config={"retention.ms": "86400000"})])
     fs[topic_name].result(timeout=TIMEOUT)
 
     topic = ConfigResource(ResourceType.TOPIC, topic_name)
@@ -131,7 +133,7 @@ def test_confluent_kafka_broker_config(bootstrap):
 
 def test_kafka_python_describe_configs(bootstrap, topic_name):
     a = admin(bootstrap)
-    fs = a.create_topics([NewTopic(topic_name, 1, 1, config={"retention.ms": "86400000", "cleanup.policy": "compact"})])
+    fs = a.create_topics([NewTopic(topic_name, 1, REPLICATION_FACTOR, config={"retention.ms": "86400000", "cleanup.policy": "compact"})])
     fs[topic_name].result(timeout=TIMEOUT)
     kp = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:

@@ -5,6 +5,8 @@ kafka-python (a pure-Python implementation of the protocol), and across the two.
 import time
 
 import pytest
+
+from conftest import REPLICATION_FACTOR
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -23,7 +25,7 @@ DEADLINE_S = 60
 
 def ck_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=REPLICATION_FACTOR)])
     futures[topic].result(timeout=30)
     # The topic must be visible in metadata with all partitions led.
     deadline = time.monotonic() + 30
@@ -87,7 +89,7 @@ def ck_consume(bootstrap: str, topic: str, n: int, partition: int = 0):
 def kp_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="interop-kafka-python")
     try:
-        admin.create_topics([KpNewTopic(name=topic, num_partitions=partitions, replication_factor=1)])
+        admin.create_topics([KpNewTopic(name=topic, num_partitions=partitions, replication_factor=REPLICATION_FACTOR)])
         described = admin.describe_topics([topic])
         assert len(described) == 1, described
         t = described[0]
