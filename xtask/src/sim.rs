@@ -128,6 +128,7 @@ fn run_replication(args: &SimArgs) -> Result<i32> {
                 total.truncations += r.truncations;
                 total.faults += r.faults;
                 total.committed += r.committed;
+                total.duplicates += r.duplicates;
             }
             Err(v) => {
                 eprintln!("VIOLATION: {v}");

@@ -1433,6 +1433,7 @@ pub fn run_seeds(from: u64, n: u64) -> Result<SimReport, Violation> {
         totals.truncations += r.truncations;
         totals.faults += r.faults;
         totals.committed += r.committed;
+        totals.duplicates += r.duplicates;
     }
     Ok(totals)
 }
