@@ -56,9 +56,9 @@ expect_line "$WORK/list" "$SINGLE"
 step "kafka-topics --describe"
 kafka kafka-topics --bootstrap-server "$B" --describe --topic "$MULTI" >"$WORK/describe"
 cat "$WORK/describe"
-expect_match "$WORK/describe" "^Topic: $MULTI\s.*PartitionCount: 3\s.*ReplicationFactor: 1"
+expect_match "$WORK/describe" "^Topic: $MULTI\s.*PartitionCount: 3\s.*ReplicationFactor: $RF"
 for p in 0 1 2; do
-    expect_match "$WORK/describe" "^\s*Topic: $MULTI\s+Partition: $p\s+Leader: [0-9]+\s+Replicas: [0-9]+\s+Isr: [0-9]+"
+    expect_match "$WORK/describe" "^\s*Topic: $MULTI\s+Partition: $p\s+Leader: [0-9]+\s+Replicas: [0-9]+(,[0-9]+){$((RF - 1))}\s+Isr: [0-9]+(,[0-9]+){$((RF - 1))}\s"
 done
 kafka kafka-topics --bootstrap-server "$B" --describe --topic "$SINGLE" >"$WORK/describe2"
 expect_match "$WORK/describe2" "Configs:.*retention.ms=86400000"
@@ -202,7 +202,7 @@ expect_match "$WORK/groups-describe1" "^$G +$GROUP_TOPIC +0 +$E0 +$E0 +0 +- +- +
 expect_match "$WORK/groups-describe1" "^$G +$GROUP_TOPIC +1 +$E1 +$E1 +0 +- +- +-\$"
 groups --describe --group "$G" --state >"$WORK/groups-state1"
 expect_match "$WORK/groups-state1" "^GROUP +COORDINATOR \(ID\) +ASSIGNMENT-STRATEGY +STATE +#MEMBERS$"
-expect_match "$WORK/groups-state1" "^$G +127\.0\.0\.1:[0-9]+ +\(1\) +- +Empty +0\$"
+expect_match "$WORK/groups-state1" "^$G +127\.0\.0\.1:[0-9]+ +\([0-9]+\) +- +Empty +0\$"
 groups --list --state >"$WORK/groups-list-state"
 expect_match "$WORK/groups-list-state" "^$G +Empty +\$"
 
@@ -218,7 +218,7 @@ for attempt in $(seq 1 30); do
     kill -0 "$LIVE" 2>/dev/null || { cat "$WORK/group-out2.err"; fail "the live console consumer exited"; }
     [[ $attempt == 30 ]] && { cat "$WORK/groups-state2"; fail "the group never became Stable with one member"; }
 done
-expect_match "$WORK/groups-state2" "^$G +127\.0\.0\.1:[0-9]+ +\(1\) +range +Stable +1\$"
+expect_match "$WORK/groups-state2" "^$G +127\.0\.0\.1:[0-9]+ +\([0-9]+\) +range +Stable +1\$"
 groups --describe --group "$G" --members >"$WORK/groups-members"
 cat "$WORK/groups-members"
 expect_match "$WORK/groups-members" "^$G +cli-live-[0-9a-f-]{36} +/127\.0\.0\.1 +cli-live +2 *\$"
@@ -277,7 +277,7 @@ groups --describe --group "$G848" >"$WORK/g848-describe1" 2>&1
 expect_match "$WORK/g848-describe1" "^$G848 +$GROUP_TOPIC +0 +$F0 +$F0 +0 +- +- +-\$"
 expect_match "$WORK/g848-describe1" "^$G848 +$GROUP_TOPIC +1 +$F1 +$F1 +0 +- +- +-\$"
 groups --describe --group "$G848" --state >"$WORK/g848-state1" 2>&1
-expect_match "$WORK/g848-state1" "^$G848 +127\.0\.0\.1:[0-9]+ +\(1\) +uniform +Empty +0\$"
+expect_match "$WORK/g848-state1" "^$G848 +127\.0\.0\.1:[0-9]+ +\([0-9]+\) +uniform +Empty +0\$"
 groups --list --type >"$WORK/g848-types"
 expect_match "$WORK/g848-types" "^$G848 +Consumer +\$"
 expect_match "$WORK/g848-types" "^GROUP +TYPE +\$"
@@ -292,7 +292,7 @@ for attempt in $(seq 1 30); do
     kill -0 "$LIVE" 2>/dev/null || { cat "$WORK/g848-out2.err"; fail "the live KIP-848 console consumer exited"; }
     [[ $attempt == 30 ]] && { cat "$WORK/g848-state2"; fail "the KIP-848 group never became Stable with one member"; }
 done
-expect_match "$WORK/g848-state2" "^$G848 +127\.0\.0\.1:[0-9]+ +\(1\) +uniform +Stable +1\$"
+expect_match "$WORK/g848-state2" "^$G848 +127\.0\.0\.1:[0-9]+ +\([0-9]+\) +uniform +Stable +1\$"
 groups --describe --group "$G848" --members --verbose >"$WORK/g848-members"
 cat "$WORK/g848-members"
 expect_match "$WORK/g848-members" "^GROUP +CONSUMER-ID +HOST +CLIENT-ID +#PARTITIONS +CURRENT-EPOCH +CURRENT-ASSIGNMENT +TARGET-EPOCH +TARGET-ASSIGNMENT *\$"

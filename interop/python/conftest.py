@@ -9,6 +9,8 @@ import pytest
 # Replication factor of the topics the tests create: 3 against a 3-node cluster
 # (`cargo xtask test --cluster`), 1 against one broker.
 REPLICATION_FACTOR = int(os.environ.get("GREGOR_REPLICATION_FACTOR", "1"))
+# Brokers in the cluster under test.
+BROKERS = int(os.environ.get("GREGOR_BROKERS", "1"))
 
 
 @pytest.fixture(scope="session")

@@ -481,7 +481,8 @@ impl Target {
             .env("GREGOR_LOG_DIR", &self.log_dir)
             .env("GREGOR_SERVER", self.name);
         if self.bootstrap.contains(',') {
-            cmd.env("GREGOR_REPLICATION_FACTOR", "3");
+            cmd.env("GREGOR_REPLICATION_FACTOR", "3")
+                .env("GREGOR_BROKERS", "3");
         }
     }
 }
