@@ -61,7 +61,12 @@ pub async fn handle(
         .collect();
     let mut results = broker
         .replica_manager
-        .fetch_offsets(req.isolation_level, lookups)
+        // ReplicaId -1 is a consumer (its isolation level applies); a follower (>= 0) or a
+        // debugging client (-2) reads to the log end offset (Kafka's ReplicaManager).
+        .fetch_offsets(
+            (req.replica_id.0 == -1).then_some(req.isolation_level),
+            lookups,
+        )
         .await
         .into_iter();
     let topics = req

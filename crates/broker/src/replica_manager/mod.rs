@@ -796,10 +796,11 @@ impl ReplicaManager {
     /// (partition, timestamp, current leader epoch) in one job on the I/O pool (the time index
     /// and segments are read). Results in order: (timestamp, offset, leader epoch) or a Kafka
     /// error code (UNKNOWN_TOPIC_OR_PARTITION, the leader check's, INVALID_REQUEST, the log's);
-    /// see [`Partition::fetch_offset_for_timestamp`].
+    /// see [`Partition::fetch_offset_for_timestamp`]. `isolation_level` is the consumer's, or
+    /// None for a follower or debugging client (read to the log end offset).
     pub async fn fetch_offsets(
         &self,
-        isolation_level: i8,
+        isolation_level: Option<i8>,
         lookups: Vec<(TopicPartition, i64, i32)>,
     ) -> Vec<Result<(i64, i64, i32), i16>> {
         let n = lookups.len();

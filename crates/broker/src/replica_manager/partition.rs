@@ -679,19 +679,26 @@ impl Partition {
     pub fn fetch_offset_for_timestamp(
         &self,
         timestamp: i64,
-        isolation_level: i8,
+        isolation_level: Option<i8>,
         current_leader_epoch: i32,
     ) -> Result<(i64, i64, i32), i16> {
         self.check_leader(current_leader_epoch)?;
         let epoch = self.log.latest_leader_epoch().unwrap_or(-1);
-        let last_fetchable = self.fetch_upper_bound(isolation_level, false);
-        // Kafka's fetchOffsetForTimestamp: a new leader whose high watermark has not reached
-        // the start offset of its epoch cannot tell where the committed data ends yet.
-        let lagging = self
-            .leader
-            .lock()
-            .as_ref()
-            .is_some_and(|c| c.leader_epoch_start_offset() > self.high_watermark());
+        // Kafka's fetchOffsetForTimestamp: a consumer (an isolation level) reads up to the high
+        // watermark or the LSO; a follower or a debugging client (none) up to the log end
+        // offset, which is what a follower recovering from OFFSET_OUT_OF_RANGE needs.
+        let last_fetchable = match isolation_level {
+            Some(level) => self.fetch_upper_bound(level, false),
+            None => self.log.log_end_offset(),
+        };
+        // A new leader whose high watermark has not reached the start offset of its epoch
+        // cannot tell a consumer where the committed data ends yet.
+        let lagging = isolation_level.is_some()
+            && self
+                .leader
+                .lock()
+                .as_ref()
+                .is_some_and(|c| c.leader_epoch_start_offset() > self.high_watermark());
         let found = |t: Option<gregor_log::TimestampAndOffset>| match t {
             Some(t) if t.offset < last_fetchable => {
                 Ok((t.timestamp_ms, t.offset, t.leader_epoch.unwrap_or(-1)))

@@ -651,11 +651,14 @@ async fn list_offsets_latest_waits_for_a_new_leaders_high_watermark() {
     // Leader again in epoch 1 at LEO 1 while the HW is still 0 (the follower never fetched).
     f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
     let latest = || (TopicPartition::new("t", 0), partition::LATEST_TIMESTAMP, -1);
-    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    let r = f.rm.fetch_offsets(Some(0), vec![latest()]).await;
     assert_eq!(r[0], Err(ec::OFFSET_NOT_AVAILABLE));
+    // A follower (no isolation level) gets the log end offset at once.
+    let r = f.rm.fetch_offsets(None, vec![latest()]).await;
+    assert_eq!(r[0].map(|(_, offset, _)| offset), Ok(1));
     follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 1, 1, 0).await;
     assert_eq!(f.partition(0).high_watermark(), 1);
-    let r = f.rm.fetch_offsets(0, vec![latest()]).await;
+    let r = f.rm.fetch_offsets(Some(0), vec![latest()]).await;
     assert_eq!(r[0].map(|(_, offset, epoch)| (offset, epoch)), Ok((1, 1)));
 }
 
