@@ -51,6 +51,9 @@ pub enum Suite {
     Java,
     /// interop/kcat (Debian's kcat, librdkafka 2.0.2; installed with apt-get when missing)
     Kcat,
+    /// The python and java interop suites again, against a 3-node gregor cluster
+    /// (`gregor dev cluster --nodes 3`, replication factor 3)
+    InteropCluster,
     /// cargo xtask difftest (gregor vs the reference Apache Kafka, field by field)
     Difftest,
     /// cargo xtask bench --quick (the benchmark harness, tiny sizes)
@@ -97,7 +100,10 @@ struct Outcome {
 pub fn run(args: &TestArgs) -> Result<i32> {
     let root = repo_root();
     let selected = |s: Suite| -> bool {
-        let interop = matches!(s, Suite::Python | Suite::Java | Suite::Kcat);
+        let interop = matches!(
+            s,
+            Suite::Python | Suite::Java | Suite::Kcat | Suite::InteropCluster
+        );
         // Like the interop suites, these need Java, Kafka's jars and the release build.
         let reference = matches!(s, Suite::Difftest | Suite::Bench);
         if (interop || reference) && args.skip_interop {
@@ -118,6 +124,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             || (s == Suite::Build
                 && !args.against_kafka
                 && (args.only.contains(&Suite::Interop)
+                    || args.only.contains(&Suite::InteropCluster)
                     || args.only.contains(&Suite::Difftest)
                     || args.only.contains(&Suite::Bench)))
     };
@@ -218,33 +225,59 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         skipped += 1;
     }
 
-    let interop: Vec<(Suite, &'static str)> = [
-        (Suite::Python, "interop-python"),
-        (Suite::Java, "interop-java"),
-        (Suite::Kcat, "interop-kcat"),
-    ]
-    .into_iter()
-    .filter(|(s, _)| {
-        // kcat's checks name the one broker's id in partition listings.
-        let keep = selected(*s) && !(args.cluster && *s == Suite::Kcat);
-        if !keep {
-            skipped += 1;
+    // The interop suites against one node, then (python and java) against a 3-node cluster
+    // (`--cluster` runs only the latter).
+    let cluster_run = !args.against_kafka && (args.cluster || selected(Suite::InteropCluster));
+    if !args.against_kafka && !args.cluster && !selected(Suite::InteropCluster) {
+        skipped += 1;
+    }
+    let runs: Vec<bool> = if args.cluster && !args.against_kafka {
+        vec![true]
+    } else if cluster_run {
+        vec![false, true]
+    } else {
+        vec![false]
+    };
+    for cluster in runs {
+        let interop: Vec<(Suite, &'static str)> = [
+            (Suite::Python, "interop-python"),
+            (Suite::Java, "interop-java"),
+            (Suite::Kcat, "interop-kcat"),
+        ]
+        .into_iter()
+        .filter(|(s, _)| {
+            let keep = if cluster {
+                // kcat's checks name the one broker's id in partition listings.
+                *s != Suite::Kcat && (!args.cluster || selected(*s))
+            } else {
+                selected(*s)
+            };
+            if !keep && !cluster {
+                skipped += 1;
+            }
+            keep
+        })
+        .map(|(s, name)| {
+            let name = match (cluster, s) {
+                (true, Suite::Python) => "interop-python-cluster",
+                (true, _) => "interop-java-cluster",
+                _ => name,
+            };
+            (s, name)
+        })
+        .collect();
+        if interop.is_empty() {
+            continue;
         }
-        keep
-    })
-    .collect();
-    if !interop.is_empty() {
         let build_failed = outcomes
             .iter()
             .any(|o| o.name == "build" && o.result.is_err());
         let target = if build_failed {
             Err(anyhow::anyhow!("the release build failed"))
+        } else if cluster {
+            Target::start_cluster(&root)
         } else {
-            if args.cluster && !args.against_kafka {
-                Target::start_cluster(&root)
-            } else {
-                Target::start(&root, args.against_kafka)
-            }
+            Target::start(&root, args.against_kafka)
         };
         match target {
             Err(e) => {
