@@ -37,9 +37,6 @@ use uuid::Uuid;
 use crate::error_codes as ec;
 use crate::replication::leader::{AlterPartitionOutcome, IsrChange};
 
-/// AlterPartition's version gregor sends (KIP-903's `NewIsrWithEpochs`).
-pub const ALTER_PARTITION_VERSION: i16 = 3;
-
 /// Kafka's retry delay after a top-level error (ms).
 pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 50;
 

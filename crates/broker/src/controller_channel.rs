@@ -453,6 +453,8 @@ const ALLOCATE_PRODUCER_IDS_VERSION: i16 = 0;
 const CREATE_TOPICS_VERSION: i16 = 7;
 const ENVELOPE_VERSION: i16 = 0;
 const DESCRIBE_QUORUM_VERSION: i16 = 2;
+/// AlterPartition's version gregor sends (v3: KIP-903's `NewIsrWithEpochs`).
+pub const ALTER_PARTITION_VERSION: i16 = 3;
 
 impl ControllerClient {
     /// The client of broker `node_id`, with `local` this node's controller over
@@ -604,7 +606,7 @@ impl ControllerClient {
             .forwarding
             .send(
                 ApiKey::AlterPartition,
-                crate::alter_partition::ALTER_PARTITION_VERSION,
+                ALTER_PARTITION_VERSION,
                 &body,
                 self.request_timeout,
             )
