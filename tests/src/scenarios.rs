@@ -821,8 +821,12 @@ fn isolate_controller(cluster: &mut Cluster) -> Result<IsolatedController> {
     );
     net.heal();
     cluster.wait_ready(Duration::from_secs(60))?;
-    // The old node follows the new leader again, and the cluster takes writes.
-    let back = cluster.wait_for_quorum(Duration::from_secs(30), |s| s.leader_id >= 0)?;
+    // The old node follows the new leader again, and the cluster takes writes. Right after
+    // the heal the old node may still answer with its stale view (itself, the old epoch)
+    // until it hears of the new epoch: wait for the new epoch.
+    let back = cluster.wait_for_quorum(Duration::from_secs(30), |s| {
+        s.leader_id >= 0 && s.leader_epoch > before.leader_epoch
+    })?;
     ensure!(
         back.leader_epoch > before.leader_epoch,
         "the epoch went back: {back:?} after {before:?}"
