@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::cluster::{Cluster, ClusterConfig, ClusterOptions, Implementation, READY_TIMEOUT};
@@ -844,27 +844,7 @@ fn start_workload(
             while !stop.load(Ordering::Relaxed) {
                 let partition = i32::try_from(i % i64::from(partitions))?;
                 let value = format!("r-{i}");
-                let op = history.invoke(OpKind::Produce {
-                    topic: TOPIC.to_string(),
-                    partition,
-                    value: value.clone(),
-                });
-                let mut record = BaseRecord::<(), String, usize>::with_opaque_to(TOPIC, op.0)
-                    .partition(partition)
-                    .payload(&value);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                            record = r;
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        Err((e, _)) => {
-                            history.complete(op, Outcome::Failed(format!("not sent: {e}")));
-                            break;
-                        }
-                    }
-                }
+                crate::scenarios::send_recorded(&producer, &history, TOPIC, partition, &value);
                 i += 1;
                 std::thread::sleep(pause);
             }

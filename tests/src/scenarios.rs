@@ -528,27 +528,7 @@ fn produce_under_failure(cluster: &mut Cluster) -> Result<ProduceUnderFailure> {
             while !stop.load(Ordering::Relaxed) {
                 let partition = i % PARTITIONS;
                 let value = format!("v-{i}");
-                let op = history.invoke(OpKind::Produce {
-                    topic: TOPIC.to_string(),
-                    partition,
-                    value: value.clone(),
-                });
-                let mut record = BaseRecord::<(), String, usize>::with_opaque_to(TOPIC, op.0)
-                    .partition(partition)
-                    .payload(&value);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                            record = r;
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        Err((e, _)) => {
-                            history.complete(op, Outcome::Failed(format!("not sent: {e}")));
-                            break;
-                        }
-                    }
-                }
+                send_recorded(&producer, &history, TOPIC, partition, &value);
                 i += 1;
                 // About 250 records a second: enough to span the fail-over densely.
                 std::thread::sleep(Duration::from_millis(4));
@@ -847,3 +827,39 @@ fn isolate_controller(cluster: &mut Cluster) -> Result<IsolatedController> {
 
 /// (leader id, leader epoch) as one node reports it.
 type QuorumStatusSummary = (i32, i32);
+
+/// Records a produce of `value` to `topic`/`partition` in `history` and hands it to
+/// `producer` (its delivery callback completes the operation), waiting while librdkafka's
+/// queue is full; a record that cannot be queued is recorded as failed.
+pub(crate) fn send_recorded<C>(
+    producer: &ThreadedProducer<C>,
+    history: &History,
+    topic: &str,
+    partition: i32,
+    value: &str,
+) where
+    C: rdkafka::producer::ProducerContext<DeliveryOpaque = usize>,
+{
+    let op = history.invoke(OpKind::Produce {
+        topic: topic.to_string(),
+        partition,
+        value: value.to_string(),
+    });
+    let value = value.to_string();
+    let mut record = BaseRecord::<(), String, usize>::with_opaque_to(topic, op.0)
+        .partition(partition)
+        .payload(&value);
+    loop {
+        match producer.send(record) {
+            Ok(()) => break,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((e, _)) => {
+                history.complete(op, Outcome::Failed(format!("not sent: {e}")));
+                break;
+            }
+        }
+    }
+}
