@@ -233,29 +233,18 @@ struct ReadPass {
     seen: Vec<(Arc<Partition>, i64, i32)>,
 }
 
-/// Kafka's `Partition.readRecords` check of a follower's `LastFetchedEpoch`: `Some((epoch,
-/// end offset))` when the follower's log diverges from this one (this log's largest epoch `<=`
-/// the follower's is older, or ends before the fetch offset), `None` when it does not.
-///
-/// # Errors
-/// OFFSET_OUT_OF_RANGE when the epoch's end offset is unknown here or the fetch offset is below
-/// the log start offset.
+/// [`crate::replication::leader::diverging_epoch`] for a follower fetch of `p`.
 fn diverging_epoch(
     p: &Partition,
     fp: &FetchPartition,
     log_start_offset: i64,
 ) -> Result<Option<(i32, i64)>, i16> {
-    let (epoch, end_offset) = p.log.end_offset_for_leader_epoch(fp.last_fetched_epoch);
-    if epoch < 0 || end_offset < 0 {
-        return Err(ec::OFFSET_OUT_OF_RANGE);
-    }
-    if fp.fetch_offset < log_start_offset {
-        return Err(ec::OFFSET_OUT_OF_RANGE);
-    }
-    if epoch < fp.last_fetched_epoch || end_offset < fp.fetch_offset {
-        return Ok(Some((epoch, end_offset)));
-    }
-    Ok(None)
+    crate::replication::leader::diverging_epoch(
+        p.log.end_offset_for_leader_epoch(fp.last_fetched_epoch),
+        fp.last_fetched_epoch,
+        fp.fetch_offset,
+        log_start_offset,
+    )
 }
 
 impl FetchPlan {

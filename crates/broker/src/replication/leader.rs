@@ -43,6 +43,32 @@ const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
 
+/// Kafka's `Partition.readRecords` check of a follower's `LastFetchedEpoch`
+/// (`validateFetchOffsetAndMaybeGetDivergingEpoch`): given this log's `(epoch, end offset)`
+/// for the follower's last fetched epoch (`end_offset_for_leader_epoch`), `Some((epoch, end
+/// offset))` when the follower's log diverges from this one (this log's largest epoch `<=`
+/// the follower's is older, or ends before the fetch offset), `None` when it does not.
+///
+/// # Errors
+/// OFFSET_OUT_OF_RANGE (1) when the epoch's end offset is unknown here or the fetch offset is
+/// below the log start offset.
+pub fn diverging_epoch(
+    end_offset_for_last_fetched_epoch: (i32, i64),
+    last_fetched_epoch: i32,
+    fetch_offset: i64,
+    log_start_offset: i64,
+) -> Result<Option<(i32, i64)>, i16> {
+    const OFFSET_OUT_OF_RANGE: i16 = 1;
+    let (epoch, end_offset) = end_offset_for_last_fetched_epoch;
+    if epoch < 0 || end_offset < 0 || fetch_offset < log_start_offset {
+        return Err(OFFSET_OUT_OF_RANGE);
+    }
+    if epoch < last_fetched_epoch || end_offset < fetch_offset {
+        return Ok(Some((epoch, end_offset)));
+    }
+    Ok(None)
+}
+
 /// What the metadata says about a broker, for ISR eligibility (KIP-841).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BrokerLiveness {

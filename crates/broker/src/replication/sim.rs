@@ -198,21 +198,20 @@ impl SimLog {
     }
 }
 
-/// The leader's check of a follower's `LastFetchedEpoch` (Kafka's
-/// `validateFetchOffsetAndMaybeGetDivergingEpoch`, as `ReplicaManager` answers it).
+/// The leader's check of a follower's `LastFetchedEpoch`: the real
+/// [`super::leader::diverging_epoch`] over this log's epoch cache (no log start offset here).
 fn diverging_epoch(
     log: &SimLog,
     last_fetched_epoch: i32,
     fetch_offset: i64,
 ) -> Result<Option<EpochEndOffset>, i16> {
-    let (epoch, end_offset) = log.end_offset_for(last_fetched_epoch);
-    if epoch < 0 || end_offset < 0 {
-        return Err(ec::OFFSET_OUT_OF_RANGE);
-    }
-    if epoch < last_fetched_epoch || end_offset < fetch_offset {
-        return Ok(Some(EpochEndOffset { epoch, end_offset }));
-    }
-    Ok(None)
+    super::leader::diverging_epoch(
+        log.end_offset_for(last_fetched_epoch),
+        last_fetched_epoch,
+        fetch_offset,
+        0,
+    )
+    .map(|d| d.map(|(epoch, end_offset)| EpochEndOffset { epoch, end_offset }))
 }
 
 #[derive(Debug)]
