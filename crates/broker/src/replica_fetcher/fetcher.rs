@@ -173,11 +173,20 @@ fn build_fetch(
     let mut sent = Sent::new();
     let mut topics: BTreeMap<Uuid, Vec<FetchPartition>> = BTreeMap::new();
     let mut next_due: Option<i64> = None;
+    let follower_quota = &ctx.quotas.follower;
     for (tp, f) in shared.partitions.lock().iter_mut() {
         if !f.state.is_ready(now_ms) {
             if let FetchStatus::Delayed { until_ms } = f.state.status {
                 next_due = Some(next_due.map_or(until_ms, |d| d.min(until_ms)));
             }
+            continue;
+        }
+        // Kafka's shouldFollowerThrottle: an out-of-sync replica of a throttled partition is
+        // left out while the follower quota is exceeded (with nothing else to fetch, the
+        // fetcher looks again after replica.fetch.backoff.ms, as Kafka's does).
+        if follower_quota.should_throttle(f.is_replica_in_sync(), &tp.topic, tp.partition) {
+            let due = now_ms.saturating_add(cfg.backoff_ms.max(1));
+            next_due = Some(next_due.map_or(due, |d| d.min(due)));
             continue;
         }
         sent.insert(
@@ -340,6 +349,11 @@ fn append(
     now: i64,
 ) {
     let whole = whole_batches_len(&records);
+    // Throttled partitions count against the follower quota, in sync or not (Kafka's
+    // ReplicaFetcherThread.processPartitionData).
+    if whole > 0 && ctx.quotas.follower.is_throttled(&tp.topic, tp.partition) {
+        ctx.quotas.follower.record(whole as u64);
+    }
     if whole > 0 {
         if let Err(e) = f.partition.append_records_as_follower(&records[..whole]) {
             tracing::error!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
@@ -361,6 +375,10 @@ fn append(
         f.partition.log.log_end_offset(),
         f.partition.log.latest_leader_epoch(),
     );
+    // Kafka's lag: updated when records came or before the first answer.
+    if whole > 0 || f.lag.is_none() {
+        f.lag = Some((leader_hw - f.state.fetch_offset).max(0));
+    }
 }
 
 fn truncate_diverging(

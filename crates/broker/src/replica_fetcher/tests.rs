@@ -93,6 +93,7 @@ async fn fetchers_follow_the_metadata() {
         7,
         rm.io_pool().clone(),
         rm.clock().clone(),
+        rm.replication_quotas().clone(),
     ));
     assert_eq!(
         fetchers.config().listener_name.as_deref(),
