@@ -172,7 +172,7 @@ pub fn describe_configs(
                             DescribeConfigsResourceResult::default()
                                 .with_name(sb(cname))
                                 .with_value(Some(sb(value)))
-                                .with_read_only(false)
+                                .with_read_only(crate::config::describe_read_only(cname))
                                 .with_config_source(ConfigSource::DynamicDefaultBroker.code())
                                 .with_is_sensitive(false)
                                 .with_synonyms(if req.include_synonyms {
@@ -186,7 +186,16 @@ pub fn describe_configs(
                     results.push(r);
                     continue;
                 }
-                for (cname, value, _, ty) in broker.config.describe() {
+                // The replication throttle rates are no KafkaConfig keys: Kafka lists them
+                // only when set dynamically (its `originals`).
+                let quota_rates = crate::config::BROKER_QUOTA_KEYS
+                    .iter()
+                    .filter(|n| dynamic.get(n).is_some())
+                    .map(|n| ((*n).to_string(), None, ConfigSource::Default, ConfigType::Long));
+                let mut entries = broker.config.describe();
+                entries.extend(quota_rates);
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                for (cname, value, _, ty) in entries {
                     if !wanted(&res.configuration_keys, &cname) {
                         continue;
                     }
@@ -205,7 +214,7 @@ pub fn describe_configs(
                         DescribeConfigsResourceResult::default()
                             .with_name(sb(&cname))
                             .with_value(value.as_deref().map(sb))
-                            .with_read_only(!crate::config::is_dynamic_broker_config(&cname))
+                            .with_read_only(crate::config::describe_read_only(&cname))
                             .with_config_source(source.code())
                             .with_is_sensitive(false)
                             .with_synonyms(synonyms)
