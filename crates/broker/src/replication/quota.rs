@@ -436,4 +436,69 @@ mod tests {
             assert!(validate_throttled_replicas(bad).is_err(), "{bad:?}");
         }
     }
+
+    #[test]
+    fn throttle_configs_validate_as_kafka() {
+        use crate::config::{describe_read_only, validate_broker_config, validate_topic_config};
+        // --verify deletes all three rates.
+        for name in [
+            "leader.replication.throttled.rate",
+            "follower.replication.throttled.rate",
+            "replica.alter.log.dirs.io.max.bytes.per.second",
+        ] {
+            assert!(validate_broker_config(name, None).is_ok(), "{name}");
+            assert!(validate_broker_config(name, Some("1000")).is_ok(), "{name}");
+            assert!(validate_broker_config(name, Some("-1")).is_err(), "{name}");
+            assert!(validate_broker_config(name, Some("fast")).is_err(), "{name}");
+            assert!(describe_read_only(name), "Kafka reports {name} read-only");
+        }
+        // The replica lists are topic configs only (no broker synonym in Kafka).
+        assert!(validate_broker_config("leader.replication.throttled.replicas", Some("*")).is_err());
+        assert!(validate_topic_config("leader.replication.throttled.replicas", "0:1,1:2").is_ok());
+        assert!(validate_topic_config("follower.replication.throttled.replicas", "*").is_ok());
+        let e = validate_topic_config("follower.replication.throttled.replicas", "0-1")
+            .expect_err("not partition:broker");
+        assert!(e.to_string().contains("must be the literal '*'"), "{e}");
+    }
+
+    #[test]
+    fn quotas_follow_the_configs() {
+        let q = ReplicationQuotas::new(ManualClock::new(0), 11, 1);
+        let mut dynamic = crate::config::DynamicBrokerConfigs::default();
+        dynamic
+            .cluster_default
+            .insert("leader.replication.throttled.rate".into(), "500".into());
+        dynamic
+            .per_broker
+            .insert("leader.replication.throttled.rate".into(), "700".into());
+        dynamic
+            .cluster_default
+            .insert("follower.replication.throttled.rate".into(), "900".into());
+        let topics = [
+            (
+                "a",
+                std::collections::BTreeMap::from([(
+                    "leader.replication.throttled.replicas".to_string(),
+                    "0:1,1:2,3:1".to_string(),
+                )]),
+            ),
+            (
+                "b",
+                std::collections::BTreeMap::from([(
+                    "follower.replication.throttled.replicas".to_string(),
+                    "*".to_string(),
+                )]),
+            ),
+        ];
+        q.apply_configs(&dynamic, topics.iter().map(|(t, c)| (*t, c.clone())), 1);
+        assert_eq!(q.leader.upper_bound(), 700, "per broker over the default");
+        assert_eq!(q.follower.upper_bound(), 900);
+        assert!(q.leader.is_throttled("a", 0) && q.leader.is_throttled("a", 3));
+        assert!(!q.leader.is_throttled("a", 1) && !q.leader.is_throttled("b", 0));
+        assert!(q.follower.is_throttled("b", 42) && !q.follower.is_throttled("a", 0));
+        // Configs removed (--verify): unthrottled, nothing throttled.
+        q.apply_configs(&Default::default(), std::iter::empty(), 1);
+        assert_eq!(q.leader.upper_bound(), UNTHROTTLED);
+        assert!(!q.leader.is_throttled("a", 0) && !q.follower.is_throttled("b", 0));
+    }
 }
