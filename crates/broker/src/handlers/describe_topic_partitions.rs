@@ -18,7 +18,7 @@
 //! - **Partitions**: leader (-1 when the leader is not alive on the request's listener),
 //!   leader epoch, replicas, ISR, ELR and last known ELR (KIP-966), offline replicas (as
 //!   Metadata); `TopicAuthorizedOperations` is the bit field of the topic operations the
-//!   principal may do.
+//!   principal may do, for unknown topics too (not for unauthorized ones), as Kafka.
 //!
 //! Served on broker listeners only (the controller listener does not advertise it).
 
@@ -214,7 +214,9 @@ pub fn handle(
                         .with_error_code(code)
                         .with_name(Some(TopicName(sb(&name))))
                         .with_topic_id(Uuid::nil())
-                        .with_is_internal(is_internal(&name)),
+                        .with_is_internal(is_internal(&name))
+                        // As Kafka: every topic of the image's answer gets the bit field.
+                        .with_topic_authorized_operations(authorized_operations(broker, ctx, &name)),
                 );
             }
             continue;
