@@ -1381,13 +1381,6 @@ pub fn is_dynamic_broker_config(name: &str) -> bool {
         || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
 }
 
-/// DescribeConfigs' `read_only` of broker config `name`: not dynamic, or one of the
-/// replication throttle rates, which Kafka reports read-only although AlterConfigs changes
-/// them (they are not in its `DynamicBrokerConfig.AllDynamicConfigs`).
-pub fn describe_read_only(name: &str) -> bool {
-    !is_dynamic_broker_config(name) || BROKER_QUOTA_KEYS.contains(&name)
-}
-
 /// The type and Kafka default of a broker config gregor knows, if any.
 pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
     if BROKER_QUOTA_KEYS.contains(&name) {

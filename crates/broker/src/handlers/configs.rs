@@ -172,7 +172,7 @@ pub fn describe_configs(
                             DescribeConfigsResourceResult::default()
                                 .with_name(sb(cname))
                                 .with_value(Some(sb(value)))
-                                .with_read_only(crate::config::describe_read_only(cname))
+                                .with_read_only(!crate::config::is_dynamic_broker_config(cname))
                                 .with_config_source(ConfigSource::DynamicDefaultBroker.code())
                                 .with_is_sensitive(false)
                                 .with_synonyms(if req.include_synonyms {
@@ -214,7 +214,7 @@ pub fn describe_configs(
                         DescribeConfigsResourceResult::default()
                             .with_name(sb(&cname))
                             .with_value(value.as_deref().map(sb))
-                            .with_read_only(crate::config::describe_read_only(&cname))
+                            .with_read_only(!crate::config::is_dynamic_broker_config(&cname))
                             .with_config_source(source.code())
                             .with_is_sensitive(false)
                             .with_synonyms(synonyms)
@@ -321,7 +321,10 @@ async fn alter_resource(
                 )),
             }
         } else {
-            crate::config::validate_broker_config(key, value).map_err(|e| invalid_config(&e))
+            // Kafka's ConfigAdminManager answers INVALID_REQUEST for a broker config that
+            // fails validation (KAFKA-13609), INVALID_CONFIG only for topics.
+            crate::config::validate_broker_config(key, value)
+                .map_err(|e| (ec::INVALID_REQUEST, Some(e.to_string())))
         }
     };
     let config_type = |key: &str| -> Option<ConfigType> {
