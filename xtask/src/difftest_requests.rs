@@ -9,15 +9,14 @@ use gregor_protocol::batch::{BatchBuilder, Compression};
 use kafka_protocol::messages::{
     alter_configs_request, create_topics_request, delete_records_request, delete_topics_request,
     describe_configs_request, describe_topic_partitions_request, fetch_request,
-    incremental_alter_configs_request, join_group_request,
-    leave_group_request, list_offsets_request, metadata_request, offset_commit_request,
-    offset_fetch_request, produce_request, sync_group_request, AlterConfigsRequest, ApiKey,
-    ApiVersionsRequest, BrokerId, CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, DescribeTopicPartitionsRequest, FetchRequest, FindCoordinatorRequest,
-    GroupId, HeartbeatRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, ProduceRequest,
-    RequestKind, SyncGroupRequest, TopicName,
+    incremental_alter_configs_request, join_group_request, leave_group_request,
+    list_offsets_request, metadata_request, offset_commit_request, offset_fetch_request,
+    produce_request, sync_group_request, AlterConfigsRequest, ApiKey, ApiVersionsRequest, BrokerId,
+    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    DescribeTopicPartitionsRequest, FetchRequest, FindCoordinatorRequest, GroupId,
+    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, ProduceRequest, RequestKind, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{Map, Value};
@@ -163,7 +162,9 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
             let topics = list(b, "topics")
                 .iter()
                 .filter_map(|t| t.as_str())
-                .map(|t| describe_topic_partitions_request::TopicRequest::default().with_name(topic(t)))
+                .map(|t| {
+                    describe_topic_partitions_request::TopicRequest::default().with_name(topic(t))
+                })
                 .collect();
             let cursor = match field(b, "cursor") {
                 None => None,

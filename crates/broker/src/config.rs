@@ -724,7 +724,11 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
     // Replication throttles (KIP-73, Kafka's `QuotaConfig`): the rate's samples.
     ("replication.quota.window.num", ConfigType::Int, "11"),
-    ("replication.quota.window.size.seconds", ConfigType::Int, "1"),
+    (
+        "replication.quota.window.size.seconds",
+        ConfigType::Int,
+        "1",
+    ),
     // DescribeTopicPartitions (KIP-966): the most partitions one response holds.
     ("max.request.partition.size.limit", ConfigType::Int, "2000"),
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).

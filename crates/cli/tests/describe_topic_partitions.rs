@@ -199,14 +199,25 @@ fn describe_topic_partitions_pages_and_serves_kafka_topics() {
     );
     // A limit below 1 counts as 1.
     let r = describe(&b, &["dtp-b"], 0, None);
-    assert_eq!(summary(&r), owned(&[("dtp-b", 0, &[0])], Some(("dtp-b", 1))));
+    assert_eq!(
+        summary(&r),
+        owned(&[("dtp-b", 0, &[0])], Some(("dtp-b", 1)))
+    );
 
     // Errors: unknown and invalid names are reported, topics before the cursor are not.
-    let r = describe(&b, &["dtp-a", "nope", "bad name!", "dtp-b"], 2000, Some(("dtp-b", 2)));
+    let r = describe(
+        &b,
+        &["dtp-a", "nope", "bad name!", "dtp-b"],
+        2000,
+        Some(("dtp-b", 2)),
+    );
     assert_eq!(
         summary(&r),
         owned(
-            &[("dtp-b", 0, &[2]), ("nope", UNKNOWN_TOPIC_OR_PARTITION, &[])],
+            &[
+                ("dtp-b", 0, &[2]),
+                ("nope", UNKNOWN_TOPIC_OR_PARTITION, &[])
+            ],
             None
         )
     );

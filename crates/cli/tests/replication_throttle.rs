@@ -104,7 +104,11 @@ fn set_configs(bootstrap: &str, resource_type: i8, name: &str) -> Vec<String> {
             ]),
         )
         .expect("DescribeConfigs");
-    assert_eq!(r.results[0].error_code, 0, "{:?}", r.results[0].error_message);
+    assert_eq!(
+        r.results[0].error_code, 0,
+        "{:?}",
+        r.results[0].error_message
+    );
     r.results[0]
         .configs
         .iter()
@@ -175,7 +179,9 @@ fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears
     let plan = dir.path().join("plan.json");
     std::fs::write(
         &plan,
-        format!(r#"{{"version":1,"partitions":[{{"topic":"{TOPIC}","partition":0,"replicas":[1,2]}}]}}"#),
+        format!(
+            r#"{{"version":1,"partitions":[{{"topic":"{TOPIC}","partition":0,"replicas":[1,2]}}]}}"#
+        ),
     )
     .expect("write the plan");
     let plan = plan.display().to_string();
@@ -226,13 +232,17 @@ fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears
     .expect("kafka-configs");
     assert!(
         described.contains("follower.replication.throttled.rate=1000000")
-            && described.contains("DYNAMIC_BROKER_CONFIG:leader.replication.throttled.rate=1000000"),
+            && described
+                .contains("DYNAMIC_BROKER_CONFIG:leader.replication.throttled.rate=1000000"),
         "{described}"
     );
 
     // The throttled replica out of the ISR holds nothing back: acks=all answers at once.
     let acks_all = produce(&b1, 8);
-    assert!(acks_all < Duration::from_secs(2), "acks=all took {acks_all:?}");
+    assert!(
+        acks_all < Duration::from_secs(2),
+        "acks=all took {acks_all:?}"
+    );
     let total = local_size(&b1).expect("broker 1 holds the partition");
 
     // Broker 2's copy over time: from 1 MiB to total - 1 MiB at about the throttle.

@@ -191,7 +191,14 @@ pub fn describe_configs(
                 let quota_rates = crate::config::BROKER_QUOTA_KEYS
                     .iter()
                     .filter(|n| dynamic.get(n).is_some())
-                    .map(|n| ((*n).to_string(), None, ConfigSource::Default, ConfigType::Long));
+                    .map(|n| {
+                        (
+                            (*n).to_string(),
+                            None,
+                            ConfigSource::Default,
+                            ConfigType::Long,
+                        )
+                    });
                 let mut entries = broker.config.describe();
                 entries.extend(quota_rates);
                 entries.sort_by(|a, b| a.0.cmp(&b.0));

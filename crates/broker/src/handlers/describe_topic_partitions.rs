@@ -110,7 +110,10 @@ fn partitions(
     (out, next)
 }
 
-fn request_error(req: &DescribeTopicPartitionsRequest, code: i16) -> DescribeTopicPartitionsResponse {
+fn request_error(
+    req: &DescribeTopicPartitionsRequest,
+    code: i16,
+) -> DescribeTopicPartitionsResponse {
     crate::observability::record_error(
         gregor_protocol::kafka_protocol::messages::ApiKey::DescribeTopicPartitions,
         code,
@@ -216,7 +219,9 @@ pub fn handle(
                         .with_topic_id(Uuid::nil())
                         .with_is_internal(is_internal(&name))
                         // As Kafka: every topic of the image's answer gets the bit field.
-                        .with_topic_authorized_operations(authorized_operations(broker, ctx, &name)),
+                        .with_topic_authorized_operations(authorized_operations(
+                            broker, ctx, &name,
+                        )),
                 );
             }
             continue;

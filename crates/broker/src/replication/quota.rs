@@ -110,12 +110,7 @@ impl ByteRate {
     pub fn measure(&mut self, now_ms: i64) -> f64 {
         self.purge(now_ms);
         let total: f64 = self.ring.iter().map(|s| s.bytes).sum();
-        let oldest = self
-            .ring
-            .iter()
-            .map(|s| s.start_ms)
-            .min()
-            .unwrap_or(now_ms);
+        let oldest = self.ring.iter().map(|s| s.start_ms).min().unwrap_or(now_ms);
         let elapsed_ms = (now_ms - oldest).max(self.window_ms);
         total * 1000.0 / elapsed_ms as f64
     }
@@ -255,8 +250,7 @@ impl ReplicationQuotaManager {
     /// Kafka's `shouldLeaderThrottle` / `shouldFollowerThrottle`: a replica not in sync, of a
     /// throttled partition, while the quota is exceeded. Counts the throttled answers.
     pub fn should_throttle(&self, in_sync: bool, topic: &str, partition: i32) -> bool {
-        let throttle =
-            !in_sync && self.is_throttled(topic, partition) && self.is_quota_exceeded();
+        let throttle = !in_sync && self.is_throttled(topic, partition) && self.is_quota_exceeded();
         if throttle {
             self.throttled_count
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -383,11 +377,17 @@ mod tests {
         q.update_quota(1000);
         assert!(q.is_quota_exceeded());
         q.set_throttled(HashMap::from([
-            ("t".to_string(), ThrottledPartitions::Some(BTreeSet::from([1]))),
+            (
+                "t".to_string(),
+                ThrottledPartitions::Some(BTreeSet::from([1])),
+            ),
             ("all".to_string(), ThrottledPartitions::All),
         ]));
         assert!(q.should_throttle(false, "t", 1));
-        assert!(!q.should_throttle(true, "t", 1), "in-sync replicas are never throttled");
+        assert!(
+            !q.should_throttle(true, "t", 1),
+            "in-sync replicas are never throttled"
+        );
         assert!(!q.should_throttle(false, "t", 0));
         assert!(q.should_throttle(false, "all", 7));
         assert!(!q.should_throttle(false, "other", 1));
@@ -427,7 +427,10 @@ mod tests {
             parse_throttled_replicas("0:1,1:2, 2:1", 1),
             Some(ThrottledPartitions::Some(BTreeSet::from([0, 2])))
         );
-        assert_eq!(parse_throttled_replicas(" * ", 3), Some(ThrottledPartitions::All));
+        assert_eq!(
+            parse_throttled_replicas(" * ", 3),
+            Some(ThrottledPartitions::All)
+        );
         assert_eq!(parse_throttled_replicas("", 3), None);
         for ok in ["", "*", "0:1", "0:1,1:2", " 0:1 , 1:2 ", "0:1,,1:2", "0:1,"] {
             assert!(validate_throttled_replicas(ok).is_ok(), "{ok:?}");
@@ -439,7 +442,9 @@ mod tests {
 
     #[test]
     fn throttle_configs_validate_as_kafka() {
-        use crate::config::{is_dynamic_broker_config, validate_broker_config, validate_topic_config};
+        use crate::config::{
+            is_dynamic_broker_config, validate_broker_config, validate_topic_config,
+        };
         // --verify deletes all three rates.
         for name in [
             "leader.replication.throttled.rate",
@@ -449,11 +454,16 @@ mod tests {
             assert!(validate_broker_config(name, None).is_ok(), "{name}");
             assert!(validate_broker_config(name, Some("1000")).is_ok(), "{name}");
             assert!(validate_broker_config(name, Some("-1")).is_err(), "{name}");
-            assert!(validate_broker_config(name, Some("fast")).is_err(), "{name}");
+            assert!(
+                validate_broker_config(name, Some("fast")).is_err(),
+                "{name}"
+            );
             assert!(is_dynamic_broker_config(name), "{name}");
         }
         // The replica lists are topic configs only (no broker synonym in Kafka).
-        assert!(validate_broker_config("leader.replication.throttled.replicas", Some("*")).is_err());
+        assert!(
+            validate_broker_config("leader.replication.throttled.replicas", Some("*")).is_err()
+        );
         assert!(validate_topic_config("leader.replication.throttled.replicas", "0:1,1:2").is_ok());
         assert!(validate_topic_config("follower.replication.throttled.replicas", "*").is_ok());
         let e = validate_topic_config("follower.replication.throttled.replicas", "0-1")
