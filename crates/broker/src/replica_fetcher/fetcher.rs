@@ -164,7 +164,7 @@ fn log_connection_error(source: i32, e: &ConnectionError) {
 
 /// The fetch of every ready partition, what it asked per partition, and when the next
 /// delayed partition becomes ready (ms).
-fn build_fetch(
+pub(super) fn build_fetch(
     ctx: &FetcherContext,
     shared: &FetcherShared,
     now_ms: i64,
@@ -267,7 +267,7 @@ fn whole_batches_len(records: &[u8]) -> usize {
 
 /// Applies one fetch response under the fetcher's lock (on an I/O thread). Returns the
 /// partitions that need out-of-range recovery.
-fn apply_fetch_response(
+pub(super) fn apply_fetch_response(
     ctx: &FetcherContext,
     shared: &FetcherShared,
     sent: &Sent,
@@ -349,11 +349,6 @@ fn append(
     now: i64,
 ) {
     let whole = whole_batches_len(&records);
-    // Throttled partitions count against the follower quota, in sync or not (Kafka's
-    // ReplicaFetcherThread.processPartitionData).
-    if whole > 0 && ctx.quotas.follower.is_throttled(&tp.topic, tp.partition) {
-        ctx.quotas.follower.record(whole as u64);
-    }
     if whole > 0 {
         if let Err(e) = f.partition.append_records_as_follower(&records[..whole]) {
             tracing::error!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
@@ -364,6 +359,11 @@ fn append(
             );
             f.state.delay(now, ctx.config.backoff_ms);
             return;
+        }
+        // Appended bytes of throttled partitions count against the follower quota, in sync
+        // or not (Kafka's ReplicaFetcherThread.processPartitionData).
+        if ctx.quotas.follower.is_throttled(&tp.topic, tp.partition) {
+            ctx.quotas.follower.record(whole as u64);
         }
     }
     if f.partition
