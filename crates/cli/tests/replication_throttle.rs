@@ -144,6 +144,25 @@ fn reassign(args: &[&str]) -> (bool, String) {
     )
 }
 
+/// The value of the series `series` (name and labels as exposed) on node `node`'s `/metrics`.
+fn metric(cluster: &Cluster, node: i32, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let port = cluster.node(node).admin_port.expect("an admin listener");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("admin listener");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {series} on node {node}: {body}"))
+}
+
 #[test]
 fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears_it() {
     let cluster = Cluster::start(
@@ -199,7 +218,26 @@ fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears
         out.contains("The inter-broker throttle limit was set to 1000000 B/s"),
         "{out}"
     );
-    let started = Instant::now();
+    // Broker 2's copy over time, sampled from now on (Kafka's tools below take seconds to
+    // start): until it passes total - 1 MiB.
+    let high = total - (1 << 20);
+    let sampler = {
+        let b2 = b2.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let mut samples = Vec::new();
+            loop {
+                let size = local_size(&b2).unwrap_or(0);
+                let now = Instant::now();
+                samples.push((now, size));
+                if size >= high || now > deadline {
+                    return samples;
+                }
+                // Another process's progress: sampled, nothing to wait on.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
 
     // The throttles are set where Kafka's tool puts them.
     for (node, b) in [(1, &b1), (2, &b2)] {
@@ -243,32 +281,22 @@ fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears
         acks_all < Duration::from_secs(2),
         "acks=all took {acks_all:?}"
     );
-    let total = local_size(&b1).expect("broker 1 holds the partition");
 
-    // Broker 2's copy over time: from 1 MiB to total - 1 MiB at about the throttle.
+    // The catch-up rate from 1 MiB to total - 1 MiB.
+    let samples = sampler.join().expect("the sampler");
     let low = 1i64 << 20;
-    let high = total - (1 << 20);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let (mut t_low, mut t_high) = (None, None);
-    let mut samples = Vec::new();
-    while t_high.is_none() {
-        let size = local_size(&b2).unwrap_or(0);
-        let now = Instant::now();
-        samples.push((now.duration_since(started).as_millis(), size));
-        if size >= low && t_low.is_none() {
-            t_low = Some((now, size));
-        }
-        if size >= high {
-            t_high = Some((now, size));
-        }
-        assert!(
-            now < deadline,
-            "broker 2 did not catch up: {samples:?}\n{}",
-            cluster.logs(200)
-        );
-        // Another process's progress: sampled, nothing to wait on.
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let first = samples[0].0;
+    let shown: Vec<(u128, i64)> = samples
+        .iter()
+        .map(|(t, s)| (t.duration_since(first).as_millis(), *s))
+        .collect();
+    let t_low = samples.iter().find(|(_, s)| *s >= low).copied();
+    let t_high = samples.iter().find(|(_, s)| *s >= high).copied();
+    assert!(
+        t_high.is_some(),
+        "broker 2 did not catch up: {shown:?}\n{}",
+        cluster.logs(200)
+    );
     let (t0, s0) = t_low.expect("passed the low mark");
     let (t1, s1) = t_high.expect("passed the high mark");
     let secs = t1.duration_since(t0).as_secs_f64().max(0.001);
@@ -279,8 +307,36 @@ fn reassignment_with_throttle_catches_up_at_the_throttled_rate_and_verify_clears
     );
     assert!(
         rate > 0.4 * THROTTLE && rate < 2.0 * THROTTLE,
-        "catch-up rate {rate:.0} B/s under a {THROTTLE} B/s throttle: {samples:?}"
+        "catch-up rate {rate:.0} B/s under a {THROTTLE} B/s throttle: {shown:?}"
     );
+
+    // The throttles show in the metrics: bytes sent by the leader and fetched by the follower
+    // for the throttled partition, and rounds held back on both sides.
+    let leader_bytes = metric(
+        &cluster,
+        1,
+        "gregor_replication_throttled_bytes_total{type=\"leader\"}",
+    );
+    let follower_bytes = metric(
+        &cluster,
+        2,
+        "gregor_replication_throttled_bytes_total{type=\"follower\"}",
+    );
+    assert!(leader_bytes >= (s1 as f64), "leader sent {leader_bytes}");
+    assert!(
+        follower_bytes >= (s1 as f64),
+        "follower fetched {follower_bytes}"
+    );
+    let held_back = metric(
+        &cluster,
+        1,
+        "gregor_replication_throttled_total{type=\"leader\"}",
+    ) + metric(
+        &cluster,
+        2,
+        "gregor_replication_throttled_total{type=\"follower\"}",
+    );
+    assert!(held_back > 0.0);
 
     // Once broker 2 is in the ISR the reassignment completes and --verify clears the throttles.
     let deadline = Instant::now() + Duration::from_secs(60);
