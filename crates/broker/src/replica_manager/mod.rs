@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::config::{BrokerConfig, DynamicBrokerConfigs, TopicConfigs};
 use crate::error_codes as ec;
 use crate::observability::{self, InFlight};
+use crate::replication::quota::ReplicationQuotas;
 
 pub use io::{IoPool, IoPoolError};
 pub use partition::{
@@ -221,6 +222,8 @@ struct FetchPlan {
     params: FetchParams,
     /// Response size limit after `fetch.max.bytes`.
     max_bytes: i32,
+    /// The leader quota throttles follower fetches (KIP-73).
+    quotas: Arc<ReplicationQuotas>,
     partitions: Vec<(FetchPartition, Result<Arc<Partition>, i16>)>,
 }
 
@@ -339,7 +342,20 @@ impl FetchPlan {
                             continue;
                         }
                     }
-                    let n = info.records.len();
+                    // Kafka's shouldLeaderThrottle: an out-of-sync follower of a throttled
+                    // partition gets no records while the leader quota is exceeded.
+                    let records = if from_follower
+                        && !info.records.is_empty()
+                        && self.quotas.leader.should_throttle(
+                            p.in_committed_isr(self.params.replica_id),
+                            &fp.topic_partition.topic,
+                            fp.topic_partition.partition,
+                        ) {
+                        Bytes::new()
+                    } else {
+                        info.records
+                    };
+                    let n = records.len();
                     if n > 0 {
                         min_one_batch = false;
                     }
@@ -350,7 +366,7 @@ impl FetchPlan {
                         high_watermark: hw,
                         last_stable_offset: lso,
                         log_start_offset: log_start,
-                        records: info.records,
+                        records,
                         diverging_epoch: None,
                     });
                 }
@@ -380,9 +396,23 @@ impl FetchPlan {
             || self.partitions.is_empty()
     }
 
-    /// Counts what is returned to consumers in the topic byte/record counters.
+    /// Counts what is returned to consumers in the topic byte/record counters; for a
+    /// follower, records the bytes of throttled partitions in the leader quota (Kafka's
+    /// `sizeOfThrottledPartitions`, in sync or not).
     fn record_metrics(&self, results: &[FetchPartitionResult]) {
         if self.is_follower_fetch() {
+            let throttled: usize = self
+                .partitions
+                .iter()
+                .zip(results)
+                .filter(|((fp, _), _)| {
+                    self.quotas
+                        .leader
+                        .is_throttled(&fp.topic_partition.topic, fp.topic_partition.partition)
+                })
+                .map(|(_, r)| r.records.len())
+                .sum();
+            self.quotas.leader.record(throttled as u64);
             return;
         }
         for ((_, p), r) in self.partitions.iter().zip(results) {
@@ -488,6 +518,8 @@ pub struct ReplicaManager {
     /// it is created.
     checkpointed_high_watermarks:
         parking_lot::Mutex<std::collections::HashMap<TopicPartition, i64>>,
+    /// Replication throttles (KIP-73), updated from each image's configs.
+    quotas: Arc<ReplicationQuotas>,
 }
 
 impl ReplicaManager {
@@ -499,7 +531,13 @@ impl ReplicaManager {
         let clock = logs.clock().clone();
         let io = Arc::new(IoPool::new(config.num_io_threads()));
         let checkpointed = logs.read_high_watermark_checkpoints();
+        let quotas = Arc::new(ReplicationQuotas::new(
+            clock.clone(),
+            config.replication_quota_window_num(),
+            config.replication_quota_window_size_seconds(),
+        ));
         Self {
+            quotas,
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -517,6 +555,12 @@ impl ReplicaManager {
     /// Installs the replica fetchers (once; later calls are ignored).
     pub fn set_fetchers(&self, fetchers: Arc<crate::replica_fetcher::ReplicaFetcherManager>) {
         let _ = self.fetchers.set(fetchers);
+    }
+
+    /// This broker's replication throttles (KIP-73): the leader side is applied in
+    /// [`ReplicaManager::fetch_messages`], the follower side by the replica fetchers.
+    pub fn replication_quotas(&self) -> &Arc<ReplicationQuotas> {
+        &self.quotas
     }
 
     /// The replica fetchers, once installed.
@@ -743,6 +787,7 @@ impl ReplicaManager {
         };
         let plan = Arc::new(FetchPlan {
             params,
+            quotas: self.quotas.clone(),
             max_bytes,
             partitions: partitions
                 .into_iter()
@@ -893,6 +938,16 @@ impl ReplicaManager {
             BTreeMap::new();
         let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
         *self.dynamic_configs.write() = dynamic.clone();
+        self.quotas.apply_configs(
+            &dynamic,
+            image.topics.values().map(|t| {
+                (
+                    t.name.as_str(),
+                    image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name),
+                )
+            }),
+            self.local_broker,
+        );
         self.replication.set_brokers(
             image
                 .brokers

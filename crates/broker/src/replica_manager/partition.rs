@@ -225,6 +225,11 @@ impl Partition {
         self.state.read().role
     }
 
+    /// Whether `replica_id` is in the committed ISR (Kafka's `inSyncReplicaIds.contains`).
+    pub fn in_committed_isr(&self, replica_id: i32) -> bool {
+        self.state.read().isr.contains(&replica_id)
+    }
+
     /// The current leader epoch.
     pub fn leader_epoch(&self) -> i32 {
         self.state.read().leader_epoch

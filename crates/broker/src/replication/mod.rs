@@ -4,4 +4,5 @@
 
 pub mod follower;
 pub mod leader;
+pub mod quota;
 pub mod sim;
