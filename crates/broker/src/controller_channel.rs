@@ -378,6 +378,7 @@ pub fn is_not_controller(response: &ResponseKind) -> bool {
                     .any(|t| t.partitions.iter().any(|p| p.error_code == nc))
         }
         ResponseKind::ListPartitionReassignments(r) => r.error_code == nc,
+        ResponseKind::UpdateFeatures(r) => r.error_code == nc,
         ResponseKind::DescribeQuorum(r) => {
             r.error_code == nc
                 || r.topics.iter().any(|t| {

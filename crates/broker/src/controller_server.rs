@@ -11,7 +11,7 @@
 //! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64) and
 //! AllocateProducerIds (67) and AlterPartition (56, from partition leaders) through this
 //! node's [`ControllerHandle`]; CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
-//! IncrementalAlterConfigs, ElectLeaders, AlterPartitionReassignments and
+//! IncrementalAlterConfigs, ElectLeaders, UpdateFeatures, AlterPartitionReassignments and
 //! ListPartitionReassignments sent by a broker
 //! (its own topic creations) or forwarded in an Envelope (58, KIP-590: the client's request
 //! with its principal, `DefaultPrincipalData`, and address) through this node's broker
@@ -54,6 +54,7 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::AllocateProducerIds,
     ApiKey::AlterPartition,
     ApiKey::ElectLeaders,
+    ApiKey::UpdateFeatures,
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
 ];
@@ -145,6 +146,7 @@ impl ControllerApis {
             | ApiKey::IncrementalAlterConfigs
             | ApiKey::DescribeConfigs
             | ApiKey::ElectLeaders
+            | ApiKey::UpdateFeatures
             | ApiKey::AlterPartitionReassignments
             | ApiKey::ListPartitionReassignments => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
@@ -284,6 +286,7 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::AlterConfigs(_)
             | RequestKind::IncrementalAlterConfigs(_)
             | RequestKind::ElectLeaders(_)
+            | RequestKind::UpdateFeatures(_)
             | RequestKind::AlterPartitionReassignments(_)
             | RequestKind::ListPartitionReassignments(_)) => {
                 let response = match self.broker.get() {

@@ -480,6 +480,11 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
         leader_imbalance_per_broker_percentage: raw("leader.imbalance.per.broker.percentage")
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(defaults.leader_imbalance_per_broker_percentage),
+        node_id: config.node_id,
+        min_insync_replicas: raw("min.insync.replicas")
+            .and_then(|v| v.parse::<i32>().ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(defaults.min_insync_replicas),
         ..defaults
     }
 }

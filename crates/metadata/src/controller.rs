@@ -112,6 +112,9 @@ pub enum ControllerError {
     /// The registration's log directories are invalid: INVALID_REGISTRATION (119).
     #[error("{0}")]
     InvalidRegistration(String),
+    /// A feature update is refused (UpdateFeatures, KIP-584): INVALID_UPDATE_VERSION (95).
+    #[error("{0}")]
+    InvalidUpdateVersion(String),
     /// An error the active controller answered with (through the broker's controller channel)
     /// that has no variant above, or a failure to reach it (REQUEST_TIMED_OUT): the code and
     /// its message.
@@ -161,6 +164,7 @@ impl ControllerError {
             Self::StaleBrokerEpoch(_) => ErrorCode::StaleBrokerEpoch,
             Self::BrokerIdNotRegistered(_) => ErrorCode::BrokerIdNotRegistered,
             Self::InvalidRegistration(_) => ErrorCode::InvalidRegistration,
+            Self::InvalidUpdateVersion(_) => ErrorCode::InvalidUpdateVersion,
             Self::Remote(code, _) => *code,
         }
     }
@@ -187,6 +191,7 @@ impl ControllerError {
             ErrorCode::StaleBrokerEpoch => Self::StaleBrokerEpoch(msg),
             ErrorCode::BrokerIdNotRegistered => Self::BrokerIdNotRegistered(msg),
             ErrorCode::InvalidRegistration => Self::InvalidRegistration(msg),
+            ErrorCode::InvalidUpdateVersion => Self::InvalidUpdateVersion(msg),
             ErrorCode::InvalidRequest => Self::InvalidRequest(msg),
             ErrorCode::NoReassignmentInProgress => Self::NoReassignmentInProgress(msg),
             other => Self::Remote(other, msg),
@@ -305,6 +310,11 @@ pub struct ControllerConfig {
     /// rebalanced once more than this percentage of those it is the preferred replica of are
     /// led by another broker.
     pub leader_imbalance_per_broker_percentage: u32,
+    /// This controller's `node.id` (UpdateFeatures names it: "Local controller N").
+    pub node_id: i32,
+    /// `min.insync.replicas` of this node's static config (Kafka's default 1): the cluster
+    /// default written when `eligible.leader.replicas.version` is enabled (KIP-966).
+    pub min_insync_replicas: i32,
 }
 
 impl Default for ControllerConfig {
@@ -318,6 +328,8 @@ impl Default for ControllerConfig {
             auto_leader_rebalance_enable: true,
             leader_imbalance_check_interval_ms: 300_000,
             leader_imbalance_per_broker_percentage: 10,
+            node_id: -1,
+            min_insync_replicas: 1,
         }
     }
 }
@@ -1318,6 +1330,20 @@ impl ControllerHandle {
             })
         })
         .await
+    }
+
+    /// UpdateFeatures (API 57, KIP-584); see [`Controller::update_features`]. Returns once the
+    /// new levels are committed and applied on this node (at once when `validate_only`).
+    ///
+    /// # Errors
+    /// INVALID_UPDATE_VERSION, NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn update_features(
+        &self,
+        updates: Vec<crate::features::FeatureUpdate>,
+        validate_only: bool,
+    ) -> Result<(), ControllerError> {
+        self.submit_one(move |c| c.update_features(updates, validate_only))
+            .await
     }
 
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its

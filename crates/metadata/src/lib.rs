@@ -18,6 +18,7 @@
 pub mod cluster_control;
 pub mod codec;
 pub mod controller;
+pub mod features;
 pub mod image;
 pub mod loader;
 pub mod log;

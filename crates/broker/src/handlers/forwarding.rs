@@ -1,6 +1,6 @@
 //! Forwarding of the admin requests that change metadata to the active controller (Kafka's
 //! `ForwardingManager`, KIP-590): CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
-//! IncrementalAlterConfigs, ElectLeaders, AlterPartitionReassignments and
+//! IncrementalAlterConfigs, ElectLeaders, UpdateFeatures, AlterPartitionReassignments and
 //! ListPartitionReassignments. On a node whose controller is the active one they are handled
 //! here (the handlers commit through the local controller); on any other node the client's
 //! request goes, as it is, in an Envelope (58) with its principal and address to the active
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, elect_leaders, reassignments, sb, topics};
+use super::{configs, elect_leaders, features, reassignments, sb, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -27,6 +27,7 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::AlterConfigs,
     ApiKey::IncrementalAlterConfigs,
     ApiKey::ElectLeaders,
+    ApiKey::UpdateFeatures,
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
 ];
@@ -91,6 +92,9 @@ pub async fn handle_local(
         }
         RequestKind::ElectLeaders(r) => {
             elect_leaders::elect_leaders(broker, ctx, r, v).await.into()
+        }
+        RequestKind::UpdateFeatures(r) => {
+            features::update_features(broker, ctx, r, v).await.into()
         }
         RequestKind::AlterPartitionReassignments(r) => {
             reassignments::alter_partition_reassignments(broker, ctx, r)
@@ -196,6 +200,9 @@ pub fn error_response(
             .into(),
         RequestKind::ElectLeaders(r) => {
             elect_leaders::error_response(r, code, message.as_deref()).into()
+        }
+        RequestKind::UpdateFeatures(_) => {
+            features::error_response(code, message.as_deref()).into()
         }
         RequestKind::AlterPartitionReassignments(r) => {
             reassignments::alter_error_response(r, code, message.as_deref())

@@ -12,6 +12,7 @@ pub mod delete_records;
 pub mod describe_log_dirs;
 pub mod describe_topic_partitions;
 pub mod elect_leaders;
+pub mod features;
 pub mod fetch;
 pub mod forwarding;
 pub mod groups;
@@ -73,6 +74,7 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeTopicPartitions,
+    ApiKey::UpdateFeatures,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -134,6 +136,10 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::ElectLeaders => (
             ElectLeadersRequest::default().into(),
             ElectLeadersResponse::default().into(),
+        ),
+        ApiKey::UpdateFeatures => (
+            UpdateFeaturesRequest::default().into(),
+            UpdateFeaturesResponse::default().into(),
         ),
         ApiKey::AlterPartitionReassignments => (
             AlterPartitionReassignmentsRequest::default().into(),
@@ -330,6 +336,7 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::AlterConfigs(_)
         | RequestKind::IncrementalAlterConfigs(_)
         | RequestKind::ElectLeaders(_)
+        | RequestKind::UpdateFeatures(_)
         | RequestKind::AlterPartitionReassignments(_)
         | RequestKind::ListPartitionReassignments(_)) => {
             forwarding::handle(broker, ctx, body).await
