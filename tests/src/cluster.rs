@@ -348,14 +348,15 @@ impl Node {
         out
     }
 
-    fn format_command(&self, cluster_id: &str) -> Result<Command> {
-        let args = [
+    fn format_command(&self, cluster_id: &str, extra: &[&str]) -> Result<Command> {
+        let mut args = vec![
             "format".to_string(),
             "-t".into(),
             cluster_id.into(),
             "-c".into(),
             self.config_file().display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| (*a).to_string()));
         Ok(match &self.implementation {
             Implementation::Kafka => reference::tool_command("kafka-storage", &args)?,
             Implementation::Gregor(bin) => {
@@ -874,13 +875,23 @@ impl Cluster {
     /// # Errors
     /// When a format fails (with its output).
     pub fn format(&self) -> Result<()> {
+        self.format_with(&[])
+    }
+
+    /// [`Cluster::format`] with `extra` arguments of the format command (the same for
+    /// `kafka-storage` and `gregor storage`), e.g. `--release-version 3.9` or
+    /// `--feature group.version=0`.
+    ///
+    /// # Errors
+    /// When a format fails (with its output).
+    pub fn format_with(&self, extra: &[&str]) -> Result<()> {
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .nodes
                 .iter()
                 .map(|n| {
                     s.spawn(move || -> Result<()> {
-                        let mut cmd = n.format_command(&self.cluster_id)?;
+                        let mut cmd = n.format_command(&self.cluster_id, extra)?;
                         let out = cmd.stdin(Stdio::null()).output().with_context(|| {
                             format!("running {}", process::display_command(&cmd))
                         })?;
