@@ -11,12 +11,13 @@ use kafka_protocol::messages::{
     describe_configs_request, describe_topic_partitions_request, fetch_request,
     incremental_alter_configs_request, join_group_request, leave_group_request,
     list_offsets_request, metadata_request, offset_commit_request, offset_fetch_request,
-    produce_request, sync_group_request, AlterConfigsRequest, ApiKey, ApiVersionsRequest, BrokerId,
+    produce_request, sync_group_request, update_features_request, AlterConfigsRequest, ApiKey, ApiVersionsRequest, BrokerId,
     CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     DescribeTopicPartitionsRequest, FetchRequest, FindCoordinatorRequest, GroupId,
     HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
     LeaveGroupRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetFetchRequest, ProduceRequest, RequestKind, SyncGroupRequest, TopicName,
+    UpdateFeaturesRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{Map, Value};
@@ -125,6 +126,7 @@ pub fn api_key(name: &str) -> Result<ApiKey> {
         "AlterConfigs" => ApiKey::AlterConfigs,
         "IncrementalAlterConfigs" => ApiKey::IncrementalAlterConfigs,
         "DescribeTopicPartitions" => ApiKey::DescribeTopicPartitions,
+        "UpdateFeatures" => ApiKey::UpdateFeatures,
         other => bail!("unknown api {other:?} in scenario"),
     })
 }
@@ -350,6 +352,23 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
             RequestKind::AlterConfigs(
                 AlterConfigsRequest::default()
                     .with_resources(resources)
+                    .with_validate_only(boolf(b, "validate_only", false)),
+            )
+        }
+        ApiKey::UpdateFeatures => {
+            let updates = list(b, "feature_updates")
+                .iter()
+                .map(|u| {
+                    Ok(update_features_request::FeatureUpdateKey::default()
+                        .with_feature(sb(&string(u, "feature")?))
+                        .with_max_version_level(i16f(u, "max_version_level", 0)?)
+                        .with_upgrade_type(i8f(u, "upgrade_type", 1)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            RequestKind::UpdateFeatures(
+                UpdateFeaturesRequest::default()
+                    .with_timeout_ms(i32f(b, "timeout_ms", 60_000)?)
+                    .with_feature_updates(updates)
                     .with_validate_only(boolf(b, "validate_only", false)),
             )
         }

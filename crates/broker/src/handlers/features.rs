@@ -7,8 +7,8 @@
 //!
 //! The answer is Kafka's `QuorumController.updateFeatures`: one top-level error for the whole
 //! request (an error's message prefixed with "The update failed for all features since the
-//! following feature had an error: "), and for v0-1 one result per feature with that error
-//! code and the code's default message; v2 has no per-feature results.
+//! following feature had an error: ", and no per-feature results); on success v0-1 list one
+//! result per feature (error 0, message "NONE"), v2 none.
 //! <https://kafka.apache.org/protocol#The_Messages_UpdateFeatures>
 
 use std::sync::Arc;
@@ -33,7 +33,7 @@ fn default_message(code: i16) -> String {
 }
 
 /// The response to `req` (at `version`) with the request's outcome: `Ok` or the error code and
-/// message that failed it.
+/// message that failed it (then without per-feature results, as Kafka answers).
 pub fn response(
     req: &UpdateFeaturesRequest,
     version: i16,
@@ -52,7 +52,7 @@ pub fn response(
     let mut resp = UpdateFeaturesResponse::default()
         .with_error_code(code)
         .with_error_message(message.as_deref().map(sb));
-    if version <= 1 {
+    if outcome.is_ok() && version <= 1 {
         resp.results = req
             .feature_updates
             .iter()
