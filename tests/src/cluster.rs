@@ -1,8 +1,10 @@
 //! A multi-node KRaft cluster of real processes on 127.0.0.1, for fault tests: N combined
-//! (broker,controller) nodes, or N controllers and M brokers, of one implementation (the
-//! `gregor` binary or the reference Apache Kafka from [`crate::reference`]). Both read the
-//! same `server.properties` keys and are formatted by the same `storage format -t <cluster id>
-//! -c <props>` command, so one [`Cluster`] drives either.
+//! (broker,controller) nodes, or N controllers and M brokers, or N combined nodes and M
+//! brokers, of one implementation (the `gregor` binary or the reference Apache Kafka from
+//! [`crate::reference`]) or of both: [`ClusterConfig::with_node_implementation`] runs one
+//! node on the other one (a mixed cluster, issue 11). Both read the same `server.properties`
+//! keys and are formatted by the same `storage format -t <cluster id> -c <props>` command, so
+//! one [`Cluster`] drives either.
 //!
 //! [`Cluster::start`] allocates free ports, writes each node's properties into its own
 //! directory under a temporary root, formats every node with one cluster id (in parallel),
@@ -91,6 +93,33 @@ pub enum Layout {
         /// Broker-only nodes.
         brokers: usize,
     },
+    /// `combined` combined voters (node ids 1..), then `brokers` broker-only nodes.
+    CombinedAndBrokers {
+        /// Combined nodes (the voters).
+        combined: usize,
+        /// Broker-only nodes.
+        brokers: usize,
+    },
+}
+
+impl Layout {
+    /// Each node's role, in node id order (ids from 1).
+    pub fn roles(self) -> Vec<Role> {
+        match self {
+            Self::Combined(n) => vec![Role::Combined; n],
+            Self::Split {
+                controllers,
+                brokers,
+            } => std::iter::repeat_n(Role::Controller, controllers)
+                .chain(std::iter::repeat_n(Role::Broker, brokers))
+                .collect(),
+            Self::CombinedAndBrokers { combined, brokers } => {
+                std::iter::repeat_n(Role::Combined, combined)
+                    .chain(std::iter::repeat_n(Role::Broker, brokers))
+                    .collect()
+            }
+        }
+    }
 }
 
 /// A node's `process.roles`.
@@ -127,23 +156,56 @@ impl Role {
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// gregor or Kafka.
+    /// gregor or Kafka: every node's, unless [`ClusterConfig::node_implementations`] says
+    /// otherwise.
     pub implementation: Implementation,
     /// The roles.
     pub layout: Layout,
     /// `key=value` properties added to every node's file after the generated ones (a later
     /// line wins), e.g. shorter `broker.session.timeout.ms` for a test.
     pub properties: Vec<(String, String)>,
+    /// Nodes (by node id) that run another implementation than
+    /// [`ClusterConfig::implementation`]: a mixed cluster.
+    pub node_implementations: Vec<(i32, Implementation)>,
 }
 
 impl ClusterConfig {
     /// `n` combined nodes of `implementation`.
     pub fn combined(implementation: Implementation, n: usize) -> Self {
+        Self::new(implementation, Layout::Combined(n))
+    }
+
+    /// Nodes of `implementation` in `layout`, no extra properties.
+    pub fn new(implementation: Implementation, layout: Layout) -> Self {
         Self {
             implementation,
-            layout: Layout::Combined(n),
+            layout,
             properties: Vec::new(),
+            node_implementations: Vec::new(),
         }
+    }
+
+    /// Runs node `node_id` on `implementation` (a later call for the same node wins).
+    #[must_use]
+    pub fn with_node_implementation(mut self, node_id: i32, implementation: Implementation) -> Self {
+        self.node_implementations.push((node_id, implementation));
+        self
+    }
+
+    /// The implementation node `node_id` runs.
+    pub fn implementation_of(&self, node_id: i32) -> &Implementation {
+        self.node_implementations
+            .iter()
+            .rev()
+            .find(|(id, _)| *id == node_id)
+            .map_or(&self.implementation, |(_, i)| i)
+    }
+
+    /// Whether some node runs another implementation than another node.
+    pub fn is_mixed(&self) -> bool {
+        self.node_implementations
+            .iter()
+            .any(|(_, i)| *i != self.implementation)
     }
 
     /// Adds a property to every node.
@@ -220,6 +282,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// The implementation this node runs.
+    pub fn implementation(&self) -> &Implementation {
+        &self.implementation
+    }
+
     /// `server.properties`.
     pub fn config_file(&self) -> PathBuf {
         self.dir.join("server.properties")
@@ -749,32 +816,40 @@ impl Cluster {
     /// # Errors
     /// As [`Cluster::prepare`], and when a tmpfs cannot be mounted or a proxy port bound.
     pub fn prepare_with(config: &ClusterConfig, options: &ClusterOptions) -> Result<Self> {
-        let roles: Vec<Role> = match config.layout {
-            Layout::Combined(n) => vec![Role::Combined; n],
-            Layout::Split {
-                controllers,
-                brokers,
-            } => std::iter::repeat_n(Role::Controller, controllers)
-                .chain(std::iter::repeat_n(Role::Broker, brokers))
-                .collect(),
-        };
+        let roles = config.layout.roles();
         ensure!(
             roles.iter().any(|r| r.is_controller()) && roles.iter().any(|r| r.is_broker()),
             "a cluster needs at least one controller and one broker: {:?}",
             config.layout
         );
-        let gregor = matches!(config.implementation, Implementation::Gregor(_));
+        for (id, _) in &config.node_implementations {
+            ensure!(
+                usize::try_from(*id).is_ok_and(|i| (1..=roles.len()).contains(&i)),
+                "an implementation for node {id}, which {:?} does not have",
+                config.layout
+            );
+        }
+        let is_gregor = |i: usize| {
+            i32::try_from(i + 1).is_ok_and(|id| {
+                matches!(config.implementation_of(id), Implementation::Gregor(_))
+            })
+        };
         let per_listener = if options.proxies { 2 } else { 1 };
         let wanted: usize = roles
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 per_listener * (usize::from(r.is_broker()) + usize::from(r.is_controller()))
-                    + usize::from(gregor)
+                    + usize::from(is_gregor(i))
             })
             .sum();
         let mut ports = process::free_ports(wanted)?.into_iter();
         let root = tempfile::Builder::new()
-            .prefix(&format!("gregor-cluster-{}-", config.implementation.name()))
+            .prefix(&format!(
+                "gregor-cluster-{}{}-",
+                config.implementation.name(),
+                if config.is_mixed() { "-mixed" } else { "" }
+            ))
             .tempdir()
             .context("creating the cluster directory")?;
         let network = options.proxies.then(Network::new);
@@ -817,11 +892,11 @@ impl Cluster {
                 role: *role,
                 client_port,
                 controller_port,
-                admin_port: gregor.then(|| ports.next()).flatten(),
+                admin_port: is_gregor(i).then(|| ports.next()).flatten(),
                 dir,
                 client_proxy_port,
                 controller_proxy_port,
-                implementation: config.implementation.clone(),
+                implementation: config.implementation_of(node_id).clone(),
                 child: None,
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
@@ -1312,6 +1387,7 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
+            node_implementations: Vec::new(),
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1342,6 +1418,7 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![],
+            node_implementations: Vec::new(),
         })
         .is_err());
     }

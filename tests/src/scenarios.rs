@@ -657,6 +657,7 @@ pub fn pause_and_resume_active_controller(
             brokers: 1,
         },
         properties: Vec::new(),
+        node_implementations: Vec::new(),
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))

@@ -150,6 +150,7 @@ pub async fn start(
                 current_metadata_offset: applied_offset(client),
                 want_fence: false,
                 want_shut_down: false,
+                cordoned_log_dirs: None,
             })
             .await
             .map_err(|e| StartError::Metadata(e.to_string()))?;
@@ -187,6 +188,7 @@ pub async fn start(
                         current_metadata_offset: applied_offset(&c),
                         want_fence: false,
                         want_shut_down: false,
+                        cordoned_log_dirs: None,
                     }).await;
                     match r {
                         Ok(reply) if reply.is_fenced => {
@@ -225,6 +227,7 @@ impl BrokerLifecycle {
                         current_metadata_offset: applied_offset(&c),
                         want_fence: false,
                         want_shut_down: true,
+                        cordoned_log_dirs: None,
                     })
                     .await;
                 match r {

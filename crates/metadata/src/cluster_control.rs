@@ -39,6 +39,9 @@ use crate::replication_control::{Election, PartitionChangeBuilder};
 /// The feature that turns on eligible leader replicas (KIP-966).
 pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
 
+/// `metadata.version` 4.3-IV0: cordoned log directories (KIP-1066) in registrations.
+const MV_4_3_IV0: i16 = 30;
+
 /// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
 pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
 
@@ -142,7 +145,7 @@ impl BrokerRegistrationRequest {
 }
 
 /// A BrokerHeartbeat request (API 63).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerHeartbeatRequest {
     /// `node.id`.
     pub broker_id: i32,
@@ -154,6 +157,10 @@ pub struct BrokerHeartbeatRequest {
     pub want_fence: bool,
     /// It wants to shut down (controlled shutdown).
     pub want_shut_down: bool,
+    /// Its cordoned log directories (KIP-1066, BrokerHeartbeat v2): `None` until the broker
+    /// reports them (Kafka 4.4's brokers do once recovered; gregor's brokers never cordon a
+    /// directory and send `None`).
+    pub cordoned_log_dirs: Option<Vec<Uuid>>,
 }
 
 /// The answer to a heartbeat.
@@ -536,6 +543,7 @@ impl Controller {
         let current = self.current_state(broker_id);
         let next = self.next_state(&req, registration_offset);
         let mut records = Vec::new();
+        self.cordoned_records(broker_id, req.broker_epoch, req.cordoned_log_dirs.as_deref(), &mut records);
         if current != next {
             match next {
                 State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
@@ -567,6 +575,47 @@ impl Controller {
                 should_shut_down: next == State::ShutdownNow,
             },
         })
+    }
+
+    /// KIP-1066 (`handleDirectoriesCordoned`): from `metadata.version` 4.3-IV0 a heartbeat
+    /// that reports cordoned directories other than the registration's (a set; none recorded
+    /// yet counts as different) writes them in a `BrokerRegistrationChangeRecord` (v3). The
+    /// record only informs: gregor's placement does not avoid cordoned directories yet.
+    fn cordoned_records(
+        &self,
+        broker_id: i32,
+        broker_epoch: i64,
+        cordoned: Option<&[Uuid]>,
+        records: &mut Vec<MetadataRecord>,
+    ) {
+        let Some(cordoned) = cordoned else {
+            return;
+        };
+        if !self
+            .image
+            .metadata_version()
+            .is_some_and(|mv| mv >= MV_4_3_IV0)
+        {
+            return;
+        }
+        let Some(broker) = self.image.brokers.get(&broker_id) else {
+            return;
+        };
+        let changed = broker.cordoned_directories.as_ref().is_none_or(|known| {
+            let known: std::collections::BTreeSet<_> = known.iter().collect();
+            known != cordoned.iter().collect()
+        });
+        if changed {
+            records.push(
+                BrokerRegistrationChangeRecord {
+                    broker_id,
+                    broker_epoch,
+                    cordoned_log_dirs: Some(cordoned.to_vec()),
+                    ..BrokerRegistrationChangeRecord::default()
+                }
+                .into(),
+            );
+        }
     }
 
     /// Unregisters a broker (UnregisterBroker, KIP-631): it leaves every ISR and leadership,
@@ -829,6 +878,7 @@ mod tests {
             current_metadata_offset: offset,
             want_fence: false,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         }
     }
 

@@ -1420,6 +1420,7 @@ mod tests {
                 current_metadata_offset: offset,
                 want_fence: false,
                 want_shut_down: false,
+                cordoned_log_dirs: None,
             })
             .await
             .unwrap();
@@ -1447,6 +1448,7 @@ mod tests {
                         current_metadata_offset: node.controller.image().offset as i64 - 1,
                         want_fence: true,
                         want_shut_down: true,
+                        cordoned_log_dirs: None,
                     })
                     .await
                     .unwrap();
@@ -1605,6 +1607,7 @@ mod tests {
                     current_metadata_offset: c.image.offset as i64,
                     want_fence: false,
                     want_shut_down: false,
+                    cordoned_log_dirs: None,
                 })
                 .unwrap();
             let batch = CommittedBatch {
@@ -1718,6 +1721,7 @@ mod tests {
             current_metadata_offset: offset,
             want_fence: false,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         })
         .await
         .unwrap();
@@ -1774,6 +1778,7 @@ mod tests {
             current_metadata_offset: c.image().offset as i64,
             want_fence,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         };
         c.broker_heartbeat(beat(true)).await.unwrap();
         c.broker_heartbeat(beat(false)).await.unwrap();
