@@ -427,8 +427,15 @@ fn full_restart(cluster: &mut Cluster, how: FullRestart) -> Result<()> {
 }
 
 /// Records produce outcomes into the history from rdkafka's delivery reports.
-struct Recorder {
+pub(crate) struct Recorder {
     history: Arc<History>,
+}
+
+impl Recorder {
+    /// A recorder into `history`.
+    pub(crate) fn new(history: Arc<History>) -> Self {
+        Self { history }
+    }
 }
 
 impl ClientContext for Recorder {}
