@@ -1040,6 +1040,21 @@ impl Cluster {
             .join(",")
     }
 
+    /// The client bootstrap string of the brokers that are running (and not paused).
+    ///
+    /// # Errors
+    /// When no broker runs or a process state cannot be read.
+    pub fn bootstrap_of_running(&mut self) -> Result<String> {
+        let mut out = Vec::new();
+        for n in &mut self.nodes {
+            if n.is_running()? && !n.paused {
+                out.extend(n.bootstrap());
+            }
+        }
+        ensure!(!out.is_empty(), "no broker is running");
+        Ok(out.join(","))
+    }
+
     /// The bootstrap string of the controllers (`--bootstrap-controller`, KIP-919).
     pub fn bootstrap_controllers(&self) -> String {
         self.nodes

@@ -66,7 +66,8 @@ impl PartitionState {
 pub struct MixedReplication {
     /// Records acknowledged over the whole run.
     pub acknowledged: usize,
-    /// From the preferred election to the first acknowledgement of a record sent after it, ms.
+    /// From the moment every replica names the new leader after the preferred election to
+    /// the first acknowledgement of a record sent after it, ms.
     pub election_to_first_ack_ms: u64,
     /// From the kill -9 of the other implementation's leader to the first acknowledgement of
     /// a record sent after it, ms.
@@ -278,7 +279,6 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         wait_partition(cluster, &replicas, "the reordered assignment", |p| {
             p.replicas == [other, first, third]
         })?;
-        let elected_at = history.now_ms();
         let out = tool(
             LEADER_ELECTION,
             &[
@@ -301,6 +301,8 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         wait_partition(cluster, &replicas, "the other implementation leads", |p| {
             p.leader == other
         })?;
+        // From here on every replica names the new leader.
+        let elected_at = history.now_ms();
         let first_ack = wait_acks_after(
             &history,
             elected_at,
@@ -365,10 +367,11 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         &["--bootstrap-server", &admin, "--describe", "--topic", TOPIC],
     )?;
     eprintln!(
-        "mixed replication: preferred election to first ack {election_to_first_ack_ms} ms; \
+        "mixed replication: new leader seen by all to first ack {election_to_first_ack_ms} ms; \
          kill -9 of {other} to first ack {kill_to_first_ack_ms} ms (new leader \
          {leader_after_kill})\n{describe}\n{report}"
     );
+    eprintln!("{}", error_lines(cluster, 8));
     ensure!(report.is_valid(), "history check failed:\n{report}");
     let isr_line = describe
         .lines()
@@ -391,5 +394,181 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         leader_after_kill,
         describe,
         report: report.to_string(),
+    })
+}
+
+/// Up to `per_node` distinct ERROR lines of each node's log (timestamps cut), for the report:
+/// what either implementation complained about during the run.
+pub fn error_lines(cluster: &Cluster, per_node: usize) -> String {
+    let mut out = String::new();
+    for n in cluster.nodes() {
+        let text = std::fs::read_to_string(n.log_file()).unwrap_or_default();
+        let mut seen = BTreeSet::new();
+        for line in text.lines().filter(|l| l.contains("ERROR")) {
+            // Kafka: "[date time] ERROR msg"; gregor: "time ERROR target: msg".
+            let msg = line.split_once("ERROR").map_or(line, |(_, m)| m).trim();
+            let key: String = msg.chars().take(120).collect();
+            if seen.insert(key) && seen.len() <= per_node {
+                out.push_str(&format!(
+                    "node {} ({}): ERROR {msg}\n",
+                    n.node_id,
+                    n.implementation().name()
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("no ERROR lines in the nodes' logs\n");
+    }
+    out
+}
+
+/// Properties that make a metadata log of a few hundred topics take several snapshots and
+/// delete the segments below them (Kafka's names, read by both implementations).
+pub const SMALL_METADATA_LOG: &[(&str, &str)] = &[
+    ("internal.metadata.log.segment.bytes", "16384"),
+    ("metadata.log.max.record.bytes.between.snapshots", "8192"),
+    ("metadata.max.retention.bytes", "1"),
+];
+
+/// What [`late_broker_catches_up_from_a_snapshot`] measured.
+#[derive(Debug, Clone)]
+pub struct SnapshotCatchUp {
+    /// The first offset still in the log of the voter that led when the late broker started.
+    pub leader_log_start: u64,
+    /// The snapshots (`<offset>-<epoch>.checkpoint`) in the late broker's metadata log dir.
+    pub late_snapshots: Vec<String>,
+    /// From the late broker's start to its Metadata listing every topic, ms.
+    pub catch_up_ms: u64,
+}
+
+/// The first offset of `__cluster_metadata-0` in `data_dir` (the base offset of its first
+/// segment), `None` when there is no segment.
+fn metadata_log_start(data_dir: &std::path::Path) -> Option<u64> {
+    std::fs::read_dir(data_dir.join("__cluster_metadata-0"))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".log")?.parse::<u64>().ok())
+        .min()
+}
+
+/// The snapshot files in `data_dir`'s `__cluster_metadata-0`.
+fn snapshots(data_dir: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(data_dir.join("__cluster_metadata-0"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.ends_with(".checkpoint"))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// A cluster prepared and formatted (with [`SMALL_METADATA_LOG`]) whose broker-only node
+/// `late` is not started: the other nodes start, `topics` topics are created until the
+/// active controller's log no longer starts at 0 (its start is behind a snapshot), then
+/// `late` starts and must catch up through FetchSnapshot: it serves every topic in Metadata
+/// and holds a snapshot of its own.
+///
+/// # Errors
+/// When a step fails or the log never moves past offset 0; with the nodes' logs.
+pub fn late_broker_catches_up_from_a_snapshot(
+    cluster: &mut Cluster,
+    late: i32,
+    topics: usize,
+) -> Result<SnapshotCatchUp> {
+    let result = catch_up(cluster, late, topics);
+    result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))
+}
+
+fn catch_up(cluster: &mut Cluster, late: i32, topics: usize) -> Result<SnapshotCatchUp> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    cluster.format()?;
+    let ids: Vec<i32> = cluster.nodes().iter().map(|n| n.node_id).collect();
+    for id in ids.iter().filter(|id| **id != late) {
+        cluster.node_mut(*id).spawn()?;
+    }
+    cluster.wait_ready(crate::cluster::READY_TIMEOUT)?;
+    let bootstrap = cluster.bootstrap_of_running()?;
+    let admin = crate::scenarios::admin(&bootstrap)?;
+    let rt = crate::clients::runtime()?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let names: Vec<String> = (0..topics).map(|i| format!("snap-{i:04}")).collect();
+    for chunk in names.chunks(50) {
+        let new: Vec<NewTopic<'_>> = chunk
+            .iter()
+            .map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1)))
+            .collect();
+        for r in rt.block_on(admin.create_topics(&new, &opts))? {
+            r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+        }
+    }
+    // Snapshots and log cleaning run in the background: wait for the leader's log to start
+    // past 0.
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    let (leader, leader_log_start) = loop {
+        let leader = cluster.active_controller()?;
+        let start = metadata_log_start(&cluster.node(leader).data_dir()).unwrap_or(0);
+        if start > 0 {
+            break (leader, start);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the metadata log of controller {leader} still starts at 0 after {topics} topics: {:?}",
+            snapshots(&cluster.node(leader).data_dir())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!(
+        "controller {leader}: log starts at {leader_log_start}, snapshots {:?}",
+        snapshots(&cluster.node(leader).data_dir())
+    );
+
+    let started = Instant::now();
+    cluster.node_mut(late).spawn()?;
+    cluster.wait_ready(crate::cluster::READY_TIMEOUT)?;
+    let late_bootstrap = cluster.node(late).bootstrap().context("a broker")?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &late_bootstrap)
+        .set("log_level", "3")
+        .create()?;
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    loop {
+        let m = consumer.fetch_metadata(None, Duration::from_secs(5))?;
+        let listed = m
+            .topics()
+            .iter()
+            .filter(|t| t.name().starts_with("snap-") && t.error().is_none())
+            .count();
+        if listed == topics {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "broker {late} lists {listed} of {topics} topics"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let catch_up_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let late_snapshots = snapshots(&cluster.node(late).data_dir());
+    ensure!(
+        late_snapshots
+            .iter()
+            .any(|s| s.split('-').next().and_then(|o| o.parse::<u64>().ok()) >= Some(leader_log_start)),
+        "broker {late} holds no snapshot at or past the leader's log start {leader_log_start}: \
+         {late_snapshots:?} (it cannot have fetched the log from 0)"
+    );
+    eprintln!(
+        "broker {late} ({}) caught up from a snapshot in {catch_up_ms} ms: {late_snapshots:?}\n{}",
+        cluster.node(late).implementation().name(),
+        error_lines(cluster, 8)
+    );
+    Ok(SnapshotCatchUp {
+        leader_log_start,
+        late_snapshots,
+        catch_up_ms,
     })
 }

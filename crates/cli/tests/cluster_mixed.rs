@@ -55,3 +55,38 @@ fn gregor_broker_in_a_kafka_cluster() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(m.acknowledged >= 900, "{m:?}");
 }
+
+/// A Kafka broker that starts after the gregor quorum took snapshots and deleted the log
+/// below them: it catches up through FetchSnapshot (gregor's snapshot, decoded by Kafka) and
+/// lists every topic.
+#[test]
+fn kafka_broker_catches_up_from_a_gregor_snapshot() {
+    if !reference::jars_or_skip() {
+        return;
+    }
+    let mut config = mixed_config(gregor(), Implementation::Kafka);
+    for (k, v) in mixed::SMALL_METADATA_LOG {
+        config = config.with(k, v);
+    }
+    let mut cluster = Cluster::prepare(&config).unwrap_or_else(|e| panic!("{e:#}"));
+    let m = mixed::late_broker_catches_up_from_a_snapshot(&mut cluster, 4, 300)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.leader_log_start > 0, "{m:?}");
+}
+
+/// A gregor broker that starts after the Kafka quorum took snapshots and deleted the log
+/// below them: it catches up through FetchSnapshot (Kafka's snapshot, decoded by gregor).
+#[test]
+fn gregor_broker_catches_up_from_a_kafka_snapshot() {
+    if !reference::jars_or_skip() {
+        return;
+    }
+    let mut config = mixed_config(Implementation::Kafka, gregor());
+    for (k, v) in mixed::SMALL_METADATA_LOG {
+        config = config.with(k, v);
+    }
+    let mut cluster = Cluster::prepare(&config).unwrap_or_else(|e| panic!("{e:#}"));
+    let m = mixed::late_broker_catches_up_from_a_snapshot(&mut cluster, 4, 300)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(m.leader_log_start > 0, "{m:?}");
+}
