@@ -187,7 +187,11 @@ impl ClusterConfig {
 
     /// Runs node `node_id` on `implementation` (a later call for the same node wins).
     #[must_use]
-    pub fn with_node_implementation(mut self, node_id: i32, implementation: Implementation) -> Self {
+    pub fn with_node_implementation(
+        mut self,
+        node_id: i32,
+        implementation: Implementation,
+    ) -> Self {
         self.node_implementations.push((node_id, implementation));
         self
     }
@@ -830,9 +834,8 @@ impl Cluster {
             );
         }
         let is_gregor = |i: usize| {
-            i32::try_from(i + 1).is_ok_and(|id| {
-                matches!(config.implementation_of(id), Implementation::Gregor(_))
-            })
+            i32::try_from(i + 1)
+                .is_ok_and(|id| matches!(config.implementation_of(id), Implementation::Gregor(_)))
         };
         let per_listener = if options.proxies { 2 } else { 1 };
         let wanted: usize = roles

@@ -557,7 +557,8 @@ fn catch_up(cluster: &mut Cluster, late: i32, topics: usize) -> Result<SnapshotC
     ensure!(
         late_snapshots
             .iter()
-            .any(|s| s.split('-').next().and_then(|o| o.parse::<u64>().ok()) >= Some(leader_log_start)),
+            .any(|s| s.split('-').next().and_then(|o| o.parse::<u64>().ok())
+                >= Some(leader_log_start)),
         "broker {late} holds no snapshot at or past the leader's log start {leader_log_start}: \
          {late_snapshots:?} (it cannot have fetched the log from 0)"
     );

@@ -543,7 +543,12 @@ impl Controller {
         let current = self.current_state(broker_id);
         let next = self.next_state(&req, registration_offset);
         let mut records = Vec::new();
-        self.cordoned_records(broker_id, req.broker_epoch, req.cordoned_log_dirs.as_deref(), &mut records);
+        self.cordoned_records(
+            broker_id,
+            req.broker_epoch,
+            req.cordoned_log_dirs.as_deref(),
+            &mut records,
+        );
         if current != next {
             match next {
                 State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
@@ -591,10 +596,10 @@ impl Controller {
         let Some(cordoned) = cordoned else {
             return;
         };
-        if !self
+        if self
             .image
             .metadata_version()
-            .is_some_and(|mv| mv >= MV_4_3_IV0)
+            .is_none_or(|mv| mv < MV_4_3_IV0)
         {
             return;
         }
@@ -936,6 +941,58 @@ mod tests {
         }
     }
 
+    /// KIP-1066 as Kafka 4.4's `handleDirectoriesCordoned`: a heartbeat (v2) with cordoned
+    /// dirs other than the registration's writes them once; none reported changes nothing;
+    /// before metadata.version 4.3-IV0 nothing is written.
+    #[test]
+    fn cordoned_log_dirs_from_heartbeats_are_recorded_once() {
+        let mut k = cluster();
+        let epoch = k.join(1);
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, None);
+        let dir = k.c.image.brokers[&1].directories[0];
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.cordoned_log_dirs = Some(vec![]);
+        let (_, records) = k.beat(beat.clone()).unwrap();
+        let [MetadataRecord::BrokerRegistrationChange(r)] = records.as_slice() else {
+            panic!("one BrokerRegistrationChangeRecord: {records:?}")
+        };
+        assert_eq!(
+            (
+                r.broker_id,
+                r.broker_epoch,
+                r.cordoned_log_dirs.clone(),
+                r.fenced
+            ),
+            (1, epoch, Some(vec![]), 0),
+            "only the cordoned dirs change"
+        );
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, Some(vec![]));
+        assert!(
+            k.beat(beat.clone()).unwrap().1.is_empty(),
+            "no change, no record"
+        );
+        beat.cordoned_log_dirs = None;
+        assert!(k.beat(beat.clone()).unwrap().1.is_empty(), "not reported");
+        beat.cordoned_log_dirs = Some(vec![dir]);
+        assert_eq!(k.beat(beat.clone()).unwrap().1.len(), 1);
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, Some(vec![dir]));
+
+        let mut old = cluster();
+        commit(
+            &mut old.c,
+            vec![FeatureLevelRecord {
+                name: METADATA_VERSION_FEATURE.into(),
+                feature_level: MV_4_3_IV0 - 1,
+                ..Default::default()
+            }
+            .into()],
+        );
+        let epoch = old.join(1);
+        let mut beat = heartbeat(1, epoch, old.offset());
+        beat.cordoned_log_dirs = Some(vec![]);
+        assert!(old.beat(beat).unwrap().1.is_empty(), "before 4.3-IV0");
+    }
+
     #[test]
     fn a_new_registration_is_fenced_with_its_record_offset_as_epoch() {
         let mut k = cluster();
@@ -1214,7 +1271,7 @@ mod tests {
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
-        let (reply, records) = k.beat(shut).unwrap();
+        let (reply, records) = k.beat(shut.clone()).unwrap();
         assert!(reply.in_controlled_shutdown && !reply.should_shut_down && !reply.is_fenced);
         let MetadataRecord::BrokerRegistrationChange(c) = &records[0] else {
             panic!("{records:?}")
@@ -1228,11 +1285,11 @@ mod tests {
         assert_eq!(k.partition("t", 0).leader, 2, "leadership moved away");
         assert!(k.c.image.brokers[&1].in_controlled_shutdown);
         // Broker 2 has not yet seen the change: not yet.
-        let (reply, _) = k.beat(shut).unwrap();
+        let (reply, _) = k.beat(shut.clone()).unwrap();
         assert!(!reply.should_shut_down);
         let offset = k.offset();
         k.beat(heartbeat(2, e2, offset)).unwrap();
-        let (reply, records) = k.beat(shut).unwrap();
+        let (reply, records) = k.beat(shut.clone()).unwrap();
         assert!(reply.should_shut_down && reply.is_fenced);
         assert!(matches!(
             records.last(),
@@ -1244,7 +1301,7 @@ mod tests {
         let e3 = k.join(3);
         let mut go = heartbeat(3, e3, offset + 2);
         go.want_shut_down = true;
-        let (reply, _) = k.beat(go).unwrap();
+        let (reply, _) = k.beat(go.clone()).unwrap();
         assert!(reply.should_shut_down);
     }
 
@@ -1267,7 +1324,7 @@ mod tests {
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
-        let (reply, _) = k.beat(shut).unwrap();
+        let (reply, _) = k.beat(shut.clone()).unwrap();
         assert!(reply.in_controlled_shutdown);
         // Its process stops before the go-ahead; the next one registers within the session.
         let again = k.register(request(1)).unwrap();

@@ -479,7 +479,9 @@ fn the_controlled_shutdown_kafka_did_is_the_one_gregor_does() {
         want_shut_down: true,
         cordoned_log_dirs: None,
     };
-    let r = controller.broker_heartbeat(shut_down).expect("a heartbeat");
+    let r = controller
+        .broker_heartbeat(shut_down.clone())
+        .expect("a heartbeat");
     assert!(r.response.in_controlled_shutdown && !r.response.should_shut_down);
     let kafkas: Vec<MetadataRecord> = log
         .iter()
