@@ -167,6 +167,10 @@ pub struct ClusterConfig {
     /// Nodes (by node id) that run another implementation than
     /// [`ClusterConfig::implementation`]: a mixed cluster.
     pub node_implementations: Vec<(i32, Implementation)>,
+    /// Arguments added to `storage format` of the controllers (whose bootstrap checkpoint
+    /// sets the cluster's feature levels), e.g. `--release-version 4.3-IV0` or
+    /// `--feature share.version=0`.
+    pub controller_format_args: Vec<String>,
 }
 
 impl ClusterConfig {
@@ -182,6 +186,7 @@ impl ClusterConfig {
             layout,
             properties: Vec::new(),
             node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         }
     }
 
@@ -193,6 +198,15 @@ impl ClusterConfig {
         implementation: Implementation,
     ) -> Self {
         self.node_implementations.push((node_id, implementation));
+        self
+    }
+
+    /// Adds `args` to `storage format` of the controllers (see
+    /// [`ClusterConfig::controller_format_args`]).
+    #[must_use]
+    pub fn with_controller_format_args(mut self, args: &[&str]) -> Self {
+        self.controller_format_args
+            .extend(args.iter().map(|a| (*a).to_string()));
         self
     }
 
@@ -283,6 +297,8 @@ pub struct Node {
     pids: Option<PidRegistry>,
     disk_limited: bool,
     jvm_opts: Vec<String>,
+    /// Extra `storage format` arguments ([`ClusterConfig::controller_format_args`]).
+    format_args: Vec<String>,
 }
 
 impl Node {
@@ -420,13 +436,14 @@ impl Node {
     }
 
     fn format_command(&self, cluster_id: &str) -> Result<Command> {
-        let args = [
+        let mut args = vec![
             "format".to_string(),
             "-t".into(),
             cluster_id.into(),
             "-c".into(),
             self.config_file().display().to_string(),
         ];
+        args.extend(self.format_args.iter().cloned());
         Ok(match &self.implementation {
             Implementation::Kafka => reference::tool_command("kafka-storage", &args)?,
             Implementation::Gregor(bin) => {
@@ -908,6 +925,11 @@ impl Cluster {
                     .kafka_jvm_opts
                     .clone()
                     .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
+                format_args: if role.is_controller() {
+                    config.controller_format_args.clone()
+                } else {
+                    Vec::new()
+                },
             });
         }
         let mut network = network;
@@ -1406,6 +1428,7 @@ mod tests {
             },
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
             node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1437,6 +1460,7 @@ mod tests {
             },
             properties: vec![],
             node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         })
         .is_err());
     }

@@ -665,6 +665,7 @@ pub fn pause_and_resume_active_controller(
         },
         properties: Vec::new(),
         node_implementations: Vec::new(),
+        controller_format_args: Vec::new(),
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))

@@ -122,6 +122,18 @@ pub async fn start(
         // takes this broker out of every ISR and ELR until it has caught up again.
         previous_broker_epoch: gregor_log::read_clean_shutdown_broker_epoch(&config.log_dirs),
     };
+    // A Kafka controller refuses a registration whose feature ranges miss a finalized level
+    // with a bare UNSUPPORTED_VERSION (BrokerRegistration has no error message); the image
+    // replayed from its log says which, so say it first (Kafka's broker checks the same).
+    let unsupported = gregor_metadata::cluster_control::unsupported_finalized_features(
+        &client.local().image().features,
+    );
+    if !unsupported.is_empty() {
+        return Err(StartError::Metadata(format!(
+            "this broker cannot join cluster {cluster_id}: {}",
+            unsupported.join("; ")
+        )));
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
     let broker_epoch = loop {
         match client.register_broker(cluster_id, request.clone()).await {
@@ -136,6 +148,50 @@ pub async fn start(
             {
                 info!(error = %e, "broker registration not accepted yet; retrying");
                 tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
+            }
+            Err(e) if e.error_code() == ErrorCode::UnsupportedVersion => {
+                // Registered before the controller's first records reached this node (a quorum
+                // that has just elected its leader): name the feature once they have.
+                let unsupported = tokio::time::timeout(Duration::from_secs(5), async {
+                    loop {
+                        let image = client.local().image();
+                        if image.metadata_version().is_some() {
+                            break image;
+                        }
+                        if client
+                            .local()
+                            .loader()
+                            .wait_for_offset(image.offset)
+                            .await
+                            .is_err()
+                        {
+                            break image;
+                        }
+                    }
+                })
+                .await
+                .map(|image| {
+                    gregor_metadata::cluster_control::unsupported_finalized_features(
+                        &image.features,
+                    )
+                })
+                .unwrap_or_default();
+                if !unsupported.is_empty() {
+                    return Err(StartError::Metadata(format!(
+                        "this broker cannot join cluster {cluster_id}: {}",
+                        unsupported.join("; ")
+                    )));
+                }
+                return Err(StartError::Metadata(format!(
+                    "the active controller refused this broker's registration with \
+                     UNSUPPORTED_VERSION ({e}): the cluster finalized a feature level outside \
+                     the ranges this gregor broker registers ({})",
+                    gregor_metadata::cluster_control::SUPPORTED_FEATURES
+                        .iter()
+                        .map(|(n, min, max)| format!("{n} {min}-{max}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
             }
             Err(e) => return Err(StartError::Metadata(e.to_string())),
         }

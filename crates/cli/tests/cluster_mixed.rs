@@ -90,3 +90,49 @@ fn gregor_broker_catches_up_from_a_kafka_snapshot() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(m.leader_log_start > 0, "{m:?}");
 }
+
+/// A Kafka quorum that finalized a `metadata.version` gregor does not know (4.5-IV0, level
+/// 34, Kafka's unstable next version): the gregor broker does not join; it exits at start-up
+/// naming the feature, its level and the levels it supports (the Kafka controller would
+/// answer its registration with a bare UNSUPPORTED_VERSION).
+#[test]
+fn gregor_broker_refuses_a_kafka_cluster_with_a_newer_metadata_version() {
+    use std::time::{Duration, Instant};
+    if !reference::jars_or_skip() {
+        return;
+    }
+    let config = mixed_config(Implementation::Kafka, gregor())
+        .with("unstable.feature.versions.enable", "true")
+        .with_controller_format_args(&["--release-version", "4.5-IV0"]);
+    let mut cluster = Cluster::prepare(&config).unwrap_or_else(|e| panic!("{e:#}"));
+    cluster.format().unwrap_or_else(|e| panic!("{e:#}"));
+    for id in 1..=4 {
+        cluster.node_mut(id).spawn().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let exited = loop {
+        if let Err(e) = cluster.node_mut(4).check_alive() {
+            break format!("{e:#}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gregor broker still runs:{}",
+            cluster.logs(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = std::fs::read_to_string(cluster.node(4).log_file()).unwrap_or_default();
+    assert!(
+        log.contains("the cluster finalized metadata.version at level 34, and this gregor broker supports levels 7 to 33"),
+        "{exited}\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+    eprintln!(
+        "{}",
+        log.lines()
+            .filter(|l| l.contains("ERROR") || l.contains("error"))
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

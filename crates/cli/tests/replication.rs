@@ -35,6 +35,7 @@ fn config() -> ClusterConfig {
         },
         properties: Vec::new(),
         node_implementations: Vec::new(),
+        controller_format_args: Vec::new(),
     }
     .with("replica.lag.time.max.ms", &LAG_MS.to_string())
     // Stopped brokers stay registered and unfenced for the whole test: the ISR changes come

@@ -58,6 +58,29 @@ pub const SUPPORTED_FEATURES: &[(&str, i16, i16)] = &[
     ("transaction.version", 0, 2),
 ];
 
+/// The finalized features of `finalized` (name -> level, as in
+/// [`MetadataImage::features`]) outside [`SUPPORTED_FEATURES`], one sentence each, as a
+/// Kafka controller would judge this broker's registration (an unknown feature counts as
+/// supported at level 0 only; an unset `metadata.version` is not judged). Empty when a gregor
+/// broker may join a cluster with these levels.
+pub fn unsupported_finalized_features(finalized: &BTreeMap<String, i16>) -> Vec<String> {
+    finalized
+        .iter()
+        .filter_map(|(name, level)| {
+            let (min, max) = SUPPORTED_FEATURES
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map_or((0, 0), |(_, min, max)| (*min, *max));
+            (!(min..=max).contains(level)).then(|| {
+                format!(
+                    "the cluster finalized {name} at level {level}, and this gregor broker \
+                     supports levels {min} to {max}"
+                )
+            })
+        })
+        .collect()
+}
+
 /// A monotonic clock in milliseconds, injected so tests move time by hand.
 pub trait ControllerClock: Send + Sync {
     /// Milliseconds since an arbitrary start; never goes back.
@@ -939,6 +962,30 @@ mod tests {
         fn partition(&self, topic: &str, p: i32) -> PartitionRegistration {
             self.c.image.topic(topic).unwrap().partitions[&p].clone()
         }
+    }
+
+    #[test]
+    fn finalized_features_outside_the_supported_ranges_are_named() {
+        let levels = |l: &[(&str, i16)]| -> BTreeMap<String, i16> {
+            l.iter().map(|(n, v)| ((*n).to_string(), *v)).collect()
+        };
+        assert!(unsupported_finalized_features(&levels(&[
+            (METADATA_VERSION_FEATURE, 33),
+            ("transaction.version", 2),
+            ("kraft.version", 0),
+        ]))
+        .is_empty());
+        assert_eq!(
+            unsupported_finalized_features(&levels(&[
+                (METADATA_VERSION_FEATURE, 34),
+                ("some.future.version", 1),
+                ("other.future.version", 0),
+            ])),
+            [
+                "the cluster finalized metadata.version at level 34, and this gregor broker supports levels 7 to 33",
+                "the cluster finalized some.future.version at level 1, and this gregor broker supports levels 0 to 0",
+            ]
+        );
     }
 
     /// KIP-1066 as Kafka 4.4's `handleDirectoriesCordoned`: a heartbeat (v2) with cordoned
