@@ -1419,6 +1419,42 @@ mod tests {
     }
 
     #[test]
+    fn a_mixed_cluster_runs_each_node_on_its_implementation() {
+        let gregor = Implementation::Gregor(PathBuf::from("/nonexistent/gregor"));
+        let config = ClusterConfig::new(
+            gregor.clone(),
+            Layout::CombinedAndBrokers {
+                combined: 3,
+                brokers: 1,
+            },
+        )
+        .with_node_implementation(4, Implementation::Kafka)
+        .with_controller_format_args(&["--release-version", "4.3-IV0"]);
+        assert!(config.is_mixed());
+        let c = Cluster::prepare(&config).unwrap();
+        assert_eq!(c.broker_ids(), [1, 2, 3, 4]);
+        assert_eq!(c.voters().split(',').count(), 3);
+        for n in c.nodes() {
+            let kafka = n.node_id == 4;
+            assert_eq!(n.implementation() == &Implementation::Kafka, kafka);
+            assert_eq!(
+                n.admin_port.is_none(),
+                kafka,
+                "admin listener on gregor only"
+            );
+            assert_eq!(n.role, if kafka { Role::Broker } else { Role::Combined });
+            assert_eq!(
+                n.format_args.is_empty(),
+                kafka,
+                "format args on controllers only"
+            );
+            let props = std::fs::read_to_string(n.config_file()).unwrap();
+            assert!(props.contains(&format!("controller.quorum.voters={}\n", c.voters())));
+        }
+        assert!(Cluster::prepare(&config.with_node_implementation(5, gregor)).is_err());
+    }
+
+    #[test]
     fn properties_of_a_split_layout() {
         let c = Cluster::prepare(&ClusterConfig {
             implementation: Implementation::Gregor(PathBuf::from("/nonexistent/gregor")),

@@ -39,7 +39,7 @@ pub const TOPIC: &str = "mixed";
 const LEADER_ELECTION: &str = "org.apache.kafka.tools.LeaderElectionCommand";
 const REASSIGN: &str = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand";
 /// Records acknowledged in each phase before the next one starts.
-const PER_PHASE: usize = 300;
+const PER_PHASE: usize = 200;
 /// How long a phase may wait for leadership, the ISR or acknowledgements.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -167,10 +167,6 @@ fn wait_acks_after(history: &History, since_ms: u64, n: usize, what: &str) -> Re
     }
 }
 
-fn tool(class: &str, args: &[&str]) -> Result<String> {
-    tool_output(class, args)
-}
-
 /// The scenario of the module docs on a started `cluster`: `first` leads at first, `other`
 /// (a broker of the other implementation) follows, then leads, then is killed; `third` is a
 /// broker of `first`'s implementation. Admin tools go through `first`'s broker listener.
@@ -195,7 +191,7 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         .context("the first leader must be a broker")?;
     let replicas = [first, other, third];
     let everyone: BTreeSet<i32> = replicas.iter().copied().collect();
-    let out = tool(
+    let out = tool_output(
         "kafka-topics",
         &[
             "--bootstrap-server",
@@ -260,7 +256,7 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
                 r#"{{"version":1,"partitions":[{{"topic":"{TOPIC}","partition":0,"replicas":[{other},{first},{third}]}}]}}"#
             ),
         )?;
-        let out = tool(
+        let out = tool_output(
             REASSIGN,
             &[
                 "--bootstrap-server",
@@ -279,7 +275,7 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         wait_partition(cluster, &replicas, "the reordered assignment", |p| {
             p.replicas == [other, first, third]
         })?;
-        let out = tool(
+        let out = tool_output(
             LEADER_ELECTION,
             &[
                 "--bootstrap-server",
@@ -362,7 +358,7 @@ fn run(cluster: &mut Cluster, first: i32, other: i32, third: i32) -> Result<Mixe
         records: read_topic(&cluster.bootstrap(), TOPIC, 1)?,
     };
     let report = history.check(&state);
-    let describe = tool(
+    let describe = tool_output(
         "kafka-topics",
         &["--bootstrap-server", &admin, "--describe", "--topic", TOPIC],
     )?;
