@@ -6,6 +6,11 @@
 //! from v13 (KIP-516). gregor does not create incremental fetch sessions (KIP-227): it answers
 //! session id 0, which tells clients to keep sending full fetch requests.
 //!
+//! Fetch from follower (KIP-392): a consumer's fetch from v11 on carries its rack
+//! (`client.rack`); with `replica.selector.class` set, the leader may answer a partition with
+//! `PreferredReadReplica` and no records, and a follower serves such fetches up to its own high
+//! watermark. Older consumer fetches are served by the leader only.
+//!
 //! Followers (replica id >= 0: `ReplicaState.ReplicaId` from v15, the top-level `ReplicaId`
 //! before) need ClusterAction, read up to the log end offset, send their broker epoch (v15,
 //! KIP-903), log start offset and `LastFetchedEpoch` (v12); a diverging log is answered with
@@ -28,6 +33,7 @@ use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
 use crate::replica_manager::{FetchOutcome, FetchParams, FetchPartition, FetchPartitionResult};
+use crate::replication::replica_selector::ClientMetadata;
 use gregor_network::RequestContext;
 use gregor_network::{respond, Handled};
 
@@ -82,7 +88,7 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
         .with_high_watermark(r.high_watermark)
         .with_last_stable_offset(r.last_stable_offset)
         .with_log_start_offset(r.log_start_offset)
-        .with_preferred_read_replica(BrokerId(-1))
+        .with_preferred_read_replica(BrokerId(r.preferred_read_replica.unwrap_or(-1)))
         .with_aborted_transactions(
             // As Kafka: partitions refused before the read (unknown, not led here, fenced)
             // carry the default empty list; read results carry a list for read_committed and
@@ -231,6 +237,16 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         } else {
             -1
         },
+        // Kafka's KafkaApis.handleFetchRequest: v11 added the preferred replica logic.
+        client_metadata: (version >= 11).then(|| ClientMetadata {
+            rack_id: req.rack_id.to_string(),
+            client_id: header
+                .client_id
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            listener_name: ctx.listener_name.clone(),
+        }),
     };
     match broker.replica_manager.fetch_messages(params, entries).await {
         FetchOutcome::Complete(results) => Handled::Ready(reply(

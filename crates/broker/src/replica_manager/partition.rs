@@ -75,6 +75,7 @@ impl Default for ReplicationContext {
 }
 
 mod follower;
+mod read_replica;
 
 /// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
 pub struct DelayedOperations {

@@ -167,6 +167,7 @@ fn consumer(max_wait_ms: i64) -> FetchParams {
         max_bytes: i32::MAX,
         isolation_level: 0,
         replica_epoch: -1,
+        client_metadata: None,
     }
 }
 
@@ -795,3 +796,7 @@ async fn an_idempotent_retry_of_an_unreplicated_batch_waits_for_the_high_waterma
     assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
     assert!(purgatories_empty(&f.rm));
 }
+
+#[cfg(test)]
+#[path = "fetch_from_follower_tests.rs"]
+mod fetch_from_follower_tests;
