@@ -1722,7 +1722,9 @@ impl BrokerConfig {
     /// `replica.selector.class` (KIP-392): the built-in selector it names, `None` when unset
     /// (Kafka's default: consumers fetch from leaders only). Start-up refused any other class
     /// name ([`BrokerConfig::from_properties`]).
-    pub fn replica_selector(&self) -> Option<crate::replication::replica_selector::ReplicaSelector> {
+    pub fn replica_selector(
+        &self,
+    ) -> Option<crate::replication::replica_selector::ReplicaSelector> {
         self.raw.get("replica.selector.class").and_then(|v| {
             crate::replication::replica_selector::ReplicaSelector::from_class_name(v)
                 .ok()

@@ -149,7 +149,13 @@ async fn a_follower_that_cannot_serve_the_offset_is_not_preferred() {
         None
     );
     // Fenced: never (no endpoint).
-    f.set_partition(0, 0, 6, &[LOCAL, FOLLOWER, THIRD], &[LOCAL, FOLLOWER, THIRD]);
+    f.set_partition(
+        0,
+        0,
+        6,
+        &[LOCAL, FOLLOWER, THIRD],
+        &[LOCAL, FOLLOWER, THIRD],
+    );
     follower_fetch_one(&f, follower_fetch(FOLLOWER, -1), 3, -1, -1).await;
     assert_eq!(
         preferred(fetch_at(&f, rack_consumer("r2", 0), 0, -1).await),
@@ -198,8 +204,10 @@ fn follower_with_data() -> Fixture {
     f.set_leader(0, FOLLOWER, 1, &[LOCAL, FOLLOWER]);
     let p = f.partition(0);
     assert_eq!(p.role(), Role::Follower);
-    p.append_records_as_follower(&batch(0, 1, 3)).expect("append");
-    p.append_records_as_follower(&batch(3, 1, 2)).expect("append");
+    p.append_records_as_follower(&batch(0, 1, 3))
+        .expect("append");
+    p.append_records_as_follower(&batch(3, 1, 2))
+        .expect("append");
     p.update_follower_offsets(3, 0);
     assert_eq!((p.high_watermark(), p.log.log_end_offset()), (3, 5));
     f
@@ -210,7 +218,11 @@ async fn a_follower_serves_consumers_up_to_its_own_high_watermark() {
     let f = follower_with_data();
     let r = fetch_at(&f, rack_consumer("r1", 0), 0, 1).await;
     assert_eq!(r.error_code, ec::NONE);
-    assert_eq!(record_offsets(&r.records), vec![0, 1, 2], "not above the HW");
+    assert_eq!(
+        record_offsets(&r.records),
+        vec![0, 1, 2],
+        "not above the HW"
+    );
     assert_eq!((r.high_watermark, r.last_stable_offset), (3, 3));
     assert_eq!(r.preferred_read_replica, None);
     // At the HW, and between the HW and the log end offset: nothing, no error (Kafka's
@@ -278,7 +290,8 @@ async fn a_delayed_fetch_on_a_follower_completes_when_its_high_watermark_moves()
     })
     .await;
     // More data from the leader without a HW move does not complete it...
-    p.append_records_as_follower(&batch(5, 1, 1)).expect("append");
+    p.append_records_as_follower(&batch(5, 1, 1))
+        .expect("append");
     p.update_follower_offsets(3, 0);
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(!waiter.is_finished(), "nothing readable yet");

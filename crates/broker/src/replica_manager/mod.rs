@@ -29,7 +29,9 @@ use uuid::Uuid;
 use crate::config::{BrokerConfig, DynamicBrokerConfigs, TopicConfigs};
 use crate::error_codes as ec;
 use crate::observability::{self, InFlight};
-use crate::replication::replica_selector::{BrokerNode, BrokerNodes, ClientMetadata, ReplicaSelector};
+use crate::replication::replica_selector::{
+    BrokerNode, BrokerNodes, ClientMetadata, ReplicaSelector,
+};
 
 pub use io::{IoPool, IoPoolError};
 pub use partition::{

@@ -86,7 +86,10 @@ fn rack_aware_select<'a>(
 fn most_caught_up(a: &ReplicaView, b: &ReplicaView) -> std::cmp::Ordering {
     a.log_end_offset
         .cmp(&b.log_end_offset)
-        .then(b.time_since_last_caught_up_ms.cmp(&a.time_since_last_caught_up_ms))
+        .then(
+            b.time_since_last_caught_up_ms
+                .cmp(&a.time_since_last_caught_up_ms),
+        )
         .then(a.endpoint_id().cmp(&b.endpoint_id()))
 }
 
@@ -192,7 +195,7 @@ pub fn preferred_read_replica(
 ) -> Option<i32> {
     let node = |id: i32| -> (bool, Option<String>) {
         match brokers.get(&id) {
-            Some(b) if !b.fenced && b.listeners.iter().any(|l| *l == client.listener_name) => {
+            Some(b) if !b.fenced && b.listeners.contains(&client.listener_name) => {
                 (true, b.rack.clone())
             }
             _ => (false, None),
@@ -335,27 +338,51 @@ mod tests {
     fn only_in_sync_followers_whose_log_holds_the_fetch_offset() {
         let b = brokers();
         // Not in the committed ISR.
-        assert_eq!(pick("r2", &[1, 3], vec![follower(2, 0, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r2", &[1, 3], vec![follower(2, 0, 100, 0)], &b, 50),
+            None
+        );
         // Log end offset below the fetch offset (equal is fine: the consumer waits there).
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 0, 49, 0)], &b, 50), None);
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 0, 50, 0)], &b, 50), Some(2));
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 0, 49, 0)], &b, 50),
+            None
+        );
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 0, 50, 0)], &b, 50),
+            Some(2)
+        );
         // Log start offset above the fetch offset.
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 51, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 51, 100, 0)], &b, 50),
+            None
+        );
         // Before its first fetch (both offsets unknown, -1).
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, -1, -1, 0)], &b, 0), None);
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, -1, -1, 0)], &b, 0),
+            None
+        );
     }
 
     #[test]
     fn fenced_unregistered_or_listenerless_brokers_are_never_chosen() {
         let mut b = brokers();
         b.get_mut(&2).unwrap().fenced = true;
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50),
+            None
+        );
         let mut b = brokers();
         b.get_mut(&2).unwrap().listeners = vec!["INTERNAL".into()];
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50),
+            None
+        );
         let mut b = brokers();
         b.remove(&2);
-        assert_eq!(pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r2", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50),
+            None
+        );
     }
 
     #[test]
@@ -377,6 +404,9 @@ mod tests {
         let mut b = brokers();
         b.get_mut(&2).unwrap().rack = Some("r1".into());
         // Broker 2 shares the leader's rack r1 and is ahead of nobody: the leader stays.
-        assert_eq!(pick("r1", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50), None);
+        assert_eq!(
+            pick("r1", &[1, 2], vec![follower(2, 0, 100, 0)], &b, 50),
+            None
+        );
     }
 }

@@ -6,8 +6,7 @@
 use super::{Partition, Role};
 use crate::error_codes as ec;
 use crate::replication::replica_selector::{
-    preferred_read_replica, BrokerNodes, ClientMetadata, FollowerView, LeaderView,
-    ReplicaSelector,
+    preferred_read_replica, BrokerNodes, ClientMetadata, FollowerView, LeaderView, ReplicaSelector,
 };
 
 impl Partition {
@@ -87,8 +86,7 @@ impl Partition {
             isr: core.isr(),
             followers,
         };
-        let chosen =
-            preferred_read_replica(selector, client, &view, brokers, fetch_offset, now);
+        let chosen = preferred_read_replica(selector, client, &view, brokers, fetch_offset, now);
         if let Some(id) = chosen {
             tracing::debug!(partition = %self.topic_partition, client_id = %client.client_id,
                 rack = %client.rack_id, preferred_read_replica = id, "preferred read replica");

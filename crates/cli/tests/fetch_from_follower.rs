@@ -1,0 +1,343 @@
+//! Fetch from follower (KIP-392) on a 3-node gregor cluster: every node has its own
+//! `broker.rack` (`rack-<node id>`) and `replica.selector.class` is Kafka's
+//! `RackAwareReplicaSelector`. A topic with replication factor 3 and `min.insync.replicas=2`;
+//! a librdkafka consumer with `client.rack` set to a follower's rack reads every record
+//! exactly once and in order, and the follower served them (the brokers' own
+//! `gregor_topic_records_out_total`: the leader sent none); Kafka 4.4's Java consumer
+//! (`kafka-console-consumer`) does the same. Then the follower is killed (kill -9) while the
+//! librdkafka consumer is in the middle of the partition: it falls back to the leader and
+//! still gets everything, including records produced after the kill.
+//!
+//! `cargo test -p gregor --test fetch_from_follower -- --nocapture`
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gregor_protocol::batch::BatchBuilder;
+use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+use gregor_tests::reference::{jars_or_skip, tool_output};
+use gregor_tests::wire::{sb, KafkaConn};
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
+    ProduceRequest, ProduceResponse, TopicName,
+};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+const TOPIC: &str = "nearby";
+const RACK_AWARE: &str = "org.apache.kafka.common.replica.RackAwareReplicaSelector";
+/// Records per produced batch, and batches per phase.
+const BATCH: usize = 100;
+const BATCHES: usize = 10;
+const PHASE: usize = BATCH * BATCHES;
+
+fn config() -> ClusterConfig {
+    ClusterConfig::combined(
+        Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into()),
+        3,
+    )
+    .with("replica.selector.class", RACK_AWARE)
+    // A dead follower stays in the ISR (and so preferred) until the leader drops it.
+    .with("replica.lag.time.max.ms", "3000")
+    .with("broker.heartbeat.interval.ms", "500")
+    .with("replica.fetch.backoff.ms", "200")
+}
+
+/// Polls `check` every 100 ms until it returns Some, for at most `timeout`.
+fn wait_for<T>(
+    cluster: &Cluster,
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            cluster.logs(200)
+        );
+        // Other processes' state over the wire: no event to wait on.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
+    KafkaConn::connect_timeout(bootstrap.parse()?, Duration::from_secs(5), "fff-test")
+}
+
+fn create_topic(bootstrap: &str) {
+    let req = CreateTopicsRequest::default()
+        .with_timeout_ms(30_000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(sb(TOPIC)))
+            .with_num_partitions(1)
+            .with_replication_factor(3)
+            .with_configs(vec![CreatableTopicConfig::default()
+                .with_name(sb("min.insync.replicas"))
+                .with_value(Some(sb("2")))])]);
+    let r: CreateTopicsResponse = conn(bootstrap)
+        .and_then(|mut c| c.call(ApiKey::CreateTopics, 7, &req))
+        .expect("CreateTopics answered");
+    assert_eq!(r.topics[0].error_code, 0, "{r:?}");
+}
+
+/// (leader, sorted ISR) of partition 0 as `bootstrap` sees it.
+fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
+    let req = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(sb(TOPIC))))
+        ]))
+        .with_allow_auto_topic_creation(false);
+    let m: MetadataResponse = conn(bootstrap)
+        .ok()?
+        .call(ApiKey::Metadata, 12, &req)
+        .ok()?;
+    let p = m.topics.first()?.partitions.first()?;
+    let mut isr: Vec<i32> = p.isr_nodes.iter().map(|b| b.0).collect();
+    isr.sort_unstable();
+    (p.error_code == 0 && p.leader_id.0 >= 0).then_some((p.leader_id.0, isr))
+}
+
+fn value(i: usize) -> String {
+    format!("record-{i:06}")
+}
+
+/// Batch `n` (records `n * BATCH ..`) to partition 0 with acks=all; panics on an error.
+fn produce_batch(bootstrap: &str, n: usize) {
+    let mut b = BatchBuilder::new(0, 1_000);
+    for r in 0..BATCH {
+        b = b.record(1_000, None, Some(value(n * BATCH + r).as_bytes()), &[]);
+    }
+    let req = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(sb(TOPIC)))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(Bytes::from(b.build())))])]);
+    let resp: ProduceResponse = conn(bootstrap)
+        .and_then(|mut c| c.call(ApiKey::Produce, 9, &req))
+        .expect("Produce answered");
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(
+        (p.error_code, p.base_offset),
+        (0, (n * BATCH) as i64),
+        "batch {n}"
+    );
+}
+
+/// `gregor_topic_records_out_total{topic="nearby"}` of the node with admin port `port`: the
+/// records it sent to consumers (0 before any).
+fn records_out(port: u16) -> u64 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("admin listener");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("metrics");
+    let prefix = format!("gregor_topic_records_out_total{{topic=\"{TOPIC}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+}
+
+fn rack_consumer(bootstrap: &str, rack: &str) -> BaseConsumer {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "fff-assign-only")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("client.rack", rack)
+        // Small fetches (one batch each, KIP-74) and a small local queue, so that the
+        // consumer is still in the middle of the partition when the follower dies.
+        .set("max.partition.fetch.bytes", "2048")
+        .set("message.max.bytes", "4096")
+        .set("fetch.max.bytes", "4096")
+        .set("queued.max.messages.kbytes", "8")
+        .set("fetch.wait.max.ms", "100")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)
+        .expect("partition");
+    c.assign(&tpl).expect("assign");
+    c
+}
+
+/// Polls until `got` holds `until` records; each must be the next offset with its value.
+fn read_until(cluster: &Cluster, c: &BaseConsumer, got: &mut Vec<String>, until: usize) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while got.len() < until {
+        assert!(
+            Instant::now() < deadline,
+            "read {} of {until} records\n{}",
+            got.len(),
+            cluster.logs(200)
+        );
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string();
+                assert_eq!(
+                    (m.offset(), v.as_str()),
+                    (got.len() as i64, value(got.len()).as_str()),
+                    "records in order, each once"
+                );
+                got.push(v);
+            }
+            // Transient errors (a dead broker) are the client's to handle.
+            Some(Err(e)) => eprintln!("consumer: {e}"),
+            None => {}
+        }
+    }
+}
+
+#[test]
+fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader() {
+    let mut cluster = Cluster::prepare(&config()).unwrap_or_else(|e| panic!("{e:#}"));
+    for n in cluster.nodes() {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(n.config_file())
+            .expect("server.properties");
+        writeln!(f, "broker.rack=rack-{}", n.node_id).expect("write");
+    }
+    cluster.format().unwrap_or_else(|e| panic!("{e:#}"));
+    cluster.start_all().unwrap_or_else(|e| panic!("{e:#}"));
+    let bootstrap = cluster.bootstrap();
+    let any = cluster.node(1).bootstrap().expect("listener");
+    create_topic(&any);
+    let (leader, _) = wait_for(&cluster, Duration::from_secs(30), "an ISR of three", || {
+        partition_state(&any).filter(|(_, isr)| isr.len() == 3)
+    });
+    let leader_addr = cluster.node(leader).bootstrap().expect("listener");
+    wait_for(
+        &cluster,
+        Duration::from_secs(30),
+        "the leader's view",
+        || partition_state(&leader_addr).filter(|(l, isr)| *l == leader && isr.len() == 3),
+    );
+    // The follower to read from: not the active controller if there is a choice, so that its
+    // death does not also need a new controller.
+    let controller = cluster.active_controller().unwrap_or(-1);
+    let followers: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != leader).collect();
+    let follower = followers
+        .iter()
+        .copied()
+        .find(|f| *f != controller)
+        .unwrap_or(followers[0]);
+    let third = followers
+        .iter()
+        .copied()
+        .find(|f| *f != follower)
+        .unwrap_or(-1);
+    let admin = |id: i32| cluster.node(id).admin_port.expect("admin port");
+    let (leader_admin, follower_admin, third_admin) =
+        (admin(leader), admin(follower), admin(third));
+    println!("leader {leader}, follower {follower} (rack-{follower}), controller {controller}");
+
+    for n in 0..BATCHES {
+        produce_batch(&leader_addr, n);
+    }
+    let rack = format!("rack-{follower}");
+
+    // Kafka's Java consumer in the follower's rack: the leader answers PreferredReadReplica,
+    // the follower serves the records.
+    let mut java_served = 0;
+    if jars_or_skip() {
+        let out = tool_output(
+            "kafka-console-consumer",
+            &[
+                "--bootstrap-server",
+                &bootstrap,
+                "--topic",
+                TOPIC,
+                "--partition",
+                "0",
+                "--offset",
+                "earliest",
+                "--max-messages",
+                &PHASE.to_string(),
+                "--timeout-ms",
+                "60000",
+                "--consumer-property",
+                &format!("client.rack={rack}"),
+            ],
+        )
+        .expect("kafka-console-consumer");
+        let values: Vec<&str> = out.lines().filter(|l| l.starts_with("record-")).collect();
+        let expected: Vec<String> = (0..PHASE).map(value).collect();
+        assert_eq!(values, expected, "the Java consumer's records:\n{out}");
+        java_served = records_out(follower_admin);
+        println!("the Java consumer read {PHASE} records; the follower served {java_served}");
+        assert!(java_served >= PHASE as u64, "{java_served}\n{out}");
+        assert_eq!(records_out(leader_admin), 0, "the leader sent no records");
+    }
+
+    // librdkafka in the same rack.
+    let consumer = rack_consumer(&bootstrap, &rack);
+    let mut got = Vec::new();
+    read_until(&cluster, &consumer, &mut got, PHASE / 2);
+    let served = records_out(follower_admin) - java_served;
+    println!(
+        "librdkafka read {} records; records out: follower {served}, leader {}, third {}",
+        got.len(),
+        records_out(leader_admin),
+        records_out(third_admin)
+    );
+    assert!(served >= got.len() as u64, "the follower served {served}");
+    assert_eq!(records_out(leader_admin), 0, "the leader sent no records");
+    assert_eq!(records_out(third_admin), 0);
+
+    // Records keep coming while the consumer reads at the head of the partition, and the
+    // follower dies in the middle of that.
+    let total = 3 * PHASE;
+    let producer = {
+        let leader_addr = leader_addr.clone();
+        std::thread::spawn(move || {
+            for n in BATCHES..3 * BATCHES {
+                produce_batch(&leader_addr, n);
+                // A steady stream rather than a burst.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    read_until(&cluster, &consumer, &mut got, PHASE + PHASE / 2);
+    let from_follower = records_out(follower_admin) - java_served;
+    cluster.node_mut(follower).kill9().expect("kill -9");
+    let killed = Instant::now();
+    println!(
+        "killed the follower after librdkafka read {} records, {from_follower} of them served \
+         by it",
+        got.len()
+    );
+    read_until(&cluster, &consumer, &mut got, total);
+    producer.join().expect("the producer thread");
+    let from_leader = records_out(leader_admin);
+    println!(
+        "all {} records read {} ms after the kill; the leader served {from_leader}",
+        got.len(),
+        killed.elapsed().as_millis()
+    );
+    assert!(from_leader > 0, "the leader served the rest");
+    assert!(
+        from_leader + from_follower >= total as u64,
+        "every record came from the leader or the follower: {from_leader} + {from_follower}"
+    );
+    // Nothing more than everything, exactly once.
+    assert!(consumer.poll(Duration::from_millis(500)).is_none());
+}
