@@ -12,6 +12,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -306,24 +308,39 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     // Records keep coming while the consumer reads at the head of the partition, and the
     // follower dies in the middle of that.
     let total = 3 * PHASE;
+    let produced = Arc::new(AtomicUsize::new(BATCHES));
     let producer = {
         let leader_addr = leader_addr.clone();
+        let produced = produced.clone();
         std::thread::spawn(move || {
             for n in BATCHES..3 * BATCHES {
                 produce_batch(&leader_addr, n);
+                produced.store(n + 1, Ordering::SeqCst);
                 // A steady stream rather than a burst.
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(100));
             }
         })
     };
     read_until(&cluster, &consumer, &mut got, PHASE + PHASE / 2);
     let from_follower = records_out(follower_admin) - java_served;
+    assert!(
+        from_follower >= got.len() as u64,
+        "the follower served what was read: {from_follower}"
+    );
+    assert_eq!(records_out(leader_admin), 0, "the leader sent no records");
     cluster.node_mut(follower).kill9().expect("kill -9");
     let killed = Instant::now();
+    // At most one more batch (in flight) can have reached the follower before it died.
+    let acknowledged_at_kill = produced.load(Ordering::SeqCst);
     println!(
-        "killed the follower after librdkafka read {} records, {from_follower} of them served \
-         by it",
-        got.len()
+        "killed the follower after librdkafka read {} records ({from_follower} served by it) \
+         and {acknowledged_at_kill} of {} batches were acknowledged",
+        got.len(),
+        3 * BATCHES
+    );
+    assert!(
+        acknowledged_at_kill < 3 * BATCHES - 1,
+        "the follower died while records were still coming"
     );
     read_until(&cluster, &consumer, &mut got, total);
     producer.join().expect("the producer thread");
@@ -333,10 +350,11 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
         got.len(),
         killed.elapsed().as_millis()
     );
-    assert!(from_leader > 0, "the leader served the rest");
+    let only_on_the_leader = total - (acknowledged_at_kill + 1) * BATCH;
     assert!(
-        from_leader + from_follower >= total as u64,
-        "every record came from the leader or the follower: {from_leader} + {from_follower}"
+        from_leader >= only_on_the_leader as u64,
+        "the records produced after the kill ({only_on_the_leader} at least) came from the \
+         leader: {from_leader}"
     );
     // Nothing more than everything, exactly once.
     assert!(consumer.poll(Duration::from_millis(500)).is_none());
