@@ -320,3 +320,29 @@ async fn a_delayed_consumer_fetch_on_a_follower_completes_when_it_stops_being_a_
     assert_eq!(got[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
     assert!(purgatories_empty(&f.rm));
 }
+
+#[tokio::test]
+async fn list_offsets_and_offset_for_leader_epoch_stay_with_the_leader() {
+    let f = follower_with_data();
+    let latest = || (TopicPartition::new("t", 0), partition::LATEST_TIMESTAMP, 1);
+    // Consumers and followers: the leader only (Kafka's fetchOnlyFromLeader).
+    let r = f.rm.fetch_offsets(Some(0), vec![latest()]).await;
+    assert_eq!(r[0], Err(ec::NOT_LEADER_OR_FOLLOWER));
+    let r = f.rm.fetch_offsets_from(None, true, vec![latest()]).await;
+    assert_eq!(r[0], Err(ec::NOT_LEADER_OR_FOLLOWER));
+    // The debugging replica id (-2): a follower answers, from its log end offset.
+    let r = f.rm.fetch_offsets_from(None, false, vec![latest()]).await;
+    assert_eq!(r[0].map(|(_, offset, _)| offset), Ok(5));
+    let r =
+        f.rm.fetch_offsets_from(None, false, vec![(TopicPartition::new("t", 0), 0, 0)])
+            .await;
+    assert_eq!(
+        r[0],
+        Err(ec::FENCED_LEADER_EPOCH),
+        "the epoch is still checked"
+    );
+    assert_eq!(
+        f.partition(0).last_offset_for_leader_epoch(1, 1),
+        Err(ec::NOT_LEADER_OR_FOLLOWER)
+    );
+}

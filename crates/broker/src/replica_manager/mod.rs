@@ -867,10 +867,24 @@ impl ReplicaManager {
     /// and segments are read). Results in order: (timestamp, offset, leader epoch) or a Kafka
     /// error code (UNKNOWN_TOPIC_OR_PARTITION, the leader check's, INVALID_REQUEST, the log's);
     /// see [`Partition::fetch_offset_for_timestamp`]. `isolation_level` is the consumer's, or
-    /// None for a follower or debugging client (read to the log end offset).
+    /// None for a follower or debugging client (read to the log end offset). Only the leader
+    /// answers.
     pub async fn fetch_offsets(
         &self,
         isolation_level: Option<i8>,
+        lookups: Vec<(TopicPartition, i64, i32)>,
+    ) -> Vec<Result<(i64, i64, i32), i16>> {
+        self.fetch_offsets_from(isolation_level, true, lookups)
+            .await
+    }
+
+    /// [`ReplicaManager::fetch_offsets`], answered by a follower too unless
+    /// `fetch_only_from_leader` (Kafka: every ListOffsets but one with the debugging replica id
+    /// -2 needs the leader).
+    pub async fn fetch_offsets_from(
+        &self,
+        isolation_level: Option<i8>,
+        fetch_only_from_leader: bool,
         lookups: Vec<(TopicPartition, i64, i32)>,
     ) -> Vec<Result<(i64, i64, i32), i16>> {
         let n = lookups.len();
@@ -882,7 +896,12 @@ impl ReplicaManager {
             work.into_iter()
                 .map(|(p, ts, epoch)| {
                     p.ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION)?
-                        .fetch_offset_for_timestamp(ts, isolation_level, epoch)
+                        .fetch_offset_for_timestamp(
+                            ts,
+                            isolation_level,
+                            epoch,
+                            fetch_only_from_leader,
+                        )
                 })
                 .collect::<Vec<_>>()
         };
