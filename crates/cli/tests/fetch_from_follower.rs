@@ -22,11 +22,12 @@ use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::reference::{jars_or_skip, tool_output};
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
 };
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -39,6 +40,8 @@ const RACK_AWARE: &str = "org.apache.kafka.common.replica.RackAwareReplicaSelect
 const BATCH: usize = 100;
 const BATCHES: usize = 10;
 const PHASE: usize = BATCH * BATCHES;
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 
 fn config() -> ClusterConfig {
     ClusterConfig::combined(
@@ -78,13 +81,13 @@ fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
     KafkaConn::connect_timeout(bootstrap.parse()?, Duration::from_secs(5), "fff-test")
 }
 
-fn create_topic(bootstrap: &str) {
+fn create_topic(bootstrap: &str, name: &str, replication_factor: i16) {
     let req = CreateTopicsRequest::default()
         .with_timeout_ms(30_000)
         .with_topics(vec![CreatableTopic::default()
-            .with_name(TopicName(sb(TOPIC)))
+            .with_name(TopicName(sb(name)))
             .with_num_partitions(1)
-            .with_replication_factor(3)
+            .with_replication_factor(replication_factor)
             .with_configs(vec![CreatableTopicConfig::default()
                 .with_name(sb("min.insync.replicas"))
                 .with_value(Some(sb("2")))])]);
@@ -94,11 +97,11 @@ fn create_topic(bootstrap: &str) {
     assert_eq!(r.topics[0].error_code, 0, "{r:?}");
 }
 
-/// (leader, sorted ISR) of partition 0 as `bootstrap` sees it.
-fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
+/// (leader, sorted ISR) of partition 0 of `topic` as `bootstrap` sees it.
+fn partition_state_of(bootstrap: &str, topic: &str) -> Option<(i32, Vec<i32>)> {
     let req = MetadataRequest::default()
         .with_topics(Some(vec![
-            MetadataRequestTopic::default().with_name(Some(TopicName(sb(TOPIC))))
+            MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic))))
         ]))
         .with_allow_auto_topic_creation(false);
     let m: MetadataResponse = conn(bootstrap)
@@ -109,6 +112,31 @@ fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
     let mut isr: Vec<i32> = p.isr_nodes.iter().map(|b| b.0).collect();
     isr.sort_unstable();
     (p.error_code == 0 && p.leader_id.0 >= 0).then_some((p.leader_id.0, isr))
+}
+
+fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
+    partition_state_of(bootstrap, TOPIC)
+}
+
+/// The error code of a consumer's Fetch v12 (with a rack) of partition 0 of `topic` at
+/// `bootstrap`.
+fn fetch_error(bootstrap: &str, topic: &str) -> i16 {
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_rack_id(sb("rack-1"))
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(0)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(1 << 20)])]);
+    let r: FetchResponse = conn(bootstrap)
+        .and_then(|mut c| c.call(ApiKey::Fetch, 12, &req))
+        .expect("Fetch answered");
+    r.responses[0].partitions[0].error_code
 }
 
 fn value(i: usize) -> String {
@@ -222,7 +250,28 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     cluster.start_all().unwrap_or_else(|e| panic!("{e:#}"));
     let bootstrap = cluster.bootstrap();
     let any = cluster.node(1).bootstrap().expect("listener");
-    create_topic(&any);
+    create_topic(&any, TOPIC, 3);
+    // A broker that is not a replica of a partition refuses to serve it, as Kafka.
+    create_topic(&any, "one-replica", 1);
+    let (only, _) = wait_for(&cluster, Duration::from_secs(30), "a leader", || {
+        partition_state_of(&any, "one-replica")
+    });
+    let elsewhere = if only == 1 { 2 } else { 1 };
+    let other_addr = cluster.node(elsewhere).bootstrap().expect("listener");
+    wait_for(
+        &cluster,
+        Duration::from_secs(30),
+        "the topic on every node",
+        || partition_state_of(&other_addr, "one-replica"),
+    );
+    assert_eq!(
+        fetch_error(&other_addr, "one-replica"),
+        NOT_LEADER_OR_FOLLOWER
+    );
+    assert_eq!(
+        fetch_error(&other_addr, "no-such-topic"),
+        UNKNOWN_TOPIC_OR_PARTITION
+    );
     let (leader, _) = wait_for(&cluster, Duration::from_secs(30), "an ISR of three", || {
         partition_state(&any).filter(|(_, isr)| isr.len() == 3)
     });

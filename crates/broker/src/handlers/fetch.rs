@@ -162,6 +162,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         );
     let image = broker.controller.image();
     let mut entries = Vec::new();
+    // Per entry: whether the partition exists in the metadata (a broker that is not one of
+    // its replicas answers NOT_LEADER_OR_FOLLOWER, as Kafka's getPartitionOrError).
+    let mut in_image = Vec::new();
     let mut unresolved = false;
     let slots: Vec<TopicSlots> = req
         .topics
@@ -191,6 +194,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
                             Err(ec::TOPIC_AUTHORIZATION_FAILED)
                         }
                         Some(n) => {
+                            in_image.push(
+                                image
+                                    .topic(n)
+                                    .is_some_and(|ti| ti.partitions.contains_key(&fp.partition)),
+                            );
                             entries.push(FetchPartition {
                                 topic_partition: TopicPartition::new(n.clone(), fp.partition),
                                 fetch_offset: fp.fetch_offset,
@@ -249,13 +257,29 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         }),
     };
     match broker.replica_manager.fetch_messages(params, entries).await {
-        FetchOutcome::Complete(results) => Handled::Ready(reply(
-            &header,
-            encode(slots, &results, isolation_level, version),
-        )),
+        FetchOutcome::Complete(mut results) => {
+            not_a_replica(&mut results, &in_image);
+            Handled::Ready(reply(
+                &header,
+                encode(slots, &results, isolation_level, version),
+            ))
+        }
         FetchOutcome::Delayed(delayed) => Handled::Deferred(Box::pin(async move {
-            let results = delayed.complete().await;
+            let mut results = delayed.complete().await;
+            not_a_replica(&mut results, &in_image);
             reply(&header, encode(slots, &results, isolation_level, version))
         })),
+    }
+}
+
+/// Kafka's `getPartitionOrError`: a partition this broker does not host but the metadata
+/// knows (this broker is not one of its replicas, e.g. a stale preferred read replica or
+/// leader) is NOT_LEADER_OR_FOLLOWER, which sends clients to refresh their metadata;
+/// UNKNOWN_TOPIC_OR_PARTITION stays for partitions the metadata does not have.
+fn not_a_replica(results: &mut [FetchPartitionResult], in_image: &[bool]) {
+    for (r, known) in results.iter_mut().zip(in_image) {
+        if *known && r.error_code == ec::UNKNOWN_TOPIC_OR_PARTITION {
+            r.error_code = ec::NOT_LEADER_OR_FOLLOWER;
+        }
     }
 }
