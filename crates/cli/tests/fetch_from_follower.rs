@@ -5,21 +5,23 @@
 //! exactly once and in order, and the follower served them (the brokers' own
 //! `gregor_topic_records_out_total`: the leader sent none); Kafka 4.4's Java consumer
 //! (`kafka-console-consumer`) does the same. Then the follower is killed (kill -9) while the
-//! librdkafka consumer is in the middle of the partition: it falls back to the leader and
-//! still gets everything, including records produced after the kill.
+//! librdkafka consumer, and a second Java consumer, are in the middle of the partition: both
+//! fall back to the leader and still get everything, including the records produced after the
+//! kill (which only the leader and the third replica have).
 //!
 //! `cargo test -p gregor --test fetch_from_follower -- --nocapture`
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gregor_protocol::batch::BatchBuilder;
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
-use gregor_tests::reference::{jars_or_skip, tool_output};
+use gregor_tests::reference::{jars_or_skip, tool_command, tool_output};
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -184,6 +186,88 @@ fn records_out(port: u16) -> u64 {
     body.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+}
+
+/// `kafka-console-consumer` reading `max` records of partition 0 from the start with
+/// `client.rack`, in small fetches (one batch each), its output collected by a thread; killed
+/// when dropped.
+struct JavaConsumer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl JavaConsumer {
+    fn start(bootstrap: &str, rack: &str, max: usize) -> Self {
+        let args: Vec<String> = [
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            TOPIC,
+            "--partition",
+            "0",
+            "--offset",
+            "earliest",
+            "--max-messages",
+            &max.to_string(),
+            "--timeout-ms",
+            "60000",
+            "--consumer-property",
+            &format!("client.rack={rack}"),
+            "--consumer-property",
+            "max.partition.fetch.bytes=2048",
+            "--consumer-property",
+            "fetch.max.bytes=4096",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let mut child = tool_command("kafka-console-consumer", &args)
+            .expect("kafka-console-consumer")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kafka-console-consumer");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("record-") {
+                    sink.lock().expect("lines").push(line);
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
+    }
+
+    /// Waits for the tool to exit (it stops after `max` records, or 60 s without one) and
+    /// returns what it printed.
+    fn finish(&mut self) -> Vec<String> {
+        let status = self.child.wait().expect("kafka-console-consumer exits");
+        if let Some(r) = self.reader.take() {
+            r.join().expect("the reader thread");
+        }
+        assert!(status.success(), "kafka-console-consumer: {status}");
+        self.lines()
+    }
+}
+
+impl Drop for JavaConsumer {
+    fn drop(&mut self) {
+        // Ends a consumer left running by a failed assertion; a finished one is reaped already.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn rack_consumer(bootstrap: &str, rack: &str) -> BaseConsumer {
@@ -357,6 +441,16 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     // Records keep coming while the consumer reads at the head of the partition, and the
     // follower dies in the middle of that.
     let total = 3 * PHASE;
+    // A second Java consumer reads the whole partition while the follower dies.
+    let java = jars_or_skip().then(|| JavaConsumer::start(&bootstrap, &rack, total));
+    if let Some(j) = &java {
+        wait_for(
+            &cluster,
+            Duration::from_secs(60),
+            "the Java consumer's first records",
+            || (j.lines().len() > 0).then_some(()),
+        );
+    }
     let produced = Arc::new(AtomicUsize::new(BATCHES));
     let producer = {
         let leader_addr = leader_addr.clone();
@@ -382,8 +476,9 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     // At most one more batch (in flight) can have reached the follower before it died.
     let acknowledged_at_kill = produced.load(Ordering::SeqCst);
     println!(
-        "killed the follower after librdkafka read {} records ({from_follower} served by it) \
-         and {acknowledged_at_kill} of {} batches were acknowledged",
+        "killed the follower after librdkafka read {} records (the follower had sent \
+         {from_follower} to the consumers since the first Java one) and {acknowledged_at_kill} of \
+         {} batches were acknowledged",
         got.len(),
         3 * BATCHES
     );
@@ -393,6 +488,15 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     );
     read_until(&cluster, &consumer, &mut got, total);
     producer.join().expect("the producer thread");
+    if let Some(mut j) = java {
+        let lines = j.finish();
+        let expected: Vec<String> = (0..total).map(value).collect();
+        assert_eq!(
+            lines, expected,
+            "the Java consumer read everything once, in order"
+        );
+        println!("the Java consumer read all {total} records across the kill");
+    }
     let from_leader = records_out(leader_admin);
     println!(
         "all {} records read {} ms after the kill; the leader served {from_leader}",
