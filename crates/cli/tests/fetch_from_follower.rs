@@ -448,7 +448,7 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
             &cluster,
             Duration::from_secs(60),
             "the Java consumer's first records",
-            || (j.lines().len() > 0).then_some(()),
+            || (!j.lines().is_empty()).then_some(()),
         );
     }
     let produced = Arc::new(AtomicUsize::new(BATCHES));
