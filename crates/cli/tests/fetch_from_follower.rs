@@ -170,9 +170,9 @@ fn produce_batch(bootstrap: &str, n: usize) {
     );
 }
 
-/// `gregor_topic_records_out_total{topic="nearby"}` of the node with admin port `port`: the
-/// records it sent to consumers (0 before any).
-fn records_out(port: u16) -> u64 {
+/// The value of the metric `name` whose labels include every one of `labels` (`key="value"`)
+/// on the node with admin port `port`, 0 when there is none yet.
+fn metric(port: u16, name: &str, labels: &[&str]) -> u64 {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("admin listener");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     write!(
@@ -182,10 +182,35 @@ fn records_out(port: u16) -> u64 {
     .expect("request");
     let mut body = String::new();
     s.read_to_string(&mut body).expect("metrics");
-    let prefix = format!("gregor_topic_records_out_total{{topic=\"{TOPIC}\"}} ");
     body.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{')?.split_once("} "))
+        .find(|(l, _)| {
+            labels
+                .iter()
+                .all(|want| l.split(',').any(|have| have == *want))
+        })
+        .map_or(0, |(_, v)| {
+            v.trim().parse::<f64>().expect("a number") as u64
+        })
+}
+
+/// `gregor_topic_records_out_total` of the topic on the node with admin port `port`: the
+/// records it sent to consumers.
+fn records_out(port: u16) -> u64 {
+    metric(
+        port,
+        "gregor_topic_records_out_total",
+        &[&format!("topic=\"{TOPIC}\"")],
+    )
+}
+
+/// `gregor_high_watermark` of partition 0 of the topic on the node with admin port `port`.
+fn high_watermark(port: u16) -> u64 {
+    metric(
+        port,
+        "gregor_high_watermark",
+        &[&format!("topic=\"{TOPIC}\""), "partition=\"0\""],
+    )
 }
 
 /// `kafka-console-consumer` reading `max` records of partition 0 from the start with
@@ -388,6 +413,22 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     for n in 0..BATCHES {
         produce_batch(&leader_addr, n);
     }
+    // The last batch is acknowledged: the leader's high watermark passed it. The follower
+    // learns that from its next fetch, which the leader answers after
+    // replica.fetch.wait.max.ms (500) when nothing new comes: the lag of a consumer reading
+    // from the follower is bounded by that.
+    let acknowledged = Instant::now();
+    wait_for(
+        &cluster,
+        Duration::from_secs(5),
+        "the follower's high watermark",
+        || (high_watermark(follower_admin) == PHASE as u64).then_some(()),
+    );
+    println!(
+        "the follower's high watermark reached the acknowledged end {} ms after the \
+         acknowledgement (replica.fetch.wait.max.ms 500)",
+        acknowledged.elapsed().as_millis()
+    );
     let rack = format!("rack-{follower}");
 
     // Kafka's Java consumer in the follower's rack: the leader answers PreferredReadReplica,
