@@ -120,6 +120,20 @@ fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
     partition_state_of(bootstrap, TOPIC)
 }
 
+/// (broker id, rack) of every broker in a Metadata response from `bootstrap`, sorted.
+fn broker_racks(bootstrap: &str) -> Vec<(i32, Option<String>)> {
+    let m: MetadataResponse = conn(bootstrap)
+        .and_then(|mut c| c.call(ApiKey::Metadata, 12, &MetadataRequest::default()))
+        .expect("Metadata answered");
+    let mut racks: Vec<(i32, Option<String>)> = m
+        .brokers
+        .iter()
+        .map(|b| (b.node_id.0, b.rack.as_ref().map(ToString::to_string)))
+        .collect();
+    racks.sort();
+    racks
+}
+
 /// The error code of a consumer's Fetch v12 (with a rack) of partition 0 of `topic` at
 /// `bootstrap`.
 fn fetch_error(bootstrap: &str, topic: &str) -> i16 {
@@ -359,6 +373,13 @@ fn a_consumer_reads_from_the_follower_in_its_rack_and_falls_back_to_the_leader()
     cluster.start_all().unwrap_or_else(|e| panic!("{e:#}"));
     let bootstrap = cluster.bootstrap();
     let any = cluster.node(1).bootstrap().expect("listener");
+    // broker.rack reaches the registration and every node's Metadata answer.
+    let racks: Vec<(i32, Option<String>)> =
+        (1..=3).map(|i| (i, Some(format!("rack-{i}")))).collect();
+    for n in 1..=3 {
+        let addr = cluster.node(n).bootstrap().expect("listener");
+        assert_eq!(broker_racks(&addr), racks, "node {n}");
+    }
     create_topic(&any, TOPIC, 3);
     // A broker that is not a replica of a partition refuses to serve it, as Kafka.
     create_topic(&any, "one-replica", 1);
