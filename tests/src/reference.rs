@@ -10,7 +10,7 @@ use crate::process::{self as proc, repo_root};
 use anyhow::{bail, ensure, Context, Result};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The newest Apache Kafka 4.x release whose jars resolve from Maven Central (checked
@@ -187,9 +187,236 @@ fn java_command(main_class: &str, log4j: &str, jvm_opts: &[&str]) -> Result<Comm
 /// # Errors
 /// When the jars cannot be fetched.
 pub fn server_command(props: &std::path::Path, jvm_opts: &[&str]) -> Result<Command> {
-    let mut cmd = java_command("kafka.Kafka", "server-log4j2.properties", jvm_opts)?;
+    let mut opts: Vec<String> = jvm_opts.iter().map(|o| (*o).to_string()).collect();
+    if !jvm_opts.contains(&"-Xshare:off") {
+        // Startup only: a server's JIT and collector stay as the caller asked.
+        if let Some(archive) = cds_archive(&fetch()?) {
+            opts.extend(cds_opts(&archive));
+        }
+    }
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let mut cmd = java_command("kafka.Kafka", "server-log4j2.properties", &opts)?;
     cmd.arg(props);
     Ok(cmd)
+}
+
+/// Tools whose speed is what they report (the benchmark's cross-checks): they run with the
+/// JVM's defaults, so their JIT is the one Kafka's scripts give them.
+const MEASURING_TOOLS: &[&str] = &[
+    "org.apache.kafka.tools.ProducerPerformance",
+    "org.apache.kafka.tools.ConsumerPerformance",
+];
+
+/// JVM options for a short-lived tool: the client compiler only and the serial collector (a
+/// tool runs for a second or two; C2 and G1's threads cost more CPU than they save), and the
+/// class-data-sharing archive of [`cds_archive`] when there is one. On this project's
+/// 2-core CI machine this takes `kafka-topics --describe` from about 2.3 s to 1.0 s.
+fn short_lived_jvm_opts(dir: &Path) -> Vec<String> {
+    let mut opts = vec![
+        "-XX:TieredStopAtLevel=1".to_string(),
+        "-XX:+UseSerialGC".to_string(),
+    ];
+    if let Some(archive) = cds_archive(dir) {
+        opts.extend(cds_opts(&archive));
+    }
+    opts
+}
+
+/// The options that map `archive`; an archive the JVM cannot map is skipped silently (its
+/// warnings would land on a tool's stdout).
+fn cds_opts(archive: &Path) -> [String; 3] {
+    [
+        format!("-XX:SharedArchiveFile={}", archive.display()),
+        "-Xlog:cds=off".to_string(),
+        "-Xlog:cds+dynamic=off".to_string(),
+    ]
+}
+
+/// `.cache/kafka/<version>/kafka-<java version>.jsa`: a class-data-sharing archive (AppCDS) of
+/// the classes Kafka's tools and servers load, so each starts without parsing and verifying
+/// them again. Made once, by the first caller that takes `kafka.jsa.lock`, from the classes
+/// four runs load (an AdminClient tool against a closed port, `kafka-storage random-uuid` and
+/// `format`, and a controller started until it answers); callers that find the lock taken run
+/// without it meanwhile. `None` when it
+/// cannot be made: tools then start the slow way, which is only slower.
+fn cds_archive(dir: &Path) -> Option<PathBuf> {
+    let java = java_version()?;
+    let archive = dir.join(format!("kafka-{java}.jsa"));
+    if archive.exists() {
+        return Some(archive);
+    }
+    let lock = dir.join("kafka.jsa.lock");
+    let stale = std::fs::metadata(&lock)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > std::time::Duration::from_secs(300));
+    if stale {
+        let _ = std::fs::remove_file(&lock);
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&lock)
+        .ok()?;
+    let made = make_cds_archive(dir, &archive);
+    let _ = std::fs::remove_file(&lock);
+    match made {
+        Ok(()) => Some(archive),
+        Err(e) => {
+            eprintln!("note: no class-data-sharing archive for Kafka ({e:#}); its tools and servers start slower");
+            None
+        }
+    }
+}
+
+/// `java -version`'s first line reduced to a file-name-safe word (an archive only maps into
+/// the JVM that wrote it).
+fn java_version() -> Option<String> {
+    let out = Command::new("java").arg("-version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    let word: String = text
+        .lines()
+        .next()?
+        .split('"')
+        .nth(1)?
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    (!word.is_empty()).then_some(word)
+}
+
+fn make_cds_archive(dir: &Path, archive: &Path) -> Result<()> {
+    let work = tempfile::tempdir().context("a temp dir for the class lists")?;
+    let w = work.path();
+    let ports = proc::free_ports(2)?;
+    let (port, controller_port) = (ports[0], ports[1]);
+    std::fs::write(
+        w.join("admin.properties"),
+        "default.api.timeout.ms=1500\nrequest.timeout.ms=1000\n",
+    )?;
+    std::fs::write(
+        w.join("server.properties"),
+        format!(
+            "process.roles=broker,controller\nnode.id=1\n\
+             controller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n\
+             controller.listener.names=CONTROLLER\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             offsets.topic.replication.factor=1\nlog.dirs={}\n",
+            w.join("data").display()
+        ),
+    )?;
+    let runs: [(&str, Vec<String>); 3] = [
+        (
+            "org.apache.kafka.tools.TopicCommand",
+            vec![
+                "--bootstrap-server".into(),
+                format!("127.0.0.1:{port}"),
+                "--list".into(),
+                "--command-config".into(),
+                w.join("admin.properties").display().to_string(),
+            ],
+        ),
+        ("kafka.tools.StorageTool", vec!["random-uuid".into()]),
+        (
+            "kafka.tools.StorageTool",
+            vec![
+                "format".into(),
+                "-t".into(),
+                "R79VWI6vSme3_bH9ThxZSg".into(),
+                "-c".into(),
+                w.join("server.properties").display().to_string(),
+            ],
+        ),
+    ];
+    let mut classes = std::collections::BTreeSet::new();
+    for (i, (class, args)) in runs.iter().enumerate() {
+        let list = w.join(format!("{i}.classlist"));
+        // The exit status does not matter (the admin run fails by design): the list does.
+        let _ = java_command(
+            class,
+            "tools-log4j2.properties",
+            &[
+                "-Xshare:off",
+                &format!("-XX:DumpLoadedClassList={}", list.display()),
+            ],
+        )?
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {class} to list its classes"))?;
+        let text = std::fs::read_to_string(&list)
+            .with_context(|| format!("reading {}", list.display()))?;
+        classes.extend(text.lines().map(str::to_string));
+    }
+    classes.extend(server_class_list(w, port)?);
+    ensure!(!classes.is_empty(), "the tool runs listed no classes");
+    let all = w.join("all.classlist");
+    std::fs::write(
+        &all,
+        classes.into_iter().collect::<Vec<_>>().join("\n") + "\n",
+    )?;
+    let partial = dir.join(format!(".{}.partial", std::process::id()));
+    let out = Command::new("java")
+        .arg("-Xshare:dump")
+        .arg(format!("-XX:SharedClassListFile={}", all.display()))
+        .arg(format!("-XX:SharedArchiveFile={}", partial.display()))
+        .arg("-cp")
+        .arg(classpath()?)
+        .stdin(Stdio::null())
+        .output()
+        .context("running java -Xshare:dump")?;
+    if !out.status.success() || !partial.exists() {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "java -Xshare:dump failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or_default()
+        );
+    }
+    std::fs::rename(&partial, archive)
+        .with_context(|| format!("renaming to {}", archive.display()))?;
+    Ok(())
+}
+
+/// The classes a Kafka server loads from start until it answers ApiVersions and then shuts down:
+/// the node formatted in `w` (broker and controller, clients on `port`) is started, polled and
+/// stopped.
+fn server_class_list(w: &Path, port: u16) -> Result<Vec<String>> {
+    let list = w.join("server.classlist");
+    let child = server_command(
+        &w.join("server.properties"),
+        &[
+            "-Xshare:off",
+            &format!("-XX:DumpLoadedClassList={}", list.display()),
+        ],
+    )?
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .context("starting a Kafka controller to list its classes")?;
+    let mut child = proc::ChildGuard::new("kafka (class list)", child);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    proc::wait_for_broker(addr, START_DEADLINE_MS, || child.check_alive())?;
+    child.stop()?;
+    Ok(std::fs::read_to_string(&list)
+        .with_context(|| format!("reading {}", list.display()))?
+        .lines()
+        .map(str::to_string)
+        .collect())
 }
 
 /// A command that runs a Kafka tool with the cached classpath; `tool` may be a class name or a
@@ -200,7 +427,13 @@ pub fn tool_command(tool: &str, args: &[String]) -> Result<Command> {
         .iter()
         .find(|(alias, _)| *alias == short)
         .map_or(tool, |(_, class)| class);
-    let mut cmd = java_command(class, "tools-log4j2.properties", &[])?;
+    let opts = if MEASURING_TOOLS.contains(&class) {
+        Vec::new()
+    } else {
+        short_lived_jvm_opts(&fetch()?)
+    };
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let mut cmd = java_command(class, "tools-log4j2.properties", &opts)?;
     cmd.args(args);
     Ok(cmd)
 }

@@ -8,14 +8,15 @@ use bytes::Bytes;
 use gregor_protocol::batch::{BatchBuilder, Compression};
 use kafka_protocol::messages::{
     alter_configs_request, create_topics_request, delete_records_request, delete_topics_request,
-    describe_configs_request, fetch_request, incremental_alter_configs_request, join_group_request,
-    leave_group_request, list_offsets_request, metadata_request, offset_commit_request,
-    offset_fetch_request, produce_request, sync_group_request, AlterConfigsRequest, ApiKey,
-    ApiVersionsRequest, BrokerId, CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, FetchRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, ProduceRequest,
-    RequestKind, SyncGroupRequest, TopicName,
+    describe_configs_request, describe_topic_partitions_request, fetch_request,
+    incremental_alter_configs_request, join_group_request, leave_group_request,
+    list_offsets_request, metadata_request, offset_commit_request, offset_fetch_request,
+    produce_request, sync_group_request, AlterConfigsRequest, ApiKey, ApiVersionsRequest, BrokerId,
+    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    DescribeTopicPartitionsRequest, FetchRequest, FindCoordinatorRequest, GroupId,
+    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, ProduceRequest, RequestKind, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{Map, Value};
@@ -123,6 +124,7 @@ pub fn api_key(name: &str) -> Result<ApiKey> {
         "DescribeConfigs" => ApiKey::DescribeConfigs,
         "AlterConfigs" => ApiKey::AlterConfigs,
         "IncrementalAlterConfigs" => ApiKey::IncrementalAlterConfigs,
+        "DescribeTopicPartitions" => ApiKey::DescribeTopicPartitions,
         other => bail!("unknown api {other:?} in scenario"),
     })
 }
@@ -154,6 +156,29 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                 MetadataRequest::default()
                     .with_topics(topics)
                     .with_allow_auto_topic_creation(boolf(b, "allow_auto_topic_creation", true)),
+            )
+        }
+        ApiKey::DescribeTopicPartitions => {
+            let topics = list(b, "topics")
+                .iter()
+                .filter_map(|t| t.as_str())
+                .map(|t| {
+                    describe_topic_partitions_request::TopicRequest::default().with_name(topic(t))
+                })
+                .collect();
+            let cursor = match field(b, "cursor") {
+                None => None,
+                Some(c) => Some(
+                    describe_topic_partitions_request::Cursor::default()
+                        .with_topic_name(topic(string(c, "topic_name")?))
+                        .with_partition_index(i32f(c, "partition_index", 0)?),
+                ),
+            };
+            RequestKind::DescribeTopicPartitions(
+                DescribeTopicPartitionsRequest::default()
+                    .with_topics(topics)
+                    .with_response_partition_limit(i32f(b, "response_partition_limit", 2000)?)
+                    .with_cursor(cursor),
             )
         }
         ApiKey::CreateTopics => {

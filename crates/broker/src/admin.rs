@@ -70,6 +70,13 @@ fn update_gauges(broker: &Broker) {
     metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
     metrics::gauge!(UNDER_MIN_ISR_PARTITIONS).set(under_min_isr as f64);
     metrics::gauge!(UPTIME_SECONDS).set(broker.uptime().as_secs_f64());
+    let quotas = broker.replica_manager.replication_quotas();
+    for (side, q) in [("leader", &quotas.leader), ("follower", &quotas.follower)] {
+        let labels = [("type", side)];
+        metrics::gauge!(REPLICATION_THROTTLED_BYTE_RATE, &labels).set(q.byte_rate());
+        metrics::counter!(REPLICATION_THROTTLED_BYTES_TOTAL, &labels).absolute(q.bytes_recorded());
+        metrics::counter!(REPLICATION_THROTTLED_TOTAL, &labels).absolute(q.throttled_total());
+    }
     update_group_gauges(broker);
 }
 

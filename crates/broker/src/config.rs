@@ -228,7 +228,8 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
     ),
     tc!(
         "follower.replication.throttled.replicas",
-        Some("follower.replication.throttled.replicas"),
+        // No broker synonym in Kafka (`ServerTopicConfigSynonyms`).
+        None,
         List,
         "",
         &[],
@@ -246,7 +247,8 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
     ),
     tc!(
         "leader.replication.throttled.replicas",
-        Some("leader.replication.throttled.replicas"),
+        // No broker synonym in Kafka (`ServerTopicConfigSynonyms`).
+        None,
         List,
         "",
         &[],
@@ -486,6 +488,12 @@ pub fn validate_topic_config(name: &str, value: &str) -> Result<(), ConfigError>
             ));
         }
     }
+    if name == "leader.replication.throttled.replicas"
+        || name == "follower.replication.throttled.replicas"
+    {
+        crate::replication::quota::validate_throttled_replicas(value)
+            .map_err(|m| ConfigError::new(name, value, format!("{name}{m}")))?;
+    }
     if name == "segment.bytes" && value.trim().parse::<i64>().is_ok_and(|v| v < 14) {
         return Err(ConfigError::new(name, value, "Value must be at least 14"));
     }
@@ -714,9 +722,20 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "10485760",
     ),
     ("replica.fetch.backoff.ms", ConfigType::Int, "1000"),
+    // Replication throttles (KIP-73, Kafka's `QuotaConfig`): the rate's samples.
+    ("replication.quota.window.num", ConfigType::Int, "11"),
+    (
+        "replication.quota.window.size.seconds",
+        ConfigType::Int,
+        "1",
+    ),
+    // DescribeTopicPartitions (KIP-966): the most partitions one response holds.
+    ("max.request.partition.size.limit", ConfigType::Int, "2000"),
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
     ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
+    // Fetch from follower (KIP-392): unset, consumers read from leaders only.
+    ("replica.selector.class", ConfigType::String, ""),
     (
         "replica.high.watermark.checkpoint.interval.ms",
         ConfigType::Long,
@@ -773,6 +792,17 @@ const SOCKET_SERVER_KEYS: &[(&str, ConfigType, &str)] = &[
         ConfigType::String,
         DEFAULT_LISTENER_SECURITY_PROTOCOL_MAP,
     ),
+];
+
+/// Kafka's `QuotaConfig.brokerQuotaConfigs`: the replication throttle rates (KIP-73), bytes/s,
+/// Long.MAX_VALUE = unthrottled. Dynamic only (per broker id or the cluster default; a value
+/// in server.properties is not read, as in Kafka). `replica.alter.log.dirs.io.max.bytes.per.second`
+/// throttles intra-broker log dir moves (AlterReplicaLogDirs), which gregor does not do: it is
+/// stored and described, and has nothing to throttle.
+pub const BROKER_QUOTA_KEYS: &[&str] = &[
+    "leader.replication.throttled.rate",
+    "follower.replication.throttled.rate",
+    "replica.alter.log.dirs.io.max.bytes.per.second",
 ];
 
 /// Every broker key read into [`BrokerConfig`], with its type and Kafka's default.
@@ -1092,6 +1122,10 @@ impl BrokerConfig {
                 "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set.",
             ));
         }
+        // Kafka instantiates the class at start-up (ClassNotFoundException stops the broker).
+        let selector = get("replica.selector.class").unwrap_or_default();
+        crate::replication::replica_selector::ReplicaSelector::from_class_name(&selector)
+            .map_err(|why| ConfigError::new("replica.selector.class", &selector, why))?;
         let node_id = int("node.id", 1) as i32;
         let quorum = crate::quorum_config::parse(&props, node_id, &listeners)?;
         let cfg = Self {
@@ -1352,11 +1386,16 @@ pub fn is_dynamic_broker_config(name: &str) -> bool {
         "log.cleaner.io.max.bytes.per.second",
         "log.cleaner.backoff.ms",
     ];
-    CLEANER.contains(&name) || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
+    CLEANER.contains(&name)
+        || BROKER_QUOTA_KEYS.contains(&name)
+        || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
 }
 
 /// The type and Kafka default of a broker config gregor knows, if any.
 pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
+    if BROKER_QUOTA_KEYS.contains(&name) {
+        return Some((ConfigType::Long, LONG_MAX));
+    }
     broker_keys()
         .find(|(n, _, _)| *n == name)
         .map(|(_, t, d)| (*t, *d))
@@ -1404,6 +1443,8 @@ pub fn broker_static_default(name: &str) -> Option<&'static str> {
         "log.retention.hours" | "log.roll.hours" => Some("168"),
         "log.roll.jitter.hours" => Some("0"),
         "log.flush.scheduler.interval.ms" => Some(LONG_MAX),
+        // Not KafkaConfig keys: no static default synonym.
+        n if BROKER_QUOTA_KEYS.contains(&n) => None,
         _ => broker_config_type(name)
             .map(|(_, d)| d)
             .filter(|d| !d.is_empty()),
@@ -1487,7 +1528,9 @@ pub fn validate_broker_config(name: &str, value: Option<&str>) -> Result<(), Con
     }
     if let Some((ty, _)) = broker_config_type(name) {
         ty.check(name, value)?;
-        if name == "log.cleaner.threads" && value.trim().parse::<i64>().is_ok_and(|v| v < 0) {
+        if (name == "log.cleaner.threads" || BROKER_QUOTA_KEYS.contains(&name))
+            && value.trim().parse::<i64>().is_ok_and(|v| v < 0)
+        {
             return Err(ConfigError::new(name, value, "Value must be at least 0"));
         }
     }
@@ -1664,6 +1707,34 @@ impl BrokerConfig {
         self.raw_i64("replica.fetch.backoff.ms", 1_000, 0, i64::from(i32::MAX))
     }
 
+    /// `replication.quota.window.num` (default 11, at least 1): samples kept by the
+    /// replication throttles' rate (KIP-73).
+    pub fn replication_quota_window_num(&self) -> i32 {
+        self.raw_i64("replication.quota.window.num", 11, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `replication.quota.window.size.seconds` (default 1, at least 1): the length of one
+    /// sample of the replication throttles' rate, in seconds (KIP-73).
+    pub fn replication_quota_window_size_seconds(&self) -> i32 {
+        self.raw_i64(
+            "replication.quota.window.size.seconds",
+            1,
+            1,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
+    /// `max.request.partition.size.limit` (default 2000, at least 1): the most partitions
+    /// one DescribeTopicPartitions response holds (KIP-966).
+    pub fn max_request_partition_size_limit(&self) -> i32 {
+        self.raw_i64(
+            "max.request.partition.size.limit",
+            2000,
+            1,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
     /// `replica.socket.timeout.ms` (default 30000): a follower's connect and request timeout,
     /// in ms (Kafka checks it is at least `replica.fetch.wait.max.ms`; here the larger wins).
     pub fn replica_socket_timeout_ms(&self) -> i64 {
@@ -1711,6 +1782,19 @@ impl BrokerConfig {
             .get("producer.id.expiration.ms")
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(86_400_000)
+    }
+
+    /// `replica.selector.class` (KIP-392): the built-in selector it names, `None` when unset
+    /// (Kafka's default: consumers fetch from leaders only). Start-up refused any other class
+    /// name ([`BrokerConfig::from_properties`]).
+    pub fn replica_selector(
+        &self,
+    ) -> Option<crate::replication::replica_selector::ReplicaSelector> {
+        self.raw.get("replica.selector.class").and_then(|v| {
+            crate::replication::replica_selector::ReplicaSelector::from_class_name(v)
+                .ok()
+                .flatten()
+        })
     }
 
     /// `replica.lag.time.max.ms` (Kafka's default 30000, at least 1): a follower that has not

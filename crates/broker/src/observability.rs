@@ -71,6 +71,14 @@ pub const CONSUMER_GROUPS: &str = "gregor_consumer_groups";
 pub const CONSUMER_GROUP_LAG: &str = "gregor_consumer_group_lag";
 /// Seconds since the broker started.
 pub const UPTIME_SECONDS: &str = "gregor_uptime_seconds";
+/// Gauge, label `type` (`leader`/`follower`): the measured byte rate of throttled replication
+/// (Kafka's `LeaderReplication` / `FollowerReplication` `byte-rate`, KIP-73).
+pub const REPLICATION_THROTTLED_BYTE_RATE: &str = "gregor_replication_throttled_byte_rate";
+/// Counter, label `type`: bytes of throttled partitions replicated (KIP-73).
+pub const REPLICATION_THROTTLED_BYTES_TOTAL: &str = "gregor_replication_throttled_bytes_total";
+/// Counter, label `type`: times a throttled out-of-sync replica was held back because the
+/// quota was exceeded (the leader answered it no records / the follower left it out).
+pub const REPLICATION_THROTTLED_TOTAL: &str = "gregor_replication_throttled_total";
 /// Always 1, labelled with the broker's version (`version="0.1.0"`).
 pub const BUILD_INFO: &str = "gregor_build_info";
 /// 1 when the broker is ready (logs loaded, listeners up).
@@ -179,6 +187,19 @@ fn describe() {
     describe_gauge!(LOG_START_OFFSET, "Log start offset.");
     describe_gauge!(HIGH_WATERMARK, "High watermark.");
     describe_gauge!(UPTIME_SECONDS, Unit::Seconds, "Time since start-up.");
+    describe_gauge!(
+        REPLICATION_THROTTLED_BYTE_RATE,
+        "Byte rate of throttled replication (KIP-73), by side (leader/follower)."
+    );
+    describe_counter!(
+        REPLICATION_THROTTLED_BYTES_TOTAL,
+        Unit::Bytes,
+        "Bytes of throttled partitions replicated, by side (leader/follower)."
+    );
+    describe_counter!(
+        REPLICATION_THROTTLED_TOTAL,
+        "Times a throttled out-of-sync replica was held back by the quota, by side."
+    );
     describe_gauge!(CONSUMER_GROUPS, "Consumer groups, by state and type.");
     describe_gauge!(
         CONSUMER_GROUP_LAG,

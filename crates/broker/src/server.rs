@@ -364,6 +364,7 @@ pub async fn start_with_authorizer(
                 lifecycle.broker_epoch,
                 rm.io_pool().clone(),
                 rm.clock().clone(),
+                rm.replication_quotas().clone(),
             ),
         ));
     }

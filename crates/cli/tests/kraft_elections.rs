@@ -10,7 +10,7 @@
 //!   and removing replicas; it cannot complete before the broker-side replica fetchers land),
 //!   `--cancel` reverts it, and a reassignment that only drops a replica completes at once
 //!   (`--execute` reads the current assignment with DescribeLogDirs; `--verify` and `--cancel`
-//!   run with `--preserve-throttles`, gregor having no replication throttle configs).
+//!   clear the replication throttles, KIP-73, see `replication_throttle.rs`).
 //!
 //! `cargo test -p gregor --test kraft_elections -- --nocapture` (needs `cargo xtask kafka`).
 
@@ -204,11 +204,6 @@ fn reassign(bootstrap: &str, action: &str, json: Option<&str>) -> String {
         args.push(file.display().to_string());
     }
     args.push(format!("--{action}"));
-    if matches!(action, "verify" | "cancel") {
-        // gregor has no replication throttles (`*.replication.throttled.*`): the tool would
-        // try to clear them and fail on the unknown config names.
-        args.push("--preserve-throttles".into());
-    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     tool_output(REASSIGN, &args).expect("kafka-reassign-partitions")
 }

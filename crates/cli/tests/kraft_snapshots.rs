@@ -88,10 +88,23 @@ impl Node {
 
 /// `n` combined nodes (all voters), formatted, not started; `extra` goes into every file.
 fn prepare(root: &Path, n: usize, extra: &str) -> Vec<Node> {
+    prepare_quorum(root, n, extra, false)
+}
+
+/// As [`prepare`]; with `dynamic`, one node of a dynamic quorum (KIP-853):
+/// `controller.quorum.bootstrap.servers` and `storage format --standalone`, so its voters live
+/// only in the metadata log (the bootstrap snapshot's KRaftVoters record).
+fn prepare_quorum(root: &Path, n: usize, extra: &str, dynamic: bool) -> Vec<Node> {
+    assert!(!dynamic || n == 1, "--standalone formats one voter");
     let ports = free_ports(3 * n).expect("free ports");
     let voters: Vec<String> = (0..n)
         .map(|i| format!("{}@127.0.0.1:{}", i + 1, ports[n + i]))
         .collect();
+    let quorum = if dynamic {
+        format!("controller.quorum.bootstrap.servers=127.0.0.1:{}", ports[n])
+    } else {
+        format!("controller.quorum.voters={}", voters.join(","))
+    };
     (0..n)
         .map(|i| {
             let id = i as i32 + 1;
@@ -102,18 +115,22 @@ fn prepare(root: &Path, n: usize, extra: &str) -> Vec<Node> {
                 format!(
                     "node.id={id}\nprocess.roles=broker,controller\n\
                      listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}\n\
-                     controller.listener.names=CONTROLLER\ncontroller.quorum.voters={}\n\
+                     controller.listener.names=CONTROLLER\n{quorum}\n\
                      log.dirs={}\nadmin.listener=127.0.0.1:{}\n{extra}",
                     ports[i],
                     ports[n + i],
-                    voters.join(","),
                     data.display(),
                     ports[2 * n + i],
                 ),
             )
             .expect("writing properties");
-            let out = Command::new(BIN)
-                .args(["storage", "format", "-t", CLUSTER_ID, "-c"])
+            let mut format = Command::new(BIN);
+            format.args(["storage", "format", "-t", CLUSTER_ID]);
+            if dynamic {
+                format.arg("--standalone");
+            }
+            let out = format
+                .arg("-c")
                 .arg(&props)
                 .output()
                 .expect("gregor storage format");
@@ -389,4 +406,46 @@ fn a_stopped_voter_catches_up_through_fetch_snapshot() {
     for n in &mut nodes {
         n.stop();
     }
+}
+
+/// A dynamic quorum (KIP-853) knows its voters only from the metadata log: the bootstrap
+/// snapshot's KRaftVoters record. Once a newer snapshot has replaced it and retention has
+/// deleted it, the newer snapshot must carry the voters (Kafka's `RecordsSnapshotWriter` writes
+/// KRaftVersion and KRaftVoters after the SnapshotHeader), or the node cannot restart.
+#[test]
+fn a_dynamic_quorum_keeps_its_voters_in_every_snapshot() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes = prepare_quorum(root.path(), 1, SMALL_LOG, true);
+    let node = &mut nodes[0];
+    node.start();
+    node.wait_serving();
+    let topics = names("dyn", 300);
+    create_topics(&[node.bootstrap()], &topics);
+    let snapshot = wait_for_snapshot_and_cleaning(&node.partition_dir(), &node.log);
+    // Wait until retention has removed the bootstrap snapshot: only newer ones hold voters.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while files(&node.partition_dir())
+        .0
+        .iter()
+        .any(|p| p.ends_with("00000000000000000000-0000000000.checkpoint"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the bootstrap snapshot is still there: {:?}",
+            files(&node.partition_dir()).0
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if reference::jars_or_skip() {
+        let dump = reference::dump_cluster_metadata(&snapshot).expect("kafka-dump-log");
+        assert!(
+            dump.contains("KRaftVoters") || dump.contains("KRAFT_VOTERS"),
+            "Kafka's decoder finds the voters in {}:\n{dump}",
+            snapshot.display()
+        );
+    }
+    node.stop();
+    node.start();
+    node.wait_serving();
+    wait_for_topics(&node.bootstrap(), &topics, Instant::now());
 }

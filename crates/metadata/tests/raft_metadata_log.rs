@@ -235,7 +235,7 @@ async fn snapshot_size_of_ten_thousand_partitions() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let id = gregor_raft::OffsetAndEpoch::new(image.offset as i64, 1);
-    let mut w = gregor_raft::snapshot::SnapshotWriter::create(dir.path(), id, 0, 1).unwrap();
+    let mut w = gregor_raft::snapshot::SnapshotWriter::create(dir.path(), id, 0, &[], 1).unwrap();
     w.append(&values, 0).unwrap();
     let path = w.freeze(0).unwrap();
     let bytes = std::fs::metadata(&path).unwrap().len();

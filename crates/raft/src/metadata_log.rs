@@ -19,9 +19,9 @@ use gregor_protocol::batch::{self, Batches};
 
 use crate::log::{check_new_snapshot, LogAppendInfo, RaftLog, RaftLogError};
 use crate::snapshot::{
-    parse_snapshot, parse_snapshot_file_name, read_snapshot, snapshot_file_name, Snapshot,
-    SnapshotError, SnapshotFileKind, SnapshotWriter, MAX_SNAPSHOT_BYTES, PARTIAL_SUFFIX,
-    SNAPSHOT_RECORDS_PER_BATCH,
+    fold_quorum_records, parse_snapshot, parse_snapshot_file_name, read_first_batch, read_snapshot,
+    snapshot_file_name, QuorumRecords, Snapshot, SnapshotError, SnapshotFileKind, SnapshotWriter,
+    MAX_SNAPSHOT_BYTES, PARTIAL_SUFFIX, SNAPSHOT_RECORDS_PER_BATCH,
 };
 use crate::types::OffsetAndEpoch;
 
@@ -383,12 +383,65 @@ impl KafkaMetadataLog {
                 )));
             }
         }
+        let quorum = self.quorum_records_at(id.offset)?;
         Ok(SnapshotWriter::create(
             &self.dir,
             id,
             last_contained_log_timestamp_ms,
+            &quorum.records(),
             now_ms,
         )?)
+    }
+
+    /// The KRaftVersion and KRaftVoters control records in force at `offset` (those of records
+    /// below it; Kafka's `kraftVersionAtOffset`/`voterSetAtOffset`): the newest snapshot ending
+    /// at or below `offset` gives the starting point, then the log's control batches from there
+    /// up to `offset` are read (data batches are skipped undecoded). What a new snapshot ending
+    /// at `offset` carries after its SnapshotHeader, so that a dynamic quorum (KIP-853) still
+    /// knows its voters once older snapshots and segments are cleaned away.
+    ///
+    /// # Errors
+    /// [`StorageError::Snapshot`] when the snapshot cannot be read, [`StorageError::Log`] or
+    /// [`StorageError::Inconsistent`] when the log cannot be read or decoded.
+    pub fn quorum_records_at(&self, offset: i64) -> Result<QuorumRecords, StorageError> {
+        let bad = |reason: String| StorageError::Inconsistent {
+            dir: self.dir.clone(),
+            reason,
+        };
+        let mut state = QuorumRecords::default();
+        let base = self
+            .snapshots
+            .keys()
+            .rev()
+            .find(|&&(o, _)| o <= offset)
+            .map(|&(o, e)| OffsetAndEpoch::new(o, e));
+        let mut from = self.log_start_offset();
+        if let Some(id) = base {
+            let first = read_first_batch(&self.dir.join(snapshot_file_name(id)))?;
+            fold_quorum_records(&first, i64::MAX, &mut state)
+                .map_err(|e| bad(format!("snapshot {id:?}: {e}")))?;
+            from = from.max(id.offset);
+        }
+        const CHUNK: usize = 1 << 20;
+        while from < offset.min(self.log.log_end_offset()) {
+            let read = self
+                .log
+                .read(from, CHUNK, i64::MAX, true)
+                .map_err(log_err(&self.dir))?
+                .records;
+            let mut next = from;
+            for item in Batches::new(&read) {
+                let (_, h) = item.map_err(|e| bad(format!("reading offset {from}: {e}")))?;
+                next = h.next_offset();
+            }
+            if next <= from {
+                break;
+            }
+            fold_quorum_records(&read, offset, &mut state)
+                .map_err(|e| bad(format!("reading offset {from}: {e}")))?;
+            from = next;
+        }
+        Ok(state)
     }
 
     /// Records a snapshot frozen by a [`SnapshotWriter`] from [`Self::create_snapshot`].
@@ -852,7 +905,11 @@ impl RaftLog for KafkaMetadataLog {
             epoch_before,
         )?;
         let io = |e: SnapshotError| RaftLogError::Io(e.to_string());
-        let mut w = SnapshotWriter::create(&self.dir, id, now_ms, now_ms).map_err(io)?;
+        let quorum = self
+            .quorum_records_at(id.offset)
+            .map_err(|e| RaftLogError::Io(e.to_string()))?;
+        let mut w =
+            SnapshotWriter::create(&self.dir, id, now_ms, &quorum.records(), now_ms).map_err(io)?;
         for chunk in values.chunks(SNAPSHOT_RECORDS_PER_BATCH) {
             w.append(chunk, now_ms).map_err(io)?;
         }

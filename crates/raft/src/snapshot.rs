@@ -126,16 +126,19 @@ pub struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    /// Creates `<id>.checkpoint.part` in `dir` and writes the SnapshotHeader batch (version 0,
-    /// `lastContainedLogTimestamp` = `last_contained_log_timestamp_ms`, the append time of the
-    /// last record the snapshot covers).
+    /// Creates `<id>.checkpoint.part` in `dir` and writes the first control batch: the
+    /// SnapshotHeader (version 0, `lastContainedLogTimestamp` = `last_contained_log_timestamp_ms`,
+    /// the append time of the last record the snapshot covers) followed by `quorum_records`,
+    /// the KRaftVersion and KRaftVoters control records in force at `id.offset` (KIP-853; empty
+    /// for a static quorum, `kraft.version` 0), as Kafka's `RecordsSnapshotWriter` writes them.
     ///
     /// # Errors
-    /// [`SnapshotError::Io`].
+    /// [`SnapshotError::Io`]; [`SnapshotError::Corrupt`] when the batch cannot be built.
     pub fn create(
         dir: &Path,
         id: OffsetAndEpoch,
         last_contained_log_timestamp_ms: i64,
+        quorum_records: &[ControlRecord],
         now_ms: i64,
     ) -> Result<Self, SnapshotError> {
         let final_path = dir.join(snapshot_file_name(id));
@@ -157,12 +160,13 @@ impl SnapshotWriter {
             dir: dir.to_path_buf(),
             next_offset: 0,
         };
-        let header = ControlRecord::SnapshotHeader(
+        let mut first = vec![ControlRecord::SnapshotHeader(
             SnapshotHeaderRecord::default()
                 .with_version(0)
                 .with_last_contained_log_timestamp(last_contained_log_timestamp_ms),
-        );
-        w.write_control(header, now_ms)?;
+        )];
+        first.extend(quorum_records.iter().cloned());
+        w.write_control(&first, now_ms)?;
         Ok(w)
     }
 
@@ -171,13 +175,18 @@ impl SnapshotWriter {
         self.id
     }
 
-    fn write_control(&mut self, record: ControlRecord, now_ms: i64) -> Result<(), SnapshotError> {
-        let b = build_control_batch(self.next_offset, self.id.epoch, now_ms, &[record]).map_err(
-            |e| SnapshotError::Corrupt {
-                path: self.part_path.clone(),
-                reason: format!("building a control batch: {e}"),
-            },
-        )?;
+    fn write_control(
+        &mut self,
+        records: &[ControlRecord],
+        now_ms: i64,
+    ) -> Result<(), SnapshotError> {
+        let b =
+            build_control_batch(self.next_offset, self.id.epoch, now_ms, records).map_err(|e| {
+                SnapshotError::Corrupt {
+                    path: self.part_path.clone(),
+                    reason: format!("building a control batch: {e}"),
+                }
+            })?;
         self.write_batch(&b)
     }
 
@@ -212,7 +221,9 @@ impl SnapshotWriter {
     /// [`SnapshotError::Io`]; the `.part` file is then left for the next open to delete.
     pub fn freeze(mut self, now_ms: i64) -> Result<PathBuf, SnapshotError> {
         self.write_control(
-            ControlRecord::SnapshotFooter(SnapshotFooterRecord::default().with_version(0)),
+            &[ControlRecord::SnapshotFooter(
+                SnapshotFooterRecord::default().with_version(0),
+            )],
             now_ms,
         )?;
         self.file
@@ -343,6 +354,94 @@ pub fn parse_snapshot(
     })
 }
 
+/// Folds the KRaftVersion and KRaftVoters control records of the control batches in `buf`
+/// (whole batches: a snapshot or a read of the log) into `state`: a later record of a kind
+/// replaces an earlier one, so `state` ends as the records in force after `buf`, in Kafka's
+/// order (KRaftVersion, then KRaftVoters). Data batches are skipped without being decoded.
+/// Only batches with a base offset below `before` count.
+///
+/// # Errors
+/// A description of the first batch that does not decode.
+pub fn fold_quorum_records(
+    buf: &[u8],
+    before: i64,
+    state: &mut QuorumRecords,
+) -> Result<(), String> {
+    for item in Batches::new(buf) {
+        let (pos, header) = item.map_err(|e| e.to_string())?;
+        if !header.is_control() || header.base_offset >= before {
+            continue;
+        }
+        let end = pos.saturating_add(header.total_size()).min(buf.len());
+        let (_, records) = decode_batch(&buf[pos..end]).map_err(|e| e.to_string())?;
+        if let BatchRecords::Control(records) = records {
+            for r in records {
+                match r {
+                    ControlRecord::KRaftVersion(_) => state.kraft_version = Some(r),
+                    ControlRecord::KRaftVoters(_) => state.voters = Some(r),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Largest first batch [`read_first_batch`] reads (bytes): a SnapshotHeader, a KRaftVersion and
+/// a KRaftVoters record; a voter set of thousands of voters still fits.
+const MAX_FIRST_BATCH_BYTES: usize = 1 << 20;
+
+/// The first batch of the snapshot file at `path`, whole (its SnapshotHeader batch, where a
+/// dynamic quorum's KRaftVersion and KRaftVoters records also are).
+///
+/// # Errors
+/// [`SnapshotError::Io`]; [`SnapshotError::Corrupt`] for a short file or a batch length outside
+/// `[61, 1 MiB]`.
+pub fn read_first_batch(path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    use std::io::Read;
+    let corrupt = |reason: String| SnapshotError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut f = File::open(path).map_err(io("opening", path))?;
+    // baseOffset (8 bytes), then batchLength (4): the bytes that follow the length field.
+    let mut head = [0u8; 12];
+    f.read_exact(&mut head)
+        .map_err(|e| corrupt(format!("reading the first batch header: {e}")))?;
+    let length = i32::from_be_bytes([head[8], head[9], head[10], head[11]]);
+    let total = usize::try_from(length)
+        .ok()
+        .and_then(|l| l.checked_add(12))
+        .filter(|t| (batch::BATCH_HEADER_LEN..=MAX_FIRST_BATCH_BYTES).contains(t))
+        .ok_or_else(|| corrupt(format!("first batch length {length} is out of bounds")))?;
+    let mut buf = vec![0u8; total];
+    buf[..12].copy_from_slice(&head);
+    f.read_exact(&mut buf[12..])
+        .map_err(|e| corrupt(format!("reading the first batch: {e}")))?;
+    Ok(buf)
+}
+
+/// The KRaftVersion and KRaftVoters control records in force at some offset of the metadata
+/// log (KIP-853). Both absent for a static quorum (`kraft.version` 0).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuorumRecords {
+    /// The latest KRaftVersion record.
+    pub kraft_version: Option<ControlRecord>,
+    /// The latest KRaftVoters record.
+    pub voters: Option<ControlRecord>,
+}
+
+impl QuorumRecords {
+    /// The records, KRaftVersion first, as a snapshot's first batch carries them.
+    pub fn records(&self) -> Vec<ControlRecord> {
+        self.kraft_version
+            .iter()
+            .chain(self.voters.iter())
+            .cloned()
+            .collect()
+    }
+}
+
 /// Most records put in one data batch of a snapshot by [`encode_snapshot`].
 pub const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
 
@@ -412,7 +511,7 @@ mod tests {
     fn write_then_read_and_reject_torn() {
         let dir = tempfile::tempdir().unwrap();
         let id = OffsetAndEpoch::new(10, 3);
-        let mut w = SnapshotWriter::create(dir.path(), id, 77, 100).unwrap();
+        let mut w = SnapshotWriter::create(dir.path(), id, 77, &[], 100).unwrap();
         w.append(&[Bytes::from("a"), Bytes::from("b")], 100)
             .unwrap();
         w.append(&[Bytes::from("c")], 100).unwrap();

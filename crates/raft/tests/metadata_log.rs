@@ -665,7 +665,8 @@ fn a_corrupt_snapshot_or_quorum_state_is_an_error_naming_the_file() {
     // A snapshot past the log end offset (a follower that crashed after fetching it, before
     // replacing its log): the log starts at it.
     let mut w =
-        gregor_raft::snapshot::SnapshotWriter::create(&p, OffsetAndEpoch::new(5, 1), 0, 0).unwrap();
+        gregor_raft::snapshot::SnapshotWriter::create(&p, OffsetAndEpoch::new(5, 1), 0, &[], 0)
+            .unwrap();
     w.append(&[Bytes::from("x")], 0).unwrap();
     w.freeze(0).unwrap();
     let log = KafkaMetadataLog::open(dir.path(), MetadataLogConfig::default()).unwrap();
@@ -906,4 +907,108 @@ fn the_log_start_offset_comes_back_at_the_snapshot_after_a_restart() {
     assert_eq!(RaftLog::earliest_snapshot_id(&log), Some(id));
     let p = KafkaMetadataLog::partition_dir(dir.path());
     assert!(!p.join("00000000000000000000.log").exists());
+}
+
+/// A KRaftVersion record and a KRaftVoters record naming `ids`, as a dynamic quorum's
+/// (KIP-853) bootstrap snapshot or a voter change carries them.
+fn quorum_records(ids: &[i32]) -> Vec<gregor_protocol::metadata_records::log::ControlRecord> {
+    use gregor_protocol::metadata_records::log::ControlRecord;
+    use kafka_protocol::messages::k_raft_version_record::KRaftVersionRecord;
+    use kafka_protocol::messages::voters_record::{
+        Endpoint, KRaftVersionFeature, Voter, VotersRecord,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    let voters = ids
+        .iter()
+        .map(|&id| {
+            Voter::default()
+                .with_voter_id(id.into())
+                .with_voter_directory_id(uuid::Uuid::from_u128(u128::try_from(id).unwrap()))
+                .with_endpoints(vec![Endpoint::default()
+                    .with_name(StrBytes::from_static_str("CONTROLLER"))
+                    .with_host(StrBytes::from_static_str("127.0.0.1"))
+                    .with_port(9000 + u16::try_from(id).unwrap())])
+                .with_k_raft_version_feature(
+                    KRaftVersionFeature::default()
+                        .with_min_supported_version(0)
+                        .with_max_supported_version(1),
+                )
+        })
+        .collect();
+    vec![
+        ControlRecord::KRaftVersion(KRaftVersionRecord::default().with_k_raft_version(1)),
+        ControlRecord::KRaftVoters(VotersRecord::default().with_voters(voters)),
+    ]
+}
+
+/// The control records of the first batch of snapshot `id`.
+fn first_control_batch(
+    log: &KafkaMetadataLog,
+    id: OffsetAndEpoch,
+) -> Vec<gregor_protocol::metadata_records::log::ControlRecord> {
+    use gregor_protocol::metadata_records::log::{decode_batch, BatchRecords};
+    let bytes = std::fs::read(
+        log.dir()
+            .join(gregor_raft::snapshot::snapshot_file_name(id)),
+    )
+    .unwrap();
+    let (_, h) = Batches::new(&bytes).next().unwrap().unwrap();
+    match decode_batch(&bytes[..h.total_size()]).unwrap().1 {
+        BatchRecords::Control(r) => r,
+        BatchRecords::Metadata(_) => panic!("the first batch of {id:?} is not a control batch"),
+    }
+}
+
+#[test]
+fn snapshots_carry_the_quorum_records_in_force_at_their_offset() {
+    use gregor_protocol::metadata_records::log::{build_control_batch, ControlRecord};
+    let dir = tempfile::tempdir().unwrap();
+    let config = MetadataLogConfig {
+        segment_bytes: 400,
+        retention_max_bytes: 1,
+        ..MetadataLogConfig::default()
+    };
+    let mut log = KafkaMetadataLog::open(dir.path(), config.clone()).unwrap();
+    // A static quorum: no quorum records, a snapshot has its header alone.
+    assert!(log.quorum_records_at(0).unwrap().records().is_empty());
+    // The bootstrap snapshot of `format --standalone`: voters {1}.
+    let one = quorum_records(&[1]);
+    let mut w = gregor_raft::snapshot::SnapshotWriter::create(
+        log.dir(),
+        OffsetAndEpoch::new(0, 0),
+        -1,
+        &one,
+        0,
+    )
+    .unwrap();
+    w.append(&[Bytes::from("features")], 0).unwrap();
+    w.freeze(0).unwrap();
+    log.add_snapshot(OffsetAndEpoch::new(0, 0)).unwrap();
+    assert_eq!(log.quorum_records_at(5).unwrap().records(), one);
+    // Data, then a voter change at offset 4 (voters {1, 2}), then more data.
+    fill(&mut log, &[(1, 4)]);
+    let three = quorum_records(&[1, 2]);
+    let b = build_control_batch(4, 1, 0, &three[1..]).unwrap();
+    log.append_as_leader(Bytes::from(b), 1).unwrap();
+    fill(&mut log, &[(1, 5)]);
+    log.flush().unwrap();
+    log.update_high_watermark(log.log_end_offset());
+    // Below the change the bootstrap voters are in force, from it on the new ones.
+    assert_eq!(log.quorum_records_at(4).unwrap().records(), one);
+    let after = vec![one[0].clone(), three[1].clone()];
+    assert_eq!(log.quorum_records_at(5).unwrap().records(), after);
+    // A snapshot at 8 carries them after its header, in one control batch, as Kafka writes it.
+    let id = OffsetAndEpoch::new(8, 1);
+    log.write_snapshot(id, &[Bytes::from("image")], 1_000)
+        .unwrap();
+    let first = first_control_batch(&log, id);
+    assert!(matches!(first[0], ControlRecord::SnapshotHeader(_)));
+    assert_eq!(first[1..].to_vec(), after);
+    // The bootstrap snapshot and the segments below 8 are cleaned away; a reopened log still
+    // finds the voters, in the new snapshot.
+    assert!(log.maybe_clean(3_000).unwrap());
+    assert_eq!(log.snapshot_ids(), vec![id]);
+    drop(log);
+    let log = KafkaMetadataLog::open(dir.path(), config).unwrap();
+    assert_eq!(log.quorum_records_at(10).unwrap().records(), after);
 }

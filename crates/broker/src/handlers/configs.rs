@@ -172,7 +172,7 @@ pub fn describe_configs(
                             DescribeConfigsResourceResult::default()
                                 .with_name(sb(cname))
                                 .with_value(Some(sb(value)))
-                                .with_read_only(false)
+                                .with_read_only(!crate::config::is_dynamic_broker_config(cname))
                                 .with_config_source(ConfigSource::DynamicDefaultBroker.code())
                                 .with_is_sensitive(false)
                                 .with_synonyms(if req.include_synonyms {
@@ -186,7 +186,23 @@ pub fn describe_configs(
                     results.push(r);
                     continue;
                 }
-                for (cname, value, _, ty) in broker.config.describe() {
+                // The replication throttle rates are no KafkaConfig keys: Kafka lists them
+                // only when set dynamically (its `originals`).
+                let quota_rates = crate::config::BROKER_QUOTA_KEYS
+                    .iter()
+                    .filter(|n| dynamic.get(n).is_some())
+                    .map(|n| {
+                        (
+                            (*n).to_string(),
+                            None,
+                            ConfigSource::Default,
+                            ConfigType::Long,
+                        )
+                    });
+                let mut entries = broker.config.describe();
+                entries.extend(quota_rates);
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                for (cname, value, _, ty) in entries {
                     if !wanted(&res.configuration_keys, &cname) {
                         continue;
                     }
@@ -312,7 +328,10 @@ async fn alter_resource(
                 )),
             }
         } else {
-            crate::config::validate_broker_config(key, value).map_err(|e| invalid_config(&e))
+            // Kafka's ConfigAdminManager answers INVALID_REQUEST for a broker config that
+            // fails validation (KAFKA-13609), INVALID_CONFIG only for topics.
+            crate::config::validate_broker_config(key, value)
+                .map_err(|e| (ec::INVALID_REQUEST, Some(e.to_string())))
         }
     };
     let config_type = |key: &str| -> Option<ConfigType> {

@@ -30,7 +30,7 @@ const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
 /// registered, is fenced, has no endpoint on `listener`, or its log directory is not among the
 /// broker's online ones (`DirectoryId.isOnline`: unassigned and migrating directories count as
 /// online, lost ones do not, and a broker that reported no directories is trusted).
-fn is_replica_offline(
+pub(super) fn is_replica_offline(
     image: &MetadataImage,
     p: &PartitionRegistration,
     replica: i32,

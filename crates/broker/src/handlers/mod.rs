@@ -10,6 +10,7 @@ pub mod configs;
 pub mod consumer_group;
 pub mod delete_records;
 pub mod describe_log_dirs;
+pub mod describe_topic_partitions;
 pub mod elect_leaders;
 pub mod fetch;
 pub mod forwarding;
@@ -71,6 +72,7 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::DescribeLogDirs,
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
+    ApiKey::DescribeTopicPartitions,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -124,6 +126,10 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
         ApiKey::DescribeLogDirs => (
             DescribeLogDirsRequest::default().into(),
             DescribeLogDirsResponse::default().into(),
+        ),
+        ApiKey::DescribeTopicPartitions => (
+            DescribeTopicPartitionsRequest::default().into(),
+            DescribeTopicPartitionsResponse::default().into(),
         ),
         ApiKey::ElectLeaders => (
             ElectLeadersRequest::default().into(),
@@ -330,6 +336,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         }
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
+        }
+        RequestKind::DescribeTopicPartitions(r) => {
+            ready(describe_topic_partitions::handle(broker, ctx, &r).into())
         }
         RequestKind::DescribeLogDirs(r) => {
             ready(describe_log_dirs::describe_log_dirs(broker, ctx, &r).into())

@@ -164,7 +164,7 @@ fn log_connection_error(source: i32, e: &ConnectionError) {
 
 /// The fetch of every ready partition, what it asked per partition, and when the next
 /// delayed partition becomes ready (ms).
-fn build_fetch(
+pub(super) fn build_fetch(
     ctx: &FetcherContext,
     shared: &FetcherShared,
     now_ms: i64,
@@ -173,11 +173,20 @@ fn build_fetch(
     let mut sent = Sent::new();
     let mut topics: BTreeMap<Uuid, Vec<FetchPartition>> = BTreeMap::new();
     let mut next_due: Option<i64> = None;
+    let follower_quota = &ctx.quotas.follower;
     for (tp, f) in shared.partitions.lock().iter_mut() {
         if !f.state.is_ready(now_ms) {
             if let FetchStatus::Delayed { until_ms } = f.state.status {
                 next_due = Some(next_due.map_or(until_ms, |d| d.min(until_ms)));
             }
+            continue;
+        }
+        // Kafka's shouldFollowerThrottle: an out-of-sync replica of a throttled partition is
+        // left out while the follower quota is exceeded (with nothing else to fetch, the
+        // fetcher looks again after replica.fetch.backoff.ms, as Kafka's does).
+        if follower_quota.should_throttle(f.is_replica_in_sync(), &tp.topic, tp.partition) {
+            let due = now_ms.saturating_add(cfg.backoff_ms.max(1));
+            next_due = Some(next_due.map_or(due, |d| d.min(due)));
             continue;
         }
         sent.insert(
@@ -258,7 +267,7 @@ fn whole_batches_len(records: &[u8]) -> usize {
 
 /// Applies one fetch response under the fetcher's lock (on an I/O thread). Returns the
 /// partitions that need out-of-range recovery.
-fn apply_fetch_response(
+pub(super) fn apply_fetch_response(
     ctx: &FetcherContext,
     shared: &FetcherShared,
     sent: &Sent,
@@ -351,6 +360,11 @@ fn append(
             f.state.delay(now, ctx.config.backoff_ms);
             return;
         }
+        // Appended bytes of throttled partitions count against the follower quota, in sync
+        // or not (Kafka's ReplicaFetcherThread.processPartitionData).
+        if ctx.quotas.follower.is_throttled(&tp.topic, tp.partition) {
+            ctx.quotas.follower.record(whole as u64);
+        }
     }
     if f.partition
         .update_follower_offsets(leader_hw, leader_log_start)
@@ -361,6 +375,10 @@ fn append(
         f.partition.log.log_end_offset(),
         f.partition.log.latest_leader_epoch(),
     );
+    // Kafka's lag: updated when records came or before the first answer.
+    if whole > 0 || f.lag.is_none() {
+        f.lag = Some((leader_hw - f.state.fetch_offset).max(0));
+    }
 }
 
 fn truncate_diverging(

@@ -36,6 +36,7 @@ use uuid::Uuid;
 use crate::config::BrokerConfig;
 use crate::replica_manager::{IoPool, Partition, ReplicaManager, Role};
 use crate::replication::follower::{fetcher_id, PartitionFetchState};
+use crate::replication::quota::ReplicationQuotas;
 
 /// Fetch version sent to leaders.
 pub const FETCH_VERSION: i16 = 17;
@@ -99,6 +100,9 @@ pub(crate) struct FetcherContext {
     /// Set when a follower's log start offset moved (the checkpoint task writes
     /// `log-start-offset-checkpoint`).
     pub(crate) log_start_moved: AtomicBool,
+    /// The follower quota (KIP-73): throttled partitions are left out of fetches while it is
+    /// exceeded, and their fetched bytes are recorded.
+    pub(crate) quotas: Arc<ReplicationQuotas>,
 }
 
 /// One followed partition in a fetcher.
@@ -107,6 +111,16 @@ pub(crate) struct FollowedPartition {
     pub(crate) topic_id: Uuid,
     pub(crate) leader: i32,
     pub(crate) state: PartitionFetchState,
+    /// The leader's high watermark minus the next fetch offset after the last fetch that
+    /// returned records (Kafka's `PartitionFetchState.lag`), None before the first.
+    pub(crate) lag: Option<i64>,
+}
+
+impl FollowedPartition {
+    /// Kafka's `isReplicaInSync`: the last fetch reached the leader's high watermark.
+    pub(crate) fn is_replica_in_sync(&self) -> bool {
+        self.lag.is_some_and(|l| l <= 0)
+    }
 }
 
 /// A fetcher's partitions, guarded by one lock held while a response is applied.
@@ -143,6 +157,7 @@ impl ReplicaFetcherManager {
         broker_epoch: i64,
         io: Arc<IoPool>,
         clock: SharedClock,
+        quotas: Arc<ReplicationQuotas>,
     ) -> Self {
         Self {
             ctx: Arc::new(FetcherContext {
@@ -151,6 +166,7 @@ impl ReplicaFetcherManager {
                 io,
                 clock,
                 log_start_moved: AtomicBool::new(false),
+                quotas,
             }),
             fetchers: Mutex::new(BTreeMap::new()),
             assigned: Mutex::new(HashMap::new()),
@@ -278,6 +294,7 @@ impl ReplicaFetcherManager {
                     partition: p,
                     leader,
                     state,
+                    lag: None,
                 },
             );
             shared.wake.notify_one();

@@ -93,6 +93,7 @@ async fn fetchers_follow_the_metadata() {
         7,
         rm.io_pool().clone(),
         rm.clock().clone(),
+        rm.replication_quotas().clone(),
     ));
     assert_eq!(
         fetchers.config().listener_name.as_deref(),
@@ -245,4 +246,111 @@ fn a_follower_restarted_inside_a_batch_takes_the_whole_batch() {
     assert_eq!(p.high_watermark(), 15);
     assert_eq!(p.truncate_as_follower(10).unwrap(), 10);
     assert_eq!(p.high_watermark(), 10);
+}
+
+/// Follower-side replication throttle (KIP-73, Kafka's `shouldFollowerThrottle`): while the
+/// follower quota is exceeded, a throttled partition that is not in sync is left out of the
+/// fetch (the fetcher looks again after `replica.fetch.backoff.ms`); an in-sync one stays in.
+/// Appended bytes of throttled partitions are recorded, and the lag follows the leader's HW.
+#[test]
+fn the_follower_leaves_throttled_out_of_sync_partitions_out_of_its_fetch() {
+    use gregor_protocol::kafka_protocol::messages::fetch_response::{
+        FetchableTopicResponse, PartitionData,
+    };
+    use gregor_protocol::kafka_protocol::messages::FetchResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let rm = ReplicaManager::new(LOCAL, cfg.clone(), logs);
+    let topic_id = Uuid::new_v4();
+    rm.apply_image(&image_with_topic(topic_id, 2, 2)).unwrap();
+    let quotas = rm.replication_quotas().clone();
+    quotas.follower.update_quota(100);
+    quotas
+        .follower
+        .set_throttled(std::collections::HashMap::from([(
+            "t".to_string(),
+            crate::replication::quota::ThrottledPartitions::Some([0].into()),
+        )]));
+    let ctx = FetcherContext {
+        config: FetcherConfig::from_broker(&cfg),
+        broker_epoch: AtomicI64::new(7),
+        io: rm.io_pool().clone(),
+        clock: rm.clock().clone(),
+        log_start_moved: AtomicBool::new(false),
+        quotas: quotas.clone(),
+    };
+    let shared = FetcherShared {
+        partitions: Mutex::new(
+            (0..2)
+                .map(|p| {
+                    let partition = rm.partition("t", p).unwrap();
+                    (
+                        TopicPartition::new("t", p),
+                        FollowedPartition {
+                            partition,
+                            topic_id,
+                            leader: 2,
+                            state: PartitionFetchState::new(0, 0, None),
+                            lag: None,
+                        },
+                    )
+                })
+                .collect(),
+        ),
+        wake: Notify::new(),
+    };
+    let fetched = |shared: &FetcherShared| -> Vec<i32> {
+        let now = ctx.clock.now_ms();
+        let (request, _, _) = fetcher::build_fetch(&ctx, shared, now);
+        request
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(|p| p.partition))
+            .collect()
+    };
+    // Under the rate: both partitions are fetched.
+    assert_eq!(fetched(&shared), vec![0, 1]);
+
+    // A response for both: partition 0's bytes are recorded (throttled), 1's are not.
+    let records = batch(0, 0, 3);
+    let response = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic_id(topic_id)
+        .with_partitions(
+            (0..2)
+                .map(|p| {
+                    PartitionData::default()
+                        .with_partition_index(p)
+                        .with_high_watermark(10)
+                        .with_log_start_offset(0)
+                        .with_records(Some(bytes::Bytes::from(records.clone())))
+                })
+                .collect(),
+        )]);
+    let sent = BTreeMap::from([
+        (TopicPartition::new("t", 0), (0i64, 0i32)),
+        (TopicPartition::new("t", 1), (0i64, 0i32)),
+    ]);
+    fetcher::apply_fetch_response(&ctx, &shared, &sent, response);
+    assert_eq!(quotas.follower.bytes_recorded(), records.len() as u64);
+    assert!(quotas.follower.is_quota_exceeded());
+    assert_eq!(
+        shared.partitions.lock()[&TopicPartition::new("t", 0)].lag,
+        Some(7),
+        "the leader's HW 10 minus the next offset 3"
+    );
+    // Above the rate: the throttled, lagging partition 0 is left out, 1 is not throttled.
+    let now = ctx.clock.now_ms();
+    let (_, _, next_due) = fetcher::build_fetch(&ctx, &shared, now);
+    assert!(next_due.is_some_and(|d| d > now && d <= now + ctx.config.backoff_ms));
+    assert_eq!(fetched(&shared), vec![1]);
+    // In sync (it reached the leader's HW): never throttled.
+    shared
+        .partitions
+        .lock()
+        .get_mut(&TopicPartition::new("t", 0))
+        .unwrap()
+        .lag = Some(0);
+    assert_eq!(fetched(&shared), vec![0, 1]);
 }

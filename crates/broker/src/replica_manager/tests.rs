@@ -167,6 +167,7 @@ fn consumer(max_wait_ms: i64) -> FetchParams {
         max_bytes: i32::MAX,
         isolation_level: 0,
         replica_epoch: -1,
+        client_metadata: None,
     }
 }
 
@@ -795,3 +796,93 @@ async fn an_idempotent_retry_of_an_unreplicated_batch_waits_for_the_high_waterma
     assert_eq!((r[0].error_code, r[0].base_offset), (ec::NONE, 0));
     assert!(purgatories_empty(&f.rm));
 }
+
+/// Leader-side replication throttle (KIP-73, Kafka's `shouldLeaderThrottle`): once the bytes
+/// of throttled partitions sent to followers exceed `leader.replication.throttled.rate`, an
+/// out-of-ISR follower of a throttled partition gets no records, an ISR member still does,
+/// and both come back when the rate falls (on the injected clock) or the throttle goes.
+#[tokio::test]
+async fn the_leader_throttles_out_of_sync_followers_of_throttled_partitions() {
+    use gregor_protocol::metadata_records::ConfigRecord;
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER, 3], &[]);
+    for (id, epoch) in [(LOCAL, 10), (FOLLOWER, 20), (3, 30)] {
+        f.register_broker(id, epoch);
+    }
+    let sender = Arc::new(RecordingSender::default());
+    f.rm.replication()
+        .set_alter_partition_sender(sender.clone());
+    f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER, 3], &[LOCAL, FOLLOWER]);
+    let config =
+        |f: &mut Fixture, resource_type: i8, resource: &str, name: &str, v: Option<&str>| {
+            f.image.apply(&MetadataRecord::Config(ConfigRecord {
+                resource_type,
+                resource_name: resource.into(),
+                name: name.into(),
+                value: v.map(str::to_string),
+                ..ConfigRecord::default()
+            }));
+            f.rm.apply_image(&f.image).expect("apply image");
+        };
+    config(
+        &mut f,
+        4,
+        "1",
+        "leader.replication.throttled.rate",
+        Some("1000"),
+    );
+    config(
+        &mut f,
+        2,
+        "t",
+        "leader.replication.throttled.replicas",
+        Some("0:1"),
+    );
+    complete(f.append(0, 1, 1000, 10_000).await);
+    let quotas = f.rm.replication_quotas().clone();
+    let quota = &quotas.leader;
+
+    // The ISR member reads (never throttled) and its bytes count: the rate is now above 1000
+    // B/s. The HW follows the ISR.
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 0, 1, -1).await;
+    assert!(r.records.len() > 10_000);
+    assert_eq!(quota.bytes_recorded(), r.records.len() as u64);
+    follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 1, 1, -1).await;
+    assert_eq!(f.partition(0).high_watermark(), 1);
+    assert!(quota.is_quota_exceeded());
+    // 3 (not in the ISR) gets nothing, with the offsets of a normal answer, and holds
+    // nothing back.
+    let r = follower_fetch_one(&f, follower_fetch(3, 30), 0, 1, -1).await;
+    assert_eq!(r.error_code, ec::NONE);
+    assert!(r.records.is_empty());
+    assert_eq!(r.high_watermark, 1);
+    assert_eq!(f.partition(0).follower_log_end_offset(3), Some(0));
+    let r = follower_fetch_one(&f, follower_fetch(FOLLOWER, 20), 0, 1, -1).await;
+    assert!(r.records.len() > 10_000, "the ISR member is not throttled");
+    assert_eq!(quota.throttled_total(), 1);
+    // 11 windows without traffic: the rate is gone and 3 reads.
+    f.clock.advance_ms(11_000);
+    assert!(!quota.is_quota_exceeded());
+    let r = follower_fetch_one(&f, follower_fetch(3, 30), 0, 1, -1).await;
+    assert!(r.records.len() > 10_000);
+    // Exceeded again, but the topic config is removed: no longer throttled.
+    assert!(quota.is_quota_exceeded());
+    config(
+        &mut f,
+        2,
+        "t",
+        "leader.replication.throttled.replicas",
+        None,
+    );
+    let before = quota.bytes_recorded();
+    let r = follower_fetch_one(&f, follower_fetch(3, 30), 0, 1, -1).await;
+    assert!(r.records.len() > 10_000);
+    assert_eq!(
+        quota.bytes_recorded(),
+        before,
+        "unthrottled partitions are not recorded"
+    );
+    assert_eq!(quota.throttled_total(), 1);
+}
+#[cfg(test)]
+#[path = "fetch_from_follower_tests.rs"]
+mod fetch_from_follower_tests;
