@@ -1,8 +1,10 @@
 //! A multi-node KRaft cluster of real processes on 127.0.0.1, for fault tests: N combined
-//! (broker,controller) nodes, or N controllers and M brokers, of one implementation (the
-//! `gregor` binary or the reference Apache Kafka from [`crate::reference`]). Both read the
-//! same `server.properties` keys and are formatted by the same `storage format -t <cluster id>
-//! -c <props>` command, so one [`Cluster`] drives either.
+//! (broker,controller) nodes, or N controllers and M brokers, or N combined nodes and M
+//! brokers, of one implementation (the `gregor` binary or the reference Apache Kafka from
+//! [`crate::reference`]) or of both: [`ClusterConfig::with_node_implementation`] runs one
+//! node on the other one (a mixed cluster, issue 11). Both read the same `server.properties`
+//! keys and are formatted by the same `storage format -t <cluster id> -c <props>` command, so
+//! one [`Cluster`] drives either.
 //!
 //! [`Cluster::start`] allocates free ports, writes each node's properties into its own
 //! directory under a temporary root, formats every node with one cluster id (in parallel),
@@ -91,6 +93,33 @@ pub enum Layout {
         /// Broker-only nodes.
         brokers: usize,
     },
+    /// `combined` combined voters (node ids 1..), then `brokers` broker-only nodes.
+    CombinedAndBrokers {
+        /// Combined nodes (the voters).
+        combined: usize,
+        /// Broker-only nodes.
+        brokers: usize,
+    },
+}
+
+impl Layout {
+    /// Each node's role, in node id order (ids from 1).
+    pub fn roles(self) -> Vec<Role> {
+        match self {
+            Self::Combined(n) => vec![Role::Combined; n],
+            Self::Split {
+                controllers,
+                brokers,
+            } => std::iter::repeat_n(Role::Controller, controllers)
+                .chain(std::iter::repeat_n(Role::Broker, brokers))
+                .collect(),
+            Self::CombinedAndBrokers { combined, brokers } => {
+                std::iter::repeat_n(Role::Combined, combined)
+                    .chain(std::iter::repeat_n(Role::Broker, brokers))
+                    .collect()
+            }
+        }
+    }
 }
 
 /// A node's `process.roles`.
@@ -127,23 +156,74 @@ impl Role {
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// gregor or Kafka.
+    /// gregor or Kafka: every node's, unless [`ClusterConfig::node_implementations`] says
+    /// otherwise.
     pub implementation: Implementation,
     /// The roles.
     pub layout: Layout,
     /// `key=value` properties added to every node's file after the generated ones (a later
     /// line wins), e.g. shorter `broker.session.timeout.ms` for a test.
     pub properties: Vec<(String, String)>,
+    /// Nodes (by node id) that run another implementation than
+    /// [`ClusterConfig::implementation`]: a mixed cluster.
+    pub node_implementations: Vec<(i32, Implementation)>,
+    /// Arguments added to `storage format` of the controllers (whose bootstrap checkpoint
+    /// sets the cluster's feature levels), e.g. `--release-version 4.3-IV0` or
+    /// `--feature share.version=0`.
+    pub controller_format_args: Vec<String>,
 }
 
 impl ClusterConfig {
     /// `n` combined nodes of `implementation`.
     pub fn combined(implementation: Implementation, n: usize) -> Self {
+        Self::new(implementation, Layout::Combined(n))
+    }
+
+    /// Nodes of `implementation` in `layout`, no extra properties.
+    pub fn new(implementation: Implementation, layout: Layout) -> Self {
         Self {
             implementation,
-            layout: Layout::Combined(n),
+            layout,
             properties: Vec::new(),
+            node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         }
+    }
+
+    /// Runs node `node_id` on `implementation` (a later call for the same node wins).
+    #[must_use]
+    pub fn with_node_implementation(
+        mut self,
+        node_id: i32,
+        implementation: Implementation,
+    ) -> Self {
+        self.node_implementations.push((node_id, implementation));
+        self
+    }
+
+    /// Adds `args` to `storage format` of the controllers (see
+    /// [`ClusterConfig::controller_format_args`]).
+    #[must_use]
+    pub fn with_controller_format_args(mut self, args: &[&str]) -> Self {
+        self.controller_format_args
+            .extend(args.iter().map(|a| (*a).to_string()));
+        self
+    }
+
+    /// The implementation node `node_id` runs.
+    pub fn implementation_of(&self, node_id: i32) -> &Implementation {
+        self.node_implementations
+            .iter()
+            .rev()
+            .find(|(id, _)| *id == node_id)
+            .map_or(&self.implementation, |(_, i)| i)
+    }
+
+    /// Whether some node runs another implementation than another node.
+    pub fn is_mixed(&self) -> bool {
+        self.node_implementations
+            .iter()
+            .any(|(_, i)| *i != self.implementation)
     }
 
     /// Adds a property to every node.
@@ -217,9 +297,16 @@ pub struct Node {
     pids: Option<PidRegistry>,
     disk_limited: bool,
     jvm_opts: Vec<String>,
+    /// Extra `storage format` arguments ([`ClusterConfig::controller_format_args`]).
+    format_args: Vec<String>,
 }
 
 impl Node {
+    /// The implementation this node runs.
+    pub fn implementation(&self) -> &Implementation {
+        &self.implementation
+    }
+
     /// `server.properties`.
     pub fn config_file(&self) -> PathBuf {
         self.dir.join("server.properties")
@@ -348,7 +435,7 @@ impl Node {
         out
     }
 
-    fn format_command(&self, cluster_id: &str, extra: &[&str]) -> Result<Command> {
+    fn format_command(&self, cluster_id: &str) -> Result<Command> {
         let mut args = vec![
             "format".to_string(),
             "-t".into(),
@@ -356,7 +443,7 @@ impl Node {
             "-c".into(),
             self.config_file().display().to_string(),
         ];
-        args.extend(extra.iter().map(|a| (*a).to_string()));
+        args.extend(self.format_args.iter().cloned());
         Ok(match &self.implementation {
             Implementation::Kafka => reference::tool_command("kafka-storage", &args)?,
             Implementation::Gregor(bin) => {
@@ -750,32 +837,39 @@ impl Cluster {
     /// # Errors
     /// As [`Cluster::prepare`], and when a tmpfs cannot be mounted or a proxy port bound.
     pub fn prepare_with(config: &ClusterConfig, options: &ClusterOptions) -> Result<Self> {
-        let roles: Vec<Role> = match config.layout {
-            Layout::Combined(n) => vec![Role::Combined; n],
-            Layout::Split {
-                controllers,
-                brokers,
-            } => std::iter::repeat_n(Role::Controller, controllers)
-                .chain(std::iter::repeat_n(Role::Broker, brokers))
-                .collect(),
-        };
+        let roles = config.layout.roles();
         ensure!(
             roles.iter().any(|r| r.is_controller()) && roles.iter().any(|r| r.is_broker()),
             "a cluster needs at least one controller and one broker: {:?}",
             config.layout
         );
-        let gregor = matches!(config.implementation, Implementation::Gregor(_));
+        for (id, _) in &config.node_implementations {
+            ensure!(
+                usize::try_from(*id).is_ok_and(|i| (1..=roles.len()).contains(&i)),
+                "an implementation for node {id}, which {:?} does not have",
+                config.layout
+            );
+        }
+        let is_gregor = |i: usize| {
+            i32::try_from(i + 1)
+                .is_ok_and(|id| matches!(config.implementation_of(id), Implementation::Gregor(_)))
+        };
         let per_listener = if options.proxies { 2 } else { 1 };
         let wanted: usize = roles
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 per_listener * (usize::from(r.is_broker()) + usize::from(r.is_controller()))
-                    + usize::from(gregor)
+                    + usize::from(is_gregor(i))
             })
             .sum();
         let mut ports = process::free_ports(wanted)?.into_iter();
         let root = tempfile::Builder::new()
-            .prefix(&format!("gregor-cluster-{}-", config.implementation.name()))
+            .prefix(&format!(
+                "gregor-cluster-{}{}-",
+                config.implementation.name(),
+                if config.is_mixed() { "-mixed" } else { "" }
+            ))
             .tempdir()
             .context("creating the cluster directory")?;
         let network = options.proxies.then(Network::new);
@@ -818,11 +912,11 @@ impl Cluster {
                 role: *role,
                 client_port,
                 controller_port,
-                admin_port: gregor.then(|| ports.next()).flatten(),
+                admin_port: is_gregor(i).then(|| ports.next()).flatten(),
                 dir,
                 client_proxy_port,
                 controller_proxy_port,
-                implementation: config.implementation.clone(),
+                implementation: config.implementation_of(node_id).clone(),
                 child: None,
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
@@ -831,6 +925,11 @@ impl Cluster {
                     .kafka_jvm_opts
                     .clone()
                     .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
+                format_args: if role.is_controller() {
+                    config.controller_format_args.clone()
+                } else {
+                    Vec::new()
+                },
             });
         }
         let mut network = network;
@@ -875,23 +974,13 @@ impl Cluster {
     /// # Errors
     /// When a format fails (with its output).
     pub fn format(&self) -> Result<()> {
-        self.format_with(&[])
-    }
-
-    /// [`Cluster::format`] with `extra` arguments of the format command (the same for
-    /// `kafka-storage` and `gregor storage`), e.g. `--release-version 3.9` or
-    /// `--feature group.version=0`.
-    ///
-    /// # Errors
-    /// When a format fails (with its output).
-    pub fn format_with(&self, extra: &[&str]) -> Result<()> {
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .nodes
                 .iter()
                 .map(|n| {
                     s.spawn(move || -> Result<()> {
-                        let mut cmd = n.format_command(&self.cluster_id, extra)?;
+                        let mut cmd = n.format_command(&self.cluster_id)?;
                         let out = cmd.stdin(Stdio::null()).output().with_context(|| {
                             format!("running {}", process::display_command(&cmd))
                         })?;
@@ -974,6 +1063,21 @@ impl Cluster {
             .filter_map(Node::bootstrap)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The client bootstrap string of the brokers that are running (and not paused).
+    ///
+    /// # Errors
+    /// When no broker runs or a process state cannot be read.
+    pub fn bootstrap_of_running(&mut self) -> Result<String> {
+        let mut out = Vec::new();
+        for n in &mut self.nodes {
+            if n.is_running()? && !n.paused {
+                out.extend(n.bootstrap());
+            }
+        }
+        ensure!(!out.is_empty(), "no broker is running");
+        Ok(out.join(","))
     }
 
     /// The bootstrap string of the controllers (`--bootstrap-controller`, KIP-919).
@@ -1315,6 +1419,42 @@ mod tests {
     }
 
     #[test]
+    fn a_mixed_cluster_runs_each_node_on_its_implementation() {
+        let gregor = Implementation::Gregor(PathBuf::from("/nonexistent/gregor"));
+        let config = ClusterConfig::new(
+            gregor.clone(),
+            Layout::CombinedAndBrokers {
+                combined: 3,
+                brokers: 1,
+            },
+        )
+        .with_node_implementation(4, Implementation::Kafka)
+        .with_controller_format_args(&["--release-version", "4.3-IV0"]);
+        assert!(config.is_mixed());
+        let c = Cluster::prepare(&config).unwrap();
+        assert_eq!(c.broker_ids(), [1, 2, 3, 4]);
+        assert_eq!(c.voters().split(',').count(), 3);
+        for n in c.nodes() {
+            let kafka = n.node_id == 4;
+            assert_eq!(n.implementation() == &Implementation::Kafka, kafka);
+            assert_eq!(
+                n.admin_port.is_none(),
+                kafka,
+                "admin listener on gregor only"
+            );
+            assert_eq!(n.role, if kafka { Role::Broker } else { Role::Combined });
+            assert_eq!(
+                n.format_args.is_empty(),
+                kafka,
+                "format args on controllers only"
+            );
+            let props = std::fs::read_to_string(n.config_file()).unwrap();
+            assert!(props.contains(&format!("controller.quorum.voters={}\n", c.voters())));
+        }
+        assert!(Cluster::prepare(&config.with_node_implementation(5, gregor)).is_err());
+    }
+
+    #[test]
     fn properties_of_a_split_layout() {
         let c = Cluster::prepare(&ClusterConfig {
             implementation: Implementation::Gregor(PathBuf::from("/nonexistent/gregor")),
@@ -1323,6 +1463,8 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![("broker.session.timeout.ms".into(), "3000".into())],
+            node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         })
         .unwrap();
         assert_eq!(c.nodes().len(), 5);
@@ -1353,6 +1495,8 @@ mod tests {
                 brokers: 2,
             },
             properties: vec![],
+            node_implementations: Vec::new(),
+            controller_format_args: Vec::new(),
         })
         .is_err());
     }

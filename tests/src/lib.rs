@@ -18,6 +18,8 @@
 //!   heal single links between nodes without root.
 //! - `chaos` (feature `rdkafka`): the replication fault test: librdkafka and Java acks=all
 //!   producers, a live consumer, a seeded schedule of faults, the history check.
+//! - `mixed` (feature `rdkafka`): a partition replicated across gregor and Apache Kafka
+//!   brokers of one cluster (issue 11), with the history check.
 
 #[cfg(feature = "rdkafka")]
 pub mod chaos;
@@ -25,6 +27,8 @@ pub mod chaos;
 pub mod clients;
 pub mod cluster;
 pub mod history;
+#[cfg(feature = "rdkafka")]
+pub mod mixed;
 pub mod process;
 pub mod proxy;
 pub mod reference;

@@ -427,8 +427,15 @@ fn full_restart(cluster: &mut Cluster, how: FullRestart) -> Result<()> {
 }
 
 /// Records produce outcomes into the history from rdkafka's delivery reports.
-struct Recorder {
+pub(crate) struct Recorder {
     history: Arc<History>,
+}
+
+impl Recorder {
+    /// A recorder into `history`.
+    pub(crate) fn new(history: Arc<History>) -> Self {
+        Self { history }
+    }
 }
 
 impl ClientContext for Recorder {}
@@ -657,6 +664,8 @@ pub fn pause_and_resume_active_controller(
             brokers: 1,
         },
         properties: Vec::new(),
+        node_implementations: Vec::new(),
+        controller_format_args: Vec::new(),
     })?;
     let result = pause_resume(&mut cluster);
     result.with_context(|| format!("cluster logs:{}", cluster.logs(40)))

@@ -734,6 +734,8 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
     ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
+    // Fetch from follower (KIP-392): unset, consumers read from leaders only.
+    ("replica.selector.class", ConfigType::String, ""),
     (
         "replica.high.watermark.checkpoint.interval.ms",
         ConfigType::Long,
@@ -1120,6 +1122,10 @@ impl BrokerConfig {
                 "max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides property is set.",
             ));
         }
+        // Kafka instantiates the class at start-up (ClassNotFoundException stops the broker).
+        let selector = get("replica.selector.class").unwrap_or_default();
+        crate::replication::replica_selector::ReplicaSelector::from_class_name(&selector)
+            .map_err(|why| ConfigError::new("replica.selector.class", &selector, why))?;
         let node_id = int("node.id", 1) as i32;
         let quorum = crate::quorum_config::parse(&props, node_id, &listeners)?;
         let cfg = Self {
@@ -1776,6 +1782,19 @@ impl BrokerConfig {
             .get("producer.id.expiration.ms")
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(86_400_000)
+    }
+
+    /// `replica.selector.class` (KIP-392): the built-in selector it names, `None` when unset
+    /// (Kafka's default: consumers fetch from leaders only). Start-up refused any other class
+    /// name ([`BrokerConfig::from_properties`]).
+    pub fn replica_selector(
+        &self,
+    ) -> Option<crate::replication::replica_selector::ReplicaSelector> {
+        self.raw.get("replica.selector.class").and_then(|v| {
+            crate::replication::replica_selector::ReplicaSelector::from_class_name(v)
+                .ok()
+                .flatten()
+        })
     }
 
     /// `replica.lag.time.max.ms` (Kafka's default 30000, at least 1): a follower that has not

@@ -547,7 +547,7 @@ impl ControllerClient {
         request: BrokerHeartbeatRequest,
     ) -> Result<BrokerHeartbeatReply, ControllerError> {
         if self.local_is_active() {
-            match self.local.broker_heartbeat(request).await {
+            match self.local.broker_heartbeat(request.clone()).await {
                 Err(ControllerError::NotController { .. }) => {}
                 other => return other,
             }

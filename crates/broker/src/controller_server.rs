@@ -60,12 +60,12 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
 ];
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
-/// `BrokerHeartbeat` 0-1, `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0,
+/// `BrokerHeartbeat` 0-2 (v2: cordoned log dirs, KIP-1066), `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0,
 /// `AlterPartition` 2-3: topic ids, and from v3 the broker epochs of the new ISR, KIP-903).
 pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
     match api_key {
         ApiKey::BrokerRegistration => Some((0, 4)),
-        ApiKey::BrokerHeartbeat => Some((0, 1)),
+        ApiKey::BrokerHeartbeat => Some((0, 2)),
         ApiKey::AlterPartition => Some((2, 3)),
         ApiKey::UnregisterBroker | ApiKey::AllocateProducerIds | ApiKey::Envelope => Some((0, 0)),
         _ => None,
@@ -367,6 +367,7 @@ impl ControllerApis {
                 current_metadata_offset: r.current_metadata_offset,
                 want_fence: r.want_fence,
                 want_shut_down: r.want_shut_down,
+                cordoned_log_dirs: r.cordoned_log_dirs.clone(),
             })
             .await
         {
@@ -593,7 +594,7 @@ mod tests {
             (v.min_version, v.max_version)
         };
         assert_eq!(range(62), (0, 4), "BrokerRegistration");
-        assert_eq!(range(63), (0, 1), "BrokerHeartbeat");
+        assert_eq!(range(63), (0, 2), "BrokerHeartbeat");
         assert_eq!(range(58), (0, 0), "Envelope");
         // No controller handed over yet: NOT_CONTROLLER, never a hang.
         let hb = apis

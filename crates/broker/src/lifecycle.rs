@@ -122,6 +122,18 @@ pub async fn start(
         // takes this broker out of every ISR and ELR until it has caught up again.
         previous_broker_epoch: gregor_log::read_clean_shutdown_broker_epoch(&config.log_dirs),
     };
+    // A Kafka controller refuses a registration whose feature ranges miss a finalized level
+    // with a bare UNSUPPORTED_VERSION (BrokerRegistration has no error message); the image
+    // replayed from its log says which, so say it first (Kafka's broker checks the same).
+    let unsupported = gregor_metadata::cluster_control::unsupported_finalized_features(
+        &client.local().image().features,
+    );
+    if !unsupported.is_empty() {
+        return Err(StartError::Metadata(format!(
+            "this broker cannot join cluster {cluster_id}: {}",
+            unsupported.join("; ")
+        )));
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
     let broker_epoch = loop {
         match client.register_broker(cluster_id, request.clone()).await {
@@ -137,6 +149,50 @@ pub async fn start(
                 info!(error = %e, "broker registration not accepted yet; retrying");
                 tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
             }
+            Err(e) if e.error_code() == ErrorCode::UnsupportedVersion => {
+                // Registered before the controller's first records reached this node (a quorum
+                // that has just elected its leader): name the feature once they have.
+                let unsupported = tokio::time::timeout(Duration::from_secs(5), async {
+                    loop {
+                        let image = client.local().image();
+                        if image.metadata_version().is_some() {
+                            break image;
+                        }
+                        if client
+                            .local()
+                            .loader()
+                            .wait_for_offset(image.offset)
+                            .await
+                            .is_err()
+                        {
+                            break image;
+                        }
+                    }
+                })
+                .await
+                .map(|image| {
+                    gregor_metadata::cluster_control::unsupported_finalized_features(
+                        &image.features,
+                    )
+                })
+                .unwrap_or_default();
+                if !unsupported.is_empty() {
+                    return Err(StartError::Metadata(format!(
+                        "this broker cannot join cluster {cluster_id}: {}",
+                        unsupported.join("; ")
+                    )));
+                }
+                return Err(StartError::Metadata(format!(
+                    "the active controller refused this broker's registration with \
+                     UNSUPPORTED_VERSION ({e}): the cluster finalized a feature level outside \
+                     the ranges this gregor broker registers ({})",
+                    gregor_metadata::cluster_control::SUPPORTED_FEATURES
+                        .iter()
+                        .map(|(n, min, max)| format!("{n} {min}-{max}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
             Err(e) => return Err(StartError::Metadata(e.to_string())),
         }
     };
@@ -150,6 +206,7 @@ pub async fn start(
                 current_metadata_offset: applied_offset(client),
                 want_fence: false,
                 want_shut_down: false,
+                cordoned_log_dirs: None,
             })
             .await
             .map_err(|e| StartError::Metadata(e.to_string()))?;
@@ -187,6 +244,7 @@ pub async fn start(
                         current_metadata_offset: applied_offset(&c),
                         want_fence: false,
                         want_shut_down: false,
+                        cordoned_log_dirs: None,
                     }).await;
                     match r {
                         Ok(reply) if reply.is_fenced => {
@@ -225,6 +283,7 @@ impl BrokerLifecycle {
                         current_metadata_offset: applied_offset(&c),
                         want_fence: false,
                         want_shut_down: true,
+                        cordoned_log_dirs: None,
                     })
                     .await;
                 match r {

@@ -93,14 +93,9 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
     let config = ClusterConfig::combined(
         Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into()),
         3,
-    );
-    let mut cluster = Cluster::prepare(&config).expect("preparing a 3-node gregor cluster");
-    cluster
-        .format_with(&["--release-version", "3.9"])
-        .expect("gregor storage format --release-version 3.9");
-    for id in cluster.nodes().iter().map(|n| n.node_id).collect::<Vec<_>>() {
-        cluster.node_mut(id).spawn().expect("starting a node");
-    }
+    )
+    .with_controller_format_args(&["--release-version", "3.9"]);
+    let mut cluster = Cluster::start(&config).expect("a 3-node gregor cluster at 3.9");
     cluster
         .wait_ready(Duration::from_secs(60))
         .expect("cluster ready");

@@ -34,6 +34,8 @@ fn config() -> ClusterConfig {
             brokers: 3,
         },
         properties: Vec::new(),
+        node_implementations: Vec::new(),
+        controller_format_args: Vec::new(),
     }
     .with("replica.lag.time.max.ms", &LAG_MS.to_string())
     // Stopped brokers stay registered and unfenced for the whole test: the ISR changes come

@@ -39,6 +39,9 @@ use crate::replication_control::{Election, PartitionChangeBuilder};
 /// The feature that turns on eligible leader replicas (KIP-966).
 pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
 
+/// `metadata.version` 4.3-IV0: cordoned log directories (KIP-1066) in registrations.
+const MV_4_3_IV0: i16 = 30;
+
 /// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
 pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
 
@@ -54,6 +57,29 @@ pub const SUPPORTED_FEATURES: &[(&str, i16, i16)] = &[
     ("streams.version", 0, 1),
     ("transaction.version", 0, 2),
 ];
+
+/// The finalized features of `finalized` (name -> level, as in
+/// [`MetadataImage::features`]) outside [`SUPPORTED_FEATURES`], one sentence each, as a
+/// Kafka controller would judge this broker's registration (an unknown feature counts as
+/// supported at level 0 only; an unset `metadata.version` is not judged). Empty when a gregor
+/// broker may join a cluster with these levels.
+pub fn unsupported_finalized_features(finalized: &BTreeMap<String, i16>) -> Vec<String> {
+    finalized
+        .iter()
+        .filter_map(|(name, level)| {
+            let (min, max) = SUPPORTED_FEATURES
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map_or((0, 0), |(_, min, max)| (*min, *max));
+            (!(min..=max).contains(level)).then(|| {
+                format!(
+                    "the cluster finalized {name} at level {level}, and this gregor broker \
+                     supports levels {min} to {max}"
+                )
+            })
+        })
+        .collect()
+}
 
 /// A monotonic clock in milliseconds, injected so tests move time by hand.
 pub trait ControllerClock: Send + Sync {
@@ -142,7 +168,7 @@ impl BrokerRegistrationRequest {
 }
 
 /// A BrokerHeartbeat request (API 63).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerHeartbeatRequest {
     /// `node.id`.
     pub broker_id: i32,
@@ -154,6 +180,10 @@ pub struct BrokerHeartbeatRequest {
     pub want_fence: bool,
     /// It wants to shut down (controlled shutdown).
     pub want_shut_down: bool,
+    /// Its cordoned log directories (KIP-1066, BrokerHeartbeat v2): `None` until the broker
+    /// reports them (Kafka 4.4's brokers do once recovered; gregor's brokers never cordon a
+    /// directory and send `None`).
+    pub cordoned_log_dirs: Option<Vec<Uuid>>,
 }
 
 /// The answer to a heartbeat.
@@ -536,6 +566,12 @@ impl Controller {
         let current = self.current_state(broker_id);
         let next = self.next_state(&req, registration_offset);
         let mut records = Vec::new();
+        self.cordoned_records(
+            broker_id,
+            req.broker_epoch,
+            req.cordoned_log_dirs.as_deref(),
+            &mut records,
+        );
         if current != next {
             match next {
                 State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
@@ -567,6 +603,47 @@ impl Controller {
                 should_shut_down: next == State::ShutdownNow,
             },
         })
+    }
+
+    /// KIP-1066 (`handleDirectoriesCordoned`): from `metadata.version` 4.3-IV0 a heartbeat
+    /// that reports cordoned directories other than the registration's (a set; none recorded
+    /// yet counts as different) writes them in a `BrokerRegistrationChangeRecord` (v3). The
+    /// record only informs: gregor's placement does not avoid cordoned directories yet.
+    fn cordoned_records(
+        &self,
+        broker_id: i32,
+        broker_epoch: i64,
+        cordoned: Option<&[Uuid]>,
+        records: &mut Vec<MetadataRecord>,
+    ) {
+        let Some(cordoned) = cordoned else {
+            return;
+        };
+        if self
+            .image
+            .metadata_version()
+            .is_none_or(|mv| mv < MV_4_3_IV0)
+        {
+            return;
+        }
+        let Some(broker) = self.image.brokers.get(&broker_id) else {
+            return;
+        };
+        let changed = broker.cordoned_directories.as_ref().is_none_or(|known| {
+            let known: std::collections::BTreeSet<_> = known.iter().collect();
+            known != cordoned.iter().collect()
+        });
+        if changed {
+            records.push(
+                BrokerRegistrationChangeRecord {
+                    broker_id,
+                    broker_epoch,
+                    cordoned_log_dirs: Some(cordoned.to_vec()),
+                    ..BrokerRegistrationChangeRecord::default()
+                }
+                .into(),
+            );
+        }
     }
 
     /// Unregisters a broker (UnregisterBroker, KIP-631): it leaves every ISR and leadership,
@@ -829,6 +906,7 @@ mod tests {
             current_metadata_offset: offset,
             want_fence: false,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         }
     }
 
@@ -884,6 +962,82 @@ mod tests {
         fn partition(&self, topic: &str, p: i32) -> PartitionRegistration {
             self.c.image.topic(topic).unwrap().partitions[&p].clone()
         }
+    }
+
+    #[test]
+    fn finalized_features_outside_the_supported_ranges_are_named() {
+        let levels = |l: &[(&str, i16)]| -> BTreeMap<String, i16> {
+            l.iter().map(|(n, v)| ((*n).to_string(), *v)).collect()
+        };
+        assert!(unsupported_finalized_features(&levels(&[
+            (METADATA_VERSION_FEATURE, 33),
+            ("transaction.version", 2),
+            ("kraft.version", 0),
+        ]))
+        .is_empty());
+        assert_eq!(
+            unsupported_finalized_features(&levels(&[
+                (METADATA_VERSION_FEATURE, 34),
+                ("some.future.version", 1),
+                ("other.future.version", 0),
+            ])),
+            [
+                "the cluster finalized metadata.version at level 34, and this gregor broker supports levels 7 to 33",
+                "the cluster finalized some.future.version at level 1, and this gregor broker supports levels 0 to 0",
+            ]
+        );
+    }
+
+    /// KIP-1066 as Kafka 4.4's `handleDirectoriesCordoned`: a heartbeat (v2) with cordoned
+    /// dirs other than the registration's writes them once; none reported changes nothing;
+    /// before metadata.version 4.3-IV0 nothing is written.
+    #[test]
+    fn cordoned_log_dirs_from_heartbeats_are_recorded_once() {
+        let mut k = cluster();
+        let epoch = k.join(1);
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, None);
+        let dir = k.c.image.brokers[&1].directories[0];
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.cordoned_log_dirs = Some(vec![]);
+        let (_, records) = k.beat(beat.clone()).unwrap();
+        let [MetadataRecord::BrokerRegistrationChange(r)] = records.as_slice() else {
+            panic!("one BrokerRegistrationChangeRecord: {records:?}")
+        };
+        assert_eq!(
+            (
+                r.broker_id,
+                r.broker_epoch,
+                r.cordoned_log_dirs.clone(),
+                r.fenced
+            ),
+            (1, epoch, Some(vec![]), 0),
+            "only the cordoned dirs change"
+        );
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, Some(vec![]));
+        assert!(
+            k.beat(beat.clone()).unwrap().1.is_empty(),
+            "no change, no record"
+        );
+        beat.cordoned_log_dirs = None;
+        assert!(k.beat(beat.clone()).unwrap().1.is_empty(), "not reported");
+        beat.cordoned_log_dirs = Some(vec![dir]);
+        assert_eq!(k.beat(beat.clone()).unwrap().1.len(), 1);
+        assert_eq!(k.c.image.brokers[&1].cordoned_directories, Some(vec![dir]));
+
+        let mut old = cluster();
+        commit(
+            &mut old.c,
+            vec![FeatureLevelRecord {
+                name: METADATA_VERSION_FEATURE.into(),
+                feature_level: MV_4_3_IV0 - 1,
+                ..Default::default()
+            }
+            .into()],
+        );
+        let epoch = old.join(1);
+        let mut beat = heartbeat(1, epoch, old.offset());
+        beat.cordoned_log_dirs = Some(vec![]);
+        assert!(old.beat(beat).unwrap().1.is_empty(), "before 4.3-IV0");
     }
 
     #[test]
@@ -1164,7 +1318,7 @@ mod tests {
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
-        let (reply, records) = k.beat(shut).unwrap();
+        let (reply, records) = k.beat(shut.clone()).unwrap();
         assert!(reply.in_controlled_shutdown && !reply.should_shut_down && !reply.is_fenced);
         let MetadataRecord::BrokerRegistrationChange(c) = &records[0] else {
             panic!("{records:?}")
@@ -1178,11 +1332,11 @@ mod tests {
         assert_eq!(k.partition("t", 0).leader, 2, "leadership moved away");
         assert!(k.c.image.brokers[&1].in_controlled_shutdown);
         // Broker 2 has not yet seen the change: not yet.
-        let (reply, _) = k.beat(shut).unwrap();
+        let (reply, _) = k.beat(shut.clone()).unwrap();
         assert!(!reply.should_shut_down);
         let offset = k.offset();
         k.beat(heartbeat(2, e2, offset)).unwrap();
-        let (reply, records) = k.beat(shut).unwrap();
+        let (reply, records) = k.beat(shut.clone()).unwrap();
         assert!(reply.should_shut_down && reply.is_fenced);
         assert!(matches!(
             records.last(),
@@ -1194,7 +1348,7 @@ mod tests {
         let e3 = k.join(3);
         let mut go = heartbeat(3, e3, offset + 2);
         go.want_shut_down = true;
-        let (reply, _) = k.beat(go).unwrap();
+        let (reply, _) = k.beat(go.clone()).unwrap();
         assert!(reply.should_shut_down);
     }
 
@@ -1217,7 +1371,7 @@ mod tests {
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
-        let (reply, _) = k.beat(shut).unwrap();
+        let (reply, _) = k.beat(shut.clone()).unwrap();
         assert!(reply.in_controlled_shutdown);
         // Its process stops before the go-ahead; the next one registers within the session.
         let again = k.register(request(1)).unwrap();

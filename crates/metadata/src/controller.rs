@@ -1446,6 +1446,7 @@ mod tests {
                 current_metadata_offset: offset,
                 want_fence: false,
                 want_shut_down: false,
+                cordoned_log_dirs: None,
             })
             .await
             .unwrap();
@@ -1473,6 +1474,7 @@ mod tests {
                         current_metadata_offset: node.controller.image().offset as i64 - 1,
                         want_fence: true,
                         want_shut_down: true,
+                        cordoned_log_dirs: None,
                     })
                     .await
                     .unwrap();
@@ -1631,6 +1633,7 @@ mod tests {
                     current_metadata_offset: c.image.offset as i64,
                     want_fence: false,
                     want_shut_down: false,
+                    cordoned_log_dirs: None,
                 })
                 .unwrap();
             let batch = CommittedBatch {
@@ -1744,6 +1747,7 @@ mod tests {
             current_metadata_offset: offset,
             want_fence: false,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         })
         .await
         .unwrap();
@@ -1800,6 +1804,7 @@ mod tests {
             current_metadata_offset: c.image().offset as i64,
             want_fence,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         };
         c.broker_heartbeat(beat(true)).await.unwrap();
         c.broker_heartbeat(beat(false)).await.unwrap();

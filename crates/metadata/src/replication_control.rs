@@ -1187,6 +1187,7 @@ pub(crate) mod tests {
                 current_metadata_offset: c.image.offset as i64,
                 want_fence: fence,
                 want_shut_down: shut_down,
+                cordoned_log_dirs: None,
             })
             .unwrap();
         commit(c, r.records);

@@ -477,8 +477,11 @@ fn the_controlled_shutdown_kafka_did_is_the_one_gregor_does() {
         current_metadata_offset: 94,
         want_fence: false,
         want_shut_down: true,
+        cordoned_log_dirs: None,
     };
-    let r = controller.broker_heartbeat(shut_down).expect("a heartbeat");
+    let r = controller
+        .broker_heartbeat(shut_down.clone())
+        .expect("a heartbeat");
     assert!(r.response.in_controlled_shutdown && !r.response.should_shut_down);
     let kafkas: Vec<MetadataRecord> = log
         .iter()

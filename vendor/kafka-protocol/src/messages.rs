@@ -1582,7 +1582,7 @@ impl ApiKey {
             ApiKey::DescribeCluster => VersionRange { min: 0, max: 2 },
             ApiKey::DescribeProducers => VersionRange { min: 0, max: 0 },
             ApiKey::BrokerRegistration => VersionRange { min: 0, max: 4 },
-            ApiKey::BrokerHeartbeat => VersionRange { min: 0, max: 1 },
+            ApiKey::BrokerHeartbeat => VersionRange { min: 0, max: 2 }, // gregor patch: v2
             ApiKey::UnregisterBroker => VersionRange { min: 0, max: 0 },
             ApiKey::DescribeTransactions => VersionRange { min: 0, max: 0 },
             ApiKey::ListTransactions => VersionRange { min: 0, max: 2 },

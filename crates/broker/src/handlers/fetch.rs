@@ -6,6 +6,11 @@
 //! from v13 (KIP-516). gregor does not create incremental fetch sessions (KIP-227): it answers
 //! session id 0, which tells clients to keep sending full fetch requests.
 //!
+//! Fetch from follower (KIP-392): a consumer's fetch from v11 on carries its rack
+//! (`client.rack`); with `replica.selector.class` set, the leader may answer a partition with
+//! `PreferredReadReplica` and no records, and a follower serves such fetches up to its own high
+//! watermark. Older consumer fetches are served by the leader only.
+//!
 //! Followers (replica id >= 0: `ReplicaState.ReplicaId` from v15, the top-level `ReplicaId`
 //! before) need ClusterAction, read up to the log end offset, send their broker epoch (v15,
 //! KIP-903), log start offset and `LastFetchedEpoch` (v12); a diverging log is answered with
@@ -28,6 +33,7 @@ use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
 use crate::replica_manager::{FetchOutcome, FetchParams, FetchPartition, FetchPartitionResult};
+use crate::replication::replica_selector::ClientMetadata;
 use gregor_network::RequestContext;
 use gregor_network::{respond, Handled};
 
@@ -82,7 +88,7 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
         .with_high_watermark(r.high_watermark)
         .with_last_stable_offset(r.last_stable_offset)
         .with_log_start_offset(r.log_start_offset)
-        .with_preferred_read_replica(BrokerId(-1))
+        .with_preferred_read_replica(BrokerId(r.preferred_read_replica.unwrap_or(-1)))
         .with_aborted_transactions(
             // As Kafka: partitions refused before the read (unknown, not led here, fenced)
             // carry the default empty list; read results carry a list for read_committed and
@@ -156,6 +162,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         );
     let image = broker.controller.image();
     let mut entries = Vec::new();
+    // Per entry: whether the partition exists in the metadata (a broker that is not one of
+    // its replicas answers NOT_LEADER_OR_FOLLOWER, as Kafka's getPartitionOrError).
+    let mut in_image = Vec::new();
     let mut unresolved = false;
     let slots: Vec<TopicSlots> = req
         .topics
@@ -185,6 +194,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
                             Err(ec::TOPIC_AUTHORIZATION_FAILED)
                         }
                         Some(n) => {
+                            in_image.push(
+                                image
+                                    .topic(n)
+                                    .is_some_and(|ti| ti.partitions.contains_key(&fp.partition)),
+                            );
                             entries.push(FetchPartition {
                                 topic_partition: TopicPartition::new(n.clone(), fp.partition),
                                 fetch_offset: fp.fetch_offset,
@@ -231,15 +245,41 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         } else {
             -1
         },
+        // Kafka's KafkaApis.handleFetchRequest: v11 added the preferred replica logic.
+        client_metadata: (version >= 11).then(|| ClientMetadata {
+            rack_id: req.rack_id.to_string(),
+            client_id: header
+                .client_id
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            listener_name: ctx.listener_name.clone(),
+        }),
     };
     match broker.replica_manager.fetch_messages(params, entries).await {
-        FetchOutcome::Complete(results) => Handled::Ready(reply(
-            &header,
-            encode(slots, &results, isolation_level, version),
-        )),
+        FetchOutcome::Complete(mut results) => {
+            not_a_replica(&mut results, &in_image);
+            Handled::Ready(reply(
+                &header,
+                encode(slots, &results, isolation_level, version),
+            ))
+        }
         FetchOutcome::Delayed(delayed) => Handled::Deferred(Box::pin(async move {
-            let results = delayed.complete().await;
+            let mut results = delayed.complete().await;
+            not_a_replica(&mut results, &in_image);
             reply(&header, encode(slots, &results, isolation_level, version))
         })),
+    }
+}
+
+/// Kafka's `getPartitionOrError`: a partition this broker does not host but the metadata
+/// knows (this broker is not one of its replicas, e.g. a stale preferred read replica or
+/// leader) is NOT_LEADER_OR_FOLLOWER, which sends clients to refresh their metadata;
+/// UNKNOWN_TOPIC_OR_PARTITION stays for partitions the metadata does not have.
+fn not_a_replica(results: &mut [FetchPartitionResult], in_image: &[bool]) {
+    for (r, known) in results.iter_mut().zip(in_image) {
+        if *known && r.error_code == ec::UNKNOWN_TOPIC_OR_PARTITION {
+            r.error_code = ec::NOT_LEADER_OR_FOLLOWER;
+        }
     }
 }

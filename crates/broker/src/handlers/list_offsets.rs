@@ -36,6 +36,10 @@ pub use crate::replica_manager::partition::{
     LATEST_TIERED_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP,
 };
 
+/// ListOffsets' `ReplicaId` of a debugging client (Kafka's `DEBUGGING_REPLICA_ID`), which a
+/// follower may answer.
+const DEBUGGING_REPLICA_ID: i32 = -2;
+
 /// Answers ListOffsets. Needs `Describe` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(
     broker: &Arc<Broker>,
@@ -62,9 +66,12 @@ pub async fn handle(
     let mut results = broker
         .replica_manager
         // ReplicaId -1 is a consumer (its isolation level applies); a follower (>= 0) or a
-        // debugging client (-2) reads to the log end offset (Kafka's ReplicaManager).
-        .fetch_offsets(
+        // debugging client (-2) reads to the log end offset (Kafka's ReplicaManager). Only
+        // the debugging client may be answered by a follower (KIP-392 leaves ListOffsets to
+        // the leader).
+        .fetch_offsets_from(
             (req.replica_id.0 == -1).then_some(req.isolation_level),
+            req.replica_id.0 != DEBUGGING_REPLICA_ID,
             lookups,
         )
         .await

@@ -30,6 +30,9 @@ use crate::config::{BrokerConfig, DynamicBrokerConfigs, TopicConfigs};
 use crate::error_codes as ec;
 use crate::observability::{self, InFlight};
 use crate::replication::quota::ReplicationQuotas;
+use crate::replication::replica_selector::{
+    BrokerNode, BrokerNodes, ClientMetadata, ReplicaSelector,
+};
 
 pub use io::{IoPool, IoPoolError};
 pub use partition::{
@@ -141,7 +144,7 @@ impl DelayedProduce {
 }
 
 /// Parameters of a fetch (Kafka's `FetchParams`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FetchParams {
     /// -1 for a consumer; a broker id for a follower (reads up to the log end offset and
     /// reports the follower's progress).
@@ -158,6 +161,23 @@ pub struct FetchParams {
     /// The follower's broker epoch (Fetch v15+ `ReplicaState.ReplicaEpoch`, KIP-903), -1 when
     /// not given.
     pub replica_epoch: i64,
+    /// The client's rack and listener, from Fetch v11 on (KIP-392); `None` for older fetches.
+    /// A consumer fetch with it may be served by a follower, and its leader may answer with a
+    /// preferred read replica.
+    pub client_metadata: Option<ClientMetadata>,
+}
+
+impl FetchParams {
+    /// A follower's fetch (replica id >= 0).
+    pub fn is_from_follower(&self) -> bool {
+        self.replica_id >= 0
+    }
+
+    /// Kafka's `FetchParams.fetchOnlyLeader`: followers' fetches, and consumers' fetches older
+    /// than v11 (no client metadata), are served by the leader only.
+    pub fn fetch_only_leader(&self) -> bool {
+        self.is_from_follower() || self.client_metadata.is_none()
+    }
 }
 
 /// One partition of a fetch.
@@ -194,6 +214,9 @@ pub struct FetchPartitionResult {
     /// For a follower whose `last_fetched_epoch` diverges from this log: the largest epoch
     /// `<=` it here and that epoch's end offset (`DivergingEpoch`); the follower truncates.
     pub diverging_epoch: Option<(i32, i64)>,
+    /// The replica the consumer should fetch from instead of this leader
+    /// (`PreferredReadReplica`, KIP-392); the result then has no records.
+    pub preferred_read_replica: Option<i32>,
 }
 
 impl FetchPartitionResult {
@@ -205,6 +228,7 @@ impl FetchPartitionResult {
             log_start_offset: -1,
             records: Bytes::new(),
             diverging_epoch: None,
+            preferred_read_replica: None,
         }
     }
 }
@@ -225,11 +249,16 @@ struct FetchPlan {
     /// The leader quota throttles follower fetches (KIP-73).
     quotas: Arc<ReplicationQuotas>,
     partitions: Vec<(FetchPartition, Result<Arc<Partition>, i16>)>,
+    /// `replica.selector.class` and the registered brokers, for a consumer fetch with client
+    /// metadata (KIP-392); `None` otherwise.
+    selector: Option<(ReplicaSelector, Arc<BrokerNodes>)>,
 }
 
 struct ReadPass {
     results: Vec<FetchPartitionResult>,
     bytes: usize,
+    /// An error, or an answer the client acts on at once (a diverging epoch, a preferred read
+    /// replica): the fetch does not wait.
     any_error: bool,
     /// Per partition read: the upper bound and leader epoch the read saw, the baseline that
     /// new data or a leadership change is measured against.
@@ -252,7 +281,32 @@ fn diverging_epoch(
 
 impl FetchPlan {
     fn is_follower_fetch(&self) -> bool {
-        self.params.replica_id >= 0
+        self.params.is_from_follower()
+    }
+
+    /// Kafka's `readFromLog` on a leader with a replica selector: the consumer's preferred
+    /// read replica when it is not this leader, answered without records but with the offsets
+    /// (`fetchOffsetSnapshot` after the leader-epoch check, or that check's error).
+    fn preferred_replica_answer(
+        &self,
+        fp: &FetchPartition,
+        p: &Partition,
+    ) -> Option<FetchPartitionResult> {
+        let (selector, brokers) = self.selector.as_ref()?;
+        let client = self.params.client_metadata.as_ref()?;
+        let id = p.preferred_read_replica(*selector, client, brokers, fp.fetch_offset)?;
+        if let Err(code) = p.check_local_replica(fp.current_leader_epoch, false) {
+            return Some(FetchPartitionResult::error(code));
+        }
+        Some(FetchPartitionResult {
+            error_code: ec::NONE,
+            high_watermark: p.high_watermark(),
+            last_stable_offset: p.last_stable_offset(),
+            log_start_offset: p.log.log_start_offset(),
+            records: Bytes::new(),
+            diverging_epoch: None,
+            preferred_read_replica: Some(id),
+        })
     }
 
     /// One pass over every partition: KIP-74 (the first batch whole), `max_bytes` over the
@@ -260,8 +314,10 @@ impl FetchPlan {
     /// `Partition.fetchRecords`): the replica must be a follower of the partition, a
     /// `last_fetched_epoch` this log diverges from answers `DivergingEpoch` without records,
     /// reads go to the log end offset, and with `update_fetch_state` the follower's progress
-    /// is recorded after the read (not on a delayed fetch's re-reads, as Kafka). Runs on an
-    /// I/O thread.
+    /// is recorded after the read (not on a delayed fetch's re-reads, as Kafka). A consumer's
+    /// fetch with client metadata (v11+) may be answered with a preferred read replica by a
+    /// leader, and is served by a follower up to the follower's high watermark (KIP-392). Runs
+    /// on an I/O thread.
     fn read(&self, update_fetch_state: bool) -> ReadPass {
         let mut remaining = self.max_bytes.max(0) as usize;
         let mut bytes = 0usize;
@@ -270,6 +326,7 @@ impl FetchPlan {
         let mut results = Vec::with_capacity(self.partitions.len());
         let mut seen = Vec::with_capacity(self.partitions.len());
         let from_follower = self.is_follower_fetch();
+        let fetch_only_leader = self.params.fetch_only_leader();
         for (fp, p) in &self.partitions {
             let p = match p {
                 Ok(p) => p,
@@ -279,7 +336,12 @@ impl FetchPlan {
                     continue;
                 }
             };
-            if let Err(code) = p.check_leader(fp.current_leader_epoch) {
+            if let Some(answer) = self.preferred_replica_answer(fp, p) {
+                any_error = true;
+                results.push(answer);
+                continue;
+            }
+            if let Err(code) = p.check_local_replica(fp.current_leader_epoch, fetch_only_leader) {
                 any_error = true;
                 results.push(FetchPartitionResult::error(code));
                 continue;
@@ -315,6 +377,7 @@ impl FetchPlan {
                             log_start_offset: log_start,
                             records: Bytes::new(),
                             diverging_epoch: Some(diverging),
+                            preferred_read_replica: None,
                         });
                         // An answer the follower acts on at once.
                         any_error = true;
@@ -368,6 +431,7 @@ impl FetchPlan {
                         log_start_offset: log_start,
                         records,
                         diverging_epoch: None,
+                        preferred_read_replica: None,
                     });
                 }
                 Err(e) => {
@@ -428,17 +492,21 @@ impl FetchPlan {
         }
     }
 
-    /// Kafka's `DelayedFetch.tryComplete`, without disk I/O: since `pass` read, a partition
-    /// got data past what that read could see, changed leader epoch or stopped being led here.
+    /// Kafka's `DelayedFetch.tryComplete`, without disk I/O: since `pass` read, a partition's
+    /// readable end moved (past what that read could see, or back, as a follower's high
+    /// watermark may after a truncation), its leader epoch changed or this replica stopped
+    /// serving the fetch (no longer leader, or for a consumer reading a follower, no longer a
+    /// replica).
     fn try_complete_check(&self, pass: &ReadPass) -> purgatory::TryComplete {
         let seen = pass.seen.clone();
         let isolation = self.params.isolation_level;
         let from_follower = self.is_follower_fetch();
+        let fetch_only_leader = self.params.fetch_only_leader();
         Box::new(move || {
             seen.iter().any(|(p, upper, epoch)| {
-                !p.is_leader()
+                !p.serves_reads(fetch_only_leader)
                     || p.leader_epoch() != *epoch
-                    || p.fetch_upper_bound(isolation, from_follower) > *upper
+                    || p.fetch_upper_bound(isolation, from_follower) != *upper
             })
         })
     }
@@ -520,6 +588,11 @@ pub struct ReplicaManager {
         parking_lot::Mutex<std::collections::HashMap<TopicPartition, i64>>,
     /// Replication throttles (KIP-73), updated from each image's configs.
     quotas: Arc<ReplicationQuotas>,
+    /// `replica.selector.class` (KIP-392), `None`: consumers read from leaders only.
+    replica_selector: Option<ReplicaSelector>,
+    /// The registered brokers (rack, fencing, listeners) of the latest image, for the replica
+    /// selector.
+    broker_nodes: RwLock<Arc<BrokerNodes>>,
 }
 
 impl ReplicaManager {
@@ -538,6 +611,8 @@ impl ReplicaManager {
         ));
         Self {
             quotas,
+            replica_selector: config.replica_selector(),
+            broker_nodes: RwLock::new(Arc::new(BrokerNodes::new())),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -785,9 +860,15 @@ impl ReplicaManager {
         } else {
             params.max_bytes.min(self.config.fetch_max_bytes())
         };
+        let max_wait_ms = params.max_wait_ms;
+        let selector = self
+            .replica_selector
+            .filter(|_| !params.is_from_follower() && params.client_metadata.is_some())
+            .map(|s| (s, self.broker_nodes.read().clone()));
         let plan = Arc::new(FetchPlan {
             params,
             quotas: self.quotas.clone(),
+            selector,
             max_bytes,
             partitions: partitions
                 .into_iter()
@@ -817,7 +898,7 @@ impl ReplicaManager {
             return FetchOutcome::Complete(pass.results);
         }
         FetchOutcome::Delayed(DelayedFetch {
-            deadline_ms: self.clock.now_ms().saturating_add(params.max_wait_ms),
+            deadline_ms: self.clock.now_ms().saturating_add(max_wait_ms),
             plan,
             last_pass: pass,
             io: self.io.clone(),
@@ -831,10 +912,24 @@ impl ReplicaManager {
     /// and segments are read). Results in order: (timestamp, offset, leader epoch) or a Kafka
     /// error code (UNKNOWN_TOPIC_OR_PARTITION, the leader check's, INVALID_REQUEST, the log's);
     /// see [`Partition::fetch_offset_for_timestamp`]. `isolation_level` is the consumer's, or
-    /// None for a follower or debugging client (read to the log end offset).
+    /// None for a follower or debugging client (read to the log end offset). Only the leader
+    /// answers.
     pub async fn fetch_offsets(
         &self,
         isolation_level: Option<i8>,
+        lookups: Vec<(TopicPartition, i64, i32)>,
+    ) -> Vec<Result<(i64, i64, i32), i16>> {
+        self.fetch_offsets_from(isolation_level, true, lookups)
+            .await
+    }
+
+    /// [`ReplicaManager::fetch_offsets`], answered by a follower too unless
+    /// `fetch_only_from_leader` (Kafka: every ListOffsets but one with the debugging replica id
+    /// -2 needs the leader).
+    pub async fn fetch_offsets_from(
+        &self,
+        isolation_level: Option<i8>,
+        fetch_only_from_leader: bool,
         lookups: Vec<(TopicPartition, i64, i32)>,
     ) -> Vec<Result<(i64, i64, i32), i16>> {
         let n = lookups.len();
@@ -846,7 +941,12 @@ impl ReplicaManager {
             work.into_iter()
                 .map(|(p, ts, epoch)| {
                     p.ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION)?
-                        .fetch_offset_for_timestamp(ts, isolation_level, epoch)
+                        .fetch_offset_for_timestamp(
+                            ts,
+                            isolation_level,
+                            epoch,
+                            fetch_only_from_leader,
+                        )
                 })
                 .collect::<Vec<_>>()
         };
@@ -948,6 +1048,9 @@ impl ReplicaManager {
             }),
             self.local_broker,
         );
+        if self.replica_selector.is_some() {
+            *self.broker_nodes.write() = Arc::new(broker_nodes(image));
+        }
         self.replication.set_brokers(
             image
                 .brokers
@@ -1049,6 +1152,31 @@ impl ReplicaManager {
         }
         Ok(())
     }
+}
+
+/// The registered brokers of `image` as the replica selector sees them (Kafka's
+/// `getPartitionReplicaEndpoints`: fenced brokers and endpoints without a host or port are
+/// not endpoints).
+fn broker_nodes(image: &MetadataImage) -> BrokerNodes {
+    image
+        .brokers
+        .values()
+        .map(|b| {
+            (
+                b.broker_id,
+                BrokerNode {
+                    fenced: b.fenced,
+                    rack: b.rack.clone(),
+                    listeners: b
+                        .endpoints
+                        .iter()
+                        .filter(|e| !e.host.is_empty())
+                        .map(|e| e.name.clone())
+                        .collect(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// Kafka's `Partition.deleteRecordsOnLeader`; see [`ReplicaManager::delete_records`].

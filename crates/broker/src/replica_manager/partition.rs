@@ -75,6 +75,7 @@ impl Default for ReplicationContext {
 }
 
 mod follower;
+mod read_replica;
 
 /// The purgatories a partition triggers (Kafka's `DelayedOperations` of a `Partition`).
 pub struct DelayedOperations {
@@ -670,7 +671,8 @@ impl Partition {
     }
 
     /// Kafka's `Partition.fetchOffsetForTimestamp` (ListOffsets), after the leader check
-    /// (KIP-320): -2 earliest and -4 earliest local give the log start offset, -1 latest the
+    /// (KIP-320; with `fetch_only_from_leader` false, ListOffsets' debugging replica id -2, a
+    /// follower answers too, [`Partition::check_local_replica`]): -2 earliest and -4 earliest local give the log start offset, -1 latest the
     /// high watermark (or the last stable offset for read_committed), -3 the record with the
     /// largest timestamp (KIP-734), -5 and -6 (tiered storage, KIP-1005) offset -1; otherwise
     /// the first record whose timestamp is at or after `timestamp` (KIP-79), if below the high
@@ -686,8 +688,9 @@ impl Partition {
         timestamp: i64,
         isolation_level: Option<i8>,
         current_leader_epoch: i32,
+        fetch_only_from_leader: bool,
     ) -> Result<(i64, i64, i32), i16> {
-        self.check_leader(current_leader_epoch)?;
+        self.check_local_replica(current_leader_epoch, fetch_only_from_leader)?;
         let epoch = self.log.latest_leader_epoch().unwrap_or(-1);
         // Kafka's fetchOffsetForTimestamp: a consumer (an isolation level) reads up to the high
         // watermark or the LSO; a follower or a debugging client (none) up to the log end

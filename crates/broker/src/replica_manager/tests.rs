@@ -167,6 +167,7 @@ fn consumer(max_wait_ms: i64) -> FetchParams {
         max_bytes: i32::MAX,
         isolation_level: 0,
         replica_epoch: -1,
+        client_metadata: None,
     }
 }
 
@@ -882,3 +883,6 @@ async fn the_leader_throttles_out_of_sync_followers_of_throttled_partitions() {
     );
     assert_eq!(quota.throttled_total(), 1);
 }
+#[cfg(test)]
+#[path = "fetch_from_follower_tests.rs"]
+mod fetch_from_follower_tests;

@@ -1077,6 +1077,7 @@ impl Sim {
             current_metadata_offset: offset,
             want_fence: false,
             want_shut_down: false,
+            cordoned_log_dirs: None,
         });
         let b = self.brokers.get_mut(&id).expect("broker");
         b.last_heartbeat_ms = now;
