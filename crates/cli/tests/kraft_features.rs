@@ -6,7 +6,8 @@
 //!   controller listener) then finalizes the new levels;
 //! - refused as Kafka refuses them, with Kafka's messages: a `metadata.version` downgrade
 //!   across a metadata change, an unknown feature, a level the nodes do not support, ELR at
-//!   level 1 below `metadata.version` 4.0-IV1;
+//!   level 1 below `metadata.version` 4.0-IV1; and, a departure, `upgrade --release-version`
+//!   (it sends `kraft.version`, which gregor does not change);
 //! - `disable --feature group.version` removes the feature;
 //! - on the wire, an error is top-level only, a success at v1 has one result per feature and
 //!   at v2 none.
@@ -139,6 +140,21 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
         ),
         "{out}"
     );
+
+    // --release-version also sends kraft.version=1, which gregor does not change (a documented
+    // departure): the whole request is refused and nothing changes.
+    let out = features(&[
+        "--bootstrap-server",
+        &bootstrap,
+        "upgrade",
+        "--release-version",
+        "4.4",
+    ]);
+    assert!(
+        out.contains("gregor does not change kraft.version through UpdateFeatures."),
+        "upgrade --release-version: {out}"
+    );
+    wait_everywhere(&cluster, "metadata.version", Some(21));
 
     // The upgrade of metadata.version, through the controllers.
     let epoch_before = finalized(&first).expect("ApiVersions").1;
