@@ -98,6 +98,15 @@ pub fn start_quorum(
     .map_err(|e| StartError::Metadata(e.to_string()))
 }
 
+/// The quorum's `kraft.version` (KIP-853): 1 for a dynamic quorum
+/// (`controller.quorum.bootstrap.servers` without `controller.quorum.voters`, whose voters the
+/// bootstrap snapshot names, as [`start_quorum`] reads them), 0 for a static one. gregor does
+/// not change it while running (no KRaftVersion upgrade), so the start-up value stays true.
+pub fn kraft_version(config: &BrokerConfig) -> i16 {
+    let set = |key: &str| config.raw.get(key).is_some_and(|v| !v.trim().is_empty());
+    i16::from(!set("controller.quorum.voters") && set("controller.quorum.bootstrap.servers"))
+}
+
 /// Starts the [`RaftMetadataLog`] on the quorum member `manager`, the loader and the
 /// controller, and waits until the loader has applied everything committed (the quorum's high
 /// watermark must be known first: a one-voter quorum elects itself at once, a larger one waits

@@ -312,6 +312,9 @@ pub struct ControllerConfig {
     pub leader_imbalance_per_broker_percentage: u32,
     /// This controller's `node.id` (UpdateFeatures names it: "Local controller N").
     pub node_id: i32,
+    /// The quorum's `kraft.version` (KIP-853: 1 for a dynamic quorum, 0 for static voters),
+    /// which UpdateFeatures compares against (gregor does not change it).
+    pub kraft_version: i16,
     /// `min.insync.replicas` of this node's static config (Kafka's default 1): the cluster
     /// default written when `eligible.leader.replicas.version` is enabled (KIP-966).
     pub min_insync_replicas: i32,
@@ -329,6 +332,7 @@ impl Default for ControllerConfig {
             leader_imbalance_check_interval_ms: 300_000,
             leader_imbalance_per_broker_percentage: 10,
             node_id: -1,
+            kraft_version: 0,
             min_insync_replicas: 1,
         }
     }

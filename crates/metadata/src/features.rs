@@ -18,15 +18,19 @@
 //! Departures from Kafka 4.4: gregor's controllers do not register (ControllerRegistration),
 //! so a voter that has no `RegisterControllerRecord` is taken to support what this controller
 //! supports, where Kafka refuses ("controller N has not registered"); `kraft.version` is the
-//! quorum's (KIP-853 control records) and gregor does not upgrade it through UpdateFeatures:
-//! any change of its level is refused with INVALID_UPDATE_VERSION.
+//! quorum's (KIP-853 control records, [`ControllerConfig::kraft_version`]) and gregor does not
+//! upgrade it: an upgrade to the level in force commits a `NoOpRecord` as Kafka does, an
+//! upgrade to another level is refused with INVALID_UPDATE_VERSION (Kafka would upgrade the
+//! quorum), a downgrade as Kafka refuses it.
 
 use std::collections::BTreeMap;
 
-use gregor_protocol::metadata_records::{ConfigRecord, FeatureLevelRecord};
+use gregor_protocol::metadata_records::{ConfigRecord, FeatureLevelRecord, NoOpRecord};
 
 use crate::cluster_control::{ELR_FEATURE, SUPPORTED_FEATURES};
 use crate::controller::{Controller, ControllerError, ControllerResult};
+#[cfg(doc)]
+use crate::controller::ControllerConfig;
 use crate::image::METADATA_VERSION_FEATURE;
 use crate::record::{ConfigResource, MetadataRecord};
 
@@ -147,6 +151,10 @@ impl Controller {
     /// The finalized level of `feature` (0 when not set); `metadata.version` is never 0 in a
     /// bootstrapped cluster.
     fn finalized_level(&self, feature: &str) -> i16 {
+        if feature == KRAFT_VERSION_FEATURE {
+            // The quorum's, not a FeatureLevelRecord (Kafka's KRaftVersionAccessor).
+            return self.config.kraft_version;
+        }
         self.image.features.get(feature).copied().unwrap_or(0)
     }
 
@@ -248,8 +256,20 @@ impl Controller {
             );
         }
         if name == KRAFT_VERSION_FEATURE {
-            if level == current {
+            if u.upgrade_type != UpgradeType::Upgrade {
+                if level != current {
+                    return Err(invalid_update_version(
+                        name,
+                        level,
+                        "Can't downgrade the version of this feature.",
+                    ));
+                }
                 return Ok(None);
+            }
+            if level == current {
+                // Kafka's upgradeKRaftVersion to the level in force changes nothing; its
+                // answer is committed as a NoOpRecord.
+                return Ok(Some(NoOpRecord::default().into()));
             }
             return Err(invalid_update_version(
                 name,
@@ -683,6 +703,33 @@ mod tests {
             .unwrap()
             .records
             .is_empty());
+    }
+
+    #[test]
+    fn kraft_version_is_the_quorums_and_never_changes() {
+        let mut c = controller(33, &[]);
+        assert_eq!(
+            refused(&c, vec![update(KRAFT_VERSION_FEATURE, 1, UpgradeType::Upgrade)]),
+            "Invalid update version 1 for feature kraft.version. gregor does not change \
+             kraft.version through UpdateFeatures."
+        );
+        c.config.kraft_version = 1;
+        let r = c
+            .update_features(
+                vec![
+                    update(KRAFT_VERSION_FEATURE, 1, UpgradeType::Upgrade),
+                    update("group.version", 1, UpgradeType::Upgrade),
+                ],
+                false,
+            )
+            .unwrap();
+        assert!(matches!(r.records[0], MetadataRecord::NoOp(_)), "{:?}", r.records);
+        assert_eq!(levels(&r.records), vec![("group.version".to_string(), 1)]);
+        assert_eq!(
+            refused(&c, vec![update(KRAFT_VERSION_FEATURE, 0, UpgradeType::SafeDowngrade)]),
+            "Invalid update version 0 for feature kraft.version. Can't downgrade the version of \
+             this feature."
+        );
     }
 
     #[test]
