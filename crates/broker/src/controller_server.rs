@@ -80,6 +80,8 @@ pub struct ControllerApis {
     controller: OnceLock<ControllerHandle>,
     /// This node's broker, once it serves (handles forwarded admin requests).
     broker: OnceLock<Arc<Broker>>,
+    /// The quorum's `kraft.version` (KIP-853), finalized in ApiVersions when above 0.
+    kraft_version: i16,
 }
 
 impl ControllerApis {
@@ -90,7 +92,15 @@ impl ControllerApis {
             cluster_id,
             controller: OnceLock::new(),
             broker: OnceLock::new(),
+            kraft_version: 0,
         }
+    }
+
+    /// The handler for a quorum at `kraft_version` (1: a dynamic quorum, KIP-853).
+    #[must_use]
+    pub fn with_kraft_version(mut self, kraft_version: i16) -> Self {
+        self.kraft_version = kraft_version;
+        self
     }
 
     /// Hands over this node's controller (start-up, once the metadata is loaded). Before,
@@ -128,6 +138,7 @@ impl ControllerApis {
         crate::handlers::api_versions::with_features(
             ApiVersionsResponse::default().with_api_keys(keys),
             image.as_deref(),
+            self.kraft_version,
         )
     }
 

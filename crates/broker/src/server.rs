@@ -237,10 +237,10 @@ pub async fn start_with_authorizer(
         .endpoints()
         .into_iter()
         .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
-    let controller_apis = Arc::new(crate::controller_server::ControllerApis::new(
-        raft.clone(),
-        cluster_id.clone(),
-    ));
+    let controller_apis = Arc::new(
+        crate::controller_server::ControllerApis::new(raft.clone(), cluster_id.clone())
+            .with_kraft_version(crate::metadata_publisher::kraft_version(&config)),
+    );
     if !controller_endpoints.is_empty() {
         let listeners = match gregor_network::bind(&controller_endpoints).await {
             Ok(l) => l,

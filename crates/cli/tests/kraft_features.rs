@@ -320,3 +320,91 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
     wait_everywhere(&cluster, "group.version", None);
     cluster.stop_all().expect("stopping the cluster");
 }
+
+/// A dynamic quorum (`controller.quorum.bootstrap.servers`, formatted `--standalone`, KIP-853)
+/// runs `kraft.version` 1: ApiVersions finalizes it, and `upgrade --release-version 4.4`, which
+/// sends `kraft.version=1` with every other feature, is accepted (the level in force).
+#[test]
+fn a_dynamic_quorum_takes_upgrade_release_version() {
+    use std::net::SocketAddr;
+    use std::process::{Command, Stdio};
+
+    use gregor_tests::process::{free_ports, wait_for_broker, ChildGuard};
+
+    if !reference::jars_or_skip() {
+        return;
+    }
+    const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+    let root = tempfile::tempdir().expect("a temp dir");
+    let ports = free_ports(3).expect("free ports");
+    let props = root.path().join("server.properties");
+    std::fs::write(
+        &props,
+        format!(
+            "node.id=1\nprocess.roles=broker,controller\n\
+             listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}\n\
+             controller.listener.names=CONTROLLER\n\
+             controller.quorum.bootstrap.servers=127.0.0.1:{}\n\
+             log.dirs={}\nadmin.listener=127.0.0.1:{}\n",
+            ports[0],
+            ports[1],
+            ports[1],
+            root.path().join("data").display(),
+            ports[2],
+        ),
+    )
+    .expect("writing properties");
+    let out = Command::new(BIN)
+        .args(["storage", "format", "-t", "Dyn4mic-FeaturesTestAAw", "--standalone"])
+        .args(["--release-version", "3.9", "-c"])
+        .arg(&props)
+        .output()
+        .expect("gregor storage format");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let log_path = root.path().join("gregor.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let child = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&props)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("gregor serve");
+    let mut guard = ChildGuard::new("gregor", child);
+    let addr: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse().expect("address");
+    wait_for_broker(addr, 60_000, || guard.check_alive()).unwrap_or_else(|e| {
+        panic!(
+            "gregor did not serve: {e:#}\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        )
+    });
+    let bootstrap = addr.to_string();
+    let (levels, _) = finalized(&bootstrap).expect("ApiVersions");
+    assert!(
+        levels.contains(&("kraft.version".to_string(), 1))
+            && levels.contains(&("metadata.version".to_string(), 21)),
+        "{levels:?}"
+    );
+    let out = features(&[
+        "--bootstrap-server",
+        &bootstrap,
+        "upgrade",
+        "--release-version",
+        "4.4",
+    ]);
+    assert!(out.contains("metadata.version was upgraded to 33"), "{out}");
+    let (levels, _) = finalized(&bootstrap).expect("ApiVersions");
+    for (name, level) in [
+        ("metadata.version", 33),
+        ("kraft.version", 1),
+        ("group.version", 1),
+        ("eligible.leader.replicas.version", 1),
+    ] {
+        assert!(
+            levels.contains(&(name.to_string(), level)),
+            "{name} {level}: {levels:?}"
+        );
+    }
+}

@@ -77,12 +77,16 @@ pub fn handle_on(req: &ApiVersionsRequest, version: i16, controller: bool) -> Ap
 
 /// Adds the feature flags (KIP-584) of ApiVersions v3+: the feature levels this node supports
 /// (`SUPPORTED_FEATURES`, as in its BrokerRegistration) and the cluster's finalized levels
-/// from the metadata `image` (FeatureLevelRecords; a level of 0 is not listed), with the
-/// image's offset as the finalized-features epoch (-1 when no image is loaded yet). This is
-/// what `kafka-features describe` and clients' `describeFeatures` read.
+/// from the metadata `image` (FeatureLevelRecords; a level of 0 is not listed) plus the
+/// quorum's `kraft_version` when above 0 (it is not a FeatureLevelRecord; Kafka's
+/// `KRaftMetadataCache.features` adds it the same way), with the image's offset as the
+/// finalized-features epoch (-1 when no image is loaded yet). This is what `kafka-features
+/// describe` and clients' `describeFeatures` read; an UpdateFeatures shows here once this
+/// node's loader applied it.
 pub fn with_features(
     mut resp: ApiVersionsResponse,
     image: Option<&MetadataImage>,
+    kraft_version: i16,
 ) -> ApiVersionsResponse {
     resp.supported_features = gregor_metadata::cluster_control::SUPPORTED_FEATURES
         .iter()
@@ -107,6 +111,14 @@ pub fn with_features(
                         .with_max_version_level(*level)
                 })
                 .collect();
+            if kraft_version > 0 && !image.features.contains_key("kraft.version") {
+                resp.finalized_features.push(
+                    FinalizedFeatureKey::default()
+                        .with_name("kraft.version".to_string().into())
+                        .with_min_version_level(kraft_version)
+                        .with_max_version_level(kraft_version),
+                );
+            }
         }
         _ => resp.finalized_features_epoch = -1,
     }

@@ -316,7 +316,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
                 .is_controller_listener(&ctx.listener_name);
             let image = broker.controller.image();
             let resp = api_versions::handle_on(&r, v, controller);
-            ready(api_versions::with_features(resp, Some(&image)).into())
+            let kraft_version = crate::metadata_publisher::kraft_version(&broker.config);
+            ready(api_versions::with_features(resp, Some(&image), kraft_version).into())
         }
         RequestKind::Fetch(r) if kraft::is_metadata_fetch(&r) => {
             kraft::handle(broker, ctx, RequestKind::Fetch(r))
