@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 use gregor_protocol::kafka_protocol::messages::update_features_request::FeatureUpdateKey;
 use gregor_protocol::kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, UpdateFeaturesRequest,
-    UpdateFeaturesResponse,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, UpdateFeaturesRequest, UpdateFeaturesResponse,
 };
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::reference::{self, tool_output};
@@ -171,7 +170,10 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
     );
     wait_everywhere(&cluster, "metadata.version", Some(33));
     let (_, epoch_after) = finalized(&first).expect("ApiVersions");
-    assert!(epoch_after > epoch_before, "{epoch_before} -> {epoch_after}");
+    assert!(
+        epoch_after > epoch_before,
+        "{epoch_before} -> {epoch_after}"
+    );
 
     // A feature through the brokers (forwarded from whichever node the tool reaches).
     let out = features(&[
@@ -185,8 +187,9 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
     wait_everywhere(&cluster, "group.version", Some(1));
     let out = features(&["--bootstrap-server", &bootstrap, "describe"]);
     assert!(
-        out.lines().any(|l| l.starts_with("Feature: metadata.version")
-            && l.contains("FinalizedVersionLevel: 4.4-IV2")),
+        out.lines()
+            .any(|l| l.starts_with("Feature: metadata.version")
+                && l.contains("FinalizedVersionLevel: 4.4-IV2")),
         "describe: {out}"
     );
 
@@ -257,7 +260,10 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
         ],
     )
     .expect("kafka-configs");
-    assert!(out.contains("min.insync.replicas=1"), "cluster configs: {out}");
+    assert!(
+        out.contains("min.insync.replicas=1"),
+        "cluster configs: {out}"
+    );
 
     // disable: level 0 removes the feature.
     let out = features(&[
@@ -294,7 +300,10 @@ fn kafka_features_upgrades_downgrades_and_disables_on_a_gregor_cluster() {
             )),
             "{v1:?}"
         );
-        assert!(v1.results.is_empty(), "an error has no per-feature results: {v1:?}");
+        assert!(
+            v1.results.is_empty(),
+            "an error has no per-feature results: {v1:?}"
+        );
         let v2: UpdateFeaturesResponse = conn
             .call(ApiKey::UpdateFeatures, 2, &req)
             .expect("UpdateFeatures v2");
@@ -355,12 +364,22 @@ fn a_dynamic_quorum_takes_upgrade_release_version() {
     )
     .expect("writing properties");
     let out = Command::new(BIN)
-        .args(["storage", "format", "-t", "Dyn4mic-FeaturesTestAAw", "--standalone"])
+        .args([
+            "storage",
+            "format",
+            "-t",
+            "Dyn4mic-FeaturesTestAAw",
+            "--standalone",
+        ])
         .args(["--release-version", "3.9", "-c"])
         .arg(&props)
         .output()
         .expect("gregor storage format");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let log_path = root.path().join("gregor.log");
     let log = std::fs::File::create(&log_path).expect("log");
     let child = Command::new(BIN)

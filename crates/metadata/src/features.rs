@@ -28,9 +28,9 @@ use std::collections::BTreeMap;
 use gregor_protocol::metadata_records::{ConfigRecord, FeatureLevelRecord, NoOpRecord};
 
 use crate::cluster_control::{ELR_FEATURE, SUPPORTED_FEATURES};
-use crate::controller::{Controller, ControllerError, ControllerResult};
 #[cfg(doc)]
 use crate::controller::ControllerConfig;
+use crate::controller::{Controller, ControllerError, ControllerResult};
 use crate::image::METADATA_VERSION_FEATURE;
 use crate::record::{ConfigResource, MetadataRecord};
 
@@ -133,7 +133,10 @@ fn reason_not_supported(level: i16, who: &str, range: Option<(i16, i16)>) -> Opt
     } else if max == 0 {
         Some(format!("{who} does not support this feature."))
     } else {
-        Some(format!("{who} only supports versions {}", range_string(min, max)))
+        Some(format!(
+            "{who} only supports versions {}",
+            range_string(min, max)
+        ))
     }
 }
 
@@ -250,10 +253,8 @@ impl Controller {
             ));
         }
         if name == METADATA_VERSION_FEATURE {
-            return self.update_metadata_version(
-                level,
-                u.upgrade_type == UpgradeType::UnsafeDowngrade,
-            );
+            return self
+                .update_metadata_version(level, u.upgrade_type == UpgradeType::UnsafeDowngrade);
         }
         if name == KRAFT_VERSION_FEATURE {
             if u.upgrade_type != UpgradeType::Upgrade {
@@ -397,7 +398,11 @@ impl Controller {
     fn elr_safety_records(&self) -> Vec<MetadataRecord> {
         const MIN_ISR: &str = "min.insync.replicas";
         let mut out = Vec::new();
-        let broker_config = |name: &str| self.image.configs.get(&(ConfigResource::Broker, name.to_string()));
+        let broker_config = |name: &str| {
+            self.image
+                .configs
+                .get(&(ConfigResource::Broker, name.to_string()))
+        };
         if !broker_config("").is_some_and(|c| c.contains_key(MIN_ISR)) {
             out.push(
                 ConfigRecord {
@@ -411,7 +416,9 @@ impl Controller {
             );
         }
         for ((resource, name), configs) in &self.image.configs {
-            if *resource == ConfigResource::Broker && !name.is_empty() && configs.contains_key(MIN_ISR)
+            if *resource == ConfigResource::Broker
+                && !name.is_empty()
+                && configs.contains_key(MIN_ISR)
             {
                 out.push(
                     ConfigRecord {
@@ -426,7 +433,10 @@ impl Controller {
             }
         }
         if !out.is_empty() {
-            tracing::info!(records = out.len(), "ELR enabled: cluster-level min.insync.replicas");
+            tracing::info!(
+                records = out.len(),
+                "ELR enabled: cluster-level min.insync.replicas"
+            );
         }
         out
     }
@@ -535,7 +545,10 @@ mod tests {
         assert!(c.update_features(updates, true).unwrap().records.is_empty());
         // The same level again is an upgrade to itself: one record, no error.
         let r = c
-            .update_features(vec![update(METADATA_VERSION_FEATURE, 21, UpgradeType::Upgrade)], false)
+            .update_features(
+                vec![update(METADATA_VERSION_FEATURE, 21, UpgradeType::Upgrade)],
+                false,
+            )
             .unwrap();
         assert_eq!(levels(&r.records).len(), 1);
     }
@@ -550,22 +563,42 @@ mod tests {
         );
         // Disabling a feature is a safe downgrade to 0.
         let r = c
-            .update_features(vec![update("group.version", 0, UpgradeType::SafeDowngrade)], false)
+            .update_features(
+                vec![update("group.version", 0, UpgradeType::SafeDowngrade)],
+                false,
+            )
             .unwrap();
         assert_eq!(levels(&r.records), vec![("group.version".to_string(), 0)]);
         assert_eq!(
-            refused(&c, vec![update("transaction.version", 1, UpgradeType::SafeDowngrade)]),
+            refused(
+                &c,
+                vec![update("transaction.version", 1, UpgradeType::SafeDowngrade)]
+            ),
             "Invalid update version 1 for feature transaction.version. Can't downgrade to a newer \
              version."
         );
         // metadata.version: 33 changed the metadata, so 32 is refused, safe or unsafe.
         assert_eq!(
-            refused(&c, vec![update(METADATA_VERSION_FEATURE, 32, UpgradeType::SafeDowngrade)]),
+            refused(
+                &c,
+                vec![update(
+                    METADATA_VERSION_FEATURE,
+                    32,
+                    UpgradeType::SafeDowngrade
+                )]
+            ),
             "Unsupported metadata.version downgrade from 33 to 32. Refusing to perform the \
              requested downgrade because it might delete metadata information."
         );
         assert_eq!(
-            refused(&c, vec![update(METADATA_VERSION_FEATURE, 21, UpgradeType::UnsafeDowngrade)]),
+            refused(
+                &c,
+                vec![update(
+                    METADATA_VERSION_FEATURE,
+                    21,
+                    UpgradeType::UnsafeDowngrade
+                )]
+            ),
             "Unsupported metadata.version downgrade from 33 to 21. Unsafe metadata downgrade is \
              not supported in this version."
         );
@@ -573,13 +606,27 @@ mod tests {
         let c = controller(21, &[]);
         let r = c
             .update_features(
-                vec![update(METADATA_VERSION_FEATURE, 20, UpgradeType::SafeDowngrade)],
+                vec![update(
+                    METADATA_VERSION_FEATURE,
+                    20,
+                    UpgradeType::SafeDowngrade,
+                )],
                 false,
             )
             .unwrap();
-        assert_eq!(levels(&r.records), vec![(METADATA_VERSION_FEATURE.to_string(), 20)]);
         assert_eq!(
-            refused(&c, vec![update(METADATA_VERSION_FEATURE, 6, UpgradeType::SafeDowngrade)]),
+            levels(&r.records),
+            vec![(METADATA_VERSION_FEATURE.to_string(), 20)]
+        );
+        assert_eq!(
+            refused(
+                &c,
+                vec![update(
+                    METADATA_VERSION_FEATURE,
+                    6,
+                    UpgradeType::SafeDowngrade
+                )]
+            ),
             "Invalid update version 6 for feature metadata.version. Local controller 1 only \
              supports versions 7-33"
         );
@@ -614,14 +661,18 @@ mod tests {
         );
         // A broker that supports less: a broker without the feature, one with a lower range.
         let mut c = controller(21, &[]);
-        c.image.apply(&broker(4, &[(METADATA_VERSION_FEATURE, 7, 21)]).into());
+        c.image
+            .apply(&broker(4, &[(METADATA_VERSION_FEATURE, 7, 21)]).into());
         assert_eq!(
             refused(&c, vec![update("group.version", 1, UpgradeType::Upgrade)]),
             "Invalid update version 1 for feature group.version. Broker 4 does not support this \
              feature."
         );
         assert_eq!(
-            refused(&c, vec![update(METADATA_VERSION_FEATURE, 22, UpgradeType::Upgrade)]),
+            refused(
+                &c,
+                vec![update(METADATA_VERSION_FEATURE, 22, UpgradeType::Upgrade)]
+            ),
             "Invalid update version 22 for feature metadata.version. Broker 4 only supports \
              versions 7-21"
         );
@@ -641,12 +692,18 @@ mod tests {
             .into(),
         );
         assert_eq!(
-            refused(&c, vec![update(METADATA_VERSION_FEATURE, 26, UpgradeType::Upgrade)]),
+            refused(
+                &c,
+                vec![update(METADATA_VERSION_FEATURE, 26, UpgradeType::Upgrade)]
+            ),
             "Invalid update version 26 for feature metadata.version. Controller 9 only supports \
              versions 7-25"
         );
         assert!(c
-            .update_features(vec![update(METADATA_VERSION_FEATURE, 25, UpgradeType::Upgrade)], true)
+            .update_features(
+                vec![update(METADATA_VERSION_FEATURE, 25, UpgradeType::Upgrade)],
+                true
+            )
             .is_ok());
     }
 
@@ -709,7 +766,10 @@ mod tests {
     fn kraft_version_is_the_quorums_and_never_changes() {
         let mut c = controller(33, &[]);
         assert_eq!(
-            refused(&c, vec![update(KRAFT_VERSION_FEATURE, 1, UpgradeType::Upgrade)]),
+            refused(
+                &c,
+                vec![update(KRAFT_VERSION_FEATURE, 1, UpgradeType::Upgrade)]
+            ),
             "Invalid update version 1 for feature kraft.version. gregor does not change \
              kraft.version through UpdateFeatures."
         );
@@ -723,10 +783,17 @@ mod tests {
                 false,
             )
             .unwrap();
-        assert!(matches!(r.records[0], MetadataRecord::NoOp(_)), "{:?}", r.records);
+        assert!(
+            matches!(r.records[0], MetadataRecord::NoOp(_)),
+            "{:?}",
+            r.records
+        );
         assert_eq!(levels(&r.records), vec![("group.version".to_string(), 1)]);
         assert_eq!(
-            refused(&c, vec![update(KRAFT_VERSION_FEATURE, 0, UpgradeType::SafeDowngrade)]),
+            refused(
+                &c,
+                vec![update(KRAFT_VERSION_FEATURE, 0, UpgradeType::SafeDowngrade)]
+            ),
             "Invalid update version 0 for feature kraft.version. Can't downgrade the version of \
              this feature."
         );

@@ -83,7 +83,12 @@ pub async fn update_features(
     req: UpdateFeaturesRequest,
     version: i16,
 ) -> UpdateFeaturesResponse {
-    if !broker.authorize(ctx, AclOperation::Alter, ResourceType::Cluster, CLUSTER_NAME) {
+    if !broker.authorize(
+        ctx,
+        AclOperation::Alter,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) {
         let code = ErrorCode::ClusterAuthorizationFailed.code();
         return error_response(code, Some(&default_message(code)));
     }

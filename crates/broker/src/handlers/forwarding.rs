@@ -93,9 +93,7 @@ pub async fn handle_local(
         RequestKind::ElectLeaders(r) => {
             elect_leaders::elect_leaders(broker, ctx, r, v).await.into()
         }
-        RequestKind::UpdateFeatures(r) => {
-            features::update_features(broker, ctx, r, v).await.into()
-        }
+        RequestKind::UpdateFeatures(r) => features::update_features(broker, ctx, r, v).await.into(),
         RequestKind::AlterPartitionReassignments(r) => {
             reassignments::alter_partition_reassignments(broker, ctx, r)
                 .await
