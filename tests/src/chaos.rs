@@ -285,7 +285,10 @@ pub struct ChaosOutcome {
 
 impl ChaosOutcome {
     /// Whether the checker found nothing wrong, apart from duplicates of librdkafka records
-    /// in a run where librdkafka bumped its producer epoch ([`Self::client_duplicates`]).
+    /// in a run where librdkafka bumped its producer epoch ([`Self::client_duplicates`]) and
+    /// the misplacements of those duplicates (a copy sits at another offset than the one
+    /// acknowledged). Acknowledgement conflicts ([`Report::ack_conflicts`]) are never
+    /// excused.
     pub fn is_valid(&self) -> bool {
         let excused = self.client_duplicates();
         let mut report = self.report.clone();
@@ -1127,6 +1130,11 @@ mod tests {
         assert!(!outcome(&[(0, "r-1"), (1, "j-1"), (2, "j-1")], 1).is_valid());
         // Nor a lost record.
         assert!(!outcome(&[(0, "r-1"), (1, "r-1")], 1).is_valid());
+        // Nor acknowledgements contradicted by the log: r-1 acknowledged at 0 and j-1 at 1,
+        // each offset holding the other.
+        let swapped = outcome(&[(0, "j-1"), (1, "r-1")], 1);
+        assert_eq!(swapped.report.ack_conflicts.len(), 2, "{swapped}");
+        assert!(!swapped.is_valid());
     }
 
     #[test]
