@@ -607,8 +607,15 @@ fn run_on(
         records: read_topic(&bootstrap, TOPIC, config.partitions)?,
     };
     let report = history.check_reads(&state, &observed);
-    if !report.is_valid() {
+    // The history also for a run whose only findings are excused (duplicated or misplaced
+    // librdkafka records), to tell the client's doing from the broker's.
+    if !report.is_valid()
+        || !report.records_duplicated.is_empty()
+        || !report.records_misplaced.is_empty()
+    {
         dump(&history, &state, cluster.implementation.name(), config.seed);
+    }
+    if !report.is_valid() {
         keep_server_logs(cluster, config.seed);
     }
     for e in &mut events {
@@ -644,7 +651,7 @@ fn run_on(
 }
 
 /// Writes the history and the final log to `target/chaos/<impl>-<seed>.txt`, for a failed
-/// check (best effort: a failure to write is printed, not returned).
+/// check or one with duplicated or misplaced records (best effort: a failure to write is printed, not returned).
 fn dump(history: &History, state: &FinalState, implementation: &str, seed: u64) {
     let dir = process::repo_root().join("target/chaos");
     let path = dir.join(format!("{implementation}-{seed}.txt"));
