@@ -286,18 +286,28 @@ pub struct ChaosOutcome {
 impl ChaosOutcome {
     /// Whether the checker found nothing wrong, apart from duplicates of librdkafka records
     /// in a run where librdkafka bumped its producer epoch ([`Self::client_duplicates`]) and
-    /// the misplacements of those duplicates (a copy sits at another offset than the one
-    /// acknowledged). Acknowledgement conflicts ([`Report::ack_conflicts`]) are never
-    /// excused.
+    /// the misplacements of those duplicates while the acknowledged offset holds the record
+    /// (one copy acknowledged, the others elsewhere). A record acknowledged at an offset that
+    /// holds another record or none ([`Report::acked_elsewhere`]), and acknowledgement
+    /// conflicts ([`Report::ack_conflicts`]), are never excused.
     pub fn is_valid(&self) -> bool {
         let excused = self.client_duplicates();
         let mut report = self.report.clone();
         report
             .records_duplicated
             .retain(|(v, _)| !excused.contains(v.as_str()));
-        report
-            .records_misplaced
-            .retain(|(f, _)| !excused.contains(f.value.as_str()));
+        // A misplaced copy of an excused duplicate is excused only while the offset the
+        // record was acknowledged at holds the record itself (another copy): librdkafka's
+        // resend after the epoch bump, acknowledged with that copy's offsets. An
+        // acknowledgement naming an offset that holds something else is not #4953.
+        let elsewhere: BTreeSet<&str> = report
+            .acked_elsewhere
+            .iter()
+            .map(|(f, _)| f.value.as_str())
+            .collect();
+        report.records_misplaced.retain(|(f, _)| {
+            !excused.contains(f.value.as_str()) || elsewhere.contains(f.value.as_str())
+        });
         report.is_valid()
     }
 
@@ -1100,6 +1110,17 @@ mod tests {
                 },
             );
         }
+        // A librdkafka record whose outcome the client never learnt (timed out).
+        h.record(
+            OpKind::Produce {
+                topic: TOPIC.into(),
+                partition: 0,
+                value: "r-2".into(),
+            },
+            0,
+            5,
+            Outcome::Unknown("timed out".into()),
+        );
         let mut state = FinalState::default();
         state.records.insert(
             (TOPIC.into(), 0),
@@ -1132,6 +1153,12 @@ mod tests {
         assert!(!outcome(&dup, 0).is_valid());
         let excused = outcome(&dup, 1);
         assert!(excused.is_valid(), "{excused}");
+        assert_eq!(excused.report.records_misplaced.len(), 1, "{excused}");
+        // A duplicate acknowledged at an offset that holds neither copy is not excused.
+        let elsewhere = outcome(&[(0, "r-2"), (1, "j-1"), (2, "r-1"), (3, "r-1")], 1);
+        assert!(elsewhere.report.ack_conflicts.is_empty(), "{elsewhere}");
+        assert_eq!(elsewhere.report.acked_elsewhere.len(), 1, "{elsewhere}");
+        assert!(!elsewhere.is_valid(), "{elsewhere}");
         assert_eq!(excused.client_duplicates(), BTreeSet::from(["r-1"]));
         // The Java client's duplicates never are.
         assert!(!outcome(&[(0, "r-1"), (1, "j-1"), (2, "j-1")], 1).is_valid());

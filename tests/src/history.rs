@@ -152,6 +152,12 @@ pub struct Report {
     pub records_reordered: Vec<Reordering>,
     /// Records found in another partition, or at another offset than acknowledged.
     pub records_misplaced: Vec<(Found, String)>,
+    /// Acknowledged records whose acknowledged offset does not hold them in the final log
+    /// (whether or not a copy of them is elsewhere): the [`Found`] names the record and its
+    /// acknowledged offset, the text what the log holds there. Each also makes its copies
+    /// misplaced; a duplicate's copies are misplaced while the acknowledged offset holds one of
+    /// them, which this does not count.
+    pub acked_elsewhere: Vec<(Found, String)>,
     /// Acknowledgement conflicts, with what conflicts: two acknowledged records with the
     /// same acknowledged (topic, partition, offset), or an acknowledged record whose
     /// acknowledged offset holds another acknowledged record in the final log. The [`Found`]
@@ -204,13 +210,14 @@ impl fmt::Display for Report {
         write!(
             f,
             "records: {} acknowledged, {} lost, {} duplicated, {} reordered, {} misplaced, \
-             {} acknowledgement conflicts, {} unexpected, unknown {} present / {} absent, {} failed but present, {} offset \
+             {} acknowledged elsewhere, {} acknowledgement conflicts, {} unexpected, unknown {} present / {} absent, {} failed but present, {} offset \
              gaps, {} reads gone",
             self.records_acknowledged,
             self.records_lost.len(),
             self.records_duplicated.len(),
             self.records_reordered.len(),
             self.records_misplaced.len(),
+            self.acked_elsewhere.len(),
             self.ack_conflicts.len(),
             self.records_unexpected.len(),
             self.records_unknown_present,
@@ -244,6 +251,9 @@ impl fmt::Display for Report {
         }
         for (found, why) in self.records_misplaced.iter().take(5) {
             write!(f, "\n  misplaced {found:?}: {why}")?;
+        }
+        for (found, why) in self.acked_elsewhere.iter().take(5) {
+            write!(f, "\n  acknowledged elsewhere {found:?}: {why}")?;
         }
         for (found, why) in self.ack_conflicts.iter().take(5) {
             write!(f, "\n  acknowledgement conflict {found:?}: {why}")?;
@@ -645,10 +655,21 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
                     ));
                 }
                 if let Some(acked) = offset {
+                    let there = at
+                        .get(&(s.topic, s.partition, *acked))
+                        .map_or_else(|| "no record".to_string(), |v| (*v).to_string());
+                    if !home.is_empty() && there != **value {
+                        report.acked_elsewhere.push((
+                            Found {
+                                topic: s.topic.to_string(),
+                                partition: s.partition,
+                                offset: *acked,
+                                value: (*value).to_string(),
+                            },
+                            format!("the final log holds {there} there"),
+                        ));
+                    }
                     for f in home.iter().filter(|f| f.offset != *acked) {
-                        let there = at
-                            .get(&(s.topic, s.partition, *acked))
-                            .map_or_else(|| "no record".to_string(), |v| (*v).to_string());
                         report.records_misplaced.push((
                             (*f).clone(),
                             format!("acknowledged at offset {acked}, which holds {there}"),
@@ -940,6 +961,13 @@ mod tests {
         let r = h.check(&state(&[(0, &[(0, "a"), (1, "u"), (2, "b"), (3, "c"), (4, "c")])]));
         assert!(r.ack_conflicts.is_empty(), "{r}");
         assert_eq!(r.records_misplaced.len(), 3, "{r}");
+        // a's offset holds u; b's nothing; c's holds c (a copy of c is elsewhere).
+        let elsewhere: Vec<(&str, i64)> = r
+            .acked_elsewhere
+            .iter()
+            .map(|(f, _)| (f.value.as_str(), f.offset))
+            .collect();
+        assert_eq!(elsewhere, [("a", 1), ("b", 9)], "{r}");
         assert!(r.records_misplaced[0].1.contains("which holds u"), "{r}");
     }
 
