@@ -948,9 +948,10 @@ mod tests {
         // a and b share offset 0 (two entries), which holds c, acknowledged (two more);
         // offset 2 holds b, acknowledged too (one more, for c).
         assert_eq!(r.ack_conflicts.len(), 5, "{r}");
-        assert!(r.ack_conflicts.iter().any(|(f, why)| f.value == "c"
-            && f.offset == 2
-            && why.contains("holds b")));
+        assert!(r
+            .ack_conflicts
+            .iter()
+            .any(|(f, why)| f.value == "c" && f.offset == 2 && why.contains("holds b")));
         // Misplaced but not conflicting: the acknowledged offset holds a record of unknown
         // outcome, or nothing, or the record itself (a client's duplicate of it elsewhere).
         let h = History::new();
@@ -958,7 +959,10 @@ mod tests {
         h.record(produce("u", 0), 0, 6, Outcome::Unknown("timed out".into()));
         h.record(produce("b", 0), 0, 7, ok(9));
         h.record(produce("c", 0), 0, 8, ok(3));
-        let r = h.check(&state(&[(0, &[(0, "a"), (1, "u"), (2, "b"), (3, "c"), (4, "c")])]));
+        let r = h.check(&state(&[(
+            0,
+            &[(0, "a"), (1, "u"), (2, "b"), (3, "c"), (4, "c")],
+        )]));
         assert!(r.ack_conflicts.is_empty(), "{r}");
         assert_eq!(r.records_misplaced.len(), 3, "{r}");
         // a's offset holds u; b's nothing; c's holds c (a copy of c is elsewhere).
