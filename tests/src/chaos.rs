@@ -314,6 +314,18 @@ impl ChaosOutcome {
     /// Duplicated librdkafka records (`r-...`) when librdkafka bumped its epoch during the
     /// run: a known client behaviour (librdkafka issue #4953), not the broker's doing.
     /// Duplicates of the Java client's records are never excused.
+    ///
+    /// What librdkafka 2.12 does (seen with `GREGOR_CHAOS_RDKAFKA_DEBUG`): a ProduceRequest
+    /// that fails with "Local: Timed out" (actions `Retry,MsgPossiblyPersisted`), or messages
+    /// expired by `message.timeout.ms`, make it drain the partitions and bump its epoch
+    /// locally (`rd_kafka_idemp_drain_epoch_bump`, "All partitions drained, bumped epoch");
+    /// `rd_kafka_toppar_pid_change` then resets the partition's sequence base to the first
+    /// queued message, so the possibly persisted messages are sent again with the new epoch
+    /// and sequence 0: the broker cannot tell them from new records and writes them again. The
+    /// delivery report carries the offsets of that second write (`rd_kafka_msgq_set_metadata`:
+    /// the response's base offset plus the message's position in the batch), so the first
+    /// copy is found at another offset than acknowledged (misplaced) while the acknowledged
+    /// offset holds the record. [`Self::is_valid`] excuses exactly that shape.
     pub fn client_duplicates(&self) -> BTreeSet<&str> {
         if self.rdkafka_epoch_bumps == 0 {
             return BTreeSet::new();
