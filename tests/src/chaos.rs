@@ -285,22 +285,47 @@ pub struct ChaosOutcome {
 
 impl ChaosOutcome {
     /// Whether the checker found nothing wrong, apart from duplicates of librdkafka records
-    /// in a run where librdkafka bumped its producer epoch ([`Self::client_duplicates`]).
+    /// in a run where librdkafka bumped its producer epoch ([`Self::client_duplicates`]) and
+    /// the misplacements of those duplicates while the acknowledged offset holds the record
+    /// (one copy acknowledged, the others elsewhere). A record acknowledged at an offset that
+    /// holds another record or none ([`Report::acked_elsewhere`]), and acknowledgement
+    /// conflicts ([`Report::ack_conflicts`]), are never excused.
     pub fn is_valid(&self) -> bool {
         let excused = self.client_duplicates();
         let mut report = self.report.clone();
         report
             .records_duplicated
             .retain(|(v, _)| !excused.contains(v.as_str()));
-        report
-            .records_misplaced
-            .retain(|(f, _)| !excused.contains(f.value.as_str()));
+        // A misplaced copy of an excused duplicate is excused only while the offset the
+        // record was acknowledged at holds the record itself (another copy): librdkafka's
+        // resend after the epoch bump, acknowledged with that copy's offsets. An
+        // acknowledgement naming an offset that holds something else is not #4953.
+        let elsewhere: BTreeSet<&str> = report
+            .acked_elsewhere
+            .iter()
+            .map(|(f, _)| f.value.as_str())
+            .collect();
+        report.records_misplaced.retain(|(f, _)| {
+            !excused.contains(f.value.as_str()) || elsewhere.contains(f.value.as_str())
+        });
         report.is_valid()
     }
 
     /// Duplicated librdkafka records (`r-...`) when librdkafka bumped its epoch during the
     /// run: a known client behaviour (librdkafka issue #4953), not the broker's doing.
     /// Duplicates of the Java client's records are never excused.
+    ///
+    /// What librdkafka 2.12 does (seen with `GREGOR_CHAOS_RDKAFKA_DEBUG`): a ProduceRequest
+    /// that fails with "Local: Timed out" (actions `Retry,MsgPossiblyPersisted`), or messages
+    /// expired by `message.timeout.ms`, make it drain the partitions and bump its epoch
+    /// locally (`rd_kafka_idemp_drain_epoch_bump`, "All partitions drained, bumped epoch");
+    /// `rd_kafka_toppar_pid_change` then resets the partition's sequence base to the first
+    /// queued message, so the possibly persisted messages are sent again with the new epoch
+    /// and sequence 0: the broker cannot tell them from new records and writes them again. The
+    /// delivery report carries the offsets of that second write (`rd_kafka_msgq_set_metadata`:
+    /// the response's base offset plus the message's position in the batch), so the first
+    /// copy is found at another offset than acknowledged (misplaced) while the acknowledged
+    /// offset holds the record. [`Self::is_valid`] excuses exactly that shape.
     pub fn client_duplicates(&self) -> BTreeSet<&str> {
         if self.rdkafka_epoch_bumps == 0 {
             return BTreeSet::new();
@@ -604,8 +629,15 @@ fn run_on(
         records: read_topic(&bootstrap, TOPIC, config.partitions)?,
     };
     let report = history.check_reads(&state, &observed);
-    if !report.is_valid() {
+    // The history also for a run whose only findings are excused (duplicated or misplaced
+    // librdkafka records), to tell the client's doing from the broker's.
+    if !report.is_valid()
+        || !report.records_duplicated.is_empty()
+        || !report.records_misplaced.is_empty()
+    {
         dump(&history, &state, cluster.implementation.name(), config.seed);
+    }
+    if !report.is_valid() {
         keep_server_logs(cluster, config.seed);
     }
     for e in &mut events {
@@ -641,7 +673,7 @@ fn run_on(
 }
 
 /// Writes the history and the final log to `target/chaos/<impl>-<seed>.txt`, for a failed
-/// check (best effort: a failure to write is printed, not returned).
+/// check or one with duplicated or misplaced records (best effort: a failure to write is printed, not returned).
 fn dump(history: &History, state: &FinalState, implementation: &str, seed: u64) {
     let dir = process::repo_root().join("target/chaos");
     let path = dir.join(format!("{implementation}-{seed}.txt"));
@@ -1090,6 +1122,17 @@ mod tests {
                 },
             );
         }
+        // A librdkafka record whose outcome the client never learnt (timed out).
+        h.record(
+            OpKind::Produce {
+                topic: TOPIC.into(),
+                partition: 0,
+                value: "r-2".into(),
+            },
+            0,
+            5,
+            Outcome::Unknown("timed out".into()),
+        );
         let mut state = FinalState::default();
         state.records.insert(
             (TOPIC.into(), 0),
@@ -1122,11 +1165,22 @@ mod tests {
         assert!(!outcome(&dup, 0).is_valid());
         let excused = outcome(&dup, 1);
         assert!(excused.is_valid(), "{excused}");
+        assert_eq!(excused.report.records_misplaced.len(), 1, "{excused}");
+        // A duplicate acknowledged at an offset that holds neither copy is not excused.
+        let elsewhere = outcome(&[(0, "r-2"), (1, "j-1"), (2, "r-1"), (3, "r-1")], 1);
+        assert!(elsewhere.report.ack_conflicts.is_empty(), "{elsewhere}");
+        assert_eq!(elsewhere.report.acked_elsewhere.len(), 1, "{elsewhere}");
+        assert!(!elsewhere.is_valid(), "{elsewhere}");
         assert_eq!(excused.client_duplicates(), BTreeSet::from(["r-1"]));
         // The Java client's duplicates never are.
         assert!(!outcome(&[(0, "r-1"), (1, "j-1"), (2, "j-1")], 1).is_valid());
         // Nor a lost record.
         assert!(!outcome(&[(0, "r-1"), (1, "r-1")], 1).is_valid());
+        // Nor acknowledgements contradicted by the log: r-1 acknowledged at 0 and j-1 at 1,
+        // each offset holding the other.
+        let swapped = outcome(&[(0, "j-1"), (1, "r-1")], 1);
+        assert_eq!(swapped.report.ack_conflicts.len(), 2, "{swapped}");
+        assert!(!swapped.is_valid());
     }
 
     #[test]

@@ -366,11 +366,11 @@ impl Node {
         if let Some(c) = self.child.as_mut() {
             if let Some(status) = c.try_wait()? {
                 bail!(
-                    "{} node {} exited with {status}; last lines of {}:\n{}",
+                    "{} node {} exited with {status}; last lines of {} (backtrace frames left out):\n{}",
                     self.implementation.name(),
                     self.node_id,
                     self.log_file().display(),
-                    self.log_tail(40)
+                    without_backtrace_frames(&self.log_tail(400), 40)
                 );
             }
         }
@@ -1377,8 +1377,34 @@ fn describe_quorum_at(addr: SocketAddr) -> Option<QuorumStatus> {
     None
 }
 
+/// The last `lines` lines of `text` without Rust backtrace frames (`  12: symbol` and the
+/// `at file:line` under it), so a node's exit shows the error its backtrace would push out.
+fn without_backtrace_frames(text: &str, lines: usize) -> String {
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            let frame = t
+                .split_once(": ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+            !(l.starts_with(' ') && (frame || t.starts_with("at ")))
+        })
+        .collect();
+    kept[kept.len().saturating_sub(lines)..].join("\n")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn backtrace_frames_are_left_out_of_a_log_tail() {
+        let log = "INFO started\nError: registration refused: X\n\nStack backtrace:\n   0: gregor::main\n             at ./src/main.rs:1:2\n  12: tokio::run\n";
+        assert_eq!(
+            super::without_backtrace_frames(log, 10),
+            "INFO started\nError: registration refused: X\n\nStack backtrace:"
+        );
+        assert_eq!(super::without_backtrace_frames(log, 1), "Stack backtrace:");
+    }
+
     use super::*;
 
     #[test]

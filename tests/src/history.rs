@@ -10,6 +10,13 @@
 //!   log: what is acknowledged before a send starts must come before it);
 //! - **misplaced**: a record found in another partition than it was sent to, or, when the
 //!   acknowledgement carried an offset, at another offset than acknowledged;
+//! - **acknowledgement conflicts**: the broker's own answer contradicts the log. Two different
+//!   acknowledged records acknowledged at the same (topic, partition, offset), or an
+//!   acknowledged offset that holds another acknowledged record in the final log. A broker
+//!   assigns each offset once and answers a retried batch with the offsets of the batch it
+//!   already holds (Kafka's `ProducerStateEntry.findDuplicateBatch`), so either is a broker bug
+//!   (a produce answered with offsets that do not hold its batch) unless the client invented
+//!   the offsets; unlike a **misplaced** record, never excused as a client's duplicate;
 //! - **unexpected**: present, but never sent (a topic or value no operation named);
 //! - **offset gaps**: a partition of a produced-to topic whose offsets, read from the log
 //!   start, are not contiguous (no transactions, no compaction: every offset holds a record);
@@ -145,6 +152,17 @@ pub struct Report {
     pub records_reordered: Vec<Reordering>,
     /// Records found in another partition, or at another offset than acknowledged.
     pub records_misplaced: Vec<(Found, String)>,
+    /// Acknowledged records whose acknowledged offset does not hold them in the final log
+    /// (whether or not a copy of them is elsewhere): the [`Found`] names the record and its
+    /// acknowledged offset, the text what the log holds there. Each also makes its copies
+    /// misplaced; a duplicate's copies are misplaced while the acknowledged offset holds one of
+    /// them, which this does not count.
+    pub acked_elsewhere: Vec<(Found, String)>,
+    /// Acknowledgement conflicts, with what conflicts: two acknowledged records with the
+    /// same acknowledged (topic, partition, offset), or an acknowledged record whose
+    /// acknowledged offset holds another acknowledged record in the final log. The [`Found`]
+    /// is the record whose acknowledgement is contradicted, at its acknowledged offset.
+    pub ack_conflicts: Vec<(Found, String)>,
     /// Unknown-outcome records present.
     pub records_unknown_present: usize,
     /// Unknown-outcome records absent.
@@ -170,6 +188,7 @@ impl Report {
             && self.records_duplicated.is_empty()
             && self.records_reordered.is_empty()
             && self.records_misplaced.is_empty()
+            && self.ack_conflicts.is_empty()
             && self.records_failed_present.is_empty()
             && self.records_unexpected.is_empty()
             && self.offset_gaps.is_empty()
@@ -191,13 +210,15 @@ impl fmt::Display for Report {
         write!(
             f,
             "records: {} acknowledged, {} lost, {} duplicated, {} reordered, {} misplaced, \
-             {} unexpected, unknown {} present / {} absent, {} failed but present, {} offset \
+             {} acknowledged elsewhere, {} acknowledgement conflicts, {} unexpected, unknown {} present / {} absent, {} failed but present, {} offset \
              gaps, {} reads gone",
             self.records_acknowledged,
             self.records_lost.len(),
             self.records_duplicated.len(),
             self.records_reordered.len(),
             self.records_misplaced.len(),
+            self.acked_elsewhere.len(),
+            self.ack_conflicts.len(),
             self.records_unexpected.len(),
             self.records_unknown_present,
             self.records_unknown_absent,
@@ -230,6 +251,12 @@ impl fmt::Display for Report {
         }
         for (found, why) in self.records_misplaced.iter().take(5) {
             write!(f, "\n  misplaced {found:?}: {why}")?;
+        }
+        for (found, why) in self.acked_elsewhere.iter().take(5) {
+            write!(f, "\n  acknowledged elsewhere {found:?}: {why}")?;
+        }
+        for (found, why) in self.ack_conflicts.iter().take(5) {
+            write!(f, "\n  acknowledgement conflict {found:?}: {why}")?;
         }
         for found in self.records_unexpected.iter().take(5) {
             write!(f, "\n  unexpected {found:?}")?;
@@ -467,6 +494,64 @@ fn check_topics(ops: &[Op], state: &FinalState, report: &mut Report) {
     }
 }
 
+/// Acknowledgement conflicts (see [`Report::ack_conflicts`]): `values` sorted, `at` the final
+/// log by (topic, partition, offset).
+fn check_ack_conflicts(
+    values: &[&&str],
+    sent: &HashMap<&str, Sent<'_>>,
+    at: &HashMap<(&str, i32, i64), &str>,
+    report: &mut Report,
+) {
+    let acked_offset = |s: &Sent<'_>| match s.outcome {
+        Some(Outcome::Ok { offset: Some(o) }) => Some(*o),
+        _ => None,
+    };
+    let mut by_offset: BTreeMap<(&str, i32, i64), Vec<&str>> = BTreeMap::new();
+    for value in values {
+        let s = &sent[**value];
+        if let Some(o) = acked_offset(s) {
+            by_offset
+                .entry((s.topic, s.partition, o))
+                .or_default()
+                .push(**value);
+        }
+    }
+    for ((topic, partition, offset), claimants) in &by_offset {
+        let found = |value: &str| Found {
+            topic: (*topic).to_string(),
+            partition: *partition,
+            offset: *offset,
+            value: value.to_string(),
+        };
+        if claimants.len() > 1 {
+            for v in claimants {
+                report.ack_conflicts.push((
+                    found(v),
+                    format!("acknowledged at the same offset as {claimants:?}"),
+                ));
+            }
+        }
+        // The offset holds an acknowledged record other than the ones acknowledged there.
+        let Some(holder) = at.get(&(*topic, *partition, *offset)) else {
+            continue;
+        };
+        if claimants.contains(holder) {
+            continue;
+        }
+        let holder_acked = sent
+            .get(holder)
+            .is_some_and(|s| matches!(s.outcome, Some(Outcome::Ok { .. })));
+        if holder_acked {
+            for v in claimants {
+                report.ack_conflicts.push((
+                    found(v),
+                    format!("the final log holds {holder} there, which was acknowledged too"),
+                ));
+            }
+        }
+    }
+}
+
 /// A produce operation as the record checks see it.
 struct Sent<'a> {
     topic: &'a str,
@@ -526,8 +611,19 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
         }
     }
 
+    // What the final log holds at each offset of the produced-to topics.
+    let mut at: HashMap<(&str, i32, i64), &str> = HashMap::new();
+    for ((topic, partition), records) in &state.records {
+        if topics.contains(topic.as_str()) {
+            for (offset, value) in records {
+                at.insert((topic.as_str(), *partition, *offset), value.as_str());
+            }
+        }
+    }
+
     let mut values: Vec<&&str> = sent.keys().collect();
     values.sort();
+    check_ack_conflicts(&values, &sent, &at, report);
     for value in values {
         let s = &sent[*value];
         let found = places.get(*value).map_or(&[][..], Vec::as_slice);
@@ -559,10 +655,25 @@ fn check_records(ops: &[Op], state: &FinalState, report: &mut Report) {
                     ));
                 }
                 if let Some(acked) = offset {
+                    let there = at
+                        .get(&(s.topic, s.partition, *acked))
+                        .map_or_else(|| "no record".to_string(), |v| (*v).to_string());
+                    if !home.is_empty() && there != **value {
+                        report.acked_elsewhere.push((
+                            Found {
+                                topic: s.topic.to_string(),
+                                partition: s.partition,
+                                offset: *acked,
+                                value: (*value).to_string(),
+                            },
+                            format!("the final log holds {there} there"),
+                        ));
+                    }
                     for f in home.iter().filter(|f| f.offset != *acked) {
-                        report
-                            .records_misplaced
-                            .push(((*f).clone(), format!("acknowledged at offset {acked}")));
+                        report.records_misplaced.push((
+                            (*f).clone(),
+                            format!("acknowledged at offset {acked}, which holds {there}"),
+                        ));
                     }
                 }
             }
@@ -803,6 +914,65 @@ mod tests {
         h.record(produce("a", 0), 0, 5, ok(3));
         let r = h.check(&state(&[(0, &[(0, "a")])]));
         assert_eq!(r.records_misplaced.len(), 1);
+    }
+
+    #[test]
+    fn acknowledgement_conflicts_are_reported() {
+        // Two records acknowledged at the same offset: a broker answer no log can match.
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(0));
+        h.record(produce("b", 0), 0, 6, ok(0));
+        let r = h.check(&state(&[(0, &[(0, "a"), (1, "b")])]));
+        assert!(!r.is_valid());
+        assert_eq!(r.ack_conflicts.len(), 2, "{r}");
+        assert!(r.ack_conflicts.iter().all(|(f, _)| f.offset == 0));
+        // An acknowledged offset that holds another acknowledged record.
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(0));
+        h.record(produce("b", 0), 0, 6, ok(1));
+        h.record(produce("c", 0), 0, 7, ok(1));
+        let r = h.check(&state(&[(0, &[(0, "a"), (1, "b"), (2, "c")])]));
+        let conflicted: Vec<&str> = r
+            .ack_conflicts
+            .iter()
+            .map(|(f, _)| f.value.as_str())
+            .collect();
+        // b and c share offset 1 (two entries); c's offset holds b, acknowledged (no extra
+        // entry: b is one of the records acknowledged there).
+        assert_eq!(conflicted, ["b", "c"], "{r}");
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(0));
+        h.record(produce("b", 0), 0, 6, ok(0));
+        h.record(produce("c", 0), 0, 7, ok(2));
+        let r = h.check(&state(&[(0, &[(0, "c"), (1, "a"), (2, "b")])]));
+        // a and b share offset 0 (two entries), which holds c, acknowledged (two more);
+        // offset 2 holds b, acknowledged too (one more, for c).
+        assert_eq!(r.ack_conflicts.len(), 5, "{r}");
+        assert!(r
+            .ack_conflicts
+            .iter()
+            .any(|(f, why)| f.value == "c" && f.offset == 2 && why.contains("holds b")));
+        // Misplaced but not conflicting: the acknowledged offset holds a record of unknown
+        // outcome, or nothing, or the record itself (a client's duplicate of it elsewhere).
+        let h = History::new();
+        h.record(produce("a", 0), 0, 5, ok(1));
+        h.record(produce("u", 0), 0, 6, Outcome::Unknown("timed out".into()));
+        h.record(produce("b", 0), 0, 7, ok(9));
+        h.record(produce("c", 0), 0, 8, ok(3));
+        let r = h.check(&state(&[(
+            0,
+            &[(0, "a"), (1, "u"), (2, "b"), (3, "c"), (4, "c")],
+        )]));
+        assert!(r.ack_conflicts.is_empty(), "{r}");
+        assert_eq!(r.records_misplaced.len(), 3, "{r}");
+        // a's offset holds u; b's nothing; c's holds c (a copy of c is elsewhere).
+        let elsewhere: Vec<(&str, i64)> = r
+            .acked_elsewhere
+            .iter()
+            .map(|(f, _)| (f.value.as_str(), f.offset))
+            .collect();
+        assert_eq!(elsewhere, [("a", 1), ("b", 9)], "{r}");
+        assert!(r.records_misplaced[0].1.contains("which holds u"), "{r}");
     }
 
     #[test]

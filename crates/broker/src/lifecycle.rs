@@ -193,7 +193,17 @@ pub async fn start(
                         .join(", ")
                 )));
             }
-            Err(e) => return Err(StartError::Metadata(e.to_string())),
+            // Kafka's BrokerLifecycleManager retries a refused registration whatever the
+            // error, until `initial.broker.registration.timeout.ms`; so does this broker.
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                info!(error = %e, "broker registration refused; retrying");
+                tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
+            }
+            Err(e) => {
+                return Err(StartError::Metadata(format!(
+                    "broker registration not accepted within {REGISTRATION_TIMEOUT_MS} ms: {e}"
+                )))
+            }
         }
     };
     let broker_id = config.node_id;
