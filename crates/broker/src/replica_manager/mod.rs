@@ -106,18 +106,47 @@ pub(crate) fn acks_all_required_offset(required_acks: i16, info: &AppendInfo) ->
     (required_acks == -1).then_some(info.last_offset + 1)
 }
 
+/// The leader epoch of the records at `offset` in `p`'s log: the epoch of the leader epoch
+/// cache's last entry starting at or below it; `None` when the cache has none.
+fn epoch_of_offset(p: &Partition, offset: i64) -> Option<i32> {
+    p.log
+        .leader_epoch_entries()
+        .iter()
+        .rev()
+        .find(|e| e.start_offset <= offset)
+        .map(|e| e.epoch)
+}
+
+/// Whether the batch an acks=all produce waits for is still in `p`'s log: the records of its
+/// leader epoch `epoch` still reach `target` (its last offset + 1). A truncation below the
+/// batch, and records of a later epoch written over it (this broker followed another leader
+/// meanwhile, then led again), end that epoch sooner. Kafka fails such a produce with
+/// NOT_LEADER_OR_FOLLOWER when the leader becomes a follower, before any truncation; gregor
+/// evaluates a woken produce later, so it checks that the batch survived instead.
+fn batch_still_there(p: &Partition, epoch: Option<i32>, target: i64) -> bool {
+    epoch.is_none_or(|e| {
+        let (got, end) = p.log.end_offset_for_leader_epoch(e);
+        got == e && end >= target
+    })
+}
+
+/// One partition of a [`DelayedProduce`]: (index in the results, partition, offset the high
+/// watermark must reach, leader epoch of the batch's records).
+type ProduceWait = (usize, Arc<Partition>, i64, Option<i32>);
+
 /// Kafka's `DelayedProduce`: an acks=all append waiting for the high watermark.
 pub struct DelayedProduce {
     results: Vec<PartitionAppendResult>,
-    /// (index in `results`, partition, offset the high watermark must reach)
-    waits: Vec<(usize, Arc<Partition>, i64)>,
+    /// The partitions waited for.
+    waits: Vec<ProduceWait>,
     operation: Option<DelayedOperation>,
 }
 
 impl DelayedProduce {
     /// Waits for completion and returns one result per entry, in order: REQUEST_TIMED_OUT for
     /// a partition whose high watermark did not reach its batch in time,
-    /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile,
+    /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile or whose batch is no
+    /// longer in the log ([`batch_still_there`]),
     /// NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) for one whose high watermark reached the batch
     /// while the ISR was below `min.insync.replicas` (Kafka's
     /// `checkEnoughReplicasReachOffset`).
@@ -126,8 +155,12 @@ impl DelayedProduce {
         if let Some(op) = self.operation.take() {
             op.wait().await;
         }
-        for (i, p, target) in &self.waits {
+        for (i, p, target, epoch) in &self.waits {
             let r = &mut self.results[*i];
+            if !batch_still_there(p, *epoch, *target) {
+                *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
+                continue;
+            }
             match p.check_enough_replicas_reach_offset(*target) {
                 (true, code) => {
                     // NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below min ISR.
@@ -756,7 +789,8 @@ impl ReplicaManager {
                 .map(|(p, mut records)| {
                     let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
                     let info = p.append_records_as_leader(&mut records, required_acks)?;
-                    Ok((p, info))
+                    let epoch = epoch_of_offset(&p, info.last_offset);
+                    Ok((p, info, epoch))
                 })
                 .collect::<Vec<_>>()
         };
@@ -775,7 +809,7 @@ impl ReplicaManager {
         let mut waits = Vec::new();
         for (i, a) in appended.into_iter().enumerate() {
             match a {
-                Ok((p, info)) => {
+                Ok((p, info, epoch)) => {
                     // A duplicate (an idempotent producer's retry) carries the original
                     // batch's offsets and waits for them like the original did: the retry of a
                     // batch appended but not yet replicated (the first attempt timed out on a
@@ -783,7 +817,7 @@ impl ReplicaManager {
                     // watermark passes it (Kafka's ReplicaManager waits on `lastOffset + 1`
                     // whatever the append found).
                     if let Some(offset) = acks_all_required_offset(required_acks, &info) {
-                        waits.push((i, p, offset));
+                        waits.push((i, p, offset, epoch));
                     }
                     results.push(PartitionAppendResult {
                         error_code: ec::NONE,
@@ -802,8 +836,8 @@ impl ReplicaManager {
         // Already replicated (a single replica, or followers ahead): answered now, with
         // NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min ISR meanwhile.
         waits.retain(
-            |(i, p, target)| match p.check_enough_replicas_reach_offset(*target) {
-                (true, code) => {
+            |(i, p, target, epoch)| match p.check_enough_replicas_reach_offset(*target) {
+                (true, code) if batch_still_there(p, *epoch, *target) => {
                     results[*i].error_code = code;
                     false
                 }
@@ -815,16 +849,18 @@ impl ReplicaManager {
         }
         let keys = waits
             .iter()
-            .map(|(_, p, _)| p.topic_partition().clone())
+            .map(|(_, p, _, _)| p.topic_partition().clone())
             .collect();
-        let watched: Vec<(Arc<Partition>, i64)> =
-            waits.iter().map(|(_, p, t)| (p.clone(), *t)).collect();
+        let watched: Vec<(Arc<Partition>, i64, Option<i32>)> = waits
+            .iter()
+            .map(|(_, p, t, e)| (p.clone(), *t, *e))
+            .collect();
         // Kafka's DelayedProduce.tryComplete: every partition reached its offset
         // (checkEnoughReplicasReachOffset) or has an error (no longer led here).
         let check = Box::new(move || {
-            watched.iter().all(|(p, target)| {
+            watched.iter().all(|(p, target, epoch)| {
                 let (reached, code) = p.check_enough_replicas_reach_offset(*target);
-                reached || code != ec::NONE
+                reached || code != ec::NONE || !batch_still_there(p, *epoch, *target)
             })
         });
         let operation = self

@@ -249,6 +249,52 @@ async fn acks_all_waits_for_the_follower_and_completes_when_it_fetches() {
     assert!(purgatories_empty(&f.rm));
 }
 
+/// An acks=all produce woken by a leadership change but evaluated only later must not be
+/// acknowledged if its batch was truncated meanwhile: here the leader becomes a follower,
+/// truncates the batch away and takes another leader's record at that offset, then leads again
+/// with a high watermark past the offset. Kafka fails the produce when the leader becomes a
+/// follower; gregor checks that the batch's epoch still covers its offsets.
+#[tokio::test]
+async fn acks_all_is_not_acknowledged_when_its_batch_was_truncated_meanwhile() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
+    let p = f.partition(0);
+    let AppendOutcome::Delayed(delayed) = f.append(0, -1, 30_000, 10).await else {
+        panic!("acks=all with a lagging follower must wait");
+    };
+    // The follower leads (epoch 1) with a record of its own at offset 0.
+    f.set_leader(0, FOLLOWER, 1, &[LOCAL, FOLLOWER]);
+    assert_eq!(p.role(), Role::Follower);
+    p.log.truncate_to(0).expect("truncate");
+    let mut other = BatchBuilder::new(0, T0_MS)
+        .record(T0_MS, Some(b"k"), Some(b"another leader's record"), &[])
+        .build();
+    gregor_protocol::batch::set_partition_leader_epoch(&mut other, 1);
+    p.log
+        .append_as_follower(&other, T0_MS)
+        .expect("append as follower");
+    // This broker leads again, alone in the ISR: the high watermark passes offset 0.
+    f.set_partition(0, 2, 2, &[LOCAL, FOLLOWER], &[LOCAL]);
+    assert_eq!(p.role(), Role::Leader);
+    assert_eq!(p.high_watermark(), 1);
+    let results = delayed.complete().await;
+    assert_eq!(
+        results[0].error_code,
+        ec::NOT_LEADER_OR_FOLLOWER,
+        "offset 0 holds another record now"
+    );
+    // A batch that survived a leadership round trip is still acknowledged.
+    let AppendOutcome::Delayed(kept) = ({
+        f.set_partition(0, 3, 3, &[LOCAL, FOLLOWER], &[LOCAL, FOLLOWER]);
+        f.append(0, -1, 30_000, 10).await
+    }) else {
+        panic!("must wait");
+    };
+    f.set_partition(0, 4, 4, &[LOCAL, FOLLOWER], &[LOCAL]);
+    let results = kept.complete().await;
+    assert_eq!(results[0].error_code, ec::NONE);
+    assert_eq!(results[0].base_offset, 1);
+}
+
 #[tokio::test]
 async fn acks_all_times_out_on_the_clock_and_leaves_the_purgatory() {
     let f = Fixture::new(1, &[LOCAL, FOLLOWER], &[]);
