@@ -1083,6 +1083,20 @@ impl BrokerConfig {
                 "Value must be at least 1",
             ));
         }
+        // Kafka's QuotaConfig: both `atLeast(1)`.
+        for key in [
+            "replication.quota.window.num",
+            "replication.quota.window.size.seconds",
+        ] {
+            let v = int(key, 1);
+            if v < 1 {
+                return Err(ConfigError::new(
+                    key,
+                    &v.to_string(),
+                    "Value must be at least 1",
+                ));
+            }
+        }
         let request_max = int("socket.request.max.bytes", 104_857_600);
         if request_max < 1 {
             return Err(ConfigError::new(
@@ -1934,6 +1948,14 @@ mod tests {
         assert!(validate_topic_config("retention.ms", "abc").is_err());
         assert!(validate_topic_config("no.such", "1").is_err());
         assert!(validate_topic_config("min.insync.replicas", "0").is_err());
+        for key in [
+            "replication.quota.window.num",
+            "replication.quota.window.size.seconds",
+        ] {
+            let e = BrokerConfig::from_properties(props(&[(key, "0")])).unwrap_err();
+            assert_eq!(e.name, key);
+            assert!(BrokerConfig::from_properties(props(&[(key, "1")])).is_ok());
+        }
     }
 
     #[test]
