@@ -1279,6 +1279,18 @@ impl Cluster {
         }
     }
 
+    /// [`process::poll`] until `check` returns `Some`, for at most `timeout`; panics naming
+    /// `what`, with the last lines of every node's log (tests).
+    pub fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        check: impl FnMut() -> Option<T>,
+    ) -> T {
+        process::poll(timeout, check)
+            .unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs(300)))
+    }
+
     /// Restarts node `node_id` on its directories (after a kill or stop) and waits until the
     /// cluster is ready again.
     ///

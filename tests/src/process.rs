@@ -377,3 +377,23 @@ impl GregorServer {
         })
     }
 }
+
+/// Polls `check` every 100 ms until it returns `Some`, for at most `timeout`; `None` after.
+/// For state of other processes, read over the wire or from disk, with no event to wait on.
+pub fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// [`poll`], panicking "timed out waiting for `what`" when `timeout` passes (tests).
+pub fn wait_for<T>(timeout: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    poll(timeout, check).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}

@@ -57,28 +57,6 @@ fn config() -> ClusterConfig {
     .with("replica.fetch.backoff.ms", "200")
 }
 
-/// Polls `check` every 100 ms until it returns Some, for at most `timeout`.
-fn wait_for<T>(
-    cluster: &Cluster,
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            cluster.logs(200)
-        );
-        // Other processes' state over the wire: no event to wait on.
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
     KafkaConn::connect_timeout(bootstrap.parse()?, Duration::from_secs(5), "fff-test")
 }
@@ -401,17 +379,14 @@ fn run(implementation: Implementation) {
     create_topic(&any, TOPIC, 3);
     // A broker that is not a replica of a partition refuses to serve it, as Kafka.
     create_topic(&any, "one-replica", 1);
-    let (only, _) = wait_for(&cluster, Duration::from_secs(30), "a leader", || {
+    let (only, _) = cluster.wait_for(Duration::from_secs(30), "a leader", || {
         partition_state_of(&any, "one-replica")
     });
     let elsewhere = if only == 1 { 2 } else { 1 };
     let other_addr = cluster.node(elsewhere).bootstrap().expect("listener");
-    wait_for(
-        &cluster,
-        Duration::from_secs(30),
-        "the topic on every node",
-        || partition_state_of(&other_addr, "one-replica"),
-    );
+    cluster.wait_for(Duration::from_secs(30), "the topic on every node", || {
+        partition_state_of(&other_addr, "one-replica")
+    });
     assert_eq!(
         fetch_error(&other_addr, "one-replica"),
         NOT_LEADER_OR_FOLLOWER
@@ -420,16 +395,13 @@ fn run(implementation: Implementation) {
         fetch_error(&other_addr, "no-such-topic"),
         UNKNOWN_TOPIC_OR_PARTITION
     );
-    let (leader, _) = wait_for(&cluster, Duration::from_secs(30), "an ISR of three", || {
+    let (leader, _) = cluster.wait_for(Duration::from_secs(30), "an ISR of three", || {
         partition_state(&any).filter(|(_, isr)| isr.len() == 3)
     });
     let leader_addr = cluster.node(leader).bootstrap().expect("listener");
-    wait_for(
-        &cluster,
-        Duration::from_secs(30),
-        "the leader's view",
-        || partition_state(&leader_addr).filter(|(l, isr)| *l == leader && isr.len() == 3),
-    );
+    cluster.wait_for(Duration::from_secs(30), "the leader's view", || {
+        partition_state(&leader_addr).filter(|(l, isr)| *l == leader && isr.len() == 3)
+    });
     // The follower to read from: not the active controller if there is a choice, so that its
     // death does not also need a new controller.
     let controller = cluster.active_controller().unwrap_or(-1);
@@ -459,8 +431,7 @@ fn run(implementation: Implementation) {
     // from the follower is bounded by that.
     let acknowledged = Instant::now();
     if let Some(port) = follower_out {
-        wait_for(
-            &cluster,
+        cluster.wait_for(
             Duration::from_secs(5),
             "the follower's high watermark",
             || (high_watermark(port) == PHASE as u64).then_some(()),
@@ -535,8 +506,7 @@ fn run(implementation: Implementation) {
     // A second Java consumer reads the whole partition while the follower dies.
     let java = jars_or_skip().then(|| JavaConsumer::start(&bootstrap, &rack, total));
     if let Some(j) = &java {
-        wait_for(
-            &cluster,
+        cluster.wait_for(
             Duration::from_secs(60),
             "the Java consumer's first records",
             || (!j.lines().is_empty()).then_some(()),
@@ -579,8 +549,7 @@ fn run(implementation: Implementation) {
         acknowledged_at_kill < 3 * BATCHES - 1,
         "the follower died while records were still coming"
     );
-    wait_for(
-        &cluster,
+    cluster.wait_for(
         Duration::from_secs(30),
         "the ISR without the follower",
         || partition_state(&leader_addr).filter(|(_, isr)| !isr.contains(&follower)),

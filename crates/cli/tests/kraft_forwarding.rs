@@ -11,6 +11,7 @@
 //!
 //! `cargo test -p gregor --test kraft_forwarding -- --nocapture`
 
+use gregor_tests::process::wait_for;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -83,19 +84,6 @@ fn create_topic(bootstrap: &str, name: &str, partitions: i32, rf: i16) -> Create
 
 fn broker_ids(m: &MetadataResponse) -> BTreeSet<i32> {
     m.brokers.iter().map(|b| b.node_id.0).collect()
-}
-
-/// Polls `check` every 100 ms until it returns Some, for at most `timeout`.
-fn wait_for<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        // Polling another process's state over the wire: no event to wait on.
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

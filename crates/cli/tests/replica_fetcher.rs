@@ -8,6 +8,7 @@
 //!
 //! `cargo test -p gregor --test replica_fetcher -- --nocapture --test-threads=1`
 
+use gregor_tests::process::wait_for;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -36,19 +37,6 @@ fn config() -> ClusterConfig {
         .with("broker.heartbeat.interval.ms", "500")
         .with("replica.high.watermark.checkpoint.interval.ms", "300")
         .with("replica.fetch.backoff.ms", "200")
-}
-
-/// Polls `check` every 100 ms until it returns Some, for at most `timeout`.
-fn wait_for<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        // Another process's state, over the wire or on disk: no event to wait on.
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {

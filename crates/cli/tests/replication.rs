@@ -45,28 +45,6 @@ fn config() -> ClusterConfig {
     .with("replica.fetch.backoff.ms", "200")
 }
 
-/// Polls `check` every 100 ms until it returns Some, for at most `timeout`.
-fn wait_for<T>(
-    cluster: &Cluster,
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            cluster.logs(400)
-        );
-        // Another process's state over the wire: no event to wait on.
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
     KafkaConn::connect_timeout(
         bootstrap.parse()?,
@@ -179,18 +157,15 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
         b.sort_unstable();
         b
     };
-    let (leader, _, _) = wait_for(&cluster, Duration::from_secs(30), "ISR of three", || {
+    let (leader, _, _) = cluster.wait_for(Duration::from_secs(30), "ISR of three", || {
         partition_state(&b0).filter(|(_, isr, _)| *isr == all)
     });
     let lb = cluster.node(leader).bootstrap().expect("leader listener");
     let followers: Vec<i32> = all.iter().copied().filter(|b| *b != leader).collect();
     // The leader itself must have applied the topic before it takes records.
-    wait_for(
-        &cluster,
-        Duration::from_secs(30),
-        "the leader's own view",
-        || partition_state(&lb).filter(|(l, isr, _)| *l == leader && *isr == all),
-    );
+    cluster.wait_for(Duration::from_secs(30), "the leader's own view", || {
+        partition_state(&lb).filter(|(l, isr, _)| *l == leader && *isr == all)
+    });
     assert_eq!(produce(&lb, -1, "all-in-sync"), Ok(0));
 
     // One follower stops and the leader takes a batch it will not fetch: it leaves the ISR
@@ -204,8 +179,7 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
         v.sort_unstable();
         v
     };
-    wait_for(
-        &cluster,
+    cluster.wait_for(
         Duration::from_secs(30),
         "the ISR without the stopped follower",
         || partition_state(&lb).filter(|(_, isr, _)| *isr == expected),
@@ -223,8 +197,7 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
     // Both followers stopped: the ISR is the leader alone, below min.insync.replicas.
     cluster.node_mut(followers[1]).pause().unwrap();
     assert_eq!(produce(&lb, 1, "lag-2"), Ok(15));
-    wait_for(
-        &cluster,
+    cluster.wait_for(
         Duration::from_secs(30),
         "the ISR of the leader alone",
         || partition_state(&lb).filter(|(_, isr, _)| *isr == vec![leader]),
@@ -238,12 +211,9 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
         cluster.node_mut(*f).resume().unwrap();
     }
     let resumed = Instant::now();
-    wait_for(
-        &cluster,
-        Duration::from_secs(30),
-        "the ISR of three again",
-        || partition_state(&lb).filter(|(_, isr, _)| *isr == all),
-    );
+    cluster.wait_for(Duration::from_secs(30), "the ISR of three again", || {
+        partition_state(&lb).filter(|(_, isr, _)| *isr == all)
+    });
     println!(
         "ISR of three again {} ms after SIGCONT",
         resumed.elapsed().as_millis()
