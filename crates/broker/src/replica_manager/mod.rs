@@ -117,17 +117,15 @@ fn epoch_of_offset(p: &Partition, offset: i64) -> Option<i32> {
         .map(|e| e.epoch)
 }
 
-/// Whether the batch an acks=all produce waits for is still in `p`'s log: the records of its
-/// leader epoch `epoch` still reach `target` (its last offset + 1). A truncation below the
-/// batch, and records of a later epoch written over it (this broker followed another leader
-/// meanwhile, then led again), end that epoch sooner. Kafka fails such a produce with
-/// NOT_LEADER_OR_FOLLOWER when the leader becomes a follower, before any truncation; gregor
-/// evaluates a woken produce later, so it checks that the batch survived instead.
-fn batch_still_there(p: &Partition, epoch: Option<i32>, target: i64) -> bool {
-    epoch.is_none_or(|e| {
-        let (got, end) = p.log.end_offset_for_leader_epoch(e);
-        got == e && end >= target
-    })
+/// Sets `r` to a waiting acks=all produce's answer `code` ([`Partition::acks_all_answer`]):
+/// NOT_LEADER_OR_FOLLOWER drops the offsets (the batch may be gone from this log); the
+/// others (acknowledged, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT) keep them.
+fn answer_produce(r: &mut PartitionAppendResult, code: i16) {
+    if code == ec::NOT_LEADER_OR_FOLLOWER {
+        *r = PartitionAppendResult::error(code, None);
+    } else {
+        r.error_code = code;
+    }
 }
 
 /// One partition of a [`DelayedProduce`]: (index in the results, partition, offset the high
@@ -146,7 +144,7 @@ impl DelayedProduce {
     /// Waits for completion and returns one result per entry, in order: REQUEST_TIMED_OUT for
     /// a partition whose high watermark did not reach its batch in time,
     /// NOT_LEADER_OR_FOLLOWER for one whose leadership moved meanwhile or whose batch is no
-    /// longer in the log ([`batch_still_there`]),
+    /// longer in the log ([`crate::replication::leader::batch_still_there`]),
     /// NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) for one whose high watermark reached the batch
     /// while the ISR was below `min.insync.replicas` (Kafka's
     /// `checkEnoughReplicasReachOffset`).
@@ -156,21 +154,11 @@ impl DelayedProduce {
             op.wait().await;
         }
         for (i, p, target, epoch) in &self.waits {
-            let r = &mut self.results[*i];
-            if !batch_still_there(p, *epoch, *target) {
-                *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
-                continue;
-            }
-            match p.check_enough_replicas_reach_offset(*target) {
-                (true, code) => {
-                    // NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below min ISR.
-                    r.error_code = code;
-                }
-                (false, ec::NONE) if p.is_leader() => r.error_code = ec::REQUEST_TIMED_OUT,
-                (false, _) => {
-                    *r = PartitionAppendResult::error(ec::NOT_LEADER_OR_FOLLOWER, None);
-                }
-            }
+            // Woken or expired: answered from the state now, whatever it is.
+            let code = p
+                .acks_all_answer(*epoch, *target, true)
+                .unwrap_or(ec::REQUEST_TIMED_OUT);
+            answer_produce(&mut self.results[*i], code);
         }
         self.results
     }
@@ -836,12 +824,12 @@ impl ReplicaManager {
         // Already replicated (a single replica, or followers ahead): answered now, with
         // NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min ISR meanwhile.
         waits.retain(
-            |(i, p, target, epoch)| match p.check_enough_replicas_reach_offset(*target) {
-                (true, code) if batch_still_there(p, *epoch, *target) => {
-                    results[*i].error_code = code;
+            |(i, p, target, epoch)| match p.acks_all_answer(*epoch, *target, false) {
+                Some(code) => {
+                    answer_produce(&mut results[*i], code);
                     false
                 }
-                _ => true,
+                None => true,
             },
         );
         if waits.is_empty() {
@@ -858,10 +846,9 @@ impl ReplicaManager {
         // Kafka's DelayedProduce.tryComplete: every partition reached its offset
         // (checkEnoughReplicasReachOffset) or has an error (no longer led here).
         let check = Box::new(move || {
-            watched.iter().all(|(p, target, epoch)| {
-                let (reached, code) = p.check_enough_replicas_reach_offset(*target);
-                reached || code != ec::NONE || !batch_still_there(p, *epoch, *target)
-            })
+            watched
+                .iter()
+                .all(|(p, target, epoch)| p.acks_all_answer(*epoch, *target, false).is_some())
         });
         let operation = self
             .delayed

@@ -526,15 +526,28 @@ impl Partition {
             .and_then(|c| c.pending().cloned())
     }
 
-    /// Kafka's `checkEnoughReplicasReachOffset` for a delayed produce waiting for
-    /// `required_offset`: `(true, NONE)` when reached, `(true,
-    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND)` when reached with the ISR below min ISR, `(false,
-    /// NONE)` while waiting, `(false, NOT_LEADER_OR_FOLLOWER)` when not led here.
-    pub fn check_enough_replicas_reach_offset(&self, required_offset: i64) -> (bool, i16) {
-        match self.leader.lock().as_ref() {
-            Some(core) => core.check_enough_replicas_reach_offset(required_offset),
-            None => (false, ec::NOT_LEADER_OR_FOLLOWER),
-        }
+    /// The answer for this partition of a waiting acks=all produce whose batch was appended in
+    /// leader epoch `batch_epoch` and ends before `required_offset`, or `None` while it waits
+    /// ([`crate::replication::leader::acks_all_answer`] with
+    /// [`crate::replication::leader::batch_still_there`] over this log's leader epoch cache; the
+    /// replication simulator decides with the same two functions).
+    pub fn acks_all_answer(
+        &self,
+        batch_epoch: Option<i32>,
+        required_offset: i64,
+        expired: bool,
+    ) -> Option<i16> {
+        let survived = crate::replication::leader::batch_still_there(
+            batch_epoch,
+            |e| self.log.end_offset_for_leader_epoch(e),
+            required_offset,
+        );
+        crate::replication::leader::acks_all_answer(
+            self.leader.lock().as_ref(),
+            survived,
+            required_offset,
+            expired,
+        )
     }
 
     /// Kafka's `isUnderReplicated`: led here with an ISR smaller than the replica set.

@@ -42,6 +42,59 @@ pub const UNKNOWN_OFFSET: i64 = -1;
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
+const REQUEST_TIMED_OUT: i16 = 7;
+
+/// Whether the batch an acks=all produce waits for is still in the log: the records of its
+/// leader epoch `batch_epoch` (the epoch of the batch's last offset when it was appended) still
+/// reach `required_offset` (its last offset + 1). `epoch_end` is the log's
+/// `end_offset_for_leader_epoch(batch_epoch)`: `(largest epoch <= batch_epoch, where it ends)`.
+///
+/// A truncation below the batch, and records of a later epoch written over it (this broker
+/// followed another leader meanwhile, then led again), end that epoch sooner. Kafka fails a
+/// waiting produce with NOT_LEADER_OR_FOLLOWER the moment its leader becomes a follower, before
+/// any truncation; gregor evaluates a woken produce later, so it checks that the batch survived
+/// instead. `None` (no epoch known for the batch) counts as there.
+pub fn batch_still_there(
+    batch_epoch: Option<i32>,
+    epoch_end: impl FnOnce(i32) -> (i32, i64),
+    required_offset: i64,
+) -> bool {
+    batch_epoch.is_none_or(|e| {
+        let (got, end) = epoch_end(e);
+        got == e && end >= required_offset
+    })
+}
+
+/// The answer for one partition of a waiting acks=all produce (Kafka's
+/// `DelayedProduce.tryComplete` and `onComplete` with `checkEnoughReplicasReachOffset`), or
+/// `None` while it keeps waiting. `leader` is this broker's leader state of the partition
+/// (`None` when it no longer leads it), `batch_survived` is [`batch_still_there`], and
+/// `expired` says the produce's timeout passed (or its request task is answering now
+/// whatever the state: the purgatory woke it).
+///
+/// Answers: 0 (acknowledged) once the high watermark reached `required_offset` with enough
+/// in-sync replicas; NOT_ENOUGH_REPLICAS_AFTER_APPEND (20) when it reached it with the ISR
+/// below `min.insync.replicas`; NOT_LEADER_OR_FOLLOWER (6) when this broker no longer leads the
+/// partition or the batch is gone from its log; REQUEST_TIMED_OUT (7) when `expired` and still
+/// short of the offset.
+pub fn acks_all_answer(
+    leader: Option<&LeaderState>,
+    batch_survived: bool,
+    required_offset: i64,
+    expired: bool,
+) -> Option<i16> {
+    if !batch_survived {
+        return Some(NOT_LEADER_OR_FOLLOWER);
+    }
+    let Some(leader) = leader else {
+        return Some(NOT_LEADER_OR_FOLLOWER);
+    };
+    match leader.check_enough_replicas_reach_offset(required_offset) {
+        (true, code) => Some(code),
+        (false, _) if expired => Some(REQUEST_TIMED_OUT),
+        (false, _) => None,
+    }
+}
 
 /// Kafka's `Partition.readRecords` check of a follower's `LastFetchedEpoch`
 /// (`validateFetchOffsetAndMaybeGetDivergingEpoch`): given this log's `(epoch, end offset)`
