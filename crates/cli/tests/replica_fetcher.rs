@@ -458,3 +458,100 @@ fn a_follower_behind_the_leaders_log_start_starts_over_there() {
         },
     );
 }
+
+/// ListOffsets earliest asked of node `id` itself as a debugging client (ReplicaId -2, which a
+/// follower answers from its own log): that replica's log start offset.
+fn log_start_at(bootstrap: &str, topic: &str) -> Option<i64> {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, ListOffsetsResponse};
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-2))
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(TopicName(sb(topic)))
+            .with_partitions(vec![ListOffsetsPartition::default()
+                .with_partition_index(0)
+                .with_timestamp(-2)])]);
+    let r: ListOffsetsResponse = conn(bootstrap)
+        .ok()?
+        .call(ApiKey::ListOffsets, 7, &req)
+        .ok()?;
+    let p = r.topics.first()?.partitions.first()?;
+    (p.error_code == 0).then_some(p.offset)
+}
+
+/// DeleteRecords through rdkafka's admin client, `timeout` as its operation timeout (the
+/// request's TimeoutMs): the partition's result, the low watermark or the error.
+fn delete_records_rdkafka(
+    bootstrap: &str,
+    topic: &str,
+    offset: i64,
+    timeout: Duration,
+) -> Result<i64, rdkafka::types::RDKafkaErrorCode> {
+    use rdkafka::admin::AdminOptions;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(offset))
+        .expect("offset");
+    let admin = gregor_tests::clients::admin(bootstrap).expect("admin client");
+    let runtime = gregor_tests::clients::runtime().expect("runtime");
+    let options = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout + Duration::from_secs(10)));
+    let res = runtime
+        .block_on(admin.delete_records(&tpl, &options))
+        .expect("DeleteRecords request");
+    let e = res.find_partition(topic, 0).expect("partition in result");
+    match (e.error(), e.offset()) {
+        (Ok(()), rdkafka::Offset::Offset(low)) => Ok(low),
+        (Err(rdkafka::error::KafkaError::OffsetFetch(code)), _) => Err(code),
+        other => panic!("unexpected DeleteRecords result {other:?}"),
+    }
+}
+
+/// DeleteRecords answers once every live replica starts at the offset (Kafka's
+/// `DelayedDeleteRecords`, KIP-107): when rdkafka gets the answer, each follower already
+/// answers ListOffsets earliest with it; with a follower paused (SIGSTOP, not fenced yet) the
+/// request times out (REQUEST_TIMED_OUT), and once it resumes a new request completes.
+#[test]
+fn delete_records_waits_for_every_live_replica() {
+    // A paused follower stays registered and unfenced for the whole test.
+    let mut cluster = Cluster::start(&config().with("broker.session.timeout.ms", "60000"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let b1 = cluster.node(1).bootstrap().expect("broker listener");
+    create_topic(&b1, "deleted", 3);
+    let (leader, _, _) = wait_for(Duration::from_secs(20), "a leader of deleted", || {
+        leader_of(&b1, "deleted").filter(|(_, _, isr)| isr.len() == 3)
+    });
+    let lb = cluster.node(leader).bootstrap().expect("listener");
+    assert_eq!(produce(&lb, "deleted", -1, 20, "r"), Ok(95));
+    let followers: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != leader).collect();
+
+    assert_eq!(
+        delete_records_rdkafka(&lb, "deleted", 40, Duration::from_secs(20)),
+        Ok(40)
+    );
+    for id in &followers {
+        let b = cluster.node(*id).bootstrap().expect("listener");
+        assert_eq!(
+            log_start_at(&b, "deleted"),
+            Some(40),
+            "follower {id} when DeleteRecords was answered"
+        );
+    }
+
+    let paused = followers[0];
+    cluster.node_mut(paused).pause().expect("SIGSTOP");
+    let timed_out = delete_records_rdkafka(&lb, "deleted", 60, Duration::from_millis(1500));
+    cluster.node_mut(paused).resume().expect("SIGCONT");
+    assert_eq!(
+        timed_out,
+        Err(rdkafka::types::RDKafkaErrorCode::RequestTimedOut)
+    );
+    // The leader moved its own start already; the low watermark follows the resumed follower.
+    assert_eq!(
+        delete_records_rdkafka(&lb, "deleted", 60, Duration::from_secs(20)),
+        Ok(60)
+    );
+    let b = cluster.node(paused).bootstrap().expect("listener");
+    assert_eq!(log_start_at(&b, "deleted"), Some(60));
+}

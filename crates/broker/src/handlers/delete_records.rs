@@ -2,8 +2,9 @@
 //! KIP-107: moves each partition's log start offset (its "low watermark") up to the requested
 //! offset, -1 meaning the high watermark. Records below it are no longer served (fetches get
 //! OFFSET_OUT_OF_RANGE, ListOffsets earliest returns the new start) and whole segments below
-//! it are deleted by the next retention check. With one replica the low watermark is final at
-//! once, so no delayed operation waits for followers. The work is
+//! it are deleted by the next retention check. The answer waits (up to the request's
+//! `TimeoutMs`) until every live replica's log start offset reached the offset (Kafka's
+//! `DelayedDeleteRecords`). The work is
 //! [`ReplicaManager::delete_records_many`](crate::replica_manager::ReplicaManager::delete_records_many).
 
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub async fn handle(
         .collect();
     let mut results = broker
         .replica_manager
-        .delete_records_many(offsets)
+        .delete_records_many(i64::from(req.timeout_ms), offsets)
         .await
         .into_iter();
     let topics = req
@@ -63,11 +64,14 @@ pub async fn handle(
                             .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED);
                     }
                     match results.next() {
-                        Some(Ok(low)) => result.with_low_watermark(low).with_error_code(ec::NONE),
-                        Some(Err((code, message))) => {
-                            tracing::debug!(topic = %&*t.name, partition = p.partition_index, code, %message,
-                                "DeleteRecords refused");
-                            result.with_low_watermark(-1).with_error_code(code)
+                        Some(r) => {
+                            if let Some(message) = r.message {
+                                tracing::debug!(topic = %&*t.name, partition = p.partition_index,
+                                    code = r.error_code, %message, "DeleteRecords refused");
+                            }
+                            result
+                                .with_low_watermark(r.low_watermark)
+                                .with_error_code(r.error_code)
                         }
                         None => result
                             .with_low_watermark(-1)

@@ -979,14 +979,22 @@ impl ReplicaManager {
         })
     }
 
-    /// DeleteRecords for many partitions (Kafka's `ReplicaManager.deleteRecords`) in one job on
-    /// the I/O pool; see [`ReplicaManager::delete_records`]. Results in order: the new low
-    /// watermark or (error code, message); UNKNOWN_TOPIC_OR_PARTITION when not hosted here.
-    /// With one replica the low watermark is final at once, so nothing waits in a purgatory.
+    /// DeleteRecords for many partitions (Kafka's `ReplicaManager.deleteRecords`, KIP-107):
+    /// moves each leader's log start offset in one job on the I/O pool (see
+    /// [`ReplicaManager::delete_records`]), then, like Kafka's `DelayedDeleteRecords`, waits up
+    /// to `timeout_ms` until every live replica's log start offset reached the requested
+    /// offset (the low watermark, [`Partition::low_watermark_if_leader`]; followers take the
+    /// leader's log start offset from their next fetch and report theirs in the one after).
+    ///
+    /// One result per entry, in order. Errors: UNKNOWN_TOPIC_OR_PARTITION when not hosted here,
+    /// the deletion's own errors, NOT_LEADER_OR_FOLLOWER when leadership moved while waiting,
+    /// REQUEST_TIMED_OUT (with the low watermark after the deletion) when a live replica did
+    /// not catch up in time.
     pub async fn delete_records_many(
         &self,
+        timeout_ms: i64,
         offsets: Vec<(TopicPartition, i64)>,
-    ) -> Vec<Result<i64, (i16, String)>> {
+    ) -> Vec<DeleteRecordsResult> {
         let n = offsets.len();
         let work: Vec<(Option<Arc<Partition>>, i64)> = offsets
             .into_iter()
@@ -997,14 +1005,70 @@ impl ReplicaManager {
             work.into_iter()
                 .map(|(p, offset)| {
                     let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
-                    delete_records_on(&logs, &p, offset)
+                    let (requested, low) = delete_records_on(&logs, &p, offset)?;
+                    Ok((p, requested, low))
                 })
                 .collect::<Vec<_>>()
         };
-        self.io.run(job).await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "DeleteRecords failed");
-            vec![Err((ec::UNKNOWN_SERVER_ERROR, e.to_string())); n]
-        })
+        let deleted = match self.io.run(job).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "DeleteRecords failed");
+                return (0..n)
+                    .map(|_| DeleteRecordsResult::error(ec::UNKNOWN_SERVER_ERROR, e.to_string()))
+                    .collect();
+            }
+        };
+        let mut results = Vec::with_capacity(n);
+        let mut waits: Vec<(usize, Arc<Partition>, i64)> = Vec::new();
+        for (i, d) in deleted.into_iter().enumerate() {
+            match d {
+                Ok((p, requested, low)) => {
+                    results.push(DeleteRecordsResult {
+                        error_code: ec::NONE,
+                        low_watermark: low,
+                        message: None,
+                    });
+                    if low < requested {
+                        waits.push((i, p, requested));
+                    }
+                }
+                Err((code, message)) => results.push(DeleteRecordsResult::error(code, message)),
+            }
+        }
+        if waits.is_empty() {
+            return results;
+        }
+        let keys = waits
+            .iter()
+            .map(|(_, p, _)| p.topic_partition().clone())
+            .collect();
+        let watched: Vec<(Arc<Partition>, i64)> =
+            waits.iter().map(|(_, p, r)| (p.clone(), *r)).collect();
+        // Kafka's DelayedDeleteRecords.tryComplete: every partition's low watermark reached
+        // its offset, or it is no longer led here.
+        let check = Box::new(move || {
+            watched.iter().all(|(p, requested)| {
+                p.low_watermark_if_leader()
+                    .is_none_or(|low| low >= *requested)
+            })
+        });
+        if let Some(op) = self
+            .delayed
+            .delete_records
+            .try_complete_else_watch(keys, timeout_ms, check)
+        {
+            op.wait().await;
+        }
+        for (i, p, requested) in waits {
+            let r = &mut results[i];
+            match p.low_watermark_if_leader() {
+                None => *r = DeleteRecordsResult::error(ec::NOT_LEADER_OR_FOLLOWER, String::new()),
+                Some(low) if low >= requested => r.low_watermark = low,
+                Some(_) => r.error_code = ec::REQUEST_TIMED_OUT,
+            }
+        }
+        results
     }
 
     /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
@@ -1033,14 +1097,16 @@ impl ReplicaManager {
     }
 
     /// DeleteRecords for one partition (Kafka's `Partition.deleteRecordsOnLeader`): moves the
-    /// log start offset to `offset` (-1: the high watermark) and persists it. Returns the new
-    /// low watermark (log start offset). Blocking (it writes a checkpoint).
+    /// log start offset to `offset` (-1: the high watermark) and persists it. Returns the
+    /// offset asked for (with -1 resolved) and the low watermark now
+    /// ([`Partition::low_watermark_if_leader`]), which followers raise as they catch up.
+    /// Blocking (it writes a checkpoint).
     ///
     /// # Errors
     /// Kafka error codes: NOT_LEADER_OR_FOLLOWER, POLICY_VIOLATION (44) when `cleanup.policy`
     /// does not contain `delete`, OFFSET_OUT_OF_RANGE for an offset beyond the high watermark
     /// or negative, KAFKA_STORAGE_ERROR.
-    pub fn delete_records(&self, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
+    pub fn delete_records(&self, p: &Partition, offset: i64) -> Result<(i64, i64), (i16, String)> {
         delete_records_on(&self.logs, p, offset)
     }
 
@@ -1203,7 +1269,11 @@ fn broker_nodes(image: &MetadataImage) -> BrokerNodes {
 }
 
 /// Kafka's `Partition.deleteRecordsOnLeader`; see [`ReplicaManager::delete_records`].
-fn delete_records_on(logs: &LogManager, p: &Partition, offset: i64) -> Result<i64, (i16, String)> {
+fn delete_records_on(
+    logs: &LogManager,
+    p: &Partition,
+    offset: i64,
+) -> Result<(i64, i64), (i16, String)> {
     if !p.is_leader() {
         return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
     }
@@ -1224,13 +1294,36 @@ fn delete_records_on(logs: &LogManager, p: &Partition, offset: i64) -> Result<i6
             ),
         ));
     }
-    let low = p
-        .log
+    p.log
         .maybe_increment_log_start_offset(offset)
         .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
     logs.checkpoint_log_start_offsets()
         .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
-    Ok(low)
+    let low = p
+        .low_watermark_if_leader()
+        .ok_or((ec::NOT_LEADER_OR_FOLLOWER, String::new()))?;
+    Ok((offset, low))
+}
+
+/// One partition's DeleteRecords answer ([`ReplicaManager::delete_records_many`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteRecordsResult {
+    /// Kafka error code.
+    pub error_code: i16,
+    /// The low watermark (-1 with most errors).
+    pub low_watermark: i64,
+    /// A message for the log, with errors.
+    pub message: Option<String>,
+}
+
+impl DeleteRecordsResult {
+    fn error(error_code: i16, message: String) -> Self {
+        Self {
+            error_code,
+            low_watermark: -1,
+            message: Some(message),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -83,14 +83,18 @@ pub struct DelayedOperations {
     pub fetch: Arc<DelayedOperationPurgatory>,
     /// Delayed produces (acks=all), `delayed_operation="Produce"`.
     pub produce: Arc<DelayedOperationPurgatory>,
+    /// DeleteRecords waiting for every live replica's log start offset (the low watermark),
+    /// `delayed_operation="DeleteRecords"`.
+    pub delete_records: Arc<DelayedOperationPurgatory>,
 }
 
 impl DelayedOperations {
-    /// Both purgatories, reading deadlines on `clock`.
+    /// The three purgatories, reading deadlines on `clock`.
     pub fn new(clock: &SharedClock) -> Arc<Self> {
         Arc::new(Self {
             fetch: DelayedOperationPurgatory::new("Fetch", clock.clone()),
             produce: DelayedOperationPurgatory::new("Produce", clock.clone()),
+            delete_records: DelayedOperationPurgatory::new("DeleteRecords", clock.clone()),
         })
     }
 
@@ -98,6 +102,7 @@ impl DelayedOperations {
     pub fn check_and_complete_all(&self, key: &TopicPartition) {
         self.fetch.check_and_complete(key);
         self.produce.check_and_complete(key);
+        self.delete_records.check_and_complete(key);
     }
 }
 
@@ -450,6 +455,10 @@ impl Partition {
         };
         if update.high_watermark.is_some() {
             self.delayed.check_and_complete_all(&self.topic_partition);
+        } else if update.log_start_offset_moved {
+            self.delayed
+                .delete_records
+                .check_and_complete(&self.topic_partition);
         }
         if let Some(change) = update.isr_change {
             self.submit_isr_change(change);
@@ -548,6 +557,15 @@ impl Partition {
             required_offset,
             expired,
         )
+    }
+
+    /// Kafka's `lowWatermarkIfLeader` ([`LeaderState::low_watermark`] over this log's start
+    /// offset), `None` when not led here.
+    pub fn low_watermark_if_leader(&self) -> Option<i64> {
+        self.leader
+            .lock()
+            .as_ref()
+            .map(|core| core.low_watermark(self.log.log_start_offset()))
     }
 
     /// Kafka's `isUnderReplicated`: led here with an ISR smaller than the replica set.

@@ -204,6 +204,9 @@ fn purgatories_empty(rm: &ReplicaManager) -> bool {
         && d.produce.watched() == 0
         && d.produce.delayed() == 0
         && d.produce.watch_keys() == 0
+        && d.delete_records.watched() == 0
+        && d.delete_records.delayed() == 0
+        && d.delete_records.watch_keys() == 0
 }
 
 #[tokio::test]
@@ -932,3 +935,114 @@ async fn the_leader_throttles_out_of_sync_followers_of_throttled_partitions() {
 #[cfg(test)]
 #[path = "fetch_from_follower_tests.rs"]
 mod fetch_from_follower_tests;
+
+/// A follower's fetch from `offset` reporting log start offset `log_start_offset`.
+async fn follower_fetch_with_start(
+    f: &Fixture,
+    replica_id: i32,
+    offset: i64,
+    log_start_offset: i64,
+) {
+    let parts = vec![FetchPartition {
+        topic_partition: TopicPartition::new("t", 0),
+        fetch_offset: offset,
+        partition_max_bytes: i32::MAX,
+        current_leader_epoch: 1,
+        last_fetched_epoch: -1,
+        log_start_offset,
+    }];
+    let params = follower_fetch(replica_id, -1);
+    let r = fetched(f.rm.fetch_messages(params, parts).await).remove(0);
+    assert_eq!(r.error_code, ec::NONE, "follower {replica_id} fetch");
+}
+
+/// DeleteRecords answers once every live replica's log start offset reached the offset
+/// (Kafka's `DelayedDeleteRecords` and `lowWatermarkIfLeader`), REQUEST_TIMED_OUT with the
+/// leader's low watermark when one did not in time, and a fenced replica does not hold it.
+#[tokio::test]
+async fn delete_records_waits_for_every_live_replicas_log_start_offset() {
+    let mut f = Fixture::new(1, &[LOCAL, FOLLOWER, 3], &[]);
+    for (id, epoch) in [(LOCAL, 10), (FOLLOWER, 20), (3, 30)] {
+        f.register_broker(id, epoch);
+    }
+    f.set_partition(0, 1, 1, &[LOCAL, FOLLOWER, 3], &[LOCAL, FOLLOWER, 3]);
+    for _ in 0..4 {
+        complete(f.append(0, 1, 1000, 10).await);
+    }
+    follower_fetch_with_start(&f, FOLLOWER, 4, 0).await;
+    follower_fetch_with_start(&f, 3, 4, 0).await;
+    assert_eq!(f.partition(0).high_watermark(), 4);
+    let tp = TopicPartition::new("t", 0);
+
+    // Nobody reports the new start: the request times out with the low watermark it has.
+    let r = f.rm.delete_records_many(50, vec![(tp.clone(), 2)]).await;
+    assert_eq!(
+        (r[0].error_code, r[0].low_watermark),
+        (ec::REQUEST_TIMED_OUT, 0)
+    );
+    assert_eq!(f.partition(0).log.log_start_offset(), 2);
+    assert_eq!(f.rm.delayed_operations().delete_records.delayed(), 0);
+
+    // It completes when the last live follower reports a start at or past it.
+    let rm = f.rm.clone();
+    let request = tp.clone();
+    let waiter =
+        tokio::spawn(async move { rm.delete_records_many(30_000, vec![(request, 3)]).await });
+    until("the delayed DeleteRecords", || {
+        f.rm.delayed_operations().delete_records.delayed() == 1
+    })
+    .await;
+    follower_fetch_with_start(&f, FOLLOWER, 4, 3).await;
+    assert_eq!(f.rm.delayed_operations().delete_records.delayed(), 1);
+    follower_fetch_with_start(&f, 3, 4, 2).await;
+    assert_eq!(f.rm.delayed_operations().delete_records.delayed(), 1);
+    follower_fetch_with_start(&f, 3, 4, 3).await;
+    let r = waiter.await.expect("join");
+    assert_eq!((r[0].error_code, r[0].low_watermark), (ec::NONE, 3));
+
+    // Already there: answered at once. -1 means the high watermark.
+    let r =
+        f.rm.delete_records_many(30_000, vec![(tp.clone(), 1)])
+            .await;
+    assert_eq!((r[0].error_code, r[0].low_watermark), (ec::NONE, 3));
+
+    // A fenced replica does not hold the low watermark back.
+    f.image
+        .apply(&MetadataRecord::RegisterBroker(RegisterBrokerRecord {
+            broker_id: 3,
+            broker_epoch: 30,
+            incarnation_id: Uuid::new_v4(),
+            fenced: true,
+            ..RegisterBrokerRecord::default()
+        }));
+    f.rm.apply_image(&f.image).expect("apply image");
+    let rm = f.rm.clone();
+    let request = tp.clone();
+    let waiter =
+        tokio::spawn(async move { rm.delete_records_many(30_000, vec![(request, -1)]).await });
+    until("the delayed DeleteRecords", || {
+        f.rm.delayed_operations().delete_records.delayed() == 1
+    })
+    .await;
+    follower_fetch_with_start(&f, FOLLOWER, 4, 4).await;
+    let r = waiter.await.expect("join");
+    assert_eq!((r[0].error_code, r[0].low_watermark), (ec::NONE, 4));
+
+    // A leadership change ends the wait with NOT_LEADER_OR_FOLLOWER.
+    complete(f.append(0, 1, 1000, 10).await);
+    follower_fetch_with_start(&f, FOLLOWER, 5, 4).await;
+    follower_fetch_with_start(&f, 3, 5, 4).await;
+    assert_eq!(f.partition(0).high_watermark(), 5);
+    let rm = f.rm.clone();
+    let request = tp.clone();
+    let waiter =
+        tokio::spawn(async move { rm.delete_records_many(30_000, vec![(request, 5)]).await });
+    until("the delayed DeleteRecords", || {
+        f.rm.delayed_operations().delete_records.delayed() == 1
+    })
+    .await;
+    f.set_leader(0, FOLLOWER, 2, &[LOCAL, FOLLOWER, 3]);
+    let r = waiter.await.expect("join");
+    assert_eq!(r[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
+    assert!(purgatories_empty(&f.rm));
+}

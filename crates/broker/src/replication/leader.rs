@@ -244,6 +244,9 @@ pub struct FetchStateUpdate {
     pub high_watermark: Option<i64>,
     /// An ISR expansion to send, when the follower caught up.
     pub isr_change: Option<IsrChange>,
+    /// The follower's log start offset changed, so the low watermark
+    /// ([`LeaderState::low_watermark`]) may have moved (a waiting DeleteRecords may complete).
+    pub log_start_offset_moved: bool,
 }
 
 /// Why a follower fetch may not update the leader's state.
@@ -362,6 +365,20 @@ impl LeaderState {
     /// A follower's state.
     pub fn follower(&self, id: i32) -> Option<&FollowerState> {
         self.followers.get(&id)
+    }
+
+    /// Kafka's `Partition.lowWatermarkIfLeader` (KIP-107): the smallest log start offset of
+    /// this log (`leader_log_start_offset`) and of every follower whose broker is alive
+    /// (registered and not fenced, Kafka's `hasAliveBroker`), from their last fetch. A live
+    /// follower that has not fetched since this broker became leader counts as
+    /// [`UNKNOWN_OFFSET`], so the low watermark is unknown (-1) until it does. DeleteRecords
+    /// completes once this reaches the requested offset.
+    pub fn low_watermark(&self, leader_log_start_offset: i64) -> i64 {
+        self.followers
+            .iter()
+            .filter(|(id, _)| self.brokers.get(id).is_some_and(|b| !b.fenced))
+            .map(|(_, f)| f.log_start_offset)
+            .fold(leader_log_start_offset, i64::min)
     }
 
     /// Kafka's `maximalIsr`: the committed ISR plus a pending addition (a pending shrink keeps
@@ -561,6 +578,7 @@ impl LeaderState {
             f.last_caught_up_time_ms
         };
         let previous_leo = f.log_end_offset;
+        let log_start_offset_moved = f.log_start_offset != follower_log_start_offset;
         *f = FollowerState {
             log_start_offset: follower_log_start_offset,
             log_end_offset: fetch_offset,
@@ -579,6 +597,7 @@ impl LeaderState {
         Ok(FetchStateUpdate {
             high_watermark,
             isr_change,
+            log_start_offset_moved,
         })
     }
 
@@ -773,6 +792,42 @@ mod tests {
             0,
             now,
         )
+    }
+
+    #[test]
+    fn low_watermark_is_the_smallest_log_start_offset_of_live_replicas() {
+        let mut l = leader(&[1, 2, 3], 1, 10, 1000);
+        let fetch_with_start = |l: &mut LeaderState, id: i32, start: i64| {
+            l.update_follower_fetch_state(
+                FollowerFetch {
+                    replica: id,
+                    fetch_offset: 10,
+                    log_start_offset: start,
+                    broker_epoch: 100 + i64::from(id),
+                },
+                10,
+                7,
+                1000,
+            )
+            .unwrap()
+        };
+        // Followers that have not fetched yet: unknown.
+        assert_eq!(l.low_watermark(7), UNKNOWN_OFFSET);
+        assert!(fetch_with_start(&mut l, 2, 7).log_start_offset_moved);
+        assert_eq!(l.low_watermark(7), UNKNOWN_OFFSET);
+        assert!(fetch_with_start(&mut l, 3, 4).log_start_offset_moved);
+        assert_eq!(l.low_watermark(7), 4);
+        assert!(!fetch_with_start(&mut l, 3, 4).log_start_offset_moved);
+        assert!(fetch_with_start(&mut l, 3, 7).log_start_offset_moved);
+        assert_eq!(l.low_watermark(7), 7);
+        assert_eq!(l.low_watermark(5), 5);
+        // A fenced follower no longer holds it back.
+        assert!(fetch_with_start(&mut l, 2, 3).log_start_offset_moved);
+        assert_eq!(l.low_watermark(7), 3);
+        let mut b = brokers(&[1, 2, 3]);
+        b.get_mut(&2).unwrap().fenced = true;
+        l.set_brokers(b);
+        assert_eq!(l.low_watermark(7), 7);
     }
 
     #[test]
