@@ -109,7 +109,8 @@ impl ByteRate {
     /// the oldest started, at least one window (Kafka's `SimpleRate.measure`).
     pub fn measure(&mut self, now_ms: i64) -> f64 {
         self.purge(now_ms);
-        let total: f64 = self.ring.iter().map(|s| s.bytes).sum();
+        // A fold from +0.0: an empty f64 `sum` is -0.0, which the gauge printed as `-0`.
+        let total = self.ring.iter().fold(0.0, |acc, s| acc + s.bytes);
         let oldest = self.ring.iter().map(|s| s.start_ms).min().unwrap_or(now_ms);
         let elapsed_ms = (now_ms - oldest).max(self.window_ms);
         total * 1000.0 / elapsed_ms as f64
@@ -352,6 +353,9 @@ mod tests {
         assert_eq!(r.measure(2000), 500.0);
         // Samples without events for 11 windows are gone.
         assert_eq!(r.measure(1500 + 11_000), 0.0);
+        // +0, not -0 (which a gauge prints as `-0`).
+        assert!(r.measure(1500 + 11_000).is_sign_positive());
+        assert!(ByteRate::new(11, 1000).measure(0).is_sign_positive());
     }
 
     #[test]
