@@ -54,6 +54,8 @@ pub enum ConfigType {
     Double,
     /// LIST (7).
     List,
+    /// CLASS (8): a Java class name (gregor accepts only the built-in classes it names).
+    Class,
     /// PASSWORD (9).
     Password,
 }
@@ -69,6 +71,7 @@ impl ConfigType {
             Self::Long => 5,
             Self::Double => 6,
             Self::List => 7,
+            Self::Class => 8,
             Self::Password => 9,
         }
     }
@@ -85,7 +88,7 @@ impl ConfigType {
             Self::Short => v.parse::<i16>().is_ok(),
             Self::Long => v.parse::<i64>().is_ok(),
             Self::Double => v.parse::<f64>().is_ok(),
-            Self::String | Self::List | Self::Password => true,
+            Self::String | Self::List | Self::Class | Self::Password => true,
         };
         if ok {
             Ok(())
@@ -735,7 +738,7 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
     // Fetch from follower (KIP-392): unset, consumers read from leaders only.
-    ("replica.selector.class", ConfigType::String, ""),
+    ("replica.selector.class", ConfigType::Class, ""),
     (
         "replica.high.watermark.checkpoint.interval.ms",
         ConfigType::Long,
