@@ -103,7 +103,9 @@ impl ConfigType {
                     Self::Short => "Not a number of type SHORT".to_string(),
                     Self::Long => "Not a number of type LONG".to_string(),
                     Self::Double => "Not a number of type DOUBLE".to_string(),
-                    Self::String | Self::List | Self::Password => "Expected a string".to_string(),
+                    Self::String | Self::List | Self::Class | Self::Password => {
+                        "Expected a string".to_string()
+                    }
                 },
             ))
         }
