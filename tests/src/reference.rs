@@ -865,6 +865,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn compiled_classes_are_named_by_a_stable_hash() {
+        // FNV-1a 64's published test vectors: the name must not change between Rust releases.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
     fn cluster_id_is_22_url_safe_chars() {
         let id = random_cluster_id().unwrap();
         assert_eq!(id.len(), 22);
