@@ -760,9 +760,117 @@ pub fn dump_cluster_metadata(file: &std::path::Path) -> Result<String> {
     Ok(stdout)
 }
 
+/// `interop/java/metadata-image/MetadataImageDump.java`: loads a `__cluster_metadata-0`
+/// directory, segment or `.checkpoint` with Kafka's own `MetadataLoader` (the classes
+/// `kafka-metadata-shell` uses; the `kafka-shell` artifact itself is not on Maven Central) and
+/// prints the `MetadataImage` Kafka built from it.
+const METADATA_IMAGE_SOURCE: &str = "interop/java/metadata-image/MetadataImageDump.java";
+
+/// 64-bit FNV-1a: a stable name for a compiled source (std's hasher may change between
+/// Rust releases, and the cache outlives them).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Compiles [`METADATA_IMAGE_SOURCE`] against the cached jars into
+/// `.cache/kafka/<version>/metadata-image-<hash of the source>/`, once per cache and source:
+/// later calls (and later CI runs with the same cache) find the directory. Concurrent callers
+/// each compile into their own temporary directory and the first rename wins.
+///
+/// # Errors
+/// When the jars cannot be fetched, the source cannot be read or `javac` fails.
+pub fn metadata_image_classes() -> Result<PathBuf> {
+    let dir = fetch()?;
+    let source = repo_root().join(METADATA_IMAGE_SOURCE);
+    let text = std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+    let classes = dir.join(format!("metadata-image-{:016x}", fnv1a64(&text)));
+    if classes.join("MetadataImageDump.class").exists() {
+        return Ok(classes);
+    }
+    let partial = dir.join(format!(".metadata-image.{}.partial", std::process::id()));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial)
+            .with_context(|| format!("removing {}", partial.display()))?;
+    }
+    let out = Command::new("javac")
+        .arg("-d")
+        .arg(&partial)
+        .arg("-cp")
+        .arg(classpath()?)
+        .arg(&source)
+        .stdin(Stdio::null())
+        .output()
+        .context("running javac (is a JDK installed?)")?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&partial);
+        bail!(
+            "javac {} failed ({}):\n{}",
+            source.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if std::fs::rename(&partial, &classes).is_err() {
+        // Another process renamed its copy first.
+        let _ = std::fs::remove_dir_all(&partial);
+        ensure!(
+            classes.join("MetadataImageDump.class").exists(),
+            "could not move the compiled classes to {}",
+            classes.display()
+        );
+    }
+    Ok(classes)
+}
+
+/// Runs `MetadataImageDump` with `args` (`--dir <__cluster_metadata-0>`, `--log <dir>`,
+/// `--snapshot <file>`, `--tree <path>`; see its class comment) and returns its standard
+/// output: per input a `# input: ...` line, then the image Kafka's loader built, as text.
+///
+/// # Errors
+/// When it cannot be compiled or run, or exits non-zero: a record Kafka cannot read, a fault
+/// of Kafka's loader, a directory locked by a running Kafka process (the error has its
+/// stderr).
+pub fn metadata_image(args: &[String]) -> Result<String> {
+    let dir = fetch()?;
+    let classes = metadata_image_classes()?;
+    let mut opts = short_lived_jvm_opts(&dir);
+    opts.push("-cp".into());
+    opts.push(format!("{}:{}", classpath()?, classes.display()));
+    opts.push(format!(
+        "-Dlog4j2.configurationFile={}",
+        dir.join("config").join("tools-log4j2.properties").display()
+    ));
+    let out = Command::new("java")
+        .args(&opts)
+        .arg("MetadataImageDump")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running MetadataImageDump")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "MetadataImageDump {} failed ({}):\n{stdout}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compiled_classes_are_named_by_a_stable_hash() {
+        // FNV-1a 64's published test vectors: the name must not change between Rust releases.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
 
     #[test]
     fn cluster_id_is_22_url_safe_chars() {

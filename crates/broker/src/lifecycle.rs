@@ -68,27 +68,22 @@ fn applied_offset(client: &ControllerClient) -> i64 {
     i64::try_from(client.local().image().offset).unwrap_or(i64::MAX) - 1
 }
 
-/// Registers this broker (advertised listeners with the port each bound, `bound_ports` by
-/// listener name), heartbeats until it is unfenced, and starts the periodic heartbeats.
-///
-/// # Errors
-/// [`StartError::Metadata`] when the active controller refuses the registration (other than
-/// a live previous incarnation, or no controller reachable, which are retried up to
-/// [`REGISTRATION_TIMEOUT_MS`]).
-pub async fn start(
+/// The endpoints a broker registers: its advertised listeners (`listeners` when
+/// `advertised.listeners` is not set) without those of `controller.listener.names`, as Kafka's
+/// `KafkaConfig.effectiveAdvertisedBrokerListeners` (a combined node's CONTROLLER listener is
+/// not a broker endpoint); an advertised port 0 is the port the listener of that name bound
+/// (`bound_ports`, by listener name).
+fn registration_listeners(
     config: &BrokerConfig,
-    client: &Arc<ControllerClient>,
-    cluster_id: &str,
     bound_ports: &[(String, u16)],
-) -> Result<BrokerLifecycle, StartError> {
-    let interval = heartbeat_interval(config);
-    let listeners = config
+) -> Vec<BrokerEndpoint> {
+    config
         .advertised_listeners
         .iter()
+        .filter(|l| !config.quorum.controller_listener_names.contains(&l.name))
         .map(|l| BrokerEndpoint {
             name: l.name.clone(),
             host: l.host.clone(),
-            // An advertised port 0 is the port the listener of that name bound.
             port: if l.port == 0 {
                 bound_ports
                     .iter()
@@ -104,7 +99,24 @@ pub async fn start(
                 .map_or(0, |i| i as i16),
             ..BrokerEndpoint::default()
         })
-        .collect();
+        .collect()
+}
+
+/// Registers this broker (advertised listeners with the port each bound, `bound_ports` by
+/// listener name), heartbeats until it is unfenced, and starts the periodic heartbeats.
+///
+/// # Errors
+/// [`StartError::Metadata`] when the active controller refuses the registration (other than
+/// a live previous incarnation, or no controller reachable, which are retried up to
+/// [`REGISTRATION_TIMEOUT_MS`]).
+pub async fn start(
+    config: &BrokerConfig,
+    client: &Arc<ControllerClient>,
+    cluster_id: &str,
+    bound_ports: &[(String, u16)],
+) -> Result<BrokerLifecycle, StartError> {
+    let interval = heartbeat_interval(config);
+    let listeners = registration_listeners(config, bound_ports);
     let dirs: BTreeSet<_> = config.log_dirs.iter().cloned().collect();
     let log_dirs: Vec<Uuid> = crate::storage::verify_ensemble(&dirs, None, config.node_id)
         .map_err(|e| StartError::Storage(e.to_string()))?
@@ -316,5 +328,66 @@ impl BrokerLifecycle {
         {
             warn!("controlled shutdown did not complete in time; stopping anyway");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> BrokerConfig {
+        BrokerConfig::from_properties(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        )
+        .expect("a valid config")
+        .0
+    }
+
+    fn names(endpoints: &[BrokerEndpoint]) -> Vec<(&str, u16)> {
+        endpoints
+            .iter()
+            .map(|e| (e.name.as_str(), e.port))
+            .collect()
+    }
+
+    #[test]
+    fn a_combined_node_registers_its_broker_listeners_only() {
+        // Kafka 4's stock server.properties advertises the CONTROLLER listener too; the
+        // registration (KafkaConfig.effectiveAdvertisedBrokerListeners) leaves it out.
+        let combined = [
+            ("process.roles", "broker,controller"),
+            ("node.id", "1"),
+            ("controller.quorum.voters", "1@127.0.0.1:9093"),
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:9093",
+            ),
+            ("controller.listener.names", "CONTROLLER"),
+        ];
+        let bound = [("PLAINTEXT".to_string(), 19092)];
+        let c = config(&combined);
+        assert_eq!(
+            names(&registration_listeners(&c, &bound)),
+            [("PLAINTEXT", 19092)]
+        );
+        let mut advertised = combined.to_vec();
+        advertised.push((
+            "advertised.listeners",
+            "PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093",
+        ));
+        let c = config(&advertised);
+        assert_eq!(
+            names(&registration_listeners(&c, &bound)),
+            [("PLAINTEXT", 9092)]
+        );
+        // A node without controller listeners registers every listener.
+        let c = config(&[("listeners", "PLAINTEXT://127.0.0.1:9092")]);
+        assert_eq!(
+            names(&registration_listeners(&c, &bound)),
+            [("PLAINTEXT", 9092)]
+        );
     }
 }
