@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -130,6 +130,8 @@ pub struct RunningBroker {
     /// This broker's registration with the active controller; None on a node without the
     /// broker role (`process.roles=controller`), which never registers as a broker.
     lifecycle: Option<crate::lifecycle::BrokerLifecycle>,
+    /// The `.lock` of a `metadata.log.dir` outside `log.dirs` (those the log manager locks).
+    _metadata_dir_lock: Option<std::fs::File>,
 }
 
 impl RunningBroker {
@@ -229,6 +231,17 @@ pub async fn start_with_authorizer(
     }
     let cluster_id = ensure_storage(&config)?;
     let legacy_dir = config.log_dirs[0].join(METADATA_DIR);
+    // Kafka's KafkaRaftManager locks a metadata.log.dir that is not one of log.dirs (the log
+    // manager locks those), before the metadata log is opened.
+    let metadata_dir = metadata_log_dir(&config);
+    let same = |a: &Path, b: &Path| {
+        a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    };
+    let metadata_dir_lock = if config.log_dirs.iter().any(|d| same(d, &metadata_dir)) {
+        None
+    } else {
+        Some(gregor_log::lock_dir(&metadata_dir).map_err(|e| StartError::Logs(e.to_string()))?)
+    };
     let raft =
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
@@ -446,6 +459,7 @@ pub async fn start_with_authorizer(
         shutdown: shutdown_tx,
         tasks,
         lifecycle,
+        _metadata_dir_lock: metadata_dir_lock,
     })
 }
 

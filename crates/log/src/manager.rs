@@ -1,6 +1,6 @@
 //! [`LogManager`]: every partition log under `log.dirs` (Kafka's `LogManager`).
 //!
-//! Per log directory it keeps Kafka's files: `.lock` (flock, one broker per directory),
+//! Per log directory it keeps Kafka's files: `.lock` (one broker per directory, [`lock_dir`]),
 //! `.kafka_cleanshutdown` (written after a clean shutdown, removed once the logs are loaded so
 //! that a later crash is seen as unclean) and `recovery-point-offset-checkpoint`
 //! (`0\n<count>\n<topic> <partition> <offset>\n...`, offsets below which each log is fsynced;
@@ -40,12 +40,39 @@ struct Entry {
     topic_id: Option<[u8; 16]>,
 }
 
+/// Takes `dir`'s `.lock` for as long as the returned file stays open (Kafka's `FileLock` on
+/// `<dir>/.lock`): one process per log directory. Two locks are held on it:
+/// - an `fcntl` record lock on the whole file (`F_SETLK`), the lock Java's `FileLock` takes on
+///   Linux, so a Kafka broker or tool (kafka-metadata-shell, kafka-storage) and gregor exclude
+///   each other on one directory;
+/// - an `flock`, which also refuses a second lock from this same process (`fcntl` locks belong
+///   to the process, so a second manager here would get one).
+///
+/// # Errors
+/// [`LogError::DirLocked`] when another process holds either lock; [`LogError::Io`] when the
+/// file cannot be opened or created.
+pub fn lock_dir(dir: &Path) -> Result<File> {
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| LogError::io("opening", &lock_path, e))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
+    rustix::fs::fcntl_lock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
+    Ok(lock)
+}
+
 /// Owns the log directories and the partition logs in them.
 pub struct LogManager {
     log_dirs: Vec<PathBuf>,
     default_config: LogConfig,
     logs: Mutex<HashMap<TopicPartition, Entry>>,
-    /// Holds each directory's `.lock` flock for the manager's lifetime.
+    /// Holds each directory's `.lock` ([`lock_dir`]) for the manager's lifetime.
     _locks: Vec<File>,
     /// The clock handed to every log it opens.
     clock: SharedClock,
@@ -238,17 +265,7 @@ impl LogManager {
                 .map_err(|e| {
                     LogError::io("checking that the log directory is writable:", dir, e)
                 })?;
-            let lock_path = dir.join(LOCK_FILE);
-            let lock = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-                .map_err(|e| LogError::io("opening", &lock_path, e))?;
-            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
-            locks.push(lock);
+            locks.push(lock_dir(dir)?);
 
             let marker = dir.join(CLEAN_SHUTDOWN_FILE);
             let clean = marker.exists();
