@@ -678,11 +678,27 @@ fn log_manager_reload_clean_and_unclean() {
 fn log_dir_is_locked() {
     let root = tempfile::tempdir().unwrap();
     let dirs = vec![root.path().join("d")];
-    let (_mgr, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+    let (mgr, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
     assert!(matches!(
         LogManager::open(&dirs, LogConfig::default()).map(|_| ()),
         Err(LogError::DirLocked(_))
     ));
+    // Another process taking the fcntl record lock Java's FileLock takes (Kafka's `.lock`) is
+    // refused while the manager holds the directory, and gets it once the manager is gone.
+    let lock = dirs[0].join(".lock");
+    let try_fcntl_lock = || {
+        let script = "import fcntl, sys\nf = open(sys.argv[1], 'r+')\ntry:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('locked')\nexcept OSError:\n    print('refused')";
+        let out = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&lock)
+            .output()
+            .expect("python3");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(try_fcntl_lock(), "refused");
+    mgr.shutdown().unwrap();
+    drop(mgr);
+    assert_eq!(try_fcntl_lock(), "locked");
 }
 
 #[test]
