@@ -131,7 +131,7 @@ pub struct RunningBroker {
     /// broker role (`process.roles=controller`), which never registers as a broker.
     lifecycle: Option<crate::lifecycle::BrokerLifecycle>,
     /// The `.lock` of a `metadata.log.dir` outside `log.dirs` (those the log manager locks).
-    _metadata_dir_lock: Option<std::fs::File>,
+    _metadata_dir_lock: Option<gregor_log::DirLock>,
 }
 
 impl RunningBroker {

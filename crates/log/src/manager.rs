@@ -40,31 +40,68 @@ struct Entry {
     topic_id: Option<[u8; 16]>,
 }
 
-/// Takes `dir`'s `.lock` for as long as the returned file stays open (Kafka's `FileLock` on
-/// `<dir>/.lock`): one process per log directory. Two locks are held on it:
+/// The directories whose `.lock` this process holds ([`lock_dir`]): a second lock of one of
+/// them is refused without opening the file, because closing any descriptor of a file drops
+/// every `fcntl` lock the process holds on it.
+static HELD_DIRS: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A held `<dir>/.lock` ([`lock_dir`]); released when dropped.
+#[derive(Debug)]
+pub struct DirLock {
+    file: Option<File>,
+    key: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Close (releasing both locks) before another thread may open the file again.
+        drop(self.file.take());
+        HELD_DIRS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}
+
+/// Takes `dir`'s `.lock` (Kafka's `FileLock` on `<dir>/.lock`): one process per log
+/// directory, until the returned [`DirLock`] is dropped. Two locks are held on the file:
 /// - an `fcntl` record lock on the whole file (`F_SETLK`), the lock Java's `FileLock` takes on
 ///   Linux, so a Kafka broker or tool (kafka-metadata-shell, kafka-storage) and gregor exclude
 ///   each other on one directory;
-/// - an `flock`, which also refuses a second lock from this same process (`fcntl` locks belong
-///   to the process, so a second manager here would get one).
+/// - an `flock`, the lock earlier gregor versions took alone.
+///
+/// Within this process a directory already held is refused before its file is opened
+/// (`fcntl` locks belong to the process, and closing any descriptor of the file drops them).
 ///
 /// # Errors
-/// [`LogError::DirLocked`] when another process holds either lock; [`LogError::Io`] when the
+/// [`LogError::DirLocked`] when this or another process holds it; [`LogError::Io`] when the
 /// file cannot be opened or created.
-pub fn lock_dir(dir: &Path) -> Result<File> {
+pub fn lock_dir(dir: &Path) -> Result<DirLock> {
+    let key = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let mut held = HELD_DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if held.contains(&key) {
+        return Err(LogError::DirLocked(dir.display().to_string()));
+    }
     let lock_path = dir.join(LOCK_FILE);
-    let lock = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&lock_path)
         .map_err(|e| LogError::io("opening", &lock_path, e))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
         .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
-    rustix::fs::fcntl_lock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+    rustix::fs::fcntl_lock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
         .map_err(|_| LogError::DirLocked(dir.display().to_string()))?;
-    Ok(lock)
+    held.insert(key.clone());
+    Ok(DirLock {
+        file: Some(file),
+        key,
+    })
 }
 
 /// Owns the log directories and the partition logs in them.
@@ -73,7 +110,7 @@ pub struct LogManager {
     default_config: LogConfig,
     logs: Mutex<HashMap<TopicPartition, Entry>>,
     /// Holds each directory's `.lock` ([`lock_dir`]) for the manager's lifetime.
-    _locks: Vec<File>,
+    _locks: Vec<DirLock>,
     /// The clock handed to every log it opens.
     clock: SharedClock,
     /// This broker's epoch, written into `.kafka_cleanshutdown` at a clean shutdown (-1 until
