@@ -605,6 +605,18 @@ fn kafkas_metadata_loader_builds_from_gregors_log_and_snapshots_what_gregor_serv
         )
     });
     eprintln!("gregor serves:\n{served}");
+    // Kafka's own FileLock (what the shell and a Kafka broker take) is refused on a running
+    // node's directory: gregor's .lock is an fcntl lock too.
+    let running = cluster
+        .node(live[0])
+        .data_dir()
+        .join("__cluster_metadata-0");
+    let refused = reference::metadata_image(&["--dir".into(), running.display().to_string()])
+        .expect_err("Kafka's FileLock taken on a running gregor node's log directory");
+    assert!(
+        format!("{refused:#}").contains("Unable to lock"),
+        "{refused:#}"
+    );
     for id in &live {
         cluster.node_mut(*id).kill9().expect("kill -9");
     }
