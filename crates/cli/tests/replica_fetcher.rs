@@ -514,9 +514,26 @@ fn delete_records_rdkafka(
 /// request times out (REQUEST_TIMED_OUT), and once it resumes a new request completes.
 #[test]
 fn delete_records_waits_for_every_live_replica() {
+    delete_records_waits(gregor());
+}
+
+/// The same on Apache Kafka 4.4 (the reference: the same answers at the same moments).
+/// `cargo test -p gregor --test replica_fetcher -- --ignored`.
+#[test]
+#[ignore = "the reference run on three Kafka JVMs; run by hand"]
+fn delete_records_waits_for_every_live_replica_on_kafka() {
+    if gregor_tests::reference::jars_or_skip() {
+        delete_records_waits(Implementation::Kafka);
+    }
+}
+
+fn delete_records_waits(implementation: Implementation) {
     // A paused follower stays registered and unfenced for the whole test.
-    let mut cluster = Cluster::start(&config().with("broker.session.timeout.ms", "60000"))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let config = ClusterConfig {
+        implementation,
+        ..config().with("broker.session.timeout.ms", "60000")
+    };
+    let mut cluster = Cluster::start(&config).unwrap_or_else(|e| panic!("{e:#}"));
     let b1 = cluster.node(1).bootstrap().expect("broker listener");
     create_topic(&b1, "deleted", 3);
     let (leader, _, _) = wait_for(Duration::from_secs(20), "a leader of deleted", || {
