@@ -509,16 +509,39 @@ impl RaftManager {
                 ),
             },
             RequestKind::DescribeQuorum(r) => {
-                ResponseKind::DescribeQuorum(self.describe_quorum(r).await)
+                ResponseKind::DescribeQuorum(self.describe_quorum(r, version).await)
             }
             _ => return None,
         })
     }
 
     /// DescribeQuorum (API 55, KIP-595, KIP-836, KIP-853 `Nodes`) answered from the leader's
-    /// view; NOT_LEADER_OR_FOLLOWER at the partition level unless this node leads, INVALID_REQUEST
-    /// for anything but `__cluster_metadata-0`. Timestamps are wall-clock ms.
+    /// view at `version`; NOT_LEADER_OR_FOLLOWER at the partition level unless this node leads,
+    /// INVALID_REQUEST for anything but `__cluster_metadata-0`. Timestamps are wall-clock ms.
+    /// Below v2 the answer has no `Nodes` and no replica directory ids (v2 fields that cannot
+    /// be left out silently: the response would not encode).
     pub async fn describe_quorum(
+        &self,
+        r: &kp::DescribeQuorumRequest,
+        version: i16,
+    ) -> kp::DescribeQuorumResponse {
+        let mut response = self.describe_quorum_v2(r).await;
+        if version < 2 {
+            response.nodes.clear();
+            for p in response
+                .topics
+                .iter_mut()
+                .flat_map(|t| t.partitions.iter_mut())
+            {
+                for replica in p.current_voters.iter_mut().chain(p.observers.iter_mut()) {
+                    replica.replica_directory_id = uuid::Uuid::nil();
+                }
+            }
+        }
+        response
+    }
+
+    async fn describe_quorum_v2(
         &self,
         r: &kp::DescribeQuorumRequest,
     ) -> kp::DescribeQuorumResponse {

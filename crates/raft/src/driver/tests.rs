@@ -302,11 +302,14 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
     assert!(committed < fetch_offset);
     // DescribeQuorum from the leader lists the voters, 2 with its fetch offset.
     let d = m
-        .describe_quorum(&kp::DescribeQuorumRequest::default().with_topics(vec![
-            kp::describe_quorum_request::TopicData::default()
-                .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
-                .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
-        ]))
+        .describe_quorum(
+            &kp::DescribeQuorumRequest::default().with_topics(vec![
+                kp::describe_quorum_request::TopicData::default()
+                    .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
+                    .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
+            ]),
+            2,
+        )
         .await;
     let p = &d.topics[0].partitions[0];
     assert_eq!(
