@@ -266,7 +266,7 @@ fn same_status_through(
                     status_fields(&after),
                 );
                 let same =
-                    |k: &str| b.get(k).is_some() && b.get(k) == t.get(k) && t.get(k) == a.get(k);
+                    |k: &str| b.contains_key(k) && b.get(k) == t.get(k) && t.get(k) == a.get(k);
                 let hw = |f: &BTreeMap<String, String>| {
                     f.get("HighWatermark").and_then(|v| v.parse::<i64>().ok())
                 };
