@@ -234,3 +234,85 @@ pub fn error_response(
         _ => m::CreateTopicsResponse::default().into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request of each forwarded API (empty: the error answer names what the request
+    /// names) and a response of that API.
+    fn request_and_response(api_key: ApiKey) -> (RequestKind, ResponseKind) {
+        match api_key {
+            ApiKey::CreateTopics => (
+                m::CreateTopicsRequest::default().into(),
+                m::CreateTopicsResponse::default().into(),
+            ),
+            ApiKey::DeleteTopics => (
+                m::DeleteTopicsRequest::default().into(),
+                m::DeleteTopicsResponse::default().into(),
+            ),
+            ApiKey::CreatePartitions => (
+                m::CreatePartitionsRequest::default().into(),
+                m::CreatePartitionsResponse::default().into(),
+            ),
+            ApiKey::AlterConfigs => (
+                m::AlterConfigsRequest::default().into(),
+                m::AlterConfigsResponse::default().into(),
+            ),
+            ApiKey::IncrementalAlterConfigs => (
+                m::IncrementalAlterConfigsRequest::default().into(),
+                m::IncrementalAlterConfigsResponse::default().into(),
+            ),
+            ApiKey::ElectLeaders => (
+                m::ElectLeadersRequest::default().into(),
+                m::ElectLeadersResponse::default().into(),
+            ),
+            ApiKey::UpdateFeatures => (
+                m::UpdateFeaturesRequest::default().into(),
+                m::UpdateFeaturesResponse::default().into(),
+            ),
+            ApiKey::AlterPartitionReassignments => (
+                m::AlterPartitionReassignmentsRequest::default().into(),
+                m::AlterPartitionReassignmentsResponse::default().into(),
+            ),
+            ApiKey::ListPartitionReassignments => (
+                m::ListPartitionReassignmentsRequest::default().into(),
+                m::ListPartitionReassignmentsResponse::default().into(),
+            ),
+            ApiKey::DescribeQuorum => (
+                m::DescribeQuorumRequest::default().into(),
+                m::DescribeQuorumResponse::default().into(),
+            ),
+            other => panic!("{other:?} is not forwarded"),
+        }
+    }
+
+    #[test]
+    fn a_forwarded_request_that_timed_out_is_answered_request_timed_out_in_its_own_api() {
+        for api_key in FORWARDED {
+            let (request, response) = request_and_response(*api_key);
+            let r = error_response(
+                &request,
+                ErrorCode::RequestTimedOut,
+                Some("timed out".into()),
+            );
+            // An answer of the request's API (the connection encodes it as such).
+            assert_eq!(
+                std::mem::discriminant(&r),
+                std::mem::discriminant(&response),
+                "{api_key:?}: {r:?}"
+            );
+        }
+        // DescribeQuorum: the top-level error only, as Kafka's getErrorResponse.
+        let ResponseKind::DescribeQuorum(q) = error_response(
+            &request_and_response(ApiKey::DescribeQuorum).0,
+            ErrorCode::RequestTimedOut,
+            Some("timed out".into()),
+        ) else {
+            panic!("a DescribeQuorum answer")
+        };
+        assert_eq!(q.error_code, ErrorCode::RequestTimedOut.code());
+        assert!(q.topics.is_empty());
+        assert_eq!(q.error_message.as_deref(), Some("timed out"));
+    }
+}
