@@ -151,7 +151,7 @@ fn describe_quorum_through_a_broker_of_the_other_implementation() {
         (gregor(), Implementation::Kafka),
     ] {
         let label = format!("{} broker, {} controllers", broker.name(), main.name());
-        let mut cluster =
+        let cluster =
             Cluster::start(&mixed_config(main, broker)).unwrap_or_else(|e| panic!("{e:#}"));
         let (through, direct) = cluster.wait_for(
             std::time::Duration::from_secs(60),
