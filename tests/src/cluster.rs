@@ -1135,6 +1135,14 @@ impl Cluster {
         describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
+    /// DescribeQuorum sent to node `node_id`'s broker (client) listener, which forwards it to
+    /// the active controller (as Kafka's brokers do): `None` when the node is not a broker,
+    /// cannot be reached or answers with an error.
+    pub fn describe_quorum_through_broker(&self, node_id: i32) -> Option<QuorumStatus> {
+        let port = self.node(node_id).client_port?;
+        describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     /// Runs `kafka-metadata-quorum --bootstrap-controller <controllers> describe --status`
     /// (Kafka's tool, whatever the implementation) and parses its output.
     ///

@@ -8,16 +8,16 @@ use bytes::Bytes;
 use gregor_protocol::batch::{BatchBuilder, Compression};
 use kafka_protocol::messages::{
     alter_configs_request, create_topics_request, delete_records_request, delete_topics_request,
-    describe_configs_request, describe_topic_partitions_request, fetch_request,
-    incremental_alter_configs_request, join_group_request, leave_group_request,
+    describe_configs_request, describe_quorum_request, describe_topic_partitions_request,
+    fetch_request, incremental_alter_configs_request, join_group_request, leave_group_request,
     list_offsets_request, metadata_request, offset_commit_request, offset_fetch_request,
     produce_request, sync_group_request, update_features_request, AlterConfigsRequest, ApiKey,
     ApiVersionsRequest, BrokerId, CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, DescribeTopicPartitionsRequest, FetchRequest, FindCoordinatorRequest,
-    GroupId, HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest,
-    JoinGroupRequest, LeaveGroupRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetFetchRequest, ProduceRequest, RequestKind, SyncGroupRequest, TopicName,
-    UpdateFeaturesRequest,
+    DescribeConfigsRequest, DescribeQuorumRequest, DescribeTopicPartitionsRequest, FetchRequest,
+    FindCoordinatorRequest, GroupId, HeartbeatRequest, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListOffsetsRequest,
+    MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, RequestKind,
+    SyncGroupRequest, TopicName, UpdateFeaturesRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{Map, Value};
@@ -127,6 +127,7 @@ pub fn api_key(name: &str) -> Result<ApiKey> {
         "IncrementalAlterConfigs" => ApiKey::IncrementalAlterConfigs,
         "DescribeTopicPartitions" => ApiKey::DescribeTopicPartitions,
         "UpdateFeatures" => ApiKey::UpdateFeatures,
+        "DescribeQuorum" => ApiKey::DescribeQuorum,
         other => bail!("unknown api {other:?} in scenario"),
     })
 }
@@ -354,6 +355,26 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                     .with_resources(resources)
                     .with_validate_only(boolf(b, "validate_only", false)),
             )
+        }
+        // `topic` (default `__cluster_metadata`) and its `partitions` (default [0]).
+        ApiKey::DescribeQuorum => {
+            let partitions = match field(b, "partitions") {
+                None => vec![0],
+                Some(_) => i32_list(b, "partitions")?,
+            };
+            RequestKind::DescribeQuorum(DescribeQuorumRequest::default().with_topics(vec![
+                describe_quorum_request::TopicData::default()
+                    .with_topic_name(topic(string_or(b, "topic", "__cluster_metadata")))
+                    .with_partitions(
+                        partitions
+                            .into_iter()
+                            .map(|p| {
+                                describe_quorum_request::PartitionData::default()
+                                    .with_partition_index(p)
+                            })
+                            .collect(),
+                    ),
+            ]))
         }
         ApiKey::UpdateFeatures => {
             let updates = list(b, "feature_updates")

@@ -739,6 +739,8 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
     ("replica.lag.time.max.ms", ConfigType::Long, "30000"),
     ("replica.socket.timeout.ms", ConfigType::Int, "30000"),
+    // The broker's channels to the active controller (`controller_channel`).
+    ("controller.socket.timeout.ms", ConfigType::Int, "30000"),
     // Fetch from follower (KIP-392): unset, consumers read from leaders only.
     ("replica.selector.class", ConfigType::Class, ""),
     (
@@ -1759,6 +1761,22 @@ impl BrokerConfig {
     pub fn replica_socket_timeout_ms(&self) -> i64 {
         self.raw_i64("replica.socket.timeout.ms", 30_000, 1, i64::from(i32::MAX))
             .max(i64::from(self.replica_fetch_wait_max_ms()) + 1)
+    }
+
+    /// `controller.socket.timeout.ms` (Kafka's default 30000; below 1 read as 1): how long a
+    /// request from this broker to the active controller (a forwarded admin request, a
+    /// registration or heartbeat, an ISR change) waits for its answer on the connection, in ms,
+    /// before the connection is closed and the request re-sent. A forwarded request is re-sent
+    /// until the forwarding channel's fixed 60 s
+    /// ([`crate::controller_channel::FORWARDING_RETRY_TIMEOUT_MS`]) and then answered
+    /// REQUEST_TIMED_OUT.
+    pub fn controller_socket_timeout_ms(&self) -> u64 {
+        self.raw_i64(
+            "controller.socket.timeout.ms",
+            crate::controller_channel::DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS as i64,
+            1,
+            i64::from(i32::MAX),
+        ) as u64
     }
 
     /// `replica.high.watermark.checkpoint.interval.ms` (default 5000): how often each log

@@ -5,11 +5,17 @@
 //! (`RaftManager::leader_and_epoch`) and the voters' controller endpoints
 //! (`controller.quorum.voters`), keeps one connection to it over its controller listener, and
 //! sends one request at a time on it (Kafka's channel has one request in flight per
-//! connection), with its own correlation ids. A request is sent again, within its timeout, to
+//! connection), with its own correlation ids. Two timeouts apply, as in Kafka's
+//! `NodeToControllerChannelManager`: one request on the connection waits at most
+//! `controller.socket.timeout.ms` (30000) for its answer, after which the connection is closed
+//! and the request sent again; and a request is re-sent only until its channel's retry timeout
+//! (counted from when it was handed to the channel; the forwarding channel's is a fixed
+//! [`FORWARDING_RETRY_TIMEOUT_MS`], 60 s, as Kafka's `BrokerServer` gives it), after which it
+//! fails with REQUEST_TIMED_OUT. A request is sent again, within that timeout, to
 //! the new controller when the answer is NOT_CONTROLLER (or NOT_LEADER_OR_FOLLOWER for
-//! DescribeQuorum), when the connection is lost, or when the quorum's leader changes while it
-//! waits. A response frame larger than [`MAX_RESPONSE_BYTES`] closes the connection before
-//! anything is allocated.
+//! DescribeQuorum), when the connection is lost or its answer is late, or when the quorum's
+//! leader changes while it waits. A response frame larger than [`MAX_RESPONSE_BYTES`] closes
+//! the connection before anything is allocated.
 //!
 //! [`ControllerClient`] is what the broker calls: BrokerRegistration (62), BrokerHeartbeat
 //! (63), AllocateProducerIds (67), CreateTopics (19, the broker's own creations:
@@ -56,15 +62,54 @@ pub const MAX_RESPONSE_BYTES: usize = 100 * 1024 * 1024;
 /// new leader meanwhile, in ms (Kafka's `retry.backoff.ms` default is 100).
 pub const RETRY_BACKOFF_MS: u64 = 100;
 
-/// Default timeout of a request on the channel, in ms (Kafka's `request.timeout.ms` of the
-/// channel: `controller.socket.timeout.ms`, 30000).
-pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// Default of `controller.socket.timeout.ms` (Kafka's `ReplicationConfigs`): how long one
+/// request on a channel to the controller waits for its answer before the connection is
+/// closed and the request re-sent, in ms (Kafka's channel manager uses it as its network
+/// client's request timeout).
+pub const DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS: u64 = 30_000;
+
+/// How long the forwarding channel (forwarded client requests, the broker's own CreateTopics,
+/// AllocateProducerIds, AlterPartition) keeps re-sending a request before giving up with
+/// REQUEST_TIMED_OUT, in ms: Kafka's `BrokerServer` creates its `forwarding` channel manager
+/// with a fixed `retryTimeoutMs` of 60000 (no config sets it), and its `ForwardingManager`
+/// answers the client with the request's error response for a `TimeoutException`
+/// (REQUEST_TIMED_OUT) when it runs out.
+pub const FORWARDING_RETRY_TIMEOUT_MS: u64 = 60_000;
+
+/// The timeouts of the broker's channels to the active controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelTimeouts {
+    /// `controller.socket.timeout.ms`: one request's wait for its answer on a connection.
+    pub socket: Duration,
+    /// The forwarding channel's retry timeout ([`FORWARDING_RETRY_TIMEOUT_MS`]).
+    pub forwarding_retry: Duration,
+}
+
+impl Default for ChannelTimeouts {
+    fn default() -> Self {
+        Self {
+            socket: Duration::from_millis(DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS),
+            forwarding_retry: Duration::from_millis(FORWARDING_RETRY_TIMEOUT_MS),
+        }
+    }
+}
+
+impl ChannelTimeouts {
+    /// The timeouts `config` sets (`controller.socket.timeout.ms`).
+    pub fn from_config(config: &crate::config::BrokerConfig) -> Self {
+        Self {
+            socket: Duration::from_millis(config.controller_socket_timeout_ms()),
+            ..Self::default()
+        }
+    }
+}
 
 /// Why a request on the channel did not get an answer.
 #[derive(Debug, Clone, Error)]
 pub enum ChannelError {
-    /// No answer within the request's timeout (no active controller known, connection
-    /// failures, or NOT_CONTROLLER until the end): REQUEST_TIMED_OUT.
+    /// No answer within the request's retry timeout (no active controller known, connection
+    /// failures, answers later than the socket timeout, or NOT_CONTROLLER until the end):
+    /// REQUEST_TIMED_OUT.
     #[error("request {api_key:?} to the active controller timed out after {timeout_ms} ms (last: {last})")]
     Timeout {
         /// API of the request.
@@ -117,6 +162,7 @@ pub struct ControllerChannel {
     connection: Mutex<Option<Connection>>,
     correlation_id: AtomicI32,
     max_response_bytes: usize,
+    socket_timeout: Duration,
 }
 
 impl ControllerChannel {
@@ -137,7 +183,17 @@ impl ControllerChannel {
             connection: Mutex::new(None),
             correlation_id: AtomicI32::new(0),
             max_response_bytes: MAX_RESPONSE_BYTES,
+            socket_timeout: Duration::from_millis(DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS),
         }
+    }
+
+    /// Sets how long one request waits for its answer on the connection (connecting
+    /// included) before the connection is closed and the request re-sent
+    /// (`controller.socket.timeout.ms`; default [`DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS`]).
+    #[must_use]
+    pub fn with_socket_timeout(mut self, timeout: Duration) -> Self {
+        self.socket_timeout = timeout;
+        self
     }
 
     /// The channel's client id.
@@ -158,8 +214,9 @@ impl ControllerChannel {
     }
 
     /// Sends `body` (API `api_key` at `version`) to the active controller and returns its
-    /// answer, re-sending to the new controller on NOT_CONTROLLER, connection loss or a leader
-    /// change, until `timeout`.
+    /// answer, re-sending to the new controller on NOT_CONTROLLER, connection loss, an answer
+    /// later than the socket timeout or a leader change, until `timeout` (the retry timeout,
+    /// counted from this call: waiting behind another request on the channel counts too).
     ///
     /// # Errors
     /// [`ChannelError::Timeout`] when no usable answer came in time; [`ChannelError::Protocol`]
@@ -177,7 +234,6 @@ impl ControllerChannel {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                *self.connection.lock().await = None;
                 return Err(ChannelError::Timeout {
                     api_key,
                     timeout_ms: timeout.as_millis() as u64,
@@ -193,7 +249,7 @@ impl ControllerChannel {
             let attempt = tokio::select! {
                 r = tokio::time::timeout_at(deadline, self.attempt(leader, api_key, version, body)) => match r {
                     Ok(r) => r,
-                    Err(_) => Err(Attempt::Retry(format!("no answer from controller {leader}"))),
+                    Err(_) => Err(Attempt::Retry(format!("no answer from controller {leader} before the request's timeout"))),
                 },
                 // The quorum moved to another leader while this request waited.
                 _ = leader_rx.wait_for(|l| l.leader_id.is_some() && l.leader_id != Some(leader)) => {
@@ -205,7 +261,6 @@ impl ControllerChannel {
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(why)) => {
                     debug!(client_id = %self.client_id, ?api_key, %why, "re-sending to the active controller");
-                    *self.connection.lock().await = None;
                     last = why;
                     // Back off unless the quorum names another leader first.
                     let backoff =
@@ -221,6 +276,11 @@ impl ControllerChannel {
         }
     }
 
+    /// One exchange with controller `leader`: waits for the channel's connection (one request
+    /// in flight), then connects if needed, sends and reads the answer within the socket
+    /// timeout. The connection is taken out while in use and put back only after a usable
+    /// answer, so one whose request failed, ran late, was abandoned (the caller's deadline or a
+    /// leader change) or was answered NOT_CONTROLLER is closed, never reused.
     async fn attempt(
         &self,
         leader: i32,
@@ -229,29 +289,55 @@ impl ControllerChannel {
         body: &RequestKind,
     ) -> Result<ResponseKind, Attempt> {
         let mut guard = self.connection.lock().await;
-        if guard.as_ref().is_some_and(|c| c.node_id != leader) {
-            *guard = None;
+        let conn = guard.take().filter(|c| c.node_id == leader);
+        let exchange = self.exchange(conn, leader, api_key, version, body);
+        let (conn, response) = tokio::time::timeout(self.socket_timeout, exchange)
+            .await
+            .map_err(|_| {
+                Attempt::Retry(format!(
+                    "no answer from controller {leader} within {} ms (controller.socket.timeout.ms)",
+                    self.socket_timeout.as_millis()
+                ))
+            })??;
+        if is_not_controller(&response) {
+            return Err(Attempt::Retry(format!(
+                "controller {leader} answered NOT_CONTROLLER"
+            )));
         }
-        if guard.is_none() {
-            let (host, port) = self.endpoints.get(&leader).cloned().ok_or_else(|| {
-                Attempt::Retry(format!("no controller endpoint for node {leader}"))
-            })?;
-            let stream = TcpStream::connect((host.as_str(), port))
-                .await
-                .map_err(|e| {
-                    Attempt::Retry(format!(
-                        "connecting to controller {leader} at {host}:{port}: {e}"
-                    ))
+        *guard = Some(conn);
+        Ok(response)
+    }
+
+    /// Connects to `leader` unless `conn` is a connection to it, sends `body` and reads its
+    /// answer; returns the connection with the answer.
+    async fn exchange(
+        &self,
+        conn: Option<Connection>,
+        leader: i32,
+        api_key: ApiKey,
+        version: i16,
+        body: &RequestKind,
+    ) -> Result<(Connection, ResponseKind), Attempt> {
+        let mut conn = match conn {
+            Some(c) => c,
+            None => {
+                let (host, port) = self.endpoints.get(&leader).cloned().ok_or_else(|| {
+                    Attempt::Retry(format!("no controller endpoint for node {leader}"))
                 })?;
-            let _ = stream.set_nodelay(true);
-            info!(client_id = %self.client_id, controller = leader, "connected to the active controller");
-            *guard = Some(Connection {
-                node_id: leader,
-                stream,
-            });
-        }
-        let Some(conn) = guard.as_mut() else {
-            return Err(Attempt::Retry("no connection".into()));
+                let stream = TcpStream::connect((host.as_str(), port))
+                    .await
+                    .map_err(|e| {
+                        Attempt::Retry(format!(
+                            "connecting to controller {leader} at {host}:{port}: {e}"
+                        ))
+                    })?;
+                let _ = stream.set_nodelay(true);
+                info!(client_id = %self.client_id, controller = leader, "connected to the active controller");
+                Connection {
+                    node_id: leader,
+                    stream,
+                }
+            }
         };
         let correlation_id = self.correlation_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode_request(api_key, version, correlation_id, &self.client_id, body)
@@ -279,12 +365,7 @@ impl ControllerChannel {
                 "correlation id {got} from controller {leader}, expected {correlation_id}"
             )));
         }
-        if is_not_controller(&response) {
-            return Err(Attempt::Retry(format!(
-                "controller {leader} answered NOT_CONTROLLER"
-            )));
-        }
-        Ok(response)
+        Ok((conn, response))
     }
 }
 
@@ -442,9 +523,10 @@ pub struct ControllerClient {
     /// BrokerRegistration and BrokerHeartbeat (Kafka's lifecycle manager has its own channel,
     /// so a slow forwarded request never delays a heartbeat).
     heartbeat: ControllerChannel,
-    /// Everything else: Envelope, CreateTopics, AllocateProducerIds, DescribeQuorum.
+    /// Everything else: Envelope, CreateTopics, AllocateProducerIds, AlterPartition,
+    /// DescribeQuorum.
     forwarding: ControllerChannel,
-    request_timeout: Duration,
+    timeouts: ChannelTimeouts,
 }
 
 /// Versions gregor sends on the channel (Kafka 4.4's highest that the codec writes).
@@ -459,13 +541,15 @@ pub const ALTER_PARTITION_VERSION: i16 = 3;
 
 impl ControllerClient {
     /// The client of broker `node_id`, with `local` this node's controller over
-    /// `metadata_log` (and its quorum member's view of the leader); requests time out after
-    /// `request_timeout`.
+    /// `metadata_log` (and its quorum member's view of the leader). One request waits at most
+    /// `timeouts.socket` for its answer on both channels; the forwarding channel re-sends until
+    /// `timeouts.forwarding_retry`, the heartbeat channel (registration, heartbeats) until
+    /// `timeouts.socket`.
     pub fn new(
         node_id: i32,
         local: ControllerHandle,
         metadata_log: Arc<RaftMetadataLog>,
-        request_timeout: Duration,
+        timeouts: ChannelTimeouts,
     ) -> Self {
         let raft = metadata_log.manager().clone();
         Self {
@@ -476,16 +560,18 @@ impl ControllerClient {
                 raft.config().voter_endpoints.clone(),
                 node_id,
                 "heartbeat",
-            ),
+            )
+            .with_socket_timeout(timeouts.socket),
             forwarding: ControllerChannel::new(
                 raft.leader_and_epoch(),
                 raft.config().voter_endpoints.clone(),
                 node_id,
                 "forwarding",
-            ),
+            )
+            .with_socket_timeout(timeouts.socket),
             local,
             raft,
-            request_timeout,
+            timeouts,
         }
     }
 
@@ -499,9 +585,9 @@ impl ControllerClient {
         self.raft.leader_and_epoch().borrow().leader_id == Some(self.node_id)
     }
 
-    /// The request timeout of the channel.
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
+    /// The channels' timeouts.
+    pub fn timeouts(&self) -> ChannelTimeouts {
+        self.timeouts
     }
 
     /// BrokerRegistration (62, KIP-631): the broker epoch.
@@ -526,7 +612,7 @@ impl ControllerClient {
                 ApiKey::BrokerRegistration,
                 BROKER_REGISTRATION_VERSION,
                 &body,
-                self.request_timeout,
+                self.timeouts.socket,
             )
             .await?;
         let ResponseKind::BrokerRegistration(r) = response else {
@@ -566,7 +652,7 @@ impl ControllerClient {
                 ApiKey::BrokerHeartbeat,
                 BROKER_HEARTBEAT_VERSION,
                 &body,
-                self.request_timeout,
+                self.timeouts.socket,
             )
             .await?;
         let ResponseKind::BrokerHeartbeat(r) = response else {
@@ -609,7 +695,7 @@ impl ControllerClient {
                 ApiKey::AlterPartition,
                 ALTER_PARTITION_VERSION,
                 &body,
-                self.request_timeout,
+                self.timeouts.forwarding_retry,
             )
             .await?;
         let ResponseKind::AlterPartition(r) = response else {
@@ -645,7 +731,7 @@ impl ControllerClient {
                 ApiKey::AllocateProducerIds,
                 ALLOCATE_PRODUCER_IDS_VERSION,
                 &body,
-                self.request_timeout,
+                self.timeouts.forwarding_retry,
             )
             .await?;
         let ResponseKind::AllocateProducerIds(r) = response else {
@@ -684,7 +770,7 @@ impl ControllerClient {
             }
         }
         let request = m::CreateTopicsRequest::default()
-            .with_timeout_ms(self.request_timeout.as_millis().min(i32::MAX as u128) as i32)
+            .with_timeout_ms(self.timeouts.socket.as_millis().min(i32::MAX as u128) as i32)
             .with_topics(
                 topics
                     .iter()
@@ -723,7 +809,7 @@ impl ControllerClient {
                 ApiKey::CreateTopics,
                 CREATE_TOPICS_VERSION,
                 &RequestKind::CreateTopics(request),
-                self.request_timeout,
+                self.timeouts.forwarding_retry,
             )
             .await?;
         let ResponseKind::CreateTopics(r) = response else {
@@ -755,11 +841,13 @@ impl ControllerClient {
 
     /// Forwards a client's request in an Envelope (58, KIP-590) to the active controller, with
     /// the client's principal and address; returns the controller's answer to it (the body,
-    /// already decoded), once this node has applied what the controller had committed.
+    /// already decoded), once this node has applied what the controller had committed (not
+    /// for DescribeQuorum, which changes nothing).
     ///
     /// # Errors
     /// The Envelope's error code (other than NOT_CONTROLLER, which is retried), the
-    /// channel's timeout, or a malformed answer.
+    /// channel's timeout (REQUEST_TIMED_OUT after [`FORWARDING_RETRY_TIMEOUT_MS`]), or a
+    /// malformed answer.
     pub async fn forward(
         &self,
         ctx: &gregor_network::RequestContext,
@@ -792,7 +880,7 @@ impl ControllerClient {
                 ApiKey::Envelope,
                 ENVELOPE_VERSION,
                 &envelope,
-                self.request_timeout,
+                self.timeouts.forwarding_retry,
             )
             .await?;
         let ResponseKind::Envelope(r) = response else {
@@ -808,13 +896,17 @@ impl ControllerClient {
             ));
         };
         let (_, inner) = decode_response(api_key, version, data)?;
-        self.wait_for_controller_commits().await?;
+        // DescribeQuorum changes nothing this node would need to apply first.
+        if api_key != ApiKey::DescribeQuorum {
+            self.wait_for_controller_commits().await?;
+        }
         Ok(inner)
     }
 
     /// Waits until this node's loader has applied every record the active controller had
     /// committed (its high watermark, a Raft offset, from DescribeQuorum; converted to a
-    /// metadata offset once this node has committed that far), at most the request timeout.
+    /// metadata offset once this node has committed that far), at most
+    /// `controller.socket.timeout.ms` for each of the two.
     ///
     /// # Errors
     /// The channel's timeout, or the loader's failure.
@@ -834,7 +926,7 @@ impl ControllerClient {
                 ApiKey::DescribeQuorum,
                 DESCRIBE_QUORUM_VERSION,
                 &RequestKind::DescribeQuorum(request),
-                self.request_timeout,
+                self.timeouts.socket,
             )
             .await?;
         let ResponseKind::DescribeQuorum(r) = response else {
@@ -856,14 +948,14 @@ impl ControllerClient {
                 .await
                 .map_err(ControllerError::from)
         };
-        tokio::time::timeout(self.request_timeout, wait)
+        tokio::time::timeout(self.timeouts.socket, wait)
             .await
             .unwrap_or_else(|_| {
                 Err(ControllerError::Remote(
                     ErrorCode::RequestTimedOut,
                     format!(
                         "this node did not apply the controller's high watermark {high_watermark} within {} ms",
-                        self.request_timeout.as_millis()
+                        self.timeouts.socket.as_millis()
                     ),
                 ))
             })
@@ -1166,6 +1258,120 @@ mod tests {
         // Re-sent with a backoff, not in a busy loop.
         let n = refusing.requests.load(Ordering::SeqCst);
         assert!((2..=10).contains(&n), "{n} requests in 500 ms");
+    }
+
+    /// A fake controller that leaves the first `silent` requests unanswered (holding their
+    /// connections open) and answers the later ones with a heartbeat response.
+    async fn silent_for_the_first(silent: usize) -> FakeController {
+        let seen = Arc::new(AtomicUsize::new(0));
+        fake_controller(Arc::new(move |_, _| {
+            if seen.fetch_add(1, Ordering::SeqCst) < silent {
+                None
+            } else {
+                Some(m::BrokerHeartbeatResponse::default().into())
+            }
+        }))
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_late_answer_closes_the_connection_and_the_request_is_sent_again() {
+        let fake = silent_for_the_first(1).await;
+        let (_tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(rx, endpoints(&[(1, fake.port)]), 3, "forwarding")
+            .with_socket_timeout(Duration::from_millis(200));
+        let started = Instant::now();
+        let r = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_secs(10),
+            )
+            .await
+            .expect("answered once re-sent");
+        assert!(matches!(r, ResponseKind::BrokerHeartbeat(ref h) if h.error_code == 0));
+        // Re-sent after the socket timeout, not after the retry timeout.
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(5),
+            "{elapsed:?}"
+        );
+        assert_eq!(fake.requests.load(Ordering::SeqCst), 2);
+        // The connection of the late answer was closed: the second request came on a new one
+        // (the fake holds the first one open, so only a new connection could be answered).
+        let again = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_secs(10),
+            )
+            .await;
+        assert!(again.is_ok(), "{again:?}");
+        assert_eq!(fake.requests.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_controller_that_never_answers_is_request_timed_out_after_the_retry_timeout() {
+        let fake = silent_for_the_first(usize::MAX).await;
+        let (_tx, rx) = watch::channel(leader(Some(1), 1));
+        let channel = ControllerChannel::new(rx, endpoints(&[(1, fake.port)]), 3, "forwarding")
+            .with_socket_timeout(Duration::from_millis(100));
+        let started = Instant::now();
+        let e = channel
+            .send(
+                ApiKey::BrokerHeartbeat,
+                1,
+                &heartbeat(),
+                Duration::from_millis(700),
+            )
+            .await
+            .expect_err("never answered");
+        let elapsed = started.elapsed();
+        assert!(
+            matches!(
+                e,
+                ChannelError::Timeout {
+                    timeout_ms: 700,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.error_code(), ErrorCode::RequestTimedOut);
+        assert_eq!(
+            ControllerError::from(e.clone()).kafka_error_code(),
+            ErrorCode::RequestTimedOut.code()
+        );
+        assert!(
+            elapsed >= Duration::from_millis(700) && elapsed < Duration::from_secs(3),
+            "{elapsed:?}"
+        );
+        // Each attempt waited the socket timeout (plus the retry backoff) on a new connection.
+        let n = fake.requests.load(Ordering::SeqCst);
+        assert!((3..=7).contains(&n), "{n} attempts in 700 ms");
+    }
+
+    #[test]
+    fn the_channel_timeouts_come_from_controller_socket_timeout_ms() {
+        let config = |extra: &[(&str, &str)]| {
+            let props = extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            crate::config::BrokerConfig::from_properties(props).map(|(c, _)| c)
+        };
+        let default = ChannelTimeouts::from_config(&config(&[]).unwrap());
+        assert_eq!(default, ChannelTimeouts::default());
+        assert_eq!(default.socket, Duration::from_secs(30));
+        assert_eq!(default.forwarding_retry, Duration::from_secs(60));
+        let set = ChannelTimeouts::from_config(
+            &config(&[("controller.socket.timeout.ms", "1500")]).unwrap(),
+        );
+        assert_eq!(set.socket, Duration::from_millis(1500));
+        assert_eq!(set.forwarding_retry, Duration::from_secs(60));
+        assert!(config(&[("controller.socket.timeout.ms", "soon")]).is_err());
     }
 
     #[tokio::test]

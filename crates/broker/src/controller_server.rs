@@ -3,7 +3,8 @@
 //! is up, since a quorum of nodes that are all starting must elect a leader before any of them
 //! can load its metadata. They answer ApiVersions (listing the controller APIs), the KRaft
 //! APIs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch of `__cluster_metadata`,
-//! DescribeQuorum) through this node's [`RaftManager`], and DescribeCluster with
+//! DescribeQuorum; the last needs `Describe` on the Cluster, as Kafka's
+//! `ControllerApis.handleDescribeQuorum` checks) through this node's [`RaftManager`], and DescribeCluster with
 //! `EndpointType` 2 (KIP-919: the controllers and the active one, which
 //! `kafka-metadata-quorum --bootstrap-controller` asks first).
 //!
@@ -15,7 +16,8 @@
 //! ListPartitionReassignments sent by a broker
 //! (its own topic creations) or forwarded in an Envelope (58, KIP-590: the client's request
 //! with its principal, `DefaultPrincipalData`, and address) through this node's broker
-//! handlers, which validate and commit through the same handle. A node whose controller is not
+//! handlers, which validate and commit through the same handle; a DescribeQuorum forwarded in
+//! an Envelope is answered by this node's quorum member, authorised as the client's. A node whose controller is not
 //! the active one answers NOT_CONTROLLER, and the broker's channel re-sends to the new one.
 
 use std::sync::{Arc, OnceLock};
@@ -82,6 +84,8 @@ pub struct ControllerApis {
     broker: OnceLock<Arc<Broker>>,
     /// The quorum's `kraft.version` (KIP-853), finalized in ApiVersions when above 0.
     kraft_version: i16,
+    /// Decides DescribeQuorum (`Describe` on the Cluster); the broker's authorizer.
+    authorizer: Arc<dyn crate::authorizer::Authorizer>,
 }
 
 impl ControllerApis {
@@ -93,7 +97,16 @@ impl ControllerApis {
             controller: OnceLock::new(),
             broker: OnceLock::new(),
             kraft_version: 0,
+            authorizer: Arc::new(crate::authorizer::AllowEverythingAuthorizer),
         }
+    }
+
+    /// The handler deciding with `authorizer` (default: allow everything, Kafka without
+    /// `authorizer.class.name`).
+    #[must_use]
+    pub fn with_authorizer(mut self, authorizer: Arc<dyn crate::authorizer::Authorizer>) -> Self {
+        self.authorizer = authorizer;
+        self
     }
 
     /// The handler for a quorum at `kraft_version` (1: a dynamic quorum, KIP-853).
@@ -311,6 +324,15 @@ impl gregor_network::RequestHandler for ControllerApis {
                     ),
                 };
                 Handled::Ready(respond(&header, api_key, response))
+            }
+            RequestKind::DescribeQuorum(r) => {
+                let (raft, authorizer, ctx) =
+                    (self.raft.clone(), self.authorizer.clone(), ctx.clone());
+                Handled::Deferred(Box::pin(async move {
+                    let response =
+                        kraft::describe_quorum(&raft, authorizer.as_ref(), &ctx, &r).await;
+                    respond(&header, api_key, response.into())
+                }))
             }
             body => {
                 let raft = self.raft.clone();
@@ -622,7 +644,96 @@ mod tests {
         raft.shutdown().await;
     }
 
-    /// Denies creating topics to `User:bob` (and records every principal it saw).
+    /// DescribeQuorum through [`ControllerApis`]' request handler, as `principal`.
+    async fn describe_quorum_as(
+        apis: &ControllerApis,
+        principal: &str,
+        version: i16,
+    ) -> m::DescribeQuorumResponse {
+        use gregor_network::RequestHandler;
+        let mut ctx = RequestContext::local(ApiKey::DescribeQuorum, version);
+        ctx.principal = gregor_network::KafkaPrincipal {
+            principal_type: "User".into(),
+            name: principal.into(),
+        };
+        let Handled::Deferred(answer) = apis.handle(&ctx, metadata_describe_quorum().into()).await
+        else {
+            panic!("DescribeQuorum is answered by a deferred task")
+        };
+        let frame = answer.await.expect("a response");
+        let (_, r) = crate::controller_channel::decode_response(
+            ApiKey::DescribeQuorum,
+            version,
+            frame.slice(4..),
+        )
+        .unwrap();
+        let ResponseKind::DescribeQuorum(r) = r else {
+            panic!("a DescribeQuorum response")
+        };
+        r
+    }
+
+    fn metadata_describe_quorum() -> m::DescribeQuorumRequest {
+        m::DescribeQuorumRequest::default().with_topics(vec![
+            m::describe_quorum_request::TopicData::default()
+                .with_topic_name(m::TopicName(sb("__cluster_metadata")))
+                .with_partitions(vec![
+                    m::describe_quorum_request::PartitionData::default().with_partition_index(0)
+                ]),
+        ])
+    }
+
+    #[tokio::test]
+    async fn describe_quorum_on_the_controller_listener_needs_describe_on_the_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = RaftManager::start(
+            RaftManagerConfig {
+                quorum: QuorumConfig::new(1, VoterSet::new([1]).unwrap()),
+                metadata_log_dir: dir.path().to_path_buf(),
+                log: MetadataLogConfig::default(),
+                voter_endpoints: [(1, ("127.0.0.1".to_string(), 9093))].into_iter().collect(),
+                controller_listener_name: "CONTROLLER".into(),
+            },
+            |_| NoPeers,
+        )
+        .unwrap();
+        let mut leader = raft.leader_and_epoch();
+        leader.wait_for(|l| l.leader_id == Some(1)).await.unwrap();
+        let authorizer = Arc::new(DenyBob(parking_lot::Mutex::new(Vec::new())));
+        let apis = ControllerApis::new(raft.clone(), "c1".into()).with_authorizer(authorizer);
+        for version in [0, 2] {
+            let ok = describe_quorum_as(&apis, "alice", version).await;
+            assert_eq!(ok.error_code, 0, "v{version}");
+            let p = &ok.topics[0].partitions[0];
+            assert_eq!((p.error_code, p.leader_id.0), (0, 1), "v{version}");
+            assert_eq!(p.current_voters.len(), 1);
+
+            let denied = describe_quorum_as(&apis, "bob", version).await;
+            assert_eq!(
+                denied.error_code,
+                ErrorCode::ClusterAuthorizationFailed.code(),
+                "v{version}"
+            );
+            assert!(
+                denied.topics.is_empty(),
+                "nothing from the quorum: {denied:?}"
+            );
+            // The message is carried from v2 on.
+            if version >= 2 {
+                assert!(
+                    denied
+                        .error_message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("User:bob")),
+                    "{denied:?}"
+                );
+            }
+        }
+        raft.shutdown().await;
+    }
+
+    /// Denies creating topics and describing the cluster to `User:bob` (and records every
+    /// principal it saw).
     struct DenyBob(parking_lot::Mutex<Vec<String>>);
 
     impl crate::authorizer::Authorizer for DenyBob {
@@ -636,7 +747,11 @@ mod tests {
             actions
                 .iter()
                 .map(|a| {
-                    if ctx.principal.name == "bob" && a.operation == AclOperation::Create {
+                    let describe_cluster = a.operation == AclOperation::Describe
+                        && a.resource_pattern == crate::authorizer::ResourcePattern::cluster();
+                    if ctx.principal.name == "bob"
+                        && (a.operation == AclOperation::Create || describe_cluster)
+                    {
                         AuthorizationResult::Denied
                     } else {
                         AuthorizationResult::Allowed
@@ -844,6 +959,70 @@ mod tests {
         let seen = authorizer.0.lock().clone();
         assert!(seen.contains(&"User:alice".to_string()), "{seen:?}");
         assert!(seen.contains(&"User:bob".to_string()), "{seen:?}");
+        // DescribeQuorum forwarded in an Envelope: the quorum's answer for alice, refused
+        // for bob (Describe on the Cluster, checked as the envelope's principal).
+        for (who, expected) in [
+            ("alice", 0),
+            ("bob", ErrorCode::ClusterAuthorizationFailed.code()),
+        ] {
+            let frame = crate::controller_channel::encode_request(
+                ApiKey::DescribeQuorum,
+                2,
+                42,
+                "kafka-metadata-quorum",
+                &metadata_describe_quorum().into(),
+            )
+            .unwrap();
+            let ResponseKind::Envelope(e) = call(
+                ApiKey::Envelope,
+                0,
+                envelope(who, "unused")
+                    .with_request_data(frame.slice(4..))
+                    .into(),
+            )
+            .await
+            else {
+                panic!("an Envelope response")
+            };
+            assert_eq!(e.error_code, 0);
+            let (correlation_id, inner) =
+                decode_response(ApiKey::DescribeQuorum, 2, e.response_data.unwrap()).unwrap();
+            assert_eq!(correlation_id, 42);
+            let ResponseKind::DescribeQuorum(q) = inner else {
+                panic!("a DescribeQuorum response inside")
+            };
+            assert_eq!(q.error_code, expected, "{who}: {q:?}");
+            if expected == 0 {
+                let p = &q.topics[0].partitions[0];
+                assert_eq!((p.error_code, p.leader_id.0), (0, 1), "{q:?}");
+            }
+        }
+        // DescribeQuorum on the broker listener of the node that leads: answered here, with
+        // the same check.
+        for (who, expected) in [
+            ("alice", 0),
+            ("bob", ErrorCode::ClusterAuthorizationFailed.code()),
+        ] {
+            let mut ctx = RequestContext::local(ApiKey::DescribeQuorum, 1);
+            ctx.principal = KafkaPrincipal {
+                principal_type: "User".into(),
+                name: who.into(),
+            };
+            let Handled::Ready(Some(frame)) =
+                crate::handlers::handle(&running.broker, &ctx, metadata_describe_quorum().into())
+                    .await
+            else {
+                panic!("an immediate answer")
+            };
+            let (_, r) = decode_response(ApiKey::DescribeQuorum, 1, frame.slice(4..)).unwrap();
+            let ResponseKind::DescribeQuorum(q) = r else {
+                panic!("a DescribeQuorum response")
+            };
+            assert_eq!(q.error_code, expected, "{who}: {q:?}");
+            if expected == 0 {
+                assert_eq!(q.topics[0].partitions[0].leader_id.0, 1, "{q:?}");
+            }
+        }
         // A principal that does not decode.
         let ResponseKind::Envelope(e) = call(
             ApiKey::Envelope,

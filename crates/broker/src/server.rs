@@ -252,7 +252,8 @@ pub async fn start_with_authorizer(
         .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
     let controller_apis = Arc::new(
         crate::controller_server::ControllerApis::new(raft.clone(), cluster_id.clone())
-            .with_kraft_version(crate::metadata_publisher::kraft_version(&config)),
+            .with_kraft_version(crate::metadata_publisher::kraft_version(&config))
+            .with_authorizer(authorizer.clone()),
     );
     if !controller_endpoints.is_empty() {
         let listeners = match gregor_network::bind(&controller_endpoints).await {
@@ -279,7 +280,7 @@ pub async fn start_with_authorizer(
         config.node_id,
         controller.clone(),
         metadata_log,
-        Duration::from_millis(crate::controller_channel::DEFAULT_REQUEST_TIMEOUT_MS),
+        crate::controller_channel::ChannelTimeouts::from_config(&config),
     ));
 
     // Listeners with a security protocol gregor does not implement are refused here (and

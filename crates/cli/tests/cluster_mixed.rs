@@ -136,3 +136,37 @@ fn gregor_broker_refuses_a_kafka_cluster_with_a_newer_metadata_version() {
             .join("\n")
     );
 }
+
+/// DescribeQuorum sent to the broker-only node of the other implementation is forwarded to
+/// the active controller in an Envelope and answered as the controllers answer it: a gregor
+/// broker forwarding to Kafka controllers, and a Kafka broker forwarding to gregor controllers
+/// (whose Envelope handling must accept DescribeQuorum).
+#[test]
+fn describe_quorum_through_a_broker_of_the_other_implementation() {
+    if !reference::jars_or_skip() {
+        return;
+    }
+    for (main, broker) in [
+        (Implementation::Kafka, gregor()),
+        (gregor(), Implementation::Kafka),
+    ] {
+        let label = format!("{} broker, {} controllers", broker.name(), main.name());
+        let cluster =
+            Cluster::start(&mixed_config(main, broker)).unwrap_or_else(|e| panic!("{e:#}"));
+        let (through, direct) = cluster.wait_for(
+            std::time::Duration::from_secs(60),
+            &format!("DescribeQuorum through node 4 ({label}) to agree with the controllers"),
+            || {
+                let direct = (1..=3).find_map(|n| cluster.describe_quorum_at_node(n))?;
+                let through = cluster.describe_quorum_through_broker(4)?;
+                let same = (through.leader_id, through.leader_epoch, &through.voters)
+                    == (direct.leader_id, direct.leader_epoch, &direct.voters)
+                    && through.observers == direct.observers;
+                same.then_some((through, direct))
+            },
+        );
+        assert_eq!(through.voters, [1, 2, 3], "{label}: {through:?} {direct:?}");
+        assert_eq!(through.observers, [4], "{label}: {through:?} {direct:?}");
+        println!("{label}: DescribeQuorum through node 4: {through:?}");
+    }
+}

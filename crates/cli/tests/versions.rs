@@ -74,6 +74,7 @@ fn every_api_at_every_version() -> Result<()> {
         ApiKey::DescribeConfigs,
         ApiKey::CreatePartitions,
         ApiKey::DescribeCluster,
+        ApiKey::DescribeQuorum,
     ] {
         ensure!(versions(key).next().is_some(), "{key:?} not advertised");
     }
@@ -256,6 +257,33 @@ fn every_api_at_every_version() -> Result<()> {
         ensure!(
             r.error_code == 0 && r.brokers.len() == 1,
             "DescribeCluster v{v}"
+        );
+    }
+
+    // DescribeQuorum on the broker listener (Kafka's brokers forward it to the active
+    // controller; this node is one): the one voter leads, at each version.
+    for v in versions(ApiKey::DescribeQuorum) {
+        let req = DescribeQuorumRequest::default().with_topics(vec![
+            describe_quorum_request::TopicData::default()
+                .with_topic_name(tn("__cluster_metadata"))
+                .with_partitions(vec![describe_quorum_request::PartitionData::default()]),
+        ]);
+        let ResponseKind::DescribeQuorum(r) =
+            c.call_kind(ApiKey::DescribeQuorum, v, &req.into())?
+        else {
+            bail!("wrong response kind");
+        };
+        let p = r.topics.first().and_then(|t| t.partitions.first());
+        ensure!(
+            r.error_code == 0
+                && p.is_some_and(|p| p.error_code == 0
+                    && p.leader_id.0 == 1
+                    && p.current_voters.len() == 1),
+            "DescribeQuorum v{v}: {r:?}"
+        );
+        ensure!(
+            r.nodes.len() == usize::from(v >= 2),
+            "DescribeQuorum v{v}: {r:?}"
         );
     }
 

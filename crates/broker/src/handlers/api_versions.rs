@@ -49,11 +49,15 @@ pub fn handle(req: &ApiVersionsRequest, version: i16) -> ApiVersionsResponse {
 }
 
 /// Answers ApiVersions; on a controller listener (`controller`) the KRaft APIs (Vote,
-/// BeginQuorumEpoch, EndQuorumEpoch, DescribeQuorum) are listed too.
+/// BeginQuorumEpoch, EndQuorumEpoch, FetchSnapshot) are listed too (DescribeQuorum is on
+/// every listener: a broker forwards it to the active controller).
 pub fn handle_on(req: &ApiVersionsRequest, version: i16, controller: bool) -> ApiVersionsResponse {
     let mut keys = api_keys();
     if controller {
         for k in gregor_raft::driver::KRAFT_API_KEYS {
+            if keys.iter().any(|v| v.api_key == *k as i16) {
+                continue;
+            }
             if let Some((min, max)) = super::kraft::versions(*k) {
                 keys.push(
                     ApiVersion::default()
@@ -149,6 +153,35 @@ pub fn unsupported_version_response(correlation_id: i32) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn describe_quorum_is_on_every_listener_the_other_kraft_apis_on_controller_listeners() {
+        let req = ApiVersionsRequest::default();
+        let range = |r: &ApiVersionsResponse, k: ApiKey| {
+            let found: Vec<_> = r
+                .api_keys
+                .iter()
+                .filter(|v| v.api_key == k as i16)
+                .map(|v| (v.min_version, v.max_version))
+                .collect();
+            assert!(found.len() <= 1, "{k:?} listed {} times", found.len());
+            found.first().copied()
+        };
+        let broker = handle_on(&req, 3, false);
+        assert_eq!(range(&broker, ApiKey::DescribeQuorum), Some((0, 2)));
+        for k in [
+            ApiKey::Vote,
+            ApiKey::BeginQuorumEpoch,
+            ApiKey::EndQuorumEpoch,
+            ApiKey::FetchSnapshot,
+        ] {
+            assert_eq!(range(&broker, k), None, "{k:?} on a broker listener");
+        }
+        let controller = handle_on(&req, 3, true);
+        assert_eq!(range(&controller, ApiKey::DescribeQuorum), Some((0, 2)));
+        assert_eq!(range(&controller, ApiKey::Vote), Some((0, 2)));
+        assert_eq!(range(&controller, ApiKey::FetchSnapshot), Some((0, 1)));
+    }
 
     #[test]
     fn software_names() {

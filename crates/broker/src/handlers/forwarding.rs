@@ -1,21 +1,25 @@
 //! Forwarding of the admin requests that change metadata to the active controller (Kafka's
 //! `ForwardingManager`, KIP-590): CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
 //! IncrementalAlterConfigs, ElectLeaders, UpdateFeatures, AlterPartitionReassignments and
-//! ListPartitionReassignments. On a node whose controller is the active one they are handled
+//! ListPartitionReassignments, and DescribeQuorum (55: Kafka's brokers forward it too, so
+//! `kafka-metadata-quorum --bootstrap-server` works; only the leader of the quorum can answer
+//! it). On a node whose controller is the active one they are handled
 //! here (the handlers commit through the local controller); on any other node the client's
 //! request goes, as it is, in an Envelope (58) with its principal and address to the active
 //! controller, whose `ControllerApis` runs the same handlers (authorising the client's
 //! principal) and returns the answer, which is relayed to the client once this node has
 //! applied what the controller had committed. NOT_CONTROLLER never reaches the client from a
-//! node that can forward: a local NOT_CONTROLLER (leadership just moved) is forwarded too, and
-//! the channel re-sends on NOT_CONTROLLER from a controller.
+//! node that can forward: a local NOT_CONTROLLER (leadership just moved; for DescribeQuorum
+//! NOT_LEADER_OR_FOLLOWER) is forwarded too, and the channel re-sends on NOT_CONTROLLER from a
+//! controller. A forwarded request that gets no answer within the forwarding channel's retry
+//! timeout (60 s, as Kafka's) is answered REQUEST_TIMED_OUT.
 
 use std::sync::Arc;
 
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, elect_leaders, features, reassignments, sb, topics};
+use super::{configs, elect_leaders, features, kraft, reassignments, sb, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -30,6 +34,7 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::UpdateFeatures,
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
+    ApiKey::DescribeQuorum,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -104,6 +109,17 @@ pub async fn handle_local(
                 .await
                 .into()
         }
+        RequestKind::DescribeQuorum(r) => match broker.raft.get() {
+            Some(raft) => kraft::describe_quorum(raft, broker.authorizer.as_ref(), ctx, &r)
+                .await
+                .into(),
+            // Not reachable after start-up; forwarded (or retried) like a moved leadership.
+            None => kraft::describe_quorum_error(
+                ErrorCode::NotController,
+                Some("this node's quorum member is not running yet".into()),
+            )
+            .into(),
+        },
         other => error_response(&other, ErrorCode::InvalidRequest, None),
     }
 }
@@ -209,7 +225,94 @@ pub fn error_response(
         RequestKind::ListPartitionReassignments(_) => {
             reassignments::list_error_response(code, message.as_deref()).into()
         }
+        // Kafka's `DescribeQuorumRequest.getErrorResponse`: the top-level error only.
+        RequestKind::DescribeQuorum(_) => m::DescribeQuorumResponse::default()
+            .with_error_code(code)
+            .with_error_message(message)
+            .into(),
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request of each forwarded API (empty: the error answer names what the request
+    /// names) and a response of that API.
+    fn request_and_response(api_key: ApiKey) -> (RequestKind, ResponseKind) {
+        match api_key {
+            ApiKey::CreateTopics => (
+                m::CreateTopicsRequest::default().into(),
+                m::CreateTopicsResponse::default().into(),
+            ),
+            ApiKey::DeleteTopics => (
+                m::DeleteTopicsRequest::default().into(),
+                m::DeleteTopicsResponse::default().into(),
+            ),
+            ApiKey::CreatePartitions => (
+                m::CreatePartitionsRequest::default().into(),
+                m::CreatePartitionsResponse::default().into(),
+            ),
+            ApiKey::AlterConfigs => (
+                m::AlterConfigsRequest::default().into(),
+                m::AlterConfigsResponse::default().into(),
+            ),
+            ApiKey::IncrementalAlterConfigs => (
+                m::IncrementalAlterConfigsRequest::default().into(),
+                m::IncrementalAlterConfigsResponse::default().into(),
+            ),
+            ApiKey::ElectLeaders => (
+                m::ElectLeadersRequest::default().into(),
+                m::ElectLeadersResponse::default().into(),
+            ),
+            ApiKey::UpdateFeatures => (
+                m::UpdateFeaturesRequest::default().into(),
+                m::UpdateFeaturesResponse::default().into(),
+            ),
+            ApiKey::AlterPartitionReassignments => (
+                m::AlterPartitionReassignmentsRequest::default().into(),
+                m::AlterPartitionReassignmentsResponse::default().into(),
+            ),
+            ApiKey::ListPartitionReassignments => (
+                m::ListPartitionReassignmentsRequest::default().into(),
+                m::ListPartitionReassignmentsResponse::default().into(),
+            ),
+            ApiKey::DescribeQuorum => (
+                m::DescribeQuorumRequest::default().into(),
+                m::DescribeQuorumResponse::default().into(),
+            ),
+            other => panic!("{other:?} is not forwarded"),
+        }
+    }
+
+    #[test]
+    fn a_forwarded_request_that_timed_out_is_answered_request_timed_out_in_its_own_api() {
+        for api_key in FORWARDED {
+            let (request, response) = request_and_response(*api_key);
+            let r = error_response(
+                &request,
+                ErrorCode::RequestTimedOut,
+                Some("timed out".into()),
+            );
+            // An answer of the request's API (the connection encodes it as such).
+            assert_eq!(
+                std::mem::discriminant(&r),
+                std::mem::discriminant(&response),
+                "{api_key:?}: {r:?}"
+            );
+        }
+        // DescribeQuorum: the top-level error only, as Kafka's getErrorResponse.
+        let ResponseKind::DescribeQuorum(q) = error_response(
+            &request_and_response(ApiKey::DescribeQuorum).0,
+            ErrorCode::RequestTimedOut,
+            Some("timed out".into()),
+        ) else {
+            panic!("a DescribeQuorum answer")
+        };
+        assert_eq!(q.error_code, ErrorCode::RequestTimedOut.code());
+        assert!(q.topics.is_empty());
+        assert_eq!(q.error_message.as_deref(), Some("timed out"));
     }
 }

@@ -75,6 +75,9 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeTopicPartitions,
     ApiKey::UpdateFeatures,
+    // Forwarded to the active controller (Kafka's broker listener advertises it: its
+    // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
+    ApiKey::DescribeQuorum,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -325,7 +328,6 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         body @ (RequestKind::Vote(_)
         | RequestKind::BeginQuorumEpoch(_)
         | RequestKind::EndQuorumEpoch(_)
-        | RequestKind::DescribeQuorum(_)
         | RequestKind::FetchSnapshot(_)) => kraft::handle(broker, ctx, body),
         RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
         RequestKind::DescribeCluster(r) => {
@@ -339,9 +341,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::ElectLeaders(_)
         | RequestKind::UpdateFeatures(_)
         | RequestKind::AlterPartitionReassignments(_)
-        | RequestKind::ListPartitionReassignments(_)) => {
-            forwarding::handle(broker, ctx, body).await
-        }
+        | RequestKind::ListPartitionReassignments(_)
+        | RequestKind::DescribeQuorum(_)) => forwarding::handle(broker, ctx, body).await,
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }

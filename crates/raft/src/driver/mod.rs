@@ -420,7 +420,8 @@ impl RaftManager {
     /// BeginQuorumEpoch (53), EndQuorumEpoch (54), Fetch (1) of `__cluster_metadata-0`, and
     /// DescribeQuorum (55, from [`RaftNode::describe_quorum`]; NOT_LEADER_OR_FOLLOWER unless
     /// this node leads). A request that does not name exactly `__cluster_metadata-0` is
-    /// answered with INVALID_REQUEST, as Kafka does. `None` for any other request.
+    /// answered with INVALID_REQUEST, as Kafka does (DescribeQuorum: UNKNOWN_TOPIC_OR_PARTITION
+    /// per partition named). `None` for any other request.
     pub async fn handle_kafka_request(
         &self,
         request: &RequestKind,
@@ -509,16 +510,41 @@ impl RaftManager {
                 ),
             },
             RequestKind::DescribeQuorum(r) => {
-                ResponseKind::DescribeQuorum(self.describe_quorum(r).await)
+                ResponseKind::DescribeQuorum(self.describe_quorum(r, version).await)
             }
             _ => return None,
         })
     }
 
     /// DescribeQuorum (API 55, KIP-595, KIP-836, KIP-853 `Nodes`) answered from the leader's
-    /// view; NOT_LEADER_OR_FOLLOWER at the partition level unless this node leads, INVALID_REQUEST
-    /// for anything but `__cluster_metadata-0`. Timestamps are wall-clock ms.
+    /// view at `version`; NOT_LEADER_OR_FOLLOWER at the partition level unless this node leads.
+    /// A request naming anything but exactly `__cluster_metadata-0` gets
+    /// UNKNOWN_TOPIC_OR_PARTITION in every partition it names (Kafka's
+    /// `DescribeQuorumRequest.getPartitionLevelErrorResponse`). Timestamps are wall-clock ms.
+    /// Below v2 the answer has no `Nodes` and no replica directory ids (v2 fields that cannot
+    /// be left out silently: the response would not encode).
     pub async fn describe_quorum(
+        &self,
+        r: &kp::DescribeQuorumRequest,
+        version: i16,
+    ) -> kp::DescribeQuorumResponse {
+        let mut response = self.describe_quorum_v2(r).await;
+        if version < 2 {
+            response.nodes.clear();
+            for p in response
+                .topics
+                .iter_mut()
+                .flat_map(|t| t.partitions.iter_mut())
+            {
+                for replica in p.current_voters.iter_mut().chain(p.observers.iter_mut()) {
+                    replica.replica_directory_id = uuid::Uuid::nil();
+                }
+            }
+        }
+        response
+    }
+
+    async fn describe_quorum_v2(
         &self,
         r: &kp::DescribeQuorumRequest,
     ) -> kp::DescribeQuorumResponse {
@@ -527,8 +553,33 @@ impl RaftManager {
                 && matches!(t.partitions.as_slice(), [p] if p.partition_index == convert::METADATA_PARTITION));
         let topic_name = TopicName(StrBytes::from_static_str(convert::METADATA_TOPIC_NAME));
         if !names_metadata {
-            return kp::DescribeQuorumResponse::default()
-                .with_error_code(ErrorCode::InvalidRequest.code());
+            let unknown = ErrorCode::UnknownTopicOrPartition;
+            return kp::DescribeQuorumResponse::default().with_topics(
+                r.topics
+                    .iter()
+                    .map(|t| {
+                        kp::describe_quorum_response::TopicData::default()
+                            .with_topic_name(t.topic_name.clone())
+                            .with_partitions(
+                                t.partitions
+                                    .iter()
+                                    .map(|p| {
+                                        kp::describe_quorum_response::PartitionData::default()
+                                            .with_partition_index(p.partition_index)
+                                            .with_error_code(unknown.code())
+                                            .with_error_message(Some(StrBytes::from_string(
+                                                format!(
+                                                    "the quorum's only partition is {}-{}",
+                                                    convert::METADATA_TOPIC_NAME,
+                                                    convert::METADATA_PARTITION
+                                                ),
+                                            )))
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            );
         }
         let partition = |p: kp::describe_quorum_response::PartitionData| {
             kp::DescribeQuorumResponse::default().with_topics(vec![

@@ -302,11 +302,14 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
     assert!(committed < fetch_offset);
     // DescribeQuorum from the leader lists the voters, 2 with its fetch offset.
     let d = m
-        .describe_quorum(&kp::DescribeQuorumRequest::default().with_topics(vec![
-            kp::describe_quorum_request::TopicData::default()
-                .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
-                .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
-        ]))
+        .describe_quorum(
+            &kp::DescribeQuorumRequest::default().with_topics(vec![
+                kp::describe_quorum_request::TopicData::default()
+                    .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
+                    .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
+            ]),
+            2,
+        )
         .await;
     let p = &d.topics[0].partitions[0];
     assert_eq!(
@@ -321,6 +324,64 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
     assert_eq!(voter2.log_end_offset, fetch_offset);
     assert_eq!(p.current_voters.len(), 3);
     assert_eq!(d.nodes.len(), 3);
+    // Below v2: no Nodes, no directory ids (v2 fields that would not encode).
+    let v1 = m
+        .describe_quorum(
+            &kp::DescribeQuorumRequest::default().with_topics(vec![
+                kp::describe_quorum_request::TopicData::default()
+                    .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
+                    .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
+            ]),
+            1,
+        )
+        .await;
+    assert!(v1.nodes.is_empty());
+    let mut buf = bytes::BytesMut::new();
+    kafka_protocol::protocol::Encodable::encode(&v1, &mut buf, 1).expect("encodes at v1");
+    // Another partition or topic: UNKNOWN_TOPIC_OR_PARTITION in each one named (Kafka's
+    // partition-level error response), nothing about the quorum.
+    let other = m
+        .describe_quorum(
+            &kp::DescribeQuorumRequest::default().with_topics(vec![
+                kp::describe_quorum_request::TopicData::default()
+                    .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
+                    .with_partitions(vec![
+                        kp::describe_quorum_request::PartitionData::default(),
+                        kp::describe_quorum_request::PartitionData::default()
+                            .with_partition_index(1),
+                    ]),
+                kp::describe_quorum_request::TopicData::default()
+                    .with_topic_name(TopicName(StrBytes::from_static_str("orders")))
+                    .with_partitions(vec![kp::describe_quorum_request::PartitionData::default()]),
+            ]),
+            2,
+        )
+        .await;
+    assert_eq!(other.error_code, 0);
+    let errors: Vec<(&str, i32, i16, usize)> = other
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(|p| {
+                (
+                    t.topic_name.0.as_str(),
+                    p.partition_index,
+                    p.error_code,
+                    p.current_voters.len(),
+                )
+            })
+        })
+        .collect();
+    let unknown = ErrorCode::UnknownTopicOrPartition.code();
+    assert_eq!(
+        errors,
+        [
+            ("__cluster_metadata", 0, unknown, 0),
+            ("__cluster_metadata", 1, unknown, 0),
+            ("orders", 0, unknown, 0)
+        ]
+    );
+    assert!(other.nodes.is_empty());
     m.shutdown().await;
     // A leader shutting down resigns: EndQuorumEpoch goes to the voters.
     let sent: Vec<_> = out.try_iter().collect();
