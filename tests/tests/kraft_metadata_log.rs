@@ -14,7 +14,7 @@ use gregor_protocol::metadata_records::log::{build_metadata_batch, MetadataLogBa
 use gregor_protocol::metadata_records::{
     encode_framed, ApiMessageAndVersion, FeatureLevelRecord, PartitionRecord, TopicRecord,
 };
-use gregor_raft::log::build_leader_change_batch;
+use gregor_raft::batches::build_leader_change_batch;
 use gregor_raft::quorum_state::FileQuorumStateStore;
 use gregor_raft::{
     ElectionState, KafkaMetadataLog, MetadataLogConfig, OffsetAndEpoch, RaftLog, VoterSet,

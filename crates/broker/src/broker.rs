@@ -42,6 +42,11 @@ pub struct Broker {
     /// controller channel otherwise), set once at start-up; unset (in-process tests of one
     /// node), the local controller is used.
     pub controller_client: std::sync::OnceLock<Arc<crate::controller_channel::ControllerClient>>,
+    /// The replica fetchers of the partitions this broker follows, set once at start-up on a
+    /// node with the broker role (the replica manager drives them through
+    /// [`crate::replica_manager::ReplicaFetchers`]); shutdown stops them, the checkpoints read
+    /// them.
+    pub replica_fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
     /// This incarnation's broker epoch (-1 before registration).
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
@@ -76,6 +81,7 @@ impl Broker {
             replica_manager,
             raft: std::sync::OnceLock::new(),
             controller_client: std::sync::OnceLock::new(),
+            replica_fetchers: std::sync::OnceLock::new(),
             broker_epoch: std::sync::atomic::AtomicI64::new(-1),
             producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             bound,

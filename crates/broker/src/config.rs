@@ -5,6 +5,9 @@
 //! (plus `--set` overrides) and builds the typed config, reporting unknown keys. Topic configs
 //! are resolved per topic by [`TopicConfigs::resolve`]: an override set on the topic, else the
 //! broker's synonym, else Kafka's default.
+//!
+//! The roles and quorum keys are parsed by [`crate::quorum_config`]; the error and the listener
+//! value both parsers use live in [`crate::config_value`] and are re-exported here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -13,29 +16,8 @@ use std::path::PathBuf;
 use gregor_log::LogConfig;
 use gregor_network::{EndPoint, SecurityProtocol, SocketServerConfig};
 use gregor_protocol::batch::{Compression, TimestampType};
-use thiserror::Error;
 
-/// A bad config value, naming the key and what is wrong (Kafka's `ConfigException`).
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-#[error("Invalid value {value} for configuration {name}: {reason}")]
-pub struct ConfigError {
-    /// Config name.
-    pub name: String,
-    /// Offending value.
-    pub value: String,
-    /// Why it is invalid.
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(name: &str, value: &str, reason: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            value: value.into(),
-            reason: reason.into(),
-        }
-    }
-}
+pub use crate::config_value::{ConfigError, Listener};
 
 /// Type of a config, as reported by DescribeConfigs v3+ (`config_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -496,13 +478,33 @@ pub fn validate_topic_config(name: &str, value: &str) -> Result<(), ConfigError>
     if name == "leader.replication.throttled.replicas"
         || name == "follower.replication.throttled.replicas"
     {
-        crate::replication::quota::validate_throttled_replicas(value)
+        validate_throttled_replicas(value)
             .map_err(|m| ConfigError::new(name, value, format!("{name}{m}")))?;
     }
     if name == "segment.bytes" && value.trim().parse::<i64>().is_ok_and(|v| v < 14) {
         return Err(ConfigError::new(name, value, "Value must be at least 14"));
     }
     Ok(())
+}
+
+/// Kafka's `ThrottledReplicaListValidator`: every comma-separated element, trimmed, is empty or
+/// `[0-9]+:[0-9]+`, or the elements joined are `*`.
+///
+/// # Errors
+/// Kafka's message, for the config error of the caller.
+pub fn validate_throttled_replicas(value: &str) -> Result<(), &'static str> {
+    let elements: Vec<&str> = value.split(',').map(str::trim).collect();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let replica = |s: &str| {
+        s.is_empty()
+            || s.split_once(':')
+                .is_some_and(|(p, b)| digits(p) && digits(b))
+    };
+    if elements.iter().all(|e| replica(e)) || elements.concat() == "*" {
+        Ok(())
+    } else {
+        Err(" must be the literal '*' or a list of replicas in the following format: [partitionId]:[brokerId],[partitionId]:[brokerId],...")
+    }
 }
 
 /// Where a config value comes from (DescribeConfigs `config_source`).
@@ -530,54 +532,6 @@ impl ConfigSource {
             Self::StaticBroker => 4,
             Self::Default => 5,
         }
-    }
-}
-
-/// A listener: `NAME://host:port`, with the security protocol `listener.security.protocol.map`
-/// gives its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    /// Listener name, upper-cased as Kafka's `ListenerName.normalised` (PLAINTEXT).
-    pub name: String,
-    /// Host or IP to bind or advertise; empty binds every interface.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-    /// The listener's security protocol.
-    pub security_protocol: SecurityProtocol,
-}
-
-impl Listener {
-    /// Parses `NAME://host:port` (IPv6 hosts in brackets), with the security protocol of
-    /// Kafka's default `listener.security.protocol.map` (a protocol name maps to itself;
-    /// other names are PLAINTEXT until [`BrokerConfig::from_properties`] applies the map).
-    ///
-    /// # Errors
-    /// [`ConfigError`] naming `config_name`.
-    pub fn parse(config_name: &str, s: &str) -> Result<Self, ConfigError> {
-        let bad = |why: &str| ConfigError::new(config_name, s, why);
-        let (name, rest) = s
-            .split_once("://")
-            .ok_or_else(|| bad("expected NAME://host:port"))?;
-        let (host, port) = rest
-            .rsplit_once(':')
-            .ok_or_else(|| bad("expected NAME://host:port"))?;
-        let port: u16 = port.parse().map_err(|_| bad("port is not a number"))?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        if name.is_empty() {
-            return Err(bad("listener name is empty"));
-        }
-        let name = name.to_ascii_uppercase();
-        Ok(Self {
-            security_protocol: SecurityProtocol::from_name(&name)
-                .unwrap_or(SecurityProtocol::Plaintext),
-            name,
-            host,
-            port,
-        })
     }
 }
 

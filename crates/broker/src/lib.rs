@@ -15,6 +15,7 @@ pub mod alter_partition;
 pub mod authorizer;
 pub mod broker;
 pub mod config;
+pub mod config_value;
 pub mod controller_channel;
 pub mod controller_server;
 pub mod coordinator_writer;

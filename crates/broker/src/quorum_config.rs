@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use gregor_raft::types::VoterEndpoints;
 use gregor_raft::{NodeId, QuorumConfig, VoterSet};
 
-use crate::config::{ConfigError, Listener};
+use crate::config_value::{ConfigError, Listener};
 
 /// The keys parsed here (no longer only accepted).
 pub const QUORUM_KEYS: &[&str] = &[

@@ -148,7 +148,7 @@ impl RunningBroker {
         }
         // Fetchers stop (closing their connections) before the logs close; the high
         // watermarks are checkpointed after the last follower append.
-        if let Some(fetchers) = self.broker.replica_manager.fetchers() {
+        if let Some(fetchers) = self.broker.replica_fetchers.get() {
             fetchers.shutdown().await;
         }
         let _ = self.shutdown.send(true);
@@ -158,7 +158,8 @@ impl RunningBroker {
         let broker = self.broker.clone();
         tokio::task::spawn_blocking(move || {
             let rm = &broker.replica_manager;
-            if let Err(e) = crate::replica_fetcher::checkpoint_high_watermarks(rm) {
+            let fetchers = broker.replica_fetchers.get().map(Arc::as_ref);
+            if let Err(e) = crate::replica_fetcher::checkpoint_high_watermarks(rm, fetchers) {
                 warn!(error = %e, "writing replication-offset-checkpoint at shutdown failed");
             }
             rm.logs().shutdown()
@@ -372,15 +373,15 @@ pub async fn start_with_authorizer(
     // broker role hosts no partition.
     if let Some(lifecycle) = &lifecycle {
         let rm = &broker.replica_manager;
-        rm.set_fetchers(Arc::new(
-            crate::replica_fetcher::ReplicaFetcherManager::new(
-                crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
-                lifecycle.broker_epoch,
-                rm.io_pool().clone(),
-                rm.clock().clone(),
-                rm.replication_quotas().clone(),
-            ),
+        let fetchers = Arc::new(crate::replica_fetcher::ReplicaFetcherManager::new(
+            crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
+            lifecycle.broker_epoch,
+            rm.io_pool().clone(),
+            rm.clock().clone(),
+            rm.replication_quotas().clone(),
         ));
+        let _ = broker.replica_fetchers.set(fetchers.clone());
+        rm.set_fetchers(fetchers);
     }
     // From here on every committed metadata batch reaches the partitions.
     crate::metadata_publisher::install_publishers(&broker)
@@ -524,7 +525,10 @@ async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::R
         let written = broker
             .replica_manager
             .io_pool()
-            .run(move || crate::replica_fetcher::checkpoint_high_watermarks(&b.replica_manager))
+            .run(move || {
+                let fetchers = b.replica_fetchers.get().map(Arc::as_ref);
+                crate::replica_fetcher::checkpoint_high_watermarks(&b.replica_manager, fetchers)
+            })
             .await;
         match written {
             Ok(Ok(())) => {}

@@ -22,28 +22,23 @@
 //! an out-of-ISR replica may be elected, RECOVERING).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use gregor_protocol::metadata_records::{
-    BrokerEndpoint, BrokerFeature, BrokerRegistrationChangeRecord, RegisterBrokerRecord,
-    UnregisterBrokerRecord,
+    BrokerFeature, BrokerRegistrationChangeRecord, RegisterBrokerRecord, UnregisterBrokerRecord,
 };
 use uuid::Uuid;
 
-use crate::controller::{Controller, ControllerError, ControllerResult};
+use crate::broker_sessions::Session;
+use crate::controller::{
+    BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, Controller,
+    ControllerError, ControllerResult,
+};
 use crate::image::{MetadataImage, PartitionRegistration, METADATA_VERSION_FEATURE, NO_LEADER};
 use crate::record::MetadataRecord;
 use crate::replication_control::{Election, PartitionChangeBuilder};
 
-/// The feature that turns on eligible leader replicas (KIP-966).
-pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
-
 /// `metadata.version` 4.3-IV0: cordoned log directories (KIP-1066) in registrations.
 const MV_4_3_IV0: i16 = 30;
-
-/// `broker.session.timeout.ms`'s default (Kafka's `KRaftConfigs`).
-pub const DEFAULT_BROKER_SESSION_TIMEOUT_MS: u64 = 9000;
 
 /// The feature ranges a gregor broker supports, as it registers them: those Kafka 4.4.0's
 /// broker registers (`metadata.version` 3.3-IV3 (7) to 4.4-IV2 (33), and the finalized features
@@ -81,77 +76,6 @@ pub fn unsupported_finalized_features(finalized: &BTreeMap<String, i16>) -> Vec<
         .collect()
 }
 
-/// A monotonic clock in milliseconds, injected so tests move time by hand.
-pub trait ControllerClock: Send + Sync {
-    /// Milliseconds since an arbitrary start; never goes back.
-    fn now_ms(&self) -> u64;
-}
-
-/// The process's monotonic clock.
-pub struct SystemClock {
-    start: Instant,
-}
-
-impl SystemClock {
-    /// A clock starting at 0 now.
-    pub fn new() -> Self {
-        Self {
-            start: Instant::now(),
-        }
-    }
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ControllerClock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
-
-/// A clock tests advance.
-#[derive(Default)]
-pub struct ManualClock {
-    now: AtomicU64,
-}
-
-impl ManualClock {
-    /// Moves time forward by `ms`.
-    pub fn advance(&self, ms: u64) {
-        self.now.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl ControllerClock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        self.now.load(Ordering::SeqCst)
-    }
-}
-
-/// A BrokerRegistration request (API 62, KIP-631), the fields the controller uses.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BrokerRegistrationRequest {
-    /// `node.id`.
-    pub broker_id: i32,
-    /// A new random id per broker process start.
-    pub incarnation_id: Uuid,
-    /// The broker's advertised listeners (name, host, port, security protocol id).
-    pub listeners: Vec<BrokerEndpoint>,
-    /// The features it supports (name, min, max level).
-    pub features: Vec<BrokerFeature>,
-    /// `broker.rack`.
-    pub rack: Option<String>,
-    /// The directory ids of its online log dirs (KIP-858).
-    pub log_dirs: Vec<Uuid>,
-    /// Its epoch before a clean shutdown, -1 if none (KIP-966: any other value than its
-    /// registration's epoch makes the registration leave every ISR and ELR).
-    pub previous_broker_epoch: i64,
-}
-
 impl BrokerRegistrationRequest {
     /// [`SUPPORTED_FEATURES`] as the request's features.
     pub fn supported_features() -> Vec<BrokerFeature> {
@@ -164,80 +88,6 @@ impl BrokerRegistrationRequest {
                 ..BrokerFeature::default()
             })
             .collect()
-    }
-}
-
-/// A BrokerHeartbeat request (API 63).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerHeartbeatRequest {
-    /// `node.id`.
-    pub broker_id: i32,
-    /// The epoch its registration returned.
-    pub broker_epoch: i64,
-    /// The offset of the last metadata record it applied.
-    pub current_metadata_offset: i64,
-    /// It wants to be fenced.
-    pub want_fence: bool,
-    /// It wants to shut down (controlled shutdown).
-    pub want_shut_down: bool,
-    /// Its cordoned log directories (KIP-1066, BrokerHeartbeat v2): `None` until the broker
-    /// reports them (Kafka 4.4's brokers do once recovered; gregor's brokers never cordon a
-    /// directory and send `None`).
-    pub cordoned_log_dirs: Option<Vec<Uuid>>,
-}
-
-/// The answer to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BrokerHeartbeatReply {
-    /// Its metadata has reached its registration's offset.
-    pub is_caught_up: bool,
-    /// It is fenced.
-    pub is_fenced: bool,
-    /// It is in controlled shutdown.
-    pub in_controlled_shutdown: bool,
-    /// It may shut down now.
-    pub should_shut_down: bool,
-}
-
-/// One broker's session on the active controller (`BrokerHeartbeatState`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Session {
-    /// Clock time of its last heartbeat (or registration), ms.
-    last_contact_ms: u64,
-    /// The metadata offset its last heartbeat reported.
-    metadata_offset: i64,
-    /// The offset at which its controlled shutdown records end, once it started one.
-    controlled_shutdown_offset: Option<i64>,
-}
-
-/// The sessions of the registered brokers, and the offset of each broker's latest
-/// `RegisterBrokerRecord` (Kafka's `registerBrokerRecordOffsets`: a broker is caught up once
-/// its metadata reached it).
-#[derive(Debug, Default)]
-pub(crate) struct BrokerSessions {
-    sessions: BTreeMap<i32, Session>,
-    register_offsets: BTreeMap<i32, i64>,
-}
-
-impl BrokerSessions {
-    /// Forgets every registration offset (a snapshot replaces the image).
-    pub(crate) fn register_offsets_clear(&mut self) {
-        self.register_offsets.clear();
-    }
-
-    /// Notes the offset of a committed `RegisterBrokerRecord` (or forgets it on
-    /// `UnregisterBrokerRecord`).
-    pub(crate) fn replayed(&mut self, offset: u64, record: &MetadataRecord) {
-        match record {
-            MetadataRecord::RegisterBroker(r) => {
-                self.register_offsets
-                    .insert(r.broker_id, i64::try_from(offset).unwrap_or(i64::MAX));
-            }
-            MetadataRecord::UnregisterBroker(r) => {
-                self.register_offsets.remove(&r.broker_id);
-            }
-            _ => {}
-        }
     }
 }
 
@@ -834,10 +684,13 @@ impl Controller {
 mod tests {
     use std::sync::Arc;
 
-    use gregor_protocol::metadata_records::FeatureLevelRecord;
+    use gregor_protocol::metadata_records::{BrokerEndpoint, FeatureLevelRecord};
 
     use super::*;
-    use crate::controller::{ControllerConfig, NewTopic};
+    use crate::controller::{
+        ControllerConfig, ManualClock, NewTopic, DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+    };
+    use crate::image::ELR_FEATURE;
     use crate::log::CommittedBatch;
 
     struct Cluster {

@@ -12,13 +12,20 @@
 //! Handlers reach it through a [`ControllerHandle`], whose calls return once the change is
 //! committed *and* applied on this node by the loader ([`crate::loader`]), so a CreateTopics
 //! followed by a Metadata request on the same broker sees the topic.
+//!
+//! The requests and answers of the handle are defined here (topics, broker registration and
+//! heartbeats, feature updates). The other parts of the state machine extend [`Controller`] in
+//! their own modules and import this one, never the reverse: brokers in `cluster_control`,
+//! partition changes in `replication_control`, UpdateFeatures in `features`; the brokers'
+//! heartbeat sessions and the controller's clock are in [`crate::broker_sessions`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::metadata_records::{
-    ConfigRecord, PartitionRecord, ProducerIdsRecord, RemoveTopicRecord, TopicRecord,
+    BrokerEndpoint, BrokerFeature, ConfigRecord, PartitionRecord, ProducerIdsRecord,
+    RemoveTopicRecord, TopicRecord,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -26,10 +33,9 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
-use crate::cluster_control::BrokerSessions;
-pub use crate::cluster_control::{
-    BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerClock,
-    ManualClock, SystemClock, DEFAULT_BROKER_SESSION_TIMEOUT_MS, SUPPORTED_FEATURES,
+use crate::broker_sessions::BrokerSessions;
+pub use crate::broker_sessions::{
+    ControllerClock, ManualClock, SystemClock, DEFAULT_BROKER_SESSION_TIMEOUT_MS,
 };
 use crate::image::MetadataImage;
 use crate::loader::{LoaderError, LoaderHandle};
@@ -277,6 +283,94 @@ pub struct PartitionsIncrease {
     /// Manual assignment of the new partitions (replica ids each); empty to let the controller
     /// place them.
     pub assignments: Vec<Vec<i32>>,
+}
+
+/// A BrokerRegistration request (API 62, KIP-631), the fields the controller uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BrokerRegistrationRequest {
+    /// `node.id`.
+    pub broker_id: i32,
+    /// A new random id per broker process start.
+    pub incarnation_id: Uuid,
+    /// The broker's advertised listeners (name, host, port, security protocol id).
+    pub listeners: Vec<BrokerEndpoint>,
+    /// The features it supports (name, min, max level).
+    pub features: Vec<BrokerFeature>,
+    /// `broker.rack`.
+    pub rack: Option<String>,
+    /// The directory ids of its online log dirs (KIP-858).
+    pub log_dirs: Vec<Uuid>,
+    /// Its epoch before a clean shutdown, -1 if none (KIP-966: any other value than its
+    /// registration's epoch makes the registration leave every ISR and ELR).
+    pub previous_broker_epoch: i64,
+}
+
+/// A BrokerHeartbeat request (API 63).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerHeartbeatRequest {
+    /// `node.id`.
+    pub broker_id: i32,
+    /// The epoch its registration returned.
+    pub broker_epoch: i64,
+    /// The offset of the last metadata record it applied.
+    pub current_metadata_offset: i64,
+    /// It wants to be fenced.
+    pub want_fence: bool,
+    /// It wants to shut down (controlled shutdown).
+    pub want_shut_down: bool,
+    /// Its cordoned log directories (KIP-1066, BrokerHeartbeat v2): `None` until the broker
+    /// reports them (Kafka 4.4's brokers do once recovered; gregor's brokers never cordon a
+    /// directory and send `None`).
+    pub cordoned_log_dirs: Option<Vec<Uuid>>,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerHeartbeatReply {
+    /// Its metadata has reached its registration's offset.
+    pub is_caught_up: bool,
+    /// It is fenced.
+    pub is_fenced: bool,
+    /// It is in controlled shutdown.
+    pub in_controlled_shutdown: bool,
+    /// It may shut down now.
+    pub should_shut_down: bool,
+}
+
+/// How a feature may move (`FeatureUpdate.UpgradeType`, the request's `UpgradeType` code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpgradeType {
+    /// 1: the level may only go up (or stay).
+    Upgrade,
+    /// 2: a downgrade that loses no metadata.
+    SafeDowngrade,
+    /// 3: a downgrade that may lose metadata.
+    UnsafeDowngrade,
+    /// Any other code.
+    Unknown,
+}
+
+impl UpgradeType {
+    /// The upgrade type of a wire code (Kafka's `UpgradeType.fromCode`).
+    pub fn from_code(code: i8) -> Self {
+        match code {
+            1 => Self::Upgrade,
+            2 => Self::SafeDowngrade,
+            3 => Self::UnsafeDowngrade,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// One update of an UpdateFeatures request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureUpdate {
+    /// The feature's name (`metadata.version`, `group.version`, ...).
+    pub feature: String,
+    /// The new level; 0 removes the feature (negative levels are refused).
+    pub max_version_level: i16,
+    /// How it may move.
+    pub upgrade_type: UpgradeType,
 }
 
 /// A new partition's replicas (leader first) and its ISR.
@@ -1343,7 +1437,7 @@ impl ControllerHandle {
     /// INVALID_UPDATE_VERSION, NOT_CONTROLLER, or the log's or the loader's failure.
     pub async fn update_features(
         &self,
-        updates: Vec<crate::features::FeatureUpdate>,
+        updates: Vec<FeatureUpdate>,
         validate_only: bool,
     ) -> Result<(), ControllerError> {
         self.submit_one(move |c| c.update_features(updates, validate_only))

@@ -27,11 +27,13 @@ use std::collections::BTreeMap;
 
 use gregor_protocol::metadata_records::{ConfigRecord, FeatureLevelRecord, NoOpRecord};
 
-use crate::cluster_control::{ELR_FEATURE, SUPPORTED_FEATURES};
+use crate::cluster_control::SUPPORTED_FEATURES;
 #[cfg(doc)]
 use crate::controller::ControllerConfig;
 use crate::controller::{Controller, ControllerError, ControllerResult};
-use crate::image::METADATA_VERSION_FEATURE;
+// An UpdateFeatures request's types are the controller handle's; named here too, beside the rules.
+pub use crate::controller::{FeatureUpdate, UpgradeType};
+use crate::image::{ELR_FEATURE, METADATA_VERSION_FEATURE};
 use crate::record::{ConfigResource, MetadataRecord};
 
 /// The feature name of the KRaft protocol version (KIP-853).
@@ -75,42 +77,6 @@ fn metadata_version_dependency(feature: &str, level: i16) -> Option<i16> {
         (ELR_FEATURE, l) if l >= 1 => Some(23),
         _ => None,
     }
-}
-
-/// How a feature may move (`FeatureUpdate.UpgradeType`, the request's `UpgradeType` code).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpgradeType {
-    /// 1: the level may only go up (or stay).
-    Upgrade,
-    /// 2: a downgrade that loses no metadata.
-    SafeDowngrade,
-    /// 3: a downgrade that may lose metadata.
-    UnsafeDowngrade,
-    /// Any other code.
-    Unknown,
-}
-
-impl UpgradeType {
-    /// The upgrade type of a wire code (Kafka's `UpgradeType.fromCode`).
-    pub fn from_code(code: i8) -> Self {
-        match code {
-            1 => Self::Upgrade,
-            2 => Self::SafeDowngrade,
-            3 => Self::UnsafeDowngrade,
-            _ => Self::Unknown,
-        }
-    }
-}
-
-/// One update of an UpdateFeatures request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FeatureUpdate {
-    /// The feature's name (`metadata.version`, `group.version`, ...).
-    pub feature: String,
-    /// The new level; 0 removes the feature (negative levels are refused).
-    pub max_version_level: i16,
-    /// How it may move.
-    pub upgrade_type: UpgradeType,
 }
 
 /// Kafka's `VersionRange.toString`: `min` when equal, `min+` up to the maximum, else `min-max`.

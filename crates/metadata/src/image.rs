@@ -27,6 +27,9 @@ use crate::record::{ConfigResource, MetadataRecord, DIRECTORY_MIGRATING};
 /// The feature name of `metadata.version`.
 pub const METADATA_VERSION_FEATURE: &str = "metadata.version";
 
+/// The feature that turns on eligible leader replicas (KIP-966).
+pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
+
 /// `PartitionChangeRecord.Leader` value meaning "the leader did not change"
 /// (`LeaderConstants.NO_LEADER_CHANGE`).
 pub const NO_LEADER_CHANGE: i32 = -2;

@@ -32,9 +32,10 @@ use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use gregor_protocol::metadata_records::PartitionChangeRecord;
 use uuid::Uuid;
 
-use crate::cluster_control::ELR_FEATURE;
 use crate::controller::{Controller, ControllerError, ControllerResult};
-use crate::image::{MetadataImage, PartitionRegistration, NO_LEADER, NO_LEADER_CHANGE};
+use crate::image::{
+    MetadataImage, PartitionRegistration, ELR_FEATURE, NO_LEADER, NO_LEADER_CHANGE,
+};
 use crate::record::{ConfigResource, MetadataRecord};
 
 /// `unclean.leader.election.enable`.
@@ -1103,8 +1104,9 @@ pub(crate) mod tests {
     use gregor_protocol::metadata_records::{BrokerEndpoint, FeatureLevelRecord};
 
     use super::*;
-    use crate::cluster_control::{BrokerHeartbeatRequest, BrokerRegistrationRequest, ManualClock};
-    use crate::controller::{ControllerConfig, NewTopic};
+    use crate::controller::{
+        BrokerHeartbeatRequest, BrokerRegistrationRequest, ControllerConfig, ManualClock, NewTopic,
+    };
     use crate::image::METADATA_VERSION_FEATURE;
     use crate::log::CommittedBatch;
     use crate::record::MetadataRecord;

@@ -784,7 +784,7 @@ mod tests {
                 "version {version}"
             );
         }
-        let records = crate::log::build_data_batch(17, 4, 0, &[Bytes::from("x")]);
+        let records = crate::batches::build_data_batch(17, 4, 0, &[Bytes::from("x")]);
         let resp = FetchResponse {
             error: ErrorCode::None,
             high_watermark: 15,

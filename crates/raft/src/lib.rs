@@ -13,6 +13,8 @@
 //!   `ReplicatedLog`), with [`MemoryLog`] for tests and the simulator and
 //!   [`KafkaMetadataLog`] ([`metadata_log`]) for `<metadata.log.dir>/__cluster_metadata-0/`
 //!   on gregor-log segments in Kafka's layout, with its retention through snapshots.
+//! - [`batches`]: the record batches a leader writes (a proposal's data batch, the
+//!   `LeaderChange` control batch).
 //! - [`snapshot`]: KIP-630 snapshots on disk (`<end offset>-<epoch>.checkpoint`, written as
 //!   `.checkpoint.part` and renamed; SnapshotHeader, batches, SnapshotFooter).
 //! - [`message`]: the KRaft RPCs (Vote, BeginQuorumEpoch, EndQuorumEpoch, Fetch,
@@ -35,6 +37,7 @@
 //! and the logs; see docs/architecture.md.
 #![deny(missing_docs)]
 
+pub mod batches;
 pub mod config;
 pub mod convert;
 pub mod driver;

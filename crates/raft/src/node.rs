@@ -33,8 +33,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 use gregor_protocol::error::ErrorCode;
 
+use crate::batches::{build_data_batch, build_leader_change_batch};
 use crate::config::{BrokenRule, QuorumConfig, OBSERVER_SESSION_TIMEOUT_MS, RETRY_BACKOFF_BASE_MS};
-use crate::log::{build_data_batch, build_leader_change_batch, RaftLog, RaftLogError};
+use crate::log::{RaftLog, RaftLogError};
 use crate::message::{
     BeginQuorumEpochRequest, BeginQuorumEpochResponse, EndQuorumEpochRequest,
     EndQuorumEpochResponse, FetchRequest, FetchResponse, FetchSnapshotRequest,

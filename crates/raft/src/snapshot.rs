@@ -18,7 +18,7 @@ use gregor_protocol::metadata_records::log::{
 };
 use kafka_protocol::messages::{SnapshotFooterRecord, SnapshotHeaderRecord};
 
-use crate::log::build_data_batch;
+use crate::batches::build_data_batch;
 use crate::types::OffsetAndEpoch;
 
 /// Suffix of a complete snapshot (`Snapshots.SUFFIX`).

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 use gregor_protocol::error::ErrorCode;
+use gregor_raft::batches::build_data_batch;
 use gregor_raft::config::BrokenRule;
-use gregor_raft::log::build_data_batch;
 use gregor_raft::message::{
     BeginQuorumEpochRequest, FetchRequest, FetchResponse, FetchSnapshotRequest,
     FetchSnapshotResponse, Request, Response, VoteRequest, VoteResponse,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use gregor_protocol::batch::Batches;
-use gregor_raft::log::{build_data_batch, build_leader_change_batch};
+use gregor_raft::batches::{build_data_batch, build_leader_change_batch};
 use gregor_raft::quorum_state::FileQuorumStateStore;
 use gregor_raft::{
     Action, KafkaMetadataLog, MemoryLog, MetadataLogConfig, OffsetAndEpoch, QuorumConfig, RaftLog,

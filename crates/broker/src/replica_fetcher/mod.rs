@@ -13,8 +13,9 @@
 //!   carried out (append keeping the leader's offsets and epochs, truncation, watermarks) in one
 //!   job per response on the replica manager's I/O pool, never on an async worker. That job
 //!   holds the fetcher's partition map lock, so removing a partition
-//!   ([`ReplicaFetcherManager::before_image`]) waits for an append in progress: no follower
-//!   append lands after the partition became leader or was deleted.
+//!   ([`ReplicaFetchers::before_image`], which the replica manager calls before it applies an
+//!   image) waits for an append in progress: no follower append lands after the partition
+//!   became leader or was deleted.
 //! - **Out of range** asks the leader its latest and earliest offsets (ListOffsets v10 with
 //!   this broker's id, as Kafka 4.x's `fetchLatestOffset` / `fetchEarliestOffset`).
 //! - **Errors** back off `replica.fetch.backoff.ms` per partition; a connection error backs off
@@ -34,7 +35,7 @@ use tokio::sync::{watch, Notify};
 use uuid::Uuid;
 
 use crate::config::BrokerConfig;
-use crate::replica_manager::{IoPool, Partition, ReplicaManager, Role};
+use crate::replica_manager::{IoPool, Partition, ReplicaFetchers, ReplicaManager, Role};
 use crate::replication::follower::{fetcher_id, PartitionFetchState};
 use crate::replication::quota::ReplicationQuotas;
 
@@ -196,62 +197,6 @@ impl ReplicaFetcherManager {
         self.ctx.log_start_moved.swap(false, Ordering::AcqRel)
     }
 
-    /// Before `image` is applied (Kafka's `applyDelta`, which removes fetchers before
-    /// `makeLeader`/`makeFollower`): every followed partition whose leader or leader epoch
-    /// changes, that this broker leads or that has no leader, that no longer has this broker
-    /// as a replica, or whose topic was deleted or re-created, leaves its fetcher. Waits for
-    /// an append in progress on that partition.
-    pub fn before_image(&self, image: &MetadataImage, local_broker: i32) {
-        let stale: Vec<TopicPartition> = self
-            .assigned
-            .lock()
-            .iter()
-            .filter(|(tp, ((leader, _), epoch, topic_id))| {
-                let reg = image
-                    .topic_by_id(topic_id)
-                    .filter(|t| t.name == tp.topic)
-                    .and_then(|t| t.partitions.get(&tp.partition));
-                !reg.is_some_and(|r| {
-                    r.leader == *leader
-                        && r.leader != local_broker
-                        && r.leader_epoch == *epoch
-                        && r.replicas.contains(&local_broker)
-                })
-            })
-            .map(|(tp, _)| tp.clone())
-            .collect();
-        if !stale.is_empty() {
-            self.remove_partitions(&stale);
-        }
-    }
-
-    /// After `image` is applied: every hosted partition this broker follows is in the fetcher
-    /// of its leader (added from its log end offset when new or when its leader epoch
-    /// changed; no truncation here, divergence is found through the fetch). A leader whose
-    /// registration has no `listener` endpoint is logged and retried with the next image.
-    /// Idle fetchers stop.
-    pub fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]) {
-        if self.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let mut adds = Vec::new();
-        for p in partitions {
-            let s = p.state();
-            if s.role != Role::Follower {
-                continue;
-            }
-            let Some(address) = self.leader_address(image, s.leader) else {
-                tracing::warn!(partition = %p.topic_partition(), leader = s.leader,
-                    listener = ?self.ctx.config.listener_name,
-                    "the leader's registration has no inter-broker endpoint; not fetching");
-                continue;
-            };
-            adds.push((p.clone(), s.leader, s.leader_epoch, address));
-        }
-        self.add_partitions(adds);
-        self.shutdown_idle_fetchers();
-    }
-
     fn leader_address(&self, image: &MetadataImage, leader: i32) -> Option<String> {
         let reg = image.brokers.get(&leader)?;
         let endpoint = match &self.ctx.config.listener_name {
@@ -410,13 +355,70 @@ impl ReplicaFetcherManager {
     }
 }
 
+impl ReplicaFetchers for ReplicaFetcherManager {
+    /// The partitions leave their fetchers ([`ReplicaFetcherManager::remove_partitions`]).
+    fn before_image(&self, image: &MetadataImage, local_broker: i32) {
+        let stale: Vec<TopicPartition> = self
+            .assigned
+            .lock()
+            .iter()
+            .filter(|(tp, ((leader, _), epoch, topic_id))| {
+                let reg = image
+                    .topic_by_id(topic_id)
+                    .filter(|t| t.name == tp.topic)
+                    .and_then(|t| t.partitions.get(&tp.partition));
+                !reg.is_some_and(|r| {
+                    r.leader == *leader
+                        && r.leader != local_broker
+                        && r.leader_epoch == *epoch
+                        && r.replicas.contains(&local_broker)
+                })
+            })
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        if !stale.is_empty() {
+            self.remove_partitions(&stale);
+        }
+    }
+
+    /// Each followed partition joins the fetcher of its leader, from its log end offset when
+    /// new or when its leader epoch changed (no truncation here: divergence is found through
+    /// the fetch). A leader whose registration has no `listener` endpoint is logged and
+    /// retried with the next image. Idle fetchers stop.
+    fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]) {
+        if self.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let mut adds = Vec::new();
+        for p in partitions {
+            let s = p.state();
+            if s.role != Role::Follower {
+                continue;
+            }
+            let Some(address) = self.leader_address(image, s.leader) else {
+                tracing::warn!(partition = %p.topic_partition(), leader = s.leader,
+                    listener = ?self.ctx.config.listener_name,
+                    "the leader's registration has no inter-broker endpoint; not fetching");
+                continue;
+            };
+            adds.push((p.clone(), s.leader, s.leader_epoch, address));
+        }
+        self.add_partitions(adds);
+        self.shutdown_idle_fetchers();
+    }
+}
+
 /// Writes `replication-offset-checkpoint` in every log dir with each hosted partition's high
-/// watermark, and `log-start-offset-checkpoint` when a follower's log start offset moved.
+/// watermark, and `log-start-offset-checkpoint` when a follower's log start offset moved
+/// (`fetchers`: this broker's replica fetchers, None where none run).
 /// Blocking: run it on the I/O pool or a blocking thread.
 ///
 /// # Errors
 /// The log manager's I/O errors.
-pub fn checkpoint_high_watermarks(rm: &ReplicaManager) -> Result<(), gregor_log::LogError> {
+pub fn checkpoint_high_watermarks(
+    rm: &ReplicaManager,
+    fetchers: Option<&ReplicaFetcherManager>,
+) -> Result<(), gregor_log::LogError> {
     let hws: HashMap<TopicPartition, i64> = rm
         .partitions()
         .iter()
@@ -424,7 +426,7 @@ pub fn checkpoint_high_watermarks(rm: &ReplicaManager) -> Result<(), gregor_log:
         .collect();
     rm.logs()
         .checkpoint_high_watermarks(|tp| hws.get(tp).copied())?;
-    if rm.fetchers().is_some_and(|f| f.take_log_start_moved()) {
+    if fetchers.is_some_and(ReplicaFetcherManager::take_log_start_moved) {
         rm.logs().checkpoint_log_start_offsets()?;
     }
     Ok(())

@@ -196,7 +196,7 @@ fn high_watermarks_are_restored_from_the_checkpoint() {
     assert_eq!(hw(1), Some(5), "clipped to the log end offset");
     assert_eq!(hw(2), Some(0), "no entry: the log start offset");
     // Written back as it is now.
-    checkpoint_high_watermarks(&rm).unwrap();
+    checkpoint_high_watermarks(&rm, None).unwrap();
     let text = std::fs::read_to_string(dir.path().join("replication-offset-checkpoint")).unwrap();
     assert_eq!(text, "0\n3\nt 0 9\nt 1 5\nt 2 0\n");
 }

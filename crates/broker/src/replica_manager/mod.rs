@@ -589,6 +589,23 @@ impl DelayedFetch {
     }
 }
 
+/// The follower side of replication as the replica manager drives it around each metadata
+/// image (Kafka's `applyDelta`, which removes fetchers before `makeLeader`/`makeFollower` and
+/// adds them after): the replica fetchers implement it, and the broker installs them at
+/// start-up ([`ReplicaManager::set_fetchers`]).
+pub trait ReplicaFetchers: Send + Sync {
+    /// Before `image` is applied: every followed partition whose leader or leader epoch
+    /// changes, that `local_broker` leads or that has no leader, that no longer has
+    /// `local_broker` as a replica, or whose topic was deleted or re-created stops being
+    /// fetched. Waits for an append in progress on that partition, so no follower append
+    /// lands after the partition's role changed or it was deleted.
+    fn before_image(&self, image: &MetadataImage, local_broker: i32);
+
+    /// After `image` is applied: every partition of `partitions` (the hosted ones) that this
+    /// broker follows is fetched from its leader.
+    fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
+}
+
 /// The partitions hosted here, keyed by topic name and index, and the data path into them.
 pub struct ReplicaManager {
     local_broker: i32,
@@ -602,7 +619,7 @@ pub struct ReplicaManager {
     io: Arc<IoPool>,
     replication: Arc<ReplicationContext>,
     /// The replica fetchers, installed at start-up ([`ReplicaManager::set_fetchers`]).
-    fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
+    fetchers: std::sync::OnceLock<Arc<dyn ReplicaFetchers>>,
     /// High watermarks read from `replication-offset-checkpoint`, taken by each partition as
     /// it is created.
     checkpointed_high_watermarks:
@@ -649,7 +666,7 @@ impl ReplicaManager {
     }
 
     /// Installs the replica fetchers (once; later calls are ignored).
-    pub fn set_fetchers(&self, fetchers: Arc<crate::replica_fetcher::ReplicaFetcherManager>) {
+    pub fn set_fetchers(&self, fetchers: Arc<dyn ReplicaFetchers>) {
         let _ = self.fetchers.set(fetchers);
     }
 
@@ -657,11 +674,6 @@ impl ReplicaManager {
     /// [`ReplicaManager::fetch_messages`], the follower side by the replica fetchers.
     pub fn replication_quotas(&self) -> &Arc<ReplicationQuotas> {
         &self.quotas
-    }
-
-    /// The replica fetchers, once installed.
-    pub fn fetchers(&self) -> Option<&Arc<crate::replica_fetcher::ReplicaFetcherManager>> {
-        self.fetchers.get()
     }
 
     /// The partition `topic`-`index`, if hosted here.

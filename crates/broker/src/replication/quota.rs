@@ -22,6 +22,8 @@ use std::collections::{BTreeSet, HashMap};
 use gregor_log::SharedClock;
 use parking_lot::{Mutex, RwLock};
 
+use crate::config::{validate_throttled_replicas, DynamicBrokerConfigs};
+
 /// Kafka's `QuotaConfig.QUOTA_BYTES_PER_SECOND_DEFAULT`: no throttle.
 pub const UNTHROTTLED: i64 = i64::MAX;
 
@@ -145,26 +147,6 @@ pub fn parse_throttled_replicas(value: &str, broker_id: i32) -> Option<Throttled
         .map(|(p, _)| p)
         .collect();
     Some(ThrottledPartitions::Some(partitions))
-}
-
-/// Kafka's `ThrottledReplicaListValidator`: every comma-separated element, trimmed, is empty or
-/// `[0-9]+:[0-9]+`, or the elements joined are `*`.
-///
-/// # Errors
-/// Kafka's message, for the config error of the caller.
-pub fn validate_throttled_replicas(value: &str) -> Result<(), &'static str> {
-    let elements: Vec<&str> = value.split(',').map(str::trim).collect();
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let replica = |s: &str| {
-        s.is_empty()
-            || s.split_once(':')
-                .is_some_and(|(p, b)| digits(p) && digits(b))
-    };
-    if elements.iter().all(|e| replica(e)) || elements.concat() == "*" {
-        Ok(())
-    } else {
-        Err(" must be the literal '*' or a list of replicas in the following format: [partitionId]:[brokerId],[partitionId]:[brokerId],...")
-    }
 }
 
 /// One side's replication quota (Kafka's `ReplicationQuotaManager`): the bound, the rate of
@@ -303,7 +285,7 @@ impl ReplicationQuotas {
     /// from its `*.replication.throttled.replicas` for `broker_id`.
     pub fn apply_configs<'a>(
         &self,
-        dynamic: &crate::config::DynamicBrokerConfigs,
+        dynamic: &DynamicBrokerConfigs,
         topic_configs: impl Iterator<Item = (&'a str, std::collections::BTreeMap<String, String>)>,
         broker_id: i32,
     ) {

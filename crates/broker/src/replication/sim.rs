@@ -41,10 +41,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use gregor_metadata::cluster_control::{
-    BrokerHeartbeatRequest, BrokerRegistrationRequest, ManualClock,
+use gregor_metadata::controller::{
+    BrokerHeartbeatRequest, BrokerRegistrationRequest, Controller, ControllerConfig, ManualClock,
+    NewTopic,
 };
-use gregor_metadata::controller::{Controller, ControllerConfig, NewTopic};
 use gregor_metadata::image::METADATA_VERSION_FEATURE;
 use gregor_metadata::log::CommittedBatch;
 use gregor_metadata::record::MetadataRecord;
@@ -580,7 +580,7 @@ impl Sim {
     }
 
     fn clock_now(&self) -> u64 {
-        use gregor_metadata::cluster_control::ControllerClock;
+        use gregor_metadata::controller::ControllerClock;
         self.clock.now_ms()
     }
 

@@ -399,8 +399,8 @@ async fn a_proposal_resolves_only_when_a_majority_has_fetched_it() {
 
 #[test]
 fn parse_committed_stops_at_the_high_watermark_and_skips_control_batches() {
-    let data = crate::log::build_data_batch(1, 3, 0, &[Bytes::from_static(b"x")]);
-    let control = crate::log::build_leader_change_batch(0, 3, 0, 1, &[1], &[1]);
+    let data = crate::batches::build_data_batch(1, 3, 0, &[Bytes::from_static(b"x")]);
+    let control = crate::batches::build_leader_change_batch(0, 3, 0, 1, &[1], &[1]);
     let mut all = BytesMut::new();
     all.extend_from_slice(&control);
     all.extend_from_slice(&data);

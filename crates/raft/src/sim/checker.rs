@@ -253,8 +253,9 @@ impl Checker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batches::build_data_batch;
     use crate::config::QuorumConfig;
-    use crate::log::{build_data_batch, MemoryLog};
+    use crate::log::MemoryLog;
     use crate::rng::Rng;
     use crate::types::{ElectionState, VoterSet};
     use crate::RaftNode;
