@@ -19,6 +19,12 @@ use gregor_protocol::batch::{Compression, TimestampType};
 
 pub use crate::config_value::{ConfigError, Listener};
 
+/// Default of `controller.socket.timeout.ms` (Kafka's `ReplicationConfigs`): how long one
+/// request on a channel to the controller waits for its answer before the connection is
+/// closed and the request re-sent, in ms (Kafka's channel manager uses it as its network
+/// client's request timeout).
+pub const DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS: u64 = 30_000;
+
 /// Type of a config, as reported by DescribeConfigs v3+ (`config_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigType {
@@ -1722,12 +1728,12 @@ impl BrokerConfig {
     /// registration or heartbeat, an ISR change) waits for its answer on the connection, in ms,
     /// before the connection is closed and the request re-sent. A forwarded request is re-sent
     /// until the forwarding channel's fixed 60 s
-    /// ([`crate::controller_channel::FORWARDING_RETRY_TIMEOUT_MS`]) and then answered
+    /// (`controller_channel::FORWARDING_RETRY_TIMEOUT_MS`) and then answered
     /// REQUEST_TIMED_OUT.
     pub fn controller_socket_timeout_ms(&self) -> u64 {
         self.raw_i64(
             "controller.socket.timeout.ms",
-            crate::controller_channel::DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS as i64,
+            DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS as i64,
             1,
             i64::from(i32::MAX),
         ) as u64

@@ -62,11 +62,7 @@ pub const MAX_RESPONSE_BYTES: usize = 100 * 1024 * 1024;
 /// new leader meanwhile, in ms (Kafka's `retry.backoff.ms` default is 100).
 pub const RETRY_BACKOFF_MS: u64 = 100;
 
-/// Default of `controller.socket.timeout.ms` (Kafka's `ReplicationConfigs`): how long one
-/// request on a channel to the controller waits for its answer before the connection is
-/// closed and the request re-sent, in ms (Kafka's channel manager uses it as its network
-/// client's request timeout).
-pub const DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS: u64 = 30_000;
+pub use crate::config::DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS;
 
 /// How long the forwarding channel (forwarded client requests, the broker's own CreateTopics,
 /// AllocateProducerIds, AlterPartition) keeps re-sending a request before giving up with
