@@ -576,13 +576,12 @@ mod tests {
         fn send(&self, _to: NodeId, _message: Message) {}
     }
 
-    #[tokio::test]
-    async fn describe_cluster_lists_the_controllers_and_refuses_the_broker_endpoint_type() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A one-voter quorum in `dir`, once this node leads it.
+    async fn single_voter_leader(dir: &std::path::Path) -> Arc<RaftManager> {
         let raft = RaftManager::start(
             RaftManagerConfig {
                 quorum: QuorumConfig::new(1, VoterSet::new([1]).unwrap()),
-                metadata_log_dir: dir.path().to_path_buf(),
+                metadata_log_dir: dir.to_path_buf(),
                 log: MetadataLogConfig::default(),
                 voter_endpoints: [(1, ("127.0.0.1".to_string(), 9093))].into_iter().collect(),
                 controller_listener_name: "CONTROLLER".into(),
@@ -592,6 +591,13 @@ mod tests {
         .unwrap();
         let mut leader = raft.leader_and_epoch();
         leader.wait_for(|l| l.leader_id == Some(1)).await.unwrap();
+        raft
+    }
+
+    #[tokio::test]
+    async fn describe_cluster_lists_the_controllers_and_refuses_the_broker_endpoint_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = single_voter_leader(dir.path()).await;
         let apis = ControllerApis::new(raft.clone(), "c1".into());
         let ok = apis.describe_cluster(2, 1);
         assert_eq!(ok.error_code, 0);
@@ -686,19 +692,7 @@ mod tests {
     #[tokio::test]
     async fn describe_quorum_on_the_controller_listener_needs_describe_on_the_cluster() {
         let dir = tempfile::tempdir().unwrap();
-        let raft = RaftManager::start(
-            RaftManagerConfig {
-                quorum: QuorumConfig::new(1, VoterSet::new([1]).unwrap()),
-                metadata_log_dir: dir.path().to_path_buf(),
-                log: MetadataLogConfig::default(),
-                voter_endpoints: [(1, ("127.0.0.1".to_string(), 9093))].into_iter().collect(),
-                controller_listener_name: "CONTROLLER".into(),
-            },
-            |_| NoPeers,
-        )
-        .unwrap();
-        let mut leader = raft.leader_and_epoch();
-        leader.wait_for(|l| l.leader_id == Some(1)).await.unwrap();
+        let raft = single_voter_leader(dir.path()).await;
         let authorizer = Arc::new(DenyBob(parking_lot::Mutex::new(Vec::new())));
         let apis = ControllerApis::new(raft.clone(), "c1".into()).with_authorizer(authorizer);
         for version in [0, 2] {
