@@ -219,9 +219,13 @@ pub async fn start(
         }
     };
     let broker_id = config.node_id;
-    // Unfenced once caught up with the registration record.
+    // Unfenced once caught up with the registration record. A heartbeat that fails (a Kafka
+    // controller may answer REQUEST_TIMED_OUT while busy, or leadership moves) is sent again
+    // after a backoff, as Kafka's BrokerLifecycleManager does, within the same bound as the
+    // registration.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(REGISTRATION_TIMEOUT_MS);
     loop {
-        let reply = client
+        let reply = match client
             .broker_heartbeat(BrokerHeartbeatRequest {
                 broker_id,
                 broker_epoch,
@@ -231,7 +235,20 @@ pub async fn start(
                 cordoned_log_dirs: None,
             })
             .await
-            .map_err(|e| StartError::Metadata(e.to_string()))?;
+        {
+            Ok(reply) => reply,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                info!(error = %e, "first heartbeat not accepted yet; retrying");
+                tokio::time::sleep(interval.min(Duration::from_millis(500))).await;
+                continue;
+            }
+            Err(e) => {
+                return Err(StartError::Metadata(format!(
+                    "no heartbeat of broker {broker_id} (epoch {broker_epoch}) accepted within \
+                     {REGISTRATION_TIMEOUT_MS} ms of its registration: {e}"
+                )))
+            }
+        };
         if !reply.is_fenced {
             break;
         }
