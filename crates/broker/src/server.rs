@@ -243,6 +243,15 @@ pub async fn start_with_authorizer(
     } else {
         Some(gregor_log::lock_dir(&metadata_dir).map_err(|e| StartError::Logs(e.to_string()))?)
     };
+    // Every log dir is locked now, before the metadata log (in one of them, usually) opens: a
+    // second process on the same directories stops here, before it can join the quorum as
+    // this node. The log manager holds the locks from then on.
+    let dir_locks = config
+        .log_dirs
+        .iter()
+        .map(|d| gregor_log::lock_dir(d))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StartError::Logs(e.to_string()))?;
     let raft =
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
@@ -304,10 +313,12 @@ pub async fn start_with_authorizer(
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
     let defaults = crate::config::TopicConfigs::resolve(&config, &BTreeMap::new()).log_config();
-    let (logs, loaded) = tokio::task::spawn_blocking(move || LogManager::open(&log_dirs, defaults))
-        .await
-        .map_err(|e| StartError::Logs(e.to_string()))?
-        .map_err(|e| StartError::Logs(e.to_string()))?;
+    let (logs, loaded) = tokio::task::spawn_blocking(move || {
+        LogManager::open_with_locks(&log_dirs, dir_locks, defaults)
+    })
+    .await
+    .map_err(|e| StartError::Logs(e.to_string()))?
+    .map_err(|e| StartError::Logs(e.to_string()))?;
     if let Some(lifecycle) = &lifecycle {
         // A clean shutdown records it for the next registration's PreviousBrokerEpoch.
         logs.set_broker_epoch(lifecycle.broker_epoch);

@@ -807,3 +807,51 @@ fn serve_starts_on_storage_kafka_formatted() {
         snapshot_before
     );
 }
+
+/// A second gregor process on a running node's log directory stops at once, naming the
+/// directory, before it opens the metadata log (so it never joins the quorum as that node).
+#[test]
+fn a_second_process_on_a_running_nodes_directory_is_refused_before_it_joins_the_quorum() {
+    use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+    let cluster = Cluster::start(&ClusterConfig::combined(
+        Implementation::Gregor(BIN.into()),
+        1,
+    ))
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let node = cluster.node(1);
+    let ports: Vec<u16> = (0..3).map(|_| free_port().expect("port")).collect();
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(node.config_file())
+        .arg("--set")
+        .arg(format!(
+            "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+            ports[0], ports[1]
+        ))
+        .arg("--set")
+        .arg(format!(
+            "advertised.listeners=PLAINTEXT://127.0.0.1:{}",
+            ports[0]
+        ))
+        .arg("--set")
+        .arg(format!("admin.listener=127.0.0.1:{}", ports[2]))
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running a second gregor");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!(
+            "log directory {} is in use by another process",
+            node.data_dir().display()
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("raft node starting"), "{text}");
+}

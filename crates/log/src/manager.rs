@@ -290,6 +290,35 @@ impl LogManager {
         default_config: LogConfig,
         clock: SharedClock,
     ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
+        Self::open_inner(log_dirs, None, default_config, clock)
+    }
+
+    /// As [`LogManager::open`], with the directories' `.lock`s already taken by the caller
+    /// ([`lock_dir`], one per entry of `log_dirs`, in order): a broker takes them before it
+    /// opens anything else in them (the metadata log), so that a second process on the same
+    /// directories stops before it can touch them. The manager holds them from then on.
+    ///
+    /// # Errors
+    /// As [`LogManager::open`], except [`LogError::DirLocked`].
+    pub fn open_with_locks(
+        log_dirs: &[PathBuf],
+        locks: Vec<DirLock>,
+        default_config: LogConfig,
+    ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
+        Self::open_inner(
+            log_dirs,
+            Some(locks),
+            default_config,
+            crate::clock::system_clock(),
+        )
+    }
+
+    fn open_inner(
+        log_dirs: &[PathBuf],
+        held: Option<Vec<DirLock>>,
+        default_config: LogConfig,
+        clock: SharedClock,
+    ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
         let mut locks = Vec::new();
         let mut logs = HashMap::new();
         let mut loaded = Vec::new();
@@ -302,7 +331,9 @@ impl LogManager {
                 .map_err(|e| {
                     LogError::io("checking that the log directory is writable:", dir, e)
                 })?;
-            locks.push(lock_dir(dir)?);
+            if held.is_none() {
+                locks.push(lock_dir(dir)?);
+            }
 
             let marker = dir.join(CLEAN_SHUTDOWN_FILE);
             let clean = marker.exists();
@@ -399,7 +430,7 @@ impl LogManager {
             log_dirs: log_dirs.to_vec(),
             default_config,
             logs: Mutex::new(logs),
-            _locks: locks,
+            _locks: held.unwrap_or(locks),
             clock,
             broker_epoch: std::sync::atomic::AtomicI64::new(-1),
         };
