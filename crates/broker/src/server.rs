@@ -51,8 +51,25 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
     let formatted =
         storage::verify_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
     let Some(existing) = formatted.values().next() else {
-        let cluster_id = storage::random_cluster_id();
         let q = &config.quorum;
+        // Only a one-node cluster (this node its own quorum's only voter) formats itself on
+        // first start. A node of a larger cluster must join that cluster's id: Kafka refuses
+        // to start without meta.properties, and so does gregor.
+        let voters: Vec<i32> = q.voters.ids().collect();
+        if !(q.controller && voters == [config.node_id]) {
+            return Err(StartError::Storage(format!(
+                "no meta.properties in {}: this node (node.id {}, voters {voters:?}) is part of a \
+                 larger cluster, so format its storage with that cluster's id first (`gregor \
+                 storage format -t <cluster id> -c <config>` or kafka-storage format); only a \
+                 one-node cluster formats itself on first start",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                config.node_id
+            )));
+        }
+        let cluster_id = storage::random_cluster_id();
         let cfg = storage::StorageConfig {
             node_id: config.node_id,
             broker: q.broker,

@@ -855,3 +855,49 @@ fn a_second_process_on_a_running_nodes_directory_is_refused_before_it_joins_the_
     );
     assert!(!text.contains("raft node starting"), "{text}");
 }
+
+/// A node of a larger quorum does not format itself: without meta.properties it refuses to
+/// start (as Kafka does), naming the directory and how to format it; only a one-node cluster
+/// formats itself on first start.
+#[test]
+fn an_unformatted_node_of_a_larger_quorum_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let ports: Vec<u16> = (0..5).map(|_| free_port().expect("port")).collect();
+    let config = dir.path().join("server.properties");
+    std::fs::write(
+        &config,
+        format!(
+            "node.id=1\nprocess.roles=broker,controller\ncontroller.listener.names=CONTROLLER\n\
+             listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}\n\
+             controller.quorum.voters=1@127.0.0.1:{},2@127.0.0.1:{},3@127.0.0.1:{}\n\
+             log.dirs={}\n",
+            ports[0],
+            ports[1],
+            ports[1],
+            ports[2],
+            ports[3],
+            data.display()
+        ),
+    )
+    .expect("config");
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--set")
+        .arg(format!("admin.listener=127.0.0.1:{}", ports[4]))
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running gregor");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("no meta.properties in"), "{text}");
+    assert!(text.contains("gregor storage format"), "{text}");
+    assert!(!data.join("meta.properties").exists());
+}
