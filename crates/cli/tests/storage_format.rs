@@ -820,32 +820,17 @@ fn a_second_process_on_a_running_nodes_directory_is_refused_before_it_joins_the_
     .unwrap_or_else(|e| panic!("{e:#}"));
     let node = cluster.node(1);
     let ports: Vec<u16> = (0..3).map(|_| free_port().expect("port")).collect();
-    let out = Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(node.config_file())
-        .arg("--set")
-        .arg(format!(
-            "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
-            ports[0], ports[1]
-        ))
-        .arg("--set")
-        .arg(format!(
-            "advertised.listeners=PLAINTEXT://127.0.0.1:{}",
-            ports[0]
-        ))
-        .arg("--set")
-        .arg(format!("admin.listener=127.0.0.1:{}", ports[2]))
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running a second gregor");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let text = serve_fails(
+        &node.config_file(),
+        &[
+            format!(
+                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                ports[0], ports[1]
+            ),
+            format!("advertised.listeners=PLAINTEXT://127.0.0.1:{}", ports[0]),
+            format!("admin.listener=127.0.0.1:{}", ports[2]),
+        ],
     );
-    assert!(!out.status.success(), "{text}");
     assert!(
         text.contains(&format!(
             "log directory {} is in use by another process",
@@ -881,23 +866,33 @@ fn an_unformatted_node_of_a_larger_quorum_refuses_to_start() {
         ),
     )
     .expect("config");
-    let out = Command::new(BIN)
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .arg("--set")
-        .arg(format!("admin.listener=127.0.0.1:{}", ports[4]))
+    let text = serve_fails(&config, &[format!("admin.listener=127.0.0.1:{}", ports[4])]);
+    assert!(text.contains("no meta.properties in"), "{text}");
+    assert!(text.contains("gregor storage format"), "{text}");
+    assert!(!data.join("meta.properties").exists());
+}
+
+/// Runs `gregor serve --config config --set ...` and returns its output, which must come from a
+/// failed start.
+fn serve_fails(config: &Path, sets: &[String]) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve").arg("--config").arg(config);
+    for set in sets {
+        cmd.arg("--set").arg(set);
+    }
+    let out = cmd
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
         .output()
-        .expect("running gregor");
+        .expect("running gregor serve");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!out.status.success(), "{text}");
-    assert!(text.contains("no meta.properties in"), "{text}");
-    assert!(text.contains("gregor storage format"), "{text}");
-    assert!(!data.join("meta.properties").exists());
+    assert!(
+        !out.status.success(),
+        "gregor serve should have failed: {text}"
+    );
+    text
 }
