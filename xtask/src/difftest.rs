@@ -51,7 +51,11 @@ const IGNORED_FIELDS: &[&str] = &[
 /// retrying. `retry_until_ok` repeats a step while its response has an error code (a topic
 /// being created); `retry_until_error` while it has none (a deleted topic still listed by a
 /// broker whose metadata has not caught up: Kafka answers DeleteTopics once the controller has
-/// committed, before its brokers apply it). Either compares the settled state, not the race.
+/// committed, before its brokers apply it). `retry_until_configs` (`{"name": "value" | null}`)
+/// repeats a DescribeConfigs until every resource shows each named config with that value (or
+/// without it, for null): Kafka answers (Incremental)AlterConfigs once the controller has
+/// committed, and its broker's DescribeConfigs shows the change only after the broker applied
+/// it. Each compares the settled state, not the race.
 const RETRY_DEADLINE_MS: u64 = 30_000;
 
 struct Scenario {
@@ -508,6 +512,7 @@ fn run_scenario(sc: &Scenario, addr: &str) -> Result<Vec<Step>> {
         let flag = |key: &str| step.get(key).and_then(Value::as_bool).unwrap_or(false);
         let (retry_until_ok, retry_until_error) =
             (flag("retry_until_ok"), flag("retry_until_error"));
+        let wanted_configs = step.get("retry_until_configs").and_then(Value::as_object);
         let start = Instant::now();
         let resp = loop {
             let resp = conn.call(
@@ -522,7 +527,7 @@ fn run_scenario(sc: &Scenario, addr: &str) -> Result<Vec<Step>> {
                 None => true,
                 Some(r) if retry_until_ok => !has_error(r),
                 Some(r) if retry_until_error => has_error(r),
-                Some(_) => true,
+                Some(r) => wanted_configs.is_none_or(|w| configs_show(r, w)),
             };
             if settled || start.elapsed() > Duration::from_millis(RETRY_DEADLINE_MS) {
                 break resp;
@@ -584,6 +589,26 @@ fn strings(v: Option<&Value>) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether every `results[*].configs` list of a DescribeConfigs response shows each wanted
+/// config with the wanted value (a JSON null: the config is not listed).
+fn configs_show(resp: &Value, wanted: &Map<String, Value>) -> bool {
+    let results = resp.get("results").and_then(Value::as_array);
+    results.into_iter().flatten().all(|result| {
+        let configs = result.get("configs").and_then(Value::as_array);
+        wanted.iter().all(|(name, want)| {
+            let found = configs
+                .into_iter()
+                .flatten()
+                .find(|c| c.get("name").and_then(Value::as_str) == Some(name.as_str()));
+            match (found, want) {
+                (None, Value::Null) => true,
+                (Some(c), Value::String(_)) => c.get("value") == Some(want),
+                _ => false,
+            }
+        })
+    })
 }
 
 fn has_error(v: &Value) -> bool {
