@@ -567,14 +567,17 @@ impl Node {
     }
 
     /// SIGSTOP: the process freezes (no heartbeats, no answers, its sockets stay open).
+    /// Returns once every thread is stopped ([`process::wait_stopped`]), so nothing the test
+    /// does afterwards is seen by the node.
     ///
     /// # Errors
-    /// When the node is not running or cannot be signalled.
+    /// When the node is not running, cannot be signalled, or does not stop within 10 s.
     pub fn pause(&mut self) -> Result<()> {
         let pid = self.pid().context("pausing a node that is not running")?;
         process::signal(pid, "STOP")?;
         self.paused = true;
-        Ok(())
+        process::wait_stopped(pid, Duration::from_secs(10))
+            .with_context(|| format!("pausing node {}", self.node_id))
     }
 
     /// SIGCONT after [`Node::pause`].

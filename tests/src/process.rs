@@ -168,6 +168,55 @@ pub fn signal(pid: u32, signal: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits until every thread of `pid` is stopped (`T` or `t` in `/proc/<pid>/task/*/stat`).
+/// `kill -STOP` returns once the signal is queued; one thread takes it and then stops the
+/// others, and until it runs (on a busy machine, many milliseconds later) the other threads go
+/// on working: a follower may still fetch and answer. A test that needs the process frozen
+/// waits for this.
+///
+/// # Errors
+/// When some thread still runs after `timeout`, naming it and its state.
+pub fn wait_stopped(pid: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let running = running_thread(pid)?;
+        let Some((tid, state)) = running else {
+            return Ok(());
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "thread {tid} of process {pid} is still in state {state} {timeout:?} after SIGSTOP"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A thread of `pid` that is not stopped, with its state letter; `None` when all are.
+fn running_thread(pid: u32) -> Result<Option<(String, char)>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("listing the threads of process {pid}"))?;
+    for task in tasks {
+        let task = task.with_context(|| format!("listing the threads of process {pid}"))?;
+        // A thread that exited between the listing and the read is not running.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // `tid (comm) S ...`: the state follows the last ')' (comm may hold one).
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next())
+            .unwrap_or('?');
+        if !matches!(state, 'T' | 't' | 'Z' | 'X') {
+            return Ok(Some((
+                task.file_name().to_string_lossy().into_owned(),
+                state,
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// Stops `pid`: SIGTERM, up to `grace_ms` for it to exit, then SIGKILL.
 pub fn terminate_pid(pid: u32, grace_ms: u64) -> Result<()> {
     if !pid_alive(pid) {

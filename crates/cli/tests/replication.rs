@@ -95,11 +95,18 @@ fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>, Vec<i32>)> {
 /// The ISR of partition 0 as Kafka 4.4's `kafka-topics --describe` prints it (`Isr: 4,3`),
 /// sorted; None when the tool printed no partition line.
 fn describe_isr(bootstrap: &str) -> Option<Vec<i32>> {
+    // The admin client sends its Metadata request to any broker it knows, a stopped one too;
+    // a short request timeout moves it on to another broker in seconds instead of 30.
+    let admin = tempfile::NamedTempFile::new().expect("admin config file");
+    std::fs::write(admin.path(), "request.timeout.ms=3000\n").expect("admin config");
+    let admin_path = admin.path().display().to_string();
     let out = tool_output(
         "kafka-topics",
         &[
             "--bootstrap-server",
             bootstrap,
+            "--command-config",
+            &admin_path,
             "--describe",
             "--topic",
             TOPIC,
@@ -190,8 +197,13 @@ fn the_isr_shrinks_for_stopped_followers_and_grows_back_and_acks_all_needs_min_i
         shrink_ms >= u128::from(LAG_MS),
         "not before the lag time: {shrink_ms} ms"
     );
-    // Kafka's own tool sees the same ISR.
-    assert_eq!(describe_isr(&lb), Some(expected.clone()));
+    // Kafka's own tool sees the same ISR. Its admin client asks any broker for Metadata, and
+    // a broker shows the change once it applied the committed record: wait for that.
+    cluster.wait_for(
+        Duration::from_secs(30),
+        "kafka-topics showing the ISR",
+        || describe_isr(&lb).filter(|isr| *isr == expected),
+    );
     assert_eq!(produce(&lb, -1, "two-in-sync"), Ok(10));
 
     // Both followers stopped: the ISR is the leader alone, below min.insync.replicas.
