@@ -106,10 +106,26 @@ fn describe(controller_port: u16, what: &str) -> Result<String, String> {
 
 /// `kafka-metadata-quorum <flag> <servers> describe --<what>` (`flag`: `--bootstrap-server`
 /// or `--bootstrap-controller`): exit success and stdout, or the combined output.
+///
+/// The tool's admin client asks its bootstrap controller once (DescribeCluster) which
+/// controller is active and sends every later call there until its metadata expires (five
+/// minutes). Asked within the fetch timeout after the leader died, a survivor still names the
+/// dead leader (Kafka's controllers answer the same way: `ControllerApis.handleDescribeCluster`
+/// gives the Raft leader it knows), and during the election it names none; either way that one
+/// call waits out `default.api.timeout.ms`. The config below makes such a call give up after
+/// 10 s instead of 60, so the caller's next try starts with fresh metadata.
 fn quorum_tool(flag: &str, servers: &str, what: &str) -> Result<String, String> {
+    let admin = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+    std::fs::write(
+        admin.path(),
+        "default.api.timeout.ms=10000\nrequest.timeout.ms=5000\n",
+    )
+    .map_err(|e| e.to_string())?;
     let out = tool_command(
         "kafka-metadata-quorum",
         &[
+            "--command-config".to_string(),
+            admin.path().display().to_string(),
             flag.to_string(),
             servers.to_string(),
             "describe".to_string(),
