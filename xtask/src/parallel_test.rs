@@ -5,7 +5,8 @@
 //! rather than compute, so on a 2-core machine running a few binaries at once roughly halves
 //! the wall time. The binaries are built once (`cargo test --no-run`), then run by `jobs`
 //! workers, longest first by the durations the previous run recorded in
-//! `target/xtask-test-timings.json` (binaries without a record go first). Each binary runs in
+//! `target/xtask-test-timings.json`, else in the committed `xtask/test-timings.json` (binaries
+//! without a record go first). Each binary runs in
 //! its package's directory, as `cargo test` runs it, with its output kept in
 //! `target/xtask-test-logs/<binary>.log` and printed when it ends. A binary that has not ended
 //! after [`BINARY_TIMEOUT`] is killed and fails. Doc tests run afterwards with `cargo test
@@ -23,6 +24,12 @@ use anyhow::{bail, Context, Result};
 
 /// How long one test binary may run (the slowest, `cluster_kafka`, takes about two minutes).
 pub const BINARY_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Durations (seconds) of each test binary in one full run on a 2-core machine, committed in
+/// `xtask/` so that a fresh checkout starts its longest binaries first too; the run's own
+/// record in `target/` takes precedence. Refresh it by copying `target/xtask-test-timings.json`
+/// after a full run when binaries are added or change much.
+const SEED_TIMINGS: &str = "test-timings.json";
 
 /// Default number of test binaries run at once (`XTASK_TEST_JOBS` overrides it).
 pub const DEFAULT_JOBS: usize = 3;
@@ -49,7 +56,9 @@ pub fn run(root: &Path, cargo: &str) -> Result<()> {
         .unwrap_or(DEFAULT_JOBS);
     let binaries = build(root, cargo)?;
     let timings_file = root.join("target").join("xtask-test-timings.json");
-    let mut timings = read_timings(&timings_file);
+    // A fresh checkout (CI) has no record of its own: the committed one orders its first run.
+    let mut timings = read_timings(&root.join("xtask").join(SEED_TIMINGS));
+    timings.extend(read_timings(&timings_file));
     let logs = root.join("target").join("xtask-test-logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let mut queue: Vec<TestBinary> = binaries;

@@ -97,6 +97,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if !unknown.is_empty() {
         warn!(keys = ?unknown, "ignoring unknown configuration keys: {}", unknown.join(", "));
     }
+    // Installed before anything starts: the client listener opens before `start` returns, and
+    // a SIGTERM then (a process manager, `gregor dev cluster`) must not find the default
+    // action, which ends the process without flushing or the clean shutdown marker. A signal
+    // during start-up is kept and handled once start-up is done.
+    let signals = ShutdownSignals::install()?;
     let running = gregor_broker::start(config)
         .await
         .context("starting the broker")?;
@@ -106,7 +111,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "gregor {} started",
         env!("CARGO_PKG_VERSION")
     );
-    wait_for_signal().await?;
+    signals.wait().await;
     info!("shutting down: flushing and closing logs");
     running
         .shutdown()
@@ -116,15 +121,28 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => info!("received SIGTERM"),
-        _ = int.recv() => info!("received SIGINT"),
+/// SIGTERM and SIGINT, caught from the moment [`ShutdownSignals::install`] runs.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    /// Until SIGTERM or SIGINT, including one that came before this call.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => info!("received SIGTERM"),
+            _ = self.int.recv() => info!("received SIGINT"),
+        }
+    }
 }
 
 fn main() -> Result<()> {

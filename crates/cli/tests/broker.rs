@@ -377,3 +377,59 @@ fn list_offsets_by_timestamp_finds_the_exact_record() -> Result<()> {
     ensure!((low, high) == (0, 10));
     Ok(())
 }
+
+/// A SIGTERM that arrives while `gregor serve` is still starting (here: as soon as it has
+/// logged its first line) is not lost to the default action, which would end the process
+/// with no clean shutdown (exit by signal, no clean shutdown marker, recovery on the next
+/// start): the broker finishes starting, then shuts down cleanly and exits 0.
+#[test]
+fn sigterm_during_start_up_shuts_down_cleanly() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = gregor_tests::process::free_port()?;
+    let log_path = dir.path().join("server.log");
+    let log = std::fs::File::create(&log_path)?;
+    let child = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--set")
+        .arg(format!("listeners=PLAINTEXT://127.0.0.1:{port}"))
+        .arg("--set")
+        .arg(format!("log.dirs={}", dir.path().join("data").display()))
+        .arg("--set")
+        .arg("admin.listener=")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let mut guard = gregor_tests::process::ChildGuard::new("gregor serve", child);
+    // Checked every 5 ms (not `process::poll`'s 100 ms): the point is to signal early.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let first_line = loop {
+        let text = std::fs::read_to_string(&log_path)?;
+        if text.contains('\n') {
+            break text;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "gregor serve logged nothing"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    gregor_tests::process::signal(guard.id(), "TERM")?;
+    let started = first_line.contains("gregor 0.1.0 started");
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while gregor_tests::process::pid_alive(guard.id()) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "gregor serve still runs 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = guard.stop()?.context("no exit status")?;
+    let out = std::fs::read_to_string(&log_path)?;
+    ensure!(status.success(), "{status}; log:\n{out}");
+    ensure!(out.contains("shut down cleanly"), "log:\n{out}");
+    if started {
+        eprintln!("note: the broker had finished starting before the signal");
+    }
+    Ok(())
+}
