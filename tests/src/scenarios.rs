@@ -172,9 +172,24 @@ pub(crate) fn read_topic(
     let mut ends = BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .with_context(|| format!("watermarks of {topic}-{p}"))?;
+        // librdkafka answers a ListOffsets error (NOT_LEADER_OR_FOLLOWER while its metadata
+        // still names a leader that moved, as after a broker restart) without retrying; it
+        // refreshes its metadata meanwhile, so the next try goes to the current leader.
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let (_, high) = loop {
+            match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                Ok(w) => break w,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("watermarks of {topic}-{p}: {e}; trying again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("watermarks of {topic}-{p} (for {SETTLE_TIMEOUT:?})")
+                    })
+                }
+            }
+        };
         ends.insert(p, high);
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
