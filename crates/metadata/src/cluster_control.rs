@@ -17,7 +17,9 @@
 //! KIP-966's unclean-shutdown handling: with ELR on, a new incarnation whose previous broker
 //! epoch is not its registration's leaves every ISR and ELR at registration (gregor's brokers
 //! do not keep their clean-shutdown epoch yet and send -1, so each of their restarts counts as
-//! unclean). Departure from Kafka 4.4: offline log directories in heartbeats are not taken. Partition changes are built by
+//! unclean). Offline log directories in heartbeats (KIP-858, `handleDirectoriesOffline`) move
+//! leadership and ISR membership off the replicas in them; an amended registration brings
+//! them back ([`Controller::register_broker`]). Partition changes are built by
 //! [`crate::replication_control::PartitionChangeBuilder`] (with `unclean.leader.election.enable`
 //! an out-of-ISR replica may be elected, RECOVERING).
 
@@ -224,7 +226,8 @@ impl Controller {
                 if !p.isr.contains(&broker_id) && !p.elr.contains(&broker_id) {
                     continue;
                 }
-                let acceptable = |r: i32| r != broker_id && Controller::is_active(image, r);
+                let acceptable =
+                    |r: i32| r != broker_id && Controller::is_acceptable_leader(image, p, r);
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
                         .election(election)
@@ -422,6 +425,17 @@ impl Controller {
             req.cordoned_log_dirs.as_deref(),
             &mut records,
         );
+        // Offline directories are handled in a heartbeat that changes nothing else: a state
+        // change (fencing, controlled shutdown) built from the same image would move the same
+        // partitions twice; the next heartbeat reports them again.
+        if current == next && self.image.metadata_version().is_some_and(|mv| mv >= 18) {
+            self.offline_dir_records(
+                broker_id,
+                req.broker_epoch,
+                &req.offline_log_dirs,
+                &mut records,
+            );
+        }
         if current != next {
             match next {
                 State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
@@ -489,6 +503,66 @@ impl Controller {
                     broker_id,
                     broker_epoch,
                     cordoned_log_dirs: Some(cordoned.to_vec()),
+                    ..BrokerRegistrationChangeRecord::default()
+                }
+                .into(),
+            );
+        }
+    }
+
+    /// Kafka's `handleDirectoriesOffline` (KIP-858): for the directories of `offline` that the
+    /// broker's registration still has online, leadership and ISR membership move off the
+    /// broker's replicas in them (a `PartitionChangeRecord` each, as for a fenced broker but
+    /// only for those partitions), and a `BrokerRegistrationChangeRecord` (v2) records the
+    /// directories left online. Departure from Kafka 4.4: when no directory is left online
+    /// that record is not written (Kafka's replay ignores an empty list, and its broker halts
+    /// then, where a gregor broker asks to be fenced until a directory heals), so it would
+    /// only repeat at every heartbeat. The way back is the broker's amended registration
+    /// (same incarnation, every directory online again), as Kafka's broker re-registers.
+    fn offline_dir_records(
+        &self,
+        broker_id: i32,
+        broker_epoch: i64,
+        offline: &[Uuid],
+        records: &mut Vec<MetadataRecord>,
+    ) {
+        let Some(broker) = self.image.brokers.get(&broker_id) else {
+            return;
+        };
+        let newly_offline: Vec<Uuid> = broker
+            .directories
+            .iter()
+            .filter(|d| offline.contains(d))
+            .copied()
+            .collect();
+        if newly_offline.is_empty() {
+            return;
+        }
+        self.leader_and_isr_updates(broker_id, NO_LEADER, records, |p| {
+            p.replicas
+                .iter()
+                .position(|r| *r == broker_id)
+                .and_then(|i| p.directories.get(i))
+                .is_some_and(|d| newly_offline.contains(d))
+        });
+        let online: Vec<Uuid> = broker
+            .directories
+            .iter()
+            .filter(|d| !offline.contains(d))
+            .copied()
+            .collect();
+        tracing::warn!(
+            broker_id,
+            offline = ?newly_offline,
+            remaining = ?online,
+            "log directories of a broker are offline; moving leadership and ISR off its replicas in them"
+        );
+        if !online.is_empty() {
+            records.push(
+                BrokerRegistrationChangeRecord {
+                    broker_id,
+                    broker_epoch,
+                    log_dirs: online,
                     ..BrokerRegistrationChangeRecord::default()
                 }
                 .into(),
@@ -665,8 +739,11 @@ impl Controller {
                 if !which(p) {
                     continue;
                 }
-                let acceptable =
-                    |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+                let acceptable = |r: i32| {
+                    r != remove
+                        && (r == add || Controller::is_active(image, r))
+                        && Controller::replica_dir_online(image, p, r)
+                };
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
                         .election(election)
@@ -760,6 +837,7 @@ mod tests {
             want_fence: false,
             want_shut_down: false,
             cordoned_log_dirs: None,
+            offline_log_dirs: Vec::new(),
         }
     }
 
@@ -891,6 +969,97 @@ mod tests {
         let mut beat = heartbeat(1, epoch, old.offset());
         beat.cordoned_log_dirs = Some(vec![]);
         assert!(old.beat(beat).unwrap().1.is_empty(), "before 4.3-IV0");
+    }
+
+    /// KIP-858 as Kafka's `handleDirectoriesOffline`: a heartbeat reporting a directory
+    /// offline moves leadership and ISR membership off the broker's replicas in it, once.
+    #[test]
+    fn offline_log_dirs_move_leadership_and_isr_off_the_replicas_in_them() {
+        let mut k = cluster();
+        let epochs: Vec<i64> = (1..=3).map(|b| k.join(b)).collect();
+        k.create("t", 6, 3).unwrap();
+        let led = |k: &Cluster, b: i32| (0..6).filter(|p| k.partition("t", *p).leader == b).count();
+        assert!(led(&k, 1) > 0);
+        let dir = k.c.image.brokers[&1].directories[0];
+        assert!((0..6).all(|p| k.partition("t", p).directories.contains(&dir)));
+        let mut beat = heartbeat(1, epochs[0], k.offset());
+        beat.offline_log_dirs = vec![dir];
+        let (reply, records) = k.beat(beat.clone()).unwrap();
+        assert!(!reply.is_fenced);
+        assert_eq!(records.len(), 6, "one change per partition: {records:?}");
+        assert!(records
+            .iter()
+            .all(|r| matches!(r, MetadataRecord::PartitionChange(_))));
+        for p in 0..6 {
+            let reg = k.partition("t", p);
+            assert!(!reg.isr.contains(&1), "{reg:?}");
+            assert_ne!(reg.leader, 1);
+            assert_ne!(reg.leader, NO_LEADER);
+        }
+        // Its only directory: the registration keeps it (no record that would change nothing).
+        assert_eq!(k.c.image.brokers[&1].directories, vec![dir]);
+        assert!(k.beat(beat).unwrap().1.is_empty(), "nothing left to move");
+        // A dir the registration does not have is ignored.
+        let mut beat = heartbeat(2, epochs[1], k.offset());
+        beat.offline_log_dirs = vec![Uuid::new_v4()];
+        assert!(k.beat(beat).unwrap().1.is_empty());
+    }
+
+    /// A broker with two directories: one offline leaves the other registered online, and
+    /// the same incarnation's amended registration brings both back, keeping its epoch and
+    /// fencing (Kafka's way back for a directory).
+    #[test]
+    fn an_offline_dir_comes_back_with_an_amended_registration() {
+        let mut k = cluster();
+        let mut req = request(1);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        req.log_dirs = vec![a, b];
+        let epoch = k.register(req.clone()).unwrap();
+        let offset = k.offset();
+        assert!(!k.beat(heartbeat(1, epoch, offset)).unwrap().0.is_fenced);
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![b];
+        let (_, records) = k.beat(beat.clone()).unwrap();
+        let [MetadataRecord::BrokerRegistrationChange(r)] = records.as_slice() else {
+            panic!("{records:?}")
+        };
+        assert_eq!(r.log_dirs, vec![a]);
+        assert_eq!(k.c.image.brokers[&1].directories, vec![a]);
+        assert!(k.beat(beat).unwrap().1.is_empty(), "reported once");
+        assert_eq!(
+            k.register(req).unwrap(),
+            epoch,
+            "same incarnation: same epoch"
+        );
+        let reg = &k.c.image.brokers[&1];
+        assert_eq!(reg.directories, vec![a, b]);
+        assert!(!reg.fenced);
+    }
+
+    /// A replica in a directory its broker reported offline is not elected and does not
+    /// rejoin the ISR (AlterPartition answers INELIGIBLE_REPLICA).
+    #[test]
+    fn a_replica_in_an_offline_dir_is_not_acceptable() {
+        let mut k = cluster();
+        let mut req = request(1);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        req.log_dirs = vec![a, b];
+        let epoch = k.register(req).unwrap();
+        let offset = k.offset();
+        k.beat(heartbeat(1, epoch, offset)).unwrap();
+        k.join(2);
+        k.create("t", 1, 2).unwrap();
+        let mut p = k.partition("t", 0);
+        let i = p.replicas.iter().position(|r| *r == 1).unwrap();
+        p.directories[i] = b;
+        assert!(Controller::is_acceptable_leader(&k.c.image, &p, 1));
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![b];
+        k.beat(beat).unwrap();
+        assert!(!Controller::is_acceptable_leader(&k.c.image, &p, 1));
+        assert!(!Controller::replica_dir_online(&k.c.image, &p, 1));
+        p.directories[i] = a;
+        assert!(Controller::is_acceptable_leader(&k.c.image, &p, 1));
     }
 
     #[test]
