@@ -343,16 +343,15 @@ pub async fn start(
                     }
                 }
             }
-            // Every directory offline: Kafka's broker halts; a gregor broker asks to be
-            // fenced instead (leadership and ISR move away, clients stop routing to it) and
-            // asks to be unfenced once a directory has room again.
-            let all_offline = !dir_ids.is_empty() && offline.len() == dir_ids.len();
+            // Every directory offline: Kafka's broker halts; a gregor broker stays up, its
+            // replicas leave leadership and ISRs where another replica can take over (the
+            // controller's side), and it keeps serving reads until a directory has room again.
             let r = c
                 .broker_heartbeat(BrokerHeartbeatRequest {
                     broker_id,
                     broker_epoch,
                     current_metadata_offset: applied_offset(&c),
-                    want_fence: all_offline,
+                    want_fence: false,
                     want_shut_down: false,
                     cordoned_log_dirs: None,
                     offline_log_dirs: offline.iter().copied().collect(),
@@ -360,7 +359,7 @@ pub async fn start(
                 .await;
             match r {
                 Ok(reply) => {
-                    if reply.is_fenced && !all_offline {
+                    if reply.is_fenced {
                         warn!(
                             broker_id,
                             broker_epoch, "the active controller has fenced this broker"
@@ -385,8 +384,7 @@ pub async fn start(
 impl BrokerLifecycle {
     /// Reports the health of these log directories (the log manager's, once the logs are
     /// loaded) in every heartbeat from now on: an offline directory's id goes in
-    /// `OfflineLogDirs` (KIP-858), and with every directory offline the broker asks to be
-    /// fenced. A second call is ignored.
+    /// `OfflineLogDirs` (KIP-858). A second call is ignored.
     pub fn report_log_dirs(&self, health: Vec<Arc<LogDirHealth>>) {
         let _ = self.log_dirs.set(health);
     }

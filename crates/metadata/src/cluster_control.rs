@@ -201,6 +201,7 @@ impl Controller {
                 last_contact_ms: now,
                 metadata_offset: -1,
                 controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
             })
             .last_contact_ms = now;
         records.push(record.into());
@@ -226,8 +227,7 @@ impl Controller {
                 if !p.isr.contains(&broker_id) && !p.elr.contains(&broker_id) {
                     continue;
                 }
-                let acceptable =
-                    |r: i32| r != broker_id && Controller::is_acceptable_leader(image, p, r);
+                let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
                         .election(election)
@@ -429,10 +429,21 @@ impl Controller {
         // change (fencing, controlled shutdown) built from the same image would move the same
         // partitions twice; the next heartbeat reports them again.
         if current == next && self.image.metadata_version().is_some_and(|mv| mv >= 18) {
+            let now = self.now_ms();
+            let reported: std::collections::BTreeSet<Uuid> =
+                req.offline_log_dirs.iter().copied().collect();
+            let session = self.sessions.sessions.entry(broker_id).or_insert(Session {
+                last_contact_ms: now,
+                metadata_offset: -1,
+                controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
+            });
+            let previous = std::mem::replace(&mut session.offline_dirs, reported);
             self.offline_dir_records(
                 broker_id,
                 req.broker_epoch,
                 &req.offline_log_dirs,
+                &previous,
                 &mut records,
             );
         }
@@ -452,6 +463,7 @@ impl Controller {
             last_contact_ms: now,
             metadata_offset: -1,
             controlled_shutdown_offset: None,
+            offline_dirs: Default::default(),
         });
         session.last_contact_ms = now;
         session.metadata_offset = req.current_metadata_offset;
@@ -510,41 +522,87 @@ impl Controller {
         }
     }
 
-    /// Kafka's `handleDirectoriesOffline` (KIP-858): for the directories of `offline` that the
-    /// broker's registration still has online, leadership and ISR membership move off the
-    /// broker's replicas in them (a `PartitionChangeRecord` each, as for a fenced broker but
-    /// only for those partitions), and a `BrokerRegistrationChangeRecord` (v2) records the
-    /// directories left online. Departure from Kafka 4.4: when no directory is left online
-    /// that record is not written (Kafka's replay ignores an empty list, and its broker halts
-    /// then, where a gregor broker asks to be fenced until a directory heals), so it would
-    /// only repeat at every heartbeat. The way back is the broker's amended registration
-    /// (same incarnation, every directory online again), as Kafka's broker re-registers.
+    /// Kafka's `handleDirectoriesOffline` (KIP-858), for the directories of `offline` not in
+    /// `previous` (what the broker's last handled heartbeat reported): leadership and ISR
+    /// membership move off the broker's replicas in them (a `PartitionChangeRecord` each, as
+    /// for a fenced broker but only for those partitions), and when the registration keeps
+    /// other directories online a `BrokerRegistrationChangeRecord` (v2) records them.
+    ///
+    /// Departures from Kafka 4.4, whose broker halts once every directory is offline and has
+    /// no way back but a restart:
+    /// - a partition no other replica could lead keeps its leader (which refuses appends with
+    ///   KAFKA_STORAGE_ERROR and still serves reads) instead of going leaderless;
+    /// - with no directory left online no `BrokerRegistrationChangeRecord` is written (Kafka's
+    ///   replay ignores an empty list); the controller remembers the reported directories in
+    ///   the broker's session instead ([`Controller::replica_dir_online`]);
+    /// - the directories of `previous` not in `offline` are back: leaderless partitions whose
+    ///   replica on this broker is in one of them get it as leader (as at unfencing). A
+    ///   directory the registration had dropped comes back with the broker's amended
+    ///   registration (same incarnation), as Kafka's broker re-sends its registration.
     fn offline_dir_records(
         &self,
         broker_id: i32,
         broker_epoch: i64,
         offline: &[Uuid],
+        previous: &std::collections::BTreeSet<Uuid>,
         records: &mut Vec<MetadataRecord>,
     ) {
         let Some(broker) = self.image.brokers.get(&broker_id) else {
             return;
         };
+        let dir_of = |p: &PartitionRegistration| {
+            p.replicas
+                .iter()
+                .position(|r| *r == broker_id)
+                .and_then(|i| p.directories.get(i).copied())
+        };
+        let back: Vec<Uuid> = previous
+            .iter()
+            .filter(|d| !offline.contains(d))
+            .copied()
+            .collect();
+        if !back.is_empty() {
+            tracing::info!(broker_id, dirs = ?back, "log directories of a broker are back online");
+            self.leader_and_isr_updates(NO_LEADER, broker_id, records, |p| {
+                p.leader == NO_LEADER && dir_of(p).is_some_and(|d| back.contains(&d))
+            });
+        }
         let newly_offline: Vec<Uuid> = broker
             .directories
             .iter()
-            .filter(|d| offline.contains(d))
+            .filter(|d| offline.contains(d) && !previous.contains(d))
             .copied()
             .collect();
         if newly_offline.is_empty() {
             return;
         }
-        self.leader_and_isr_updates(broker_id, NO_LEADER, records, |p| {
-            p.replicas
-                .iter()
-                .position(|r| *r == broker_id)
-                .and_then(|i| p.directories.get(i))
-                .is_some_and(|d| newly_offline.contains(d))
-        });
+        let image: &MetadataImage = &self.image;
+        let mut topics: Vec<_> = image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            let election = if self.unclean_leader_election_enabled(&t.name) {
+                Election::Unclean
+            } else {
+                Election::Online
+            };
+            for (partition_id, p) in &t.partitions {
+                if !dir_of(p).is_some_and(|d| newly_offline.contains(&d)) {
+                    continue;
+                }
+                let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
+                let change =
+                    PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
+                        .election(election)
+                        .target_isr(p.isr.iter().copied().filter(|r| *r != broker_id).collect())
+                        .build();
+                match change {
+                    // No other replica can lead: keep this one (see above).
+                    Some(c) if c.leader == NO_LEADER => {}
+                    Some(c) => records.push(c.into()),
+                    None => {}
+                }
+            }
+        }
         let online: Vec<Uuid> = broker
             .directories
             .iter()
@@ -630,6 +688,7 @@ impl Controller {
                 last_contact_ms: now,
                 metadata_offset: -1,
                 controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
             });
             if s.last_contact_ms + timeout < now && stale.is_none() {
                 stale = Some(id);
@@ -742,7 +801,7 @@ impl Controller {
                 let acceptable = |r: i32| {
                     r != remove
                         && (r == add || Controller::is_active(image, r))
-                        && Controller::replica_dir_online(image, p, r)
+                        && self.replica_dir_online(p, r)
                 };
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
@@ -1052,14 +1111,14 @@ mod tests {
         let mut p = k.partition("t", 0);
         let i = p.replicas.iter().position(|r| *r == 1).unwrap();
         p.directories[i] = b;
-        assert!(Controller::is_acceptable_leader(&k.c.image, &p, 1));
+        assert!(k.c.is_acceptable_leader(&p, 1));
         let mut beat = heartbeat(1, epoch, k.offset());
         beat.offline_log_dirs = vec![b];
         k.beat(beat).unwrap();
-        assert!(!Controller::is_acceptable_leader(&k.c.image, &p, 1));
-        assert!(!Controller::replica_dir_online(&k.c.image, &p, 1));
+        assert!(!k.c.is_acceptable_leader(&p, 1));
+        assert!(!k.c.replica_dir_online(&p, 1));
         p.directories[i] = a;
-        assert!(Controller::is_acceptable_leader(&k.c.image, &p, 1));
+        assert!(k.c.is_acceptable_leader(&p, 1));
     }
 
     #[test]

@@ -548,14 +548,15 @@ impl Controller {
 
     /// Whether `broker`'s replica of `p` is in one of its online log directories
     /// (`ClusterControlManager.hasOnlineDir` with the partition's directory for it, KIP-858):
-    /// an unassigned or migrating directory counts as online, a lost one as offline, and a
-    /// broker that registered no directories has them all online.
+    /// an unassigned or migrating directory counts as online, a lost one as offline, a
+    /// broker that registered no directories has them all online, and a directory its last
+    /// heartbeat reported offline is offline (the registration keeps its only directory).
     pub(crate) fn replica_dir_online(
-        image: &MetadataImage,
+        &self,
         p: &crate::image::PartitionRegistration,
         broker: i32,
     ) -> bool {
-        let Some(b) = image.brokers.get(&broker) else {
+        let Some(b) = self.image.brokers.get(&broker) else {
             return false;
         };
         let Some(dir) = p
@@ -573,17 +574,22 @@ impl Controller {
         if *dir == crate::record::DIRECTORY_LOST {
             return false;
         }
-        b.directories.is_empty() || b.directories.contains(dir)
+        let reported_offline = self
+            .sessions
+            .sessions
+            .get(&broker)
+            .is_some_and(|s| s.offline_dirs.contains(dir));
+        (b.directories.is_empty() || b.directories.contains(dir)) && !reported_offline
     }
 
     /// Kafka's `LeaderAcceptor`: `broker` may lead `p` (and stay in its ISR) when it is
     /// active ([`Controller::is_active`]) and its replica's directory is online.
     pub(crate) fn is_acceptable_leader(
-        image: &MetadataImage,
+        &self,
         p: &crate::image::PartitionRegistration,
         broker: i32,
     ) -> bool {
-        Self::is_active(image, broker) && Self::replica_dir_online(image, p, broker)
+        Self::is_active(&self.image, broker) && self.replica_dir_online(p, broker)
     }
 
     /// Kafka's `ClusterControlManager.defaultDir`: the broker's only log directory; MIGRATING
