@@ -1055,13 +1055,44 @@ mod tests {
             assert_ne!(reg.leader, 1);
             assert_ne!(reg.leader, NO_LEADER);
         }
-        // Its only directory: the registration keeps it (no record that would change nothing).
+        // Its only directory: the registration keeps it (no record that would change nothing),
+        // the session knows it is offline.
         assert_eq!(k.c.image.brokers[&1].directories, vec![dir]);
+        assert!(!k.c.replica_dir_online(&k.partition("t", 0), 1));
         assert!(k.beat(beat).unwrap().1.is_empty(), "nothing left to move");
+        // Back online: acceptable again (the leader's AlterPartition brings it into ISRs).
+        let (_, records) = k.beat(heartbeat(1, epochs[0], k.offset())).unwrap();
+        assert!(
+            records.is_empty(),
+            "every partition has a leader: {records:?}"
+        );
+        assert!(k.c.is_acceptable_leader(&k.partition("t", 0), 1));
         // A dir the registration does not have is ignored.
         let mut beat = heartbeat(2, epochs[1], k.offset());
         beat.offline_log_dirs = vec![Uuid::new_v4()];
         assert!(k.beat(beat).unwrap().1.is_empty());
+    }
+
+    /// A partition no other replica can lead keeps its leader on the offline directory (it
+    /// refuses appends and serves reads) instead of going leaderless (departure: Kafka halts).
+    #[test]
+    fn a_leader_no_other_replica_could_replace_stays() {
+        let mut k = cluster();
+        let epoch = k.join(1);
+        k.join(2);
+        k.create("solo", 4, 1).unwrap();
+        let dir = k.c.image.brokers[&1].directories[0];
+        let mine: Vec<i32> = (0..4)
+            .filter(|p| k.partition("solo", *p).leader == 1)
+            .collect();
+        assert!(!mine.is_empty());
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![dir];
+        let (_, records) = k.beat(beat).unwrap();
+        assert!(records.is_empty(), "{records:?}");
+        for p in mine {
+            assert_eq!(k.partition("solo", p).leader, 1);
+        }
     }
 
     /// A broker with two directories: one offline leaves the other registered online, and
