@@ -245,11 +245,10 @@ fn rdkafka_produce(bootstrap: &str) -> Result<(), rdkafka::types::RDKafkaErrorCo
     .expect("queued");
     gregor_tests::process::wait_for(Duration::from_secs(20), "a delivery report", || {
         p.poll(Duration::from_millis(100));
-        p.context()
+        *p.context()
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     })
 }
 
