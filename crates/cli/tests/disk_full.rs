@@ -3,6 +3,7 @@
 //!
 //! - One broker: filling its disk makes produce fail with KAFKA_STORAGE_ERROR (56, also as
 //!   librdkafka reports it), `/ready` not ready naming the dir and `gregor_log_dir_offline` 1;
+//!   DeleteRecords still works;
 //!   freeing the space (removing the filler file) lets writes resume without a restart and
 //!   `/ready` is ready again; every acknowledged record is read back, and Kafka's
 //!   DumpLogSegments `--deep-iteration` reads every segment whole (no partial batch).
@@ -22,18 +23,25 @@ use gregor_tests::cluster::{Cluster, ClusterConfig, ClusterOptions, Implementati
 use gregor_tests::reference::tool_output;
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DeleteRecordsRequest, DeleteRecordsResponse,
+    FetchRequest, FetchResponse, MetadataRequest, MetadataResponse, ProduceRequest,
+    ProduceResponse, TopicName,
 };
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 const TOPIC: &str = "disk";
 const KAFKA_STORAGE_ERROR: i16 = 56;
+/// The single-broker test deletes the records below this offset (the first 5 batches) while
+/// the disk is full.
+const DELETED_BELOW: i64 = 25;
 /// Bytes of each record value: a batch of 5 is about 40 KiB.
 const VALUE_BYTES: usize = 8 * 1024;
 
@@ -134,11 +142,11 @@ fn produce(bootstrap: &str, acks: i16, tag: &str) -> Result<i64, i16> {
     Ok(p.base_offset)
 }
 
-/// Every record value of partition 0 from offset 0 up to the high watermark, read from
+/// Every record value of partition 0 from offset `from` up to the high watermark, read from
 /// `bootstrap` (the leader).
-fn read_all(bootstrap: &str) -> Vec<(i64, Vec<u8>)> {
+fn read_all(bootstrap: &str, from: i64) -> Vec<(i64, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut offset = 0i64;
+    let mut offset = from;
     let mut c = conn(bootstrap).expect("connect");
     loop {
         let req = FetchRequest::default()
@@ -164,7 +172,9 @@ fn read_all(bootstrap: &str) -> Vec<(i64, Vec<u8>)> {
             let recs = decode_records(&records[pos..pos + h.total_size()]).expect("records");
             for r in recs {
                 let at = h.base_offset + i64::from(r.offset_delta);
-                out.push((at, r.value.map(|v| v.to_vec()).unwrap_or_default()));
+                if at >= from {
+                    out.push((at, r.value.map(|v| v.to_vec()).unwrap_or_default()));
+                }
             }
             offset = h.next_offset();
         }
@@ -309,6 +319,19 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
         log.contains("log directory is full"),
         "one WARN line names the dir and what to do"
     );
+    // DeleteRecords works on a full disk (the way to free space through Kafka's APIs).
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![DeleteRecordsTopic::default()
+            .with_name(TopicName(sb(TOPIC)))
+            .with_partitions(vec![DeleteRecordsPartition::default()
+                .with_partition_index(0)
+                .with_offset(DELETED_BELOW)])]);
+    let r: DeleteRecordsResponse = conn(&bootstrap)
+        .and_then(|mut c| c.call(ApiKey::DeleteRecords, 2, &req))
+        .expect("DeleteRecords answered");
+    let p = &r.topics[0].partitions[0];
+    assert_eq!((p.error_code, p.low_watermark), (0, DELETED_BELOW), "{r:?}");
     // librdkafka sees the retriable KAFKA_STORAGE_ERROR (no retries: the report fails).
     assert_eq!(
         rdkafka_produce(&bootstrap),
@@ -334,11 +357,15 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
         "librdkafka writes again"
     );
 
-    // Every acknowledged record is there, at its offset.
-    let records = read_all(&bootstrap);
+    // Every acknowledged record not deleted is there, at its offset.
+    let records = read_all(&bootstrap, DELETED_BELOW);
+    assert_eq!(records.first().map(|r| r.0), Some(DELETED_BELOW));
     for (offset, tag) in &acked {
         for (i, v) in values(tag).iter().enumerate() {
             let at = offset + i as i64;
+            if at < DELETED_BELOW {
+                continue;
+            }
             let found = records.iter().find(|(o, _)| *o == at);
             assert_eq!(
                 found.map(|(_, v)| v),
@@ -373,7 +400,12 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
             !out.contains("Exception") && !out.contains("invalid") && !out.contains("corrupt"),
             "{out}"
         );
-        dumped += out.lines().filter(|l| l.contains("| offset:")).count();
+        dumped += out
+            .lines()
+            .filter_map(|l| l.split("| offset: ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<i64>().ok())
+            .filter(|o| *o >= DELETED_BELOW)
+            .count();
     }
     assert_eq!(dumped, records.len(), "DumpLogSegments sees every record");
     cluster.stop_all().ok();
@@ -444,7 +476,7 @@ fn a_leader_on_a_full_disk_hands_over_and_rejoins_the_isr_when_freed() {
         "the replica back in the ISR",
         || partition_state(&at(new_leader)).filter(|(_, isr)| isr.contains(&leader)),
     );
-    let records = read_all(&at(new_leader));
+    let records = read_all(&at(new_leader), 0);
     assert!(records.len() >= acked, "every acknowledged record is kept");
     cluster.stop_all().ok();
 }
