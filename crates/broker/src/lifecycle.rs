@@ -311,6 +311,9 @@ pub async fn start(
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The offline directories the controller last accepted a heartbeat with.
         let mut reported: BTreeSet<Uuid> = BTreeSet::new();
+        // A directory came back and the amended registration is not accepted yet (retried at
+        // each heartbeat; the heartbeats go on meanwhile).
+        let mut amend_pending = false;
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
@@ -325,21 +328,27 @@ pub async fn start(
             // A directory the controller took offline is back: amend the registration (same
             // incarnation, every directory online; the epoch stays), as Kafka's broker
             // re-sends its registration, so its replicas may lead and rejoin ISRs again.
-            if reported.iter().any(|d| !offline.contains(d)) {
+            amend_pending |= reported.iter().any(|d| !offline.contains(d));
+            if amend_pending {
                 match c.register_broker(&cluster_id, request.clone()).await {
                     Ok(epoch) if epoch == broker_epoch => {
+                        amend_pending = false;
                         info!(
                             broker_id,
                             broker_epoch, "log directories back online; registration amended"
                         );
                     }
-                    Ok(epoch) => warn!(
-                        broker_id,
-                        broker_epoch, epoch, "the amended registration got another broker epoch"
-                    ),
+                    Ok(epoch) => {
+                        amend_pending = false;
+                        warn!(
+                            broker_id,
+                            broker_epoch,
+                            epoch,
+                            "the amended registration got another broker epoch"
+                        );
+                    }
                     Err(e) => {
-                        warn!(error = %e, "amending the registration for log directories back online failed; retrying");
-                        continue;
+                        warn!(error = %e, "amending the registration for log directories back online failed; retrying at the next heartbeat");
                     }
                 }
             }
