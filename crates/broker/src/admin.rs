@@ -65,6 +65,10 @@ fn update_gauges(broker: &Broker) {
         metrics::gauge!(LOG_START_OFFSET, &labels).set(p.log.log_start_offset() as f64);
         metrics::gauge!(HIGH_WATERMARK, &labels).set(p.high_watermark() as f64);
     }
+    for h in broker.replica_manager.logs().dir_health() {
+        metrics::gauge!(LOG_DIR_OFFLINE, "dir" => h.dir().display().to_string())
+            .set(if h.is_offline() { 1.0 } else { 0.0 });
+    }
     metrics::gauge!(PARTITIONS).set(partitions.len() as f64);
     metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);
     metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
@@ -134,6 +138,28 @@ fn update_group_gauges(broker: &Broker) {
     }
 }
 
+/// `/ready`'s answer while log directories are offline: which, why, and what to do.
+fn offline_dirs_text(offline: &[(std::path::PathBuf, gregor_log::DirState)]) -> String {
+    let mut out = String::from("not ready:");
+    for (dir, state) in offline {
+        match state {
+            gregor_log::DirState::Full { reason } => out.push_str(&format!(
+                " log dir {} is full ({reason}): free space (kafka-delete-records, lower \
+                 retention.ms or retention.bytes, or remove other files); appends resume on \
+                 their own.",
+                dir.display()
+            )),
+            gregor_log::DirState::Failed { reason } => out.push_str(&format!(
+                " log dir {} failed ({reason}): repair the disk and restart the broker.",
+                dir.display()
+            )),
+            gregor_log::DirState::Online => {}
+        }
+    }
+    out.push('\n');
+    out
+}
+
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
@@ -162,10 +188,21 @@ async fn route(
         }
         (&hyper::Method::GET, "/health") => text(StatusCode::OK, "ok\n", plain),
         (&hyper::Method::GET, "/ready") => {
-            if state.is_ready() {
-                text(StatusCode::OK, "ready\n", plain)
-            } else {
+            let offline = state
+                .broker
+                .get()
+                .map(|b| b.replica_manager.logs().offline_dirs())
+                .unwrap_or_default();
+            if !state.is_ready() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", plain)
+            } else if !offline.is_empty() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    offline_dirs_text(&offline),
+                    plain,
+                )
+            } else {
+                text(StatusCode::OK, "ready\n", plain)
             }
         }
         _ => text(

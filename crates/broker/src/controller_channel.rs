@@ -640,7 +640,9 @@ impl ControllerClient {
                 .with_broker_epoch(request.broker_epoch)
                 .with_current_metadata_offset(request.current_metadata_offset)
                 .with_want_fence(request.want_fence)
-                .with_want_shut_down(request.want_shut_down),
+                .with_want_shut_down(request.want_shut_down)
+                // v1+ (KIP-858): the directories this broker has taken offline.
+                .with_offline_log_dirs(request.offline_log_dirs.clone()),
         );
         let response = self
             .heartbeat

@@ -401,6 +401,7 @@ impl ControllerApis {
                 want_fence: r.want_fence,
                 want_shut_down: r.want_shut_down,
                 cordoned_log_dirs: r.cordoned_log_dirs.clone(),
+                offline_log_dirs: r.offline_log_dirs.clone(),
             })
             .await
         {

@@ -15,9 +15,11 @@
 //! BrokerHeartbeat 63) otherwise, so every broker of a cluster registers.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use gregor_log::LogDirHealth;
 use gregor_metadata::controller::{BrokerHeartbeatRequest, BrokerRegistrationRequest};
 use gregor_network::SecurityProtocol;
 use gregor_protocol::error::ErrorCode;
@@ -44,6 +46,10 @@ pub const CONTROLLED_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// once other brokers have seen the leadership moves).
 const CONTROLLED_SHUTDOWN_RETRY: Duration = Duration::from_millis(100);
 
+/// How often the heartbeat task looks at the log directories' health between heartbeats, so
+/// that a directory going offline or coming back is reported at once.
+const LOG_DIR_POLL: Duration = Duration::from_millis(250);
+
 /// This broker's registration: its epoch and the heartbeat task.
 pub struct BrokerLifecycle {
     client: Arc<ControllerClient>,
@@ -52,6 +58,28 @@ pub struct BrokerLifecycle {
     pub broker_epoch: i64,
     stop_heartbeats: watch::Sender<bool>,
     heartbeats: tokio::task::JoinHandle<()>,
+    /// The log directories' health, reported in heartbeats once the logs are loaded.
+    log_dirs: Arc<OnceLock<Vec<Arc<LogDirHealth>>>>,
+}
+
+/// The ids of the offline directories among `health` (by path in `dir_ids`).
+fn offline_dir_ids(
+    health: &OnceLock<Vec<Arc<LogDirHealth>>>,
+    dir_ids: &[(PathBuf, Uuid)],
+) -> BTreeSet<Uuid> {
+    let Some(health) = health.get() else {
+        return BTreeSet::new();
+    };
+    health
+        .iter()
+        .filter(|h| h.is_offline())
+        .filter_map(|h| {
+            dir_ids
+                .iter()
+                .find(|(p, _)| p == h.dir())
+                .map(|(_, id)| *id)
+        })
+        .collect()
 }
 
 fn heartbeat_interval(config: &BrokerConfig) -> Duration {
@@ -118,11 +146,13 @@ pub async fn start(
     let interval = heartbeat_interval(config);
     let listeners = registration_listeners(config, bound_ports);
     let dirs: BTreeSet<_> = config.log_dirs.iter().cloned().collect();
-    let log_dirs: Vec<Uuid> = crate::storage::verify_ensemble(&dirs, None, config.node_id)
-        .map_err(|e| StartError::Storage(e.to_string()))?
-        .values()
-        .filter_map(|m| m.directory_id)
-        .collect();
+    let dir_ids: Vec<(PathBuf, Uuid)> =
+        crate::storage::verify_ensemble(&dirs, None, config.node_id)
+            .map_err(|e| StartError::Storage(e.to_string()))?
+            .into_iter()
+            .filter_map(|(path, m)| m.directory_id.map(|id| (path, id)))
+            .collect();
+    let log_dirs: Vec<Uuid> = dir_ids.iter().map(|(_, id)| *id).collect();
     let request = BrokerRegistrationRequest {
         broker_id: config.node_id,
         incarnation_id: Uuid::new_v4(),
@@ -233,6 +263,7 @@ pub async fn start(
                 want_fence: false,
                 want_shut_down: false,
                 cordoned_log_dirs: None,
+                offline_log_dirs: Vec::new(),
             })
             .await
         {
@@ -270,29 +301,82 @@ pub async fn start(
     info!(broker_id, broker_epoch, "registered and unfenced");
     let (stop_heartbeats, mut stop) = watch::channel(false);
     let c = client.clone();
+    let log_dir_health: Arc<OnceLock<Vec<Arc<LogDirHealth>>>> = Arc::default();
+    let health = log_dir_health.clone();
+    let cluster_id = cluster_id.to_string();
     let heartbeats = tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = tokio::time::interval(LOG_DIR_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The offline directories the controller last accepted a heartbeat with.
+        let mut reported: BTreeSet<Uuid> = BTreeSet::new();
+        // A directory came back and the amended registration is not accepted yet (retried at
+        // each heartbeat; the heartbeats go on meanwhile).
+        let mut amend_pending = false;
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
-                _ = tick.tick() => {
-                    let r = c.broker_heartbeat(BrokerHeartbeatRequest {
-                        broker_id,
-                        broker_epoch,
-                        current_metadata_offset: applied_offset(&c),
-                        want_fence: false,
-                        want_shut_down: false,
-                        cordoned_log_dirs: None,
-                    }).await;
-                    match r {
-                        Ok(reply) if reply.is_fenced => {
-                            warn!(broker_id, broker_epoch, "the active controller has fenced this broker");
-                        }
-                        Ok(_) => {}
-                        Err(e) => warn!(error = %e, "broker heartbeat failed"),
+                _ = tick.tick() => {}
+                _ = poll.tick() => {
+                    if offline_dir_ids(&health, &dir_ids) == reported {
+                        continue;
                     }
                 }
+            }
+            let offline = offline_dir_ids(&health, &dir_ids);
+            // A directory the controller took offline is back: amend the registration (same
+            // incarnation, every directory online; the epoch stays), as Kafka's broker
+            // re-sends its registration, so its replicas may lead and rejoin ISRs again.
+            amend_pending |= reported.iter().any(|d| !offline.contains(d));
+            if amend_pending {
+                match c.register_broker(&cluster_id, request.clone()).await {
+                    Ok(epoch) if epoch == broker_epoch => {
+                        amend_pending = false;
+                        info!(
+                            broker_id,
+                            broker_epoch, "log directories back online; registration amended"
+                        );
+                    }
+                    Ok(epoch) => {
+                        amend_pending = false;
+                        warn!(
+                            broker_id,
+                            broker_epoch,
+                            epoch,
+                            "the amended registration got another broker epoch"
+                        );
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "amending the registration for log directories back online failed; retrying at the next heartbeat");
+                    }
+                }
+            }
+            // Every directory offline: Kafka's broker halts; a gregor broker stays up, its
+            // replicas leave leadership and ISRs where another replica can take over (the
+            // controller's side), and it keeps serving reads until a directory has room again.
+            let r = c
+                .broker_heartbeat(BrokerHeartbeatRequest {
+                    broker_id,
+                    broker_epoch,
+                    current_metadata_offset: applied_offset(&c),
+                    want_fence: false,
+                    want_shut_down: false,
+                    cordoned_log_dirs: None,
+                    offline_log_dirs: offline.iter().copied().collect(),
+                })
+                .await;
+            match r {
+                Ok(reply) => {
+                    if reply.is_fenced {
+                        warn!(
+                            broker_id,
+                            broker_epoch, "the active controller has fenced this broker"
+                        );
+                    }
+                    reported = offline;
+                }
+                Err(e) => warn!(error = %e, "broker heartbeat failed"),
             }
         }
     });
@@ -302,10 +386,18 @@ pub async fn start(
         broker_epoch,
         stop_heartbeats,
         heartbeats,
+        log_dirs: log_dir_health,
     })
 }
 
 impl BrokerLifecycle {
+    /// Reports the health of these log directories (the log manager's, once the logs are
+    /// loaded) in every heartbeat from now on: an offline directory's id goes in
+    /// `OfflineLogDirs` (KIP-858). A second call is ignored.
+    pub fn report_log_dirs(&self, health: Vec<Arc<LogDirHealth>>) {
+        let _ = self.log_dirs.set(health);
+    }
+
     /// Controlled shutdown: heartbeats asking to shut down until the controller answers that
     /// this broker may (it leads nothing and is fenced), at most
     /// [`CONTROLLED_SHUTDOWN_TIMEOUT`].
@@ -323,6 +415,7 @@ impl BrokerLifecycle {
                         want_fence: false,
                         want_shut_down: true,
                         cordoned_log_dirs: None,
+                        offline_log_dirs: Vec::new(),
                     })
                     .await;
                 match r {

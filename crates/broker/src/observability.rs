@@ -83,6 +83,9 @@ pub const REPLICATION_THROTTLED_TOTAL: &str = "gregor_replication_throttled_tota
 pub const BUILD_INFO: &str = "gregor_build_info";
 /// 1 when the broker is ready (logs loaded, listeners up).
 pub const READY: &str = "gregor_ready";
+/// Gauge, one series per log directory (`dir`): 1 while the directory is offline (full since a
+/// write failed for lack of space, or failed), else 0. `/ready` says not ready meanwhile.
+pub const LOG_DIR_OFFLINE: &str = "gregor_log_dir_offline";
 
 /// Latency buckets in seconds, from 50 µs to 30 s.
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -206,6 +209,10 @@ fn describe() {
         "High watermark minus committed offset (records)."
     );
     describe_gauge!(READY, "1 when the broker is ready to serve.");
+    describe_gauge!(
+        LOG_DIR_OFFLINE,
+        "1 while the log directory (dir) is offline: full since a write failed for lack of space (appends resume once space is free) or failed."
+    );
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the version label is the broker's version."

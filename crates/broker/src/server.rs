@@ -339,6 +339,8 @@ pub async fn start_with_authorizer(
     if let Some(lifecycle) = &lifecycle {
         // A clean shutdown records it for the next registration's PreviousBrokerEpoch.
         logs.set_broker_epoch(lifecycle.broker_epoch);
+        // Offline log dirs go to the controller in heartbeats (KIP-858).
+        lifecycle.report_log_dirs(logs.dir_health().to_vec());
     }
     info!(
         partitions = loaded.len(),
@@ -467,6 +469,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(log_dir_health_checker(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -563,6 +569,29 @@ async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::R
             Ok(Err(e)) => warn!(error = %e, "writing replication-offset-checkpoint failed"),
             Err(e) => warn!(error = %e, "high watermark checkpoint job failed"),
         }
+    }
+}
+
+/// How often a full log directory is checked for room again
+/// ([`gregor_log::LogManager::check_dir_health`]; nothing is done while every dir is online).
+pub const LOG_DIR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Brings full log directories back online once they have room again, without a restart.
+async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LOG_DIR_CHECK_INTERVAL) => {}
+            _ = shutdown.changed() => return,
+        }
+        if broker.replica_manager.logs().offline_dirs().is_empty() {
+            continue;
+        }
+        let b = broker.clone();
+        let _ = broker
+            .replica_manager
+            .io_pool()
+            .run(move || b.replica_manager.logs().check_dir_health())
+            .await;
     }
 }
 

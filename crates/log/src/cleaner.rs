@@ -524,7 +524,8 @@ impl LogCleaner {
             };
             let out_header = crate::segment::validate_stored_batch(written)
                 .map_err(|e| corrupt(source, &e.to_string()))?;
-            dest.append(written, &[out_header], index_interval_bytes)?;
+            dest.append(written, &[out_header], index_interval_bytes)
+                .map_err(|e| e.error)?;
             if out_header.has_delete_horizon() && tombstones {
                 let t = out_header.base_timestamp;
                 stats.min_delete_horizon_ms =

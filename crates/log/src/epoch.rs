@@ -71,7 +71,12 @@ impl LeaderEpochCache {
             start_offset,
         });
         if persist {
-            self.write()?;
+            if let Err(e) = self.write() {
+                // Not on disk, so not in memory either: the next append persists it again
+                // (a full disk refuses the checkpoint until space is free).
+                self.entries.pop();
+                return Err(e);
+            }
         }
         Ok(true)
     }

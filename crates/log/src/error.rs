@@ -122,6 +122,17 @@ pub enum LogError {
     /// KAFKA_STORAGE_ERROR (56).
     #[error("log directory {0} is in use by another process")]
     DirLocked(String),
+    /// The partition's log directory is offline: full (a write failed with ENOSPC or EDQUOT
+    /// and no check has found room since) or failed (another I/O error). Appends fail at
+    /// once with KAFKA_STORAGE_ERROR (56), which clients retry, instead of each trying the
+    /// disk; see [`crate::LogDirHealth`].
+    #[error("log directory {dir} is offline: {reason}")]
+    LogDirOffline {
+        /// The log directory.
+        dir: String,
+        /// Why ("full: No space left on device ...").
+        reason: String,
+    },
 }
 
 impl LogError {
@@ -136,9 +147,10 @@ impl LogError {
     /// The Kafka error for this error (see the variant docs).
     pub fn error_code(&self) -> ErrorCode {
         match self {
-            LogError::Io { .. } | LogError::CorruptFile { .. } | LogError::DirLocked(_) => {
-                ErrorCode::KafkaStorageError
-            }
+            LogError::Io { .. }
+            | LogError::CorruptFile { .. }
+            | LogError::DirLocked(_)
+            | LogError::LogDirOffline { .. } => ErrorCode::KafkaStorageError,
             LogError::Batch(e) => match e {
                 BatchError::Truncated { .. }
                 | BatchError::Corrupt(_)
@@ -159,10 +171,30 @@ impl LogError {
         }
     }
 
+    /// Whether this is a write that failed for lack of space: ENOSPC (no space left on the
+    /// device) or EDQUOT (disk quota exceeded). Such a failure heals once space is freed;
+    /// any other I/O error is treated as a failed disk.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            LogError::Io { source, .. } => is_out_of_space(source),
+            _ => false,
+        }
+    }
+
     /// The wire code of [`LogError::error_code`].
     pub fn kafka_error_code(&self) -> i16 {
         self.error_code().code()
     }
+}
+
+/// Whether `e` is ENOSPC or EDQUOT ([`LogError::is_out_of_space`]).
+pub fn is_out_of_space(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()
+            || code == rustix::io::Errno::DQUOT.raw_os_error()
+    ) || e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
 }
 
 /// Shorthand used throughout the crate.

@@ -247,6 +247,31 @@ impl<E: IndexEntry> Index<E> {
             .map_err(|e| LogError::io("syncing index", &self.path, e))
     }
 
+    /// Drops the entries after the first `keep` (the rollback of a failed append): the file is
+    /// cut to `keep` entries and grown back to its former length, so the dropped entries read
+    /// as zeros (what an index check expects after the last entry) without writing a byte,
+    /// which a full disk would refuse.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be resized.
+    pub(crate) fn truncate_entries(&self, keep: usize) -> Result<()> {
+        let mut entries = self.entries.write();
+        if entries.len() <= keep {
+            return Ok(());
+        }
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| LogError::io("reading index metadata", &self.path, e))?
+            .len();
+        self.file
+            .set_len((keep * E::SIZE) as u64)
+            .and_then(|()| self.file.set_len(len))
+            .map_err(|e| LogError::io("truncating index", &self.path, e))?;
+        entries.truncate(keep);
+        Ok(())
+    }
+
     /// Shrinks the file to its entries (on roll and close), as Kafka's `trimToValidSize`.
     pub(crate) fn trim_to_valid_size(&self) -> Result<()> {
         let len = (self.len() * E::SIZE) as u64;

@@ -18,8 +18,9 @@ use crate::checkpoint::sync_dir;
 use crate::config::{LogConfig, TopicPartition};
 use crate::epoch::{EpochEntry, LeaderEpochCache};
 use crate::error::{LogError, Result};
+use crate::health::LogDirHealth;
 use crate::producer_state::{ProducerCheck, ProducerStateManager};
-use crate::segment::{checked_total_size, LogSegment, WALK_CHUNK_BYTES};
+use crate::segment::{checked_total_size, LogSegment, SegmentAppendError, WALK_CHUNK_BYTES};
 use crate::timestamps::record_timestamps;
 
 /// Result of an append (Kafka's `LogAppendInfo`).
@@ -129,6 +130,9 @@ pub struct PartitionLog {
     /// Set by [`PartitionLog::truncate_to`]: the next flush fsyncs the truncated segment and
     /// the directory even when the log end offset did not move past the recovery point.
     truncated_since_flush: std::sync::atomic::AtomicBool,
+    /// The health of the log directory holding this log, when a [`crate::LogManager`] manages
+    /// it: appends fail fast while it is offline, and write failures are recorded there.
+    dir_health: std::sync::OnceLock<Arc<LogDirHealth>>,
 }
 
 /// Suffix of segment files waiting for removal (Kafka's `DeletedFileSuffix`).
@@ -551,6 +555,7 @@ impl PartitionLog {
             min_delete_horizon_ms: AtomicI64::new(i64::MAX),
             clock,
             truncated_since_flush: std::sync::atomic::AtomicBool::new(false),
+            dir_health: std::sync::OnceLock::new(),
         })
     }
 
@@ -577,6 +582,36 @@ impl PartitionLog {
     /// Replaces the configuration (topic config change); takes effect from the next append.
     pub fn update_config(&self, config: LogConfig) {
         *self.config.write() = config;
+    }
+
+    /// Attaches the health of the log directory holding this log (the
+    /// [`crate::LogManager`] does for every log it opens): from then on appends fail fast
+    /// with [`LogError::LogDirOffline`] while the directory is offline, and a failed write
+    /// marks it full or failed. A second call is ignored.
+    pub fn set_dir_health(&self, health: Arc<LogDirHealth>) {
+        let _ = self.dir_health.set(health);
+    }
+
+    /// The health of the log directory holding this log, if attached.
+    pub fn dir_health(&self) -> Option<&Arc<LogDirHealth>> {
+        self.dir_health.get()
+    }
+
+    /// Fails fast while the log directory is offline.
+    fn ensure_dir_online(&self) -> Result<()> {
+        match self.dir_health.get() {
+            Some(h) => h.ensure_online(),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failed write (roll, epoch checkpoint) in the directory's health and returns
+    /// the error.
+    fn write_failed(&self, e: LogError) -> LogError {
+        if let (Some(h), LogError::Io { .. }) = (self.dir_health.get(), &e) {
+            h.record_write_error(&e);
+        }
+        e
     }
 
     /// What opening the log had to do.
@@ -705,6 +740,7 @@ impl PartitionLog {
         if inner.closed {
             return Err(LogError::Closed(self.topic_partition.to_string()));
         }
+        self.ensure_dir_online()?;
         let first_offset = self.log_end_offset();
         let mut next = first_offset;
         for h in &mut headers {
@@ -758,11 +794,15 @@ impl PartitionLog {
             max_timestamp,
             now_ms,
         ) {
-            self.roll(&mut inner, first_offset, &config, now_ms)?;
+            self.roll(&mut inner, first_offset, &config, now_ms)
+                .map_err(|e| self.write_failed(e))?;
         }
         if leader_epoch >= 0 {
             let mut cache = self.epoch_cache.lock();
-            if cache.assign(leader_epoch, first_offset, true)? {
+            if cache
+                .assign(leader_epoch, first_offset, true)
+                .map_err(|e| self.write_failed(e))?
+            {
                 self.latest_epoch.store(leader_epoch, Ordering::Release);
             }
         }
@@ -787,9 +827,12 @@ impl PartitionLog {
         })
     }
 
-    /// Appends `records` (described by `headers`) to the active segment. A failed write closes
-    /// the log to further appends: the segment may hold part of the batch, and only recovery on
-    /// the next open may decide what of it stays.
+    /// Appends `records` (described by `headers`) to the active segment. A write that fails for
+    /// lack of space (ENOSPC, EDQUOT) is rolled back ([`LogSegment::append`]) and the log stays
+    /// open: the directory is marked full and the next append after it has room again
+    /// succeeds. Any other failure, or a rollback that failed, closes the log to further
+    /// appends until a restart (the segment may hold part of the batch, and only recovery on
+    /// the next open may decide what of it stays) and marks the directory failed.
     ///
     /// # Errors
     /// [`LogError::Closed`] when there is no segment, or the segment's write error.
@@ -806,13 +849,36 @@ impl PartitionLog {
                 .last()
                 .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
         );
-        if let Err(e) = active.append(records, headers, config.index_interval_bytes) {
-            tracing::error!(partition = %self.topic_partition, error = %e,
-                "append failed; refusing further appends to this log");
-            inner.closed = true;
-            return Err(e);
+        match active.append(records, headers, config.index_interval_bytes) {
+            Ok(()) => Ok(()),
+            Err(SegmentAppendError {
+                error,
+                rolled_back: true,
+            }) if error.is_out_of_space() => {
+                tracing::debug!(partition = %self.topic_partition, error = %error,
+                    "append failed for lack of space and was rolled back");
+                if let Some(h) = self.dir_health.get() {
+                    h.record_write_error(&error);
+                }
+                Err(error)
+            }
+            Err(SegmentAppendError { error, rolled_back }) => {
+                tracing::error!(partition = %self.topic_partition, error = %error, rolled_back,
+                    "append failed; refusing further appends to this log");
+                inner.closed = true;
+                if let Some(h) = self.dir_health.get() {
+                    if rolled_back {
+                        h.record_write_error(&error);
+                    } else {
+                        h.record_write_error(&LogError::Io {
+                            context: format!("rolling back a failed append ({error})"),
+                            source: std::io::Error::other("the segment may hold a partial batch"),
+                        });
+                    }
+                }
+                Err(error)
+            }
         }
-        Ok(())
     }
 
     /// Kafka's `analyzeAndValidateRecords` plus the client checks of `LogValidator`.
@@ -936,12 +1002,22 @@ impl PartitionLog {
         if let Some(active) = inner.segments.last() {
             active.on_become_inactive()?;
         }
-        let seg = Arc::new(LogSegment::create(
-            &self.dir,
-            new_base,
-            config.segment_index_bytes,
-            now_ms,
-        )?);
+        let seg = match LogSegment::create(&self.dir, new_base, config.segment_index_bytes, now_ms)
+        {
+            Ok(seg) => Arc::new(seg),
+            Err(e) => {
+                // A roll that could not create the new segment (a full disk) leaves the old
+                // active segment active: remove what was created and grow its indexes back.
+                if let Err(cleanup) = delete_segment_files(&self.dir, new_base) {
+                    tracing::warn!(partition = %self.topic_partition, error = %cleanup,
+                        "could not remove the files of a segment that failed to roll");
+                }
+                if let Some(active) = inner.segments.last() {
+                    active.preallocate_indexes()?;
+                }
+                return Err(e);
+            }
+        };
         inner.segments.push(seg);
         *self.segments.write() = Arc::new(inner.segments.clone());
         tracing::debug!(partition = %self.topic_partition, base_offset = new_base, "rolled segment");
@@ -978,6 +1054,7 @@ impl PartitionLog {
         if inner.closed {
             return Err(LogError::Closed(self.topic_partition.to_string()));
         }
+        self.ensure_dir_online()?;
         let first_offset = self.log_end_offset();
         let mut headers = Vec::new();
         let mut next = first_offset;
@@ -1007,7 +1084,8 @@ impl PartitionLog {
             max_timestamp,
             now_ms,
         ) {
-            self.roll(&mut inner, first_offset, &config, now_ms)?;
+            self.roll(&mut inner, first_offset, &config, now_ms)
+                .map_err(|e| self.write_failed(e))?;
         }
         {
             let mut cache = self.epoch_cache.lock();
@@ -1016,7 +1094,7 @@ impl PartitionLog {
                 changed |= cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
             }
             if changed {
-                cache.persist()?;
+                cache.persist().map_err(|e| self.write_failed(e))?;
                 if let Some(latest) = cache.latest_epoch() {
                     self.latest_epoch.store(latest, Ordering::Release);
                 }
@@ -1843,5 +1921,251 @@ impl std::fmt::Debug for PartitionLog {
             .field("log_end_offset", &self.log_end_offset())
             .field("recovery_point", &self.recovery_point())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod disk_full_tests {
+    use super::*;
+    use crate::health::DirState;
+    use crate::segment::FailAt;
+    use gregor_protocol::batch::BatchBuilder;
+
+    const NOW_MS: i64 = 1_700_000_000_000;
+    const ENOSPC: i32 = rustix::io::Errno::NOSPC.raw_os_error();
+
+    fn batch(n: usize, ts: i64) -> Vec<u8> {
+        let mut b = BatchBuilder::new(0, ts);
+        for i in 0..n {
+            b = b.record(ts + i as i64, None, Some(&[b'v'; 200]), &[]);
+        }
+        b.build()
+    }
+
+    fn idempotent(seq: i32, n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::new(0, NOW_MS).producer(7, 0, seq);
+        for _ in 0..n {
+            b = b.record(NOW_MS, None, Some(&[b'x'; 200]), &[]);
+        }
+        b.build()
+    }
+
+    fn open(dir: &Path) -> (PartitionLog, Arc<LogDirHealth>) {
+        let config = LogConfig {
+            index_interval_bytes: 256,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(dir, TopicPartition::new("t", 0), config, true).unwrap();
+        let health = Arc::new(LogDirHealth::new(dir));
+        log.set_dir_health(health.clone());
+        (log, health)
+    }
+
+    fn active(log: &PartitionLog) -> Arc<LogSegment> {
+        Arc::clone(log.published_segments().last().unwrap())
+    }
+
+    /// Every batch in the log, read back, as (base offset, next offset).
+    fn batches(log: &PartitionLog) -> Vec<(i64, i64)> {
+        let mut out = Vec::new();
+        let mut offset = log.log_start_offset();
+        while offset < log.log_end_offset() {
+            let r = log.read(offset, 1 << 20, i64::MAX, true).unwrap();
+            for b in Batches::new(&r.records) {
+                let (_, h) = b.unwrap();
+                out.push((h.base_offset, h.next_offset()));
+                offset = h.next_offset();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_partial_write_for_lack_of_space_is_rolled_back_and_the_log_stays_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, health) = open(dir.path());
+        for i in 0..20 {
+            log.append_as_leader(&mut batch(3, NOW_MS + i), 0, NOW_MS)
+                .unwrap();
+        }
+        let seg = active(&log);
+        let size = seg.size();
+        let file_len = std::fs::metadata(seg.log_path()).unwrap().len();
+        assert_eq!(size, file_len);
+        let entries = (seg.offset_index.len(), seg.time_index.len());
+        let max = seg.max_timestamp();
+        let leo = log.log_end_offset();
+
+        // The disk fills in the middle of the batch: 100 of its bytes land.
+        seg.inject_fault(Some(FailAt::LogWrite {
+            after_bytes: 100,
+            errno: ENOSPC,
+        }));
+        let e = log
+            .append_as_leader(&mut batch(3, NOW_MS + 100), 0, NOW_MS)
+            .unwrap_err();
+        assert!(e.is_out_of_space(), "{e}");
+        assert_eq!(e.kafka_error_code(), 56);
+        assert_eq!(log.log_end_offset(), leo);
+        assert_eq!(seg.size(), size);
+        assert_eq!(
+            std::fs::metadata(seg.log_path()).unwrap().len(),
+            size,
+            "no partial batch in the file"
+        );
+        assert_eq!((seg.offset_index.len(), seg.time_index.len()), entries);
+        assert_eq!(seg.max_timestamp(), max);
+        assert!(matches!(health.state(), DirState::Full { .. }));
+
+        // While the directory is full, appends fail fast without touching the disk.
+        seg.inject_fault(None);
+        let e = log
+            .append_as_leader(&mut batch(1, NOW_MS), 0, NOW_MS)
+            .unwrap_err();
+        assert!(matches!(e, LogError::LogDirOffline { .. }), "{e}");
+        assert_eq!(e.kafka_error_code(), 56);
+        assert_eq!(seg.size(), size);
+
+        // Room again: appends resume at the same offset, without a restart.
+        assert!(health.check());
+        let info = log
+            .append_as_leader(&mut batch(3, NOW_MS + 200), 0, NOW_MS)
+            .unwrap();
+        assert_eq!(info.first_offset, leo);
+        let all = batches(&log);
+        assert_eq!(all.len(), 21);
+        assert!(all.windows(2).all(|w| w[0].1 == w[1].0));
+        assert_eq!(all.last().unwrap().1, leo + 3);
+    }
+
+    #[test]
+    fn index_entries_of_a_failed_append_are_dropped_and_the_log_reopens_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, health) = open(dir.path());
+        log.append_as_leader(&mut batch(5, NOW_MS), 0, NOW_MS)
+            .unwrap();
+        let seg = active(&log);
+        let entries = (seg.offset_index.len(), seg.time_index.len());
+        let size = seg.size();
+        // Data and index entries written (the batch is over index.interval.bytes), then the
+        // append fails.
+        seg.inject_fault(Some(FailAt::AfterIndexing));
+        for _ in 0..2 {
+            let e = log
+                .append_as_leader(&mut batch(5, NOW_MS + 10), 0, NOW_MS)
+                .unwrap_err();
+            assert!(e.is_out_of_space());
+            assert_eq!((seg.offset_index.len(), seg.time_index.len()), entries);
+            assert_eq!(seg.size(), size);
+            assert!(health.check());
+        }
+        seg.inject_fault(None);
+        log.append_as_leader(&mut batch(5, NOW_MS + 20), 0, NOW_MS)
+            .unwrap();
+        let leo = log.log_end_offset();
+        assert_eq!(leo, 10);
+        log.close().unwrap();
+        drop(seg);
+        drop(log);
+        // Reopened after a clean shutdown, and after a crash: same batches, sane indexes.
+        for clean in [true, false] {
+            let log = PartitionLog::open(
+                dir.path(),
+                TopicPartition::new("t", 0),
+                LogConfig {
+                    index_interval_bytes: 256,
+                    ..LogConfig::default()
+                },
+                clean,
+            )
+            .unwrap();
+            assert_eq!(log.load_stats().rebuilt_indexes, 0);
+            assert_eq!(log.load_stats().truncated_bytes, 0);
+            assert_eq!(log.log_end_offset(), leo);
+            assert_eq!(batches(&log), vec![(0, 5), (5, 10)]);
+            for o in 0..leo {
+                let r = log.read(o, 1, i64::MAX, true).unwrap();
+                let (_, h) = Batches::new(&r.records).next().unwrap().unwrap();
+                assert!(h.base_offset <= o && o < h.next_offset());
+            }
+        }
+    }
+
+    #[test]
+    fn a_crash_after_a_partial_write_is_repaired_by_recovery() {
+        // What a crash between the failed write and the rollback leaves: a partial batch
+        // after the last complete one. Recovery (unclean open) cuts it.
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        log.append_as_leader(&mut batch(3, NOW_MS), 0, NOW_MS)
+            .unwrap();
+        log.flush().unwrap();
+        let seg = active(&log);
+        let path = seg.log_path().to_path_buf();
+        let size = seg.size();
+        drop(seg);
+        drop(log);
+        let partial = batch(3, NOW_MS + 1);
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(&partial[..partial.len() / 2], size).unwrap();
+        }
+        let log = PartitionLog::open(
+            dir.path(),
+            TopicPartition::new("t", 0),
+            LogConfig::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(log.log_end_offset(), 3);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    }
+
+    #[test]
+    fn an_idempotent_producer_retries_a_failed_append_with_the_same_sequence() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, health) = open(dir.path());
+        log.append_as_leader(&mut idempotent(0, 2), 0, NOW_MS)
+            .unwrap();
+        let seg = active(&log);
+        seg.inject_fault(Some(FailAt::LogWrite {
+            after_bytes: 10,
+            errno: ENOSPC,
+        }));
+        log.append_as_leader(&mut idempotent(2, 2), 0, NOW_MS)
+            .unwrap_err();
+        seg.inject_fault(None);
+        assert!(health.check());
+        // The retry is neither a duplicate nor out of order: producer state was not touched.
+        let info = log
+            .append_as_leader(&mut idempotent(2, 2), 0, NOW_MS)
+            .unwrap();
+        assert!(!info.duplicate);
+        assert_eq!((info.first_offset, info.last_offset), (2, 3));
+    }
+
+    #[test]
+    fn any_other_write_error_closes_the_log_and_fails_the_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, health) = open(dir.path());
+        log.append_as_leader(&mut batch(1, NOW_MS), 0, NOW_MS)
+            .unwrap();
+        let seg = active(&log);
+        seg.inject_fault(Some(FailAt::LogWrite {
+            after_bytes: 10,
+            errno: rustix::io::Errno::IO.raw_os_error(),
+        }));
+        let e = log
+            .append_as_leader(&mut batch(1, NOW_MS), 0, NOW_MS)
+            .unwrap_err();
+        assert_eq!(e.kafka_error_code(), 56);
+        assert!(matches!(health.state(), DirState::Failed { .. }));
+        assert!(!health.check());
+        seg.inject_fault(None);
+        let e = log
+            .append_as_leader(&mut batch(1, NOW_MS), 0, NOW_MS)
+            .unwrap_err();
+        assert!(matches!(e, LogError::Closed(_)), "{e}");
     }
 }

@@ -17,6 +17,7 @@ use crate::checkpoint::{parse_checkpoint, sync_dir, write_atomically};
 use crate::clock::SharedClock;
 use crate::config::{LogConfig, TopicPartition};
 use crate::error::{LogError, Result};
+use crate::health::{DirState, LogDirHealth};
 use crate::log::PartitionLog;
 
 /// Kafka's clean-shutdown marker file in each log directory.
@@ -116,6 +117,8 @@ pub struct LogManager {
     /// This broker's epoch, written into `.kafka_cleanshutdown` at a clean shutdown (-1 until
     /// set); see [`read_clean_shutdown_broker_epoch`].
     broker_epoch: std::sync::atomic::AtomicI64,
+    /// Each log directory's health, in `log_dirs` order, shared with the logs in it.
+    health: Vec<Arc<LogDirHealth>>,
 }
 
 /// The broker epoch a clean shutdown left in every log dir's `.kafka_cleanshutdown`
@@ -322,6 +325,10 @@ impl LogManager {
         let mut locks = Vec::new();
         let mut logs = HashMap::new();
         let mut loaded = Vec::new();
+        let health: Vec<Arc<LogDirHealth>> = log_dirs
+            .iter()
+            .map(|d| Arc::new(LogDirHealth::new(d)))
+            .collect();
         for (dir_index, dir) in log_dirs.iter().enumerate() {
             std::fs::create_dir_all(dir)
                 .map_err(|e| LogError::io("creating log directory", dir, e))?;
@@ -411,6 +418,7 @@ impl LogManager {
                 if let Some(o) = cleaner_offsets.get(&tp) {
                     log.set_cleaner_checkpoint(*o);
                 }
+                log.set_dir_health(Arc::clone(&health[dir_index]));
                 loaded.push(Arc::clone(&log));
                 logs.insert(
                     tp,
@@ -433,6 +441,7 @@ impl LogManager {
             _locks: held.unwrap_or(locks),
             clock,
             broker_epoch: std::sync::atomic::AtomicI64::new(-1),
+            health,
         };
         manager.checkpoint_recovery_points()?;
         Ok((manager, loaded))
@@ -441,6 +450,31 @@ impl LogManager {
     /// The log directories, in configuration order.
     pub fn log_dirs(&self) -> &[PathBuf] {
         &self.log_dirs
+    }
+
+    /// Each log directory's health, in [`LogManager::log_dirs`] order.
+    pub fn dir_health(&self) -> &[Arc<LogDirHealth>] {
+        &self.health
+    }
+
+    /// The offline log directories (full or failed) and their states, in configuration order.
+    pub fn offline_dirs(&self) -> Vec<(PathBuf, DirState)> {
+        self.health
+            .iter()
+            .filter(|h| h.is_offline())
+            .map(|h| (h.dir().to_path_buf(), h.state()))
+            .collect()
+    }
+
+    /// Checks every full directory for room again ([`LogDirHealth::check`]), bringing those
+    /// that have it back online. Returns whether any state changed. Blocking (a `statvfs` and
+    /// a probe write per full directory; nothing for online ones); call it every few seconds.
+    pub fn check_dir_health(&self) -> bool {
+        let mut changed = false;
+        for h in &self.health {
+            changed |= h.check();
+        }
+        changed
     }
 
     /// The configuration new logs get when none is given.
@@ -489,10 +523,11 @@ impl LogManager {
         for e in logs.values() {
             counts[e.dir_index] += 1;
         }
+        // An offline directory gets no new log while another one is online.
         let dir_index = counts
             .iter()
             .enumerate()
-            .min_by_key(|(_, c)| **c)
+            .min_by_key(|(i, c)| (self.health.get(*i).is_some_and(|h| h.is_offline()), **c))
             .map_or(0, |(i, _)| i);
         let parent = self
             .log_dirs
@@ -511,6 +546,9 @@ impl LogManager {
             None,
             self.clock.clone(),
         )?);
+        if let Some(h) = self.health.get(dir_index) {
+            log.set_dir_health(Arc::clone(h));
+        }
         write_partition_metadata(&path, &topic_id)?;
         sync_dir(parent)?;
         logs.insert(

@@ -163,6 +163,40 @@ pub(crate) struct LogSegment {
     rolling_based_timestamp: Mutex<Option<i64>>,
     /// Wall-clock ms when this segment was created or loaded.
     created_ms: i64,
+    /// Test hook: the fault the next appends meet.
+    #[cfg(test)]
+    fail_at: Mutex<Option<FailAt>>,
+}
+
+/// A fault a test injects into [`LogSegment::append`].
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FailAt {
+    /// The data write stops after `after_bytes` bytes with OS error `errno`.
+    LogWrite {
+        /// Bytes written before the failure.
+        after_bytes: usize,
+        /// The raw OS error (e.g. ENOSPC).
+        errno: i32,
+    },
+    /// Data and index entries are written, then the append fails with ENOSPC.
+    AfterIndexing,
+}
+
+/// What [`LogSegment::append`] restores when an append fails.
+struct AppendState {
+    offset_entries: usize,
+    time_entries: usize,
+    max_timestamp: TimestampOffset,
+    bytes_since_last_index_entry: u64,
+}
+
+/// A failed [`LogSegment::append`]: the error, and whether the segment was rolled back to
+/// where the append began (else it may hold part of the batches: only recovery may decide).
+#[derive(Debug)]
+pub(crate) struct SegmentAppendError {
+    pub error: LogError,
+    pub rolled_back: bool,
 }
 
 const NO_TIMESTAMP: TimestampOffset = TimestampOffset {
@@ -221,6 +255,8 @@ impl LogSegment {
             bytes_since_last_index_entry: AtomicU64::new(0),
             rolling_based_timestamp: Mutex::new(None),
             created_ms: now_ms,
+            #[cfg(test)]
+            fail_at: Mutex::new(None),
         })
     }
 
@@ -266,6 +302,8 @@ impl LogSegment {
             bytes_since_last_index_entry: AtomicU64::new(0),
             rolling_based_timestamp: Mutex::new(None),
             created_ms: now_ms,
+            #[cfg(test)]
+            fail_at: Mutex::new(None),
         };
         let mut sane = offsets_sane && times_sane;
         // The last offset-index entry must point at a batch ending at its offset.
@@ -444,21 +482,63 @@ impl LogSegment {
 
     /// Appends `buf`, which holds exactly the batches `headers` (in order), at the end of the
     /// segment, indexes them and publishes the new size. Called under the append lock.
+    ///
+    /// A failed append leaves nothing behind when it can: the file is cut back to the size it
+    /// had ([`LogSegment::rollback`]), the index entries it added are dropped and the max
+    /// timestamp and index bookkeeping restored, so the segment is exactly as before and
+    /// further appends may follow. Readers never saw the bytes (the size was not published).
+    /// The cut is not fsynced: until the next flush a crash may leave the partial batch after
+    /// the last complete one, beyond the recovery point, where recovery validates every batch
+    /// and truncates the torn tail.
+    ///
+    /// # Errors
+    /// [`SegmentAppendError`]: the write or index error, and whether the rollback succeeded.
     pub(crate) fn append(
         &self,
         buf: &[u8],
         headers: &[BatchHeader],
         index_interval_bytes: u64,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), SegmentAppendError> {
         let start = self.size();
-        self.log
-            .write_all_at(buf, start)
+        let saved = self.save_append_state();
+        match self.append_unrolled(start, buf, headers, index_interval_bytes) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let rolled_back = match self.rollback(start, &saved) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(segment = %self.log_path.display(), error = %e,
+                            "could not roll back a failed append");
+                        false
+                    }
+                };
+                Err(SegmentAppendError { error, rolled_back })
+            }
+        }
+    }
+
+    fn append_unrolled(
+        &self,
+        start: u64,
+        buf: &[u8],
+        headers: &[BatchHeader],
+        index_interval_bytes: u64,
+    ) -> Result<()> {
+        self.write_at(buf, start)
             .map_err(|e| LogError::io("appending to", &self.log_path, e))?;
         let mut pos = start;
         for h in headers {
             let size = h.total_size() as u64;
             self.index_batch(h, pos, size, index_interval_bytes)?;
             pos += size;
+        }
+        #[cfg(test)]
+        if let Some(FailAt::AfterIndexing) = *self.fail_at.lock() {
+            return Err(LogError::io(
+                "appending to",
+                &self.log_path,
+                std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
+            ));
         }
         if start == 0 {
             if let Some(first) = headers.first() {
@@ -468,6 +548,46 @@ impl LogSegment {
         debug_assert_eq!(pos, start + buf.len() as u64);
         self.size_bytes.store(pos, Ordering::Release);
         Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], at: u64) -> std::io::Result<()> {
+        #[cfg(test)]
+        if let Some(FailAt::LogWrite { after_bytes, errno }) = *self.fail_at.lock() {
+            let n = after_bytes.min(buf.len());
+            self.log.write_all_at(&buf[..n], at)?;
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
+        self.log.write_all_at(buf, at)
+    }
+
+    fn save_append_state(&self) -> AppendState {
+        AppendState {
+            offset_entries: self.offset_index.len(),
+            time_entries: self.time_index.len(),
+            max_timestamp: self.max_timestamp(),
+            bytes_since_last_index_entry: self.bytes_since_last_index_entry.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Undoes a failed append that started at `size`: cuts the file (ftruncate needs no free
+    /// space), drops the index entries added since `saved` and restores the bookkeeping.
+    fn rollback(&self, size: u64, saved: &AppendState) -> Result<()> {
+        self.log
+            .set_len(size)
+            .map_err(|e| LogError::io("truncating a failed append in", &self.log_path, e))?;
+        self.offset_index.truncate_entries(saved.offset_entries)?;
+        self.time_index.truncate_entries(saved.time_entries)?;
+        *self.max_timestamp.lock() = saved.max_timestamp;
+        self.bytes_since_last_index_entry
+            .store(saved.bytes_since_last_index_entry, Ordering::Relaxed);
+        self.size_bytes.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Test hook: makes the next appends fail as `fail` says (None: no fault).
+    #[cfg(test)]
+    pub(crate) fn inject_fault(&self, fail: Option<FailAt>) {
+        *self.fail_at.lock() = fail;
     }
 
     /// Reads `len` bytes at `position`.

@@ -65,7 +65,7 @@ impl ControllerClock for ManualClock {
 }
 
 /// One broker's session on the active controller (`BrokerHeartbeatState`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Session {
     /// Clock time of its last heartbeat (or registration), ms.
     pub(crate) last_contact_ms: u64,
@@ -73,6 +73,9 @@ pub(crate) struct Session {
     pub(crate) metadata_offset: i64,
     /// The offset at which its controlled shutdown records end, once it started one.
     pub(crate) controlled_shutdown_offset: Option<i64>,
+    /// The log directories its last handled heartbeat reported offline (KIP-858): its
+    /// replicas in them may not lead or join an ISR until a heartbeat leaves them out.
+    pub(crate) offline_dirs: std::collections::BTreeSet<uuid::Uuid>,
 }
 
 /// The sessions of the registered brokers, and the offset of each broker's latest

@@ -17,7 +17,9 @@
 //! KIP-966's unclean-shutdown handling: with ELR on, a new incarnation whose previous broker
 //! epoch is not its registration's leaves every ISR and ELR at registration (gregor's brokers
 //! do not keep their clean-shutdown epoch yet and send -1, so each of their restarts counts as
-//! unclean). Departure from Kafka 4.4: offline log directories in heartbeats are not taken. Partition changes are built by
+//! unclean). Offline log directories in heartbeats (KIP-858, `handleDirectoriesOffline`) move
+//! leadership and ISR membership off the replicas in them; an amended registration brings
+//! them back ([`Controller::register_broker`]). Partition changes are built by
 //! [`crate::replication_control::PartitionChangeBuilder`] (with `unclean.leader.election.enable`
 //! an out-of-ISR replica may be elected, RECOVERING).
 
@@ -199,6 +201,7 @@ impl Controller {
                 last_contact_ms: now,
                 metadata_offset: -1,
                 controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
             })
             .last_contact_ms = now;
         records.push(record.into());
@@ -224,7 +227,7 @@ impl Controller {
                 if !p.isr.contains(&broker_id) && !p.elr.contains(&broker_id) {
                     continue;
                 }
-                let acceptable = |r: i32| r != broker_id && Controller::is_active(image, r);
+                let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
                         .election(election)
@@ -422,6 +425,28 @@ impl Controller {
             req.cordoned_log_dirs.as_deref(),
             &mut records,
         );
+        // Offline directories are handled in a heartbeat that changes nothing else: a state
+        // change (fencing, controlled shutdown) built from the same image would move the same
+        // partitions twice; the next heartbeat reports them again.
+        if current == next && self.image.metadata_version().is_some_and(|mv| mv >= 18) {
+            let now = self.now_ms();
+            let reported: std::collections::BTreeSet<Uuid> =
+                req.offline_log_dirs.iter().copied().collect();
+            let session = self.sessions.sessions.entry(broker_id).or_insert(Session {
+                last_contact_ms: now,
+                metadata_offset: -1,
+                controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
+            });
+            let previous = std::mem::replace(&mut session.offline_dirs, reported);
+            self.offline_dir_records(
+                broker_id,
+                req.broker_epoch,
+                &req.offline_log_dirs,
+                &previous,
+                &mut records,
+            );
+        }
         if current != next {
             match next {
                 State::Fenced | State::ShutdownNow => self.fence_records(broker_id, &mut records),
@@ -438,6 +463,7 @@ impl Controller {
             last_contact_ms: now,
             metadata_offset: -1,
             controlled_shutdown_offset: None,
+            offline_dirs: Default::default(),
         });
         session.last_contact_ms = now;
         session.metadata_offset = req.current_metadata_offset;
@@ -489,6 +515,112 @@ impl Controller {
                     broker_id,
                     broker_epoch,
                     cordoned_log_dirs: Some(cordoned.to_vec()),
+                    ..BrokerRegistrationChangeRecord::default()
+                }
+                .into(),
+            );
+        }
+    }
+
+    /// Kafka's `handleDirectoriesOffline` (KIP-858), for the directories of `offline` not in
+    /// `previous` (what the broker's last handled heartbeat reported): leadership and ISR
+    /// membership move off the broker's replicas in them (a `PartitionChangeRecord` each, as
+    /// for a fenced broker but only for those partitions), and when the registration keeps
+    /// other directories online a `BrokerRegistrationChangeRecord` (v2) records them.
+    ///
+    /// Departures from Kafka 4.4, whose broker halts once every directory is offline and has
+    /// no way back but a restart:
+    /// - a partition no other replica could lead keeps its leader (which refuses appends with
+    ///   KAFKA_STORAGE_ERROR and still serves reads) instead of going leaderless;
+    /// - with no directory left online no `BrokerRegistrationChangeRecord` is written (Kafka's
+    ///   replay ignores an empty list); the controller remembers the reported directories in
+    ///   the broker's session instead ([`Controller::replica_dir_online`]);
+    /// - the directories of `previous` not in `offline` are back: leaderless partitions whose
+    ///   replica on this broker is in one of them get it as leader (as at unfencing). A
+    ///   directory the registration had dropped comes back with the broker's amended
+    ///   registration (same incarnation), as Kafka's broker re-sends its registration.
+    fn offline_dir_records(
+        &self,
+        broker_id: i32,
+        broker_epoch: i64,
+        offline: &[Uuid],
+        previous: &std::collections::BTreeSet<Uuid>,
+        records: &mut Vec<MetadataRecord>,
+    ) {
+        let Some(broker) = self.image.brokers.get(&broker_id) else {
+            return;
+        };
+        let dir_of = |p: &PartitionRegistration| {
+            p.replicas
+                .iter()
+                .position(|r| *r == broker_id)
+                .and_then(|i| p.directories.get(i).copied())
+        };
+        let back: Vec<Uuid> = previous
+            .iter()
+            .filter(|d| !offline.contains(d))
+            .copied()
+            .collect();
+        if !back.is_empty() {
+            tracing::info!(broker_id, dirs = ?back, "log directories of a broker are back online");
+            self.leader_and_isr_updates(NO_LEADER, broker_id, records, |p| {
+                p.leader == NO_LEADER && dir_of(p).is_some_and(|d| back.contains(&d))
+            });
+        }
+        let newly_offline: Vec<Uuid> = broker
+            .directories
+            .iter()
+            .filter(|d| offline.contains(d) && !previous.contains(d))
+            .copied()
+            .collect();
+        if newly_offline.is_empty() {
+            return;
+        }
+        let image: &MetadataImage = &self.image;
+        let mut topics: Vec<_> = image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in topics {
+            let election = if self.unclean_leader_election_enabled(&t.name) {
+                Election::Unclean
+            } else {
+                Election::Online
+            };
+            for (partition_id, p) in &t.partitions {
+                if !dir_of(p).is_some_and(|d| newly_offline.contains(&d)) {
+                    continue;
+                }
+                let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
+                let change =
+                    PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
+                        .election(election)
+                        .target_isr(p.isr.iter().copied().filter(|r| *r != broker_id).collect())
+                        .build();
+                match change {
+                    // No other replica can lead: keep this one (see above).
+                    Some(c) if c.leader == NO_LEADER => {}
+                    Some(c) => records.push(c.into()),
+                    None => {}
+                }
+            }
+        }
+        let online: Vec<Uuid> = broker
+            .directories
+            .iter()
+            .filter(|d| !offline.contains(d))
+            .copied()
+            .collect();
+        tracing::warn!(
+            broker_id,
+            offline = ?newly_offline,
+            remaining = ?online,
+            "log directories of a broker are offline; moving leadership and ISR off its replicas in them"
+        );
+        if !online.is_empty() {
+            records.push(
+                BrokerRegistrationChangeRecord {
+                    broker_id,
+                    broker_epoch,
+                    log_dirs: online,
                     ..BrokerRegistrationChangeRecord::default()
                 }
                 .into(),
@@ -556,6 +688,7 @@ impl Controller {
                 last_contact_ms: now,
                 metadata_offset: -1,
                 controlled_shutdown_offset: None,
+                offline_dirs: Default::default(),
             });
             if s.last_contact_ms + timeout < now && stale.is_none() {
                 stale = Some(id);
@@ -665,8 +798,11 @@ impl Controller {
                 if !which(p) {
                     continue;
                 }
-                let acceptable =
-                    |r: i32| r != remove && (r == add || Controller::is_active(image, r));
+                let acceptable = |r: i32| {
+                    r != remove
+                        && (r == add || Controller::is_active(image, r))
+                        && self.replica_dir_online(p, r)
+                };
                 let change =
                     PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
                         .election(election)
@@ -760,6 +896,7 @@ mod tests {
             want_fence: false,
             want_shut_down: false,
             cordoned_log_dirs: None,
+            offline_log_dirs: Vec::new(),
         }
     }
 
@@ -891,6 +1028,128 @@ mod tests {
         let mut beat = heartbeat(1, epoch, old.offset());
         beat.cordoned_log_dirs = Some(vec![]);
         assert!(old.beat(beat).unwrap().1.is_empty(), "before 4.3-IV0");
+    }
+
+    /// KIP-858 as Kafka's `handleDirectoriesOffline`: a heartbeat reporting a directory
+    /// offline moves leadership and ISR membership off the broker's replicas in it, once.
+    #[test]
+    fn offline_log_dirs_move_leadership_and_isr_off_the_replicas_in_them() {
+        let mut k = cluster();
+        let epochs: Vec<i64> = (1..=3).map(|b| k.join(b)).collect();
+        k.create("t", 6, 3).unwrap();
+        let led = |k: &Cluster, b: i32| (0..6).filter(|p| k.partition("t", *p).leader == b).count();
+        assert!(led(&k, 1) > 0);
+        let dir = k.c.image.brokers[&1].directories[0];
+        assert!((0..6).all(|p| k.partition("t", p).directories.contains(&dir)));
+        let mut beat = heartbeat(1, epochs[0], k.offset());
+        beat.offline_log_dirs = vec![dir];
+        let (reply, records) = k.beat(beat.clone()).unwrap();
+        assert!(!reply.is_fenced);
+        assert_eq!(records.len(), 6, "one change per partition: {records:?}");
+        assert!(records
+            .iter()
+            .all(|r| matches!(r, MetadataRecord::PartitionChange(_))));
+        for p in 0..6 {
+            let reg = k.partition("t", p);
+            assert!(!reg.isr.contains(&1), "{reg:?}");
+            assert_ne!(reg.leader, 1);
+            assert_ne!(reg.leader, NO_LEADER);
+        }
+        // Its only directory: the registration keeps it (no record that would change nothing),
+        // the session knows it is offline.
+        assert_eq!(k.c.image.brokers[&1].directories, vec![dir]);
+        assert!(!k.c.replica_dir_online(&k.partition("t", 0), 1));
+        assert!(k.beat(beat).unwrap().1.is_empty(), "nothing left to move");
+        // Back online: acceptable again (the leader's AlterPartition brings it into ISRs).
+        let (_, records) = k.beat(heartbeat(1, epochs[0], k.offset())).unwrap();
+        assert!(
+            records.is_empty(),
+            "every partition has a leader: {records:?}"
+        );
+        assert!(k.c.is_acceptable_leader(&k.partition("t", 0), 1));
+        // A dir the registration does not have is ignored.
+        let mut beat = heartbeat(2, epochs[1], k.offset());
+        beat.offline_log_dirs = vec![Uuid::new_v4()];
+        assert!(k.beat(beat).unwrap().1.is_empty());
+    }
+
+    /// A partition no other replica can lead keeps its leader on the offline directory (it
+    /// refuses appends and serves reads) instead of going leaderless (departure: Kafka halts).
+    #[test]
+    fn a_leader_no_other_replica_could_replace_stays() {
+        let mut k = cluster();
+        let epoch = k.join(1);
+        k.join(2);
+        k.create("solo", 4, 1).unwrap();
+        let dir = k.c.image.brokers[&1].directories[0];
+        let mine: Vec<i32> = (0..4)
+            .filter(|p| k.partition("solo", *p).leader == 1)
+            .collect();
+        assert!(!mine.is_empty());
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![dir];
+        let (_, records) = k.beat(beat).unwrap();
+        assert!(records.is_empty(), "{records:?}");
+        for p in mine {
+            assert_eq!(k.partition("solo", p).leader, 1);
+        }
+    }
+
+    /// A broker with two directories: one offline leaves the other registered online, and
+    /// the same incarnation's amended registration brings both back, keeping its epoch and
+    /// fencing (Kafka's way back for a directory).
+    #[test]
+    fn an_offline_dir_comes_back_with_an_amended_registration() {
+        let mut k = cluster();
+        let mut req = request(1);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        req.log_dirs = vec![a, b];
+        let epoch = k.register(req.clone()).unwrap();
+        let offset = k.offset();
+        assert!(!k.beat(heartbeat(1, epoch, offset)).unwrap().0.is_fenced);
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![b];
+        let (_, records) = k.beat(beat.clone()).unwrap();
+        let [MetadataRecord::BrokerRegistrationChange(r)] = records.as_slice() else {
+            panic!("{records:?}")
+        };
+        assert_eq!(r.log_dirs, vec![a]);
+        assert_eq!(k.c.image.brokers[&1].directories, vec![a]);
+        assert!(k.beat(beat).unwrap().1.is_empty(), "reported once");
+        assert_eq!(
+            k.register(req).unwrap(),
+            epoch,
+            "same incarnation: same epoch"
+        );
+        let reg = &k.c.image.brokers[&1];
+        assert_eq!(reg.directories, vec![a, b]);
+        assert!(!reg.fenced);
+    }
+
+    /// A replica in a directory its broker reported offline is not elected and does not
+    /// rejoin the ISR (AlterPartition answers INELIGIBLE_REPLICA).
+    #[test]
+    fn a_replica_in_an_offline_dir_is_not_acceptable() {
+        let mut k = cluster();
+        let mut req = request(1);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        req.log_dirs = vec![a, b];
+        let epoch = k.register(req).unwrap();
+        let offset = k.offset();
+        k.beat(heartbeat(1, epoch, offset)).unwrap();
+        k.join(2);
+        k.create("t", 1, 2).unwrap();
+        let mut p = k.partition("t", 0);
+        let i = p.replicas.iter().position(|r| *r == 1).unwrap();
+        p.directories[i] = b;
+        assert!(k.c.is_acceptable_leader(&p, 1));
+        let mut beat = heartbeat(1, epoch, k.offset());
+        beat.offline_log_dirs = vec![b];
+        k.beat(beat).unwrap();
+        assert!(!k.c.is_acceptable_leader(&p, 1));
+        assert!(!k.c.replica_dir_online(&p, 1));
+        p.directories[i] = a;
+        assert!(k.c.is_acceptable_leader(&p, 1));
     }
 
     #[test]

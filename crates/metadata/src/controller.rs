@@ -322,6 +322,10 @@ pub struct BrokerHeartbeatRequest {
     /// reports them (Kafka 4.4's brokers do once recovered; gregor's brokers never cordon a
     /// directory and send `None`).
     pub cordoned_log_dirs: Option<Vec<Uuid>>,
+    /// The ids of its offline log directories (`OfflineLogDirs`, KIP-858, BrokerHeartbeat
+    /// v1+): from `metadata.version` 3.7-IV2 the controller moves leadership and ISR
+    /// membership off the replicas in them ([`Controller::broker_heartbeat`]).
+    pub offline_log_dirs: Vec<Uuid>,
 }
 
 /// The answer to a heartbeat.
@@ -540,6 +544,52 @@ impl Controller {
             .brokers
             .get(&broker)
             .is_some_and(|b| !b.fenced && !b.in_controlled_shutdown)
+    }
+
+    /// Whether `broker`'s replica of `p` is in one of its online log directories
+    /// (`ClusterControlManager.hasOnlineDir` with the partition's directory for it, KIP-858):
+    /// an unassigned or migrating directory counts as online, a lost one as offline, a
+    /// broker that registered no directories has them all online, and a directory its last
+    /// heartbeat reported offline is offline (the registration keeps its only directory).
+    pub(crate) fn replica_dir_online(
+        &self,
+        p: &crate::image::PartitionRegistration,
+        broker: i32,
+    ) -> bool {
+        let Some(b) = self.image.brokers.get(&broker) else {
+            return false;
+        };
+        let Some(dir) = p
+            .replicas
+            .iter()
+            .position(|r| *r == broker)
+            .and_then(|i| p.directories.get(i))
+        else {
+            return true;
+        };
+        if *dir == crate::record::DIRECTORY_UNASSIGNED || *dir == crate::record::DIRECTORY_MIGRATING
+        {
+            return true;
+        }
+        if *dir == crate::record::DIRECTORY_LOST {
+            return false;
+        }
+        let reported_offline = self
+            .sessions
+            .sessions
+            .get(&broker)
+            .is_some_and(|s| s.offline_dirs.contains(dir));
+        (b.directories.is_empty() || b.directories.contains(dir)) && !reported_offline
+    }
+
+    /// Kafka's `LeaderAcceptor`: `broker` may lead `p` (and stay in its ISR) when it is
+    /// active ([`Controller::is_active`]) and its replica's directory is online.
+    pub(crate) fn is_acceptable_leader(
+        &self,
+        p: &crate::image::PartitionRegistration,
+        broker: i32,
+    ) -> bool {
+        Self::is_active(&self.image, broker) && self.replica_dir_online(p, broker)
     }
 
     /// Kafka's `ClusterControlManager.defaultDir`: the broker's only log directory; MIGRATING
@@ -1545,6 +1595,7 @@ mod tests {
                 want_fence: false,
                 want_shut_down: false,
                 cordoned_log_dirs: None,
+                offline_log_dirs: Vec::new(),
             })
             .await
             .unwrap();
@@ -1573,6 +1624,7 @@ mod tests {
                         want_fence: true,
                         want_shut_down: true,
                         cordoned_log_dirs: None,
+                        offline_log_dirs: Vec::new(),
                     })
                     .await
                     .unwrap();
@@ -1732,6 +1784,7 @@ mod tests {
                     want_fence: false,
                     want_shut_down: false,
                     cordoned_log_dirs: None,
+                    offline_log_dirs: Vec::new(),
                 })
                 .unwrap();
             let batch = CommittedBatch {
@@ -1846,6 +1899,7 @@ mod tests {
             want_fence: false,
             want_shut_down: false,
             cordoned_log_dirs: None,
+            offline_log_dirs: Vec::new(),
         })
         .await
         .unwrap();
@@ -1903,6 +1957,7 @@ mod tests {
             want_fence,
             want_shut_down: false,
             cordoned_log_dirs: None,
+            offline_log_dirs: Vec::new(),
         };
         c.broker_heartbeat(beat(true)).await.unwrap();
         c.broker_heartbeat(beat(false)).await.unwrap();

@@ -539,7 +539,7 @@ impl Controller {
                 }
                 let mut builder =
                     PartitionChangeBuilder::new(image, p, t.topic_id, pd.partition_index, |r| {
-                        Controller::is_active(image, r)
+                        self.is_acceptable_leader(p, r)
                     })
                     .target_isr(new_isr.iter().map(|(id, _)| *id).collect())
                     .target_leader_recovery_state(pd.leader_recovery_state);
@@ -626,7 +626,12 @@ impl Controller {
                     b.in_controlled_shutdown || b.fenced || (*epoch != -1 && *epoch != b.epoch)
                 }
             });
-        if ineligible {
+        // Departure from Kafka 4.4 (whose brokers stop fetching for an offline directory): a
+        // replica whose directory the broker reported offline does not join the ISR.
+        let offline_dir = new_isr
+            .iter()
+            .any(|(id, _)| !p.isr.contains(id) && !self.replica_dir_online(p, *id));
+        if ineligible || offline_dir {
             return Err(ErrorCode::IneligibleReplica);
         }
         Ok(())
@@ -689,7 +694,7 @@ impl Controller {
     ) -> PartitionChangeBuilder<'a> {
         let image = &self.image;
         PartitionChangeBuilder::new(image, p, t.topic_id, partition_id, move |r| {
-            Controller::is_active(image, r)
+            self.is_acceptable_leader(p, r)
         })
     }
 
@@ -1190,6 +1195,7 @@ pub(crate) mod tests {
                 want_fence: fence,
                 want_shut_down: shut_down,
                 cordoned_log_dirs: None,
+                offline_log_dirs: Vec::new(),
             })
             .unwrap();
         commit(c, r.records);

@@ -478,6 +478,7 @@ fn the_controlled_shutdown_kafka_did_is_the_one_gregor_does() {
         want_fence: false,
         want_shut_down: true,
         cordoned_log_dirs: None,
+        offline_log_dirs: Vec::new(),
     };
     let r = controller
         .broker_heartbeat(shut_down.clone())

@@ -351,8 +351,14 @@ fn append(
     let whole = whole_batches_len(&records);
     if whole > 0 {
         if let Err(e) = f.partition.append_records_as_follower(&records[..whole]) {
-            tracing::error!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
-                "follower append failed; backing off");
+            if matches!(e, gregor_log::LogError::LogDirOffline { .. }) {
+                // The directory's own WARN said why and what to do; no line per fetch.
+                tracing::debug!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
+                    "follower append refused: log dir offline; backing off");
+            } else {
+                tracing::error!(partition = %tp, fetch_offset = f.state.fetch_offset, error = %e,
+                    "follower append failed; backing off");
+            }
             f.state.advance(
                 f.partition.log.log_end_offset(),
                 f.partition.log.latest_leader_epoch(),

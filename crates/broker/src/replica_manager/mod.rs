@@ -1309,8 +1309,19 @@ fn delete_records_on(
     p.log
         .maybe_increment_log_start_offset(offset)
         .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
-    logs.checkpoint_log_start_offsets()
-        .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+    match logs.checkpoint_log_start_offsets() {
+        Ok(()) => {}
+        // A full disk must not stop DeleteRecords, the way to free space through Kafka's
+        // APIs: the new log start offset holds in memory, retention deletes the segments
+        // below it (renames, needing no space) and writes the checkpoint again. Kafka writes
+        // this checkpoint on a timer, not per request, so a crash before then loses the
+        // move in Kafka too.
+        Err(e) if e.is_out_of_space() => {
+            tracing::warn!(partition = %tp, error = %e,
+                "log-start-offset-checkpoint not written for lack of space; retention writes it once segments are deleted");
+        }
+        Err(e) => return Err((e.kafka_error_code(), e.to_string())),
+    }
     let low = p
         .low_watermark_if_leader()
         .ok_or((ec::NOT_LEADER_OR_FOLLOWER, String::new()))?;

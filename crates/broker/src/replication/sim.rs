@@ -1115,6 +1115,7 @@ impl Sim {
             want_fence: false,
             want_shut_down: false,
             cordoned_log_dirs: None,
+            offline_log_dirs: Vec::new(),
         });
         let b = self.brokers.get_mut(&id).expect("broker");
         b.last_heartbeat_ms = now;
