@@ -575,8 +575,9 @@ impl FetchSessionCache {
 
     /// After a full fetch was read: tries to create a session of its partitions and what was
     /// answered for them (Kafka's `FullFetchContext.updateAndGenerateResponseData`). Returns
-    /// the new session's id, or [`INVALID_SESSION_ID`] when there is no room, the request is
-    /// beyond the bounds (see the module doc) or has no partitions.
+    /// the new session's id, or [`INVALID_SESSION_ID`] when there is no room or the request is
+    /// beyond the bounds (see the module doc). A full fetch of no partitions gets an empty
+    /// session, as in Kafka.
     pub fn create_session(
         &self,
         privileged: bool,
