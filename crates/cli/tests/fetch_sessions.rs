@@ -612,3 +612,120 @@ fn evicted_java_sessions_recover() -> Result<()> {
     assert!(metric(&g, "gregor_fetch_sessions", "")? <= 8.0);
     Ok(())
 }
+
+/// GETs `/metrics` from an admin listener and sums the metric `name`.
+fn node_metric(admin_port: u16, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", admin_port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// The ISR sizes of every partition of `topic`, when every partition has a leader.
+fn isr_sizes(bootstrap: &str, topic: &str) -> Option<Vec<usize>> {
+    let mut c = KafkaConn::connect(bootstrap, "isr").ok()?;
+    let m: MetadataResponse = c
+        .call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default().with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic))))
+            ])),
+        )
+        .ok()?;
+    let t = m.topics.first()?;
+    (t.error_code == 0 && t.partitions.iter().all(|p| p.leader_id.0 >= 0))
+        .then(|| t.partitions.iter().map(|p| p.isr_nodes.len()).collect())
+}
+
+/// gregor's followers fetch through sessions: a 3-node cluster, a topic of 6 partitions with
+/// replication factor 3. Followers hold sessions on the leaders (privileged ones), every record
+/// is replicated (acks=all) and readable; a restarted node's fetchers start new sessions and
+/// it rejoins every ISR (the leaders track its idle partitions from the session's cached
+/// offsets).
+#[test]
+fn followers_replicate_through_sessions() -> Result<()> {
+    use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let config = ClusterConfig::combined(Implementation::Gregor(BIN.into()), 3)
+        .with("replica.lag.time.max.ms", "3000")
+        .with("broker.heartbeat.interval.ms", "500");
+    let mut cluster = Cluster::start(&config)?;
+    let bs = cluster.bootstrap();
+    // One node's listener, for the raw Metadata requests.
+    let b1 = cluster.node(1).bootstrap().context("node 1 listener")?;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &bs).create()?;
+    let topic = NewTopic::new("rep", 6, TopicReplication::Fixed(3));
+    for r in gregor_tests::clients::runtime()?
+        .block_on(admin.create_topics(&[topic], &AdminOptions::new()))?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    cluster.wait_for(TIMEOUT, "every ISR full", || {
+        isr_sizes(&b1, "rep").filter(|s| s.iter().all(|n| *n == 3))
+    });
+    produce(&bs, "rep", 6, 0..3000)?;
+    let admin_ports: Vec<u16> = cluster
+        .nodes()
+        .iter()
+        .filter_map(|n| n.admin_port)
+        .collect();
+    let sessions = |ports: &[u16]| -> f64 {
+        ports
+            .iter()
+            .filter_map(|p| node_metric(*p, "gregor_fetch_sessions"))
+            .sum()
+    };
+    // Every node follows partitions of the two others: up to 6 follower sessions.
+    cluster.wait_for(TIMEOUT, "follower sessions on the leaders", || {
+        (sessions(&admin_ports) >= 3.0).then_some(())
+    });
+
+    cluster.restart_node(3)?;
+    produce(&bs, "rep", 6, 3000..6000)?;
+    cluster.wait_for(Duration::from_secs(90), "node 3 back in every ISR", || {
+        isr_sizes(&b1, "rep").filter(|s| s.iter().all(|n| *n == 3))
+    });
+    // The ISRs stay full while nothing is produced (idle partitions are omitted from the
+    // followers' incremental fetches): wait longer than replica.lag.time.max.ms.
+    std::thread::sleep(Duration::from_secs(5));
+    let isr = isr_sizes(&b1, "rep").context("metadata")?;
+    assert!(
+        isr.iter().all(|n| *n == 3),
+        "ISR sizes after an idle while: {isr:?}"
+    );
+
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("group.id", "rep-assign-only")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition_offset("rep", p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + TIMEOUT;
+    while got.len() < 6000 {
+        ensure!(Instant::now() < deadline, "read {} of 6000", got.len());
+        if let Some(m) = c.poll(Duration::from_millis(200)) {
+            let m = m?;
+            got.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string());
+        }
+    }
+    exactly_once(&got, 0..6000)?;
+    Ok(())
+}

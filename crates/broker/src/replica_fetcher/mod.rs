@@ -23,6 +23,7 @@
 
 pub mod connection;
 mod fetcher;
+mod session;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
