@@ -17,6 +17,9 @@
 //! - Eviction: a cache of 8 slots (1 per shard) with `min.incremental.fetch.session.eviction.ms=0`
 //!   while new sessions keep arriving: two Java consumers' sessions are evicted, they get
 //!   FETCH_SESSION_ID_NOT_FOUND, fall back to full fetches, and read every record.
+//! - Followers: on a 3-node gregor cluster the replica fetchers hold sessions on the leaders,
+//!   every record is replicated, a restarted node rejoins every ISR and the ISRs stay full
+//!   while idle partitions are left out of incremental fetches.
 //!
 //! `cargo test -p gregor --test fetch_sessions -- --nocapture`
 
