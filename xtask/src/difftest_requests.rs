@@ -277,6 +277,23 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                         .with_partitions(partitions))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let forgotten = list(b, "forgotten_topics_data")
+                .iter()
+                .map(|t| {
+                    let partitions = list(t, "partitions")
+                        .iter()
+                        .map(|p| {
+                            p.as_i64()
+                                .and_then(|p| i32::try_from(p).ok())
+                                .ok_or_else(|| anyhow!("forgotten partition {p} is not an i32"))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(fetch_request::ForgottenTopic::default()
+                        .with_topic(topic(string_or(t, "name", "")))
+                        .with_topic_id(uuid(t, "topic_id")?)
+                        .with_partitions(partitions))
+                })
+                .collect::<Result<Vec<_>>>()?;
             RequestKind::Fetch(
                 FetchRequest::default()
                     .with_replica_id(BrokerId(-1))
@@ -284,7 +301,10 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                     .with_min_bytes(i32f(b, "min_bytes", 1)?)
                     .with_max_bytes(i32f(b, "max_bytes", 52_428_800)?)
                     .with_isolation_level(i8f(b, "isolation_level", 0)?)
-                    .with_session_epoch(-1)
+                    // KIP-227: sessionless unless the step names a session and epoch.
+                    .with_session_id(i32f(b, "session_id", 0)?)
+                    .with_session_epoch(i32f(b, "session_epoch", -1)?)
+                    .with_forgotten_topics_data(forgotten)
                     .with_topics(topics),
             )
         }

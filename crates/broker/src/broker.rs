@@ -51,6 +51,9 @@ pub struct Broker {
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
+    /// Incremental fetch sessions (KIP-227), sized by
+    /// `max.incremental.fetch.session.cache.slots`.
+    pub fetch_sessions: crate::fetch_session::FetchSessionCache,
     producer_ids: tokio::sync::Mutex<ProducerIdBlock>,
     /// Bound listener addresses (the real ports when a listener asked for port 0).
     pub bound: Vec<SocketAddr>,
@@ -75,6 +78,10 @@ impl Broker {
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak| Self {
             group_coordinator: group_coordinator(weak),
+            fetch_sessions: crate::fetch_session::FetchSessionCache::new(
+                config.max_incremental_fetch_session_cache_slots(),
+                config.min_incremental_fetch_session_eviction_ms(),
+            ),
             config,
             cluster_id,
             controller,

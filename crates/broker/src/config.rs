@@ -709,6 +709,19 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "5000",
     ),
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
+    // Incremental fetch sessions (KIP-227, Kafka's `ServerConfigs`).
+    (
+        "max.incremental.fetch.session.cache.slots",
+        ConfigType::Int,
+        "1000",
+    ),
+    // Named by KIP-227; Kafka 4.4 fixes it at 120000 ms and does not read it. gregor reads
+    // it (tests make eviction quick with it).
+    (
+        "min.incremental.fetch.session.eviction.ms",
+        ConfigType::Long,
+        "120000",
+    ),
     // Group coordinator (gregor_coordinator::group::GroupConfig).
     ("offsets.commit.timeout.ms", ConfigType::Int, "5000"),
     ("group.initial.rebalance.delay.ms", ConfigType::Int, "3000"),
@@ -1092,6 +1105,15 @@ impl BrokerConfig {
             Ok(i32::try_from(v).unwrap_or(i32::MAX))
         };
         let max_connections = at_least_zero("max.connections", i64::from(i32::MAX))?;
+        // Kafka's ServerConfigs: `atLeast(0)`.
+        at_least_zero("max.incremental.fetch.session.cache.slots", 1000)?;
+        if int("min.incremental.fetch.session.eviction.ms", 0) < 0 {
+            return Err(ConfigError::new(
+                "min.incremental.fetch.session.eviction.ms",
+                &int("min.incremental.fetch.session.eviction.ms", 0).to_string(),
+                "Value must be at least 0",
+            ));
+        }
         let max_connections_per_ip = at_least_zero("max.connections.per.ip", i64::from(i32::MAX))?;
         let max_connections_per_ip_overrides = parse_connection_overrides(
             &get("max.connections.per.ip.overrides").unwrap_or_default(),
@@ -1647,6 +1669,30 @@ impl BrokerConfig {
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(default)
             .clamp(min, max)
+    }
+
+    /// `max.incremental.fetch.session.cache.slots` (Kafka's default 1000, at least 0): fetch
+    /// sessions (KIP-227) the broker holds, divided among 8 shards.
+    pub fn max_incremental_fetch_session_cache_slots(&self) -> i32 {
+        self.raw_i64(
+            "max.incremental.fetch.session.cache.slots",
+            i64::from(crate::fetch_session::DEFAULT_CACHE_SLOTS),
+            0,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
+    /// `min.incremental.fetch.session.eviction.ms` (default 120000, at least 0): how long a
+    /// fetch session must be unused before any new session may evict it, and how old a
+    /// session must be before a bigger one may, in ms. KIP-227 names the config; Kafka 4.4
+    /// hard-codes the default and does not read it.
+    pub fn min_incremental_fetch_session_eviction_ms(&self) -> i64 {
+        self.raw_i64(
+            "min.incremental.fetch.session.eviction.ms",
+            crate::fetch_session::DEFAULT_EVICTION_MS,
+            0,
+            i64::MAX,
+        )
     }
 
     /// `num.replica.fetchers` (Kafka's default 1, at least 1): fetchers per source broker.

@@ -75,6 +75,10 @@ pub const COORDINATOR_NOT_AVAILABLE: i16 = ErrorCode::CoordinatorNotAvailable.co
 pub const INVALID_RECORD: i16 = ErrorCode::InvalidRecord.code();
 /// FETCH_SESSION_ID_NOT_FOUND.
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = ErrorCode::FetchSessionIdNotFound.code();
+/// INVALID_FETCH_SESSION_EPOCH (KIP-227).
+pub const INVALID_FETCH_SESSION_EPOCH: i16 = ErrorCode::InvalidFetchSessionEpoch.code();
+/// FETCH_SESSION_TOPIC_ID_ERROR (KIP-516): a session used with and without topic ids.
+pub const FETCH_SESSION_TOPIC_ID_ERROR: i16 = ErrorCode::FetchSessionTopicIdError.code();
 /// OFFSET_METADATA_TOO_LARGE (group coordinator).
 pub const OFFSET_METADATA_TOO_LARGE: i16 = ErrorCode::OffsetMetadataTooLarge.code();
 /// COORDINATOR_LOAD_IN_PROGRESS (group coordinator).

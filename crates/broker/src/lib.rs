@@ -20,6 +20,7 @@ pub mod controller_channel;
 pub mod controller_server;
 pub mod coordinator_writer;
 pub mod error_codes;
+pub mod fetch_session;
 /// The group coordinator, which lives in `gregor-coordinator`.
 pub use gregor_coordinator::group as group_coordinator;
 pub mod handlers;

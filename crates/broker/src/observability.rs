@@ -79,6 +79,15 @@ pub const REPLICATION_THROTTLED_BYTES_TOTAL: &str = "gregor_replication_throttle
 /// Counter, label `type`: times a throttled out-of-sync replica was held back because the
 /// quota was exceeded (the leader answered it no records / the follower left it out).
 pub const REPLICATION_THROTTLED_TOTAL: &str = "gregor_replication_throttled_total";
+/// Gauge: incremental fetch sessions the broker holds (KIP-227; Kafka's
+/// `NumIncrementalFetchSessions`).
+pub const FETCH_SESSIONS: &str = "gregor_fetch_sessions";
+/// Gauge: partitions cached across all fetch sessions (Kafka's
+/// `NumIncrementalFetchPartitionsCached`).
+pub const FETCH_SESSION_PARTITIONS: &str = "gregor_fetch_session_partitions";
+/// Counter: fetch sessions evicted to make room for new ones (Kafka's
+/// `IncrementalFetchSessionEvictionsPerSec`, here a total).
+pub const FETCH_SESSION_EVICTIONS_TOTAL: &str = "gregor_fetch_session_evictions_total";
 /// Always 1, labelled with the broker's version (`version="0.1.0"`).
 pub const BUILD_INFO: &str = "gregor_build_info";
 /// 1 when the broker is ready (logs loaded, listeners up).
@@ -209,6 +218,15 @@ fn describe() {
         "High watermark minus committed offset (records)."
     );
     describe_gauge!(READY, "1 when the broker is ready to serve.");
+    describe_gauge!(FETCH_SESSIONS, "Incremental fetch sessions held (KIP-227).");
+    describe_gauge!(
+        FETCH_SESSION_PARTITIONS,
+        "Partitions cached across all fetch sessions."
+    );
+    describe_counter!(
+        FETCH_SESSION_EVICTIONS_TOTAL,
+        "Fetch sessions evicted to make room for new ones."
+    );
     describe_gauge!(
         LOG_DIR_OFFLINE,
         "1 while the log directory (dir) is offline: full since a write failed for lack of space (appends resume once space is free) or failed."
@@ -221,6 +239,9 @@ fn describe() {
     // Present from the first scrape, not only after the first delayed operation.
     metrics::gauge!(DELAYED_PRODUCE_REQUESTS).set(0.0);
     metrics::gauge!(DELAYED_FETCH_REQUESTS).set(0.0);
+    metrics::gauge!(FETCH_SESSIONS).set(0.0);
+    metrics::gauge!(FETCH_SESSION_PARTITIONS).set(0.0);
+    metrics::counter!(FETCH_SESSION_EVICTIONS_TOTAL).absolute(0);
 }
 
 /// Kafka's name of an API (`Produce`, `Fetch`, ...), for labels.

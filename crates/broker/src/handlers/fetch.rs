@@ -3,8 +3,16 @@
 //! `min_bytes` available waits up to `max_wait_ms`, woken when a high watermark of one of its
 //! partitions moves (no polling). `max_bytes` and `partition_max_bytes` are soft for the first
 //! batch returned (KIP-74). Empty partitions carry zero-length records, never null. Topic ids
-//! from v13 (KIP-516). gregor does not create incremental fetch sessions (KIP-227): it answers
-//! session id 0, which tells clients to keep sending full fetch requests.
+//! from v13 (KIP-516).
+//!
+//! Incremental fetch sessions (KIP-227, [`crate::fetch_session`]): the request's session id
+//! and epoch pick a context first. A session error (unknown id, wrong epoch, topic ids used
+//! inconsistently) is answered at once with the top-level error, session id 0 and no
+//! partitions. A sessionless fetch (epoch -1, or v0-v6) reads the request's partitions and
+//! answers session id 0; a full fetch (epoch 0) reads them and then may get a new session,
+//! whose id the response carries; an incremental fetch reads every partition of its session
+//! (the request only adds, changes or forgets some) and its response leaves out those with
+//! nothing new. Consumers and followers alike; a follower's session is privileged.
 //!
 //! Fetch from follower (KIP-392): a consumer's fetch from v11 on carries its rack
 //! (`client.rack`); with `replica.selector.class` set, the leader may answer a partition with
@@ -26,7 +34,13 @@ use gregor_protocol::kafka_protocol::messages::fetch_response::{
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseKind, TopicName,
 };
+use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
+
+use crate::fetch_session::{
+    FetchContext, FetchRequestView, PartitionKey, PartitionOutcome, PartitionParams,
+    SessionPartition, TopicKey, INVALID_SESSION_ID, PARTITION_SLACK,
+};
 
 use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
 use crate::broker::Broker;
@@ -48,12 +62,17 @@ fn empty_partition(index: i32, code: i16) -> PartitionData {
         .with_records(Some(Bytes::new()))
 }
 
-/// The response shape of one topic; partitions hold an error found here or the index of their
-/// entry in the replica manager's fetch.
-struct TopicSlots {
-    name: TopicName,
-    topic_id: Uuid,
-    partitions: Vec<(i32, Result<usize, i16>)>,
+/// How the response of a fetch relates to fetch sessions, decided before the read.
+enum Mode {
+    /// Session id 0, every partition.
+    Sessionless,
+    /// Every partition; then a new session is tried.
+    Full {
+        privileged: bool,
+        uses_topic_ids: bool,
+    },
+    /// The partitions with something new, as the session decides.
+    Incremental { session_id: i32, request_epoch: i32 },
 }
 
 /// Errors Kafka's `KafkaApis.handleFetch` and `ReplicaManager` find before reading the log.
@@ -98,60 +117,250 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
         .with_records(Some(r.records.clone()))
 }
 
-fn encode(
-    slots: Vec<TopicSlots>,
+/// What the session rules look at in one partition's answer.
+fn outcome(p: &PartitionData) -> PartitionOutcome {
+    PartitionOutcome {
+        error_code: p.error_code,
+        high_watermark: p.high_watermark,
+        last_stable_offset: p.last_stable_offset,
+        log_start_offset: p.log_start_offset,
+        records_bytes: p.records.as_ref().map_or(0, Bytes::len),
+        diverging_epoch: p.diverging_epoch.epoch >= 0,
+        preferred_read_replica: p.preferred_read_replica.0 >= 0,
+    }
+}
+
+/// The response: the partitions' answers (slots hold an error found before the read or the
+/// index of the partition's replica manager result), filtered and numbered by the session.
+/// Consecutive partitions of one topic share a topic entry, as Kafka's `FetchResponse.of`.
+fn respond_to(
+    broker: &Broker,
+    mode: Mode,
+    partitions: &[SessionPartition],
+    slots: &[Result<usize, i16>],
     results: &[FetchPartitionResult],
     isolation_level: i8,
     version: i16,
 ) -> FetchResponse {
-    let topics = slots
-        .into_iter()
-        .map(|t| {
-            let parts = t
-                .partitions
-                .into_iter()
-                .map(|(index, slot)| match slot {
-                    Ok(i) => partition_data(index, &results[i], isolation_level),
-                    Err(code) => {
-                        record_error(ApiKey::Fetch, code);
-                        empty_partition(index, code)
-                    }
-                })
-                .collect();
-            FetchableTopicResponse::default()
-                .with_topic(if version >= 13 {
-                    TopicName::default()
-                } else {
-                    t.name
-                })
-                .with_topic_id(t.topic_id)
-                .with_partitions(parts)
+    let data: Vec<PartitionData> = partitions
+        .iter()
+        .zip(slots)
+        .map(|(p, slot)| match slot {
+            Ok(i) => partition_data(p.key.partition, &results[*i], isolation_level),
+            Err(code) => {
+                record_error(ApiKey::Fetch, *code);
+                empty_partition(p.key.partition, *code)
+            }
         })
         .collect();
-    FetchResponse::default().with_responses(topics)
+    let cache = &broker.fetch_sessions;
+    let (session_id, include) = match mode {
+        Mode::Sessionless => (INVALID_SESSION_ID, None),
+        Mode::Full {
+            privileged,
+            uses_topic_ids,
+        } => {
+            let answered: Vec<(SessionPartition, PartitionOutcome)> = partitions
+                .iter()
+                .cloned()
+                .zip(data.iter().map(outcome))
+                .collect();
+            let id = cache.create_session(
+                privileged,
+                uses_topic_ids,
+                &answered,
+                &|| session_partition_limit(broker),
+                cache.now_ms(),
+            );
+            (id, None)
+        }
+        Mode::Incremental {
+            session_id,
+            request_epoch,
+        } => {
+            let outcomes: Vec<PartitionOutcome> = data.iter().map(outcome).collect();
+            match cache.complete_incremental(session_id, request_epoch, partitions, &outcomes) {
+                Ok(include) => (session_id, Some(include)),
+                Err(code) => {
+                    record_error(ApiKey::Fetch, code);
+                    return FetchResponse::default()
+                        .with_error_code(code)
+                        .with_session_id(session_id);
+                }
+            }
+        }
+    };
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    let mut last: Option<&TopicKey> = None;
+    for (i, (p, d)) in partitions.iter().zip(data).enumerate() {
+        if include.as_ref().is_some_and(|inc| !inc[i]) {
+            continue;
+        }
+        match topics.last_mut() {
+            Some(t) if last == Some(&p.key.topic) => t.partitions.push(d),
+            _ => {
+                let name = match (&p.key.topic, version >= 13) {
+                    (TopicKey::Name(n), false) => TopicName(StrBytes::from_string(n.to_string())),
+                    _ => TopicName::default(),
+                };
+                topics.push(
+                    FetchableTopicResponse::default()
+                        .with_topic(name)
+                        .with_topic_id(p.topic_id)
+                        .with_partitions(vec![d]),
+                );
+                last = Some(&p.key.topic);
+            }
+        }
+    }
+    FetchResponse::default()
+        .with_session_id(session_id)
+        .with_responses(topics)
 }
 
-/// Handles Fetch: resolves topic ids, hands the partitions to
+/// The most partitions one fetch session may hold: the cluster's, plus a slack for topics a
+/// client knows before this broker (bounds the cache's memory, see [`crate::fetch_session`]).
+fn session_partition_limit(broker: &Broker) -> usize {
+    let image = broker.controller.image();
+    image
+        .topics
+        .values()
+        .map(|t| t.partitions.len())
+        .sum::<usize>()
+        + PARTITION_SLACK
+}
+
+/// The request's partitions, keyed by topic id (v13+) or name.
+fn requested_partitions(
+    req: &FetchRequest,
+    version: i16,
+    replica_id: i32,
+    resolve: &dyn Fn(&Uuid) -> Option<Arc<str>>,
+) -> Vec<SessionPartition> {
+    let mut out = Vec::new();
+    for t in &req.topics {
+        let (topic, name) = if version >= 13 {
+            (TopicKey::Id(t.topic_id), resolve(&t.topic_id))
+        } else {
+            let n: Arc<str> = Arc::from(t.topic.0.as_str());
+            (TopicKey::Name(n.clone()), Some(n))
+        };
+        for fp in &t.partitions {
+            out.push(SessionPartition {
+                key: PartitionKey {
+                    topic: topic.clone(),
+                    partition: fp.partition,
+                },
+                name: name.clone(),
+                topic_id: t.topic_id,
+                params: PartitionParams {
+                    fetch_offset: fp.fetch_offset,
+                    log_start_offset: if replica_id >= 0 {
+                        fp.log_start_offset
+                    } else {
+                        -1
+                    },
+                    max_bytes: fp.partition_max_bytes,
+                    current_leader_epoch: fp.current_leader_epoch,
+                    last_fetched_epoch: if version >= 12 {
+                        fp.last_fetched_epoch
+                    } else {
+                        -1
+                    },
+                },
+            });
+        }
+    }
+    out
+}
+
+/// `ForgottenTopicsData` (v7+), keyed as the request's partitions.
+fn forgotten_partitions(req: &FetchRequest, version: i16) -> Vec<PartitionKey> {
+    let mut out = Vec::new();
+    if version < 7 {
+        return out;
+    }
+    for t in &req.forgotten_topics_data {
+        let topic = if version >= 13 {
+            TopicKey::Id(t.topic_id)
+        } else {
+            TopicKey::Name(Arc::from(t.topic.0.as_str()))
+        };
+        out.extend(t.partitions.iter().map(|&partition| PartitionKey {
+            topic: topic.clone(),
+            partition,
+        }));
+    }
+    out
+}
+
+/// Handles Fetch: picks the fetch session context, resolves topic ids, hands the partitions to
 /// [`ReplicaManager::fetch_messages`](crate::replica_manager::ReplicaManager::fetch_messages)
 /// and encodes its results. The first read happens before this returns; a long poll is
 /// deferred. Needs `Read` on each topic, or `ClusterAction` on the Cluster for a follower
 /// (`replica_id >= 0`); partitions not authorised get TOPIC_AUTHORIZATION_FAILED, as Kafka's
-/// `KafkaApis.handleFetch`.
+/// `KafkaApis.handleFetch`. Session errors (FETCH_SESSION_ID_NOT_FOUND,
+/// INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR) are top-level.
 pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchRequest) -> Handled {
     let header = ctx.header.clone();
     let version = header.request_api_version;
     let reply = move |header: &RequestHeader, body: FetchResponse| {
         respond(header, ApiKey::Fetch, ResponseKind::Fetch(body))
     };
-    if version >= 7 && req.session_id != 0 {
-        // gregor never hands out session ids, so any non-zero id is unknown.
-        let body = FetchResponse::default().with_error_code(ec::FETCH_SESSION_ID_NOT_FOUND);
-        return Handled::Ready(reply(&header, body));
-    }
     let replica_id = if version >= 15 {
         req.replica_state.replica_id.0
     } else {
         req.replica_id.0
+    };
+    let image = broker.controller.image();
+    let resolve = |id: &Uuid| image.topic_by_id(id).map(|ti| Arc::from(ti.name.as_str()));
+    let requested = requested_partitions(&req, version, replica_id, &resolve);
+    let forgotten = forgotten_partitions(&req, version);
+    let view = FetchRequestView {
+        version,
+        session_id: req.session_id,
+        epoch: req.session_epoch,
+        is_follower: replica_id >= 0,
+        partitions: &requested,
+        forgotten: &forgotten,
+    };
+    let sessions = &broker.fetch_sessions;
+    let context = sessions.new_context(
+        &view,
+        &resolve,
+        &|| session_partition_limit(broker),
+        sessions.now_ms(),
+    );
+    let (partitions, mode) = match context {
+        FetchContext::SessionError(code) => {
+            record_error(ApiKey::Fetch, code);
+            let body = FetchResponse::default()
+                .with_error_code(code)
+                .with_session_id(INVALID_SESSION_ID);
+            return Handled::Ready(reply(&header, body));
+        }
+        FetchContext::Sessionless => (requested, Mode::Sessionless),
+        FetchContext::Full {
+            privileged,
+            uses_topic_ids,
+        } => (
+            requested,
+            Mode::Full {
+                privileged,
+                uses_topic_ids,
+            },
+        ),
+        FetchContext::Incremental {
+            session_id,
+            request_epoch,
+            partitions,
+        } => (
+            partitions,
+            Mode::Incremental {
+                session_id,
+                request_epoch,
+            },
+        ),
     };
     let follower_authorized = replica_id < 0
         || broker.authorize(
@@ -160,74 +369,57 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
             ResourceType::Cluster,
             CLUSTER_NAME,
         );
-    let image = broker.controller.image();
     let mut entries = Vec::new();
     // Per entry: whether the partition exists in the metadata (a broker that is not one of
     // its replicas answers NOT_LEADER_OR_FOLLOWER, as Kafka's getPartitionOrError).
     let mut in_image = Vec::new();
     let mut unresolved = false;
-    let slots: Vec<TopicSlots> = req
-        .topics
+    // Topic authorisation, decided once per run of partitions of one topic.
+    let mut authorized_topic: Option<(&str, bool)> = None;
+    let slots: Vec<Result<usize, i16>> = partitions
         .iter()
-        .map(|t| {
-            let name = if version >= 13 {
-                image.topic_by_id(&t.topic_id).map(|ti| ti.name.clone())
-            } else {
-                Some(t.topic.0.to_string())
+        .map(|p| {
+            let Some(name) = p.name.as_deref() else {
+                unresolved = true;
+                return Err(ec::UNKNOWN_TOPIC_ID);
             };
             let authorized = follower_authorized
-                && name.as_deref().is_none_or(|n| {
-                    replica_id >= 0
-                        || broker.authorize(ctx, AclOperation::Read, ResourceType::Topic, n)
-                });
-            let partitions = t
-                .partitions
-                .iter()
-                .map(|fp| {
-                    let slot = match &name {
-                        None => {
-                            unresolved = true;
-                            Err(ec::UNKNOWN_TOPIC_ID)
-                        }
-                        Some(_) if !authorized => {
-                            unresolved = true;
-                            Err(ec::TOPIC_AUTHORIZATION_FAILED)
-                        }
-                        Some(n) => {
-                            in_image.push(
-                                image
-                                    .topic(n)
-                                    .is_some_and(|ti| ti.partitions.contains_key(&fp.partition)),
+                && (replica_id >= 0
+                    || match authorized_topic {
+                        Some((n, ok)) if n == name => ok,
+                        _ => {
+                            let ok = broker.authorize(
+                                ctx,
+                                AclOperation::Read,
+                                ResourceType::Topic,
+                                name,
                             );
-                            entries.push(FetchPartition {
-                                topic_partition: TopicPartition::new(n.clone(), fp.partition),
-                                fetch_offset: fp.fetch_offset,
-                                partition_max_bytes: fp.partition_max_bytes,
-                                current_leader_epoch: fp.current_leader_epoch,
-                                last_fetched_epoch: if version >= 12 {
-                                    fp.last_fetched_epoch
-                                } else {
-                                    -1
-                                },
-                                log_start_offset: if replica_id >= 0 {
-                                    fp.log_start_offset
-                                } else {
-                                    -1
-                                },
-                            });
-                            Ok(entries.len() - 1)
+                            authorized_topic = Some((name, ok));
+                            ok
                         }
-                    };
-                    (fp.partition, slot)
-                })
-                .collect();
-            TopicSlots {
-                name: t.topic.clone(),
-                topic_id: t.topic_id,
-                partitions,
+                    });
+            if !authorized {
+                unresolved = true;
+                return Err(ec::TOPIC_AUTHORIZATION_FAILED);
             }
+            let partition = p.key.partition;
+            in_image.push(
+                image
+                    .topic(name)
+                    .is_some_and(|ti| ti.partitions.contains_key(&partition)),
+            );
+            entries.push(FetchPartition {
+                topic_partition: TopicPartition::new(name.to_string(), partition),
+                fetch_offset: p.params.fetch_offset,
+                partition_max_bytes: p.params.max_bytes,
+                current_leader_epoch: p.params.current_leader_epoch,
+                last_fetched_epoch: p.params.last_fetched_epoch,
+                log_start_offset: p.params.log_start_offset,
+            });
+            Ok(entries.len() - 1)
         })
         .collect();
+    drop(image);
     let isolation_level = req.isolation_level;
     let params = FetchParams {
         replica_id,
@@ -259,16 +451,34 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
     match broker.replica_manager.fetch_messages(params, entries).await {
         FetchOutcome::Complete(mut results) => {
             not_a_replica(&mut results, &in_image);
-            Handled::Ready(reply(
-                &header,
-                encode(slots, &results, isolation_level, version),
-            ))
+            let body = respond_to(
+                broker,
+                mode,
+                &partitions,
+                &slots,
+                &results,
+                isolation_level,
+                version,
+            );
+            Handled::Ready(reply(&header, body))
         }
-        FetchOutcome::Delayed(delayed) => Handled::Deferred(Box::pin(async move {
-            let mut results = delayed.complete().await;
-            not_a_replica(&mut results, &in_image);
-            reply(&header, encode(slots, &results, isolation_level, version))
-        })),
+        FetchOutcome::Delayed(delayed) => {
+            let broker = broker.clone();
+            Handled::Deferred(Box::pin(async move {
+                let mut results = delayed.complete().await;
+                not_a_replica(&mut results, &in_image);
+                let body = respond_to(
+                    &broker,
+                    mode,
+                    &partitions,
+                    &slots,
+                    &results,
+                    isolation_level,
+                    version,
+                );
+                reply(&header, body)
+            }))
+        }
     }
 }
 

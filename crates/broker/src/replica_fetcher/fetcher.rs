@@ -53,6 +53,8 @@ pub(crate) async fn run(
     let client_id = format!("broker-{}-fetcher-{fetcher_id}", ctx.config.node_id);
     let timeout = Duration::from_millis(ctx.config.socket_timeout_ms.max(1) as u64);
     let mut conn: Option<BrokerConnection> = None;
+    // KIP-227: one fetch session with the leader, as Kafka's FetchSessionHandler.
+    let mut session = super::session::FollowerSession::default();
     loop {
         if *stop.borrow() {
             return;
@@ -83,6 +85,7 @@ pub(crate) async fn run(
             }
         }
         let Some(c) = conn.as_mut() else { continue };
+        let request = session.prepare(request);
         let response = tokio::select! {
             r = c.request(ApiKey::Fetch, FETCH_VERSION, RequestKind::Fetch(request)) => r,
             _ = stop.changed() => return,
@@ -92,17 +95,19 @@ pub(crate) async fn run(
             Ok(_) => {
                 tracing::warn!(source, "unexpected response kind to Fetch; reconnecting");
                 conn = None;
+                session.on_connection_error();
                 delay_all(&ctx, &shared, &sent);
                 continue;
             }
             Err(e) => {
                 log_connection_error(source, &e);
                 conn = None;
+                session.on_connection_error();
                 delay_all(&ctx, &shared, &sent);
                 continue;
             }
         };
-        if response.error_code != ec::NONE {
+        if !session.on_response(&response) {
             tracing::warn!(
                 source,
                 error_code = response.error_code,
@@ -150,6 +155,7 @@ pub(crate) async fn run(
                 Err(e) => {
                     log_connection_error(source, &e);
                     conn = None;
+                    session.on_connection_error();
                     let sent = BTreeMap::from([(tp, (fetch_offset, leader_epoch))]);
                     delay_all(&ctx, &shared, &sent);
                 }
@@ -162,8 +168,8 @@ fn log_connection_error(source: i32, e: &ConnectionError) {
     tracing::info!(source, error = %e, "replica fetch failed; reconnecting after backoff");
 }
 
-/// The fetch of every ready partition, what it asked per partition, and when the next
-/// delayed partition becomes ready (ms).
+/// The full fetch of every ready partition (the session turns it into its next fetch), what it
+/// asks per partition, and when the next delayed partition becomes ready (ms).
 pub(super) fn build_fetch(
     ctx: &FetcherContext,
     shared: &FetcherShared,
@@ -215,7 +221,7 @@ pub(super) fn build_fetch(
         .with_max_bytes(cfg.max_bytes)
         .with_isolation_level(0)
         .with_session_id(0)
-        .with_session_epoch(-1)
+        .with_session_epoch(0)
         .with_topics(
             topics
                 .into_iter()

@@ -3,7 +3,9 @@
 //! fetcher id = hash(topic, partition) % `num.replica.fetchers`), each a tokio task with one
 //! connection to the leader's inter-broker listener.
 //!
-//! - **Requests.** Full Fetch v17 requests (no KIP-227 fetch session): `ReplicaState {this
+//! - **Requests.** Fetch v17 requests in a KIP-227 fetch session (`session`, Kafka's
+//!   `FetchSessionHandler`: full first, then only changed and forgotten partitions; a
+//!   partition the leader leaves out of a response has nothing new): `ReplicaState {this
 //!   node, its broker epoch}`, topic ids, `replica.fetch.wait.max.ms`,
 //!   `replica.fetch.min.bytes`, `replica.fetch.response.max.bytes`, per partition
 //!   `replica.fetch.max.bytes`, `CurrentLeaderEpoch`, `LastFetchedEpoch` from the local epoch
@@ -23,6 +25,7 @@
 
 pub mod connection;
 mod fetcher;
+mod session;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
