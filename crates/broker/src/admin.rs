@@ -42,6 +42,14 @@ impl AdminState {
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
+
+    /// The log directories that are offline (full or failed), with their state.
+    fn offline_dirs(&self) -> Vec<(std::path::PathBuf, gregor_log::DirState)> {
+        self.broker
+            .get()
+            .map(|b| b.replica_manager.logs().offline_dirs())
+            .unwrap_or_default()
+    }
 }
 
 /// Sets the per-partition and broker gauges from the current state. Called at each scrape,
@@ -179,6 +187,9 @@ async fn route(
             if let Some(b) = state.broker.get() {
                 update_gauges(b);
             }
+            // What `/ready` answers: ready and no log directory offline.
+            let ready = state.is_ready() && state.offline_dirs().is_empty();
+            metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
             metrics_process::Collector::default().collect();
             text(
                 StatusCode::OK,
@@ -188,11 +199,7 @@ async fn route(
         }
         (&hyper::Method::GET, "/health") => text(StatusCode::OK, "ok\n", plain),
         (&hyper::Method::GET, "/ready") => {
-            let offline = state
-                .broker
-                .get()
-                .map(|b| b.replica_manager.logs().offline_dirs())
-                .unwrap_or_default();
+            let offline = state.offline_dirs();
             if !state.is_ready() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", plain)
             } else if !offline.is_empty() {

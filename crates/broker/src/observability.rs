@@ -217,7 +217,10 @@ fn describe() {
         CONSUMER_GROUP_LAG,
         "High watermark minus committed offset (records)."
     );
-    describe_gauge!(READY, "1 when the broker is ready to serve.");
+    describe_gauge!(
+        READY,
+        "1 when the broker is ready to serve: started, and no log directory offline (as /ready)."
+    );
     describe_gauge!(FETCH_SESSIONS, "Incremental fetch sessions held (KIP-227).");
     describe_gauge!(
         FETCH_SESSION_PARTITIONS,

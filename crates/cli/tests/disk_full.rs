@@ -215,6 +215,15 @@ fn dir_offline_metric(node: &Node) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The value of `gregor_ready` on `node`'s `/metrics`.
+fn ready_metric(node: &Node) -> Option<f64> {
+    let (_, body) = admin_get(node, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with("gregor_ready "))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Records librdkafka's delivery report.
 struct Delivery(std::sync::Mutex<Option<Result<(), rdkafka::types::RDKafkaErrorCode>>>);
 
@@ -287,6 +296,7 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
     let (status, _) = admin_get(node, "/ready").expect("/ready");
     assert_eq!(status, 200);
     assert_eq!(dir_offline_metric(node), Some(0.0));
+    assert_eq!(ready_metric(node), Some(1.0), "gregor_ready follows /ready");
 
     let filled = node.fill_disk().expect("fill the disk");
     eprintln!("filled the disk with {filled} bytes");
@@ -314,6 +324,7 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
         "{body}"
     );
     assert_eq!(dir_offline_metric(node), Some(1.0));
+    assert_eq!(ready_metric(node), Some(0.0), "gregor_ready follows /ready");
     let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
     assert!(
         log.contains("log directory is full"),
@@ -351,6 +362,7 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
         admin_get(node, "/ready").filter(|(s, _)| *s == 200)
     });
     assert_eq!(dir_offline_metric(node), Some(0.0));
+    assert_eq!(ready_metric(node), Some(1.0), "gregor_ready follows /ready");
     assert_eq!(
         rdkafka_produce(&bootstrap),
         Ok(()),
