@@ -35,7 +35,9 @@ use crate::controller::{
     BrokerHeartbeatReply, BrokerHeartbeatRequest, BrokerRegistrationRequest, Controller,
     ControllerError, ControllerResult,
 };
-use crate::image::{MetadataImage, PartitionRegistration, METADATA_VERSION_FEATURE, NO_LEADER};
+use crate::image::{
+    MetadataImage, PartitionRegistration, TopicImage, METADATA_VERSION_FEATURE, NO_LEADER,
+};
 use crate::record::MetadataRecord;
 use crate::replication_control::{Election, PartitionChangeBuilder};
 
@@ -211,18 +213,29 @@ impl Controller {
         })
     }
 
+    /// Every topic, by name (so records come out in a stable order), with the election its
+    /// leaderless partitions get: unclean where `unclean.leader.election.enable` is set.
+    fn topics_by_name(&self) -> Vec<(&TopicImage, Election)> {
+        let mut topics: Vec<_> = self.image.topics.values().collect();
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        topics
+            .into_iter()
+            .map(|t| {
+                let election = if self.unclean_leader_election_enabled(&t.name) {
+                    Election::Unclean
+                } else {
+                    Election::Online
+                };
+                (t, election)
+            })
+            .collect()
+    }
+
     /// `handleBrokerUncleanShutdown` (KIP-966): the broker leaves the ISR and ELR of every
     /// partition that has it there, and may not be elected from them.
     fn unclean_shutdown_records(&self, broker_id: i32, records: &mut Vec<MetadataRecord>) {
         let image: &MetadataImage = &self.image;
-        let mut topics: Vec<_> = image.topics.values().collect();
-        topics.sort_by(|a, b| a.name.cmp(&b.name));
-        for t in topics {
-            let election = if self.unclean_leader_election_enabled(&t.name) {
-                Election::Unclean
-            } else {
-                Election::Online
-            };
+        for (t, election) in self.topics_by_name() {
             for (partition_id, p) in &t.partitions {
                 if !p.isr.contains(&broker_id) && !p.elr.contains(&broker_id) {
                     continue;
@@ -577,14 +590,7 @@ impl Controller {
             return;
         }
         let image: &MetadataImage = &self.image;
-        let mut topics: Vec<_> = image.topics.values().collect();
-        topics.sort_by(|a, b| a.name.cmp(&b.name));
-        for t in topics {
-            let election = if self.unclean_leader_election_enabled(&t.name) {
-                Election::Unclean
-            } else {
-                Election::Online
-            };
+        for (t, election) in self.topics_by_name() {
             for (partition_id, p) in &t.partitions {
                 if !dir_of(p).is_some_and(|d| newly_offline.contains(&d)) {
                     continue;
@@ -786,14 +792,7 @@ impl Controller {
         which: impl Fn(&PartitionRegistration) -> bool,
     ) {
         let image: &MetadataImage = &self.image;
-        let mut topics: Vec<_> = image.topics.values().collect();
-        topics.sort_by(|a, b| a.name.cmp(&b.name));
-        for t in topics {
-            let election = if self.unclean_leader_election_enabled(&t.name) {
-                Election::Unclean
-            } else {
-                Election::Online
-            };
+        for (t, election) in self.topics_by_name() {
             for (partition_id, p) in &t.partitions {
                 if !which(p) {
                     continue;
