@@ -145,7 +145,20 @@ impl ShutdownSignals {
     }
 }
 
-fn main() -> Result<()> {
+/// Runs the command; an error is printed as one chain of causes (`error: ...: ...`) and exits
+/// with 1. `RUST_BACKTRACE` is for panics: a user's mistake (a wrong flag value, a broker that
+/// is not running) is not a bug, so its message never carries a backtrace.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Storage(cmd) => {

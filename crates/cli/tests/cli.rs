@@ -610,3 +610,109 @@ fn consume_with_max_messages_commits_only_what_it_printed() -> Result<()> {
     ensure!(read("6")? == ["r4", "r5", "r6", "r7", "r8", "r9"]);
     Ok(())
 }
+
+#[test]
+fn client_commands_name_an_unreachable_broker_at_once() -> Result<()> {
+    let port = gregor_tests::free_port()?;
+    let address = format!("127.0.0.1:{port}");
+    for args in [
+        &["topic", "list"][..],
+        &["produce", "t"],
+        &["consume", "t", "--partition", "0"],
+        &["group", "list"],
+        &["config", "describe", "--topic", "t"],
+        &["perf", "consume", "--topic", "t", "--num-records", "1"],
+    ] {
+        let started = Instant::now();
+        // RUST_BACKTRACE=1 as many shells have it: a user's error still prints no backtrace.
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["-b", &address])
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "gregor {args:?} succeeded");
+        ensure!(
+            started.elapsed() < Duration::from_secs(10),
+            "gregor {args:?} took {:?} to fail",
+            started.elapsed()
+        );
+        ensure!(
+            err.contains(&address) && err.contains("Is the broker running"),
+            "gregor {args:?}: {err}"
+        );
+        ensure!(
+            err.starts_with("error: ") && !err.contains("backtrace"),
+            "gregor {args:?}: {err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn group_list_rejects_an_unknown_state() -> Result<()> {
+    let out = Command::new(BIN)
+        .args(["group", "list", "--state", "bogus"])
+        .env("RUST_BACKTRACE", "0")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "succeeded: {err}");
+    ensure!(
+        err.contains("valid states are") && err.contains("PreparingRebalance"),
+        "{err}"
+    );
+    // Kafka's spellings in any case, comma-separated or repeated, are accepted.
+    let g = Gregor::start(BIN, &[])?;
+    let listed = json(
+        &g,
+        &[
+            "group",
+            "list",
+            "--state",
+            "stable,EMPTY",
+            "--state",
+            "dead",
+        ],
+    )?;
+    ensure!(listed.is_array(), "{listed}");
+    Ok(())
+}
+
+#[test]
+fn interrupting_a_group_consumer_after_its_offsets_were_committed_exits_zero() -> Result<()> {
+    let g = Gregor::start(BIN, &["group.initial.rebalance.delay.ms=0"])?;
+    ok(&g, &["topic", "create", "sigint", "--partitions", "1"])?;
+    produce(&g, "sigint", 0, (0..3).map(|i| format!("v{i}")))?;
+    let child = Command::new(BIN)
+        .args(["consume", "sigint", "--group", "gi", "--from-beginning"])
+        .args(["-b", &g.bootstrap(), "-X", "auto.commit.interval.ms=100"])
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    // The auto-commit commits all three records while the consumer waits for more; Ctrl-C then
+    // finds nothing left to commit, which is success (not "NoOffset").
+    let committed = gregor_tests::process::poll(Duration::from_secs(30), || {
+        let state = group_state(&g, "gi").ok()?;
+        (sum(&state["offsets"], "current_offset").ok()? == 3).then_some(())
+    });
+    let signalled = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()?;
+    let out = child.wait_with_output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(committed.is_some(), "offsets never committed: {err}");
+    ensure!(signalled.success(), "kill -INT failed");
+    ensure!(
+        out.status.success(),
+        "consume exited {:?}: {err}",
+        out.status
+    );
+    ensure!(
+        String::from_utf8_lossy(&out.stdout).lines().count() == 3,
+        "{err}"
+    );
+    Ok(())
+}

@@ -223,3 +223,36 @@ fn lag_is_end_minus_committed_for_a_group_that_stopped_halfway() -> Result<()> {
     ensure!(sum_prefix(&m, "gregor_consumer_groups", "") >= 1.0);
     Ok(())
 }
+
+/// A transactional producer against a broker without transactions: the broker says why once per
+/// client in its log and counts every answer in `gregor_request_errors_total`.
+#[test]
+fn an_unsupported_feature_is_logged_once_per_client_and_counted() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    for _ in 0..2 {
+        let p: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", g.bootstrap())
+            .set("client.id", "txn-tester")
+            .set("transactional.id", "t1")
+            .create()?;
+        // librdkafka retries the retriable answer until this timeout.
+        ensure!(
+            p.init_transactions(Duration::from_secs(3)).is_err(),
+            "init_transactions succeeded on a broker without transactions"
+        );
+    }
+    let (_, body) = g.admin_get("/metrics")?;
+    let errors = sum_prefix(
+        &parse(&body),
+        "gregor_request_errors_total{",
+        "error=\"CoordinatorNotAvailable\"",
+    );
+    ensure!(errors >= 2.0, "no FindCoordinator errors counted:\n{body}");
+    let log = g.server_log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("transaction coordinator") && l.contains("txn-tester"))
+        .count();
+    ensure!(lines == 1, "{lines} log lines about it:\n{log}");
+    Ok(())
+}

@@ -115,10 +115,18 @@ pub async fn find_coordinator(
             }
             0 => {}
             1 => {
+                crate::observability::log_unsupported_once(
+                    ApiKey::FindCoordinator,
+                    ec::COORDINATOR_NOT_AVAILABLE,
+                    "a transaction coordinator (transactions)",
+                    ctx.client_id(),
+                    &ctx.client_software_name,
+                    ctx.client_address,
+                );
                 return unavailable(
                     ec::COORDINATOR_NOT_AVAILABLE,
                     Some("transactions are not supported yet".into()),
-                )
+                );
             }
             _ => {
                 return unavailable(

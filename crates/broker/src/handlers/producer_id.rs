@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gregor_protocol::kafka_protocol::messages::{
-    InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+    ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProducerId,
 };
 use tracing::warn;
 
@@ -45,7 +45,14 @@ pub async fn handle(
     }
     if req.transactional_id.is_some() {
         // No transaction coordinator yet: fail fast rather than make the client retry forever.
-        warn!("InitProducerId with a transactional id: transactions are not supported yet");
+        crate::observability::log_unsupported_once(
+            ApiKey::InitProducerId,
+            ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "InitProducerId with a transactional id (transactions)",
+            ctx.client_id(),
+            &ctx.client_software_name,
+            ctx.client_address,
+        );
         return resp.with_error_code(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     match broker.next_producer_id().await {

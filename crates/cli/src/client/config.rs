@@ -24,7 +24,7 @@ pub struct ConfigArgs {
     #[command(subcommand)]
     command: ConfigCommand,
     #[command(flatten)]
-    connection: ConnectionArgs,
+    pub(super) connection: ConnectionArgs,
     /// How to print results.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,

@@ -20,7 +20,7 @@ pub struct ConsumeArgs {
     /// Topic to consume from.
     topic: String,
     #[command(flatten)]
-    connection: ConnectionArgs,
+    pub(super) connection: ConnectionArgs,
     /// Start from the earliest offset when there is no committed or given offset.
     #[arg(long)]
     from_beginning: bool,
@@ -173,9 +173,13 @@ pub async fn run(args: ConsumeArgs) -> Result<()> {
         _ => {}
     }
     if commit && count > 0 {
-        consumer
-            .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
-            .context("committing consumed offsets")?;
+        match consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+            // The auto-commit already committed every stored offset: nothing is left to do.
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            other => other.context("committing consumed offsets")?,
+        }
     }
     eprintln!("Processed a total of {count} messages");
     Ok(())

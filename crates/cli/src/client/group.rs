@@ -23,7 +23,7 @@ pub struct GroupArgs {
     #[command(subcommand)]
     command: GroupCommand,
     #[command(flatten)]
-    connection: ConnectionArgs,
+    pub(super) connection: ConnectionArgs,
     /// How to print results.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -37,8 +37,9 @@ enum GroupCommand {
     /// List consumer groups with their state and protocol.
     List {
         /// Only groups in this state (Empty, Stable, PreparingRebalance, CompletingRebalance,
-        /// Dead; case-insensitive). Repeatable.
-        #[arg(long)]
+        /// Dead, Assigning, Reconciling, NotReady, Unknown: Kafka's group states;
+        /// case-insensitive). Repeatable, or comma-separated as with kafka-consumer-groups.
+        #[arg(long, value_delimiter = ',', value_parser = parse_group_state)]
         state: Vec<String>,
     },
     /// Members and their assignments, and per partition the committed offset, log end offset
@@ -126,6 +127,34 @@ fn group_consumer(connection: &ConnectionArgs, group: &str) -> Result<BaseConsum
         ])
         .create()
         .context("creating the consumer")
+}
+
+/// Kafka's group state names (`GroupState` in Kafka 4.x: classic, consumer and share groups).
+const GROUP_STATES: &[&str] = &[
+    "Unknown",
+    "PreparingRebalance",
+    "CompletingRebalance",
+    "Stable",
+    "Dead",
+    "Empty",
+    "Assigning",
+    "Reconciling",
+    "NotReady",
+];
+
+/// A `--state` value: one of [`GROUP_STATES`], any case, returned in Kafka's spelling; anything
+/// else is refused with the valid names, as `kafka-consumer-groups --list --state` does.
+fn parse_group_state(s: &str) -> Result<String> {
+    match GROUP_STATES
+        .iter()
+        .find(|g| g.eq_ignore_ascii_case(s.trim()))
+    {
+        Some(g) => Ok((*g).to_string()),
+        None => bail!(
+            "invalid state {s:?}; valid states are: {}",
+            GROUP_STATES.join(", ")
+        ),
+    }
 }
 
 fn list(

@@ -17,6 +17,11 @@ mod topic;
 
 use anyhow::{bail, Result};
 use rdkafka::ClientConfig;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// How long the start-up check waits for a TCP connection to each bootstrap address.
+const BOOTSTRAP_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub use consume::ConsumeArgs;
 pub use produce::ProduceArgs;
@@ -41,8 +46,24 @@ pub enum ClientCommand {
     Perf(perf::PerfArgs),
 }
 
-/// Runs one client subcommand.
+/// Runs one client subcommand, after checking that a bootstrap server answers at all (so a
+/// broker that is not running is named at once rather than after the request timeout).
 pub async fn run(cmd: ClientCommand) -> Result<()> {
+    let connection = match &cmd {
+        ClientCommand::Topic(a) => Some(&a.connection),
+        ClientCommand::Produce(a) => Some(&a.connection),
+        ClientCommand::Consume(a) => Some(&a.connection),
+        ClientCommand::Group(a) => Some(&a.connection),
+        ClientCommand::Config(a) => Some(&a.connection),
+        // `status` asks the admin listener first and explains its own failures.
+        ClientCommand::Status(_) => None,
+        ClientCommand::Perf(a) => Some(a.connection()),
+    };
+    if let Some(connection) = connection {
+        let probe = connection.clone();
+        tokio::task::spawn_blocking(move || probe.check_reachable(BOOTSTRAP_CONNECT_TIMEOUT))
+            .await??;
+    }
     match cmd {
         ClientCommand::Topic(args) => topic::run(args).await,
         ClientCommand::Produce(args) => produce::run(args).await,
@@ -93,6 +114,51 @@ impl ConnectionArgs {
             config.set(k, v);
         }
         config
+    }
+}
+
+impl ConnectionArgs {
+    /// Fails with an error naming every bootstrap server and why it could not be reached
+    /// (resolution, refused, timed out after `timeout` per address) when none accepts a TCP
+    /// connection; succeeds as soon as one does. librdkafka alone would retry quietly until the
+    /// request timeout (30 s) and then report only `BrokerTransportFailure`.
+    ///
+    /// Entries may carry a `PROTOCOL://` prefix, as librdkafka's `bootstrap.servers` allows.
+    pub fn check_reachable(&self, timeout: Duration) -> Result<()> {
+        let mut failures = Vec::new();
+        for server in self.bootstrap_server.split(',').map(str::trim) {
+            if server.is_empty() {
+                continue;
+            }
+            let hostport = server.split_once("://").map_or(server, |(_, rest)| rest);
+            let addrs = match hostport.to_socket_addrs() {
+                Ok(addrs) => addrs.collect::<Vec<_>>(),
+                Err(e) => {
+                    failures.push(format!("{server} ({e})"));
+                    continue;
+                }
+            };
+            if addrs.is_empty() {
+                failures.push(format!("{server} (resolves to no address)"));
+            }
+            for addr in addrs {
+                match TcpStream::connect_timeout(&addr, timeout) {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                        failures.push(format!("{server} ({addr}: no answer in {timeout:?})"))
+                    }
+                    Err(e) => failures.push(format!("{server} ({addr}: {e})")),
+                }
+            }
+        }
+        if failures.is_empty() {
+            bail!("no bootstrap server given: set --bootstrap-server (-b) or GREGOR_BOOTSTRAP");
+        }
+        bail!(
+            "cannot reach any bootstrap server: {}. Is the broker running there? Point \
+             --bootstrap-server (-b) or GREGOR_BOOTSTRAP at its client listener.",
+            failures.join(", ")
+        )
     }
 }
 

@@ -81,6 +81,16 @@ struct ConsumeArgs {
     timeout_secs: u64,
 }
 
+impl PerfArgs {
+    /// The connection options of the chosen subcommand.
+    pub fn connection(&self) -> &ConnectionArgs {
+        match &self.command {
+            PerfCommand::Produce(a) => &a.connection,
+            PerfCommand::Consume(a) => &a.connection,
+        }
+    }
+}
+
 /// Runs `gregor perf ...`.
 pub async fn run(args: PerfArgs) -> Result<()> {
     // rdkafka's base clients block; keep them off the async runtime's threads.

@@ -23,7 +23,7 @@ pub struct ProduceArgs {
     /// Topic to produce to.
     topic: String,
     #[command(flatten)]
-    connection: ConnectionArgs,
+    pub(super) connection: ConnectionArgs,
     /// Read lines from this file instead of stdin (shows a progress bar).
     #[arg(long, short = 'f')]
     file: Option<PathBuf>,

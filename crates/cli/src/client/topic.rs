@@ -15,7 +15,7 @@ pub struct TopicArgs {
     #[command(subcommand)]
     command: TopicCommand,
     #[command(flatten)]
-    connection: ConnectionArgs,
+    pub(super) connection: ConnectionArgs,
     /// How to print results.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
