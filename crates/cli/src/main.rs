@@ -14,10 +14,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
+/// `gregor --version`: the package version and the git revision it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("GREGOR_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "gregor",
-    version,
+    version = VERSION,
     about = "A Kafka-compatible event-streaming platform"
 )]
 struct Cli {
@@ -47,6 +55,19 @@ enum Command {
     Dev(dev::DevCommand),
     #[command(flatten)]
     Client(client::ClientCommand),
+    /// Print a shell completion script, e.g. `gregor completions bash >
+    /// /usr/share/bash-completion/completions/gregor`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `gregor man > /usr/share/man/man1/gregor.1`; with
+    /// `--dir`, write one page per subcommand there (gregor.1, gregor-serve.1, ...).
+    Man {
+        /// Write gregor.1 and a page for every subcommand into this directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -108,8 +129,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     info!(
         cluster_id = %running.broker.cluster_id,
         node_id = running.broker.config.node_id,
-        "gregor {} started",
-        env!("CARGO_PKG_VERSION")
+        "gregor {VERSION} started"
     );
     signals.wait().await;
     info!("shutting down: flushing and closing logs");
@@ -165,6 +185,14 @@ fn run() -> Result<()> {
             init_logging(cli.log_format, "warn");
             return storage::run(cmd);
         }
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            // Into memory first: clap_complete panics when its writer fails (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "gregor", &mut script);
+            return write_stdout(&script);
+        }
+        Command::Man { dir } => return man(dir),
         other => other,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -190,5 +218,35 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Storage(cmd) => storage::run(cmd),
+        Command::Completions { .. } | Command::Man { .. } => Ok(()),
+    }
+}
+
+/// Writes `bytes` to stdout; a reader that went away (`| head`) is not an error.
+fn write_stdout(bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
+/// `gregor man`: the manual page on stdout, or with `dir` one page per (sub)command there.
+fn man(dir: Option<PathBuf>) -> Result<()> {
+    let command = <Cli as clap::CommandFactory>::command();
+    match dir {
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command)
+                .render(&mut page)
+                .context("rendering the manual page")?;
+            write_stdout(&page)
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(command, &dir)
+                .with_context(|| format!("writing manual pages into {}", dir.display()))
+        }
     }
 }

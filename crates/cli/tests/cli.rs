@@ -716,3 +716,85 @@ fn interrupting_a_group_consumer_after_its_offsets_were_committed_exits_zero() -
     );
     Ok(())
 }
+
+#[test]
+fn version_names_the_git_revision() -> Result<()> {
+    let out = Command::new(BIN).arg("--version").output()?;
+    ensure!(out.status.success());
+    let version = String::from_utf8(out.stdout)?;
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    let head = String::from_utf8(head.stdout)?;
+    ensure!(
+        version.starts_with(&format!("gregor {} (git ", env!("CARGO_PKG_VERSION")))
+            && version.contains(head.trim()),
+        "{version:?} does not name HEAD {head:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn completions_and_manual_pages_are_generated() -> Result<()> {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(BIN).args(["completions", shell]).output()?;
+        let script = String::from_utf8(out.stdout)?;
+        ensure!(
+            out.status.success() && script.contains("serve") && script.contains("consume"),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if shell == "bash" {
+            // The script parses, and defines the completion function bash looks for.
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("gregor.bash");
+            std::fs::write(&path, &script)?;
+            let check = Command::new("bash")
+                .arg("-c")
+                .arg(format!("source {} && complete -p gregor", path.display()))
+                .output()?;
+            ensure!(
+                check.status.success(),
+                "bash: {}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+    let out = Command::new(BIN).arg("man").output()?;
+    let page = String::from_utf8(out.stdout)?;
+    ensure!(
+        out.status.success() && page.contains(".TH gregor 1"),
+        "{page}"
+    );
+    ensure!(page.contains("serve"), "{page}");
+    let dir = tempfile::tempdir()?;
+    let out = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()?;
+    ensure!(out.status.success());
+    for page in [
+        "gregor.1",
+        "gregor-serve.1",
+        "gregor-storage-format.1",
+        "gregor-group-list.1",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(page))
+            .with_context(|| format!("{page} not written"))?;
+        ensure!(text.contains(".TH"), "{page}: {text}");
+    }
+    // A reader that goes away early is not an error (and not a panic).
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{BIN} completions bash | head -1; exit ${{PIPESTATUS[0]}}"
+        ))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
