@@ -676,21 +676,60 @@ fn cluster_suite(root: &Path, cargo: &str) -> Result<()> {
     Ok(())
 }
 
-/// Installs Debian's `prometheus` package for `promtool` when it is not on PATH, and stops the
-/// Prometheus server that the package's install script may have started.
+/// Makes `promtool` available to the tests: from PATH, or else extracted from Debian's
+/// `prometheus` package into `.cache/promtool` without installing the package (installing it
+/// would also install and start the Prometheus server as a service). The directory holding it
+/// is put first on PATH for the test processes.
 fn ensure_promtool() -> Result<()> {
     if which("promtool").is_some() {
         return Ok(());
     }
-    let before = pids_named("prometheus");
-    let installed = apt_install("promtool", "prometheus");
-    for pid in pids_named("prometheus") {
-        if !before.contains(&pid) {
-            eprintln!("stopping the prometheus server (pid {pid}) that its package started");
-            let _ = Command::new("kill").arg(pid.to_string()).status();
+    let cache = repo_root().join(".cache/promtool");
+    let bin_dir = cache.join("root/usr/bin");
+    if !bin_dir.join("promtool").is_file() {
+        if which("apt-get").is_none() || which("dpkg-deb").is_none() {
+            bail!("promtool is missing: install Debian's `prometheus` package, or put promtool on PATH");
         }
+        eprintln!(
+            "promtool is missing; downloading Debian's `prometheus` package into {} and \
+             extracting promtool from it (nothing is installed, no service is started)",
+            cache.display()
+        );
+        std::fs::create_dir_all(&cache)?;
+        let download = || {
+            proc::run_checked(
+                Command::new("apt-get")
+                    .args(["download", "-qq", "prometheus"])
+                    .current_dir(&cache),
+            )
+        };
+        if download().is_err() {
+            if !is_root() {
+                bail!("apt-get download prometheus failed; run `apt-get update` as root first");
+            }
+            proc::run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+            download().context("apt-get download prometheus")?;
+        }
+        let deb = std::fs::read_dir(&cache)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "deb"))
+            .context("apt-get download left no .deb")?;
+        proc::run_checked(
+            Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(&deb)
+                .arg(cache.join("root")),
+        )?;
+        std::fs::remove_file(&deb)?;
     }
-    installed
+    if !bin_dir.join("promtool").is_file() {
+        bail!("the prometheus package held no usr/bin/promtool");
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let joined =
+        std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(&path)))?;
+    std::env::set_var("PATH", joined);
+    Ok(())
 }
 
 /// Runs `apt-get install PACKAGE` (after `apt-get update` when the first try fails) unless
@@ -718,20 +757,6 @@ fn apt_install(program: &str, package: &str) -> Result<()> {
         bail!("`{package}` is installed but {program} is still not on PATH");
     }
     Ok(())
-}
-
-/// The ids of running processes whose command name is exactly `name`.
-fn pids_named(name: &str) -> Vec<u32> {
-    Command::new("pgrep")
-        .args(["-x", name])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn is_root() -> bool {
