@@ -172,10 +172,27 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes joined with ": ", leaving out a cause whose text the message before it
+/// already ends with (many error types print their source in their own message too).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run() -> Result<()> {
@@ -248,5 +265,38 @@ fn man(dir: Option<PathBuf>) -> Result<()> {
             clap_mangen::generate_to(command, &dir)
                 .with_context(|| format!("writing manual pages into {}", dir.display()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+    use anyhow::Context;
+
+    #[test]
+    fn a_cause_the_message_already_names_is_printed_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use");
+        // An error that prints its source in its own message, as `#[error("...: {source}")]`.
+        #[derive(Debug)]
+        struct Listen(std::io::Error);
+        impl std::fmt::Display for Listen {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot listen on 127.0.0.1:9092: {}", self.0)
+            }
+        }
+        impl std::error::Error for Listen {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Err::<(), _>(Listen(io()))
+            .context("starting the broker")
+            .unwrap_err();
+        assert_eq!(
+            error_chain(&e),
+            "starting the broker: cannot listen on 127.0.0.1:9092: Address already in use"
+        );
+        let e = Err::<(), _>(io()).context("reading x").unwrap_err();
+        assert_eq!(error_chain(&e), "reading x: Address already in use");
     }
 }
