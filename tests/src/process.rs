@@ -446,3 +446,17 @@ pub fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Optio
 pub fn wait_for<T>(timeout: Duration, what: &str, check: impl FnMut() -> Option<T>) -> T {
     poll(timeout, check).unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
+
+/// Prometheus' `promtool` or `prometheus` binary: on PATH, else where `cargo xtask test`
+/// extracts Debian's `prometheus` package (`.cache/promtool/root/usr/bin`).
+pub fn prometheus_tool(name: &str) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let cached = repo_root().join(".cache/promtool/root/usr/bin").join(name);
+        cached.is_file().then_some(cached)
+    })
+}

@@ -137,8 +137,8 @@ fn counters_match_a_known_produce_and_consume() -> Result<()> {
     ensure!(g.admin_get("/nope")?.0 == 404);
 
     // Prometheus' linter accepts the exposition.
-    let promtool = which_promtool().context(
-        "promtool not found: install Debian's `prometheus` package (cargo xtask test does)",
+    let promtool = gregor_tests::process::prometheus_tool("promtool").context(
+        "promtool not found: put it on PATH, or run `cargo xtask test`, which extracts it from Debian's `prometheus` package",
     )?;
     let mut child = Command::new(promtool)
         .args(["check", "metrics"])
@@ -159,15 +159,6 @@ fn counters_match_a_known_produce_and_consume() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
-}
-
-fn which_promtool() -> Option<String> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("promtool"))
-            .find(|p| p.is_file())
-            .map(|p| p.display().to_string())
-    })
 }
 
 #[test]
