@@ -1032,6 +1032,7 @@ impl BrokerConfig {
             }
             _ => listeners.clone(),
         };
+        let advertised_listeners = resolve_advertised_hosts(advertised_listeners)?;
         let log_dirs: Vec<PathBuf> = get("log.dirs")
             .or_else(|| get("log.dir"))
             .unwrap_or_else(|| "./gregor-data".into())
@@ -1249,6 +1250,54 @@ fn join_listeners(l: &[Listener]) -> String {
         .map(|l| format!("{}://{}:{}", l.name, l.host, l.port))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Kafka's rules for the addresses a node advertises (`advertised.listeners`, or `listeners`
+/// when that is not set): a blank host (`PLAINTEXT://:9092`, which binds every interface) is
+/// advertised as this machine's host name (Kafka: `ListenerInfo.withWildcardHostnamesResolved`,
+/// the canonical host name; gregor uses the kernel's host name without a DNS lookup), and the
+/// meta-addresses 0.0.0.0 and `::` are refused, since no client can connect to them (Kafka:
+/// "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0"; Kafka checks only
+/// 0.0.0.0).
+///
+/// # Errors
+/// [`ConfigError`] naming `advertised.listeners` for a meta-address.
+fn resolve_advertised_hosts(listeners: Vec<Listener>) -> Result<Vec<Listener>, ConfigError> {
+    listeners
+        .into_iter()
+        .map(|mut l| {
+            let host = l.host.trim();
+            if host.is_empty() {
+                l.host = local_host_name();
+            } else if host == "0.0.0.0" || host == "::" {
+                return Err(ConfigError::new(
+                    "advertised.listeners",
+                    &format!("{}://{}:{}", l.name, l.host, l.port),
+                    format!(
+                        "advertised.listeners cannot use the nonroutable meta-address {host}. Use \
+                         a routable IP address or host name (when advertised.listeners is not \
+                         set, listeners is advertised: set advertised.listeners to the address \
+                         clients connect to)"
+                    ),
+                ));
+            }
+            Ok(l)
+        })
+        .collect()
+}
+
+/// This machine's host name (`uname -n`), or `localhost` if the kernel has none.
+fn local_host_name() -> String {
+    let name = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .trim()
+        .to_string();
+    if name.is_empty() || name == "(none)" {
+        "localhost".into()
+    } else {
+        name
+    }
 }
 
 fn parse_listeners(config_name: &str, v: &str) -> Result<Vec<Listener>, ConfigError> {
@@ -2160,6 +2209,32 @@ mod tests {
 
     #[test]
     fn security_keys_stop_start_up() {
+        // Kafka's wildcard forms: a blank host binds every interface and is advertised as the
+        // host name; the meta-address 0.0.0.0 cannot be advertised.
+        let (c, _) =
+            BrokerConfig::from_properties(props(&[("listeners", "PLAINTEXT://:9092")])).unwrap();
+        assert_eq!(c.listeners[0].host, "");
+        assert_eq!(c.advertised_listeners[0].host, local_host_name());
+        assert!(!c.advertised_listeners[0].host.is_empty());
+        let err =
+            BrokerConfig::from_properties(props(&[("listeners", "PLAINTEXT://0.0.0.0:9092")]))
+                .unwrap_err();
+        assert!(
+            err.to_string().contains("nonroutable meta-address 0.0.0.0"),
+            "{err}"
+        );
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            ("listeners", "PLAINTEXT://0.0.0.0:9092"),
+            ("advertised.listeners", "PLAINTEXT://192.0.2.10:9092"),
+        ]))
+        .unwrap();
+        assert_eq!(c.listeners[0].host, "0.0.0.0");
+        assert_eq!(c.advertised_listeners[0].host, "192.0.2.10");
+        assert!(
+            BrokerConfig::from_properties(props(&[("listeners", "PLAINTEXT://[::]:9092"),]))
+                .is_err()
+        );
+
         // Defect 6: these used to be ignored, starting a broker that looks secured.
         for key in [
             "ssl.keystore.location",

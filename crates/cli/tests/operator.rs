@@ -1,7 +1,8 @@
-//! What an operator installs besides the binary: the example `config/server.properties` and
-//! the container's `config/container.properties` start a node with no warning, the systemd unit
-//! passes `systemd-analyze verify`, and the Containerfile names only files that exist and keeps
-//! the build context small. (The image itself is built with `podman build`, see the README's
+//! What an operator meets first. What they install besides the binary: the example
+//! `config/server.properties` and the container's `config/container.properties` start a node
+//! with no warning, the systemd unit passes `systemd-analyze verify`, and the Containerfile names
+//! only files that exist and keeps the build context small. Kafka's listener forms: a blank
+//! host binds every interface and is advertised by host name; 0.0.0.0 is never advertised. (The image itself is built with `podman build`, see the README's
 //! "Deploying"; that needs base images from a registry, which CI does not have.)
 
 use std::path::{Path, PathBuf};
@@ -212,4 +213,65 @@ fn which(name: &str) -> Option<PathBuf> {
         .split(':')
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
+}
+
+#[test]
+fn a_blank_listener_host_is_advertised_by_host_name_and_0_0_0_0_is_refused() -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let ports = free_ports(3)?;
+    let data = tempfile::tempdir()?;
+    // As Kafka refuses to start: 0.0.0.0 would be advertised, and no client can connect to it.
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args([
+            "--set",
+            &format!("listeners=PLAINTEXT://0.0.0.0:{}", ports[0]),
+        ])
+        .args([
+            "--set",
+            &format!("log.dirs={}", data.path().join("a").display()),
+        ])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "started with 0.0.0.0 advertised");
+    ensure!(
+        err.contains("advertised.listeners cannot use the nonroutable meta-address 0.0.0.0"),
+        "{err}"
+    );
+
+    // `PLAINTEXT://:port` (Kafka's own example configs): every interface, advertised by name.
+    let child = Command::new(BIN)
+        .arg("serve")
+        .args(["--set", &format!("listeners=PLAINTEXT://:{}", ports[1])])
+        .args([
+            "--set",
+            &format!("log.dirs={}", data.path().join("b").display()),
+        ])
+        .args(["--set", &format!("admin.listener=127.0.0.1:{}", ports[2])])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut guard = ChildGuard::new("gregor", child);
+    gregor_tests::process::wait_for_broker(([127, 0, 0, 1], ports[1]).into(), 60_000, || {
+        guard.check_alive()
+    })?;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", format!("127.0.0.1:{}", ports[1]))
+        .create()?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(30))?;
+    let hosts: Vec<String> = metadata
+        .brokers()
+        .iter()
+        .map(|b| b.host().to_string())
+        .collect();
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    ensure!(
+        hosts == [name.trim()],
+        "advertised {hosts:?}, host name {name:?}"
+    );
+    drop(guard);
+    Ok(())
 }
