@@ -70,7 +70,7 @@ impl PartitionWriter for BrokerPartitionWriter {
         let append = |p: &Partition, batch: &mut [u8]| {
             p.append_records_as_leader(batch, -1)
                 .map(|info| info.last_offset + 1)
-                .map_err(|(code, msg)| (ErrorCode::for_code(code), msg))
+                .map_err(|r| (ErrorCode::for_code(r.code), r.message))
         };
         // The coordinator appends in state order under its own lock, so this call is
         // synchronous; the write itself runs on the I/O pool like every other log write, and
