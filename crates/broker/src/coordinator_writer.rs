@@ -186,6 +186,14 @@ impl TopicMetadata for BrokerTopicMetadata {
             )
         })
     }
+
+    fn group_config(&self, group_id: &str, name: &str) -> Option<String> {
+        let b = self.broker.upgrade()?;
+        let image = b.controller.image();
+        image
+            .configs_of(crate::handlers::configs::GROUP_CONFIG_RESOURCE, group_id)
+            .remove(name)
+    }
 }
 
 /// The replication factor `__consumer_offsets` is created with: `offsets.topic.replication.factor`
