@@ -209,11 +209,33 @@ const SCRIPT: &[Step] = &[
     ),
 ];
 
-/// Runs the script against `bootstrap` and returns one line per step.
-fn run_script(bootstrap: &str) -> Result<Vec<String>> {
+/// Runs the script against `bootstrap` and returns one line per step. A DescribeConfigs step
+/// is repeated for up to 10 s until it answers `expected`'s line for it: a broker applies a
+/// committed config record asynchronously (Kafka's `DynamicConfigPublisher`).
+fn run_script(bootstrap: &str, expected: &[&str]) -> Result<Vec<String>> {
     let mut conn = KafkaConn::connect(bootstrap, "configs-parity")?;
     let mut out = Vec::new();
     for (i, step) in SCRIPT.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let line = loop {
+            let line = run_step(&mut conn, step)?;
+            let line = format!("{i}: {line}");
+            if !matches!(step, Describe(..))
+                || expected.get(i) == Some(&line.as_str())
+                || Instant::now() > deadline
+            {
+                break line;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        out.push(line);
+    }
+    Ok(out)
+}
+
+/// One step's answer.
+fn run_step(conn: &mut KafkaConn, step: &Step) -> Result<String> {
+    {
         let line = match step {
             Incremental(ty, name, ops) => {
                 let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
@@ -299,12 +321,8 @@ fn run_script(bootstrap: &str) -> Result<Vec<String>> {
                 )
             }
         };
-        out.push(format!("{i}: {line}"));
-        // Let the change reach the broker's configs before the next step describes it
-        // (Kafka applies a committed config record asynchronously).
-        std::thread::sleep(Duration::from_millis(300));
+        Ok(line)
     }
-    Ok(out)
 }
 
 fn wait_for_broker_config_api(bootstrap: &str) -> Result<()> {
@@ -329,8 +347,12 @@ fn wait_for_broker_config_api(bootstrap: &str) -> Result<()> {
 /// `configs_parity_kafka` (the test prints them).
 const EXPECTED: &str = include_str!("data/configs_kafka_parity.txt");
 
+fn expected_lines() -> Vec<&'static str> {
+    EXPECTED.lines().filter(|l| !l.is_empty()).collect()
+}
+
 fn check(got: &[String], who: &str) -> Result<()> {
-    let want: Vec<&str> = EXPECTED.lines().filter(|l| !l.is_empty()).collect();
+    let want = expected_lines();
     let mut diffs = Vec::new();
     for i in 0..want.len().max(got.len()) {
         let w = want.get(i).copied().unwrap_or("<missing>");
@@ -352,7 +374,7 @@ fn check(got: &[String], who: &str) -> Result<()> {
 fn configs_parity_gregor() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
     wait_for_broker_config_api(&g.bootstrap())?;
-    let got = run_script(&g.bootstrap())?;
+    let got = run_script(&g.bootstrap(), &expected_lines())?;
     check(&got, "gregor")
 }
 
@@ -361,11 +383,9 @@ fn configs_parity_kafka() -> Result<()> {
     if !reference::jars_or_skip() {
         return Ok(());
     }
-    let instance = Instance::new(free_port()?, None, None)?;
-    let mut guard = ChildGuard::new("kafka", instance.spawn()?);
-    instance.wait_ready(|| guard.check_alive())?;
+    let (instance, _guard) = start_kafka()?;
     wait_for_broker_config_api(&instance.bootstrap())?;
-    let got = run_script(&instance.bootstrap())?;
+    let got = run_script(&instance.bootstrap(), &expected_lines())?;
     println!("{}", got.join("\n"));
     check(&got, "Kafka")
 }
@@ -433,10 +453,27 @@ fn group_configs_apply_to_consumer_groups_kafka() -> Result<()> {
     if !reference::jars_or_skip() {
         return Ok(());
     }
-    let instance = Instance::new(free_port()?, None, None)?;
-    let mut guard = ChildGuard::new("kafka", instance.spawn()?);
-    instance.wait_ready(|| guard.check_alive())?;
+    let (instance, _guard) = start_kafka()?;
     let got = group_heartbeat_intervals(&instance.bootstrap())?;
     ensure!(got == (7000, 5000), "Kafka: {got:?}");
     Ok(())
+}
+
+/// Starts a Kafka 4.4.0 node on free ports, trying other ports when one was taken between
+/// choosing and binding it (tests start brokers in parallel).
+fn start_kafka() -> Result<(Instance, ChildGuard)> {
+    let mut last = None;
+    for _ in 0..5 {
+        let instance = Instance::new(free_port()?, None, None)?;
+        match instance.spawn() {
+            Ok(child) => {
+                let mut guard = ChildGuard::new("kafka", child);
+                instance.wait_ready(|| guard.check_alive())?;
+                return Ok((instance, guard));
+            }
+            Err(e) if format!("{e:#}").contains("is not free") => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no free ports for Kafka")))
 }

@@ -273,12 +273,29 @@ fn record_errors_on_the_wire_kafka() -> Result<()> {
     if !reference::jars_or_skip() {
         return Ok(());
     }
-    let instance = Instance::new(free_port()?, None, None)?;
-    let mut guard = ChildGuard::new("kafka", instance.spawn()?);
-    instance.wait_ready(|| guard.check_alive())?;
+    let (instance, _guard) = start_kafka()?;
     let got = without_timestamp(wire_answers(&instance.bootstrap())?);
     if got != expected() {
         bail!("Kafka answered {got:#?}");
     }
     Ok(())
+}
+
+/// Starts a Kafka 4.4.0 node on free ports, trying other ports when one was taken between
+/// choosing and binding it (tests start brokers in parallel).
+fn start_kafka() -> Result<(Instance, ChildGuard)> {
+    let mut last = None;
+    for _ in 0..5 {
+        let instance = Instance::new(free_port()?, None, None)?;
+        match instance.spawn() {
+            Ok(child) => {
+                let mut guard = ChildGuard::new("kafka", child);
+                instance.wait_ready(|| guard.check_alive())?;
+                return Ok((instance, guard));
+            }
+            Err(e) if format!("{e:#}").contains("is not free") => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no free ports for Kafka")))
 }
