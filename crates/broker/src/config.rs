@@ -526,6 +526,8 @@ pub enum ConfigSource {
     StaticBroker,
     /// DEFAULT_CONFIG (5).
     Default,
+    /// GROUP_CONFIG (8): set with AlterConfigs for a group (KIP-848).
+    GroupConfig,
 }
 
 impl ConfigSource {
@@ -537,6 +539,7 @@ impl ConfigSource {
             Self::DynamicDefaultBroker => 3,
             Self::StaticBroker => 4,
             Self::Default => 5,
+            Self::GroupConfig => 8,
         }
     }
 }
@@ -1240,6 +1243,21 @@ impl BrokerConfig {
             let (v, source) = self.topic_default(def);
             out.push((syn.to_string(), Some(v), source, def.config_type));
         }
+        // Every other config Kafka's broker knows, with its static value or Kafka's default
+        // (gregor does not act on these: `acted_on`).
+        for def in crate::broker_config_defs::KAFKA_BROKER_CONFIGS {
+            if BROKER_QUOTA_KEYS.contains(&def.name) || !seen.insert(def.name) {
+                continue;
+            }
+            let (value, source) = match self.raw.get(def.name) {
+                Some(v) if def.config_type != ConfigType::Password => {
+                    (Some(v.clone()), ConfigSource::StaticBroker)
+                }
+                Some(_) => (None, ConfigSource::StaticBroker),
+                None => (def.default.map(str::to_string), ConfigSource::Default),
+            };
+            out.push((def.name.to_string(), value, source, def.config_type));
+        }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
@@ -1424,26 +1442,40 @@ impl TopicConfigs {
     }
 }
 
-/// Broker configs that can be changed at run time with AlterConfigs, per broker or as the
-/// cluster default (KIP-226): the broker synonyms of topic configs (Kafka's
-/// `DynamicLogConfig.ReconfigurableConfigs`) and the log cleaner's settings
-/// (`LogCleaner.ReconfigurableConfigs`). Others are read-only (Kafka: "Cannot update these
-/// configs dynamically").
+/// Whether AlterConfigs may change broker config `name` at run time (KIP-226), per broker or
+/// as the cluster default: Kafka 4.4's dynamic broker configs
+/// ([`crate::broker_config_defs`]; names Kafka does not know are custom configs, which Kafka
+/// stores too). Others are read-only (Kafka: "Cannot update these configs dynamically").
 pub fn is_dynamic_broker_config(name: &str) -> bool {
-    const CLEANER: &[&str] = &[
-        "log.cleaner.threads",
-        "log.cleaner.dedupe.buffer.size",
-        "log.cleaner.io.buffer.load.factor",
-        "log.cleaner.io.buffer.size",
-        "log.cleaner.io.max.bytes.per.second",
-        "log.cleaner.backoff.ms",
-    ];
-    CLEANER.contains(&name)
-        || BROKER_QUOTA_KEYS.contains(&name)
-        || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
+    crate::broker_config_defs::kafka_broker_config(name)
+        .is_none_or(|d| d.update != crate::broker_config_defs::Update::ReadOnly)
 }
 
-/// The type and Kafka default of a broker config gregor knows, if any.
+/// Whether gregor acts on broker config `name` (reads it at start-up or applies it when it
+/// changes): the keys read into [`BrokerConfig`] and its components, the broker synonyms of
+/// topic configs, the replication throttles and the quorum keys. Every other config Kafka
+/// knows is accepted, stored and described, and changes nothing in gregor.
+pub fn acted_on(name: &str) -> bool {
+    const READ_ELSEWHERE: &[&str] = &[
+        "broker.heartbeat.interval.ms",
+        "broker.session.timeout.ms",
+        "auto.leader.rebalance.enable",
+        "leader.imbalance.check.interval.seconds",
+        "leader.imbalance.per.broker.percentage",
+        "inter.broker.listener.name",
+        "controller.quorum.bootstrap.servers",
+        "metadata.log.dir",
+        "index.interval.bytes",
+    ];
+    broker_keys().any(|(n, _, _)| *n == name)
+        || BROKER_QUOTA_KEYS.contains(&name)
+        || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
+        || crate::quorum_config::QUORUM_KEYS.contains(&name)
+        || READ_ELSEWHERE.contains(&name)
+}
+
+/// The type and Kafka default of a broker config gregor or Kafka knows, if any (gregor's own
+/// default where it has one, e.g. `log.dirs`).
 pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
     if BROKER_QUOTA_KEYS.contains(&name) {
         return Some((ConfigType::Long, LONG_MAX));
@@ -1456,6 +1488,10 @@ pub fn broker_config_type(name: &str) -> Option<(ConfigType, &'static str)> {
                 .iter()
                 .find(|d| d.broker_synonym == Some(name))
                 .map(|d| (d.config_type, d.default))
+        })
+        .or_else(|| {
+            crate::broker_config_defs::kafka_broker_config(name)
+                .map(|d| (d.config_type, d.default.unwrap_or("")))
         })
 }
 
@@ -1551,42 +1587,18 @@ impl BrokerConfig {
     }
 }
 
-/// Validates a dynamic broker config change (Kafka's `DynamicBrokerConfig.validateConfigs`).
-/// `value` None is a deletion, always allowed for a dynamic config.
+/// Validates one dynamic broker config change (Kafka's `DynamicBrokerConfig.validateConfigs`
+/// for a single name; see [`crate::broker_config_defs::validate_dynamic_broker_configs`] for a
+/// whole resource). `value` None is a deletion.
 ///
 /// # Errors
-/// [`ConfigError`]: unknown or read-only names, values of the wrong type or range.
+/// [`ConfigError`] carrying Kafka's message: read-only names, values of the wrong type or
+/// range. Names Kafka does not know are accepted (custom configs).
 pub fn validate_broker_config(name: &str, value: Option<&str>) -> Result<(), ConfigError> {
-    let shown = value.unwrap_or("");
-    if broker_config_type(name).is_none() {
-        return Err(ConfigError::new(name, shown, "Unknown broker config name"));
-    }
-    if !is_dynamic_broker_config(name) {
-        return Err(ConfigError::new(
-            name,
-            shown,
-            format!("Cannot update these configs dynamically: Set({name})"),
-        ));
-    }
+    // A deletion leaves nothing to check: Kafka validates the configs that remain.
     let Some(value) = value else { return Ok(()) };
-    if let Some(def) = TOPIC_CONFIGS
-        .iter()
-        .find(|d| d.broker_synonym == Some(name))
-    {
-        return validate_topic_config(def.name, value).map_err(|mut e| {
-            e.name = name.to_string();
-            e
-        });
-    }
-    if let Some((ty, _)) = broker_config_type(name) {
-        ty.check(name, value)?;
-        if (name == "log.cleaner.threads" || BROKER_QUOTA_KEYS.contains(&name))
-            && value.trim().parse::<i64>().is_ok_and(|v| v < 0)
-        {
-            return Err(ConfigError::new(name, value, "Value must be at least 0"));
-        }
-    }
-    Ok(())
+    crate::broker_config_defs::validate_dynamic_broker_configs([(name, value)], true)
+        .map_err(|why| ConfigError::new(name, value, why))
 }
 
 /// Dynamic broker configs from the metadata log (KIP-226): this broker's (resource name = its

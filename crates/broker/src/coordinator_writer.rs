@@ -70,7 +70,7 @@ impl PartitionWriter for BrokerPartitionWriter {
         let append = |p: &Partition, batch: &mut [u8]| {
             p.append_records_as_leader(batch, -1)
                 .map(|info| info.last_offset + 1)
-                .map_err(|(code, msg)| (ErrorCode::for_code(code), msg))
+                .map_err(|r| (ErrorCode::for_code(r.code), r.message))
         };
         // The coordinator appends in state order under its own lock, so this call is
         // synchronous; the write itself runs on the I/O pool like every other log write, and
@@ -185,6 +185,14 @@ impl TopicMetadata for BrokerTopicMetadata {
                 i32::try_from(t.partitions.len()).unwrap_or(i32::MAX),
             )
         })
+    }
+
+    fn group_config(&self, group_id: &str, name: &str) -> Option<String> {
+        let b = self.broker.upgrade()?;
+        let image = b.controller.image();
+        image
+            .configs_of(crate::handlers::configs::GROUP_CONFIG_RESOURCE, group_id)
+            .remove(name)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod alter_partition;
 pub mod authorizer;
 pub mod broker;
+pub mod broker_config_defs;
 pub mod config;
 pub mod config_value;
 pub mod controller_channel;

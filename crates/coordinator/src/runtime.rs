@@ -97,6 +97,14 @@ pub trait PartitionWriter: Send + Sync + 'static {
 pub trait TopicMetadata: Send + Sync + 'static {
     /// Topic id and partition count of `name`, None when the topic does not exist.
     fn topic(&self, name: &str) -> Option<(Uuid, i32)>;
+
+    /// The value of group config `name` (KIP-848 `GroupConfig`, e.g.
+    /// `consumer.session.timeout.ms`) set for group `group_id` with AlterConfigs, None when the
+    /// group has no such override (the coordinator's own setting applies).
+    fn group_config(&self, group_id: &str, name: &str) -> Option<String> {
+        let _ = (group_id, name);
+        None
+    }
 }
 
 /// A coordinator partition's state in the runtime. Partitions absent from the runtime are not

@@ -534,3 +534,72 @@ async fn a_commit_that_loses_leadership_before_the_high_watermark_is_not_coordin
     let errors = answer.await.expect("task").expect("answered");
     assert_eq!(errors, vec![ErrorCode::NotCoordinator.code()]);
 }
+
+/// Kafka's `prepareRebalance`: the first rebalance of an empty group ends on the delayed-join
+/// timer even when `group.initial.rebalance.delay.ms` is 0, so a member joining right after
+/// the first (before the timer fires) is in generation 1 with it. gregor completed that join
+/// inline when the delay was 0, and generation 1 had the first member alone.
+#[test]
+fn initial_rebalance_with_no_delay_still_ends_on_the_timer() {
+    let config = GroupConfig {
+        offsets_topic_num_partitions: 1,
+        initial_rebalance_delay_ms: 0,
+        ..GroupConfig::default()
+    };
+    let h = coordinator(config);
+    h.coordinator.on_became_leader(0);
+    let c = &h.coordinator;
+    let a = ready(c.join_group(join_request("g", "")))
+        .member_id
+        .to_string();
+    let b = ready(c.join_group(join_request("g", "")))
+        .member_id
+        .to_string();
+    let Wait::Pending(mut join_a) = c.join_group(join_request("g", &a)) else {
+        panic!("the first join of an empty group waits for the delayed-join timer");
+    };
+    let Wait::Pending(mut join_b) = c.join_group(join_request("g", &b)) else {
+        panic!("the second member waits with the first");
+    };
+    assert!(join_a.try_recv().is_err());
+    // The timer is due at once; a member that joined meanwhile extends it by 0 ms once.
+    c.fire_expired_timers();
+    c.fire_expired_timers();
+    let (ra, rb) = (
+        join_a.try_recv().expect("a answered"),
+        join_b.try_recv().expect("b answered"),
+    );
+    assert_eq!((ra.error_code, rb.error_code), (NONE, NONE));
+    assert_eq!((ra.generation_id, rb.generation_id), (1, 1));
+    assert_eq!(
+        ra.members.len() + rb.members.len(),
+        2,
+        "the leader sees both"
+    );
+}
+
+/// Kafka waits the whole `group.initial.rebalance.delay.ms` for the first rebalance even when
+/// the members' rebalance timeout is shorter (it only bounds the extensions); gregor cut the
+/// delay to the rebalance timeout.
+#[test]
+fn initial_rebalance_delay_is_not_cut_to_the_rebalance_timeout() {
+    let h = loaded(1);
+    let c = &h.coordinator;
+    let a = ready(c.join_group(join_request("g", "")))
+        .member_id
+        .to_string();
+    let mut req = join_request("g", &a);
+    req.rebalance_timeout_ms = 1_000;
+    let Wait::Pending(mut join) = c.join_group(req) else {
+        panic!("the first join waits");
+    };
+    h.clock.advance_ms(1_000);
+    c.fire_expired_timers();
+    assert!(
+        join.try_recv().is_err(),
+        "still within the 3 s initial delay"
+    );
+    h.clock.advance_ms(2_000);
+    c.fire_expired_timers();
+    assert_eq!(join.try_recv().expect("answered").generation_id, 1);
+}

@@ -83,16 +83,21 @@ pub enum LogError {
     /// without a sequence, empty request, trailing bytes, ...): INVALID_RECORD (87).
     #[error("invalid record: {0}")]
     InvalidRecord(String),
-    /// A timestamp outside `message.timestamp.before.max.ms` / `after.max.ms`:
-    /// INVALID_TIMESTAMP (32).
-    #[error("invalid timestamp {timestamp_ms} (append time {now_ms}): {reason}")]
-    InvalidTimestamp {
-        /// The offending record timestamp (ms since the epoch).
-        timestamp_ms: i64,
-        /// The broker's clock at append (ms since the epoch).
-        now_ms: i64,
-        /// Which limit was broken.
-        reason: &'static str,
+    /// Records of a produced batch failed Kafka's per-record checks (`LogValidator`: a null
+    /// key on a compacted topic, a timestamp outside `message.timestamp.before.max.ms` /
+    /// `after.max.ms`, LogAppendTime set by the producer). The whole batch is refused and
+    /// `record_errors` names the records (KIP-467), so a client fails those records with
+    /// their own message and the others with a generic one. Maps to INVALID_TIMESTAMP (32) if
+    /// any record's timestamp is wrong, else INVALID_RECORD (87); the Produce response carries
+    /// `message` and `record_errors`, as Kafka's `RecordValidationException` does.
+    #[error("{message}")]
+    RecordValidation {
+        /// Whether a timestamp was wrong (INVALID_TIMESTAMP) or only other checks failed.
+        invalid_timestamp: bool,
+        /// Kafka's summary ("One or more records have been rejected due to ...").
+        message: String,
+        /// The records refused, in batch order.
+        record_errors: Vec<RecordError>,
     },
     /// A file on disk is unreadable in a way recovery cannot repair (e.g. a bad checkpoint
     /// file): KAFKA_STORAGE_ERROR (56).
@@ -165,7 +170,11 @@ impl LogError {
             LogError::OutOfOrderSequence { .. } => ErrorCode::OutOfOrderSequenceNumber,
             LogError::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
             LogError::InvalidRecord(_) => ErrorCode::InvalidRecord,
-            LogError::InvalidTimestamp { .. } => ErrorCode::InvalidTimestamp,
+            LogError::RecordValidation {
+                invalid_timestamp: true,
+                ..
+            } => ErrorCode::InvalidTimestamp,
+            LogError::RecordValidation { .. } => ErrorCode::InvalidRecord,
             LogError::InconsistentTopicId { .. } => ErrorCode::InconsistentTopicId,
             LogError::Closed(_) => ErrorCode::NotLeaderOrFollower,
         }
@@ -185,6 +194,16 @@ impl LogError {
     pub fn kafka_error_code(&self) -> i16 {
         self.error_code().code()
     }
+}
+
+/// One record of a produced batch that failed validation (KIP-467, Kafka's
+/// `ProduceResponse.RecordError`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordError {
+    /// Position of the record in its batch, from 0.
+    pub batch_index: i32,
+    /// Why the record was refused.
+    pub message: String,
 }
 
 /// Whether `e` is ENOSPC or EDQUOT ([`LogError::is_out_of_space`]).

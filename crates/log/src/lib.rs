@@ -33,7 +33,7 @@ pub use cleaner::{CleanStats, Cleanability, CleanerConfig, LogCleaner, OFFSET_MA
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use config::{LogConfig, TimestampType, TopicPartition};
 pub use epoch::EpochEntry;
-pub use error::{is_out_of_space, LogError, Result};
+pub use error::{is_out_of_space, LogError, RecordError, Result};
 pub use health::{DirState, LogDirHealth, MIN_FREE_BYTES_TO_RESUME, PROBE_BYTES};
 pub use log::{
     AppendInfo, DeletionReason, LoadStats, PartitionLog, ReadInfo, RetentionResult,

@@ -11,13 +11,13 @@ use gregor_protocol::batch::{
     Batches, TimestampType,
 };
 use gregor_protocol::compression::DEFAULT_MAX_DECOMPRESSED_BYTES;
-use gregor_protocol::records::{decode_records, validate_records_bounded};
+use gregor_protocol::records::{decode_records, inspect_records_bounded, RecordView};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::sync_dir;
 use crate::config::{LogConfig, TopicPartition};
 use crate::epoch::{EpochEntry, LeaderEpochCache};
-use crate::error::{LogError, Result};
+use crate::error::{LogError, RecordError, Result};
 use crate::health::LogDirHealth;
 use crate::producer_state::{ProducerCheck, ProducerStateManager};
 use crate::segment::{checked_total_size, LogSegment, SegmentAppendError, WALK_CHUNK_BYTES};
@@ -924,46 +924,93 @@ impl PartitionLog {
             // DEFAULT_MAX_DECOMPRESSED_BYTES, to check it). Without this a batch claiming
             // 2^31 - 1 records with one inside moved the log end offset by 2^31 - 1, and a
             // gzip batch of garbage was stored and broke every consumer of the partition.
-            let summary =
-                validate_records_bounded(&rest[..h.total_size()], DEFAULT_MAX_DECOMPRESSED_BYTES)?;
-            if config.cleanup_compact && summary.any_null_key {
-                // Kafka's `LogValidator.validateKey`.
-                return Err(LogError::InvalidRecord(format!(
-                    "Compacted topic cannot accept message without key in topic partition {}.",
-                    self.topic_partition
-                )));
-            }
+            let mut record_errors = Vec::new();
+            let mut invalid_timestamp = false;
+            inspect_records_bounded(
+                &rest[..h.total_size()],
+                DEFAULT_MAX_DECOMPRESSED_BYTES,
+                |r| {
+                    if let Some((is_timestamp, message)) = self.record_error(&h, &r, config, now_ms)
+                    {
+                        invalid_timestamp |= is_timestamp;
+                        record_errors.push(RecordError {
+                            batch_index: i32::try_from(r.index).unwrap_or(i32::MAX),
+                            message,
+                        });
+                    }
+                },
+            )?;
             if h.has_producer_id() && h.base_sequence < 0 {
                 return Err(LogError::InvalidRecord(format!(
-                    "invalid sequence number {} in record batch with producer id {}",
-                    h.base_sequence, h.producer_id
+                    "Invalid sequence number {} in record batch with producerId {} in topic partition {}",
+                    h.base_sequence, h.producer_id, self.topic_partition
                 )));
             }
-            if config.message_timestamp_type == TimestampType::CreateTime {
-                for ts in [h.base_timestamp, h.max_timestamp] {
-                    if ts < 0 {
-                        continue;
-                    }
-                    if now_ms.saturating_sub(ts) > config.message_timestamp_before_max_ms {
-                        return Err(LogError::InvalidTimestamp {
-                            timestamp_ms: ts,
-                            now_ms,
-                            reason: "older than message.timestamp.before.max.ms",
-                        });
-                    }
-                    if ts.saturating_sub(now_ms) > config.message_timestamp_after_max_ms {
-                        return Err(LogError::InvalidTimestamp {
-                            timestamp_ms: ts,
-                            now_ms,
-                            reason: "newer than message.timestamp.after.max.ms",
-                        });
-                    }
-                }
+            if !record_errors.is_empty() {
+                return Err(record_validation_error(invalid_timestamp, record_errors));
             }
             pos += h.total_size();
             headers.push(h);
         }
         Ok(headers)
+    }
+
+    /// Kafka's `LogValidator.validateRecord` for one record of a client's v2 batch `h`: a
+    /// compacted topic needs a key; with CreateTime a timestamp (other than -1) must lie within
+    /// `message.timestamp.before.max.ms` before and `message.timestamp.after.max.ms` after
+    /// `now_ms`; a producer may not set LogAppendTime. Returns whether it is a timestamp error,
+    /// and Kafka's message, for the first rule the record breaks.
+    fn record_error(
+        &self,
+        h: &BatchHeader,
+        r: &RecordView,
+        config: &LogConfig,
+        now_ms: i64,
+    ) -> Option<(bool, String)> {
+        if config.cleanup_compact && r.key_len.is_none() {
+            return Some((
+                false,
+                format!(
+                    "Compacted topic cannot accept message without key in topic partition {}",
+                    self.topic_partition
+                ),
+            ));
+        }
+        // Java's `DefaultRecord.timestamp()`: a LogAppendTime batch's records all carry its
+        // max timestamp. Arithmetic wraps as Java's longs do.
+        let batch_log_append = h.timestamp_type() == TimestampType::LogAppendTime;
+        let timestamp = if batch_log_append {
+            h.max_timestamp
+        } else {
+            h.base_timestamp.wrapping_add(r.timestamp_delta)
+        };
+        let offset = h.base_offset.wrapping_add(i64::from(r.offset_delta));
+        if config.message_timestamp_type == TimestampType::CreateTime && timestamp != -1 {
+            let diff = now_ms.wrapping_sub(timestamp);
+            if diff > config.message_timestamp_before_max_ms
+                || diff.wrapping_neg() > config.message_timestamp_after_max_ms
+            {
+                return Some((
+                    true,
+                    format!(
+                        "Timestamp {timestamp} of message with offset {offset} is out of range. The timestamp should be within [{}, {}]",
+                        now_ms.wrapping_sub(config.message_timestamp_before_max_ms),
+                        now_ms.wrapping_add(config.message_timestamp_after_max_ms)
+                    ),
+                ));
+            }
+        } else if batch_log_append {
+            let len = |l: Option<usize>| l.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+            return Some((
+                true,
+                format!(
+                    "Invalid timestamp type in message DefaultRecord(offset={offset}, timestamp={timestamp}, key={} bytes, value={} bytes). Producer should not set timestamp type to LogAppendTime.",
+                    len(r.key_len),
+                    len(r.value_len)
+                ),
+            ));
+        }
+        None
     }
 
     /// Kafka's `LogSegment.shouldRoll`.
@@ -1921,6 +1968,35 @@ impl std::fmt::Debug for PartitionLog {
             .field("log_end_offset", &self.log_end_offset())
             .field("recovery_point", &self.recovery_point())
             .finish_non_exhaustive()
+    }
+}
+
+/// Kafka's `LogValidator.processRecordErrors`: the error refusing a batch whose records broke
+/// the per-record rules, with its summary message.
+fn record_validation_error(invalid_timestamp: bool, record_errors: Vec<RecordError>) -> LogError {
+    let message = if invalid_timestamp {
+        "One or more records have been rejected due to invalid timestamp".to_string()
+    } else {
+        let shown: Vec<String> = record_errors
+            .iter()
+            .take(3)
+            .map(|e| {
+                format!(
+                    "RecordError(batchIndex={}, message='{}')",
+                    e.batch_index, e.message
+                )
+            })
+            .collect();
+        format!(
+            "One or more records have been rejected due to {} record errors in total, and only showing the first three errors at most: [{}]",
+            record_errors.len(),
+            shown.join(", ")
+        )
+    };
+    LogError::RecordValidation {
+        invalid_timestamp,
+        message,
+        record_errors,
     }
 }
 

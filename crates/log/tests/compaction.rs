@@ -174,10 +174,23 @@ fn keyless_records_are_rejected_on_compacted_topics() {
         .build();
     let e = log.append_as_leader(&mut b, 0, NOW_MS).unwrap_err();
     assert_eq!(e.kafka_error_code(), 87);
+    // Kafka 4.4's LogValidator texts; the record errors name the keyless record (KIP-467).
+    let key_error = "Compacted topic cannot accept message without key in topic partition c-0";
     assert_eq!(
         e.to_string(),
-        "invalid record: Compacted topic cannot accept message without key in topic partition c-0."
+        format!("One or more records have been rejected due to 1 record errors in total, and only showing the first three errors at most: [RecordError(batchIndex=1, message='{key_error}')]")
     );
+    let gregor_log::LogError::RecordValidation { record_errors, .. } = e else {
+        panic!("not a record validation error: {e:?}");
+    };
+    assert_eq!(
+        record_errors,
+        vec![gregor_log::RecordError {
+            batch_index: 1,
+            message: key_error.to_string()
+        }]
+    );
+    assert_eq!(log.log_end_offset(), 0, "nothing of the batch is appended");
 }
 
 #[test]

@@ -811,3 +811,49 @@ fn log_manager_leaves_the_metadata_log_alone() {
         vec!["00000000000000000000-0000000000.checkpoint".to_string()]
     );
 }
+
+/// Kafka's `LogValidator.validateTimestamp` is per record: a record in the middle of a batch
+/// whose first and largest timestamps are fine is refused (INVALID_TIMESTAMP) and named
+/// (KIP-467); the whole batch is refused.
+#[test]
+fn an_old_record_inside_a_batch_fails_the_batch_with_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig {
+        message_timestamp_before_max_ms: 60_000,
+        message_timestamp_after_max_ms: 60_000,
+        ..LogConfig::default()
+    };
+    let log = open(dir.path(), config, true);
+    let old = NOW_MS - 120_000;
+    let mut b = BatchBuilder::new(0, NOW_MS)
+        .record(NOW_MS, Some(b"a"), Some(b"v"), &[])
+        .record(old, Some(b"b"), Some(b"v"), &[])
+        .record(NOW_MS + 1, Some(b"c"), Some(b"v"), &[])
+        .build();
+    let e = log.append_as_leader(&mut b, 0, NOW_MS).unwrap_err();
+    assert_eq!(e.kafka_error_code(), 32, "{e}");
+    assert_eq!(
+        e.to_string(),
+        "One or more records have been rejected due to invalid timestamp"
+    );
+    let LogError::RecordValidation { record_errors, .. } = e else {
+        panic!("not a record validation error: {e:?}");
+    };
+    assert_eq!(
+        record_errors,
+        vec![gregor_log::RecordError {
+            batch_index: 1,
+            message: format!(
+                "Timestamp {old} of message with offset 1 is out of range. The timestamp should be within [{}, {}]",
+                NOW_MS - 60_000,
+                NOW_MS + 60_000
+            ),
+        }]
+    );
+    assert_eq!(log.log_end_offset(), 0);
+    // Records without a timestamp (-1) are not checked.
+    let mut b = BatchBuilder::new(0, -1)
+        .record(-1, Some(b"a"), Some(b"v"), &[])
+        .build();
+    log.append_as_leader(&mut b, 0, NOW_MS).unwrap();
+}

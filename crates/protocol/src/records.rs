@@ -152,6 +152,23 @@ pub struct RecordsSummary {
     pub any_null_key: bool,
 }
 
+/// One record as [`inspect_records_bounded`] shows it: what the broker's per-record checks
+/// (Kafka's `LogValidator.validateRecord`: a key on compacted topics, the timestamp range)
+/// need, without the key and value bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView {
+    /// Position of the record in its batch, from 0 (KIP-467's `batch_index`).
+    pub index: usize,
+    /// Offset of the record minus the batch's `baseOffset`.
+    pub offset_delta: i32,
+    /// Timestamp of the record minus the batch's `baseTimestamp`, in milliseconds.
+    pub timestamp_delta: i64,
+    /// Length of the key in bytes, `None` for a null key.
+    pub key_len: Option<usize>,
+    /// Length of the value in bytes, `None` for a null value.
+    pub value_len: Option<usize>,
+}
+
 /// Checks every record of one whole v2 batch as [`decode_records_bounded`] does, without
 /// building the records: an uncompressed batch is walked in place (no copy, no allocation),
 /// a compressed one is decompressed once (at most `max_decompressed_bytes`) and walked. This is
@@ -165,25 +182,46 @@ pub fn validate_records_bounded(
     batch: &[u8],
     max_decompressed_bytes: usize,
 ) -> Result<RecordsSummary, BatchError> {
-    let (h, section, count) = records_section(batch, max_decompressed_bytes)?;
-    let records: &[u8] = match &section {
-        Section::Empty => &[],
-        Section::Borrowed(b) => b,
-        Section::Decompressed(v) => v,
-    };
     let mut summary = RecordsSummary {
         count: 0,
         any_null_key: false,
     };
-    if matches!(section, Section::Empty) {
-        return Ok(summary);
-    }
-    walk_records(records, count, h.last_offset_delta, |raw| {
+    inspect_records_bounded(batch, max_decompressed_bytes, |r| {
         summary.count += 1;
-        summary.any_null_key |= raw.key.is_none();
-        Ok(())
+        summary.any_null_key |= r.key_len.is_none();
     })?;
     Ok(summary)
+}
+
+/// As [`validate_records_bounded`], handing each record, in batch order, to `f` once the
+/// record has decoded. `f` may run for some records of a batch that turns out to be invalid
+/// further on; the error then says so.
+///
+/// # Errors
+/// As [`decode_records_bounded`].
+pub fn inspect_records_bounded(
+    batch: &[u8],
+    max_decompressed_bytes: usize,
+    mut f: impl FnMut(RecordView),
+) -> Result<(), BatchError> {
+    let (h, section, count) = records_section(batch, max_decompressed_bytes)?;
+    let records: &[u8] = match &section {
+        Section::Empty => return Ok(()),
+        Section::Borrowed(b) => b,
+        Section::Decompressed(v) => v,
+    };
+    let mut index = 0;
+    walk_records(records, count, h.last_offset_delta, |raw| {
+        f(RecordView {
+            index,
+            offset_delta: raw.offset_delta,
+            timestamp_delta: raw.timestamp_delta,
+            key_len: raw.key.map(<[u8]>::len),
+            value_len: raw.value.map(<[u8]>::len),
+        });
+        index += 1;
+        Ok(())
+    })
 }
 
 /// A batch's records section, ready to walk.

@@ -27,6 +27,12 @@ use gregor_network::RequestContext;
 pub const RESOURCE_TOPIC: i8 = 2;
 /// `ConfigResource.Type.BROKER`.
 pub const RESOURCE_BROKER: i8 = 4;
+/// `ConfigResource.Type.GROUP` (KIP-848 group configs).
+pub const RESOURCE_GROUP: i8 = 32;
+
+/// The metadata image's resource for GROUP configs (`ConfigRecord` resource type 32).
+pub const GROUP_CONFIG_RESOURCE: gregor_metadata::ConfigResource =
+    gregor_metadata::ConfigResource::Other(RESOURCE_GROUP);
 
 fn wanted(keys: &Option<Vec<StrBytes>>, name: &str) -> bool {
     keys.as_ref()
@@ -45,6 +51,9 @@ fn config_authorization_error(
     if resource_type == RESOURCE_TOPIC {
         (!broker.authorize(ctx, operation, ResourceType::Topic, name))
             .then_some(ec::TOPIC_AUTHORIZATION_FAILED)
+    } else if resource_type == RESOURCE_GROUP {
+        (!broker.authorize(ctx, operation, ResourceType::Group, name))
+            .then_some(ec::GROUP_AUTHORIZATION_FAILED)
     } else {
         (!broker.authorize(ctx, operation, ResourceType::Cluster, CLUSTER_NAME))
             .then_some(ec::CLUSTER_AUTHORIZATION_FAILED)
@@ -233,6 +242,64 @@ pub fn describe_configs(
                     );
                 }
             }
+            RESOURCE_GROUP => {
+                let overrides = broker
+                    .controller
+                    .image()
+                    .configs_of(GROUP_CONFIG_RESOURCE, &res.resource_name);
+                let dynamic = broker.replica_manager.dynamic_configs();
+                for def in crate::broker_config_defs::KAFKA_GROUP_CONFIGS {
+                    if !wanted(&res.configuration_keys, def.name) {
+                        continue;
+                    }
+                    // Kafka's ConfigHelper for groups: the group's own value (GROUP_CONFIG),
+                    // then the broker config it defaults to, else the group default.
+                    let mut all: Vec<(String, String, ConfigSource)> = Vec::new();
+                    if let Some(v) = overrides.get(def.name) {
+                        all.push((def.name.to_string(), v.clone(), ConfigSource::GroupConfig));
+                    }
+                    match def.broker_synonym {
+                        Some(syn) => {
+                            let (v, source) = broker.config.effective(&dynamic, syn);
+                            all.push((syn.to_string(), v, source));
+                        }
+                        None => all.push((
+                            def.name.to_string(),
+                            def.default.unwrap_or("").to_string(),
+                            ConfigSource::Default,
+                        )),
+                    }
+                    let (_, value, source) = all[0].clone();
+                    r.configs.push(
+                        DescribeConfigsResourceResult::default()
+                            .with_name(sb(def.name))
+                            .with_value(Some(sb(&value)))
+                            .with_read_only(false)
+                            .with_config_source(source.code())
+                            .with_is_sensitive(false)
+                            .with_synonyms(if req.include_synonyms {
+                                all.iter()
+                                    .map(|(n, v, s)| {
+                                        DescribeConfigsSynonym::default()
+                                            .with_name(sb(n))
+                                            .with_value(Some(sb(v)))
+                                            .with_source(s.code())
+                                    })
+                                    .collect()
+                            } else {
+                                Vec::new()
+                            })
+                            .with_config_type(if version >= 3 {
+                                def.config_type.code()
+                            } else {
+                                0
+                            })
+                            .with_documentation(
+                                (version >= 3 && req.include_documentation).then(StrBytes::default),
+                            ),
+                    );
+                }
+            }
             other => {
                 r.error_code = ec::INVALID_REQUEST;
                 r.error_message = Some(sb(&format!("Unsupported resource type {other}")));
@@ -241,6 +308,14 @@ pub fn describe_configs(
         results.push(r);
     }
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// The kind of resource a change is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Topic,
+    Broker,
+    Group,
 }
 
 /// IncrementalAlterConfigs `config_operation` (KIP-339).
@@ -272,7 +347,7 @@ async fn alter_resource(
     validate_only: bool,
 ) -> ApiResult<()> {
     let image = broker.controller.image();
-    let (resource, current, is_topic) = match resource_type {
+    let (resource, current, kind) = match resource_type {
         RESOURCE_TOPIC => {
             if image.topic(name).is_none() {
                 return Err(
@@ -289,7 +364,7 @@ async fn alter_resource(
             (
                 gregor_metadata::ConfigResource::Topic,
                 image.configs_of(gregor_metadata::ConfigResource::Topic, name),
-                true,
+                Kind::Topic,
             )
         }
         RESOURCE_BROKER => {
@@ -304,7 +379,21 @@ async fn alter_resource(
             (
                 gregor_metadata::ConfigResource::Broker,
                 image.configs_of(gregor_metadata::ConfigResource::Broker, name),
-                false,
+                Kind::Broker,
+            )
+        }
+        // KIP-848 group configs: any group id, existing or not, but not the default ("").
+        RESOURCE_GROUP => {
+            if name.is_empty() {
+                return Err((
+                    ec::INVALID_REQUEST,
+                    Some("Default group resources are not allowed.".into()),
+                ));
+            }
+            (
+                GROUP_CONFIG_RESOURCE,
+                image.configs_of(GROUP_CONFIG_RESOURCE, name),
+                Kind::Group,
             )
         }
         other => {
@@ -316,29 +405,26 @@ async fn alter_resource(
             ))
         }
     };
+    let is_topic = kind == Kind::Topic;
+    // Topic values are checked one by one; broker and group configs as the whole resource
+    // after the change, as Kafka does (below).
     let validate = |key: &str, value: Option<&str>| -> ApiResult<()> {
-        if is_topic {
-            match value {
-                Some(v) => {
-                    crate::config::validate_topic_config(key, v).map_err(|e| invalid_config(&e))
-                }
-                None => crate::config::topic_config_def(key).map(|_| ()).ok_or((
-                    ec::INVALID_CONFIG,
-                    Some(format!("Unknown topic config name: {key}")),
-                )),
-            }
-        } else {
-            // Kafka's ConfigAdminManager answers INVALID_REQUEST for a broker config that
-            // fails validation (KAFKA-13609), INVALID_CONFIG only for topics.
-            crate::config::validate_broker_config(key, value)
-                .map_err(|e| (ec::INVALID_REQUEST, Some(e.to_string())))
+        if !is_topic {
+            return Ok(());
+        }
+        match value {
+            Some(v) => crate::config::validate_topic_config(key, v).map_err(|e| invalid_config(&e)),
+            None => crate::config::topic_config_def(key).map(|_| ()).ok_or((
+                ec::INVALID_CONFIG,
+                Some(format!("Unknown topic config name: {key}")),
+            )),
         }
     };
     let config_type = |key: &str| -> Option<ConfigType> {
-        if is_topic {
-            crate::config::topic_config_def(key).map(|d| d.config_type)
-        } else {
-            crate::config::broker_config_type(key).map(|(t, _)| t)
+        match kind {
+            Kind::Topic => crate::config::topic_config_def(key).map(|d| d.config_type),
+            Kind::Broker => crate::config::broker_config_type(key).map(|(t, _)| t),
+            Kind::Group => crate::broker_config_defs::group_config(key).map(|d| d.config_type),
         }
     };
     // The value a key has before the change: the resource's own override, else its default.
@@ -347,12 +433,17 @@ async fn alter_resource(
             return v.clone();
         }
         let dynamic = broker.replica_manager.dynamic_configs();
-        if is_topic {
-            crate::config::topic_config_def(key)
+        match kind {
+            Kind::Topic => crate::config::topic_config_def(key)
                 .map(|d| broker.config.topic_default_dynamic(&dynamic, d).0)
-                .unwrap_or_default()
-        } else {
-            broker.config.effective(&dynamic, key).0
+                .unwrap_or_default(),
+            Kind::Broker => broker.config.effective(&dynamic, key).0,
+            Kind::Group => crate::broker_config_defs::group_config(key)
+                .map(|d| match d.broker_synonym {
+                    Some(syn) => broker.config.effective(&dynamic, syn).0,
+                    None => d.default.unwrap_or("").to_string(),
+                })
+                .unwrap_or_default(),
         }
     };
     let mut next = current.clone();
@@ -447,8 +538,47 @@ async fn alter_resource(
             }
         }
     }
+    match kind {
+        Kind::Topic => {}
+        // Kafka's ConfigAdminManager: a broker change that fails validation is INVALID_REQUEST
+        // (KAFKA-13609).
+        Kind::Broker => crate::broker_config_defs::validate_dynamic_broker_configs(
+            next.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            !name.is_empty(),
+        )
+        .map_err(|m| (ec::INVALID_REQUEST, Some(m)))?,
+        // Kafka's ControllerConfigurationValidator: GroupConfig.validate, INVALID_CONFIG.
+        Kind::Group => {
+            let dynamic = broker.replica_manager.dynamic_configs();
+            let effective = |k: &str| broker.config.effective(&dynamic, k).0;
+            crate::broker_config_defs::validate_group_configs(
+                &next,
+                |k| effective(k).trim().parse().unwrap_or(0),
+                |k| {
+                    effective(k)
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                },
+            )
+            .map_err(|m| (ec::INVALID_CONFIG, Some(m)))?;
+        }
+    }
     if validate_only {
         return Ok(());
+    }
+    if kind == Kind::Broker {
+        for k in next.keys() {
+            if current.get(k) != next.get(k) && !crate::config::acted_on(k) {
+                tracing::info!(
+                    config = k.as_str(),
+                    broker = name,
+                    "dynamic broker config stored; gregor does not act on it"
+                );
+            }
+        }
     }
     let mut changes: Vec<(String, Option<String>)> = Vec::new();
     for (k, v) in &next {

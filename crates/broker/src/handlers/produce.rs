@@ -9,7 +9,7 @@ use gregor_log::TopicPartition;
 
 use gregor_protocol::batch::{Batches, MAGIC_V2};
 use gregor_protocol::kafka_protocol::messages::produce_response::{
-    PartitionProduceResponse, TopicProduceResponse,
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, ResponseKind, TopicName,
@@ -211,10 +211,27 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
     }
 }
 
-/// The response for a partition the replica manager handled (errors are counted here).
+/// The response for a partition the replica manager handled (errors are counted here). A
+/// batch refused for some of its records names them in `record_errors` (KIP-467, v8+) with
+/// the log start offset, as Kafka's `RecordValidationException` answer does.
 fn partition_response(index: i32, r: &PartitionAppendResult) -> PartitionProduceResponse {
     if r.error_code != ec::NONE {
-        return partition_error(index, r.error_code, r.error_message.clone());
+        return partition_error(index, r.error_code, r.error_message.clone())
+            .with_log_start_offset(if r.record_errors.is_empty() {
+                -1
+            } else {
+                r.log_start_offset
+            })
+            .with_record_errors(
+                r.record_errors
+                    .iter()
+                    .map(|e| {
+                        BatchIndexAndErrorMessage::default()
+                            .with_batch_index(e.batch_index)
+                            .with_batch_index_error_message(Some(sb(&e.message)))
+                    })
+                    .collect(),
+            );
     }
     PartitionProduceResponse::default()
         .with_index(index)

@@ -71,8 +71,11 @@ pub struct PartitionAppendResult {
     pub base_offset: i64,
     /// The broker time stamped on the records for LogAppendTime topics (ms), else -1.
     pub log_append_time_ms: i64,
-    /// The log start offset after the append, -1 on error.
+    /// The log start offset after the append; on error -1, or the log start offset when
+    /// records failed validation (Kafka's `unknownLogAppendInfoWithAdditionalInfo`).
     pub log_start_offset: i64,
+    /// KIP-467: the records that failed validation, when the batch was refused for them.
+    pub record_errors: Vec<gregor_log::RecordError>,
 }
 
 impl PartitionAppendResult {
@@ -82,6 +85,40 @@ impl PartitionAppendResult {
             error_message: message.filter(|m| !m.is_empty()),
             base_offset: -1,
             log_append_time_ms: -1,
+            log_start_offset: -1,
+            record_errors: Vec::new(),
+        }
+    }
+
+    fn rejected(r: AppendRejected) -> Self {
+        Self {
+            log_start_offset: r.log_start_offset,
+            record_errors: r.record_errors,
+            ..Self::error(r.code, Some(r.message))
+        }
+    }
+}
+
+/// Why [`Partition::append_records_as_leader`] refused an append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendRejected {
+    /// Kafka error code.
+    pub code: i16,
+    /// Error detail ("" for none).
+    pub message: String,
+    /// KIP-467: the records that failed validation (the batch was refused for them).
+    pub record_errors: Vec<gregor_log::RecordError>,
+    /// The log start offset to report, -1 when none is (Kafka reports it with record errors).
+    pub log_start_offset: i64,
+}
+
+impl AppendRejected {
+    /// A refusal with `code` and `message`, no record errors.
+    pub fn new(code: i16, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            record_errors: Vec::new(),
             log_start_offset: -1,
         }
     }
@@ -787,10 +824,11 @@ impl ReplicaManager {
         let job = move || {
             work.into_iter()
                 .map(|(p, mut records)| {
-                    let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
+                    let p =
+                        p.ok_or_else(|| AppendRejected::new(ec::UNKNOWN_TOPIC_OR_PARTITION, ""))?;
                     let info = p.append_records_as_leader(&mut records, required_acks)?;
                     let epoch = epoch_of_offset(&p, info.last_offset);
-                    Ok((p, info, epoch))
+                    Ok::<_, AppendRejected>((p, info, epoch))
                 })
                 .collect::<Vec<_>>()
         };
@@ -825,11 +863,12 @@ impl ReplicaManager {
                         base_offset: info.first_offset,
                         log_append_time_ms: info.log_append_time_ms,
                         log_start_offset: info.log_start_offset,
+                        record_errors: Vec::new(),
                     });
                 }
-                Err((code, message)) => {
-                    tracing::debug!(?origin, code, %message, "append rejected");
-                    results.push(PartitionAppendResult::error(code, Some(message)));
+                Err(rejected) => {
+                    tracing::debug!(?origin, code = rejected.code, message = %rejected.message, "append rejected");
+                    results.push(PartitionAppendResult::rejected(rejected));
                 }
             }
         }

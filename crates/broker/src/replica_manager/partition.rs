@@ -15,6 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use uuid::Uuid;
 
 use super::purgatory::DelayedOperationPurgatory;
+use super::AppendRejected;
 use crate::alter_partition::{AlterPartitionItem, AlterPartitionSender};
 use crate::error_codes as ec;
 use crate::observability::TopicMetrics;
@@ -603,16 +604,16 @@ impl Partition {
         &self,
         records: &mut [u8],
         required_acks: i16,
-    ) -> Result<AppendInfo, (i16, String)> {
+    ) -> Result<AppendInfo, AppendRejected> {
         let leader_epoch = {
             let s = self.state.read();
             if s.role != Role::Leader {
-                return Err((ec::NOT_LEADER_OR_FOLLOWER, String::new()));
+                return Err(AppendRejected::new(ec::NOT_LEADER_OR_FOLLOWER, ""));
             }
             // Kafka's effectiveMinIsr: min(min.insync.replicas, replication factor).
             let min_isr = s.min_insync_replicas.min(s.replicas.len().max(1));
             if required_acks == -1 && s.isr.len() < min_isr {
-                return Err((
+                return Err(AppendRejected::new(
                     ec::NOT_ENOUGH_REPLICAS,
                     format!(
                         "The size of the current ISR {:?} is insufficient to satisfy the min.isr requirement of {} for partition {}",
@@ -625,7 +626,24 @@ impl Partition {
         let info = self
             .log
             .append_as_leader(records, leader_epoch, self.clock.now_ms())
-            .map_err(|e| (e.kafka_error_code(), e.to_string()))?;
+            .map_err(|e| {
+                let code = e.kafka_error_code();
+                match e {
+                    // Kafka's ReplicaManager answers a RecordValidationException with its
+                    // message, the record errors and the log start offset (KIP-467).
+                    LogError::RecordValidation {
+                        message,
+                        record_errors,
+                        ..
+                    } => AppendRejected {
+                        code,
+                        message,
+                        record_errors,
+                        log_start_offset: self.log.log_start_offset(),
+                    },
+                    e => AppendRejected::new(code, e.to_string()),
+                }
+            })?;
         if !info.duplicate {
             self.metrics.bytes_in.increment(info.bytes);
             self.metrics.records_in.increment(info.records);

@@ -815,12 +815,16 @@ impl GroupCoordinator {
         g.rebalance_timer += 1;
         let max_rebalance = g.max_rebalance_timeout_ms();
         let initial = self.config.initial_rebalance_delay_ms;
-        let delay_ms = if was_empty && initial > 0 {
+        // Kafka's `prepareRebalance`: the first rebalance of an empty group (KIP-134) always
+        // ends on the delayed-join timer, never in the join that started it, even with a delay
+        // of 0 (then the timer fires at once, after the joins already queued); the delay is
+        // `group.initial.rebalance.delay.ms` whatever the rebalance timeout, which only bounds
+        // the extensions. Members that join meanwhile are in the first generation.
+        let delay_ms = if was_empty {
             g.initial_delay_active = true;
             g.new_member_added = false;
-            let d = initial.min(max_rebalance);
-            g.initial_delay_remaining_ms = max_rebalance.saturating_sub(d);
-            d
+            g.initial_delay_remaining_ms = max_rebalance.saturating_sub(initial);
+            initial
         } else {
             g.initial_delay_active = false;
             max_rebalance
@@ -846,13 +850,16 @@ impl GroupCoordinator {
             return;
         }
         if g.initial_delay_active && g.new_member_added && g.initial_delay_remaining_ms > 0 {
-            // KIP-134: new members arrived during the delay; wait a little longer.
+            // KIP-134: new members arrived during the delay; wait a little longer
+            // (`tryCompleteInitialRebalanceElseSchedule`).
             g.new_member_added = false;
             let d = self
                 .config
                 .initial_rebalance_delay_ms
                 .min(g.initial_delay_remaining_ms);
-            g.initial_delay_remaining_ms -= d;
+            g.initial_delay_remaining_ms = g
+                .initial_delay_remaining_ms
+                .saturating_sub(self.config.initial_rebalance_delay_ms);
             g.rebalance_timer += 1;
             timers.push(Timer::Rebalance {
                 group_id: group_id.to_string(),

@@ -612,8 +612,18 @@ impl GroupCoordinator {
             .first()
             .cloned()
             .unwrap_or_else(|| "uniform".into());
-        let interval = self.config.consumer_heartbeat_interval_ms;
-        let session = i64::from(self.config.consumer_session_timeout_ms);
+        // KIP-848 group configs set with AlterConfigs take precedence over the broker's.
+        let group_int = |name: &str| {
+            self.metadata
+                .group_config(&req.group_id, name)
+                .and_then(|v| v.trim().parse::<i32>().ok())
+        };
+        let interval = group_int("consumer.heartbeat.interval.ms")
+            .unwrap_or(self.config.consumer_heartbeat_interval_ms);
+        let session = i64::from(
+            group_int("consumer.session.timeout.ms")
+                .unwrap_or(self.config.consumer_session_timeout_ms),
+        );
 
         // Leaving.
         if req.member_epoch == -1 || req.member_epoch == -2 {
