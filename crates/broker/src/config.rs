@@ -544,38 +544,6 @@ impl ConfigSource {
     }
 }
 
-/// Broker config keys gregor recognises but does not act on yet (they are accepted from a
-/// Kafka `server.properties` without a warning). Each is either meaningless for a single
-/// process (thread counts) or belongs to a feature of a later release.
-const ACCEPTED_KEYS: &[&str] = &[
-    "controller.quorum.bootstrap.servers",
-    "inter.broker.listener.name",
-    // Accepted only at values that ask for no security (see `unimplemented_security_keys`).
-    "authorizer.class.name",
-    "security.inter.broker.protocol",
-    "num.network.threads",
-    "num.recovery.threads.per.data.dir",
-    "socket.send.buffer.bytes",
-    "socket.receive.buffer.bytes",
-    "transaction.state.log.replication.factor",
-    "transaction.state.log.min.isr",
-    "share.coordinator.state.topic.replication.factor",
-    "share.coordinator.state.topic.min.isr",
-    "broker.id",
-    "cluster.id",
-    "metadata.log.dir",
-    // Read where they are used: the broker lifecycle (`lifecycle`) and the controller's
-    // session timeout (`server::controller_config`).
-    "broker.heartbeat.interval.ms",
-    "broker.session.timeout.ms",
-    // Read by the controller (`server::controller_config`): leader balancing.
-    "auto.leader.rebalance.enable",
-    "leader.imbalance.check.interval.seconds",
-    "leader.imbalance.per.broker.percentage",
-    // Accepted as an alias of `log.index.interval.bytes` (the topic-level name).
-    "index.interval.bytes",
-];
-
 /// The broker's configuration. Field docs name the Kafka property.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -789,7 +757,8 @@ pub const BROKER_QUOTA_KEYS: &[&str] = &[
 ];
 
 /// Every broker key read into [`BrokerConfig`], with its type and Kafka's default.
-fn broker_keys() -> impl Iterator<Item = &'static (&'static str, ConfigType, &'static str)> {
+pub(crate) fn broker_keys(
+) -> impl Iterator<Item = &'static (&'static str, ConfigType, &'static str)> {
     BROKER_KEYS.iter().chain(SOCKET_SERVER_KEYS)
 }
 
@@ -981,14 +950,17 @@ impl BrokerConfig {
 }
 
 impl BrokerConfig {
-    /// Builds the config from `server.properties` pairs. Returns the config and the unknown keys
-    /// (the caller warns about them).
+    /// Builds the config from `server.properties` pairs. Returns the config and what to say
+    /// about the keys gregor does not act on (the caller logs [`ConfigReport::lines`]).
+    ///
+    /// [`ConfigReport::lines`]: crate::config_report::ConfigReport::lines
     ///
     /// # Errors
     /// [`ConfigError`] for a value of the wrong type or out of range.
     pub fn from_properties(
-        props: BTreeMap<String, String>,
-    ) -> Result<(Self, Vec<String>), ConfigError> {
+        mut props: BTreeMap<String, String>,
+    ) -> Result<(Self, crate::config_report::ConfigReport), ConfigError> {
+        apply_broker_id_synonym(&mut props)?;
         let refused = unimplemented_security_keys(&props);
         if !refused.is_empty() {
             return Err(ConfigError::new(
@@ -997,7 +969,6 @@ impl BrokerConfig {
                 "TLS, SASL and authorizers are not implemented in gregor yet; remove these keys (a broker started with them would look secured and not be)",
             ));
         }
-        let mut unknown = Vec::new();
         for (k, v) in &props {
             if let Some((_, ty, _)) = broker_keys().find(|(n, _, _)| n == k) {
                 ty.check(k, v)?;
@@ -1006,12 +977,9 @@ impl BrokerConfig {
                     e.name = k.clone();
                     e
                 })?;
-            } else if !ACCEPTED_KEYS.contains(&k.as_str())
-                && !crate::quorum_config::QUORUM_KEYS.contains(&k.as_str())
-            {
-                unknown.push(k.clone());
             }
         }
+        let report = crate::config_report::ConfigReport::of(&props);
         let get = |k: &str| props.get(k).map(|s| s.trim().to_string());
         let int = |k: &str, d: i64| -> i64 { get(k).and_then(|v| v.parse().ok()).unwrap_or(d) };
         let protocol_map = effective_security_protocol_map(&props)?;
@@ -1164,7 +1132,7 @@ impl BrokerConfig {
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
             raw: props,
         };
-        Ok((cfg, unknown))
+        Ok((cfg, report))
     }
 
     /// The value a topic gets for `def` when the topic has no override: the broker's synonym
@@ -1268,6 +1236,30 @@ fn join_listeners(l: &[Listener]) -> String {
         .map(|l| format!("{}://{}:{}", l.name, l.host, l.port))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// `broker.id` is Kafka's older name of `node.id` (Kafka's `KafkaConfig.populateSynonyms`): the
+/// one that is set gives the other its value, and when both are set they must agree.
+///
+/// # Errors
+/// [`ConfigError`] when both are set to different values (Kafka's message).
+pub fn apply_broker_id_synonym(props: &mut BTreeMap<String, String>) -> Result<(), ConfigError> {
+    let broker_id = props.get("broker.id").map(|v| v.trim().to_string());
+    let node_id = props.get("node.id").map(|v| v.trim().to_string());
+    match (broker_id, node_id) {
+        (Some(b), None) => {
+            props.insert("node.id".into(), b);
+        }
+        (Some(b), Some(n)) if b != n => {
+            return Err(ConfigError::new(
+                "node.id",
+                &n,
+                "You must set `node.id` to the same value as `broker.id`.",
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Kafka's rules for the addresses a node advertises (`advertised.listeners`, or `listeners`
@@ -2020,7 +2012,7 @@ mod tests {
             ("no.such.key", "x"),
         ]))
         .unwrap();
-        assert_eq!(unknown, vec!["no.such.key".to_string()]);
+        assert_eq!(unknown.unknown_keys(), vec!["no.such.key".to_string()]);
         let t = TopicConfigs::resolve(&c, &props(&[("segment.ms", "1000")]));
         assert_eq!(t.get("segment.bytes"), "2000000");
         assert_eq!(t.get("retention.ms"), "3600000");
@@ -2210,7 +2202,8 @@ mod tests {
             ("log.retention.check.interval.ms", "300000"),
         ]))
         .unwrap();
-        assert!(unknown.is_empty(), "{unknown:?}");
+        // Nothing unknown; what gregor does not act on is reported (config_report's tests).
+        assert!(unknown.unknown.is_empty(), "{unknown:?}");
         assert_eq!(c.listeners.len(), 2);
         assert!(c
             .endpoints()
@@ -2221,6 +2214,19 @@ mod tests {
 
     #[test]
     fn security_keys_stop_start_up() {
+        // broker.id is node.id's older name: either gives both their value; they must agree.
+        let (c, _) = BrokerConfig::from_properties(props(&[("broker.id", "7")])).unwrap();
+        assert_eq!(c.node_id, 7);
+        let (c, _) =
+            BrokerConfig::from_properties(props(&[("broker.id", "7"), ("node.id", "7")])).unwrap();
+        assert_eq!(c.node_id, 7);
+        let err = BrokerConfig::from_properties(props(&[("broker.id", "7"), ("node.id", "8")]))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("same value as `broker.id`"),
+            "{err}"
+        );
+
         // Kafka's wildcard forms: a blank host binds every interface and is advertised as the
         // host name; the meta-address 0.0.0.0 cannot be advertised.
         let (c, _) =
@@ -2282,9 +2288,10 @@ mod tests {
             ("listener.name.plaintext.max.connections", "5"),
         ]))
         .unwrap();
+        assert!(unknown.unknown.is_empty(), "{unknown:?}");
         assert_eq!(
-            unknown,
-            vec!["listener.name.plaintext.max.connections".to_string()]
+            unknown.not_acted_on.values().flatten().collect::<Vec<_>>(),
+            ["listener.name.plaintext.max.connections"]
         );
     }
 }

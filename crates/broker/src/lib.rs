@@ -16,6 +16,7 @@ pub mod authorizer;
 pub mod broker;
 pub mod broker_config_defs;
 pub mod config;
+pub mod config_report;
 pub mod config_value;
 pub mod controller_channel;
 pub mod controller_server;

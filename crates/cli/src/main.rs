@@ -114,9 +114,10 @@ fn load_properties(args: &ServeArgs) -> Result<BTreeMap<String, String>> {
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let props = load_properties(&args)?;
-    let (config, unknown) = gregor_broker::BrokerConfig::from_properties(props)?;
-    if !unknown.is_empty() {
-        warn!(keys = ?unknown, "ignoring unknown configuration keys: {}", unknown.join(", "));
+    let (config, report) = gregor_broker::BrokerConfig::from_properties(props)?;
+    // Every key gregor does not act on, once, grouped by why.
+    for line in report.lines() {
+        warn!("{line}");
     }
     // Installed before anything starts: the client listener opens before `start` returns, and
     // a SIGTERM then (a process manager, `gregor dev cluster`) must not find the default

@@ -275,3 +275,128 @@ fn a_blank_listener_host_is_advertised_by_host_name_and_0_0_0_0_is_refused() -> 
     drop(guard);
     Ok(())
 }
+
+/// The keys of Kafka 4.x's own `config/server.properties` (with a static quorum, so it starts
+/// unformatted) and one typo: each key gregor does not act on is reported once, grouped by why;
+/// the typo gets the name it was meant to be; the CONTROLLER listener is not a client listener.
+#[test]
+fn a_kafka_server_properties_is_reported_key_by_key_once() -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let ports = free_ports(3)?;
+    let (client, controller, admin) = (ports[0], ports[1], ports[2]);
+    let data = tempfile::tempdir()?;
+    let config = data.path().join("server.properties");
+    std::fs::write(
+        &config,
+        format!(
+            "process.roles=broker,controller\n\
+             node.id=1\n\
+             controller.quorum.voters=1@127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{client},CONTROLLER://127.0.0.1:{controller}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{client}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL\n\
+             num.network.threads=3\n\
+             num.io.threads=8\n\
+             socket.send.buffer.bytes=102400\n\
+             socket.receive.buffer.bytes=102400\n\
+             socket.request.max.bytes=104857600\n\
+             log.dirs={}\n\
+             num.partitions=1\n\
+             num.recovery.threads.per.data.dir=1\n\
+             offsets.topic.replication.factor=1\n\
+             share.coordinator.state.topic.replication.factor=1\n\
+             share.coordinator.state.topic.min.isr=1\n\
+             transaction.state.log.replication.factor=1\n\
+             transaction.state.log.min.isr=1\n\
+             log.retention.hours=168\n\
+             log.segment.bytes=1073741824\n\
+             log.retention.check.interval.ms=300000\n\
+             log.retension.hours=24\n\
+             admin.listener=127.0.0.1:{admin}\n",
+            data.path().join("data").display()
+        ),
+    )?;
+    let log_path = data.path().join("server.log");
+    let child = Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path)?))
+        .spawn()?;
+    let mut guard = ChildGuard::new("gregor", child);
+    gregor_tests::process::wait_for_broker(([127, 0, 0, 1], client).into(), 60_000, || {
+        guard.check_alive()
+    })?;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", format!("127.0.0.1:{client}"))
+        .create()?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(30))?;
+    let brokers: Vec<(String, i32)> = metadata
+        .brokers()
+        .iter()
+        .map(|b| (b.host().to_string(), b.port()))
+        .collect();
+    ensure!(
+        brokers == [("127.0.0.1".to_string(), i32::from(client))],
+        "Metadata advertises {brokers:?}"
+    );
+    drop(guard);
+    let log = std::fs::read_to_string(&log_path)?;
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
+    let reported = |key: &str| warnings.iter().filter(|l| l.contains(key)).count();
+    for (key, why) in [
+        ("num.network.threads", "no effect in gregor"),
+        ("socket.send.buffer.bytes", "no effect in gregor"),
+        ("socket.receive.buffer.bytes", "no effect in gregor"),
+        ("num.recovery.threads.per.data.dir", "not implemented yet"),
+        (
+            "share.coordinator.state.topic.replication.factor",
+            "not implemented yet: share groups",
+        ),
+        (
+            "share.coordinator.state.topic.min.isr",
+            "not implemented yet: share groups",
+        ),
+        (
+            "transaction.state.log.replication.factor",
+            "not implemented yet: transactions",
+        ),
+        (
+            "transaction.state.log.min.isr",
+            "not implemented yet: transactions",
+        ),
+        ("log.retension.hours", "did you mean log.retention.hours?"),
+    ] {
+        ensure!(
+            reported(key) == 1,
+            "{key} reported {} times:\n{log}",
+            reported(key)
+        );
+        ensure!(
+            warnings.iter().any(|l| l.contains(key) && l.contains(why)),
+            "{key} not reported as {why:?}:\n{warnings:#?}"
+        );
+    }
+    for acted_on in [
+        "process.roles",
+        "node.id=",
+        "num.io.threads",
+        "socket.request.max.bytes",
+        "log.retention.hours,",
+        "log.segment.bytes",
+        "controller.listener.names",
+        "offsets.topic.replication.factor",
+    ] {
+        ensure!(
+            reported(acted_on) == 0,
+            "{acted_on} reported:\n{warnings:#?}"
+        );
+    }
+    ensure!(warnings.len() == 6, "{warnings:#?}");
+    Ok(())
+}
