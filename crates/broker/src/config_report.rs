@@ -33,6 +33,8 @@ const RULES: &[(&str, &str)] = &[
     ("telemetry.max.bytes", "not implemented yet: client metrics (KIP-714)"),
     ("cordoned.log.dirs", "not implemented yet: cordoned log dirs (KIP-1066) are recorded, not avoided by placement"),
     ("delete.topic.enable", "not implemented yet: topics can always be deleted"),
+    ("log.roll.jitter.hours", "not implemented yet: set log.roll.jitter.ms instead (the hours form is not read)"),
+    ("controlled.shutdown.enable", "no effect in gregor: SIGTERM always shuts down in a controlled way (leadership moves first)"),
     ("create.topic.policy.class.name", "no effect in gregor: it loads no Java plug-in classes"),
     ("alter.config.policy.class.name", "no effect in gregor: it loads no Java plug-in classes"),
     ("config.providers", "no effect in gregor: it loads no Java plug-in classes"),

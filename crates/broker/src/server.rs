@@ -56,6 +56,28 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
         // first start. A node of a larger cluster must join that cluster's id: Kafka refuses
         // to start without meta.properties, and so does gregor.
         let voters: Vec<i32> = q.voters.ids().collect();
+        // A dynamic quorum (KIP-853: controller.quorum.bootstrap.servers, no voters listed),
+        // as in Kafka 4's own server.properties: which controllers start the quorum is the
+        // operator's choice at format time (`--standalone` or `--initial-controllers`), and a
+        // guess would let each node of a multi-controller quorum found a cluster of its own.
+        // Kafka refuses to start unformatted; so does gregor, before writing anything.
+        let set = |k: &str| config.raw.get(k).is_some_and(|v| !v.trim().is_empty());
+        if set("controller.quorum.bootstrap.servers") && !set("controller.quorum.voters") {
+            return Err(StartError::Storage(format!(
+                "no meta.properties in {}: this node's quorum is dynamic \
+                 (controller.quorum.bootstrap.servers, no controller.quorum.voters), so its \
+                 storage must be formatted first, as with Kafka: for a one-node cluster \
+                 `gregor storage format -t $(gregor storage random-uuid) -c <config> \
+                 --standalone`; for several controllers `--initial-controllers` on each \
+                 controller and `--no-initial-controllers` on brokers (README: Formatting \
+                 storage). Or list the voters in controller.quorum.voters, and a one-node \
+                 cluster formats itself",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         if !(q.controller && voters == [config.node_id]) {
             return Err(StartError::Storage(format!(
                 "no meta.properties in {}: this node (node.id {}, voters {voters:?}) is part of a \

@@ -196,8 +196,25 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
+/// The default action for SIGPIPE, as Unix command-line tools have: `gregor topic list | head`
+/// then ends quietly when `head` exits, instead of failing (or panicking, in `println!`) on
+/// EPIPE. Rust starts programs with SIGPIPE ignored; the server keeps that, since its peers'
+/// sockets may close under it. librdkafka and std's sockets send with MSG_NOSIGNAL, so a broker
+/// that goes away never raises SIGPIPE in the client commands.
+#[allow(unsafe_code)] // one libc call; no safe interface sets a signal's disposition
+fn restore_default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL at start-up, before any thread exists,
+    // installs no handler and touches no Rust state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Dev(_)) {
+        restore_default_sigpipe();
+    }
     let command = match cli.command {
         Command::Storage(cmd) => {
             init_logging(cli.log_format, "warn");

@@ -784,17 +784,49 @@ fn completions_and_manual_pages_are_generated() -> Result<()> {
             .with_context(|| format!("{page} not written"))?;
         ensure!(text.contains(".TH"), "{page}: {text}");
     }
-    // A reader that goes away early is not an error (and not a panic).
+    // A reader that goes away early ends the command quietly (success, or SIGPIPE's default
+    // action as for other Unix tools: 141 in the shell), never with a panic.
     let out = Command::new("bash")
         .arg("-c")
         .arg(format!(
             "{BIN} completions bash | head -1; exit ${{PIPESTATUS[0]}}"
         ))
         .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
     ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        matches!(out.status.code(), Some(0 | 141)) && err.is_empty(),
+        "{:?}: {err}",
+        out.status
     );
+    Ok(())
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_a_client_command_quietly() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    for i in 0..30 {
+        ok(&g, &["topic", "create", &format!("pipe-{i}")])?;
+    }
+    for command in [
+        "topic list",
+        "topic describe",
+        "config describe --broker 1 --all",
+    ] {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "{BIN} {command} -b {} | head -0; exit ${{PIPESTATUS[0]}}",
+                g.bootstrap()
+            ))
+            .env("RUST_BACKTRACE", "1")
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Was: "failed printing to stdout: Broken pipe", a panic (101) and a backtrace.
+        ensure!(
+            matches!(out.status.code(), Some(0 | 141)) && !err.contains("panicked"),
+            "{command}: {:?}: {err}",
+            out.status
+        );
+    }
     Ok(())
 }

@@ -400,3 +400,46 @@ fn a_kafka_server_properties_is_reported_key_by_key_once() -> Result<()> {
     ensure!(warnings.len() == 6, "{warnings:#?}");
     Ok(())
 }
+
+/// Kafka 4's own server.properties names a dynamic quorum (controller.quorum.bootstrap.servers);
+/// unformatted, gregor refuses as Kafka does, says how to format, and writes nothing (it used to
+/// format the dir as a static quorum and then refuse, so `storage format --standalone` failed
+/// on the cluster id it had written).
+#[test]
+fn an_unformatted_dynamic_quorum_is_refused_with_the_format_command_and_nothing_written(
+) -> Result<()> {
+    let ports = free_ports(2)?;
+    let data = tempfile::tempdir()?;
+    let dir = data.path().join("data");
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(["--set", "process.roles=broker,controller"])
+        .args(["--set", "controller.listener.names=CONTROLLER"])
+        .args([
+            "--set",
+            &format!("controller.quorum.bootstrap.servers=127.0.0.1:{}", ports[1]),
+        ])
+        .args([
+            "--set",
+            &format!(
+                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                ports[0], ports[1]
+            ),
+        ])
+        .args(["--set", &format!("log.dirs={}", dir.display())])
+        .args(["--set", "admin.listener="])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "started unformatted: {err}");
+    ensure!(
+        err.contains("--standalone") && err.contains("dynamic"),
+        "{err}"
+    );
+    ensure!(
+        !dir.join("meta.properties").exists(),
+        "wrote meta.properties before refusing"
+    );
+    Ok(())
+}

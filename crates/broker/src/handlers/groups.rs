@@ -115,17 +115,21 @@ pub async fn find_coordinator(
             }
             0 => {}
             1 => {
+                // No transaction coordinator yet. COORDINATOR_NOT_AVAILABLE would make the
+                // client retry until its timeout (a minute or more) and then report a timeout;
+                // TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's answer when the id may not be
+                // used, and what InitProducerId answers) fails it at once. The message says why.
                 crate::observability::log_unsupported_once(
                     ApiKey::FindCoordinator,
-                    ec::COORDINATOR_NOT_AVAILABLE,
+                    ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                     "a transaction coordinator (transactions)",
                     ctx.client_id(),
                     &ctx.client_software_name,
                     ctx.client_address,
                 );
                 return unavailable(
-                    ec::COORDINATOR_NOT_AVAILABLE,
-                    Some("transactions are not supported yet".into()),
+                    ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    Some("transactions are not supported by this broker (gregor) yet".into()),
                 );
             }
             _ => {
