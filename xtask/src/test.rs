@@ -699,23 +699,37 @@ fn apt_install(program: &str, package: &str) -> Result<()> {
     if which(program).is_some() {
         return Ok(());
     }
-    if !is_root() || which("apt-get").is_none() {
-        bail!("{program} is missing: install Debian's `{package}` package");
-    }
     eprintln!("{program} is missing; installing `{package}` with apt-get");
+    apt_get_install(&[package])?;
+    if which(program).is_none() {
+        bail!("`{package}` is installed but {program} is still not on PATH");
+    }
+    Ok(())
+}
+
+/// `apt-get install -y --no-install-recommends PACKAGES` (after `apt-get update` when the
+/// first try fails); callers say what they install and why before calling.
+///
+/// # Errors
+/// When not root, without apt-get, or when the install fails.
+pub(crate) fn apt_get_install(packages: &[&str]) -> Result<()> {
+    if !is_root() || which("apt-get").is_none() {
+        bail!(
+            "missing Debian packages: install {} (needs root and apt-get)",
+            packages.join(" ")
+        );
+    }
     let install = || {
         proc::run_checked(
             Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends", package])
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(packages)
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )
     };
     if install().is_err() {
         proc::run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
-        install().with_context(|| format!("apt-get install {package}"))?;
-    }
-    if which(program).is_none() {
-        bail!("`{package}` is installed but {program} is still not on PATH");
+        install().with_context(|| format!("apt-get install {}", packages.join(" ")))?;
     }
     Ok(())
 }
@@ -742,7 +756,7 @@ fn is_root() -> bool {
 }
 
 /// The path of `program` on PATH, if any.
-fn which(program: &str) -> Option<PathBuf> {
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(program))
