@@ -6,7 +6,11 @@
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
 //! need the release build. Then `difftest` (gregor against the reference Apache Kafka, see
 //! `difftest.rs`) and `bench-quick` (`cargo xtask bench --quick`, the benchmark harness on tiny
-//! sizes), which also need the release build and fetch Kafka's jars themselves. The `fuzz`
+//! sizes), which also need the release build and fetch Kafka's jars themselves, and
+//! `rdkafka-suite` (`cargo xtask rdkafka-suite --ci`: the CI subset of librdkafka's own test
+//! suite listed in `xtask/rdkafka-suite/expectations.json`, on the release build; it builds
+//! librdkafka's test-runner on the library the `test` suite's rdkafka-sys build left in
+//! `target/debug/build/`, or from source, and installs the C toolchain when missing). The `fuzz`
 //! suite (after `build`) runs each cargo-fuzz target for [`FUZZ_SECONDS_PER_TARGET`] on its
 //! committed corpus. The last line
 //! is `N passed, N failed` (suites).
@@ -58,6 +62,10 @@ pub enum Suite {
     Difftest,
     /// cargo xtask bench --quick (the benchmark harness, tiny sizes)
     Bench,
+    /// cargo xtask rdkafka-suite --ci: the CI subset of librdkafka's own test suite against
+    /// the release gregor (with --against-kafka: against Kafka), checked against
+    /// xtask/rdkafka-suite/expectations.json (builds librdkafka's test-runner first)
+    RdkafkaSuite,
     /// Only when asked for (`test` runs these files already): the cluster fault tests alone,
     /// on Kafka (tests/tests/cluster_kafka.rs) and on gregor (crates/cli/tests/cluster.rs,
     /// dev_cluster.rs, ignored tests included), bounded in time
@@ -106,7 +114,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         );
         // Like the interop suites, these need Java, Kafka's jars and the release build.
         let reference = matches!(s, Suite::Difftest | Suite::Bench);
-        if (interop || reference) && args.skip_interop {
+        if (interop || reference || s == Suite::RdkafkaSuite) && args.skip_interop {
             return false;
         }
         if reference && args.against_kafka {
@@ -126,7 +134,8 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 && (args.only.contains(&Suite::Interop)
                     || args.only.contains(&Suite::InteropCluster)
                     || args.only.contains(&Suite::Difftest)
-                    || args.only.contains(&Suite::Bench)))
+                    || args.only.contains(&Suite::Bench)
+                    || args.only.contains(&Suite::RdkafkaSuite)))
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut outcomes: Vec<Outcome> = Vec::new();
@@ -354,6 +363,42 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             result,
             seconds: start.elapsed().as_secs_f64(),
         });
+    }
+
+    if selected(Suite::RdkafkaSuite) {
+        banner("rdkafka-suite");
+        let start = Instant::now();
+        let build_failed = outcomes
+            .iter()
+            .any(|o| o.name == "build" && o.result.is_err());
+        let result = if build_failed && !args.against_kafka {
+            Err(anyhow::anyhow!("the release build failed"))
+        } else {
+            crate::rdkafka_suite::run(&crate::rdkafka_suite::RdkafkaSuiteArgs {
+                broker: if args.against_kafka {
+                    crate::rdkafka_suite::BrokerChoice::Kafka
+                } else {
+                    crate::rdkafka_suite::BrokerChoice::Gregor
+                },
+                ci: true,
+                binary: (!args.against_kafka)
+                    .then(|| root.join("target").join("release").join("gregor")),
+                ..Default::default()
+            })
+            .and_then(|code| match code {
+                0 => Ok(()),
+                _ => Err(anyhow::anyhow!(
+                    "results differ from xtask/rdkafka-suite/expectations.json (see above)"
+                )),
+            })
+        };
+        outcomes.push(Outcome {
+            name: "rdkafka-suite",
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    } else {
+        skipped += 1;
     }
 
     println!();

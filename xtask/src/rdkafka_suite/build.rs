@@ -12,6 +12,9 @@
 //!   SSL/SASL tests wait for gregor's security work anyway; the rest does not use them) and
 //!   zlib and zstd on, then `make libs` and the tests.
 //!
+//! Either way the tests are built with RapidJSON (`rapidjson-dev`, installed when missing),
+//! without which the statistics tests skip.
+//!
 //! A stamp file (`.xtask-built`) records the crate version and route; a later run with the
 //! same source finds `tests/test-runner` and does nothing.
 
@@ -99,12 +102,13 @@ pub fn librdkafka_version(crate_version: &str) -> Result<String> {
         })
 }
 
-/// Builds `test-runner` unless the stamp says it is built from this source.
+/// Builds `test-runner` unless the stamp says it is built from this source (and, with
+/// `from_source`, by the from-source route, which it then takes).
 ///
 /// # Errors
 /// When a build dependency cannot be installed or a build step fails (its output is on
 /// the terminal).
-pub fn ensure(root: &Path, cargo: &str) -> Result<Suite> {
+pub fn ensure(root: &Path, cargo: &str, from_source: bool) -> Result<Suite> {
     let (source, crate_version) = locate_source(root, cargo)?;
     let version = librdkafka_version(&crate_version)?;
     let build = root
@@ -117,9 +121,12 @@ pub fn ensure(root: &Path, cargo: &str) -> Result<Suite> {
         version: version.clone(),
     };
     let stamp = build.join(".xtask-built");
-    let key_prefix = format!("rdkafka-sys {crate_version}\n");
+    // "rapidjson": built with it (the stats tests 0053, 0098, 0101 and 0110 skip without).
+    let key_prefix = format!("rdkafka-sys {crate_version}\nrapidjson\n");
+    let built = std::fs::read_to_string(&stamp).unwrap_or_default();
     if suite.runner().exists()
-        && std::fs::read_to_string(&stamp).is_ok_and(|s| s.starts_with(&key_prefix))
+        && built.starts_with(&key_prefix)
+        && (!from_source || built.contains("\nconfigure "))
     {
         eprintln!(
             "librdkafka {version} test-runner: {} (built before)",
@@ -128,6 +135,7 @@ pub fn ensure(root: &Path, cargo: &str) -> Result<Suite> {
         return Ok(suite);
     }
     ensure_build_tools()?;
+    ensure_rapidjson()?;
     if build.exists() {
         std::fs::remove_dir_all(&build).with_context(|| format!("removing {}", build.display()))?;
     }
@@ -137,7 +145,12 @@ pub fn ensure(root: &Path, cargo: &str) -> Result<Suite> {
         "-j{}",
         std::thread::available_parallelism().map_or(2, usize::from)
     );
-    let route = match reusable_rdkafka_sys_build(root, &version) {
+    let reusable = if from_source {
+        None
+    } else {
+        reusable_rdkafka_sys_build(root, &version)
+    };
+    let route = match reusable {
         Some(out) => {
             eprintln!(
                 "Building librdkafka {version}'s test-runner on the library rdkafka-sys built in {}",
@@ -168,9 +181,13 @@ pub fn ensure(root: &Path, cargo: &str) -> Result<Suite> {
             format!("configure {}", CONFIGURE_FLAGS.join(" "))
         }
     };
+    // On the reuse route, rdkafka-sys's configure ran without RapidJSON's headers: the
+    // define it would have written to config.h comes from CPPFLAGS (the Makefile appends its
+    // own to the environment's).
     proc::run_checked(
         Command::new("make")
             .args([jobs.as_str(), "test-runner"])
+            .env("CPPFLAGS", "-DWITH_RAPIDJSON=1")
             .current_dir(&tests_dir),
     )
     .context("building librdkafka's test-runner")?;
@@ -251,6 +268,16 @@ fn ensure_build_tools() -> Result<()> {
         missing.join(", ")
     );
     crate::test::apt_get_install(&["build-essential"])
+}
+
+/// RapidJSON's headers (Debian's `rapidjson-dev`), which the suite's C++ tests use to check
+/// the statistics JSON; installed when missing.
+fn ensure_rapidjson() -> Result<()> {
+    if Path::new("/usr/include/rapidjson/schema.h").exists() {
+        return Ok(());
+    }
+    eprintln!("installing rapidjson-dev (headers the suite's statistics tests use) with apt-get");
+    crate::test::apt_get_install(&["rapidjson-dev"])
 }
 
 /// The headers of the compression libraries librdkafka links (zlib, zstd): Debian's

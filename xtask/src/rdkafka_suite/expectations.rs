@@ -269,6 +269,29 @@ mod tests {
         }
     }
 
+    /// The committed file: its reasons and CI list (the entries are checked against the
+    /// suite's real table on every run of the command).
+    #[test]
+    fn the_committed_file_checks() {
+        let e: Expectations =
+            serde_json::from_str(include_str!("../../rdkafka-suite/expectations.json")).unwrap();
+        let table: Vec<SuiteTest> = e
+            .tests
+            .keys()
+            .map(|name| SuiteTest {
+                name: name.clone(),
+                local: false,
+                manual: false,
+                known_issue: false,
+                sockem: false,
+                scenario: "default".into(),
+            })
+            .collect();
+        let version = e.librdkafka.clone();
+        e.check(&table, &version).unwrap();
+        assert!(!e.ci.is_empty());
+    }
+
     #[test]
     fn unknown_fields_and_values_are_errors() {
         assert!(serde_json::from_str::<Expectations>(

@@ -103,6 +103,10 @@ pub struct RdkafkaSuiteArgs {
     /// Build the test-runner (and check the expectations file), run nothing.
     #[arg(long)]
     pub build_only: bool,
+    /// Build librdkafka itself from the crate's source (`./configure`, `make libs`) rather
+    /// than reuse the library an rdkafka-sys build left in target/.
+    #[arg(long)]
+    pub from_source: bool,
 }
 
 impl Default for RdkafkaSuiteArgs {
@@ -117,6 +121,7 @@ impl Default for RdkafkaSuiteArgs {
             timeout: DEFAULT_TIMEOUT_SECS,
             binary: None,
             build_only: false,
+            from_source: false,
         }
     }
 }
@@ -154,7 +159,7 @@ pub struct Report {
 pub fn run(args: &RdkafkaSuiteArgs) -> Result<i32> {
     let root = repo_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let suite = build::ensure(&root, &cargo)?;
+    let suite = build::ensure(&root, &cargo, args.from_source)?;
     let test_c = std::fs::read_to_string(suite.tests_dir.join("test.c"))
         .context("reading the suite's test.c")?;
     let table = table::parse(&test_c)?;
@@ -226,12 +231,15 @@ fn select<'a>(
         .iter()
         .filter(|t| expectations::is_broker_test(t))
         .collect();
+    if args.tests.is_empty() && !args.ci {
+        return Ok(broker_tests);
+    }
     let mut wanted: Vec<String> = args.tests.clone();
     if args.ci {
+        if expectations.ci.is_empty() {
+            bail!("--ci: the expectations file lists no CI tests");
+        }
         wanted.extend(expectations.ci.iter().cloned());
-    }
-    if wanted.is_empty() {
-        return Ok(broker_tests);
     }
     for w in &wanted {
         if !broker_tests.iter().any(|t| t.name == *w || t.number() == w) {
