@@ -65,7 +65,8 @@ pub enum Suite {
     /// cargo xtask rdkafka-suite --ci: the CI subset of librdkafka's own test suite against
     /// the release gregor (with --against-kafka: against Kafka), checked against
     /// xtask/rdkafka-suite/expectations.json (builds librdkafka's test-runner first)
-    RdkafkaSuite,
+    #[value(name = "rdkafka-suite")]
+    Rdkafka,
     /// Only when asked for (`test` runs these files already): the cluster fault tests alone,
     /// on Kafka (tests/tests/cluster_kafka.rs) and on gregor (crates/cli/tests/cluster.rs,
     /// dev_cluster.rs, ignored tests included), bounded in time
@@ -114,7 +115,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         );
         // Like the interop suites, these need Java, Kafka's jars and the release build.
         let reference = matches!(s, Suite::Difftest | Suite::Bench);
-        if (interop || reference || s == Suite::RdkafkaSuite) && args.skip_interop {
+        if (interop || reference || s == Suite::Rdkafka) && args.skip_interop {
             return false;
         }
         if reference && args.against_kafka {
@@ -135,7 +136,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                     || args.only.contains(&Suite::InteropCluster)
                     || args.only.contains(&Suite::Difftest)
                     || args.only.contains(&Suite::Bench)
-                    || args.only.contains(&Suite::RdkafkaSuite)))
+                    || args.only.contains(&Suite::Rdkafka)))
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut outcomes: Vec<Outcome> = Vec::new();
@@ -365,7 +366,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         });
     }
 
-    if selected(Suite::RdkafkaSuite) {
+    if selected(Suite::Rdkafka) {
         banner("rdkafka-suite");
         let start = Instant::now();
         let build_failed = outcomes
