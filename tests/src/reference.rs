@@ -24,8 +24,8 @@ pub const DEFAULT_PORT: u16 = 9192;
 /// How long a starting broker may take to answer ApiVersions.
 pub const START_DEADLINE_MS: u64 = 90_000;
 
-/// Short names for the tools, as Kafka's `bin/*.sh` scripts call them.
-const TOOL_ALIASES: &[(&str, &str)] = &[
+/// Short names for the tools, as Kafka's `bin/*.sh` scripts call them, with their main classes.
+pub const TOOL_ALIASES: &[(&str, &str)] = &[
     ("kafka-topics", "org.apache.kafka.tools.TopicCommand"),
     (
         "kafka-console-producer",
@@ -417,6 +417,23 @@ fn server_class_list(w: &Path, port: u16) -> Result<Vec<String>> {
         .lines()
         .map(str::to_string)
         .collect())
+}
+
+/// The JVM options [`tool_command`] gives a short-lived tool (client compiler, serial
+/// collector, the class-data-sharing archive when there is one) and the tools' log4j
+/// configuration, without the classpath and main class: for scripts that stand in for
+/// Kafka's `bin/kafka-*.sh` (`cargo xtask rdkafka-suite`).
+///
+/// # Errors
+/// When the jars cannot be fetched.
+pub fn tool_jvm_options() -> Result<Vec<String>> {
+    let dir = fetch()?;
+    let mut opts = short_lived_jvm_opts(&dir);
+    opts.push(format!(
+        "-Dlog4j2.configurationFile={}",
+        dir.join("config").join("tools-log4j2.properties").display()
+    ));
+    Ok(opts)
 }
 
 /// A command that runs a Kafka tool with the cached classpath; `tool` may be a class name or a

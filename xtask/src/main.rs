@@ -10,6 +10,8 @@
 //! - `cargo xtask fuzz` runs the cargo-fuzz targets in `fuzz/` on their committed corpora.
 //! - `cargo xtask sim` runs the deterministic KRaft simulator of `gregor-raft` over many seeds.
 //! - `cargo xtask chaos` runs the replication fault test on a 3-node cluster for N minutes.
+//! - `cargo xtask rdkafka-suite` runs librdkafka's own integration test suite against gregor
+//!   (and the reference Kafka) and checks the results against its expectations file.
 
 mod bench;
 mod bench_png;
@@ -20,6 +22,7 @@ mod fuzz;
 mod kafka;
 mod parallel_test;
 mod proc;
+mod rdkafka_suite;
 mod sim;
 mod test;
 
@@ -51,6 +54,10 @@ enum Command {
     /// The replication fault test on a 3-node cluster for N minutes (seeded faults, history
     /// check).
     Chaos(chaos::ChaosArgs),
+    /// librdkafka's own test suite (its test-runner, built from the rdkafka-sys crate's
+    /// source) against gregor and, with --broker both, the reference Kafka; results checked
+    /// against xtask/rdkafka-suite/expectations.json, report in target/librdkafka-suite/.
+    RdkafkaSuite(rdkafka_suite::RdkafkaSuiteArgs),
 }
 
 fn main() -> Result<()> {
@@ -82,6 +89,10 @@ fn main() -> Result<()> {
         }
         Command::Chaos(args) => {
             let code = chaos::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::RdkafkaSuite(args) => {
+            let code = rdkafka_suite::run(&args)?;
             std::process::exit(code);
         }
     }

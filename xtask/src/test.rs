@@ -6,7 +6,11 @@
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
 //! need the release build. Then `difftest` (gregor against the reference Apache Kafka, see
 //! `difftest.rs`) and `bench-quick` (`cargo xtask bench --quick`, the benchmark harness on tiny
-//! sizes), which also need the release build and fetch Kafka's jars themselves. The `fuzz`
+//! sizes), which also need the release build and fetch Kafka's jars themselves, and
+//! `rdkafka-suite` (`cargo xtask rdkafka-suite --ci`: the CI subset of librdkafka's own test
+//! suite listed in `xtask/rdkafka-suite/expectations.json`, on the release build; it builds
+//! librdkafka's test-runner on the library the `test` suite's rdkafka-sys build left in
+//! `target/debug/build/`, or from source, and installs the C toolchain when missing). The `fuzz`
 //! suite (after `build`) runs each cargo-fuzz target for [`FUZZ_SECONDS_PER_TARGET`] on its
 //! committed corpus. The last line
 //! is `N passed, N failed` (suites).
@@ -58,6 +62,11 @@ pub enum Suite {
     Difftest,
     /// cargo xtask bench --quick (the benchmark harness, tiny sizes)
     Bench,
+    /// cargo xtask rdkafka-suite --ci: the CI subset of librdkafka's own test suite against
+    /// the release gregor (with --against-kafka: against Kafka), checked against
+    /// xtask/rdkafka-suite/expectations.json (builds librdkafka's test-runner first)
+    #[value(name = "rdkafka-suite")]
+    Rdkafka,
     /// Only when asked for (`test` runs these files already): the cluster fault tests alone,
     /// on Kafka (tests/tests/cluster_kafka.rs) and on gregor (crates/cli/tests/cluster.rs,
     /// dev_cluster.rs, ignored tests included), bounded in time
@@ -106,7 +115,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         );
         // Like the interop suites, these need Java, Kafka's jars and the release build.
         let reference = matches!(s, Suite::Difftest | Suite::Bench);
-        if (interop || reference) && args.skip_interop {
+        if (interop || reference || s == Suite::Rdkafka) && args.skip_interop {
             return false;
         }
         if reference && args.against_kafka {
@@ -126,7 +135,8 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 && (args.only.contains(&Suite::Interop)
                     || args.only.contains(&Suite::InteropCluster)
                     || args.only.contains(&Suite::Difftest)
-                    || args.only.contains(&Suite::Bench)))
+                    || args.only.contains(&Suite::Bench)
+                    || args.only.contains(&Suite::Rdkafka)))
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut outcomes: Vec<Outcome> = Vec::new();
@@ -354,6 +364,42 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             result,
             seconds: start.elapsed().as_secs_f64(),
         });
+    }
+
+    if selected(Suite::Rdkafka) {
+        banner("rdkafka-suite");
+        let start = Instant::now();
+        let build_failed = outcomes
+            .iter()
+            .any(|o| o.name == "build" && o.result.is_err());
+        let result = if build_failed && !args.against_kafka {
+            Err(anyhow::anyhow!("the release build failed"))
+        } else {
+            crate::rdkafka_suite::run(&crate::rdkafka_suite::RdkafkaSuiteArgs {
+                broker: if args.against_kafka {
+                    crate::rdkafka_suite::BrokerChoice::Kafka
+                } else {
+                    crate::rdkafka_suite::BrokerChoice::Gregor
+                },
+                ci: true,
+                binary: (!args.against_kafka)
+                    .then(|| root.join("target").join("release").join("gregor")),
+                ..Default::default()
+            })
+            .and_then(|code| match code {
+                0 => Ok(()),
+                _ => Err(anyhow::anyhow!(
+                    "results differ from xtask/rdkafka-suite/expectations.json (see above)"
+                )),
+            })
+        };
+        outcomes.push(Outcome {
+            name: "rdkafka-suite",
+            result,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    } else {
+        skipped += 1;
     }
 
     println!();
@@ -738,23 +784,37 @@ fn apt_install(program: &str, package: &str) -> Result<()> {
     if which(program).is_some() {
         return Ok(());
     }
-    if !is_root() || which("apt-get").is_none() {
-        bail!("{program} is missing: install Debian's `{package}` package");
-    }
     eprintln!("{program} is missing; installing `{package}` with apt-get");
+    apt_get_install(&[package])?;
+    if which(program).is_none() {
+        bail!("`{package}` is installed but {program} is still not on PATH");
+    }
+    Ok(())
+}
+
+/// `apt-get install -y --no-install-recommends PACKAGES` (after `apt-get update` when the
+/// first try fails); callers say what they install and why before calling.
+///
+/// # Errors
+/// When not root, without apt-get, or when the install fails.
+pub(crate) fn apt_get_install(packages: &[&str]) -> Result<()> {
+    if !is_root() || which("apt-get").is_none() {
+        bail!(
+            "missing Debian packages: install {} (needs root and apt-get)",
+            packages.join(" ")
+        );
+    }
     let install = || {
         proc::run_checked(
             Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends", package])
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(packages)
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )
     };
     if install().is_err() {
         proc::run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
-        install().with_context(|| format!("apt-get install {package}"))?;
-    }
-    if which(program).is_none() {
-        bail!("`{package}` is installed but {program} is still not on PATH");
+        install().with_context(|| format!("apt-get install {}", packages.join(" ")))?;
     }
     Ok(())
 }
@@ -767,7 +827,7 @@ fn is_root() -> bool {
 }
 
 /// The path of `program` on PATH, if any.
-fn which(program: &str) -> Option<PathBuf> {
+pub(crate) fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(program))
