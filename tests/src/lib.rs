@@ -127,23 +127,7 @@ impl Gregor {
     /// # Errors
     /// When the listener cannot be reached or answers something that is not HTTP.
     pub fn admin_get(&self, path: &str) -> Result<(u16, String)> {
-        use std::io::{Read, Write};
-        let mut s = TcpStream::connect(("127.0.0.1", self.admin_port))
-            .context("connecting to the admin listener")?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw)?;
-        let status: u16 = raw
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("no HTTP status line")?;
-        let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        Ok((status, body.to_string()))
+        process::http_get(self.admin_port, path).context("GET from the admin listener")
     }
 
     /// The data directory (`log.dirs`).

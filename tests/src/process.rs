@@ -460,3 +460,36 @@ pub fn prometheus_tool(name: &str) -> Option<PathBuf> {
         cached.is_file().then_some(cached)
     })
 }
+
+/// GETs `path` from an HTTP server on 127.0.0.1:`port` (HTTP/1.1, `Connection: close`, 10 s
+/// read timeout); returns (status code, body). A chunked body of one chunk (Prometheus' API) is
+/// unwrapped.
+///
+/// # Errors
+/// When the server cannot be reached or answers something that is not HTTP.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status: u16 = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status line")?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        body.split_once("\r\n").map_or("", |(_, b)| b)
+    } else {
+        body
+    };
+    Ok((status, body.to_string()))
+}

@@ -263,31 +263,6 @@ fn an_unsupported_feature_is_logged_once_per_client_and_counted() -> Result<()> 
 // Prometheus server (Debian's package; Grafana itself is not in our registries) that scrapes
 // the broker, is valid PromQL and returns series.
 
-fn dashboard_http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no HTTP status")?;
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    // Prometheus answers queries with chunked encoding: the JSON is inside one chunk here.
-    let body = if raw.contains("Transfer-Encoding: chunked") {
-        body.split_once("\r\n").map_or("", |(_, b)| b)
-    } else {
-        body
-    };
-    Ok((status, body.to_string()))
-}
-
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -415,7 +390,7 @@ fn every_dashboard_query_returns_series_from_a_live_broker() -> Result<()> {
         guard.check_alive().ok()?;
         for (title, expr) in &queries {
             let path = format!("/api/v1/query?query={}", percent_encode(expr));
-            let (status, body) = dashboard_http_get(web, &path).ok()?;
+            let (status, body) = gregor_tests::process::http_get(web, &path).ok()?;
             let v: Value = serde_json::from_str(&body).unwrap_or_default();
             if status == 400 || v["status"] == "error" {
                 // Not PromQL Prometheus accepts: fail at once, not after the timeout.

@@ -57,8 +57,8 @@ fn serve_example(file: &Path) -> Result<String> {
     let mut guard = ChildGuard::new("gregor", child);
     let ready = poll(Duration::from_secs(60), || {
         guard.check_alive().ok()?;
-        let body = http_get(admin, "/ready").ok()?;
-        body.starts_with("HTTP/1.1 200").then_some(())
+        let (status, _) = gregor_tests::process::http_get(admin, "/ready").ok()?;
+        (status == 200).then_some(())
     });
     let text = || std::fs::read_to_string(&log_path).unwrap_or_default();
     ensure!(
@@ -72,19 +72,6 @@ fn serve_example(file: &Path) -> Result<String> {
     let status = guard.stop()?.context("stopped already")?;
     ensure!(status.success(), "exit {status}:\n{}", text());
     Ok(text())
-}
-
-fn http_get(port: u16, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
 }
 
 #[test]
