@@ -1,23 +1,26 @@
 //! Kafka's sparse segment indexes: `.index` (OffsetIndex) and `.timeindex` (TimeIndex).
 //!
-//! Both files are arrays of fixed-size big-endian entries, preallocated to
-//! `segment.index.bytes` while their segment is active and trimmed to the valid entries when it
-//! rolls or the log closes, exactly as Kafka does (so `kafka-dump-log` reads them). Entries are
-//! also kept in memory (8 or 12 bytes per `index.interval.bytes` of log) so lookups are binary
-//! searches without system calls; the file is written with positional writes.
+//! Both files are arrays of fixed-size big-endian entries, Kafka's format (so `kafka-dump-log`
+//! reads them). Kafka preallocates them to `segment.index.bytes` and memory-maps them; gregor
+//! keeps the entries in memory (8 or 12 bytes per `index.interval.bytes` of log), so lookups
+//! are binary searches without system calls, and the file holds exactly its entries, appended
+//! with positional writes through a descriptor opened on demand ([`crate::files`]). The index
+//! still fills at `segment.index.bytes`, which rolls the segment as in Kafka.
 //!
 //! Readers take the entries' read lock only for the binary search; the appender takes the write
 //! lock only to push one entry. Neither is the partition's append lock.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::fs::OpenOptions;
+use std::io;
 use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
 
 use crate::error::{LogError, Result};
+use crate::files::SegmentFile;
 
 /// One fixed-size index entry.
 pub(crate) trait IndexEntry: Copy + std::fmt::Debug + Send + Sync + 'static {
@@ -93,12 +96,13 @@ impl IndexEntry for TimeEntry {
 
 /// A sparse index file of `E` entries.
 pub(crate) struct Index<E: IndexEntry> {
-    path: PathBuf,
-    file: File,
-    /// Entries the preallocated file can hold (`segment.index.bytes / SIZE`).
+    file: SegmentFile,
+    /// Entries the index may hold before its segment must roll (`segment.index.bytes / SIZE`).
     max_entries: usize,
     max_index_bytes: u64,
     entries: RwLock<Vec<E>>,
+    /// Entries were written (or the file cut) since the last [`Index::flush`].
+    dirty: AtomicBool,
     _entry: PhantomData<E>,
 }
 
@@ -107,91 +111,126 @@ pub(crate) type OffsetIndex = Index<OffsetEntry>;
 /// The time index of a segment.
 pub(crate) type TimeIndex = Index<TimeEntry>;
 
+/// How much of an index file [`Index::open`] reads at a time: it stops at the end of the valid
+/// entries, so a file preallocated by Kafka or an older gregor (10 MiB of zeros after a crash)
+/// costs one read, not ten megabytes.
+const OPEN_READ_BYTES: usize = 64 * 1024;
+
 impl<E: IndexEntry> Index<E> {
-    fn open_file(path: &Path) -> Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| LogError::io("opening index", path, e))
+    /// Creates (or truncates) the empty index at `path`.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be created.
+    pub(crate) fn create(path: &Path, max_index_bytes: u64) -> Result<Self> {
+        let file = SegmentFile::open(path, true, "creating index")?;
+        Ok(Self::with_entries(file, max_index_bytes, Vec::new()))
     }
 
-    /// Creates (or truncates) the index at `path`, preallocated to `max_index_bytes`.
-    pub(crate) fn create(path: &Path, max_index_bytes: u64) -> Result<Self> {
-        let file = Self::open_file(path)?;
-        let idx = Self {
-            path: path.to_path_buf(),
+    fn with_entries(file: SegmentFile, max_index_bytes: u64, entries: Vec<E>) -> Self {
+        Self {
             file,
             max_entries: (max_index_bytes / E::SIZE as u64) as usize,
             max_index_bytes,
-            entries: RwLock::new(Vec::new()),
+            entries: RwLock::new(entries),
+            dirty: AtomicBool::new(false),
             _entry: PhantomData,
-        };
-        idx.reset()?;
-        Ok(idx)
+        }
     }
 
     /// Opens an existing index (creating an empty one if missing). Returns the index and
-    /// whether its contents looked sane: entries strictly increasing, nothing but zeros after
-    /// the last one, length a multiple of the entry size, and every entry accepted by
-    /// `plausible`. When not sane the caller must [`Index::reset`] and rebuild it from the log.
+    /// whether its contents looked sane: length a multiple of the entry size, entries strictly
+    /// increasing up to the first zero entry, zeros after it as far as the read went, and every
+    /// entry accepted by `plausible`. When not sane the caller must [`Index::reset`] and rebuild
+    /// it from the log. A sane file longer than its entries (preallocated, then not trimmed
+    /// because of a crash) is cut to them. The descriptor is closed again: the index is read
+    /// from memory and its file opened only to append.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be opened, read or cut.
     pub(crate) fn open(
         path: &Path,
         max_index_bytes: u64,
         plausible: impl Fn(&E) -> bool,
     ) -> Result<(Self, bool)> {
         let existed = path.exists();
-        let mut file = Self::open_file(path)?;
-        let mut raw = Vec::new();
-        file.read_to_end(&mut raw)
-            .map_err(|e| LogError::io("reading index", path, e))?;
-        let mut sane = existed && raw.len() % E::SIZE == 0;
-        let mut entries: Vec<E> = Vec::with_capacity(raw.len() / E::SIZE);
-        let mut end = 0;
-        for chunk in raw.chunks_exact(E::SIZE) {
-            let e = E::decode(chunk);
-            let ok = match entries.last() {
-                None => !(e.is_zero() && raw.len() > E::SIZE && chunk_is_zero(&raw[E::SIZE..])),
-                Some(prev) => e.follows(prev),
-            };
-            if !ok {
-                break;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| LogError::io("opening index", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| LogError::io("reading metadata of index", path, e))?
+            .len();
+        let mut sane = existed && len % E::SIZE as u64 == 0;
+        let mut entries: Vec<E> = Vec::new();
+        let mut buf = vec![0u8; OPEN_READ_BYTES];
+        let mut at = 0u64;
+        'read: while at < len {
+            let want = usize::try_from(len - at).map_or(buf.len(), |n| n.min(buf.len()));
+            let chunk = &mut buf[..want];
+            file.read_exact_at(chunk, at)
+                .map_err(|e| LogError::io("reading index", path, e))?;
+            let mut end = 0;
+            for raw in chunk.chunks_exact(E::SIZE) {
+                let e = E::decode(raw);
+                let follows = match entries.last() {
+                    None => !(e.is_zero() && len > E::SIZE as u64 && chunk_is_zero(&chunk[end..])),
+                    Some(prev) => e.follows(prev),
+                };
+                if !follows {
+                    if !chunk_is_zero(&chunk[end..]) {
+                        sane = false;
+                    }
+                    break 'read;
+                }
+                if !plausible(&e) {
+                    sane = false;
+                    break 'read;
+                }
+                entries.push(e);
+                end += E::SIZE;
             }
-            if !plausible(&e) {
-                sane = false;
-                break;
-            }
-            entries.push(e);
-            end += E::SIZE;
+            at += want as u64;
         }
-        if !chunk_is_zero(&raw[end.min(raw.len())..]) {
-            sane = false;
+        let valid = (entries.len() * E::SIZE) as u64;
+        if sane && len > valid {
+            file.set_len(valid)
+                .map_err(|e| LogError::io("trimming index", path, e))?;
         }
-        let idx = Self {
-            path: path.to_path_buf(),
-            file,
-            max_entries: (max_index_bytes / E::SIZE as u64) as usize,
-            max_index_bytes,
-            entries: RwLock::new(entries),
-            _entry: PhantomData,
-        };
+        drop(file);
+        let idx = Self::with_entries(SegmentFile::closed(path), max_index_bytes, entries);
         Ok((idx, sane))
     }
 
-    /// Drops every entry and preallocates the file again.
+    /// The index file's current path.
+    pub(crate) fn path(&self) -> PathBuf {
+        self.file.path()
+    }
+
+    /// The segment file behind the index (renames update its path).
+    pub(crate) fn file(&self) -> &SegmentFile {
+        &self.file
+    }
+
+    /// Drops every entry and empties the file.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be cut.
     pub(crate) fn reset(&self) -> Result<()> {
         let mut entries = self.entries.write();
         entries.clear();
-        self.file
-            .set_len(0)
-            .and_then(|()| self.file.set_len(self.preallocated_len()))
-            .map_err(|e| LogError::io("resetting index", &self.path, e))
+        self.set_file_len(0)
     }
 
-    fn preallocated_len(&self) -> u64 {
-        self.max_entries as u64 * E::SIZE as u64
+    fn set_file_len(&self, len: u64) -> Result<()> {
+        self.dirty.store(true, Ordering::Relaxed);
+        self.file
+            .get("opening index")?
+            .set_len(len)
+            .map_err(|e| LogError::io("resizing index", &self.path(), e))
     }
 
     /// Number of entries.
@@ -199,7 +238,7 @@ impl<E: IndexEntry> Index<E> {
         self.entries.read().len()
     }
 
-    /// Whether the preallocated space is used up (the segment must roll).
+    /// Whether the index holds `segment.index.bytes` of entries (the segment must roll).
     pub(crate) fn is_full(&self) -> bool {
         self.len() >= self.max_entries
     }
@@ -210,7 +249,10 @@ impl<E: IndexEntry> Index<E> {
     }
 
     /// Appends `e` if it follows the last entry (otherwise it is ignored, as Kafka's time
-    /// index `maybeAppend` does). Writes beyond the preallocated size extend the file.
+    /// index `maybeAppend` does), writing it at the end of the file.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the entry cannot be written (the entry is then not added).
     pub(crate) fn append(&self, e: E) -> Result<()> {
         let mut entries = self.entries.write();
         if let Some(prev) = entries.last() {
@@ -221,9 +263,11 @@ impl<E: IndexEntry> Index<E> {
         let mut buf = [0u8; 16];
         e.encode(&mut buf[..E::SIZE]);
         let at = (entries.len() * E::SIZE) as u64;
+        self.dirty.store(true, Ordering::Relaxed);
         self.file
+            .get("opening index")?
             .write_all_at(&buf[..E::SIZE], at)
-            .map_err(|err| LogError::io("writing index", &self.path, err))?;
+            .map_err(|err| LogError::io("writing index", &self.path(), err))?;
         entries.push(e);
         Ok(())
     }
@@ -240,17 +284,29 @@ impl<E: IndexEntry> Index<E> {
         }
     }
 
-    /// fsyncs the file.
+    /// fsyncs the file if entries were written since the last flush.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be opened or synced (it stays dirty).
     pub(crate) fn flush(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| LogError::io("syncing index", &self.path, e))
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let synced = self
+            .file
+            .get("opening index")
+            .and_then(|f| {
+                f.sync_data()
+                    .map_err(|e| LogError::io("syncing index", &self.path(), e))
+            });
+        if synced.is_err() {
+            self.dirty.store(true, Ordering::Release);
+        }
+        synced
     }
 
-    /// Drops the entries after the first `keep` (the rollback of a failed append): the file is
-    /// cut to `keep` entries and grown back to its former length, so the dropped entries read
-    /// as zeros (what an index check expects after the last entry) without writing a byte,
-    /// which a full disk would refuse.
+    /// Drops the entries after the first `keep` (the rollback of a failed append) and cuts
+    /// the file to the entries left (ftruncate needs no free space).
     ///
     /// # Errors
     /// [`LogError::Io`] when the file cannot be resized.
@@ -259,41 +315,8 @@ impl<E: IndexEntry> Index<E> {
         if entries.len() <= keep {
             return Ok(());
         }
-        let len = self
-            .file
-            .metadata()
-            .map_err(|e| LogError::io("reading index metadata", &self.path, e))?
-            .len();
-        self.file
-            .set_len((keep * E::SIZE) as u64)
-            .and_then(|()| self.file.set_len(len))
-            .map_err(|e| LogError::io("truncating index", &self.path, e))?;
+        self.set_file_len((keep * E::SIZE) as u64)?;
         entries.truncate(keep);
-        Ok(())
-    }
-
-    /// Shrinks the file to its entries (on roll and close), as Kafka's `trimToValidSize`.
-    pub(crate) fn trim_to_valid_size(&self) -> Result<()> {
-        let len = (self.len() * E::SIZE) as u64;
-        self.file
-            .set_len(len)
-            .map_err(|e| LogError::io("trimming index", &self.path, e))
-    }
-
-    /// Grows the file back to the preallocated size (when a trimmed segment becomes active
-    /// again after a restart).
-    pub(crate) fn preallocate(&self) -> Result<()> {
-        let current = self
-            .file
-            .metadata()
-            .map_err(|e| LogError::io("reading index metadata", &self.path, e))?
-            .len();
-        let want = self.preallocated_len().max((self.len() * E::SIZE) as u64);
-        if current < want {
-            self.file
-                .set_len(want)
-                .map_err(|e| LogError::io("preallocating index", &self.path, e))?;
-        }
         Ok(())
     }
 
@@ -323,7 +346,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("0.index");
         let idx = OffsetIndex::create(&path, 80).unwrap();
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 80);
+        // Never preallocated: the file holds exactly its entries.
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         for i in 1..=5u32 {
             idx.append(OffsetEntry {
                 relative_offset: i * 10,
@@ -338,14 +362,27 @@ mod tests {
         })
         .unwrap();
         assert_eq!(idx.len(), 5);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
         let e = idx.floor_by(|e| e.relative_offset <= 35).unwrap();
         assert_eq!(e.position, 300);
         assert!(idx.floor_by(|e| e.relative_offset <= 5).is_none());
-        // Preallocated zeros are not entries.
+        // Zeros after the entries (a file Kafka preallocated) are not entries, and are cut.
+        idx.file().get("t").unwrap().set_len(80).unwrap();
         let (re, sane) = OffsetIndex::open(&path, 80, |_| true).unwrap();
         assert!(sane);
         assert_eq!(re.len(), 5);
-        idx.trim_to_valid_size().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
+        // Full at segment.index.bytes.
+        assert!(!re.is_full());
+        for i in 6..=10u32 {
+            re.append(OffsetEntry {
+                relative_offset: i * 10,
+                position: i * 100,
+            })
+            .unwrap();
+        }
+        assert!(re.is_full());
+        re.truncate_entries(5).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
         let (re, sane) = OffsetIndex::open(&path, 80, |_| true).unwrap();
         assert!(sane);
@@ -374,9 +411,20 @@ mod tests {
         })
         .unwrap();
         // Garbage after the entries.
-        idx.file.write_all_at(&[1, 2, 3], 40).unwrap();
+        idx.file()
+            .get("t")
+            .unwrap()
+            .write_all_at(&[1; 12], 36)
+            .unwrap();
         let (_, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();
         assert!(!sane);
+        // Garbage past the first read of a large preallocated file is not looked at; a file of
+        // zeros that large costs one read and is cut to nothing.
+        std::fs::write(&path, vec![0u8; 12 * 873_813]).unwrap();
+        let (re, sane) = TimeIndex::open(&path, 10 * 1024 * 1024, |_| true).unwrap();
+        assert!(sane);
+        assert_eq!(re.len(), 0);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         // Odd length.
         std::fs::write(&path, [0u8; 13]).unwrap();
         let (_, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();

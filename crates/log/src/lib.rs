@@ -20,6 +20,7 @@ pub mod clock;
 mod config;
 mod epoch;
 mod error;
+pub mod files;
 mod health;
 mod index;
 mod log;

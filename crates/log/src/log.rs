@@ -506,12 +506,6 @@ impl PartitionLog {
             }
         }
 
-        // Inactive segments keep exact-size indexes; the active one is preallocated again.
-        for seg in &segments[..segments.len() - 1] {
-            seg.offset_index.trim_to_valid_size()?;
-            seg.time_index.trim_to_valid_size()?;
-        }
-        active.preallocate_indexes()?;
         if stats.recovered_segments > 0 {
             for seg in &segments[recover_from.min(segments.len() - 1)..] {
                 seg.flush()?;
@@ -1054,17 +1048,19 @@ impl PartitionLog {
             Ok(seg) => Arc::new(seg),
             Err(e) => {
                 // A roll that could not create the new segment (a full disk) leaves the old
-                // active segment active: remove what was created and grow its indexes back.
+                // active segment active: remove what was created.
                 if let Err(cleanup) = delete_segment_files(&self.dir, new_base) {
                     tracing::warn!(partition = %self.topic_partition, error = %cleanup,
                         "could not remove the files of a segment that failed to roll");
                 }
-                if let Some(active) = inner.segments.last() {
-                    active.preallocate_indexes()?;
-                }
                 return Err(e);
             }
         };
+        if let Some(old) = inner.segments.last() {
+            // Its indexes are never written again: give their descriptors back now.
+            old.offset_index.file().close();
+            old.time_index.file().close();
+        }
         inner.segments.push(seg);
         *self.segments.write() = Arc::new(inner.segments.clone());
         tracing::debug!(partition = %self.topic_partition, base_offset = new_base, "rolled segment");
@@ -1221,7 +1217,6 @@ impl PartitionLog {
                 .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
         );
         let new_end = active.truncate_to(offset, config.index_interval_bytes)?;
-        active.preallocate_indexes()?;
         *self.segments.write() = Arc::new(inner.segments.clone());
         self.log_end_offset.store(new_end, Ordering::Release);
         self.recovery_point.fetch_min(new_end, Ordering::AcqRel);
@@ -1715,6 +1710,8 @@ impl PartitionLog {
             result.deleted_segments += 1;
             result.deleted_bytes += seg.size();
             crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
+            seg.set_suffix(&self.dir, DELETED_SUFFIX);
+            seg.close_files();
             paths.extend(deleted_paths(&self.dir, seg.base_offset()));
         }
         sync_dir(&self.dir)?;
@@ -1904,6 +1901,8 @@ impl PartitionLog {
         let mut paths = Vec::new();
         for seg in old {
             crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
+            seg.set_suffix(&self.dir, DELETED_SUFFIX);
+            seg.close_files();
             paths.extend(deleted_paths(&self.dir, seg.base_offset()));
         }
         sync_dir(&self.dir)?;
@@ -1912,8 +1911,6 @@ impl PartitionLog {
         let (seg, sane) = LogSegment::open(&self.dir, base, config.segment_index_bytes, now_ms)?;
         if !sane {
             seg.recover(base, config.index_interval_bytes, |_| {})?;
-            seg.offset_index.trim_to_valid_size()?;
-            seg.time_index.trim_to_valid_size()?;
         }
         {
             let mut inner = self.inner.lock();

@@ -5,7 +5,7 @@
 //! then publishes the new size with release ordering; readers load the size with acquire
 //! ordering and never look past it, so they need no lock.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use gregor_protocol::batch::{
 use parking_lot::Mutex;
 
 use crate::error::{LogError, Result};
+use crate::files::SegmentFile;
 use crate::index::{OffsetEntry, OffsetIndex, TimeEntry, TimeIndex};
 
 /// Chunk size for header walks on the read path (a walk starts at an index entry, so it spans
@@ -150,8 +151,8 @@ impl<'a> ChunkReader<'a> {
 /// One segment of a partition log.
 pub(crate) struct LogSegment {
     base_offset: i64,
-    log_path: PathBuf,
-    log: File,
+    /// The `.log` file, open while in use ([`crate::files`]).
+    log: SegmentFile,
     size_bytes: AtomicU64,
     pub(crate) offset_index: OffsetIndex,
     pub(crate) time_index: TimeIndex,
@@ -205,14 +206,9 @@ const NO_TIMESTAMP: TimestampOffset = TimestampOffset {
 };
 
 impl LogSegment {
-    fn open_log(path: &Path, create_new: bool) -> Result<File> {
-        let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
-        if create_new {
-            opts.create(true).truncate(true);
-        }
-        opts.open(path)
-            .map_err(|e| LogError::io("opening segment", path, e))
+    /// The `.log` file's descriptor (reopened if the open-file budget closed it).
+    fn file(&self) -> Result<std::sync::Arc<File>> {
+        self.log.get("opening segment")
     }
 
     /// Creates an empty segment in `dir` (truncating leftovers with the same base offset).
@@ -235,7 +231,7 @@ impl LogSegment {
         suffix: &str,
     ) -> Result<Self> {
         let log_path = dir.join(file_name(base_offset, "log") + suffix);
-        let log = Self::open_log(&log_path, true)?;
+        let log = SegmentFile::open(&log_path, true, "creating segment")?;
         let offset_index = OffsetIndex::create(
             &dir.join(file_name(base_offset, "index") + suffix),
             segment_index_bytes,
@@ -246,7 +242,6 @@ impl LogSegment {
         )?;
         Ok(Self {
             base_offset,
-            log_path,
             log,
             size_bytes: AtomicU64::new(0),
             offset_index,
@@ -269,8 +264,9 @@ impl LogSegment {
         now_ms: i64,
     ) -> Result<(Self, bool)> {
         let log_path = dir.join(file_name(base_offset, "log"));
-        let log = Self::open_log(&log_path, false)?;
+        let log = SegmentFile::open(&log_path, false, "opening segment")?;
         let size = log
+            .get("opening segment")?
             .metadata()
             .map_err(|e| LogError::io("reading metadata of", &log_path, e))?
             .len();
@@ -293,7 +289,6 @@ impl LogSegment {
         };
         let seg = Self {
             base_offset,
-            log_path,
             log,
             size_bytes: AtomicU64::new(size),
             offset_index,
@@ -311,7 +306,7 @@ impl LogSegment {
             if let Some(e) = seg.offset_index.last() {
                 let mut hdr = [0u8; BATCH_HEADER_LEN];
                 let ok = seg
-                    .log
+                    .file()?
                     .read_exact_at(&mut hdr, u64::from(e.position))
                     .is_ok()
                     && BatchHeader::parse(&hdr)
@@ -328,7 +323,11 @@ impl LogSegment {
 
     fn load_rolling_based_timestamp(&self) {
         let mut hdr = [0u8; BATCH_HEADER_LEN];
-        if self.size() >= BATCH_HEADER_LEN as u64 && self.log.read_exact_at(&mut hdr, 0).is_ok() {
+        if self.size() >= BATCH_HEADER_LEN as u64
+            && self
+                .file()
+                .is_ok_and(|f| f.read_exact_at(&mut hdr, 0).is_ok())
+        {
             if let Ok(h) = BatchHeader::parse(&hdr) {
                 *self.rolling_based_timestamp.lock() = Some(h.max_timestamp);
             }
@@ -340,9 +339,31 @@ impl LogSegment {
         self.base_offset
     }
 
-    /// Path of the `.log` file.
-    pub(crate) fn log_path(&self) -> &Path {
-        &self.log_path
+    /// Path of the `.log` file (its current name: a segment being deleted carries the
+    /// `.deleted` suffix).
+    pub(crate) fn log_path(&self) -> PathBuf {
+        self.log.path()
+    }
+
+    /// Records that the segment's files were renamed to carry `suffix` (see
+    /// [`rename_segment_files`]), so that a descriptor the open-file budget closed is reopened
+    /// by the new names.
+    pub(crate) fn set_suffix(&self, dir: &Path, suffix: &str) {
+        self.log
+            .set_path(dir.join(file_name(self.base_offset, "log") + suffix));
+        self.offset_index
+            .file()
+            .set_path(dir.join(file_name(self.base_offset, "index") + suffix));
+        self.time_index
+            .file()
+            .set_path(dir.join(file_name(self.base_offset, "timeindex") + suffix));
+    }
+
+    /// Closes the segment's descriptors now (a later use reopens them).
+    pub(crate) fn close_files(&self) {
+        self.log.close();
+        self.offset_index.file().close();
+        self.time_index.file().close();
     }
 
     /// Published size in bytes: readers never look past it.
@@ -368,8 +389,7 @@ impl LogSegment {
 
     /// The `.log` file's modification time in ms since the epoch (0 if unknown).
     pub(crate) fn last_modified_ms(&self) -> i64 {
-        self.log
-            .metadata()
+        std::fs::metadata(self.log.path())
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -398,11 +418,13 @@ impl LogSegment {
         chunk_bytes: usize,
         mut f: impl FnMut(u64, &BatchHeader, &[u8]) -> Result<bool>,
     ) -> Result<()> {
-        let mut reader = ChunkReader::new(&self.log, &self.log_path, end, chunk_bytes);
+        let path = self.log_path();
+        let file = self.file()?;
+        let mut reader = ChunkReader::new(&file, &path, end, chunk_bytes);
         let mut position = start;
         while position < end {
             let corrupt = |reason: String| LogError::CorruptFile {
-                path: self.log_path.display().to_string(),
+                path: path.display().to_string(),
                 reason,
             };
             let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
@@ -507,7 +529,7 @@ impl LogSegment {
                 let rolled_back = match self.rollback(start, &saved) {
                     Ok(()) => true,
                     Err(e) => {
-                        tracing::error!(segment = %self.log_path.display(), error = %e,
+                        tracing::error!(segment = %self.log_path().display(), error = %e,
                             "could not roll back a failed append");
                         false
                     }
@@ -524,8 +546,9 @@ impl LogSegment {
         headers: &[BatchHeader],
         index_interval_bytes: u64,
     ) -> Result<()> {
-        self.write_at(buf, start)
-            .map_err(|e| LogError::io("appending to", &self.log_path, e))?;
+        let file = self.file()?;
+        self.write_at(&file, buf, start)
+            .map_err(|e| LogError::io("appending to", &self.log_path(), e))?;
         let mut pos = start;
         for h in headers {
             let size = h.total_size() as u64;
@@ -536,7 +559,7 @@ impl LogSegment {
         if let Some(FailAt::AfterIndexing) = *self.fail_at.lock() {
             return Err(LogError::io(
                 "appending to",
-                &self.log_path,
+                &self.log_path(),
                 std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
             ));
         }
@@ -550,14 +573,14 @@ impl LogSegment {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], at: u64) -> std::io::Result<()> {
+    fn write_at(&self, file: &File, buf: &[u8], at: u64) -> std::io::Result<()> {
         #[cfg(test)]
         if let Some(FailAt::LogWrite { after_bytes, errno }) = *self.fail_at.lock() {
             let n = after_bytes.min(buf.len());
-            self.log.write_all_at(&buf[..n], at)?;
+            file.write_all_at(&buf[..n], at)?;
             return Err(std::io::Error::from_raw_os_error(errno));
         }
-        self.log.write_all_at(buf, at)
+        file.write_all_at(buf, at)
     }
 
     fn save_append_state(&self) -> AppendState {
@@ -572,9 +595,9 @@ impl LogSegment {
     /// Undoes a failed append that started at `size`: cuts the file (ftruncate needs no free
     /// space), drops the index entries added since `saved` and restores the bookkeeping.
     fn rollback(&self, size: u64, saved: &AppendState) -> Result<()> {
-        self.log
+        self.file()?
             .set_len(size)
-            .map_err(|e| LogError::io("truncating a failed append in", &self.log_path, e))?;
+            .map_err(|e| LogError::io("truncating a failed append in", &self.log_path(), e))?;
         self.offset_index.truncate_entries(saved.offset_entries)?;
         self.time_index.truncate_entries(saved.time_entries)?;
         *self.max_timestamp.lock() = saved.max_timestamp;
@@ -593,9 +616,9 @@ impl LogSegment {
     /// Reads `len` bytes at `position`.
     pub(crate) fn read_range(&self, position: u64, len: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len];
-        self.log
+        self.file()?
             .read_exact_at(&mut buf, position)
-            .map_err(|e| LogError::io("reading", &self.log_path, e))?;
+            .map_err(|e| LogError::io("reading", &self.log_path(), e))?;
         Ok(buf)
     }
 
@@ -612,10 +635,12 @@ impl LogSegment {
         chunk_bytes: usize,
         mut f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
     ) -> Result<u64> {
-        let mut reader = ChunkReader::new(&self.log, &self.log_path, end, chunk_bytes);
+        let path = self.log_path();
+        let file = self.file()?;
+        let mut reader = ChunkReader::new(&file, &path, end, chunk_bytes);
         while position < end {
             let corrupt = |reason: String| LogError::CorruptFile {
-                path: self.log_path.display().to_string(),
+                path: path.display().to_string(),
                 reason,
             };
             let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
@@ -690,13 +715,14 @@ impl LogSegment {
         *self.rolling_based_timestamp.lock() = None;
         self.bytes_since_last_index_entry
             .store(0, Ordering::Relaxed);
-        let file_len = self
-            .log
+        let path = self.log_path();
+        let file = self.file()?;
+        let file_len = file
             .metadata()
-            .map_err(|e| LogError::io("reading metadata of", &self.log_path, e))?
+            .map_err(|e| LogError::io("reading metadata of", &path, e))?
             .len();
         let mut result = RecoverResult::default();
-        let mut reader = ChunkReader::new(&self.log, &self.log_path, file_len, SCAN_CHUNK_BYTES);
+        let mut reader = ChunkReader::new(&file, &path, file_len, SCAN_CHUNK_BYTES);
         let mut position = 0u64;
         let mut next_offset = expected_first_offset.max(self.base_offset);
         while position < file_len {
@@ -731,14 +757,14 @@ impl LogSegment {
         }
         if position < file_len {
             tracing::warn!(
-                segment = %self.log_path.display(),
+                segment = %path.display(),
                 valid_bytes = position,
                 truncated_bytes = file_len - position,
                 "truncating invalid or torn bytes at the end of the segment"
             );
-            self.log
-                .set_len(position)
-                .map_err(|e| LogError::io("truncating", &self.log_path, e))?;
+            drop(reader);
+            file.set_len(position)
+                .map_err(|e| LogError::io("truncating", &path, e))?;
             result.truncated_bytes = file_len - position;
         }
         self.size_bytes.store(position, Ordering::Release);
@@ -754,9 +780,9 @@ impl LogSegment {
             Some((pos, _)) => pos,
             None => self.size(),
         };
-        self.log
+        self.file()?
             .set_len(position)
-            .map_err(|e| LogError::io("truncating", &self.log_path, e))?;
+            .map_err(|e| LogError::io("truncating", &self.log_path(), e))?;
         self.size_bytes.store(position, Ordering::Release);
         let r = self.recover(self.base_offset, index_interval_bytes, |_| {})?;
         Ok(r.next_offset.unwrap_or(self.base_offset))
@@ -781,7 +807,8 @@ impl LogSegment {
     }
 
     /// Makes the segment read-only: records the final max timestamp in the time index (Kafka's
-    /// `onBecomeInactiveSegment`) and trims the preallocated indexes.
+    /// `onBecomeInactiveSegment`). The index files already hold exactly their entries (Kafka
+    /// trims its preallocated files here).
     pub(crate) fn on_become_inactive(&self) -> Result<()> {
         let max = self.max_timestamp();
         if max.timestamp_ms >= 0 {
@@ -790,21 +817,14 @@ impl LogSegment {
                 relative_offset: self.relative(max.offset),
             })?;
         }
-        self.offset_index.trim_to_valid_size()?;
-        self.time_index.trim_to_valid_size()
-    }
-
-    /// Grows the indexes back to their preallocated size (the segment is active again).
-    pub(crate) fn preallocate_indexes(&self) -> Result<()> {
-        self.offset_index.preallocate()?;
-        self.time_index.preallocate()
+        Ok(())
     }
 
     /// fsyncs the log and both indexes.
     pub(crate) fn flush(&self) -> Result<()> {
-        self.log
+        self.file()?
             .sync_data()
-            .map_err(|e| LogError::io("syncing", &self.log_path, e))?;
+            .map_err(|e| LogError::io("syncing", &self.log_path(), e))?;
         self.offset_index.flush()?;
         self.time_index.flush()
     }

@@ -1,0 +1,330 @@
+//! Segment files opened on demand: a process-wide, bounded set of open file descriptors.
+//!
+//! Kafka keeps one descriptor per segment for as long as the segment exists, so a broker's
+//! partitions are bounded by `ulimit -n`. gregor's segments hold a [`SegmentFile`] instead: a
+//! path and, while the file is in use, an open descriptor. Every segment file of every partition
+//! shares one budget ([`set_max_open_files`]); when opening a file would exceed it, the file
+//! least recently used is closed (the CLOCK "second chance" algorithm: a hit sets a flag without
+//! any shared lock, the eviction sweep clears flags and closes the first file whose flag is
+//! clear). An idle partition therefore holds no descriptor, and a closed file is reopened by its
+//! path on its next use.
+//!
+//! Durability is unchanged by a close: data written through a descriptor stays in the page
+//! cache, and `fsync` through a later descriptor of the same file flushes it (Linux keeps dirty
+//! pages and write-back errors per inode, and reports an error no descriptor has seen yet to
+//! the next `fsync`).
+//!
+//! Readers hold an `Arc<File>` only for the duration of one read or write, so the number of
+//! descriptors open at once exceeds the budget by at most the number of operations in flight.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use crate::error::{LogError, Result};
+
+/// The budget when the broker sets none: half of a typical `ulimit -n` of 1024.
+const DEFAULT_MAX_OPEN_FILES: usize = 512;
+/// The smallest budget accepted (a partition's active segment needs three files at once).
+pub const MIN_MAX_OPEN_FILES: usize = 16;
+
+/// The process-wide set of open segment files.
+struct OpenFiles {
+    max: AtomicUsize,
+    /// Slots that hold an open file, in the order the CLOCK hand visits them.
+    ring: Mutex<VecDeque<Weak<Slot>>>,
+    /// Descriptors held by slots (not counting those only readers still hold).
+    open: AtomicUsize,
+    /// Files opened since start (for the `gregor_log_segment_files_opened_total` counter).
+    opened_total: AtomicU64,
+    /// Files closed by the budget since start.
+    evicted_total: AtomicU64,
+}
+
+static OPEN_FILES: OpenFiles = OpenFiles {
+    max: AtomicUsize::new(DEFAULT_MAX_OPEN_FILES),
+    ring: Mutex::new(VecDeque::new()),
+    open: AtomicUsize::new(0),
+    opened_total: AtomicU64::new(0),
+    evicted_total: AtomicU64::new(0),
+};
+
+/// Sets how many segment files (`.log`, `.index`, `.timeindex`) the process keeps open at once,
+/// at least [`MIN_MAX_OPEN_FILES`]. The broker derives it from its open-file limit at start-up;
+/// files above a lowered budget are closed as they are next evicted.
+pub fn set_max_open_files(max: usize) {
+    OPEN_FILES
+        .max
+        .store(max.max(MIN_MAX_OPEN_FILES), Ordering::Relaxed);
+}
+
+/// The budget [`set_max_open_files`] set.
+pub fn max_open_files() -> usize {
+    OPEN_FILES.max.load(Ordering::Relaxed)
+}
+
+/// Open-file figures of the segment file budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileStats {
+    /// Segment files open now.
+    pub open: usize,
+    /// The budget ([`max_open_files`]).
+    pub max: usize,
+    /// Files opened since the process started.
+    pub opened_total: u64,
+    /// Files closed to stay within the budget since the process started.
+    pub evicted_total: u64,
+}
+
+/// The budget's current figures.
+pub fn open_file_stats() -> OpenFileStats {
+    OpenFileStats {
+        open: OPEN_FILES.open.load(Ordering::Relaxed),
+        max: max_open_files(),
+        opened_total: OPEN_FILES.opened_total.load(Ordering::Relaxed),
+        evicted_total: OPEN_FILES.evicted_total.load(Ordering::Relaxed),
+    }
+}
+
+struct Slot {
+    path: Mutex<PathBuf>,
+    file: Mutex<Option<Arc<File>>>,
+    /// Set on every use; the CLOCK hand clears it once before closing the file.
+    referenced: AtomicBool,
+    /// Whether the ring holds an entry for this slot.
+    in_ring: AtomicBool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.file.get_mut().take().is_some() {
+            OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One segment file, open while in use (see the module docs). Opened for reading and writing;
+/// never created by a reopen.
+pub(crate) struct SegmentFile {
+    slot: Arc<Slot>,
+}
+
+impl SegmentFile {
+    /// Opens `path` (creating it, or truncating an existing file, when `create` is set) and
+    /// keeps the descriptor within the budget.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming `what` and the path.
+    pub(crate) fn open(path: &Path, create: bool, what: &'static str) -> Result<Self> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if create {
+            opts.create(true).truncate(true);
+        }
+        let file = opts.open(path).map_err(|e| LogError::io(what, path, e))?;
+        OPEN_FILES.opened_total.fetch_add(1, Ordering::Relaxed);
+        let f = Self {
+            slot: Arc::new(Slot {
+                path: Mutex::new(path.to_path_buf()),
+                file: Mutex::new(None),
+                referenced: AtomicBool::new(false),
+                in_ring: AtomicBool::new(false),
+            }),
+        };
+        f.install(Arc::new(file));
+        Ok(f)
+    }
+
+    /// Refers to `path` without opening it: the first [`SegmentFile::get`] opens it.
+    pub(crate) fn closed(path: &Path) -> Self {
+        Self {
+            slot: Arc::new(Slot {
+                path: Mutex::new(path.to_path_buf()),
+                file: Mutex::new(None),
+                referenced: AtomicBool::new(false),
+                in_ring: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The file's current path.
+    pub(crate) fn path(&self) -> PathBuf {
+        self.slot.path.lock().clone()
+    }
+
+    /// Records that the file was renamed to `path` (the descriptor, if open, stays valid).
+    pub(crate) fn set_path(&self, path: PathBuf) {
+        *self.slot.path.lock() = path;
+    }
+
+    /// Whether a descriptor is open now.
+    #[cfg(test)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.slot.file.lock().is_some()
+    }
+
+    /// The open descriptor, reopening the file by its path if the budget closed it.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming `what` when the file cannot be reopened (e.g. it was deleted).
+    pub(crate) fn get(&self, what: &'static str) -> Result<Arc<File>> {
+        if let Some(f) = self.slot.file.lock().as_ref() {
+            self.slot.referenced.store(true, Ordering::Relaxed);
+            return Ok(Arc::clone(f));
+        }
+        let path = self.path();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| LogError::io(what, &path, e))?;
+        OPEN_FILES.opened_total.fetch_add(1, Ordering::Relaxed);
+        Ok(self.install(Arc::new(file)))
+    }
+
+    /// Closes the descriptor now (the file stays; the next use reopens it).
+    pub(crate) fn close(&self) {
+        if self.slot.file.lock().take().is_some() {
+            OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Stores `file` in the slot (unless another thread was first) and evicts beyond the budget.
+    fn install(&self, file: Arc<File>) -> Arc<File> {
+        let file = {
+            let mut slot_file = self.slot.file.lock();
+            if let Some(existing) = slot_file.as_ref() {
+                return Arc::clone(existing);
+            }
+            // A newly opened file starts without its second chance: a file used once (a scan
+            // at start-up, a read of an old segment) goes before the files in steady use.
+            *slot_file = Some(Arc::clone(&file));
+            file
+        };
+        let open = OPEN_FILES.open.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut closing = Vec::new();
+        {
+            let mut ring = OPEN_FILES.ring.lock();
+            if !self.slot.in_ring.swap(true, Ordering::Relaxed) {
+                ring.push_back(Arc::downgrade(&self.slot));
+            }
+            let max = max_open_files();
+            if open > max {
+                evict(&mut ring, open - max, &self.slot, &mut closing);
+            }
+            // Entries of dropped or already closed slots are skipped by the hand; keep the ring
+            // from growing with them when nothing is evicted for a long time.
+            if ring.len() > 2 * max.max(OPEN_FILES.open.load(Ordering::Relaxed)) + 64 {
+                ring.retain(|w| match w.upgrade() {
+                    Some(s) if s.file.lock().is_some() => true,
+                    Some(s) => {
+                        s.in_ring.store(false, Ordering::Relaxed);
+                        false
+                    }
+                    None => false,
+                });
+            }
+        }
+        // Close outside the ring lock.
+        drop(closing);
+        file
+    }
+}
+
+/// Moves the CLOCK hand until `want` files are closed (or every entry was visited twice),
+/// never closing `keep`. Closed descriptors go to `closing`, dropped after the lock.
+fn evict(
+    ring: &mut VecDeque<Weak<Slot>>,
+    want: usize,
+    keep: &Arc<Slot>,
+    closing: &mut Vec<Arc<File>>,
+) {
+    let mut closed = 0;
+    let mut visits = 2 * ring.len();
+    while closed < want && visits > 0 {
+        visits -= 1;
+        let Some(weak) = ring.pop_front() else {
+            return;
+        };
+        let Some(slot) = weak.upgrade() else {
+            continue;
+        };
+        if Arc::ptr_eq(&slot, keep) || slot.referenced.swap(false, Ordering::Relaxed) {
+            ring.push_back(weak);
+            continue;
+        }
+        slot.in_ring.store(false, Ordering::Relaxed);
+        let taken = slot.file.lock().take();
+        if let Some(f) = taken {
+            OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
+            OPEN_FILES.evicted_total.fetch_add(1, Ordering::Relaxed);
+            closing.push(f);
+            closed += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    /// The budget is process-wide: tests that change it run one at a time.
+    pub(crate) static BUDGET_LOCK: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn files_beyond_the_budget_are_closed_and_reopened_on_use() {
+        let _serial = BUDGET_LOCK.lock();
+        let before = max_open_files();
+        set_max_open_files(MIN_MAX_OPEN_FILES);
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<SegmentFile> = (0..64)
+            .map(|i| {
+                let f = SegmentFile::open(&dir.path().join(format!("{i}.log")), true, "t").unwrap();
+                f.get("t").unwrap().write_all_at(&[i as u8], 0).unwrap();
+                f
+            })
+            .collect();
+        let open = files.iter().filter(|f| f.is_open()).count();
+        assert!(open <= MIN_MAX_OPEN_FILES, "{open} open");
+        // Every file reads back through a reopened descriptor.
+        for (i, f) in files.iter().enumerate() {
+            let mut b = [0u8; 1];
+            f.get("t").unwrap().read_exact_at(&mut b, 0).unwrap();
+            assert_eq!(b[0], i as u8);
+        }
+        assert!(files.iter().filter(|f| f.is_open()).count() <= MIN_MAX_OPEN_FILES);
+        // A renamed file is reopened by its new name.
+        let f = &files[0];
+        f.close();
+        let new = dir.path().join("0.log.deleted");
+        std::fs::rename(f.path(), &new).unwrap();
+        assert!(f.get("t").is_err());
+        f.set_path(new);
+        assert!(f.get("t").is_ok());
+        drop(files);
+        set_max_open_files(before);
+    }
+
+    #[test]
+    fn a_file_in_use_keeps_its_descriptor() {
+        let _serial = BUDGET_LOCK.lock();
+        let before = max_open_files();
+        set_max_open_files(MIN_MAX_OPEN_FILES);
+        let dir = tempfile::tempdir().unwrap();
+        let hot = SegmentFile::open(&dir.path().join("hot.log"), true, "t").unwrap();
+        let mut cold = Vec::new();
+        for i in 0..200 {
+            cold.push(SegmentFile::open(&dir.path().join(format!("{i}.log")), true, "t").unwrap());
+            // Used between every open: the second chance keeps it.
+            hot.get("t").unwrap();
+        }
+        assert!(hot.is_open());
+        drop(cold);
+        set_max_open_files(before);
+    }
+}
