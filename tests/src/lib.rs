@@ -56,6 +56,8 @@ pub struct Gregor {
     data: tempfile::TempDir,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// `RLIMIT_NOFILE` (soft and hard) for the process, set with util-linux's `prlimit`.
+    nofile: Option<u64>,
 }
 
 impl Gregor {
@@ -73,6 +75,27 @@ impl Gregor {
             data: tempfile::tempdir().context("creating a data dir")?,
             extra: extra.iter().map(|s| (*s).to_string()).collect(),
             env: Vec::new(),
+            nofile: None,
+        };
+        g.spawn()?;
+        Ok(g)
+    }
+
+    /// Like [`Gregor::start`] with the process's open-file limit (soft and hard, so the broker
+    /// cannot raise it) set to `nofile`, here and on every restart.
+    ///
+    /// # Errors
+    /// As [`Gregor::start`].
+    pub fn start_with_nofile(bin: impl AsRef<Path>, extra: &[&str], nofile: u64) -> Result<Self> {
+        let mut g = Self {
+            bin: bin.as_ref().to_path_buf(),
+            child: None,
+            port: free_port()?,
+            admin_port: free_port()?,
+            data: tempfile::tempdir().context("creating a data dir")?,
+            extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            env: Vec::new(),
+            nofile: Some(nofile),
         };
         g.spawn()?;
         Ok(g)
@@ -99,6 +122,7 @@ impl Gregor {
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect(),
+            nofile: None,
         };
         g.spawn_process()?;
         Ok(g)
@@ -141,7 +165,15 @@ impl Gregor {
     }
 
     fn spawn_process(&mut self) -> Result<()> {
-        let mut cmd = Command::new(&self.bin);
+        // prlimit sets the limit and execs the broker (same pid).
+        let mut cmd = match self.nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.arg("serve")
             .arg("--set")

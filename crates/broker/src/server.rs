@@ -234,6 +234,13 @@ pub async fn start_with_authorizer(
     if config.admin_listener.is_some() {
         observability::handle();
     }
+    let limit = gregor_log::files::size_from_process_limit();
+    info!(
+        open_file_limit = limit.soft,
+        raised_from = limit.soft_before,
+        segment_files_open_max = limit.budget,
+        "open-file limit; segment files beyond the budget are closed until used"
+    );
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while

@@ -67,6 +67,49 @@ pub fn max_open_files() -> usize {
     OPEN_FILES.max.load(Ordering::Relaxed)
 }
 
+/// What [`size_from_process_limit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    /// `RLIMIT_NOFILE`'s soft limit before start-up raised it.
+    pub soft_before: u64,
+    /// The soft limit now (the hard limit, when raising it was allowed).
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: Option<u64>,
+    /// The segment file budget set ([`max_open_files`]): half the soft limit, the other half
+    /// left for connections, sockets between nodes and everything else.
+    pub budget: usize,
+}
+
+/// Raises the process's soft open-file limit (`RLIMIT_NOFILE`) to its hard limit, as Kafka's
+/// documentation advises operators to do by hand, and sets the segment file budget to half of
+/// the result. An unlimited hard limit is capped at 1,048,576 (Linux's default `nr_open`).
+pub fn size_from_process_limit() -> OpenFileLimit {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    const NR_OPEN: u64 = 1 << 20;
+    let current = getrlimit(Resource::Nofile);
+    let soft_before = current.current.unwrap_or(NR_OPEN);
+    let target = current.maximum.unwrap_or(NR_OPEN);
+    let mut soft = soft_before;
+    if target > soft_before {
+        let raised = Rlimit {
+            current: Some(target),
+            maximum: current.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            soft = target;
+        }
+    }
+    let budget = usize::try_from(soft / 2).unwrap_or(usize::MAX);
+    set_max_open_files(budget);
+    OpenFileLimit {
+        soft_before,
+        soft,
+        hard: current.maximum,
+        budget: max_open_files(),
+    }
+}
+
 /// Open-file figures of the segment file budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenFileStats {

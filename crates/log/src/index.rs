@@ -292,13 +292,10 @@ impl<E: IndexEntry> Index<E> {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let synced = self
-            .file
-            .get("opening index")
-            .and_then(|f| {
-                f.sync_data()
-                    .map_err(|e| LogError::io("syncing index", &self.path(), e))
-            });
+        let synced = self.file.get("opening index").and_then(|f| {
+            f.sync_data()
+                .map_err(|e| LogError::io("syncing index", &self.path(), e))
+        });
         if synced.is_err() {
             self.dirty.store(true, Ordering::Release);
         }

@@ -1,0 +1,220 @@
+//! Many partitions within few file descriptors (issue 14): a broker whose open-file limit is
+//! 512 (soft and hard, so it cannot raise it) hosts 2,000 partitions, takes a record in every
+//! one through librdkafka, and gives every acknowledged record back after a clean restart and
+//! after kill -9. Kafka would need at least 2,000 descriptors (one per segment) for this.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use gregor_tests::{clients, Gregor};
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+const NOFILE: u64 = 512;
+const TOPICS: usize = 20;
+const PARTITIONS_PER_TOPIC: i32 = 100;
+
+/// (topic, partition) -> offset -> value of every acknowledged record.
+type Acked = BTreeMap<(String, i32), BTreeMap<i64, Vec<u8>>>;
+
+#[derive(Default)]
+struct Acks(Mutex<(Acked, Vec<String>)>);
+
+impl ClientContext for Acks {}
+
+impl ProducerContext for Acks {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(m) => {
+                state
+                    .0
+                    .entry((m.topic().to_string(), m.partition()))
+                    .or_default()
+                    .insert(m.offset(), m.payload().unwrap_or_default().to_vec());
+            }
+            Err((e, m)) => state
+                .1
+                .push(format!("{}-{}: {e}", m.topic(), m.partition())),
+        }
+    }
+}
+
+fn topic(i: usize) -> String {
+    format!("many-{i:02}")
+}
+
+fn create_topics(bootstrap: &str) -> Result<()> {
+    let names: Vec<String> = (0..TOPICS).map(topic).collect();
+    let new: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, PARTITIONS_PER_TOPIC, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(120)));
+    let results = clients::runtime()?
+        .block_on(clients::admin(bootstrap)?.create_topics(&new, &opts))
+        .context("CreateTopics")?;
+    for r in results {
+        if let Err((t, e)) = r {
+            bail!("creating {t}: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Produces one record (`round`, topic, partition) to every partition with acks=all.
+fn produce_round(bootstrap: &str, round: u32, acked: &mut Acked) -> Result<()> {
+    let producer: BaseProducer<Acks> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "120000")
+        .create_with_context(Acks::default())
+        .context("creating the producer")?;
+    for t in 0..TOPICS {
+        let name = topic(t);
+        for p in 0..PARTITIONS_PER_TOPIC {
+            let value = format!("round {round} {name} {p}");
+            let mut record: BaseRecord<(), String> =
+                BaseRecord::to(&name).partition(p).payload(&value);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, r)) => {
+                        // A full local queue: serve delivery reports, then retry.
+                        if !matches!(
+                            e.rdkafka_error_code(),
+                            Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                        ) {
+                            bail!("send to {name}-{p}: {e}");
+                        }
+                        producer.poll(Duration::from_millis(50));
+                        record = r;
+                    }
+                }
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .context("flushing the producer")?;
+    let (got, errors) = std::mem::take(
+        &mut *producer
+            .context()
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    ensure!(errors.is_empty(), "delivery errors: {errors:?}");
+    let n: usize = got.values().map(BTreeMap::len).sum();
+    ensure!(
+        n == TOPICS * PARTITIONS_PER_TOPIC as usize,
+        "{n} records acknowledged"
+    );
+    for (tp, records) in got {
+        acked.entry(tp).or_default().extend(records);
+    }
+    Ok(())
+}
+
+/// Reads every partition from the beginning and checks that each acknowledged record is there
+/// at its offset with its value.
+fn check_all(bootstrap: &str, acked: &Acked) -> Result<()> {
+    let consumer: BaseConsumer = clients::consumer(
+        bootstrap,
+        &[
+            ("group.id", "many-partitions-check"),
+            ("enable.auto.commit", "false"),
+            ("fetch.wait.max.ms", "100"),
+        ],
+    )?;
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in acked.keys() {
+        tpl.add_partition_offset(t, *p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut missing: HashMap<(String, i32), BTreeMap<i64, Vec<u8>>> =
+        acked.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !missing.is_empty() {
+        if Instant::now() > deadline {
+            let left: usize = missing.values().map(BTreeMap::len).sum();
+            bail!(
+                "{left} acknowledged records not read back, e.g. {:?}",
+                missing.keys().next()
+            );
+        }
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.context("consuming")?;
+        let key = (m.topic().to_string(), m.partition());
+        if let Some(records) = missing.get_mut(&key) {
+            if let Some(want) = records.remove(&m.offset()) {
+                ensure!(
+                    m.payload() == Some(want.as_slice()),
+                    "{}-{} offset {}: another value",
+                    key.0,
+                    key.1,
+                    m.offset()
+                );
+            }
+            if records.is_empty() {
+                missing.remove(&key);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn open_descriptors(g: &Gregor) -> Result<usize> {
+    let pid = g.pid().context("the broker is not running")?;
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+#[test]
+fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<()> {
+    let mut g = Gregor::start_with_nofile(BIN, &[], NOFILE)?;
+    let bootstrap = g.bootstrap();
+    create_topics(&bootstrap)?;
+    let mut acked = Acked::new();
+    produce_round(&bootstrap, 1, &mut acked)?;
+    let fds = open_descriptors(&g)?;
+    ensure!(fds <= NOFILE as usize, "{fds} descriptors open");
+    check_all(&bootstrap, &acked)?;
+
+    // Clean restart: every partition loads within the limit.
+    g.stop()?;
+    g.restart()?;
+    check_all(&bootstrap, &acked)?;
+    produce_round(&bootstrap, 2, &mut acked)?;
+
+    // Crash: recovery opens every partition again within the limit.
+    g.kill9()?;
+    g.restart()?;
+    check_all(&bootstrap, &acked)?;
+    produce_round(&bootstrap, 3, &mut acked)?;
+    check_all(&bootstrap, &acked)?;
+
+    let log = g.server_log();
+    ensure!(
+        !log.contains("Too many open files"),
+        "the broker ran out of descriptors:\n{}",
+        log.lines()
+            .filter(|l| l.contains("Too many open files"))
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
