@@ -647,6 +647,7 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "1.7976931348623157E308",
     ),
     ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
+    ("num.recovery.threads.per.data.dir", ConfigType::Int, "2"),
     // Replica fetchers (Kafka's `ReplicationConfigs`).
     ("num.replica.fetchers", ConfigType::Int, "1"),
     ("replica.fetch.wait.max.ms", ConfigType::Int, "500"),
@@ -1746,6 +1747,13 @@ impl BrokerConfig {
             0,
             i64::MAX,
         )
+    }
+
+    /// `num.recovery.threads.per.data.dir` (Kafka's default 2, at least 1): threads per log
+    /// directory that load (and after a crash, recover) logs at start-up and close them at
+    /// shutdown.
+    pub fn num_recovery_threads_per_data_dir(&self) -> usize {
+        self.raw_i64("num.recovery.threads.per.data.dir", 2, 1, 1024) as usize
     }
 
     /// `num.replica.fetchers` (Kafka's default 1, at least 1): fetchers per source broker.

@@ -359,8 +359,9 @@ pub async fn start_with_authorizer(
     let load_started = Instant::now();
     let log_dirs = config.log_dirs.clone();
     let defaults = crate::config::TopicConfigs::resolve(&config, &BTreeMap::new()).log_config();
+    let recovery_threads = config.num_recovery_threads_per_data_dir();
     let (logs, loaded) = tokio::task::spawn_blocking(move || {
-        LogManager::open_with_locks(&log_dirs, dir_locks, defaults)
+        LogManager::open_with_locks(&log_dirs, dir_locks, defaults, recovery_threads)
     })
     .await
     .map_err(|e| StartError::Logs(e.to_string()))?

@@ -412,8 +412,16 @@ impl PartitionLog {
             stats.truncated_bytes += r.truncated_bytes;
             last_next_offset = Some(r.next_offset.unwrap_or(seg.base_offset()));
             i += 1;
-            if r.truncated_bytes > 0 {
+            if r.truncated_bytes > 0 && i < segments.len() {
                 // Everything after a corrupt batch is unreliable: drop later segments.
+                let later_bytes: u64 = segments[i..].iter().map(|s| s.size()).sum();
+                tracing::warn!(
+                    partition = %topic_partition,
+                    from_offset = last_next_offset.unwrap_or(seg.base_offset()),
+                    segments = segments.len() - i,
+                    removed_bytes = later_bytes,
+                    "recovery removes the segments after a truncated one"
+                );
                 for later in segments.drain(i..) {
                     stats.truncated_bytes += later.size();
                     delete_segment_files(dir, later.base_offset())?;
@@ -1533,6 +1541,37 @@ impl PartitionLog {
         inner
             .producer_state
             .take_snapshot(self.log_end_offset(), true)
+    }
+
+    /// [`PartitionLog::close`] without any `fsync`: the caller makes the log durable (the
+    /// log manager's shutdown syncs each directory's file system once) and then calls
+    /// [`PartitionLog::mark_synced`]. Releases the segments' descriptors. Idempotent.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub(crate) fn close_unsynced(&self) -> Result<()> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Ok(());
+        }
+        inner.closed = true;
+        if let Some(active) = inner.segments.last() {
+            active.on_become_inactive()?;
+        }
+        inner
+            .producer_state
+            .take_snapshot(self.log_end_offset(), false)?;
+        for seg in &inner.segments {
+            seg.close_files();
+        }
+        Ok(())
+    }
+
+    /// Records that everything up to the log end offset is durable (the caller synced the
+    /// file system after [`PartitionLog::close_unsynced`]).
+    pub(crate) fn mark_synced(&self) {
+        self.recovery_point
+            .store(self.log_end_offset(), Ordering::Release);
     }
 
     /// Refuses further appends without writing anything (the directory is being deleted).

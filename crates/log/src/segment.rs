@@ -102,6 +102,9 @@ pub(crate) struct RecoverResult {
     pub truncated_bytes: u64,
     /// Offset after the last valid batch, `None` if the segment holds none.
     pub next_offset: Option<i64>,
+    /// When bytes were cut: whether they were only a write cut short at the end of the file
+    /// (a crash), rather than corruption before its end.
+    pub torn_tail: bool,
 }
 
 /// Reads a file through a reusable buffer.
@@ -725,24 +728,49 @@ impl LogSegment {
         let mut reader = ChunkReader::new(&file, &path, file_len, SCAN_CHUNK_BYTES);
         let mut position = 0u64;
         let mut next_offset = expected_first_offset.max(self.base_offset);
+        // Why the scan stopped before the end of the file, and whether what stopped it is the
+        // last thing in the file (a write cut short by a crash) or not (corruption).
+        let mut stop: Option<(bool, String)> = None;
         while position < file_len {
             let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+                stop = Some((true, "a batch header cut short".into()));
                 break;
             };
-            let Ok(h) = BatchHeader::parse(raw) else {
-                break;
+            let h = match BatchHeader::parse(raw) {
+                Ok(h) => h,
+                Err(e) => {
+                    stop = Some((false, format!("an unreadable batch header ({e})")));
+                    break;
+                }
             };
             let Some(total) = checked_total_size(&h) else {
+                stop = Some((
+                    false,
+                    format!("an impossible batch length {}", h.batch_length),
+                ));
                 break;
             };
             let Some(raw) = reader.get(position, total)? else {
+                stop = Some((true, "a batch cut short".into()));
                 break;
             };
-            let Ok(h) = validate_stored_batch(raw) else {
-                break;
+            let h = match validate_stored_batch(raw) {
+                Ok(h) => h,
+                Err(e) => {
+                    let last = position + total as u64 == file_len;
+                    stop = Some((last, format!("an invalid batch ({e})")));
+                    break;
+                }
             };
             if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())
             {
+                stop = Some((
+                    false,
+                    format!(
+                        "a batch at offset {} where offset {next_offset} or later was expected",
+                        h.base_offset
+                    ),
+                ));
                 break;
             }
             if position == 0 {
@@ -756,12 +784,27 @@ impl LogSegment {
             position += total as u64;
         }
         if position < file_len {
-            tracing::warn!(
-                segment = %path.display(),
-                valid_bytes = position,
-                truncated_bytes = file_len - position,
-                "truncating invalid or torn bytes at the end of the segment"
-            );
+            let (torn, what) = stop.unwrap_or((true, "unreadable bytes".into()));
+            let removed = file_len - position;
+            if torn {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    "recovery removes a write cut short by a crash at the end of the segment: {what}"
+                );
+            } else {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    "recovery truncates the segment at corruption before its end: {what}; \
+                     everything from there on is removed"
+                );
+            }
+            result.torn_tail = torn;
             drop(reader);
             file.set_len(position)
                 .map_err(|e| LogError::io("truncating", &path, e))?;
