@@ -561,6 +561,7 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(defaults.leader_imbalance_per_broker_percentage),
         node_id: config.node_id,
+        colocated_broker: config.quorum.broker,
         kraft_version: crate::metadata_publisher::kraft_version(config),
         min_insync_replicas: raw("min.insync.replicas")
             .and_then(|v| v.parse::<i32>().ok())

@@ -318,6 +318,33 @@ impl PartitionLog {
         checkpointed_log_start_offset: Option<i64>,
         clock: SharedClock,
     ) -> Result<Self> {
+        Self::open_impl(
+            dir,
+            topic_partition,
+            config,
+            had_clean_shutdown,
+            recovery_point,
+            checkpointed_log_start_offset,
+            clock,
+            true,
+        )
+    }
+
+    /// [`PartitionLog::open_with_clock`]; with `sync_recovered` false what recovery rewrote is
+    /// not fsynced here and the caller must make it durable (the log manager syncs each
+    /// directory's file system once after loading all of its logs) before it relies on the
+    /// recovery point (the log end offset).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_impl(
+        dir: &Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        had_clean_shutdown: bool,
+        recovery_point: Option<i64>,
+        checkpointed_log_start_offset: Option<i64>,
+        clock: SharedClock,
+        sync_recovered: bool,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
         let now_ms = clock.now_ms();
         let mut stats = LoadStats::default();
@@ -514,12 +541,12 @@ impl PartitionLog {
             }
         }
 
-        if stats.recovered_segments > 0 {
+        if stats.recovered_segments > 0 && sync_recovered {
             for seg in &segments[recover_from.min(segments.len() - 1)..] {
                 seg.flush()?;
             }
         }
-        if stats.recovered_segments > 0 || stats.truncated_bytes > 0 {
+        if stats.truncated_bytes > 0 || (sync_recovered && stats.recovered_segments > 0) {
             tracing::info!(
                 partition = %topic_partition,
                 recovered_segments = stats.recovered_segments,

@@ -466,10 +466,11 @@ impl LogManager {
             }
             // Kafka's LogManager.loadLogs: num.recovery.threads.per.data.dir threads load (and
             // after a crash, recover) the directory's logs.
+            let started = std::time::Instant::now();
             let opened: Vec<Result<(Option<[u8; 16]>, Arc<PartitionLog>)>> =
                 parallel_map(&jobs, recovery_threads, |(path, tp)| {
                     let topic_id = read_partition_metadata(path)?;
-                    let log = PartitionLog::open_with_clock(
+                    let log = PartitionLog::open_impl(
                         path,
                         tp.clone(),
                         default_config.clone(),
@@ -477,11 +478,21 @@ impl LogManager {
                         recovery_points.get(tp).copied(),
                         log_start_offsets.get(tp).copied(),
                         clock.clone(),
+                        false,
                     )?;
                     Ok((topic_id, Arc::new(log)))
                 });
+            let mut recovered = crate::log::LoadStats::default();
+            let mut recovered_logs = 0usize;
             for ((_, tp), result) in jobs.into_iter().zip(opened) {
                 let (topic_id, log) = result?;
+                let stats = log.load_stats();
+                if stats.recovered_segments > 0 {
+                    recovered_logs += 1;
+                    recovered.recovered_segments += stats.recovered_segments;
+                    recovered.recovered_batches += stats.recovered_batches;
+                    recovered.truncated_bytes += stats.truncated_bytes;
+                }
                 if let Some(o) = cleaner_offsets.get(&tp) {
                     log.set_cleaner_checkpoint(*o);
                 }
@@ -494,6 +505,20 @@ impl LogManager {
                         dir_index,
                         topic_id,
                     },
+                );
+            }
+            if recovered_logs > 0 {
+                // What recovery rewrote (truncated tails, rebuilt indexes) becomes durable at
+                // once, before the recovery points (now the log end offsets) are checkpointed.
+                sync_file_system(dir)?;
+                tracing::info!(
+                    log_dir = %dir.display(),
+                    logs = recovered_logs,
+                    segments = recovered.recovered_segments,
+                    batches = recovered.recovered_batches,
+                    truncated_bytes = recovered.truncated_bytes,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "recovered logs after an unclean shutdown"
                 );
             }
             if clean {

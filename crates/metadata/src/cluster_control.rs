@@ -149,8 +149,13 @@ impl Controller {
     ) -> Result<ControllerResult<i64>, ControllerError> {
         let broker_id = req.broker_id;
         let existing = self.image.brokers.get(&broker_id).cloned();
+        // This process's own broker: any other incarnation of it died with an earlier process.
+        let own_broker = self.config.colocated_broker && broker_id == self.config.node_id;
         if let Some(e) = &existing {
-            if e.incarnation_id != req.incarnation_id && self.has_valid_session(broker_id) {
+            if e.incarnation_id != req.incarnation_id
+                && !own_broker
+                && self.has_valid_session(broker_id)
+            {
                 return Err(ControllerError::DuplicateBrokerRegistration(
                     "Another broker is registered with that broker id.".into(),
                 ));
@@ -1239,6 +1244,26 @@ mod tests {
         let next = k.register(request(1)).unwrap();
         assert!(next > epoch);
         assert!(k.c.image.brokers[&1].fenced);
+    }
+
+    #[test]
+    fn a_combined_nodes_own_broker_replaces_its_dead_incarnation_at_once() {
+        let mut k = cluster();
+        k.c.config.node_id = 1;
+        k.c.config.colocated_broker = true;
+        let epoch = k.register(request(1)).unwrap();
+        let offset = k.offset();
+        k.beat(heartbeat(1, epoch, offset)).unwrap();
+        assert!(!k.c.image.brokers[&1].fenced);
+        // The process restarted (a new incarnation) while the old session still runs.
+        let next = k.register(request(1)).unwrap();
+        assert!(next > epoch);
+        assert!(k.c.image.brokers[&1].fenced);
+        // Another node's broker still waits for its session to run out.
+        let other = k.register(request(2)).unwrap();
+        let offset = k.offset();
+        k.beat(heartbeat(2, other, offset)).unwrap();
+        assert_eq!(k.register(request(2)).unwrap_err().kafka_error_code(), 101);
     }
 
     #[test]

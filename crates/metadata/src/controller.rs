@@ -410,6 +410,12 @@ pub struct ControllerConfig {
     pub leader_imbalance_per_broker_percentage: u32,
     /// This controller's `node.id` (UpdateFeatures names it: "Local controller N").
     pub node_id: i32,
+    /// Whether this node is also a broker (`process.roles=broker,controller`). Its broker's
+    /// incarnations live in this process, so a registration of `node_id` with a new incarnation
+    /// means the one registered before died with an earlier process: it is replaced at once
+    /// rather than after `broker.session.timeout.ms` (Kafka waits, which makes a combined node
+    /// restarted after a crash unavailable for the session timeout).
+    pub colocated_broker: bool,
     /// The quorum's `kraft.version` (KIP-853: 1 for a dynamic quorum, 0 for static voters),
     /// which UpdateFeatures compares against (gregor does not change it).
     pub kraft_version: i16,
@@ -430,6 +436,7 @@ impl Default for ControllerConfig {
             leader_imbalance_check_interval_ms: 300_000,
             leader_imbalance_per_broker_percentage: 10,
             node_id: -1,
+            colocated_broker: false,
             kraft_version: 0,
             min_insync_replicas: 1,
         }
