@@ -22,6 +22,9 @@ pub struct EpochEntry {
 pub(crate) struct LeaderEpochCache {
     path: PathBuf,
     entries: Vec<EpochEntry>,
+    /// The checkpoint was rewritten without `fsync` ([`LeaderEpochCache::assign_deferred`],
+    /// [`LeaderEpochCache::truncate_from_end`]); [`LeaderEpochCache::sync`] makes it durable.
+    dirty: bool,
 }
 
 impl LeaderEpochCache {
@@ -39,15 +42,70 @@ impl LeaderEpochCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(LogError::io("reading", &path, e)),
         };
-        Ok(Self { path, entries })
+        Ok(Self {
+            path,
+            entries,
+            dirty: false,
+        })
     }
 
-    fn write(&self) -> Result<()> {
+    fn write(&mut self) -> Result<()> {
+        self.write_with(true)
+    }
+
+    fn write_with(&mut self, sync: bool) -> Result<()> {
         let mut s = format!("0\n{}\n", self.entries.len());
         for e in &self.entries {
             s.push_str(&format!("{} {}\n", e.epoch, e.start_offset));
         }
-        write_atomically(&self.path, s.as_bytes(), true)
+        write_atomically(&self.path, s.as_bytes(), sync)?;
+        self.dirty = !sync;
+        Ok(())
+    }
+
+    /// Whether the checkpoint was rewritten without `fsync` since the last sync.
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// fsyncs the checkpoint and its directory if it was rewritten without.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] (it stays dirty).
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        std::fs::File::open(&self.path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| LogError::io("syncing", &self.path, e))?;
+        if let Some(dir) = self.path.parent() {
+            crate::checkpoint::sync_dir(dir)?;
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// [`LeaderEpochCache::assign`] writing the checkpoint without `fsync`: the caller syncs
+    /// it ([`LeaderEpochCache::sync`]) before anything relies on it (a leader elected for
+    /// many partitions at once syncs all their checkpoints in parallel; a flush syncs it
+    /// before it advances the recovery point).
+    ///
+    /// # Errors
+    /// [`LogError::Io`]; the entry is then not recorded.
+    pub(crate) fn assign_deferred(&mut self, epoch: i32, start_offset: i64) -> Result<bool> {
+        if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
+            return Ok(false);
+        }
+        self.entries.push(EpochEntry {
+            epoch,
+            start_offset,
+        });
+        if let Err(e) = self.write_with(false) {
+            self.entries.pop();
+            return Err(e);
+        }
+        Ok(true)
     }
 
     /// The newest epoch.
@@ -81,12 +139,15 @@ impl LeaderEpochCache {
         Ok(true)
     }
 
-    /// Drops epochs starting at or after `end_offset` (the log was truncated there).
+    /// Drops epochs starting at or after `end_offset` (the log was truncated there). The
+    /// checkpoint is rewritten without `fsync` (Kafka's `truncateFromEndAsyncFlush`): if a
+    /// crash loses the rewrite, the stale entries start at or after the log end and are
+    /// dropped again when the log loads.
     pub(crate) fn truncate_from_end(&mut self, end_offset: i64) -> Result<()> {
         let before = self.entries.len();
         self.entries.retain(|e| e.start_offset < end_offset);
         if self.entries.len() != before {
-            self.write()?;
+            self.write_with(false)?;
         }
         Ok(())
     }
@@ -97,9 +158,9 @@ impl LeaderEpochCache {
         self.write()
     }
 
-    /// Rewrites the checkpoint.
-    pub(crate) fn persist(&self) -> Result<()> {
-        self.write()
+    /// Rewrites the checkpoint, with `fsync` when `sync`.
+    pub(crate) fn persist(&mut self, sync: bool) -> Result<()> {
+        self.write_with(sync)
     }
 
     /// Kafka's `endOffsetFor` (OffsetForLeaderEpoch): the largest epoch `<= requested` and the

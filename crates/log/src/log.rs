@@ -491,7 +491,7 @@ impl PartitionLog {
             .max(segments[0].base_offset())
             .min(log_end_offset);
         if epochs_changed {
-            epoch_cache.persist()?;
+            epoch_cache.persist(sync_recovered)?;
         }
         epoch_cache.truncate_from_end(log_end_offset)?;
 
@@ -699,6 +699,39 @@ impl PartitionLog {
             self.latest_epoch.store(leader_epoch, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// [`PartitionLog::maybe_assign_epoch_start_offset`] without `fsync`: the caller must call
+    /// [`PartitionLog::sync_leader_epoch_checkpoint`] (or [`LogManager::sync_leader_epoch_checkpoints`](crate::LogManager::sync_leader_epoch_checkpoints)
+    /// for many logs at once) soon after; until then a power loss (not a process crash: the
+    /// page cache survives that) may lose the entry, as it may lose records acknowledged
+    /// before a flush. A flush syncs it before it moves the recovery point.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the checkpoint cannot be written.
+    pub fn maybe_assign_epoch_start_offset_deferred(
+        &self,
+        leader_epoch: i32,
+        start_offset: i64,
+    ) -> Result<()> {
+        let mut cache = self.epoch_cache.lock();
+        if cache.assign_deferred(leader_epoch, start_offset)? {
+            self.latest_epoch.store(leader_epoch, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Whether `leader-epoch-checkpoint` was rewritten without `fsync` since its last sync.
+    pub fn leader_epoch_checkpoint_dirty(&self) -> bool {
+        self.epoch_cache.lock().is_dirty()
+    }
+
+    /// fsyncs `leader-epoch-checkpoint` if it was rewritten without.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn sync_leader_epoch_checkpoint(&self) -> Result<()> {
+        self.epoch_cache.lock().sync()
     }
 
     pub(crate) fn published_segments(&self) -> Arc<Vec<Arc<LogSegment>>> {
@@ -1172,7 +1205,7 @@ impl PartitionLog {
                 changed |= cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
             }
             if changed {
-                cache.persist().map_err(|e| self.write_failed(e))?;
+                cache.persist(true).map_err(|e| self.write_failed(e))?;
                 if let Some(latest) = cache.latest_epoch() {
                     self.latest_epoch.store(latest, Ordering::Release);
                 }
@@ -1519,6 +1552,9 @@ impl PartitionLog {
             for seg in &segments[first..] {
                 seg.flush()?;
             }
+            // Recovery below the recovery point does not rebuild epochs from the batches: the
+            // checkpoint must be durable before the point moves past them.
+            self.sync_leader_epoch_checkpoint()?;
             sync_dir(&self.dir)?;
             self.recovery_point.store(log_end_offset, Ordering::Release);
         }

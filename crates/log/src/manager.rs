@@ -721,6 +721,32 @@ impl LogManager {
         }
     }
 
+    /// fsyncs every `leader-epoch-checkpoint` rewritten without
+    /// ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]), with
+    /// `num.recovery.threads.per.data.dir` threads per directory: a broker that becomes leader
+    /// of thousands of partitions at once (a restart) waits for their syncs in parallel, not
+    /// one after another. Errors are logged; the logs stay dirty and their next flush syncs
+    /// (or fails) again.
+    pub fn sync_leader_epoch_checkpoints(&self) {
+        let dirty: Vec<Arc<PartitionLog>> = self
+            .all()
+            .into_iter()
+            .filter(|l| l.leader_epoch_checkpoint_dirty())
+            .collect();
+        if dirty.is_empty() {
+            return;
+        }
+        let threads = (self.recovery_threads * self.log_dirs.len().max(1)).max(8);
+        for (log, result) in dirty.iter().zip(parallel_map(&dirty, threads, |l| {
+            l.sync_leader_epoch_checkpoint()
+        })) {
+            if let Err(e) = result {
+                tracing::error!(partition = %log.topic_partition(), error = %e,
+                    "syncing the leader epoch checkpoint failed");
+            }
+        }
+    }
+
     /// Writes `recovery-point-offset-checkpoint` in every log directory.
     ///
     /// # Errors

@@ -1287,6 +1287,9 @@ impl ReplicaManager {
             p.apply(leader_and_isr);
             self.partitions.write().insert((topic, index), p);
         }
+        // New leader epochs were written without fsync: sync them together, in parallel (a
+        // restart makes this broker leader of every partition it hosts at once).
+        self.logs.sync_leader_epoch_checkpoints();
         if let Some(f) = self.fetchers.get() {
             f.after_image(image, &self.partitions());
         }

@@ -306,7 +306,7 @@ impl Partition {
         if new_epoch == Some(true) {
             if let Err(e) = self
                 .log
-                .maybe_assign_epoch_start_offset(registration.leader_epoch, leo)
+                .maybe_assign_epoch_start_offset_deferred(registration.leader_epoch, leo)
             {
                 tracing::error!(partition = %self.topic_partition, error = %e,
                     "recording the leader epoch start offset failed");
