@@ -25,6 +25,8 @@ pub(crate) struct LeaderEpochCache {
     /// The checkpoint was rewritten without `fsync` ([`LeaderEpochCache::assign_deferred`],
     /// [`LeaderEpochCache::truncate_from_end`]); [`LeaderEpochCache::sync`] makes it durable.
     dirty: bool,
+    /// Rewrites so far (for [`LeaderEpochCache::mark_synced`]).
+    writes: u64,
 }
 
 impl LeaderEpochCache {
@@ -46,6 +48,7 @@ impl LeaderEpochCache {
             path,
             entries,
             dirty: false,
+            writes: 0,
         })
     }
 
@@ -60,12 +63,26 @@ impl LeaderEpochCache {
         }
         write_atomically(&self.path, s.as_bytes(), sync)?;
         self.dirty = !sync;
+        self.writes += 1;
         Ok(())
     }
 
     /// Whether the checkpoint was rewritten without `fsync` since the last sync.
     pub(crate) fn is_dirty(&self) -> bool {
         self.dirty
+    }
+
+    /// How many times the checkpoint was rewritten (see [`LeaderEpochCache::mark_synced`]).
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// Records that the checkpoint is durable (the caller synced its file system after
+    /// reading [`LeaderEpochCache::writes`]), unless it was rewritten since.
+    pub(crate) fn mark_synced(&mut self, writes_before_sync: u64) {
+        if self.writes == writes_before_sync {
+            self.dirty = false;
+        }
     }
 
     /// fsyncs the checkpoint and its directory if it was rewritten without.
@@ -207,6 +224,32 @@ mod tests {
             LeaderEpochCache::load(dir.path()).unwrap().latest_epoch(),
             Some(0)
         );
+    }
+
+    #[test]
+    fn deferred_assignments_stay_dirty_until_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert!(c.assign_deferred(3, 10).unwrap());
+        assert!(c.is_dirty());
+        // Written (readable by a reload), not yet synced.
+        assert_eq!(
+            LeaderEpochCache::load(dir.path()).unwrap().entries(),
+            c.entries()
+        );
+        let seen = c.writes();
+        assert!(c.assign_deferred(4, 20).unwrap());
+        // A sync that started before the second rewrite does not cover it.
+        c.mark_synced(seen);
+        assert!(c.is_dirty());
+        c.mark_synced(c.writes());
+        assert!(!c.is_dirty());
+        c.truncate_from_end(20).unwrap();
+        assert!(c.is_dirty());
+        c.sync().unwrap();
+        assert!(!c.is_dirty());
+        assert!(!c.assign_deferred(3, 30).unwrap());
+        assert!(!c.is_dirty());
     }
 
     #[test]

@@ -726,6 +726,19 @@ impl PartitionLog {
         self.epoch_cache.lock().is_dirty()
     }
 
+    /// Whether `leader-epoch-checkpoint` awaits a sync, and its rewrite count then.
+    pub(crate) fn leader_epoch_checkpoint_writes_if_dirty(&self) -> Option<u64> {
+        let cache = self.epoch_cache.lock();
+        cache.is_dirty().then(|| cache.writes())
+    }
+
+    /// Records that `leader-epoch-checkpoint` is durable: the caller synced the file system
+    /// after [`PartitionLog::leader_epoch_checkpoint_writes_if_dirty`] said `writes` (a later
+    /// rewrite keeps it dirty).
+    pub(crate) fn leader_epoch_checkpoint_synced(&self, writes: u64) {
+        self.epoch_cache.lock().mark_synced(writes);
+    }
+
     /// fsyncs `leader-epoch-checkpoint` if it was rewritten without.
     ///
     /// # Errors

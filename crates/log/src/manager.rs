@@ -721,23 +721,41 @@ impl LogManager {
         }
     }
 
-    /// fsyncs every `leader-epoch-checkpoint` rewritten without
-    /// ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]), with
-    /// `num.recovery.threads.per.data.dir` threads per directory: a broker that becomes leader
-    /// of thousands of partitions at once (a restart) waits for their syncs in parallel, not
-    /// one after another. Errors are logged; the logs stay dirty and their next flush syncs
-    /// (or fails) again.
+    /// Makes every `leader-epoch-checkpoint` rewritten without `fsync` durable
+    /// ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]). A directory with many of
+    /// them (a restart makes the broker leader of every partition it hosts at once) is synced
+    /// with one `syncfs`, where one `fsync` of each file and its directory would take
+    /// milliseconds each; a few are fsynced in parallel. Errors are logged; the logs stay
+    /// dirty and their next flush syncs (or fails) again.
     pub fn sync_leader_epoch_checkpoints(&self) {
-        let dirty: Vec<Arc<PartitionLog>> = self
-            .all()
-            .into_iter()
-            .filter(|l| l.leader_epoch_checkpoint_dirty())
-            .collect();
-        if dirty.is_empty() {
-            return;
+        /// More dirty checkpoints than this in one directory are synced with `syncfs`.
+        const SYNCFS_ABOVE: usize = 64;
+        let mut dirty: Vec<Vec<(Arc<PartitionLog>, u64)>> = vec![Vec::new(); self.log_dirs.len()];
+        for e in self.logs.lock().values() {
+            if let Some(writes) = e.log.leader_epoch_checkpoint_writes_if_dirty() {
+                if let Some(d) = dirty.get_mut(e.dir_index) {
+                    d.push((Arc::clone(&e.log), writes));
+                }
+            }
+        }
+        let mut few = Vec::new();
+        for (dir, logs) in self.log_dirs.iter().zip(dirty) {
+            if logs.len() <= SYNCFS_ABOVE {
+                few.extend(logs.into_iter().map(|(l, _)| l));
+                continue;
+            }
+            match sync_file_system(dir) {
+                Ok(()) => logs
+                    .iter()
+                    .for_each(|(l, writes)| l.leader_epoch_checkpoint_synced(*writes)),
+                Err(e) => {
+                    tracing::error!(log_dir = %dir.display(), error = %e,
+                        "syncing the leader epoch checkpoints failed");
+                }
+            }
         }
         let threads = (self.recovery_threads * self.log_dirs.len().max(1)).max(8);
-        for (log, result) in dirty.iter().zip(parallel_map(&dirty, threads, |l| {
+        for (log, result) in few.iter().zip(parallel_map(&few, threads, |l| {
             l.sync_leader_epoch_checkpoint()
         })) {
             if let Err(e) = result {
