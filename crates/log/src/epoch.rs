@@ -27,6 +27,9 @@ pub(crate) struct LeaderEpochCache {
     dirty: bool,
     /// Rewrites so far (for [`LeaderEpochCache::mark_synced`]).
     writes: u64,
+    /// Entries were assigned that the file does not hold yet
+    /// ([`LeaderEpochCache::assign_deferred`]).
+    unwritten: bool,
 }
 
 impl LeaderEpochCache {
@@ -49,6 +52,7 @@ impl LeaderEpochCache {
             entries,
             dirty: false,
             writes: 0,
+            unwritten: false,
         })
     }
 
@@ -63,13 +67,26 @@ impl LeaderEpochCache {
         }
         write_atomically(&self.path, s.as_bytes(), sync)?;
         self.dirty = !sync;
+        self.unwritten = false;
         self.writes += 1;
         Ok(())
     }
 
-    /// Whether the checkpoint was rewritten without `fsync` since the last sync.
+    /// Whether the checkpoint is not durable: assigned entries not yet written, or written
+    /// without `fsync` since the last sync.
     pub(crate) fn is_dirty(&self) -> bool {
-        self.dirty
+        self.dirty || self.unwritten
+    }
+
+    /// Writes entries [`LeaderEpochCache::assign_deferred`] added, without `fsync`.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] (the entries stay, to be written by the next sync).
+    pub(crate) fn write_pending(&mut self) -> Result<()> {
+        if self.unwritten {
+            self.write_with(false)?;
+        }
+        Ok(())
     }
 
     /// How many times the checkpoint was rewritten (see [`LeaderEpochCache::mark_synced`]).
@@ -80,7 +97,7 @@ impl LeaderEpochCache {
     /// Records that the checkpoint is durable (the caller synced its file system after
     /// reading [`LeaderEpochCache::writes`]), unless it was rewritten since.
     pub(crate) fn mark_synced(&mut self, writes_before_sync: u64) {
-        if self.writes == writes_before_sync {
+        if self.writes == writes_before_sync && !self.unwritten {
             self.dirty = false;
         }
     }
@@ -90,6 +107,9 @@ impl LeaderEpochCache {
     /// # Errors
     /// [`LogError::Io`] (it stays dirty).
     pub(crate) fn sync(&mut self) -> Result<()> {
+        if self.unwritten {
+            return self.write_with(true);
+        }
         if !self.dirty {
             return Ok(());
         }
@@ -103,26 +123,20 @@ impl LeaderEpochCache {
         Ok(())
     }
 
-    /// [`LeaderEpochCache::assign`] writing the checkpoint without `fsync`: the caller syncs
-    /// it ([`LeaderEpochCache::sync`]) before anything relies on it (a leader elected for
-    /// many partitions at once syncs all their checkpoints in parallel; a flush syncs it
-    /// before it advances the recovery point).
-    ///
-    /// # Errors
-    /// [`LogError::Io`]; the entry is then not recorded.
-    pub(crate) fn assign_deferred(&mut self, epoch: i32, start_offset: i64) -> Result<bool> {
+    /// [`LeaderEpochCache::assign`] in memory only: the caller writes and syncs the
+    /// checkpoint later ([`LeaderEpochCache::sync`], or [`LeaderEpochCache::write_pending`]
+    /// and a file system sync) — a leader elected for many partitions at once writes all their
+    /// checkpoints in parallel; a flush syncs it before it advances the recovery point.
+    pub(crate) fn assign_deferred(&mut self, epoch: i32, start_offset: i64) -> bool {
         if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
-            return Ok(false);
+            return false;
         }
         self.entries.push(EpochEntry {
             epoch,
             start_offset,
         });
-        if let Err(e) = self.write_with(false) {
-            self.entries.pop();
-            return Err(e);
-        }
-        Ok(true)
+        self.unwritten = true;
+        true
     }
 
     /// The newest epoch.
@@ -230,15 +244,22 @@ mod tests {
     fn deferred_assignments_stay_dirty_until_synced() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = LeaderEpochCache::load(dir.path()).unwrap();
-        assert!(c.assign_deferred(3, 10).unwrap());
+        assert!(c.assign_deferred(3, 10));
         assert!(c.is_dirty());
-        // Written (readable by a reload), not yet synced.
+        // In memory only until written.
+        assert!(LeaderEpochCache::load(dir.path())
+            .unwrap()
+            .entries()
+            .is_empty());
+        c.write_pending().unwrap();
+        assert!(c.is_dirty());
         assert_eq!(
             LeaderEpochCache::load(dir.path()).unwrap().entries(),
             c.entries()
         );
         let seen = c.writes();
-        assert!(c.assign_deferred(4, 20).unwrap());
+        assert!(c.assign_deferred(4, 20));
+        c.write_pending().unwrap();
         // A sync that started before the second rewrite does not cover it.
         c.mark_synced(seen);
         assert!(c.is_dirty());
@@ -248,8 +269,16 @@ mod tests {
         assert!(c.is_dirty());
         c.sync().unwrap();
         assert!(!c.is_dirty());
-        assert!(!c.assign_deferred(3, 30).unwrap());
+        assert!(!c.assign_deferred(3, 30));
         assert!(!c.is_dirty());
+        // A sync writes what was only assigned.
+        assert!(c.assign_deferred(5, 40));
+        c.sync().unwrap();
+        assert!(!c.is_dirty());
+        assert_eq!(
+            LeaderEpochCache::load(dir.path()).unwrap().entries(),
+            c.entries()
+        );
     }
 
     #[test]

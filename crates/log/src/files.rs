@@ -136,6 +136,9 @@ pub fn open_file_stats() -> OpenFileStats {
 struct Slot {
     path: Mutex<PathBuf>,
     file: Mutex<Option<Arc<File>>>,
+    /// A descriptor kept outside the budget ([`SegmentFile::pin`]): the file is being
+    /// deleted and readers that still hold its segment must keep reading it.
+    pinned: Mutex<Option<Arc<File>>>,
     /// Set on every use; the CLOCK hand clears it once before closing the file.
     referenced: AtomicBool,
     /// Whether the ring holds an entry for this slot.
@@ -174,6 +177,7 @@ impl SegmentFile {
             slot: Arc::new(Slot {
                 path: Mutex::new(path.to_path_buf()),
                 file: Mutex::new(None),
+                pinned: Mutex::new(None),
                 referenced: AtomicBool::new(false),
                 in_ring: AtomicBool::new(false),
             }),
@@ -188,6 +192,7 @@ impl SegmentFile {
             slot: Arc::new(Slot {
                 path: Mutex::new(path.to_path_buf()),
                 file: Mutex::new(None),
+                pinned: Mutex::new(None),
                 referenced: AtomicBool::new(false),
                 in_ring: AtomicBool::new(false),
             }),
@@ -219,6 +224,9 @@ impl SegmentFile {
             self.slot.referenced.store(true, Ordering::Relaxed);
             return Ok(Arc::clone(f));
         }
+        if let Some(f) = self.slot.pinned.lock().as_ref() {
+            return Ok(Arc::clone(f));
+        }
         let path = self.path();
         let file = OpenOptions::new()
             .read(true)
@@ -227,6 +235,19 @@ impl SegmentFile {
             .map_err(|e| LogError::io(what, &path, e))?;
         OPEN_FILES.opened_total.fetch_add(1, Ordering::Relaxed);
         Ok(self.install(Arc::new(file)))
+    }
+
+    /// Keeps a descriptor open, outside the budget, for as long as this `SegmentFile` lives:
+    /// called before the file is renamed for deletion, so that readers still holding the
+    /// segment read it to the end (as Kafka keeps a deleted segment's channel open until
+    /// `file.delete.delay.ms`), though its name changes and then disappears.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming `what` when the file cannot be opened.
+    pub(crate) fn pin(&self, what: &'static str) -> Result<()> {
+        let f = self.get(what)?;
+        *self.slot.pinned.lock() = Some(f);
+        Ok(())
     }
 
     /// Closes the descriptor now (the file stays; the next use reopens it).

@@ -15,7 +15,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -103,6 +103,9 @@ pub(crate) struct Index<E: IndexEntry> {
     entries: RwLock<Vec<E>>,
     /// Entries were written (or the file cut) since the last [`Index::flush`].
     dirty: AtomicBool,
+    /// The file's length as this index last left it (bytes): a reset of an empty file
+    /// touches nothing.
+    on_disk_len: AtomicU64,
     _entry: PhantomData<E>,
 }
 
@@ -123,16 +126,22 @@ impl<E: IndexEntry> Index<E> {
     /// [`LogError::Io`] when the file cannot be created.
     pub(crate) fn create(path: &Path, max_index_bytes: u64) -> Result<Self> {
         let file = SegmentFile::open(path, true, "creating index")?;
-        Ok(Self::with_entries(file, max_index_bytes, Vec::new()))
+        Ok(Self::with_entries(file, max_index_bytes, Vec::new(), 0))
     }
 
-    fn with_entries(file: SegmentFile, max_index_bytes: u64, entries: Vec<E>) -> Self {
+    fn with_entries(
+        file: SegmentFile,
+        max_index_bytes: u64,
+        entries: Vec<E>,
+        on_disk_len: u64,
+    ) -> Self {
         Self {
             file,
             max_entries: (max_index_bytes / E::SIZE as u64) as usize,
             max_index_bytes,
             entries: RwLock::new(entries),
             dirty: AtomicBool::new(false),
+            on_disk_len: AtomicU64::new(on_disk_len),
             _entry: PhantomData,
         }
     }
@@ -196,12 +205,19 @@ impl<E: IndexEntry> Index<E> {
             at += want as u64;
         }
         let valid = (entries.len() * E::SIZE) as u64;
+        let mut on_disk_len = len;
         if sane && len > valid {
             file.set_len(valid)
                 .map_err(|e| LogError::io("trimming index", path, e))?;
+            on_disk_len = valid;
         }
         drop(file);
-        let idx = Self::with_entries(SegmentFile::closed(path), max_index_bytes, entries);
+        let idx = Self::with_entries(
+            SegmentFile::closed(path),
+            max_index_bytes,
+            entries,
+            on_disk_len,
+        );
         Ok((idx, sane))
     }
 
@@ -222,6 +238,9 @@ impl<E: IndexEntry> Index<E> {
     pub(crate) fn reset(&self) -> Result<()> {
         let mut entries = self.entries.write();
         entries.clear();
+        if self.on_disk_len.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         self.set_file_len(0)
     }
 
@@ -230,7 +249,9 @@ impl<E: IndexEntry> Index<E> {
         self.file
             .get("opening index")?
             .set_len(len)
-            .map_err(|e| LogError::io("resizing index", &self.path(), e))
+            .map_err(|e| LogError::io("resizing index", &self.path(), e))?;
+        self.on_disk_len.store(len, Ordering::Release);
+        Ok(())
     }
 
     /// Number of entries.
@@ -268,6 +289,8 @@ impl<E: IndexEntry> Index<E> {
             .get("opening index")?
             .write_all_at(&buf[..E::SIZE], at)
             .map_err(|err| LogError::io("writing index", &self.path(), err))?;
+        self.on_disk_len
+            .fetch_max(at + E::SIZE as u64, Ordering::AcqRel);
         entries.push(e);
         Ok(())
     }

@@ -701,24 +701,26 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// [`PartitionLog::maybe_assign_epoch_start_offset`] without `fsync`: the caller must call
+    /// [`PartitionLog::maybe_assign_epoch_start_offset`] in memory only: the caller must call
     /// [`PartitionLog::sync_leader_epoch_checkpoint`] (or [`LogManager::sync_leader_epoch_checkpoints`](crate::LogManager::sync_leader_epoch_checkpoints)
-    /// for many logs at once) soon after; until then a power loss (not a process crash: the
-    /// page cache survives that) may lose the entry, as it may lose records acknowledged
-    /// before a flush. A flush syncs it before it moves the recovery point.
-    ///
-    /// # Errors
-    /// [`LogError::Io`] when the checkpoint cannot be written.
-    pub fn maybe_assign_epoch_start_offset_deferred(
-        &self,
-        leader_epoch: i32,
-        start_offset: i64,
-    ) -> Result<()> {
+    /// for many logs at once, which writes them in parallel) soon after; until then a crash
+    /// may lose the entry, as a power loss may lose records acknowledged before a flush (the
+    /// entry of an epoch with records is rebuilt from them when recovery scans them). A flush
+    /// writes and syncs it before it moves the recovery point.
+    pub fn maybe_assign_epoch_start_offset_deferred(&self, leader_epoch: i32, start_offset: i64) {
         let mut cache = self.epoch_cache.lock();
-        if cache.assign_deferred(leader_epoch, start_offset)? {
+        if cache.assign_deferred(leader_epoch, start_offset) {
             self.latest_epoch.store(leader_epoch, Ordering::Release);
         }
-        Ok(())
+    }
+
+    /// Writes (without `fsync`) the epochs [`PartitionLog::maybe_assign_epoch_start_offset_deferred`]
+    /// recorded only in memory.
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub(crate) fn write_pending_leader_epochs(&self) -> Result<()> {
+        self.epoch_cache.lock().write_pending()
     }
 
     /// Whether `leader-epoch-checkpoint` was rewritten without `fsync` since its last sync.
@@ -1289,6 +1291,8 @@ impl PartitionLog {
             .max(1);
         let removed: Vec<_> = inner.segments.drain(keep..).collect();
         for seg in &removed {
+            // Readers still holding the segment read what they loaded the size of.
+            seg.pin_for_deletion()?;
             delete_segment_files(&self.dir, seg.base_offset())?;
         }
         let active = Arc::clone(
@@ -1824,9 +1828,9 @@ impl PartitionLog {
         for seg in &doomed {
             result.deleted_segments += 1;
             result.deleted_bytes += seg.size();
+            seg.pin_for_deletion()?;
             crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
             seg.set_suffix(&self.dir, DELETED_SUFFIX);
-            seg.close_files();
             paths.extend(deleted_paths(&self.dir, seg.base_offset()));
         }
         sync_dir(&self.dir)?;
@@ -2015,9 +2019,9 @@ impl PartitionLog {
         sync_dir(&self.dir)?;
         let mut paths = Vec::new();
         for seg in old {
+            seg.pin_for_deletion()?;
             crate::segment::rename_segment_files(&self.dir, seg.base_offset(), "", DELETED_SUFFIX)?;
             seg.set_suffix(&self.dir, DELETED_SUFFIX);
-            seg.close_files();
             paths.extend(deleted_paths(&self.dir, seg.base_offset()));
         }
         sync_dir(&self.dir)?;

@@ -124,6 +124,9 @@ pub struct LogManager {
     recovery_threads: usize,
 }
 
+/// A log opened at start-up and its `partition.metadata` topic id.
+type LoadedLog = (Option<[u8; 16]>, Arc<PartitionLog>);
+
 /// Kafka's default `num.recovery.threads.per.data.dir`.
 pub const DEFAULT_RECOVERY_THREADS_PER_DATA_DIR: usize = 2;
 
@@ -467,7 +470,7 @@ impl LogManager {
             // Kafka's LogManager.loadLogs: num.recovery.threads.per.data.dir threads load (and
             // after a crash, recover) the directory's logs.
             let started = std::time::Instant::now();
-            let opened: Vec<Result<(Option<[u8; 16]>, Arc<PartitionLog>)>> =
+            let opened: Vec<Result<LoadedLog>> =
                 parallel_map(&jobs, recovery_threads, |(path, tp)| {
                     let topic_id = read_partition_metadata(path)?;
                     let log = PartitionLog::open_impl(
@@ -738,12 +741,28 @@ impl LogManager {
                 }
             }
         }
+        let threads = (self.recovery_threads * self.log_dirs.len().max(1)).max(8);
         let mut few = Vec::new();
         for (dir, logs) in self.log_dirs.iter().zip(dirty) {
             if logs.len() <= SYNCFS_ABOVE {
                 few.extend(logs.into_iter().map(|(l, _)| l));
                 continue;
             }
+            // Written in parallel, then synced at once.
+            let written = parallel_map(&logs, threads, |(l, _)| l.write_pending_leader_epochs());
+            let mut synced = Vec::with_capacity(logs.len());
+            for ((log, _), result) in logs.into_iter().zip(written) {
+                match result {
+                    Ok(()) => {
+                        if let Some(writes) = log.leader_epoch_checkpoint_writes_if_dirty() {
+                            synced.push((log, writes));
+                        }
+                    }
+                    Err(e) => tracing::error!(partition = %log.topic_partition(), error = %e,
+                        "writing the leader epoch checkpoint failed"),
+                }
+            }
+            let logs = synced;
             match sync_file_system(dir) {
                 Ok(()) => logs
                     .iter()
@@ -754,7 +773,6 @@ impl LogManager {
                 }
             }
         }
-        let threads = (self.recovery_threads * self.log_dirs.len().max(1)).max(8);
         for (log, result) in few.iter().zip(parallel_map(&few, threads, |l| {
             l.sync_leader_epoch_checkpoint()
         })) {

@@ -362,6 +362,19 @@ impl LogSegment {
             .set_path(dir.join(file_name(self.base_offset, "timeindex") + suffix));
     }
 
+    /// Keeps the `.log` file readable by the readers that still hold this segment while it
+    /// is renamed and deleted ([`SegmentFile::pin`]); its index files close (their entries
+    /// are in memory).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be opened.
+    pub(crate) fn pin_for_deletion(&self) -> Result<()> {
+        self.log.pin("opening segment")?;
+        self.offset_index.file().close();
+        self.time_index.file().close();
+        Ok(())
+    }
+
     /// Closes the segment's descriptors now (a later use reopens them).
     pub(crate) fn close_files(&self) {
         self.log.close();

@@ -304,13 +304,10 @@ impl Partition {
             core.apply(&registration, leo, now)
         };
         if new_epoch == Some(true) {
-            if let Err(e) = self
-                .log
-                .maybe_assign_epoch_start_offset_deferred(registration.leader_epoch, leo)
-            {
-                tracing::error!(partition = %self.topic_partition, error = %e,
-                    "recording the leader epoch start offset failed");
-            }
+            // Written and synced with the other partitions of the metadata change
+            // (ReplicaManager::apply_image).
+            self.log
+                .maybe_assign_epoch_start_offset_deferred(registration.leader_epoch, leo);
         }
         self.maybe_increment_high_watermark();
         self.delayed.check_and_complete_all(&self.topic_partition);
