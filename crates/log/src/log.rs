@@ -74,6 +74,9 @@ pub struct LoadStats {
     pub recovered_segments: usize,
     /// Batches validated during that scan.
     pub recovered_batches: u64,
+    /// Bytes that scan read: the segments from the one holding the recovery point on, not
+    /// the whole log.
+    pub recovered_bytes: u64,
     /// Bytes cut from the log (torn or corrupt tail), including deleted later segments.
     pub truncated_bytes: u64,
     /// Segments whose index files were unusable and were rebuilt.
@@ -436,6 +439,7 @@ impl PartitionLog {
             })?;
             stats.recovered_segments += 1;
             stats.recovered_batches += r.batches;
+            stats.recovered_bytes += r.scanned_bytes;
             stats.truncated_bytes += r.truncated_bytes;
             last_next_offset = Some(r.next_offset.unwrap_or(seg.base_offset()));
             i += 1;
@@ -480,6 +484,7 @@ impl PartitionLog {
                         })?;
                     stats.recovered_segments += 1;
                     stats.recovered_batches += r.batches;
+                    stats.recovered_bytes += r.scanned_bytes;
                     stats.truncated_bytes += r.truncated_bytes;
                     r.next_offset.unwrap_or(active.base_offset())
                 }
@@ -761,6 +766,11 @@ impl PartitionLog {
     /// Number of segments.
     pub fn num_segments(&self) -> usize {
         self.published_segments().len()
+    }
+
+    /// Sizes in bytes of the segments, in base offset order.
+    pub fn segment_sizes(&self) -> Vec<u64> {
+        self.published_segments().iter().map(|s| s.size()).collect()
     }
 
     /// Base offsets of the segments, ascending.

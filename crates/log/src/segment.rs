@@ -105,6 +105,8 @@ pub(crate) struct RecoverResult {
     /// When bytes were cut: whether they were only a write cut short at the end of the file
     /// (a crash), rather than corruption before its end.
     pub torn_tail: bool,
+    /// Bytes of the file the scan read (the file's length when it began).
+    pub scanned_bytes: u64,
 }
 
 /// Reads a file through a reusable buffer.
@@ -737,7 +739,10 @@ impl LogSegment {
             .metadata()
             .map_err(|e| LogError::io("reading metadata of", &path, e))?
             .len();
-        let mut result = RecoverResult::default();
+        let mut result = RecoverResult {
+            scanned_bytes: file_len,
+            ..RecoverResult::default()
+        };
         let mut reader = ChunkReader::new(&file, &path, file_len, SCAN_CHUNK_BYTES);
         let mut position = 0u64;
         let mut next_offset = expected_first_offset.max(self.base_offset);

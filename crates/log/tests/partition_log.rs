@@ -857,3 +857,48 @@ fn an_old_record_inside_a_batch_fails_the_batch_with_its_index() {
         .build();
     log.append_as_leader(&mut b, 0, NOW_MS).unwrap();
 }
+
+/// After a crash, recovery reads only the segments from the one holding the recovery point
+/// (`recovery-point-offset-checkpoint`) on, as Kafka's `LogLoader.recoverLog`: the bytes it
+/// scanned are counted.
+#[test]
+fn recovery_reads_only_what_follows_the_recovery_point() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = vec![root.path().join("d")];
+    let name = tp("recover", 0);
+    let (flushed_bytes, total_bytes, tail_bytes, leo) = {
+        let (mgr, _) = LogManager::open(&dirs, small_config()).unwrap();
+        let log = mgr.get_or_create(&name, [7; 16], small_config()).unwrap();
+        // Several full segments, flushed: the recovery point moves to their end.
+        for _ in 0..40 {
+            log.append_as_leader(&mut batch(2, NOW_MS, 200), 0, NOW_MS)
+                .unwrap();
+        }
+        log.flush().unwrap();
+        mgr.checkpoint_recovery_points().unwrap();
+        let flushed = log.size_in_bytes();
+        assert!(log.num_segments() > 3, "{} segments", log.num_segments());
+        assert_eq!(log.recovery_point(), log.log_end_offset());
+        // Appends after the checkpoint: never flushed, then a crash (no shutdown).
+        for _ in 0..3 {
+            log.append_as_leader(&mut batch(2, NOW_MS, 200), 0, NOW_MS)
+                .unwrap();
+        }
+        let bases = log.segment_base_offsets();
+        let rp = log.recovery_point();
+        let from = bases.iter().rposition(|b| *b <= rp).unwrap();
+        let tail: u64 = log.segment_sizes().iter().skip(from).sum();
+        (flushed, log.size_in_bytes(), tail, log.log_end_offset())
+    };
+    let (mgr, _) = LogManager::open(&dirs, small_config()).unwrap();
+    let log = mgr.get(&name).unwrap();
+    let stats = log.load_stats();
+    assert_eq!(log.log_end_offset(), leo);
+    assert!(stats.recovered_segments >= 1);
+    assert_eq!(stats.recovered_bytes, tail_bytes, "{stats:?}");
+    assert!(
+        stats.recovered_bytes < total_bytes / 2,
+        "read {} of {total_bytes} bytes ({flushed_bytes} flushed)",
+        stats.recovered_bytes
+    );
+}
