@@ -13,8 +13,10 @@
 //!   writable during this phase, and the sum of the two is what compares);
 //! - **idle** RSS (`VmRSS`) and open descriptors (`/proc/<pid>/fd`) after `--settle-secs`, also
 //!   per partition above those of the same broker before it had any topic;
-//! - **Metadata** for all topics: the median latency of [`METADATA_REPETITIONS`] requests (a
-//!   client of our own on `kafka-protocol`, one connection);
+//! - **Metadata** for all topics and for one topic: the median latency of
+//!   [`METADATA_REPETITIONS`] requests (a client of our own on `kafka-protocol`, one
+//!   connection); then the time to create one more topic of one partition (CreateTopics until
+//!   its answer): work per request that grows with the partitions already there shows in these;
 //! - gregor only: the time to scrape `/metrics`, and how many series it has;
 //! - **shutdown**: SIGTERM until the process exited;
 //! - **restart** after that clean shutdown, then after `kill -9`: from starting the process
@@ -41,6 +43,7 @@ use clap::{Args, ValueEnum};
 use gregor_protocol::batch::BatchBuilder;
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
@@ -184,6 +187,8 @@ const METRICS: &[(&str, &str, usize)] = &[
     ),
     ("metadata_ms", "Metadata (all topics), median ms", 1),
     ("metadata_kib", "Metadata response size, KiB", 0),
+    ("metadata_one_ms", "Metadata (one topic), median ms", 2),
+    ("create_one_ms", "CreateTopics of one more topic, ms", 1),
     ("metrics_ms", "/metrics scrape, ms", 1),
     ("metrics_series", "/metrics series", 0),
     ("shutdown_s", "clean shutdown (SIGTERM to exit), s", 2),
@@ -805,15 +810,15 @@ fn produce_one_each(node: &mut Node, topics: &[(String, i32)], timeout: Duration
     }
 }
 
-/// The median latency (ms) of [`METADATA_REPETITIONS`] all-topics Metadata requests on one
+/// The median latency (ms) of [`METADATA_REPETITIONS`] Metadata requests (`req`) on one
 /// connection, and the size of the last answer's frame (KiB).
-fn metadata_latency(node: &Node) -> Result<(f64, f64)> {
+fn metadata_latency(node: &Node, req: &MetadataRequest) -> Result<(f64, f64)> {
     let mut conn = connect(node.addr, Duration::from_secs(60))?;
     let mut ms = Vec::new();
     let mut size = 0usize;
     for _ in 0..METADATA_REPETITIONS {
         let t0 = Instant::now();
-        let id = conn.send(ApiKey::Metadata, 12, &metadata_all())?;
+        let id = conn.send(ApiKey::Metadata, 12, req)?;
         let body = conn.expect_response(ApiKey::Metadata, 12, id)?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
         size = body.len();
@@ -887,9 +892,21 @@ fn measure(
             json!(round((rss - empty_rss) * 1e6 / 1024.0 / f64::from(n), 2));
         r["fds_per_partition"] = json!(round((fds as f64 - empty_fds as f64) / f64::from(n), 2));
 
-        let (ms, kib) = metadata_latency(&node).context("Metadata")?;
+        let (ms, kib) = metadata_latency(&node, &metadata_all()).context("Metadata")?;
         r["metadata_ms"] = json!(round(ms, 2));
         r["metadata_kib"] = json!(round(kib, 0));
+        let one = MetadataRequest::default()
+            .with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(sb(&topics[0].0))))
+            ]))
+            .with_allow_auto_topic_creation(false);
+        let (ms, _) = metadata_latency(&node, &one).context("Metadata of one topic")?;
+        r["metadata_one_ms"] = json!(round(ms, 3));
+        // Work per request that grows with the partitions already there shows here.
+        let extra = [(format!("{TOPIC_PREFIX}{}-extra", which.key()), 1)];
+        let t0 = Instant::now();
+        create_topics(&mut node, &extra, timeout).context("one more topic")?;
+        r["create_one_ms"] = json!(round(t0.elapsed().as_secs_f64() * 1e3, 1));
 
         if which == Impl::Gregor {
             let t0 = Instant::now();
