@@ -865,6 +865,7 @@ fn measure(
     r["empty_rss_mb"] = json!(round(empty_rss, 1));
     r["empty_fds"] = json!(empty_fds);
 
+    let run_t0 = Instant::now();
     let result = (|| -> Result<()> {
         let t0 = Instant::now();
         create_topics(&mut node, &topics, timeout).context("create")?;
@@ -947,6 +948,7 @@ fn measure(
         Ok(())
     })();
     if result.is_err() {
+        r["failed_after_s"] = json!(round(run_t0.elapsed().as_secs_f64(), 1));
         // What the broker holds when it failed, if it still runs.
         let pid = node.pid();
         if proc::pid_alive(pid) {
@@ -1067,7 +1069,14 @@ fn table(s: &mut String, entry: &Value, metrics: &[(&str, &str, usize)], cols: &
     }
     for (name, c) in cols {
         if let Some(e) = entry[*c]["error"].as_str() {
-            let mut line = format!("\n{name} failed: {}", e.lines().next().unwrap_or(e).trim());
+            let after = entry[*c]["failed_after_s"]
+                .as_f64()
+                .map(|s| format!(" after {s:.1} s"))
+                .unwrap_or_default();
+            let mut line = format!(
+                "\n{name} failed{after}: {}",
+                e.lines().next().unwrap_or(e).trim()
+            );
             if let (Some(fds), Some(rss)) = (
                 entry[*c]["fds_at_error"].as_u64(),
                 entry[*c]["rss_mb_at_error"].as_f64(),
