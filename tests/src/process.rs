@@ -269,6 +269,18 @@ impl ChildGuard {
         Ok(())
     }
 
+    /// The exit status if the process has exited (it is then reaped), `None` while it runs or
+    /// once stopped.
+    ///
+    /// # Errors
+    /// When the status cannot be read.
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?),
+            None => Ok(None),
+        }
+    }
+
     /// Stops the process and reaps it.
     pub fn stop(&mut self) -> Result<Option<ExitStatus>> {
         let Some(mut child) = self.child.take() else {
@@ -363,7 +375,26 @@ impl GregorServer {
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
         let log_file = work.join(format!("gregor-{port}.log"));
-        let log = std::fs::File::create(&log_file)
+        let mut server = Self::spawn(binary, &log_dir, &log_file, port, admin_port, sets)?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// Starts `gregor serve` on an existing `log_dir` (kept as it is: a restart) with its
+    /// output in `log_file` (created, or truncated), and returns at once without waiting for
+    /// it to answer (`cargo xtask scale` times the restart itself).
+    ///
+    /// # Errors
+    /// When the log file cannot be created or the process cannot start.
+    pub fn spawn(
+        binary: &Path,
+        log_dir: &Path,
+        log_file: &Path,
+        port: u16,
+        admin_port: u16,
+        sets: &[String],
+    ) -> Result<Self> {
+        let log = std::fs::File::create(log_file)
             .with_context(|| format!("creating {}", log_file.display()))?;
         let bootstrap = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(binary);
@@ -386,14 +417,12 @@ impl GregorServer {
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        let mut server = Self {
+        Ok(Self {
             bootstrap,
-            log_dir,
-            log_file,
+            log_dir: log_dir.to_path_buf(),
+            log_file: log_file.to_path_buf(),
             guard: ChildGuard::new("gregor", child),
-        };
-        server.wait_ready()?;
-        Ok(server)
+        })
     }
 
     /// Waits (60 s) until the server answers ApiVersions.
@@ -468,9 +497,17 @@ pub fn prometheus_tool(name: &str) -> Option<PathBuf> {
 /// # Errors
 /// When the server cannot be reached or answers something that is not HTTP.
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_get_timeout(port, path, Duration::from_secs(10))
+}
+
+/// [`http_get`] with a read timeout of `timeout` instead of 10 s.
+///
+/// # Errors
+/// As [`http_get`]; a server silent for `timeout` is an error.
+pub fn http_get_timeout(port: u16, path: &str, timeout: Duration) -> Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_read_timeout(Some(timeout))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"

@@ -112,13 +112,13 @@ const WORSE_THRESHOLD: f64 = 0.05;
 const CPU_NOISE_S: f64 = 0.1;
 
 #[derive(Clone)]
-struct Produce {
-    records: u64,
-    record_size: usize,
-    acks: &'static str,
-    compression: &'static str,
+pub(crate) struct Produce {
+    pub(crate) records: u64,
+    pub(crate) record_size: usize,
+    pub(crate) acks: &'static str,
+    pub(crate) compression: &'static str,
     /// Records per second, -1 unthrottled.
-    throughput: i64,
+    pub(crate) throughput: i64,
 }
 
 #[derive(Clone)]
@@ -493,7 +493,7 @@ fn worse_than_baseline(id: &str, ratio: &Value, new: &Value, baseline: &Value) -
     out
 }
 
-fn round(x: f64, digits: i32) -> f64 {
+pub(crate) fn round(x: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (x * f).round() / f
 }
@@ -672,11 +672,11 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
-fn nproc() -> usize {
+pub(crate) fn nproc() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
-fn gregor_client(binary: &Path, bootstrap: &str) -> Command {
+pub(crate) fn gregor_client(binary: &Path, bootstrap: &str) -> Command {
     let mut c = Command::new(binary);
     c.arg("--log-format")
         .arg("text")
@@ -686,7 +686,7 @@ fn gregor_client(binary: &Path, bootstrap: &str) -> Command {
 }
 
 /// Runs a `gregor perf ...` command and returns the JSON object on its last stdout line.
-fn perf(cmd: &mut Command) -> Result<Value> {
+pub(crate) fn perf(cmd: &mut Command) -> Result<Value> {
     eprintln!("$ {}", proc::display_command(cmd));
     let out = cmd.output().context("running gregor perf")?;
     if !out.status.success() {
@@ -707,7 +707,7 @@ fn perf(cmd: &mut Command) -> Result<Value> {
     Ok(serde_json::from_str(line)?)
 }
 
-fn produce_command(
+pub(crate) fn produce_command(
     binary: &Path,
     bootstrap: &str,
     topic: &str,
@@ -910,7 +910,7 @@ fn producer_performance(server: &Server, w: &Workload) -> Result<Value> {
     }))
 }
 
-fn fmt_num(v: &Value, digits: usize) -> String {
+pub(crate) fn fmt_num(v: &Value, digits: usize) -> String {
     match v.as_f64() {
         None => "–".into(),
         Some(x) if x >= 10_000.0 => {

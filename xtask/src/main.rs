@@ -7,6 +7,7 @@
 //!   from the jars on Maven Central (see "Reference broker" in docs/DESIGN).
 //! - `cargo xtask difftest` compares gregor's answers with that broker's, field by field.
 //! - `cargo xtask bench` runs the same workloads against both and reports the ratios.
+//! - `cargo xtask scale` puts many partitions on one broker of each and compares the costs.
 //! - `cargo xtask fuzz` runs the cargo-fuzz targets in `fuzz/` on their committed corpora.
 //! - `cargo xtask sim` runs the deterministic KRaft simulator of `gregor-raft` over many seeds.
 //! - `cargo xtask chaos` runs the replication fault test on a 3-node cluster for N minutes.
@@ -23,6 +24,7 @@ mod kafka;
 mod parallel_test;
 mod proc;
 mod rdkafka_suite;
+mod scale;
 mod sim;
 mod test;
 
@@ -47,6 +49,9 @@ enum Command {
     Difftest(difftest::DifftestArgs),
     /// The same workloads against gregor and Apache Kafka; report in target/bench/.
     Bench(bench::BenchArgs),
+    /// Many partitions on one gregor and one Apache Kafka broker: time to create, memory and
+    /// descriptors, Metadata latency, shutdown and restart; report in target/scale/.
+    Scale(scale::ScaleArgs),
     /// Run the cargo-fuzz targets in fuzz/ (nightly; installs cargo-fuzz when missing).
     Fuzz(fuzz::FuzzArgs),
     /// Run the deterministic KRaft simulator (gregor-raft) over many seeds.
@@ -77,6 +82,10 @@ fn main() -> Result<()> {
         }
         Command::Bench(args) => {
             let code = bench::run(&args)?;
+            std::process::exit(code);
+        }
+        Command::Scale(args) => {
+            let code = scale::run(&args)?;
             std::process::exit(code);
         }
         Command::Fuzz(args) => {

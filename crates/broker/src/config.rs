@@ -573,6 +573,10 @@ pub struct BrokerConfig {
     /// `admin.listener`: host:port of the HTTP listener for `/metrics`, `/health` and
     /// `/ready`; default `127.0.0.1:9644`; `None` when set to an empty value (disabled).
     pub admin_listener: Option<String>,
+    /// `admin.metrics.per.partition` (gregor's own), default true: `/metrics` has a series
+    /// per partition for the log gauges and per committed partition for consumer lag; false:
+    /// per topic (summed), so that a broker with very many partitions is scraped quickly.
+    pub admin_metrics_per_partition: bool,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
     /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
@@ -681,6 +685,7 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "5000",
     ),
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
+    ("admin.metrics.per.partition", ConfigType::Boolean, "true"),
     // Incremental fetch sessions (KIP-227, Kafka's `ServerConfigs`).
     (
         "max.incremental.fetch.session.cache.slots",
@@ -1130,6 +1135,8 @@ impl BrokerConfig {
                 Some(v) if v.is_empty() => None,
                 Some(v) => Some(v),
             },
+            admin_metrics_per_partition: get("admin.metrics.per.partition")
+                .is_none_or(|v| v.eq_ignore_ascii_case("true")),
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
             raw: props,
         };

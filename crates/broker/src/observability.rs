@@ -54,7 +54,9 @@ pub const UNDER_REPLICATED_PARTITIONS: &str = "gregor_under_replicated_partition
 /// Led partitions whose ISR is smaller than their effective `min.insync.replicas` (Kafka's
 /// `UnderMinIsrPartitionCount`): acks=all produces to them fail with NOT_ENOUGH_REPLICAS.
 pub const UNDER_MIN_ISR_PARTITIONS: &str = "gregor_under_min_isr_partitions";
-/// Size of a partition's log.
+/// Size of a partition's log. This family and the four after it, and
+/// [`CONSUMER_GROUP_LAG`], are rendered at each scrape from the partitions themselves
+/// (`crate::admin`), not kept in the registry; by topic with `admin.metrics.per.partition=false`.
 pub const LOG_SIZE_BYTES: &str = "gregor_log_size_bytes";
 /// Segments of a partition's log.
 pub const LOG_SEGMENTS: &str = "gregor_log_segments";
@@ -64,6 +66,9 @@ pub const LOG_END_OFFSET: &str = "gregor_log_end_offset";
 pub const LOG_START_OFFSET: &str = "gregor_log_start_offset";
 /// High watermark of a partition.
 pub const HIGH_WATERMARK: &str = "gregor_high_watermark";
+/// Partitions of a topic hosted here; only with `admin.metrics.per.partition=false`, where the
+/// log families are sums over them.
+pub const TOPIC_PARTITIONS: &str = "gregor_topic_partitions";
 /// Consumer groups hosted by this broker's coordinator, by state and type.
 pub const CONSUMER_GROUPS: &str = "gregor_consumer_groups";
 /// Consumer lag in records: the partition's high watermark minus the group's committed
@@ -193,11 +198,6 @@ fn describe() {
         UNDER_MIN_ISR_PARTITIONS,
         "Led partitions with ISR smaller than min.insync.replicas."
     );
-    describe_gauge!(LOG_SIZE_BYTES, Unit::Bytes, "Size of the partition's log.");
-    describe_gauge!(LOG_SEGMENTS, "Segments in the partition's log.");
-    describe_gauge!(LOG_END_OFFSET, "Log end offset.");
-    describe_gauge!(LOG_START_OFFSET, "Log start offset.");
-    describe_gauge!(HIGH_WATERMARK, "High watermark.");
     describe_gauge!(UPTIME_SECONDS, Unit::Seconds, "Time since start-up.");
     describe_gauge!(
         REPLICATION_THROTTLED_BYTE_RATE,
@@ -213,10 +213,6 @@ fn describe() {
         "Times a throttled out-of-sync replica was held back by the quota, by side."
     );
     describe_gauge!(CONSUMER_GROUPS, "Consumer groups, by state and type.");
-    describe_gauge!(
-        CONSUMER_GROUP_LAG,
-        "High watermark minus committed offset (records)."
-    );
     describe_gauge!(
         READY,
         "1 when the broker is ready to serve: started, and no log directory offline (as /ready)."

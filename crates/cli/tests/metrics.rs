@@ -140,6 +140,11 @@ fn counters_match_a_known_produce_and_consume() -> Result<()> {
     ensure!(g.admin_get("/nope")?.0 == 404);
 
     // Prometheus' linter accepts the exposition.
+    promtool_check(&body)
+}
+
+/// `promtool check metrics` accepts `body`.
+fn promtool_check(body: &str) -> Result<()> {
     let promtool = gregor_tests::process::prometheus_tool("promtool").context(
         "promtool not found: put it on PATH, or run `cargo xtask test`, which extracts it from Debian's `prometheus` package",
     )?;
@@ -160,6 +165,121 @@ fn counters_match_a_known_produce_and_consume() -> Result<()> {
         "promtool check metrics failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Produces `n` records to `partition` of `topic` and waits for their acknowledgement.
+fn produce(bs: &str, topic: &str, partition: i32, n: usize) -> Result<()> {
+    let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", bs).create()?;
+    for i in 0..n {
+        let v = format!("r{i}");
+        p.send(
+            BaseRecord::<(), _>::to(topic)
+                .partition(partition)
+                .payload(&v),
+        )
+        .map_err(|(e, _)| e)?;
+    }
+    p.flush(TIMEOUT)?;
+    Ok(())
+}
+
+/// Commits `offsets` ((partition, offset)) of `topic` for `group`.
+fn commit(bs: &str, group: &str, topic: &str, offsets: &[(i32, i64)]) -> Result<()> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bs)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+    }
+    c.commit(&tpl, CommitMode::Sync)?;
+    Ok(())
+}
+
+/// With `admin.metrics.per.partition=false` the log gauges and the lag have one series per
+/// topic, summed over its partitions, beside the number of partitions; none has a `partition`
+/// label, and the exposition still passes Prometheus' linter.
+#[test]
+fn per_topic_series_sum_the_partitions() -> Result<()> {
+    let g = Gregor::start(BIN, &["admin.metrics.per.partition=false"])?;
+    let bs = g.bootstrap();
+    gregor_tests::clients::create_topic(&bs, "agg", 3)?;
+    produce(&bs, "agg", 0, 10)?;
+    produce(&bs, "agg", 2, 5)?;
+    commit(&bs, "gagg", "agg", &[(0, 4), (2, 5)])?;
+    let (status, body) = g.admin_get("/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let m = parse(&body);
+    ensure!(get(&m, "gregor_topic_partitions{topic=\"agg\"}")? == 3.0);
+    ensure!(get(&m, "gregor_log_end_offset{topic=\"agg\"}")? == 15.0);
+    ensure!(get(&m, "gregor_high_watermark{topic=\"agg\"}")? == 15.0);
+    ensure!(get(&m, "gregor_log_start_offset{topic=\"agg\"}")? == 0.0);
+    ensure!(get(&m, "gregor_log_segments{topic=\"agg\"}")? == 3.0);
+    ensure!(
+        get(&m, "gregor_log_size_bytes{topic=\"agg\"}")?
+            == get(&m, "gregor_topic_bytes_in_total{topic=\"agg\"}")?
+    );
+    // 10 - 4 on partition 0, 5 - 5 on partition 2.
+    ensure!(
+        get(
+            &m,
+            "gregor_consumer_group_lag{group=\"gagg\",topic=\"agg\"}"
+        )? == 6.0
+    );
+    for family in [
+        "gregor_log_size_bytes",
+        "gregor_log_segments",
+        "gregor_log_end_offset",
+        "gregor_log_start_offset",
+        "gregor_high_watermark",
+        "gregor_consumer_group_lag",
+    ] {
+        ensure!(
+            !m.keys()
+                .any(|k| k.starts_with(&format!("{family}{{")) && k.contains("partition=")),
+            "{family} has per-partition series:\n{body}"
+        );
+    }
+    promtool_check(&body)
+}
+
+/// Per partition (the default), a deleted topic's log gauges leave `/metrics` (they are read
+/// from the hosted partitions at each scrape, not kept from earlier scrapes).
+#[test]
+fn a_deleted_topic_leaves_no_partition_series() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    gregor_tests::clients::create_topic(&bs, "gone", 2)?;
+    produce(&bs, "gone", 1, 3)?;
+    let (_, body) = g.admin_get("/metrics")?;
+    ensure!(
+        get(
+            &parse(&body),
+            "gregor_log_end_offset{topic=\"gone\",partition=\"1\"}"
+        )? == 3.0
+    );
+    let admin = gregor_tests::clients::admin(&bs)?;
+    for r in gregor_tests::clients::runtime()?
+        .block_on(admin.delete_topics(&["gone"], &AdminOptions::new()))?
+    {
+        if let Err((t, e)) = r {
+            bail!("deleting {t}: {e}");
+        }
+    }
+    let left = poll(TIMEOUT, || {
+        let (_, body) = g.admin_get("/metrics").ok()?;
+        (!body
+            .lines()
+            .any(|l| l.starts_with("gregor_log_") && l.contains("topic=\"gone\"")))
+        .then_some(())
+    });
+    ensure!(
+        left.is_some(),
+        "series of the deleted topic are still served"
     );
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! bytes (v4) are reported unknown (-1).
 //! <https://kafka.apache.org/protocol#The_Messages_DescribeLogDirs>
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gregor_network::RequestContext;
@@ -36,11 +36,18 @@ pub fn describe_log_dirs(
         return DescribeLogDirsResponse::default()
             .with_error_code(ErrorCode::ClusterAuthorizationFailed.code());
     }
-    let wanted = |topic: &str, index: i32| match &req.topics {
-        None => true,
+    let rm = &broker.replica_manager;
+    let partitions = match &req.topics {
+        None => rm.partitions(),
+        // The partitions asked for, each once (Kafka's set), looked up one by one rather than
+        // every hosted partition compared with every topic asked for.
         Some(ts) => ts
             .iter()
-            .any(|t| t.topic.as_str() == topic && t.partitions.contains(&index)),
+            .flat_map(|t| t.partitions.iter().map(|i| (t.topic.as_str(), *i)))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|(topic, index)| rm.partition(topic, index))
+            .collect(),
     };
     // log dir -> topic -> partitions
     let mut dirs: BTreeMap<std::path::PathBuf, BTreeMap<String, Vec<DescribeLogDirsPartition>>> =
@@ -50,10 +57,7 @@ pub fn describe_log_dirs(
             .iter()
             .map(|d| (absolute(d), BTreeMap::new()))
             .collect();
-    for p in broker.replica_manager.partitions() {
-        if !wanted(&p.topic, p.index) {
-            continue;
-        }
+    for p in partitions {
         let Some(dir) = p.log.dir().parent().map(absolute) else {
             continue;
         };

@@ -156,10 +156,10 @@ pub fn offset_for_leader_epoch(
                                 p.current_leader_epoch,
                                 p.leader_epoch,
                             ),
-                            None if image.topics.values().any(|ti| {
-                                ti.name == t.topic.as_str()
-                                    && ti.partitions.contains_key(&p.partition)
-                            }) =>
+                            // A lookup by name, not a walk over every topic.
+                            None if image
+                                .topic(t.topic.as_str())
+                                .is_some_and(|ti| ti.partitions.contains_key(&p.partition)) =>
                             {
                                 Err(ec::NOT_LEADER_OR_FOLLOWER)
                             }

