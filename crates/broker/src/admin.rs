@@ -85,6 +85,10 @@ fn update_gauges(broker: &Broker) -> String {
     metrics::gauge!(UNDER_REPLICATED_PARTITIONS).set(under_replicated as f64);
     metrics::gauge!(UNDER_MIN_ISR_PARTITIONS).set(under_min_isr as f64);
     metrics::gauge!(UPTIME_SECONDS).set(broker.uptime().as_secs_f64());
+    let files = gregor_log::files::open_file_stats();
+    metrics::gauge!(LOG_SEGMENT_FILES_OPEN).set(files.open as f64);
+    metrics::gauge!(LOG_SEGMENT_FILES_OPEN_MAX).set(files.max as f64);
+    metrics::counter!(LOG_SEGMENT_FILES_EVICTED_TOTAL).absolute(files.evicted_total);
     let quotas = broker.replica_manager.replication_quotas();
     for (side, q) in [("leader", &quotas.leader), ("follower", &quotas.follower)] {
         let labels = [("type", side)];

@@ -100,6 +100,12 @@ pub const READY: &str = "gregor_ready";
 /// Gauge, one series per log directory (`dir`): 1 while the directory is offline (full since a
 /// write failed for lack of space, or failed), else 0. `/ready` says not ready meanwhile.
 pub const LOG_DIR_OFFLINE: &str = "gregor_log_dir_offline";
+/// Gauge: segment files (`.log`, `.index`, `.timeindex`) open now ([`gregor_log::files`]).
+pub const LOG_SEGMENT_FILES_OPEN: &str = "gregor_log_segment_files_open";
+/// Gauge: the budget of open segment files (half the open-file limit).
+pub const LOG_SEGMENT_FILES_OPEN_MAX: &str = "gregor_log_segment_files_open_max";
+/// Counter: segment files closed to stay within the budget (reopened on their next use).
+pub const LOG_SEGMENT_FILES_EVICTED_TOTAL: &str = "gregor_log_segment_files_evicted_total";
 
 /// Latency buckets in seconds, from 50 µs to 30 s.
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -229,6 +235,18 @@ fn describe() {
     describe_gauge!(
         LOG_DIR_OFFLINE,
         "1 while the log directory (dir) is offline: full since a write failed for lack of space (appends resume once space is free) or failed."
+    );
+    describe_gauge!(
+        LOG_SEGMENT_FILES_OPEN,
+        "Segment files (.log, .index, .timeindex) open now; idle ones beyond the budget are closed."
+    );
+    describe_gauge!(
+        LOG_SEGMENT_FILES_OPEN_MAX,
+        "The budget of open segment files: half the process's open-file limit."
+    );
+    describe_counter!(
+        LOG_SEGMENT_FILES_EVICTED_TOTAL,
+        "Segment files closed to stay within the budget; each is reopened on its next use."
     );
     describe_gauge!(
         BUILD_INFO,

@@ -191,6 +191,18 @@ fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<(
     produce_round(&bootstrap, 1, &mut acked)?;
     let fds = open_descriptors(&g)?;
     ensure!(fds <= NOFILE as usize, "{fds} descriptors open");
+    // The budget is half the limit, and /metrics says how it is used.
+    let (status, body) = g.admin_get("/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let gauge = |name: &str| -> Result<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .with_context(|| format!("{name} not in /metrics"))
+    };
+    ensure!(gauge("gregor_log_segment_files_open_max")? == (NOFILE / 2) as f64);
+    let open = gauge("gregor_log_segment_files_open")?;
+    ensure!(open <= (NOFILE / 2) as f64, "{open} segment files open");
+    ensure!(gauge("gregor_log_segment_files_evicted_total")? > 0.0);
     check_all(&bootstrap, &acked)?;
 
     // Clean restart: every partition loads within the limit.
