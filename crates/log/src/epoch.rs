@@ -25,8 +25,6 @@ pub(crate) struct LeaderEpochCache {
     /// The checkpoint was rewritten without `fsync` ([`LeaderEpochCache::assign_deferred`],
     /// [`LeaderEpochCache::truncate_from_end`]); [`LeaderEpochCache::sync`] makes it durable.
     dirty: bool,
-    /// Rewrites so far (for [`LeaderEpochCache::mark_synced`]).
-    writes: u64,
     /// Entries were assigned that the file does not hold yet
     /// ([`LeaderEpochCache::assign_deferred`]).
     unwritten: bool,
@@ -51,7 +49,6 @@ impl LeaderEpochCache {
             path,
             entries,
             dirty: false,
-            writes: 0,
             unwritten: false,
         })
     }
@@ -68,7 +65,6 @@ impl LeaderEpochCache {
         write_atomically(&self.path, s.as_bytes(), sync)?;
         self.dirty = !sync;
         self.unwritten = false;
-        self.writes += 1;
         Ok(())
     }
 
@@ -76,6 +72,11 @@ impl LeaderEpochCache {
     /// without `fsync` since the last sync.
     pub(crate) fn is_dirty(&self) -> bool {
         self.dirty || self.unwritten
+    }
+
+    /// Whether entries were assigned that the file does not hold yet.
+    pub(crate) fn is_unwritten(&self) -> bool {
+        self.unwritten
     }
 
     /// Writes entries [`LeaderEpochCache::assign_deferred`] added, without `fsync`.
@@ -87,19 +88,6 @@ impl LeaderEpochCache {
             self.write_with(false)?;
         }
         Ok(())
-    }
-
-    /// How many times the checkpoint was rewritten (see [`LeaderEpochCache::mark_synced`]).
-    pub(crate) fn writes(&self) -> u64 {
-        self.writes
-    }
-
-    /// Records that the checkpoint is durable (the caller synced its file system after
-    /// reading [`LeaderEpochCache::writes`]), unless it was rewritten since.
-    pub(crate) fn mark_synced(&mut self, writes_before_sync: u64) {
-        if self.writes == writes_before_sync && !self.unwritten {
-            self.dirty = false;
-        }
     }
 
     /// fsyncs the checkpoint and its directory if it was rewritten without.
@@ -123,10 +111,10 @@ impl LeaderEpochCache {
         Ok(())
     }
 
-    /// [`LeaderEpochCache::assign`] in memory only: the caller writes and syncs the
-    /// checkpoint later ([`LeaderEpochCache::sync`], or [`LeaderEpochCache::write_pending`]
-    /// and a file system sync) — a leader elected for many partitions at once writes all their
-    /// checkpoints in parallel; a flush syncs it before it advances the recovery point.
+    /// [`LeaderEpochCache::assign`] in memory only: the caller writes the checkpoint later
+    /// ([`LeaderEpochCache::write_pending`]; a leader elected for many partitions at once
+    /// writes all their checkpoints in parallel), and a flush syncs it
+    /// ([`LeaderEpochCache::sync`]) before it advances the recovery point.
     pub(crate) fn assign_deferred(&mut self, epoch: i32, start_offset: i64) -> bool {
         if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
             return false;
@@ -257,13 +245,9 @@ mod tests {
             LeaderEpochCache::load(dir.path()).unwrap().entries(),
             c.entries()
         );
-        let seen = c.writes();
         assert!(c.assign_deferred(4, 20));
         c.write_pending().unwrap();
-        // A sync that started before the second rewrite does not cover it.
-        c.mark_synced(seen);
-        assert!(c.is_dirty());
-        c.mark_synced(c.writes());
+        c.sync().unwrap();
         assert!(!c.is_dirty());
         c.truncate_from_end(20).unwrap();
         assert!(c.is_dirty());

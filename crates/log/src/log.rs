@@ -706,12 +706,10 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// [`PartitionLog::maybe_assign_epoch_start_offset`] in memory only: the caller must call
-    /// [`PartitionLog::sync_leader_epoch_checkpoint`] (or [`LogManager::sync_leader_epoch_checkpoints`](crate::LogManager::sync_leader_epoch_checkpoints)
-    /// for many logs at once, which writes them in parallel) soon after; until then a crash
-    /// may lose the entry, as a power loss may lose records acknowledged before a flush (the
-    /// entry of an epoch with records is rebuilt from them when recovery scans them). A flush
-    /// writes and syncs it before it moves the recovery point.
+    /// [`PartitionLog::maybe_assign_epoch_start_offset`] in memory only: the caller writes it
+    /// soon after ([`LogManager::write_leader_epoch_checkpoints`](crate::LogManager::write_leader_epoch_checkpoints)
+    /// writes those of many logs in parallel), and a flush writes and syncs it before it moves
+    /// the recovery point (see there why no `fsync` is needed before).
     pub fn maybe_assign_epoch_start_offset_deferred(&self, leader_epoch: i32, start_offset: i64) {
         let mut cache = self.epoch_cache.lock();
         if cache.assign_deferred(leader_epoch, start_offset) {
@@ -733,17 +731,9 @@ impl PartitionLog {
         self.epoch_cache.lock().is_dirty()
     }
 
-    /// Whether `leader-epoch-checkpoint` awaits a sync, and its rewrite count then.
-    pub(crate) fn leader_epoch_checkpoint_writes_if_dirty(&self) -> Option<u64> {
-        let cache = self.epoch_cache.lock();
-        cache.is_dirty().then(|| cache.writes())
-    }
-
-    /// Records that `leader-epoch-checkpoint` is durable: the caller synced the file system
-    /// after [`PartitionLog::leader_epoch_checkpoint_writes_if_dirty`] said `writes` (a later
-    /// rewrite keeps it dirty).
-    pub(crate) fn leader_epoch_checkpoint_synced(&self, writes: u64) {
-        self.epoch_cache.lock().mark_synced(writes);
+    /// Whether epochs were assigned that `leader-epoch-checkpoint` does not hold yet.
+    pub(crate) fn leader_epochs_unwritten(&self) -> bool {
+        self.epoch_cache.lock().is_unwritten()
     }
 
     /// fsyncs `leader-epoch-checkpoint` if it was rewritten without.

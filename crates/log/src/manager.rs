@@ -724,61 +724,32 @@ impl LogManager {
         }
     }
 
-    /// Makes every `leader-epoch-checkpoint` rewritten without `fsync` durable
-    /// ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]). A directory with many of
-    /// them (a restart makes the broker leader of every partition it hosts at once) is synced
-    /// with one `syncfs`, where one `fsync` of each file and its directory would take
-    /// milliseconds each; a few are fsynced in parallel. Errors are logged; the logs stay
-    /// dirty and their next flush syncs (or fails) again.
-    pub fn sync_leader_epoch_checkpoints(&self) {
-        /// More dirty checkpoints than this in one directory are synced with `syncfs`.
-        const SYNCFS_ABOVE: usize = 64;
-        let mut dirty: Vec<Vec<(Arc<PartitionLog>, u64)>> = vec![Vec::new(); self.log_dirs.len()];
-        for e in self.logs.lock().values() {
-            if let Some(writes) = e.log.leader_epoch_checkpoint_writes_if_dirty() {
-                if let Some(d) = dirty.get_mut(e.dir_index) {
-                    d.push((Arc::clone(&e.log), writes));
-                }
-            }
+    /// Writes, in parallel and without `fsync`, every `leader-epoch-checkpoint` whose new
+    /// epochs are only in memory ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]):
+    /// a broker that becomes leader of thousands of partitions at once (a restart, a topic
+    /// creation) writes them together instead of one after another with two `fsync`s each, as
+    /// Kafka's `LeaderEpochFileCache.assign` does. The checkpoint needs no `fsync` here: a
+    /// flush syncs it before the recovery point passes records of the epoch, recovery rebuilds
+    /// the entries of epochs with records after the recovery point from their batches, and an
+    /// epoch without records answers OffsetForLeaderEpoch as its predecessor does. Errors are
+    /// logged; the entries stay and the log's next flush writes (or fails) again.
+    pub fn write_leader_epoch_checkpoints(&self) {
+        let pending: Vec<Arc<PartitionLog>> = self
+            .logs
+            .lock()
+            .values()
+            .filter(|e| e.log.leader_epochs_unwritten())
+            .map(|e| Arc::clone(&e.log))
+            .collect();
+        if pending.is_empty() {
+            return;
         }
         let threads = (self.recovery_threads * self.log_dirs.len().max(1)).max(8);
-        let mut few = Vec::new();
-        for (dir, logs) in self.log_dirs.iter().zip(dirty) {
-            if logs.len() <= SYNCFS_ABOVE {
-                few.extend(logs.into_iter().map(|(l, _)| l));
-                continue;
-            }
-            // Written in parallel, then synced at once.
-            let written = parallel_map(&logs, threads, |(l, _)| l.write_pending_leader_epochs());
-            let mut synced = Vec::with_capacity(logs.len());
-            for ((log, _), result) in logs.into_iter().zip(written) {
-                match result {
-                    Ok(()) => {
-                        if let Some(writes) = log.leader_epoch_checkpoint_writes_if_dirty() {
-                            synced.push((log, writes));
-                        }
-                    }
-                    Err(e) => tracing::error!(partition = %log.topic_partition(), error = %e,
-                        "writing the leader epoch checkpoint failed"),
-                }
-            }
-            let logs = synced;
-            match sync_file_system(dir) {
-                Ok(()) => logs
-                    .iter()
-                    .for_each(|(l, writes)| l.leader_epoch_checkpoint_synced(*writes)),
-                Err(e) => {
-                    tracing::error!(log_dir = %dir.display(), error = %e,
-                        "syncing the leader epoch checkpoints failed");
-                }
-            }
-        }
-        for (log, result) in few.iter().zip(parallel_map(&few, threads, |l| {
-            l.sync_leader_epoch_checkpoint()
-        })) {
+        let written = parallel_map(&pending, threads, |l| l.write_pending_leader_epochs());
+        for (log, result) in pending.iter().zip(written) {
             if let Err(e) = result {
                 tracing::error!(partition = %log.topic_partition(), error = %e,
-                    "syncing the leader epoch checkpoint failed");
+                    "writing the leader epoch checkpoint failed");
             }
         }
     }

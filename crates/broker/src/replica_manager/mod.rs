@@ -1314,9 +1314,9 @@ impl ReplicaManager {
                 .or_default()
                 .insert(index, p);
         }
-        // New leader epochs were written without fsync: sync them together, in parallel (a
-        // restart makes this broker leader of every partition it hosts at once).
-        self.logs.sync_leader_epoch_checkpoints();
+        // New leader epochs are written together, in parallel (a restart or a topic creation
+        // makes this broker leader of thousands of partitions at once).
+        self.logs.write_leader_epoch_checkpoints();
         if let Some(f) = self.fetchers.get() {
             f.after_image(image, &self.partitions());
         }

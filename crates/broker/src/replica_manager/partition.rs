@@ -304,8 +304,8 @@ impl Partition {
             core.apply(&registration, leo, now)
         };
         if new_epoch == Some(true) {
-            // Written and synced with the other partitions of the metadata change
-            // (ReplicaManager::apply_image).
+            // Written with the other partitions of the metadata change
+            // (ReplicaManager::apply_image), synced by the next flush.
             self.log
                 .maybe_assign_epoch_start_offset_deferred(registration.leader_epoch, leo);
         }
