@@ -221,7 +221,7 @@ impl Controller {
     /// Every topic, by name (so records come out in a stable order), with the election its
     /// leaderless partitions get: unclean where `unclean.leader.election.enable` is set.
     fn topics_by_name(&self) -> Vec<(&TopicImage, Election)> {
-        let mut topics: Vec<_> = self.image.topics.values().collect();
+        let mut topics: Vec<&TopicImage> = self.image.topics.values().map(|t| &**t).collect();
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         topics
             .into_iter()

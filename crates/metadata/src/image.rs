@@ -13,6 +13,7 @@
 //! broker epoch) is logged and skipped, where Kafka's loader raises a fault and goes on.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use gregor_protocol::metadata_records::{
     AccessControlEntryRecord, BrokerEndpoint, BrokerFeature, BrokerRegistrationChangeRecord,
@@ -275,8 +276,11 @@ pub struct MetadataImage {
     pub brokers: BTreeMap<i32, BrokerRegistration>,
     /// Registered controllers by id (KIP-919), as their records.
     pub controllers: BTreeMap<i32, RegisterControllerRecord>,
-    /// Topics by id.
-    pub topics: HashMap<Uuid, TopicImage>,
+    /// Topics by id, each shared between the images that have it unchanged: an image is
+    /// cloned for every committed metadata batch (by the loader, and by the controller for its
+    /// scratch copy), and a topic is copied only when a record changes it, so a clone costs a
+    /// pointer per topic rather than a copy of every partition's registration.
+    pub topics: HashMap<Uuid, Arc<TopicImage>>,
     /// Topic ids by name.
     pub topic_ids: BTreeMap<String, Uuid>,
     /// Non-default configs, by resource and then by config name.
@@ -296,12 +300,15 @@ pub struct MetadataImage {
 impl MetadataImage {
     /// The topic named `name`.
     pub fn topic(&self, name: &str) -> Option<&TopicImage> {
-        self.topic_ids.get(name).and_then(|id| self.topics.get(id))
+        self.topic_ids
+            .get(name)
+            .and_then(|id| self.topics.get(id))
+            .map(|t| &**t)
     }
 
     /// The topic with id `id`.
     pub fn topic_by_id(&self, id: &Uuid) -> Option<&TopicImage> {
-        self.topics.get(id)
+        self.topics.get(id).map(|t| &**t)
     }
 
     /// Non-default configs of a resource (empty if none).
@@ -355,16 +362,17 @@ impl MetadataImage {
                 self.topic_ids.insert(r.name.clone(), r.topic_id);
                 self.topics.insert(
                     r.topic_id,
-                    TopicImage {
+                    Arc::new(TopicImage {
                         name: r.name.clone(),
                         topic_id: r.topic_id,
                         partitions: BTreeMap::new(),
-                    },
+                    }),
                 );
             }
             MetadataRecord::Partition(r) => match self.topics.get_mut(&r.topic_id) {
                 Some(t) => {
-                    t.partitions
+                    Arc::make_mut(t)
+                        .partitions
                         .insert(r.partition_id, PartitionRegistration::from_record(r));
                 }
                 None => skipped(record, "its topic does not exist"),
@@ -373,7 +381,8 @@ impl MetadataImage {
                 let merged = self
                     .topics
                     .get_mut(&r.topic_id)
-                    .and_then(|t| t.partitions.get_mut(&r.partition_id))
+                    .filter(|t| t.partitions.contains_key(&r.partition_id))
+                    .and_then(|t| Arc::make_mut(t).partitions.get_mut(&r.partition_id))
                     .map(|p| *p = p.merge(r));
                 if merged.is_none() {
                     skipped(record, "its partition does not exist");
@@ -382,14 +391,20 @@ impl MetadataImage {
             MetadataRecord::RemoveTopic(r) => match self.topics.remove(&r.topic_id) {
                 Some(t) => {
                     self.topic_ids.remove(&t.name);
-                    self.configs.remove(&(ConfigResource::Topic, t.name));
+                    self.configs
+                        .remove(&(ConfigResource::Topic, t.name.clone()));
                 }
                 None => skipped(record, "the topic does not exist"),
             },
             MetadataRecord::ClearElr(r) => {
                 for t in self.topics.values_mut() {
-                    if r.topic_name.is_empty() || r.topic_name == t.name {
-                        for p in t.partitions.values_mut() {
+                    let has_elr = t
+                        .partitions
+                        .values()
+                        .any(|p| !p.elr.is_empty() || !p.last_known_elr.is_empty());
+                    // A topic is copied only when it changes.
+                    if has_elr && (r.topic_name.is_empty() || r.topic_name == t.name) {
+                        for p in Arc::make_mut(t).partitions.values_mut() {
                             if !p.elr.is_empty() || !p.last_known_elr.is_empty() {
                                 p.elr.clear();
                                 p.last_known_elr.clear();
@@ -631,4 +646,73 @@ fn skipped(record: &MetadataRecord, why: &str) {
         record = record.record_type().name,
         "metadata record skipped: {why}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use gregor_protocol::metadata_records::{
+        ClearElrRecord, PartitionChangeRecord, PartitionRecord, TopicRecord,
+    };
+
+    use super::*;
+
+    fn image_with(topics: &[(&str, Uuid)]) -> MetadataImage {
+        let mut image = MetadataImage::default();
+        for (name, id) in topics {
+            image.apply(&MetadataRecord::Topic(TopicRecord {
+                name: (*name).to_string(),
+                topic_id: *id,
+                ..TopicRecord::default()
+            }));
+            for p in 0..3 {
+                image.apply(&MetadataRecord::Partition(PartitionRecord {
+                    topic_id: *id,
+                    partition_id: p,
+                    replicas: vec![1, 2],
+                    isr: vec![1, 2],
+                    leader: 1,
+                    ..PartitionRecord::default()
+                }));
+            }
+        }
+        image
+    }
+
+    #[test]
+    fn a_clone_shares_its_topics_until_a_record_changes_one() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let before = image_with(&[("a", a), ("b", b)]);
+        let mut after = before.clone();
+        assert!(Arc::ptr_eq(&before.topics[&a], &after.topics[&a]));
+        after.apply(&MetadataRecord::PartitionChange(PartitionChangeRecord {
+            topic_id: a,
+            partition_id: 1,
+            isr: Some(vec![1]),
+            leader: NO_LEADER_CHANGE,
+            ..PartitionChangeRecord::default()
+        }));
+        // The changed topic is a copy; the earlier image still has the old ISR.
+        assert!(!Arc::ptr_eq(&before.topics[&a], &after.topics[&a]));
+        assert_eq!(before.topics[&a].partitions[&1].isr, [1, 2]);
+        assert_eq!(after.topics[&a].partitions[&1].isr, [1]);
+        assert_eq!(
+            after.topics[&a].partitions[&0],
+            before.topics[&a].partitions[&0]
+        );
+        assert!(Arc::ptr_eq(&before.topics[&b], &after.topics[&b]));
+        // A change of a partition that does not exist copies nothing.
+        let mut again = after.clone();
+        again.apply(&MetadataRecord::PartitionChange(PartitionChangeRecord {
+            topic_id: b,
+            partition_id: 9,
+            isr: Some(vec![1]),
+            leader: NO_LEADER_CHANGE,
+            ..PartitionChangeRecord::default()
+        }));
+        assert!(Arc::ptr_eq(&again.topics[&b], &after.topics[&b]));
+        // Clearing ELRs copies only topics that have some.
+        again.apply(&MetadataRecord::ClearElr(ClearElrRecord::default()));
+        assert!(Arc::ptr_eq(&again.topics[&a], &after.topics[&a]));
+        assert_eq!(again.topics, after.topics);
+    }
 }
