@@ -153,10 +153,9 @@ pub async fn handle(
     };
     let mut topics = Vec::new();
     if all {
-        let mut names: Vec<&String> = image.topic_ids.keys().collect();
-        names.sort();
-        for n in names {
-            if let Some(t) = image.topic(n) {
+        // By name: `topic_ids` is sorted already.
+        for (n, id) in &image.topic_ids {
+            if let Some(t) = image.topic_by_id(id) {
                 if describe(n) {
                     topics.push(topic_entry(t, &image, &ctx.listener_name, version));
                 }
