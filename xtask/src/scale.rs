@@ -482,20 +482,15 @@ impl Node {
         }
     }
 
-    /// The last lines of the broker's log, for errors.
+    /// The last lines of the broker's log, kept in the report when it fails.
     fn log_tail(&self) -> String {
-        let f = self.log_file();
-        format!("last lines of {}:\n{}", f.display(), proc::tail(&f, 20))
+        proc::tail(&self.log_file(), 20)
     }
 
     /// Errors if the broker has exited.
     fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.guard().try_wait()? {
-            bail!(
-                "{} exited with {status}; {}",
-                self.which.key(),
-                self.log_tail()
-            );
+            bail!("{} exited with {status}", self.which.key());
         }
         Ok(())
     }
@@ -512,10 +507,9 @@ impl Node {
             if t0.elapsed() > timeout {
                 proc::signal(pid, "KILL")?;
                 bail!(
-                    "{} did not exit within {} s of SIG{signal} (killed); {}",
+                    "{} did not exit within {} s of SIG{signal} (killed)",
                     self.which.key(),
-                    timeout.as_secs(),
-                    self.log_tail()
+                    timeout.as_secs()
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -619,7 +613,7 @@ fn create_topics(node: &mut Node, topics: &[(String, i32)], timeout: Duration) -
             );
         let resp: CreateTopicsResponse = conn
             .call(ApiKey::CreateTopics, 7, &req)
-            .with_context(|| format!("CreateTopics after {created} topics; {}", node.log_tail()))?;
+            .with_context(|| format!("CreateTopics after {created} topics"))?;
         for t in resp.topics {
             if t.error_code == 0 {
                 created += 1;
@@ -698,9 +692,8 @@ fn wait_all_led(node: &mut Node, topics: &[(String, i32)], timeout: Duration) ->
         }
         if t0.elapsed() > timeout {
             bail!(
-                "Metadata did not show a leader for every partition within {} s ({last}); {}",
-                timeout.as_secs(),
-                node.log_tail()
+                "Metadata did not show a leader for every partition within {} s ({last})",
+                timeout.as_secs()
             );
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -762,9 +755,7 @@ fn produce_one_each(node: &mut Node, topics: &[(String, i32)], timeout: Duration
                         })
                         .collect(),
                 );
-            let resp: ProduceResponse = conn
-                .call(ApiKey::Produce, 9, &req)
-                .with_context(|| format!("Produce; {}", node.log_tail()))?;
+            let resp: ProduceResponse = conn.call(ApiKey::Produce, 9, &req).context("Produce")?;
             for t in resp.responses {
                 let mut again = Vec::new();
                 for p in t.partition_responses {
@@ -949,6 +940,8 @@ fn measure(
     })();
     if result.is_err() {
         r["failed_after_s"] = json!(round(run_t0.elapsed().as_secs_f64(), 1));
+        r["log_file"] = json!(node.log_file().display().to_string());
+        r["log_tail"] = json!(node.log_tail());
         // What the broker holds when it failed, if it still runs.
         let pid = node.pid();
         if proc::pid_alive(pid) {
@@ -970,6 +963,15 @@ fn measure_throughput(
     r: &mut Value,
 ) -> Result<()> {
     let mut node = Node::start(which, binary, work)?;
+    let result = throughput_on(&mut node, binary, records, r);
+    if result.is_err() {
+        r["log_file"] = json!(node.log_file().display().to_string());
+        r["log_tail"] = json!(node.log_tail());
+    }
+    result
+}
+
+fn throughput_on(node: &mut Node, binary: &Path, records: u64, r: &mut Value) -> Result<()> {
     let bootstrap = node.addr.to_string();
     let warmup = format!("{TOPIC_PREFIX}tp-warmup");
     let mut topics = vec![(warmup.clone(), 6)];
@@ -977,11 +979,11 @@ fn measure_throughput(
         topics.push((format!("{TOPIC_PREFIX}tp-{p}"), i32::try_from(p)?));
     }
     let timeout = Duration::from_secs(300);
-    create_topics(&mut node, &topics, timeout)?;
-    wait_all_led(&mut node, &topics, timeout)?;
+    create_topics(node, &topics, timeout)?;
+    wait_all_led(node, &topics, timeout)?;
     // Kafka shows leaders in Metadata before it has made their logs: one acknowledged record
     // per partition says every log exists, so no creation overlaps the measurement.
-    produce_one_each(&mut node, &topics, timeout)?;
+    produce_one_each(node, &topics, timeout)?;
     let produce = |topic: &str, records: u64| -> Result<Value> {
         let p = Produce {
             records,
@@ -1082,6 +1084,9 @@ fn table(s: &mut String, entry: &Value, metrics: &[(&str, &str, usize)], cols: &
                 entry[*c]["rss_mb_at_error"].as_f64(),
             ) {
                 let _ = write!(line, " (then: {fds} open descriptors, RSS {rss:.1} MB)");
+            }
+            if let Some(log) = entry[*c]["log_file"].as_str() {
+                let _ = write!(line, "; its log: {log}");
             }
             let _ = writeln!(s, "{line}");
         }
