@@ -30,7 +30,7 @@
 //! A broker that fails a phase (it runs out of descriptors, say) is reported with the phase and
 //! error, and the run goes on with the next one. Output: `target/scale/report.json` and
 //! `report.md`; data directories live under `target/scale/work/` and are removed after each
-//! broker, also on error. Broker logs stay in `target/scale/work/` (gregor) and
+//! broker, also on error, Ctrl-C or SIGTERM (which stop the broker first). Broker logs stay in `target/scale/work/` (gregor) and
 //! `.cache/kafka/instances/<port>/` (Kafka).
 
 use crate::bench::{self, fmt_num, round, Produce};
@@ -235,6 +235,7 @@ pub fn run(args: &ScaleArgs) -> Result<i32> {
     if impls.contains(&Impl::Kafka) {
         kafka::fetch()?;
     }
+    watch_interrupts();
     let (soft, hard) = raise_nofile_limit()?;
     eprintln!("open-file limit (RLIMIT_NOFILE) for both brokers: soft {soft}, hard {hard}");
     let work = out_dir.join("work");
@@ -406,6 +407,69 @@ enum Process {
     Kafka(ChildGuard),
 }
 
+/// The broker running now and its data directory, for [`watch_interrupts`].
+#[derive(Default)]
+struct Live {
+    pid: Option<u32>,
+    data: Option<PathBuf>,
+}
+
+static LIVE: std::sync::Mutex<Live> = std::sync::Mutex::new(Live {
+    pid: None,
+    data: None,
+});
+
+fn set_live(pid: Option<u32>, data: Option<PathBuf>) {
+    if let Ok(mut live) = LIVE.lock() {
+        *live = Live { pid, data };
+    }
+}
+
+/// On Ctrl-C or SIGTERM, kills the broker running now and removes its data before exiting
+/// (130). A gregor shares this process's group and sees Ctrl-C itself, but Kafka runs in a
+/// group of its own (`kafka::Instance::start`) and would outlive the run.
+fn watch_interrupts() {
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).ok();
+            let terminated = async {
+                match term.as_mut() {
+                    Some(t) => {
+                        t.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminated => {}
+            }
+        });
+        let live = LIVE.lock().map(|l| (l.pid, l.data.clone()));
+        if let Ok((pid, data)) = live {
+            if let Some(pid) = pid {
+                let _ = proc::signal(pid, "KILL");
+                let t0 = Instant::now();
+                while proc::pid_alive(pid) && t0.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            if let Some(d) = data {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+        eprintln!("scale: interrupted; the broker is stopped and its data removed");
+        std::process::exit(130);
+    });
+}
+
 /// One broker under measurement: its process (restartable on the same data), then its data
 /// directory, which is removed after the process has been stopped (fields drop in order).
 struct Node {
@@ -421,6 +485,16 @@ struct Node {
     _data: DataDir,
 }
 
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Stopped here, before the interrupt watcher forgets it (the fields drop after).
+        if let Err(e) = self.guard().stop() {
+            eprintln!("warning: stopping {}: {e:#}", self.which.key());
+        }
+        set_live(None, None);
+    }
+}
+
 impl Node {
     /// A fresh broker, answering ApiVersions.
     fn start(which: Impl, binary: &Path, work: &Path) -> Result<Self> {
@@ -429,6 +503,7 @@ impl Node {
         match which {
             Impl::Gregor => {
                 let g = Gregor::start(binary, work, ports[0], ports[1])?;
+                set_live(Some(g.guard.id()), Some(g.log_dir.clone()));
                 let data = DataDir(g.log_dir.clone());
                 Ok(Self {
                     which,
@@ -447,6 +522,7 @@ impl Node {
                 let data = DataDir(data_dir.clone());
                 let instance = kafka::Instance::new(ports[0], Some(ports[1]), Some(data_dir))?;
                 let mut guard = ChildGuard::new("kafka", instance.spawn()?);
+                set_live(Some(guard.id()), Some(data.0.clone()));
                 instance.wait_ready(|| guard.check_alive())?;
                 Ok(Self {
                     which,
@@ -534,10 +610,12 @@ impl Node {
                     self.admin_port,
                     &Gregor::reference_settings(),
                 )?;
+                set_live(Some(g.guard.id()), Some(log_dir));
                 self.process = Process::Gregor(g);
             }
             (_, Some(k)) => {
                 let child = k.start()?;
+                set_live(Some(child.id()), Some(k.data_dir.clone()));
                 self.process = Process::Kafka(ChildGuard::new("kafka", child));
             }
             (Process::Kafka(_), None) => bail!("a Kafka node without its instance"),
