@@ -317,7 +317,7 @@ impl MetadataPublisher for ReplicaManagerPublisher {
 
     fn on_metadata_update(
         &self,
-        _delta: &MetadataDelta<'_>,
+        delta: &MetadataDelta<'_>,
         image: &Arc<MetadataImage>,
     ) -> Result<(), String> {
         let Some(broker) = self.broker.upgrade() else {
@@ -325,7 +325,7 @@ impl MetadataPublisher for ReplicaManagerPublisher {
         };
         broker
             .replica_manager
-            .apply_image(image)
+            .apply_metadata(image, delta.snapshot)
             .map_err(|e| format!("applying metadata to partition logs failed: {e}"))
     }
 }

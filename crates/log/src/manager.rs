@@ -615,9 +615,12 @@ impl LogManager {
             }
             return Ok(Arc::clone(&entry.log));
         }
+        // Counting logs per directory visits every log, so only where there is a choice.
         let mut counts = vec![0usize; self.log_dirs.len()];
-        for e in logs.values() {
-            counts[e.dir_index] += 1;
+        if counts.len() > 1 {
+            for e in logs.values() {
+                counts[e.dir_index] += 1;
+            }
         }
         // An offline directory gets no new log while another one is online.
         let dir_index = counts

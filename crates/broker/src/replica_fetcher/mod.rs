@@ -27,7 +27,7 @@ pub mod connection;
 mod fetcher;
 mod session;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -360,11 +360,17 @@ impl ReplicaFetcherManager {
 
 impl ReplicaFetchers for ReplicaFetcherManager {
     /// The partitions leave their fetchers ([`ReplicaFetcherManager::remove_partitions`]).
-    fn before_image(&self, image: &MetadataImage, local_broker: i32) {
+    fn before_image(
+        &self,
+        image: &MetadataImage,
+        local_broker: i32,
+        scope: Option<&HashSet<String>>,
+    ) {
         let stale: Vec<TopicPartition> = self
             .assigned
             .lock()
             .iter()
+            .filter(|(tp, _)| scope.is_none_or(|names| names.contains(&tp.topic)))
             .filter(|(tp, ((leader, _), epoch, topic_id))| {
                 let reg = image
                     .topic_by_id(topic_id)

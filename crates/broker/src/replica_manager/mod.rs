@@ -15,7 +15,7 @@ pub mod io;
 pub mod partition;
 pub mod purgatory;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -636,10 +636,17 @@ pub trait ReplicaFetchers: Send + Sync {
     /// `local_broker` as a replica, or whose topic was deleted or re-created stops being
     /// fetched. Waits for an append in progress on that partition, so no follower append
     /// lands after the partition's role changed or it was deleted.
-    fn before_image(&self, image: &MetadataImage, local_broker: i32);
+    /// With `scope`, only partitions of the topics it names are looked at (the others did not
+    /// change).
+    fn before_image(
+        &self,
+        image: &MetadataImage,
+        local_broker: i32,
+        scope: Option<&HashSet<String>>,
+    );
 
-    /// After `image` is applied: every partition of `partitions` (the hosted ones) that this
-    /// broker follows is fetched from its leader.
+    /// After `image` is applied: every partition of `partitions` (the hosted ones the image
+    /// was applied to) that this broker follows is fetched from its leader.
     fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
 }
 
@@ -670,6 +677,9 @@ pub struct ReplicaManager {
     /// The registered brokers (rack, fencing, listeners) of the latest image, for the replica
     /// selector.
     broker_nodes: RwLock<Arc<BrokerNodes>>,
+    /// The image last applied without error by [`ReplicaManager::apply_metadata`], which the
+    /// next one is compared with; None after an error or an [`ReplicaManager::apply_image`].
+    applied: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
 }
 
 impl ReplicaManager {
@@ -690,6 +700,7 @@ impl ReplicaManager {
             quotas,
             replica_selector: config.replica_selector(),
             broker_nodes: RwLock::new(Arc::new(BrokerNodes::new())),
+            applied: parking_lot::Mutex::new(None),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -1172,49 +1183,92 @@ impl ReplicaManager {
     /// Brings hosted partitions in line with a metadata image: creates logs for new
     /// partitions this broker replicates, applies each partition's leader and ISR
     /// ([`Partition::apply`]), and deletes the logs of partitions whose topic is gone (KIP-516:
-    /// matched by topic id, so a re-created topic of the same name gets fresh logs).
+    /// matched by topic id, so a re-created topic of the same name gets fresh logs). Visits
+    /// every topic; [`ReplicaManager::apply_metadata`] visits only what changed.
     ///
     /// # Errors
     /// The first log error; partitions handled before it stay applied.
     pub fn apply_image(&self, image: &MetadataImage) -> Result<(), LogError> {
-        let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
-        *self.dynamic_configs.write() = dynamic.clone();
-        self.quotas.apply_configs(
-            &dynamic,
-            image.topics.values().map(|t| {
-                (
-                    t.name.as_str(),
-                    image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name),
-                )
-            }),
-            self.local_broker,
-        );
-        if self.replica_selector.is_some() {
-            *self.broker_nodes.write() = Arc::new(broker_nodes(image));
-        }
-        self.replication.set_brokers(
-            image
-                .brokers
-                .values()
-                .map(|b| {
+        *self.applied.lock() = None;
+        self.apply_scoped(image, None)
+    }
+
+    /// [`ReplicaManager::apply_image`] for the images the metadata loader publishes, doing
+    /// work in proportion to what changed rather than to every partition (Kafka's
+    /// `applyDelta` on a `TopicsDelta`): after an image was applied without error, the next
+    /// one visits only the topics whose registration changed, appeared or went away. Topics
+    /// an image shares unchanged with the one before it are the same allocation
+    /// ([`MetadataImage::topics`]), so finding them costs a pointer comparison per topic. A
+    /// change of configs or of brokers, a snapshot (`full`), or an earlier error makes it visit
+    /// everything, as `apply_image`.
+    ///
+    /// # Errors
+    /// As [`ReplicaManager::apply_image`]; the next image is then applied whole.
+    pub fn apply_metadata(&self, image: &Arc<MetadataImage>, full: bool) -> Result<(), LogError> {
+        let previous = self.applied.lock().take();
+        let scope = match previous {
+            Some(prev) if !full => changed_topics(&prev, image),
+            _ => None,
+        };
+        self.apply_scoped(image, scope.as_ref())?;
+        *self.applied.lock() = Some(image.clone());
+        Ok(())
+    }
+
+    /// The work of [`ReplicaManager::apply_image`], for every topic (`scope` None) or only for
+    /// the topics named in `scope` (whose configs and brokers did not change).
+    fn apply_scoped(
+        &self,
+        image: &MetadataImage,
+        scope: Option<&HashSet<String>>,
+    ) -> Result<(), LogError> {
+        let dynamic = if scope.is_some() {
+            self.dynamic_configs.read().clone()
+        } else {
+            let dynamic = DynamicBrokerConfigs::from_image(image, self.local_broker);
+            *self.dynamic_configs.write() = dynamic.clone();
+            self.quotas.apply_configs(
+                &dynamic,
+                image.topics.values().map(|t| {
                     (
-                        b.broker_id,
-                        crate::replication::leader::BrokerLiveness {
-                            broker_epoch: b.epoch,
-                            fenced: b.fenced,
-                            in_controlled_shutdown: b.in_controlled_shutdown,
-                        },
+                        t.name.as_str(),
+                        image.configs_of(gregor_metadata::ConfigResource::Topic, &t.name),
                     )
-                })
-                .collect(),
-        );
+                }),
+                self.local_broker,
+            );
+            if self.replica_selector.is_some() {
+                *self.broker_nodes.write() = Arc::new(broker_nodes(image));
+            }
+            self.replication.set_brokers(
+                image
+                    .brokers
+                    .values()
+                    .map(|b| {
+                        (
+                            b.broker_id,
+                            crate::replication::leader::BrokerLiveness {
+                                broker_epoch: b.epoch,
+                                fenced: b.fenced,
+                                in_controlled_shutdown: b.in_controlled_shutdown,
+                            },
+                        )
+                    })
+                    .collect(),
+            );
+            dynamic
+        };
+        // The topics to visit: all, or those named in `scope` that the image still has.
+        let topics: Vec<&gregor_metadata::TopicImage> = match scope {
+            None => image.topics.values().map(|t| &**t).collect(),
+            Some(names) => names.iter().filter_map(|n| image.topic(n)).collect(),
+        };
         // The effective configs are resolved once per topic hosted here and shared by its
-        // partitions. This runs for every metadata change (each CreateTopics, each ISR change);
-        // resolving and cloning them per partition made it take 21-28 ms with 5,000 hosted
-        // partitions (so about 0.5 s with 100,000), 4-8 ms now.
+        // partitions. Resolving and cloning them per partition made a metadata change take
+        // 21-28 ms with 5,000 hosted partitions (so about 0.5 s with 100,000), 4-8 ms now.
         let mut wanted: BTreeMap<(&str, i32), (Uuid, &PartitionRegistration, Arc<TopicSettings>)> =
             BTreeMap::new();
-        for t in image.topics.values() {
+        for t in topics {
             let mut settings: Option<Arc<TopicSettings>> = None;
             for (idx, p) in &t.partitions {
                 if !p.replicas.contains(&self.local_broker) {
@@ -1241,14 +1295,24 @@ impl ReplicaManager {
         // Partitions that stop following their leader leave their fetcher first (Kafka's
         // applyDelta), so no follower append lands after a role change or deletion.
         if let Some(f) = self.fetchers.get() {
-            f.before_image(image, self.local_broker);
+            f.before_image(image, self.local_broker, scope);
         }
-        let current: Vec<((String, i32), Arc<Partition>)> = self
-            .partitions
-            .read()
-            .iter()
-            .flat_map(|(topic, t)| t.iter().map(|(i, p)| ((topic.clone(), *i), p.clone())))
-            .collect();
+        let current: Vec<((String, i32), Arc<Partition>)> = {
+            let partitions = self.partitions.read();
+            let hosted = |(topic, t): (&String, &BTreeMap<i32, Arc<Partition>>)| {
+                t.iter()
+                    .map(|(i, p)| ((topic.clone(), *i), p.clone()))
+                    .collect::<Vec<_>>()
+            };
+            match scope {
+                None => partitions.iter().flat_map(hosted).collect(),
+                Some(names) => names
+                    .iter()
+                    .filter_map(|n| partitions.get_key_value(n))
+                    .flat_map(hosted)
+                    .collect(),
+            }
+        };
         for (key, p) in current {
             let keep = wanted
                 .get(&(key.0.as_str(), key.1))
@@ -1268,6 +1332,7 @@ impl ReplicaManager {
                     .delete(&TopicPartition::new(key.0.clone(), key.1))?;
             }
         }
+        let mut visited = Vec::with_capacity(wanted.len());
         for ((topic, index), (topic_id, reg, settings)) in wanted {
             let leader_and_isr = LeaderAndIsr {
                 leader: reg.leader,
@@ -1283,6 +1348,7 @@ impl ReplicaManager {
                     p.log.update_config(settings.log_config.clone());
                 }
                 p.apply(leader_and_isr);
+                visited.push(p);
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
@@ -1312,16 +1378,43 @@ impl ReplicaManager {
                 .write()
                 .entry(topic.to_string())
                 .or_default()
-                .insert(index, p);
+                .insert(index, p.clone());
+            visited.push(p);
         }
         // New leader epochs are written together, in parallel (a restart or a topic creation
         // makes this broker leader of thousands of partitions at once).
         self.logs.write_leader_epoch_checkpoints();
         if let Some(f) = self.fetchers.get() {
-            f.after_image(image, &self.partitions());
+            f.after_image(image, &visited);
         }
         Ok(())
     }
+}
+
+/// The names of the topics that differ between `prev` and `next` (registration changed,
+/// created, deleted, or re-created under a new id), or None when more than topics changed
+/// (configs, brokers or features), which every partition must see. A topic both images hold
+/// in the same allocation is unchanged: an image shares unchanged topics with the one it was
+/// built from, and `prev`, alive here, keeps its allocations from being reused.
+fn changed_topics(prev: &MetadataImage, next: &MetadataImage) -> Option<HashSet<String>> {
+    if prev.configs != next.configs
+        || prev.brokers != next.brokers
+        || prev.features != next.features
+    {
+        return None;
+    }
+    let mut names = HashSet::new();
+    for (id, t) in &next.topics {
+        if !prev.topics.get(id).is_some_and(|p| Arc::ptr_eq(p, t)) {
+            names.insert(t.name.clone());
+        }
+    }
+    for (id, t) in &prev.topics {
+        if !next.topics.contains_key(id) {
+            names.insert(t.name.clone());
+        }
+    }
+    Some(names)
 }
 
 /// What a hosted partition takes from its topic's effective configs, resolved once per topic

@@ -1046,3 +1046,232 @@ async fn delete_records_waits_for_every_live_replicas_log_start_offset() {
     assert_eq!(r[0].error_code, ec::NOT_LEADER_OR_FOLLOWER);
     assert!(purgatories_empty(&f.rm));
 }
+
+/// A replica manager over a fresh temp dir, as broker `LOCAL`.
+fn bare_replica_manager() -> (TempDir, ReplicaManager) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let props: BTreeMap<String, String> = [
+        ("log.dirs", dir.path().display().to_string()),
+        ("node.id", LOCAL.to_string()),
+        ("num.io.threads", "2".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let (config, _) = BrokerConfig::from_properties(props).expect("config");
+    let (logs, _) = LogManager::open_with_clock(
+        &[dir.path().to_path_buf()],
+        Default::default(),
+        ManualClock::new(T0_MS),
+    )
+    .expect("log manager");
+    (dir, ReplicaManager::new(LOCAL, config, logs))
+}
+
+/// What a replica manager hosts, comparable between two of them: per partition its topic id,
+/// leadership state and log config.
+fn hosted(rm: &ReplicaManager) -> Vec<String> {
+    let mut out: Vec<String> = rm
+        .partitions()
+        .iter()
+        .map(|p| {
+            let s = p.state();
+            format!(
+                "{} {} {:?} leader={} epoch={} pepoch={} replicas={:?} isr={:?} minisr={} {:?}",
+                p.topic_partition(),
+                p.topic_id,
+                s.role,
+                s.leader,
+                s.leader_epoch,
+                s.partition_epoch,
+                s.replicas,
+                s.isr,
+                s.min_insync_replicas,
+                p.log.config()
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `apply_metadata`, which visits only the topics that changed since the image it applied
+/// last, leaves the partitions exactly as `apply_image` of the same image, which visits all,
+/// through a seeded random run of topic creations, deletions, re-creations under the same
+/// name, reassignments onto and off this broker, leader and ISR changes, topic and broker
+/// config changes and broker registrations.
+#[test]
+fn applying_only_what_changed_ends_where_applying_everything_does() {
+    use gregor_protocol::metadata_records::{
+        ConfigRecord, PartitionChangeRecord, RemoveTopicRecord,
+    };
+    let (_d1, delta_rm) = bare_replica_manager();
+    let (_d2, full_rm) = bare_replica_manager();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut image = Arc::new(MetadataImage::default());
+    let names = ["a", "b", "c", "d", "e"];
+    let mut scoped_steps = 0;
+    for step in 0..400 {
+        let mut next = (*image).clone();
+        let mut records = Vec::new();
+        let name = names[rand(names.len() as u64) as usize];
+        let replicas = |r: u64| -> Vec<i32> {
+            match r {
+                0 => vec![LOCAL],
+                1 => vec![LOCAL, FOLLOWER],
+                2 => vec![FOLLOWER, LOCAL],
+                _ => vec![FOLLOWER],
+            }
+        };
+        match (next.topic_ids.get(name).copied(), rand(7)) {
+            (None, _) => {
+                let topic_id = Uuid::new_v4();
+                records.push(MetadataRecord::Topic(TopicRecord {
+                    name: name.into(),
+                    topic_id,
+                    ..TopicRecord::default()
+                }));
+                for p in 0..(1 + rand(3) as i32) {
+                    let r = replicas(rand(4));
+                    records.push(MetadataRecord::Partition(PartitionRecord {
+                        topic_id,
+                        partition_id: p,
+                        leader: r[0],
+                        isr: r.clone(),
+                        replicas: r,
+                        ..PartitionRecord::default()
+                    }));
+                }
+            }
+            (Some(topic_id), 0) => {
+                records.push(MetadataRecord::RemoveTopic(RemoveTopicRecord {
+                    topic_id,
+                    ..RemoveTopicRecord::default()
+                }));
+            }
+            (Some(topic_id), 1 | 2) => {
+                let r = replicas(rand(4));
+                records.push(MetadataRecord::PartitionChange(PartitionChangeRecord {
+                    topic_id,
+                    partition_id: 0,
+                    leader: r[0],
+                    isr: Some(r.clone()),
+                    replicas: Some(r),
+                    ..PartitionChangeRecord::default()
+                }));
+            }
+            (Some(topic_id), 3) => {
+                let isr = if rand(2) == 0 {
+                    vec![LOCAL]
+                } else {
+                    vec![LOCAL, FOLLOWER]
+                };
+                records.push(MetadataRecord::PartitionChange(PartitionChangeRecord {
+                    topic_id,
+                    partition_id: 0,
+                    leader: -2,
+                    isr: Some(isr),
+                    ..PartitionChangeRecord::default()
+                }));
+            }
+            (Some(_), 4) => {
+                records.push(MetadataRecord::Config(ConfigRecord {
+                    resource_type: 2,
+                    resource_name: name.into(),
+                    name: "retention.ms".into(),
+                    value: Some((1000 + rand(5) * 1000).to_string()),
+                    ..ConfigRecord::default()
+                }));
+            }
+            (Some(_), 5) => {
+                records.push(MetadataRecord::Config(ConfigRecord {
+                    resource_type: 4,
+                    resource_name: String::new(),
+                    name: "log.retention.bytes".into(),
+                    value: Some((1u64 << (20 + rand(4))).to_string()),
+                    ..ConfigRecord::default()
+                }));
+            }
+            (Some(_), _) => {
+                records.push(MetadataRecord::RegisterBroker(RegisterBrokerRecord {
+                    broker_id: FOLLOWER,
+                    broker_epoch: step,
+                    incarnation_id: Uuid::new_v4(),
+                    fenced: rand(2) == 0,
+                    ..RegisterBrokerRecord::default()
+                }));
+            }
+        }
+        for r in &records {
+            next.apply(r);
+        }
+        let next = Arc::new(next);
+        if changed_topics(&image, &next).is_some() {
+            scoped_steps += 1;
+        }
+        delta_rm
+            .apply_metadata(&next, false)
+            .expect("apply only what changed");
+        full_rm.apply_image(&next).expect("apply everything");
+        assert_eq!(
+            hosted(&delta_rm),
+            hosted(&full_rm),
+            "step {step}: {records:?}"
+        );
+        image = next;
+    }
+    // Most steps took the path that visits only the changed topics.
+    assert!(scoped_steps > 200, "{scoped_steps} of 400 steps scoped");
+}
+
+/// A change to one topic of an image names only that topic; a config or broker change names
+/// none (everything is visited).
+#[test]
+fn changed_topics_names_only_the_topics_a_change_touched() {
+    use gregor_protocol::metadata_records::ConfigRecord;
+    let mut image = MetadataImage::default();
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let topic_id = Uuid::new_v4();
+        ids.push(topic_id);
+        image.apply(&MetadataRecord::Topic(TopicRecord {
+            name: name.into(),
+            topic_id,
+            ..TopicRecord::default()
+        }));
+        image.apply(&MetadataRecord::Partition(PartitionRecord {
+            topic_id,
+            partition_id: 0,
+            leader: LOCAL,
+            isr: vec![LOCAL],
+            replicas: vec![LOCAL],
+            ..PartitionRecord::default()
+        }));
+    }
+    let mut next = image.clone();
+    next.apply(&MetadataRecord::Partition(PartitionRecord {
+        topic_id: ids[1],
+        partition_id: 1,
+        leader: LOCAL,
+        isr: vec![LOCAL],
+        replicas: vec![LOCAL],
+        ..PartitionRecord::default()
+    }));
+    let names = changed_topics(&image, &next).expect("only topics changed");
+    assert_eq!(names, HashSet::from(["b".to_string()]));
+    let mut configs = next.clone();
+    configs.apply(&MetadataRecord::Config(ConfigRecord {
+        resource_type: 2,
+        resource_name: "c".into(),
+        name: "retention.ms".into(),
+        value: Some("1000".into()),
+        ..ConfigRecord::default()
+    }));
+    assert_eq!(changed_topics(&next, &configs), None);
+}
