@@ -49,7 +49,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// How often [`ReplicaManager::retry_log_creation`] runs while some partition's log could not
-/// be created (the broker's `log-creation-retry` task): 5 s. Kafka has no such retry (a log
+/// be created (`server`'s `log_creation_retrier` task): 5 s. Kafka has no such retry (a log
 /// that cannot be created takes its directory offline until a restart), so no Kafka interval
 /// applies; 5 s brings a partition back within seconds of space being freed while costing a
 /// `mkdir` and a small write per failed partition and attempt.
