@@ -692,6 +692,17 @@ impl PartitionLog {
         self.load_stats
     }
 
+    /// Bytes of `.index` and `.timeindex` files the current segments have read since the log
+    /// opened (at open, and each time an inactive segment's indexes are loaded on use or the
+    /// last entry of its time index read); [`LoadStats::index_bytes_read`] is the part read at
+    /// open.
+    pub fn index_bytes_read(&self) -> u64 {
+        self.published_segments()
+            .iter()
+            .map(|s| s.index_bytes_read())
+            .sum()
+    }
+
     /// First offset in the log.
     pub fn log_start_offset(&self) -> i64 {
         self.log_start_offset.load(Ordering::Acquire)
@@ -1514,16 +1525,21 @@ impl PartitionLog {
         let segments = self.published_segments();
         let mut found_seg = None;
         for s in segments.iter() {
+            if s.max_timestamp()?.timestamp_ms < target_ms {
+                continue;
+            }
+            // Loads and checks the indexes, which may correct a max timestamp read from the
+            // time index's last entry alone.
+            let start = s.position_for_timestamp(target_ms)?;
             if s.max_timestamp()?.timestamp_ms >= target_ms {
-                found_seg = Some(s);
+                found_seg = Some((s, start));
                 break;
             }
         }
-        let Some(seg) = found_seg else {
+        let Some((seg, start)) = found_seg else {
             return Ok(None);
         };
         let end = seg.size();
-        let start = seg.position_for_timestamp(target_ms)?;
         let mut found = None;
         seg.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
             if h.max_timestamp >= target_ms {
@@ -1546,15 +1562,23 @@ impl PartitionLog {
     /// As [`PartitionLog::fetch_offset_by_timestamp`].
     pub fn max_timestamp_and_offset(&self) -> Result<Option<TimestampAndOffset>> {
         let segments = self.published_segments();
-        let mut best: Option<(&Arc<LogSegment>, TimestampOffset)> = None;
-        for s in segments.iter() {
-            let max = s.max_timestamp()?;
-            if best.is_none_or(|(_, b)| max.timestamp_ms > b.timestamp_ms) {
-                best = Some((s, max));
+        let (seg, max) = loop {
+            let mut best: Option<(&Arc<LogSegment>, TimestampOffset)> = None;
+            for s in segments.iter() {
+                let max = s.max_timestamp()?;
+                if best.is_none_or(|(_, b)| max.timestamp_ms > b.timestamp_ms) {
+                    best = Some((s, max));
+                }
             }
-        }
-        let Some((seg, max)) = best else {
-            return Ok(None);
+            let Some((seg, max)) = best else {
+                return Ok(None);
+            };
+            // The max may come from the time index's last entry alone: load and check the
+            // indexes, and look again if that corrected it (each pass corrects a segment).
+            seg.load_indexes()?;
+            if seg.max_timestamp()? == max {
+                break (seg, max);
+            }
         };
         if max.timestamp_ms < 0 {
             return Ok(None);

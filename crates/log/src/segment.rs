@@ -575,14 +575,43 @@ impl LogSegment {
                 .file()?
                 .read_exact_at(&mut hdr, u64::from(e.position))
                 .ok()
-                .and_then(|()| BatchHeader::parse(&hdr).ok())
-                .map(|h| h.last_offset());
-            if found != Some(expected) {
+                .and_then(|()| BatchHeader::parse(&hdr).ok());
+            if found.map(|h| h.last_offset()) != Some(expected) {
                 return Ok(Err(format!(
                     "{}: the last entry points at position {}, where no batch ends at offset \
                      {expected}",
                     self.indexes.offset.path().display(),
                     e.position
+                )));
+            }
+            // A time entry goes with every offset entry once a batch had a timestamp.
+            if times.entries.is_empty() && found.is_some_and(|h| h.max_timestamp >= 0) {
+                return Ok(Err(format!(
+                    "{} is empty, but the batch ending at offset {expected} has a timestamp",
+                    self.indexes.time.path().display()
+                )));
+            }
+        }
+        // The last time entry must be the max timestamp of the batch ending at its offset.
+        if let Some(t) = times.entries.last() {
+            let target = self.base_offset + i64::from(t.relative_offset);
+            let start = floor_by(&offsets.entries, |e| e.relative_offset <= t.relative_offset)
+                .map_or(0, |e| u64::from(e.position));
+            let mut found = None;
+            let walked = self.walk_headers(start, size, WALK_CHUNK_BYTES, |_, h| {
+                if h.last_offset() >= target {
+                    found = Some((h.last_offset(), h.max_timestamp));
+                    Ok(false)
+                } else {
+                    Ok(true)
+                }
+            });
+            if walked.is_err() || found != Some((target, t.timestamp_ms)) {
+                return Ok(Err(format!(
+                    "{}: the last entry ({} ms at offset {target}) is not the max timestamp of \
+                     the batch ending at that offset",
+                    self.indexes.time.path().display(),
+                    t.timestamp_ms
                 )));
             }
         }
@@ -595,7 +624,7 @@ impl LogSegment {
     }
 
     /// Stores loaded entries in both indexes (charging them to the index cache when the
-    /// segment is inactive) and the max timestamp they give, if not known yet.
+    /// segment is inactive) and the max timestamp they give.
     fn install_indexes(&self, loaded: LoadedIndexes) {
         let last = loaded.times.last().copied();
         index_cache::install(&self.indexes, || {
@@ -607,9 +636,17 @@ impl LogSegment {
                     .time
                     .install(loaded.times, loaded.times_file_len)
         });
-        self.max_timestamp
-            .lock()
-            .get_or_insert_with(|| self.timestamp_offset(last));
+        // Checked: it replaces what the time index's tail alone gave.
+        *self.max_timestamp.lock() = Some(self.timestamp_offset(last));
+    }
+
+    /// Loads the indexes if they are not (see [`LogSegment::with_indexes`]), which checks the
+    /// max timestamp read from the time index's tail.
+    ///
+    /// # Errors
+    /// As [`LogSegment::with_indexes`].
+    pub(crate) fn load_indexes(&self) -> Result<()> {
+        self.with_indexes(|_, _| ())
     }
 
     fn timestamp_offset(&self, e: Option<TimeEntry>) -> TimestampOffset {
