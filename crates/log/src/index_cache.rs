@@ -252,6 +252,7 @@ impl IndexCache {
         }
         // Entries of dropped owners are skipped by the hand; keep the ring from growing with them
         // when nothing is evicted for a long time.
+        // (Owners dropped while charged are not subtracted from `charged_slots` until then.)
         if ring.slots.len() > 2 * ring.charged_slots + 64 {
             ring.slots.retain(|w| match w.upgrade() {
                 Some(o) if o.slot().charged.load(Ordering::Acquire) > 0 => true,
@@ -261,6 +262,7 @@ impl IndexCache {
                 }
                 None => false,
             });
+            ring.charged_slots = ring.slots.len();
         }
     }
 

@@ -1409,6 +1409,7 @@ impl PartitionLog {
         let config = self.config.read().clone();
         let removed: Vec<_> = inner.segments.drain(..).collect();
         for seg in &removed {
+            seg.mark_deleted();
             delete_segment_files(&self.dir, seg.base_offset())?;
         }
         let seg = Arc::new(LogSegment::create(

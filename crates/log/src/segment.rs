@@ -687,7 +687,7 @@ impl LogSegment {
         index_cache::record_load(&self.indexes.slot);
         let loaded = match self.read_indexes()? {
             Ok(loaded) => loaded,
-            Err(problem) if self.deleted.load(Ordering::Acquire) => {
+            Err(problem) if self.is_deleted() => {
                 // Being deleted: its files may be gone. A reader that still holds it walks
                 // from the start of the segment; nothing is written or kept.
                 tracing::debug!(segment = %self.log_path().display(), %problem,
@@ -768,7 +768,7 @@ impl LogSegment {
         }
         let (offsets, times, max) = builder.finish();
         let (mut offsets_file_len, mut times_file_len) = (0, 0);
-        if !self.deleted.load(Ordering::Acquire) {
+        if !self.is_deleted() {
             offsets_file_len = self.indexes.offset.rewrite(&offsets)?;
             times_file_len = self.indexes.time.rewrite(&times)?;
         }
@@ -869,6 +869,20 @@ impl LogSegment {
         self.indexes.offset.file().close();
         self.indexes.time.file().close();
         Ok(())
+    }
+
+    /// Records that the segment's files are being deleted without
+    /// [`LogSegment::pin_for_deletion`] (the whole log is replaced): its index files are never
+    /// written again.
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Whether the segment is being deleted: marked so, or its `.log` file is no longer where
+    /// it should be (its partition's directory was renamed for deletion). Asked only when an
+    /// index file is found unusable.
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire) || !self.log_path().exists()
     }
 
     /// Closes the segment's descriptors now (a later use reopens them).
@@ -1472,5 +1486,59 @@ mod tests {
         assert_eq!(r.next_offset, Some(next));
         assert_eq!(seg.index_entry_counts().unwrap(), entries);
         assert_eq!(seg.max_timestamp().unwrap().timestamp_ms, 1_000 + 49 + 2);
+    }
+
+    /// An inactive segment opened lazily reads nothing of its indexes until used; its max
+    /// timestamp comes from the time index's last entry alone; many threads looking up at
+    /// once load the files once and all answer right.
+    #[test]
+    fn lazy_indexes_load_once_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expected = Vec::new();
+        let max = {
+            let seg = LogSegment::create(dir.path(), 100, 1024, 256, 0).unwrap();
+            let mut next = 100;
+            for i in 0..50 {
+                let b = batch(next, 3, 1_000 + (i * 7) % 20);
+                let h = validate_batch(&b).unwrap();
+                expected.push((seg.size(), h));
+                seg.append(&b, &[h], 256).unwrap();
+                next = h.next_offset();
+            }
+            seg.on_become_inactive().unwrap();
+            seg.max_timestamp().unwrap()
+        };
+        let len = |ext| {
+            std::fs::metadata(dir.path().join(file_name(100, ext)))
+                .unwrap()
+                .len()
+        };
+        let files = len("index") + len("timeindex");
+        let seg = Arc::new(LogSegment::open_lazy(dir.path(), 100, 1024, 256, 0).unwrap());
+        assert!(!seg.indexes_loaded());
+        assert_eq!(seg.index_bytes_read(), 0);
+        assert_eq!(seg.max_timestamp().unwrap(), max);
+        assert!(!seg.indexes_loaded());
+        let tail = seg.index_bytes_read();
+        assert_eq!(tail, 24);
+        let expected = Arc::new(expected);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (seg, expected) = (Arc::clone(&seg), Arc::clone(&expected));
+                std::thread::spawn(move || {
+                    for (pos, h) in expected.iter() {
+                        for o in h.base_offset..=h.last_offset() {
+                            let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                            assert_eq!((p, found.base_offset), (*pos, h.base_offset));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(seg.indexes_loaded());
+        assert_eq!(seg.index_bytes_read(), tail + files);
     }
 }
