@@ -169,7 +169,7 @@ impl IndexCache {
         let mut dropped = Vec::new();
         {
             let mut ring = self.ring.lock();
-            self.evict(&mut ring, None, &mut dropped);
+            self.evict(&mut ring, None, 0, &mut dropped);
         }
         drop(dropped);
     }
@@ -194,9 +194,7 @@ pub(crate) fn install<T: Evict + 'static>(owner: &Arc<T>, install: impl FnOnce()
         let mut ring = cache.ring.lock();
         let bytes = install();
         if owner.slot().evictable.load(Ordering::Acquire) {
-            cache.charge(&mut ring, owner, bytes);
-            let keep = Arc::as_ptr(owner).cast::<()>();
-            cache.evict(&mut ring, Some(keep), &mut dropped);
+            cache.admit(&mut ring, owner, bytes, &mut dropped);
         }
     }
     drop(dropped);
@@ -211,9 +209,7 @@ pub(crate) fn make_evictable<T: Evict + 'static>(owner: &Arc<T>, bytes: impl FnO
         let mut ring = cache.ring.lock();
         owner.slot().evictable.store(true, Ordering::Release);
         let bytes = bytes();
-        cache.charge(&mut ring, owner, bytes);
-        let keep = Arc::as_ptr(owner).cast::<()>();
-        cache.evict(&mut ring, Some(keep), &mut dropped);
+        cache.admit(&mut ring, owner, bytes, &mut dropped);
     }
     drop(dropped);
 }
@@ -231,6 +227,22 @@ pub(crate) fn pin(slot: &CacheSlot) {
 }
 
 impl IndexCache {
+    /// Charges `owner` `bytes`, first dropping other owners' entries until they fit within
+    /// the budget (so the total never exceeds the larger of the budget and `bytes`, even for
+    /// a moment).
+    fn admit<T: Evict + 'static>(
+        &self,
+        ring: &mut Ring,
+        owner: &Arc<T>,
+        bytes: u64,
+        hold: &mut Vec<Arc<dyn Evict>>,
+    ) {
+        let was = owner.slot().charged.load(Ordering::Acquire);
+        let keep = Arc::as_ptr(owner).cast::<()>();
+        self.evict(ring, Some(keep), bytes.saturating_sub(was), hold);
+        self.charge(ring, owner, bytes);
+    }
+
     /// Sets `owner`'s charge to `bytes` (under the lock), adding it to the ring if needed.
     fn charge<T: Evict + 'static>(&self, ring: &mut Ring, owner: &Arc<T>, bytes: u64) {
         let slot = owner.slot();
@@ -266,14 +278,25 @@ impl IndexCache {
         }
     }
 
-    /// Moves the CLOCK hand until the total is within the budget (or every entry was visited
-    /// twice), never dropping the entries of `keep`. Owners upgraded on the way go to `hold`, to
-    /// be released after the lock (the last reference to a segment may be one of them).
-    fn evict(&self, ring: &mut Ring, keep: Option<*const ()>, hold: &mut Vec<Arc<dyn Evict>>) {
+    /// Moves the CLOCK hand until the total plus `reserve` is within the budget, never dropping
+    /// the entries of `keep`. For two turns of the ring a used entry gets its second chance;
+    /// entries that lookups in other threads keep using meanwhile go on a third turn anyway,
+    /// so that only `keep` can remain above the budget. Owners upgraded on the way go to
+    /// `hold`, to be released after the lock (the last reference to a segment may be one of
+    /// them).
+    fn evict(
+        &self,
+        ring: &mut Ring,
+        keep: Option<*const ()>,
+        reserve: u64,
+        hold: &mut Vec<Arc<dyn Evict>>,
+    ) {
         let max = self.max_bytes.load(Ordering::Relaxed);
-        let mut visits = 2 * ring.slots.len();
-        while self.bytes.load(Ordering::Acquire) > max && visits > 0 {
+        let turn = ring.slots.len();
+        let mut visits = 3 * turn;
+        while self.bytes.load(Ordering::Acquire).saturating_add(reserve) > max && visits > 0 {
             visits -= 1;
+            let second_chance = visits >= turn;
             let Some(weak) = ring.slots.pop_front() else {
                 return;
             };
@@ -288,7 +311,7 @@ impl IndexCache {
                 continue;
             }
             let is_keep = keep.is_some_and(|k| std::ptr::eq(Arc::as_ptr(&owner).cast::<()>(), k));
-            if is_keep || slot.referenced.swap(false, Ordering::Relaxed) {
+            if is_keep || (slot.referenced.swap(false, Ordering::Relaxed) && second_chance) {
                 ring.slots.push_back(weak);
                 hold.push(owner);
                 continue;

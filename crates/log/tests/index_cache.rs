@@ -130,7 +130,7 @@ fn lookups_under_a_tiny_budget_stay_correct_and_within_it() {
                     let bytes = index_cache::stats().bytes;
                     assert!(
                         bytes <= bound,
-                        "{bytes} bytes held, budget {TINY_BUDGET_BYTES}"
+                        "{bytes} bytes held, budget {TINY_BUDGET_BYTES}, bound {bound}"
                     );
                 }
             })
