@@ -1808,16 +1808,24 @@ impl PartitionLog {
         let mut result = RetentionResult::default();
         if config.cleanup_delete {
             if config.retention_ms >= 0 {
-                let r =
-                    self.delete_segments_while(
-                        high_watermark,
-                        now_ms,
-                        DeletionReason::RetentionMs,
-                        |seg, _| {
+                let r = self.delete_segments_while(
+                    high_watermark,
+                    now_ms,
+                    DeletionReason::RetentionMs,
+                    |seg, _| {
+                        let expired = |seg: &LogSegment| -> Result<bool> {
                             Ok(now_ms.saturating_sub(seg.largest_timestamp_ms()?)
                                 > config.retention_ms)
-                        },
-                    )?;
+                        };
+                        // Keeping a segment on its time index's last entry alone is
+                        // cheap; deleting one is decided on the checked index (loading it
+                        // corrects a last entry that is not the segment's max timestamp).
+                        Ok(expired(seg)? && {
+                            seg.load_indexes()?;
+                            expired(seg)?
+                        })
+                    },
+                )?;
                 result.deleted_segments += r.deleted_segments;
                 result.deleted_bytes += r.deleted_bytes;
             }

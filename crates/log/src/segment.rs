@@ -12,8 +12,10 @@
 //! ([`LogSegment::open_lazy`]) reads nothing of its index files until a lookup, the cleaner or a
 //! truncation needs them ([`LogSegment::with_indexes`]); then both files are read once (one
 //! thread loads, the others wait for it), checked as the active segment's are, and held within
-//! the budget of [`crate::index_cache`], which may drop them again. Time-based retention reads
-//! only the last entry of the time index ([`LogSegment::max_timestamp`]).
+//! the budget of [`crate::index_cache`], which may drop them again. A segment's max timestamp
+//! comes from the last entry of its time index alone ([`LogSegment::max_timestamp`]), so
+//! time-based retention keeps a segment without loading its indexes; it loads (and so checks)
+//! them before deleting one, and lookups by timestamp check the segment they answer from.
 //!
 //! Kafka 4.4 (`LazyIndex`, `LogSegment.sanityCheck`, KIP-263) checks only that the offset index
 //! file exists when a log loads, never the entries of a segment below the recovery point, and
@@ -21,7 +23,9 @@
 //! (`CorruptIndexException` is thrown only by the explicit sanity checks that recovery and
 //! `kafka-dump-log` run). gregor checks an inactive segment's index files when it first loads
 //! them (the same checks as at open: whole entries, increasing, plausible positions and
-//! timestamps, the last offset entry pointing at the batch that ends at its offset); when they
+//! timestamps, the last offset entry pointing at the batch that ends at its offset, the last
+//! time entry being the max timestamp of the batch ending at its offset, no empty time index
+//! beside batches that have timestamps); when they
 //! are not sane it logs a warning naming the file, rebuilds both indexes from the segment's
 //! batch headers (as recovery does, but without validating CRCs or cutting the segment: that
 //! is recovery's job at start-up, and data below the recovery point is not truncated while
@@ -902,7 +906,10 @@ impl LogSegment {
     /// the first call reads only the time index's last entry (its final entry is the
     /// segment's max timestamp, [`LogSegment::on_become_inactive`]): one small read, without
     /// loading the entries. A file whose end cannot be trusted that way (missing, a partial
-    /// entry, zeros of preallocation, entries out of order) is loaded and checked whole.
+    /// entry, zeros of preallocation, entries out of order) is loaded and checked whole. A
+    /// corrupt last entry that still follows the one before it is trusted until the indexes
+    /// are loaded, which replaces it with the checked value (Kafka trusts it always); callers
+    /// that act on it irreversibly load first ([`LogSegment::load_indexes`]).
     ///
     /// # Errors
     /// [`LogError::Io`] when the time index cannot be read (or, loaded whole, rebuilt).
