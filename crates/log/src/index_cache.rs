@@ -2,7 +2,7 @@
 //!
 //! Kafka memory-maps every index file lazily ([KIP-263]: `LazyIndex`), so the page cache holds
 //! the parts of the indexes that lookups touch. gregor keeps index entries in memory instead
-//! ([`crate::index`]); left alone they would grow with the data (about 20 bytes per
+//! (the `index` module); left alone they would grow with the data (about 20 bytes per
 //! `index.interval.bytes` of log: 5 GB for 1 TB at the default 4096). So the entries of
 //! inactive segments are read from their files on first use and held here, in one
 //! process-wide set with a byte budget ([`set_max_bytes`]): when loading a segment's entries
@@ -12,8 +12,10 @@
 //! clear) and read again on their next use. The active segment's entries, which appends
 //! write, are never charged here and never dropped.
 //!
-//! The total may exceed the budget by the entries of the one segment just loaded (they are
-//! never dropped by their own load) and, for a moment, by loads in progress in other threads.
+//! The total never exceeds the larger of the budget and the entries of the one segment just
+//! loaded (a segment's own load never drops it, however large): others are dropped before it
+//! is charged. Entries being read from their files are outside the total until installed; a
+//! drop waits for the lookups reading the entries it drops.
 //!
 //! [KIP-263]: https://cwiki.apache.org/confluence/display/KAFKA/KIP-263%3A+Allow+broker+to+skip+sanity+check+of+inactive+segments+on+broker+startup
 
