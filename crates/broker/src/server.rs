@@ -241,6 +241,7 @@ pub async fn start_with_authorizer(
         segment_files_open_max = limit.budget,
         "open-file limit; segment files beyond the budget are closed until used"
     );
+    gregor_log::index_cache::set_max_bytes(config.log_index_cache_bytes);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
