@@ -831,6 +831,106 @@ mod tests {
         }
     }
 
+    /// A metadata change that creates logs (or the first image, over loaded logs) queues the
+    /// directory of each one whose registration names another directory for this broker;
+    /// topics the next image shares unchanged are not looked at again, a registration that
+    /// names the log's directory queues nothing, and nothing is queued before
+    /// metadata.version 3.7-IV2.
+    #[test]
+    fn a_metadata_change_queues_the_logs_whose_registration_names_another_dir() {
+        use gregor_metadata::MetadataRecord;
+        use gregor_protocol::metadata_records::{PartitionRecord, TopicRecord};
+
+        let root = tempfile::tempdir().unwrap();
+        let dirs = [root.path().join("a"), root.path().join("b")];
+        let ids = [Uuid::new_v4(), Uuid::new_v4()];
+        let props = [
+            (
+                "log.dirs".to_string(),
+                format!("{},{}", dirs[0].display(), dirs[1].display()),
+            ),
+            ("node.id".to_string(), NODE.to_string()),
+        ];
+        let (config, _) =
+            crate::config::BrokerConfig::from_properties(props.into_iter().collect()).unwrap();
+        let (logs, _) = gregor_log::LogManager::open_with_clock(
+            &dirs,
+            gregor_log::LogConfig::default(),
+            gregor_log::ManualClock::new(0),
+        )
+        .unwrap();
+        let rm = ReplicaManager::new(NODE, config, logs);
+        let manager = AssignmentsManager::new(
+            NODE,
+            dirs.iter().cloned().zip(ids.iter().copied()).collect(),
+        );
+        let topic = Uuid::new_v4();
+        let mut image = MetadataImage::default();
+        image
+            .features
+            .insert(gregor_metadata::image::METADATA_VERSION_FEATURE.into(), 33);
+        image.apply(&MetadataRecord::Topic(TopicRecord {
+            name: "t".into(),
+            topic_id: topic,
+            ..TopicRecord::default()
+        }));
+        let partition = |p: i32, dir: Uuid| {
+            MetadataRecord::Partition(PartitionRecord {
+                partition_id: p,
+                topic_id: topic,
+                replicas: vec![NODE],
+                isr: vec![NODE],
+                leader: NODE,
+                directories: vec![dir],
+                ..PartitionRecord::default()
+            })
+        };
+        for p in 0..2 {
+            image.apply(&partition(p, DIRECTORY_UNASSIGNED));
+        }
+        let first = Arc::new(image.clone());
+        rm.apply_metadata(&first, false).unwrap();
+        manager.on_metadata(&first, &rm);
+        let actual = |p: i32| {
+            manager
+                .dir_id_of(rm.partition("t", p).unwrap().log.dir())
+                .unwrap()
+        };
+        let queued = |m: &AssignmentsManager| -> Vec<(i32, Uuid)> {
+            m.ready.lock().iter().map(|((_, p), a)| (*p, a.dir)).collect()
+        };
+        assert_eq!(queued(&manager), vec![(0, actual(0)), (1, actual(1))]);
+        assert_ne!(actual(0), actual(1), "one log per directory");
+
+        // The same topics again: not looked at.
+        manager.ready.lock().clear();
+        let mut same = (*first).clone();
+        same.offset += 1;
+        let same = Arc::new(same);
+        rm.apply_metadata(&same, false).unwrap();
+        manager.on_metadata(&same, &rm);
+        assert!(queued(&manager).is_empty());
+
+        // Partition 0 assigned where its log is; partition 1 still UNASSIGNED.
+        image.apply(&partition(0, actual(0)));
+        let next = Arc::new(image.clone());
+        rm.apply_metadata(&next, false).unwrap();
+        manager.on_metadata(&next, &rm);
+        assert_eq!(queued(&manager), vec![(1, actual(1))]);
+
+        // Before 3.7-IV2 nothing is queued, even on a fresh manager.
+        let old = AssignmentsManager::new(
+            NODE,
+            dirs.iter().cloned().zip(ids.iter().copied()).collect(),
+        );
+        let mut before = (*next).clone();
+        before
+            .features
+            .insert(gregor_metadata::image::METADATA_VERSION_FEATURE.into(), 16);
+        old.on_metadata(&Arc::new(before), &rm);
+        assert!(queued(&old).is_empty());
+    }
+
     /// More than a request's worth goes in several requests of at most 2250 partitions.
     #[tokio::test]
     async fn a_request_carries_at_most_2250_assignments() {

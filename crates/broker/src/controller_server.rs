@@ -890,6 +890,40 @@ mod tests {
             (h.error_code, h.is_caught_up, h.is_fenced),
             (0, true, false)
         );
+
+        // AssignReplicasToDirs (KIP-858): partition errors in the answer, a stale broker epoch
+        // as the top-level error.
+        let assign = |epoch: i64| -> RequestKind {
+            use m::assign_replicas_to_dirs_request::{DirectoryData, PartitionData, TopicData};
+            m::AssignReplicasToDirsRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch)
+                .with_directories(vec![DirectoryData::default()
+                    .with_id(uuid::Uuid::new_v4())
+                    .with_topics(vec![TopicData::default()
+                        .with_topic_id(uuid::Uuid::new_v4())
+                        .with_partitions(vec![
+                            PartitionData::default().with_partition_index(0)
+                        ])])])
+                .into()
+        };
+        let ResponseKind::AssignReplicasToDirs(a) =
+            call(ApiKey::AssignReplicasToDirs, 0, assign(epoch)).await
+        else {
+            panic!("an AssignReplicasToDirs response")
+        };
+        assert_eq!(a.error_code, 0);
+        assert_eq!(
+            a.directories[0].topics[0].partitions[0].error_code,
+            ErrorCode::UnknownTopicId.code()
+        );
+        let ResponseKind::AssignReplicasToDirs(a) =
+            call(ApiKey::AssignReplicasToDirs, 0, assign(epoch + 1000)).await
+        else {
+            panic!("an AssignReplicasToDirs response")
+        };
+        assert_eq!(a.error_code, ErrorCode::StaleBrokerEpoch.code());
+        assert!(a.directories.is_empty());
         let ResponseKind::BrokerHeartbeat(h) = call(
             ApiKey::BrokerHeartbeat,
             1,
