@@ -89,6 +89,11 @@ fn update_gauges(broker: &Broker) -> String {
     metrics::gauge!(LOG_SEGMENT_FILES_OPEN).set(files.open as f64);
     metrics::gauge!(LOG_SEGMENT_FILES_OPEN_MAX).set(files.max as f64);
     metrics::counter!(LOG_SEGMENT_FILES_EVICTED_TOTAL).absolute(files.evicted_total);
+    let index_cache = gregor_log::index_cache::stats();
+    metrics::gauge!(LOG_INDEX_CACHE_BYTES).set(index_cache.bytes as f64);
+    metrics::gauge!(LOG_INDEX_CACHE_MAX_BYTES).set(index_cache.max_bytes as f64);
+    metrics::counter!(LOG_INDEX_CACHE_LOADS_TOTAL).absolute(index_cache.loads_total);
+    metrics::counter!(LOG_INDEX_CACHE_DROPPED_TOTAL).absolute(index_cache.dropped_total);
     let quotas = broker.replica_manager.replication_quotas();
     for (side, q) in [("leader", &quotas.leader), ("follower", &quotas.follower)] {
         let labels = [("type", side)];

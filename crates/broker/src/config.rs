@@ -577,6 +577,12 @@ pub struct BrokerConfig {
     /// per partition for the log gauges and per committed partition for consumer lag; false:
     /// per topic (summed), so that a broker with very many partitions is scraped quickly.
     pub admin_metrics_per_partition: bool,
+    /// `log.index.cache.bytes` (gregor's own), default 268435456 (256 MiB): heap bytes of the
+    /// index entries of inactive segments held at once, across all logs; the least recently
+    /// used are dropped beyond it and read again from their files on next use (the active
+    /// segments' entries are not counted). Why this default: [`gregor_log::index_cache::set_max_bytes`].
+    /// Read at start-up.
+    pub log_index_cache_bytes: u64,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
     /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
@@ -686,6 +692,7 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ),
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
     ("admin.metrics.per.partition", ConfigType::Boolean, "true"),
+    ("log.index.cache.bytes", ConfigType::Long, "268435456"),
     // Incremental fetch sessions (KIP-227, Kafka's `ServerConfigs`).
     (
         "max.incremental.fetch.session.cache.slots",
@@ -1083,6 +1090,16 @@ impl BrokerConfig {
             Ok(i32::try_from(v).unwrap_or(i32::MAX))
         };
         let max_connections = at_least_zero("max.connections", i64::from(i32::MAX))?;
+        let default_index_cache_bytes =
+            i64::try_from(gregor_log::index_cache::DEFAULT_MAX_BYTES).unwrap_or(i64::MAX);
+        let log_index_cache_bytes = int("log.index.cache.bytes", default_index_cache_bytes);
+        if log_index_cache_bytes < 0 {
+            return Err(ConfigError::new(
+                "log.index.cache.bytes",
+                &log_index_cache_bytes.to_string(),
+                "Value must be at least 0",
+            ));
+        }
         // Kafka's ServerConfigs: `atLeast(0)`.
         at_least_zero("max.incremental.fetch.session.cache.slots", 1000)?;
         if int("min.incremental.fetch.session.eviction.ms", 0) < 0 {
@@ -1137,6 +1154,7 @@ impl BrokerConfig {
             },
             admin_metrics_per_partition: get("admin.metrics.per.partition")
                 .is_none_or(|v| v.eq_ignore_ascii_case("true")),
+            log_index_cache_bytes: log_index_cache_bytes.unsigned_abs(),
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
             raw: props,
         };
@@ -1987,6 +2005,29 @@ mod tests {
         let t = TopicConfigs::resolve(&c, &BTreeMap::new());
         assert_eq!(t.get("retention.ms"), "604800000");
         assert_eq!(t.log_config().segment_bytes, 1 << 30);
+    }
+
+    /// `log.index.cache.bytes` (gregor's own): 256 MiB unless set; at least 0; a number.
+    #[test]
+    fn index_cache_budget() {
+        let (c, _) = BrokerConfig::from_properties(BTreeMap::new()).unwrap();
+        assert_eq!(c.log_index_cache_bytes, 256 * 1024 * 1024);
+        assert_eq!(
+            c.log_index_cache_bytes,
+            gregor_log::index_cache::DEFAULT_MAX_BYTES
+        );
+        let (c, report) =
+            BrokerConfig::from_properties(props(&[("log.index.cache.bytes", "1048576")])).unwrap();
+        assert_eq!(c.log_index_cache_bytes, 1 << 20);
+        assert!(report.lines().is_empty(), "{:?}", report.lines());
+        let (c, _) =
+            BrokerConfig::from_properties(props(&[("log.index.cache.bytes", "0")])).unwrap();
+        assert_eq!(c.log_index_cache_bytes, 0);
+        for bad in ["-1", "lots"] {
+            let e = BrokerConfig::from_properties(props(&[("log.index.cache.bytes", bad)]))
+                .unwrap_err();
+            assert!(e.to_string().contains("log.index.cache.bytes"), "{e}");
+        }
     }
 
     #[test]

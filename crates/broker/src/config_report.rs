@@ -157,8 +157,12 @@ fn is_log_dir_alias(k: &str) -> bool {
 /// typo: at most 2 edits, or 3 for names of 20 characters or more.
 fn closest_known(name: &str) -> Option<&'static str> {
     let limit = if name.len() >= 20 { 3 } else { 2 };
-    let gregor_only: &[&'static str] =
-        &["admin.listener", "admin.metrics.per.partition", "log.dir"];
+    let gregor_only: &[&'static str] = &[
+        "admin.listener",
+        "admin.metrics.per.partition",
+        "log.dir",
+        "log.index.cache.bytes",
+    ];
     KAFKA_BROKER_CONFIGS
         .iter()
         .map(|d| d.name)
@@ -232,10 +236,10 @@ pub fn reference_markdown() -> String {
          differ, and `GREGOR_UPDATE_DOCS=1` with that command rewrites it.\n\n\
          ## Broker configs (`server.properties`, `--set`, dynamic with `kafka-configs`)\n\n\
          Every broker config Apache Kafka 4.4 defines, and gregor's own (`admin.listener`,\n\
-         `admin.metrics.per.partition`). *gregor's default* is what gregor uses when the key is not\n\
-         set, where it differs from Kafka's or Kafka has none. A key gregor does not act on is\n\
-         accepted, reported once at start-up with the reason given here, stored when changed at\n\
-         run time, and described by DescribeConfigs.\n\n\
+         `admin.metrics.per.partition`, `log.index.cache.bytes`). *gregor's default* is what\n\
+         gregor uses when the key is not set, where it differs from Kafka's or Kafka has none. A\n\
+         key gregor does not act on is accepted, reported once at start-up with the reason given\n\
+         here, stored when changed at run time, and described by DescribeConfigs.\n\n\
          | name | Kafka's default | gregor's default | gregor acts on it |\n|---|---|---|---|\n",
     );
     for name in names {

@@ -417,6 +417,100 @@ mod tests {
         assert!(b.controller.image().topic("a").is_none());
         running.shutdown().await.expect("shutdown");
     }
+
+    /// A topic whose log this broker cannot create (a file where a partition's directory
+    /// should be) is deleted again and answered KAFKA_STORAGE_ERROR naming the partition, the
+    /// directory and the cause, while the other topic of the request is created; once the
+    /// fault is gone it is created. New partitions that cannot be created are answered
+    /// KAFKA_STORAGE_ERROR, stay in the topic, and appear when the retry creates them.
+    #[tokio::test]
+    async fn a_topic_whose_log_cannot_be_created_here_is_not_created() {
+        use gregor_protocol::kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+        use gregor_protocol::kafka_protocol::messages::CreatePartitionsRequest;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.path().display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let running = crate::server::start(config).await.expect("start");
+        let b = &running.broker;
+        let in_the_way = dir.path().join("x-1");
+        std::fs::write(&in_the_way, b"not a directory").expect("fault");
+
+        let req = CreateTopicsRequest::default()
+            .with_topics(vec![creatable("x", 3), creatable("fine", 2)]);
+        let resp = topics::create_topics(b, &ctx(ApiKey::CreateTopics, 7), req, 7).await;
+        let x = &resp.topics[0];
+        assert_eq!(x.error_code, ec::KAFKA_STORAGE_ERROR, "{x:?}");
+        let message = x.error_message.as_deref().unwrap_or_default();
+        for part in [
+            "x-1",
+            &dir.path().display().to_string(),
+            "File exists",
+            "not created",
+        ] {
+            assert!(message.contains(part), "{part} in {message}");
+        }
+        assert_eq!(resp.topics[1].error_code, ec::NONE, "{:?}", resp.topics[1]);
+        assert!(!resp.topics[1].topic_id.is_nil());
+        assert!(b.controller.image().topic("x").is_none());
+        assert!(b.replica_manager.partition("x", 0).is_none());
+        for p in [0, 2] {
+            assert!(!dir.path().join(format!("x-{p}")).exists(), "x-{p} deleted");
+        }
+        assert!(in_the_way.is_file(), "what was in the way is not ours");
+        assert!(!b.replica_manager.has_log_creation_failures());
+        for p in 0..2 {
+            assert!(b.replica_manager.partition("fine", p).is_some());
+        }
+
+        std::fs::remove_file(&in_the_way).expect("remove the fault");
+        let req = CreateTopicsRequest::default().with_topics(vec![creatable("x", 3)]);
+        let resp = topics::create_topics(b, &ctx(ApiKey::CreateTopics, 7), req, 7).await;
+        assert_eq!(resp.topics[0].error_code, ec::NONE, "{:?}", resp.topics[0]);
+        assert!(b.replica_manager.partition("x", 1).is_some());
+
+        // CreatePartitions: the new partition stays and is created by the retry.
+        let in_the_way = dir.path().join("fine-2");
+        std::fs::write(&in_the_way, b"not a directory").expect("fault");
+        let req =
+            CreatePartitionsRequest::default().with_topics(vec![CreatePartitionsTopic::default()
+                .with_name(TopicName(sb("fine")))
+                .with_count(3)]);
+        let resp = topics::create_partitions(b, &ctx(ApiKey::CreatePartitions, 3), req, 3).await;
+        let r = &resp.results[0];
+        assert_eq!(r.error_code, ec::KAFKA_STORAGE_ERROR, "{r:?}");
+        let message = r.error_message.as_deref().unwrap_or_default();
+        assert!(
+            message.contains("fine-2") && message.contains("File exists"),
+            "{message}"
+        );
+        let partitions = b
+            .controller
+            .image()
+            .topic("fine")
+            .map(|t| t.partitions.len());
+        assert_eq!(partitions, Some(3), "the new partition stays");
+        assert!(b.replica_manager.partition("fine", 2).is_none());
+        std::fs::remove_file(&in_the_way).expect("remove the fault");
+        let deadline =
+            tokio::time::Instant::now() + crate::replica_manager::LOG_CREATION_RETRY_INTERVAL * 3;
+        while b.replica_manager.partition("fine", 2).is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fine-2 created by the retry"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(!b.replica_manager.has_log_creation_failures());
+        running.shutdown().await.expect("shutdown");
+    }
 }
 
 #[cfg(test)]

@@ -106,6 +106,16 @@ pub const LOG_SEGMENT_FILES_OPEN: &str = "gregor_log_segment_files_open";
 pub const LOG_SEGMENT_FILES_OPEN_MAX: &str = "gregor_log_segment_files_open_max";
 /// Counter: segment files closed to stay within the budget (reopened on their next use).
 pub const LOG_SEGMENT_FILES_EVICTED_TOTAL: &str = "gregor_log_segment_files_evicted_total";
+/// Gauge: heap bytes of inactive segments' index entries held now
+/// ([`gregor_log::index_cache`]).
+pub const LOG_INDEX_CACHE_BYTES: &str = "gregor_log_index_cache_bytes";
+/// Gauge: their budget (`log.index.cache.bytes`).
+pub const LOG_INDEX_CACHE_MAX_BYTES: &str = "gregor_log_index_cache_max_bytes";
+/// Counter: inactive segments whose index files were read on use (first use, or again after
+/// their entries were dropped).
+pub const LOG_INDEX_CACHE_LOADS_TOTAL: &str = "gregor_log_index_cache_loads_total";
+/// Counter: inactive segments whose index entries were dropped to stay within the budget.
+pub const LOG_INDEX_CACHE_DROPPED_TOTAL: &str = "gregor_log_index_cache_dropped_total";
 
 /// Latency buckets in seconds, from 50 µs to 30 s.
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -251,6 +261,22 @@ fn describe() {
     describe_counter!(
         LOG_SEGMENT_FILES_EVICTED_TOTAL,
         "Segment files closed to stay within the budget; each is reopened on its next use."
+    );
+    describe_gauge!(
+        LOG_INDEX_CACHE_BYTES,
+        "Heap bytes of inactive segments' index entries held now (active segments' are not counted)."
+    );
+    describe_gauge!(
+        LOG_INDEX_CACHE_MAX_BYTES,
+        "The budget of inactive segments' index entries (log.index.cache.bytes)."
+    );
+    describe_counter!(
+        LOG_INDEX_CACHE_LOADS_TOTAL,
+        "Inactive segments whose index files were read on use (first use, or again after a drop)."
+    );
+    describe_counter!(
+        LOG_INDEX_CACHE_DROPPED_TOTAL,
+        "Inactive segments whose index entries were dropped to stay within the budget; each is read again on its next use."
     );
     describe_gauge!(
         BUILD_INFO,

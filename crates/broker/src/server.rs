@@ -241,6 +241,7 @@ pub async fn start_with_authorizer(
         segment_files_open_max = limit.budget,
         "open-file limit; segment files beyond the budget are closed until used"
     );
+    gregor_log::index_cache::set_max_bytes(config.log_index_cache_bytes);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
@@ -522,6 +523,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(log_creation_retrier(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -642,6 +647,35 @@ async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiv
             .io_pool()
             .run(move || b.replica_manager.logs().check_dir_health())
             .await;
+    }
+}
+
+/// Creates the logs of partitions whose creation failed
+/// ([`ReplicaManager::retry_log_creation`]) every
+/// [`crate::replica_manager::LOG_CREATION_RETRY_INTERVAL`] while any is pending (nothing is
+/// done otherwise), so that a partition appears once its cause is fixed (space freed) without
+/// a metadata change.
+async fn log_creation_retrier(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(crate::replica_manager::LOG_CREATION_RETRY_INTERVAL) => {}
+            _ = shutdown.changed() => return,
+        }
+        if !broker.replica_manager.has_log_creation_failures() {
+            continue;
+        }
+        let b = broker.clone();
+        match broker
+            .replica_manager
+            .io_pool()
+            .run(move || b.replica_manager.retry_log_creation())
+            .await
+        {
+            // Each partition created is logged by the replica manager.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => debug!(error = %e, "retrying the creation of partition logs failed"),
+            Err(e) => warn!(error = %e, "the log creation retry job failed"),
+        }
     }
 }
 

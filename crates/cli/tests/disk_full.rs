@@ -14,6 +14,9 @@
 //!   their dirs (AssignReplicasToDirs), and filling the one dir of the leader that holds the
 //!   partition moves leadership within seconds, with librdkafka's acks=all writes going on
 //!   and nothing acknowledged lost.
+//! - A topic created on a full disk leaves no trace (issue 14 item 1): librdkafka's
+//!   CreateTopics gets KAFKA_STORAGE_ERROR, Metadata does not list the topic and no partition
+//!   directory remains; once space is freed the same topic is created and written and read.
 //!
 //! `cargo test -p gregor --test disk_full -- --nocapture --test-threads=1`
 
@@ -843,4 +846,115 @@ impl ProducerContext for AcksRef {
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: ()) {
         self.0.delivery(result, opaque);
     }
+}
+
+/// A topic whose logs cannot be created (the data disk is full; the metadata log is on
+/// another disk, so the controller commits the topic's records and only the partition logs
+/// fail) is deleted again: librdkafka's admin client gets KAFKA_STORAGE_ERROR, Metadata does
+/// not list the topic, no `<topic>-N` directory remains. Once space is freed the same name is
+/// created, and a record is produced and consumed with librdkafka.
+#[test]
+fn a_topic_that_cannot_be_created_on_a_full_disk_leaves_no_trace() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+
+    const NAME: &str = "notrace";
+    if skip() {
+        return;
+    }
+    let metadata_dir = tempfile::tempdir().expect("metadata log dir");
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)).with(
+            "metadata.log.dir",
+            &metadata_dir.path().display().to_string(),
+        ),
+        &ClusterOptions::default().with_disk_limit_mib(16),
+    )
+    .expect("cluster");
+    let node = cluster.node(1);
+    let bootstrap = node.bootstrap().expect("a broker");
+    let rt = gregor_tests::clients::runtime().expect("runtime");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("admin client");
+    let create = || {
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        rt.block_on(
+            admin.create_topics(&[NewTopic::new(NAME, 3, TopicReplication::Fixed(1))], &opts),
+        )
+        .expect("CreateTopics answered")
+        .remove(0)
+    };
+    let listed = || {
+        admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(10))
+            .expect("Metadata")
+            .topics()
+            .iter()
+            .any(|t| t.name() == NAME)
+    };
+    let partition_dirs = || -> Vec<String> {
+        std::fs::read_dir(node.data_dir())
+            .expect("data dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&format!("{NAME}-")))
+            .collect()
+    };
+
+    let filled = node.fill_disk().expect("fill the disk");
+    eprintln!("filled the disk with {filled} bytes");
+    assert_eq!(
+        create(),
+        Err((
+            NAME.to_string(),
+            rdkafka::types::RDKafkaErrorCode::KafkaStorageError
+        ))
+    );
+    assert!(!listed(), "Metadata lists a topic that was not created");
+    assert_eq!(partition_dirs(), Vec::<String>::new());
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    assert!(
+        log.contains("topic not created") && log.contains(&format!("{NAME}-")),
+        "the broker says which partition could not be created"
+    );
+
+    node.free_disk().expect("free the disk");
+    assert_eq!(create(), Ok(NAME.to_string()), "created once space is free");
+    assert!(listed());
+    let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            rdkafka::producer::BaseRecord::<str, str>::to(NAME)
+                .partition(1)
+                .key("k")
+                .payload("after the disk was freed"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("queued");
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).expect("delivered");
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "notrace-test")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(NAME, 1, rdkafka::Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let value = gregor_tests::process::wait_for(Duration::from_secs(30), "the record", || {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => m.payload().map(<[u8]>::to_vec),
+            _ => None,
+        }
+    });
+    assert_eq!(value, b"after the disk was freed");
+    cluster.stop_all().ok();
 }

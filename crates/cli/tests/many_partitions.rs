@@ -19,6 +19,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const NOFILE: u64 = 512;
 const TOPICS: usize = 20;
 const PARTITIONS_PER_TOPIC: i32 = 100;
+/// `log.index.cache.bytes`: not the default, so /metrics shows that the setting reached the log.
+const INDEX_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// (topic, partition) -> offset -> value of every acknowledged record.
 type Acked = BTreeMap<(String, i32), BTreeMap<i64, Vec<u8>>>;
@@ -184,7 +186,8 @@ fn open_descriptors(g: &Gregor) -> Result<usize> {
 
 #[test]
 fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<()> {
-    let mut g = Gregor::start_with_nofile(BIN, &[], NOFILE)?;
+    let index_cache = format!("log.index.cache.bytes={INDEX_CACHE_BYTES}");
+    let mut g = Gregor::start_with_nofile(BIN, &[&index_cache], NOFILE)?;
     let bootstrap = g.bootstrap();
     create_topics(&bootstrap)?;
     let mut acked = Acked::new();
@@ -203,6 +206,9 @@ fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<(
     let open = gauge("gregor_log_segment_files_open")?;
     ensure!(open <= (NOFILE / 2) as f64, "{open} segment files open");
     ensure!(gauge("gregor_log_segment_files_evicted_total")? > 0.0);
+    // Every partition has only its active segment, whose index entries are not the cache's.
+    ensure!(gauge("gregor_log_index_cache_max_bytes")? == INDEX_CACHE_BYTES as f64);
+    ensure!(gauge("gregor_log_index_cache_bytes")? == 0.0);
     check_all(&bootstrap, &acked)?;
 
     // Clean restart: every partition loads within the limit.

@@ -242,7 +242,15 @@ impl LogCleaner {
             if let Some(young) = segments
                 .iter()
                 .filter(|s| s.base_offset() >= first_dirty || contains(&segments, s, first_dirty))
-                .find(|s| s.largest_timestamp_ms() > cutoff)
+                .find(|s| match s.largest_timestamp_ms() {
+                    Ok(t) => t > cutoff,
+                    // Unknown age: not cleanable this round.
+                    Err(e) => {
+                        tracing::warn!(segment = %s.log_path().display(), error = %e,
+                            "cannot read the segment's largest timestamp; not cleaning from it");
+                        true
+                    }
+                })
             {
                 first_uncleanable = first_uncleanable.min(young.base_offset());
             }
@@ -427,12 +435,13 @@ impl LogCleaner {
             .cloned()
             .collect();
         let next_bases: Vec<i64> = segments.iter().skip(1).map(|s| s.base_offset()).collect();
-        for group in group_segments(&candidates, &next_bases, &config) {
+        for group in group_segments(&candidates, &next_bases, &config)? {
             let base = group[0].base_offset();
             let cleaned = LogSegment::create_with_suffix(
                 log.dir(),
                 base,
                 config.segment_index_bytes,
+                config.index_interval_bytes,
                 now_ms,
                 CLEANED_SUFFIX,
             )?;
@@ -612,12 +621,15 @@ fn contains(segments: &[Arc<LogSegment>], s: &LogSegment, offset: i64) -> bool {
 /// Kafka's `Cleaner.groupSegmentsBySize`: consecutive segments whose total size fits
 /// `segment.bytes`, whose index entries fit `segment.index.bytes` and whose offsets fit the
 /// 32-bit relative offsets of one segment. `next_bases[i]` is the base offset of the segment
-/// after `segments[i]`.
+/// after `segments[i]`. Counting index entries loads the segments' indexes.
+///
+/// # Errors
+/// [`LogError::Io`] when an index cannot be loaded.
 fn group_segments(
     segments: &[Arc<LogSegment>],
     next_bases: &[i64],
     config: &crate::config::LogConfig,
-) -> Vec<Vec<Arc<LogSegment>>> {
+) -> Result<Vec<Vec<Arc<LogSegment>>>> {
     let max_bytes = config.segment_bytes.min(i32::MAX as u64);
     let max_index_bytes = config.segment_index_bytes;
     let mut groups = Vec::new();
@@ -626,28 +638,30 @@ fn group_segments(
         let first = &segments[i];
         let mut group = vec![Arc::clone(first)];
         let mut bytes = first.size();
-        let mut offset_entries = first.offset_index.len() as u64;
-        let mut time_entries = first.time_index.len() as u64;
+        let (o, t) = first.index_entry_counts()?;
+        let (mut offset_entries, mut time_entries) = (o as u64, t as u64);
         i += 1;
         while i < segments.len() {
             let s = &segments[i];
             let last_offset = next_bases.get(i).copied().unwrap_or(i64::MAX) - 1;
+            let (o, t) = s.index_entry_counts()?;
+            let (o, t) = (o as u64, t as u64);
             let fits = bytes + s.size() <= max_bytes
-                && (offset_entries + s.offset_index.len() as u64) * 8 <= max_index_bytes
-                && (time_entries + s.time_index.len() as u64 + 1) * 12 <= max_index_bytes
+                && (offset_entries + o) * 8 <= max_index_bytes
+                && (time_entries + t + 1) * 12 <= max_index_bytes
                 && last_offset - first.base_offset() <= i64::from(i32::MAX);
             if !fits {
                 break;
             }
             bytes += s.size();
-            offset_entries += s.offset_index.len() as u64;
-            time_entries += s.time_index.len() as u64;
+            offset_entries += o;
+            time_entries += t;
             group.push(Arc::clone(s));
             i += 1;
         }
         groups.push(group);
     }
-    groups
+    Ok(groups)
 }
 
 fn corrupt(s: &LogSegment, reason: &str) -> LogError {

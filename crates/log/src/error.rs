@@ -138,6 +138,20 @@ pub enum LogError {
         /// Why ("full: No space left on device ...").
         reason: String,
     },
+    /// A new partition's log could not be created ([`crate::LogManager::get_or_create`]):
+    /// its directory, segment files or `partition.metadata` could not be written. What had
+    /// been created of it was removed again. The code is that of `source`
+    /// (KAFKA_STORAGE_ERROR for an I/O error).
+    #[error("creating the log of {partition} in {dir}: {source}")]
+    CreateLog {
+        /// The partition (`<topic>-<index>`).
+        partition: String,
+        /// The log directory (an entry of `log.dirs`) it was to be created in.
+        dir: String,
+        /// What failed.
+        #[source]
+        source: Box<LogError>,
+    },
 }
 
 impl LogError {
@@ -177,6 +191,7 @@ impl LogError {
             LogError::RecordValidation { .. } => ErrorCode::InvalidRecord,
             LogError::InconsistentTopicId { .. } => ErrorCode::InconsistentTopicId,
             LogError::Closed(_) => ErrorCode::NotLeaderOrFollower,
+            LogError::CreateLog { source, .. } => source.error_code(),
         }
     }
 
@@ -186,6 +201,7 @@ impl LogError {
     pub fn is_out_of_space(&self) -> bool {
         match self {
             LogError::Io { source, .. } => is_out_of_space(source),
+            LogError::CreateLog { source, .. } => source.is_out_of_space(),
             _ => false,
         }
     }

@@ -237,6 +237,28 @@ impl SegmentFile {
         Ok(self.install(Arc::new(file)))
     }
 
+    /// [`SegmentFile::get`], creating the file (empty) if it is missing.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming `what` when the file cannot be opened or created.
+    pub(crate) fn get_creating(&self, what: &'static str) -> Result<Arc<File>> {
+        match self.get(what) {
+            Err(LogError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                let path = self.path();
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .map_err(|e| LogError::io(what, &path, e))?;
+                OPEN_FILES.opened_total.fetch_add(1, Ordering::Relaxed);
+                Ok(self.install(Arc::new(file)))
+            }
+            other => other,
+        }
+    }
+
     /// Keeps a descriptor open, outside the budget, for as long as this `SegmentFile` lives:
     /// called before the file is renamed for deletion, so that readers still holding the
     /// segment read it to the end (as Kafka keeps a deleted segment's channel open until

@@ -7,6 +7,12 @@
 //! with positional writes through a descriptor opened on demand ([`crate::files`]). The index
 //! still fills at `segment.index.bytes`, which rolls the segment as in Kafka.
 //!
+//! The active segment's entries are loaded when its log opens and stay in memory. An inactive
+//! segment's are read (and checked) on first use and then held within the budget of
+//! [`crate::index_cache`], which may drop them again; Kafka memory-maps its index files lazily
+//! for the same reason (`LazyIndex`, KIP-263). The segment decides when to load
+//! ([`crate::segment`]); this module reads, checks, holds and writes one file.
+//!
 //! Readers take the entries' read lock only for the binary search; the appender takes the write
 //! lock only to push one entry. Neither is the partition's append lock.
 
@@ -17,7 +23,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 
 use crate::error::{LogError, Result};
 use crate::files::SegmentFile;
@@ -100,11 +106,13 @@ pub(crate) struct Index<E: IndexEntry> {
     /// Entries the index may hold before its segment must roll (`segment.index.bytes / SIZE`).
     max_entries: usize,
     max_index_bytes: u64,
-    entries: RwLock<Vec<E>>,
+    /// The entries; `None` while they are not loaded: an inactive segment's index before its
+    /// first use, or after the index cache dropped them ([`crate::index_cache`]).
+    entries: RwLock<Option<Vec<E>>>,
     /// Entries were written (or the file cut) since the last [`Index::flush`].
     dirty: AtomicBool,
-    /// The file's length as this index last left it (bytes): a reset of an empty file
-    /// touches nothing.
+    /// The file's length as this index last left it (bytes), [`UNKNOWN_LEN`] before it is
+    /// read: a reset of an empty file touches nothing.
     on_disk_len: AtomicU64,
     _entry: PhantomData<E>,
 }
@@ -114,25 +122,89 @@ pub(crate) type OffsetIndex = Index<OffsetEntry>;
 /// The time index of a segment.
 pub(crate) type TimeIndex = Index<TimeEntry>;
 
-/// How much of an index file [`Index::open`] reads at a time: it stops at the end of the valid
-/// entries, so a file preallocated by Kafka or an older gregor (10 MiB of zeros after a crash)
-/// costs one read, not ten megabytes.
+/// How much of an index file [`Index::read_file`] reads at a time: it stops at the end of the
+/// valid entries, so a file preallocated by Kafka or an older gregor (10 MiB of zeros after a
+/// crash) costs one read, not ten megabytes.
 const OPEN_READ_BYTES: usize = 64 * 1024;
 
+/// [`Index::on_disk_len`] of a file not read yet.
+const UNKNOWN_LEN: u64 = u64::MAX;
+
+/// What [`Index::read_file`] found.
+pub(crate) struct ReadIndex<E> {
+    /// The valid entries (empty when `problem` is set).
+    pub entries: Vec<E>,
+    /// Why the file is not a sane index, naming it; the caller rebuilds it from the log.
+    pub problem: Option<String>,
+    /// The file's length after the read (cut to the entries when it was longer).
+    pub file_len: u64,
+    /// Bytes read from the file.
+    pub bytes_read: u64,
+}
+
+/// The end of an index file, as [`Index::read_tail`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tail<E> {
+    /// The file is empty.
+    Empty,
+    /// Its last entry (which follows the one before it, if any).
+    Last(E),
+    /// Missing, not a whole number of entries, or ending in zeros or entries out of order:
+    /// only a full read can tell.
+    Unknown,
+}
+
+/// Appends `e` to `entries` if it follows the last one; whether it did.
+pub(crate) fn push_if_follows<E: IndexEntry>(entries: &mut Vec<E>, e: E) -> bool {
+    if entries.last().is_some_and(|prev| !e.follows(prev)) {
+        return false;
+    }
+    entries.push(e);
+    true
+}
+
+/// The last entry of `entries` for which `le(entry)` holds, entries being sorted so that `le`
+/// is true for a prefix.
+pub(crate) fn floor_by<E: IndexEntry>(entries: &[E], le: impl Fn(&E) -> bool) -> Option<E> {
+    let n = entries.partition_point(le);
+    n.checked_sub(1).map(|i| entries[i])
+}
+
+/// Heap bytes of `entries` (its capacity: what the allocator holds).
+pub(crate) fn heap_bytes<E: IndexEntry>(entries: &Vec<E>) -> u64 {
+    (entries.capacity() * E::SIZE) as u64
+}
+
 impl<E: IndexEntry> Index<E> {
-    /// Creates (or truncates) the empty index at `path`.
+    /// Creates (or truncates) the empty index at `path`, its entries loaded.
     ///
     /// # Errors
     /// [`LogError::Io`] when the file cannot be created.
     pub(crate) fn create(path: &Path, max_index_bytes: u64) -> Result<Self> {
         let file = SegmentFile::open(path, true, "creating index")?;
-        Ok(Self::with_entries(file, max_index_bytes, Vec::new(), 0))
+        Ok(Self::with_entries(
+            file,
+            max_index_bytes,
+            Some(Vec::new()),
+            0,
+        ))
+    }
+
+    /// Refers to the index at `path` without reading it: its entries are not loaded until
+    /// [`Index::install`] (after [`Index::read_file`]).
+    pub(crate) fn unloaded(path: &Path, max_index_bytes: u64) -> Self {
+        Self::with_entries(
+            SegmentFile::closed(path),
+            max_index_bytes,
+            None,
+            UNKNOWN_LEN,
+        )
     }
 
     fn with_entries(
         file: SegmentFile,
         max_index_bytes: u64,
-        entries: Vec<E>,
+        entries: Option<Vec<E>>,
         on_disk_len: u64,
     ) -> Self {
         Self {
@@ -146,34 +218,50 @@ impl<E: IndexEntry> Index<E> {
         }
     }
 
-    /// Opens an existing index (creating an empty one if missing). Returns the index and
-    /// whether its contents looked sane: length a multiple of the entry size, entries strictly
-    /// increasing up to the first zero entry, zeros after it as far as the read went, and every
-    /// entry accepted by `plausible`. When not sane the caller must [`Index::reset`] and rebuild
-    /// it from the log. A sane file longer than its entries (preallocated, then not trimmed
-    /// because of a crash) is cut to them. The descriptor is closed again: the index is read
-    /// from memory and its file opened only to append.
+    /// Reads the index file and checks it: length a multiple of the entry size, entries
+    /// strictly increasing up to the first zero entry, zeros after it as far as the read went,
+    /// and every entry accepted by `plausible`. A missing file is not sane either (Kafka's
+    /// `LogSegment.sanityCheck` rebuilds a missing offset index too). With `trim`, a sane file
+    /// longer than its entries (preallocated, then not trimmed because of a crash) is cut to
+    /// them. Reads through a descriptor of its own, closed on return; the entries are not
+    /// installed.
     ///
     /// # Errors
-    /// [`LogError::Io`] when the file cannot be opened, read or cut.
-    pub(crate) fn open(
-        path: &Path,
-        max_index_bytes: u64,
+    /// [`LogError::Io`] when the file cannot be opened (other than missing), read or cut.
+    pub(crate) fn read_file(
+        &self,
         plausible: impl Fn(&E) -> bool,
-    ) -> Result<(Self, bool)> {
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| LogError::io("opening index", path, e))?;
+        trim: bool,
+    ) -> Result<ReadIndex<E>> {
+        let path = self.path();
+        let insane = |problem: String, file_len: u64, bytes_read: u64| ReadIndex {
+            entries: Vec::new(),
+            problem: Some(problem),
+            file_len,
+            bytes_read,
+        };
+        let file = match OpenOptions::new().read(true).write(trim).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(insane(format!("{} is missing", path.display()), 0, 0));
+            }
+            Err(e) => return Err(LogError::io("opening index", &path, e)),
+        };
         let len = file
             .metadata()
-            .map_err(|e| LogError::io("reading metadata of index", path, e))?
+            .map_err(|e| LogError::io("reading metadata of index", &path, e))?
             .len();
-        let mut sane = existed && len % E::SIZE as u64 == 0;
+        if len % E::SIZE as u64 != 0 {
+            return Ok(insane(
+                format!(
+                    "{} is {len} bytes long, not a multiple of its {}-byte entries",
+                    path.display(),
+                    E::SIZE
+                ),
+                len,
+                0,
+            ));
+        }
         let mut entries: Vec<E> = Vec::new();
         let mut buf = vec![0u8; OPEN_READ_BYTES];
         let mut at = 0u64;
@@ -181,7 +269,8 @@ impl<E: IndexEntry> Index<E> {
             let want = usize::try_from(len - at).map_or(buf.len(), |n| n.min(buf.len()));
             let chunk = &mut buf[..want];
             file.read_exact_at(chunk, at)
-                .map_err(|e| LogError::io("reading index", path, e))?;
+                .map_err(|e| LogError::io("reading index", &path, e))?;
+            at += want as u64;
             let mut end = 0;
             for raw in chunk.chunks_exact(E::SIZE) {
                 let e = E::decode(raw);
@@ -191,34 +280,146 @@ impl<E: IndexEntry> Index<E> {
                 };
                 if !follows {
                     if !chunk_is_zero(&chunk[end..]) {
-                        sane = false;
+                        return Ok(insane(
+                            format!(
+                                "{}: entry {} ({e:?}) does not follow {:?}",
+                                path.display(),
+                                entries.len(),
+                                entries.last()
+                            ),
+                            len,
+                            at,
+                        ));
                     }
                     break 'read;
                 }
                 if !plausible(&e) {
-                    sane = false;
-                    break 'read;
+                    return Ok(insane(
+                        format!(
+                            "{}: entry {} ({e:?}) is impossible",
+                            path.display(),
+                            entries.len()
+                        ),
+                        len,
+                        at,
+                    ));
                 }
                 entries.push(e);
                 end += E::SIZE;
             }
-            at += want as u64;
         }
         let valid = (entries.len() * E::SIZE) as u64;
-        let mut on_disk_len = len;
-        if sane && len > valid {
+        let mut file_len = len;
+        if trim && len > valid {
             file.set_len(valid)
-                .map_err(|e| LogError::io("trimming index", path, e))?;
-            on_disk_len = valid;
+                .map_err(|e| LogError::io("trimming index", &path, e))?;
+            file_len = valid;
         }
-        drop(file);
-        let idx = Self::with_entries(
-            SegmentFile::closed(path),
-            max_index_bytes,
+        entries.shrink_to_fit();
+        Ok(ReadIndex {
             entries,
-            on_disk_len,
-        );
-        Ok((idx, sane))
+            problem: None,
+            file_len,
+            bytes_read: at,
+        })
+    }
+
+    /// Reads only the end of the file (its last two entries at most, one small read) and
+    /// returns the last entry when the file looks like it holds exactly its entries: a whole
+    /// number of entries, the last two non-zero and in order. Returns the bytes read too.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be opened (other than missing) or read.
+    pub(crate) fn read_tail(&self) -> Result<(Tail<E>, u64)> {
+        let path = self.path();
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Tail::Unknown, 0)),
+            Err(e) => return Err(LogError::io("opening index", &path, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| LogError::io("reading metadata of index", &path, e))?
+            .len();
+        let size = E::SIZE as u64;
+        if len == 0 {
+            return Ok((Tail::Empty, 0));
+        }
+        if len % size != 0 {
+            return Ok((Tail::Unknown, 0));
+        }
+        let n = if len >= 2 * size { 2 } else { 1 };
+        let mut buf = [0u8; 32];
+        let buf = &mut buf[..n * E::SIZE];
+        file.read_exact_at(buf, len - n as u64 * size)
+            .map_err(|e| LogError::io("reading index", &path, e))?;
+        let last = E::decode(&buf[(n - 1) * E::SIZE..]);
+        let follows = n == 1 || {
+            let prev = E::decode(&buf[..E::SIZE]);
+            !prev.is_zero() && last.follows(&prev)
+        };
+        let tail = if last.is_zero() || !follows {
+            Tail::Unknown
+        } else {
+            Tail::Last(last)
+        };
+        Ok((tail, buf.len() as u64))
+    }
+
+    /// Stores entries read by [`Index::read_file`] (or rebuilt and written by
+    /// [`Index::rewrite`]) from a file of `file_len` bytes; returns their heap bytes.
+    pub(crate) fn install(&self, entries: Vec<E>, file_len: u64) -> u64 {
+        let bytes = heap_bytes(&entries);
+        let mut slot = self.entries.write();
+        self.on_disk_len.store(file_len, Ordering::Release);
+        *slot = Some(entries);
+        bytes
+    }
+
+    /// Drops the loaded entries (the index cache's eviction).
+    pub(crate) fn unload(&self) {
+        let dropped = self.entries.write().take();
+        drop(dropped);
+    }
+
+    /// Releases spare capacity of the loaded entries; returns their heap bytes (0 when not
+    /// loaded).
+    pub(crate) fn shrink(&self) -> u64 {
+        let mut entries = self.entries.write();
+        entries.as_mut().map_or(0, |v| {
+            v.shrink_to_fit();
+            heap_bytes(v)
+        })
+    }
+
+    /// Replaces the file's contents with `entries` (an index rebuilt from the log), creating
+    /// it if missing. Written in place through a descriptor of its own: a crash part way
+    /// leaves a file the next load checks again. Not fsynced (a lost rebuild is redone).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be opened, written or cut.
+    pub(crate) fn rewrite(&self, entries: &[E]) -> Result<u64> {
+        let path = self.path();
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| LogError::io("opening index", &path, e))?;
+        let mut buf = vec![0u8; entries.len() * E::SIZE];
+        for (e, out) in entries.iter().zip(buf.chunks_exact_mut(E::SIZE)) {
+            e.encode(out);
+        }
+        file.write_all_at(&buf, 0)
+            .map_err(|e| LogError::io("writing index", &path, e))?;
+        file.set_len(buf.len() as u64)
+            .map_err(|e| LogError::io("trimming index", &path, e))?;
+        Ok(buf.len() as u64)
+    }
+
+    /// The loaded entries (`None` when not loaded), for a lookup under the read lock.
+    pub(crate) fn entries(&self) -> RwLockReadGuard<'_, Option<Vec<E>>> {
+        self.entries.read()
     }
 
     /// The index file's current path.
@@ -231,17 +432,24 @@ impl<E: IndexEntry> Index<E> {
         &self.file
     }
 
-    /// Drops every entry and empties the file.
+    /// Drops every entry and empties the file (creating it if missing); the entries are
+    /// loaded (empty) afterwards.
     ///
     /// # Errors
-    /// [`LogError::Io`] when the file cannot be cut.
+    /// [`LogError::Io`] when the file cannot be created or cut.
     pub(crate) fn reset(&self) -> Result<()> {
         let mut entries = self.entries.write();
-        entries.clear();
+        *entries = Some(Vec::new());
         if self.on_disk_len.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        self.set_file_len(0)
+        self.dirty.store(true, Ordering::Relaxed);
+        self.file
+            .get_creating("creating index")?
+            .set_len(0)
+            .map_err(|e| LogError::io("resizing index", &self.path(), e))?;
+        self.on_disk_len.store(0, Ordering::Release);
+        Ok(())
     }
 
     fn set_file_len(&self, len: u64) -> Result<()> {
@@ -254,9 +462,10 @@ impl<E: IndexEntry> Index<E> {
         Ok(())
     }
 
-    /// Number of entries.
+    /// Number of loaded entries (0 when not loaded: only the active segment's indexes, which
+    /// are always loaded, are asked).
     pub(crate) fn len(&self) -> usize {
-        self.entries.read().len()
+        self.entries.read().as_ref().map_or(0, Vec::len)
     }
 
     /// Whether the index holds `segment.index.bytes` of entries (the segment must roll).
@@ -264,22 +473,24 @@ impl<E: IndexEntry> Index<E> {
         self.len() >= self.max_entries
     }
 
-    /// The newest entry.
-    pub(crate) fn last(&self) -> Option<E> {
-        self.entries.read().last().copied()
-    }
-
     /// Appends `e` if it follows the last entry (otherwise it is ignored, as Kafka's time
-    /// index `maybeAppend` does), writing it at the end of the file.
+    /// index `maybeAppend` does), writing it at the end of the file. Only for an index whose
+    /// entries are loaded and pinned (the active segment's, or one being recovered).
     ///
     /// # Errors
-    /// [`LogError::Io`] when the entry cannot be written (the entry is then not added).
+    /// [`LogError::Io`] when the entry cannot be written (the entry is then not added);
+    /// [`LogError::CorruptFile`] when the entries are not loaded (a bug).
     pub(crate) fn append(&self, e: E) -> Result<()> {
-        let mut entries = self.entries.write();
-        if let Some(prev) = entries.last() {
-            if !e.follows(prev) {
-                return Ok(());
-            }
+        let mut guard = self.entries.write();
+        let Some(entries) = guard.as_mut() else {
+            debug_assert!(false, "append to an index that is not loaded");
+            return Err(LogError::CorruptFile {
+                path: self.path().display().to_string(),
+                reason: "appending to an index whose entries are not loaded".into(),
+            });
+        };
+        if entries.last().is_some_and(|prev| !e.follows(prev)) {
+            return Ok(());
         }
         let mut buf = [0u8; 16];
         e.encode(&mut buf[..E::SIZE]);
@@ -289,22 +500,13 @@ impl<E: IndexEntry> Index<E> {
             .get("opening index")?
             .write_all_at(&buf[..E::SIZE], at)
             .map_err(|err| LogError::io("writing index", &self.path(), err))?;
-        self.on_disk_len
-            .fetch_max(at + E::SIZE as u64, Ordering::AcqRel);
+        let _ = self
+            .on_disk_len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |len| {
+                (len == UNKNOWN_LEN || len < at + E::SIZE as u64).then_some(at + E::SIZE as u64)
+            });
         entries.push(e);
         Ok(())
-    }
-
-    /// The last entry for which `le(entry)` holds, entries being sorted so that `le` is true
-    /// for a prefix.
-    pub(crate) fn floor_by(&self, le: impl Fn(&E) -> bool) -> Option<E> {
-        let entries = self.entries.read();
-        let n = entries.partition_point(le);
-        if n == 0 {
-            None
-        } else {
-            Some(entries[n - 1])
-        }
     }
 
     /// fsyncs the file if entries were written since the last flush.
@@ -331,7 +533,10 @@ impl<E: IndexEntry> Index<E> {
     /// # Errors
     /// [`LogError::Io`] when the file cannot be resized.
     pub(crate) fn truncate_entries(&self, keep: usize) -> Result<()> {
-        let mut entries = self.entries.write();
+        let mut guard = self.entries.write();
+        let Some(entries) = guard.as_mut() else {
+            return Ok(());
+        };
         if entries.len() <= keep {
             return Ok(());
         }
@@ -361,6 +566,12 @@ pub(crate) fn read_all(path: &Path) -> io::Result<Vec<u8>> {
 mod tests {
     use super::*;
 
+    fn read<E: IndexEntry>(path: &Path, max: u64) -> (Index<E>, ReadIndex<E>) {
+        let idx = Index::<E>::unloaded(path, max);
+        let r = idx.read_file(|_| true, true).unwrap();
+        (idx, r)
+    }
+
     #[test]
     fn append_lookup_trim_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -383,15 +594,25 @@ mod tests {
         .unwrap();
         assert_eq!(idx.len(), 5);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
-        let e = idx.floor_by(|e| e.relative_offset <= 35).unwrap();
-        assert_eq!(e.position, 300);
-        assert!(idx.floor_by(|e| e.relative_offset <= 5).is_none());
+        {
+            let entries = idx.entries();
+            let entries = entries.as_deref().unwrap();
+            let e = floor_by(entries, |e| e.relative_offset <= 35).unwrap();
+            assert_eq!(e.position, 300);
+            assert!(floor_by(entries, |e| e.relative_offset <= 5).is_none());
+        }
         // Zeros after the entries (a file Kafka preallocated) are not entries, and are cut.
         idx.file().get("t").unwrap().set_len(80).unwrap();
-        let (re, sane) = OffsetIndex::open(&path, 80, |_| true).unwrap();
-        assert!(sane);
-        assert_eq!(re.len(), 5);
+        assert_eq!(
+            OffsetIndex::unloaded(&path, 80).read_tail().unwrap().0,
+            Tail::Unknown
+        );
+        let (re, r) = read::<OffsetEntry>(&path, 80);
+        assert!(r.problem.is_none());
+        assert_eq!(r.entries.len(), 5);
+        assert_eq!(r.file_len, 40);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
+        re.install(r.entries, r.file_len);
         // Full at segment.index.bytes.
         assert!(!re.is_full());
         for i in 6..=10u32 {
@@ -404,15 +625,23 @@ mod tests {
         assert!(re.is_full());
         re.truncate_entries(5).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 40);
-        let (re, sane) = OffsetIndex::open(&path, 80, |_| true).unwrap();
-        assert!(sane);
-        assert_eq!(
-            re.last(),
-            Some(OffsetEntry {
-                relative_offset: 50,
-                position: 500
-            })
-        );
+        let (re, r) = read::<OffsetEntry>(&path, 80);
+        assert!(r.problem.is_none());
+        let last = OffsetEntry {
+            relative_offset: 50,
+            position: 500,
+        };
+        assert_eq!(r.entries.last(), Some(&last));
+        // The tail alone gives the same last entry, reading two entries.
+        assert_eq!(re.read_tail().unwrap(), (Tail::Last(last), 16));
+        // Unloaded, the index answers nothing; rewritten, the file holds exactly the entries.
+        assert!(re.entries().is_none());
+        assert_eq!(re.rewrite(&r.entries[..2]).unwrap(), 16);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 16);
+        re.install(r.entries, 16);
+        assert_eq!(re.len(), 5);
+        re.unload();
+        assert!(re.entries().is_none());
     }
 
     #[test]
@@ -436,23 +665,33 @@ mod tests {
             .unwrap()
             .write_all_at(&[1; 12], 36)
             .unwrap();
-        let (_, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();
-        assert!(!sane);
+        let (re, r) = read::<TimeEntry>(&path, 120);
+        assert!(r.problem.is_some());
+        assert!(r.entries.is_empty());
+        // The tail does not follow the entry before it: unknown.
+        assert_eq!(re.read_tail().unwrap().0, Tail::Unknown);
         // Garbage past the first read of a large preallocated file is not looked at; a file of
         // zeros that large costs one read and is cut to nothing.
         std::fs::write(&path, vec![0u8; 12 * 873_813]).unwrap();
-        let (re, sane) = TimeIndex::open(&path, 10 * 1024 * 1024, |_| true).unwrap();
-        assert!(sane);
-        assert_eq!(re.len(), 0);
+        let (_, r) = read::<TimeEntry>(&path, 10 * 1024 * 1024);
+        assert!(r.problem.is_none());
+        assert_eq!(r.entries.len(), 0);
+        assert_eq!(r.bytes_read, OPEN_READ_BYTES as u64);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(re.read_tail().unwrap().0, Tail::Empty);
         // Odd length.
         std::fs::write(&path, [0u8; 13]).unwrap();
-        let (_, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();
-        assert!(!sane);
+        let (_, r) = read::<TimeEntry>(&path, 120);
+        assert!(r.problem.is_some());
+        assert_eq!(re.read_tail().unwrap().0, Tail::Unknown);
         // Missing file.
         std::fs::remove_file(&path).unwrap();
-        let (re, sane) = TimeIndex::open(&path, 120, |_| true).unwrap();
-        assert!(!sane);
+        let (re, r) = read::<TimeEntry>(&path, 120);
+        assert!(r.problem.is_some_and(|p| p.contains("missing")));
+        assert_eq!(re.read_tail().unwrap().0, Tail::Unknown);
+        // Reset creates it.
+        re.reset().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         assert_eq!(re.len(), 0);
     }
 }

@@ -23,6 +23,7 @@ mod error;
 pub mod files;
 mod health;
 mod index;
+pub mod index_cache;
 mod log;
 mod manager;
 mod producer_state;

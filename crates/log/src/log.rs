@@ -20,7 +20,9 @@ use crate::epoch::{EpochEntry, LeaderEpochCache};
 use crate::error::{LogError, RecordError, Result};
 use crate::health::LogDirHealth;
 use crate::producer_state::{ProducerCheck, ProducerStateManager};
-use crate::segment::{checked_total_size, LogSegment, SegmentAppendError, WALK_CHUNK_BYTES};
+use crate::segment::{
+    checked_total_size, LogSegment, SegmentAppendError, TimestampOffset, WALK_CHUNK_BYTES,
+};
 use crate::timestamps::record_timestamps;
 
 /// Result of an append (Kafka's `LogAppendInfo`).
@@ -79,8 +81,15 @@ pub struct LoadStats {
     pub recovered_bytes: u64,
     /// Bytes cut from the log (torn or corrupt tail), including deleted later segments.
     pub truncated_bytes: u64,
-    /// Segments whose index files were unusable and were rebuilt.
+    /// Segments whose index files were unusable and were rebuilt while opening (only the
+    /// active segment's are checked then; an inactive segment's are checked, and rebuilt if
+    /// needed, on first use).
     pub rebuilt_indexes: usize,
+    /// Bytes of `.index` and `.timeindex` files read while opening: the active segment's, and
+    /// any an inactive segment's first use read (replaying producer state from a snapshot
+    /// taken before the active segment). Inactive segments' index files are not read at open
+    /// (KIP-263).
+    pub index_bytes_read: u64,
     /// Batch headers replayed to rebuild producer state.
     pub replayed_producer_batches: u64,
     /// Offset of the producer snapshot loaded, if any.
@@ -390,20 +399,41 @@ impl PartitionLog {
 
         let mut epoch_cache = LeaderEpochCache::load(dir)?;
         let mut segments: Vec<Arc<LogSegment>> = Vec::new();
-        let mut sane = Vec::new();
-        for &b in &bases {
-            let (seg, ok) = LogSegment::open(dir, b, config.segment_index_bytes, now_ms)?;
-            segments.push(Arc::new(seg));
-            sane.push(ok);
+        // Per segment: why its index files are unusable (the active segment's are checked
+        // now; the others' on first use).
+        let mut sane: Vec<Option<String>> = Vec::new();
+        for (i, &b) in bases.iter().enumerate() {
+            if i + 1 < bases.len() {
+                let seg = LogSegment::open_lazy(
+                    dir,
+                    b,
+                    config.segment_index_bytes,
+                    config.index_interval_bytes,
+                    now_ms,
+                )?;
+                segments.push(Arc::new(seg));
+                sane.push(None);
+            } else {
+                let (seg, problem) = LogSegment::open(
+                    dir,
+                    b,
+                    config.segment_index_bytes,
+                    config.index_interval_bytes,
+                    now_ms,
+                )?;
+                segments.push(Arc::new(seg));
+                sane.push(problem);
+            }
         }
         if segments.is_empty() {
             segments.push(Arc::new(LogSegment::create(
                 dir,
                 0,
                 config.segment_index_bytes,
+                config.index_interval_bytes,
                 now_ms,
             )?));
-            sane.push(true);
+            sane.push(None);
         }
 
         let recover_from = if had_clean_shutdown {
@@ -420,14 +450,15 @@ impl PartitionLog {
         let mut i = 0;
         while i < segments.len() {
             let seg = Arc::clone(&segments[i]);
-            let must_recover = i >= recover_from || !sane[i];
+            let must_recover = i >= recover_from || sane[i].is_some();
             if !must_recover {
                 last_next_offset = None;
                 i += 1;
                 continue;
             }
-            if !sane[i] {
-                tracing::warn!(segment = %seg.log_path().display(), "rebuilding unusable index files");
+            if let Some(problem) = &sane[i] {
+                tracing::warn!(segment = %seg.log_path().display(), %problem,
+                    "rebuilding unusable index files");
                 stats.rebuilt_indexes += 1;
             }
             let expected = last_next_offset.unwrap_or(seg.base_offset());
@@ -466,7 +497,8 @@ impl PartitionLog {
             path: dir.display().to_string(),
             reason: "no segments".into(),
         })?);
-        let log_end_offset = if recover_from < segments.len() || !sane[segments.len() - 1] {
+        let log_end_offset = if recover_from < segments.len() || sane[segments.len() - 1].is_some()
+        {
             last_next_offset.unwrap_or(active.base_offset())
         } else {
             match active.read_next_offset() {
@@ -545,6 +577,13 @@ impl PartitionLog {
                 )?;
             }
         }
+
+        // Only the active segment is written: the others' entries (those recovery or the
+        // producer-state replay loaded) go to the index cache, which may drop them.
+        for seg in &segments[..segments.len() - 1] {
+            seg.set_inactive();
+        }
+        stats.index_bytes_read = segments.iter().map(|s| s.index_bytes_read()).sum();
 
         if stats.recovered_segments > 0 && sync_recovered {
             for seg in &segments[recover_from.min(segments.len() - 1)..] {
@@ -651,6 +690,17 @@ impl PartitionLog {
     /// What opening the log had to do.
     pub fn load_stats(&self) -> LoadStats {
         self.load_stats
+    }
+
+    /// Bytes of `.index` and `.timeindex` files the current segments have read since the log
+    /// opened (at open, and each time an inactive segment's indexes are loaded on use or the
+    /// last entry of its time index read); [`LoadStats::index_bytes_read`] is the part read at
+    /// open.
+    pub fn index_bytes_read(&self) -> u64 {
+        self.published_segments()
+            .iter()
+            .map(|s| s.index_bytes_read())
+            .sum()
     }
 
     /// First offset in the log.
@@ -1111,8 +1161,7 @@ impl PartitionLog {
         let segment_bytes = config.segment_bytes.min(i32::MAX as u64);
         size + append_bytes as u64 > segment_bytes
             || active.time_waited_for_roll_ms(now_ms, max_timestamp_ms) > config.segment_ms
-            || active.offset_index.is_full()
-            || active.time_index.is_full()
+            || active.indexes_full()
             || !active.can_convert_to_relative_offset(last_offset)
     }
 
@@ -1126,8 +1175,13 @@ impl PartitionLog {
         if let Some(active) = inner.segments.last() {
             active.on_become_inactive()?;
         }
-        let seg = match LogSegment::create(&self.dir, new_base, config.segment_index_bytes, now_ms)
-        {
+        let seg = match LogSegment::create(
+            &self.dir,
+            new_base,
+            config.segment_index_bytes,
+            config.index_interval_bytes,
+            now_ms,
+        ) {
             Ok(seg) => Arc::new(seg),
             Err(e) => {
                 // A roll that could not create the new segment (a full disk) leaves the old
@@ -1140,9 +1194,9 @@ impl PartitionLog {
             }
         };
         if let Some(old) = inner.segments.last() {
-            // Its indexes are never written again: give their descriptors back now.
-            old.offset_index.file().close();
-            old.time_index.file().close();
+            // Its indexes are never written again: give their descriptors back now, and their
+            // entries to the index cache.
+            old.set_inactive();
         }
         inner.segments.push(seg);
         *self.segments.write() = Arc::new(inner.segments.clone());
@@ -1355,12 +1409,14 @@ impl PartitionLog {
         let config = self.config.read().clone();
         let removed: Vec<_> = inner.segments.drain(..).collect();
         for seg in &removed {
+            seg.mark_deleted();
             delete_segment_files(&self.dir, seg.base_offset())?;
         }
         let seg = Arc::new(LogSegment::create(
             &self.dir,
             new_offset,
             config.segment_index_bytes,
+            config.index_interval_bytes,
             now_ms,
         )?);
         inner.segments.push(seg);
@@ -1468,14 +1524,23 @@ impl PartitionLog {
     /// [`LogError::Io`] or [`LogError::CorruptFile`] for unreadable segments.
     pub fn fetch_offset_by_timestamp(&self, target_ms: i64) -> Result<Option<TimestampAndOffset>> {
         let segments = self.published_segments();
-        let Some(seg) = segments
-            .iter()
-            .find(|s| s.max_timestamp().timestamp_ms >= target_ms)
-        else {
+        let mut found_seg = None;
+        for s in segments.iter() {
+            if s.max_timestamp()?.timestamp_ms < target_ms {
+                continue;
+            }
+            // Loads and checks the indexes, which may correct a max timestamp read from the
+            // time index's last entry alone.
+            let start = s.position_for_timestamp(target_ms)?;
+            if s.max_timestamp()?.timestamp_ms >= target_ms {
+                found_seg = Some((s, start));
+                break;
+            }
+        }
+        let Some((seg, start)) = found_seg else {
             return Ok(None);
         };
         let end = seg.size();
-        let start = seg.position_for_timestamp(target_ms);
         let mut found = None;
         seg.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
             if h.max_timestamp >= target_ms {
@@ -1498,15 +1563,24 @@ impl PartitionLog {
     /// As [`PartitionLog::fetch_offset_by_timestamp`].
     pub fn max_timestamp_and_offset(&self) -> Result<Option<TimestampAndOffset>> {
         let segments = self.published_segments();
-        let mut best: Option<&Arc<LogSegment>> = None;
-        for s in segments.iter() {
-            if best.is_none_or(|b| s.max_timestamp().timestamp_ms > b.max_timestamp().timestamp_ms)
-            {
-                best = Some(s);
+        let (seg, max) = loop {
+            let mut best: Option<(&Arc<LogSegment>, TimestampOffset)> = None;
+            for s in segments.iter() {
+                let max = s.max_timestamp()?;
+                if best.is_none_or(|(_, b)| max.timestamp_ms > b.timestamp_ms) {
+                    best = Some((s, max));
+                }
             }
-        }
-        let Some(seg) = best else { return Ok(None) };
-        let max = seg.max_timestamp();
+            let Some((seg, max)) = best else {
+                return Ok(None);
+            };
+            // The max may come from the time index's last entry alone: load and check the
+            // indexes, and look again if that corrected it (each pass corrects a segment).
+            seg.load_indexes()?;
+            if seg.max_timestamp()? == max {
+                break (seg, max);
+            }
+        };
         if max.timestamp_ms < 0 {
             return Ok(None);
         }
@@ -1739,7 +1813,17 @@ impl PartitionLog {
                     now_ms,
                     DeletionReason::RetentionMs,
                     |seg, _| {
-                        now_ms.saturating_sub(seg.largest_timestamp_ms()) > config.retention_ms
+                        let expired = |seg: &LogSegment| -> Result<bool> {
+                            Ok(now_ms.saturating_sub(seg.largest_timestamp_ms()?)
+                                > config.retention_ms)
+                        };
+                        // Keeping a segment on its time index's last entry alone is
+                        // cheap; deleting one is decided on the checked index (loading it
+                        // corrects a last entry that is not the segment's max timestamp).
+                        Ok(expired(seg)? && {
+                            seg.load_indexes()?;
+                            expired(seg)?
+                        })
                     },
                 )?;
                 result.deleted_segments += r.deleted_segments;
@@ -1755,9 +1839,9 @@ impl PartitionLog {
                     |seg, _| {
                         if diff - i128::from(seg.size()) >= 0 {
                             diff -= i128::from(seg.size());
-                            true
+                            Ok(true)
                         } else {
-                            false
+                            Ok(false)
                         }
                     },
                 )?;
@@ -1770,7 +1854,7 @@ impl PartitionLog {
             high_watermark,
             now_ms,
             DeletionReason::LogStartOffset,
-            |_, next| next.is_some_and(|n| n.base_offset() <= log_start_offset),
+            |_, next| Ok(next.is_some_and(|n| n.base_offset() <= log_start_offset)),
         )?;
         result.deleted_segments += r.deleted_segments;
         result.deleted_bytes += r.deleted_bytes;
@@ -1784,7 +1868,7 @@ impl PartitionLog {
         high_watermark: i64,
         now_ms: i64,
         reason: DeletionReason,
-        mut predicate: impl FnMut(&LogSegment, Option<&LogSegment>) -> bool,
+        mut predicate: impl FnMut(&LogSegment, Option<&LogSegment>) -> Result<bool>,
     ) -> Result<RetentionResult> {
         let _maintenance = self.maintenance_lock.lock();
         let segments = self.published_segments();
@@ -1794,7 +1878,7 @@ impl PartitionLog {
             let next = segments.get(i + 1).map(|s| &**s);
             let upper = next.map_or(log_end_offset, LogSegment::base_offset);
             let last_and_empty = next.is_none() && seg.size() == 0;
-            if high_watermark < upper || last_and_empty || !predicate(seg, next) {
+            if high_watermark < upper || last_and_empty || !predicate(seg, next)? {
                 break;
             }
             count += 1;
@@ -2027,10 +2111,14 @@ impl PartitionLog {
         sync_dir(&self.dir)?;
         crate::segment::rename_segment_files(&self.dir, base, SWAP_SUFFIX, "")?;
         sync_dir(&self.dir)?;
-        let (seg, sane) = LogSegment::open(&self.dir, base, config.segment_index_bytes, now_ms)?;
-        if !sane {
-            seg.recover(base, config.index_interval_bytes, |_| {})?;
-        }
+        // Inactive: its indexes (just written) are read on first use.
+        let seg = LogSegment::open_lazy(
+            &self.dir,
+            base,
+            config.segment_index_bytes,
+            config.index_interval_bytes,
+            now_ms,
+        )?;
         {
             let mut inner = self.inner.lock();
             inner
@@ -2184,8 +2272,8 @@ mod disk_full_tests {
         let size = seg.size();
         let file_len = std::fs::metadata(seg.log_path()).unwrap().len();
         assert_eq!(size, file_len);
-        let entries = (seg.offset_index.len(), seg.time_index.len());
-        let max = seg.max_timestamp();
+        let entries = seg.index_entry_counts().unwrap();
+        let max = seg.max_timestamp().unwrap();
         let leo = log.log_end_offset();
 
         // The disk fills in the middle of the batch: 100 of its bytes land.
@@ -2205,8 +2293,8 @@ mod disk_full_tests {
             size,
             "no partial batch in the file"
         );
-        assert_eq!((seg.offset_index.len(), seg.time_index.len()), entries);
-        assert_eq!(seg.max_timestamp(), max);
+        assert_eq!(seg.index_entry_counts().unwrap(), entries);
+        assert_eq!(seg.max_timestamp().unwrap(), max);
         assert!(matches!(health.state(), DirState::Full { .. }));
 
         // While the directory is full, appends fail fast without touching the disk.
@@ -2237,7 +2325,7 @@ mod disk_full_tests {
         log.append_as_leader(&mut batch(5, NOW_MS), 0, NOW_MS)
             .unwrap();
         let seg = active(&log);
-        let entries = (seg.offset_index.len(), seg.time_index.len());
+        let entries = seg.index_entry_counts().unwrap();
         let size = seg.size();
         // Data and index entries written (the batch is over index.interval.bytes), then the
         // append fails.
@@ -2247,7 +2335,7 @@ mod disk_full_tests {
                 .append_as_leader(&mut batch(5, NOW_MS + 10), 0, NOW_MS)
                 .unwrap_err();
             assert!(e.is_out_of_space());
-            assert_eq!((seg.offset_index.len(), seg.time_index.len()), entries);
+            assert_eq!(seg.index_entry_counts().unwrap(), entries);
             assert_eq!(seg.size(), size);
             assert!(health.check());
         }

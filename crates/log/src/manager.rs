@@ -588,9 +588,21 @@ impl LogManager {
     /// `version: 0\ntopic_id: <base64url>`, no final newline). An existing log keeps its configuration; a missing
     /// `partition.metadata` is written.
     ///
+    /// A log that cannot be created leaves nothing behind: the partition directory, if this
+    /// call made it, is removed again, so that a later call (or the deletion of the topic)
+    /// starts from nothing. A creation that failed for lack of space (ENOSPC, EDQUOT) marks
+    /// the directory full ([`LogDirHealth::record_write_error`]), as a failed append does, so
+    /// the next creation prefers another directory and the dir comes back by itself once it
+    /// has room. Other creation errors leave the directory's state alone: unlike Kafka, which
+    /// takes the whole directory offline for any `IOException` while creating a log
+    /// (`LogDirFailureChannel`), one partition's trouble (a file where its directory should
+    /// be, a permission) does not stop the directory's other partitions.
+    ///
     /// # Errors
     /// [`LogError::InconsistentTopicId`] when the partition exists with another topic id;
-    /// [`LogError::Io`].
+    /// [`LogError::Io`] writing a missing `partition.metadata` of an existing log;
+    /// [`LogError::CreateLog`] (naming the partition, the directory and the cause) when a new
+    /// log could not be created.
     pub fn get_or_create(
         &self,
         tp: &TopicPartition,
@@ -636,7 +648,9 @@ impl LogManager {
                 reason: "no log directories configured".into(),
             })?;
         let path = parent.join(tp.dir_name());
-        let log = Arc::new(PartitionLog::open_with_clock(
+        // Something already at the path (not a log this manager loaded) is not ours to remove.
+        let existed = path.symlink_metadata().is_ok();
+        let created = PartitionLog::open_with_clock(
             &path,
             tp.clone(),
             config,
@@ -644,12 +658,47 @@ impl LogManager {
             None,
             None,
             self.clock.clone(),
-        )?);
+        )
+        .map(Arc::new)
+        .and_then(|log| {
+            #[cfg(test)]
+            if let Some(errno) = tests::CREATION_FAULT.get() {
+                return Err(LogError::io(
+                    "writing",
+                    &path.join(PARTITION_METADATA_FILE),
+                    std::io::Error::from_raw_os_error(errno),
+                ));
+            }
+            write_partition_metadata(&path, &topic_id)?;
+            sync_dir(parent)?;
+            Ok(log)
+        });
+        let log = match created {
+            Ok(log) => log,
+            Err(e) => {
+                if !existed {
+                    if let Err(rm) = std::fs::remove_dir_all(&path) {
+                        if rm.kind() != std::io::ErrorKind::NotFound {
+                            tracing::warn!(dir = %path.display(), error = %rm,
+                                "removing the partially created log directory failed");
+                        }
+                    }
+                }
+                if e.is_out_of_space() {
+                    if let Some(h) = self.health.get(dir_index) {
+                        h.record_write_error(&e);
+                    }
+                }
+                return Err(LogError::CreateLog {
+                    partition: tp.to_string(),
+                    dir: parent.display().to_string(),
+                    source: Box::new(e),
+                });
+            }
+        };
         if let Some(h) = self.health.get(dir_index) {
             log.set_dir_health(Arc::clone(h));
         }
-        write_partition_metadata(&path, &topic_id)?;
-        sync_dir(parent)?;
         logs.insert(
             tp.clone(),
             Entry {
@@ -957,6 +1006,67 @@ fn has_partition_dirs(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Test hook: the errno that writing `partition.metadata` of a new log fails with on
+        /// this thread (None: no fault).
+        pub(super) static CREATION_FAULT: std::cell::Cell<Option<i32>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// A log that cannot be created (here: `partition.metadata` cannot be written, after its
+    /// directory and segment files were made) leaves no directory behind and an error naming
+    /// the partition, the log dir and the cause; for lack of space the dir is marked full. The
+    /// next attempt creates it.
+    #[test]
+    fn a_log_that_cannot_be_created_leaves_nothing_behind() {
+        let a = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf()];
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        let tp = TopicPartition::new("full", 0);
+        CREATION_FAULT.set(Some(rustix::io::Errno::NOSPC.raw_os_error()));
+        let err = m
+            .get_or_create(&tp, [3; 16], LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        CREATION_FAULT.set(None);
+        let LogError::CreateLog { partition, dir, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(partition, "full-0");
+        assert_eq!(dir, &a.path().display().to_string());
+        assert!(err.is_out_of_space(), "{err}");
+        assert_eq!(
+            err.error_code(),
+            gregor_protocol::error::ErrorCode::KafkaStorageError
+        );
+        assert!(err.to_string().contains("partition.metadata"), "{err}");
+        assert!(
+            !a.path().join("full-0").exists(),
+            "the partial log dir is removed"
+        );
+        assert!(m.get(&tp).is_none());
+        assert!(
+            matches!(m.dir_health()[0].state(), DirState::Full { .. }),
+            "{:?}",
+            m.dir_health()[0].state()
+        );
+        // Another cause does not mark the dir; something in the way is not removed.
+        let b = tempfile::tempdir().unwrap();
+        let (m, _) = LogManager::open(&[b.path().to_path_buf()], LogConfig::default()).unwrap();
+        std::fs::write(b.path().join("full-0"), b"not a directory").unwrap();
+        let err = m
+            .get_or_create(&tp, [3; 16], LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, LogError::CreateLog { .. }), "{err:?}");
+        assert!(b.path().join("full-0").is_file());
+        assert_eq!(m.dir_health()[0].state(), DirState::Online);
+        std::fs::remove_file(b.path().join("full-0")).unwrap();
+        let log = m.get_or_create(&tp, [3; 16], LogConfig::default()).unwrap();
+        assert_eq!(log.dir(), b.path().join("full-0"));
+        assert_eq!(m.topic_id(&tp), Some([3; 16]));
+    }
 
     /// `replication-offset-checkpoint` in Kafka's format, one file per log dir holding that
     /// dir's partitions, read back whole; a corrupt file reads as empty.

@@ -4,11 +4,39 @@
 //! The appender (holding the partition's append lock) writes batches at the published size and
 //! then publishes the new size with release ordering; readers load the size with acquire
 //! ordering and never look past it, so they need no lock.
+//!
+//! # Indexes loaded on first use
+//!
+//! The active segment's indexes are read and checked when its log opens
+//! ([`LogSegment::open`]) and stay loaded. Every other segment opened with its log
+//! ([`LogSegment::open_lazy`]) reads nothing of its index files until a lookup, the cleaner or a
+//! truncation needs them ([`LogSegment::with_indexes`]); then both files are read once (one
+//! thread loads, the others wait for it), checked as the active segment's are, and held within
+//! the budget of [`crate::index_cache`], which may drop them again. A segment's max timestamp
+//! comes from the last entry of its time index alone ([`LogSegment::max_timestamp`]), so
+//! time-based retention keeps a segment without loading its indexes; it loads (and so checks)
+//! them before deleting one, and lookups by timestamp check the segment they answer from.
+//!
+//! Kafka 4.4 (`LazyIndex`, `LogSegment.sanityCheck`, KIP-263) checks only that the offset index
+//! file exists when a log loads, never the entries of a segment below the recovery point, and
+//! maps an index on first use without checking it: a corrupt inactive index answers lookups
+//! (`CorruptIndexException` is thrown only by the explicit sanity checks that recovery and
+//! `kafka-dump-log` run). gregor checks an inactive segment's index files when it first loads
+//! them (the same checks as at open: whole entries, increasing, plausible positions and
+//! timestamps, the last offset entry pointing at the batch that ends at its offset, the last
+//! time entry being the max timestamp of the batch ending at its offset, no empty time index
+//! beside batches that have timestamps); when they
+//! are not sane it logs a warning naming the file, rebuilds both indexes from the segment's
+//! batch headers (as recovery does, but without validating CRCs or cutting the segment: that
+//! is recovery's job at start-up, and data below the recovery point is not truncated while
+//! the log is served) and answers from the rebuilt entries. A missing index file is rebuilt
+//! the same way, as Kafka's loader does (`NoSuchFileException`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use gregor_protocol::batch::{
     validate_batch, BatchError, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD,
@@ -17,7 +45,10 @@ use parking_lot::Mutex;
 
 use crate::error::{LogError, Result};
 use crate::files::SegmentFile;
-use crate::index::{OffsetEntry, OffsetIndex, TimeEntry, TimeIndex};
+use crate::index::{
+    floor_by, push_if_follows, OffsetEntry, OffsetIndex, Tail, TimeEntry, TimeIndex,
+};
+use crate::index_cache::{self, CacheSlot, Evict};
 
 /// Chunk size for header walks on the read path (a walk starts at an index entry, so it spans
 /// about `index.interval.bytes` plus one batch).
@@ -159,19 +190,150 @@ pub(crate) struct LogSegment {
     /// The `.log` file, open while in use ([`crate::files`]).
     log: SegmentFile,
     size_bytes: AtomicU64,
-    pub(crate) offset_index: OffsetIndex,
-    pub(crate) time_index: TimeIndex,
-    /// Largest batch max timestamp so far and the last offset of the batch holding it.
-    max_timestamp: Mutex<TimestampOffset>,
+    /// The `.index` and `.timeindex`, loaded or not (see the module docs).
+    indexes: Arc<SegmentIndexes>,
+    /// `index.interval.bytes` when the segment was opened or created: what a rebuild of its
+    /// indexes uses.
+    index_interval_bytes: u64,
+    /// Largest batch max timestamp so far and the last offset of the batch holding it; `None`
+    /// until read for a segment opened without its indexes.
+    max_timestamp: Mutex<Option<TimestampOffset>>,
     bytes_since_last_index_entry: AtomicU64,
     /// Max timestamp of the first batch: segment.ms counts from it (Kafka's
     /// `rollingBasedTimestamp`).
     rolling_based_timestamp: Mutex<Option<i64>>,
     /// Wall-clock ms when this segment was created or loaded.
     created_ms: i64,
+    /// Set when the segment is being deleted: its index files may disappear, and are never
+    /// written again.
+    deleted: AtomicBool,
     /// Test hook: the fault the next appends meet.
     #[cfg(test)]
     fail_at: Mutex<Option<FailAt>>,
+}
+
+/// A segment's two indexes and their place in the index cache.
+pub(crate) struct SegmentIndexes {
+    offset: OffsetIndex,
+    time: TimeIndex,
+    /// Held while the entries are read (or rebuilt) and installed, and while recovery rebuilds
+    /// them: one thread loads, the others wait and then find them loaded.
+    load_lock: Mutex<()>,
+    slot: CacheSlot,
+    /// Bytes of the index files read (loads, and the time index's tail).
+    bytes_read: AtomicU64,
+}
+
+impl Evict for SegmentIndexes {
+    fn slot(&self) -> &CacheSlot {
+        &self.slot
+    }
+
+    fn drop_entries(&self) {
+        self.offset.unload();
+        self.time.unload();
+    }
+}
+
+impl SegmentIndexes {
+    fn new(offset: OffsetIndex, time: TimeIndex, evictable: bool) -> Self {
+        Self {
+            offset,
+            time,
+            load_lock: Mutex::new(()),
+            slot: CacheSlot::new(evictable),
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Both indexes' entries as read from their files (or rebuilt), with the files' lengths.
+struct LoadedIndexes {
+    offsets: Vec<OffsetEntry>,
+    offsets_file_len: u64,
+    times: Vec<TimeEntry>,
+    times_file_len: u64,
+}
+
+/// Index entries built from a walk over batches: Kafka's `LogSegment.append` loop (an offset
+/// entry, and a time entry for the largest timestamp so far, after more than
+/// `index.interval.bytes` since the last entry).
+struct IndexBuilder {
+    base_offset: i64,
+    index_interval_bytes: u64,
+    bytes_since_last_index_entry: u64,
+    max: TimestampOffset,
+    offsets: Vec<OffsetEntry>,
+    times: Vec<TimeEntry>,
+}
+
+/// One step of Kafka's `LogSegment.append` loop for the batch `h` at `position`: updates the
+/// max timestamp and the bytes since the last entry, and returns the entries due, if any.
+fn index_step(
+    base_offset: i64,
+    max: &mut TimestampOffset,
+    bytes_since_last_index_entry: &mut u64,
+    h: &BatchHeader,
+    position: u64,
+    size: u64,
+    index_interval_bytes: u64,
+) -> Option<(OffsetEntry, Option<TimeEntry>)> {
+    if h.max_timestamp > max.timestamp_ms {
+        *max = TimestampOffset {
+            timestamp_ms: h.max_timestamp,
+            offset: h.last_offset(),
+        };
+    }
+    let due = (*bytes_since_last_index_entry > index_interval_bytes).then(|| {
+        *bytes_since_last_index_entry = 0;
+        let offset = OffsetEntry {
+            relative_offset: (h.last_offset() - base_offset) as u32,
+            position: position as u32,
+        };
+        let time = (max.timestamp_ms >= 0).then(|| TimeEntry {
+            timestamp_ms: max.timestamp_ms,
+            relative_offset: (max.offset - base_offset) as u32,
+        });
+        (offset, time)
+    });
+    *bytes_since_last_index_entry += size;
+    due
+}
+
+impl IndexBuilder {
+    fn add(&mut self, h: &BatchHeader, position: u64, size: u64) {
+        if let Some((offset, time)) = index_step(
+            self.base_offset,
+            &mut self.max,
+            &mut self.bytes_since_last_index_entry,
+            h,
+            position,
+            size,
+            self.index_interval_bytes,
+        ) {
+            push_if_follows(&mut self.offsets, offset);
+            if let Some(t) = time {
+                push_if_follows(&mut self.times, t);
+            }
+        }
+    }
+
+    /// The entries, with the final max-timestamp entry an inactive segment's time index ends
+    /// with ([`LogSegment::on_become_inactive`]).
+    fn finish(mut self) -> (Vec<OffsetEntry>, Vec<TimeEntry>, TimestampOffset) {
+        if self.max.timestamp_ms >= 0 {
+            push_if_follows(
+                &mut self.times,
+                TimeEntry {
+                    timestamp_ms: self.max.timestamp_ms,
+                    relative_offset: (self.max.offset - self.base_offset) as u32,
+                },
+            );
+        }
+        self.offsets.shrink_to_fit();
+        self.times.shrink_to_fit();
+        (self.offsets, self.times, self.max)
+    }
 }
 
 /// A fault a test injects into [`LogSegment::append`].
@@ -221,17 +383,27 @@ impl LogSegment {
         dir: &Path,
         base_offset: i64,
         segment_index_bytes: u64,
+        index_interval_bytes: u64,
         now_ms: i64,
     ) -> Result<Self> {
-        Self::create_with_suffix(dir, base_offset, segment_index_bytes, now_ms, "")
+        Self::create_with_suffix(
+            dir,
+            base_offset,
+            segment_index_bytes,
+            index_interval_bytes,
+            now_ms,
+            "",
+        )
     }
 
     /// Creates an empty segment whose three files carry `suffix` after their usual names (the
-    /// cleaner writes `<base>.log.cleaned`, Kafka's `CleanedFileSuffix`).
+    /// cleaner writes `<base>.log.cleaned`, Kafka's `CleanedFileSuffix`). Its indexes are
+    /// loaded (empty) and pinned: it is written to.
     pub(crate) fn create_with_suffix(
         dir: &Path,
         base_offset: i64,
         segment_index_bytes: u64,
+        index_interval_bytes: u64,
         now_ms: i64,
         suffix: &str,
     ) -> Result<Self> {
@@ -245,29 +417,73 @@ impl LogSegment {
             &dir.join(file_name(base_offset, "timeindex") + suffix),
             segment_index_bytes,
         )?;
-        Ok(Self {
+        Ok(Self::new(
             base_offset,
             log,
-            size_bytes: AtomicU64::new(0),
-            offset_index,
-            time_index,
-            max_timestamp: Mutex::new(NO_TIMESTAMP),
+            0,
+            SegmentIndexes::new(offset_index, time_index, false),
+            index_interval_bytes,
+            Some(NO_TIMESTAMP),
+            now_ms,
+        ))
+    }
+
+    fn new(
+        base_offset: i64,
+        log: SegmentFile,
+        size: u64,
+        indexes: SegmentIndexes,
+        index_interval_bytes: u64,
+        max_timestamp: Option<TimestampOffset>,
+        now_ms: i64,
+    ) -> Self {
+        Self {
+            base_offset,
+            log,
+            size_bytes: AtomicU64::new(size),
+            indexes: Arc::new(indexes),
+            index_interval_bytes,
+            max_timestamp: Mutex::new(max_timestamp),
             bytes_since_last_index_entry: AtomicU64::new(0),
             rolling_based_timestamp: Mutex::new(None),
             created_ms: now_ms,
+            deleted: AtomicBool::new(false),
             #[cfg(test)]
             fail_at: Mutex::new(None),
-        })
+        }
     }
 
-    /// Opens an existing segment. Returns it and whether its indexes looked sane; when not, the
-    /// caller must [`LogSegment::recover`] it.
-    pub(crate) fn open(
+    /// Opens an existing segment without reading its index files: an inactive segment of a
+    /// log being loaded (or swapped in by the cleaner). Its indexes are read and checked on
+    /// first use ([`LogSegment::with_indexes`]) and held within the index cache's budget.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the `.log` file cannot be opened.
+    pub(crate) fn open_lazy(
         dir: &Path,
         base_offset: i64,
         segment_index_bytes: u64,
+        index_interval_bytes: u64,
         now_ms: i64,
-    ) -> Result<(Self, bool)> {
+    ) -> Result<Self> {
+        Self::open_unloaded(
+            dir,
+            base_offset,
+            segment_index_bytes,
+            index_interval_bytes,
+            now_ms,
+            true,
+        )
+    }
+
+    fn open_unloaded(
+        dir: &Path,
+        base_offset: i64,
+        segment_index_bytes: u64,
+        index_interval_bytes: u64,
+        now_ms: i64,
+        evictable: bool,
+    ) -> Result<Self> {
         let log_path = dir.join(file_name(base_offset, "log"));
         let log = SegmentFile::open(&log_path, false, "opening segment")?;
         let size = log
@@ -275,55 +491,333 @@ impl LogSegment {
             .metadata()
             .map_err(|e| LogError::io("reading metadata of", &log_path, e))?
             .len();
-        let (offset_index, offsets_sane) = OffsetIndex::open(
-            &dir.join(file_name(base_offset, "index")),
-            segment_index_bytes,
-            |e| u64::from(e.position) < size,
-        )?;
-        let (time_index, times_sane) = TimeIndex::open(
-            &dir.join(file_name(base_offset, "timeindex")),
-            segment_index_bytes,
-            |e| e.timestamp_ms >= 0,
-        )?;
-        let max_timestamp = match time_index.last() {
-            Some(e) => TimestampOffset {
-                timestamp_ms: e.timestamp_ms,
-                offset: base_offset + i64::from(e.relative_offset),
-            },
-            None => NO_TIMESTAMP,
-        };
-        let seg = Self {
+        let indexes = SegmentIndexes::new(
+            OffsetIndex::unloaded(
+                &dir.join(file_name(base_offset, "index")),
+                segment_index_bytes,
+            ),
+            TimeIndex::unloaded(
+                &dir.join(file_name(base_offset, "timeindex")),
+                segment_index_bytes,
+            ),
+            evictable,
+        );
+        Ok(Self::new(
             base_offset,
             log,
-            size_bytes: AtomicU64::new(size),
-            offset_index,
-            time_index,
-            max_timestamp: Mutex::new(max_timestamp),
-            bytes_since_last_index_entry: AtomicU64::new(0),
-            rolling_based_timestamp: Mutex::new(None),
-            created_ms: now_ms,
-            #[cfg(test)]
-            fail_at: Mutex::new(None),
+            size,
+            indexes,
+            index_interval_bytes,
+            None,
+            now_ms,
+        ))
+    }
+
+    /// Opens an existing segment that is to be written (the active segment of a log being
+    /// loaded), reading and checking its indexes now. Returns it and, when its indexes are not
+    /// sane, what is wrong (naming the file): the caller must then [`LogSegment::recover`] it,
+    /// which rebuilds them.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when a file cannot be opened or read.
+    pub(crate) fn open(
+        dir: &Path,
+        base_offset: i64,
+        segment_index_bytes: u64,
+        index_interval_bytes: u64,
+        now_ms: i64,
+    ) -> Result<(Self, Option<String>)> {
+        let seg = Self::open_unloaded(
+            dir,
+            base_offset,
+            segment_index_bytes,
+            index_interval_bytes,
+            now_ms,
+            false,
+        )?;
+        let loaded = match seg.read_indexes()? {
+            Ok(loaded) => loaded,
+            Err(problem) => return Ok((seg, Some(problem))),
         };
-        let mut sane = offsets_sane && times_sane;
-        // The last offset-index entry must point at a batch ending at its offset.
-        if sane {
-            if let Some(e) = seg.offset_index.last() {
-                let mut hdr = [0u8; BATCH_HEADER_LEN];
-                let ok = seg
-                    .file()?
-                    .read_exact_at(&mut hdr, u64::from(e.position))
-                    .is_ok()
-                    && BatchHeader::parse(&hdr)
-                        .map(|h| h.last_offset() == base_offset + i64::from(e.relative_offset))
-                        .unwrap_or(false);
-                sane = ok;
-            }
-        }
-        if sane && size > 0 {
+        seg.install_indexes(loaded);
+        if seg.size() > 0 {
             seg.load_rolling_based_timestamp();
         }
-        Ok((seg, sane))
+        Ok((seg, None))
+    }
+
+    /// Reads both index files and checks them (see the module docs). Returns the entries, or
+    /// what is wrong with them.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when a file cannot be read.
+    fn read_indexes(&self) -> Result<std::result::Result<LoadedIndexes, String>> {
+        let size = self.size();
+        let trim = !self.deleted.load(Ordering::Acquire);
+        let offsets = self
+            .indexes
+            .offset
+            .read_file(|e| u64::from(e.position) < size, trim)?;
+        self.indexes
+            .bytes_read
+            .fetch_add(offsets.bytes_read, Ordering::Relaxed);
+        if let Some(problem) = offsets.problem {
+            return Ok(Err(problem));
+        }
+        let times = self.indexes.time.read_file(|e| e.timestamp_ms >= 0, trim)?;
+        self.indexes
+            .bytes_read
+            .fetch_add(times.bytes_read, Ordering::Relaxed);
+        if let Some(problem) = times.problem {
+            return Ok(Err(problem));
+        }
+        // The last offset-index entry must point at a batch ending at its offset.
+        if let Some(e) = offsets.entries.last() {
+            let mut hdr = [0u8; BATCH_HEADER_LEN];
+            let expected = self.base_offset + i64::from(e.relative_offset);
+            let found = self
+                .file()?
+                .read_exact_at(&mut hdr, u64::from(e.position))
+                .ok()
+                .and_then(|()| BatchHeader::parse(&hdr).ok());
+            if found.map(|h| h.last_offset()) != Some(expected) {
+                return Ok(Err(format!(
+                    "{}: the last entry points at position {}, where no batch ends at offset \
+                     {expected}",
+                    self.indexes.offset.path().display(),
+                    e.position
+                )));
+            }
+            // A time entry goes with every offset entry once a batch had a timestamp.
+            if times.entries.is_empty() && found.is_some_and(|h| h.max_timestamp >= 0) {
+                return Ok(Err(format!(
+                    "{} is empty, but the batch ending at offset {expected} has a timestamp",
+                    self.indexes.time.path().display()
+                )));
+            }
+        }
+        // The last time entry must be the max timestamp of the batch ending at its offset.
+        if let Some(t) = times.entries.last() {
+            let target = self.base_offset + i64::from(t.relative_offset);
+            let start = floor_by(&offsets.entries, |e| e.relative_offset <= t.relative_offset)
+                .map_or(0, |e| u64::from(e.position));
+            let mut found = None;
+            let walked = self.walk_headers(start, size, WALK_CHUNK_BYTES, |_, h| {
+                if h.last_offset() >= target {
+                    found = Some((h.last_offset(), h.max_timestamp));
+                    Ok(false)
+                } else {
+                    Ok(true)
+                }
+            });
+            if walked.is_err() || found != Some((target, t.timestamp_ms)) {
+                return Ok(Err(format!(
+                    "{}: the last entry ({} ms at offset {target}) is not the max timestamp of \
+                     the batch ending at that offset",
+                    self.indexes.time.path().display(),
+                    t.timestamp_ms
+                )));
+            }
+        }
+        Ok(Ok(LoadedIndexes {
+            offsets: offsets.entries,
+            offsets_file_len: offsets.file_len,
+            times: times.entries,
+            times_file_len: times.file_len,
+        }))
+    }
+
+    /// Stores loaded entries in both indexes (charging them to the index cache when the
+    /// segment is inactive) and the max timestamp they give.
+    fn install_indexes(&self, loaded: LoadedIndexes) {
+        let last = loaded.times.last().copied();
+        index_cache::install(&self.indexes, || {
+            self.indexes
+                .offset
+                .install(loaded.offsets, loaded.offsets_file_len)
+                + self
+                    .indexes
+                    .time
+                    .install(loaded.times, loaded.times_file_len)
+        });
+        // Checked: it replaces what the time index's tail alone gave.
+        *self.max_timestamp.lock() = Some(self.timestamp_offset(last));
+    }
+
+    /// Loads the indexes if they are not (see [`LogSegment::with_indexes`]), which checks the
+    /// max timestamp read from the time index's tail.
+    ///
+    /// # Errors
+    /// As [`LogSegment::with_indexes`].
+    pub(crate) fn load_indexes(&self) -> Result<()> {
+        self.with_indexes(|_, _| ())
+    }
+
+    fn timestamp_offset(&self, e: Option<TimeEntry>) -> TimestampOffset {
+        e.map_or(NO_TIMESTAMP, |e| TimestampOffset {
+            timestamp_ms: e.timestamp_ms,
+            offset: self.base_offset + i64::from(e.relative_offset),
+        })
+    }
+
+    /// Runs `f` on the offset and time index entries, loading them first if they are not (see
+    /// the module docs): read and checked, or rebuilt from the log when not sane. `f` runs
+    /// under the entries' read locks and must not call back into the segment's indexes.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the files cannot be read, or a rebuild cannot read the log or
+    /// write the index files.
+    pub(crate) fn with_indexes<R>(
+        &self,
+        f: impl FnOnce(&[OffsetEntry], &[TimeEntry]) -> R,
+    ) -> Result<R> {
+        {
+            let offsets = self.indexes.offset.entries();
+            let times = self.indexes.time.entries();
+            if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
+                self.indexes.slot.touch();
+                return Ok(f(o, t));
+            }
+        }
+        let _load = self.indexes.load_lock.lock();
+        {
+            let offsets = self.indexes.offset.entries();
+            let times = self.indexes.time.entries();
+            if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
+                self.indexes.slot.touch();
+                return Ok(f(o, t));
+            }
+        }
+        index_cache::record_load(&self.indexes.slot);
+        let loaded = match self.read_indexes()? {
+            Ok(loaded) => loaded,
+            Err(problem) if self.is_deleted() => {
+                // Being deleted: its files may be gone. A reader that still holds it walks
+                // from the start of the segment; nothing is written or kept.
+                tracing::debug!(segment = %self.log_path().display(), %problem,
+                    "index of a segment being deleted is unusable; reading without it");
+                return Ok(f(&[], &[]));
+            }
+            Err(problem) => {
+                tracing::warn!(segment = %self.log_path().display(), %problem,
+                    "index files of an inactive segment are not sane; rebuilding them from \
+                     the log");
+                self.rebuild_indexes()?
+            }
+        };
+        let r = f(&loaded.offsets, &loaded.times);
+        self.install_indexes(loaded);
+        Ok(r)
+    }
+
+    /// Rebuilds both indexes of an inactive segment from its batch headers and writes them to
+    /// their files (not for a segment being deleted). Walks headers without validating CRCs;
+    /// stops at the first header that cannot be read or whose offsets go backwards (logging
+    /// it), so the indexes cover the batches before it. Sets the max timestamp to what the
+    /// batches hold.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the log cannot be read or an index file written.
+    fn rebuild_indexes(&self) -> Result<LoadedIndexes> {
+        let path = self.log_path();
+        let size = self.size();
+        let file = self.file()?;
+        let mut reader = ChunkReader::new(&file, &path, size, SCAN_CHUNK_BYTES);
+        let mut builder = IndexBuilder {
+            base_offset: self.base_offset,
+            index_interval_bytes: self.index_interval_bytes,
+            bytes_since_last_index_entry: 0,
+            max: NO_TIMESTAMP,
+            offsets: Vec::new(),
+            times: Vec::new(),
+        };
+        let mut position = 0u64;
+        let mut next_offset = self.base_offset;
+        let mut stopped = None;
+        while position < size {
+            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+                stopped = Some("a batch header cut short".to_string());
+                break;
+            };
+            let h = match BatchHeader::parse(raw) {
+                Ok(h) => h,
+                Err(e) => {
+                    stopped = Some(format!("an unreadable batch header ({e})"));
+                    break;
+                }
+            };
+            let total = match checked_total_size(&h) {
+                Some(t) if position + t as u64 <= size => t as u64,
+                _ => {
+                    stopped = Some(format!("an impossible batch length {}", h.batch_length));
+                    break;
+                }
+            };
+            if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())
+            {
+                stopped = Some(format!(
+                    "a batch at offset {} where offset {next_offset} or later was expected",
+                    h.base_offset
+                ));
+                break;
+            }
+            builder.add(&h, position, total);
+            next_offset = h.next_offset();
+            position += total;
+        }
+        drop(reader);
+        if let Some(what) = stopped {
+            tracing::warn!(segment = %path.display(), position, next_offset,
+                "rebuilding the indexes stopped at {what}; reads past it fail");
+        }
+        let (offsets, times, max) = builder.finish();
+        let (mut offsets_file_len, mut times_file_len) = (0, 0);
+        if !self.is_deleted() {
+            offsets_file_len = self.indexes.offset.rewrite(&offsets)?;
+            times_file_len = self.indexes.time.rewrite(&times)?;
+        }
+        *self.max_timestamp.lock() = Some(max);
+        Ok(LoadedIndexes {
+            offsets,
+            offsets_file_len,
+            times,
+            times_file_len,
+        })
+    }
+
+    /// The number of offset and time index entries (loading them if needed).
+    ///
+    /// # Errors
+    /// As [`LogSegment::with_indexes`].
+    pub(crate) fn index_entry_counts(&self) -> Result<(usize, usize)> {
+        self.with_indexes(|o, t| (o.len(), t.len()))
+    }
+
+    /// Whether the offset or time index holds `segment.index.bytes` of entries (the active
+    /// segment must roll).
+    pub(crate) fn indexes_full(&self) -> bool {
+        self.indexes.offset.is_full() || self.indexes.time.is_full()
+    }
+
+    /// Bytes of this segment's index files read so far.
+    pub(crate) fn index_bytes_read(&self) -> u64 {
+        self.indexes.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// Marks the segment as no longer written (after a roll, or once its log has loaded):
+    /// closes its index files' descriptors and lets the index cache hold and drop its entries.
+    pub(crate) fn set_inactive(&self) {
+        self.indexes.offset.file().close();
+        self.indexes.time.file().close();
+        index_cache::make_evictable(&self.indexes, || {
+            self.indexes.offset.shrink() + self.indexes.time.shrink()
+        });
+    }
+
+    /// Whether the index entries are loaded now (tests).
+    #[cfg(test)]
+    pub(crate) fn indexes_loaded(&self) -> bool {
+        self.indexes.offset.entries().is_some() && self.indexes.time.entries().is_some()
     }
 
     fn load_rolling_based_timestamp(&self) {
@@ -356,32 +850,50 @@ impl LogSegment {
     pub(crate) fn set_suffix(&self, dir: &Path, suffix: &str) {
         self.log
             .set_path(dir.join(file_name(self.base_offset, "log") + suffix));
-        self.offset_index
+        self.indexes
+            .offset
             .file()
             .set_path(dir.join(file_name(self.base_offset, "index") + suffix));
-        self.time_index
+        self.indexes
+            .time
             .file()
             .set_path(dir.join(file_name(self.base_offset, "timeindex") + suffix));
     }
 
     /// Keeps the `.log` file readable by the readers that still hold this segment while it
-    /// is renamed and deleted ([`SegmentFile::pin`]); its index files close (their entries
-    /// are in memory).
+    /// is renamed and deleted ([`SegmentFile::pin`]); its index files close and are never
+    /// written again: a reader that needs entries not loaded reads them from the renamed files
+    /// while they exist, and walks the segment from its start once they are gone.
     ///
     /// # Errors
     /// [`LogError::Io`] when the file cannot be opened.
     pub(crate) fn pin_for_deletion(&self) -> Result<()> {
+        self.deleted.store(true, Ordering::Release);
         self.log.pin("opening segment")?;
-        self.offset_index.file().close();
-        self.time_index.file().close();
+        self.indexes.offset.file().close();
+        self.indexes.time.file().close();
         Ok(())
+    }
+
+    /// Records that the segment's files are being deleted without
+    /// [`LogSegment::pin_for_deletion`] (the whole log is replaced): its index files are never
+    /// written again.
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Whether the segment is being deleted: marked so, or its `.log` file is no longer where
+    /// it should be (its partition's directory was renamed for deletion). Asked only when an
+    /// index file is found unusable.
+    fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire) || !self.log_path().exists()
     }
 
     /// Closes the segment's descriptors now (a later use reopens them).
     pub(crate) fn close_files(&self) {
         self.log.close();
-        self.offset_index.file().close();
-        self.time_index.file().close();
+        self.indexes.offset.file().close();
+        self.indexes.time.file().close();
     }
 
     /// Published size in bytes: readers never look past it.
@@ -389,20 +901,61 @@ impl LogSegment {
         self.size_bytes.load(Ordering::Acquire)
     }
 
-    /// Largest timestamp and the last offset of the batch that holds it.
-    pub(crate) fn max_timestamp(&self) -> TimestampOffset {
-        *self.max_timestamp.lock()
+    /// Largest timestamp and the last offset of the batch that holds it (Kafka's
+    /// `readMaxTimestampAndOffsetSoFar`). For an inactive segment opened without its indexes
+    /// the first call reads only the time index's last entry (its final entry is the
+    /// segment's max timestamp, [`LogSegment::on_become_inactive`]): one small read, without
+    /// loading the entries. A file whose end cannot be trusted that way (missing, a partial
+    /// entry, zeros of preallocation, entries out of order) is loaded and checked whole. A
+    /// corrupt last entry that still follows the one before it is trusted until the indexes
+    /// are loaded, which replaces it with the checked value (Kafka trusts it always); callers
+    /// that act on it irreversibly load first ([`LogSegment::load_indexes`]).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the time index cannot be read (or, loaded whole, rebuilt).
+    pub(crate) fn max_timestamp(&self) -> Result<TimestampOffset> {
+        if let Some(max) = *self.max_timestamp.lock() {
+            return Ok(max);
+        }
+        let (tail, bytes_read) = self.indexes.time.read_tail()?;
+        self.indexes
+            .bytes_read
+            .fetch_add(bytes_read, Ordering::Relaxed);
+        let max = match tail {
+            Tail::Empty => NO_TIMESTAMP,
+            Tail::Last(e)
+                if e.timestamp_ms >= 0
+                    && self.can_convert_to_relative_offset(
+                        self.base_offset + i64::from(e.relative_offset),
+                    ) =>
+            {
+                self.timestamp_offset(Some(e))
+            }
+            _ => {
+                let last = self.with_indexes(|_, t| t.last().copied())?;
+                self.timestamp_offset(last)
+            }
+        };
+        Ok(*self.max_timestamp.lock().get_or_insert(max))
+    }
+
+    /// The max timestamp as the appender knows it (the active segment's is always known).
+    fn known_max_timestamp(&self) -> TimestampOffset {
+        self.max_timestamp.lock().unwrap_or(NO_TIMESTAMP)
     }
 
     /// Kafka's `LogSegment.largestTimestamp`: the largest record timestamp, or the file's
     /// modification time (ms) when no batch has a timestamp. Retention by time compares it
     /// with `retention.ms`.
-    pub(crate) fn largest_timestamp_ms(&self) -> i64 {
-        let max = self.max_timestamp().timestamp_ms;
+    ///
+    /// # Errors
+    /// As [`LogSegment::max_timestamp`].
+    pub(crate) fn largest_timestamp_ms(&self) -> Result<i64> {
+        let max = self.max_timestamp()?.timestamp_ms;
         if max > 0 {
-            return max;
+            return Ok(max);
         }
-        self.last_modified_ms()
+        Ok(self.last_modified_ms())
     }
 
     /// The `.log` file's modification time in ms since the epoch (0 if unknown).
@@ -491,32 +1044,29 @@ impl LogSegment {
         size: u64,
         index_interval_bytes: u64,
     ) -> Result<()> {
-        let max = {
+        let due = {
             let mut max = self.max_timestamp.lock();
-            if h.max_timestamp > max.timestamp_ms {
-                *max = TimestampOffset {
-                    timestamp_ms: h.max_timestamp,
-                    offset: h.last_offset(),
-                };
-            }
-            *max
-        };
-        if self.bytes_since_last_index_entry.load(Ordering::Relaxed) > index_interval_bytes {
-            self.offset_index.append(OffsetEntry {
-                relative_offset: self.relative(h.last_offset()),
-                position: position as u32,
-            })?;
-            if max.timestamp_ms >= 0 {
-                self.time_index.append(TimeEntry {
-                    timestamp_ms: max.timestamp_ms,
-                    relative_offset: self.relative(max.offset),
-                })?;
-            }
+            let max = max.get_or_insert(NO_TIMESTAMP);
+            let mut since = self.bytes_since_last_index_entry.load(Ordering::Relaxed);
+            let due = index_step(
+                self.base_offset,
+                max,
+                &mut since,
+                h,
+                position,
+                size,
+                index_interval_bytes,
+            );
             self.bytes_since_last_index_entry
-                .store(0, Ordering::Relaxed);
+                .store(since, Ordering::Relaxed);
+            due
+        };
+        if let Some((offset, time)) = due {
+            self.indexes.offset.append(offset)?;
+            if let Some(t) = time {
+                self.indexes.time.append(t)?;
+            }
         }
-        self.bytes_since_last_index_entry
-            .fetch_add(size, Ordering::Relaxed);
         Ok(())
     }
 
@@ -603,9 +1153,9 @@ impl LogSegment {
 
     fn save_append_state(&self) -> AppendState {
         AppendState {
-            offset_entries: self.offset_index.len(),
-            time_entries: self.time_index.len(),
-            max_timestamp: self.max_timestamp(),
+            offset_entries: self.indexes.offset.len(),
+            time_entries: self.indexes.time.len(),
+            max_timestamp: self.known_max_timestamp(),
             bytes_since_last_index_entry: self.bytes_since_last_index_entry.load(Ordering::Relaxed),
         }
     }
@@ -616,9 +1166,9 @@ impl LogSegment {
         self.file()?
             .set_len(size)
             .map_err(|e| LogError::io("truncating a failed append in", &self.log_path(), e))?;
-        self.offset_index.truncate_entries(saved.offset_entries)?;
-        self.time_index.truncate_entries(saved.time_entries)?;
-        *self.max_timestamp.lock() = saved.max_timestamp;
+        self.indexes.offset.truncate_entries(saved.offset_entries)?;
+        self.indexes.time.truncate_entries(saved.time_entries)?;
+        *self.max_timestamp.lock() = Some(saved.max_timestamp);
         self.bytes_since_last_index_entry
             .store(saved.bytes_since_last_index_entry, Ordering::Relaxed);
         self.size_bytes.store(size, Ordering::Release);
@@ -680,7 +1230,11 @@ impl LogSegment {
     }
 
     /// The position and header of the first batch whose last offset is `>= offset`, looking no
-    /// further than `end`: the offset index gives the starting point, then headers are walked.
+    /// further than `end`: the offset index gives the starting point (loaded if needed), then
+    /// headers are walked.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] / [`LogError::CorruptFile`] when the log or the index cannot be read.
     pub(crate) fn translate_offset(
         &self,
         offset: i64,
@@ -690,9 +1244,10 @@ impl LogSegment {
         let start = if rel <= 0 {
             0
         } else {
-            self.offset_index
-                .floor_by(|e| i64::from(e.relative_offset) <= rel)
-                .map_or(0, |e| u64::from(e.position))
+            self.with_indexes(|o, _| {
+                floor_by(o, |e| i64::from(e.relative_offset) <= rel)
+                    .map_or(0, |e| u64::from(e.position))
+            })?
         };
         let mut found = None;
         self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
@@ -708,28 +1263,36 @@ impl LogSegment {
 
     /// The position to start a timestamp search from (Kafka's `findOffsetByTimestamp`): the
     /// time index gives an offset, the offset index its position.
-    pub(crate) fn position_for_timestamp(&self, target_ms: i64) -> u64 {
-        let Some(t) = self.time_index.floor_by(|e| e.timestamp_ms <= target_ms) else {
-            return 0;
-        };
-        self.offset_index
-            .floor_by(|e| e.relative_offset <= t.relative_offset)
-            .map_or(0, |e| u64::from(e.position))
+    ///
+    /// # Errors
+    /// As [`LogSegment::with_indexes`].
+    pub(crate) fn position_for_timestamp(&self, target_ms: i64) -> Result<u64> {
+        self.with_indexes(|o, t| {
+            let Some(t) = floor_by(t, |e| e.timestamp_ms <= target_ms) else {
+                return 0;
+            };
+            floor_by(o, |e| e.relative_offset <= t.relative_offset)
+                .map_or(0, |e| u64::from(e.position))
+        })
     }
 
     /// Validates every batch from the start (CRC included), rebuilds both indexes and the max
     /// timestamp, and truncates the file at the first invalid or torn batch (Kafka's
     /// `LogSegment.recover`). `expected_first_offset` is the lowest offset the first batch may
-    /// have; `on_batch` sees every valid header.
+    /// have; `on_batch` sees every valid header. The indexes stay loaded and pinned (not
+    /// charged to the index cache) until [`LogSegment::set_inactive`].
     pub(crate) fn recover(
         &self,
         expected_first_offset: i64,
         index_interval_bytes: u64,
         mut on_batch: impl FnMut(&BatchHeader),
     ) -> Result<RecoverResult> {
-        self.offset_index.reset()?;
-        self.time_index.reset()?;
-        *self.max_timestamp.lock() = NO_TIMESTAMP;
+        // Written from here on: no lazy load runs meanwhile, and the cache keeps its hands off.
+        let _load = self.indexes.load_lock.lock();
+        index_cache::pin(&self.indexes.slot);
+        self.indexes.offset.reset()?;
+        self.indexes.time.reset()?;
+        *self.max_timestamp.lock() = Some(NO_TIMESTAMP);
         *self.rolling_based_timestamp.lock() = None;
         self.bytes_since_last_index_entry
             .store(0, Ordering::Relaxed);
@@ -855,10 +1418,7 @@ impl LogSegment {
     /// # Errors
     /// [`LogError::CorruptFile`] when the tail is torn (the caller then recovers the segment).
     pub(crate) fn read_next_offset(&self) -> Result<Option<i64>> {
-        let start = self
-            .offset_index
-            .last()
-            .map_or(0, |e| u64::from(e.position));
+        let start = self.with_indexes(|o, _| o.last().map_or(0, |e| u64::from(e.position)))?;
         let mut next = None;
         self.walk_headers(start, self.size(), WALK_CHUNK_BYTES, |_, h| {
             next = Some(h.next_offset());
@@ -871,9 +1431,9 @@ impl LogSegment {
     /// `onBecomeInactiveSegment`). The index files already hold exactly their entries (Kafka
     /// trims its preallocated files here).
     pub(crate) fn on_become_inactive(&self) -> Result<()> {
-        let max = self.max_timestamp();
+        let max = self.known_max_timestamp();
         if max.timestamp_ms >= 0 {
-            self.time_index.append(TimeEntry {
+            self.indexes.time.append(TimeEntry {
                 timestamp_ms: max.timestamp_ms,
                 relative_offset: self.relative(max.offset),
             })?;
@@ -886,8 +1446,8 @@ impl LogSegment {
         self.file()?
             .sync_data()
             .map_err(|e| LogError::io("syncing", &self.log_path(), e))?;
-        self.offset_index.flush()?;
-        self.time_index.flush()
+        self.indexes.offset.flush()?;
+        self.indexes.time.flush()
     }
 }
 
@@ -909,7 +1469,7 @@ mod tests {
     #[test]
     fn append_index_translate_and_recover() {
         let dir = tempfile::tempdir().unwrap();
-        let seg = LogSegment::create(dir.path(), 100, 1024, 0).unwrap();
+        let seg = LogSegment::create(dir.path(), 100, 1024, 256, 0).unwrap();
         let mut next = 100;
         let mut positions = Vec::new();
         for i in 0..50 {
@@ -919,7 +1479,7 @@ mod tests {
             seg.append(&b, &[h], 256).unwrap();
             next = h.next_offset();
         }
-        assert!(seg.offset_index.len() > 5);
+        assert!(seg.index_entry_counts().unwrap().0 > 5);
         for (pos, h) in &positions {
             for o in h.base_offset..=h.last_offset() {
                 let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
@@ -927,11 +1487,65 @@ mod tests {
             }
         }
         assert_eq!(seg.read_next_offset().unwrap(), Some(next));
-        let entries = seg.offset_index.len();
+        let entries = seg.index_entry_counts().unwrap();
         let r = seg.recover(100, 256, |_| {}).unwrap();
         assert_eq!(r.batches, 50);
         assert_eq!(r.next_offset, Some(next));
-        assert_eq!(seg.offset_index.len(), entries);
-        assert_eq!(seg.max_timestamp().timestamp_ms, 1_000 + 49 + 2);
+        assert_eq!(seg.index_entry_counts().unwrap(), entries);
+        assert_eq!(seg.max_timestamp().unwrap().timestamp_ms, 1_000 + 49 + 2);
+    }
+
+    /// An inactive segment opened lazily reads nothing of its indexes until used; its max
+    /// timestamp comes from the time index's last entry alone; many threads looking up at
+    /// once load the files once and all answer right.
+    #[test]
+    fn lazy_indexes_load_once_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expected = Vec::new();
+        let max = {
+            let seg = LogSegment::create(dir.path(), 100, 1024, 256, 0).unwrap();
+            let mut next = 100;
+            for i in 0..50 {
+                let b = batch(next, 3, 1_000 + (i * 7) % 20);
+                let h = validate_batch(&b).unwrap();
+                expected.push((seg.size(), h));
+                seg.append(&b, &[h], 256).unwrap();
+                next = h.next_offset();
+            }
+            seg.on_become_inactive().unwrap();
+            seg.max_timestamp().unwrap()
+        };
+        let len = |ext| {
+            std::fs::metadata(dir.path().join(file_name(100, ext)))
+                .unwrap()
+                .len()
+        };
+        let files = len("index") + len("timeindex");
+        let seg = Arc::new(LogSegment::open_lazy(dir.path(), 100, 1024, 256, 0).unwrap());
+        assert!(!seg.indexes_loaded());
+        assert_eq!(seg.index_bytes_read(), 0);
+        assert_eq!(seg.max_timestamp().unwrap(), max);
+        assert!(!seg.indexes_loaded());
+        let tail = seg.index_bytes_read();
+        assert_eq!(tail, 24);
+        let expected = Arc::new(expected);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (seg, expected) = (Arc::clone(&seg), Arc::clone(&expected));
+                std::thread::spawn(move || {
+                    for (pos, h) in expected.iter() {
+                        for o in h.base_offset..=h.last_offset() {
+                            let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                            assert_eq!((p, found.base_offset), (*pos, h.base_offset));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(seg.indexes_loaded());
+        assert_eq!(seg.index_bytes_read(), tail + files);
     }
 }

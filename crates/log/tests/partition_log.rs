@@ -368,8 +368,9 @@ fn corrupt_byte_in_last_segment_truncates_there() {
     assert!(all.windows(2).all(|w| w[0].1 + 1 == w[1].0));
 }
 
+/// The active segment's indexes are checked when the log opens: a corrupt one is rebuilt then.
 #[test]
-fn corrupt_index_is_rebuilt_on_clean_open() {
+fn corrupt_index_of_the_active_segment_is_rebuilt_on_open() {
     let dir = tempfile::tempdir().unwrap();
     let log = open(dir.path(), small_config(), true);
     for i in 0..40 {
@@ -378,14 +379,169 @@ fn corrupt_index_is_rebuilt_on_clean_open() {
     }
     let expected = read_all(&log);
     log.close().unwrap();
-    let first = log.segment_base_offsets()[0];
+    let active = *log.segment_base_offsets().last().unwrap();
     drop(log);
-    let idx = dir.path().join(format!("{first:020}.index"));
+    let idx = dir.path().join(format!("{active:020}.index"));
     std::fs::write(&idx, [0xAB; 20]).unwrap();
     let log = open(dir.path(), small_config(), true);
     assert_eq!(log.load_stats().rebuilt_indexes, 1);
     assert_eq!(read_all(&log), expected);
     assert_eq!(std::fs::metadata(&idx).unwrap().len() % 8, 0);
+}
+
+/// A log of several segments with timestamps that go back and forth (so the time index's
+/// running maximum matters), closed cleanly.
+fn log_with_segments(dir: &Path) -> PartitionLog {
+    let log = open(dir, small_config(), true);
+    for i in 0..80i64 {
+        let ts = NOW_MS + (i * 37 % 50) * 10;
+        log.append_as_leader(&mut batch(3, ts, 60), 0, NOW_MS)
+            .unwrap();
+    }
+    assert!(log.num_segments() >= 6, "{} segments", log.num_segments());
+    log.close().unwrap();
+    log
+}
+
+fn index_path(dir: &Path, base: i64, ext: &str) -> std::path::PathBuf {
+    dir.join(format!("{base:020}.{ext}"))
+}
+
+/// Opening a log reads the index files of its active segment only (KIP-263); the others are
+/// read on first use.
+#[test]
+fn opening_a_log_reads_only_the_active_segments_index_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let bases = log_with_segments(dir.path()).segment_base_offsets();
+    let active = *bases.last().unwrap();
+    let len = |ext| {
+        std::fs::metadata(index_path(dir.path(), active, ext))
+            .unwrap()
+            .len()
+    };
+    let active_bytes = len("index") + len("timeindex");
+    let all_bytes: u64 = bases
+        .iter()
+        .flat_map(|b| ["index", "timeindex"].map(|ext| index_path(dir.path(), *b, ext)))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        active_bytes > 0 && all_bytes > 3 * active_bytes,
+        "{active_bytes} {all_bytes}"
+    );
+    let log = open(dir.path(), small_config(), true);
+    assert_eq!(
+        log.load_stats().index_bytes_read,
+        active_bytes,
+        "{:?}",
+        log.load_stats()
+    );
+    // A timestamp lookup beyond every record reads only the time indexes' last entries (two
+    // entries each).
+    let inactive = bases.len() as u64 - 1;
+    assert_eq!(log.fetch_offset_by_timestamp(NOW_MS + 1_000).unwrap(), None);
+    let tails = log.index_bytes_read() - active_bytes;
+    assert!(
+        tails > 0 && tails <= inactive * 24,
+        "{tails} bytes for {inactive} segments"
+    );
+    // A read of the first segment loads its indexes, and only its.
+    let first_bytes = len_of(dir.path(), bases[0]);
+    log.read(1, 1, i64::MAX, true).unwrap();
+    assert_eq!(log.index_bytes_read(), active_bytes + tails + first_bytes);
+}
+
+fn len_of(dir: &Path, base: i64) -> u64 {
+    ["index", "timeindex"]
+        .map(|ext| std::fs::metadata(index_path(dir, base, ext)).unwrap().len())
+        .iter()
+        .sum()
+}
+
+/// Garbage written into the index files of inactive segments between close and reopen is not
+/// read at open; it is found at the first lookup, the indexes are rebuilt from the log (the
+/// files then equal the good ones), and every lookup answers as with the good indexes.
+#[test]
+fn a_corrupt_inactive_index_is_rebuilt_on_first_use_and_answers_as_a_good_one() {
+    let good = tempfile::tempdir().unwrap();
+    let bases = log_with_segments(good.path()).segment_base_offsets();
+    let bad = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(good.path()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.path().join(e.file_name())).unwrap();
+    }
+    // Garbage in the middle of an offset index, of a time index, a torn offset index, and a
+    // time index that is all zeros, in four inactive segments.
+    let write_at = |path: &Path, at: u64, bytes: &[u8]| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all_at(bytes, at).unwrap();
+    };
+    let corrupted = [
+        index_path(bad.path(), bases[0], "index"),
+        index_path(bad.path(), bases[1], "timeindex"),
+        index_path(bad.path(), bases[2], "index"),
+        index_path(bad.path(), bases[3], "timeindex"),
+    ];
+    write_at(&corrupted[0], 8, &[0x5A; 8]);
+    write_at(&corrupted[1], 12, &[0x7F; 12]);
+    let len = std::fs::metadata(&corrupted[2]).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&corrupted[2])
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let len = std::fs::metadata(&corrupted[3]).unwrap().len();
+    write_at(&corrupted[3], 0, &vec![0; len as usize]);
+    let garbage: Vec<Vec<u8>> = corrupted
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+
+    let good_log = open(good.path(), small_config(), true);
+    let bad_log = open(bad.path(), small_config(), true);
+    // Not read at open.
+    assert_eq!(bad_log.load_stats().rebuilt_indexes, 0);
+    for (p, g) in corrupted.iter().zip(&garbage) {
+        assert_eq!(
+            &std::fs::read(p).unwrap(),
+            g,
+            "{} was touched at open",
+            p.display()
+        );
+    }
+    // Every offset.
+    for offset in good_log.log_start_offset()..good_log.log_end_offset() {
+        let want = good_log.read(offset, 1, i64::MAX, true).unwrap();
+        assert_eq!(
+            bad_log.read(offset, 1, i64::MAX, true).unwrap(),
+            want,
+            "offset {offset}"
+        );
+    }
+    // Every timestamp, and the largest.
+    for target in NOW_MS - 1..=NOW_MS + 500 {
+        assert_eq!(
+            bad_log.fetch_offset_by_timestamp(target).unwrap(),
+            good_log.fetch_offset_by_timestamp(target).unwrap(),
+            "timestamp {target}"
+        );
+    }
+    assert_eq!(
+        bad_log.max_timestamp_and_offset().unwrap(),
+        good_log.max_timestamp_and_offset().unwrap()
+    );
+    // Rebuilt: the files hold what the good log's hold.
+    for p in &corrupted {
+        let name = p.file_name().unwrap();
+        assert_eq!(
+            std::fs::read(p).unwrap(),
+            std::fs::read(good.path().join(name)).unwrap(),
+            "{}",
+            p.display()
+        );
+    }
 }
 
 #[test]

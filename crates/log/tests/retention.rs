@@ -244,3 +244,66 @@ fn readers_never_see_garbage_while_segments_are_deleted() {
     assert!(ok > 0);
     assert_eq!(deleted_files(dir.path()), 0);
 }
+
+/// Retention by time keeps a segment on its time index's last entry alone, but deletes one
+/// only on its checked index: a last entry corrupted into an older timestamp (still after the
+/// entry before it, so it looks plausible) does not delete the segment early.
+#[test]
+fn a_corrupt_last_time_entry_does_not_delete_a_segment_early() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let retention = LogConfig {
+        retention_ms: 60_000,
+        ..config()
+    };
+    let open = || {
+        PartitionLog::open(
+            dir.path(),
+            TopicPartition::new("t", 0),
+            retention.clone(),
+            true,
+        )
+        .unwrap()
+    };
+    let first_max = {
+        let log = open();
+        // One batch a second: the first segment's time entries are seconds apart.
+        for i in 0..20 {
+            log.append_as_leader(&mut batch(3, NOW_MS + i * 1_000), 0, NOW_MS)
+                .unwrap();
+        }
+        assert!(log.num_segments() > 2);
+        log.close().unwrap();
+        let next = log.segment_base_offsets()[1];
+        // The first segment's max timestamp: its last batch's.
+        let last = log.read(next - 1, 1, i64::MAX, true).unwrap();
+        let (_, h) = Batches::new(&last.records).next().unwrap().unwrap();
+        h.max_timestamp
+    };
+    // Replace the first segment's last time entry with one a millisecond after the entry
+    // before it.
+    let path = dir.path().join(format!("{:020}.timeindex", 0));
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() >= 24, "{} bytes", bytes.len());
+    let prev = &bytes[bytes.len() - 24..bytes.len() - 12];
+    let prev_ts = i64::from_be_bytes(prev[..8].try_into().unwrap());
+    assert!(prev_ts + 1 < first_max, "{prev_ts} {first_max}");
+    let mut forged = (prev_ts + 1).to_be_bytes().to_vec();
+    forged.extend_from_slice(&prev[8..12]);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&forged, bytes.len() as u64 - 12).unwrap();
+    drop(f);
+    let log = open();
+    // Expired by the forged entry, not by the segment's real max timestamp.
+    let now = prev_ts + 1 + 60_001;
+    assert!(now - first_max <= 60_000);
+    let r = log.delete_old_segments(now, log.log_end_offset()).unwrap();
+    assert_eq!(r.deleted_segments, 0);
+    assert_eq!(log.log_start_offset(), 0);
+    // Checked, the index was rebuilt: the real max timestamp expires it later.
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    let r = log
+        .delete_old_segments(first_max + 60_001, log.log_end_offset())
+        .unwrap();
+    assert!(r.deleted_segments >= 1);
+}

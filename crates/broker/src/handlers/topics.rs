@@ -97,6 +97,21 @@ fn failed(name: &TopicName, code: i16, message: String) -> CreatableTopicResult 
 /// `validate_only` checks without creating; a name given twice fails with INVALID_REQUEST.
 /// The topics that pass the checks here go to the controller in one request (one batch of
 /// records); the response is sent once they are applied on this broker.
+///
+/// A topic is created whole or not at all as far as this broker goes: when the controller
+/// committed a topic but this broker could not create the log of one of its partitions
+/// (ENOSPC, EACCES, EIO, ...; [`crate::replica_manager::ReplicaManager::log_creation_failures`]),
+/// the topic is deleted again through the controller (by topic id, as DeleteTopics does) and
+/// answered KAFKA_STORAGE_ERROR (56) with a message naming the partition, the directory and
+/// the cause; Metadata then does not list it, the logs of its other partitions are deleted,
+/// and creating it again once the cause is fixed starts afresh. Kafka 4.4 answers such a
+/// topic with success (its controller does not wait for brokers), the broker takes the log
+/// directory offline (`LogDirFailureChannel`) and the partition stays without a log.
+///
+/// Out of scope: a replica that fails on *another* broker (this node is the active
+/// controller, a client's broker forwards to it, or the topic's replicas are elsewhere). That
+/// broker keeps retrying the creation
+/// ([`crate::replica_manager::ReplicaManager::retry_log_creation`]) and the topic stays.
 pub async fn create_topics(
     broker: &Arc<Broker>,
     ctx: &RequestContext,
@@ -246,9 +261,14 @@ pub async fn create_topics(
                         "no answer from the controller".into(),
                     ))
                 },
-                |r| r.as_ref().map_err(controller_failure),
+                |r| r.as_ref().copied().map_err(controller_failure),
             ),
             Err(e) => Err(controller_failure(e)),
+        };
+        let answer = if req.validate_only {
+            answer
+        } else {
+            settle_created_topic(broker, &name.0, answer).await
         };
         results[slot] = match answer {
             Ok(topic_id) => {
@@ -271,7 +291,7 @@ pub async fn create_topics(
                 CreatableTopicResult::default()
                     .with_name(name)
                     .with_topic_id(if version >= 7 && !req.validate_only {
-                        *topic_id
+                        topic_id
                     } else {
                         Uuid::nil()
                     })
@@ -284,6 +304,71 @@ pub async fn create_topics(
         };
     }
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// The answer for topic `name` that the controller answered `answer` for, once this
+/// broker's logs are looked at: a topic whose partitions here have no log
+/// ([`crate::replica_manager::ReplicaManager::log_creation_failures_of`]) is deleted again
+/// through the controller and answered KAFKA_STORAGE_ERROR; a topic the controller answered
+/// KAFKA_STORAGE_ERROR for (applying its batch failed on this node) whose partitions here all
+/// have their logs was created, and is answered with its id (another topic of the batch
+/// failed).
+async fn settle_created_topic(
+    broker: &Arc<Broker>,
+    name: &str,
+    answer: Result<Uuid, (i16, String)>,
+) -> Result<Uuid, (i16, String)> {
+    let topic_id = match &answer {
+        Ok(id) => *id,
+        Err((code, _)) if *code == ec::KAFKA_STORAGE_ERROR => {
+            match broker.controller.image().topic(name) {
+                Some(t) => t.topic_id,
+                None => return answer,
+            }
+        }
+        Err(_) => return answer,
+    };
+    let rm = &broker.replica_manager;
+    let failures = rm.log_creation_failures_of(name, topic_id);
+    if failures.is_empty() {
+        return match answer {
+            Err(_) if rm.hosts_local_replicas(&broker.controller.image(), name) => Ok(topic_id),
+            other => other,
+        };
+    }
+    let causes = failures
+        .iter()
+        .map(|f| f.error.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let deleted = broker.controller.delete_topics(vec![topic_id]).await;
+    if broker.controller.image().topic_by_id(&topic_id).is_none() {
+        warn!(topic = name, %topic_id, cause = %causes,
+            "topic not created: its logs could not be created on this broker, so it was deleted again");
+        return Err((
+            ec::KAFKA_STORAGE_ERROR,
+            format!(
+                "Topic '{name}' was not created: {causes}. Its records were deleted again; create it again once the cause is fixed."
+            ),
+        ));
+    }
+    let why = match deleted {
+        Ok(answers) => answers
+            .into_iter()
+            .next()
+            .and_then(Result::err)
+            .map_or_else(|| "no answer".to_string(), |e| e.to_string()),
+        Err(e) => e.to_string(),
+    };
+    warn!(topic = name, %topic_id, cause = %causes, error = %why,
+        "a topic's logs could not be created on this broker and deleting the topic again failed; the creation is retried");
+    Err((
+        ec::KAFKA_STORAGE_ERROR,
+        format!(
+            "Topic '{name}' was created, but {causes}; deleting it again failed ({why}): this broker retries creating the logs every {} s.",
+            crate::replica_manager::LOG_CREATION_RETRY_INTERVAL.as_secs()
+        ),
+    ))
 }
 
 /// Answers DeleteTopics: by name (all versions) or by topic id (v6+). The topics found go to
@@ -390,6 +475,15 @@ pub async fn delete_topics(
 
 /// Answers CreatePartitions: all topics go to the controller in one request; the response is
 /// sent once the new partitions' logs exist here.
+///
+/// A new partition whose log this broker could not create
+/// ([`crate::replica_manager::ReplicaManager::log_creation_failures`]) makes its topic's answer
+/// KAFKA_STORAGE_ERROR (56), naming the partitions, the directory and the cause. The partitions
+/// stay: Kafka has no way to remove partitions from a topic, so they cannot be rolled back as
+/// a new topic is; this broker retries creating their logs every
+/// [`crate::replica_manager::LOG_CREATION_RETRY_INTERVAL`] (and with the next metadata
+/// change) until it succeeds. New partitions whose replicas fail on another broker are out of
+/// scope here: that broker retries in the same way.
 pub async fn create_partitions(
     broker: &Arc<Broker>,
     ctx: &RequestContext,
@@ -426,6 +520,19 @@ pub async fn create_partitions(
     if increases.is_empty() {
         return CreatePartitionsResponse::default().with_results(results);
     }
+    // Each topic's id and partition count before: partitions from that index on are new.
+    let before: Vec<Option<(Uuid, i32)>> = {
+        let image = broker.controller.image();
+        increases
+            .iter()
+            .map(|inc| {
+                image
+                    .topic(&inc.topic)
+                    .map(|t| (t.topic_id, t.partitions.len() as i32))
+            })
+            .collect()
+    };
+    let validate_only = req.validate_only;
     let answers = broker
         .controller
         .create_partitions(increases, req.validate_only)
@@ -444,12 +551,63 @@ pub async fn create_partitions(
             ),
             Err(e) => Err(controller_failure(e)),
         };
+        let answer = match before.get(i).copied().flatten() {
+            Some((topic_id, count)) if !validate_only => {
+                settle_new_partitions(broker, &r.name, topic_id, count, answer)
+            }
+            _ => answer,
+        };
         if let Err((code, message)) = answer {
             r.error_code = code;
             r.error_message = Some(sb(&message));
         }
     }
     CreatePartitionsResponse::default().with_results(results)
+}
+
+/// The answer for the partitions added to topic `name` (id `topic_id`, `count` partitions
+/// before) that the controller answered `answer` for, once this broker's logs are looked at:
+/// KAFKA_STORAGE_ERROR naming the new partitions whose logs could not be created here; success
+/// for a KAFKA_STORAGE_ERROR of the controller (another topic of the batch failed to apply)
+/// when every partition of the topic here has its log.
+fn settle_new_partitions(
+    broker: &Broker,
+    name: &str,
+    topic_id: Uuid,
+    count: i32,
+    answer: Result<(), (i16, String)>,
+) -> Result<(), (i16, String)> {
+    match &answer {
+        Ok(()) => {}
+        Err((code, _)) if *code == ec::KAFKA_STORAGE_ERROR => {}
+        Err(_) => return answer,
+    }
+    let rm = &broker.replica_manager;
+    let failures: Vec<_> = rm
+        .log_creation_failures_of(name, topic_id)
+        .into_iter()
+        .filter(|f| f.topic_partition.partition >= count)
+        .collect();
+    if failures.is_empty() {
+        return match answer {
+            Err(_) if rm.hosts_local_replicas(&broker.controller.image(), name) => Ok(()),
+            other => other,
+        };
+    }
+    let causes = failures
+        .iter()
+        .map(|f| f.error.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    warn!(topic = name, cause = %causes,
+        "new partitions' logs could not be created on this broker; the creation is retried");
+    Err((
+        ec::KAFKA_STORAGE_ERROR,
+        format!(
+            "Partitions were added to topic '{name}', but {causes}. Partitions cannot be removed again, so they stay; this broker retries creating their logs every {} s.",
+            crate::replica_manager::LOG_CREATION_RETRY_INTERVAL.as_secs()
+        ),
+    ))
 }
 
 /// Topic-level non-default configs, for DescribeConfigs.

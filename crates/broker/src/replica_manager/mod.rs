@@ -48,6 +48,77 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// How often [`ReplicaManager::retry_log_creation`] runs while some partition's log could not
+/// be created (`server`'s `log_creation_retrier` task): 5 s. Kafka has no such retry (a log
+/// that cannot be created takes its directory offline until a restart), so no Kafka interval
+/// applies; 5 s brings a partition back within seconds of space being freed while costing a
+/// `mkdir` and a small write per failed partition and attempt.
+pub const LOG_CREATION_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A partition of the latest metadata image that this broker replicates but whose log it
+/// could not create ([`gregor_log::LogManager::get_or_create`] failed: ENOSPC, EACCES, EIO,
+/// something in the way of its directory). The partition is not hosted (produce and fetch
+/// answer as for a partition not here) until a retry creates the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogCreationFailure {
+    /// The partition.
+    pub topic_partition: TopicPartition,
+    /// Its topic's id (KIP-516): a topic re-created under the same name is another topic.
+    pub topic_id: Uuid,
+    /// The log directory it was to be created in (an entry of `log.dirs`), when known.
+    pub dir: Option<String>,
+    /// What failed, naming the partition, the directory and the cause.
+    pub error: String,
+}
+
+impl LogCreationFailure {
+    fn new(topic_partition: TopicPartition, topic_id: Uuid, error: &LogError) -> Self {
+        let dir = match error {
+            LogError::CreateLog { dir, .. } => Some(dir.clone()),
+            _ => None,
+        };
+        Self {
+            topic_partition,
+            topic_id,
+            dir,
+            error: error.to_string(),
+        }
+    }
+}
+
+/// Why [`ReplicaManager::apply_image`] or [`ReplicaManager::apply_metadata`] did not apply an
+/// image whole. Everything else in the image was applied: one partition's failure does not
+/// stop the others.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", describe_apply_error(.not_created, .not_deleted))]
+pub struct ApplyError {
+    /// The partitions whose logs could not be created; they are kept in
+    /// [`ReplicaManager::log_creation_failures`] and retried.
+    pub not_created: Vec<LogCreationFailure>,
+    /// The partitions that left this broker whose logs could not be deleted, and why.
+    pub not_deleted: Vec<(TopicPartition, LogError)>,
+}
+
+fn describe_apply_error(
+    not_created: &[LogCreationFailure],
+    not_deleted: &[(TopicPartition, LogError)],
+) -> String {
+    let mut parts = Vec::new();
+    if !not_created.is_empty() {
+        let each: Vec<String> = not_created.iter().map(|f| f.error.clone()).collect();
+        parts.push(format!(
+            "the logs of {} partition(s) could not be created (retried every {} s and with the next metadata change): {}",
+            not_created.len(),
+            LOG_CREATION_RETRY_INTERVAL.as_secs(),
+            each.join("; ")
+        ));
+    }
+    for (tp, e) in not_deleted {
+        parts.push(format!("deleting the log of {tp} failed: {e}"));
+    }
+    parts.join("; ")
+}
+
 /// Who is appending (Kafka's `AppendOrigin`). Clients and coordinators append as leader with
 /// the same validation today; the origin is carried so that follower appends (`Replication`,
 /// `appendAsFollower`) and transaction markers, which validate differently, enter the same way.
@@ -680,6 +751,15 @@ pub struct ReplicaManager {
     /// The image last applied without error by [`ReplicaManager::apply_metadata`], which the
     /// next one is compared with; None after an error or an [`ReplicaManager::apply_image`].
     applied: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
+    /// Held while an image is applied: the metadata loader's images and the retries of
+    /// [`ReplicaManager::retry_log_creation`] apply one at a time.
+    applying: parking_lot::Mutex<()>,
+    /// The latest image handed to [`ReplicaManager::apply_metadata`] (or
+    /// [`ReplicaManager::apply_image`]) while some partition of it has no log: what
+    /// [`ReplicaManager::retry_log_creation`] applies again. Never older than what was applied.
+    latest: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
+    /// The partitions of the latest image whose logs could not be created, by partition.
+    creation_failures: parking_lot::Mutex<BTreeMap<TopicPartition, LogCreationFailure>>,
 }
 
 impl ReplicaManager {
@@ -701,6 +781,9 @@ impl ReplicaManager {
             replica_selector: config.replica_selector(),
             broker_nodes: RwLock::new(Arc::new(BrokerNodes::new())),
             applied: parking_lot::Mutex::new(None),
+            applying: parking_lot::Mutex::new(()),
+            latest: parking_lot::Mutex::new(None),
+            creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -1186,11 +1269,33 @@ impl ReplicaManager {
     /// matched by topic id, so a re-created topic of the same name gets fresh logs). Visits
     /// every topic; [`ReplicaManager::apply_metadata`] visits only what changed.
     ///
+    /// A partition whose log cannot be created (a full disk, a permission, an I/O error) does
+    /// not stop the others: it is remembered ([`ReplicaManager::log_creation_failures`]), not
+    /// hosted, and created by a later apply (the next image, which is then applied whole) or
+    /// by [`ReplicaManager::retry_log_creation`] (every [`LOG_CREATION_RETRY_INTERVAL`]), so
+    /// that freeing space makes it appear without a metadata change. A later creation clears
+    /// the entry, as does the partition leaving the image. Compared with Kafka 4.4: there a
+    /// log that cannot be created (`LogManager.getOrCreateLog`, `PartitionMetadataFile`)
+    /// reports its directory to the `LogDirFailureChannel`, which takes the whole directory
+    /// offline (every partition in it stops being served, the controller is told through the
+    /// heartbeat's offline dirs, KIP-858, and the broker halts when no directory is left or it
+    /// held the metadata log), the partition is marked offline and never retried until a
+    /// restart. Here only a lack of space marks the directory (full, which heals by itself,
+    /// see [`gregor_log::LogDirHealth`]), and the partition is retried.
+    ///
     /// # Errors
-    /// The first log error; partitions handled before it stay applied.
-    pub fn apply_image(&self, image: &MetadataImage) -> Result<(), LogError> {
+    /// [`ApplyError`] naming every partition whose log could not be created or deleted; the
+    /// rest of the image is applied.
+    pub fn apply_image(&self, image: &MetadataImage) -> Result<(), ApplyError> {
+        let _applying = self.applying.lock();
         *self.applied.lock() = None;
-        self.apply_scoped(image, None)
+        let result = self.apply_scoped(image, None);
+        *self.latest.lock() = result
+            .as_ref()
+            .err()
+            .filter(|e| !e.not_created.is_empty())
+            .map(|_| Arc::new(image.clone()));
+        result
     }
 
     /// [`ReplicaManager::apply_image`] for the images the metadata loader publishes, doing
@@ -1204,15 +1309,87 @@ impl ReplicaManager {
     ///
     /// # Errors
     /// As [`ReplicaManager::apply_image`]; the next image is then applied whole.
-    pub fn apply_metadata(&self, image: &Arc<MetadataImage>, full: bool) -> Result<(), LogError> {
+    pub fn apply_metadata(&self, image: &Arc<MetadataImage>, full: bool) -> Result<(), ApplyError> {
+        let _applying = self.applying.lock();
         let previous = self.applied.lock().take();
         let scope = match previous {
             Some(prev) if !full => changed_topics(&prev, image),
             _ => None,
         };
-        self.apply_scoped(image, scope.as_ref())?;
+        let result = self.apply_scoped(image, scope.as_ref());
+        let pending = !self.creation_failures.lock().is_empty();
+        *self.latest.lock() = pending.then(|| image.clone());
+        result?;
         *self.applied.lock() = Some(image.clone());
         Ok(())
+    }
+
+    /// Tries again to create the logs of [`ReplicaManager::log_creation_failures`]: applies the
+    /// latest image again to their topics. The broker runs it every
+    /// [`LOG_CREATION_RETRY_INTERVAL`] while any is pending (blocking: run it on the I/O pool).
+    /// Returns how many partitions it created.
+    ///
+    /// # Errors
+    /// As [`ReplicaManager::apply_image`], for the partitions still failing.
+    pub fn retry_log_creation(&self) -> Result<usize, ApplyError> {
+        let _applying = self.applying.lock();
+        let before = self.creation_failures.lock().len();
+        let topics: HashSet<String> = self
+            .creation_failures
+            .lock()
+            .keys()
+            .map(|tp| tp.topic.clone())
+            .collect();
+        let Some(image) = self.latest.lock().clone() else {
+            return Ok(0);
+        };
+        if topics.is_empty() {
+            return Ok(0);
+        }
+        let result = self.apply_scoped(&image, Some(&topics));
+        let after = self.creation_failures.lock().len();
+        if after == 0 {
+            *self.latest.lock() = None;
+        }
+        result.map(|()| before.saturating_sub(after))
+    }
+
+    /// Whether some partition's log could not be created ([`LogCreationFailure`]).
+    pub fn has_log_creation_failures(&self) -> bool {
+        !self.creation_failures.lock().is_empty()
+    }
+
+    /// The partitions of the latest image whose logs could not be created here, in partition
+    /// order.
+    pub fn log_creation_failures(&self) -> Vec<LogCreationFailure> {
+        self.creation_failures.lock().values().cloned().collect()
+    }
+
+    /// The partitions of topic `topic` with id `topic_id` whose logs could not be created
+    /// here, in partition order.
+    pub fn log_creation_failures_of(&self, topic: &str, topic_id: Uuid) -> Vec<LogCreationFailure> {
+        self.creation_failures
+            .lock()
+            .range(TopicPartition::new(topic, i32::MIN)..=TopicPartition::new(topic, i32::MAX))
+            .map(|(_, f)| f)
+            .filter(|f| f.topic_id == topic_id)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether every partition of `topic` (as `image` has it) that this broker replicates is
+    /// hosted here with the topic's id.
+    pub fn hosts_local_replicas(&self, image: &MetadataImage, topic: &str) -> bool {
+        let Some(t) = image.topic(topic) else {
+            return false;
+        };
+        t.partitions
+            .iter()
+            .filter(|(_, p)| p.replicas.contains(&self.local_broker))
+            .all(|(i, _)| {
+                self.partition(topic, *i)
+                    .is_some_and(|p| p.topic_id == t.topic_id)
+            })
     }
 
     /// The work of [`ReplicaManager::apply_image`], for every topic (`scope` None) or only for
@@ -1221,7 +1398,9 @@ impl ReplicaManager {
         &self,
         image: &MetadataImage,
         scope: Option<&HashSet<String>>,
-    ) -> Result<(), LogError> {
+    ) -> Result<(), ApplyError> {
+        let mut not_created = Vec::new();
+        let mut not_deleted = Vec::new();
         let dynamic = if scope.is_some() {
             self.dynamic_configs.read().clone()
         } else {
@@ -1292,6 +1471,13 @@ impl ReplicaManager {
                 wanted.insert((t.name.as_str(), *idx), (t.topic_id, p, settings));
             }
         }
+        // A failure is forgotten once its partition (under that topic id) leaves the image.
+        self.creation_failures.lock().retain(|tp, f| {
+            scope.is_some_and(|names| !names.contains(&tp.topic))
+                || wanted
+                    .get(&(tp.topic.as_str(), tp.partition))
+                    .is_some_and(|(id, _, _)| *id == f.topic_id)
+        });
         // Partitions that stop following their leader leave their fetcher first (Kafka's
         // applyDelta), so no follower append lands after a role change or deletion.
         if let Some(f) = self.fetchers.get() {
@@ -1328,8 +1514,10 @@ impl ReplicaManager {
                     }
                 }
                 p.make_offline(p.leader_epoch());
-                self.logs
-                    .delete(&TopicPartition::new(key.0.clone(), key.1))?;
+                let tp = TopicPartition::new(key.0.clone(), key.1);
+                if let Err(e) = self.logs.delete(&tp) {
+                    not_deleted.push((tp, e));
+                }
             }
         }
         let mut visited = Vec::with_capacity(wanted.len());
@@ -1352,9 +1540,23 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
-            let log =
-                self.logs
-                    .get_or_create(&tp, *topic_id.as_bytes(), settings.log_config.clone())?;
+            let log = match self.logs.get_or_create(
+                &tp,
+                *topic_id.as_bytes(),
+                settings.log_config.clone(),
+            ) {
+                Ok(log) => log,
+                Err(e) => {
+                    let failure = LogCreationFailure::new(tp.clone(), topic_id, &e);
+                    self.creation_failures.lock().insert(tp, failure.clone());
+                    not_created.push(failure);
+                    continue;
+                }
+            };
+            if self.creation_failures.lock().remove(&tp).is_some() {
+                tracing::info!(partition = %tp, log_dir = %log.dir().display(),
+                    "created the partition's log, which could not be created before");
+            }
             // Logs loaded at start-up were opened with the broker defaults.
             log.update_config(settings.log_config.clone());
             let p = Partition::new(
@@ -1387,7 +1589,14 @@ impl ReplicaManager {
         if let Some(f) = self.fetchers.get() {
             f.after_image(image, &visited);
         }
-        Ok(())
+        if not_created.is_empty() && not_deleted.is_empty() {
+            Ok(())
+        } else {
+            Err(ApplyError {
+                not_created,
+                not_deleted,
+            })
+        }
     }
 }
 

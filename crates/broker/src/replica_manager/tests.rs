@@ -1275,3 +1275,104 @@ fn changed_topics_names_only_the_topics_a_change_touched() {
     }));
     assert_eq!(changed_topics(&next, &configs), None);
 }
+
+/// A partition whose log cannot be created (a file where its directory should be) does not
+/// stop the others of the image: they are hosted, the failure is remembered with the topic id
+/// and the cause, and once the fault is gone a retry, with no metadata change, creates it. A
+/// failure is forgotten when its topic is deleted.
+#[test]
+fn a_partition_whose_log_cannot_be_created_does_not_stop_the_others_and_is_retried() {
+    use gregor_protocol::metadata_records::RemoveTopicRecord;
+    let (dir, rm) = bare_replica_manager();
+    let topic_id = Uuid::new_v4();
+    let mut image = MetadataImage::default();
+    image.apply(&MetadataRecord::Topic(TopicRecord {
+        name: "t".into(),
+        topic_id,
+        ..TopicRecord::default()
+    }));
+    for p in 0..3 {
+        image.apply(&MetadataRecord::Partition(PartitionRecord {
+            topic_id,
+            partition_id: p,
+            leader: LOCAL,
+            isr: vec![LOCAL],
+            replicas: vec![LOCAL],
+            ..PartitionRecord::default()
+        }));
+    }
+    let in_the_way = dir.path().join("t-1");
+    std::fs::write(&in_the_way, b"not a directory").expect("fault");
+    let image = Arc::new(image);
+
+    let err = rm
+        .apply_metadata(&image, false)
+        .expect_err("t-1 cannot be created");
+    assert_eq!(err.not_created.len(), 1, "{err}");
+    assert!(err.not_deleted.is_empty(), "{err}");
+    let failure = &err.not_created[0];
+    assert_eq!(failure.topic_partition, TopicPartition::new("t", 1));
+    assert_eq!(failure.topic_id, topic_id);
+    assert_eq!(
+        failure.dir.as_deref(),
+        Some(dir.path().display().to_string().as_str())
+    );
+    assert!(err.to_string().contains("t-1"), "{err}");
+    assert!(failure.error.contains("File exists"), "{}", failure.error);
+    // The partitions before and after the failing one are applied.
+    for p in [0, 2] {
+        let hosted = rm.partition("t", p).expect("hosted");
+        assert!(hosted.is_leader(), "t-{p} leads");
+    }
+    assert!(rm.partition("t", 1).is_none());
+    assert!(rm.has_log_creation_failures());
+    assert_eq!(rm.log_creation_failures(), vec![failure.clone()]);
+    assert_eq!(
+        rm.log_creation_failures_of("t", topic_id),
+        vec![failure.clone()]
+    );
+    assert!(rm.log_creation_failures_of("t", Uuid::new_v4()).is_empty());
+    assert!(!rm.hosts_local_replicas(&image, "t"));
+
+    // Still in the way: the retry fails the same way and creates nothing.
+    let again = rm.retry_log_creation().expect_err("still failing");
+    assert_eq!(again.not_created.len(), 1, "{again}");
+    assert!(rm.partition("t", 1).is_none());
+
+    std::fs::remove_file(&in_the_way).expect("remove the fault");
+    assert_eq!(rm.retry_log_creation().expect("created"), 1);
+    let p1 = rm.partition("t", 1).expect("t-1 hosted after the retry");
+    assert!(p1.is_leader());
+    assert_eq!(p1.topic_id, topic_id);
+    assert!(in_the_way.join("partition.metadata").is_file());
+    assert!(!rm.has_log_creation_failures());
+    assert!(rm.hosts_local_replicas(&image, "t"));
+    assert_eq!(rm.retry_log_creation().expect("nothing to do"), 0);
+
+    // A failure of a topic that is then deleted is forgotten, and what is in the way stays.
+    std::fs::write(dir.path().join("t-3"), b"not a directory").expect("fault");
+    let mut next = (*image).clone();
+    next.apply(&MetadataRecord::Partition(PartitionRecord {
+        topic_id,
+        partition_id: 3,
+        leader: LOCAL,
+        isr: vec![LOCAL],
+        replicas: vec![LOCAL],
+        ..PartitionRecord::default()
+    }));
+    let next = Arc::new(next);
+    rm.apply_metadata(&next, false)
+        .expect_err("t-3 cannot be created");
+    assert_eq!(rm.log_creation_failures().len(), 1);
+    let mut gone = (*next).clone();
+    gone.apply(&MetadataRecord::RemoveTopic(RemoveTopicRecord {
+        topic_id,
+        ..RemoveTopicRecord::default()
+    }));
+    rm.apply_metadata(&Arc::new(gone), false)
+        .expect("the deletion applies");
+    assert!(!rm.has_log_creation_failures());
+    assert!(rm.partitions().is_empty());
+    assert!(dir.path().join("t-3").is_file());
+    assert!(!dir.path().join("t-0").exists());
+}
