@@ -163,22 +163,24 @@ impl AssignmentsManager {
     /// Queues the assignment of partition `partition` of `topic_id` to directory `dir`
     /// (Kafka's `onAssignment`), replacing one queued for the same partition.
     pub fn on_assignment(&self, topic_id: Uuid, partition: i32, dir: Uuid) {
-        let now = Instant::now();
-        {
-            let mut ready = self.ready.lock();
-            let entry = ready.entry((topic_id, partition)).or_insert(Assignment {
-                dir,
-                submitted: now,
-            });
-            if entry.dir != dir {
-                *entry = Assignment {
-                    dir,
-                    submitted: now,
-                };
-            }
-        }
+        Self::enqueue(&mut self.ready.lock(), topic_id, partition, dir);
         self.update_gauge();
         self.wake.notify_one();
+    }
+
+    /// Puts one assignment in `ready` (the queue's lock held), replacing another directory.
+    fn enqueue(ready: &mut Queue, topic_id: Uuid, partition: i32, dir: Uuid) {
+        let now = Instant::now();
+        let entry = ready.entry((topic_id, partition)).or_insert(Assignment {
+            dir,
+            submitted: now,
+        });
+        if entry.dir != dir {
+            *entry = Assignment {
+                dir,
+                submitted: now,
+            };
+        }
     }
 
     /// Assignments waiting or in flight.
@@ -207,16 +209,33 @@ impl AssignmentsManager {
     /// `metadata.version` 3.7-IV2.
     pub fn on_metadata(&self, image: &Arc<MetadataImage>, replicas: &ReplicaManager) {
         let previous = self.last_image.lock().replace(image.clone());
+        let previous = previous.filter(|p| p.metadata_version() == image.metadata_version());
+        self.scan(image, previous.as_deref(), replicas);
+    }
+
+    /// After logs were created outside a metadata change (the retry of a failed creation,
+    /// [`ReplicaManager::retry_log_creation`]): every partition hosted here is looked at
+    /// against `image` (the latest), as [`AssignmentsManager::on_metadata`] does for the
+    /// partitions a change touched.
+    pub fn on_logs_created(&self, image: &MetadataImage, replicas: &ReplicaManager) {
+        self.scan(image, None, replicas);
+    }
+
+    /// Queues the assignments of the partitions of `image`'s topics that are not the same
+    /// allocation in `previous` (all without one).
+    fn scan(
+        &self,
+        image: &MetadataImage,
+        previous: Option<&MetadataImage>,
+        replicas: &ReplicaManager,
+    ) {
         if !image.is_directory_assignment_supported() {
             return;
         }
-        let previous = previous.filter(|p| p.metadata_version() == image.metadata_version());
         let mut queued = 0usize;
+        let mut ready = self.ready.lock();
         for (id, t) in &image.topics {
-            if previous
-                .as_ref()
-                .is_some_and(|p| p.topics.get(id).is_some_and(|old| Arc::ptr_eq(old, t)))
-            {
+            if previous.is_some_and(|p| p.topics.get(id).is_some_and(|old| Arc::ptr_eq(old, t))) {
                 continue;
             }
             for (index, p) in &t.partitions {
@@ -238,12 +257,15 @@ impl AssignmentsManager {
                 if actual != registered {
                     tracing::debug!(topic = %t.name, partition = index, dir = %actual,
                         %registered, "queueing a replica's directory assignment");
-                    self.on_assignment(t.topic_id, *index, actual);
+                    Self::enqueue(&mut ready, t.topic_id, *index, actual);
                     queued += 1;
                 }
             }
         }
+        drop(ready);
         if queued > 0 {
+            self.update_gauge();
+            self.wake.notify_one();
             tracing::info!(
                 partitions = queued,
                 "queued directory assignments (AssignReplicasToDirs, KIP-858)"
@@ -897,7 +919,11 @@ mod tests {
                 .unwrap()
         };
         let queued = |m: &AssignmentsManager| -> Vec<(i32, Uuid)> {
-            m.ready.lock().iter().map(|((_, p), a)| (*p, a.dir)).collect()
+            m.ready
+                .lock()
+                .iter()
+                .map(|((_, p), a)| (*p, a.dir))
+                .collect()
         };
         assert_eq!(queued(&manager), vec![(0, actual(0)), (1, actual(1))]);
         assert_ne!(actual(0), actual(1), "one log per directory");

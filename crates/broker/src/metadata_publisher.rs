@@ -325,16 +325,13 @@ impl MetadataPublisher for ReplicaManagerPublisher {
         let Some(broker) = self.broker.upgrade() else {
             return Ok(());
         };
-        broker
-            .replica_manager
-            .apply_metadata(image, delta.snapshot)
-            .map_err(|e| format!("applying metadata to partition logs failed: {e}"))?;
+        let applied = broker.replica_manager.apply_metadata(image, delta.snapshot);
         // Logs created or loaded in another directory than their registration names are
-        // assigned to theirs (KIP-858).
+        // assigned to theirs (KIP-858); also after an error, which leaves the rest applied.
         if let Some(assignments) = broker.assignments.get() {
             assignments.on_metadata(image, &broker.replica_manager);
         }
-        Ok(())
+        applied.map_err(|e| format!("applying metadata to partition logs failed: {e}"))
     }
 }
 

@@ -671,8 +671,13 @@ async fn log_creation_retrier(broker: Arc<Broker>, mut shutdown: watch::Receiver
             .run(move || b.replica_manager.retry_log_creation())
             .await
         {
-            // Each partition created is logged by the replica manager.
-            Ok(Ok(_)) => {}
+            // Each partition created is logged by the replica manager; its directory goes to
+            // the controller (KIP-858).
+            Ok(Ok(created)) => {
+                if let Some(a) = broker.assignments.get().filter(|_| created > 0) {
+                    a.on_logs_created(&broker.controller.image(), &broker.replica_manager);
+                }
+            }
             Ok(Err(e)) => debug!(error = %e, "retrying the creation of partition logs failed"),
             Err(e) => warn!(error = %e, "the log creation retry job failed"),
         }
