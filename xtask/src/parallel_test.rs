@@ -110,13 +110,14 @@ pub fn run(root: &Path, cargo: &str) -> Result<()> {
             .args(["test", "--workspace", "--doc"])
             .current_dir(root),
     );
-    let failed: Vec<&str> = results
+    // The CI summary is often all that is kept of a run: it carries each failed binary's
+    // panics, not only its name.
+    let failed: Vec<String> = results
         .iter()
-        .filter(|(_, r, _)| r.is_err())
-        .map(|(n, _, _)| n.as_str())
+        .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n} ({e:#})")))
         .collect();
     if !failed.is_empty() {
-        bail!("test binaries failed: {}", failed.join(", "));
+        bail!("test binaries failed: {}", failed.join("; "));
     }
     doc.context("doc tests")
 }
@@ -210,6 +211,10 @@ fn run_binary(binary: &TestBinary, logs: &Path) -> Result<()> {
         }
     })();
     let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let result = result.map_err(|e| match failure_excerpt(&output) {
+        excerpt if excerpt.is_empty() => e,
+        excerpt => e.context(excerpt),
+    });
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
@@ -225,9 +230,59 @@ fn run_binary(binary: &TestBinary, logs: &Path) -> Result<()> {
     result
 }
 
+/// The panics in a failed test binary's output, short: each `thread '<test>' panicked at
+/// <place>:` line with the message line after it, at most [`EXCERPT_CHARS`] in all.
+fn failure_excerpt(output: &str) -> String {
+    let mut parts = Vec::new();
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        if line.starts_with("thread '") && line.contains("panicked at") {
+            let message = lines.next().unwrap_or_default().trim();
+            parts.push(format!("{} {message}", line.trim_end_matches(':')));
+        }
+    }
+    let mut excerpt = parts.join(" | ");
+    if excerpt.len() > EXCERPT_CHARS {
+        let mut end = EXCERPT_CHARS;
+        while !excerpt.is_char_boundary(end) {
+            end -= 1;
+        }
+        excerpt.truncate(end);
+        excerpt.push_str("...");
+    }
+    excerpt
+}
+
+/// How much of a failed binary's panics its error carries (see [`failure_excerpt`]).
+const EXCERPT_CHARS: usize = 600;
+
 fn read_timings(path: &Path) -> BTreeMap<String, f64> {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_excerpt_names_each_panic_with_its_message() {
+        let output = "running 2 tests\n\
+            thread 'a_test' panicked at crates/cli/tests/x.rs:10:5:\n\
+            assertion `left == right` failed\n  left: 1\n right: 2\n\
+            test a_test ... FAILED\n\
+            thread 'b_test' panicked at crates/cli/tests/x.rs:20:9:\n\
+            connect: refused\n";
+        assert_eq!(
+            failure_excerpt(output),
+            "thread 'a_test' panicked at crates/cli/tests/x.rs:10:5 assertion `left == right` failed \
+             | thread 'b_test' panicked at crates/cli/tests/x.rs:20:9 connect: refused"
+        );
+        assert_eq!(failure_excerpt("test result: ok"), "");
+        let long = format!("thread 'c' panicked at f.rs:1:1:\n{}\n", "é".repeat(1000));
+        let e = failure_excerpt(&long);
+        assert!(e.len() <= EXCERPT_CHARS + 3 && e.ends_with("..."), "{e}");
+    }
 }
