@@ -846,6 +846,20 @@ impl Drop for Mounts {
     }
 }
 
+/// A test that panics with a cluster up gets the tails of its nodes' logs on stderr (the
+/// process kills the nodes next, in [`Node`]'s drop), so a failure in CI says what the
+/// nodes saw.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- the cluster's logs when the test panicked ----\n{}",
+                self.logs(60)
+            );
+        }
+    }
+}
+
 impl Cluster {
     /// Allocates ports, writes the properties, formats every node with one new cluster id,
     /// starts every node and waits until the cluster is ready ([`Cluster::wait_ready`]).
