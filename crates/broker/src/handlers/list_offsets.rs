@@ -121,7 +121,7 @@ pub async fn handle(
 /// `Partition.lastOffsetForLeaderEpoch` with `fetchOnlyFromLeader`): the largest epoch `<=`
 /// the requested one and its end offset (the log end offset for the latest epoch; -1 and -1
 /// when unknown), or UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER (known topic, not
-/// hosted or not led here), FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320).
+/// hosted or not led here), KAFKA_STORAGE_ERROR (its log could not be created here), FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (KIP-320).
 pub fn offset_for_leader_epoch(
     broker: &Arc<Broker>,
     ctx: &RequestContext,
@@ -151,19 +151,22 @@ pub fn offset_for_leader_epoch(
                     let result = if !authorized {
                         Err(ec::TOPIC_AUTHORIZATION_FAILED)
                     } else {
-                        match broker.replica_manager.partition(&t.topic, p.partition) {
-                            Some(part) => part.last_offset_for_leader_epoch(
+                        let tp = TopicPartition::new(t.topic.as_str(), p.partition);
+                        match broker.replica_manager.hosted(&tp) {
+                            Ok(part) => part.last_offset_for_leader_epoch(
                                 p.current_leader_epoch,
                                 p.leader_epoch,
                             ),
+                            Err((code, _)) if code == ec::KAFKA_STORAGE_ERROR => Err(code),
                             // A lookup by name, not a walk over every topic.
-                            None if image
-                                .topic(t.topic.as_str())
-                                .is_some_and(|ti| ti.partitions.contains_key(&p.partition)) =>
+                            Err(_)
+                                if image
+                                    .topic(t.topic.as_str())
+                                    .is_some_and(|ti| ti.partitions.contains_key(&p.partition)) =>
                             {
                                 Err(ec::NOT_LEADER_OR_FOLLOWER)
                             }
-                            None => Err(ec::UNKNOWN_TOPIC_OR_PARTITION),
+                            Err(_) => Err(ec::UNKNOWN_TOPIC_OR_PARTITION),
                         }
                     };
                     match result {

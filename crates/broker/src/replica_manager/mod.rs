@@ -814,6 +814,21 @@ impl ReplicaManager {
         self.partitions.read().get(topic)?.get(&index).cloned()
     }
 
+    /// The partition `tp` if hosted here, else why not: KAFKA_STORAGE_ERROR (56) with the
+    /// cause when the latest image gives this broker a replica whose log could not be created
+    /// ([`ReplicaManager::log_creation_failures`]; Kafka's `HostedPartition.Offline`, a replica
+    /// whose log directory failed), else UNKNOWN_TOPIC_OR_PARTITION with no message (handlers
+    /// answer NOT_LEADER_OR_FOLLOWER instead for a partition the metadata has).
+    pub fn hosted(&self, tp: &TopicPartition) -> Result<Arc<Partition>, (i16, String)> {
+        if let Some(p) = self.partition(&tp.topic, tp.partition) {
+            return Ok(p);
+        }
+        match self.creation_failures.lock().get(tp) {
+            Some(f) => Err((ec::KAFKA_STORAGE_ERROR, f.error.clone())),
+            None => Err((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new())),
+        }
+    }
+
     /// All hosted partitions.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
         self.partitions
@@ -913,16 +928,15 @@ impl ReplicaManager {
                     .collect(),
             );
         }
-        let work: Vec<(Option<Arc<Partition>>, Vec<u8>)> = entries
+        let work: Vec<(Result<Arc<Partition>, (i16, String)>, Vec<u8>)> = entries
             .into_iter()
-            .map(|(tp, records)| (self.partition(&tp.topic, tp.partition), records))
+            .map(|(tp, records)| (self.hosted(&tp), records))
             .collect();
         let n = work.len();
         let job = move || {
             work.into_iter()
                 .map(|(p, mut records)| {
-                    let p =
-                        p.ok_or_else(|| AppendRejected::new(ec::UNKNOWN_TOPIC_OR_PARTITION, ""))?;
+                    let p = p.map_err(|(code, message)| AppendRejected::new(code, message))?;
                     let info = p.append_records_as_leader(&mut records, required_acks)?;
                     let epoch = epoch_of_offset(&p, info.last_offset);
                     Ok::<_, AppendRejected>((p, info, epoch))
@@ -1044,9 +1058,7 @@ impl ReplicaManager {
             partitions: partitions
                 .into_iter()
                 .map(|fp| {
-                    let p = self
-                        .partition(&fp.topic_partition.topic, fp.topic_partition.partition)
-                        .ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION);
+                    let p = self.hosted(&fp.topic_partition).map_err(|(code, _)| code);
                     (fp, p)
                 })
                 .collect(),
@@ -1104,20 +1116,19 @@ impl ReplicaManager {
         lookups: Vec<(TopicPartition, i64, i32)>,
     ) -> Vec<Result<(i64, i64, i32), i16>> {
         let n = lookups.len();
-        let work: Vec<(Option<Arc<Partition>>, i64, i32)> = lookups
+        let work: Vec<(Result<Arc<Partition>, i16>, i64, i32)> = lookups
             .into_iter()
-            .map(|(tp, ts, epoch)| (self.partition(&tp.topic, tp.partition), ts, epoch))
+            .map(|(tp, ts, epoch)| (self.hosted(&tp).map_err(|(code, _)| code), ts, epoch))
             .collect();
         let job = move || {
             work.into_iter()
                 .map(|(p, ts, epoch)| {
-                    p.ok_or(ec::UNKNOWN_TOPIC_OR_PARTITION)?
-                        .fetch_offset_for_timestamp(
-                            ts,
-                            isolation_level,
-                            epoch,
-                            fetch_only_from_leader,
-                        )
+                    p?.fetch_offset_for_timestamp(
+                        ts,
+                        isolation_level,
+                        epoch,
+                        fetch_only_from_leader,
+                    )
                 })
                 .collect::<Vec<_>>()
         };
@@ -1144,15 +1155,15 @@ impl ReplicaManager {
         offsets: Vec<(TopicPartition, i64)>,
     ) -> Vec<DeleteRecordsResult> {
         let n = offsets.len();
-        let work: Vec<(Option<Arc<Partition>>, i64)> = offsets
+        let work: Vec<(Result<Arc<Partition>, (i16, String)>, i64)> = offsets
             .into_iter()
-            .map(|(tp, offset)| (self.partition(&tp.topic, tp.partition), offset))
+            .map(|(tp, offset)| (self.hosted(&tp), offset))
             .collect();
         let logs = self.logs.clone();
         let job = move || {
             work.into_iter()
                 .map(|(p, offset)| {
-                    let p = p.ok_or((ec::UNKNOWN_TOPIC_OR_PARTITION, String::new()))?;
+                    let p = p?;
                     let (requested, low) = delete_records_on(&logs, &p, offset)?;
                     Ok((p, requested, low))
                 })

@@ -1376,3 +1376,96 @@ fn a_partition_whose_log_cannot_be_created_does_not_stop_the_others_and_is_retri
     assert!(dir.path().join("t-3").is_file());
     assert!(!dir.path().join("t-0").exists());
 }
+
+/// A replica whose log could not be created is answered KAFKA_STORAGE_ERROR by produce, fetch,
+/// ListOffsets and DeleteRecords (Kafka's offline partition), with the cause on produce; a
+/// partition this broker knows nothing of stays UNKNOWN_TOPIC_OR_PARTITION; once the retry
+/// creates the log, it is written and read.
+#[tokio::test]
+async fn a_replica_whose_log_could_not_be_created_answers_kafka_storage_error() {
+    let (dir, rm) = bare_replica_manager();
+    let topic_id = Uuid::new_v4();
+    let mut image = MetadataImage::default();
+    image.apply(&MetadataRecord::Topic(TopicRecord {
+        name: "t".into(),
+        topic_id,
+        ..TopicRecord::default()
+    }));
+    image.apply(&MetadataRecord::Partition(PartitionRecord {
+        topic_id,
+        partition_id: 0,
+        leader: LOCAL,
+        isr: vec![LOCAL],
+        replicas: vec![LOCAL],
+        ..PartitionRecord::default()
+    }));
+    let in_the_way = dir.path().join("t-0");
+    std::fs::write(&in_the_way, b"not a directory").expect("fault");
+    rm.apply_metadata(&Arc::new(image), false)
+        .expect_err("t-0 cannot be created");
+
+    let batch = BatchBuilder::new(0, T0_MS)
+        .record(T0_MS, Some(b"k"), Some(b"v"), &[])
+        .build();
+    let produce = |p: i32| {
+        rm.append_records(
+            5_000,
+            -1,
+            AppendOrigin::Client,
+            vec![(TopicPartition::new("t", p), batch.clone())],
+        )
+    };
+    let r = complete(produce(0).await).remove(0);
+    assert_eq!(r.error_code, ec::KAFKA_STORAGE_ERROR);
+    let message = r.error_message.unwrap_or_default();
+    assert!(
+        message.contains("t-0") && message.contains("File exists"),
+        "{message}"
+    );
+    let r = complete(produce(7).await).remove(0);
+    assert_eq!(r.error_code, ec::UNKNOWN_TOPIC_OR_PARTITION);
+
+    let fetch = |p: i32| FetchPartition {
+        topic_partition: TopicPartition::new("t", p),
+        fetch_offset: 0,
+        partition_max_bytes: i32::MAX,
+        current_leader_epoch: -1,
+        last_fetched_epoch: -1,
+        log_start_offset: -1,
+    };
+    let r = fetched(
+        rm.fetch_messages(consumer(0), vec![fetch(0), fetch(7)])
+            .await,
+    );
+    assert_eq!(r[0].error_code, ec::KAFKA_STORAGE_ERROR);
+    assert_eq!(r[1].error_code, ec::UNKNOWN_TOPIC_OR_PARTITION);
+
+    let r = rm
+        .fetch_offsets_from(
+            None,
+            true,
+            vec![
+                (TopicPartition::new("t", 0), -1, -1),
+                (TopicPartition::new("t", 7), -1, -1),
+            ],
+        )
+        .await;
+    assert_eq!(
+        r,
+        vec![
+            Err(ec::KAFKA_STORAGE_ERROR),
+            Err(ec::UNKNOWN_TOPIC_OR_PARTITION)
+        ]
+    );
+    let r = rm
+        .delete_records_many(1_000, vec![(TopicPartition::new("t", 0), 0)])
+        .await;
+    assert_eq!(r[0].error_code, ec::KAFKA_STORAGE_ERROR);
+
+    std::fs::remove_file(&in_the_way).expect("remove the fault");
+    assert_eq!(rm.retry_log_creation().expect("created"), 1);
+    let r = complete(produce(0).await).remove(0);
+    assert_eq!((r.error_code, r.base_offset), (ec::NONE, 0));
+    let r = fetched(rm.fetch_messages(consumer(0), vec![fetch(0)]).await);
+    assert_eq!((r[0].error_code, r[0].high_watermark), (ec::NONE, 1));
+}
