@@ -195,6 +195,10 @@ impl AppendRejected {
     }
 }
 
+/// A hosted partition, or the error code and message for one that is not
+/// ([`ReplicaManager::hosted`]).
+pub type Hosted = Result<Arc<Partition>, (i16, String)>;
+
 /// What [`ReplicaManager::append_records`] returns: results now, or a delayed produce
 /// (acks=all) whose results come when the high watermark passes every batch or the timeout
 /// expires.
@@ -819,7 +823,7 @@ impl ReplicaManager {
     /// ([`ReplicaManager::log_creation_failures`]; Kafka's `HostedPartition.Offline`, a replica
     /// whose log directory failed), else UNKNOWN_TOPIC_OR_PARTITION with no message (handlers
     /// answer NOT_LEADER_OR_FOLLOWER instead for a partition the metadata has).
-    pub fn hosted(&self, tp: &TopicPartition) -> Result<Arc<Partition>, (i16, String)> {
+    pub fn hosted(&self, tp: &TopicPartition) -> Hosted {
         if let Some(p) = self.partition(&tp.topic, tp.partition) {
             return Ok(p);
         }
@@ -928,7 +932,7 @@ impl ReplicaManager {
                     .collect(),
             );
         }
-        let work: Vec<(Result<Arc<Partition>, (i16, String)>, Vec<u8>)> = entries
+        let work: Vec<(Hosted, Vec<u8>)> = entries
             .into_iter()
             .map(|(tp, records)| (self.hosted(&tp), records))
             .collect();
@@ -1155,7 +1159,7 @@ impl ReplicaManager {
         offsets: Vec<(TopicPartition, i64)>,
     ) -> Vec<DeleteRecordsResult> {
         let n = offsets.len();
-        let work: Vec<(Result<Arc<Partition>, (i16, String)>, i64)> = offsets
+        let work: Vec<(Hosted, i64)> = offsets
             .into_iter()
             .map(|(tp, offset)| (self.hosted(&tp), offset))
             .collect();
