@@ -4,6 +4,7 @@
 //! the partition changes before the coordinators hear of them), then the coordinators.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME;
@@ -269,6 +270,7 @@ pub async fn install_publishers(broker: &Arc<Broker>) -> Result<(), LoaderError>
     loader
         .install_publisher(Arc::new(ReplicaManagerPublisher {
             broker: Arc::downgrade(broker),
+            installed: AtomicBool::new(false),
         }))
         .await?;
     loader
@@ -307,9 +309,19 @@ impl CoordinatorLeadership for GroupCoordinatorLeadership {
 /// creates and deletes logs, sets leadership and configs; then queues the directory
 /// assignments of the logs whose directory the registration does not name
 /// ([`crate::assignments::AssignmentsManager::on_metadata`]).
+///
+/// At start-up (the first image, when the publisher is installed) a replica whose log cannot
+/// be created (a file where its directory goes, no permission, a full disk) does not stop the
+/// broker: the failure is logged, the other partitions are served, that replica answers
+/// KAFKA_STORAGE_ERROR and its creation is retried every
+/// [`crate::replica_manager::LOG_CREATION_RETRY_INTERVAL`] (Kafka takes the whole log
+/// directory offline instead, and with a single directory stops). A log that cannot be deleted
+/// still fails the start.
 struct ReplicaManagerPublisher {
     /// Weak: the loader must not keep a stopped broker alive.
     broker: Weak<Broker>,
+    /// Whether the first image (start-up) was applied.
+    installed: AtomicBool,
 }
 
 impl MetadataPublisher for ReplicaManagerPublisher {
@@ -331,7 +343,16 @@ impl MetadataPublisher for ReplicaManagerPublisher {
         if let Some(assignments) = broker.assignments.get() {
             assignments.on_metadata(image, &broker.replica_manager);
         }
-        applied.map_err(|e| format!("applying metadata to partition logs failed: {e}"))
+        let first = !self.installed.swap(true, Ordering::AcqRel);
+        match applied {
+            Ok(()) => Ok(()),
+            Err(e) if first && e.not_deleted.is_empty() => {
+                tracing::error!(error = %e,
+                    "starting without these partitions: their replicas answer KAFKA_STORAGE_ERROR until their logs can be created; fix the cause (remove what is in the way, permissions, space)");
+                Ok(())
+            }
+            Err(e) => Err(format!("applying metadata to partition logs failed: {e}")),
+        }
     }
 }
 
@@ -412,6 +433,49 @@ mod tests {
         assert_eq!(resp.responses[0].error_code, ec::NONE);
         assert!(b.replica_manager.partition("a", 0).is_none());
         assert!(b.controller.image().topic("a").is_none());
+        running.shutdown().await.expect("shutdown");
+    }
+
+    /// A broker that restarts and cannot create the log of one of its replicas (a file where
+    /// the partition's directory should be) starts anyway: that replica answers
+    /// KAFKA_STORAGE_ERROR, the others are served, and once the fault is gone the retry
+    /// creates it.
+    #[tokio::test]
+    async fn a_replica_whose_log_cannot_be_created_does_not_stop_the_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.path().display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let running = crate::server::start(config.clone()).await.expect("start");
+        let req = CreateTopicsRequest::default().with_topics(vec![creatable("a", 2)]);
+        let resp =
+            topics::create_topics(&running.broker, &ctx(ApiKey::CreateTopics, 7), req, 7).await;
+        assert_eq!(resp.topics[0].error_code, ec::NONE);
+        running.shutdown().await.expect("shutdown");
+
+        let in_the_way = dir.path().join("a-1");
+        std::fs::remove_dir_all(&in_the_way).expect("remove a-1");
+        std::fs::write(&in_the_way, b"not a directory").expect("fault");
+        let running = crate::server::start(config)
+            .await
+            .expect("starts without a-1");
+        let rm = &running.broker.replica_manager;
+        assert!(rm.partition("a", 0).is_some_and(|p| p.is_leader()));
+        let Err((code, message)) = rm.hosted(&gregor_log::TopicPartition::new("a", 1)) else {
+            panic!("a-1 is not hosted");
+        };
+        assert_eq!(code, ec::KAFKA_STORAGE_ERROR);
+        assert!(message.contains("a-1"), "{message}");
+
+        std::fs::remove_file(&in_the_way).expect("remove the fault");
+        assert_eq!(rm.retry_log_creation().expect("created"), 1);
+        assert!(rm.partition("a", 1).is_some_and(|p| p.is_leader()));
         running.shutdown().await.expect("shutdown");
     }
 
