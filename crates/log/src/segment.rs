@@ -222,6 +222,21 @@ pub(crate) struct SegmentIndexes {
     slot: CacheSlot,
     /// Bytes of the index files read (loads, and the time index's tail).
     bytes_read: AtomicU64,
+    /// Bumped (under `load_lock`) whenever the entries are replaced: installed after a load or
+    /// a rebuild, or reset by recovery. A lookup that an entry misled reports the generation
+    /// it used ([`Misled`]), so a heal can tell whether someone replaced the entries since.
+    generation: AtomicU64,
+    /// Held by a reader healing the indexes ([`LogSegment::heal_scan`]): the others wait for
+    /// it and then retry with the rebuilt entries. Taken before the partition's append lock,
+    /// never under it.
+    heal_lock: Mutex<()>,
+    /// A read that an entry misled rebuilt the indexes once: if they mislead again, reads fail
+    /// instead of rebuilding again (until the log is reopened).
+    healed: AtomicBool,
+    /// A read failure of this segment was logged (once per segment).
+    failure_logged: AtomicBool,
+    /// Times the indexes were rebuilt from the log while the segment was served.
+    rebuilds: AtomicU64,
 }
 
 impl Evict for SegmentIndexes {
@@ -243,6 +258,11 @@ impl SegmentIndexes {
             load_lock: Mutex::new(()),
             slot: CacheSlot::new(evictable),
             bytes_read: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            heal_lock: Mutex::new(()),
+            healed: AtomicBool::new(false),
+            failure_logged: AtomicBool::new(false),
+            rebuilds: AtomicU64::new(0),
         }
     }
 }
@@ -333,6 +353,83 @@ impl IndexBuilder {
         self.offsets.shrink_to_fit();
         self.times.shrink_to_fit();
         (self.offsets, self.times, self.max)
+    }
+
+    /// The entries of a segment still written: no final max-timestamp entry (it is added when
+    /// the segment rolls), and the bytes since the last entry, which the next append goes on
+    /// counting from.
+    fn finish_active(mut self) -> (Vec<OffsetEntry>, Vec<TimeEntry>, TimestampOffset, u64) {
+        self.offsets.shrink_to_fit();
+        self.times.shrink_to_fit();
+        (
+            self.offsets,
+            self.times,
+            self.max,
+            self.bytes_since_last_index_entry,
+        )
+    }
+}
+
+/// A walk over a segment's batch headers that builds its indexes (a rebuild), which may stop
+/// and go on later from where it stopped ([`LogSegment::scan_headers`]).
+pub(crate) struct IndexScan {
+    builder: IndexBuilder,
+    /// Where the next batch starts.
+    position: u64,
+    /// The lowest offset the next batch may have.
+    next_offset: i64,
+    /// Why the walk stopped before the end, if it did: the indexes cover the batches before.
+    stopped: Option<String>,
+}
+
+/// An index entry that did not lead where it promised: at the position an offset-index entry
+/// gives there is no batch holding the entry's offset, or the batches from there contradict
+/// the time-index entry used. The segment's indexes are then not to be trusted
+/// ([`LogSegment::heal_exclusive`], [`LogSegment::heal_scan`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Misled {
+    /// What was wrong, naming the index file, the entry and what was found.
+    pub problem: String,
+    /// [`SegmentIndexes::generation`] of the entries that misled.
+    generation: u64,
+}
+
+/// The answer of a lookup through the indexes, or how an entry misled it.
+pub(crate) type Lookup<T> = std::result::Result<T, Misled>;
+
+/// How many times a lookup is tried before it fails: a heal rebuilds at most once, but the
+/// entries may also be replaced meanwhile by a load, another reader's rebuild or recovery.
+const MAX_LOOKUP_ATTEMPTS: usize = 4;
+
+/// Runs the lookup `f` on `seg`; when an index entry misleads it, calls `heal` (which rebuilds
+/// the indexes, or finds them replaced since, or gives up with an error) and tries again.
+/// Errors of `f` itself (an unreadable log) are returned, and logged once per segment.
+///
+/// # Errors
+/// `f`'s errors; `heal`'s; [`LogError::CorruptFile`] when the entries keep misleading.
+pub(crate) fn lookup_healing<T>(
+    seg: &LogSegment,
+    partition: &str,
+    mut f: impl FnMut(&LogSegment) -> Result<Lookup<T>>,
+    mut heal: impl FnMut(Misled) -> Result<()>,
+) -> Result<T> {
+    let mut attempts = 0;
+    loop {
+        let misled = match f(seg) {
+            Ok(Ok(found)) => return Ok(found),
+            Ok(Err(misled)) => misled,
+            Err(e) => {
+                if matches!(e, LogError::CorruptFile { .. } | LogError::Batch(_)) {
+                    seg.log_failure_once(partition, &e);
+                }
+                return Err(e);
+            }
+        };
+        attempts += 1;
+        if attempts >= MAX_LOOKUP_ATTEMPTS {
+            return Err(seg.give_up(partition, &misled));
+        }
+        heal(misled)?;
     }
 }
 
@@ -628,7 +725,8 @@ impl LogSegment {
     }
 
     /// Stores loaded entries in both indexes (charging them to the index cache when the
-    /// segment is inactive) and the max timestamp they give.
+    /// segment is inactive) and the max timestamp they give, and bumps the entries'
+    /// generation. Called under `load_lock` (or before the segment is shared).
     fn install_indexes(&self, loaded: LoadedIndexes) {
         let last = loaded.times.last().copied();
         index_cache::install(&self.indexes, || {
@@ -642,6 +740,8 @@ impl LogSegment {
         });
         // Checked: it replaces what the time index's tail alone gave.
         *self.max_timestamp.lock() = Some(self.timestamp_offset(last));
+        // After both installs: a lookup that saw the old entries reads the old generation.
+        self.indexes.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Loads the indexes if they are not (see [`LogSegment::with_indexes`]), which checks the
@@ -671,12 +771,22 @@ impl LogSegment {
         &self,
         f: impl FnOnce(&[OffsetEntry], &[TimeEntry]) -> R,
     ) -> Result<R> {
+        self.with_indexes_gen(|o, t, _| f(o, t))
+    }
+
+    /// [`LogSegment::with_indexes`], also passing `f` the generation of the entries it sees
+    /// (what a [`Misled`] reports).
+    fn with_indexes_gen<R>(
+        &self,
+        f: impl FnOnce(&[OffsetEntry], &[TimeEntry], u64) -> R,
+    ) -> Result<R> {
+        let generation = || self.indexes.generation.load(Ordering::Acquire);
         {
             let offsets = self.indexes.offset.entries();
             let times = self.indexes.time.entries();
             if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
                 self.indexes.slot.touch();
-                return Ok(f(o, t));
+                return Ok(f(o, t, generation()));
             }
         }
         let _load = self.indexes.load_lock.lock();
@@ -685,7 +795,7 @@ impl LogSegment {
             let times = self.indexes.time.entries();
             if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
                 self.indexes.slot.touch();
-                return Ok(f(o, t));
+                return Ok(f(o, t, generation()));
             }
         }
         index_cache::record_load(&self.indexes.slot);
@@ -696,16 +806,19 @@ impl LogSegment {
                 // from the start of the segment; nothing is written or kept.
                 tracing::debug!(segment = %self.log_path().display(), %problem,
                     "index of a segment being deleted is unusable; reading without it");
-                return Ok(f(&[], &[]));
+                return Ok(f(&[], &[], generation()));
             }
             Err(problem) => {
                 tracing::warn!(segment = %self.log_path().display(), %problem,
                     "index files of an inactive segment are not sane; rebuilding them from \
                      the log");
-                self.rebuild_indexes()?
+                let rebuilt = self.rebuild_indexes()?;
+                self.count_rebuild();
+                rebuilt
             }
         };
-        let r = f(&loaded.offsets, &loaded.times);
+        // Under `load_lock`, the install below is the only bump: these entries are its.
+        let r = f(&loaded.offsets, &loaded.times, generation() + 1);
         self.install_indexes(loaded);
         Ok(r)
     }
@@ -719,70 +832,254 @@ impl LogSegment {
     /// # Errors
     /// [`LogError::Io`] when the log cannot be read or an index file written.
     fn rebuild_indexes(&self) -> Result<LoadedIndexes> {
+        let mut scan = self.new_scan();
+        self.scan_headers(&mut scan, self.size())?;
+        let (offsets, times, max) = self.finish_scan(scan).finish();
+        let loaded = self.write_rebuilt(offsets, times)?;
+        *self.max_timestamp.lock() = Some(max);
+        Ok(loaded)
+    }
+
+    fn new_scan(&self) -> IndexScan {
+        IndexScan {
+            builder: IndexBuilder {
+                base_offset: self.base_offset,
+                index_interval_bytes: self.index_interval_bytes,
+                bytes_since_last_index_entry: 0,
+                max: NO_TIMESTAMP,
+                offsets: Vec::new(),
+                times: Vec::new(),
+            },
+            position: 0,
+            next_offset: self.base_offset,
+            stopped: None,
+        }
+    }
+
+    /// Goes on with `scan` up to `end` (a published size), unless it stopped before.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the log cannot be read.
+    pub(crate) fn scan_headers(&self, scan: &mut IndexScan, end: u64) -> Result<()> {
+        if scan.stopped.is_some() || scan.position >= end {
+            return Ok(());
+        }
         let path = self.log_path();
-        let size = self.size();
         let file = self.file()?;
-        let mut reader = ChunkReader::new(&file, &path, size, SCAN_CHUNK_BYTES);
-        let mut builder = IndexBuilder {
-            base_offset: self.base_offset,
-            index_interval_bytes: self.index_interval_bytes,
-            bytes_since_last_index_entry: 0,
-            max: NO_TIMESTAMP,
-            offsets: Vec::new(),
-            times: Vec::new(),
-        };
-        let mut position = 0u64;
-        let mut next_offset = self.base_offset;
-        let mut stopped = None;
-        while position < size {
+        let mut reader = ChunkReader::new(&file, &path, end, SCAN_CHUNK_BYTES);
+        while scan.position < end {
+            let position = scan.position;
             let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
-                stopped = Some("a batch header cut short".to_string());
+                scan.stopped = Some("a batch header cut short".to_string());
                 break;
             };
             let h = match BatchHeader::parse(raw) {
                 Ok(h) => h,
                 Err(e) => {
-                    stopped = Some(format!("an unreadable batch header ({e})"));
+                    scan.stopped = Some(format!("an unreadable batch header ({e})"));
                     break;
                 }
             };
             let total = match checked_total_size(&h) {
-                Some(t) if position + t as u64 <= size => t as u64,
+                Some(t) if position + t as u64 <= end => t as u64,
                 _ => {
-                    stopped = Some(format!("an impossible batch length {}", h.batch_length));
+                    scan.stopped = Some(format!("an impossible batch length {}", h.batch_length));
                     break;
                 }
             };
-            if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())
+            if h.base_offset < scan.next_offset
+                || !self.can_convert_to_relative_offset(h.last_offset())
             {
-                stopped = Some(format!(
-                    "a batch at offset {} where offset {next_offset} or later was expected",
-                    h.base_offset
+                scan.stopped = Some(format!(
+                    "a batch at offset {} where offset {} or later was expected",
+                    h.base_offset, scan.next_offset
                 ));
                 break;
             }
-            builder.add(&h, position, total);
-            next_offset = h.next_offset();
-            position += total;
+            scan.builder.add(&h, position, total);
+            scan.next_offset = h.next_offset();
+            scan.position += total;
         }
-        drop(reader);
-        if let Some(what) = stopped {
-            tracing::warn!(segment = %path.display(), position, next_offset,
+        Ok(())
+    }
+
+    /// The builder of a finished scan, logging where it stopped if it did.
+    fn finish_scan(&self, scan: IndexScan) -> IndexBuilder {
+        if let Some(what) = scan.stopped {
+            tracing::warn!(segment = %self.log_path().display(), position = scan.position,
+                next_offset = scan.next_offset,
                 "rebuilding the indexes stopped at {what}; reads past it fail");
         }
-        let (offsets, times, max) = builder.finish();
+        scan.builder
+    }
+
+    /// Writes rebuilt entries to the index files (unless the segment is being deleted).
+    fn write_rebuilt(
+        &self,
+        offsets: Vec<OffsetEntry>,
+        times: Vec<TimeEntry>,
+    ) -> Result<LoadedIndexes> {
         let (mut offsets_file_len, mut times_file_len) = (0, 0);
         if !self.is_deleted() {
             offsets_file_len = self.indexes.offset.rewrite(&offsets)?;
             times_file_len = self.indexes.time.rewrite(&times)?;
         }
-        *self.max_timestamp.lock() = Some(max);
         Ok(LoadedIndexes {
             offsets,
             offsets_file_len,
             times,
             times_file_len,
         })
+    }
+
+    fn count_rebuild(&self) {
+        self.indexes.rebuilds.fetch_add(1, Ordering::Relaxed);
+        index_cache::record_rebuild(&self.indexes.slot);
+    }
+
+    /// Times this segment's indexes were rebuilt from its log while it was served (found not
+    /// sane on load, or misleading a read).
+    pub(crate) fn index_rebuilds(&self) -> u64 {
+        self.indexes.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// Decides what to do about `misled` (under `load_lock`): `None` when the entries were
+    /// replaced since the lookup (try again), a new scan when they are to be rebuilt (logging
+    /// a warning).
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] when a read already rebuilt them once ([`Self::give_up`]).
+    fn heal_decision(&self, partition: &str, misled: &Misled) -> Result<Option<IndexScan>> {
+        if self.indexes.generation.load(Ordering::Acquire) != misled.generation {
+            return Ok(None);
+        }
+        if self.indexes.healed.load(Ordering::Acquire) {
+            return Err(self.give_up(partition, misled));
+        }
+        tracing::warn!(
+            partition,
+            base_offset = self.base_offset,
+            segment = %self.log_path().display(),
+            problem = %misled.problem,
+            "an index entry misled a read; rebuilding the segment's offset and time indexes \
+             from its log and reading again"
+        );
+        Ok(Some(self.new_scan()))
+    }
+
+    /// Installs the indexes `scan` (finished up to the published size) built, writing their
+    /// files. `active`: the segment is still written (the caller holds the partition's append
+    /// lock), so the entries stop where appends go on. Called under `load_lock`.
+    fn install_rebuilt(&self, scan: IndexScan, active: bool) -> Result<()> {
+        let builder = self.finish_scan(scan);
+        if active {
+            let (offsets, times, max, since) = builder.finish_active();
+            let loaded = self.write_rebuilt(offsets, times)?;
+            self.install_indexes(loaded);
+            *self.max_timestamp.lock() = Some(max);
+            self.bytes_since_last_index_entry
+                .store(since, Ordering::Relaxed);
+        } else {
+            let (offsets, times, max) = builder.finish();
+            let loaded = self.write_rebuilt(offsets, times)?;
+            self.install_indexes(loaded);
+            *self.max_timestamp.lock() = Some(max);
+        }
+        self.indexes.healed.store(true, Ordering::Release);
+        self.count_rebuild();
+        Ok(())
+    }
+
+    /// Heals the indexes after `misled` when nothing appends to the segment meanwhile (it is
+    /// inactive, or the caller holds the partition's append lock; `active` says whether
+    /// appends go on afterwards): rebuilds them from the log under `load_lock`, so that lazy
+    /// loads and other healers wait for the result. Returns when the lookup is to be tried
+    /// again.
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] when a read rebuilt them once already; [`LogError::Io`].
+    pub(crate) fn heal_exclusive(
+        &self,
+        partition: &str,
+        misled: &Misled,
+        active: bool,
+    ) -> Result<()> {
+        let _load = self.indexes.load_lock.lock();
+        let Some(mut scan) = self.heal_decision(partition, misled)? else {
+            return Ok(());
+        };
+        self.scan_headers(&mut scan, self.size())?;
+        self.install_rebuilt(scan, active)
+    }
+
+    /// The first half of healing the active segment's indexes while appends go on: decides
+    /// (as [`LogSegment::heal_exclusive`]) and scans the log up to its published size without
+    /// any lock over the log. `None`: try the lookup again. The caller holds
+    /// [`LogSegment::heal_guard`], then takes the append lock and calls
+    /// [`LogSegment::heal_finish`].
+    ///
+    /// # Errors
+    /// As [`LogSegment::heal_exclusive`].
+    pub(crate) fn heal_scan(&self, partition: &str, misled: &Misled) -> Result<Option<IndexScan>> {
+        let scan = {
+            let _load = self.indexes.load_lock.lock();
+            self.heal_decision(partition, misled)?
+        };
+        let Some(mut scan) = scan else {
+            return Ok(None);
+        };
+        self.scan_headers(&mut scan, self.size())?;
+        Ok(Some(scan))
+    }
+
+    /// The second half: with appends excluded (the caller holds the append lock; `active`
+    /// says whether the segment is still the one written), scans what was appended since
+    /// [`LogSegment::heal_scan`] and installs the result, unless the entries were replaced
+    /// meanwhile (a truncation's recovery).
+    ///
+    /// # Errors
+    /// As [`LogSegment::heal_exclusive`].
+    pub(crate) fn heal_finish(
+        &self,
+        misled: &Misled,
+        mut scan: IndexScan,
+        active: bool,
+    ) -> Result<()> {
+        let _load = self.indexes.load_lock.lock();
+        if self.indexes.generation.load(Ordering::Acquire) != misled.generation {
+            return Ok(());
+        }
+        self.scan_headers(&mut scan, self.size())?;
+        self.install_rebuilt(scan, active)
+    }
+
+    /// Held by a reader for the whole of a heal, so that readers misled at once rebuild once.
+    pub(crate) fn heal_guard(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.indexes.heal_lock.lock()
+    }
+
+    /// The error a lookup answers when the indexes keep misleading (logged once).
+    fn give_up(&self, partition: &str, misled: &Misled) -> LogError {
+        let e = LogError::CorruptFile {
+            path: self.log_path().display().to_string(),
+            reason: format!(
+                "the segment's index misleads reads even after it was rebuilt from the log: {}",
+                misled.problem
+            ),
+        };
+        self.log_failure_once(partition, &e);
+        e
+    }
+
+    /// Logs the first failure of a read of this segment (the log or its rebuilt index is
+    /// unusable: the read fails, and a restart's recovery is what can repair it).
+    fn log_failure_once(&self, partition: &str, e: &LogError) {
+        if !self.indexes.failure_logged.swap(true, Ordering::AcqRel) {
+            tracing::error!(partition, base_offset = self.base_offset,
+                segment = %self.log_path().display(), error = %e,
+                "a read of this segment failed; the segment's files need repair (further \
+                 failures of this segment are not logged)");
+        }
     }
 
     /// The number of offset and time index entries (loading them if needed).
@@ -1231,23 +1528,40 @@ impl LogSegment {
 
     /// The position and header of the first batch whose last offset is `>= offset`, looking no
     /// further than `end`: the offset index gives the starting point (loaded if needed), then
-    /// headers are walked.
+    /// headers are walked. The entry used is checked first ([`LogSegment::check_entry`]);
+    /// entries at or past `end` are not used (the append that wrote them is not published yet:
+    /// at load, entries past the segment's size are refused).
     ///
     /// # Errors
-    /// [`LogError::Io`] / [`LogError::CorruptFile`] when the log or the index cannot be read.
+    /// [`LogError::Io`] / [`LogError::CorruptFile`] when the log or the index cannot be read;
+    /// `Ok(Err(_))` when the entry misled.
     pub(crate) fn translate_offset(
         &self,
         offset: i64,
         end: u64,
-    ) -> Result<Option<(u64, BatchHeader)>> {
+    ) -> Result<Lookup<Option<(u64, BatchHeader)>>> {
         let rel = offset - self.base_offset;
-        let start = if rel <= 0 {
-            0
+        let (entry, generation) = if rel <= 0 {
+            (None, 0)
         } else {
-            self.with_indexes(|o, _| {
-                floor_by(o, |e| i64::from(e.relative_offset) <= rel)
-                    .map_or(0, |e| u64::from(e.position))
+            self.with_indexes_gen(|o, _, g| {
+                let entry = floor_by(o, |e| {
+                    i64::from(e.relative_offset) <= rel && u64::from(e.position) < end
+                });
+                (entry, g)
             })?
+        };
+        let start = match entry {
+            None => 0,
+            Some(e) => {
+                if let Some(problem) = self.check_entry(e, end)? {
+                    return Ok(Err(Misled {
+                        problem,
+                        generation,
+                    }));
+                }
+                u64::from(e.position)
+            }
         };
         let mut found = None;
         self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
@@ -1258,22 +1572,154 @@ impl LogSegment {
                 Ok(true)
             }
         })?;
-        Ok(found)
+        Ok(Ok(found))
     }
 
-    /// The position to start a timestamp search from (Kafka's `findOffsetByTimestamp`): the
-    /// time index gives an offset, the offset index its position.
+    /// Whether the offset-index entry `e` keeps its promise: a whole batch (magic 2, a possible
+    /// length, ending by `end`) starts at its position and holds its offset. `None` if so,
+    /// else what was found there, naming the index file.
     ///
     /// # Errors
-    /// As [`LogSegment::with_indexes`].
-    pub(crate) fn position_for_timestamp(&self, target_ms: i64) -> Result<u64> {
-        self.with_indexes(|o, t| {
-            let Some(t) = floor_by(t, |e| e.timestamp_ms <= target_ms) else {
-                return 0;
-            };
-            floor_by(o, |e| e.relative_offset <= t.relative_offset)
-                .map_or(0, |e| u64::from(e.position))
-        })
+    /// [`LogError::Io`] when the log cannot be read.
+    fn check_entry(&self, e: OffsetEntry, end: u64) -> Result<Option<String>> {
+        let position = u64::from(e.position);
+        let offset = self.base_offset + i64::from(e.relative_offset);
+        let wrong = |what: String| {
+            Some(format!(
+                "{}: the entry for offset {offset} points at position {position}, where {what}",
+                self.indexes.offset.path().display()
+            ))
+        };
+        if position + BATCH_HEADER_LEN as u64 > end {
+            return Ok(wrong(format!(
+                "no batch header fits before the end of the segment ({end} bytes)"
+            )));
+        }
+        let mut hdr = [0u8; BATCH_HEADER_LEN];
+        self.file()?
+            .read_exact_at(&mut hdr, position)
+            .map_err(|err| LogError::io("reading", &self.log_path(), err))?;
+        let h = match BatchHeader::parse(&hdr) {
+            Ok(h) => h,
+            Err(err) => return Ok(wrong(format!("the batch header does not parse ({err})"))),
+        };
+        if h.magic != gregor_protocol::batch::MAGIC_V2 {
+            return Ok(wrong(format!(
+                "the bytes have magic {}, not a batch",
+                h.magic
+            )));
+        }
+        match checked_total_size(&h) {
+            Some(total) if position + total as u64 <= end => {}
+            _ => {
+                return Ok(wrong(format!(
+                    "the batch length {} does not fit the segment ({end} bytes)",
+                    h.batch_length
+                )));
+            }
+        }
+        if h.base_offset > offset || h.last_offset() < offset {
+            return Ok(wrong(format!(
+                "the batch holds offsets {} to {}",
+                h.base_offset,
+                h.last_offset()
+            )));
+        }
+        Ok(None)
+    }
+
+    /// Kafka's `LogSegment.findOffsetByTimestamp` up to the batch: the position and header of
+    /// the first batch, from where the time index says to start, whose max timestamp is
+    /// `>= target_ms`, looking no further than `end`. The time index gives the entry
+    /// `(timestamp, offset)` with the largest timestamp `<= target_ms`, the offset index the
+    /// position to walk from (checked as in [`LogSegment::translate_offset`]); the walk checks
+    /// the time entry too: every batch before the one holding its offset has a smaller max
+    /// timestamp, and that batch's max timestamp is the entry's (what the entry promises: the
+    /// largest timestamp so far, first reached there).
+    ///
+    /// # Errors
+    /// As [`LogSegment::translate_offset`].
+    pub(crate) fn find_timestamp(
+        &self,
+        target_ms: i64,
+        end: u64,
+    ) -> Result<Lookup<Option<(u64, BatchHeader)>>> {
+        let (time_entry, entry, generation) = self.with_indexes_gen(|o, t, g| {
+            let time_entry = floor_by(t, |e| e.timestamp_ms <= target_ms);
+            let entry = time_entry.and_then(|te| {
+                floor_by(o, |e| {
+                    e.relative_offset <= te.relative_offset && u64::from(e.position) < end
+                })
+            });
+            (time_entry, entry, g)
+        })?;
+        let misled = |problem: String| {
+            Ok(Err(Misled {
+                problem,
+                generation,
+            }))
+        };
+        let start = match entry {
+            None => 0,
+            Some(e) => {
+                if let Some(problem) = self.check_entry(e, end)? {
+                    return misled(problem);
+                }
+                u64::from(e.position)
+            }
+        };
+        // The time entry, until the batch holding its offset is reached.
+        let mut promise = time_entry.map(|te| TimestampOffset {
+            timestamp_ms: te.timestamp_ms,
+            offset: self.base_offset + i64::from(te.relative_offset),
+        });
+        let mut broken = None;
+        let mut found = None;
+        self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+            if let Some(p) = promise {
+                let what = if h.last_offset() < p.offset {
+                    (h.max_timestamp >= p.timestamp_ms).then(|| {
+                        format!(
+                            "the batch at position {pos} before it has max timestamp {}",
+                            h.max_timestamp
+                        )
+                    })
+                } else if h.base_offset > p.offset {
+                    Some(format!(
+                        "no batch holds offset {} (the next one starts at {} at position {pos})",
+                        p.offset, h.base_offset
+                    ))
+                } else {
+                    promise = None;
+                    (h.max_timestamp != p.timestamp_ms).then(|| {
+                        format!(
+                            "the batch holding it, at position {pos}, has max timestamp {}",
+                            h.max_timestamp
+                        )
+                    })
+                };
+                if let Some(what) = what {
+                    broken = Some(format!(
+                        "{}: the entry ({} ms at offset {}) is not the largest timestamp so far \
+                         first reached at its offset: {what}",
+                        self.indexes.time.path().display(),
+                        p.timestamp_ms,
+                        p.offset
+                    ));
+                    return Ok(false);
+                }
+            }
+            if h.max_timestamp >= target_ms {
+                found = Some((pos, *h));
+                Ok(false)
+            } else {
+                Ok(true)
+            }
+        })?;
+        if let Some(problem) = broken {
+            return misled(problem);
+        }
+        Ok(Ok(found))
     }
 
     /// Validates every batch from the start (CRC included), rebuilds both indexes and the max
@@ -1292,6 +1738,8 @@ impl LogSegment {
         index_cache::pin(&self.indexes.slot);
         self.indexes.offset.reset()?;
         self.indexes.time.reset()?;
+        // Whatever misled a lookup before is gone; a heal under way finds nothing to install.
+        self.indexes.generation.fetch_add(1, Ordering::AcqRel);
         *self.max_timestamp.lock() = Some(NO_TIMESTAMP);
         *self.rolling_based_timestamp.lock() = None;
         self.bytes_since_last_index_entry
@@ -1398,9 +1846,23 @@ impl LogSegment {
     /// Kafka's `LogSegment.truncateTo`: removes the batch holding `offset` and everything
     /// after it, then rebuilds the indexes and the max timestamp from what is left. Returns the
     /// offset after the last remaining batch (the base offset when none is left). The caller
-    /// fsyncs on its next flush.
-    pub(crate) fn truncate_to(&self, offset: i64, index_interval_bytes: u64) -> Result<i64> {
-        let position = match self.translate_offset(offset, self.size())? {
+    /// holds the partition's append lock (`partition` names it in logs); an index entry that
+    /// misleads the lookup of `offset` is healed first ([`LogSegment::heal_exclusive`]), so
+    /// the cut is where the batch holding `offset` starts. The caller fsyncs on its next
+    /// flush.
+    pub(crate) fn truncate_to(
+        &self,
+        offset: i64,
+        index_interval_bytes: u64,
+        partition: &str,
+    ) -> Result<i64> {
+        let found = lookup_healing(
+            self,
+            partition,
+            |s| s.translate_offset(offset, s.size()),
+            |misled| self.heal_exclusive(partition, &misled, true),
+        )?;
+        let position = match found {
             Some((pos, _)) => pos,
             None => self.size(),
         };
@@ -1482,7 +1944,11 @@ mod tests {
         assert!(seg.index_entry_counts().unwrap().0 > 5);
         for (pos, h) in &positions {
             for o in h.base_offset..=h.last_offset() {
-                let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                let (p, found) = seg
+                    .translate_offset(o, seg.size())
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
                 assert_eq!((p, found.base_offset), (*pos, h.base_offset));
             }
         }
@@ -1535,7 +2001,11 @@ mod tests {
                 std::thread::spawn(move || {
                     for (pos, h) in expected.iter() {
                         for o in h.base_offset..=h.last_offset() {
-                            let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                            let (p, found) = seg
+                                .translate_offset(o, seg.size())
+                                .unwrap()
+                                .unwrap()
+                                .unwrap();
                             assert_eq!((p, found.base_offset), (*pos, h.base_offset));
                         }
                     }
