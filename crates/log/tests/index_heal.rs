@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 
 use gregor_log::{
     index_cache, LogConfig, LogError, PartitionLog, ReadInfo, TimestampAndOffset, TopicPartition,
@@ -192,7 +192,10 @@ fn truncation_through_a_misleading_index_cuts_at_the_right_batch() {
     assert_eq!(log.log_end_offset(), batch_base);
     for o in 0..batch_base {
         let got = log.read(o, 1, i64::MAX, true).unwrap();
-        assert_eq!(got.records, expected.reads[o as usize].records, "offset {o}");
+        assert_eq!(
+            got.records, expected.reads[o as usize].records,
+            "offset {o}"
+        );
     }
     assert_eq!(log.index_rebuilds(), 1);
     log.close().unwrap();
@@ -205,32 +208,52 @@ fn truncation_through_a_misleading_index_cuts_at_the_right_batch() {
 fn the_active_segment_heals_while_appends_go_on() {
     const MORE: i64 = 300;
     let (damaged, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    {
+    // Batches up to an active segment about a third full: a few dozen index entries, and room
+    // for the appends that race the heal before it rolls.
+    let batches = {
         let log = open(reference.path());
-        fill(&log, 0, BATCHES + MORE);
+        let mut n = 0;
+        while log.num_segments() < 3
+            || *log.segment_sizes().last().unwrap() < config().segment_bytes / 3
+        {
+            fill(&log, n, n + 1);
+            n += 1;
+        }
+        fill(&log, n, n + MORE);
         log.close().unwrap();
-    }
-    let expected = build(damaged.path(), BATCHES);
+        n
+    };
+    let expected = build(damaged.path(), batches);
     let active = *segment_bases(damaged.path()).last().unwrap();
-    shift_offset_index(&file(damaged.path(), active, "index"), 61);
+    let index = file(damaged.path(), active, "index");
+    shift_offset_index(&index, 61);
+    // Readers start at a damaged entry, so the first read heals while the first appends go.
+    let damaged_offset = {
+        let b = std::fs::read(&index).unwrap();
+        let e = &b[(b.len() / 8 / 2) * 8..][..8];
+        active + i64::from(u32::from_be_bytes([e[0], e[1], e[2], e[3]])) + 1
+    };
     let log = Arc::new(open(damaged.path()));
     let leo = log.log_end_offset();
     let done = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(3));
     let appender = {
-        let (log, done) = (log.clone(), done.clone());
+        let (log, done, start) = (log.clone(), done.clone(), start.clone());
         std::thread::spawn(move || {
-            fill(&log, BATCHES, BATCHES + MORE);
+            start.wait();
+            fill(&log, batches, batches + MORE);
             done.store(true, Ordering::Release);
         })
     };
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (log, done) = (log.clone(), done.clone());
+            let (log, done, start) = (log.clone(), done.clone(), start.clone());
             let reads = expected.reads.clone();
             std::thread::spawn(move || {
+                start.wait();
                 let mut passes = 0;
                 while passes < 2 || !done.load(Ordering::Acquire) {
-                    for o in active..leo {
+                    for o in (damaged_offset..leo).chain(active..damaged_offset) {
                         let got = log.read(o, 1, i64::MAX, true).unwrap();
                         assert_eq!(got.records, reads[o as usize].records, "offset {o}");
                     }
@@ -246,6 +269,10 @@ fn the_active_segment_heals_while_appends_go_on() {
     assert_eq!(log.index_rebuilds(), 1);
     log.close().unwrap();
     let bases = segment_bases(reference.path());
+    assert!(
+        bases.contains(&active) && *bases.last().unwrap() > active,
+        "{bases:?}"
+    );
     assert_eq!(segment_bases(damaged.path()), bases);
     for base in bases {
         for ext in ["log", "index", "timeindex"] {
