@@ -1495,23 +1495,74 @@ impl LogSegment {
     /// [`LogError::CorruptFile`] if a header inside `[position, end)` is unreadable.
     pub(crate) fn walk_headers(
         &self,
+        position: u64,
+        end: u64,
+        chunk_bytes: usize,
+        f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<u64> {
+        self.walk_headers_checking(position, None, end, chunk_bytes, f)?
+            .map_err(|reason| LogError::CorruptFile {
+                path: self.log_path().display().to_string(),
+                reason,
+            })
+    }
+
+    /// [`LogSegment::walk_headers`] from where the offset-index entry `entry` points (from the
+    /// start of the segment when `None`), checking the entry's promise on the walk's first
+    /// header, before `f` sees it: a whole batch (magic 2, a possible length, ending by `end`)
+    /// starts at the entry's position and holds its offset. The check reads nothing of its
+    /// own. `Ok(Err(_))` when the entry misled: what was found there, naming the index file.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the log cannot be read; [`LogError::CorruptFile`] if a header
+    /// after the first one is unreadable (as in [`LogSegment::walk_headers`]).
+    fn walk_from_entry(
+        &self,
+        entry: Option<OffsetEntry>,
+        end: u64,
+        f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<std::result::Result<u64, String>> {
+        let start = entry.map_or(0, |e| u64::from(e.position));
+        self.walk_headers_checking(start, entry, end, WALK_CHUNK_BYTES, f)
+    }
+
+    /// The walk of [`LogSegment::walk_headers`] and [`LogSegment::walk_from_entry`]: with
+    /// `promise` (the offset-index entry pointing at `position`), a first header that does not
+    /// keep it gives `Ok(Err(_))` describing it; any other unreadable header is an error.
+    fn walk_headers_checking(
+        &self,
         mut position: u64,
+        mut promise: Option<OffsetEntry>,
         end: u64,
         chunk_bytes: usize,
         mut f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
-    ) -> Result<u64> {
+    ) -> Result<std::result::Result<u64, String>> {
         let path = self.log_path();
         let file = self.file()?;
         let mut reader = ChunkReader::new(&file, &path, end, chunk_bytes);
-        while position < end {
+        // A promise is checked even at or past `end` (no header fits there).
+        while position < end || promise.is_some() {
             let corrupt = |reason: String| LogError::CorruptFile {
                 path: path.display().to_string(),
                 reason,
             };
-            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+            let parsed = reader
+                .get(position, BATCH_HEADER_LEN)?
+                .map(BatchHeader::parse);
+            if let Some(e) = promise.take() {
+                if let Some(what) = self.broken_promise(e, parsed.as_ref(), end) {
+                    let offset = self.base_offset + i64::from(e.relative_offset);
+                    return Ok(Err(format!(
+                        "{}: the entry for offset {offset} points at position {position}, \
+                         where {what}",
+                        self.indexes.offset.path().display()
+                    )));
+                }
+            }
+            let Some(parsed) = parsed else {
                 return Err(corrupt(format!("torn batch header at position {position}")));
             };
-            let h = BatchHeader::parse(raw)?;
+            let h = parsed?;
             let Some(total) = checked_total_size(&h) else {
                 return Err(corrupt(format!("bad batch length at position {position}")));
             };
@@ -1519,17 +1570,59 @@ impl LogSegment {
                 return Err(corrupt(format!("torn batch at position {position}")));
             }
             if !f(position, &h)? {
-                return Ok(position);
+                return Ok(Ok(position));
             }
             position += total as u64;
         }
-        Ok(position)
+        Ok(Ok(position))
+    }
+
+    /// What breaks the promise of the offset-index entry `e` given `parsed`, the batch header
+    /// read at its position (`None` when no header fits before `end`): `None` when a whole
+    /// batch (magic 2, a possible length, ending by `end`) starts there and holds its offset.
+    fn broken_promise(
+        &self,
+        e: OffsetEntry,
+        parsed: Option<&std::result::Result<BatchHeader, BatchError>>,
+        end: u64,
+    ) -> Option<String> {
+        let position = u64::from(e.position);
+        let offset = self.base_offset + i64::from(e.relative_offset);
+        let h = match parsed {
+            None => {
+                return Some(format!(
+                    "no batch header fits before the end of the segment ({end} bytes)"
+                ));
+            }
+            Some(Err(err)) => return Some(format!("the batch header does not parse ({err})")),
+            Some(Ok(h)) => h,
+        };
+        if h.magic != gregor_protocol::batch::MAGIC_V2 {
+            return Some(format!("the bytes have magic {}, not a batch", h.magic));
+        }
+        match checked_total_size(&h) {
+            Some(total) if position + total as u64 <= end => {}
+            _ => {
+                return Some(format!(
+                    "the batch length {} does not fit the segment ({end} bytes)",
+                    h.batch_length
+                ));
+            }
+        }
+        if h.base_offset > offset || h.last_offset() < offset {
+            return Some(format!(
+                "the batch holds offsets {} to {}",
+                h.base_offset,
+                h.last_offset()
+            ));
+        }
+        None
     }
 
     /// The position and header of the first batch whose last offset is `>= offset`, looking no
     /// further than `end`: the offset index gives the starting point (loaded if needed), then
-    /// headers are walked. The entry used is checked first ([`LogSegment::check_entry`]);
-    /// entries at or past `end` are not used (the append that wrote them is not published yet:
+    /// headers are walked. The entry used is checked on the walk's first header, which is read
+    /// anyway ([`LogSegment::walk_from_entry`]); entries at or past `end` are not used (the append that wrote them is not published yet:
     /// at load, entries past the segment's size are refused).
     ///
     /// # Errors
@@ -1551,20 +1644,8 @@ impl LogSegment {
                 (entry, g)
             })?
         };
-        let start = match entry {
-            None => 0,
-            Some(e) => {
-                if let Some(problem) = self.check_entry(e, end)? {
-                    return Ok(Err(Misled {
-                        problem,
-                        generation,
-                    }));
-                }
-                u64::from(e.position)
-            }
-        };
         let mut found = None;
-        self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+        let walked = self.walk_from_entry(entry, end, |pos, h| {
             if h.last_offset() >= offset {
                 found = Some((pos, *h));
                 Ok(false)
@@ -1572,60 +1653,13 @@ impl LogSegment {
                 Ok(true)
             }
         })?;
+        if let Err(problem) = walked {
+            return Ok(Err(Misled {
+                problem,
+                generation,
+            }));
+        }
         Ok(Ok(found))
-    }
-
-    /// Whether the offset-index entry `e` keeps its promise: a whole batch (magic 2, a possible
-    /// length, ending by `end`) starts at its position and holds its offset. `None` if so,
-    /// else what was found there, naming the index file.
-    ///
-    /// # Errors
-    /// [`LogError::Io`] when the log cannot be read.
-    fn check_entry(&self, e: OffsetEntry, end: u64) -> Result<Option<String>> {
-        let position = u64::from(e.position);
-        let offset = self.base_offset + i64::from(e.relative_offset);
-        let wrong = |what: String| {
-            Some(format!(
-                "{}: the entry for offset {offset} points at position {position}, where {what}",
-                self.indexes.offset.path().display()
-            ))
-        };
-        if position + BATCH_HEADER_LEN as u64 > end {
-            return Ok(wrong(format!(
-                "no batch header fits before the end of the segment ({end} bytes)"
-            )));
-        }
-        let mut hdr = [0u8; BATCH_HEADER_LEN];
-        self.file()?
-            .read_exact_at(&mut hdr, position)
-            .map_err(|err| LogError::io("reading", &self.log_path(), err))?;
-        let h = match BatchHeader::parse(&hdr) {
-            Ok(h) => h,
-            Err(err) => return Ok(wrong(format!("the batch header does not parse ({err})"))),
-        };
-        if h.magic != gregor_protocol::batch::MAGIC_V2 {
-            return Ok(wrong(format!(
-                "the bytes have magic {}, not a batch",
-                h.magic
-            )));
-        }
-        match checked_total_size(&h) {
-            Some(total) if position + total as u64 <= end => {}
-            _ => {
-                return Ok(wrong(format!(
-                    "the batch length {} does not fit the segment ({end} bytes)",
-                    h.batch_length
-                )));
-            }
-        }
-        if h.base_offset > offset || h.last_offset() < offset {
-            return Ok(wrong(format!(
-                "the batch holds offsets {} to {}",
-                h.base_offset,
-                h.last_offset()
-            )));
-        }
-        Ok(None)
     }
 
     /// Kafka's `LogSegment.findOffsetByTimestamp` up to the batch: the position and header of
@@ -1659,15 +1693,6 @@ impl LogSegment {
                 generation,
             }))
         };
-        let start = match entry {
-            None => 0,
-            Some(e) => {
-                if let Some(problem) = self.check_entry(e, end)? {
-                    return misled(problem);
-                }
-                u64::from(e.position)
-            }
-        };
         // The time entry, until the batch holding its offset is reached.
         let mut promise = time_entry.map(|te| TimestampOffset {
             timestamp_ms: te.timestamp_ms,
@@ -1675,7 +1700,7 @@ impl LogSegment {
         });
         let mut broken = None;
         let mut found = None;
-        self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+        let walked = self.walk_from_entry(entry, end, |pos, h| {
             if let Some(p) = promise {
                 let what = if h.last_offset() < p.offset {
                     (h.max_timestamp >= p.timestamp_ms).then(|| {
@@ -1716,7 +1741,7 @@ impl LogSegment {
                 Ok(true)
             }
         })?;
-        if let Some(problem) = broken {
+        if let Some(problem) = walked.err().or(broken) {
             return misled(problem);
         }
         Ok(Ok(found))
@@ -2090,5 +2115,92 @@ mod tests {
                 ".{ext}"
             );
         }
+    }
+
+    /// What an offset-index entry promises is checked on the walk's first header: a batch that
+    /// does not fit, or no header at all, where the entry points is a misleading entry (the
+    /// indexes heal); the same damage to a batch the walk reaches later is an unreadable log.
+    #[test]
+    fn only_the_first_header_of_a_walk_answers_for_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = LogSegment::create(dir.path(), 100, 1 << 20, 2048, 0).unwrap();
+        let mut batches = Vec::new();
+        for i in 0..60 {
+            let b = batch(100 + 3 * i, 3, 1_000 + i);
+            let h = validate_batch(&b).unwrap();
+            batches.push((seg.size(), h));
+            seg.append(&b, &[h], 2048).unwrap();
+        }
+        let entries = seg.with_indexes(|o, _| o.to_vec()).unwrap();
+        // An entry with at least two more batches before the next one.
+        let (e, next) = entries
+            .windows(2)
+            .map(|w| (w[0], u64::from(w[1].position)))
+            .find(|(e, next)| {
+                batches
+                    .iter()
+                    .filter(|(p, _)| *p > u64::from(e.position) && p < next)
+                    .count()
+                    >= 2
+            })
+            .expect("entries a few batches apart");
+        let i = batches
+            .iter()
+            .position(|(p, _)| *p == u64::from(e.position))
+            .expect("entries point at batches");
+        let (first, second, third) = (batches[i], batches[i + 1], batches[i + 2]);
+        assert!(third.0 < next);
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(file_name(100, "log")))
+            .unwrap();
+        let set_length = |pos: u64, len: i32| {
+            use std::os::unix::fs::FileExt;
+            log.write_all_at(&len.to_be_bytes(), pos + 8).unwrap();
+        };
+        let end = seg.size();
+
+        // The batch after the entry's is cut: an unreadable log, not a misleading entry.
+        set_length(second.0, i32::MAX - 100);
+        match seg.translate_offset(third.1.base_offset, end) {
+            Err(LogError::CorruptFile { reason, .. }) => {
+                assert!(reason.contains(&second.0.to_string()), "{reason}");
+            }
+            other => panic!("{:?}", other.map(|l| l.map_err(|m| m.problem))),
+        }
+        set_length(second.0, second.1.batch_length);
+
+        // The entry's own batch is cut: the entry misled.
+        set_length(first.0, i32::MAX - 100);
+        let Err(misled) = seg.translate_offset(third.1.base_offset, end).unwrap() else {
+            panic!("a batch that does not fit was trusted");
+        };
+        assert!(
+            misled.problem.contains("does not fit"),
+            "{}",
+            misled.problem
+        );
+        set_length(first.0, first.1.batch_length);
+
+        // A lookup that sees the segment end just after the entry's position: no header fits.
+        let Err(misled) = seg
+            .translate_offset(first.1.last_offset(), first.0 + 10)
+            .unwrap()
+        else {
+            panic!("an entry pointing past the end was trusted");
+        };
+        assert!(
+            misled.problem.contains("no batch header fits"),
+            "{}",
+            misled.problem
+        );
+
+        // Repaired, every answer is right again.
+        let (p, h) = seg
+            .translate_offset(third.1.base_offset, end)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((p, h.base_offset), (third.0, third.1.base_offset));
     }
 }
