@@ -1600,7 +1600,7 @@ impl LogSegment {
         if h.magic != gregor_protocol::batch::MAGIC_V2 {
             return Some(format!("the bytes have magic {}, not a batch", h.magic));
         }
-        match checked_total_size(&h) {
+        match checked_total_size(h) {
             Some(total) if position + total as u64 <= end => {}
             _ => {
                 return Some(format!(
