@@ -94,6 +94,7 @@ fn update_gauges(broker: &Broker) -> String {
     metrics::gauge!(LOG_INDEX_CACHE_MAX_BYTES).set(index_cache.max_bytes as f64);
     metrics::counter!(LOG_INDEX_CACHE_LOADS_TOTAL).absolute(index_cache.loads_total);
     metrics::counter!(LOG_INDEX_CACHE_DROPPED_TOTAL).absolute(index_cache.dropped_total);
+    metrics::counter!(LOG_INDEX_REBUILDS_TOTAL).absolute(index_cache.rebuilds_total);
     let quotas = broker.replica_manager.replication_quotas();
     for (side, q) in [("leader", &quotas.leader), ("follower", &quotas.follower)] {
         let labels = [("type", side)];

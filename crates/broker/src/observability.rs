@@ -116,6 +116,10 @@ pub const LOG_INDEX_CACHE_MAX_BYTES: &str = "gregor_log_index_cache_max_bytes";
 pub const LOG_INDEX_CACHE_LOADS_TOTAL: &str = "gregor_log_index_cache_loads_total";
 /// Counter: inactive segments whose index entries were dropped to stay within the budget.
 pub const LOG_INDEX_CACHE_DROPPED_TOTAL: &str = "gregor_log_index_cache_dropped_total";
+/// Counter: segments whose `.index` and `.timeindex` were rebuilt from their log while it was
+/// served: found not sane when loaded, or an entry misled a read (pointed where no batch holds
+/// its offset). Each segment is rebuilt by a read at most once until restart.
+pub const LOG_INDEX_REBUILDS_TOTAL: &str = "gregor_log_index_rebuilds_total";
 
 /// Latency buckets in seconds, from 50 µs to 30 s.
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -277,6 +281,10 @@ fn describe() {
     describe_counter!(
         LOG_INDEX_CACHE_DROPPED_TOTAL,
         "Inactive segments whose index entries were dropped to stay within the budget; each is read again on its next use."
+    );
+    describe_counter!(
+        LOG_INDEX_REBUILDS_TOTAL,
+        "Segments whose index files were rebuilt from their log while served: not sane when loaded, or an entry misled a read."
     );
     describe_gauge!(
         BUILD_INFO,

@@ -103,6 +103,8 @@ struct IndexCache {
     loads_total: AtomicU64,
     /// Segments whose entries were dropped to stay within the budget.
     dropped_total: AtomicU64,
+    /// Segments whose index files were rebuilt from their log while the log was served.
+    rebuilds_total: AtomicU64,
 }
 
 static CACHE: IndexCache = IndexCache::new(DEFAULT_MAX_BYTES);
@@ -140,6 +142,10 @@ pub struct IndexCacheStats {
     /// Segments whose entries were dropped to stay within the budget since the process
     /// started.
     pub dropped_total: u64,
+    /// Segments whose index files were rebuilt from their log while it was served, since the
+    /// process started: found not sane when loaded, or misleading a read (an entry pointing
+    /// where no batch holds its offset). Recovery at start-up is not counted.
+    pub rebuilds_total: u64,
 }
 
 /// The cache's current figures.
@@ -150,6 +156,11 @@ pub fn stats() -> IndexCacheStats {
 /// Counts a load of the index files of `slot`'s owner.
 pub(crate) fn record_load(slot: &CacheSlot) {
     slot.cache.loads_total.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a rebuild of the index files of `slot`'s owner from its log.
+pub(crate) fn record_rebuild(slot: &CacheSlot) {
+    slot.cache.rebuilds_total.fetch_add(1, Ordering::Relaxed);
 }
 
 impl IndexCache {
@@ -163,6 +174,7 @@ impl IndexCache {
             bytes: AtomicU64::new(0),
             loads_total: AtomicU64::new(0),
             dropped_total: AtomicU64::new(0),
+            rebuilds_total: AtomicU64::new(0),
         }
     }
 
@@ -182,6 +194,7 @@ impl IndexCache {
             max_bytes: self.max_bytes.load(Ordering::Relaxed),
             loads_total: self.loads_total.load(Ordering::Relaxed),
             dropped_total: self.dropped_total.load(Ordering::Relaxed),
+            rebuilds_total: self.rebuilds_total.load(Ordering::Relaxed),
         }
     }
 }

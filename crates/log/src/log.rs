@@ -21,7 +21,7 @@ use crate::error::{LogError, RecordError, Result};
 use crate::health::LogDirHealth;
 use crate::producer_state::{ProducerCheck, ProducerStateManager};
 use crate::segment::{
-    checked_total_size, LogSegment, SegmentAppendError, TimestampOffset, WALK_CHUNK_BYTES,
+    checked_total_size, LogSegment, Lookup, Misled, SegmentAppendError, TimestampOffset,
 };
 use crate::timestamps::record_timestamps;
 
@@ -558,8 +558,17 @@ impl PartitionLog {
             let first = segments
                 .partition_point(|s| s.base_offset() <= replay_from)
                 .saturating_sub(1);
-            for seg in &segments[first..] {
-                let start = match seg.translate_offset(replay_from, seg.size())? {
+            let partition = topic_partition.to_string();
+            let last = segments.len() - 1;
+            for (i, seg) in segments.iter().enumerate().skip(first) {
+                // Nothing appends while the log opens: a misleading entry is healed at once.
+                let found = crate::segment::lookup_healing(
+                    seg,
+                    &partition,
+                    |s| s.translate_offset(replay_from, s.size()),
+                    |misled| seg.heal_exclusive(&partition, &misled, i == last),
+                )?;
+                let start = match found {
                     Some((pos, _)) => pos,
                     None => continue,
                 };
@@ -1355,7 +1364,11 @@ impl PartitionLog {
                 .last()
                 .ok_or_else(|| LogError::Closed(self.topic_partition.to_string()))?,
         );
-        let new_end = active.truncate_to(offset, config.index_interval_bytes)?;
+        let new_end = active.truncate_to(
+            offset,
+            config.index_interval_bytes,
+            &self.topic_partition.to_string(),
+        )?;
         *self.segments.write() = Arc::new(inner.segments.clone());
         self.log_end_offset.store(new_end, Ordering::Release);
         self.recovery_point.fetch_min(new_end, Ordering::AcqRel);
@@ -1481,7 +1494,8 @@ impl PartitionLog {
             .saturating_sub(1);
         for seg in &segments[first..] {
             let end = seg.size();
-            let Some((pos, h)) = seg.translate_offset(fetch_offset, end)? else {
+            let Some((pos, h)) = self.lookup(seg, |s| s.translate_offset(fetch_offset, end))?
+            else {
                 continue;
             };
             if h.last_offset() >= upper {
@@ -1531,26 +1545,17 @@ impl PartitionLog {
             }
             // Loads and checks the indexes, which may correct a max timestamp read from the
             // time index's last entry alone.
-            let start = s.position_for_timestamp(target_ms)?;
+            s.load_indexes()?;
             if s.max_timestamp()?.timestamp_ms >= target_ms {
-                found_seg = Some((s, start));
+                found_seg = Some(s);
                 break;
             }
         }
-        let Some((seg, start)) = found_seg else {
+        let Some(seg) = found_seg else {
             return Ok(None);
         };
         let end = seg.size();
-        let mut found = None;
-        seg.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
-            if h.max_timestamp >= target_ms {
-                found = Some((pos, *h));
-                Ok(false)
-            } else {
-                Ok(true)
-            }
-        })?;
-        let Some((pos, h)) = found else {
+        let Some((pos, h)) = self.lookup(seg, |s| s.find_timestamp(target_ms, end))? else {
             return Ok(None);
         };
         self.find_in_batch(seg, pos, &h, |ts| ts >= target_ms)
@@ -1584,7 +1589,8 @@ impl PartitionLog {
         if max.timestamp_ms < 0 {
             return Ok(None);
         }
-        let Some((pos, h)) = seg.translate_offset(max.offset, seg.size())? else {
+        let end = seg.size();
+        let Some((pos, h)) = self.lookup(seg, |s| s.translate_offset(max.offset, end))? else {
             return Ok(None);
         };
         let found = self.find_in_batch(seg, pos, &h, |ts| ts == max.timestamp_ms)?;
@@ -1593,6 +1599,61 @@ impl PartitionLog {
             offset: max.offset,
             leader_epoch: (h.partition_leader_epoch >= 0).then_some(h.partition_leader_epoch),
         })))
+    }
+
+    /// Runs the index lookup `f` on `seg`, healing the segment's indexes when an entry
+    /// misleads it ([`PartitionLog::heal_indexes`]) and trying again.
+    ///
+    /// # Errors
+    /// `f`'s errors; [`LogError::CorruptFile`] when the indexes still mislead after a rebuild;
+    /// [`LogError::Io`] when a rebuild cannot read the log or write the index files.
+    fn lookup<T>(
+        &self,
+        seg: &Arc<LogSegment>,
+        f: impl FnMut(&LogSegment) -> Result<Lookup<T>>,
+    ) -> Result<T> {
+        let partition = self.topic_partition.to_string();
+        crate::segment::lookup_healing(seg, &partition, f, |misled| {
+            self.heal_indexes(seg, &partition, &misled)
+        })
+    }
+
+    /// Rebuilds `seg`'s indexes from its log after an entry misled a read, once per segment
+    /// (see [`LogSegment::heal_exclusive`]). Readers misled at once wait for the one that
+    /// rebuilds. An inactive segment is rebuilt without the append lock. The active one is
+    /// scanned up to its published size without it, then the append lock is taken only to
+    /// scan what was appended meanwhile and install the entries, so appends wait for no more
+    /// than that.
+    ///
+    /// # Errors
+    /// As [`LogSegment::heal_exclusive`].
+    fn heal_indexes(&self, seg: &Arc<LogSegment>, partition: &str, misled: &Misled) -> Result<()> {
+        let _heal = seg.heal_guard();
+        let maybe_active = self
+            .published_segments()
+            .last()
+            .is_some_and(|a| Arc::ptr_eq(a, seg));
+        if !maybe_active {
+            // Only the last segment is appended to; one that is not last never becomes it
+            // again but by a truncation, which holds the append lock and recovers it.
+            return seg.heal_exclusive(partition, misled, false);
+        }
+        let Some(scan) = seg.heal_scan(partition, misled)? else {
+            return Ok(());
+        };
+        let inner = self.inner.lock();
+        let active = inner.segments.last().is_some_and(|a| Arc::ptr_eq(a, seg));
+        seg.heal_finish(misled, scan, active)
+    }
+
+    /// Times the indexes of this log's segments were rebuilt from the log while it was served:
+    /// found not sane when loaded, or misleading a read (the
+    /// `gregor_log_index_rebuilds_total` metric counts these for every log).
+    pub fn index_rebuilds(&self) -> u64 {
+        self.published_segments()
+            .iter()
+            .map(|s| s.index_rebuilds())
+            .sum()
     }
 
     fn find_in_batch(

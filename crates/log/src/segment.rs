@@ -222,6 +222,21 @@ pub(crate) struct SegmentIndexes {
     slot: CacheSlot,
     /// Bytes of the index files read (loads, and the time index's tail).
     bytes_read: AtomicU64,
+    /// Bumped (under `load_lock`) whenever the entries are replaced: installed after a load or
+    /// a rebuild, or reset by recovery. A lookup that an entry misled reports the generation
+    /// it used ([`Misled`]), so a heal can tell whether someone replaced the entries since.
+    generation: AtomicU64,
+    /// Held by a reader healing the indexes ([`LogSegment::heal_scan`]): the others wait for
+    /// it and then retry with the rebuilt entries. Taken before the partition's append lock,
+    /// never under it.
+    heal_lock: Mutex<()>,
+    /// A read that an entry misled rebuilt the indexes once: if they mislead again, reads fail
+    /// instead of rebuilding again (until the log is reopened).
+    healed: AtomicBool,
+    /// A read failure of this segment was logged (once per segment).
+    failure_logged: AtomicBool,
+    /// Times the indexes were rebuilt from the log while the segment was served.
+    rebuilds: AtomicU64,
 }
 
 impl Evict for SegmentIndexes {
@@ -243,6 +258,11 @@ impl SegmentIndexes {
             load_lock: Mutex::new(()),
             slot: CacheSlot::new(evictable),
             bytes_read: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            heal_lock: Mutex::new(()),
+            healed: AtomicBool::new(false),
+            failure_logged: AtomicBool::new(false),
+            rebuilds: AtomicU64::new(0),
         }
     }
 }
@@ -333,6 +353,83 @@ impl IndexBuilder {
         self.offsets.shrink_to_fit();
         self.times.shrink_to_fit();
         (self.offsets, self.times, self.max)
+    }
+
+    /// The entries of a segment still written: no final max-timestamp entry (it is added when
+    /// the segment rolls), and the bytes since the last entry, which the next append goes on
+    /// counting from.
+    fn finish_active(mut self) -> (Vec<OffsetEntry>, Vec<TimeEntry>, TimestampOffset, u64) {
+        self.offsets.shrink_to_fit();
+        self.times.shrink_to_fit();
+        (
+            self.offsets,
+            self.times,
+            self.max,
+            self.bytes_since_last_index_entry,
+        )
+    }
+}
+
+/// A walk over a segment's batch headers that builds its indexes (a rebuild), which may stop
+/// and go on later from where it stopped ([`LogSegment::scan_headers`]).
+pub(crate) struct IndexScan {
+    builder: IndexBuilder,
+    /// Where the next batch starts.
+    position: u64,
+    /// The lowest offset the next batch may have.
+    next_offset: i64,
+    /// Why the walk stopped before the end, if it did: the indexes cover the batches before.
+    stopped: Option<String>,
+}
+
+/// An index entry that did not lead where it promised: at the position an offset-index entry
+/// gives there is no batch holding the entry's offset, or the batches from there contradict
+/// the time-index entry used. The segment's indexes are then not to be trusted
+/// ([`LogSegment::heal_exclusive`], [`LogSegment::heal_scan`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Misled {
+    /// What was wrong, naming the index file, the entry and what was found.
+    pub problem: String,
+    /// [`SegmentIndexes::generation`] of the entries that misled.
+    generation: u64,
+}
+
+/// The answer of a lookup through the indexes, or how an entry misled it.
+pub(crate) type Lookup<T> = std::result::Result<T, Misled>;
+
+/// How many times a lookup is tried before it fails: a heal rebuilds at most once, but the
+/// entries may also be replaced meanwhile by a load, another reader's rebuild or recovery.
+const MAX_LOOKUP_ATTEMPTS: usize = 4;
+
+/// Runs the lookup `f` on `seg`; when an index entry misleads it, calls `heal` (which rebuilds
+/// the indexes, or finds them replaced since, or gives up with an error) and tries again.
+/// Errors of `f` itself (an unreadable log) are returned, and logged once per segment.
+///
+/// # Errors
+/// `f`'s errors; `heal`'s; [`LogError::CorruptFile`] when the entries keep misleading.
+pub(crate) fn lookup_healing<T>(
+    seg: &LogSegment,
+    partition: &str,
+    mut f: impl FnMut(&LogSegment) -> Result<Lookup<T>>,
+    mut heal: impl FnMut(Misled) -> Result<()>,
+) -> Result<T> {
+    let mut attempts = 0;
+    loop {
+        let misled = match f(seg) {
+            Ok(Ok(found)) => return Ok(found),
+            Ok(Err(misled)) => misled,
+            Err(e) => {
+                if matches!(e, LogError::CorruptFile { .. } | LogError::Batch(_)) {
+                    seg.log_failure_once(partition, &e);
+                }
+                return Err(e);
+            }
+        };
+        attempts += 1;
+        if attempts >= MAX_LOOKUP_ATTEMPTS {
+            return Err(seg.give_up(partition, &misled));
+        }
+        heal(misled)?;
     }
 }
 
@@ -628,7 +725,8 @@ impl LogSegment {
     }
 
     /// Stores loaded entries in both indexes (charging them to the index cache when the
-    /// segment is inactive) and the max timestamp they give.
+    /// segment is inactive) and the max timestamp they give, and bumps the entries'
+    /// generation. Called under `load_lock` (or before the segment is shared).
     fn install_indexes(&self, loaded: LoadedIndexes) {
         let last = loaded.times.last().copied();
         index_cache::install(&self.indexes, || {
@@ -642,6 +740,8 @@ impl LogSegment {
         });
         // Checked: it replaces what the time index's tail alone gave.
         *self.max_timestamp.lock() = Some(self.timestamp_offset(last));
+        // After both installs: a lookup that saw the old entries reads the old generation.
+        self.indexes.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Loads the indexes if they are not (see [`LogSegment::with_indexes`]), which checks the
@@ -671,12 +771,22 @@ impl LogSegment {
         &self,
         f: impl FnOnce(&[OffsetEntry], &[TimeEntry]) -> R,
     ) -> Result<R> {
+        self.with_indexes_gen(|o, t, _| f(o, t))
+    }
+
+    /// [`LogSegment::with_indexes`], also passing `f` the generation of the entries it sees
+    /// (what a [`Misled`] reports).
+    fn with_indexes_gen<R>(
+        &self,
+        f: impl FnOnce(&[OffsetEntry], &[TimeEntry], u64) -> R,
+    ) -> Result<R> {
+        let generation = || self.indexes.generation.load(Ordering::Acquire);
         {
             let offsets = self.indexes.offset.entries();
             let times = self.indexes.time.entries();
             if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
                 self.indexes.slot.touch();
-                return Ok(f(o, t));
+                return Ok(f(o, t, generation()));
             }
         }
         let _load = self.indexes.load_lock.lock();
@@ -685,7 +795,7 @@ impl LogSegment {
             let times = self.indexes.time.entries();
             if let (Some(o), Some(t)) = (offsets.as_deref(), times.as_deref()) {
                 self.indexes.slot.touch();
-                return Ok(f(o, t));
+                return Ok(f(o, t, generation()));
             }
         }
         index_cache::record_load(&self.indexes.slot);
@@ -696,16 +806,19 @@ impl LogSegment {
                 // from the start of the segment; nothing is written or kept.
                 tracing::debug!(segment = %self.log_path().display(), %problem,
                     "index of a segment being deleted is unusable; reading without it");
-                return Ok(f(&[], &[]));
+                return Ok(f(&[], &[], generation()));
             }
             Err(problem) => {
                 tracing::warn!(segment = %self.log_path().display(), %problem,
                     "index files of an inactive segment are not sane; rebuilding them from \
                      the log");
-                self.rebuild_indexes()?
+                let rebuilt = self.rebuild_indexes()?;
+                self.count_rebuild();
+                rebuilt
             }
         };
-        let r = f(&loaded.offsets, &loaded.times);
+        // Under `load_lock`, the install below is the only bump: these entries are its.
+        let r = f(&loaded.offsets, &loaded.times, generation() + 1);
         self.install_indexes(loaded);
         Ok(r)
     }
@@ -719,70 +832,254 @@ impl LogSegment {
     /// # Errors
     /// [`LogError::Io`] when the log cannot be read or an index file written.
     fn rebuild_indexes(&self) -> Result<LoadedIndexes> {
+        let mut scan = self.new_scan();
+        self.scan_headers(&mut scan, self.size())?;
+        let (offsets, times, max) = self.finish_scan(scan).finish();
+        let loaded = self.write_rebuilt(offsets, times)?;
+        *self.max_timestamp.lock() = Some(max);
+        Ok(loaded)
+    }
+
+    fn new_scan(&self) -> IndexScan {
+        IndexScan {
+            builder: IndexBuilder {
+                base_offset: self.base_offset,
+                index_interval_bytes: self.index_interval_bytes,
+                bytes_since_last_index_entry: 0,
+                max: NO_TIMESTAMP,
+                offsets: Vec::new(),
+                times: Vec::new(),
+            },
+            position: 0,
+            next_offset: self.base_offset,
+            stopped: None,
+        }
+    }
+
+    /// Goes on with `scan` up to `end` (a published size), unless it stopped before.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the log cannot be read.
+    pub(crate) fn scan_headers(&self, scan: &mut IndexScan, end: u64) -> Result<()> {
+        if scan.stopped.is_some() || scan.position >= end {
+            return Ok(());
+        }
         let path = self.log_path();
-        let size = self.size();
         let file = self.file()?;
-        let mut reader = ChunkReader::new(&file, &path, size, SCAN_CHUNK_BYTES);
-        let mut builder = IndexBuilder {
-            base_offset: self.base_offset,
-            index_interval_bytes: self.index_interval_bytes,
-            bytes_since_last_index_entry: 0,
-            max: NO_TIMESTAMP,
-            offsets: Vec::new(),
-            times: Vec::new(),
-        };
-        let mut position = 0u64;
-        let mut next_offset = self.base_offset;
-        let mut stopped = None;
-        while position < size {
+        let mut reader = ChunkReader::new(&file, &path, end, SCAN_CHUNK_BYTES);
+        while scan.position < end {
+            let position = scan.position;
             let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
-                stopped = Some("a batch header cut short".to_string());
+                scan.stopped = Some("a batch header cut short".to_string());
                 break;
             };
             let h = match BatchHeader::parse(raw) {
                 Ok(h) => h,
                 Err(e) => {
-                    stopped = Some(format!("an unreadable batch header ({e})"));
+                    scan.stopped = Some(format!("an unreadable batch header ({e})"));
                     break;
                 }
             };
             let total = match checked_total_size(&h) {
-                Some(t) if position + t as u64 <= size => t as u64,
+                Some(t) if position + t as u64 <= end => t as u64,
                 _ => {
-                    stopped = Some(format!("an impossible batch length {}", h.batch_length));
+                    scan.stopped = Some(format!("an impossible batch length {}", h.batch_length));
                     break;
                 }
             };
-            if h.base_offset < next_offset || !self.can_convert_to_relative_offset(h.last_offset())
+            if h.base_offset < scan.next_offset
+                || !self.can_convert_to_relative_offset(h.last_offset())
             {
-                stopped = Some(format!(
-                    "a batch at offset {} where offset {next_offset} or later was expected",
-                    h.base_offset
+                scan.stopped = Some(format!(
+                    "a batch at offset {} where offset {} or later was expected",
+                    h.base_offset, scan.next_offset
                 ));
                 break;
             }
-            builder.add(&h, position, total);
-            next_offset = h.next_offset();
-            position += total;
+            scan.builder.add(&h, position, total);
+            scan.next_offset = h.next_offset();
+            scan.position += total;
         }
-        drop(reader);
-        if let Some(what) = stopped {
-            tracing::warn!(segment = %path.display(), position, next_offset,
+        Ok(())
+    }
+
+    /// The builder of a finished scan, logging where it stopped if it did.
+    fn finish_scan(&self, scan: IndexScan) -> IndexBuilder {
+        if let Some(what) = scan.stopped {
+            tracing::warn!(segment = %self.log_path().display(), position = scan.position,
+                next_offset = scan.next_offset,
                 "rebuilding the indexes stopped at {what}; reads past it fail");
         }
-        let (offsets, times, max) = builder.finish();
+        scan.builder
+    }
+
+    /// Writes rebuilt entries to the index files (unless the segment is being deleted).
+    fn write_rebuilt(
+        &self,
+        offsets: Vec<OffsetEntry>,
+        times: Vec<TimeEntry>,
+    ) -> Result<LoadedIndexes> {
         let (mut offsets_file_len, mut times_file_len) = (0, 0);
         if !self.is_deleted() {
             offsets_file_len = self.indexes.offset.rewrite(&offsets)?;
             times_file_len = self.indexes.time.rewrite(&times)?;
         }
-        *self.max_timestamp.lock() = Some(max);
         Ok(LoadedIndexes {
             offsets,
             offsets_file_len,
             times,
             times_file_len,
         })
+    }
+
+    fn count_rebuild(&self) {
+        self.indexes.rebuilds.fetch_add(1, Ordering::Relaxed);
+        index_cache::record_rebuild(&self.indexes.slot);
+    }
+
+    /// Times this segment's indexes were rebuilt from its log while it was served (found not
+    /// sane on load, or misleading a read).
+    pub(crate) fn index_rebuilds(&self) -> u64 {
+        self.indexes.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// Decides what to do about `misled` (under `load_lock`): `None` when the entries were
+    /// replaced since the lookup (try again), a new scan when they are to be rebuilt (logging
+    /// a warning).
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] when a read already rebuilt them once ([`Self::give_up`]).
+    fn heal_decision(&self, partition: &str, misled: &Misled) -> Result<Option<IndexScan>> {
+        if self.indexes.generation.load(Ordering::Acquire) != misled.generation {
+            return Ok(None);
+        }
+        if self.indexes.healed.load(Ordering::Acquire) {
+            return Err(self.give_up(partition, misled));
+        }
+        tracing::warn!(
+            partition,
+            base_offset = self.base_offset,
+            segment = %self.log_path().display(),
+            problem = %misled.problem,
+            "an index entry misled a read; rebuilding the segment's offset and time indexes \
+             from its log and reading again"
+        );
+        Ok(Some(self.new_scan()))
+    }
+
+    /// Installs the indexes `scan` (finished up to the published size) built, writing their
+    /// files. `active`: the segment is still written (the caller holds the partition's append
+    /// lock), so the entries stop where appends go on. Called under `load_lock`.
+    fn install_rebuilt(&self, scan: IndexScan, active: bool) -> Result<()> {
+        let builder = self.finish_scan(scan);
+        if active {
+            let (offsets, times, max, since) = builder.finish_active();
+            let loaded = self.write_rebuilt(offsets, times)?;
+            self.install_indexes(loaded);
+            *self.max_timestamp.lock() = Some(max);
+            self.bytes_since_last_index_entry
+                .store(since, Ordering::Relaxed);
+        } else {
+            let (offsets, times, max) = builder.finish();
+            let loaded = self.write_rebuilt(offsets, times)?;
+            self.install_indexes(loaded);
+            *self.max_timestamp.lock() = Some(max);
+        }
+        self.indexes.healed.store(true, Ordering::Release);
+        self.count_rebuild();
+        Ok(())
+    }
+
+    /// Heals the indexes after `misled` when nothing appends to the segment meanwhile (it is
+    /// inactive, or the caller holds the partition's append lock; `active` says whether
+    /// appends go on afterwards): rebuilds them from the log under `load_lock`, so that lazy
+    /// loads and other healers wait for the result. Returns when the lookup is to be tried
+    /// again.
+    ///
+    /// # Errors
+    /// [`LogError::CorruptFile`] when a read rebuilt them once already; [`LogError::Io`].
+    pub(crate) fn heal_exclusive(
+        &self,
+        partition: &str,
+        misled: &Misled,
+        active: bool,
+    ) -> Result<()> {
+        let _load = self.indexes.load_lock.lock();
+        let Some(mut scan) = self.heal_decision(partition, misled)? else {
+            return Ok(());
+        };
+        self.scan_headers(&mut scan, self.size())?;
+        self.install_rebuilt(scan, active)
+    }
+
+    /// The first half of healing the active segment's indexes while appends go on: decides
+    /// (as [`LogSegment::heal_exclusive`]) and scans the log up to its published size without
+    /// any lock over the log. `None`: try the lookup again. The caller holds
+    /// [`LogSegment::heal_guard`], then takes the append lock and calls
+    /// [`LogSegment::heal_finish`].
+    ///
+    /// # Errors
+    /// As [`LogSegment::heal_exclusive`].
+    pub(crate) fn heal_scan(&self, partition: &str, misled: &Misled) -> Result<Option<IndexScan>> {
+        let scan = {
+            let _load = self.indexes.load_lock.lock();
+            self.heal_decision(partition, misled)?
+        };
+        let Some(mut scan) = scan else {
+            return Ok(None);
+        };
+        self.scan_headers(&mut scan, self.size())?;
+        Ok(Some(scan))
+    }
+
+    /// The second half: with appends excluded (the caller holds the append lock; `active`
+    /// says whether the segment is still the one written), scans what was appended since
+    /// [`LogSegment::heal_scan`] and installs the result, unless the entries were replaced
+    /// meanwhile (a truncation's recovery).
+    ///
+    /// # Errors
+    /// As [`LogSegment::heal_exclusive`].
+    pub(crate) fn heal_finish(
+        &self,
+        misled: &Misled,
+        mut scan: IndexScan,
+        active: bool,
+    ) -> Result<()> {
+        let _load = self.indexes.load_lock.lock();
+        if self.indexes.generation.load(Ordering::Acquire) != misled.generation {
+            return Ok(());
+        }
+        self.scan_headers(&mut scan, self.size())?;
+        self.install_rebuilt(scan, active)
+    }
+
+    /// Held by a reader for the whole of a heal, so that readers misled at once rebuild once.
+    pub(crate) fn heal_guard(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.indexes.heal_lock.lock()
+    }
+
+    /// The error a lookup answers when the indexes keep misleading (logged once).
+    fn give_up(&self, partition: &str, misled: &Misled) -> LogError {
+        let e = LogError::CorruptFile {
+            path: self.log_path().display().to_string(),
+            reason: format!(
+                "the segment's index misleads reads even after it was rebuilt from the log: {}",
+                misled.problem
+            ),
+        };
+        self.log_failure_once(partition, &e);
+        e
+    }
+
+    /// Logs the first failure of a read of this segment (the log or its rebuilt index is
+    /// unusable: the read fails, and a restart's recovery is what can repair it).
+    fn log_failure_once(&self, partition: &str, e: &LogError) {
+        if !self.indexes.failure_logged.swap(true, Ordering::AcqRel) {
+            tracing::error!(partition, base_offset = self.base_offset,
+                segment = %self.log_path().display(), error = %e,
+                "a read of this segment failed; the segment's files need repair (further \
+                 failures of this segment are not logged)");
+        }
     }
 
     /// The number of offset and time index entries (loading them if needed).
@@ -1198,23 +1495,74 @@ impl LogSegment {
     /// [`LogError::CorruptFile`] if a header inside `[position, end)` is unreadable.
     pub(crate) fn walk_headers(
         &self,
+        position: u64,
+        end: u64,
+        chunk_bytes: usize,
+        f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<u64> {
+        self.walk_headers_checking(position, None, end, chunk_bytes, f)?
+            .map_err(|reason| LogError::CorruptFile {
+                path: self.log_path().display().to_string(),
+                reason,
+            })
+    }
+
+    /// [`LogSegment::walk_headers`] from where the offset-index entry `entry` points (from the
+    /// start of the segment when `None`), checking the entry's promise on the walk's first
+    /// header, before `f` sees it: a whole batch (magic 2, a possible length, ending by `end`)
+    /// starts at the entry's position and holds its offset. The check reads nothing of its
+    /// own. `Ok(Err(_))` when the entry misled: what was found there, naming the index file.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the log cannot be read; [`LogError::CorruptFile`] if a header
+    /// after the first one is unreadable (as in [`LogSegment::walk_headers`]).
+    fn walk_from_entry(
+        &self,
+        entry: Option<OffsetEntry>,
+        end: u64,
+        f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
+    ) -> Result<std::result::Result<u64, String>> {
+        let start = entry.map_or(0, |e| u64::from(e.position));
+        self.walk_headers_checking(start, entry, end, WALK_CHUNK_BYTES, f)
+    }
+
+    /// The walk of [`LogSegment::walk_headers`] and [`LogSegment::walk_from_entry`]: with
+    /// `promise` (the offset-index entry pointing at `position`), a first header that does not
+    /// keep it gives `Ok(Err(_))` describing it; any other unreadable header is an error.
+    fn walk_headers_checking(
+        &self,
         mut position: u64,
+        mut promise: Option<OffsetEntry>,
         end: u64,
         chunk_bytes: usize,
         mut f: impl FnMut(u64, &BatchHeader) -> Result<bool>,
-    ) -> Result<u64> {
+    ) -> Result<std::result::Result<u64, String>> {
         let path = self.log_path();
         let file = self.file()?;
         let mut reader = ChunkReader::new(&file, &path, end, chunk_bytes);
-        while position < end {
+        // A promise is checked even at or past `end` (no header fits there).
+        while position < end || promise.is_some() {
             let corrupt = |reason: String| LogError::CorruptFile {
                 path: path.display().to_string(),
                 reason,
             };
-            let Some(raw) = reader.get(position, BATCH_HEADER_LEN)? else {
+            let parsed = reader
+                .get(position, BATCH_HEADER_LEN)?
+                .map(BatchHeader::parse);
+            if let Some(e) = promise.take() {
+                if let Some(what) = self.broken_promise(e, parsed.as_ref(), end) {
+                    let offset = self.base_offset + i64::from(e.relative_offset);
+                    return Ok(Err(format!(
+                        "{}: the entry for offset {offset} points at position {position}, \
+                         where {what}",
+                        self.indexes.offset.path().display()
+                    )));
+                }
+            }
+            let Some(parsed) = parsed else {
                 return Err(corrupt(format!("torn batch header at position {position}")));
             };
-            let h = BatchHeader::parse(raw)?;
+            let h = parsed?;
             let Some(total) = checked_total_size(&h) else {
                 return Err(corrupt(format!("bad batch length at position {position}")));
             };
@@ -1222,35 +1570,82 @@ impl LogSegment {
                 return Err(corrupt(format!("torn batch at position {position}")));
             }
             if !f(position, &h)? {
-                return Ok(position);
+                return Ok(Ok(position));
             }
             position += total as u64;
         }
-        Ok(position)
+        Ok(Ok(position))
+    }
+
+    /// What breaks the promise of the offset-index entry `e` given `parsed`, the batch header
+    /// read at its position (`None` when no header fits before `end`): `None` when a whole
+    /// batch (magic 2, a possible length, ending by `end`) starts there and holds its offset.
+    fn broken_promise(
+        &self,
+        e: OffsetEntry,
+        parsed: Option<&std::result::Result<BatchHeader, BatchError>>,
+        end: u64,
+    ) -> Option<String> {
+        let position = u64::from(e.position);
+        let offset = self.base_offset + i64::from(e.relative_offset);
+        let h = match parsed {
+            None => {
+                return Some(format!(
+                    "no batch header fits before the end of the segment ({end} bytes)"
+                ));
+            }
+            Some(Err(err)) => return Some(format!("the batch header does not parse ({err})")),
+            Some(Ok(h)) => h,
+        };
+        if h.magic != gregor_protocol::batch::MAGIC_V2 {
+            return Some(format!("the bytes have magic {}, not a batch", h.magic));
+        }
+        match checked_total_size(h) {
+            Some(total) if position + total as u64 <= end => {}
+            _ => {
+                return Some(format!(
+                    "the batch length {} does not fit the segment ({end} bytes)",
+                    h.batch_length
+                ));
+            }
+        }
+        if h.base_offset > offset || h.last_offset() < offset {
+            return Some(format!(
+                "the batch holds offsets {} to {}",
+                h.base_offset,
+                h.last_offset()
+            ));
+        }
+        None
     }
 
     /// The position and header of the first batch whose last offset is `>= offset`, looking no
     /// further than `end`: the offset index gives the starting point (loaded if needed), then
-    /// headers are walked.
+    /// headers are walked. The entry used is checked on the walk's first header, which is read
+    /// anyway ([`LogSegment::walk_from_entry`]); entries at or past `end` are not used (the append that wrote them is not published yet:
+    /// at load, entries past the segment's size are refused).
     ///
     /// # Errors
-    /// [`LogError::Io`] / [`LogError::CorruptFile`] when the log or the index cannot be read.
+    /// [`LogError::Io`] / [`LogError::CorruptFile`] when the log or the index cannot be read;
+    /// `Ok(Err(_))` when the entry misled.
     pub(crate) fn translate_offset(
         &self,
         offset: i64,
         end: u64,
-    ) -> Result<Option<(u64, BatchHeader)>> {
+    ) -> Result<Lookup<Option<(u64, BatchHeader)>>> {
         let rel = offset - self.base_offset;
-        let start = if rel <= 0 {
-            0
+        let (entry, generation) = if rel <= 0 {
+            (None, 0)
         } else {
-            self.with_indexes(|o, _| {
-                floor_by(o, |e| i64::from(e.relative_offset) <= rel)
-                    .map_or(0, |e| u64::from(e.position))
+            self.with_indexes_gen(|o, _, g| {
+                let entry = floor_by(o, |e| {
+                    i64::from(e.relative_offset) <= rel && u64::from(e.position) < end
+                });
+                (entry, g)
             })?
         };
         let mut found = None;
-        self.walk_headers(start, end, WALK_CHUNK_BYTES, |pos, h| {
+        let walked = self.walk_from_entry(entry, end, |pos, h| {
             if h.last_offset() >= offset {
                 found = Some((pos, *h));
                 Ok(false)
@@ -1258,22 +1653,98 @@ impl LogSegment {
                 Ok(true)
             }
         })?;
-        Ok(found)
+        if let Err(problem) = walked {
+            return Ok(Err(Misled {
+                problem,
+                generation,
+            }));
+        }
+        Ok(Ok(found))
     }
 
-    /// The position to start a timestamp search from (Kafka's `findOffsetByTimestamp`): the
-    /// time index gives an offset, the offset index its position.
+    /// Kafka's `LogSegment.findOffsetByTimestamp` up to the batch: the position and header of
+    /// the first batch, from where the time index says to start, whose max timestamp is
+    /// `>= target_ms`, looking no further than `end`. The time index gives the entry
+    /// `(timestamp, offset)` with the largest timestamp `<= target_ms`, the offset index the
+    /// position to walk from (checked as in [`LogSegment::translate_offset`]); the walk checks
+    /// the time entry too: every batch before the one holding its offset has a smaller max
+    /// timestamp, and that batch's max timestamp is the entry's (what the entry promises: the
+    /// largest timestamp so far, first reached there).
     ///
     /// # Errors
-    /// As [`LogSegment::with_indexes`].
-    pub(crate) fn position_for_timestamp(&self, target_ms: i64) -> Result<u64> {
-        self.with_indexes(|o, t| {
-            let Some(t) = floor_by(t, |e| e.timestamp_ms <= target_ms) else {
-                return 0;
-            };
-            floor_by(o, |e| e.relative_offset <= t.relative_offset)
-                .map_or(0, |e| u64::from(e.position))
-        })
+    /// As [`LogSegment::translate_offset`].
+    pub(crate) fn find_timestamp(
+        &self,
+        target_ms: i64,
+        end: u64,
+    ) -> Result<Lookup<Option<(u64, BatchHeader)>>> {
+        let (time_entry, entry, generation) = self.with_indexes_gen(|o, t, g| {
+            let time_entry = floor_by(t, |e| e.timestamp_ms <= target_ms);
+            let entry = time_entry.and_then(|te| {
+                floor_by(o, |e| {
+                    e.relative_offset <= te.relative_offset && u64::from(e.position) < end
+                })
+            });
+            (time_entry, entry, g)
+        })?;
+        let misled = |problem: String| {
+            Ok(Err(Misled {
+                problem,
+                generation,
+            }))
+        };
+        // The time entry, until the batch holding its offset is reached.
+        let mut promise = time_entry.map(|te| TimestampOffset {
+            timestamp_ms: te.timestamp_ms,
+            offset: self.base_offset + i64::from(te.relative_offset),
+        });
+        let mut broken = None;
+        let mut found = None;
+        let walked = self.walk_from_entry(entry, end, |pos, h| {
+            if let Some(p) = promise {
+                let what = if h.last_offset() < p.offset {
+                    (h.max_timestamp >= p.timestamp_ms).then(|| {
+                        format!(
+                            "the batch at position {pos} before it has max timestamp {}",
+                            h.max_timestamp
+                        )
+                    })
+                } else if h.base_offset > p.offset {
+                    Some(format!(
+                        "no batch holds offset {} (the next one starts at {} at position {pos})",
+                        p.offset, h.base_offset
+                    ))
+                } else {
+                    promise = None;
+                    (h.max_timestamp != p.timestamp_ms).then(|| {
+                        format!(
+                            "the batch holding it, at position {pos}, has max timestamp {}",
+                            h.max_timestamp
+                        )
+                    })
+                };
+                if let Some(what) = what {
+                    broken = Some(format!(
+                        "{}: the entry ({} ms at offset {}) is not the largest timestamp so far \
+                         first reached at its offset: {what}",
+                        self.indexes.time.path().display(),
+                        p.timestamp_ms,
+                        p.offset
+                    ));
+                    return Ok(false);
+                }
+            }
+            if h.max_timestamp >= target_ms {
+                found = Some((pos, *h));
+                Ok(false)
+            } else {
+                Ok(true)
+            }
+        })?;
+        if let Some(problem) = walked.err().or(broken) {
+            return misled(problem);
+        }
+        Ok(Ok(found))
     }
 
     /// Validates every batch from the start (CRC included), rebuilds both indexes and the max
@@ -1292,6 +1763,8 @@ impl LogSegment {
         index_cache::pin(&self.indexes.slot);
         self.indexes.offset.reset()?;
         self.indexes.time.reset()?;
+        // Whatever misled a lookup before is gone; a heal under way finds nothing to install.
+        self.indexes.generation.fetch_add(1, Ordering::AcqRel);
         *self.max_timestamp.lock() = Some(NO_TIMESTAMP);
         *self.rolling_based_timestamp.lock() = None;
         self.bytes_since_last_index_entry
@@ -1398,9 +1871,23 @@ impl LogSegment {
     /// Kafka's `LogSegment.truncateTo`: removes the batch holding `offset` and everything
     /// after it, then rebuilds the indexes and the max timestamp from what is left. Returns the
     /// offset after the last remaining batch (the base offset when none is left). The caller
-    /// fsyncs on its next flush.
-    pub(crate) fn truncate_to(&self, offset: i64, index_interval_bytes: u64) -> Result<i64> {
-        let position = match self.translate_offset(offset, self.size())? {
+    /// holds the partition's append lock (`partition` names it in logs); an index entry that
+    /// misleads the lookup of `offset` is healed first ([`LogSegment::heal_exclusive`]), so
+    /// the cut is where the batch holding `offset` starts. The caller fsyncs on its next
+    /// flush.
+    pub(crate) fn truncate_to(
+        &self,
+        offset: i64,
+        index_interval_bytes: u64,
+        partition: &str,
+    ) -> Result<i64> {
+        let found = lookup_healing(
+            self,
+            partition,
+            |s| s.translate_offset(offset, s.size()),
+            |misled| self.heal_exclusive(partition, &misled, true),
+        )?;
+        let position = match found {
             Some((pos, _)) => pos,
             None => self.size(),
         };
@@ -1482,7 +1969,11 @@ mod tests {
         assert!(seg.index_entry_counts().unwrap().0 > 5);
         for (pos, h) in &positions {
             for o in h.base_offset..=h.last_offset() {
-                let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                let (p, found) = seg
+                    .translate_offset(o, seg.size())
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
                 assert_eq!((p, found.base_offset), (*pos, h.base_offset));
             }
         }
@@ -1535,7 +2026,11 @@ mod tests {
                 std::thread::spawn(move || {
                     for (pos, h) in expected.iter() {
                         for o in h.base_offset..=h.last_offset() {
-                            let (p, found) = seg.translate_offset(o, seg.size()).unwrap().unwrap();
+                            let (p, found) = seg
+                                .translate_offset(o, seg.size())
+                                .unwrap()
+                                .unwrap()
+                                .unwrap();
                             assert_eq!((p, found.base_offset), (*pos, h.base_offset));
                         }
                     }
@@ -1547,5 +2042,165 @@ mod tests {
         }
         assert!(seg.indexes_loaded());
         assert_eq!(seg.index_bytes_read(), tail + files);
+    }
+
+    /// The active segment's heal in two halves with appends between them (what the append
+    /// lock allows): the rebuilt entries, and those appended afterwards, are exactly what a
+    /// segment never damaged holds; the time index does not get the final entry of a segment
+    /// that rolled.
+    #[test]
+    fn the_active_segment_heals_in_two_halves_around_appends() {
+        let (dir, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let append_all = |seg: &LogSegment, from: usize, to: usize| {
+            for i in from..to {
+                let base = 100 + 3 * i as i64;
+                let b = batch(base, 3, 1_000 + (i as i64 * 7) % 20 + i as i64);
+                let h = validate_batch(&b).unwrap();
+                seg.append(&b, &[h], 256).unwrap();
+            }
+        };
+        let seg = LogSegment::create(reference.path(), 100, 1 << 20, 256, 0).unwrap();
+        append_all(&seg, 0, 90);
+        drop(seg);
+        {
+            let seg = LogSegment::create(dir.path(), 100, 1 << 20, 256, 0).unwrap();
+            append_all(&seg, 0, 50);
+        }
+        // The middle third of the entries moved by 61 bytes; the load's checks pass.
+        let index = dir.path().join(file_name(100, "index"));
+        let mut b = std::fs::read(&index).unwrap();
+        let n = b.len() / 8;
+        for e in b.chunks_exact_mut(8).take(2 * n / 3).skip(n / 3) {
+            let pos = u32::from_be_bytes([e[4], e[5], e[6], e[7]]) + 61;
+            e[4..8].copy_from_slice(&pos.to_be_bytes());
+        }
+        std::fs::write(&index, b).unwrap();
+        let (seg, problem) = LogSegment::open(dir.path(), 100, 1 << 20, 256, 0).unwrap();
+        assert!(problem.is_none());
+        let e = n / 2;
+        let at = 100
+            + i64::from(u32::from_be_bytes(
+                std::fs::read(&index).unwrap()[e * 8..e * 8 + 4]
+                    .try_into()
+                    .unwrap(),
+            ));
+        let Err(misled) = seg.translate_offset(at + 1, seg.size()).unwrap() else {
+            panic!("the moved entry was trusted");
+        };
+        assert!(
+            misled.problem.contains("points at position"),
+            "{}",
+            misled.problem
+        );
+        let scan = seg.heal_scan("t-0", &misled).unwrap().unwrap();
+        append_all(&seg, 50, 60);
+        seg.heal_finish(&misled, scan, true).unwrap();
+        assert_eq!(seg.index_rebuilds(), 1);
+        append_all(&seg, 60, 90);
+        let (p, h) = seg
+            .translate_offset(at + 1, seg.size())
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            h.base_offset <= at + 1 && h.last_offset() > at,
+            "{h:?} at {p}"
+        );
+        // Misled again by the same (now replaced) entries: nothing more to do.
+        assert!(seg.heal_scan("t-0", &misled).unwrap().is_none());
+        for ext in ["log", "index", "timeindex"] {
+            assert_eq!(
+                std::fs::read(dir.path().join(file_name(100, ext))).unwrap(),
+                std::fs::read(reference.path().join(file_name(100, ext))).unwrap(),
+                ".{ext}"
+            );
+        }
+    }
+
+    /// What an offset-index entry promises is checked on the walk's first header: a batch that
+    /// does not fit, or no header at all, where the entry points is a misleading entry (the
+    /// indexes heal); the same damage to a batch the walk reaches later is an unreadable log.
+    #[test]
+    fn only_the_first_header_of_a_walk_answers_for_the_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = LogSegment::create(dir.path(), 100, 1 << 20, 2048, 0).unwrap();
+        let mut batches = Vec::new();
+        for i in 0..60 {
+            let b = batch(100 + 3 * i, 3, 1_000 + i);
+            let h = validate_batch(&b).unwrap();
+            batches.push((seg.size(), h));
+            seg.append(&b, &[h], 2048).unwrap();
+        }
+        let entries = seg.with_indexes(|o, _| o.to_vec()).unwrap();
+        // An entry with at least two more batches before the next one.
+        let (e, next) = entries
+            .windows(2)
+            .map(|w| (w[0], u64::from(w[1].position)))
+            .find(|(e, next)| {
+                batches
+                    .iter()
+                    .filter(|(p, _)| *p > u64::from(e.position) && p < next)
+                    .count()
+                    >= 2
+            })
+            .expect("entries a few batches apart");
+        let i = batches
+            .iter()
+            .position(|(p, _)| *p == u64::from(e.position))
+            .expect("entries point at batches");
+        let (first, second, third) = (batches[i], batches[i + 1], batches[i + 2]);
+        assert!(third.0 < next);
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(file_name(100, "log")))
+            .unwrap();
+        let set_length = |pos: u64, len: i32| {
+            use std::os::unix::fs::FileExt;
+            log.write_all_at(&len.to_be_bytes(), pos + 8).unwrap();
+        };
+        let end = seg.size();
+
+        // The batch after the entry's is cut: an unreadable log, not a misleading entry.
+        set_length(second.0, i32::MAX - 100);
+        match seg.translate_offset(third.1.base_offset, end) {
+            Err(LogError::CorruptFile { reason, .. }) => {
+                assert!(reason.contains(&second.0.to_string()), "{reason}");
+            }
+            other => panic!("{:?}", other.map(|l| l.map_err(|m| m.problem))),
+        }
+        set_length(second.0, second.1.batch_length);
+
+        // The entry's own batch is cut: the entry misled.
+        set_length(first.0, i32::MAX - 100);
+        let Err(misled) = seg.translate_offset(third.1.base_offset, end).unwrap() else {
+            panic!("a batch that does not fit was trusted");
+        };
+        assert!(
+            misled.problem.contains("does not fit"),
+            "{}",
+            misled.problem
+        );
+        set_length(first.0, first.1.batch_length);
+
+        // A lookup that sees the segment end just after the entry's position: no header fits.
+        let Err(misled) = seg
+            .translate_offset(first.1.last_offset(), first.0 + 10)
+            .unwrap()
+        else {
+            panic!("an entry pointing past the end was trusted");
+        };
+        assert!(
+            misled.problem.contains("no batch header fits"),
+            "{}",
+            misled.problem
+        );
+
+        // Repaired, every answer is right again.
+        let (p, h) = seg
+            .translate_offset(third.1.base_offset, end)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((p, h.base_offset), (third.0, third.1.base_offset));
     }
 }
