@@ -236,3 +236,107 @@ fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<(
     );
     Ok(())
 }
+
+/// Clients can take every descriptor the broker has left (connections are not capped by
+/// default). The appends that then cannot open a segment fail alone: once the connections are
+/// gone the directory was never taken out of service, `/ready` is 200 with no restart, and
+/// every partition takes writes again with nothing acknowledged lost. Before, the first such
+/// append marked the log dir failed until a restart.
+#[test]
+fn running_out_of_descriptors_does_not_take_the_log_dir_out_of_service() -> Result<()> {
+    const LOW_NOFILE: u64 = 128;
+    let mut g = Gregor::start_with_nofile(BIN, &[], LOW_NOFILE)?;
+    let bootstrap = g.bootstrap();
+    create_topics(&bootstrap)?;
+    let mut acked = Acked::new();
+    produce_round(&bootstrap, 1, &mut acked)?;
+    // After a restart no segment file is open, so appends must open them: with the budget
+    // full, opening one would first close another and free its descriptor.
+    g.stop()?;
+    g.restart()?;
+
+    // A producer connected before the descriptors run out keeps its connection.
+    let producer: BaseProducer<Acks> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "10000")
+        .create_with_context(Acks::default())
+        .context("creating the producer")?;
+    producer
+        .client()
+        .fetch_metadata(None, Duration::from_secs(30))
+        .context("metadata before the descriptors run out")?;
+    let port = bootstrap
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .context("bootstrap port")?;
+    // Once the broker stops accepting, its backlog fills and a connect waits for SYN
+    // retries: each gets a second, and the first that fails ends the loop.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut idle = Vec::new();
+    while idle.len() < 2 * LOW_NOFILE as usize {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(s) => idle.push(s),
+            Err(_) => break,
+        }
+    }
+    // The broker has no descriptor left once its accepts fail.
+    let exhausted = gregor_tests::process::poll(Duration::from_secs(20), || {
+        g.server_log().contains("accept failed").then_some(())
+    });
+    ensure!(
+        exhausted.is_some(),
+        "{} idle connections did not exhaust the broker's descriptors",
+        idle.len()
+    );
+    // Appends to partitions whose segments are closed (none is open after the restart) now
+    // need a descriptor the broker does not have.
+    for t in 0..TOPICS {
+        let name = topic(t);
+        for p in 0..PARTITIONS_PER_TOPIC {
+            let value = format!("starved {name} {p}");
+            let record: BaseRecord<(), String> = BaseRecord::to(&name).partition(p).payload(&value);
+            if producer.send(record).is_err() {
+                producer.poll(Duration::from_millis(50));
+            }
+        }
+    }
+    let _ = producer.flush(Duration::from_secs(15));
+    drop(idle);
+    let starved = g.server_log().contains("lack of file descriptors");
+    ensure!(
+        starved,
+        "no append ran out of descriptors: the test did not exercise the case"
+    );
+    // Records acknowledged while starved count too.
+    let (got, _) = std::mem::take(
+        &mut *producer
+            .context()
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for (tp, records) in got {
+        acked.entry(tp).or_default().extend(records);
+    }
+    drop(producer);
+
+    let ready = gregor_tests::process::poll(Duration::from_secs(30), || {
+        matches!(g.admin_get("/ready"), Ok((200, _))).then_some(())
+    });
+    ensure!(
+        ready.is_some(),
+        "/ready is not 200 after the connections closed: {:?}",
+        g.admin_get("/ready")
+    );
+    ensure!(
+        !g.server_log().contains("log directory failed"),
+        "the log dir was taken out of service"
+    );
+    produce_round(&bootstrap, 2, &mut acked)?;
+    check_all(&bootstrap, &acked)?;
+    g.stop()?;
+    Ok(())
+}
