@@ -247,6 +247,11 @@ pub struct ClusterOptions {
     /// JVM options of Kafka nodes instead of the default small heap with the C1 compiler
     /// only (which starts fast but is slow; a benchmark wants the full JIT).
     pub kafka_jvm_opts: Option<Vec<String>>,
+    /// Log directories of each node with the broker role (at most 1: `data/` holds the logs
+    /// and the metadata log). With more, `log.dirs` is `logs-1/`, `logs-2/`, ... beside
+    /// `data/`, which keeps the metadata log (`metadata.log.dir`), each on a tmpfs of its own
+    /// with [`ClusterOptions::disk_limit_mib`] ([`Node::log_dirs`], [`Node::fill_dir`]).
+    pub log_dirs_per_broker: usize,
 }
 
 impl ClusterOptions {
@@ -268,6 +273,13 @@ impl ClusterOptions {
     #[must_use]
     pub fn with_disk_limit_mib(mut self, mib: u64) -> Self {
         self.disk_limit_mib = Some(mib);
+        self
+    }
+
+    /// With `n` log directories per broker (see [`ClusterOptions::log_dirs_per_broker`]).
+    #[must_use]
+    pub fn with_log_dirs_per_broker(mut self, n: usize) -> Self {
+        self.log_dirs_per_broker = n;
         self
     }
 }
@@ -296,6 +308,8 @@ pub struct Node {
     paused: bool,
     pids: Option<PidRegistry>,
     disk_limited: bool,
+    /// `log.dirs`: `[data_dir()]`, or [`ClusterOptions::log_dirs_per_broker`] of them.
+    log_dirs: Vec<PathBuf>,
     jvm_opts: Vec<String>,
     /// Extra `storage format` arguments ([`ClusterConfig::controller_format_args`]).
     format_args: Vec<String>,
@@ -312,9 +326,15 @@ impl Node {
         self.dir.join("server.properties")
     }
 
-    /// `log.dirs` (also the metadata log dir).
+    /// The metadata log dir, and `log.dirs` unless the node has several
+    /// ([`ClusterOptions::log_dirs_per_broker`]).
     pub fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    /// `log.dirs`, in order.
+    pub fn log_dirs(&self) -> &[PathBuf] {
+        &self.log_dirs
     }
 
     /// The node's stdout and stderr, appended to across restarts.
@@ -400,7 +420,14 @@ impl Node {
             format!("listeners={}", listeners.join(",")),
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".into(),
             "controller.listener.names=CONTROLLER".into(),
-            format!("log.dirs={}", self.data_dir().display()),
+            format!(
+                "log.dirs={}",
+                self.log_dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             "num.partitions=1".into(),
             format!("offsets.topic.replication.factor={rf}"),
             format!("transaction.state.log.replication.factor={rf}"),
@@ -427,6 +454,9 @@ impl Node {
         }
         for (k, v) in extra {
             lines.push(format!("{k}={v}"));
+        }
+        if self.log_dirs != [self.data_dir()] {
+            lines.push(format!("metadata.log.dir={}", self.data_dir().display()));
         }
         let mut out = String::new();
         for l in lines {
@@ -516,12 +546,27 @@ impl Node {
     /// When the cluster has no disk limit (filling the machine's disk is not a test), or the
     /// file cannot be created.
     pub fn fill_disk(&self) -> Result<u64> {
+        self.fill_dir(&self.data_dir())
+    }
+
+    /// [`Node::fill_disk`] for one of the node's directories ([`Node::data_dir`] or one of
+    /// [`Node::log_dirs`]), each a tmpfs of its own.
+    ///
+    /// # Errors
+    /// As [`Node::fill_disk`].
+    pub fn fill_dir(&self, dir: &Path) -> Result<u64> {
         ensure!(
             self.disk_limited,
             "node {} has no size-limited data directory (ClusterOptions::disk_limit_mib)",
             self.node_id
         );
-        let path = self.data_dir().join("disk-filler");
+        ensure!(
+            dir == self.data_dir() || self.log_dirs.iter().any(|d| d == dir),
+            "{} is none of node {}'s directories",
+            dir.display(),
+            self.node_id
+        );
+        let path = dir.join("disk-filler");
         let mut f =
             std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         let chunk = vec![0u8; 1 << 20];
@@ -540,7 +585,15 @@ impl Node {
     /// # Errors
     /// When it exists and cannot be removed.
     pub fn free_disk(&self) -> Result<()> {
-        let path = self.data_dir().join("disk-filler");
+        self.free_dir(&self.data_dir())
+    }
+
+    /// Removes the file of [`Node::fill_dir`] from `dir`.
+    ///
+    /// # Errors
+    /// When it exists and cannot be removed.
+    pub fn free_dir(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("disk-filler");
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).with_context(|| format!("removing {}", path.display()))
@@ -881,10 +934,21 @@ impl Cluster {
         for (i, role) in roles.iter().enumerate() {
             let node_id = i32::try_from(i + 1)?;
             let dir = root.path().join(format!("node-{node_id}"));
-            std::fs::create_dir_all(dir.join("data"))
-                .with_context(|| format!("creating {}", dir.display()))?;
-            if let Some(mib) = options.disk_limit_mib {
-                let data = dir.join("data");
+            let log_dirs: Vec<PathBuf> = if role.is_broker() && options.log_dirs_per_broker > 1 {
+                (1..=options.log_dirs_per_broker)
+                    .map(|i| dir.join(format!("logs-{i}")))
+                    .collect()
+            } else {
+                vec![dir.join("data")]
+            };
+            let mut dirs = vec![dir.join("data")];
+            dirs.extend(log_dirs.iter().filter(|d| **d != dir.join("data")).cloned());
+            for data in dirs {
+                std::fs::create_dir_all(&data)
+                    .with_context(|| format!("creating {}", data.display()))?;
+                let Some(mib) = options.disk_limit_mib else {
+                    continue;
+                };
                 let out = Command::new("mount")
                     .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
                     .arg(&data)
@@ -924,6 +988,7 @@ impl Cluster {
                 paused: false,
                 pids: network.as_ref().map(Network::pid_registry),
                 disk_limited: options.disk_limit_mib.is_some(),
+                log_dirs,
                 jvm_opts: options
                     .kafka_jvm_opts
                     .clone()

@@ -37,6 +37,7 @@ pub const TOOL_ALIASES: &[(&str, &str)] = &[
     ),
     ("kafka-get-offsets", "org.apache.kafka.tools.GetOffsetShell"),
     ("kafka-dump-log", "org.apache.kafka.tools.DumpLogSegments"),
+    ("kafka-log-dirs", "org.apache.kafka.tools.LogDirsCommand"),
     (
         "kafka-consumer-groups",
         "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",

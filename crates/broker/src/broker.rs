@@ -47,6 +47,10 @@ pub struct Broker {
     /// [`crate::replica_manager::ReplicaFetchers`]); shutdown stops them, the checkpoints read
     /// them.
     pub replica_fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
+    /// Tells the active controller which log directory holds each replica (KIP-858), set
+    /// once at start-up on a node with the broker role; the metadata publisher queues the
+    /// assignments.
+    pub assignments: std::sync::OnceLock<Arc<crate::assignments::AssignmentsManager>>,
     /// This incarnation's broker epoch (-1 before registration).
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
@@ -89,6 +93,7 @@ impl Broker {
             raft: std::sync::OnceLock::new(),
             controller_client: std::sync::OnceLock::new(),
             replica_fetchers: std::sync::OnceLock::new(),
+            assignments: std::sync::OnceLock::new(),
             broker_epoch: std::sync::atomic::AtomicI64::new(-1),
             producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             bound,

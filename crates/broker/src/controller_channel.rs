@@ -18,7 +18,7 @@
 //! the connection before anything is allocated.
 //!
 //! [`ControllerClient`] is what the broker calls: BrokerRegistration (62), BrokerHeartbeat
-//! (63), AllocateProducerIds (67), CreateTopics (19, the broker's own creations:
+//! (63), AllocateProducerIds (67), AssignReplicasToDirs (73, KIP-858), CreateTopics (19, the broker's own creations:
 //! `__consumer_offsets`, Metadata auto-creation) and Envelope (58, a client's admin request
 //! forwarded as Kafka's `ForwardingManager` does). When this node itself is the active
 //! controller it calls the local [`ControllerHandle`] directly (no connection to itself; a
@@ -442,6 +442,7 @@ pub fn is_not_controller(response: &ResponseKind) -> bool {
         ResponseKind::AlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
         ResponseKind::IncrementalAlterConfigs(r) => r.responses.iter().any(|t| t.error_code == nc),
         ResponseKind::AlterPartition(r) => r.error_code == nc,
+        ResponseKind::AssignReplicasToDirs(r) => r.error_code == nc,
         ResponseKind::ElectLeaders(r) => {
             r.error_code == nc
                 || r.replica_election_results
@@ -522,6 +523,9 @@ pub struct ControllerClient {
     /// Everything else: Envelope, CreateTopics, AllocateProducerIds, AlterPartition,
     /// DescribeQuorum.
     forwarding: ControllerChannel,
+    /// AssignReplicasToDirs (Kafka's broker has a `directory-assignments` channel of its own,
+    /// so a batch of assignments never waits behind a forwarded request or delays one).
+    assignments: ControllerChannel,
     timeouts: ChannelTimeouts,
 }
 
@@ -532,6 +536,7 @@ const ALLOCATE_PRODUCER_IDS_VERSION: i16 = 0;
 const CREATE_TOPICS_VERSION: i16 = 7;
 const ENVELOPE_VERSION: i16 = 0;
 const DESCRIBE_QUORUM_VERSION: i16 = 2;
+const ASSIGN_REPLICAS_TO_DIRS_VERSION: i16 = 0;
 /// AlterPartition's version gregor sends (v3: KIP-903's `NewIsrWithEpochs`).
 pub const ALTER_PARTITION_VERSION: i16 = 3;
 
@@ -563,6 +568,13 @@ impl ControllerClient {
                 raft.config().voter_endpoints.clone(),
                 node_id,
                 "forwarding",
+            )
+            .with_socket_timeout(timeouts.socket),
+            assignments: ControllerChannel::new(
+                raft.leader_and_epoch(),
+                raft.config().voter_endpoints.clone(),
+                node_id,
+                "directory-assignments",
             )
             .with_socket_timeout(timeouts.socket),
             local,
@@ -698,6 +710,40 @@ impl ControllerClient {
             .await?;
         let ResponseKind::AlterPartition(r) = response else {
             return Err(unexpected(ApiKey::AlterPartition));
+        };
+        Ok(r)
+    }
+
+    /// AssignReplicasToDirs (73, KIP-858) to the active controller: the local controller when
+    /// it is the active one, else the `directory-assignments` channel, re-sent until the
+    /// forwarding retry timeout (Kafka's channel for it has the same fixed 60 s). Partition
+    /// errors and a top-level error code are in the response.
+    ///
+    /// # Errors
+    /// The local controller's (STALE_BROKER_EPOCH, UNSUPPORTED_VERSION, ...) or the
+    /// channel's (no controller known, timeout); [`crate::assignments`] retries them.
+    pub async fn assign_replicas_to_dirs(
+        &self,
+        request: m::AssignReplicasToDirsRequest,
+    ) -> Result<m::AssignReplicasToDirsResponse, ControllerError> {
+        if self.local_is_active() {
+            match self.local.assign_replicas_to_dirs(request.clone()).await {
+                Err(ControllerError::NotController { .. }) => {}
+                other => return other,
+            }
+        }
+        let body = RequestKind::AssignReplicasToDirs(request);
+        let response = self
+            .assignments
+            .send(
+                ApiKey::AssignReplicasToDirs,
+                ASSIGN_REPLICAS_TO_DIRS_VERSION,
+                &body,
+                self.timeouts.forwarding_retry,
+            )
+            .await?;
+        let ResponseKind::AssignReplicasToDirs(r) = response else {
+            return Err(unexpected(ApiKey::AssignReplicasToDirs));
         };
         Ok(r)
     }

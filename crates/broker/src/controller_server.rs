@@ -9,8 +9,9 @@
 //! `kafka-metadata-quorum --bootstrap-controller` asks first).
 //!
 //! The active controller also answers the brokers' controller RPCs (Kafka's `ControllerApis`):
-//! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64) and
-//! AllocateProducerIds (67) and AlterPartition (56, from partition leaders) through this
+//! BrokerRegistration (62), BrokerHeartbeat (63), UnregisterBroker (64),
+//! AllocateProducerIds (67), AlterPartition (56, from partition leaders) and
+//! AssignReplicasToDirs (73, KIP-858) through this
 //! node's [`ControllerHandle`]; CreateTopics, DeleteTopics, CreatePartitions, AlterConfigs,
 //! IncrementalAlterConfigs, ElectLeaders, UpdateFeatures, AlterPartitionReassignments and
 //! ListPartitionReassignments sent by a broker
@@ -55,6 +56,7 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::UnregisterBroker,
     ApiKey::AllocateProducerIds,
     ApiKey::AlterPartition,
+    ApiKey::AssignReplicasToDirs,
     ApiKey::ElectLeaders,
     ApiKey::UpdateFeatures,
     ApiKey::AlterPartitionReassignments,
@@ -63,13 +65,17 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
 /// `BrokerHeartbeat` 0-2 (v2: cordoned log dirs, KIP-1066), `UnregisterBroker` 0, `AllocateProducerIds` 0, `Envelope` 0,
-/// `AlterPartition` 2-3: topic ids, and from v3 the broker epochs of the new ISR, KIP-903).
+/// `AlterPartition` 2-3: topic ids, and from v3 the broker epochs of the new ISR, KIP-903;
+/// `AssignReplicasToDirs` 0, KIP-858).
 pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
     match api_key {
         ApiKey::BrokerRegistration => Some((0, 4)),
         ApiKey::BrokerHeartbeat => Some((0, 2)),
         ApiKey::AlterPartition => Some((2, 3)),
-        ApiKey::UnregisterBroker | ApiKey::AllocateProducerIds | ApiKey::Envelope => Some((0, 0)),
+        ApiKey::UnregisterBroker
+        | ApiKey::AllocateProducerIds
+        | ApiKey::Envelope
+        | ApiKey::AssignReplicasToDirs => Some((0, 0)),
         _ => None,
     }
 }
@@ -267,6 +273,10 @@ impl gregor_network::RequestHandler for ControllerApis {
             }
             RequestKind::AlterPartition(r) => {
                 let response = self.alter_partition(r).await;
+                Handled::Ready(respond(&header, api_key, response.into()))
+            }
+            RequestKind::AssignReplicasToDirs(r) => {
+                let response = self.assign_replicas_to_dirs(r).await;
                 Handled::Ready(respond(&header, api_key, response.into()))
             }
             RequestKind::Envelope(r) => {
@@ -477,6 +487,27 @@ impl ControllerApis {
         match result {
             Ok(response) => response,
             Err(e) => m::AlterPartitionResponse::default().with_error_code(e.kafka_error_code()),
+        }
+    }
+
+    /// AssignReplicasToDirs (73, KIP-858) from a broker: the controller's answer per
+    /// partition ([`ControllerHandle::assign_replicas_to_dirs`]); NOT_CONTROLLER,
+    /// UNSUPPORTED_VERSION (`metadata.version` below 3.7-IV2) or STALE_BROKER_EPOCH (or the
+    /// log's failure) as the top-level error, with no partitions, as Kafka's
+    /// `AssignReplicasToDirsRequest.getErrorResponse`.
+    pub async fn assign_replicas_to_dirs(
+        &self,
+        r: m::AssignReplicasToDirsRequest,
+    ) -> m::AssignReplicasToDirsResponse {
+        let result = match self.active_controller() {
+            Ok(c) => c.assign_replicas_to_dirs(r).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(response) => response,
+            Err(e) => {
+                m::AssignReplicasToDirsResponse::default().with_error_code(e.kafka_error_code())
+            }
         }
     }
 
@@ -859,6 +890,40 @@ mod tests {
             (h.error_code, h.is_caught_up, h.is_fenced),
             (0, true, false)
         );
+
+        // AssignReplicasToDirs (KIP-858): partition errors in the answer, a stale broker epoch
+        // as the top-level error.
+        let assign = |epoch: i64| -> RequestKind {
+            use m::assign_replicas_to_dirs_request::{DirectoryData, PartitionData, TopicData};
+            m::AssignReplicasToDirsRequest::default()
+                .with_broker_id(BrokerId(2))
+                .with_broker_epoch(epoch)
+                .with_directories(vec![DirectoryData::default()
+                    .with_id(uuid::Uuid::new_v4())
+                    .with_topics(vec![TopicData::default()
+                        .with_topic_id(uuid::Uuid::new_v4())
+                        .with_partitions(vec![
+                            PartitionData::default().with_partition_index(0)
+                        ])])])
+                .into()
+        };
+        let ResponseKind::AssignReplicasToDirs(a) =
+            call(ApiKey::AssignReplicasToDirs, 0, assign(epoch)).await
+        else {
+            panic!("an AssignReplicasToDirs response")
+        };
+        assert_eq!(a.error_code, 0);
+        assert_eq!(
+            a.directories[0].topics[0].partitions[0].error_code,
+            ErrorCode::UnknownTopicId.code()
+        );
+        let ResponseKind::AssignReplicasToDirs(a) =
+            call(ApiKey::AssignReplicasToDirs, 0, assign(epoch + 1000)).await
+        else {
+            panic!("an AssignReplicasToDirs response")
+        };
+        assert_eq!(a.error_code, ErrorCode::StaleBrokerEpoch.code());
+        assert!(a.directories.is_empty());
         let ResponseKind::BrokerHeartbeat(h) = call(
             ApiKey::BrokerHeartbeat,
             1,

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod alter_partition;
+pub mod assignments;
 pub mod authorizer;
 pub mod broker;
 pub mod broker_config_defs;

@@ -60,6 +60,8 @@ pub struct BrokerLifecycle {
     heartbeats: tokio::task::JoinHandle<()>,
     /// The log directories' health, reported in heartbeats once the logs are loaded.
     log_dirs: Arc<OnceLock<Vec<Arc<LogDirHealth>>>>,
+    /// Each log directory's id (`directory.id` of its `meta.properties`), as registered.
+    log_dir_ids: Vec<(PathBuf, Uuid)>,
 }
 
 /// The ids of the offline directories among `health` (by path in `dir_ids`).
@@ -304,6 +306,7 @@ pub async fn start(
     let log_dir_health: Arc<OnceLock<Vec<Arc<LogDirHealth>>>> = Arc::default();
     let health = log_dir_health.clone();
     let cluster_id = cluster_id.to_string();
+    let log_dir_ids = dir_ids.clone();
     let heartbeats = tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -387,6 +390,7 @@ pub async fn start(
         stop_heartbeats,
         heartbeats,
         log_dirs: log_dir_health,
+        log_dir_ids,
     })
 }
 
@@ -396,6 +400,12 @@ impl BrokerLifecycle {
     /// `OfflineLogDirs` (KIP-858). A second call is ignored.
     pub fn report_log_dirs(&self, health: Vec<Arc<LogDirHealth>>) {
         let _ = self.log_dirs.set(health);
+    }
+
+    /// Each log directory's id (`directory.id`), by configured path, as this broker
+    /// registered them.
+    pub fn log_dir_ids(&self) -> &[(PathBuf, Uuid)] {
+        &self.log_dir_ids
     }
 
     /// Controlled shutdown: heartbeats asking to shut down until the controller answers that

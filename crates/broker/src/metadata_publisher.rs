@@ -304,7 +304,9 @@ impl CoordinatorLeadership for GroupCoordinatorLeadership {
 }
 
 /// Applies each image to the hosted partitions ([`crate::replica_manager::ReplicaManager::apply_image`]):
-/// creates and deletes logs, sets leadership and configs.
+/// creates and deletes logs, sets leadership and configs; then queues the directory
+/// assignments of the logs whose directory the registration does not name
+/// ([`crate::assignments::AssignmentsManager::on_metadata`]).
 struct ReplicaManagerPublisher {
     /// Weak: the loader must not keep a stopped broker alive.
     broker: Weak<Broker>,
@@ -323,10 +325,13 @@ impl MetadataPublisher for ReplicaManagerPublisher {
         let Some(broker) = self.broker.upgrade() else {
             return Ok(());
         };
-        broker
-            .replica_manager
-            .apply_metadata(image, delta.snapshot)
-            .map_err(|e| format!("applying metadata to partition logs failed: {e}"))
+        let applied = broker.replica_manager.apply_metadata(image, delta.snapshot);
+        // Logs created or loaded in another directory than their registration names are
+        // assigned to theirs (KIP-858); also after an error, which leaves the rest applied.
+        if let Some(assignments) = broker.assignments.get() {
+            assignments.on_metadata(image, &broker.replica_manager);
+        }
+        applied.map_err(|e| format!("applying metadata to partition logs failed: {e}"))
     }
 }
 

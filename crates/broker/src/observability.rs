@@ -247,6 +247,10 @@ fn describe() {
         "1 while the log directory (dir) is offline: full since a write failed for lack of space (appends resume once space is free) or failed."
     );
     describe_gauge!(
+        crate::assignments::QUEUED_REPLICA_TO_DIR_ASSIGNMENTS,
+        "Replica directory assignments (KIP-858) waiting for or in an AssignReplicasToDirs request to the controller."
+    );
+    describe_gauge!(
         LOG_SEGMENT_FILES_OPEN,
         "Segment files (.log, .index, .timeindex) open now; idle ones beyond the budget are closed."
     );

@@ -410,7 +410,7 @@ pub async fn start_with_authorizer(
                 })
             }),
             Arc::new(crate::alter_partition::ControllerAlterPartition(
-                controller_client,
+                controller_client.clone(),
             )),
             Duration::from_millis(crate::alter_partition::DEFAULT_RETRY_BACKOFF_MS),
             shutdown_rx.clone(),
@@ -429,6 +429,25 @@ pub async fn start_with_authorizer(
         broker
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
+    }
+    // Which log directory holds each replica goes to the active controller
+    // (AssignReplicasToDirs, KIP-858), before the publishers apply the first image.
+    if let Some(lifecycle) = &lifecycle {
+        let manager = Arc::new(crate::assignments::AssignmentsManager::new(
+            config.node_id,
+            lifecycle.log_dir_ids().to_vec(),
+        ));
+        let controller = broker.controller.clone();
+        tasks.push(crate::assignments::start(
+            manager.clone(),
+            Arc::new(move || controller.image()),
+            Arc::new(crate::assignments::ControllerAssignments(
+                controller_client.clone(),
+            )),
+            crate::assignments::Backoff::default(),
+            shutdown_rx.clone(),
+        ));
+        let _ = broker.assignments.set(manager);
     }
     // Partitions led elsewhere are fetched from their leaders (issue 11); a node without the
     // broker role hosts no partition.
@@ -652,8 +671,13 @@ async fn log_creation_retrier(broker: Arc<Broker>, mut shutdown: watch::Receiver
             .run(move || b.replica_manager.retry_log_creation())
             .await
         {
-            // Each partition created is logged by the replica manager.
-            Ok(Ok(_)) => {}
+            // Each partition created is logged by the replica manager; its directory goes to
+            // the controller (KIP-858).
+            Ok(Ok(created)) => {
+                if let Some(a) = broker.assignments.get().filter(|_| created > 0) {
+                    a.on_logs_created(&broker.controller.image(), &broker.replica_manager);
+                }
+            }
             Ok(Err(e)) => debug!(error = %e, "retrying the creation of partition logs failed"),
             Err(e) => warn!(error = %e, "the log creation retry job failed"),
         }

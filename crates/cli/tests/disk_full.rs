@@ -10,12 +10,18 @@
 //! - Three brokers (RF 3, `min.insync.replicas=2`): filling the leader's disk moves leadership
 //!   to another broker within seconds and acks=all writes continue; freeing it brings the
 //!   replica back into the ISR.
+//! - Three brokers with two log dirs each (KIP-858): the brokers assign their replicas to
+//!   their dirs (AssignReplicasToDirs), and filling the one dir of the leader that holds the
+//!   partition moves leadership within seconds, with librdkafka's acks=all writes going on
+//!   and nothing acknowledged lost.
 //! - A topic created on a full disk leaves no trace (issue 14 item 1): librdkafka's
 //!   CreateTopics gets KAFKA_STORAGE_ERROR, Metadata does not list the topic and no partition
 //!   directory remains; once space is freed the same topic is created and written and read.
 //!
 //! `cargo test -p gregor --test disk_full -- --nocapture --test-threads=1`
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -60,7 +66,7 @@ fn skip() -> bool {
 
 fn config(layout: Layout) -> ClusterConfig {
     ClusterConfig {
-        implementation: Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into()),
+        implementation: gregor(),
         layout,
         properties: Vec::new(),
         node_implementations: Vec::new(),
@@ -494,6 +500,352 @@ fn a_leader_on_a_full_disk_hands_over_and_rejoins_the_isr_when_freed() {
     let records = read_all(&at(new_leader), 0);
     assert!(records.len() >= acked, "every acknowledged record is kept");
     cluster.stop_all().ok();
+}
+
+/// Where each broker keeps partition 0's log, as Kafka's `kafka-log-dirs --describe` reports
+/// it (DescribeLogDirs): broker id -> log dir path. None until every broker in `brokers`
+/// reports one.
+fn partition_log_dirs(bootstrap: &str, brokers: &[i32]) -> Option<BTreeMap<i32, PathBuf>> {
+    let list = brokers
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = tool_output(
+        "kafka-log-dirs",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--broker-list",
+            &list,
+            "--topic-list",
+            TOPIC,
+        ],
+    )
+    .ok()?;
+    let json: serde_json::Value = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())?;
+    let mut found = BTreeMap::new();
+    for b in json["brokers"].as_array()? {
+        let id = i32::try_from(b["broker"].as_i64()?).ok()?;
+        for d in b["logDirs"].as_array()? {
+            let holds = d["partitions"]
+                .as_array()?
+                .iter()
+                .any(|p| p["partition"].as_str() == Some(&format!("{TOPIC}-0")));
+            if holds {
+                found.insert(id, PathBuf::from(d["logDir"].as_str()?));
+            }
+        }
+    }
+    (found.len() == brokers.len()).then_some(found)
+}
+
+/// `directory.id` of a log dir's `meta.properties`.
+fn directory_id(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("meta.properties")).expect("meta.properties");
+    text.lines()
+        .find_map(|l| l.strip_prefix("directory.id="))
+        .expect("a directory.id")
+        .trim()
+        .to_string()
+}
+
+/// The directory that partition 0's registration names for each replica, as Kafka's
+/// `kafka-dump-log --cluster-metadata-decoder` decodes the metadata log in `metadata_dir`
+/// (the `PartitionRecord`, then each `PartitionChangeRecord` with `replicas` or
+/// `directories`): replica -> directory id as Kafka prints it. Read from a copy of the
+/// segments (the node is running); None when a copy does not decode yet.
+fn registered_directories(metadata_dir: &Path) -> Option<BTreeMap<i32, String>> {
+    let copy = tempfile::tempdir().ok()?;
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(metadata_dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    segments.sort();
+    let mut dump = String::new();
+    for s in segments {
+        let to = copy.path().join(s.file_name()?);
+        std::fs::copy(&s, &to).ok()?;
+        dump.push_str(&gregor_tests::reference::dump_cluster_metadata(&to).ok()?);
+    }
+    let mut topic_id: Option<String> = None;
+    let (mut replicas, mut dirs): (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
+    let list = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
+    for line in dump.lines() {
+        let Some((_, payload)) = line.split_once("payload: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) else {
+            continue;
+        };
+        let data = &v["data"];
+        let ours = data["topicId"]
+            .as_str()
+            .is_some_and(|t| Some(t) == topic_id.as_deref())
+            && data["partitionId"].as_i64() == Some(0);
+        match v["type"].as_str() {
+            Some("TOPIC_RECORD") if data["name"].as_str() == Some(TOPIC) => {
+                topic_id = data["topicId"].as_str().map(String::from);
+            }
+            Some("PARTITION_RECORD" | "PARTITION_CHANGE_RECORD") if ours => {
+                if data["replicas"].is_array() {
+                    replicas = list(&data["replicas"])
+                        .iter()
+                        .filter_map(serde_json::Value::as_i64)
+                        .collect();
+                }
+                if data["directories"].is_array() {
+                    dirs = list(&data["directories"])
+                        .iter()
+                        .filter_map(|d| d.as_str().map(String::from))
+                        .collect();
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(
+        replicas
+            .into_iter()
+            .zip(dirs)
+            .filter_map(|(r, d)| Some((i32::try_from(r).ok()?, d)))
+            .collect(),
+    )
+}
+
+/// Counts librdkafka's delivery reports: the acknowledged values, and the failures.
+#[derive(Default)]
+struct Acks {
+    acked: std::sync::Mutex<Vec<Vec<u8>>>,
+    failed: std::sync::atomic::AtomicUsize,
+}
+
+impl ClientContext for Acks {}
+
+impl ProducerContext for Acks {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => self
+                .acked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(rdkafka::Message::payload(m).unwrap_or_default().to_vec()),
+            Err(_) => {
+                self.failed
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// KIP-858 with several log dirs per broker (issue 14 item 4): three brokers with two log
+/// dirs each, RF 3, `min.insync.replicas=2`. After creation every broker tells the
+/// controller which dir holds its replica (AssignReplicasToDirs), so the partition's
+/// registration names them (decoded by Kafka's `kafka-dump-log` from the controller's
+/// metadata log, compared with Kafka's `kafka-log-dirs`). Filling the leader's dir that holds
+/// the partition takes that dir offline; the broker reports it in its heartbeats and the
+/// controller moves leadership to another replica within seconds. An idempotent acks=all
+/// librdkafka producer writing all along keeps going, and every record it had acknowledged is
+/// read back from the new leader.
+#[test]
+fn a_full_dir_of_a_leader_with_two_log_dirs_moves_its_leadership() {
+    two_log_dirs(gregor(), gregor());
+}
+
+/// As [`a_full_dir_of_a_leader_with_two_log_dirs_moves_its_leadership`] with gregor brokers
+/// and an Apache Kafka 4.4.0 controller: gregor's AssignReplicasToDirs as Kafka's controller
+/// takes it.
+#[test]
+fn gregor_brokers_with_two_log_dirs_under_a_kafka_controller() {
+    two_log_dirs(Implementation::Kafka, gregor());
+}
+
+/// As [`a_full_dir_of_a_leader_with_two_log_dirs_moves_its_leadership`] with Apache Kafka
+/// 4.4.0 brokers and a gregor controller: Kafka's AssignReplicasToDirs and offline-dir
+/// heartbeats as gregor's controller takes them.
+#[test]
+fn kafka_brokers_with_two_log_dirs_under_a_gregor_controller() {
+    two_log_dirs(gregor(), Implementation::Kafka);
+}
+
+fn gregor() -> Implementation {
+    Implementation::Gregor(env!("CARGO_BIN_EXE_gregor").into())
+}
+
+/// The two-log-dirs scenario with node 1 (the controller) on `controller` and brokers 2-4
+/// on `brokers`.
+fn two_log_dirs(controller: Implementation, brokers: Implementation) {
+    if skip() || !gregor_tests::reference::jars_or_skip() {
+        return;
+    }
+    let mut config = config(Layout::Split {
+        controllers: 1,
+        brokers: 3,
+    });
+    config.implementation = brokers;
+    let config = config.with_node_implementation(1, controller);
+    let mut cluster = Cluster::start_with(
+        &config,
+        &ClusterOptions::default()
+            .with_disk_limit_mib(32)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let ids: Vec<i32> = vec![2, 3, 4];
+    let at = |id: i32| cluster.node(id).bootstrap().expect("a broker");
+    let bootstrap = ids.iter().map(|id| at(*id)).collect::<Vec<_>>().join(",");
+    create_topic(&at(2), 3, "2");
+    let (leader, _) = cluster.wait_for(Duration::from_secs(30), "a full ISR", || {
+        partition_state(&at(2)).filter(|(_, isr)| isr.len() == 3)
+    });
+
+    // Each replica's dir, and the registration naming it.
+    let placed = cluster.wait_for(Duration::from_secs(60), "kafka-log-dirs", || {
+        partition_log_dirs(&bootstrap, &ids)
+    });
+    let want: BTreeMap<i32, String> = placed
+        .iter()
+        .map(|(id, dir)| {
+            assert!(
+                cluster.node(*id).log_dirs().contains(dir),
+                "broker {id} reports {dir:?}"
+            );
+            (*id, directory_id(dir))
+        })
+        .collect();
+    let metadata = cluster.node(1).data_dir().join("__cluster_metadata-0");
+    let started = std::time::Instant::now();
+    let mut last = None;
+    let assigned = gregor_tests::process::poll(Duration::from_secs(30), || {
+        last = registered_directories(&metadata);
+        last.clone().filter(|got| *got == want)
+    });
+    assert!(
+        assigned.is_some(),
+        "the registration names {last:?}, the replicas are in {want:?}\n{}",
+        cluster.logs(30)
+    );
+    eprintln!(
+        "registration names every replica's directory ({:?} after the ISR was full): {want:?}",
+        started.elapsed()
+    );
+
+    // An idempotent acks=all producer, all along.
+    let acks = std::sync::Arc::new(Acks::default());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let producer = {
+        let (bootstrap, stop, sent) = (bootstrap.clone(), stop.clone(), sent.clone());
+        let context = AcksRef(acks.clone());
+        std::thread::spawn(move || {
+            let p: rdkafka::producer::BaseProducer<AcksRef> = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("acks", "all")
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .set("message.timeout.ms", "60000")
+                .create_with_context(context)
+                .expect("producer");
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let value = format!("v-{i:06}");
+                if p.send(
+                    BaseRecord::<(), str>::to(TOPIC)
+                        .partition(0)
+                        .payload(value.as_str()),
+                )
+                .is_ok()
+                {
+                    i += 1;
+                    sent.store(i, std::sync::atomic::Ordering::SeqCst);
+                }
+                p.poll(Duration::from_millis(10));
+            }
+            let _ = p.flush(Duration::from_secs(60));
+        })
+    };
+    let acked = |acks: &Acks| {
+        acks.acked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    };
+    cluster.wait_for(Duration::from_secs(30), "acknowledged writes", || {
+        (acked(&acks) >= 50).then_some(())
+    });
+
+    // The leader's dir that holds the partition fills up.
+    let full_dir = placed[&leader].clone();
+    cluster
+        .node(leader)
+        .fill_dir(&full_dir)
+        .expect("fill the leader's log dir");
+    let filled = std::time::Instant::now();
+    let other = *ids
+        .iter()
+        .find(|id| **id != leader)
+        .expect("another broker");
+    let (new_leader, isr) = cluster.wait_for(Duration::from_secs(15), "leadership to move", || {
+        partition_state(&at(other)).filter(|(l, isr)| *l != leader && !isr.contains(&leader))
+    });
+    eprintln!(
+        "leadership moved from {leader} to {new_leader} (ISR {isr:?}) {:?} after its dir {} filled",
+        filled.elapsed(),
+        full_dir.display()
+    );
+    // Writes continue on the new leader.
+    let before = acked(&acks);
+    cluster.wait_for(
+        Duration::from_secs(60),
+        "acknowledged writes on the new leader",
+        || (acked(&acks) >= before + 100).then_some(()),
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    producer.join().expect("the producer thread");
+    let failed = acks.failed.load(std::sync::atomic::Ordering::SeqCst);
+    let acknowledged = acks
+        .acked
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    eprintln!(
+        "{} sent, {} acknowledged, {failed} failed",
+        sent.load(std::sync::atomic::Ordering::SeqCst),
+        acknowledged.len()
+    );
+    let stored: std::collections::HashSet<Vec<u8>> = read_all(&at(new_leader), 0)
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    let lost: Vec<String> = acknowledged
+        .iter()
+        .filter(|v| !stored.contains(*v))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    assert!(lost.is_empty(), "acknowledged but lost: {lost:?}");
+    cluster
+        .node(leader)
+        .free_dir(&full_dir)
+        .expect("free the dir");
+    cluster.stop_all().ok();
+}
+
+/// [`Acks`] shared with the test thread.
+struct AcksRef(std::sync::Arc<Acks>);
+
+impl ClientContext for AcksRef {}
+
+impl ProducerContext for AcksRef {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: ()) {
+        self.0.delivery(result, opaque);
+    }
 }
 
 /// A topic whose logs cannot be created (the data disk is full; the metadata log is on

@@ -26,7 +26,8 @@
 use std::collections::BTreeMap;
 
 use gregor_protocol::metadata_records::{
-    BrokerFeature, BrokerRegistrationChangeRecord, RegisterBrokerRecord, UnregisterBrokerRecord,
+    BrokerFeature, BrokerRegistrationChangeRecord, PartitionChangeRecord, RegisterBrokerRecord,
+    UnregisterBrokerRecord,
 };
 use uuid::Uuid;
 
@@ -162,8 +163,8 @@ impl Controller {
             }
         }
         self.check_features(&req.features)?;
-        // Directory assignment (KIP-858) exists from metadata.version 3.7-IV2 (level 18).
-        let directories = self.image.metadata_version().is_some_and(|mv| mv >= 18);
+        // Directory assignment (KIP-858) exists from metadata.version 3.7-IV2.
+        let directories = self.image.is_directory_assignment_supported();
         if directories {
             self.check_log_dirs(broker_id, &req.log_dirs)?;
         }
@@ -225,14 +226,7 @@ impl Controller {
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         topics
             .into_iter()
-            .map(|t| {
-                let election = if self.unclean_leader_election_enabled(&t.name) {
-                    Election::Unclean
-                } else {
-                    Election::Online
-                };
-                (t, election)
-            })
+            .map(|t| (t, self.election_of(&t.name)))
             .collect()
     }
 
@@ -446,7 +440,7 @@ impl Controller {
         // Offline directories are handled in a heartbeat that changes nothing else: a state
         // change (fencing, controlled shutdown) built from the same image would move the same
         // partitions twice; the next heartbeat reports them again.
-        if current == next && self.image.metadata_version().is_some_and(|mv| mv >= 18) {
+        if current == next && self.image.is_directory_assignment_supported() {
             let now = self.now_ms();
             let reported: std::collections::BTreeSet<Uuid> =
                 req.offline_log_dirs.iter().copied().collect();
@@ -594,23 +588,15 @@ impl Controller {
         if newly_offline.is_empty() {
             return;
         }
-        let image: &MetadataImage = &self.image;
         for (t, election) in self.topics_by_name() {
             for (partition_id, p) in &t.partitions {
                 if !dir_of(p).is_some_and(|d| newly_offline.contains(&d)) {
                     continue;
                 }
-                let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
-                let change =
-                    PartitionChangeBuilder::new(image, p, t.topic_id, *partition_id, acceptable)
-                        .election(election)
-                        .target_isr(p.isr.iter().copied().filter(|r| *r != broker_id).collect())
-                        .build();
-                match change {
-                    // No other replica can lead: keep this one (see above).
-                    Some(c) if c.leader == NO_LEADER => {}
-                    Some(c) => records.push(c.into()),
-                    None => {}
+                if let Some(c) =
+                    self.offline_replica_change(t, election, *partition_id, p, broker_id)
+                {
+                    records.push(c.into());
                 }
             }
         }
@@ -636,6 +622,37 @@ impl Controller {
                 }
                 .into(),
             );
+        }
+    }
+
+    /// The change that takes `broker_id`'s replica of partition `partition_id` of `t` out of
+    /// leadership and the ISR because its log directory is offline (`handleDirectoriesOffline`
+    /// and AssignReplicasToDirs to an offline directory, KIP-858): None when nothing changes,
+    /// and when no other replica could lead (the departure described at
+    /// [`Controller::offline_dir_records`]: the leader stays).
+    pub(crate) fn offline_replica_change(
+        &self,
+        t: &TopicImage,
+        election: Election,
+        partition_id: i32,
+        p: &PartitionRegistration,
+        broker_id: i32,
+    ) -> Option<PartitionChangeRecord> {
+        let acceptable = |r: i32| r != broker_id && self.is_acceptable_leader(p, r);
+        PartitionChangeBuilder::new(&self.image, p, t.topic_id, partition_id, acceptable)
+            .election(election)
+            .target_isr(p.isr.iter().copied().filter(|r| *r != broker_id).collect())
+            .build()
+            .filter(|c| c.leader != NO_LEADER)
+    }
+
+    /// The election a topic's leaderless partitions get: unclean where
+    /// `unclean.leader.election.enable` is set.
+    pub(crate) fn election_of(&self, topic: &str) -> Election {
+        if self.unclean_leader_election_enabled(topic) {
+            Election::Unclean
+        } else {
+            Election::Online
         }
     }
 

@@ -563,16 +563,25 @@ impl Controller {
         p: &crate::image::PartitionRegistration,
         broker: i32,
     ) -> bool {
-        let Some(b) = self.image.brokers.get(&broker) else {
+        if !self.image.brokers.contains_key(&broker) {
             return false;
-        };
-        let Some(dir) = p
-            .replicas
+        }
+        p.replicas
             .iter()
             .position(|r| *r == broker)
             .and_then(|i| p.directories.get(i))
-        else {
-            return true;
+            .is_none_or(|dir| self.broker_dir_online(broker, dir))
+    }
+
+    /// Whether `dir` is an online log directory of `broker` (`BrokerRegistration.hasOnlineDir`,
+    /// KIP-858): UNASSIGNED and MIGRATING count as online, LOST as offline; otherwise the
+    /// registration must list it (a registration without directories has them all online)
+    /// and the broker's last heartbeat must not have reported it offline (the registration
+    /// keeps a broker's directories when all of them are offline). False for a broker that is
+    /// not registered.
+    pub(crate) fn broker_dir_online(&self, broker: i32, dir: &Uuid) -> bool {
+        let Some(b) = self.image.brokers.get(&broker) else {
+            return false;
         };
         if *dir == crate::record::DIRECTORY_UNASSIGNED || *dir == crate::record::DIRECTORY_MIGRATING
         {
@@ -1432,6 +1441,24 @@ impl ControllerHandle {
     ) -> Result<gregor_protocol::kafka_protocol::messages::AlterPartitionResponse, ControllerError>
     {
         self.submit_one(move |c| c.alter_partition(request)).await
+    }
+
+    /// AssignReplicasToDirs (API 73, KIP-858) from a broker; see
+    /// [`Controller::assign_replicas_to_dirs`]. Returns once the directories are committed
+    /// and applied on this node, with each partition's error code.
+    ///
+    /// # Errors
+    /// UNSUPPORTED_VERSION, STALE_BROKER_EPOCH, NOT_CONTROLLER, or the log's or the loader's
+    /// failure.
+    pub async fn assign_replicas_to_dirs(
+        &self,
+        request: gregor_protocol::kafka_protocol::messages::AssignReplicasToDirsRequest,
+    ) -> Result<
+        gregor_protocol::kafka_protocol::messages::AssignReplicasToDirsResponse,
+        ControllerError,
+    > {
+        self.submit_one(move |c| c.assign_replicas_to_dirs(&request))
+            .await
     }
 
     /// ElectLeaders (API 43, KIP-460); see [`Controller::elect_leaders`]. `topic_partitions`

@@ -36,6 +36,9 @@ pub const ELR_FEATURE: &str = "eligible.leader.replicas.version";
 pub const NO_LEADER_CHANGE: i32 = -2;
 /// A partition without a leader (`LeaderConstants.NO_LEADER`).
 pub const NO_LEADER: i32 = -1;
+/// `metadata.version` 3.7-IV2 (level 17, Kafka's `isDirectoryAssignmentSupported`): brokers
+/// register their log directory ids and partitions name each replica's directory (KIP-858).
+pub const MV_3_7_IV2: i16 = 17;
 
 /// A registered broker (Kafka's `BrokerRegistration`).
 #[derive(Debug, Clone, PartialEq)]
@@ -322,6 +325,12 @@ impl MetadataImage {
     /// The finalized `metadata.version`, None before the bootstrap records.
     pub fn metadata_version(&self) -> Option<i16> {
         self.features.get(METADATA_VERSION_FEATURE).copied()
+    }
+
+    /// Whether directory assignment (KIP-858) is on: the finalized `metadata.version` is at
+    /// least 3.7-IV2 ([`MV_3_7_IV2`]).
+    pub fn is_directory_assignment_supported(&self) -> bool {
+        self.metadata_version().is_some_and(|mv| mv >= MV_3_7_IV2)
     }
 
     /// Registered brokers that are not fenced, by id.

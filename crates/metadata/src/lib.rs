@@ -19,6 +19,7 @@ pub mod broker_sessions;
 pub mod cluster_control;
 pub mod codec;
 pub mod controller;
+pub mod dir_assignment;
 pub mod features;
 pub mod image;
 pub mod loader;

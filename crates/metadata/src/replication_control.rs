@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 use crate::controller::{Controller, ControllerError, ControllerResult};
 use crate::image::{
-    MetadataImage, PartitionRegistration, ELR_FEATURE, NO_LEADER, NO_LEADER_CHANGE,
+    MetadataImage, PartitionRegistration, ELR_FEATURE, MV_3_7_IV2, NO_LEADER, NO_LEADER_CHANGE,
 };
 use crate::record::{ConfigResource, MetadataRecord};
 
@@ -49,8 +49,6 @@ pub const LEADER_RECOVERING: i8 = 1;
 
 /// `metadata.version` 3.6-IV0: from here an ISR shrink does not bump the leader epoch.
 const MV_3_6_IV0: i16 = 12;
-/// `metadata.version` 3.7-IV2: partitions carry the log directory of each replica (KIP-858).
-const MV_3_7_IV2: i16 = 17;
 
 /// How a [`PartitionChangeBuilder`] picks a leader (Kafka's `PartitionChangeBuilder.Election`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +82,8 @@ pub struct PartitionChangeBuilder<'a> {
     target_last_known_elr: Vec<i32>,
     target_leader_recovery_state: i8,
     unclean_shutdown_replicas: Vec<i32>,
+    /// Directories set for replicas (`setDirectory`), over the partition's own.
+    target_directories: Vec<(i32, Uuid)>,
 }
 
 /// The replicas, ISR and adding/removing replicas after a reassignment completes
@@ -154,6 +154,7 @@ impl<'a> PartitionChangeBuilder<'a> {
             target_last_known_elr: partition.last_known_elr.clone(),
             target_leader_recovery_state: partition.leader_recovery_state,
             unclean_shutdown_replicas: Vec::new(),
+            target_directories: Vec::new(),
         }
     }
 
@@ -197,6 +198,14 @@ impl<'a> PartitionChangeBuilder<'a> {
     /// The election type.
     pub fn election(mut self, election: Election) -> Self {
         self.election = election;
+        self
+    }
+
+    /// The log directory of `broker`'s replica (`setDirectory`, KIP-858): written from
+    /// `metadata.version` 3.7-IV2 when the broker is among the target replicas.
+    pub fn directory(mut self, broker: i32, dir: Uuid) -> Self {
+        self.target_directories.retain(|(b, _)| *b != broker);
+        self.target_directories.push((broker, dir));
         self
     }
 
@@ -399,10 +408,16 @@ impl<'a> PartitionChangeBuilder<'a> {
                     .target_replicas
                     .iter()
                     .map(|r| {
-                        p.replicas
+                        self.target_directories
                             .iter()
-                            .position(|x| x == r)
-                            .and_then(|i| p.directories.get(i).copied())
+                            .find(|(b, _)| b == r)
+                            .map(|(_, d)| *d)
+                            .or_else(|| {
+                                p.replicas
+                                    .iter()
+                                    .position(|x| x == r)
+                                    .and_then(|i| p.directories.get(i).copied())
+                            })
                             .unwrap_or_else(|| (self.default_dir)(*r))
                     })
                     .collect();
