@@ -360,13 +360,10 @@ fn running_out_of_descriptors_does_not_take_the_log_dir_out_of_service() -> Resu
     }
     let _ = producer.flush(Duration::from_secs(15));
     let log = g.server_log();
-    let starved = log
-        .lines()
-        .find(|l| l.contains("append failed for lack of file descriptors"))
-        .context("no append ran out of descriptors: the test did not exercise the case")?;
     ensure!(
-        starved.contains("os error 24"),
-        "the failure was not EMFILE: {starved}"
+        log.lines()
+            .any(|l| l.contains("append failed") && l.contains("os error 24")),
+        "no append met EMFILE: the test did not exercise the case"
     );
     drop(idle);
     // Records acknowledged while starved count too.
