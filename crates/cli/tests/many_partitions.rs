@@ -254,7 +254,11 @@ const LOW_NOFILE: u64 = 128;
 fn connect_producer(producer: &BaseProducer<Acks>, acked: &mut Acked) -> Result<()> {
     let name = topic(0);
     producer
-        .send(BaseRecord::<(), str>::to(&name).partition(0).payload("connect"))
+        .send(
+            BaseRecord::<(), str>::to(&name)
+                .partition(0)
+                .payload("connect"),
+        )
         .map_err(|(e, _)| e)
         .context("sending the connecting record")?;
     producer
