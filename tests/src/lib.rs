@@ -101,6 +101,34 @@ impl Gregor {
         Ok(g)
     }
 
+    /// [`Gregor::start_with_nofile`] with extra environment variables (test hooks of the
+    /// broker), here and on every restart.
+    ///
+    /// # Errors
+    /// As [`Gregor::start`].
+    pub fn start_with_nofile_and_env(
+        bin: impl AsRef<Path>,
+        extra: &[&str],
+        nofile: u64,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let mut g = Self {
+            bin: bin.as_ref().to_path_buf(),
+            child: None,
+            port: free_port()?,
+            admin_port: free_port()?,
+            data: tempfile::tempdir().context("creating a data dir")?,
+            extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            nofile: Some(nofile),
+        };
+        g.spawn()?;
+        Ok(g)
+    }
+
     /// Like [`Gregor::start`] with extra environment variables, and without waiting for the
     /// client listener (for tests of start-up itself).
     ///

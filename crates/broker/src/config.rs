@@ -945,6 +945,7 @@ impl BrokerConfig {
             max_connections_per_ip: self.max_connections_per_ip,
             max_connections_per_ip_overrides: self.max_connections_per_ip_overrides.clone(),
             connections_max_idle_ms: self.connections_max_idle_ms,
+            max_connections_by_descriptors: None,
         }
     }
 

@@ -188,7 +188,7 @@ fn describe() {
     describe_counter!(CONNECTIONS_OPENED_TOTAL, "Client connections accepted.");
     describe_counter!(
         gregor_network::server::CONNECTIONS_CLOSED_BY_BROKER_TOTAL,
-        "Connections the broker closed, by reason (max_connections_per_ip, idle)."
+        "Connections the broker closed, by reason (max_connections_per_ip, idle, descriptor_reserve)."
     );
     describe_gauge!(
         gregor_network::pool::MEMORY_POOL_AVAILABLE_BYTES,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use gregor_log::LogManager;
 
-use gregor_network::SocketServer;
+use gregor_network::{SocketServer, SocketServerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -213,6 +213,32 @@ impl RunningBroker {
     }
 }
 
+/// Descriptors the connection limit leaves free beside the segment file budget, for
+/// everything that is neither (the metadata log, checkpoint and snapshot files being written,
+/// listeners, sockets to other nodes, descriptors of evicted segment files a read still holds):
+/// 1/16 of the open-file limit, at least [`MIN_DESCRIPTOR_RESERVE`]. A single node holds about
+/// 16 such descriptors when idle.
+const DESCRIPTOR_RESERVE_FRACTION: u64 = 16;
+/// The smallest descriptor reserve.
+const MIN_DESCRIPTOR_RESERVE: u64 = 32;
+/// Client connections allowed whatever the open-file limit, so that a broker with a tiny
+/// limit still serves some clients (the reserve is then not guaranteed).
+const MIN_CONNECTIONS_BY_DESCRIPTORS: u64 = 8;
+
+/// How many connections (across every listener; each holds one descriptor) fit in the
+/// open-file limit `soft` beside the segment file budget `budget` (in files) and the reserve
+/// ([`DESCRIPTOR_RESERVE_FRACTION`]), at least [`MIN_CONNECTIONS_BY_DESCRIPTORS`]. With 1,024
+/// descriptors: 1,024 - 512 - 64 = 448 connections.
+fn max_connections_by_descriptors(soft: u64, budget: usize) -> usize {
+    let reserve = (soft / DESCRIPTOR_RESERVE_FRACTION).max(MIN_DESCRIPTOR_RESERVE);
+    let budget = u64::try_from(budget).unwrap_or(u64::MAX);
+    let n = soft
+        .saturating_sub(budget)
+        .saturating_sub(reserve)
+        .max(MIN_CONNECTIONS_BY_DESCRIPTORS);
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 /// Starts a broker: formats or checks storage, loads metadata and logs, binds the listeners.
 ///
 /// # Errors
@@ -235,11 +261,18 @@ pub async fn start_with_authorizer(
         observability::handle();
     }
     let limit = gregor_log::files::size_from_process_limit();
+    // Test hook: without the reserve, idle connections can take every descriptor, so that a
+    // test can make an append meet EMFILE.
+    let connections_by_descriptors = std::env::var_os("GREGOR_TEST_NO_DESCRIPTOR_RESERVE")
+        .is_none()
+        .then(|| max_connections_by_descriptors(limit.soft, limit.budget));
     info!(
         open_file_limit = limit.soft,
         raised_from = limit.soft_before,
         segment_files_open_max = limit.budget,
-        "open-file limit; segment files beyond the budget are closed until used"
+        max_client_connections = ?connections_by_descriptors,
+        "open-file limit; segment files beyond the budget are closed until used, and client \
+         connections beyond their share of the limit are closed at once"
     );
     gregor_log::index_cache::set_max_bytes(config.log_index_cache_bytes);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -503,7 +536,10 @@ pub async fn start_with_authorizer(
         }));
     }
     let socket_server = SocketServer::new(
-        broker.config.socket_server_config(),
+        SocketServerConfig {
+            max_connections_by_descriptors: connections_by_descriptors,
+            ..broker.config.socket_server_config()
+        },
         Arc::new(KafkaApis::new(broker.clone())),
     );
     tasks.extend(socket_server.start(listeners, &shutdown_rx));
@@ -791,5 +827,25 @@ async fn log_cleaner_thread(
             _ = tokio::time::sleep(Duration::from_millis(backoff)) => {}
             _ = shutdown.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod descriptor_reserve_tests {
+    use super::max_connections_by_descriptors;
+
+    #[test]
+    fn connections_get_what_the_budget_and_the_reserve_leave() {
+        // 1,024: 512 segment files, a reserve of 64.
+        assert_eq!(max_connections_by_descriptors(1024, 512), 448);
+        // 128: 64 segment files, the smallest reserve (32).
+        assert_eq!(max_connections_by_descriptors(128, 64), 32);
+        // 1,048,576: 1/16 reserved.
+        assert_eq!(
+            max_connections_by_descriptors(1 << 20, 1 << 19),
+            (1 << 19) - (1 << 16)
+        );
+        // A limit too small for the reserve still lets a few clients in.
+        assert_eq!(max_connections_by_descriptors(40, 20), 8);
     }
 }

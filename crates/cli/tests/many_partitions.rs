@@ -74,15 +74,24 @@ fn create_topics(bootstrap: &str) -> Result<()> {
     Ok(())
 }
 
-/// Produces one record (`round`, topic, partition) to every partition with acks=all.
-fn produce_round(bootstrap: &str, round: u32, acked: &mut Acked) -> Result<()> {
-    let producer: BaseProducer<Acks> = rdkafka::ClientConfig::new()
+/// A producer with acks=all whose records time out after `timeout_ms`.
+fn producer(bootstrap: &str, timeout_ms: u32) -> Result<BaseProducer<Acks>> {
+    rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("acks", "all")
         .set("linger.ms", "5")
-        .set("message.timeout.ms", "120000")
+        .set("message.timeout.ms", timeout_ms.to_string())
         .create_with_context(Acks::default())
-        .context("creating the producer")?;
+        .context("creating the producer")
+}
+
+/// Produces one record (`round`, topic, partition) to every partition with acks=all.
+fn produce_round(bootstrap: &str, round: u32, acked: &mut Acked) -> Result<()> {
+    produce_round_with(&producer(bootstrap, 120_000)?, round, acked)
+}
+
+/// [`produce_round`] through `producer` (and the connections it has).
+fn produce_round_with(producer: &BaseProducer<Acks>, round: u32, acked: &mut Acked) -> Result<()> {
     for t in 0..TOPICS {
         let name = topic(t);
         for p in 0..PARTITIONS_PER_TOPIC {
@@ -234,5 +243,222 @@ fn two_thousand_partitions_within_512_descriptors_survive_restarts() -> Result<(
             .collect::<Vec<_>>()
             .join("\n")
     );
+    Ok(())
+}
+
+/// The open-file limit of the tests that run the broker out of descriptors.
+const LOW_NOFILE: u64 = 128;
+
+/// Produces one record to `many-00` partition 0 and waits for it, so that `producer` is
+/// connected to the broker (not only to the bootstrap address) before its descriptors run out.
+fn connect_producer(producer: &BaseProducer<Acks>, acked: &mut Acked) -> Result<()> {
+    let name = topic(0);
+    producer
+        .send(
+            BaseRecord::<(), str>::to(&name)
+                .partition(0)
+                .payload("connect"),
+        )
+        .map_err(|(e, _)| e)
+        .context("sending the connecting record")?;
+    producer
+        .flush(Duration::from_secs(30))
+        .context("flushing the connecting record")?;
+    take_acked(producer, acked);
+    ensure!(
+        acked.contains_key(&(name, 0)),
+        "the connecting record was not acknowledged"
+    );
+    Ok(())
+}
+
+/// Moves the records `producer` has had acknowledged so far into `acked`; returns the delivery
+/// errors.
+fn take_acked(producer: &BaseProducer<Acks>, acked: &mut Acked) -> Vec<String> {
+    let (got, errors) = std::mem::take(
+        &mut *producer
+            .context()
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for (tp, records) in got {
+        acked.entry(tp).or_default().extend(records);
+    }
+    errors
+}
+
+/// Opens up to `want` idle connections to `g`, stopping at the first that cannot connect
+/// within 2 s (once the broker stops accepting, its listen backlog fills).
+fn idle_connections(g: &Gregor, want: usize) -> Vec<std::net::TcpStream> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.port));
+    let mut idle = Vec::new();
+    while idle.len() < want {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(s) => idle.push(s),
+            Err(_) => break,
+        }
+    }
+    idle
+}
+
+/// A Prometheus sample `name` (with its labels, as written) from `/metrics`.
+fn metric(g: &Gregor, name: &str) -> Result<Option<f64>> {
+    let (status, body) = g.admin_get("/metrics")?;
+    ensure!(status == 200, "/metrics answered {status}");
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()))
+}
+
+/// When something other than the log takes every descriptor (here idle connections, with the
+/// connection reserve turned off by its test hook, as it was before there was one), the
+/// appends that must open a segment meet the real EMFILE and fail alone: once the descriptors
+/// are back, the directory was never taken out of service, `/ready` is 200 with no restart,
+/// and every partition takes writes again with nothing acknowledged lost. Before, the first
+/// such append marked the log dir failed until a restart.
+///
+/// Deterministic: after a restart no segment file is open, the producer is connected first,
+/// and the appends are sent only once `/proc/<pid>/fd` shows every descriptor taken.
+#[test]
+fn running_out_of_descriptors_does_not_take_the_log_dir_out_of_service() -> Result<()> {
+    let mut g = Gregor::start_with_nofile_and_env(
+        BIN,
+        &[],
+        LOW_NOFILE,
+        &[("GREGOR_TEST_NO_DESCRIPTOR_RESERVE", "1")],
+    )?;
+    let bootstrap = g.bootstrap();
+    create_topics(&bootstrap)?;
+    let mut acked = Acked::new();
+    produce_round(&bootstrap, 1, &mut acked)?;
+    // After a restart no segment file is open, so appends must open them.
+    g.stop()?;
+    g.restart()?;
+
+    let producer = producer(&bootstrap, 10_000)?;
+    connect_producer(&producer, &mut acked)?;
+    // More than the limit: the broker accepts until accept(2) fails with EMFILE; the rest
+    // wait in the backlog and take any descriptor that is freed.
+    let idle = idle_connections(&g, 2 * LOW_NOFILE as usize);
+    let full = gregor_tests::process::poll(Duration::from_secs(30), || {
+        (open_descriptors(&g).ok()? >= LOW_NOFILE as usize).then_some(())
+    });
+    ensure!(
+        full.is_some(),
+        "{} idle connections left the broker {} of {LOW_NOFILE} descriptors",
+        idle.len(),
+        open_descriptors(&g)?
+    );
+    // Every partition but many-00/0 has no open segment file: its append needs a descriptor
+    // the broker does not have.
+    for t in 0..TOPICS {
+        let name = topic(t);
+        for p in 0..PARTITIONS_PER_TOPIC {
+            let value = format!("starved {name} {p}");
+            let record: BaseRecord<(), String> = BaseRecord::to(&name).partition(p).payload(&value);
+            if producer.send(record).is_err() {
+                producer.poll(Duration::from_millis(50));
+            }
+        }
+    }
+    let _ = producer.flush(Duration::from_secs(15));
+    let log = g.server_log();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("append failed") && l.contains("os error 24")),
+        "no append met EMFILE: the test did not exercise the case"
+    );
+    drop(idle);
+    // Records acknowledged while starved count too.
+    take_acked(&producer, &mut acked);
+    drop(producer);
+
+    let ready = gregor_tests::process::poll(Duration::from_secs(30), || {
+        matches!(g.admin_get("/ready"), Ok((200, _))).then_some(())
+    });
+    ensure!(
+        ready.is_some(),
+        "/ready is not 200 after the connections closed: {:?}",
+        g.admin_get("/ready")
+    );
+    ensure!(
+        !g.server_log().contains("log directory failed"),
+        "the log dir was taken out of service"
+    );
+    produce_round(&bootstrap, 2, &mut acked)?;
+    check_all(&bootstrap, &acked)?;
+    g.stop()?;
+    Ok(())
+}
+
+/// With the connection reserve (the default), the same flood of idle connections cannot take
+/// the descriptors the log needs: connections beyond the open-file limit's share
+/// (128 - 64 segment files - 32 reserved = 32) are closed at once and counted, the process
+/// keeps free descriptors, and a producer connected before the flood writes to all 2,000
+/// partitions (each append opening a segment file) with no error.
+#[test]
+fn connections_beyond_their_share_of_descriptors_are_closed_at_once() -> Result<()> {
+    const MAX_CONNECTIONS: usize = 32;
+    let mut g = Gregor::start_with_nofile(BIN, &[], LOW_NOFILE)?;
+    let bootstrap = g.bootstrap();
+    create_topics(&bootstrap)?;
+    let mut acked = Acked::new();
+    produce_round(&bootstrap, 1, &mut acked)?;
+    g.stop()?;
+    g.restart()?;
+
+    let producer = producer(&bootstrap, 60_000)?;
+    connect_producer(&producer, &mut acked)?;
+    let idle = idle_connections(&g, 2 * LOW_NOFILE as usize);
+    // The broker keeps accepting (and closing), so its backlog never fills.
+    ensure!(
+        idle.len() == 2 * LOW_NOFILE as usize,
+        "only {} idle connections connected",
+        idle.len()
+    );
+    let closed_metric = "gregor_connections_closed_by_broker_total{reason=\"descriptor_reserve\"}";
+    // Every idle connection is accepted, then kept or closed.
+    let settled = gregor_tests::process::poll(Duration::from_secs(30), || {
+        let active = metric(&g, "gregor_connections_active").ok()??;
+        let closed = metric(&g, closed_metric).ok()??;
+        (active + closed >= idle.len() as f64).then_some((active, closed))
+    });
+    let Some((active, closed)) = settled else {
+        bail!(
+            "the broker did not take the {} idle connections: {:?} active, {:?} closed",
+            idle.len(),
+            metric(&g, "gregor_connections_active"),
+            metric(&g, closed_metric)
+        );
+    };
+    ensure!(
+        active <= MAX_CONNECTIONS as f64,
+        "{active} connections open, more than {MAX_CONNECTIONS}"
+    );
+    ensure!(closed > 0.0, "no connection was closed");
+    let fds = open_descriptors(&g)?;
+    ensure!(
+        fds < LOW_NOFILE as usize,
+        "{fds} of {LOW_NOFILE} descriptors open"
+    );
+    // Each append opens a closed segment file (evicting another beyond the budget).
+    produce_round_with(&producer, 2, &mut acked)?;
+    let log = g.server_log();
+    ensure!(
+        log.contains("closed a new connection at once"),
+        "no WARN for the closed connections"
+    );
+    for bad in [
+        "lack of file descriptors",
+        "Too many open files",
+        "log directory failed",
+    ] {
+        ensure!(!log.contains(bad), "the server log says {bad:?}");
+    }
+    drop(idle);
+    drop(producer);
+    check_all(&bootstrap, &acked)?;
+    g.stop()?;
     Ok(())
 }

@@ -206,6 +206,20 @@ impl LogError {
         }
     }
 
+    /// Whether this is the process or the system running out of file descriptors (EMFILE,
+    /// ENFILE): not a fault of the disk. An append that fails so fails alone; its log and its
+    /// directory stay in service.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match self {
+            LogError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(code) if code == rustix::io::Errno::MFILE.raw_os_error()
+                    || code == rustix::io::Errno::NFILE.raw_os_error()
+            ),
+            _ => false,
+        }
+    }
+
     /// The wire code of [`LogError::error_code`].
     pub fn kafka_error_code(&self) -> i16 {
         self.error_code().code()

@@ -110,10 +110,18 @@ impl LogDirHealth {
         })
     }
 
-    /// Records a failed write: full for ENOSPC/EDQUOT ([`LogError::is_out_of_space`]), failed
-    /// otherwise. Logs one WARN (full) or ERROR (failed) line when the state changes; a failed
+    /// Records a failed write: full for ENOSPC/EDQUOT ([`LogError::is_out_of_space`]), nothing
+    /// for EMFILE/ENFILE ([`LogError::is_out_of_descriptors`]), failed otherwise. Logs one WARN (full) or ERROR (failed) line when the state changes; a failed
     /// directory does not become full.
     pub fn record_write_error(&self, error: &LogError) {
+        // Running out of descriptors says nothing about the disk (clients can cause it by
+        // opening connections): the write fails alone.
+        if error.is_out_of_descriptors() {
+            tracing::warn!(log_dir = %self.dir.display(), error = %error,
+                "a write failed for lack of file descriptors; the directory stays online \
+                 (raise the open-file limit or lower max.connections)");
+            return;
+        }
         let mut state = self.state.lock();
         let next = if error.is_out_of_space() {
             match &*state {
@@ -206,6 +214,21 @@ mod tests {
             Path::new("/x"),
             std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
         )
+    }
+
+    #[test]
+    fn running_out_of_descriptors_leaves_the_dir_online() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = LogDirHealth::new(dir.path());
+        for errno in [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE] {
+            h.record_write_error(&LogError::io(
+                "opening segment",
+                Path::new("/x"),
+                std::io::Error::from_raw_os_error(errno.raw_os_error()),
+            ));
+            assert_eq!(h.state(), DirState::Online);
+            assert!(!h.is_offline());
+        }
     }
 
     #[test]

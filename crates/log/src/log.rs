@@ -2,7 +2,7 @@
 
 use crate::clock::SharedClock;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -995,6 +995,33 @@ impl PartitionLog {
                     "append failed for lack of space and was rolled back");
                 if let Some(h) = self.dir_health.get() {
                     h.record_write_error(&error);
+                }
+                Err(error)
+            }
+            // Out of descriptors (clients can open connections until the process limit): the
+            // append failed alone and left nothing; the disk is fine, so neither the log nor
+            // its directory goes out of service. Kafka keeps every segment open and cannot
+            // meet this on append.
+            Err(SegmentAppendError {
+                error,
+                rolled_back: true,
+            }) if error.is_out_of_descriptors() => {
+                // Clients retry at once, so this can repeat thousands of times a second: one
+                // line per 10 s, with how many were not logged.
+                static LAST_WARN_MS: AtomicI64 = AtomicI64::new(i64::MIN);
+                static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+                let now = self.clock.now_ms();
+                let last = LAST_WARN_MS.load(Ordering::Relaxed);
+                if now.saturating_sub(last) >= 10_000
+                    && LAST_WARN_MS
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(partition = %self.topic_partition, error = %error,
+                        suppressed = SUPPRESSED.swap(0, Ordering::Relaxed),
+                        "append failed for lack of file descriptors and was rolled back (the log and its directory stay in service); raise the open-file limit or lower max.connections");
+                } else {
+                    SUPPRESSED.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(error)
             }
@@ -2484,6 +2511,41 @@ mod disk_full_tests {
             .unwrap();
         assert!(!info.duplicate);
         assert_eq!((info.first_offset, info.last_offset), (2, 3));
+    }
+
+    /// EMFILE is not a disk fault: the append fails alone (rolled back, KAFKA_STORAGE_ERROR
+    /// for the client to retry), the log and its directory stay in service, and the next
+    /// append lands at the same offset.
+    #[test]
+    fn running_out_of_descriptors_fails_the_append_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, health) = open(dir.path());
+        log.append_as_leader(&mut batch(2, NOW_MS), 0, NOW_MS)
+            .unwrap();
+        let seg = active(&log);
+        let size = seg.size();
+        let leo = log.log_end_offset();
+        seg.inject_fault(Some(FailAt::LogWrite {
+            after_bytes: 10,
+            errno: rustix::io::Errno::MFILE.raw_os_error(),
+        }));
+        let e = log
+            .append_as_leader(&mut batch(2, NOW_MS), 0, NOW_MS)
+            .unwrap_err();
+        assert!(e.is_out_of_descriptors(), "{e}");
+        assert_eq!(e.kafka_error_code(), 56);
+        assert_eq!(seg.size(), size);
+        assert_eq!(std::fs::metadata(seg.log_path()).unwrap().len(), size);
+        assert!(
+            matches!(health.state(), DirState::Online),
+            "{:?}",
+            health.state()
+        );
+        seg.inject_fault(None);
+        let info = log
+            .append_as_leader(&mut batch(2, NOW_MS), 0, NOW_MS)
+            .unwrap();
+        assert_eq!(info.first_offset, leo);
     }
 
     #[test]

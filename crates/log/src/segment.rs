@@ -1386,12 +1386,19 @@ impl LogSegment {
         headers: &[BatchHeader],
         index_interval_bytes: u64,
     ) -> std::result::Result<(), SegmentAppendError> {
+        // The descriptor is taken first: when it cannot be opened (the process is out of
+        // descriptors, EMFILE), nothing was written and there is nothing to roll back. The
+        // rollback cuts the file through the same descriptor, so it needs no other.
+        let file = self.file().map_err(|error| SegmentAppendError {
+            error,
+            rolled_back: true,
+        })?;
         let start = self.size();
         let saved = self.save_append_state();
-        match self.append_unrolled(start, buf, headers, index_interval_bytes) {
+        match self.append_unrolled(&file, start, buf, headers, index_interval_bytes) {
             Ok(()) => Ok(()),
             Err(error) => {
-                let rolled_back = match self.rollback(start, &saved) {
+                let rolled_back = match self.rollback(&file, start, &saved) {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::error!(segment = %self.log_path().display(), error = %e,
@@ -1406,13 +1413,13 @@ impl LogSegment {
 
     fn append_unrolled(
         &self,
+        file: &File,
         start: u64,
         buf: &[u8],
         headers: &[BatchHeader],
         index_interval_bytes: u64,
     ) -> Result<()> {
-        let file = self.file()?;
-        self.write_at(&file, buf, start)
+        self.write_at(file, buf, start)
             .map_err(|e| LogError::io("appending to", &self.log_path(), e))?;
         let mut pos = start;
         for h in headers {
@@ -1459,9 +1466,8 @@ impl LogSegment {
 
     /// Undoes a failed append that started at `size`: cuts the file (ftruncate needs no free
     /// space), drops the index entries added since `saved` and restores the bookkeeping.
-    fn rollback(&self, size: u64, saved: &AppendState) -> Result<()> {
-        self.file()?
-            .set_len(size)
+    fn rollback(&self, file: &File, size: u64, saved: &AppendState) -> Result<()> {
+        file.set_len(size)
             .map_err(|e| LogError::io("truncating a failed append in", &self.log_path(), e))?;
         self.indexes.offset.truncate_entries(saved.offset_entries)?;
         self.indexes.time.truncate_entries(saved.time_entries)?;

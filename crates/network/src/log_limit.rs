@@ -68,6 +68,10 @@ pub static BAD_CONNECTION_WARNINGS: LogLimiter = LogLimiter::new(10, Duration::f
 /// every 50 ms): 10 lines per 10 seconds.
 pub static ACCEPT_FAILURE_WARNINGS: LogLimiter = LogLimiter::new(10, Duration::from_secs(10));
 
+/// The limiter of connections closed by the descriptor reserve (a client can open them in a
+/// loop): one line per 10 seconds, which says how many were not logged.
+pub static DESCRIPTOR_RESERVE_WARNINGS: LogLimiter = LogLimiter::new(1, Duration::from_secs(10));
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,10 @@
 //! - `max.connections`, `max.connections.per.ip[.overrides]`: [`ConnectionQuotas`].
 //! - `connections.max.idle.ms`: a connection with no request in flight on which nothing was
 //!   read or written for that long is closed.
+//! - The descriptor reserve (gregor's, not Kafka's; [`SocketServerConfig::max_connections_by_descriptors`]):
+//!   each connection holds a file descriptor, and a process out of descriptors cannot open the
+//!   segment files its appends need. A connection accepted while the connections of every
+//!   server of the process already take their share of the open-file limit is closed at once.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -35,7 +39,9 @@ use tracing::{debug, error, info, warn, Instrument};
 
 use crate::context::{KafkaPrincipal, RequestContext, SecurityProtocol};
 use crate::handler::{Handled, RequestHandler};
-use crate::log_limit::{ACCEPT_FAILURE_WARNINGS, BAD_CONNECTION_WARNINGS};
+use crate::log_limit::{
+    ACCEPT_FAILURE_WARNINGS, BAD_CONNECTION_WARNINGS, DESCRIPTOR_RESERVE_WARNINGS,
+};
 use crate::pool::{MemoryPool, Reservation};
 use crate::quotas::ConnectionQuotas;
 use crate::transport::{PlaintextTransportLayer, TransportLayer};
@@ -44,7 +50,8 @@ use crate::transport::{PlaintextTransportLayer, TransportLayer};
 pub const CONNECTIONS_ACTIVE: &str = "gregor_connections_active";
 /// Client connections accepted (counter).
 pub const CONNECTIONS_OPENED_TOTAL: &str = "gregor_connections_opened_total";
-/// Connections closed by a quota or expiry, by `reason` (`max_connections_per_ip`, `idle`).
+/// Connections closed by a quota or expiry, by `reason` (`max_connections_per_ip`, `idle`,
+/// `descriptor_reserve`).
 pub const CONNECTIONS_CLOSED_BY_BROKER_TOTAL: &str = "gregor_connections_closed_by_broker_total";
 
 /// Network failures at start-up.
@@ -88,6 +95,13 @@ pub struct SocketServerConfig {
     pub max_connections_per_ip_overrides: HashMap<IpAddr, i32>,
     /// `connections.max.idle.ms` (default 600000); negative: never.
     pub connections_max_idle_ms: i64,
+    /// The most connections, counted across every [`SocketServer`] of the process, that the
+    /// open-file limit leaves room for once the segment file budget and a reserve for
+    /// everything else are set aside (not a Kafka setting; the broker derives it from
+    /// `RLIMIT_NOFILE`). A connection this server accepts while that many are open is closed
+    /// at once, so that clients cannot take the descriptors the log needs. `None`: connections
+    /// are counted but never closed for it (the controller listeners, and the default).
+    pub max_connections_by_descriptors: Option<usize>,
 }
 
 impl Default for SocketServerConfig {
@@ -100,6 +114,7 @@ impl Default for SocketServerConfig {
             max_connections_per_ip: i32::MAX,
             max_connections_per_ip_overrides: HashMap::new(),
             connections_max_idle_ms: 600_000,
+            max_connections_by_descriptors: None,
         }
     }
 }
@@ -255,6 +270,18 @@ impl<H: RequestHandler> SocketServer<H> {
                     continue;
                 }
             };
+            // Counted from here (before the task starts), so that two listeners' accept loops
+            // cannot both take the last connection the descriptor reserve allows.
+            let Some(active) = ActiveConnection::within(self.config.max_connections_by_descriptors)
+            else {
+                let max = self.config.max_connections_by_descriptors.unwrap_or(0);
+                if let Some(suppressed) = DESCRIPTOR_RESERVE_WARNINGS.check(Instant::now()) {
+                    warn!(%peer, max, suppressed, "closed a new connection at once: {max} connections are open, as many as the open-file limit leaves room for beside the segment files and a reserve (raise the open-file limit, ulimit -n, or close idle clients)");
+                }
+                metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "descriptor_reserve").increment(1);
+                drop(stream);
+                continue;
+            };
             let slot = match self.quotas.register(peer.ip(), broker_slot) {
                 Ok(slot) => slot,
                 Err(e) => {
@@ -271,7 +298,7 @@ impl<H: RequestHandler> SocketServer<H> {
             let rx = shutdown.clone();
             tokio::spawn(async move {
                 // Counted as active until after its quota slot is released.
-                let _active = ActiveConnection::new();
+                let _active = active;
                 let _slot = slot;
                 match layer.establish(stream).await {
                     Ok(established) => {
@@ -559,17 +586,33 @@ impl Drop for AbortOnDrop {
 }
 
 /// Counts the connection in [`CONNECTIONS_ACTIVE`] while alive.
+/// Open connections across every [`SocketServer`] of the process (each holds a descriptor).
+static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// Connections open now across every [`SocketServer`] of the process.
+pub fn open_connections() -> usize {
+    OPEN_CONNECTIONS.load(Ordering::Relaxed)
+}
+
+/// One open connection in [`OPEN_CONNECTIONS`] and the `gregor_connections_active` gauge.
 struct ActiveConnection;
 
 impl ActiveConnection {
-    fn new() -> Self {
+    /// Counts a new connection unless `max` are open already (`None`: no maximum).
+    fn within(max: Option<usize>) -> Option<Self> {
+        OPEN_CONNECTIONS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                max.is_none_or(|m| n < m).then_some(n + 1)
+            })
+            .ok()?;
         metrics::gauge!(CONNECTIONS_ACTIVE).increment(1.0);
-        Self
+        Some(Self)
     }
 }
 
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
+        OPEN_CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!(CONNECTIONS_ACTIVE).decrement(1.0);
     }
 }
