@@ -511,9 +511,10 @@ impl LogManager {
                 );
             }
             if recovered_logs > 0 {
-                // What recovery rewrote (truncated tails, rebuilt indexes) becomes durable at
-                // once, before the recovery points (now the log end offsets) are checkpointed.
-                sync_file_system(dir)?;
+                // What recovery rewrote (truncated tails, rebuilt indexes, epochs) is not
+                // synced here: the recovered logs keep their checkpointed recovery points
+                // (Kafka's LogLoader), so a crash before their next flush recovers them again.
+                // A syncfs here would wait for every dirty page of the file system.
                 tracing::info!(
                     log_dir = %dir.display(),
                     logs = recovered_logs,
