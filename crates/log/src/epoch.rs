@@ -5,10 +5,11 @@
 //! The checkpoint is written atomically (temporary file, `fsync`, rename) only when it must be
 //! durable at once. Otherwise (a new leader's epoch, a truncation) it is overwritten in place
 //! without `fsync` ([`write_in_place`]), and a flush syncs it before the recovery point passes
-//! records of its epochs. A crash during such a write can leave a torn file: [`LeaderEpochCache::load`]
-//! detects one (version and count lines, exactly `count` well-formed entries, each line ended
-//! by a newline, epochs strictly increasing, start offsets not decreasing) and the log rebuilds
-//! the entries from its batches' partition leader epochs ([`LeaderEpochCache::rebuild_start`]).
+//! records of its epochs. A crash during such a write can leave a torn file:
+//! [`LeaderEpochCache::load`] detects one (version and count lines, exactly `count`
+//! well-formed entries, each line ended by a newline, epochs strictly increasing, start offsets
+//! not decreasing) and the log rebuilds the entries from its batches' partition leader epochs
+//! ([`LeaderEpochCache::rebuild_start`]).
 
 use std::path::{Path, PathBuf};
 
@@ -384,7 +385,11 @@ mod tests {
             assert!(c.assign_deferred(epoch, offset));
             c.write_pending().unwrap();
         }
-        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "rewritten in place");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().ino(),
+            inode,
+            "rewritten in place"
+        );
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "0\n4\n0 0\n1 5\n2 5\n10 1000\n"

@@ -777,15 +777,16 @@ impl LogManager {
         }
     }
 
-    /// Writes, in parallel and without `fsync`, every `leader-epoch-checkpoint` whose new
-    /// epochs are only in memory ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]):
+    /// Writes, in parallel, in place and without `fsync`, every `leader-epoch-checkpoint` whose
+    /// new epochs are only in memory ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]):
     /// a broker that becomes leader of thousands of partitions at once (a restart, a topic
     /// creation) writes them together instead of one after another with two `fsync`s each, as
     /// Kafka's `LeaderEpochFileCache.assign` does. The checkpoint needs no `fsync` here: a
     /// flush syncs it before the recovery point passes records of the epoch, recovery rebuilds
     /// the entries of epochs with records after the recovery point from their batches, and an
-    /// epoch without records answers OffsetForLeaderEpoch as its predecessor does. Errors are
-    /// logged; the entries stay and the log's next flush writes (or fails) again.
+    /// epoch without records answers OffsetForLeaderEpoch as its predecessor does; a file a
+    /// crash tore mid-write is rebuilt from the batches at load. Errors are logged; the
+    /// entries stay and the log's next flush writes (or fails) again.
     pub fn write_leader_epoch_checkpoints(&self) {
         let pending: Vec<Arc<PartitionLog>> = self
             .logs

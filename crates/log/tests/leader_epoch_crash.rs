@@ -100,10 +100,7 @@ fn a_torn_leader_epoch_checkpoint_is_rebuilt_from_the_batches() {
     // What the crash may leave, all at once on disk for the checkpoint, the rest intact.
     let mut outcomes: Vec<(String, Vec<u8>)> = Vec::new();
     for cut in 0..torn_from.len() {
-        outcomes.push((
-            format!("new bytes cut at {cut}"),
-            torn_from[..cut].to_vec(),
-        ));
+        outcomes.push((format!("new bytes cut at {cut}"), torn_from[..cut].to_vec()));
     }
     let mut zeros = synced.clone();
     zeros.resize(torn_from.len(), 0);
@@ -113,7 +110,10 @@ fn a_torn_leader_epoch_checkpoint_is_rebuilt_from_the_batches() {
     for (what, bytes) in &outcomes {
         std::fs::write(checkpoint(&log_dir), bytes).unwrap();
         let (mgr, log) = open(&dirs);
-        assert!(log.load_stats().rebuilt_leader_epochs, "{what}: not rebuilt");
+        assert!(
+            log.load_stats().rebuilt_leader_epochs,
+            "{what}: not rebuilt"
+        );
         assert_eq!(log.leader_epoch_entries(), with_records, "{what}");
         let now = answers(&log);
         for (i, (want, got)) in before_crash.iter().zip(&now).enumerate() {
@@ -139,7 +139,10 @@ fn a_torn_leader_epoch_checkpoint_is_rebuilt_from_the_batches() {
         // The rebuilt checkpoint reads back without another rebuild (the deferred epoch 9
         // was never written: a crash).
         let (mgr, log) = open(&dirs);
-        assert!(!log.load_stats().rebuilt_leader_epochs, "{what}: rebuilt twice");
+        assert!(
+            !log.load_stats().rebuilt_leader_epochs,
+            "{what}: rebuilt twice"
+        );
         assert_eq!(log.leader_epoch_entries(), with_records, "{what}");
         let follower_view = log.end_offset_for_leader_epoch(2);
         assert_eq!(follower_view, (2, 9));
