@@ -1,10 +1,19 @@
 //! The leader epoch cache (Kafka's `LeaderEpochFileCache`, KIP-101/KIP-279): the first offset
 //! each leader epoch wrote, persisted in `leader-epoch-checkpoint` as
 //! `0\n<count>\n<epoch> <start offset>\n...`.
+//!
+//! The checkpoint is written atomically (temporary file, `fsync`, rename) only when it must be
+//! durable at once. Otherwise (a new leader's epoch, a truncation) it is overwritten in place
+//! without `fsync` ([`write_in_place`]), and a flush syncs it before the recovery point passes
+//! records of its epochs. A crash during such a write can leave a torn file:
+//! [`LeaderEpochCache::load`] detects one (version and count lines, exactly `count`
+//! well-formed entries, each line ended by a newline, epochs strictly increasing, start offsets
+//! not decreasing) and the log rebuilds the entries from its batches' partition leader epochs
+//! ([`LeaderEpochCache::rebuild_start`]).
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{parse_checkpoint, write_atomically};
+use crate::checkpoint::{parse_checkpoint, write_atomically, write_in_place};
 use crate::error::{LogError, Result};
 
 /// File name of the checkpoint inside a partition directory.
@@ -28,21 +37,26 @@ pub(crate) struct LeaderEpochCache {
     /// Entries were assigned that the file does not hold yet
     /// ([`LeaderEpochCache::assign_deferred`]).
     unwritten: bool,
+    /// Why the checkpoint found at load could not be used (torn or corrupt); the entries are
+    /// empty and must be rebuilt from the log's batches.
+    unusable: Option<String>,
 }
 
 impl LeaderEpochCache {
-    /// Loads `dir/leader-epoch-checkpoint` (empty if missing).
+    /// Loads `dir/leader-epoch-checkpoint` (empty if missing). A file that is torn or corrupt
+    /// (see the module) loads as empty and [`LeaderEpochCache::unusable`] says why: the caller
+    /// rebuilds the entries from the log.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] if the file exists but cannot be read.
     pub(crate) fn load(dir: &Path) -> Result<Self> {
         let path = dir.join(LEADER_EPOCH_CHECKPOINT);
-        let entries = match std::fs::read_to_string(&path) {
-            Ok(text) => parse_checkpoint(&path, &text, 0, |f| match f {
-                [e, o] => Some(EpochEntry {
-                    epoch: e.parse().ok()?,
-                    start_offset: o.parse().ok()?,
-                }),
-                _ => None,
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        let (entries, unusable) = match std::fs::read(&path) {
+            Ok(bytes) => match parse_entries(&path, &bytes) {
+                Ok(entries) => (entries, None),
+                Err(reason) => (Vec::new(), Some(reason)),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), None),
             Err(e) => return Err(LogError::io("reading", &path, e)),
         };
         Ok(Self {
@@ -50,7 +64,21 @@ impl LeaderEpochCache {
             entries,
             dirty: false,
             unwritten: false,
+            unusable,
         })
+    }
+
+    /// Why the checkpoint found at load was unusable, until [`LeaderEpochCache::rebuild_start`].
+    pub(crate) fn unusable(&self) -> Option<&str> {
+        self.unusable.as_deref()
+    }
+
+    /// Starts rebuilding an unusable checkpoint: the entries are dropped (the caller assigns
+    /// every batch's partition leader epoch, oldest first, with [`LeaderEpochCache::assign`]
+    /// and then persists the cache).
+    pub(crate) fn rebuild_start(&mut self) {
+        self.entries.clear();
+        self.unusable = None;
     }
 
     fn write(&mut self) -> Result<()> {
@@ -58,11 +86,16 @@ impl LeaderEpochCache {
     }
 
     fn write_with(&mut self, sync: bool) -> Result<()> {
+        use std::fmt::Write as _;
         let mut s = format!("0\n{}\n", self.entries.len());
         for e in &self.entries {
-            s.push_str(&format!("{} {}\n", e.epoch, e.start_offset));
+            let _ = writeln!(s, "{} {}", e.epoch, e.start_offset);
         }
-        write_atomically(&self.path, s.as_bytes(), sync)?;
+        if sync {
+            write_atomically(&self.path, s.as_bytes(), true)?;
+        } else {
+            write_in_place(&self.path, s.as_bytes())?;
+        }
         self.dirty = !sync;
         self.unwritten = false;
         Ok(())
@@ -202,6 +235,43 @@ impl LeaderEpochCache {
     }
 }
 
+/// Parses and checks the checkpoint's bytes; `Err` says why the file is unusable.
+fn parse_entries(path: &Path, bytes: &[u8]) -> std::result::Result<Vec<EpochEntry>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not text (torn or corrupt)".to_string())?;
+    // Every line Kafka or gregor writes ends with a newline: a file cut inside its last line
+    // could otherwise pass for one with a smaller start offset.
+    if !text.ends_with('\n') {
+        return Err("the last line has no newline (cut short)".into());
+    }
+    let entries = parse_checkpoint(path, text, 0, |f| match f {
+        [e, o] => Some(EpochEntry {
+            epoch: e.parse().ok()?,
+            start_offset: o.parse().ok()?,
+        }),
+        _ => None,
+    })
+    .map_err(|e| match e {
+        LogError::CorruptFile { reason, .. } => reason,
+        other => other.to_string(),
+    })?;
+    for pair in entries.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.epoch <= a.epoch || b.start_offset < a.start_offset {
+            return Err(format!(
+                "entries out of order: epoch {} at {} then epoch {} at {}",
+                a.epoch, a.start_offset, b.epoch, b.start_offset
+            ));
+        }
+    }
+    if let Some(bad) = entries.iter().find(|e| e.epoch < 0 || e.start_offset < 0) {
+        return Err(format!(
+            "negative entry: epoch {} at {}",
+            bad.epoch, bad.start_offset
+        ));
+    }
+    Ok(entries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,9 +336,76 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_checkpoint_is_an_error() {
+    fn torn_or_corrupt_checkpoints_load_as_unusable() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(LEADER_EPOCH_CHECKPOINT), "0\n2\n1 0\n").unwrap();
-        assert!(LeaderEpochCache::load(dir.path()).is_err());
+        let path = dir.path().join(LEADER_EPOCH_CHECKPOINT);
+        let good = "0\n3\n0 0\n3 10\n5 200\n";
+        std::fs::write(&path, good).unwrap();
+        let c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert_eq!(c.unusable(), None);
+        assert_eq!(c.entries().len(), 3);
+        // Every proper prefix of the file (a write cut short, new bytes at an old length) is
+        // refused, including "5 20" (the last line cut inside its offset).
+        for cut in 0..good.len() {
+            std::fs::write(&path, &good[..cut]).unwrap();
+            let c = LeaderEpochCache::load(dir.path()).unwrap();
+            assert!(c.unusable().is_some(), "prefix of {cut} bytes was accepted");
+            assert!(c.entries().is_empty());
+        }
+        let torn: &[&[u8]] = &[
+            // Old contents at a new length: zeros after them.
+            b"0\n2\n0 0\n3 10\n\0\0\0\0\0\0",
+            // More entries than the count line says.
+            b"0\n1\n0 0\n3 10\n",
+            // Fewer.
+            b"0\n2\n1 0\n",
+            // Out of order.
+            b"0\n2\n3 10\n0 0\n",
+            b"0\n2\n0 10\n3 0\n",
+            b"0\n1\n-1 0\n",
+            b"1\n0\n",
+            b"\xff\xfe\n",
+        ];
+        for bytes in torn {
+            std::fs::write(&path, bytes).unwrap();
+            let c = LeaderEpochCache::load(dir.path()).unwrap();
+            assert!(c.unusable().is_some(), "{bytes:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn unsynced_writes_are_in_place_and_shorten_the_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LEADER_EPOCH_CHECKPOINT);
+        let mut c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert!(c.assign(0, 0, true).unwrap());
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        for (epoch, offset) in [(1, 5), (2, 5), (10, 1000)] {
+            assert!(c.assign_deferred(epoch, offset));
+            c.write_pending().unwrap();
+        }
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().ino(),
+            inode,
+            "rewritten in place"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "0\n4\n0 0\n1 5\n2 5\n10 1000\n"
+        );
+        c.truncate_from_end(5).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0\n1\n0 0\n");
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode);
+        assert!(c.is_dirty());
+        c.sync().unwrap();
+        assert!(!c.is_dirty());
+        let loaded = LeaderEpochCache::load(dir.path()).unwrap();
+        assert_eq!(loaded.unusable(), None);
+        assert_eq!(loaded.entries(), c.entries());
+        // A synced write replaces the file atomically.
+        assert!(c.assign(4, 7, true).unwrap());
+        assert_ne!(std::fs::metadata(&path).unwrap().ino(), inode);
+        assert!(!dir.path().join("leader-epoch-checkpoint.tmp").exists());
     }
 }

@@ -94,6 +94,9 @@ pub struct LoadStats {
     pub replayed_producer_batches: u64,
     /// Offset of the producer snapshot loaded, if any.
     pub producer_snapshot_offset: Option<i64>,
+    /// `leader-epoch-checkpoint` was torn or corrupt (a crash during an unsynced in-place
+    /// rewrite) and its entries were rebuilt from every batch's partition leader epoch.
+    pub rebuilt_leader_epochs: bool,
 }
 
 struct Inner {
@@ -343,9 +346,10 @@ impl PartitionLog {
     }
 
     /// [`PartitionLog::open_with_clock`]; with `sync_recovered` false what recovery rewrote is
-    /// not fsynced here and the caller must make it durable (the log manager syncs each
-    /// directory's file system once after loading all of its logs) before it relies on the
-    /// recovery point (the log end offset).
+    /// not fsynced, and after an unclean shutdown the recovery point stays at
+    /// `recovery_point` (at most the log end offset) as in Kafka's `LogLoader`: the next flush
+    /// makes the recovered records durable and moves it, and a crash before that recovers
+    /// them again.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn open_impl(
         dir: &Path,
@@ -527,6 +531,23 @@ impl PartitionLog {
             .unwrap_or(i64::MIN)
             .max(segments[0].base_offset())
             .min(log_end_offset);
+        if let Some(reason) = epoch_cache.unusable().map(str::to_owned) {
+            // The checkpoint is rewritten in place without fsync between flushes, so a crash
+            // can tear it: every epoch with records is in the batches' partition leader epoch
+            // (an epoch without records answers OffsetForLeaderEpoch as its predecessor would,
+            // as after Kafka's recovery of the entries past the recovery point).
+            tracing::warn!(partition = %topic_partition, %reason,
+                "leader-epoch-checkpoint is unusable; rebuilding it from the log's batches");
+            epoch_cache.rebuild_start();
+            for seg in &segments {
+                seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
+                    epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
+                    Ok(true)
+                })?;
+            }
+            stats.rebuilt_leader_epochs = true;
+            epochs_changed = true;
+        }
         if epochs_changed {
             epoch_cache.persist(sync_recovered)?;
         }
@@ -610,6 +631,15 @@ impl PartitionLog {
             );
         }
 
+        // Kafka's LogLoader: after a crash the recovery point stays where the checkpoint had it
+        // (never past the log end) unless what recovery rewrote was synced here, so a second
+        // crash before the next flush recovers the same records again; nothing has to be
+        // synced before the broker serves.
+        let recovery_point = if had_clean_shutdown || sync_recovered {
+            log_end_offset
+        } else {
+            recovery_point.unwrap_or(0).clamp(0, log_end_offset)
+        };
         let latest_epoch = epoch_cache.latest_epoch().unwrap_or(-1);
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -625,7 +655,7 @@ impl PartitionLog {
             segments: RwLock::new(Arc::new(segments)),
             log_end_offset: AtomicI64::new(log_end_offset),
             log_start_offset: AtomicI64::new(log_start_offset),
-            recovery_point: AtomicI64::new(log_end_offset),
+            recovery_point: AtomicI64::new(recovery_point),
             latest_epoch: AtomicI32::new(latest_epoch),
             last_flush_ms: AtomicI64::new(now_ms),
             flush_lock: Mutex::new(()),

@@ -511,9 +511,10 @@ impl LogManager {
                 );
             }
             if recovered_logs > 0 {
-                // What recovery rewrote (truncated tails, rebuilt indexes) becomes durable at
-                // once, before the recovery points (now the log end offsets) are checkpointed.
-                sync_file_system(dir)?;
+                // What recovery rewrote (truncated tails, rebuilt indexes, epochs) is not
+                // synced here: the recovered logs keep their checkpointed recovery points
+                // (Kafka's LogLoader), so a crash before their next flush recovers them again.
+                // A syncfs here would wait for every dirty page of the file system.
                 tracing::info!(
                     log_dir = %dir.display(),
                     logs = recovered_logs,
@@ -776,15 +777,16 @@ impl LogManager {
         }
     }
 
-    /// Writes, in parallel and without `fsync`, every `leader-epoch-checkpoint` whose new
-    /// epochs are only in memory ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]):
+    /// Writes, in parallel, in place and without `fsync`, every `leader-epoch-checkpoint` whose
+    /// new epochs are only in memory ([`PartitionLog::maybe_assign_epoch_start_offset_deferred`]):
     /// a broker that becomes leader of thousands of partitions at once (a restart, a topic
     /// creation) writes them together instead of one after another with two `fsync`s each, as
     /// Kafka's `LeaderEpochFileCache.assign` does. The checkpoint needs no `fsync` here: a
     /// flush syncs it before the recovery point passes records of the epoch, recovery rebuilds
     /// the entries of epochs with records after the recovery point from their batches, and an
-    /// epoch without records answers OffsetForLeaderEpoch as its predecessor does. Errors are
-    /// logged; the entries stay and the log's next flush writes (or fails) again.
+    /// epoch without records answers OffsetForLeaderEpoch as its predecessor does; a file a
+    /// crash tore mid-write is rebuilt from the batches at load. Errors are logged; the
+    /// entries stay and the log's next flush writes (or fails) again.
     pub fn write_leader_epoch_checkpoints(&self) {
         let pending: Vec<Arc<PartitionLog>> = self
             .logs
