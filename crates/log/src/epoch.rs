@@ -152,6 +152,7 @@ impl LeaderEpochCache {
         if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
             return false;
         }
+        self.replace_empty_epochs(start_offset);
         self.entries.push(EpochEntry {
             epoch,
             start_offset,
@@ -176,6 +177,7 @@ impl LeaderEpochCache {
         if epoch < 0 || self.latest_epoch().is_some_and(|l| l >= epoch) {
             return Ok(false);
         }
+        let replaced = self.replace_empty_epochs(start_offset);
         self.entries.push(EpochEntry {
             epoch,
             start_offset,
@@ -185,10 +187,26 @@ impl LeaderEpochCache {
                 // Not on disk, so not in memory either: the next append persists it again
                 // (a full disk refuses the checkpoint until space is free).
                 self.entries.pop();
+                self.entries.extend(replaced);
                 return Err(e);
             }
         }
         Ok(true)
+    }
+
+    /// Removes the newest entries that start at or after `start_offset`, where a newer epoch
+    /// is about to start: epochs in which no record was written (a leader elected again before
+    /// anything was appended, every restart of an idle partition). Kafka's `assign` does the
+    /// same (`maybeTruncateNonMonotonicEntries`), so OffsetForLeaderEpoch for such an epoch
+    /// answers with the epoch before it, as Kafka's does, and the checkpoint does not grow by
+    /// one line per election. Returns the removed entries, oldest first.
+    fn replace_empty_epochs(&mut self, start_offset: i64) -> Vec<EpochEntry> {
+        let keep = self
+            .entries
+            .iter()
+            .rposition(|e| e.start_offset < start_offset)
+            .map_or(0, |i| i + 1);
+        self.entries.split_off(keep)
     }
 
     /// Drops epochs starting at or after `end_offset` (the log was truncated there). The
@@ -298,6 +316,25 @@ mod tests {
         );
     }
 
+    /// An epoch in which nothing was written is replaced by the next one starting at the
+    /// same offset (Kafka's `assign`): an idle partition elected again and again keeps one
+    /// entry, and OffsetForLeaderEpoch for the replaced epoch answers the epoch before it.
+    #[test]
+    fn a_new_epoch_at_the_same_offset_replaces_the_empty_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert!(c.assign(0, 0, true).unwrap());
+        assert!(c.assign(2, 10, true).unwrap());
+        assert!(c.assign(3, 10, true).unwrap());
+        assert!(c.assign_deferred(5, 10));
+        c.write_pending().unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LEADER_EPOCH_CHECKPOINT)).unwrap();
+        assert_eq!(text, "0\n2\n0 0\n5 10\n");
+        let c = LeaderEpochCache::load(dir.path()).unwrap();
+        assert_eq!(c.end_offset_for(3, 20), (0, 10));
+        assert_eq!(c.end_offset_for(5, 20), (5, 20));
+    }
+
     #[test]
     fn deferred_assignments_stay_dirty_until_synced() {
         let dir = tempfile::tempdir().unwrap();
@@ -381,7 +418,7 @@ mod tests {
         let mut c = LeaderEpochCache::load(dir.path()).unwrap();
         assert!(c.assign(0, 0, true).unwrap());
         let inode = std::fs::metadata(&path).unwrap().ino();
-        for (epoch, offset) in [(1, 5), (2, 5), (10, 1000)] {
+        for (epoch, offset) in [(1, 5), (2, 6), (10, 1000)] {
             assert!(c.assign_deferred(epoch, offset));
             c.write_pending().unwrap();
         }
@@ -392,7 +429,7 @@ mod tests {
         );
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
-            "0\n4\n0 0\n1 5\n2 5\n10 1000\n"
+            "0\n4\n0 0\n1 5\n2 6\n10 1000\n"
         );
         c.truncate_from_end(5).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "0\n1\n0 0\n");
