@@ -337,11 +337,18 @@ impl MetadataPublisher for ReplicaManagerPublisher {
         let Some(broker) = self.broker.upgrade() else {
             return Ok(());
         };
+        let had_creation_failures = broker.replica_manager.has_log_creation_failures();
         let applied = broker.replica_manager.apply_metadata(image, delta.snapshot);
         // Logs created or loaded in another directory than their registration names are
         // assigned to theirs (KIP-858); also after an error, which leaves the rest applied.
         if let Some(assignments) = broker.assignments.get() {
             assignments.on_metadata(image, &broker.replica_manager);
+            // A log that failed to be created under an earlier image may have been created
+            // now, in a topic this image did not change (the apply after a failure covers
+            // everything), which the scan of what changed leaves out: look at every one.
+            if had_creation_failures {
+                assignments.on_logs_created(image, &broker.replica_manager);
+            }
         }
         let first = !self.installed.swap(true, Ordering::AcqRel);
         match applied {
