@@ -1,5 +1,6 @@
-//! Small files written atomically (temp file, fsync, rename, fsync of the directory), and
-//! Kafka's text checkpoint format.
+//! Small files written atomically (temp file, fsync, rename, fsync of the directory) or, when
+//! no fsync is wanted, overwritten in place ([`write_in_place`]: the reader must detect a torn
+//! file), and Kafka's text checkpoint format.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

@@ -111,8 +111,9 @@ impl LogDirHealth {
     }
 
     /// Records a failed write: full for ENOSPC/EDQUOT ([`LogError::is_out_of_space`]), nothing
-    /// for EMFILE/ENFILE ([`LogError::is_out_of_descriptors`]), failed otherwise. Logs one WARN (full) or ERROR (failed) line when the state changes; a failed
-    /// directory does not become full.
+    /// for EMFILE/ENFILE ([`LogError::is_out_of_descriptors`]), failed otherwise. Logs one WARN
+    /// (full) or ERROR (failed) line when the state changes, and a WARN for every
+    /// EMFILE/ENFILE (not rate-limited here); a failed directory does not become full.
     pub fn record_write_error(&self, error: &LogError) {
         // Running out of descriptors says nothing about the disk (clients can cause it by
         // opening connections): the write fails alone.

@@ -144,7 +144,8 @@ pub struct IndexCacheStats {
     pub dropped_total: u64,
     /// Segments whose index files were rebuilt from their log while it was served, since the
     /// process started: found not sane when loaded, or misleading a read (an entry pointing
-    /// where no batch holds its offset). Recovery at start-up is not counted.
+    /// where no batch holds its offset; also while a log opens, replaying its producer state).
+    /// The rebuild of a segment that recovery scans anyway is not counted.
     pub rebuilds_total: u64,
 }
 

@@ -1669,9 +1669,10 @@ impl PartitionLog {
         seg: &Arc<LogSegment>,
         f: impl FnMut(&LogSegment) -> Result<Lookup<T>>,
     ) -> Result<T> {
-        let partition = self.topic_partition.to_string();
-        crate::segment::lookup_healing(seg, &partition, f, |misled| {
-            self.heal_indexes(seg, &partition, &misled)
+        // The partition's name is formatted only when something went wrong: lookups are on
+        // the fetch path.
+        crate::segment::lookup_healing(seg, &self.topic_partition, f, |misled| {
+            self.heal_indexes(seg, &self.topic_partition.to_string(), &misled)
         })
     }
 

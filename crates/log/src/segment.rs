@@ -409,7 +409,7 @@ const MAX_LOOKUP_ATTEMPTS: usize = 4;
 /// `f`'s errors; `heal`'s; [`LogError::CorruptFile`] when the entries keep misleading.
 pub(crate) fn lookup_healing<T>(
     seg: &LogSegment,
-    partition: &str,
+    partition: &dyn std::fmt::Display,
     mut f: impl FnMut(&LogSegment) -> Result<Lookup<T>>,
     mut heal: impl FnMut(Misled) -> Result<()>,
 ) -> Result<T> {
@@ -420,14 +420,14 @@ pub(crate) fn lookup_healing<T>(
             Ok(Err(misled)) => misled,
             Err(e) => {
                 if matches!(e, LogError::CorruptFile { .. } | LogError::Batch(_)) {
-                    seg.log_failure_once(partition, &e);
+                    seg.log_failure_once(&partition.to_string(), &e);
                 }
                 return Err(e);
             }
         };
         attempts += 1;
         if attempts >= MAX_LOOKUP_ATTEMPTS {
-            return Err(seg.give_up(partition, &misled));
+            return Err(seg.give_up(&partition.to_string(), &misled));
         }
         heal(misled)?;
     }
@@ -1889,7 +1889,7 @@ impl LogSegment {
     ) -> Result<i64> {
         let found = lookup_healing(
             self,
-            partition,
+            &partition,
             |s| s.translate_offset(offset, s.size()),
             |misled| self.heal_exclusive(partition, &misled, true),
         )?;

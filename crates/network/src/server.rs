@@ -585,14 +585,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Counts the connection in [`CONNECTIONS_ACTIVE`] while alive.
 /// Open connections across every [`SocketServer`] of the process (each holds a descriptor).
 static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
-
-/// Connections open now across every [`SocketServer`] of the process.
-pub fn open_connections() -> usize {
-    OPEN_CONNECTIONS.load(Ordering::Relaxed)
-}
 
 /// One open connection in [`OPEN_CONNECTIONS`] and the `gregor_connections_active` gauge.
 struct ActiveConnection;
