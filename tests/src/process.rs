@@ -56,11 +56,55 @@ fn reserve(port: u16) -> bool {
     }
 }
 
-/// `n` distinct free ports (the listeners are held until all are picked, so they differ), none
-/// handed to another test process in the last ten minutes.
+/// The lowest port the kernel hands out as the local port of an outgoing connection
+/// (`net.ipv4.ip_local_port_range`; 32768 by default).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// The ports [`free_ports`] picks from: below the ephemeral range, so that no outgoing
+/// connection (a client, a JVM tool, a broker connecting to another) can take a picked port
+/// before its server binds it — a port the kernel chose with `bind(0)` is in that range, and
+/// such a race failed a proxy's bind in CI. Empty when the ephemeral range starts too low.
+fn picking_range() -> std::ops::Range<u16> {
+    const LOWEST: u16 = 10_000;
+    LOWEST..ephemeral_low().max(LOWEST)
+}
+
+/// `n` distinct free ports on 127.0.0.1 (the listeners are held until all are picked, so they
+/// differ), none handed to another test process in the last ten minutes. They come from
+/// [`picking_range`], starting at a place that differs per process and call; when that range
+/// has none left, from the kernel (`bind(0)`).
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     let mut held = Vec::new();
     let mut ports = Vec::new();
+    let range = picking_range();
+    let width = u32::from(range.end - range.start);
+    if width > 0 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            ^ std::process::id().wrapping_mul(2_654_435_761);
+        let start = seed % width;
+        for i in 0..width {
+            if ports.len() == n {
+                break;
+            }
+            let Ok(port) = u16::try_from(u32::from(range.start) + (start + i) % width) else {
+                continue;
+            };
+            let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) else {
+                continue;
+            };
+            if reserve(port) {
+                ports.push(port);
+                held.push(listener);
+            }
+        }
+    }
     while ports.len() < n {
         let listener =
             TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0 to find a free port")?;
@@ -529,4 +573,28 @@ pub fn http_get_timeout(port: u16, path: &str, timeout: Duration) -> Result<(u16
         body
     };
     Ok((status, body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Picked ports are distinct, bindable, and outside the kernel's ephemeral range, so no
+    /// outgoing connection can take one before its server binds it.
+    #[test]
+    fn free_ports_are_distinct_and_below_the_ephemeral_range() {
+        let ports = free_ports(20).unwrap();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 20, "{ports:?}");
+        let range = picking_range();
+        assert!(
+            !range.is_empty(),
+            "ephemeral ports start at {}",
+            ephemeral_low()
+        );
+        for p in &ports {
+            assert!(range.contains(p), "{p} not in {range:?}");
+            TcpListener::bind(("127.0.0.1", *p)).unwrap();
+        }
+    }
 }
