@@ -55,8 +55,7 @@ pub const MAX_ASSIGNMENTS_PER_REQUEST: usize = 2250;
 /// `MIN_NOISY_FAILURE_INTERVAL_NS`, 2 minutes); before that only at debug level.
 const MIN_NOISY_FAILURE_INTERVAL: Duration = Duration::from_secs(120);
 
-/// Queued assignments (Kafka's `QueuedReplicaToDirAssignments`): waiting or in flight.
-pub const QUEUED_REPLICA_TO_DIR_ASSIGNMENTS: &str = "gregor_queued_replica_to_dir_assignments";
+use crate::observability::QUEUED_REPLICA_TO_DIR_ASSIGNMENTS;
 
 /// The delays between sends (Kafka's `AssignmentsManager.STANDARD_BACKOFF`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

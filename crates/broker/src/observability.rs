@@ -84,6 +84,9 @@ pub const REPLICATION_THROTTLED_BYTES_TOTAL: &str = "gregor_replication_throttle
 /// Counter, label `type`: times a throttled out-of-sync replica was held back because the
 /// quota was exceeded (the leader answered it no records / the follower left it out).
 pub const REPLICATION_THROTTLED_TOTAL: &str = "gregor_replication_throttled_total";
+/// Gauge: directory assignments (KIP-858) queued, waiting or in flight (Kafka's
+/// `QueuedReplicaToDirAssignments`; [`crate::assignments::AssignmentsManager`]).
+pub const QUEUED_REPLICA_TO_DIR_ASSIGNMENTS: &str = "gregor_queued_replica_to_dir_assignments";
 /// Gauge: incremental fetch sessions the broker holds (KIP-227; Kafka's
 /// `NumIncrementalFetchSessions`).
 pub const FETCH_SESSIONS: &str = "gregor_fetch_sessions";
@@ -251,7 +254,7 @@ fn describe() {
         "1 while the log directory (dir) is offline: full since a write failed for lack of space (appends resume once space is free) or failed."
     );
     describe_gauge!(
-        crate::assignments::QUEUED_REPLICA_TO_DIR_ASSIGNMENTS,
+        QUEUED_REPLICA_TO_DIR_ASSIGNMENTS,
         "Replica directory assignments (KIP-858) waiting for or in an AssignReplicasToDirs request to the controller."
     );
     describe_gauge!(
