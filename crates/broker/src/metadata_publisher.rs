@@ -381,6 +381,20 @@ mod tests {
         gregor_network::RequestContext::local(api_key, version)
     }
 
+    /// A one-node broker and controller with its log in `dir`, on a free port, no admin
+    /// listener.
+    fn one_node_config(dir: &std::path::Path) -> BrokerConfig {
+        let props: BTreeMap<String, String> = [
+            ("log.dirs", dir.display().to_string()),
+            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+            ("admin.listener", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        BrokerConfig::from_properties(props).expect("config").0
+    }
+
     fn creatable(name: &str, partitions: i32) -> CreatableTopic {
         CreatableTopic::default()
             .with_name(TopicName(sb(name)))
@@ -394,15 +408,7 @@ mod tests {
     #[tokio::test]
     async fn topic_changes_are_applied_before_the_response() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let props: BTreeMap<String, String> = [
-            ("log.dirs", dir.path().display().to_string()),
-            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
-            ("admin.listener", String::new()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let config = one_node_config(dir.path());
         let running = crate::server::start(config).await.expect("start");
         let b = &running.broker;
 
@@ -450,15 +456,7 @@ mod tests {
     #[tokio::test]
     async fn a_replica_whose_log_cannot_be_created_does_not_stop_the_start() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let props: BTreeMap<String, String> = [
-            ("log.dirs", dir.path().display().to_string()),
-            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
-            ("admin.listener", String::new()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let config = one_node_config(dir.path());
         let running = crate::server::start(config.clone()).await.expect("start");
         let req = CreateTopicsRequest::default().with_topics(vec![creatable("a", 2)]);
         let resp =
@@ -497,15 +495,7 @@ mod tests {
         use gregor_protocol::kafka_protocol::messages::CreatePartitionsRequest;
 
         let dir = tempfile::tempdir().expect("tempdir");
-        let props: BTreeMap<String, String> = [
-            ("log.dirs", dir.path().display().to_string()),
-            ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
-            ("admin.listener", String::new()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let (config, _) = BrokerConfig::from_properties(props).expect("config");
+        let config = one_node_config(dir.path());
         let running = crate::server::start(config).await.expect("start");
         let b = &running.broker;
         let in_the_way = dir.path().join("x-1");
