@@ -95,8 +95,70 @@ pub struct LoadStats {
     /// Offset of the producer snapshot loaded, if any.
     pub producer_snapshot_offset: Option<i64>,
     /// `leader-epoch-checkpoint` was torn or corrupt (a crash during an unsynced in-place
-    /// rewrite) and its entries were rebuilt from every batch's partition leader epoch.
+    /// rewrite) and its entries were rebuilt from the batches' partition leader epochs.
     pub rebuilt_leader_epochs: bool,
+    /// Segments whose every batch header that rebuild read (the others were known from their
+    /// first header alone).
+    pub leader_epoch_rebuild_walked_segments: u64,
+}
+
+/// Rebuilds the leader epoch entries of `segments` into `epoch_cache` (after
+/// [`LeaderEpochCache::rebuild_start`]) from the batches' partition leader epochs. Epochs never
+/// decrease along a log, so a segment whose first batch has the epoch of the next non-empty
+/// segment's first batch holds that epoch alone: one header stands for it, and only the
+/// segments where the epoch changes are walked whole. A segment with an unreadable header is
+/// warned about and passed (or its walk kept up to there): the entries then miss what it held,
+/// which costs followers a deeper truncation at worst, whereas refusing to open would take the
+/// whole partition offline for a file that recovery (which reads from the recovery point) did
+/// not need. Returns how many segments were walked whole.
+///
+/// # Errors
+/// [`LogError::Io`] when a segment cannot be read at all.
+fn rebuild_leader_epochs(
+    topic_partition: &TopicPartition,
+    segments: &[Arc<LogSegment>],
+    epoch_cache: &mut LeaderEpochCache,
+) -> Result<u64> {
+    let unreadable = |seg: &LogSegment, reason: &str| {
+        tracing::warn!(partition = %topic_partition, segment = %seg.log_path().display(),
+            %reason, "unreadable batch header while rebuilding leader epochs; its epochs are \
+            left out (followers may truncate further back than needed)");
+    };
+    let mut firsts: Vec<Option<(i32, i64)>> = Vec::with_capacity(segments.len());
+    for seg in segments {
+        let mut first = None;
+        match seg.walk_headers(0, seg.size(), 4096, |_, h| {
+            first = Some((h.partition_leader_epoch, h.base_offset));
+            Ok(false)
+        }) {
+            Ok(_) => {}
+            Err(LogError::CorruptFile { reason, .. }) => unreadable(seg, &reason),
+            Err(e) => return Err(e),
+        }
+        firsts.push(first);
+    }
+    let mut walked = 0;
+    for (i, seg) in segments.iter().enumerate() {
+        let Some((epoch, base_offset)) = firsts[i] else {
+            continue;
+        };
+        let next_epoch = firsts[i + 1..].iter().flatten().next().map(|(e, _)| *e);
+        if next_epoch == Some(epoch) {
+            epoch_cache.assign(epoch, base_offset, false)?;
+            continue;
+        }
+        walked += 1;
+        let walk = seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
+            epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
+            Ok(true)
+        });
+        match walk {
+            Ok(_) => {}
+            Err(LogError::CorruptFile { reason, .. }) => unreadable(seg, &reason),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(walked)
 }
 
 struct Inner {
@@ -539,12 +601,8 @@ impl PartitionLog {
             tracing::warn!(partition = %topic_partition, %reason,
                 "leader-epoch-checkpoint is unusable; rebuilding it from the log's batches");
             epoch_cache.rebuild_start();
-            for seg in &segments {
-                seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
-                    epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
-                    Ok(true)
-                })?;
-            }
+            stats.leader_epoch_rebuild_walked_segments =
+                rebuild_leader_epochs(&topic_partition, &segments, &mut epoch_cache)?;
             stats.rebuilt_leader_epochs = true;
             epochs_changed = true;
         }
