@@ -432,6 +432,69 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
     cluster.stop_all().ok();
 }
 
+/// kill -9 while the disk is full: the broker cannot start (it must write the quorum state
+/// to elect itself, as Kafka must), and it exits with an error that names the full disk
+/// rather than "the metadata log is closed"; once space is freed it starts and every
+/// acknowledged record is there.
+#[test]
+fn a_broker_killed_on_a_full_disk_names_it_and_starts_once_it_is_freed() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default().with_disk_limit_mib(32),
+    )
+    .expect("cluster");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 1, "1");
+    cluster.wait_for(Duration::from_secs(30), "the partition's leader", || {
+        partition_state(&bootstrap)
+    });
+    let mut acked: Vec<(i64, String)> = Vec::new();
+    for i in 0..5 {
+        let tag = format!("before-{i}");
+        let offset = produce(&bootstrap, -1, &tag).expect("produce before the disk fills");
+        acked.push((offset, tag));
+    }
+    cluster.node(1).fill_disk().expect("fill the disk");
+    let node = cluster.node_mut(1);
+    node.kill9().expect("kill -9");
+    let log_before = std::fs::read_to_string(node.log_file())
+        .unwrap_or_default()
+        .len();
+    node.spawn().expect("spawn");
+    let exited = gregor_tests::process::poll(Duration::from_secs(60), || {
+        (!node.is_running().unwrap_or(true)).then_some(())
+    });
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    let tail = &log[log_before.min(log.len())..];
+    assert!(exited.is_some(), "a broker on a full disk started?\n{tail}");
+    let error = tail
+        .lines()
+        .rfind(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no final error line\n{tail}"));
+    assert!(
+        error.contains("No space left on device"),
+        "the error names the cause: {error}"
+    );
+    node.free_disk().expect("free the disk");
+    cluster.restart_node(1).expect("starts once freed");
+    let records = read_all(&bootstrap, 0);
+    for (offset, tag) in &acked {
+        for (i, v) in values(tag).iter().enumerate() {
+            let at = offset + i as i64;
+            let found = records.iter().find(|(o, _)| *o == at);
+            assert_eq!(
+                found.map(|(_, v)| v),
+                Some(v),
+                "acknowledged record at {at}"
+            );
+        }
+    }
+    cluster.stop_all().ok();
+}
+
 #[test]
 fn a_leader_on_a_full_disk_hands_over_and_rejoins_the_isr_when_freed() {
     if skip() {
