@@ -81,6 +81,12 @@ pub struct LoadStats {
     pub recovered_bytes: u64,
     /// Bytes cut from the log (torn or corrupt tail), including deleted later segments.
     pub truncated_bytes: u64,
+    /// Segments cut where a write was cut short by a crash: at the end of the log, past the
+    /// recovery point.
+    pub torn_tails: u64,
+    /// Segments cut for corruption: before their end, below the recovery point, or short of
+    /// later segments.
+    pub corrupt_truncations: u64,
     /// Segments whose index files were unusable and were rebuilt while opening (only the
     /// active segment's are checked then; an inactive segment's are checked, and rebuilt if
     /// needed, on first use).
@@ -100,6 +106,19 @@ pub struct LoadStats {
     /// Segments whose every batch header that rebuild read (the others were known from their
     /// first header alone).
     pub leader_epoch_rebuild_walked_segments: u64,
+}
+
+impl LoadStats {
+    fn count_truncation(&mut self, r: &crate::segment::RecoverResult) {
+        if r.truncated_bytes == 0 {
+            return;
+        }
+        if r.torn_tail {
+            self.torn_tails += 1;
+        } else {
+            self.corrupt_truncations += 1;
+        }
+    }
 }
 
 /// Rebuilds the leader epoch entries of `segments` into `epoch_cache` (after
@@ -528,7 +547,11 @@ impl PartitionLog {
                 stats.rebuilt_indexes += 1;
             }
             let expected = last_next_offset.unwrap_or(seg.base_offset());
-            let r = seg.recover(expected, config.index_interval_bytes, |h| {
+            let tail = crate::segment::RecoveryTail {
+                recovery_point,
+                last_segment: i + 1 == segments.len(),
+            };
+            let r = seg.recover(expected, config.index_interval_bytes, tail, |h| {
                 if let Ok(true) = epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
                 {
                     epochs_changed = true;
@@ -538,6 +561,7 @@ impl PartitionLog {
             stats.recovered_batches += r.batches;
             stats.recovered_bytes += r.scanned_bytes;
             stats.truncated_bytes += r.truncated_bytes;
+            stats.count_truncation(&r);
             last_next_offset = Some(r.next_offset.unwrap_or(seg.base_offset()));
             i += 1;
             if r.truncated_bytes > 0 && i < segments.len() {
@@ -572,18 +596,28 @@ impl PartitionLog {
                 Err(LogError::CorruptFile { reason, .. }) => {
                     tracing::warn!(segment = %active.log_path().display(), %reason,
                         "torn active segment despite a clean shutdown; recovering it");
-                    let r =
-                        active.recover(active.base_offset(), config.index_interval_bytes, |h| {
+                    let tail = crate::segment::RecoveryTail {
+                        recovery_point,
+                        last_segment: true,
+                    };
+                    let r = active.recover(
+                        active.base_offset(),
+                        config.index_interval_bytes,
+                        tail,
+                        |h| {
                             if let Ok(true) =
                                 epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
                             {
                                 epochs_changed = true;
                             }
-                        })?;
+                        },
+                    )?;
                     stats.recovered_segments += 1;
                     stats.recovered_batches += r.batches;
                     stats.recovered_bytes += r.scanned_bytes;
                     stats.truncated_bytes += r.truncated_bytes;
+                    stats.count_truncation(&r);
+                    stats.count_truncation(&r);
                     r.next_offset.unwrap_or(active.base_offset())
                 }
                 Err(e) => return Err(e),

@@ -124,6 +124,25 @@ pub(crate) struct TimestampOffset {
     pub offset: i64,
 }
 
+/// Where a segment being recovered stands in its log ([`LogSegment::recover`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecoveryTail {
+    /// The log's recovery point, when known: offsets below it had been flushed.
+    pub recovery_point: Option<i64>,
+    /// The segment is the last of the log.
+    pub last_segment: bool,
+}
+
+impl Default for RecoveryTail {
+    /// The last segment of a log whose recovery point is unknown.
+    fn default() -> Self {
+        Self {
+            recovery_point: None,
+            last_segment: true,
+        }
+    }
+}
+
 /// What a full scan of a segment found.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RecoverResult {
@@ -1757,11 +1776,14 @@ impl LogSegment {
     /// timestamp, and truncates the file at the first invalid or torn batch (Kafka's
     /// `LogSegment.recover`). `expected_first_offset` is the lowest offset the first batch may
     /// have; `on_batch` sees every valid header. The indexes stay loaded and pinned (not
-    /// charged to the index cache) until [`LogSegment::set_inactive`].
+    /// charged to the index cache) until [`LogSegment::set_inactive`]. `tail` says where the
+    /// segment stands in the log, so that what is removed is called what it is: a crash can
+    /// cut short only writes that were not yet flushed, at the end of the log.
     pub(crate) fn recover(
         &self,
         expected_first_offset: i64,
         index_interval_bytes: u64,
+        tail: RecoveryTail,
         mut on_batch: impl FnMut(&BatchHeader),
     ) -> Result<RecoverResult> {
         // Written from here on: no lazy load runs meanwhile, and the cache keeps its hands off.
@@ -1844,9 +1866,33 @@ impl LogSegment {
             position += total as u64;
         }
         if position < file_len {
-            let (torn, what) = stop.unwrap_or((true, "unreadable bytes".into()));
+            let (at_end, what) = stop.unwrap_or((true, "unreadable bytes".into()));
             let removed = file_len - position;
-            if torn {
+            let flushed = tail.recovery_point.is_some_and(|rp| next_offset < rp);
+            let torn = at_end && !flushed && tail.last_segment;
+            if at_end && flushed {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    recovery_point = tail.recovery_point,
+                    "recovery truncates the segment at corruption: {what} below the recovery \
+                     point (these offsets had been flushed, so a crash cannot have cut them \
+                     short); everything from there on is removed"
+                );
+            } else if at_end && !tail.last_segment {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    recovery_point = tail.recovery_point,
+                    "recovery truncates a segment that ends short of the segments after it: \
+                     {what}; corruption, or a crash that lost writes not yet flushed; \
+                     everything from there on is removed"
+                );
+            } else if torn {
                 tracing::warn!(
                     segment = %path.display(),
                     position,
@@ -1901,7 +1947,12 @@ impl LogSegment {
             .set_len(position)
             .map_err(|e| LogError::io("truncating", &self.log_path(), e))?;
         self.size_bytes.store(position, Ordering::Release);
-        let r = self.recover(self.base_offset, index_interval_bytes, |_| {})?;
+        let r = self.recover(
+            self.base_offset,
+            index_interval_bytes,
+            RecoveryTail::default(),
+            |_| {},
+        )?;
         Ok(r.next_offset.unwrap_or(self.base_offset))
     }
 
@@ -1985,7 +2036,9 @@ mod tests {
         }
         assert_eq!(seg.read_next_offset().unwrap(), Some(next));
         let entries = seg.index_entry_counts().unwrap();
-        let r = seg.recover(100, 256, |_| {}).unwrap();
+        let r = seg
+            .recover(100, 256, RecoveryTail::default(), |_| {})
+            .unwrap();
         assert_eq!(r.batches, 50);
         assert_eq!(r.next_offset, Some(next));
         assert_eq!(seg.index_entry_counts().unwrap(), entries);
