@@ -145,9 +145,10 @@ impl LogDirHealth {
                 error = %reason,
                 "log directory is full: appends to its partitions fail with KAFKA_STORAGE_ERROR \
                  (clients retry) and it reports itself offline to the controller and on /ready; \
-                 free space (delete records with kafka-delete-records, lower retention.ms or \
-                 retention.bytes, or remove other files on the disk): appends resume within \
-                 seconds of space being free, without a restart"
+                 free space: remove other files on the disk, or grow it, and appends resume \
+                 within seconds, without a restart; kafka-delete-records or a lower \
+                 retention.ms / retention.bytes free the segments they delete only at the next \
+                 retention check (log.retention.check.interval.ms) plus file.delete.delay.ms"
             ),
             DirState::Failed { reason } => tracing::error!(
                 log_dir = %self.dir.display(),
