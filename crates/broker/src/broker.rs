@@ -17,6 +17,10 @@ use crate::config::BrokerConfig;
 use crate::group_coordinator::GroupCoordinator;
 use crate::replica_manager::ReplicaManager;
 
+/// The environment variable that turns transactions on (`1`) until both halves of issue 12
+/// (the transaction coordinator and the partition side) are merged.
+pub const TRANSACTIONS_GATE_ENV: &str = "GREGOR_TRANSACTIONS";
+
 /// Hands out producer ids from blocks the controller allocates durably.
 struct ProducerIdBlock {
     next: i64,
@@ -55,6 +59,14 @@ pub struct Broker {
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
+    /// Transactional ids and their transactions (`__transaction_state`). Serves clients only
+    /// when [`Broker::transactions_enabled`].
+    pub transaction_coordinator: Arc<gregor_coordinator::transaction::TransactionCoordinator>,
+    /// The gate of transactions while the partition side (transactional produce, markers,
+    /// LSO) is not merged: off, InitProducerId and FindCoordinator for a transactional id
+    /// answer TRANSACTIONAL_ID_AUTHORIZATION_FAILED at once and the transaction APIs are not
+    /// advertised. On with the environment variable `GREGOR_TRANSACTIONS=1` (tests).
+    transactions_enabled: bool,
     /// Incremental fetch sessions (KIP-227), sized by
     /// `max.incremental.fetch.session.cache.slots`.
     pub fetch_sessions: crate::fetch_session::FetchSessionCache,
@@ -79,9 +91,16 @@ impl Broker {
         bound: Vec<SocketAddr>,
         authorizer: Arc<dyn Authorizer>,
         group_coordinator: impl FnOnce(&Weak<Broker>) -> GroupCoordinator,
+        transaction_coordinator: impl FnOnce(
+            &Weak<Broker>,
+        ) -> Arc<
+            gregor_coordinator::transaction::TransactionCoordinator,
+        >,
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak| Self {
             group_coordinator: group_coordinator(weak),
+            transaction_coordinator: transaction_coordinator(weak),
+            transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
             fetch_sessions: crate::fetch_session::FetchSessionCache::new(
                 config.max_incremental_fetch_session_cache_slots(),
                 config.min_incremental_fetch_session_eviction_ms(),
@@ -100,6 +119,11 @@ impl Broker {
             authorizer,
             started: Instant::now(),
         })
+    }
+
+    /// Whether transactions are served (see the field): `GREGOR_TRANSACTIONS=1` at start-up.
+    pub fn transactions_enabled(&self) -> bool {
+        self.transactions_enabled
     }
 
     /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal

@@ -585,6 +585,9 @@ pub struct BrokerConfig {
     pub log_index_cache_bytes: u64,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
+    /// Transaction coordinator settings (`transaction.*`, `transactional.id.expiration.ms`,
+    /// `request.timeout.ms`).
+    pub transactions: gregor_coordinator::transaction::TransactionConfig,
     /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
     /// handled, across all connections; when set, at least `socket.request.max.bytes`.
     pub queued_max_request_bytes: i64,
@@ -1157,6 +1160,9 @@ impl BrokerConfig {
                 .is_none_or(|v| v.eq_ignore_ascii_case("true")),
             log_index_cache_bytes: log_index_cache_bytes.unsigned_abs(),
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
+            transactions: gregor_coordinator::transaction::TransactionConfig::from_properties(
+                &props,
+            )?,
             raw: props,
         };
         Ok((cfg, report))

@@ -425,7 +425,15 @@ pub async fn start_with_authorizer(
                 config.groups.clone(),
                 crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
                 crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-                clock,
+                clock.clone(),
+            )
+        },
+        |weak| {
+            gregor_coordinator::transaction::TransactionCoordinator::new(
+                config.transactions.clone(),
+                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                crate::coordinator_writer::BrokerTransactionServices::new(weak.clone()),
+                clock.clone(),
             )
         },
     );
@@ -534,6 +542,9 @@ pub async fn start_with_authorizer(
         tasks.push(tokio::spawn(async move {
             b.group_coordinator.run_timers(shutdown).await;
         }));
+        // Timed-out transactions and expired transactional ids (issue 12).
+        let (c, shutdown) = (broker.transaction_coordinator.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(c.run_periodic(shutdown)));
     }
     let socket_server = SocketServer::new(
         SocketServerConfig {

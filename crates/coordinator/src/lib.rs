@@ -25,9 +25,9 @@
 pub mod error;
 pub mod group;
 pub mod runtime;
-pub mod transaction;
 #[cfg(test)]
 mod tests;
+pub mod transaction;
 
 pub use error::CoordinatorError;
 pub use runtime::{CoordinatorRecord, CoordinatorRuntime, PartitionWriter, TopicMetadata};

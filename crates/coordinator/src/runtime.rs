@@ -353,7 +353,9 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
                     // A control record's key: version (int16) and type (int16: 0 ABORT,
                     // 1 COMMIT); other types (leader change) are not markers.
                     for r in recs {
-                        let Some(key) = r.key.as_deref() else { continue };
+                        let Some(key) = r.key.as_deref() else {
+                            continue;
+                        };
                         if key.len() < 4 {
                             continue;
                         }
@@ -370,7 +372,9 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
                 }
                 let producer_id = h.is_transactional().then_some(h.producer_id);
                 for r in recs {
-                    let Some(key) = r.key.as_deref() else { continue };
+                    let Some(key) = r.key.as_deref() else {
+                        continue;
+                    };
                     summary.records += 1;
                     apply(ReplayItem::Record {
                         key,

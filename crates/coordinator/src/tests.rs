@@ -604,7 +604,13 @@ fn initial_rebalance_delay_is_not_cut_to_the_rebalance_timeout() {
     assert_eq!(join.try_recv().expect("answered").generation_id, 1);
 }
 
-fn txn_commit(group: &str, producer_id: i64, generation_id: i32, member_id: &str, offset: i64) -> crate::group::txn_offsets::TxnCommitRequest {
+fn txn_commit(
+    group: &str,
+    producer_id: i64,
+    generation_id: i32,
+    member_id: &str,
+    offset: i64,
+) -> crate::group::txn_offsets::TxnCommitRequest {
     crate::group::txn_offsets::TxnCommitRequest {
         group_id: group.into(),
         producer_id,
@@ -640,7 +646,11 @@ fn append_marker(h: &Harness, partition: i32, producer_id: i64, commit: bool) {
         .record(0, Some(&key), Some(&value), &[])
         .build();
     h.writer
-        .append(crate::group::GROUP_METADATA_TOPIC_NAME, partition, &mut batch)
+        .append(
+            crate::group::GROUP_METADATA_TOPIC_NAME,
+            partition,
+            &mut batch,
+        )
         .expect("marker appended");
 }
 
@@ -648,10 +658,16 @@ fn append_marker(h: &Harness, partition: i32, producer_id: i64, commit: bool) {
 fn transactional_offsets_are_pending_until_the_commit_marker() {
     let h = loaded(1);
     let c = &h.coordinator;
-    assert_eq!(ready(c.commit_transactional_offsets(txn_commit("g", 42, -1, "", 10))), vec![NONE]);
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("g", 42, -1, "", 10))),
+        vec![NONE]
+    );
     // Pending: not returned, and UNSTABLE_OFFSET_COMMIT with require_stable (KIP-447).
     assert_eq!(fetched(c, "g"), -1);
-    assert_eq!(stable_offset(c, "g"), (-1, ErrorCode::UnstableOffsetCommit.code()));
+    assert_eq!(
+        stable_offset(c, "g"),
+        (-1, ErrorCode::UnstableOffsetCommit.code())
+    );
     assert!(c.has_pending_transactional_offset("g", "t", 0));
     // Another producer's marker changes nothing.
     c.complete_transaction(0, 43, true);
@@ -678,7 +694,10 @@ fn transactional_offsets_are_rebuilt_on_load_with_their_markers() {
     c.on_became_leader(0);
     assert_eq!(stable_offset(c, "committed"), (5, NONE));
     assert_eq!(stable_offset(c, "aborted"), (-1, NONE));
-    assert_eq!(stable_offset(c, "open"), (-1, ErrorCode::UnstableOffsetCommit.code()));
+    assert_eq!(
+        stable_offset(c, "open"),
+        (-1, ErrorCode::UnstableOffsetCommit.code())
+    );
     // The open transaction still completes after the load.
     c.complete_transaction(0, 3, true);
     assert_eq!(stable_offset(c, "open"), (7, NONE));
@@ -694,7 +713,10 @@ fn transactional_commits_are_fenced_by_generation_and_member() {
         vec![ErrorCode::IllegalGeneration.code()]
     );
     // A KIP-848 group with one member at epoch 1.
-    h.topics.0.lock().insert("t".into(), (Uuid::from_u128(1), 1));
+    h.topics
+        .0
+        .lock()
+        .insert("t".into(), (Uuid::from_u128(1), 1));
     let r = ready(c.consumer_group_heartbeat(HeartbeatRequest {
         group_id: "cg".into(),
         member_id: String::new(),

@@ -41,8 +41,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::runtime::{
-    CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, ReplayItem,
-    TopicMetadata,
+    CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, ReplayItem, TopicMetadata,
 };
 
 pub use classic::{ClassicGroup, ClassicGroupState};

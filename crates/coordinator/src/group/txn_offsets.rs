@@ -22,7 +22,8 @@ use super::records::{self, OffsetCommitValue};
 use super::{CommittedOffset, CoordinatorRecord, Group, GroupCoordinator, GroupKind, Wait};
 
 /// Pending transactional offsets: group -> producer id -> (topic, partition) -> offset.
-pub type PendingTxnOffsets = HashMap<String, BTreeMap<i64, BTreeMap<(String, i32), CommittedOffset>>>;
+pub type PendingTxnOffsets =
+    HashMap<String, BTreeMap<i64, BTreeMap<(String, i32), CommittedOffset>>>;
 
 /// A TxnOffsetCommit as the coordinator sees it.
 pub struct TxnCommitRequest {
@@ -47,7 +48,11 @@ impl GroupCoordinator {
     /// `isTransactional`): a commit without group metadata (generation < 0) is accepted for an
     /// unknown or empty group; otherwise the member must be known and the generation (member
     /// epoch) current. A rebalance in progress does not refuse it.
-    fn validate_txn_commit(&self, group: Option<&Group>, req: &TxnCommitRequest) -> Result<(), i16> {
+    fn validate_txn_commit(
+        &self,
+        group: Option<&Group>,
+        req: &TxnCommitRequest,
+    ) -> Result<(), i16> {
         let Some(group) = group else {
             return if req.generation_id < 0 {
                 Ok(())
@@ -147,10 +152,12 @@ impl GroupCoordinator {
                 .map(|x| if x == ErrorCode::None.code() { e } else { x })
                 .collect()
         };
-        let write = match self
-            .runtime
-            .append_transactional(partition, &recs, req.producer_id, req.producer_epoch)
-        {
+        let write = match self.runtime.append_transactional(
+            partition,
+            &recs,
+            req.producer_id,
+            req.producer_epoch,
+        ) {
             Ok(w) => w,
             Err(e) => return Wait::Ready(failed(e.code(), errors)),
         };
@@ -202,13 +209,25 @@ impl GroupCoordinator {
             !by_producer.is_empty()
         });
         if touched > 0 {
-            debug!(partition, producer_id, commit, offsets = touched, "transaction completed on {}", super::GROUP_METADATA_TOPIC_NAME);
+            debug!(
+                partition,
+                producer_id,
+                commit,
+                offsets = touched,
+                "transaction completed on {}",
+                super::GROUP_METADATA_TOPIC_NAME
+            );
         }
     }
 
     /// Whether `group_id` has a transactional offset for `topic`-`partition` waiting for its
     /// transaction's marker.
-    pub fn has_pending_transactional_offset(&self, group_id: &str, topic: &str, partition: i32) -> bool {
+    pub fn has_pending_transactional_offset(
+        &self,
+        group_id: &str,
+        topic: &str,
+        partition: i32,
+    ) -> bool {
         let key = (topic.to_string(), partition);
         self.state
             .lock()

@@ -774,7 +774,10 @@ mod tests {
         };
         let table = [
             (Empty, vec![Empty, Ongoing, Dead, PrepareAbort]),
-            (Ongoing, vec![Ongoing, PrepareCommit, PrepareAbort, PrepareEpochFence]),
+            (
+                Ongoing,
+                vec![Ongoing, PrepareCommit, PrepareAbort, PrepareEpochFence],
+            ),
             (PrepareCommit, vec![CompleteCommit]),
             (PrepareAbort, vec![CompleteAbort]),
             (CompleteCommit, vec![Empty, Ongoing, Dead, PrepareAbort]),
@@ -799,7 +802,9 @@ mod tests {
         assert!(m.prepare_add_partitions(&added, 11, 0).is_err());
         m.complete_transition(&t).unwrap();
         assert_eq!((m.state, m.txn_start_timestamp_ms), (Ongoing, 10));
-        let t = m.prepare_abort_or_commit(PrepareCommit, 0, -1, 20, false).unwrap();
+        let t = m
+            .prepare_abort_or_commit(PrepareCommit, 0, -1, 20, false)
+            .unwrap();
         m.complete_transition(&t).unwrap();
         assert_eq!(m.producer_epoch, 0);
         let t = m.prepare_complete(30).unwrap();
@@ -816,13 +821,18 @@ mod tests {
             .prepare_add_partitions(&[tp("a", 0)].into(), 10, 2)
             .unwrap();
         m.complete_transition(&t).unwrap();
-        let t = m.prepare_abort_or_commit(PrepareAbort, 2, -1, 20, false).unwrap();
+        let t = m
+            .prepare_abort_or_commit(PrepareAbort, 2, -1, 20, false)
+            .unwrap();
         assert_eq!((t.producer_epoch, t.last_producer_epoch), (1, 0));
         m.complete_transition(&t).unwrap();
         assert_eq!(m.producer_epoch, 1);
         let t = m.prepare_complete(30).unwrap();
         m.complete_transition(&t).unwrap();
-        assert_eq!((m.state, m.producer_id, m.producer_epoch), (CompleteAbort, 100, 1));
+        assert_eq!(
+            (m.state, m.producer_id, m.producer_epoch),
+            (CompleteAbort, 100, 1)
+        );
     }
 
     #[test]
@@ -833,7 +843,9 @@ mod tests {
             .prepare_add_partitions(&[tp("a", 0)].into(), 10, 2)
             .unwrap();
         m.complete_transition(&t).unwrap();
-        let t = m.prepare_abort_or_commit(PrepareCommit, 2, 555, 20, false).unwrap();
+        let t = m
+            .prepare_abort_or_commit(PrepareCommit, 2, 555, 20, false)
+            .unwrap();
         m.complete_transition(&t).unwrap();
         assert_eq!((m.producer_epoch, m.next_producer_id), (i16::MAX - 1, 555));
         let t = m.prepare_complete(30).unwrap();
@@ -845,7 +857,9 @@ mod tests {
     #[test]
     fn empty_abort_with_transaction_version_2() {
         let mut m = new_md();
-        let t = m.prepare_abort_or_commit(PrepareAbort, 2, -1, 50, true).unwrap();
+        let t = m
+            .prepare_abort_or_commit(PrepareAbort, 2, -1, 50, true)
+            .unwrap();
         assert_eq!((t.txn_start_timestamp_ms, t.producer_epoch), (50, 1));
         m.complete_transition(&t).unwrap();
         let t = m.prepare_complete(60).unwrap();
@@ -872,7 +886,8 @@ mod tests {
         m.pending_state = None;
         // An older epoch is fenced.
         assert_eq!(
-            m.prepare_increment_producer_epoch(60_000, Some(7), 6).unwrap(),
+            m.prepare_increment_producer_epoch(60_000, Some(7), 6)
+                .unwrap(),
             Err(())
         );
         assert_eq!(m.pending_state, None);
@@ -892,7 +907,9 @@ mod tests {
         m.pending_state = None;
         m.producer_epoch = fence.producer_epoch;
         m.last_producer_epoch = NO_PRODUCER_EPOCH;
-        let t = m.prepare_abort_or_commit(PrepareAbort, 0, -1, 20, false).unwrap();
+        let t = m
+            .prepare_abort_or_commit(PrepareAbort, 0, -1, 20, false)
+            .unwrap();
         m.complete_transition(&t).unwrap();
         assert_eq!((m.state, m.producer_epoch), (PrepareAbort, 1));
     }
@@ -901,7 +918,9 @@ mod tests {
     fn illegal_transitions_are_errors() {
         let mut m = new_md();
         // Empty cannot commit.
-        assert!(m.prepare_abort_or_commit(PrepareCommit, 0, -1, 1, false).is_err());
+        assert!(m
+            .prepare_abort_or_commit(PrepareCommit, 0, -1, 1, false)
+            .is_err());
         assert_eq!(m.pending_state, None);
         // An exhausted epoch cannot be bumped.
         m.producer_epoch = i16::MAX - 1;
@@ -909,7 +928,10 @@ mod tests {
         // Rotation gives epoch 0 on a new id.
         let t = m.prepare_producer_id_rotation(200, 1, 2, true).unwrap();
         m.complete_transition(&t).unwrap();
-        assert_eq!((m.producer_id, m.producer_epoch, m.last_producer_epoch), (200, 0, i16::MAX - 1));
+        assert_eq!(
+            (m.producer_id, m.producer_epoch, m.last_producer_epoch),
+            (200, 0, i16::MAX - 1)
+        );
         // Dead only from a state without a transaction.
         let t = m.prepare_dead().unwrap();
         assert_eq!(t.state, Dead);

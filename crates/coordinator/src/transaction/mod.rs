@@ -375,9 +375,7 @@ impl TransactionCoordinator {
         transactional_id: &str,
     ) -> Result<(i32, i32), ErrorCode> {
         let p = self.partition_for(transactional_id);
-        self.runtime
-            .check_active(p)
-            .map_err(|e| e.error_code())?;
+        self.runtime.check_active(p).map_err(|e| e.error_code())?;
         match st.get(&p) {
             Some(ps) => Ok((p, ps.coordinator_epoch)),
             None => Err(ErrorCode::NotCoordinator),
@@ -913,9 +911,7 @@ impl TransactionCoordinator {
         if !valid_epoch {
             return err(ErrorCode::ProducerFenced);
         }
-        let current = || {
-            EndStep::Done(ProducerIdAndEpoch::ok(md.producer_id, md.producer_epoch))
-        };
+        let current = || EndStep::Done(ProducerIdAndEpoch::ok(md.producer_id, md.producer_epoch));
         let invalid = || {
             debug!(transactional_id, state = %md.state, commit, "EndTxn in a state that does not allow it");
             err(ErrorCode::InvalidTxnState)
@@ -963,12 +959,12 @@ impl TransactionCoordinator {
             now,
             empty_abort,
         ) {
-                Ok(t) => t,
-                Err(e) => {
-                    warn!(error = %e, "EndTxn");
-                    return err(ErrorCode::UnknownServerError);
-                }
-            };
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "EndTxn");
+                return err(ErrorCode::UnknownServerError);
+            }
+        };
         match self.append(p, transactional_id, &transit) {
             Ok(w) => EndStep::Write(p, ce, transit, w),
             Err(code) => {
@@ -992,7 +988,14 @@ impl TransactionCoordinator {
         let commit = transit.state == TransactionState::PrepareCommit;
         let fence = !from_client;
         if let Err(code) = self
-            .finish_write(partition, coordinator_epoch, transactional_id, &transit, write, false)
+            .finish_write(
+                partition,
+                coordinator_epoch,
+                transactional_id,
+                &transit,
+                write,
+                false,
+            )
             .await
         {
             if fence {
@@ -1094,7 +1097,10 @@ impl TransactionCoordinator {
         };
         loop {
             let Some(todo) = remaining(&self.state.lock()) else {
-                info!(transactional_id, "no longer the coordinator at this epoch; markers cancelled");
+                info!(
+                    transactional_id,
+                    "no longer the coordinator at this epoch; markers cancelled"
+                );
                 return;
             };
             if todo.is_empty() {
@@ -1111,7 +1117,10 @@ impl TransactionCoordinator {
             {
                 let mut st = self.state.lock();
                 if remaining(&st).is_none() {
-                    info!(transactional_id, "no longer the coordinator at this epoch; markers cancelled");
+                    info!(
+                        transactional_id,
+                        "no longer the coordinator at this epoch; markers cancelled"
+                    );
                     return;
                 }
                 let Some(md) = st
@@ -1127,7 +1136,8 @@ impl TransactionCoordinator {
                         | ErrorCode::UnsupportedVersion => {
                             md.partitions.remove(&tp);
                         }
-                        ErrorCode::InvalidProducerEpoch | ErrorCode::TransactionCoordinatorFenced => {
+                        ErrorCode::InvalidProducerEpoch
+                        | ErrorCode::TransactionCoordinatorFenced => {
                             info!(transactional_id, topic = %tp.0, partition = tp.1, %code, "transaction marker permanently refused; no more markers are sent for this transaction");
                             return;
                         }
@@ -1243,10 +1253,15 @@ impl TransactionCoordinator {
     /// ListTransactions (KIP-664): the transactions of every partition loaded here, filtered;
     /// the state filters gregor does not know are returned apart. COORDINATOR_LOAD_IN_PROGRESS
     /// while a partition loads; INVALID_REQUEST for a pattern that is not a regular expression.
-    pub fn list(&self, filters: &ListFilters) -> Result<(Vec<ListedTransaction>, Vec<String>), ErrorCode> {
-        let loading = self.runtime.partitions().into_iter().any(|p| {
-            self.runtime.status(p) == Some(crate::runtime::PartitionStatus::Loading)
-        });
+    pub fn list(
+        &self,
+        filters: &ListFilters,
+    ) -> Result<(Vec<ListedTransaction>, Vec<String>), ErrorCode> {
+        let loading = self
+            .runtime
+            .partitions()
+            .into_iter()
+            .any(|p| self.runtime.status(p) == Some(crate::runtime::PartitionStatus::Loading));
         if loading {
             return Err(ErrorCode::CoordinatorLoadInProgress);
         }
@@ -1328,9 +1343,9 @@ impl TransactionCoordinator {
                 {
                     continue;
                 }
-                let abort = md.prepare_fence_producer_epoch().and_then(|fence| {
-                    Self::prepare_fenced_abort(md, &fence, self.now_ms())
-                });
+                let abort = md
+                    .prepare_fence_producer_epoch()
+                    .and_then(|fence| Self::prepare_fenced_abort(md, &fence, self.now_ms()));
                 let abort = match abort {
                     Ok(a) => a,
                     Err(e) => {
@@ -1350,9 +1365,14 @@ impl TransactionCoordinator {
                 }
             };
             let (p, ce, abort, write) = prepared;
-            let r = self.after_prepare_written(p, ce, &id, abort, write, false).await;
+            let r = self
+                .after_prepare_written(p, ce, &id, abort, write, false)
+                .await;
             if r.error == ErrorCode::None {
-                info!(transactional_id = id, "aborted a transaction that exceeded its transaction.timeout.ms");
+                info!(
+                    transactional_id = id,
+                    "aborted a transaction that exceeded its transaction.timeout.ms"
+                );
                 aborted += 1;
             }
         }
@@ -1405,17 +1425,16 @@ impl TransactionCoordinator {
         let mut removed = 0;
         for (p, ce, ids, write) in writes {
             for (id, t) in &ids {
-                if self
-                    .finish_write(p, ce, id, t, write, false)
-                    .await
-                    .is_ok()
-                {
+                if self.finish_write(p, ce, id, t, write, false).await.is_ok() {
                     removed += 1;
                 }
             }
         }
         if removed > 0 {
-            info!(removed, "removed expired transactional ids (transactional.id.expiration.ms)");
+            info!(
+                removed,
+                "removed expired transactional ids (transactional.id.expiration.ms)"
+            );
         }
         removed
     }
@@ -1424,10 +1443,12 @@ impl TransactionCoordinator {
     /// their intervals until `shutdown` changes.
     pub async fn run_periodic(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let ms = |v: i64| Duration::from_millis(u64::try_from(v.max(1)).unwrap_or(u64::MAX));
-        let mut abort =
-            tokio::time::interval(ms(self.config.abort_timed_out_transaction_cleanup_interval_ms));
-        let mut expire =
-            tokio::time::interval(ms(self.config.remove_expired_transaction_cleanup_interval_ms));
+        let mut abort = tokio::time::interval(ms(self
+            .config
+            .abort_timed_out_transaction_cleanup_interval_ms));
+        let mut expire = tokio::time::interval(ms(self
+            .config
+            .remove_expired_transaction_cleanup_interval_ms));
         abort.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -99,7 +99,10 @@ impl Harness {
             }
             tokio::task::yield_now().await;
         }
-        panic!("{id} never reached {state}: {:?}", self.coordinator.transaction(id));
+        panic!(
+            "{id} never reached {state}: {:?}",
+            self.coordinator.transaction(id)
+        );
     }
 
     /// Waits until `done` holds: yields to the coordinator's tasks, and between the marker
@@ -158,12 +161,21 @@ async fn init_producer_id_allocates_then_bumps_the_epoch() {
 #[tokio::test]
 async fn request_errors() {
     let h = harness();
-    assert_eq!(h.coordinator.init_producer_id("", 60_000, None).await.error, ErrorCode::InvalidRequest);
     assert_eq!(
-        h.coordinator.init_producer_id("t", 900_001, None).await.error,
+        h.coordinator.init_producer_id("", 60_000, None).await.error,
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(
+        h.coordinator
+            .init_producer_id("t", 900_001, None)
+            .await
+            .error,
         ErrorCode::InvalidTransactionTimeout
     );
-    assert_eq!(h.coordinator.init_producer_id("t", 0, None).await.error, ErrorCode::InvalidTransactionTimeout);
+    assert_eq!(
+        h.coordinator.init_producer_id("t", 0, None).await.error,
+        ErrorCode::InvalidTransactionTimeout
+    );
     let parts = tps(&[("a", 0)]);
     // Unknown id.
     assert_eq!(
@@ -172,15 +184,22 @@ async fn request_errors() {
     );
     let r = h.init("t").await;
     assert_eq!(
-        h.coordinator.add_partitions("t", r.producer_id + 1, 0, &parts, 0).await,
+        h.coordinator
+            .add_partitions("t", r.producer_id + 1, 0, &parts, 0)
+            .await,
         ErrorCode::InvalidProducerIdMapping
     );
     assert_eq!(
-        h.coordinator.add_partitions("t", r.producer_id, 3, &parts, 0).await,
+        h.coordinator
+            .add_partitions("t", r.producer_id, 3, &parts, 0)
+            .await,
         ErrorCode::ProducerFenced
     );
     // EndTxn without a transaction.
-    let e = h.coordinator.end_transaction("t", r.producer_id, 0, true, 0).await;
+    let e = h
+        .coordinator
+        .end_transaction("t", r.producer_id, 0, true, 0)
+        .await;
     assert_eq!(e.error, ErrorCode::InvalidTxnState);
     // Not the coordinator: the partition is led elsewhere.
     let p = h.coordinator.partition_for("t");
@@ -191,13 +210,19 @@ async fn request_errors() {
     h.coordinator.on_resigned(p);
     assert_eq!(h.init("t").await.error, ErrorCode::NotCoordinator);
     assert!(h.coordinator.runtime().begin_load(p));
-    assert_eq!(h.init("t").await.error, ErrorCode::CoordinatorLoadInProgress);
+    assert_eq!(
+        h.init("t").await.error,
+        ErrorCode::CoordinatorLoadInProgress
+    );
     assert_eq!(
         h.coordinator.describe("t").error,
         ErrorCode::CoordinatorLoadInProgress
     );
     assert_eq!(
-        h.coordinator.list(&ListFilters { duration_ms: -1, ..ListFilters::default() }),
+        h.coordinator.list(&ListFilters {
+            duration_ms: -1,
+            ..ListFilters::default()
+        }),
         Err(ErrorCode::CoordinatorLoadInProgress)
     );
 }
@@ -207,28 +232,58 @@ async fn commit_writes_markers_then_completes() {
     let h = harness();
     let r = h.init("t1").await;
     let parts = tps(&[("a", 0), ("a", 1), ("b", 0)]);
-    assert_eq!(h.coordinator.add_partitions("t1", r.producer_id, 0, &parts, 0).await, ErrorCode::None);
-    // Adding partitions already in the transaction answers at once.
     assert_eq!(
-        h.coordinator.add_partitions("t1", r.producer_id, 0, &tps(&[("a", 1)]), 0).await,
+        h.coordinator
+            .add_partitions("t1", r.producer_id, 0, &parts, 0)
+            .await,
         ErrorCode::None
     );
-    assert_eq!(h.coordinator.transaction("t1").unwrap().state, TransactionState::Ongoing);
-    let e = h.coordinator.end_transaction("t1", r.producer_id, 0, true, 0).await;
+    // Adding partitions already in the transaction answers at once.
+    assert_eq!(
+        h.coordinator
+            .add_partitions("t1", r.producer_id, 0, &tps(&[("a", 1)]), 0)
+            .await,
+        ErrorCode::None
+    );
+    assert_eq!(
+        h.coordinator.transaction("t1").unwrap().state,
+        TransactionState::Ongoing
+    );
+    let e = h
+        .coordinator
+        .end_transaction("t1", r.producer_id, 0, true, 0)
+        .await;
     assert_eq!(e, ProducerIdAndEpoch::ok(r.producer_id, 0));
     let md = h.settled("t1", TransactionState::CompleteCommit).await;
     assert!(md.partitions.is_empty());
     let sent = h.services.sent.lock().clone();
     assert_eq!(sent.len(), 1);
     assert_eq!(
-        (sent[0].producer_id, sent[0].producer_epoch, sent[0].commit, sent[0].coordinator_epoch),
+        (
+            sent[0].producer_id,
+            sent[0].producer_epoch,
+            sent[0].commit,
+            sent[0].coordinator_epoch
+        ),
         (r.producer_id, 0, true, 5)
     );
-    assert_eq!(sent[0].partitions.iter().cloned().collect::<BTreeSet<_>>(), parts);
-    // A retried EndTxn of the completed commit answers NONE; an abort is INVALID_TXN_STATE.
-    assert_eq!(h.coordinator.end_transaction("t1", r.producer_id, 0, true, 0).await.error, ErrorCode::None);
     assert_eq!(
-        h.coordinator.end_transaction("t1", r.producer_id, 0, false, 0).await.error,
+        sent[0].partitions.iter().cloned().collect::<BTreeSet<_>>(),
+        parts
+    );
+    // A retried EndTxn of the completed commit answers NONE; an abort is INVALID_TXN_STATE.
+    assert_eq!(
+        h.coordinator
+            .end_transaction("t1", r.producer_id, 0, true, 0)
+            .await
+            .error,
+        ErrorCode::None
+    );
+    assert_eq!(
+        h.coordinator
+            .end_transaction("t1", r.producer_id, 0, false, 0)
+            .await
+            .error,
         ErrorCode::InvalidTxnState
     );
     // The log holds Empty, Ongoing, PrepareCommit, CompleteCommit (the second add wrote nothing).
@@ -241,23 +296,35 @@ async fn transaction_version_2_bumps_the_epoch_with_every_transaction() {
     let r = h.init("t2").await;
     // The partition leader adds the partition (KIP-890 part 2).
     assert_eq!(
-        h.coordinator.add_partitions("t2", r.producer_id, 0, &tps(&[("a", 0)]), 2).await,
+        h.coordinator
+            .add_partitions("t2", r.producer_id, 0, &tps(&[("a", 0)]), 2)
+            .await,
         ErrorCode::None
     );
-    let e = h.coordinator.end_transaction("t2", r.producer_id, 0, false, 2).await;
+    let e = h
+        .coordinator
+        .end_transaction("t2", r.producer_id, 0, false, 2)
+        .await;
     assert_eq!(e, ProducerIdAndEpoch::ok(r.producer_id, 1));
     h.settled("t2", TransactionState::CompleteAbort).await;
     assert_eq!(h.services.sent.lock()[0].producer_epoch, 1);
     // A retry with the old epoch is recognised as a retry.
-    let again = h.coordinator.end_transaction("t2", r.producer_id, 0, false, 2).await;
+    let again = h
+        .coordinator
+        .end_transaction("t2", r.producer_id, 0, false, 2)
+        .await;
     assert_eq!(again, ProducerIdAndEpoch::ok(r.producer_id, 1));
     // The old epoch cannot start a new transaction; the new one can.
     assert_eq!(
-        h.coordinator.add_partitions("t2", r.producer_id, 0, &tps(&[("a", 0)]), 2).await,
+        h.coordinator
+            .add_partitions("t2", r.producer_id, 0, &tps(&[("a", 0)]), 2)
+            .await,
         ErrorCode::ProducerFenced
     );
     assert_eq!(
-        h.coordinator.add_partitions("t2", r.producer_id, 1, &tps(&[("a", 0)]), 2).await,
+        h.coordinator
+            .add_partitions("t2", r.producer_id, 1, &tps(&[("a", 0)]), 2)
+            .await,
         ErrorCode::None
     );
 }
@@ -266,7 +333,9 @@ async fn transaction_version_2_bumps_the_epoch_with_every_transaction() {
 async fn a_new_producer_fences_and_aborts_the_ongoing_transaction() {
     let h = harness();
     let old = h.init("t3").await;
-    h.coordinator.add_partitions("t3", old.producer_id, 0, &tps(&[("a", 0)]), 0).await;
+    h.coordinator
+        .add_partitions("t3", old.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
     // The new instance's InitProducerId aborts the transaction and asks it to retry.
     let r = h.init("t3").await;
     assert_eq!(r.error, ErrorCode::ConcurrentTransactions);
@@ -278,11 +347,15 @@ async fn a_new_producer_fences_and_aborts_the_ongoing_transaction() {
     let r = h.init("t3").await;
     assert_eq!(r, ProducerIdAndEpoch::ok(old.producer_id, 2));
     assert_eq!(
-        h.coordinator.end_transaction("t3", old.producer_id, 0, true, 0).await.error,
+        h.coordinator
+            .end_transaction("t3", old.producer_id, 0, true, 0)
+            .await
+            .error,
         ErrorCode::ProducerFenced
     );
     assert_eq!(
-        h.coordinator.verify_partitions("t3", old.producer_id, 0, &[("a".into(), 0)]),
+        h.coordinator
+            .verify_partitions("t3", old.producer_id, 0, &[("a".into(), 0)]),
         vec![(("a".to_string(), 0), ErrorCode::ProducerFenced)]
     );
 }
@@ -291,8 +364,12 @@ async fn a_new_producer_fences_and_aborts_the_ongoing_transaction() {
 async fn verification_says_which_partitions_are_in_the_transaction() {
     let h = harness();
     let r = h.init("v").await;
-    h.coordinator.add_partitions("v", r.producer_id, 0, &tps(&[("a", 0)]), 0).await;
-    let got = h.coordinator.verify_partitions("v", r.producer_id, 0, &[("a".into(), 0), ("a".into(), 1)]);
+    h.coordinator
+        .add_partitions("v", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
+    let got =
+        h.coordinator
+            .verify_partitions("v", r.producer_id, 0, &[("a".into(), 0), ("a".into(), 1)]);
     assert_eq!(
         got,
         vec![
@@ -301,7 +378,9 @@ async fn verification_says_which_partitions_are_in_the_transaction() {
         ]
     );
     assert_eq!(
-        h.coordinator.verify_partitions("nope", 1, 0, &[("a".into(), 0)])[0].1,
+        h.coordinator
+            .verify_partitions("nope", 1, 0, &[("a".into(), 0)])[0]
+            .1,
         ErrorCode::InvalidProducerIdMapping
     );
 }
@@ -310,23 +389,30 @@ async fn verification_says_which_partitions_are_in_the_transaction() {
 async fn markers_are_retried_until_the_leader_writes_them() {
     let h = harness();
     let r = h.init("r").await;
-    h.coordinator.add_partitions("r", r.producer_id, 0, &tps(&[("a", 0)]), 0).await;
+    h.coordinator
+        .add_partitions("r", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
     h.services
         .script
         .lock()
         .extend([ErrorCode::NotLeaderOrFollower, ErrorCode::RequestTimedOut]);
-    h.coordinator.end_transaction("r", r.producer_id, 0, true, 0).await;
+    h.coordinator
+        .end_transaction("r", r.producer_id, 0, true, 0)
+        .await;
     // While the markers are pending, the transaction cannot move on.
     assert_eq!(
-        h.coordinator.end_transaction("r", r.producer_id, 0, true, 0).await.error,
+        h.coordinator
+            .end_transaction("r", r.producer_id, 0, true, 0)
+            .await
+            .error,
         ErrorCode::ConcurrentTransactions
     );
     assert_eq!(h.init("r").await.error, ErrorCode::ConcurrentTransactions);
     // The sender backs off between attempts: wait for them, woken by each attempt.
     h.wait_for(|h| {
-        h.coordinator
-            .transaction("r")
-            .is_some_and(|m| m.state == TransactionState::CompleteCommit && m.pending_state.is_none())
+        h.coordinator.transaction("r").is_some_and(|m| {
+            m.state == TransactionState::CompleteCommit && m.pending_state.is_none()
+        })
     })
     .await;
     assert_eq!(h.services.sent.lock().len(), 3);
@@ -336,9 +422,16 @@ async fn markers_are_retried_until_the_leader_writes_them() {
 async fn a_fenced_marker_stops_the_sender() {
     let h = harness();
     let r = h.init("f").await;
-    h.coordinator.add_partitions("f", r.producer_id, 0, &tps(&[("a", 0)]), 0).await;
-    h.services.script.lock().push_back(ErrorCode::TransactionCoordinatorFenced);
-    h.coordinator.end_transaction("f", r.producer_id, 0, true, 0).await;
+    h.coordinator
+        .add_partitions("f", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
+    h.services
+        .script
+        .lock()
+        .push_back(ErrorCode::TransactionCoordinatorFenced);
+    h.coordinator
+        .end_transaction("f", r.producer_id, 0, true, 0)
+        .await;
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -351,16 +444,29 @@ async fn a_fenced_marker_stops_the_sender() {
 async fn state_is_rebuilt_on_load_and_pending_markers_are_sent_again() {
     let h = harness();
     let a = h.init("done").await;
-    h.coordinator.add_partitions("done", a.producer_id, 0, &tps(&[("x", 0)]), 0).await;
-    h.coordinator.end_transaction("done", a.producer_id, 0, true, 0).await;
+    h.coordinator
+        .add_partitions("done", a.producer_id, 0, &tps(&[("x", 0)]), 0)
+        .await;
+    h.coordinator
+        .end_transaction("done", a.producer_id, 0, true, 0)
+        .await;
     h.settled("done", TransactionState::CompleteCommit).await;
     let b = h.init("open").await;
-    h.coordinator.add_partitions("open", b.producer_id, 0, &tps(&[("y", 1)]), 0).await;
+    h.coordinator
+        .add_partitions("open", b.producer_id, 0, &tps(&[("y", 1)]), 0)
+        .await;
     // A commit whose markers never get through before the coordinator moves.
     let c = h.init("moving").await;
-    h.coordinator.add_partitions("moving", c.producer_id, 0, &tps(&[("z", 2)]), 0).await;
-    h.services.script.lock().push_back(ErrorCode::TransactionCoordinatorFenced);
-    h.coordinator.end_transaction("moving", c.producer_id, 0, true, 0).await;
+    h.coordinator
+        .add_partitions("moving", c.producer_id, 0, &tps(&[("z", 2)]), 0)
+        .await;
+    h.services
+        .script
+        .lock()
+        .push_back(ErrorCode::TransactionCoordinatorFenced);
+    h.coordinator
+        .end_transaction("moving", c.producer_id, 0, true, 0)
+        .await;
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
@@ -373,7 +479,10 @@ async fn state_is_rebuilt_on_load_and_pending_markers_are_sent_again() {
         h.coordinator.on_became_leader(p, 6);
     }
     let done = h.coordinator.transaction("done").unwrap();
-    assert_eq!((done.state, done.producer_id, done.producer_epoch), (TransactionState::CompleteCommit, a.producer_id, 0));
+    assert_eq!(
+        (done.state, done.producer_id, done.producer_epoch),
+        (TransactionState::CompleteCommit, a.producer_id, 0)
+    );
     let open = h.coordinator.transaction("open").unwrap();
     assert_eq!(open.state, TransactionState::Ongoing);
     assert_eq!(open.partitions, tps(&[("y", 1)]));
@@ -381,14 +490,23 @@ async fn state_is_rebuilt_on_load_and_pending_markers_are_sent_again() {
     h.settled("moving", TransactionState::CompleteCommit).await;
     let sent = h.services.sent.lock();
     let resent = &sent[before];
-    assert_eq!((resent.commit, resent.coordinator_epoch, resent.partitions.clone()), (true, 6, vec![("z".to_string(), 2)]));
+    assert_eq!(
+        (
+            resent.commit,
+            resent.coordinator_epoch,
+            resent.partitions.clone()
+        ),
+        (true, 6, vec![("z".to_string(), 2)])
+    );
 }
 
 #[tokio::test]
 async fn timed_out_transactions_are_aborted_and_their_producer_fenced() {
     let h = harness();
     let r = h.coordinator.init_producer_id("slow", 1_000, None).await;
-    h.coordinator.add_partitions("slow", r.producer_id, 0, &tps(&[("a", 0)]), 0).await;
+    h.coordinator
+        .add_partitions("slow", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
     h.clock.advance_ms(999);
     assert_eq!(h.coordinator.abort_timed_out_transactions().await, 0);
     h.clock.advance_ms(2);
@@ -397,7 +515,10 @@ async fn timed_out_transactions_are_aborted_and_their_producer_fenced() {
     assert_eq!(md.producer_epoch, 1);
     assert!(!h.services.sent.lock()[0].commit);
     assert_eq!(
-        h.coordinator.end_transaction("slow", r.producer_id, 0, true, 0).await.error,
+        h.coordinator
+            .end_transaction("slow", r.producer_id, 0, true, 0)
+            .await
+            .error,
         ErrorCode::ProducerFenced
     );
 }
@@ -407,7 +528,9 @@ async fn idle_transactional_ids_expire() {
     let h = harness();
     h.init("idle").await;
     let r = h.init("busy").await;
-    h.coordinator.add_partitions("busy", r.producer_id, 0, &tps(&[("a", 0)]), 0).await;
+    h.coordinator
+        .add_partitions("busy", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+        .await;
     h.clock.advance_ms(604_800_000);
     assert_eq!(h.coordinator.remove_expired_transactional_ids().await, 1);
     assert!(h.coordinator.transaction("idle").is_none());
@@ -417,23 +540,45 @@ async fn idle_transactional_ids_expire() {
     h.coordinator.on_resigned(p);
     h.coordinator.on_became_leader(p, 7);
     assert!(h.coordinator.transaction("idle").is_none());
-    assert_eq!(h.coordinator.describe("idle").error, ErrorCode::TransactionalIdNotFound);
+    assert_eq!(
+        h.coordinator.describe("idle").error,
+        ErrorCode::TransactionalIdNotFound
+    );
 }
 
 #[tokio::test]
 async fn describe_and_list() {
     let h = harness();
     let a = h.init("alpha").await;
-    h.coordinator.add_partitions("alpha", a.producer_id, 0, &tps(&[("t", 1), ("t", 0), ("u", 3)]), 0).await;
+    h.coordinator
+        .add_partitions(
+            "alpha",
+            a.producer_id,
+            0,
+            &tps(&[("t", 1), ("t", 0), ("u", 3)]),
+            0,
+        )
+        .await;
     h.init("beta").await;
     let d = h.coordinator.describe("alpha");
     assert_eq!(d.error, ErrorCode::None);
     assert_eq!(d.state, "Ongoing");
-    assert_eq!(d.topics, vec![("t".to_string(), vec![0, 1]), ("u".to_string(), vec![3])]);
+    assert_eq!(
+        d.topics,
+        vec![("t".to_string(), vec![0, 1]), ("u".to_string(), vec![3])]
+    );
     assert_eq!(d.start_time_ms, 1_000_000);
-    let all = ListFilters { duration_ms: -1, ..ListFilters::default() };
+    let all = ListFilters {
+        duration_ms: -1,
+        ..ListFilters::default()
+    };
     let (l, unknown) = h.coordinator.list(&all).unwrap();
-    assert_eq!(l.iter().map(|t| t.transactional_id.as_str()).collect::<Vec<_>>(), ["alpha", "beta"]);
+    assert_eq!(
+        l.iter()
+            .map(|t| t.transactional_id.as_str())
+            .collect::<Vec<_>>(),
+        ["alpha", "beta"]
+    );
     assert!(unknown.is_empty());
     let (l, unknown) = h
         .coordinator
@@ -446,19 +591,30 @@ async fn describe_and_list() {
     assert_eq!(unknown, vec!["Bogus".to_string()]);
     let (l, _) = h
         .coordinator
-        .list(&ListFilters { transactional_id_pattern: Some("b.*".into()), ..all.clone() })
+        .list(&ListFilters {
+            transactional_id_pattern: Some("b.*".into()),
+            ..all.clone()
+        })
         .unwrap();
     assert_eq!(l[0].transactional_id, "beta");
     // Duration: alpha started at 1_000_000; only transactions running longer are listed.
     h.clock.advance_ms(5_000);
     let (l, _) = h
         .coordinator
-        .list(&ListFilters { duration_ms: 4_000, states: vec!["Ongoing".into()], ..all.clone() })
+        .list(&ListFilters {
+            duration_ms: 4_000,
+            states: vec!["Ongoing".into()],
+            ..all.clone()
+        })
         .unwrap();
     assert_eq!(l.len(), 1);
     let (l, _) = h
         .coordinator
-        .list(&ListFilters { duration_ms: 6_000, states: vec!["Ongoing".into()], ..all })
+        .list(&ListFilters {
+            duration_ms: 6_000,
+            states: vec!["Ongoing".into()],
+            ..all
+        })
         .unwrap();
     assert!(l.is_empty());
 }
@@ -471,17 +627,24 @@ async fn a_write_that_is_not_committed_is_not_applied() {
     let p = h.coordinator.partition_for("w");
     let c = h.coordinator.clone();
     let pending = tokio::spawn(async move {
-        c.add_partitions("w", r.producer_id, 0, &tps(&[("a", 0)]), 0).await
+        c.add_partitions("w", r.producer_id, 0, &tps(&[("a", 0)]), 0)
+            .await
     });
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(h.coordinator.transaction("w").unwrap().state, TransactionState::Empty);
+    assert_eq!(
+        h.coordinator.transaction("w").unwrap().state,
+        TransactionState::Empty
+    );
     // Leadership moves before the high watermark passes it.
     h.writer.drop_waiters();
     assert_eq!(pending.await.unwrap(), ErrorCode::NotCoordinator);
     let md = h.coordinator.transaction("w").unwrap();
-    assert_eq!((md.state, md.pending_state), (TransactionState::Empty, None));
+    assert_eq!(
+        (md.state, md.pending_state),
+        (TransactionState::Empty, None)
+    );
     h.writer.advance_hw(p);
 }
 
@@ -507,7 +670,12 @@ fn config_defaults_are_kafkas() {
     props.insert("transaction.max.timeout.ms".to_string(), "0".to_string());
     assert!(TransactionConfig::from_properties(&props).is_err());
     props.insert("transaction.max.timeout.ms".to_string(), "1000".to_string());
-    assert_eq!(TransactionConfig::from_properties(&props).unwrap().transaction_max_timeout_ms, 1000);
+    assert_eq!(
+        TransactionConfig::from_properties(&props)
+            .unwrap()
+            .transaction_max_timeout_ms,
+        1000
+    );
 }
 
 /// Kafka's EndTxn table for transaction.version 2 outside a transaction (KAFKA-14563): a retry
@@ -519,19 +687,57 @@ async fn transaction_version_2_empty_aborts_and_retries() {
     let r = h.init("e").await;
     let pid = r.producer_id;
     // Empty: an abort with the current epoch is an empty abort; a commit is invalid.
-    assert_eq!(h.coordinator.end_transaction("e", pid, 0, true, 2).await.error, ErrorCode::InvalidTxnState);
-    assert_eq!(h.coordinator.end_transaction("e", pid, 0, false, 2).await, ProducerIdAndEpoch::ok(pid, 1));
+    assert_eq!(
+        h.coordinator
+            .end_transaction("e", pid, 0, true, 2)
+            .await
+            .error,
+        ErrorCode::InvalidTxnState
+    );
+    assert_eq!(
+        h.coordinator.end_transaction("e", pid, 0, false, 2).await,
+        ProducerIdAndEpoch::ok(pid, 1)
+    );
     h.settled("e", TransactionState::CompleteAbort).await;
     assert!(h.services.sent.lock().is_empty(), "no partition, no marker");
     // CompleteAbort: the retry (old epoch) is NONE; a commit with either epoch is invalid.
-    assert_eq!(h.coordinator.end_transaction("e", pid, 0, false, 2).await, ProducerIdAndEpoch::ok(pid, 1));
-    assert_eq!(h.coordinator.end_transaction("e", pid, 1, true, 2).await.error, ErrorCode::InvalidTxnState);
+    assert_eq!(
+        h.coordinator.end_transaction("e", pid, 0, false, 2).await,
+        ProducerIdAndEpoch::ok(pid, 1)
+    );
+    assert_eq!(
+        h.coordinator
+            .end_transaction("e", pid, 1, true, 2)
+            .await
+            .error,
+        ErrorCode::InvalidTxnState
+    );
     // A commit of a real transaction, then its retry, then an abort retry is invalid.
-    h.coordinator.add_partitions("e", pid, 1, &tps(&[("a", 0)]), 2).await;
-    assert_eq!(h.coordinator.end_transaction("e", pid, 1, true, 2).await, ProducerIdAndEpoch::ok(pid, 2));
+    h.coordinator
+        .add_partitions("e", pid, 1, &tps(&[("a", 0)]), 2)
+        .await;
+    assert_eq!(
+        h.coordinator.end_transaction("e", pid, 1, true, 2).await,
+        ProducerIdAndEpoch::ok(pid, 2)
+    );
     h.settled("e", TransactionState::CompleteCommit).await;
-    assert_eq!(h.coordinator.end_transaction("e", pid, 1, true, 2).await, ProducerIdAndEpoch::ok(pid, 2));
-    assert_eq!(h.coordinator.end_transaction("e", pid, 1, false, 2).await.error, ErrorCode::InvalidTxnState);
+    assert_eq!(
+        h.coordinator.end_transaction("e", pid, 1, true, 2).await,
+        ProducerIdAndEpoch::ok(pid, 2)
+    );
+    assert_eq!(
+        h.coordinator
+            .end_transaction("e", pid, 1, false, 2)
+            .await
+            .error,
+        ErrorCode::InvalidTxnState
+    );
     // An older epoch than the retry's is fenced.
-    assert_eq!(h.coordinator.end_transaction("e", pid, 0, false, 2).await.error, ErrorCode::ProducerFenced);
+    assert_eq!(
+        h.coordinator
+            .end_transaction("e", pid, 0, false, 2)
+            .await
+            .error,
+        ErrorCode::ProducerFenced
+    );
 }

@@ -1,0 +1,607 @@
+//! The transaction coordinator at the wire (issue 12): FindCoordinator for transactional ids,
+//! InitProducerId with a transactional id (fencing, KIP-360), AddPartitionsToTxn (client
+//! v0-3, and v4+ verify-only from brokers), AddOffsetsToTxn, TxnOffsetCommit (KIP-447
+//! fencing, pending until the marker), EndTxn, DescribeTransactions and ListTransactions,
+//! each API's errors, and the state surviving a restart. Transactions are behind
+//! `GREGOR_TRANSACTIONS=1` until the partition side is merged; without it they stay off.
+
+use anyhow::{bail, ensure, Context, Result};
+use gregor_tests::wire::{sb, KafkaConn};
+use gregor_tests::Gregor;
+use kafka_protocol::messages::add_partitions_to_txn_request::{
+    AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::txn_offset_commit_request::{
+    TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, ApiKey, ApiVersionsRequest,
+    CreateTopicsRequest, DescribeTransactionsRequest, EndTxnRequest, FindCoordinatorRequest,
+    GroupId, InitProducerIdRequest, ListTransactionsRequest, MetadataRequest, OffsetFetchRequest,
+    ProducerId, RequestKind, ResponseKind, TopicName, TransactionalId, TxnOffsetCommitRequest,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+
+fn start() -> Result<Gregor> {
+    let mut g = Gregor::spawn_with_env(BIN, &[], &[("GREGOR_TRANSACTIONS", "1")])?;
+    g.wait_ready()?;
+    Ok(g)
+}
+
+fn call(c: &mut KafkaConn, key: ApiKey, version: i16, req: RequestKind) -> Result<ResponseKind> {
+    c.call_kind(key, version, &req)
+}
+
+fn create_topic(c: &mut KafkaConn, name: &str, partitions: i32) -> Result<()> {
+    let req = CreateTopicsRequest::default()
+        .with_timeout_ms(30_000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(sb(name)))
+            .with_num_partitions(partitions)
+            .with_replication_factor(1)]);
+    let ResponseKind::CreateTopics(r) = call(c, ApiKey::CreateTopics, 7, req.into())? else {
+        bail!("not CreateTopics")
+    };
+    ensure!(r.topics[0].error_code == 0, "{r:?}");
+    Ok(())
+}
+
+fn find_txn_coordinator(c: &mut KafkaConn, id: &str) -> Result<(i16, i32)> {
+    let req = FindCoordinatorRequest::default()
+        .with_key_type(1)
+        .with_coordinator_keys(vec![sb(id)]);
+    let ResponseKind::FindCoordinator(r) = call(c, ApiKey::FindCoordinator, 4, req.into())? else {
+        bail!("not FindCoordinator")
+    };
+    Ok((r.coordinators[0].error_code, r.coordinators[0].node_id.0))
+}
+
+fn init(
+    c: &mut KafkaConn,
+    id: &str,
+    timeout_ms: i32,
+    expected: Option<(i64, i16)>,
+) -> Result<(i16, i64, i16)> {
+    let (pid, epoch) = expected.unwrap_or((-1, -1));
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(sb(id))))
+        .with_transaction_timeout_ms(timeout_ms)
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch);
+    // The coordinator may still be loading a new partition: retry that, as clients do.
+    for _ in 0..100 {
+        let ResponseKind::InitProducerId(r) =
+            call(c, ApiKey::InitProducerId, 5, req.clone().into())?
+        else {
+            bail!("not InitProducerId")
+        };
+        if r.error_code != 14 {
+            return Ok((r.error_code, r.producer_id.0, r.producer_epoch));
+        }
+        std::thread::yield_now();
+    }
+    bail!("the coordinator kept loading")
+}
+
+fn add_partitions_v3(
+    c: &mut KafkaConn,
+    version: i16,
+    id: &str,
+    pid: i64,
+    epoch: i16,
+    topics: &[(&str, Vec<i32>)],
+) -> Result<Vec<(String, i32, i16)>> {
+    let req = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(TransactionalId(sb(id)))
+        .with_v3_and_below_producer_id(ProducerId(pid))
+        .with_v3_and_below_producer_epoch(epoch)
+        .with_v3_and_below_topics(
+            topics
+                .iter()
+                .map(|(t, ps)| {
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(sb(t)))
+                        .with_partitions(ps.clone())
+                })
+                .collect(),
+        );
+    let ResponseKind::AddPartitionsToTxn(r) =
+        call(c, ApiKey::AddPartitionsToTxn, version, req.into())?
+    else {
+        bail!("not AddPartitionsToTxn")
+    };
+    Ok(r.results_by_topic_v3_and_below
+        .iter()
+        .flat_map(|t| {
+            t.results_by_partition.iter().map(move |p| {
+                (
+                    t.name.to_string(),
+                    p.partition_index,
+                    p.partition_error_code,
+                )
+            })
+        })
+        .collect())
+}
+
+fn describe(
+    c: &mut KafkaConn,
+    id: &str,
+) -> Result<kafka_protocol::messages::describe_transactions_response::TransactionState> {
+    let req = DescribeTransactionsRequest::default()
+        .with_transactional_ids(vec![TransactionalId(sb(id))]);
+    let ResponseKind::DescribeTransactions(r) =
+        call(c, ApiKey::DescribeTransactions, 0, req.into())?
+    else {
+        bail!("not DescribeTransactions")
+    };
+    Ok(r.transaction_states[0].clone())
+}
+
+#[test]
+fn transactions_are_off_without_the_gate() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-gate")?;
+    let ResponseKind::ApiVersions(v) = call(
+        &mut c,
+        ApiKey::ApiVersions,
+        3,
+        ApiVersionsRequest::default()
+            .with_client_software_name(sb("t"))
+            .with_client_software_version(sb("1"))
+            .into(),
+    )?
+    else {
+        bail!("not ApiVersions")
+    };
+    for key in [24, 25, 26, 28, 65, 66] {
+        ensure!(
+            !v.api_keys.iter().any(|k| k.api_key == key),
+            "API {key} advertised: {v:?}"
+        );
+    }
+    let (code, _) = find_txn_coordinator(&mut c, "tx")?;
+    ensure!(code == 53, "FindCoordinator: {code}");
+    let (code, _, _) = init(&mut c, "tx", 60_000, None)?;
+    ensure!(code == 53, "InitProducerId: {code}");
+    Ok(())
+}
+
+#[test]
+fn coordinator_apis_and_their_errors() -> Result<()> {
+    let mut g = start()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-wire")?;
+    // Advertised with Kafka 4's ranges.
+    let ResponseKind::ApiVersions(v) = call(
+        &mut c,
+        ApiKey::ApiVersions,
+        3,
+        ApiVersionsRequest::default()
+            .with_client_software_name(sb("t"))
+            .with_client_software_version(sb("1"))
+            .into(),
+    )?
+    else {
+        bail!("not ApiVersions")
+    };
+    let range = |key: i16| {
+        v.api_keys
+            .iter()
+            .find(|k| k.api_key == key)
+            .map(|k| (k.min_version, k.max_version))
+    };
+    ensure!(
+        range(24) == Some((0, 5)),
+        "AddPartitionsToTxn {:?}",
+        range(24)
+    );
+    ensure!(range(25) == Some((0, 4)), "AddOffsetsToTxn {:?}", range(25));
+    ensure!(range(26) == Some((0, 5)), "EndTxn {:?}", range(26));
+    ensure!(range(28) == Some((0, 5)), "TxnOffsetCommit {:?}", range(28));
+    ensure!(
+        range(65) == Some((0, 0)),
+        "DescribeTransactions {:?}",
+        range(65)
+    );
+    ensure!(
+        range(66).is_some_and(|(min, max)| min == 0 && max >= 1),
+        "ListTransactions {:?}",
+        range(66)
+    );
+
+    // FindCoordinator creates __transaction_state (50 partitions, compacted) and names this node.
+    let (code, node) = find_txn_coordinator(&mut c, "app-1")?;
+    ensure!(code == 0 && node == 1, "FindCoordinator: {code} {node}");
+    let ResponseKind::Metadata(m) = call(
+        &mut c,
+        ApiKey::Metadata,
+        12,
+        MetadataRequest::default()
+            .with_topics(Some(vec![
+                kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(sb("__transaction_state")))),
+            ]))
+            .into(),
+    )?
+    else {
+        bail!("not Metadata")
+    };
+    ensure!(
+        m.topics[0].error_code == 0 && m.topics[0].partitions.len() == 50,
+        "{:?}",
+        m.topics[0]
+    );
+    ensure!(m.topics[0].is_internal, "__transaction_state is internal");
+
+    create_topic(&mut c, "t", 3)?;
+    // InitProducerId: errors first.
+    let (code, _, _) = init(&mut c, "app-1", 900_001, None)?;
+    ensure!(code == 50, "INVALID_TRANSACTION_TIMEOUT: {code}");
+    let (code, pid, epoch) = init(&mut c, "app-1", 60_000, None)?;
+    ensure!(code == 0 && pid >= 0 && epoch == 0, "{code} {pid} {epoch}");
+    let (code, pid2, epoch2) = init(&mut c, "app-1", 60_000, None)?;
+    ensure!(
+        code == 0 && pid2 == pid && epoch2 == 1,
+        "second init: {code} {pid2} {epoch2}"
+    );
+    // KIP-360: a recovering producer with a fenced epoch.
+    let (code, _, _) = init(&mut c, "app-1", 60_000, Some((pid, 0)))?;
+    ensure!(code == 90, "PRODUCER_FENCED: {code}");
+
+    // AddPartitionsToTxn v3: an unknown topic fails the whole request.
+    let r = add_partitions_v3(
+        &mut c,
+        3,
+        "app-1",
+        pid,
+        1,
+        &[("t", vec![0]), ("nope", vec![0])],
+    )?;
+    ensure!(
+        r.contains(&("nope".into(), 0, 3)) && r.contains(&("t".into(), 0, 55)),
+        "{r:?}"
+    );
+    // Fenced epoch: PRODUCER_FENCED from v2, INVALID_PRODUCER_EPOCH before.
+    let r = add_partitions_v3(&mut c, 3, "app-1", pid, 0, &[("t", vec![0])])?;
+    ensure!(r == vec![("t".into(), 0, 90)], "{r:?}");
+    let r = add_partitions_v3(&mut c, 1, "app-1", pid, 0, &[("t", vec![0])])?;
+    ensure!(r == vec![("t".into(), 0, 47)], "{r:?}");
+    let r = add_partitions_v3(&mut c, 3, "app-1", pid + 1000, 1, &[("t", vec![0])])?;
+    ensure!(
+        r == vec![("t".into(), 0, 49)],
+        "INVALID_PRODUCER_ID_MAPPING: {r:?}"
+    );
+    let r = add_partitions_v3(&mut c, 3, "app-1", pid, 1, &[("t", vec![0, 1])])?;
+    ensure!(r.iter().all(|(_, _, e)| *e == 0), "{r:?}");
+
+    // Verify-only from a partition leader (v4+, KIP-890 part 1).
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
+        AddPartitionsToTxnTransaction::default()
+            .with_transactional_id(TransactionalId(sb("app-1")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(1)
+            .with_verify_only(true)
+            .with_topics(vec![AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(sb("t")))
+                .with_partitions(vec![1, 2])]),
+    ]);
+    let ResponseKind::AddPartitionsToTxn(r) =
+        call(&mut c, ApiKey::AddPartitionsToTxn, 5, req.into())?
+    else {
+        bail!("not AddPartitionsToTxn")
+    };
+    let results = &r.results_by_transaction[0].topic_results[0].results_by_partition;
+    let code_of = |p: i32| {
+        results
+            .iter()
+            .find(|x| x.partition_index == p)
+            .map(|x| x.partition_error_code)
+    };
+    ensure!(code_of(1) == Some(0) && code_of(2) == Some(120), "{r:?}");
+
+    // AddOffsetsToTxn, then TxnOffsetCommit: pending until the marker (KIP-447 require_stable).
+    let ResponseKind::AddOffsetsToTxn(r) = call(
+        &mut c,
+        ApiKey::AddOffsetsToTxn,
+        3,
+        AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("app-1")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(1)
+            .with_group_id(GroupId(sb("g")))
+            .into(),
+    )?
+    else {
+        bail!("not AddOffsetsToTxn")
+    };
+    ensure!(r.error_code == 0, "AddOffsetsToTxn: {}", r.error_code);
+    let commit = |generation: i32, member: &str| {
+        TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(sb("app-1")))
+            .with_group_id(GroupId(sb("g")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(1)
+            .with_generation_id(generation)
+            .with_member_id(sb(member))
+            .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+                .with_name(TopicName(sb("t")))
+                .with_partitions(vec![TxnOffsetCommitRequestPartition::default()
+                    .with_partition_index(0)
+                    .with_committed_offset(42)
+                    .with_committed_leader_epoch(-1)])])
+    };
+    // A zombie with group metadata of a group that does not exist (KIP-447).
+    let ResponseKind::TxnOffsetCommit(r) =
+        call(&mut c, ApiKey::TxnOffsetCommit, 3, commit(5, "m").into())?
+    else {
+        bail!("not TxnOffsetCommit")
+    };
+    ensure!(
+        r.topics[0].partitions[0].error_code == 22,
+        "ILLEGAL_GENERATION: {r:?}"
+    );
+    let ResponseKind::TxnOffsetCommit(r) =
+        call(&mut c, ApiKey::TxnOffsetCommit, 3, commit(-1, "").into())?
+    else {
+        bail!("not TxnOffsetCommit")
+    };
+    ensure!(r.topics[0].partitions[0].error_code == 0, "{r:?}");
+    let fetch = |stable: bool| {
+        OffsetFetchRequest::default()
+            .with_group_id(GroupId(sb("g")))
+            .with_require_stable(stable)
+            .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+                .with_name(TopicName(sb("t")))
+                .with_partition_indexes(vec![0])]))
+    };
+    let ResponseKind::OffsetFetch(f) = call(&mut c, ApiKey::OffsetFetch, 7, fetch(true).into())?
+    else {
+        bail!("not OffsetFetch")
+    };
+    ensure!(
+        f.topics[0].partitions[0].error_code == 88,
+        "UNSTABLE_OFFSET_COMMIT: {f:?}"
+    );
+    let ResponseKind::OffsetFetch(f) = call(&mut c, ApiKey::OffsetFetch, 7, fetch(false).into())?
+    else {
+        bail!("not OffsetFetch")
+    };
+    let p = &f.topics[0].partitions[0];
+    ensure!(
+        p.error_code == 0 && p.committed_offset == -1,
+        "pending offsets are not visible: {f:?}"
+    );
+
+    // Describe and list.
+    let d = describe(&mut c, "app-1")?;
+    ensure!(
+        d.error_code == 0 && d.transaction_state.as_str() == "Ongoing",
+        "{d:?}"
+    );
+    ensure!(
+        d.producer_id.0 == pid && d.producer_epoch == 1 && d.transaction_timeout_ms == 60_000,
+        "{d:?}"
+    );
+    let mut parts: Vec<(String, Vec<i32>)> = d
+        .topics
+        .iter()
+        .map(|t| (t.topic.to_string(), t.partitions.clone()))
+        .collect();
+    parts.sort();
+    ensure!(
+        parts
+            == vec![
+                ("__consumer_offsets".to_string(), vec![parts[0].1[0]]),
+                ("t".to_string(), vec![0, 1])
+            ],
+        "{parts:?}"
+    );
+    let d = describe(&mut c, "never")?;
+    ensure!(d.error_code == 105, "TRANSACTIONAL_ID_NOT_FOUND: {d:?}");
+    let ResponseKind::ListTransactions(l) = call(
+        &mut c,
+        ApiKey::ListTransactions,
+        1,
+        ListTransactionsRequest::default()
+            .with_state_filters(vec![sb("Ongoing"), sb("Nonsense")])
+            .with_duration_filter(-1)
+            .into(),
+    )?
+    else {
+        bail!("not ListTransactions")
+    };
+    ensure!(
+        l.error_code == 0 && l.unknown_state_filters == vec![sb("Nonsense")],
+        "{l:?}"
+    );
+    ensure!(
+        l.transaction_states
+            .iter()
+            .any(|t| t.transactional_id.as_str() == "app-1" && t.producer_id.0 == pid),
+        "{l:?}"
+    );
+
+    // EndTxn: the old epoch is fenced; the current one commits (v4: no epoch bump).
+    let end = |epoch: i16, commit: bool| {
+        EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("app-1")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(commit)
+    };
+    let ResponseKind::EndTxn(r) = call(&mut c, ApiKey::EndTxn, 4, end(0, true).into())? else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 90, "PRODUCER_FENCED: {r:?}");
+    let ResponseKind::EndTxn(r) = call(&mut c, ApiKey::EndTxn, 4, end(1, true).into())? else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 0, "EndTxn: {r:?}");
+    // Once the commit is decided, an abort is refused (INVALID_TXN_STATE), or the commit is
+    // still being completed (CONCURRENT_TRANSACTIONS).
+    let ResponseKind::EndTxn(r) = call(&mut c, ApiKey::EndTxn, 4, end(1, false).into())? else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 48 || r.error_code == 51, "{r:?}");
+    let d = describe(&mut c, "app-1")?;
+    ensure!(
+        ["PrepareCommit", "CompleteCommit"].contains(&d.transaction_state.as_str()),
+        "{d:?}"
+    );
+
+    // The transactional ids survive a restart (replayed from __transaction_state).
+    g.restart()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-wire")?;
+    let mut state = String::new();
+    for _ in 0..200 {
+        let d = describe(&mut c, "app-1")?;
+        if d.error_code == 0 {
+            ensure!(d.producer_id.0 == pid && d.producer_epoch == 1, "{d:?}");
+            state = d.transaction_state.to_string();
+            break;
+        }
+        ensure!(d.error_code == 14, "{d:?}");
+        std::thread::yield_now();
+    }
+    ensure!(
+        ["PrepareCommit", "CompleteCommit"].contains(&state.as_str()),
+        "after restart: {state}"
+    );
+    let (code, pid3, epoch3) = init(&mut c, "app-1", 60_000, None)?;
+    if state == "CompleteCommit" {
+        ensure!(
+            code == 0 && pid3 == pid && epoch3 == 2,
+            "{code} {pid3} {epoch3}"
+        );
+    } else {
+        ensure!(
+            code == 51,
+            "CONCURRENT_TRANSACTIONS while the markers are pending: {code}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_new_producer_aborts_the_ongoing_transaction() -> Result<()> {
+    let g = start()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-fence")?;
+    find_txn_coordinator(&mut c, "z")?;
+    create_topic(&mut c, "zt", 1)?;
+    let (_, pid, epoch) = init(&mut c, "z", 60_000, None)?;
+    let r = add_partitions_v3(&mut c, 3, "z", pid, epoch, &[("zt", vec![0])])?;
+    ensure!(r == vec![("zt".into(), 0, 0)], "{r:?}");
+    // The second instance: the ongoing transaction is fenced and aborted, the client retries.
+    let (code, _, _) = init(&mut c, "z", 60_000, None)?;
+    ensure!(code == 51, "CONCURRENT_TRANSACTIONS: {code}");
+    let d = describe(&mut c, "z")?;
+    ensure!(
+        d.producer_epoch == 1,
+        "the fenced epoch is the abort's: {d:?}"
+    );
+    ensure!(
+        ["PrepareAbort", "CompleteAbort"].contains(&d.transaction_state.as_str()),
+        "{d:?}"
+    );
+    // The zombie cannot commit.
+    let ResponseKind::EndTxn(r) = call(
+        &mut c,
+        ApiKey::EndTxn,
+        3,
+        EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("z")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(true)
+            .into(),
+    )?
+    else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 90, "{r:?}");
+    Ok(())
+}
+
+/// Kafka's own tools read what the coordinator writes and serves: `kafka-dump-log
+/// --transaction-log-decoder` decodes gregor's `__transaction_state` records, and
+/// `kafka-transactions` lists and describes the transactions (ListTransactions,
+/// FindCoordinator + DescribeTransactions from Kafka's Admin client).
+#[test]
+fn kafka_tools_read_the_transaction_state() -> Result<()> {
+    use gregor_tests::reference::tool_output;
+    let g = start()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-tools")?;
+    find_txn_coordinator(&mut c, "tool-txn")?;
+    create_topic(&mut c, "tt", 2)?;
+    let (code, pid, epoch) = init(&mut c, "tool-txn", 45_000, None)?;
+    ensure!(code == 0, "{code}");
+    let r = add_partitions_v3(&mut c, 3, "tool-txn", pid, epoch, &[("tt", vec![1])])?;
+    ensure!(r == vec![("tt".into(), 1, 0)], "{r:?}");
+
+    // Java's String.hashCode("tool-txn") % 50 is the partition; find the segment holding the id.
+    let mut dumped = String::new();
+    for entry in std::fs::read_dir(g.data_dir())? {
+        let dir = entry?.path();
+        if !dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("__transaction_state-"))
+        {
+            continue;
+        }
+        let seg = dir.join("00000000000000000000.log");
+        if std::fs::metadata(&seg).map(|m| m.len()).unwrap_or(0) == 0 {
+            continue;
+        }
+        dumped.push_str(&tool_output(
+            "kafka-dump-log",
+            &[
+                "--files",
+                &seg.display().to_string(),
+                "--transaction-log-decoder",
+            ],
+        )?);
+    }
+    ensure!(!dumped.contains("Exception"), "{dumped}");
+    // The decoder's lines name the id, the producer, the state, the partitions and the timeout
+    // (Kafka's `TransactionLog` formatter); check each field is decoded, not just present.
+    let ongoing = dumped
+        .lines()
+        .find(|l| l.contains("tool-txn") && l.contains("Ongoing"))
+        .with_context(|| format!("no Ongoing record for tool-txn: {dumped}"))?;
+    for want in [pid.to_string(), "45000".to_string(), "tt".to_string()] {
+        ensure!(ongoing.contains(&want), "{want} missing from {ongoing}");
+    }
+    ensure!(
+        dumped
+            .lines()
+            .any(|l| l.contains("tool-txn") && l.contains("Empty")),
+        "the InitProducerId record: {dumped}"
+    );
+    let tool = "org.apache.kafka.tools.TransactionsCommand";
+    let bs = g.bootstrap();
+    let listed = tool_output(tool, &["--bootstrap-server", &bs, "list"])?;
+    ensure!(
+        listed.contains("tool-txn") && listed.contains("Ongoing"),
+        "{listed}"
+    );
+    let described = tool_output(
+        tool,
+        &[
+            "--bootstrap-server",
+            &bs,
+            "describe",
+            "--transactional-id",
+            "tool-txn",
+        ],
+    )?;
+    ensure!(
+        described.contains(&pid.to_string())
+            && described.contains("Ongoing")
+            && described.contains("tt-1"),
+        "{described}"
+    );
+    Ok(())
+}
