@@ -68,7 +68,9 @@ impl PartitionWriter for BrokerPartitionWriter {
             return Err((ErrorCode::NotLeaderOrFollower, String::new()));
         };
         let append = |p: &Partition, batch: &mut [u8]| {
-            p.append_records_as_leader(batch, -1)
+            // Kafka's AppendOrigin.COORDINATOR: no sequence checks (coordinator batches carry
+            // none), producer epoch and transaction state checked.
+            p.append_records_as_leader_from(batch, -1, gregor_log::AppendOrigin::Coordinator, None)
                 .map(|info| info.last_offset + 1)
                 .map_err(|r| (ErrorCode::for_code(r.code), r.message))
         };
