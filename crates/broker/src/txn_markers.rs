@@ -185,7 +185,7 @@ fn answer(
     for (m, topics) in markers.iter().zip(slots) {
         let mut codes: Vec<Vec<i16>> = topics
             .iter()
-            .map(|parts| parts.iter().map(code_of).collect())
+            .map(|parts| parts.iter().map(&code_of).collect())
             .collect();
         completed_offsets(broker, m, &mut codes);
         out.push(

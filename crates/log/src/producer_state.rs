@@ -538,11 +538,6 @@ impl ProducerStateManager {
         }
     }
 
-    /// The first offset of the earliest open transaction (Kafka's `firstUndecidedOffset`).
-    pub(crate) fn first_undecided_offset(&self) -> Option<i64> {
-        self.ongoing.keys().next().copied()
-    }
-
     /// Whether a completed transaction waits for the high watermark.
     pub(crate) fn has_unreplicated(&self) -> bool {
         !self.unreplicated.is_empty()

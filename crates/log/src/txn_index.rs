@@ -342,10 +342,11 @@ impl TransactionIndex {
         Ok(())
     }
 
-    /// Whether the index holds an entry (loading it if needed).
+    /// Whether the index holds no entry (loading it if needed).
     ///
     /// # Errors
     /// As [`TransactionIndex::all`].
+    #[cfg(test)]
     pub(crate) fn is_empty(&self, path: &Path) -> Result<bool> {
         let mut state = self.state.lock();
         self.load(&mut state, path)?;

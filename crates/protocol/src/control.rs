@@ -140,8 +140,8 @@ pub fn end_txn_marker_batch(
         .compression(Compression::None)
         .record(
             timestamp_ms,
-            Some(&marker.key_bytes()),
-            Some(&marker.value_bytes()),
+            Some(&marker.key_bytes()[..]),
+            Some(&marker.value_bytes()[..]),
             &[],
         )
         .build()

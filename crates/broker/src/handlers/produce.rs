@@ -247,13 +247,9 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
         }
     }
     let mut work = Vec::with_capacity(entries.len());
-    let mut positions = Vec::with_capacity(entries.len());
     for (i, (tp, records)) in entries.into_iter().enumerate() {
         if refused[i].is_none() {
-            positions.push(Some(work.len()));
             work.push((tp, AppendWork::Records(records, guards[i])));
-        } else {
-            positions.push(None);
         }
     }
     let outcome = if work.is_empty() {
@@ -264,17 +260,17 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
             .append_entries(timeout_ms, acks, AppendOrigin::Client, work)
             .await
     };
-    // Results in the entries' order: the verification's refusals, then the appends'.
+    // Results in the entries' order: the verification's refusals, the appends' in between.
     let merge = move |appended: Vec<PartitionAppendResult>| -> Vec<PartitionAppendResult> {
         let mut appended = appended.into_iter();
         refused
             .into_iter()
-            .zip(positions)
-            .map(|(r, pos)| match (r, pos) {
-                (Some(r), _) => r,
-                (None, _) => appended
-                    .next()
-                    .unwrap_or_else(|| PartitionAppendResult::error(ec::UNKNOWN_SERVER_ERROR, None)),
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    appended.next().unwrap_or_else(|| {
+                        PartitionAppendResult::error(ec::UNKNOWN_SERVER_ERROR, None)
+                    })
+                })
             })
             .collect()
     };
