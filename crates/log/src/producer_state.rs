@@ -887,4 +887,94 @@ mod tests {
         std::fs::write(&p, raw).unwrap();
         assert!(n.load_snapshot(5).is_err());
     }
+
+    fn txn_header(pid: i64, epoch: i16, seq: i32, n: usize, base_offset: i64) -> BatchHeader {
+        let mut b = BatchBuilder::new(0, 1)
+            .producer(pid, epoch, seq)
+            .transactional(true, false);
+        for _ in 0..n {
+            b = b.record(1, None, Some(b"v"), &[]);
+        }
+        let mut v = b.build();
+        set_base_offset(&mut v, base_offset);
+        validate_batch(&v).unwrap()
+    }
+
+    fn marker_header(pid: i64, epoch: i16, base_offset: i64) -> BatchHeader {
+        let mut v = gregor_protocol::control::end_txn_marker_batch(
+            pid,
+            epoch,
+            EndTxnMarker {
+                result: TransactionResult::Abort,
+                coordinator_epoch: 0,
+            },
+            1,
+        );
+        set_base_offset(&mut v, base_offset);
+        validate_batch(&v).unwrap()
+    }
+
+    fn abort() -> Option<EndTxnMarker> {
+        Some(EndTxnMarker {
+            result: TransactionResult::Abort,
+            coordinator_epoch: 0,
+        })
+    }
+
+    /// The first unstable offset and the LSO recorded with an abort follow Kafka's
+    /// `ProducerStateManager`: the earliest open transaction, completed ones until the high
+    /// watermark passes their marker, and the next other open transaction for the index.
+    #[test]
+    fn open_and_unreplicated_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = ProducerStateManager::new(dir.path());
+        let apply = |m: &mut ProducerStateManager, h: BatchHeader, marker: Option<EndTxnMarker>| {
+            match m.check_batches(&[h], &[marker], AppendOrigin::Coordinator, None).unwrap() {
+                ProducerCheck::Valid(u) => m.commit(u),
+                ProducerCheck::Duplicate(_) => panic!("duplicate"),
+            }
+        };
+        assert!(apply(&mut m, txn_header(1, 0, 0, 2, 10), None).is_empty());
+        assert!(apply(&mut m, txn_header(2, 0, 0, 1, 12), None).is_empty());
+        assert_eq!(m.first_unstable_offset(), Some(10));
+        let aborted = apply(&mut m, marker_header(1, 0, 13), abort());
+        assert_eq!(
+            aborted,
+            vec![AbortedTxn {
+                producer_id: 1,
+                first_offset: 10,
+                last_offset: 13,
+                last_stable_offset: 12
+            }]
+        );
+        assert_eq!(m.first_unstable_offset(), Some(10));
+        m.on_high_watermark_updated(14);
+        assert_eq!(m.first_unstable_offset(), Some(12));
+        // The open transaction survives a snapshot; completed ones are not in it.
+        m.take_snapshot(14, false).unwrap();
+        let mut n = ProducerStateManager::new(dir.path());
+        n.load_snapshot(14).unwrap();
+        assert_eq!(n.first_unstable_offset(), Some(12));
+        // A producer with an open transaction never expires; its verification state does.
+        assert_eq!(n.remove_expired(i64::MAX, 1), 1);
+        assert_eq!(n.first_unstable_offset(), Some(12));
+        let g = n.maybe_start_verification(9, 0, 0, 100);
+        assert!(!g.is_sentinel());
+        n.remove_expired(200, 50);
+        assert!(n.verification.is_empty());
+        // Replay of the same batches gives the same state.
+        let mut r = ProducerStateManager::new(dir.path());
+        for (h, marker) in [
+            (txn_header(1, 0, 0, 2, 10), None),
+            (txn_header(2, 0, 0, 1, 12), None),
+            (marker_header(1, 0, 13), abort()),
+        ] {
+            if let Some(c) = r.replay(&h, marker) {
+                assert_eq!(r.aborted_entry(&c), Some(aborted[0]));
+                r.complete_txn(&c);
+            }
+        }
+        r.on_high_watermark_updated(14);
+        assert_eq!(r.first_unstable_offset(), Some(12));
+    }
 }
