@@ -528,6 +528,9 @@ impl PartitionLog {
         };
         let mut last_next_offset: Option<i64> = None;
         let mut epochs_changed = false;
+        // The base offset of the first segment recovery found a transaction marker in: its
+        // transaction index and the later ones are rebuilt (the crash may have lost entries).
+        let mut first_recovered_marker: Option<i64> = None;
         let mut i = 0;
         while i < segments.len() {
             let seg = Arc::clone(&segments[i]);
@@ -543,10 +546,14 @@ impl PartitionLog {
                 stats.rebuilt_indexes += 1;
             }
             let expected = last_next_offset.unwrap_or(seg.base_offset());
+            let unclean = i >= recover_from;
             let r = seg.recover(expected, config.index_interval_bytes, |h| {
                 if let Ok(true) = epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
                 {
                     epochs_changed = true;
+                }
+                if unclean && h.is_control() && h.has_producer_id() {
+                    first_recovered_marker.get_or_insert(seg.base_offset());
                 }
             })?;
             stats.recovered_segments += 1;
@@ -578,7 +585,6 @@ impl PartitionLog {
             path: dir.display().to_string(),
             reason: "no segments".into(),
         })?);
-        let mut active_recovered = false;
         let log_end_offset = if recover_from < segments.len() || sane[segments.len() - 1].is_some()
         {
             last_next_offset.unwrap_or(active.base_offset())
@@ -595,12 +601,14 @@ impl PartitionLog {
                             {
                                 epochs_changed = true;
                             }
+                            if h.is_control() && h.has_producer_id() {
+                                first_recovered_marker.get_or_insert(active.base_offset());
+                            }
                         })?;
                     stats.recovered_segments += 1;
                     stats.recovered_batches += r.batches;
                     stats.recovered_bytes += r.scanned_bytes;
                     stats.truncated_bytes += r.truncated_bytes;
-                    active_recovered = true;
                     r.next_offset.unwrap_or(active.base_offset())
                 }
                 Err(e) => return Err(e),
@@ -632,18 +640,18 @@ impl PartitionLog {
         }
         epoch_cache.truncate_from_end(log_end_offset)?;
 
-        // Producer state: the newest usable snapshot, at or below the first segment recovery
-        // validated, then the batch headers after it. The transaction index of every
-        // recovered segment is rebuilt from the markers replayed (Kafka's
-        // `LogSegment.recover`): a crash between a marker's write and its index entry leaves
-        // the entry missing.
-        let rebuild_txn_index_from = if recover_from < segments.len() {
-            Some(segments[recover_from].base_offset())
-        } else if active_recovered {
-            Some(active.base_offset())
-        } else {
-            None
-        };
+        // Producer state: the newest usable snapshot, then the batch headers after it. When
+        // recovery found transaction markers, the snapshot must be at or below the first
+        // segment holding one, and that segment's transaction index and the later ones are
+        // rebuilt from the markers replayed (Kafka's `LogSegment.recover`): a crash between a
+        // marker's write and its index entry leaves the entry missing. Without markers in the
+        // recovered range, only entries past the recovered end could be wrong.
+        let rebuild_txn_index_from = first_recovered_marker;
+        if rebuild_txn_index_from.is_none() && stats.truncated_bytes > 0 {
+            if let Some(last) = segments.last() {
+                last.truncate_txn_index(log_end_offset)?;
+            }
+        }
         let snapshot_limit = rebuild_txn_index_from.map_or(log_end_offset, |b| b.min(log_end_offset));
         let mut producer_state = ProducerStateManager::new(dir);
         let mut replay_from = log_start_offset;

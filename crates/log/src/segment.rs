@@ -1191,6 +1191,14 @@ impl LogSegment {
         self.txn_index.all(&self.txn_index_path())
     }
 
+    /// Removes the transaction-index entries of markers at or after `offset`.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::truncate_to`].
+    pub(crate) fn truncate_txn_index(&self, offset: i64) -> Result<()> {
+        self.txn_index.truncate_to(&self.txn_index_path(), offset)
+    }
+
     /// Empties the transaction index (recovery rebuilds it).
     ///
     /// # Errors

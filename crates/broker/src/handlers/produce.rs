@@ -95,8 +95,9 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
 }
 
 /// Handles Produce: decodes, checks what is the request's business (topic ids, one v2 batch
-/// per partition, no transactions yet), hands the batches to
-/// [`ReplicaManager::append_records`](crate::replica_manager::ReplicaManager::append_records)
+/// per partition, the transactional id and KIP-890 verification of transactional batches),
+/// hands the batches to
+/// [`ReplicaManager::append_entries`](crate::replica_manager::ReplicaManager::append_entries)
 /// and encodes its results. The appends happen before this returns (request order); an
 /// acks=all wait is deferred. Needs `Write` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequest) -> Handled {
