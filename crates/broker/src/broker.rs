@@ -75,6 +75,11 @@ pub struct Broker {
     pub bound: Vec<SocketAddr>,
     /// Decides what each request's principal may do (allows everything until ACLs land).
     pub authorizer: Arc<dyn Authorizer>,
+    /// What the group coordinator does when a transaction with offset commits ends (called
+    /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
+    /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
+    pub txn_offsets_completion:
+        std::sync::OnceLock<Arc<dyn crate::txn_markers::TxnOffsetsCompletion>>,
     started: Instant,
 }
 
@@ -117,6 +122,7 @@ impl Broker {
             producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
             bound,
             authorizer,
+            txn_offsets_completion: std::sync::OnceLock::new(),
             started: Instant::now(),
         })
     }

@@ -70,7 +70,9 @@ impl PartitionWriter for BrokerPartitionWriter {
             return Err((ErrorCode::NotLeaderOrFollower, String::new()));
         };
         let append = |p: &Partition, batch: &mut [u8]| {
-            p.append_records_as_leader(batch, -1)
+            // Kafka's AppendOrigin.COORDINATOR: no sequence checks (coordinator batches carry
+            // none), producer epoch and transaction state checked.
+            p.append_records_as_leader_from(batch, -1, gregor_log::AppendOrigin::Coordinator, None)
                 .map(|info| info.last_offset + 1)
                 .map_err(|r| (ErrorCode::for_code(r.code), r.message))
         };
@@ -554,4 +556,39 @@ async fn send_markers(
         }
     }
     out
+}
+
+/// The group coordinator as the hook of transaction markers written to `__consumer_offsets`
+/// partitions ([`crate::txn_markers::TxnOffsetsCompletion`], Kafka's
+/// `GroupCoordinator.onTransactionCompleted`): the producer's pending transactional offsets
+/// there become committed, or are dropped.
+pub struct GroupTxnOffsetsCompletion {
+    broker: Weak<Broker>,
+}
+
+impl GroupTxnOffsetsCompletion {
+    /// The hook of the broker behind `broker`.
+    pub fn new(broker: Weak<Broker>) -> Arc<Self> {
+        Arc::new(Self { broker })
+    }
+}
+
+impl crate::txn_markers::TxnOffsetsCompletion for GroupTxnOffsetsCompletion {
+    fn on_transaction_completed(
+        &self,
+        producer_id: i64,
+        _producer_epoch: i16,
+        partitions: &[i32],
+        result: gregor_protocol::control::TransactionResult,
+    ) -> Result<(), i16> {
+        let Some(b) = self.broker.upgrade() else {
+            return Err(ErrorCode::NotCoordinator.code());
+        };
+        let commit = result == gregor_protocol::control::TransactionResult::Commit;
+        for p in partitions {
+            b.group_coordinator
+                .complete_transaction(*p, producer_id, commit);
+        }
+        Ok(())
+    }
 }

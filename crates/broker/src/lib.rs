@@ -37,6 +37,8 @@ pub mod replication;
 pub mod server;
 pub mod start_error;
 pub mod storage;
+pub mod txn_markers;
+pub mod txn_verification;
 
 #[cfg(test)]
 mod coordinator_tests;

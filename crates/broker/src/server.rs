@@ -439,6 +439,24 @@ pub async fn start_with_authorizer(
     );
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
+    // Markers written to `__consumer_offsets` complete the group coordinator's pending
+    // transactional offsets (issue 12).
+    let _ = broker.txn_offsets_completion.set(
+        crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
+    );
+    // KIP-890: a leader verifies a producer's first transactional write to a partition with
+    // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
+    {
+        let controller = broker.controller.clone();
+        broker.replica_manager.set_txn_verifier(Arc::new(
+            crate::txn_verification::NetworkAddPartitionsToTxnSender::new(
+                Arc::new(move || controller.image()),
+                config.inter_broker_listener_name(),
+                format!("broker-{}-txn-verification", config.node_id),
+                config.request_timeout_ms(),
+            ),
+        ));
+    }
     // ISR changes of the partitions led here go to the active controller (AlterPartition),
     // and the ISR-expiration task proposes shrinks (replication, issue 11).
     {

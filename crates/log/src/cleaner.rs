@@ -460,6 +460,14 @@ impl LogCleaner {
                         &mut stats,
                     )?;
                 }
+                // The markers stay (below), so their aborted-transaction entries move to the
+                // cleaned segment with them: read_committed fetches keep skipping the aborted
+                // records the cleaner kept.
+                for s in &group {
+                    for a in s.aborted_txns()? {
+                        cleaned.append_aborted_txn(&a)?;
+                    }
+                }
                 cleaned.on_become_inactive()?;
                 cleaned.flush()
             })();
@@ -564,7 +572,9 @@ fn filter_batch(
     delete_retention_ms: i64,
 ) -> std::result::Result<Option<Retained>, String> {
     if h.is_control() {
-        // Transaction markers are kept (gregor has no transactions yet to complete them).
+        // Transaction markers are kept, and so are aborted records (their `.txnindex` entries
+        // move with them): Kafka removes both once past the delete horizon, gregor does not
+        // yet.
         return Ok(Some((None, 0, false)));
     }
     let records = decode_records(raw).map_err(|e| e.to_string())?;

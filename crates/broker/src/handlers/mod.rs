@@ -24,6 +24,7 @@ pub mod producer_id;
 pub mod reassignments;
 pub mod topics;
 pub mod txn;
+pub mod txn_partition;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -76,6 +77,9 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeTopicPartitions,
     ApiKey::UpdateFeatures,
+    // The partition leader's side of transactions (`txn_partition`).
+    ApiKey::WriteTxnMarkers,
+    ApiKey::DescribeProducers,
     // Forwarded to the active controller (Kafka's broker listener advertises it: its
     // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
     ApiKey::DescribeQuorum,
@@ -253,6 +257,14 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             ListTransactionsRequest::default().into(),
             ListTransactionsResponse::default().into(),
         ),
+        ApiKey::WriteTxnMarkers => (
+            WriteTxnMarkersRequest::default().into(),
+            WriteTxnMarkersResponse::default().into(),
+        ),
+        ApiKey::DescribeProducers => (
+            DescribeProducersRequest::default().into(),
+            DescribeProducersResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -424,6 +436,10 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
             ready(txn::describe_transactions(broker, ctx, &r).into())
         }
         RequestKind::ListTransactions(r) => ready(txn::list_transactions(broker, ctx, &r).into()),
+        RequestKind::WriteTxnMarkers(r) => txn_partition::write_txn_markers(broker, ctx, r).await,
+        RequestKind::DescribeProducers(r) => {
+            ready(txn_partition::describe_producers(broker, ctx, &r).into())
+        }
         other => {
             // decode_request only lets through versions of implemented APIs.
             tracing::error!(
