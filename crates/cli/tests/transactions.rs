@@ -141,6 +141,23 @@ fn describe(
     Ok(r.transaction_states[0].clone())
 }
 
+/// Polls DescribeTransactions until `id` is in `state` (the markers are written by the
+/// coordinator's sender after EndTxn answers), for at most 30 s.
+fn wait_for_state(c: &mut KafkaConn, id: &str, state: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let d = describe(c, id)?;
+        if d.error_code == 0 && d.transaction_state.as_str() == state {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{id} never reached {state}: {d:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn transactions_are_off_without_the_gate() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
@@ -464,10 +481,23 @@ fn coordinator_apis_and_their_errors() -> Result<()> {
         bail!("not EndTxn")
     };
     ensure!(r.error_code == 48 || r.error_code == 51, "{r:?}");
+    // The markers reach every partition (t-0, t-1 and the group's __consumer_offsets
+    // partition), then the commit completes; the offsets are committed with it.
+    wait_for_state(&mut c, "app-1", "CompleteCommit")?;
     let d = describe(&mut c, "app-1")?;
+    ensure!(d.topics.is_empty(), "{d:?}");
+    let ResponseKind::EndTxn(r) = call(&mut c, ApiKey::EndTxn, 4, end(1, false).into())? else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 48, "INVALID_TXN_STATE: {r:?}");
+    let ResponseKind::OffsetFetch(f) = call(&mut c, ApiKey::OffsetFetch, 7, fetch(true).into())?
+    else {
+        bail!("not OffsetFetch")
+    };
+    let p = &f.topics[0].partitions[0];
     ensure!(
-        ["PrepareCommit", "CompleteCommit"].contains(&d.transaction_state.as_str()),
-        "{d:?}"
+        p.error_code == 0 && p.committed_offset == 42,
+        "committed with the transaction: {f:?}"
     );
 
     // The transactional ids survive a restart (replayed from __transaction_state).
@@ -484,22 +514,18 @@ fn coordinator_apis_and_their_errors() -> Result<()> {
         ensure!(d.error_code == 14, "{d:?}");
         std::thread::yield_now();
     }
-    ensure!(
-        ["PrepareCommit", "CompleteCommit"].contains(&state.as_str()),
-        "after restart: {state}"
-    );
+    ensure!(state == "CompleteCommit", "after restart: {state}");
     let (code, pid3, epoch3) = init(&mut c, "app-1", 60_000, None)?;
-    if state == "CompleteCommit" {
-        ensure!(
-            code == 0 && pid3 == pid && epoch3 == 2,
-            "{code} {pid3} {epoch3}"
-        );
-    } else {
-        ensure!(
-            code == 51,
-            "CONCURRENT_TRANSACTIONS while the markers are pending: {code}"
-        );
-    }
+    ensure!(
+        code == 0 && pid3 == pid && epoch3 == 2,
+        "{code} {pid3} {epoch3}"
+    );
+    // The committed offset survives the restart too (replayed with its marker).
+    let ResponseKind::OffsetFetch(f) = call(&mut c, ApiKey::OffsetFetch, 7, fetch(true).into())?
+    else {
+        bail!("not OffsetFetch")
+    };
+    ensure!(f.topics[0].partitions[0].committed_offset == 42, "{f:?}");
     Ok(())
 }
 
@@ -520,12 +546,23 @@ fn a_new_producer_aborts_the_ongoing_transaction() -> Result<()> {
         d.producer_epoch == 1,
         "the fenced epoch is the abort's: {d:?}"
     );
-    ensure!(
-        ["PrepareAbort", "CompleteAbort"].contains(&d.transaction_state.as_str()),
-        "{d:?}"
-    );
-    // The zombie cannot add partitions (its EndTxn waits on the abort's markers first:
-    // CONCURRENT_TRANSACTIONS while they are pending, as Kafka answers since KAFKA-18464).
+    wait_for_state(&mut c, "z", "CompleteAbort")?;
+    // The zombie can neither commit nor add partitions.
+    let ResponseKind::EndTxn(r) = call(
+        &mut c,
+        ApiKey::EndTxn,
+        3,
+        EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("z")))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(true)
+            .into(),
+    )?
+    else {
+        bail!("not EndTxn")
+    };
+    ensure!(r.error_code == 90, "PRODUCER_FENCED: {r:?}");
     let r = add_partitions_v3(&mut c, 3, "z", pid, epoch, &[("zt", vec![0])])?;
     ensure!(r == vec![("zt".into(), 0, 90)], "PRODUCER_FENCED: {r:?}");
     Ok(())
@@ -608,6 +645,55 @@ fn kafka_tools_read_the_transaction_state() -> Result<()> {
             && described.contains("Ongoing")
             && described.contains("tt-1"),
         "{described}"
+    );
+    Ok(())
+}
+
+/// The Java client's transactional producer end to end (kafka-clients 4.4 from Maven, with
+/// `transaction.version` 2: implicit partition adds, TxnOffsetCommit v5, EndTxn v5): commit
+/// and abort interleaved over 3 partitions, offsets in the transaction, read_committed and
+/// read_uncommitted consumers, requireStable offsets, and zombie fencing
+/// (`interop/java/transactions/TxnCheck.java`).
+#[test]
+fn java_transactional_producer_end_to_end() -> Result<()> {
+    use std::process::{Command, Stdio};
+    let g = start()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-java")?;
+    create_topic(&mut c, "jtx", 3)?;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let source = root.join("interop/java/transactions/TxnCheck.java");
+    let classes = tempfile::tempdir()?;
+    let classpath = gregor_tests::reference::classpath()?;
+    let javac = Command::new("javac")
+        .arg("-d")
+        .arg(classes.path())
+        .arg("-cp")
+        .arg(&classpath)
+        .arg(&source)
+        .stdin(Stdio::null())
+        .output()?;
+    ensure!(
+        javac.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&javac.stderr)
+    );
+    let out = Command::new("java")
+        .args([
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+        ])
+        .arg(format!("{classpath}:{}", classes.path().display()))
+        .arg("TxnCheck")
+        .args([g.bootstrap().as_str(), "jtx", "jtx-group"])
+        .stdin(Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && stdout.contains("ok done"),
+        "TxnCheck failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
 }
