@@ -293,6 +293,55 @@ mod tests {
         assert_eq!(e[17], 0);
     }
 
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The bytes Apache Kafka 4.4's own generated `TransactionLogKey`/`TransactionLogValue`
+    /// write (printed by `interop/java/txn-log-vectors/TxnLogVectors.java` from the jars):
+    /// gregor decodes them to the same fields and encodes those fields to the same bytes.
+    #[test]
+    fn kafkas_own_bytes() {
+        assert_eq!(key("my-txn"), unhex("000000066d792d74786e"));
+        let parts = vec![
+            ("t".to_string(), vec![0, 2]),
+            ("__consumer_offsets".to_string(), vec![49]),
+        ];
+        let ongoing = TransactionLogValue {
+            partitions: parts.clone(),
+            ..sample(TransactionState::Ongoing)
+        };
+        let kafka = unhex("00000000000000000fa000030000ea60010000000200017400000002000000000000000200125f5f636f6e73756d65725f6f66667365747300000001000000310000018bcfe568000000018bcfe56418");
+        assert_eq!(decode_value(&kafka).unwrap(), ongoing);
+        assert_eq!(value(&ongoing, 0), kafka);
+        let kafka =
+            unhex("00000000000000000fa000030000ea6000ffffffff0000018bcfe568000000018bcfe56418");
+        assert_eq!(
+            decode_value(&kafka).unwrap(),
+            sample(TransactionState::Empty)
+        );
+        assert_eq!(value(&sample(TransactionState::Empty), 0), kafka);
+        let tagged = TransactionLogValue {
+            partitions: parts,
+            previous_producer_id: 7,
+            next_producer_id: 8,
+            client_transaction_version: 2,
+            ..sample(TransactionState::PrepareCommit)
+        };
+        let kafka = unhex("00010000000000000fa000030000ea600203027403000000000000000200135f5f636f6e73756d65725f6f6666736574730200000031000000018bcfe568000000018bcfe5641803000800000000000000070108000000000000000802020002");
+        assert_eq!(decode_value(&kafka).unwrap(), tagged);
+        assert_eq!(value(&tagged, 1), kafka);
+        let kafka = unhex("00010000000000000fa000030000ea6000000000018bcfe568000000018bcfe5641800");
+        assert_eq!(
+            decode_value(&kafka).unwrap(),
+            sample(TransactionState::Empty)
+        );
+        assert_eq!(value(&sample(TransactionState::Empty), 1), kafka);
+    }
+
     #[test]
     fn keys_round_trip_and_unknown_versions_are_skipped() {
         let k = key("my-txn");
