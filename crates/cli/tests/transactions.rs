@@ -697,3 +697,32 @@ fn java_transactional_producer_end_to_end() -> Result<()> {
     );
     Ok(())
 }
+
+/// A transaction open longer than its `transaction.timeout.ms` is fenced and aborted by the
+/// coordinator (checked every `transaction.abort.timed.out.transaction.cleanup.interval.ms`,
+/// here 100 ms): its markers are written, and the producer that opened it is fenced.
+#[test]
+fn a_timed_out_transaction_is_aborted() -> Result<()> {
+    let mut g = Gregor::spawn_with_env(
+        BIN,
+        &["transaction.abort.timed.out.transaction.cleanup.interval.ms=100"],
+        &[("GREGOR_TRANSACTIONS", "1")],
+    )?;
+    g.wait_ready()?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-timeout")?;
+    find_txn_coordinator(&mut c, "slow")?;
+    create_topic(&mut c, "st", 1)?;
+    let (code, pid, epoch) = init(&mut c, "slow", 500, None)?;
+    ensure!(code == 0, "{code}");
+    let r = add_partitions_v3(&mut c, 3, "slow", pid, epoch, &[("st", vec![0])])?;
+    ensure!(r == vec![("st".into(), 0, 0)], "{r:?}");
+    wait_for_state(&mut c, "slow", "CompleteAbort")?;
+    let d = describe(&mut c, "slow")?;
+    ensure!(
+        d.producer_epoch == epoch + 1,
+        "fenced with a new epoch: {d:?}"
+    );
+    let r = add_partitions_v3(&mut c, 3, "slow", pid, epoch, &[("st", vec![0])])?;
+    ensure!(r == vec![("st".into(), 0, 90)], "PRODUCER_FENCED: {r:?}");
+    Ok(())
+}
