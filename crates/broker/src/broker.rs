@@ -85,9 +85,9 @@ pub struct Broker {
 
 impl Broker {
     /// Wires the broker's services together. Called once by [`crate::server::start`]. The
-    /// group coordinator reaches the broker's partitions and metadata through weak handles
-    /// (`coordinator_writer`), so the broker is built cyclically: `group_coordinator` builds it
-    /// from the broker's weak handle.
+    /// coordinators reach the broker's partitions and metadata through weak handles
+    /// (`coordinator_writer`), so the broker is built cyclically: `coordinators` builds the
+    /// group and the transaction coordinator from the broker's weak handle.
     pub(crate) fn new(
         config: BrokerConfig,
         cluster_id: String,
@@ -95,35 +95,38 @@ impl Broker {
         replica_manager: ReplicaManager,
         bound: Vec<SocketAddr>,
         authorizer: Arc<dyn Authorizer>,
-        group_coordinator: impl FnOnce(&Weak<Broker>) -> GroupCoordinator,
-        transaction_coordinator: impl FnOnce(
+        coordinators: impl FnOnce(
             &Weak<Broker>,
-        ) -> Arc<
-            gregor_coordinator::transaction::TransactionCoordinator,
-        >,
+        ) -> (
+            GroupCoordinator,
+            Arc<gregor_coordinator::transaction::TransactionCoordinator>,
+        ),
     ) -> Arc<Self> {
-        Arc::new_cyclic(|weak| Self {
-            group_coordinator: group_coordinator(weak),
-            transaction_coordinator: transaction_coordinator(weak),
-            transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
-            fetch_sessions: crate::fetch_session::FetchSessionCache::new(
-                config.max_incremental_fetch_session_cache_slots(),
-                config.min_incremental_fetch_session_eviction_ms(),
-            ),
-            config,
-            cluster_id,
-            controller,
-            replica_manager,
-            raft: std::sync::OnceLock::new(),
-            controller_client: std::sync::OnceLock::new(),
-            replica_fetchers: std::sync::OnceLock::new(),
-            assignments: std::sync::OnceLock::new(),
-            broker_epoch: std::sync::atomic::AtomicI64::new(-1),
-            producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
-            bound,
-            authorizer,
-            txn_offsets_completion: std::sync::OnceLock::new(),
-            started: Instant::now(),
+        Arc::new_cyclic(|weak| {
+            let (group_coordinator, transaction_coordinator) = coordinators(weak);
+            Self {
+                group_coordinator,
+                transaction_coordinator,
+                transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
+                fetch_sessions: crate::fetch_session::FetchSessionCache::new(
+                    config.max_incremental_fetch_session_cache_slots(),
+                    config.min_incremental_fetch_session_eviction_ms(),
+                ),
+                config,
+                cluster_id,
+                controller,
+                replica_manager,
+                raft: std::sync::OnceLock::new(),
+                controller_client: std::sync::OnceLock::new(),
+                replica_fetchers: std::sync::OnceLock::new(),
+                assignments: std::sync::OnceLock::new(),
+                broker_epoch: std::sync::atomic::AtomicI64::new(-1),
+                producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+                bound,
+                authorizer,
+                txn_offsets_completion: std::sync::OnceLock::new(),
+                started: Instant::now(),
+            }
         })
     }
 

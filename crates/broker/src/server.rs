@@ -421,19 +421,19 @@ pub async fn start_with_authorizer(
         bound,
         authorizer,
         |weak| {
-            crate::group_coordinator::GroupCoordinator::new(
-                config.groups.clone(),
-                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-                clock.clone(),
-            )
-        },
-        |weak| {
-            gregor_coordinator::transaction::TransactionCoordinator::new(
-                config.transactions.clone(),
-                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-                crate::coordinator_writer::BrokerTransactionServices::new(weak.clone()),
-                clock.clone(),
+            (
+                crate::group_coordinator::GroupCoordinator::new(
+                    config.groups.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+                    clock.clone(),
+                ),
+                gregor_coordinator::transaction::TransactionCoordinator::new(
+                    config.transactions.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTransactionServices::new(weak.clone()),
+                    clock.clone(),
+                ),
             )
         },
     );
