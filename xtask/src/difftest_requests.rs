@@ -250,7 +250,8 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
             RequestKind::Produce(
                 ProduceRequest::default()
                     .with_transactional_id(
-                        opt_string(b, "transactional_id").map(kafka_protocol::messages::TransactionalId),
+                        opt_string(b, "transactional_id")
+                            .map(kafka_protocol::messages::TransactionalId),
                     )
                     .with_acks(i16f(b, "acks", -1)?)
                     .with_timeout_ms(i32f(b, "timeout_ms", 5_000)?)

@@ -1928,7 +1928,10 @@ impl BrokerConfig {
 
     /// `transaction.partition.verification.enable` (default true, KIP-890; a cluster-wide
     /// dynamic config in Kafka): the dynamic value in `dynamic` if set, else the static one.
-    pub fn transaction_partition_verification_enable(&self, dynamic: &DynamicBrokerConfigs) -> bool {
+    pub fn transaction_partition_verification_enable(
+        &self,
+        dynamic: &DynamicBrokerConfigs,
+    ) -> bool {
         let key = "transaction.partition.verification.enable";
         dynamic
             .get(key)

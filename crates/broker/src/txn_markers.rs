@@ -179,7 +179,9 @@ fn answer(
 ) -> Vec<WritableTxnMarkerResult> {
     let code_of = |slot: &Slot| match slot {
         Slot::Refused(code) => *code,
-        Slot::Appended(i) => results.get(*i).map_or(ec::UNKNOWN_SERVER_ERROR, |r| r.error_code),
+        Slot::Appended(i) => results
+            .get(*i)
+            .map_or(ec::UNKNOWN_SERVER_ERROR, |r| r.error_code),
     };
     let mut out = Vec::with_capacity(markers.len());
     for (m, topics) in markers.iter().zip(slots) {
@@ -242,8 +244,11 @@ fn completed_offsets(broker: &Arc<Broker>, m: &WritableTxnMarker, codes: &mut [V
     if let Err(code) =
         hook.on_transaction_completed(m.producer_id.0, m.producer_epoch, &partitions, result)
     {
-        tracing::error!(producer_id = m.producer_id.0, code,
-            "the group coordinator failed to complete the transaction's offsets");
+        tracing::error!(
+            producer_id = m.producer_id.0,
+            code,
+            "the group coordinator failed to complete the transaction's offsets"
+        );
         for (ti, pi) in done.values() {
             codes[*ti][*pi] = code;
         }

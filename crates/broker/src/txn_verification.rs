@@ -49,8 +49,6 @@ pub(crate) mod ec {
     pub const INVALID_TXN_STATE: i16 = E::InvalidTxnState.code();
     /// CONCURRENT_TRANSACTIONS (51).
     pub const CONCURRENT_TRANSACTIONS: i16 = E::ConcurrentTransactions.code();
-    /// TRANSACTION_COORDINATOR_FENCED (52).
-    pub const TRANSACTION_COORDINATOR_FENCED: i16 = E::TransactionCoordinatorFenced.code();
     /// PRODUCER_FENCED (90).
     pub const PRODUCER_FENCED: i16 = E::ProducerFenced.code();
     /// TRANSACTION_ABORTABLE (120).
@@ -165,7 +163,11 @@ pub fn errors_from_response(
     response: &AddPartitionsToTxnResponse,
 ) -> VerificationErrors {
     let all = |code: i16| -> VerificationErrors {
-        request.partitions.iter().map(|tp| (tp.clone(), code)).collect()
+        request
+            .partitions
+            .iter()
+            .map(|tp| (tp.clone(), code))
+            .collect()
     };
     if response.error_code != ec::NONE {
         return all(if response.error_code == ec::CLUSTER_AUTHORIZATION_FAILED {
@@ -191,7 +193,10 @@ pub fn errors_from_response(
                     }
                     c => c,
                 };
-                answered.insert(TopicPartition::new(topic.name.0.as_str(), p.partition_index), code);
+                answered.insert(
+                    TopicPartition::new(topic.name.0.as_str(), p.partition_index),
+                    code,
+                );
             }
         }
     }
@@ -222,7 +227,9 @@ pub fn build_request(request: &TxnVerificationRequest) -> AddPartitionsToTxnRequ
         .collect();
     AddPartitionsToTxnRequest::default().with_transactions(vec![
         AddPartitionsToTxnTransaction::default()
-            .with_transactional_id(TransactionalId(crate::handlers::sb(&request.transactional_id)))
+            .with_transactional_id(TransactionalId(crate::handlers::sb(
+                &request.transactional_id,
+            )))
             .with_producer_id(ProducerId(request.producer_id))
             .with_producer_epoch(request.producer_epoch)
             .with_verify_only(request.operation.verify_only())
@@ -235,7 +242,9 @@ pub fn build_request(request: &TxnVerificationRequest) -> AddPartitionsToTxnRequ
 /// the topic exists.
 pub fn transaction_state_partition(image: &MetadataImage, transactional_id: &str) -> Option<i32> {
     let topic = image.topic(TRANSACTION_STATE_TOPIC)?;
-    let count = i32::try_from(topic.partitions.len()).ok().filter(|c| *c > 0)?;
+    let count = i32::try_from(topic.partitions.len())
+        .ok()
+        .filter(|c| *c > 0)?;
     let hash = gregor_coordinator::group::java_string_hash_code(transactional_id);
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
     Some(abs % count)
@@ -300,7 +309,11 @@ impl AddPartitionsToTxnSender for NetworkAddPartitionsToTxnSender {
         let timeout = self.timeout;
         Box::pin(async move {
             let all = |code: i16| -> VerificationErrors {
-                request.partitions.iter().map(|tp| (tp.clone(), code)).collect()
+                request
+                    .partitions
+                    .iter()
+                    .map(|tp| (tp.clone(), code))
+                    .collect()
             };
             let Some(address) = address else {
                 return all(ec::COORDINATOR_NOT_AVAILABLE);
@@ -310,8 +323,12 @@ impl AddPartitionsToTxnSender for NetworkAddPartitionsToTxnSender {
                 let mut conn =
                     BrokerConnection::connect(&address, client_id, timeout, MAX_RESPONSE_BYTES)
                         .await?;
-                conn.request(ApiKey::AddPartitionsToTxn, ADD_PARTITIONS_TO_TXN_VERSION, body)
-                    .await
+                conn.request(
+                    ApiKey::AddPartitionsToTxn,
+                    ADD_PARTITIONS_TO_TXN_VERSION,
+                    body,
+                )
+                .await
             }
             .await;
             match answer {
@@ -366,13 +383,22 @@ mod tests {
     #[test]
     fn operation_follows_the_produce_version() {
         use TransactionSupportedOperation::*;
-        assert_eq!(TransactionSupportedOperation::for_produce_version(9), DefaultError);
-        assert_eq!(TransactionSupportedOperation::for_produce_version(10), DefaultError);
+        assert_eq!(
+            TransactionSupportedOperation::for_produce_version(9),
+            DefaultError
+        );
+        assert_eq!(
+            TransactionSupportedOperation::for_produce_version(10),
+            DefaultError
+        );
         assert_eq!(
             TransactionSupportedOperation::for_produce_version(11),
             GenericErrorSupported
         );
-        assert_eq!(TransactionSupportedOperation::for_produce_version(12), AddPartition);
+        assert_eq!(
+            TransactionSupportedOperation::for_produce_version(12),
+            AddPartition
+        );
         let r = build_request(&request(AddPartition));
         assert!(!r.transactions[0].verify_only);
         assert_eq!(r.transactions[0].topics[0].partitions, vec![0, 1]);
@@ -384,9 +410,14 @@ mod tests {
         use TransactionSupportedOperation::*;
         let tp = |p| TopicPartition::new("a", p);
         // Success for both.
-        assert!(errors_from_response(&request(DefaultError), &response(&[(0, 0), (1, 0)])).is_empty());
+        assert!(
+            errors_from_response(&request(DefaultError), &response(&[(0, 0), (1, 0)])).is_empty()
+        );
         // Fenced producer: INVALID_PRODUCER_EPOCH; an unanswered partition is not verified.
-        let e = errors_from_response(&request(DefaultError), &response(&[(0, ec::PRODUCER_FENCED)]));
+        let e = errors_from_response(
+            &request(DefaultError),
+            &response(&[(0, ec::PRODUCER_FENCED)]),
+        );
         assert_eq!(e.get(&tp(0)), Some(&ec::INVALID_PRODUCER_EPOCH));
         assert_eq!(e.get(&tp(1)), Some(&ec::UNKNOWN_SERVER_ERROR));
         // TRANSACTION_ABORTABLE only reaches clients that know it.
@@ -400,13 +431,20 @@ mod tests {
             Some(&ec::TRANSACTION_ABORTABLE)
         );
         // A top-level error applies to all; the broker's own authorization is hidden.
-        let top = AddPartitionsToTxnResponse::default().with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
+        let top =
+            AddPartitionsToTxnResponse::default().with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
         let e = errors_from_response(&request(AddPartition), &top);
         assert_eq!(e.len(), 2);
         assert!(e.values().all(|c| *c == ec::INVALID_TXN_STATE));
         // The produce answer.
-        assert_eq!(produce_error_for_verification(ec::NOT_COORDINATOR).0, ec::NOT_ENOUGH_REPLICAS);
-        assert_eq!(produce_error_for_verification(ec::INVALID_TXN_STATE).0, ec::INVALID_TXN_STATE);
+        assert_eq!(
+            produce_error_for_verification(ec::NOT_COORDINATOR).0,
+            ec::NOT_ENOUGH_REPLICAS
+        );
+        assert_eq!(
+            produce_error_for_verification(ec::INVALID_TXN_STATE).0,
+            ec::INVALID_TXN_STATE
+        );
         assert_eq!(
             produce_error_for_verification(ec::INVALID_PRODUCER_EPOCH),
             (ec::INVALID_PRODUCER_EPOCH, None)

@@ -116,7 +116,10 @@ fn write_marker(
             .with_name(TopicName(sb(topic)))
             .with_partition_indexes(partitions)])]);
     let r: WriteTxnMarkersResponse = c.call(ApiKey::WriteTxnMarkers, 1, &req)?;
-    ensure!(r.markers.len() == 1 && r.markers[0].producer_id.0 == pid, "{r:?}");
+    ensure!(
+        r.markers.len() == 1 && r.markers[0].producer_id.0 == pid,
+        "{r:?}"
+    );
     Ok(r.markers[0].topics[0]
         .partitions
         .iter()
@@ -207,11 +210,13 @@ fn parse_fetch(r: &FetchResponse) -> Result<Fetched> {
         for item in Batches::new(raw) {
             let (pos, h) = item?;
             let recs = decode_records(&raw[pos..pos + h.total_size()])?;
-            let control = h.is_control().then(|| match recs.first().and_then(|r| r.key.as_deref()) {
-                Some([0, 0, 0, 1]) => "<COMMIT>".to_string(),
-                Some([0, 0, 0, 0]) => "<ABORT>".to_string(),
-                other => format!("<control {other:?}>"),
-            });
+            let control =
+                h.is_control()
+                    .then(|| match recs.first().and_then(|r| r.key.as_deref()) {
+                        Some([0, 0, 0, 1]) => "<COMMIT>".to_string(),
+                        Some([0, 0, 0, 0]) => "<ABORT>".to_string(),
+                        other => format!("<control {other:?}>"),
+                    });
             batches.push(FetchedBatch {
                 base_offset: h.base_offset,
                 last_offset: h.last_offset(),
@@ -221,8 +226,7 @@ fn parse_fetch(r: &FetchResponse) -> Result<Fetched> {
                 values: recs
                     .iter()
                     .map(|r| {
-                        String::from_utf8_lossy(r.value.as_deref().unwrap_or_default())
-                            .into_owned()
+                        String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
                     })
                     .collect(),
             });
@@ -231,10 +235,11 @@ fn parse_fetch(r: &FetchResponse) -> Result<Fetched> {
     Ok(Fetched {
         high_watermark: p.high_watermark,
         last_stable_offset: p.last_stable_offset,
-        aborted: p
-            .aborted_transactions
-            .as_ref()
-            .map(|a| a.iter().map(|t| (t.producer_id.0, t.first_offset)).collect()),
+        aborted: p.aborted_transactions.as_ref().map(|a| {
+            a.iter()
+                .map(|t| (t.producer_id.0, t.first_offset))
+                .collect()
+        }),
         batches,
     })
 }
@@ -275,7 +280,13 @@ fn describe_producers(c: &mut KafkaConn) -> Result<Vec<(i64, i32, i64)>> {
     ensure!(p.error_code == 0, "DescribeProducers {}", p.error_code);
     Ok(p.active_producers
         .iter()
-        .map(|s| (s.producer_id.0, s.producer_epoch, s.current_txn_start_offset))
+        .map(|s| {
+            (
+                s.producer_id.0,
+                s.producer_epoch,
+                s.current_txn_start_offset,
+            )
+        })
         .collect())
 }
 
@@ -329,7 +340,11 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
         );
         ensure!(rc.aborted == Some(vec![(pid, 0)]), "{when}: {rc:?}");
         ensure!(rc.offsets() == (0..8).collect::<Vec<_>>(), "{when}: {rc:?}");
-        let markers: Vec<_> = rc.batches.iter().filter_map(|b| b.control.clone()).collect();
+        let markers: Vec<_> = rc
+            .batches
+            .iter()
+            .filter_map(|b| b.control.clone())
+            .collect();
         ensure!(markers == ["<ABORT>", "<COMMIT>"], "{when}: {markers:?}");
         let delivered = rc.committed_values();
         ensure!(
@@ -342,11 +357,17 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
             (ru.high_watermark, ru.last_stable_offset, ru.aborted.clone()) == (10, 8, None),
             "{when}: {ru:?}"
         );
-        ensure!(ru.offsets() == (0..10).collect::<Vec<_>>(), "{when}: {ru:?}");
+        ensure!(
+            ru.offsets() == (0..10).collect::<Vec<_>>(),
+            "{when}: {ru:?}"
+        );
         // read_committed from the LSO: nothing yet.
         let at_lso = fetch(c, 1, 8)?;
         ensure!(at_lso.batches.is_empty(), "{when}: {at_lso:?}");
-        ensure!(list_latest(c, 1)? == 8 && list_latest(c, 0)? == 10, "{when}");
+        ensure!(
+            list_latest(c, 1)? == 8 && list_latest(c, 0)? == 10,
+            "{when}"
+        );
         let producers = describe_producers(c)?;
         ensure!(producers == vec![(pid, 0, 8)], "{when}: {producers:?}");
         Ok(())
@@ -354,7 +375,10 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
     check(&mut c, "before the crash")?;
 
     // The transaction index holds the aborted transaction in Kafka's format.
-    let index = g.data_dir().join(format!("{TOPIC}-0")).join("00000000000000000000.txnindex");
+    let index = g
+        .data_dir()
+        .join(format!("{TOPIC}-0"))
+        .join("00000000000000000000.txnindex");
     let raw = std::fs::read(&index).with_context(|| format!("{}", index.display()))?;
     let mut expected = vec![0u8, 0];
     for v in [pid, 0, 4, 5] {
@@ -399,9 +423,13 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
         )?;
         let line = format!("producerId: {pid} firstOffset: 0 lastOffset: 4 lastStableOffset: 5");
         ensure!(out.contains(&line), "kafka-dump-log: {out}");
-        let second = format!("producerId: {pid} firstOffset: 8 lastOffset: 10 lastStableOffset: 11");
+        let second =
+            format!("producerId: {pid} firstOffset: 8 lastOffset: 10 lastStableOffset: 11");
         ensure!(out.contains(&second), "kafka-dump-log: {out}");
-        let log = g.data_dir().join(format!("{TOPIC}-0")).join("00000000000000000000.log");
+        let log = g
+            .data_dir()
+            .join(format!("{TOPIC}-0"))
+            .join("00000000000000000000.log");
         let out = gregor_tests::reference::tool_output(
             "kafka-dump-log",
             &["--files", &log.display().to_string(), "--deep-iteration"],

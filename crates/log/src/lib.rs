@@ -46,10 +46,10 @@ pub use log::{
     AppendInfo, DeletionReason, LoadStats, PartitionLog, ReadInfo, RetentionResult,
     TimestampAndOffset,
 };
-pub use producer_state::{AppendOrigin, ProducerSummary, VerificationGuard};
-pub use txn_index::{AbortedTxn, ABORTED_TXN_BYTES};
 pub use manager::{
     lock_dir, read_clean_shutdown_broker_epoch, topic_id_from_string, topic_id_to_string, DirLock,
     LogManager, CLEANER_OFFSET_CHECKPOINT, CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA_FILE, RECOVERY_POINT_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT,
 };
+pub use producer_state::{AppendOrigin, ProducerSummary, VerificationGuard};
+pub use txn_index::{AbortedTxn, ABORTED_TXN_BYTES};

@@ -25,11 +25,11 @@ use crate::health::LogDirHealth;
 use crate::producer_state::{
     AppendOrigin, ProducerCheck, ProducerStateManager, ProducerSummary, VerificationGuard,
 };
-use crate::txn_index::AbortedTxn;
 use crate::segment::{
     checked_total_size, LogSegment, Lookup, Misled, SegmentAppendError, TimestampOffset,
 };
 use crate::timestamps::record_timestamps;
+use crate::txn_index::AbortedTxn;
 
 /// Result of an append (Kafka's `LogAppendInfo`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -652,7 +652,8 @@ impl PartitionLog {
                 last.truncate_txn_index(log_end_offset)?;
             }
         }
-        let snapshot_limit = rebuild_txn_index_from.map_or(log_end_offset, |b| b.min(log_end_offset));
+        let snapshot_limit =
+            rebuild_txn_index_from.map_or(log_end_offset, |b| b.min(log_end_offset));
         let mut producer_state = ProducerStateManager::new(dir);
         let mut replay_from = log_start_offset;
         for snap in producer_state.list_snapshots()?.into_iter().rev() {
@@ -702,13 +703,8 @@ impl PartitionLog {
                 };
                 let index_aborts =
                     rebuild_txn_index_from.is_some_and(|from| seg.base_offset() >= from);
-                stats.replayed_producer_batches += replay_segment(
-                    seg,
-                    start,
-                    replay_from,
-                    &mut producer_state,
-                    index_aborts,
-                )?;
+                stats.replayed_producer_batches +=
+                    replay_segment(seg, start, replay_from, &mut producer_state, index_aborts)?;
             }
         }
         // Completed transactions are stable once the partition's high watermark passes their
@@ -1064,29 +1060,30 @@ impl PartitionLog {
             });
             at += size;
         }
-        let updated = match inner
-            .producer_state
-            .check_batches(&headers, &markers, origin, verification)?
-        {
-            ProducerCheck::Duplicate(b) => {
-                return Ok(AppendInfo {
-                    first_offset: b.first_offset,
-                    last_offset: b.last_offset,
-                    log_append_time_ms: if config.message_timestamp_type
-                        == TimestampType::LogAppendTime
-                    {
-                        b.timestamp_ms
-                    } else {
-                        -1
-                    },
-                    log_start_offset: self.log_start_offset(),
-                    duplicate: true,
-                    records: 0,
-                    bytes: 0,
-                });
-            }
-            ProducerCheck::Valid(u) => u,
-        };
+        let updated =
+            match inner
+                .producer_state
+                .check_batches(&headers, &markers, origin, verification)?
+            {
+                ProducerCheck::Duplicate(b) => {
+                    return Ok(AppendInfo {
+                        first_offset: b.first_offset,
+                        last_offset: b.last_offset,
+                        log_append_time_ms: if config.message_timestamp_type
+                            == TimestampType::LogAppendTime
+                        {
+                            b.timestamp_ms
+                        } else {
+                            -1
+                        },
+                        log_start_offset: self.log_start_offset(),
+                        duplicate: true,
+                        records: 0,
+                        bytes: 0,
+                    });
+                }
+                ProducerCheck::Valid(u) => u,
+            };
         let log_append = config.message_timestamp_type == TimestampType::LogAppendTime;
         let mut pos = 0;
         let mut record_count = 0u64;
@@ -1205,7 +1202,9 @@ impl PartitionLog {
             return;
         }
         let mut inner = self.inner.lock();
-        inner.producer_state.on_high_watermark_updated(high_watermark);
+        inner
+            .producer_state
+            .on_high_watermark_updated(high_watermark);
         self.publish_txn_state(&inner);
     }
 

@@ -506,8 +506,11 @@ impl ProducerStateManager {
     /// watermark to pass its marker.
     pub(crate) fn complete_txn(&mut self, completed: &CompletedTxn) {
         if self.ongoing.remove(&completed.first_offset).is_none() {
-            tracing::warn!(producer_id = completed.producer_id, first_offset = completed.first_offset,
-                "completed a transaction that was not open in producer state");
+            tracing::warn!(
+                producer_id = completed.producer_id,
+                first_offset = completed.first_offset,
+                "completed a transaction that was not open in producer state"
+            );
             return;
         }
         self.unreplicated.insert(
@@ -928,12 +931,14 @@ mod tests {
     fn open_and_unreplicated_transactions() {
         let dir = tempfile::tempdir().unwrap();
         let mut m = ProducerStateManager::new(dir.path());
-        let apply = |m: &mut ProducerStateManager, h: BatchHeader, marker: Option<EndTxnMarker>| {
-            match m.check_batches(&[h], &[marker], AppendOrigin::Coordinator, None).unwrap() {
+        let apply =
+            |m: &mut ProducerStateManager, h: BatchHeader, marker: Option<EndTxnMarker>| match m
+                .check_batches(&[h], &[marker], AppendOrigin::Coordinator, None)
+                .unwrap()
+            {
                 ProducerCheck::Valid(u) => m.commit(u),
                 ProducerCheck::Duplicate(_) => panic!("duplicate"),
-            }
-        };
+            };
         assert!(apply(&mut m, txn_header(1, 0, 0, 2, 10), None).is_empty());
         assert!(apply(&mut m, txn_header(2, 0, 0, 1, 12), None).is_empty());
         assert_eq!(m.first_unstable_offset(), Some(10));

@@ -1179,8 +1179,12 @@ impl LogSegment {
         upper_bound_offset: i64,
         out: &mut Vec<AbortedTxn>,
     ) -> Result<bool> {
-        self.txn_index
-            .collect(&self.txn_index_path(), fetch_offset, upper_bound_offset, out)
+        self.txn_index.collect(
+            &self.txn_index_path(),
+            fetch_offset,
+            upper_bound_offset,
+            out,
+        )
     }
 
     /// Every aborted transaction of this segment's index.

@@ -150,8 +150,7 @@ impl TransactionIndex {
         if len != raw_len {
             tracing::warn!(path = %path.display(), bytes = raw_len - len,
                 "cutting a torn entry off the transaction index");
-            file.set_len(len)
-                .map_err(|e| io("truncating", path, e))?;
+            file.set_len(len).map_err(|e| io("truncating", path, e))?;
         }
         let last_offset = if len == 0 {
             None

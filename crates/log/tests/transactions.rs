@@ -5,8 +5,7 @@
 use std::path::Path;
 
 use gregor_log::{
-    AbortedTxn, AppendOrigin, LogConfig, LogError, PartitionLog, TopicPartition,
-    VerificationGuard,
+    AbortedTxn, AppendOrigin, LogConfig, LogError, PartitionLog, TopicPartition, VerificationGuard,
 };
 use gregor_protocol::batch::{BatchBuilder, Batches};
 use gregor_protocol::control::{EndTxnMarker, TransactionResult};
@@ -23,7 +22,12 @@ fn txn_batch(pid: i64, epoch: i16, seq: i32, n: usize) -> Vec<u8> {
         .producer(pid, epoch, seq)
         .transactional(true, false);
     for i in 0..n {
-        b = b.record(NOW_MS, None, Some(format!("p{pid}-{seq}-{i}").as_bytes()), &[]);
+        b = b.record(
+            NOW_MS,
+            None,
+            Some(format!("p{pid}-{seq}-{i}").as_bytes()),
+            &[],
+        );
     }
     b.build()
 }
@@ -118,7 +122,9 @@ fn lso_follows_open_transactions_and_aborts_are_indexed() {
     let r = log.read(6, 1 << 20, 8, true).unwrap();
     let headers: Vec<_> = Batches::new(&r.records).map(|b| b.unwrap().1).collect();
     assert_eq!(headers.len(), 2);
-    assert!(headers.iter().all(|h| h.is_control() && h.is_transactional()));
+    assert!(headers
+        .iter()
+        .all(|h| h.is_control() && h.is_transactional()));
     // read_committed's aborted list for a range.
     assert_eq!(log.collect_aborted_transactions(0, 8).unwrap().len(), 1);
     assert!(log.collect_aborted_transactions(7, 8).unwrap().is_empty());
@@ -243,7 +249,9 @@ fn first_transactional_write_needs_the_verification_guard() {
     assert!(append(txn_batch(3, 0, 0, 1), Some(other)).is_err());
     append(txn_batch(3, 0, 0, 1), Some(guard)).unwrap();
     // Open now: no verification needed.
-    assert!(log.maybe_start_transaction_verification(3, 1, 0).is_sentinel());
+    assert!(log
+        .maybe_start_transaction_verification(3, 1, 0)
+        .is_sentinel());
     append(txn_batch(3, 0, 1, 1), Some(VerificationGuard::SENTINEL)).unwrap();
     marker(&log, 3, 0, true, 0);
     // After the marker, the next transaction's first write needs verifying again.

@@ -154,7 +154,10 @@ pub fn end_txn_marker_batch(
 /// # Errors
 /// [`BatchError`] when `h` is not a control batch, the batch is larger than
 /// [`MAX_CONTROL_BATCH_BYTES`], or its first record does not decode.
-pub fn parse_end_txn_marker(h: &BatchHeader, batch: &[u8]) -> Result<Option<EndTxnMarker>, BatchError> {
+pub fn parse_end_txn_marker(
+    h: &BatchHeader,
+    batch: &[u8],
+) -> Result<Option<EndTxnMarker>, BatchError> {
     if !h.is_control() {
         return Err(BatchError::Invalid("not a control batch".into()));
     }
@@ -188,7 +191,10 @@ mod tests {
         let b = end_txn_marker_batch(42, 3, marker, 1_000);
         let h = validate_batch(&b).unwrap();
         assert!(h.is_control() && h.is_transactional());
-        assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (42, 3, -1));
+        assert_eq!(
+            (h.producer_id, h.producer_epoch, h.base_sequence),
+            (42, 3, -1)
+        );
         assert_eq!(h.records_count, 1);
         assert_eq!(parse_end_txn_marker(&h, &b).unwrap(), Some(marker));
         let records = decode_records_bounded(&b, 4096).unwrap();

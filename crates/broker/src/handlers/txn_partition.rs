@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use gregor_log::TopicPartition;
+use gregor_network::{respond, Handled, RequestContext};
 use gregor_protocol::kafka_protocol::messages::describe_producers_response::{
     PartitionResponse, ProducerState, TopicResponse,
 };
@@ -20,7 +21,6 @@ use gregor_protocol::kafka_protocol::messages::{
     ApiKey, DescribeProducersRequest, DescribeProducersResponse, ProducerId, ResponseKind,
     WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
-use gregor_network::{respond, Handled, RequestContext};
 
 use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
 use crate::broker::Broker;
@@ -43,13 +43,17 @@ pub async fn write_txn_markers(
             ResponseKind::WriteTxnMarkers(WriteTxnMarkersResponse::default().with_markers(markers)),
         )
     };
-    let authorized = broker.authorize(ctx, AclOperation::Alter, ResourceType::Cluster, CLUSTER_NAME)
-        || broker.authorize(
-            ctx,
-            AclOperation::ClusterAction,
-            ResourceType::Cluster,
-            CLUSTER_NAME,
-        );
+    let authorized = broker.authorize(
+        ctx,
+        AclOperation::Alter,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) || broker.authorize(
+        ctx,
+        AclOperation::ClusterAction,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
     if !authorized {
         record_error(ApiKey::WriteTxnMarkers, ec::CLUSTER_AUTHORIZATION_FAILED);
         return Handled::Ready(build(error_response(
@@ -91,14 +95,14 @@ pub fn describe_producers(
         .iter()
         .map(|t| {
             let name = t.name.0.as_str();
-            let topic_error = if !broker.authorize(ctx, AclOperation::Read, ResourceType::Topic, name)
-            {
-                Some(ec::TOPIC_AUTHORIZATION_FAILED)
-            } else if image.topic(name).is_none() {
-                Some(ec::UNKNOWN_TOPIC_OR_PARTITION)
-            } else {
-                None
-            };
+            let topic_error =
+                if !broker.authorize(ctx, AclOperation::Read, ResourceType::Topic, name) {
+                    Some(ec::TOPIC_AUTHORIZATION_FAILED)
+                } else if image.topic(name).is_none() {
+                    Some(ec::UNKNOWN_TOPIC_OR_PARTITION)
+                } else {
+                    None
+                };
             let partitions = t
                 .partition_indexes
                 .iter()

@@ -592,27 +592,25 @@ impl FetchPlan {
                     }
                     // Kafka's LocalLog.addAbortedTransactions: the aborted transactions of the
                     // range returned, for a read_committed consumer.
-                    let aborted_transactions = if !from_follower
-                        && self.params.isolation_level == 1
-                        && n > 0
-                    {
-                        let upper = Batches::new(&records)
-                            .filter_map(Result::ok)
-                            .last()
-                            .map_or(fp.fetch_offset, |(_, h)| h.next_offset());
-                        match p.log.collect_aborted_transactions(fp.fetch_offset, upper) {
-                            Ok(a) => a,
-                            Err(e) => {
-                                tracing::warn!(partition = %fp.topic_partition, error = %e,
+                    let aborted_transactions =
+                        if !from_follower && self.params.isolation_level == 1 && n > 0 {
+                            let upper = Batches::new(&records)
+                                .filter_map(Result::ok)
+                                .last()
+                                .map_or(fp.fetch_offset, |(_, h)| h.next_offset());
+                            match p.log.collect_aborted_transactions(fp.fetch_offset, upper) {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    tracing::warn!(partition = %fp.topic_partition, error = %e,
                                     "reading the transaction index failed");
-                                any_error = true;
-                                results.push(FetchPartitionResult::error(e.kafka_error_code()));
-                                continue;
+                                    any_error = true;
+                                    results.push(FetchPartitionResult::error(e.kafka_error_code()));
+                                    continue;
+                                }
                             }
-                        }
-                    } else {
-                        Vec::new()
-                    };
+                        } else {
+                            Vec::new()
+                        };
                     remaining = remaining.saturating_sub(n);
                     bytes += n;
                     results.push(FetchPartitionResult {
@@ -1138,8 +1136,7 @@ impl ReplicaManager {
         producer_epoch: i16,
     ) -> Result<gregor_log::VerificationGuard, i16> {
         let p = self.hosted(tp).map_err(|(code, _)| code)?;
-        Ok(p
-            .log
+        Ok(p.log
             .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
     }
 

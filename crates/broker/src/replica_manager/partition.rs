@@ -681,25 +681,24 @@ impl Partition {
             }
             s.leader_epoch
         };
-        let info = append(self.log.as_ref(), leader_epoch, self.clock.now_ms())
-            .map_err(|e| {
-                let code = e.kafka_error_code();
-                match e {
-                    // Kafka's ReplicaManager answers a RecordValidationException with its
-                    // message, the record errors and the log start offset (KIP-467).
-                    LogError::RecordValidation {
-                        message,
-                        record_errors,
-                        ..
-                    } => AppendRejected {
-                        code,
-                        message,
-                        record_errors,
-                        log_start_offset: self.log.log_start_offset(),
-                    },
-                    e => AppendRejected::new(code, e.to_string()),
-                }
-            })?;
+        let info = append(self.log.as_ref(), leader_epoch, self.clock.now_ms()).map_err(|e| {
+            let code = e.kafka_error_code();
+            match e {
+                // Kafka's ReplicaManager answers a RecordValidationException with its
+                // message, the record errors and the log start offset (KIP-467).
+                LogError::RecordValidation {
+                    message,
+                    record_errors,
+                    ..
+                } => AppendRejected {
+                    code,
+                    message,
+                    record_errors,
+                    log_start_offset: self.log.log_start_offset(),
+                },
+                e => AppendRejected::new(code, e.to_string()),
+            }
+        })?;
         if !info.duplicate {
             self.metrics.bytes_in.increment(info.bytes);
             self.metrics.records_in.increment(info.records);
