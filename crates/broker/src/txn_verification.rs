@@ -49,8 +49,6 @@ pub(crate) mod ec {
     pub const INVALID_TXN_STATE: i16 = E::InvalidTxnState.code();
     /// CONCURRENT_TRANSACTIONS (51).
     pub const CONCURRENT_TRANSACTIONS: i16 = E::ConcurrentTransactions.code();
-    /// TRANSACTION_COORDINATOR_FENCED (52).
-    pub const TRANSACTION_COORDINATOR_FENCED: i16 = E::TransactionCoordinatorFenced.code();
     /// PRODUCER_FENCED (90).
     pub const PRODUCER_FENCED: i16 = E::ProducerFenced.code();
     /// TRANSACTION_ABORTABLE (120).

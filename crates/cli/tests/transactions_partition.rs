@@ -34,7 +34,13 @@ use kafka_protocol::messages::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const TOPIC: &str = "txn";
-const NOW_MS: i64 = 1_000;
+/// Record timestamps: now, so that the markers (stamped with the broker's clock) do not roll
+/// a segment by `segment.ms` (which counts from the first batch's timestamp).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 fn create_topic(c: &mut KafkaConn, name: &str) -> Result<()> {
     let r: CreateTopicsResponse = c.call(
@@ -67,12 +73,12 @@ fn init_producer_id(c: &mut KafkaConn) -> Result<i64> {
 
 /// A batch of `values`; transactional when `pid` is given (producer id, epoch, sequence).
 fn batch(pid: Option<(i64, i16, i32)>, values: &[&str]) -> Vec<u8> {
-    let mut b = BatchBuilder::new(0, NOW_MS);
+    let mut b = BatchBuilder::new(0, now_ms());
     if let Some((pid, epoch, seq)) = pid {
         b = b.producer(pid, epoch, seq).transactional(true, false);
     }
     for v in values {
-        b = b.record(NOW_MS, None, Some(v.as_bytes()), &[]);
+        b = b.record(now_ms(), None, Some(v.as_bytes()), &[]);
     }
     b.build()
 }
@@ -324,11 +330,11 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
             result: gregor_protocol::control::TransactionResult::Commit,
             coordinator_epoch: 0,
         },
-        NOW_MS,
+        now_ms(),
     );
     ensure!(produce(&mut c, txid, forged)?.0 == 87);
-    let mut idem = BatchBuilder::new(0, NOW_MS).producer(pid, 0, 6);
-    idem = idem.record(NOW_MS, None, Some(b"idem"), &[]);
+    let mut idem = BatchBuilder::new(0, now_ms()).producer(pid, 0, 6);
+    idem = idem.record(now_ms(), None, Some(b"idem"), &[]);
     ensure!(produce(&mut c, txid, idem.build())?.0 == 48);
 
     let check = |c: &mut KafkaConn, when: &str| -> Result<()> {
