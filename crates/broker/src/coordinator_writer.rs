@@ -127,6 +127,26 @@ impl PartitionWriter for BrokerPartitionWriter {
             .map_err(|e| (e.error_code(), e.to_string()))
     }
 
+    fn log_end_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partition(topic, partition)
+            .map(|p| p.log.log_end_offset())
+    }
+
+    fn read_for_load(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, (ErrorCode, String)> {
+        let Some(p) = self.partition(topic, partition) else {
+            return Err((ErrorCode::NotLeaderOrFollower, String::new()));
+        };
+        p.read_bounded(offset, max_bytes, p.log.log_end_offset(), true)
+            .map(|r| r.records)
+            .map_err(|e| (e.error_code(), e.to_string()))
+    }
+
     fn wait_for_high_watermark(
         &self,
         topic: &str,

@@ -4,7 +4,7 @@
 //! - **Partitions.** A coordinator serves the partitions of its topic that this broker leads.
 //!   [`CoordinatorRuntime::begin_load`] marks a partition as loading (requests get
 //!   COORDINATOR_LOAD_IN_PROGRESS), [`CoordinatorRuntime::replay`] reads its records back from
-//!   the log start offset to the high watermark, [`CoordinatorRuntime::complete_load`] makes it
+//!   the log start offset to the log end offset, [`CoordinatorRuntime::complete_load`] makes it
 //!   active, and [`CoordinatorRuntime::unload`] forgets it when this broker resigns
 //!   (NOT_COORDINATOR from then on). The coordinator on top keeps the state itself.
 //! - **Writes.** [`CoordinatorRuntime::append`] appends records as one batch through the
@@ -79,6 +79,30 @@ pub trait PartitionWriter: Send + Sync + 'static {
         offset: i64,
         max_bytes: usize,
     ) -> Result<Bytes, (ErrorCode, String)>;
+
+    /// The partition's log end offset, None when it is not hosted here. Loading replays up to
+    /// it (see [`PartitionWriter::read_for_load`]); the default is the high watermark.
+    fn log_end_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.high_watermark(topic, partition)
+    }
+
+    /// Whole batches from `offset` for loading a coordinator partition: as
+    /// [`PartitionWriter::read`] but up to the log end offset, as Kafka's coordinator loaders
+    /// read. A new leader's high watermark may lag what its log holds from the previous
+    /// leader, which that leader may already have answered as committed; the new leader never
+    /// truncates its own log. The default reads below the high watermark.
+    ///
+    /// # Errors
+    /// As [`PartitionWriter::read`].
+    fn read_for_load(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, (ErrorCode, String)> {
+        self.read(topic, partition, offset, max_bytes)
+    }
 
     /// Completes when the high watermark of `topic`-`partition` reaches `offset`: Ok, or
     /// REQUEST_TIMED_OUT after `timeout_ms`, or NOT_LEADER_OR_FOLLOWER when this broker stops
@@ -157,7 +181,7 @@ pub enum ReplayItem<'a> {
 pub struct LoadSummary {
     /// Records with a key that were applied.
     pub records: u64,
-    /// The offset the replay stopped at (the high watermark when it started, unless a read
+    /// The offset the replay stopped at (the log end offset when it started, unless a read
     /// failed).
     pub end_offset: i64,
 }
@@ -284,8 +308,8 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         self.partitions.lock().remove(&partition).is_some()
     }
 
-    /// Replays `partition` from its log start offset to its high watermark, calling
-    /// `apply(key, value)` for every record with a key (a None value is a tombstone), in
+    /// Replays `partition` from its log start offset to its log end offset
+    /// ([`PartitionWriter::read_for_load`]), calling `apply(key, value)` for every record with a key (a None value is a tombstone), in
     /// offset order. Control batches are skipped, and so is a batch that does not decode (with
     /// a log line); a read error stops the replay there.
     ///
@@ -317,15 +341,18 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         mut apply: impl FnMut(ReplayItem<'_>),
     ) -> Result<LoadSummary, CoordinatorError> {
         let topic = &self.topic;
-        let (Some(mut offset), Some(hw)) = (
+        let (Some(mut offset), Some(end)) = (
             self.writer.log_start_offset(topic, partition),
-            self.writer.high_watermark(topic, partition),
+            self.writer.log_end_offset(topic, partition),
         ) else {
             return Err(self.not_coordinator(partition));
         };
         let mut summary = LoadSummary::default();
-        while offset < hw {
-            let records = match self.writer.read(topic, partition, offset, LOAD_READ_BYTES) {
+        while offset < end {
+            let records = match self
+                .writer
+                .read_for_load(topic, partition, offset, LOAD_READ_BYTES)
+            {
                 Ok(r) => r,
                 Err((code, msg)) => {
                     warn!(partition, offset, %code, %msg, "cannot read {topic}; the rest of this partition is skipped");
