@@ -455,7 +455,7 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
 #[test]
 fn verification_without_a_coordinator_is_retriable() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
-    let mut c = KafkaConn::connect(&g.bootstrap(), "txn-verify-test")?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-verify-test")?;
     create_topic(&mut c, TOPIC)?;
     let pid = init_producer_id(&mut c)?;
     let (code, _) = produce(&mut c, Some("tx-v"), batch(Some((pid, 0, 0)), &["v"]))?;
