@@ -521,6 +521,11 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
         }
         ApiKey::InitProducerId => RequestKind::InitProducerId(
             InitProducerIdRequest::default()
+                // Null unless given (the generated default is the empty string).
+                .with_transactional_id(
+                    opt_string(b, "transactional_id")
+                        .map(kafka_protocol::messages::TransactionalId),
+                )
                 .with_transaction_timeout_ms(i32f(b, "transaction_timeout_ms", 60_000)?)
                 .with_producer_id(kafka_protocol::messages::ProducerId(int(
                     b,

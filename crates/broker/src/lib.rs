@@ -42,6 +42,8 @@ pub mod txn_verification;
 
 #[cfg(test)]
 mod coordinator_tests;
+#[cfg(test)]
+mod txn_markers_tests;
 
 pub use broker::Broker;
 pub use config::BrokerConfig;

@@ -824,7 +824,9 @@ async fn log_cleaner_thread(
                 .partitions()
                 .into_iter()
                 .filter(|p| p.log.config().cleanup_compact)
-                .map(|p| (p.log.clone(), p.high_watermark()))
+                // Kafka's firstUncleanableOffset: nothing at or above the last stable offset
+                // (open transactions stay as written).
+                .map(|p| (p.log.clone(), p.last_stable_offset()))
                 .collect();
             match cleaner.clean_filthiest(&logs, rm.now_ms()) {
                 Ok(Some((log, _stats))) => {

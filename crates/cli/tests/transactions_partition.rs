@@ -14,12 +14,14 @@ use anyhow::{bail, ensure, Context, Result};
 use bytes::Bytes;
 use gregor_protocol::batch::{BatchBuilder, Batches};
 use gregor_protocol::records::decode_records;
+use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation, Layout};
 use gregor_tests::wire::{sb, KafkaConn};
 use gregor_tests::Gregor;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::describe_producers_request::TopicRequest;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic,
@@ -27,9 +29,9 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::{
     ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DescribeProducersRequest,
     DescribeProducersResponse, FetchRequest, FetchResponse, InitProducerIdRequest,
-    InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, ProduceRequest,
-    ProduceResponse, ProducerId, TopicName, TransactionalId, WriteTxnMarkersRequest,
-    WriteTxnMarkersResponse,
+    InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, TopicName, TransactionalId,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
@@ -455,7 +457,7 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
 #[test]
 fn verification_without_a_coordinator_is_retriable() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
-    let mut c = KafkaConn::connect(&g.bootstrap(), "txn-verify-test")?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-verify-test")?;
     create_topic(&mut c, TOPIC)?;
     let pid = init_producer_id(&mut c)?;
     let (code, _) = produce(&mut c, Some("tx-v"), batch(Some((pid, 0, 0)), &["v"]))?;
@@ -467,5 +469,124 @@ fn verification_without_a_coordinator_is_retriable() -> Result<()> {
     if f.last_stable_offset != 0 {
         bail!("{f:?}");
     }
+    Ok(())
+}
+
+/// (leader, ISR sorted) of partition 0 of [`TOPIC`] as `bootstrap` sees it.
+fn partition_state(bootstrap: &str) -> Option<(i32, Vec<i32>)> {
+    let req = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(sb(TOPIC))))
+        ]))
+        .with_allow_auto_topic_creation(false);
+    let m: MetadataResponse = KafkaConn::connect(bootstrap, "txn-rf3-test")
+        .ok()?
+        .call(ApiKey::Metadata, 12, &req)
+        .ok()?;
+    let p = m.topics.first()?.partitions.first()?;
+    let mut isr: Vec<i32> = p.isr_nodes.iter().map(|b| b.0).collect();
+    isr.sort_unstable();
+    (p.error_code == 0 && p.leader_id.0 >= 0).then_some((p.leader_id.0, isr))
+}
+
+/// Replication factor 3 (issue 12 must hold on a replicated cluster): the followers build the
+/// same producer state and `.txnindex` from the replicated batches and markers, so after a
+/// kill -9 of the leader in the middle of an open transaction, the new leader answers
+/// read_committed fetches with the same LSO and aborted transactions, and ends the open
+/// transaction with the coordinator's next marker.
+#[test]
+fn a_new_leader_keeps_the_lso_and_aborted_transactions() -> Result<()> {
+    let config = ClusterConfig::new(
+        Implementation::Gregor(BIN.into()),
+        Layout::Split {
+            controllers: 1,
+            brokers: 3,
+        },
+    )
+    .with("transaction.partition.verification.enable", "false")
+    .with("broker.heartbeat.interval.ms", "500")
+    .with("broker.session.timeout.ms", "4000")
+    .with("replica.fetch.backoff.ms", "200");
+    let mut cluster = Cluster::start(&config)?;
+    let brokers = cluster.broker_ids();
+    let b0 = cluster.node(brokers[0]).bootstrap().context("listener")?;
+    let mut c = KafkaConn::connect(&b0, "txn-rf3-test")?;
+    let r: CreateTopicsResponse = c.call(
+        ApiKey::CreateTopics,
+        7,
+        &CreateTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(sb(TOPIC)))
+                .with_num_partitions(1)
+                .with_replication_factor(3)
+                .with_configs(vec![CreatableTopicConfig::default()
+                    .with_name(sb("min.insync.replicas"))
+                    .with_value(Some(sb("2")))])]),
+    )?;
+    ensure!(r.topics[0].error_code == 0, "{r:?}");
+    let mut all = brokers.clone();
+    all.sort_unstable();
+    let (leader, _) = cluster.wait_for(Duration::from_secs(30), "an ISR of three", || {
+        partition_state(&b0).filter(|(_, isr)| *isr == all)
+    });
+    let lb = cluster
+        .node(leader)
+        .bootstrap()
+        .context("leader listener")?;
+    cluster.wait_for(Duration::from_secs(30), "the leader's own view", || {
+        partition_state(&lb).filter(|(l, isr)| *l == leader && *isr == all)
+    });
+    let mut c = KafkaConn::connect(&lb, "txn-rf3-test")?;
+    let pid = init_producer_id(&mut c)?;
+    let txid = Some("tx-rf3");
+    // acks=all: each answer means every in-sync replica has the batch or marker.
+    ensure!(produce(&mut c, txid, batch(Some((pid, 0, 0)), &["a0", "a1", "a2"]))? == (0, 0));
+    ensure!(produce(&mut c, None, batch(None, &["plain-3"]))? == (0, 3));
+    ensure!(write_marker(&mut c, pid, 0, false, 0, TOPIC, vec![0])? == vec![0]);
+    ensure!(produce(&mut c, txid, batch(Some((pid, 0, 3)), &["open5"]))? == (0, 5));
+    let before = fetch(&mut c, 1, 0)?;
+    ensure!(
+        (before.high_watermark, before.last_stable_offset) == (6, 5),
+        "{before:?}"
+    );
+
+    cluster.node_mut(leader).kill9()?;
+    let survivor = all
+        .iter()
+        .copied()
+        .find(|b| *b != leader)
+        .context("a survivor")?;
+    let sb0 = cluster.node(survivor).bootstrap().context("listener")?;
+    let (new_leader, _) = cluster.wait_for(Duration::from_secs(60), "a new leader", || {
+        partition_state(&sb0).filter(|(l, _)| *l != leader)
+    });
+    let nb = cluster
+        .node(new_leader)
+        .bootstrap()
+        .context("new leader listener")?;
+    let after = cluster.wait_for(
+        Duration::from_secs(60),
+        "the new leader's high watermark",
+        || {
+            let mut c = KafkaConn::connect(&nb, "txn-rf3-test").ok()?;
+            fetch(&mut c, 1, 0).ok().filter(|f| f.high_watermark == 6)
+        },
+    );
+    ensure!(after.last_stable_offset == 5, "{after:?}");
+    ensure!(after.aborted == Some(vec![(pid, 0)]), "{after:?}");
+    ensure!(after.committed_values() == ["plain-3"], "{after:?}");
+    let mut c = KafkaConn::connect(&nb, "txn-rf3-test")?;
+    ensure!(describe_producers(&mut c)? == vec![(pid, 0, 5)]);
+    // The coordinator ends the open transaction on the new leader (acks=all with the two
+    // replicas left, min.insync.replicas 2).
+    ensure!(write_marker(&mut c, pid, 0, false, 0, TOPIC, vec![0])? == vec![0]);
+    let ended = fetch(&mut c, 1, 0)?;
+    ensure!(
+        (ended.high_watermark, ended.last_stable_offset) == (7, 7),
+        "{ended:?}"
+    );
+    ensure!(ended.aborted == Some(vec![(pid, 0), (pid, 5)]), "{ended:?}");
+    ensure!(ended.committed_values() == ["plain-3"], "{ended:?}");
     Ok(())
 }

@@ -379,9 +379,18 @@ impl LogCleaner {
         };
         let segments = log.published_segments();
 
-        // 2. Offset map over the dirty section.
+        // 2. Offset map over the dirty section. Records of aborted transactions do not enter
+        // it (Kafka's `buildOffsetMap` with its `CleanedTransactionMetadata`): an aborted
+        // value must not make the cleaner drop the committed value of its key. The aborted
+        // transactions of the range are followed as a read_committed consumer does: from its
+        // first offset a producer's transactional batches are aborted until its ABORT marker.
         let mut map = OffsetMap::new(&self.config);
         let mut end = c.first_uncleanable_offset;
+        let mut aborted =
+            log.collect_aborted_transactions(c.first_dirty_offset, c.first_uncleanable_offset)?;
+        aborted.sort_by_key(|a| a.first_offset);
+        let mut next_aborted = 0;
+        let mut aborting: std::collections::HashSet<i64> = std::collections::HashSet::new();
         'segments: for s in segments
             .iter()
             .filter(|s| s.base_offset() < c.first_uncleanable_offset)
@@ -395,7 +404,27 @@ impl LogCleaner {
             s.for_each_batch(0, s.size(), SCAN_CHUNK_BYTES, |_, h, raw| {
                 throttler.maybe_throttle(raw.len() as u64);
                 stats.map_bytes_read += raw.len() as u64;
-                if h.is_control() || h.last_offset() < c.first_dirty_offset {
+                while next_aborted < aborted.len()
+                    && aborted[next_aborted].first_offset <= h.last_offset()
+                {
+                    aborting.insert(aborted[next_aborted].producer_id);
+                    next_aborted += 1;
+                }
+                if h.is_control() {
+                    if h.has_producer_id()
+                        && matches!(
+                            gregor_protocol::control::parse_end_txn_marker(h, raw),
+                            Ok(Some(m)) if m.result == gregor_protocol::control::TransactionResult::Abort
+                        )
+                    {
+                        aborting.remove(&h.producer_id);
+                    }
+                    return Ok(true);
+                }
+                if h.is_transactional() && aborting.contains(&h.producer_id) {
+                    return Ok(true);
+                }
+                if h.last_offset() < c.first_dirty_offset {
                     return Ok(true);
                 }
                 for r in decode_records(raw).map_err(|e| corrupt(s, &e.to_string()))? {

@@ -823,7 +823,7 @@ pub struct ReplicaManager {
     creation_failures: parking_lot::Mutex<BTreeMap<TopicPartition, LogCreationFailure>>,
     /// How KIP-890 verifications reach transaction coordinators (Kafka's
     /// `AddPartitionsToTxnManager`), installed at start-up.
-    txn_verifier: std::sync::OnceLock<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>>,
+    txn_verifier: RwLock<Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>>>,
 }
 
 impl ReplicaManager {
@@ -848,7 +848,7 @@ impl ReplicaManager {
             applying: parking_lot::Mutex::new(()),
             latest: parking_lot::Mutex::new(None),
             creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
-            txn_verifier: std::sync::OnceLock::new(),
+            txn_verifier: RwLock::new(None),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -1140,21 +1140,21 @@ impl ReplicaManager {
             .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
     }
 
-    /// Installs how KIP-890 verifications reach transaction coordinators (once; later calls
-    /// are ignored). Until then produce requests with transactional batches are verified
-    /// against nothing and fail with COORDINATOR_NOT_AVAILABLE's answer.
+    /// Installs how KIP-890 verifications reach transaction coordinators (start-up installs
+    /// the network sender; a test may replace it). Until one is installed, produce requests
+    /// with transactional batches are answered as for an unreachable coordinator.
     pub fn set_txn_verifier(
         &self,
         sender: Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>,
     ) {
-        let _ = self.txn_verifier.set(sender);
+        *self.txn_verifier.write() = Some(sender);
     }
 
     /// The installed KIP-890 verification sender.
     pub fn txn_verifier(
         &self,
-    ) -> Option<&Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>> {
-        self.txn_verifier.get()
+    ) -> Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>> {
+        self.txn_verifier.read().clone()
     }
 
     /// Kafka's `ReplicaManager.fetchMessages`: reads every partition in one job on the I/O
