@@ -440,10 +440,13 @@ pub async fn start_with_authorizer(
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
     // Markers written to `__consumer_offsets` complete the group coordinator's pending
-    // transactional offsets (issue 12).
-    let _ = broker.txn_offsets_completion.set(
-        crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
-    );
+    // transactional offsets (issue 12). Only with transactions on: otherwise no TxnOffsetCommit
+    // is served, so nothing is pending (and in-process tests install their own hook).
+    if broker.transactions_enabled() {
+        let _ = broker.txn_offsets_completion.set(
+            crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
+        );
+    }
     // KIP-890: a leader verifies a producer's first transactional write to a partition with
     // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
     {
