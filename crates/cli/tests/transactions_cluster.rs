@@ -187,23 +187,30 @@ fn coordinator_failover_with_replication_factor_3() -> Result<()> {
     let bootstrap = cluster.bootstrap();
     // A transaction whose coordinator is killed between AddPartitionsToTxn and EndTxn.
     let id = "failover-txn";
-    let (node, address) = coordinator_of(&bootstrap, id)?;
-    let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-    let ResponseKind::InitProducerId(r) = call(
-        &mut k,
-        ApiKey::InitProducerId,
-        5,
-        InitProducerIdRequest::default()
-            .with_transactional_id(Some(TransactionalId(sb(id))))
-            .with_transaction_timeout_ms(120_000)
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1)
-            .into(),
-    )?
-    else {
-        bail!("not InitProducerId")
-    };
+    // As a client does: find the coordinator, and look again while it answers NOT_COORDINATOR
+    // or COORDINATOR_LOAD_IN_PROGRESS (a new topic's leaders learn of their leadership from
+    // the metadata log a moment after the others do).
+    let (node, address, r) = until("InitProducerId", || {
+        let (node, address) = coordinator_of(&bootstrap, id)?;
+        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
+        let ResponseKind::InitProducerId(r) = call(
+            &mut k,
+            ApiKey::InitProducerId,
+            5,
+            InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb(id))))
+                .with_transaction_timeout_ms(120_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .into(),
+        )?
+        else {
+            bail!("not InitProducerId")
+        };
+        Ok((![14, 15, 16].contains(&r.error_code)).then_some((node, address, r)))
+    })?;
     ensure!(r.error_code == 0, "{r:?}");
+    let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
     let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
     let ResponseKind::AddPartitionsToTxn(r) = call(
         &mut k,
