@@ -421,16 +421,45 @@ pub async fn start_with_authorizer(
         bound,
         authorizer,
         |weak| {
-            crate::group_coordinator::GroupCoordinator::new(
-                config.groups.clone(),
-                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-                clock,
+            (
+                crate::group_coordinator::GroupCoordinator::new(
+                    config.groups.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+                    clock.clone(),
+                ),
+                gregor_coordinator::transaction::TransactionCoordinator::new(
+                    config.transactions.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTransactionServices::new(weak.clone()),
+                    clock.clone(),
+                ),
             )
         },
     );
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
+    // Markers written to `__consumer_offsets` complete the group coordinator's pending
+    // transactional offsets (issue 12). Only with transactions on: otherwise no TxnOffsetCommit
+    // is served, so nothing is pending (and in-process tests install their own hook).
+    if broker.transactions_enabled() {
+        let _ = broker.txn_offsets_completion.set(
+            crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
+        );
+    }
+    // KIP-890: a leader verifies a producer's first transactional write to a partition with
+    // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
+    {
+        let controller = broker.controller.clone();
+        broker.replica_manager.set_txn_verifier(Arc::new(
+            crate::txn_verification::NetworkAddPartitionsToTxnSender::new(
+                Arc::new(move || controller.image()),
+                config.inter_broker_listener_name(),
+                format!("broker-{}-txn-verification", config.node_id),
+                config.request_timeout_ms(),
+            ),
+        ));
+    }
     // ISR changes of the partitions led here go to the active controller (AlterPartition),
     // and the ISR-expiration task proposes shrinks (replication, issue 11).
     {
@@ -534,6 +563,9 @@ pub async fn start_with_authorizer(
         tasks.push(tokio::spawn(async move {
             b.group_coordinator.run_timers(shutdown).await;
         }));
+        // Timed-out transactions and expired transactional ids (issue 12).
+        let (c, shutdown) = (broker.transaction_coordinator.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(c.run_periodic(shutdown)));
     }
     let socket_server = SocketServer::new(
         SocketServerConfig {
@@ -819,7 +851,9 @@ async fn log_cleaner_thread(
                 .partitions()
                 .into_iter()
                 .filter(|p| p.log.config().cleanup_compact)
-                .map(|p| (p.log.clone(), p.high_watermark()))
+                // Kafka's firstUncleanableOffset: nothing at or above the last stable offset
+                // (open transactions stay as written).
+                .map(|p| (p.log.clone(), p.last_stable_offset()))
                 .collect();
             match cleaner.clean_filthiest(&logs, rm.now_ms()) {
                 Ok(Some((log, _stats))) => {

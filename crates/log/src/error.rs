@@ -83,6 +83,15 @@ pub enum LogError {
     /// without a sequence, empty request, trailing bytes, ...): INVALID_RECORD (87).
     #[error("invalid record: {0}")]
     InvalidRecord(String),
+    /// A transactional write outside an open transaction, a non-transactional write while the
+    /// producer's transaction is open, or a first transactional write the transaction
+    /// coordinator did not verify (KIP-890): INVALID_TXN_STATE (48).
+    #[error("{0}")]
+    InvalidTxnState(String),
+    /// A transaction marker from a coordinator epoch older than the one the partition last
+    /// saw for the producer: TRANSACTION_COORDINATOR_FENCED (52).
+    #[error("{0}")]
+    TransactionCoordinatorFenced(String),
     /// Records of a produced batch failed Kafka's per-record checks (`LogValidator`: a null
     /// key on a compacted topic, a timestamp outside `message.timestamp.before.max.ms` /
     /// `after.max.ms`, LogAppendTime set by the producer). The whole batch is refused and
@@ -184,6 +193,8 @@ impl LogError {
             LogError::OutOfOrderSequence { .. } => ErrorCode::OutOfOrderSequenceNumber,
             LogError::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
             LogError::InvalidRecord(_) => ErrorCode::InvalidRecord,
+            LogError::InvalidTxnState(_) => ErrorCode::InvalidTxnState,
+            LogError::TransactionCoordinatorFenced(_) => ErrorCode::TransactionCoordinatorFenced,
             LogError::RecordValidation {
                 invalid_timestamp: true,
                 ..

@@ -49,6 +49,7 @@ use crate::index::{
     floor_by, push_if_follows, OffsetEntry, OffsetIndex, Tail, TimeEntry, TimeIndex,
 };
 use crate::index_cache::{self, CacheSlot, Evict};
+use crate::txn_index::{AbortedTxn, TransactionIndex};
 
 /// Chunk size for header walks on the read path (a walk starts at an index entry, so it spans
 /// about `index.interval.bytes` plus one batch).
@@ -226,6 +227,8 @@ pub(crate) struct LogSegment {
     /// Set when the segment is being deleted: its index files may disappear, and are never
     /// written again.
     deleted: AtomicBool,
+    /// The `.txnindex` (aborted transactions whose marker is in this segment).
+    txn_index: TransactionIndex,
     /// Test hook: the fault the next appends meet.
     #[cfg(test)]
     fail_at: Mutex<Option<FailAt>>,
@@ -525,6 +528,14 @@ impl LogSegment {
     ) -> Result<Self> {
         let log_path = dir.join(file_name(base_offset, "log") + suffix);
         let log = SegmentFile::open(&log_path, true, "creating segment")?;
+        // A leftover transaction index of an earlier segment with this base offset (a log
+        // truncated to it) is not this segment's.
+        let txn_path = dir.join(file_name(base_offset, "txnindex") + suffix);
+        match std::fs::remove_file(&txn_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io("removing", &txn_path, e)),
+        }
         let offset_index = OffsetIndex::create(
             &dir.join(file_name(base_offset, "index") + suffix),
             segment_index_bytes,
@@ -564,6 +575,7 @@ impl LogSegment {
             rolling_based_timestamp: Mutex::new(None),
             created_ms: now_ms,
             deleted: AtomicBool::new(false),
+            txn_index: TransactionIndex::new(),
             #[cfg(test)]
             fail_at: Mutex::new(None),
         }
@@ -1152,6 +1164,70 @@ impl LogSegment {
     /// First offset this segment may hold (its file name).
     pub(crate) fn base_offset(&self) -> i64 {
         self.base_offset
+    }
+
+    /// Path of the `.txnindex` file: the `.log` file's name with `txnindex` for `log`, the
+    /// same suffix (it follows the segment's renames).
+    pub(crate) fn txn_index_path(&self) -> PathBuf {
+        let log_path = self.log_path();
+        let log_name = file_name(self.base_offset, "log");
+        let suffix = log_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(log_name.as_str()))
+            .unwrap_or("")
+            .to_string();
+        log_path.with_file_name(file_name(self.base_offset, "txnindex") + &suffix)
+    }
+
+    /// Records an aborted transaction whose marker is in this segment.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::append`].
+    pub(crate) fn append_aborted_txn(&self, txn: &AbortedTxn) -> Result<()> {
+        self.txn_index.append(&self.txn_index_path(), txn)
+    }
+
+    /// Kafka's `LogSegment.collectAbortedTxns` (see [`TransactionIndex::collect`]).
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::collect`].
+    pub(crate) fn collect_aborted_txns(
+        &self,
+        fetch_offset: i64,
+        upper_bound_offset: i64,
+        out: &mut Vec<AbortedTxn>,
+    ) -> Result<bool> {
+        self.txn_index.collect(
+            &self.txn_index_path(),
+            fetch_offset,
+            upper_bound_offset,
+            out,
+        )
+    }
+
+    /// Every aborted transaction of this segment's index.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::all`].
+    pub(crate) fn aborted_txns(&self) -> Result<Vec<AbortedTxn>> {
+        self.txn_index.all(&self.txn_index_path())
+    }
+
+    /// Removes the transaction-index entries of markers at or after `offset`.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::truncate_to`].
+    pub(crate) fn truncate_txn_index(&self, offset: i64) -> Result<()> {
+        self.txn_index.truncate_to(&self.txn_index_path(), offset)
+    }
+
+    /// Empties the transaction index (recovery rebuilds it).
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub(crate) fn reset_txn_index(&self) -> Result<()> {
+        self.txn_index.reset(&self.txn_index_path())
     }
 
     /// Path of the `.log` file (its current name: a segment being deleted carries the
@@ -1953,7 +2029,9 @@ impl LogSegment {
             RecoveryTail::default(),
             |_| {},
         )?;
-        Ok(r.next_offset.unwrap_or(self.base_offset))
+        let next = r.next_offset.unwrap_or(self.base_offset);
+        self.txn_index.truncate_to(&self.txn_index_path(), next)?;
+        Ok(next)
     }
 
     /// The offset after the last batch, walking from the last offset-index entry. `None` for an
@@ -1991,7 +2069,8 @@ impl LogSegment {
             .sync_data()
             .map_err(|e| LogError::io("syncing", &self.log_path(), e))?;
         self.indexes.offset.flush()?;
-        self.indexes.time.flush()
+        self.indexes.time.flush()?;
+        self.txn_index.flush(&self.txn_index_path())
     }
 }
 

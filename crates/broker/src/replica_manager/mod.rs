@@ -119,16 +119,43 @@ fn describe_apply_error(
     parts.join("; ")
 }
 
-/// Who is appending (Kafka's `AppendOrigin`). Clients and coordinators append as leader with
-/// the same validation today; the origin is carried so that follower appends (`Replication`,
-/// `appendAsFollower`) and transaction markers, which validate differently, enter the same way.
+/// Who is appending (Kafka's `AppendOrigin`): a client's batches are checked for control
+/// batches, sequences and duplicates; a coordinator's (its internal topics' records and
+/// WriteTxnMarkers' markers) for producer epochs and transaction state only. Follower appends
+/// (`Replication`) do not come through [`ReplicaManager::append_records`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendOrigin {
     /// A producer's Produce request.
     Client,
-    /// A coordinator's write to its internal topic (`__consumer_offsets`, later
-    /// `__transaction_state`).
+    /// A coordinator's write: `__consumer_offsets`, `__transaction_state`, transaction
+    /// markers.
     Coordinator,
+}
+
+impl AppendOrigin {
+    fn log_origin(self) -> gregor_log::AppendOrigin {
+        match self {
+            Self::Client => gregor_log::AppendOrigin::Client,
+            Self::Coordinator => gregor_log::AppendOrigin::Coordinator,
+        }
+    }
+}
+
+/// What one partition of an append writes.
+#[derive(Debug, Clone)]
+pub enum AppendWork {
+    /// Record batches as received, with the KIP-890 verification guard of the request's
+    /// producer on this partition (`None`: verification off or not needed).
+    Records(Vec<u8>, Option<gregor_log::VerificationGuard>),
+    /// A transaction marker (WriteTxnMarkers).
+    TxnMarker {
+        /// The transaction's producer id.
+        producer_id: i64,
+        /// The producer epoch the coordinator ends it with.
+        producer_epoch: i16,
+        /// COMMIT or ABORT, and the coordinator epoch.
+        marker: gregor_protocol::control::EndTxnMarker,
+    },
 }
 
 /// The outcome of appending to one partition (Kafka's `PartitionResponse`).
@@ -150,7 +177,8 @@ pub struct PartitionAppendResult {
 }
 
 impl PartitionAppendResult {
-    fn error(code: i16, message: Option<String>) -> Self {
+    /// A result with error `code` (and `message`, if not empty), offsets unknown.
+    pub fn error(code: i16, message: Option<String>) -> Self {
         Self {
             error_code: code,
             error_message: message.filter(|m| !m.is_empty()),
@@ -350,6 +378,10 @@ pub struct FetchPartitionResult {
     /// The replica the consumer should fetch from instead of this leader
     /// (`PreferredReadReplica`, KIP-392); the result then has no records.
     pub preferred_read_replica: Option<i32>,
+    /// For a read_committed consumer (isolation level 1): the aborted transactions overlapping
+    /// the records returned (`AbortedTransactions`, from the segments' `.txnindex`); empty
+    /// otherwise.
+    pub aborted_transactions: Vec<gregor_log::AbortedTxn>,
 }
 
 impl FetchPartitionResult {
@@ -362,6 +394,7 @@ impl FetchPartitionResult {
             records: Bytes::new(),
             diverging_epoch: None,
             preferred_read_replica: None,
+            aborted_transactions: Vec::new(),
         }
     }
 }
@@ -439,6 +472,7 @@ impl FetchPlan {
             records: Bytes::new(),
             diverging_epoch: None,
             preferred_read_replica: Some(id),
+            aborted_transactions: Vec::new(),
         })
     }
 
@@ -511,6 +545,7 @@ impl FetchPlan {
                             records: Bytes::new(),
                             diverging_epoch: Some(diverging),
                             preferred_read_replica: None,
+                            aborted_transactions: Vec::new(),
                         });
                         // An answer the follower acts on at once.
                         any_error = true;
@@ -555,6 +590,27 @@ impl FetchPlan {
                     if n > 0 {
                         min_one_batch = false;
                     }
+                    // Kafka's LocalLog.addAbortedTransactions: the aborted transactions of the
+                    // range returned, for a read_committed consumer.
+                    let aborted_transactions =
+                        if !from_follower && self.params.isolation_level == 1 && n > 0 {
+                            let upper = Batches::new(&records)
+                                .filter_map(Result::ok)
+                                .last()
+                                .map_or(fp.fetch_offset, |(_, h)| h.next_offset());
+                            match p.log.collect_aborted_transactions(fp.fetch_offset, upper) {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    tracing::warn!(partition = %fp.topic_partition, error = %e,
+                                    "reading the transaction index failed");
+                                    any_error = true;
+                                    results.push(FetchPartitionResult::error(e.kafka_error_code()));
+                                    continue;
+                                }
+                            }
+                        } else {
+                            Vec::new()
+                        };
                     remaining = remaining.saturating_sub(n);
                     bytes += n;
                     results.push(FetchPartitionResult {
@@ -565,6 +621,7 @@ impl FetchPlan {
                         records,
                         diverging_epoch: None,
                         preferred_read_replica: None,
+                        aborted_transactions,
                     });
                 }
                 Err(e) => {
@@ -764,6 +821,9 @@ pub struct ReplicaManager {
     latest: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
     /// The partitions of the latest image whose logs could not be created, by partition.
     creation_failures: parking_lot::Mutex<BTreeMap<TopicPartition, LogCreationFailure>>,
+    /// How KIP-890 verifications reach transaction coordinators (Kafka's
+    /// `AddPartitionsToTxnManager`), installed at start-up.
+    txn_verifier: RwLock<Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>>>,
 }
 
 impl ReplicaManager {
@@ -788,6 +848,7 @@ impl ReplicaManager {
             applying: parking_lot::Mutex::new(()),
             latest: parking_lot::Mutex::new(None),
             creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
+            txn_verifier: RwLock::new(None),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -924,6 +985,25 @@ impl ReplicaManager {
         origin: AppendOrigin,
         entries: Vec<(TopicPartition, Vec<u8>)>,
     ) -> AppendOutcome {
+        let entries = entries
+            .into_iter()
+            .map(|(tp, records)| (tp, AppendWork::Records(records, None)))
+            .collect();
+        self.append_entries(timeout_ms, required_acks, origin, entries)
+            .await
+    }
+
+    /// [`ReplicaManager::append_records`] for any [`AppendWork`]: record batches with their
+    /// transaction verification guards, and transaction markers (which WriteTxnMarkers
+    /// appends with acks=all and origin Coordinator). Per partition, the log's transaction
+    /// errors too: INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED.
+    pub async fn append_entries(
+        &self,
+        timeout_ms: i64,
+        required_acks: i16,
+        origin: AppendOrigin,
+        entries: Vec<(TopicPartition, AppendWork)>,
+    ) -> AppendOutcome {
         if !matches!(required_acks, -1..=1) {
             return AppendOutcome::Complete(
                 entries
@@ -932,16 +1012,29 @@ impl ReplicaManager {
                     .collect(),
             );
         }
-        let work: Vec<(Hosted, Vec<u8>)> = entries
+        let work: Vec<(Hosted, AppendWork)> = entries
             .into_iter()
-            .map(|(tp, records)| (self.hosted(&tp), records))
+            .map(|(tp, w)| (self.hosted(&tp), w))
             .collect();
         let n = work.len();
         let job = move || {
             work.into_iter()
-                .map(|(p, mut records)| {
+                .map(|(p, w)| {
                     let p = p.map_err(|(code, message)| AppendRejected::new(code, message))?;
-                    let info = p.append_records_as_leader(&mut records, required_acks)?;
+                    let info = match w {
+                        AppendWork::Records(mut records, guard) => p
+                            .append_records_as_leader_from(
+                                &mut records,
+                                required_acks,
+                                origin.log_origin(),
+                                guard,
+                            )?,
+                        AppendWork::TxnMarker {
+                            producer_id,
+                            producer_epoch,
+                            marker,
+                        } => p.append_txn_marker_as_leader(producer_id, producer_epoch, marker)?,
+                    };
                     let epoch = epoch_of_offset(&p, info.last_offset);
                     Ok::<_, AppendRejected>((p, info, epoch))
                 })
@@ -1025,6 +1118,43 @@ impl ReplicaManager {
             waits,
             operation,
         })
+    }
+
+    /// Kafka's `ReplicaManager.maybeStartTransactionVerificationForPartition`: the
+    /// verification guard of `producer_id`'s first transactional write to `tp` (the
+    /// sentinel when its transaction is already open there, so nothing needs verifying), or
+    /// the error of a partition not hosted here.
+    ///
+    /// # Errors
+    /// UNKNOWN_TOPIC_OR_PARTITION, or KAFKA_STORAGE_ERROR for a replica whose log could not
+    /// be created.
+    pub fn maybe_start_transaction_verification(
+        &self,
+        tp: &TopicPartition,
+        producer_id: i64,
+        sequence: i32,
+        producer_epoch: i16,
+    ) -> Result<gregor_log::VerificationGuard, i16> {
+        let p = self.hosted(tp).map_err(|(code, _)| code)?;
+        Ok(p.log
+            .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
+    }
+
+    /// Installs how KIP-890 verifications reach transaction coordinators (start-up installs
+    /// the network sender; a test may replace it). Until one is installed, produce requests
+    /// with transactional batches are answered as for an unreachable coordinator.
+    pub fn set_txn_verifier(
+        &self,
+        sender: Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>,
+    ) {
+        *self.txn_verifier.write() = Some(sender);
+    }
+
+    /// The installed KIP-890 verification sender.
+    pub fn txn_verifier(
+        &self,
+    ) -> Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>> {
+        self.txn_verifier.read().clone()
     }
 
     /// Kafka's `ReplicaManager.fetchMessages`: reads every partition in one job on the I/O
