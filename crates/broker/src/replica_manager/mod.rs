@@ -1555,10 +1555,23 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
-            let log = match self.logs.get_or_create(
+            // The directory the metadata places this replica in (KIP-858): a log registered
+            // in a failed directory is not created again elsewhere.
+            let registered_dir = reg
+                .replicas
+                .iter()
+                .position(|r| *r == self.local_broker)
+                .and_then(|i| reg.directories.get(i))
+                .filter(|d| {
+                    **d != gregor_metadata::record::DIRECTORY_UNASSIGNED
+                        && **d != gregor_metadata::record::DIRECTORY_MIGRATING
+                })
+                .map(|d| *d.as_bytes());
+            let log = match self.logs.get_or_create_in(
                 &tp,
                 *topic_id.as_bytes(),
                 settings.log_config.clone(),
+                registered_dir,
             ) {
                 Ok(log) => log,
                 Err(e) => {
