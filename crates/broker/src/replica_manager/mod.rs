@@ -1574,6 +1574,14 @@ impl ReplicaManager {
                 registered_dir,
             ) {
                 Ok(log) => log,
+                // Its log may be in a failed dir (KIP-112's offline replica): not a creation
+                // to retry; the dir's one ERROR line said so, and the controller does not
+                // elect this replica (its dir is offline).
+                Err(e @ gregor_log::LogError::LogDirOffline { .. }) => {
+                    tracing::debug!(partition = %tp, error = %e,
+                        "replica offline: its registered log dir failed");
+                    continue;
+                }
                 Err(e) => {
                     let failure = LogCreationFailure::new(tp.clone(), topic_id, &e);
                     self.creation_failures.lock().insert(tp, failure.clone());
