@@ -42,7 +42,9 @@ pub const METADATA_DIR: &str = "__gregor_metadata";
 /// a file, read-only, EIO) is left out and returned with the cause, to be started offline as
 /// Kafka does (KIP-112), unless it is the metadata log dir or every log dir failed: then the
 /// start fails, as Kafka's does. Returns the cluster id and the failed dirs.
-fn ensure_storage(config: &BrokerConfig) -> Result<(String, BTreeMap<PathBuf, String>), StartError> {
+fn ensure_storage(
+    config: &BrokerConfig,
+) -> Result<(String, BTreeMap<PathBuf, String>), StartError> {
     let to_start_error = |e: storage::StorageError| match e {
         storage::StorageError::Io { ref path, .. } => StartError::LogDir {
             path: path.clone(),
@@ -55,8 +57,10 @@ fn ensure_storage(config: &BrokerConfig) -> Result<(String, BTreeMap<PathBuf, St
     dirs.insert(metadata_log_dir.clone());
     let (formatted, failed) =
         storage::load_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
-    let mut failed: BTreeMap<PathBuf, String> =
-        failed.into_iter().map(|(d, e)| (d, e.to_string())).collect();
+    let mut failed: BTreeMap<PathBuf, String> = failed
+        .into_iter()
+        .map(|(d, e)| (d, e.to_string()))
+        .collect();
     let check_failed = |failed: &BTreeMap<PathBuf, String>| {
         if let Some(reason) = failed.get(&metadata_log_dir) {
             return Err(StartError::LogDir {

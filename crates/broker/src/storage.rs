@@ -1244,7 +1244,13 @@ pub fn load_ensemble(
     dirs: &BTreeSet<PathBuf>,
     cluster_id: Option<&str>,
     node_id: i32,
-) -> Result<(BTreeMap<PathBuf, MetaProperties>, BTreeMap<PathBuf, StorageError>), StorageError> {
+) -> Result<
+    (
+        BTreeMap<PathBuf, MetaProperties>,
+        BTreeMap<PathBuf, StorageError>,
+    ),
+    StorageError,
+> {
     let mut found = BTreeMap::new();
     let mut failed = BTreeMap::new();
     let mut expected_cluster = cluster_id.map(str::to_string);

@@ -55,7 +55,11 @@ fn config(layout: Layout) -> ClusterConfig {
 }
 
 fn conn(bootstrap: &str) -> anyhow::Result<KafkaConn> {
-    KafkaConn::connect_timeout(bootstrap.parse()?, Duration::from_secs(5), "log-dir-failure")
+    KafkaConn::connect_timeout(
+        bootstrap.parse()?,
+        Duration::from_secs(5),
+        "log-dir-failure",
+    )
 }
 
 fn create_topic(bootstrap: &str, topic: &str, partitions: i32, rf: i16) {
@@ -150,8 +154,8 @@ fn read_all(bootstrap: &str, topic: &str, partition: i32) -> Result<Vec<Vec<u8>>
         }
         for item in Batches::new(records) {
             let (pos, h) = item.map_err(|e| e.to_string())?;
-            let recs = decode_records(&records[pos..pos + h.total_size()])
-                .map_err(|e| e.to_string())?;
+            let recs =
+                decode_records(&records[pos..pos + h.total_size()]).map_err(|e| e.to_string())?;
             out.extend(
                 recs.into_iter()
                     .map(|r| r.value.map(|v| v.to_vec()).unwrap_or_default()),
@@ -326,14 +330,18 @@ fn a_dir_replaced_by_a_file_starts_offline_and_shuts_down_cleanly() {
     let (good, bad) = (dirs[0].clone(), dirs[1].clone());
     create_topic(&bootstrap, TOPIC, PARTITIONS, 1);
     cluster.wait_for(WAIT, "every partition led", || {
-        leaders(&bootstrap, TOPIC).filter(|l| l.len() == PARTITIONS as usize && l.values().all(|x| *x >= 0))
+        leaders(&bootstrap, TOPIC)
+            .filter(|l| l.len() == PARTITIONS as usize && l.values().all(|x| *x >= 0))
     });
     let acked = produce_everywhere(&bootstrap, TOPIC, PARTITIONS, "a");
     wait_assigned(&cluster, cluster.node(node_id));
     cluster.node_mut(node_id).stop().expect("clean stop");
     let in_bad = partitions_in(&bad, TOPIC);
     let in_good = partitions_in(&good, TOPIC);
-    assert!(!in_bad.is_empty() && !in_good.is_empty(), "{in_good:?} {in_bad:?}");
+    assert!(
+        !in_bad.is_empty() && !in_good.is_empty(),
+        "{in_good:?} {in_bad:?}"
+    );
 
     // The second dir becomes a file.
     let aside = bad.with_extension("aside");
@@ -373,7 +381,10 @@ fn a_dir_replaced_by_a_file_starts_offline_and_shuts_down_cleanly() {
     assert!(errors[0].contains("Not a directory"), "{}", errors[0]);
 
     // A clean shutdown marks the healthy dir.
-    cluster.node_mut(node_id).stop().expect("clean stop with one dir failed");
+    cluster
+        .node_mut(node_id)
+        .stop()
+        .expect("clean stop with one dir failed");
     assert!(
         good.join(".kafka_cleanshutdown").exists(),
         "the healthy dir has its clean-shutdown marker"
@@ -384,7 +395,10 @@ fn a_dir_replaced_by_a_file_starts_offline_and_shuts_down_cleanly() {
     std::fs::rename(&aside, &bad).expect("the dir back");
     let before = log_text(cluster.node(node_id)).len();
     cluster.node_mut(node_id).spawn().expect("spawn");
-    cluster.node_mut(node_id).wait_listening(WAIT).expect("listening");
+    cluster
+        .node_mut(node_id)
+        .wait_listening(WAIT)
+        .expect("listening");
     cluster.wait_for(WAIT, "/ready 200", || {
         admin_get(cluster.node(node_id), "/ready").filter(|(s, _)| *s == 200)
     });
@@ -450,7 +464,10 @@ fn a_dir_made_read_only_at_runtime_goes_offline_and_new_partitions_go_elsewhere(
         assert_eq!(read_all(&bootstrap, TOPIC, *p).expect("read"), want);
     }
     let _ = std::fs::remove_file(good.join(".kafka_cleanshutdown"));
-    cluster.node_mut(node_id).stop().expect("clean stop with one dir read-only");
+    cluster
+        .node_mut(node_id)
+        .stop()
+        .expect("clean stop with one dir read-only");
     assert!(good.join(".kafka_cleanshutdown").exists());
     assert!(!bad.join(".kafka_cleanshutdown").exists());
     drop(ro);
@@ -484,7 +501,10 @@ fn a_broker_restarted_with_a_read_only_dir_leads_none_of_its_partitions() {
     for p in 0..PARTITIONS {
         let leader = at(&cluster, leaders_before[&p]);
         produce(&leader, TOPIC, p, "a").unwrap_or_else(|e| panic!("produce to {p}: {e}"));
-        acked.insert(p, (0..3).map(|r| value(TOPIC, p, "a", r)).collect::<Vec<_>>());
+        acked.insert(
+            p,
+            (0..3).map(|r| value(TOPIC, p, "a", r)).collect::<Vec<_>>(),
+        );
     }
     for id in &ids {
         wait_assigned(&cluster, cluster.node(*id));
@@ -500,7 +520,10 @@ fn a_broker_restarted_with_a_read_only_dir_leads_none_of_its_partitions() {
     cluster.node_mut(victim).stop().expect("clean stop");
     let ro = ReadOnly::mount(&bad).expect("read-only bind mount");
     cluster.node_mut(victim).spawn().expect("spawn");
-    cluster.node_mut(victim).wait_listening(WAIT).expect("listening");
+    cluster
+        .node_mut(victim)
+        .wait_listening(WAIT)
+        .expect("listening");
     wait_offline(&cluster, cluster.node(victim), &bad);
     // Give it the chance to lead: leadership is elected among the replicas whose dir is online.
     let now = cluster.wait_for(WAIT, "the failed dir's partitions led elsewhere", || {

@@ -496,8 +496,10 @@ impl LogManager {
         default_config: &LogConfig,
         clock: &SharedClock,
         recovery_threads: usize,
-    ) -> Result<(Option<DirLock>, Vec<(TopicPartition, Option<[u8; 16]>, Arc<PartitionLog>)>)>
-    {
+    ) -> Result<(
+        Option<DirLock>,
+        Vec<(TopicPartition, Option<[u8; 16]>, Arc<PartitionLog>)>,
+    )> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
         let probe = dir.join(".gregor-write-check");
         std::fs::write(&probe, b"ok")
@@ -507,13 +509,13 @@ impl LogManager {
 
         let marker = dir.join(CLEAN_SHUTDOWN_FILE);
         let clean = marker.exists();
-        let log_start_offsets =
-            read_offset_checkpoint(dir, LOG_START_OFFSET_CHECKPOINT).unwrap_or_else(|e| {
+        let log_start_offsets = read_offset_checkpoint(dir, LOG_START_OFFSET_CHECKPOINT)
+            .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "ignoring unreadable log start offset checkpoint");
                 HashMap::new()
             });
-        let cleaner_offsets =
-            read_offset_checkpoint(dir, CLEANER_OFFSET_CHECKPOINT).unwrap_or_else(|e| {
+        let cleaner_offsets = read_offset_checkpoint(dir, CLEANER_OFFSET_CHECKPOINT)
+            .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "ignoring unreadable cleaner offset checkpoint");
                 HashMap::new()
             });
@@ -547,8 +549,7 @@ impl LogManager {
                 std::fs::remove_dir_all(&path).map_err(|e| LogError::io("deleting", &path, e))?;
                 continue;
             }
-            if name.ends_with(".deleted") || name.ends_with("-future") || name.ends_with("-stray")
-            {
+            if name.ends_with(".deleted") || name.ends_with("-future") || name.ends_with("-stray") {
                 continue;
             }
             let Some(tp) = TopicPartition::parse_dir_name(&name) else {
@@ -571,21 +572,20 @@ impl LogManager {
         // Kafka's LogManager.loadLogs: num.recovery.threads.per.data.dir threads load (and
         // after a crash, recover) the directory's logs.
         let started = std::time::Instant::now();
-        let opened: Vec<Result<LoadedLog>> =
-            parallel_map(&jobs, recovery_threads, |(path, tp)| {
-                let topic_id = read_partition_metadata(path)?;
-                let log = PartitionLog::open_impl(
-                    path,
-                    tp.clone(),
-                    default_config.clone(),
-                    clean,
-                    recovery_points.get(tp).copied(),
-                    log_start_offsets.get(tp).copied(),
-                    clock.clone(),
-                    false,
-                )?;
-                Ok((topic_id, Arc::new(log)))
-            });
+        let opened: Vec<Result<LoadedLog>> = parallel_map(&jobs, recovery_threads, |(path, tp)| {
+            let topic_id = read_partition_metadata(path)?;
+            let log = PartitionLog::open_impl(
+                path,
+                tp.clone(),
+                default_config.clone(),
+                clean,
+                recovery_points.get(tp).copied(),
+                log_start_offsets.get(tp).copied(),
+                clock.clone(),
+                false,
+            )?;
+            Ok((topic_id, Arc::new(log)))
+        });
         let mut recovered = crate::log::LoadStats::default();
         let mut recovered_logs = 0usize;
         let mut out = Vec::with_capacity(jobs.len());
@@ -1274,6 +1274,136 @@ mod tests {
         let log = m.get_or_create(&tp, [3; 16], LogConfig::default()).unwrap();
         assert_eq!(log.dir(), b.path().join("full-0"));
         assert_eq!(m.topic_id(&tp), Some([3; 16]));
+    }
+
+    /// A log dir that cannot be opened (here: a file in its place) starts failed and the
+    /// others are served; a clean shutdown then marks the healthy dir only, whose logs the
+    /// next start does not recover; every dir failing fails the open.
+    #[test]
+    fn a_failed_dir_starts_offline_and_the_others_shut_down_cleanly() {
+        let root = tempfile::tempdir().unwrap();
+        let (good, bad) = (root.path().join("d1"), root.path().join("d2"));
+        let dirs = vec![good.clone(), bad.clone()];
+        let tp = |p| TopicPartition::new("t", p);
+        {
+            let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+            for p in 0..4 {
+                m.get_or_create(&tp(p), [5; 16], LogConfig::default())
+                    .unwrap();
+            }
+            m.shutdown().unwrap();
+        }
+        let in_bad: Vec<i32> = (0..4)
+            .filter(|p| bad.join(format!("t-{p}")).exists())
+            .collect();
+        assert_eq!(in_bad.len(), 2, "two logs per dir");
+        std::fs::rename(&bad, root.path().join("aside")).unwrap();
+        std::fs::write(&bad, b"a file").unwrap();
+
+        let (m, loaded) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        assert_eq!(loaded.len(), 2);
+        assert_eq!(m.dir_health()[0].state(), DirState::Online);
+        let DirState::Failed { reason } = m.dir_health()[1].state() else {
+            panic!("{:?}", m.dir_health()[1].state())
+        };
+        assert!(reason.contains("d2"), "{reason}");
+        assert_eq!(m.offline_dirs().len(), 1);
+        // New logs go to the healthy dir.
+        let created = m
+            .get_or_create(&tp(9), [5; 16], LogConfig::default())
+            .unwrap();
+        assert_eq!(created.dir(), good.join("t-9"));
+        // A log registered in the failed dir is not created elsewhere; unassigned ones are,
+        // and so are those registered in the healthy dir.
+        m.set_dir_ids(&[(good.clone(), [1; 16]), (bad.clone(), [2; 16])]);
+        let p = in_bad[0];
+        let err = m
+            .get_or_create_in(&tp(p), [5; 16], LogConfig::default(), Some([2; 16]))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, LogError::LogDirOffline { .. }), "{err}");
+        let err = m
+            .get_or_create_in(&tp(p), [5; 16], LogConfig::default(), Some([3; 16]))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(err, LogError::LogDirOffline { .. }),
+            "an unknown dir: {err}"
+        );
+        assert!(!good.join(format!("t-{p}")).exists());
+        m.get_or_create_in(&tp(10), [5; 16], LogConfig::default(), Some([1; 16]))
+            .unwrap();
+        m.get_or_create_in(&tp(11), [5; 16], LogConfig::default(), None)
+            .unwrap();
+        m.shutdown().unwrap();
+        assert!(good.join(CLEAN_SHUTDOWN_FILE).exists());
+        drop(m);
+
+        let (m, loaded) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        assert_eq!(loaded.len(), 5);
+        assert!(
+            loaded
+                .iter()
+                .all(|l| l.load_stats().recovered_segments == 0),
+            "the healthy dir was shut down cleanly"
+        );
+        drop(m);
+
+        std::fs::remove_dir_all(&good).unwrap();
+        std::fs::write(&good, b"a file").unwrap();
+        let err = LogManager::open(&dirs, LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, LogError::NoLogDirOnline(_)), "{err}");
+    }
+
+    /// A log whose creation fails with an error of the dir's file system (EROFS, EIO)
+    /// takes the dir offline, and the next log goes to the other dir; a checkpoint that
+    /// cannot be written in a dir takes it offline too, and the other dirs' checkpoints and
+    /// clean-shutdown markers are still written.
+    #[test]
+    fn dir_errors_take_the_dir_offline() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        CREATION_FAULT.set(Some(rustix::io::Errno::ROFS.raw_os_error()));
+        let err = m
+            .get_or_create(&TopicPartition::new("ro", 0), [3; 16], LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        CREATION_FAULT.set(None);
+        assert!(err.is_dir_failure(), "{err}");
+        assert!(m.dir_health()[0].is_failed());
+        for p in 1..4 {
+            let log = m
+                .get_or_create(&TopicPartition::new("ro", p), [3; 16], LogConfig::default())
+                .unwrap();
+            assert!(log.dir().starts_with(b.path()));
+        }
+        drop(m);
+
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        for p in 0..4 {
+            m.get_or_create(&TopicPartition::new("c", p), [4; 16], LogConfig::default())
+                .unwrap();
+        }
+        // The recovery point checkpoint of the second dir cannot be written.
+        let tmp = b.path().join(format!("{RECOVERY_POINT_CHECKPOINT}.tmp"));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(m.checkpoint_recovery_points().is_err());
+        assert!(
+            m.dir_health()[1].is_failed(),
+            "{:?}",
+            m.dir_health()[1].state()
+        );
+        assert!(!m.dir_health()[0].is_offline());
+        // Skipped from now on: no error every time.
+        m.checkpoint_recovery_points().unwrap();
+        let _ = std::fs::remove_file(a.path().join(CLEAN_SHUTDOWN_FILE));
+        m.shutdown().unwrap();
+        assert!(a.path().join(CLEAN_SHUTDOWN_FILE).exists());
+        assert!(!b.path().join(CLEAN_SHUTDOWN_FILE).exists());
     }
 
     /// `replication-offset-checkpoint` in Kafka's format, one file per log dir holding that
