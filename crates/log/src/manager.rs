@@ -130,6 +130,9 @@ pub struct LogManager {
 /// A log opened at start-up and its `partition.metadata` topic id.
 type LoadedLog = (Option<[u8; 16]>, Arc<PartitionLog>);
 
+/// A log [`LogManager::load_dir`] opened: its partition, topic id and log.
+type DirLog = (TopicPartition, Option<[u8; 16]>, Arc<PartitionLog>);
+
 /// Kafka's default `num.recovery.threads.per.data.dir`.
 pub const DEFAULT_RECOVERY_THREADS_PER_DATA_DIR: usize = 2;
 
@@ -496,10 +499,7 @@ impl LogManager {
         default_config: &LogConfig,
         clock: &SharedClock,
         recovery_threads: usize,
-    ) -> Result<(
-        Option<DirLock>,
-        Vec<(TopicPartition, Option<[u8; 16]>, Arc<PartitionLog>)>,
-    )> {
+    ) -> Result<(Option<DirLock>, Vec<DirLog>)> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
         let probe = dir.join(".gregor-write-check");
         std::fs::write(&probe, b"ok")
