@@ -30,8 +30,9 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DescribeLogDirsRequest,
+    DescribeLogDirsResponse, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    ProduceRequest, ProduceResponse, TopicName,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -354,6 +355,31 @@ fn a_dir_replaced_by_a_file_starts_offline_and_shuts_down_cleanly() {
         .wait_listening(WAIT)
         .unwrap_or_else(|e| panic!("the broker starts with one dir failed: {e}"));
     wait_offline(&cluster, cluster.node(node_id), &bad);
+    // DescribeLogDirs (kafka-log-dirs) answers KAFKA_STORAGE_ERROR for the failed dir.
+    let described: DescribeLogDirsResponse = conn(&bootstrap)
+        .and_then(|mut c| {
+            c.call(
+                ApiKey::DescribeLogDirs,
+                4,
+                &DescribeLogDirsRequest::default(),
+            )
+        })
+        .expect("DescribeLogDirs");
+    let codes: BTreeMap<String, i16> = described
+        .results
+        .iter()
+        .map(|r| (r.log_dir.to_string(), r.error_code))
+        .collect();
+    assert_eq!(
+        codes.get(&bad.display().to_string()),
+        Some(&56),
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.get(&good.display().to_string()),
+        Some(&0),
+        "{codes:?}"
+    );
     for p in &in_good {
         let got = cluster.wait_for(WAIT, "the healthy dir's partitions readable", || {
             read_all(&bootstrap, TOPIC, *p).ok()
