@@ -161,6 +161,10 @@ pub enum LogError {
         #[source]
         source: Box<LogError>,
     },
+    /// No log directory could be opened at start-up ([`crate::LogManager::open`]): each
+    /// failed (KIP-112; Kafka halts the broker then). KAFKA_STORAGE_ERROR (56).
+    #[error("every log directory failed: {0}")]
+    NoLogDirOnline(String),
 }
 
 impl LogError {
@@ -178,7 +182,8 @@ impl LogError {
             LogError::Io { .. }
             | LogError::CorruptFile { .. }
             | LogError::DirLocked(_)
-            | LogError::LogDirOffline { .. } => ErrorCode::KafkaStorageError,
+            | LogError::LogDirOffline { .. }
+            | LogError::NoLogDirOnline(_) => ErrorCode::KafkaStorageError,
             LogError::Batch(e) => match e {
                 BatchError::Truncated { .. }
                 | BatchError::Corrupt(_)
@@ -227,6 +232,32 @@ impl LogError {
                 Some(code) if code == rustix::io::Errno::MFILE.raw_os_error()
                     || code == rustix::io::Errno::NFILE.raw_os_error()
             ),
+            _ => false,
+        }
+    }
+
+    /// Whether this I/O error belongs to the log directory (its file system) rather than to
+    /// one file in it: EROFS (read-only file system), EIO (I/O error), ENODEV/ENXIO (the
+    /// device is gone), ESTALE, EUCLEAN (a corrupt file system). A log whose creation fails so
+    /// takes its directory offline ([`crate::LogDirHealth::record_write_error`]); one that
+    /// fails with another error (ENOTDIR or EEXIST for something in the partition's path,
+    /// EACCES on it) fails alone.
+    pub fn is_dir_failure(&self) -> bool {
+        match self {
+            LogError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(code) if [
+                    rustix::io::Errno::ROFS,
+                    rustix::io::Errno::IO,
+                    rustix::io::Errno::NODEV,
+                    rustix::io::Errno::NXIO,
+                    rustix::io::Errno::STALE,
+                    rustix::io::Errno::UCLEAN,
+                ]
+                .iter()
+                .any(|e| e.raw_os_error() == code)
+            ),
+            LogError::CreateLog { source, .. } => source.is_dir_failure(),
             _ => false,
         }
     }

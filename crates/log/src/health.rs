@@ -162,6 +162,33 @@ impl LogDirHealth {
         self.offline.store(true, Ordering::Release);
     }
 
+    /// Marks the directory failed for `reason` (it could not be opened, locked or loaded at
+    /// start-up, KIP-112's offline log dir): its partitions are not served, it is reported
+    /// offline, and it stays so until the broker restarts. Logs one ERROR naming the
+    /// directory and the cause; nothing when it had already failed.
+    pub fn mark_failed(&self, reason: String) {
+        let mut state = self.state.lock();
+        if matches!(*state, DirState::Failed { .. }) {
+            return;
+        }
+        tracing::error!(
+            log_dir = %self.dir.display(),
+            error = %reason,
+            "log directory failed and is offline: its partitions are not served by this \
+             broker and it is reported offline to the controller (leadership of its partitions \
+             moves to other replicas); the other log directories stay in service; repair the \
+             disk and restart the broker"
+        );
+        *state = DirState::Failed { reason };
+        self.offline.store(true, Ordering::Release);
+    }
+
+    /// Whether the directory failed ([`DirState::Failed`]): unlike a full one, it does not
+    /// come back before a restart.
+    pub fn is_failed(&self) -> bool {
+        self.is_offline() && matches!(*self.state.lock(), DirState::Failed { .. })
+    }
+
     /// For a full directory, checks whether it has room again ([`MIN_FREE_BYTES_TO_RESUME`]
     /// free and a [`PROBE_BYTES`] probe file written, then removed) and if so brings it back
     /// online. Returns whether the state changed. Cheap when online (no system call).

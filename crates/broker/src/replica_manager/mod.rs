@@ -1685,12 +1685,33 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
-            let log = match self.logs.get_or_create(
+            // The directory the metadata places this replica in (KIP-858): a log registered
+            // in a failed directory is not created again elsewhere.
+            let registered_dir = reg
+                .replicas
+                .iter()
+                .position(|r| *r == self.local_broker)
+                .and_then(|i| reg.directories.get(i))
+                .filter(|d| {
+                    **d != gregor_metadata::record::DIRECTORY_UNASSIGNED
+                        && **d != gregor_metadata::record::DIRECTORY_MIGRATING
+                })
+                .map(|d| *d.as_bytes());
+            let log = match self.logs.get_or_create_in(
                 &tp,
                 *topic_id.as_bytes(),
                 settings.log_config.clone(),
+                registered_dir,
             ) {
                 Ok(log) => log,
+                // Its log may be in a failed dir (KIP-112's offline replica): not a creation
+                // to retry; the dir's one ERROR line said so, and the controller does not
+                // elect this replica (its dir is offline).
+                Err(e @ gregor_log::LogError::LogDirOffline { .. }) => {
+                    tracing::debug!(partition = %tp, error = %e,
+                        "replica offline: its registered log dir failed");
+                    continue;
+                }
                 Err(e) => {
                     let failure = LogCreationFailure::new(tp.clone(), topic_id, &e);
                     self.creation_failures.lock().insert(tp, failure.clone());
