@@ -281,6 +281,7 @@ pub(super) fn apply_fetch_response(
 ) -> Vec<OutOfRangeEntry> {
     let now = ctx.clock.now_ms();
     let mut out_of_range = Vec::new();
+    let mut dir_offline = Vec::new();
     let mut partitions = shared.partitions.lock();
     let names: BTreeMap<Uuid, String> = partitions
         .iter()
@@ -318,15 +319,20 @@ pub(super) fn apply_fetch_response(
                 FetchDecision::Append {
                     leader_high_watermark,
                     leader_log_start_offset,
-                } => append(
-                    ctx,
-                    f,
-                    &tp,
-                    records,
-                    leader_high_watermark,
-                    leader_log_start_offset,
-                    now,
-                ),
+                } => {
+                    append(
+                        ctx,
+                        f,
+                        &tp,
+                        records,
+                        leader_high_watermark,
+                        leader_log_start_offset,
+                        now,
+                    );
+                    if super::log_dir_offline(&f.partition) {
+                        dir_offline.push(tp);
+                    }
+                }
                 FetchDecision::Diverged(d) => truncate_diverging(ctx, f, &tp, d, now),
                 FetchDecision::ResolveOutOfRange => out_of_range.push((tp, offset, epoch)),
                 FetchDecision::AwaitMetadata => {
@@ -340,6 +346,17 @@ pub(super) fn apply_fetch_response(
                 }
                 FetchDecision::Ignore => {}
             }
+        }
+    }
+    // A partition whose dir went offline (this append, or another's) leaves the fetcher at
+    // once, as Kafka's `handleLogDirFailure` removes its fetcher: the next fetch forgets it
+    // (KIP-227), so the leader stops counting it as a follower catching up. The manager
+    // forgets it too when the broker sees the dir change
+    // ([`ReplicaFetchers::on_log_dirs_changed`](crate::replica_manager::ReplicaFetchers)).
+    for tp in dir_offline {
+        if partitions.remove(&tp).is_some() {
+            tracing::info!(partition = %tp,
+                "stopped following: the partition's log dir is offline");
         }
     }
     out_of_range

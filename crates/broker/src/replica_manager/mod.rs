@@ -723,6 +723,11 @@ pub trait ReplicaFetchers: Send + Sync {
     /// After `image` is applied: every partition of `partitions` (the hosted ones the image
     /// was applied to) that this broker follows is fetched from its leader.
     fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
+
+    /// A log dir went offline or came back (`partitions`: every hosted one, `image`: the
+    /// latest, for the leaders' addresses): partitions in an offline dir stop being fetched,
+    /// followers in an online one are fetched from their leaders.
+    fn on_log_dirs_changed(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
 }
 
 /// The partitions hosted here, keyed by topic name and index, and the data path into them.
@@ -805,6 +810,16 @@ impl ReplicaManager {
     /// Installs the replica fetchers (once; later calls are ignored).
     pub fn set_fetchers(&self, fetchers: Arc<dyn ReplicaFetchers>) {
         let _ = self.fetchers.set(fetchers);
+    }
+
+    /// Tells the replica fetchers that a log dir went offline or came back
+    /// ([`ReplicaFetchers::on_log_dirs_changed`]), between two metadata images (never while
+    /// one is applied).
+    pub fn on_log_dirs_changed(&self, image: &MetadataImage) {
+        let _applying = self.applying.lock();
+        if let Some(f) = self.fetchers.get() {
+            f.on_log_dirs_changed(image, &self.partitions());
+        }
     }
 
     /// This broker's replication throttles (KIP-73): the leader side is applied in
