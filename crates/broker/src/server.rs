@@ -463,6 +463,12 @@ pub async fn start_with_authorizer(
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
     }
+    // A replica assigned to a directory this broker does not have is not created (KIP-858).
+    if let Some(lifecycle) = &lifecycle {
+        broker
+            .replica_manager
+            .set_log_dir_ids(lifecycle.log_dir_ids().iter().map(|(_, id)| *id).collect());
+    }
     // Which log directory holds each replica goes to the active controller
     // (AssignReplicasToDirs, KIP-858), before the publishers apply the first image.
     if let Some(lifecycle) = &lifecycle {

@@ -769,6 +769,15 @@ pub struct ReplicaManager {
     latest: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
     /// The partitions of the latest image whose logs could not be created, by partition.
     creation_failures: parking_lot::Mutex<BTreeMap<TopicPartition, LogCreationFailure>>,
+    /// The ids (`directory.id`) of this broker's log directories, set at start-up
+    /// ([`ReplicaManager::set_log_dir_ids`]); None: no replica's directory is checked.
+    log_dir_ids: std::sync::OnceLock<Vec<Uuid>>,
+    /// Replicas of the latest image with no log here whose registration names a log
+    /// directory this broker does not have (KIP-858): not created, by partition, with that
+    /// directory's id ([`ReplicaManager::missing_dir_of`]).
+    in_missing_dirs: parking_lot::Mutex<BTreeMap<TopicPartition, Uuid>>,
+    /// The missing directories already warned about (one WARN per directory and process).
+    warned_missing_dirs: parking_lot::Mutex<HashSet<Uuid>>,
 }
 
 impl ReplicaManager {
@@ -793,6 +802,9 @@ impl ReplicaManager {
             applying: parking_lot::Mutex::new(()),
             latest: parking_lot::Mutex::new(None),
             creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
+            log_dir_ids: std::sync::OnceLock::new(),
+            in_missing_dirs: parking_lot::Mutex::new(BTreeMap::new()),
+            warned_missing_dirs: parking_lot::Mutex::new(HashSet::new()),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -810,6 +822,30 @@ impl ReplicaManager {
     /// Installs the replica fetchers (once; later calls are ignored).
     pub fn set_fetchers(&self, fetchers: Arc<dyn ReplicaFetchers>) {
         let _ = self.fetchers.set(fetchers);
+    }
+
+    /// Sets the ids (`directory.id`) of this broker's log directories (once, before the first
+    /// image; later calls are ignored). From then on a replica with no log here whose
+    /// registration names another directory is not created ([`ReplicaManager::missing_dir_of`]).
+    pub fn set_log_dir_ids(&self, ids: Vec<Uuid>) {
+        let _ = self.log_dir_ids.set(ids);
+    }
+
+    /// The directory `reg` assigns this broker's replica to when this broker does not have it
+    /// (KIP-858): a real directory id that is none of [`ReplicaManager::set_log_dir_ids`]'s, or
+    /// `LOST`. Such a replica's log is in a directory that is missing (a disk that did not
+    /// mount, a directory replaced by an empty one): creating an empty log elsewhere would
+    /// report it to the controller and lose the records once the directory is back, so it
+    /// stays offline. `UNASSIGNED` and `MIGRATING` (no directory said yet) are never missing.
+    /// Kafka 4.x's `Partition.createLogInAssignedDirectoryId` skips such a creation only while
+    /// some directory is offline; a directory replaced by an empty one is not offline there.
+    pub fn missing_dir_of(&self, reg: &PartitionRegistration) -> Option<Uuid> {
+        let ids = self.log_dir_ids.get()?;
+        let i = reg.replicas.iter().position(|r| *r == self.local_broker)?;
+        let dir = *reg.directories.get(i)?;
+        let unknown = dir == gregor_metadata::record::DIRECTORY_UNASSIGNED
+            || dir == gregor_metadata::record::DIRECTORY_MIGRATING;
+        (!unknown && !ids.contains(&dir)).then_some(dir)
     }
 
     /// Tells the replica fetchers that a log dir went offline or came back
@@ -841,6 +877,12 @@ impl ReplicaManager {
     pub fn hosted(&self, tp: &TopicPartition) -> Hosted {
         if let Some(p) = self.partition(&tp.topic, tp.partition) {
             return Ok(p);
+        }
+        if let Some(dir) = self.in_missing_dirs.lock().get(tp) {
+            return Err((
+                ec::KAFKA_STORAGE_ERROR,
+                format!("the replica's log directory {dir} is not on this broker"),
+            ));
         }
         match self.creation_failures.lock().get(tp) {
             Some(f) => Err((ec::KAFKA_STORAGE_ERROR, f.error.clone())),
@@ -1508,6 +1550,11 @@ impl ReplicaManager {
                     .get(&(tp.topic.as_str(), tp.partition))
                     .is_some_and(|(id, _, _)| *id == f.topic_id)
         });
+        self.in_missing_dirs.lock().retain(|tp, _| {
+            scope.is_some_and(|names| !names.contains(&tp.topic))
+                || wanted.contains_key(&(tp.topic.as_str(), tp.partition))
+        });
+        let mut missing: BTreeMap<Uuid, usize> = BTreeMap::new();
         // Partitions that stop following their leader leave their fetcher first (Kafka's
         // applyDelta), so no follower append lands after a role change or deletion.
         if let Some(f) = self.fetchers.get() {
@@ -1570,6 +1617,14 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
+            if self.logs.get(&tp).is_none() {
+                if let Some(dir) = self.missing_dir_of(reg) {
+                    *missing.entry(dir).or_default() += 1;
+                    self.in_missing_dirs.lock().insert(tp, dir);
+                    continue;
+                }
+            }
+            self.in_missing_dirs.lock().remove(&tp);
             let log = match self.logs.get_or_create(
                 &tp,
                 *topic_id.as_bytes(),
@@ -1613,6 +1668,7 @@ impl ReplicaManager {
                 .insert(index, p.clone());
             visited.push(p);
         }
+        self.warn_missing_dirs(&missing);
         // New leader epochs are written together, in parallel (a restart or a topic creation
         // makes this broker leader of thousands of partitions at once).
         self.logs.write_leader_epoch_checkpoints();
@@ -1626,6 +1682,27 @@ impl ReplicaManager {
                 not_created,
                 not_deleted,
             })
+        }
+    }
+}
+
+impl ReplicaManager {
+    /// One WARN per missing directory and process, naming it and how many replicas of the
+    /// image it holds (`missing`: directory id -> replicas not created for it).
+    fn warn_missing_dirs(&self, missing: &BTreeMap<Uuid, usize>) {
+        let mut warned = self.warned_missing_dirs.lock();
+        for (dir, replicas) in missing {
+            if !warned.insert(*dir) {
+                continue;
+            }
+            let ids = self.log_dir_ids.get().cloned().unwrap_or_default();
+            tracing::warn!(directory_id = %dir, replicas, log_dirs = ?self.logs.log_dirs(),
+                directory_ids = ?ids,
+                "replicas are assigned to a log directory this broker does not have (a disk \
+                 that did not mount, or a directory replaced by an empty one): they stay \
+                 offline (KAFKA_STORAGE_ERROR) and no empty log is created for them; mount the \
+                 directory holding that directory.id in its meta.properties and restart the \
+                 broker, or reassign the replicas");
         }
     }
 }
