@@ -281,7 +281,6 @@ pub(super) fn apply_fetch_response(
 ) -> Vec<OutOfRangeEntry> {
     let now = ctx.clock.now_ms();
     let mut out_of_range = Vec::new();
-    let mut dir_offline = Vec::new();
     let mut partitions = shared.partitions.lock();
     let names: BTreeMap<Uuid, String> = partitions
         .iter()
@@ -319,20 +318,15 @@ pub(super) fn apply_fetch_response(
                 FetchDecision::Append {
                     leader_high_watermark,
                     leader_log_start_offset,
-                } => {
-                    append(
-                        ctx,
-                        f,
-                        &tp,
-                        records,
-                        leader_high_watermark,
-                        leader_log_start_offset,
-                        now,
-                    );
-                    if super::log_dir_offline(&f.partition) {
-                        dir_offline.push(tp);
-                    }
-                }
+                } => append(
+                    ctx,
+                    f,
+                    &tp,
+                    records,
+                    leader_high_watermark,
+                    leader_log_start_offset,
+                    now,
+                ),
                 FetchDecision::Diverged(d) => truncate_diverging(ctx, f, &tp, d, now),
                 FetchDecision::ResolveOutOfRange => out_of_range.push((tp, offset, epoch)),
                 FetchDecision::AwaitMetadata => {
@@ -348,17 +342,20 @@ pub(super) fn apply_fetch_response(
             }
         }
     }
-    // A partition whose dir went offline (this append, or another's) leaves the fetcher at
-    // once, as Kafka's `handleLogDirFailure` removes its fetcher: the next fetch forgets it
-    // (KIP-227), so the leader stops counting it as a follower catching up. The manager
-    // forgets it too when the broker sees the dir change
+    // A partition whose dir went offline (an append of this response, or any other write)
+    // leaves the fetcher at once, as Kafka's `handleLogDirFailure` removes its fetcher: the
+    // next fetch forgets it (KIP-227), so the leader stops counting it as a follower catching
+    // up. The manager forgets it too when the broker sees the dir change
     // ([`ReplicaFetchers::on_log_dirs_changed`](crate::replica_manager::ReplicaFetchers)).
-    for tp in dir_offline {
-        if partitions.remove(&tp).is_some() {
+    partitions.retain(|tp, f| {
+        let offline = super::log_dir_offline(&f.partition);
+        if offline {
             tracing::info!(partition = %tp,
                 "stopped following: the partition's log dir is offline");
         }
-    }
+        !offline
+    });
+    out_of_range.retain(|(tp, _, _)| partitions.contains_key(tp));
     out_of_range
 }
 
