@@ -1022,6 +1022,31 @@ fn a_topic_that_cannot_be_created_on_a_full_disk_leaves_no_trace() {
     cluster.stop_all().ok();
 }
 
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+
+/// The error code of an acks=1 Produce of one record to `topic`-`partition` at `bootstrap`
+/// (-1 when it is not answered).
+fn produce_to(bootstrap: &str, topic: &str, partition: i32) -> i16 {
+    let Ok(mut c) = conn(bootstrap) else {
+        return -1;
+    };
+    let batch = BatchBuilder::new(0, 1_000)
+        .record(1_000, None, Some(b"probe"), &[])
+        .build();
+    let req = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(15_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(sb(topic)))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(partition)
+                .with_records(Some(Bytes::from(batch)))])]);
+    c.call::<_, ProduceResponse>(ApiKey::Produce, 9, &req)
+        .ok()
+        .and_then(|r| Some(r.responses.first()?.partition_responses.first()?.error_code))
+        .unwrap_or(-1)
+}
+
 /// (leader, ISR sorted) of every partition of `topic` as `bootstrap` sees it (leader -1 when
 /// none); None when Metadata does not answer.
 fn topic_state(bootstrap: &str, topic: &str) -> Option<BTreeMap<i32, (i32, Vec<i32>)>> {
@@ -1303,5 +1328,166 @@ fn a_follower_stops_fetching_into_a_full_dir_and_rejoins_when_it_is_freed() {
         0,
         "every record acknowledged"
     );
+    cluster.stop_all().ok();
+}
+
+/// Issue 14 item 4 (new-user trial, data loss): a log dir that is missing at a restart (a disk
+/// that did not mount) does not get empty logs for its replicas. One broker with two log
+/// dirs, topic `v` with 20 partitions and 4,000 acknowledged records; stopped, its second dir
+/// moved away, started twice: each start WARNs once naming the missing directory id and how
+/// many replicas it held, and creates no log for them (the empty dir the broker makes in its
+/// place, with a new directory.id as Kafka's start-up makes one, stays empty). With the dir
+/// back, every partition is led again with every acknowledged record.
+#[test]
+fn a_missing_log_dir_loses_nothing() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    const NAME: &str = "v";
+    const PARTITIONS: i32 = 20;
+    const RECORDS: usize = 4_000;
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default().with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    let req = CreateTopicsRequest::default()
+        .with_timeout_ms(30_000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(TopicName(sb(NAME)))
+            .with_num_partitions(PARTITIONS)
+            .with_replication_factor(1)]);
+    let r: CreateTopicsResponse = conn(&bootstrap)
+        .and_then(|mut c| c.call(ApiKey::CreateTopics, 7, &req))
+        .expect("CreateTopics answered");
+    assert_eq!(r.topics[0].error_code, 0, "{r:?}");
+    let led = |state: &BTreeMap<i32, (i32, Vec<i32>)>| {
+        state.len() == PARTITIONS as usize && state.values().all(|(l, _)| *l >= 0)
+    };
+    cluster.wait_for(Duration::from_secs(30), "every partition led", || {
+        topic_state(&bootstrap, NAME).filter(led)
+    });
+    let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("acks", "all")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("producer");
+    for i in 0..RECORDS {
+        let value = format!("record-{i}");
+        let mut record = BaseRecord::<(), str>::to(NAME)
+            .partition(i32::try_from(i).unwrap_or(0) % PARTITIONS)
+            .payload(value.as_str());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))
+        .expect("every record acknowledged");
+    drop(producer);
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("consumer");
+    let high_watermarks = |consumer: &BaseConsumer| -> Option<Vec<i64>> {
+        (0..PARTITIONS)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(NAME, p, Duration::from_secs(5))
+                    .ok()
+                    .map(|(_, high)| high)
+            })
+            .collect()
+    };
+    let before = high_watermarks(&consumer).expect("watermarks");
+    assert_eq!(before.iter().sum::<i64>(), RECORDS as i64);
+    drop(consumer);
+    // The directories of the replicas reached the controller (AssignReplicasToDirs).
+    let node = cluster.node(1);
+    cluster.wait_for(Duration::from_secs(30), "no queued dir assignment", || {
+        let (_, body) = admin_get(node, "/metrics")?;
+        body.lines()
+            .find(|l| l.starts_with("gregor_queued_replica_to_dir_assignments "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| *v == 0.0)
+    });
+    let dir = node.log_dirs()[1].clone();
+    let moved = dir.with_extension("unmounted");
+    let held = partitions_in(&dir, NAME);
+    assert!(!held.is_empty(), "the second dir holds partitions");
+    let lost_id = directory_id(&dir);
+
+    // Stopped; the second dir is missing at two restarts.
+    cluster.node_mut(1).stop().expect("stop");
+    std::fs::rename(&dir, &moved).expect("move the dir away");
+    for restart in 1..=2 {
+        let log_from = std::fs::metadata(cluster.node(1).log_file()).map_or(0, |m| m.len());
+        cluster.node_mut(1).spawn().expect("start");
+        cluster
+            .node_mut(1)
+            .wait_listening(Duration::from_secs(60))
+            .expect("listening");
+        // The other partitions are led; those of the missing dir refuse writes.
+        let state = cluster.wait_for(Duration::from_secs(30), "the other partitions led", || {
+            topic_state(&bootstrap, NAME).filter(|s| {
+                s.len() == PARTITIONS as usize
+                    && s.iter().all(|(p, (l, _))| held.contains(p) || *l >= 0)
+            })
+        });
+        eprintln!("restart {restart}: (leader, ISR) by partition {state:?}");
+        for p in &held {
+            let code = produce_to(&bootstrap, NAME, *p);
+            assert!(
+                code == KAFKA_STORAGE_ERROR || code == NOT_LEADER_OR_FOLLOWER,
+                "restart {restart}: a produce to {NAME}-{p} in the missing dir answered {code}"
+            );
+        }
+        let warned = cluster.wait_for(Duration::from_secs(10), "the WARN", || {
+            let text = std::fs::read(cluster.node(1).log_file()).ok()?;
+            let from = usize::try_from(log_from).ok()?.min(text.len());
+            let lines: Vec<String> = String::from_utf8_lossy(&text[from..])
+                .lines()
+                .filter(|l| l.contains("a log directory this broker does not have"))
+                .map(String::from)
+                .collect();
+            (!lines.is_empty()).then_some(lines)
+        });
+        assert_eq!(warned.len(), 1, "one WARN: {warned:?}");
+        assert!(
+            warned[0].contains(&format!("directory_id={lost_id}"))
+                && warned[0].contains(&format!("replicas={}", held.len())),
+            "the WARN names {lost_id} and {} replicas: {}",
+            held.len(),
+            warned[0]
+        );
+        assert_eq!(
+            partitions_in(&dir, NAME),
+            Vec::<i32>::new(),
+            "restart {restart}: no log created in the dir that replaced the missing one"
+        );
+        cluster.node_mut(1).stop().expect("stop");
+    }
+
+    // The dir is back: every partition is led with every acknowledged record.
+    std::fs::remove_dir_all(&dir).expect("remove the empty dir");
+    std::fs::rename(&moved, &dir).expect("move the dir back");
+    cluster.node_mut(1).spawn().expect("start");
+    cluster.wait_for(Duration::from_secs(60), "every partition led again", || {
+        topic_state(&bootstrap, NAME).filter(led)
+    });
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("consumer");
+    let after = cluster.wait_for(Duration::from_secs(30), "watermarks", || {
+        high_watermarks(&consumer)
+    });
+    assert_eq!(after, before, "every acknowledged record is back");
     cluster.stop_all().ok();
 }

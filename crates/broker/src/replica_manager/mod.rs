@@ -881,7 +881,10 @@ impl ReplicaManager {
         if let Some(dir) = self.in_missing_dirs.lock().get(tp) {
             return Err((
                 ec::KAFKA_STORAGE_ERROR,
-                format!("the replica's log directory {dir} is not on this broker"),
+                format!(
+                    "the replica's log directory {} is not on this broker",
+                    crate::storage::kafka_uuid_string(*dir)
+                ),
             ));
         }
         match self.creation_failures.lock().get(tp) {
@@ -1695,9 +1698,19 @@ impl ReplicaManager {
             if !warned.insert(*dir) {
                 continue;
             }
-            let ids = self.log_dir_ids.get().cloned().unwrap_or_default();
-            tracing::warn!(directory_id = %dir, replicas, log_dirs = ?self.logs.log_dirs(),
-                directory_ids = ?ids,
+            // As `meta.properties` writes them (Kafka's base64 form), so the operator can
+            // find the directory holding it.
+            let ids: Vec<String> = self
+                .log_dir_ids
+                .get()
+                .map(|ids| {
+                    ids.iter()
+                        .map(|id| crate::storage::kafka_uuid_string(*id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            tracing::warn!(directory_id = %crate::storage::kafka_uuid_string(*dir), replicas,
+                log_dirs = ?self.logs.log_dirs(), directory_ids = ?ids,
                 "replicas are assigned to a log directory this broker does not have (a disk \
                  that did not mount, or a directory replaced by an empty one): they stay \
                  offline (KAFKA_STORAGE_ERROR) and no empty log is created for them; mount the \
