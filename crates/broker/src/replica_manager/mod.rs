@@ -837,8 +837,9 @@ impl ReplicaManager {
     /// mount, a directory replaced by an empty one): creating an empty log elsewhere would
     /// report it to the controller and lose the records once the directory is back, so it
     /// stays offline. `UNASSIGNED` and `MIGRATING` (no directory said yet) are never missing.
-    /// Kafka 4.x's `Partition.createLogInAssignedDirectoryId` skips such a creation only while
-    /// some directory is offline; a directory replaced by an empty one is not offline there.
+    /// Kafka 4.x refuses to start with a log dir that has no `meta.properties`, so it never
+    /// meets the case; its `Partition.createLogInAssignedDirectoryId` skips the creation of a
+    /// replica assigned to a directory it does not have while some directory is offline.
     pub fn missing_dir_of(&self, reg: &PartitionRegistration) -> Option<Uuid> {
         let ids = self.log_dir_ids.get()?;
         let i = reg.replicas.iter().position(|r| *r == self.local_broker)?;
