@@ -585,6 +585,12 @@ pub async fn start_with_authorizer(
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
     }
+    // A replica assigned to a directory this broker does not have is not created (KIP-858).
+    if let Some(lifecycle) = &lifecycle {
+        broker
+            .replica_manager
+            .set_log_dir_ids(lifecycle.log_dir_ids().iter().map(|(_, id)| *id).collect());
+    }
     // Which log directory holds each replica goes to the active controller
     // (AssignReplicasToDirs, KIP-858), before the publishers apply the first image.
     if let Some(lifecycle) = &lifecycle {
@@ -818,12 +824,16 @@ pub const LOG_DIR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Brings full log directories back online once they have room again, without a restart.
 async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let mut last_offline: Vec<std::path::PathBuf> = Vec::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(LOG_DIR_CHECK_INTERVAL) => {}
             _ = shutdown.changed() => return,
         }
-        if broker.replica_manager.logs().offline_dirs().is_empty() {
+        // Before and after the check, so a dir that went offline since the last tick is acted
+        // on, and one the check brings back is fetched again at once.
+        tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+        if last_offline.is_empty() {
             continue;
         }
         let b = broker.clone();
@@ -832,6 +842,37 @@ async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiv
             .io_pool()
             .run(move || b.replica_manager.logs().check_dir_health())
             .await;
+        tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+    }
+}
+
+/// When the offline log dirs differ from `last_offline`, the replica fetchers stop fetching
+/// the partitions of offline dirs and fetch the followers of online ones again
+/// ([`ReplicaManager::on_log_dirs_changed`](crate::replica_manager::ReplicaManager)).
+async fn tell_fetchers_of_dir_changes(
+    broker: &Arc<Broker>,
+    last_offline: &mut Vec<std::path::PathBuf>,
+) {
+    let offline: Vec<std::path::PathBuf> = broker
+        .replica_manager
+        .logs()
+        .offline_dirs()
+        .into_iter()
+        .map(|(dir, _)| dir)
+        .collect();
+    if offline == *last_offline {
+        return;
+    }
+    *last_offline = offline;
+    let b = broker.clone();
+    let image = broker.controller.image();
+    if let Err(e) = broker
+        .replica_manager
+        .io_pool()
+        .run(move || b.replica_manager.on_log_dirs_changed(&image))
+        .await
+    {
+        warn!(error = %e, "telling the replica fetchers of a log dir change failed");
     }
 }
 

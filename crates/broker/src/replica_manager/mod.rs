@@ -780,6 +780,11 @@ pub trait ReplicaFetchers: Send + Sync {
     /// After `image` is applied: every partition of `partitions` (the hosted ones the image
     /// was applied to) that this broker follows is fetched from its leader.
     fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
+
+    /// A log dir went offline or came back (`partitions`: every hosted one, `image`: the
+    /// latest, for the leaders' addresses): partitions in an offline dir stop being fetched,
+    /// followers in an online one are fetched from their leaders.
+    fn on_log_dirs_changed(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
 }
 
 /// The partitions hosted here, keyed by topic name and index, and the data path into them.
@@ -824,6 +829,15 @@ pub struct ReplicaManager {
     /// How KIP-890 verifications reach transaction coordinators (Kafka's
     /// `AddPartitionsToTxnManager`), installed at start-up.
     txn_verifier: RwLock<Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>>>,
+    /// The ids (`directory.id`) of this broker's log directories, set at start-up
+    /// ([`ReplicaManager::set_log_dir_ids`]); None: no replica's directory is checked.
+    log_dir_ids: std::sync::OnceLock<Vec<Uuid>>,
+    /// Replicas of the latest image with no log here whose registration names a log
+    /// directory this broker does not have (KIP-858): not created, by partition, with that
+    /// directory's id ([`ReplicaManager::missing_dir_of`]).
+    in_missing_dirs: parking_lot::Mutex<BTreeMap<TopicPartition, Uuid>>,
+    /// The missing directories already warned about (one WARN per directory and process).
+    warned_missing_dirs: parking_lot::Mutex<HashSet<Uuid>>,
 }
 
 impl ReplicaManager {
@@ -849,6 +863,9 @@ impl ReplicaManager {
             latest: parking_lot::Mutex::new(None),
             creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
             txn_verifier: RwLock::new(None),
+            log_dir_ids: std::sync::OnceLock::new(),
+            in_missing_dirs: parking_lot::Mutex::new(BTreeMap::new()),
+            warned_missing_dirs: parking_lot::Mutex::new(HashSet::new()),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -866,6 +883,41 @@ impl ReplicaManager {
     /// Installs the replica fetchers (once; later calls are ignored).
     pub fn set_fetchers(&self, fetchers: Arc<dyn ReplicaFetchers>) {
         let _ = self.fetchers.set(fetchers);
+    }
+
+    /// Sets the ids (`directory.id`) of this broker's log directories (once, before the first
+    /// image; later calls are ignored). From then on a replica with no log here whose
+    /// registration names another directory is not created ([`ReplicaManager::missing_dir_of`]).
+    pub fn set_log_dir_ids(&self, ids: Vec<Uuid>) {
+        let _ = self.log_dir_ids.set(ids);
+    }
+
+    /// The directory `reg` assigns this broker's replica to when this broker does not have it
+    /// (KIP-858): a real directory id that is none of [`ReplicaManager::set_log_dir_ids`]'s, or
+    /// `LOST`. Such a replica's log is in a directory that is missing (a disk that did not
+    /// mount, a directory replaced by an empty one): creating an empty log elsewhere would
+    /// report it to the controller and lose the records once the directory is back, so it
+    /// stays offline. `UNASSIGNED` and `MIGRATING` (no directory said yet) are never missing.
+    /// Kafka 4.x refuses to start with a log dir that has no `meta.properties`, so it never
+    /// meets the case; its `Partition.createLogInAssignedDirectoryId` skips the creation of a
+    /// replica assigned to a directory it does not have while some directory is offline.
+    pub fn missing_dir_of(&self, reg: &PartitionRegistration) -> Option<Uuid> {
+        let ids = self.log_dir_ids.get()?;
+        let i = reg.replicas.iter().position(|r| *r == self.local_broker)?;
+        let dir = *reg.directories.get(i)?;
+        let unknown = dir == gregor_metadata::record::DIRECTORY_UNASSIGNED
+            || dir == gregor_metadata::record::DIRECTORY_MIGRATING;
+        (!unknown && !ids.contains(&dir)).then_some(dir)
+    }
+
+    /// Tells the replica fetchers that a log dir went offline or came back
+    /// ([`ReplicaFetchers::on_log_dirs_changed`]), between two metadata images (never while
+    /// one is applied).
+    pub fn on_log_dirs_changed(&self, image: &MetadataImage) {
+        let _applying = self.applying.lock();
+        if let Some(f) = self.fetchers.get() {
+            f.on_log_dirs_changed(image, &self.partitions());
+        }
     }
 
     /// This broker's replication throttles (KIP-73): the leader side is applied in
@@ -887,6 +939,15 @@ impl ReplicaManager {
     pub fn hosted(&self, tp: &TopicPartition) -> Hosted {
         if let Some(p) = self.partition(&tp.topic, tp.partition) {
             return Ok(p);
+        }
+        if let Some(dir) = self.in_missing_dirs.lock().get(tp) {
+            return Err((
+                ec::KAFKA_STORAGE_ERROR,
+                format!(
+                    "the replica's log directory {} is not on this broker",
+                    crate::storage::kafka_uuid_string(*dir)
+                ),
+            ));
         }
         match self.creation_failures.lock().get(tp) {
             Some(f) => Err((ec::KAFKA_STORAGE_ERROR, f.error.clone())),
@@ -1623,6 +1684,11 @@ impl ReplicaManager {
                     .get(&(tp.topic.as_str(), tp.partition))
                     .is_some_and(|(id, _, _)| *id == f.topic_id)
         });
+        self.in_missing_dirs.lock().retain(|tp, _| {
+            scope.is_some_and(|names| !names.contains(&tp.topic))
+                || wanted.contains_key(&(tp.topic.as_str(), tp.partition))
+        });
+        let mut missing: BTreeMap<Uuid, usize> = BTreeMap::new();
         // Partitions that stop following their leader leave their fetcher first (Kafka's
         // applyDelta), so no follower append lands after a role change or deletion.
         if let Some(f) = self.fetchers.get() {
@@ -1685,6 +1751,14 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
+            if self.logs.get(&tp).is_none() {
+                if let Some(dir) = self.missing_dir_of(reg) {
+                    *missing.entry(dir).or_default() += 1;
+                    self.in_missing_dirs.lock().insert(tp, dir);
+                    continue;
+                }
+            }
+            self.in_missing_dirs.lock().remove(&tp);
             // The directory the metadata places this replica in (KIP-858): a log registered
             // in a failed directory is not created again elsewhere.
             let registered_dir = reg
@@ -1749,6 +1823,7 @@ impl ReplicaManager {
                 .insert(index, p.clone());
             visited.push(p);
         }
+        self.warn_missing_dirs(&missing);
         // New leader epochs are written together, in parallel (a restart or a topic creation
         // makes this broker leader of thousands of partitions at once).
         self.logs.write_leader_epoch_checkpoints();
@@ -1762,6 +1837,37 @@ impl ReplicaManager {
                 not_created,
                 not_deleted,
             })
+        }
+    }
+}
+
+impl ReplicaManager {
+    /// One WARN per missing directory and process, naming it and how many replicas of the
+    /// image it holds (`missing`: directory id -> replicas not created for it).
+    fn warn_missing_dirs(&self, missing: &BTreeMap<Uuid, usize>) {
+        let mut warned = self.warned_missing_dirs.lock();
+        for (dir, replicas) in missing {
+            if !warned.insert(*dir) {
+                continue;
+            }
+            // As `meta.properties` writes them (Kafka's base64 form), so the operator can
+            // find the directory holding it.
+            let ids: Vec<String> = self
+                .log_dir_ids
+                .get()
+                .map(|ids| {
+                    ids.iter()
+                        .map(|id| crate::storage::kafka_uuid_string(*id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            tracing::warn!(directory_id = %crate::storage::kafka_uuid_string(*dir), replicas,
+                log_dirs = ?self.logs.log_dirs(), directory_ids = ?ids,
+                "replicas are assigned to a log directory this broker does not have (a disk \
+                 that did not mount, or a directory replaced by an empty one): they stay \
+                 offline (KAFKA_STORAGE_ERROR) and no empty log is created for them; mount the \
+                 directory holding that directory.id in its meta.properties and restart the \
+                 broker, or reassign the replicas");
         }
     }
 }
