@@ -586,7 +586,16 @@ pub async fn start_with_authorizer(
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
     }
     // A replica assigned to a directory this broker does not have is not created (KIP-858).
-    if let Some(lifecycle) = &lifecycle {
+    // While a dir failed at start-up its id may be unknown (its meta.properties unreadable):
+    // its replicas are then refused as those of a failed dir (`LogManager::get_or_create_in`),
+    // not reported as in a missing one.
+    let any_dir_failed = broker
+        .replica_manager
+        .logs()
+        .offline_dirs()
+        .iter()
+        .any(|(_, state)| matches!(state, gregor_log::DirState::Failed { .. }));
+    if let Some(lifecycle) = lifecycle.as_ref().filter(|_| !any_dir_failed) {
         broker
             .replica_manager
             .set_log_dir_ids(lifecycle.log_dir_ids().iter().map(|(_, id)| *id).collect());
