@@ -13,6 +13,7 @@
 pub mod batch;
 pub mod compression;
 pub mod error;
+pub mod fetch_frame;
 pub mod frame;
 pub mod metadata_records;
 pub mod records;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use gregor_log::{AppendInfo, LogError, LogManager, SharedClock, TopicPartition};
+use gregor_log::{AppendInfo, FetchRecords, LogError, LogManager, SharedClock, TopicPartition};
 use gregor_metadata::{MetadataImage, PartitionRegistration};
 use gregor_protocol::batch::Batches;
 use parking_lot::RwLock;
@@ -342,8 +342,11 @@ pub struct FetchPartitionResult {
     pub last_stable_offset: i64,
     /// Log start offset, -1 on error.
     pub log_start_offset: i64,
-    /// Whole batches (possibly empty, never null on the wire).
-    pub records: Bytes,
+    /// Whole batches (possibly empty, never null on the wire): in memory, or a pinned range
+    /// of a segment file when the fetch asked for [`RecordsMode::FileRegions`].
+    pub records: FetchRecords,
+    /// Records in those batches (their headers' counts), for `gregor_topic_records_out_total`.
+    pub record_count: i64,
     /// For a follower whose `last_fetched_epoch` diverges from this log: the largest epoch
     /// `<=` it here and that epoch's end offset (`DivergingEpoch`); the follower truncates.
     pub diverging_epoch: Option<(i32, i64)>,
@@ -359,11 +362,23 @@ impl FetchPartitionResult {
             high_watermark: -1,
             last_stable_offset: -1,
             log_start_offset: -1,
-            records: Bytes::new(),
+            records: FetchRecords::default(),
+            record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: None,
         }
     }
+}
+
+/// How a fetch returns its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordsMode {
+    /// Read into memory (the copying path: in-process callers, transports that are not plain
+    /// TCP, `fetch.zero.copy.enable=false`).
+    InMemory,
+    /// As pinned ranges of the segment files where that pays (see
+    /// [`gregor_log::PartitionLog::read_for_fetch`]), sent from the files with `sendfile`.
+    FileRegions,
 }
 
 /// What [`ReplicaManager::fetch_messages`] returns: data now, or a delayed fetch.
@@ -377,6 +392,8 @@ pub enum FetchOutcome {
 /// The resolved partitions of one fetch, readable in one I/O job.
 struct FetchPlan {
     params: FetchParams,
+    /// Whether batches may come back as file ranges.
+    mode: RecordsMode,
     /// Response size limit after `fetch.max.bytes`.
     max_bytes: i32,
     /// The leader quota throttles follower fetches (KIP-73).
@@ -436,7 +453,8 @@ impl FetchPlan {
             high_watermark: p.high_watermark(),
             last_stable_offset: p.last_stable_offset(),
             log_start_offset: p.log.log_start_offset(),
-            records: Bytes::new(),
+            records: FetchRecords::default(),
+            record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: Some(id),
         })
@@ -508,7 +526,8 @@ impl FetchPlan {
                             high_watermark: hw,
                             last_stable_offset: lso,
                             log_start_offset: log_start,
-                            records: Bytes::new(),
+                            records: FetchRecords::default(),
+                            record_count: 0,
                             diverging_epoch: Some(diverging),
                             preferred_read_replica: None,
                         });
@@ -523,7 +542,8 @@ impl FetchPlan {
                     }
                 }
             }
-            match p.read_bounded(fp.fetch_offset, limit, upper, min_one_batch) {
+            let from_file = self.mode == RecordsMode::FileRegions;
+            match p.read_for_fetch(fp.fetch_offset, limit, upper, min_one_batch, from_file) {
                 Ok(info) => {
                     if from_follower && update_fetch_state {
                         if let Err(code) = p.update_follower_fetch_state(
@@ -540,16 +560,16 @@ impl FetchPlan {
                     }
                     // Kafka's shouldLeaderThrottle: an out-of-sync follower of a throttled
                     // partition gets no records while the leader quota is exceeded.
-                    let records = if from_follower
+                    let (records, record_count) = if from_follower
                         && !info.records.is_empty()
                         && self.quotas.leader.should_throttle(
                             p.in_committed_isr(self.params.replica_id),
                             &fp.topic_partition.topic,
                             fp.topic_partition.partition,
                         ) {
-                        Bytes::new()
+                        (FetchRecords::default(), 0)
                     } else {
-                        info.records
+                        (info.records, info.record_count)
                     };
                     let n = records.len();
                     if n > 0 {
@@ -563,6 +583,7 @@ impl FetchPlan {
                         last_stable_offset: lso,
                         log_start_offset: log_start,
                         records,
+                        record_count,
                         diverging_epoch: None,
                         preferred_read_replica: None,
                     });
@@ -616,12 +637,11 @@ impl FetchPlan {
             let (Ok(p), false) = (p, r.records.is_empty()) else {
                 continue;
             };
-            let records: i64 = Batches::new(&r.records)
-                .filter_map(Result::ok)
-                .map(|(_, h)| i64::from(h.records_count))
-                .sum();
+            // Bytes sent from a file count as bytes out like bytes from memory.
             p.metrics.bytes_out.increment(r.records.len() as u64);
-            p.metrics.records_out.increment(records.max(0) as u64);
+            p.metrics
+                .records_out
+                .increment(r.record_count.max(0) as u64);
         }
     }
 
@@ -1044,6 +1064,19 @@ impl ReplicaManager {
         params: FetchParams,
         partitions: Vec<FetchPartition>,
     ) -> FetchOutcome {
+        self.fetch_messages_as(params, partitions, RecordsMode::InMemory)
+            .await
+    }
+
+    /// [`ReplicaManager::fetch_messages`] returning the batches as `mode` says: the same
+    /// batches either way, in memory or as pinned ranges of the segment files that the
+    /// response sends without copying (zero-copy fetch on plain TCP connections).
+    pub async fn fetch_messages_as(
+        &self,
+        params: FetchParams,
+        partitions: Vec<FetchPartition>,
+        mode: RecordsMode,
+    ) -> FetchOutcome {
         let max_bytes = if params.replica_id >= 0 {
             params.max_bytes
         } else {
@@ -1056,6 +1089,7 @@ impl ReplicaManager {
             .map(|s| (s, self.broker_nodes.read().clone()));
         let plan = Arc::new(FetchPlan {
             params,
+            mode,
             quotas: self.quotas.clone(),
             selector,
             max_bytes,

@@ -1,0 +1,243 @@
+//! A connection's writer: sends [`Response`]s in order, file regions with `sendfile` on plain
+//! TCP (see [`crate::response`]).
+
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use tokio::io::{AsyncWriteExt, Interest, WriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::handler::RequestHandler;
+use crate::response::{Response, ResponsePart, SENDFILE_BYTES_TOTAL};
+use crate::transport::Transport;
+
+/// The most bytes one `sendfile` call is asked for (Linux moves at most 0x7ffff000 anyway).
+const MAX_SENDFILE_BYTES: usize = 1 << 30;
+
+/// Why a response could not be sent; the connection is closed.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The socket failed (the peer went away, usually).
+    Io(io::Error),
+    /// A file region's file was truncated before its bytes were sent: the frame cannot be
+    /// completed.
+    Truncated,
+    /// The blocking pool dropped the transfer (the broker is shutting down).
+    Offload,
+}
+
+impl From<io::Error> for SendError {
+    fn from(e: io::Error) -> Self {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+        ) {
+            Self::Truncated
+        } else {
+            Self::Io(e)
+        }
+    }
+}
+
+/// The write side of a connection.
+pub(crate) enum ResponseWriter {
+    /// A plain TCP stream: file regions go out with `sendfile`.
+    Tcp(Arc<OwnedWriteHalf>),
+    /// Any other transport: file regions are read into memory and written.
+    Stream(WriteHalf<Box<dyn Transport>>),
+}
+
+/// Where a partly sent response stands: the part and the bytes of it already sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Cursor {
+    part: usize,
+    offset: usize,
+}
+
+/// What one turn of [`send_some`] ended with.
+#[derive(Debug)]
+enum Turn {
+    /// Every part is sent.
+    Done,
+    /// The socket's send buffer is full.
+    WouldBlock,
+    /// A file region's file ends before the region does, or was truncated in place.
+    Truncated,
+    /// The socket failed.
+    Failed(io::Error),
+}
+
+impl ResponseWriter {
+    /// Sends `response` whole. Blocking work (reading files, `sendfile`) runs through
+    /// `handler`'s [`RequestHandler::run_blocking`].
+    ///
+    /// # Errors
+    /// [`SendError`]; the caller closes the connection. On a plain TCP stream a truncated
+    /// region shuts the socket down at once (both ways), so the client sees the connection
+    /// end, not a frame that never completes.
+    pub(crate) async fn send<H: RequestHandler>(
+        &mut self,
+        response: Response,
+        handler: &H,
+    ) -> Result<(), SendError> {
+        match self {
+            Self::Tcp(half) => {
+                let stream: &TcpStream = (**half).as_ref();
+                if !response.has_files() {
+                    for p in response.parts() {
+                        if let ResponsePart::Bytes(b) = p {
+                            write_all_tcp(stream, b).await?;
+                        }
+                    }
+                    return Ok(());
+                }
+                let result = send_with_files(half, response, handler).await;
+                if matches!(result, Err(SendError::Truncated)) {
+                    let _ = rustix::net::shutdown(stream.as_fd(), rustix::net::Shutdown::Both);
+                }
+                result
+            }
+            Self::Stream(wr) => {
+                for p in response.into_parts() {
+                    match p {
+                        ResponsePart::Bytes(b) => wr.write_all(&b).await?,
+                        ResponsePart::File(region) => {
+                            let bytes = offload(handler, move || region.read_to_vec())
+                                .await
+                                .ok_or(SendError::Offload)??;
+                            wr.write_all(&bytes).await?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs `f` on the handler's blocking pool; `None` if the pool dropped it.
+async fn offload<H: RequestHandler, T: Send + 'static>(
+    handler: &H,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = oneshot::channel();
+    handler.run_blocking(Box::new(move || {
+        let _ = tx.send(f());
+    }));
+    rx.await.ok()
+}
+
+/// `write_all` on a TCP stream shared with the blocking pool (no `&mut` needed).
+async fn write_all_tcp(stream: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends a response with file regions: each time the socket is writable, one job on the
+/// blocking pool writes as much as the send buffer takes ([`send_some`]), and the writer
+/// awaits writability again where it stopped. So a slow client holds no thread, and a full
+/// buffer costs one hop.
+async fn send_with_files<H: RequestHandler>(
+    half: &Arc<OwnedWriteHalf>,
+    mut response: Response,
+    handler: &H,
+) -> Result<(), SendError> {
+    let mut cursor = Cursor::default();
+    loop {
+        let stream: &TcpStream = (**half).as_ref();
+        stream.writable().await?;
+        let job_half = Arc::clone(half);
+        let (r, c, sent_from_files, turn) = offload(handler, move || {
+            let mut c = cursor;
+            let mut from_files = 0u64;
+            let turn = send_some((*job_half).as_ref(), &response, &mut c, &mut from_files);
+            (response, c, from_files, turn)
+        })
+        .await
+        .ok_or(SendError::Offload)?;
+        metrics::counter!(SENDFILE_BYTES_TOTAL).increment(sent_from_files);
+        response = r;
+        cursor = c;
+        match turn {
+            Turn::Done => return Ok(()),
+            Turn::WouldBlock => {}
+            Turn::Truncated => return Err(SendError::Truncated),
+            Turn::Failed(e) => return Err(SendError::Io(e)),
+        }
+    }
+}
+
+/// Writes `response` from `cursor` on until it is all sent or the socket's send buffer is
+/// full, advancing `cursor` (and `from_files` by the bytes `sendfile` moved). Runs on a
+/// blocking thread: `sendfile` reads the file, which may wait for the disk. A `sendfile`
+/// that moves nothing although the socket took no error means the file ends before the
+/// region: [`Turn::Truncated`] (never a retry, which would spin).
+fn send_some(
+    stream: &TcpStream,
+    response: &Response,
+    cursor: &mut Cursor,
+    from_files: &mut u64,
+) -> Turn {
+    let parts = response.parts();
+    while let Some(part) = parts.get(cursor.part) {
+        let more = cursor.part + 1 < parts.len();
+        let done = match part {
+            ResponsePart::Bytes(b) => {
+                let rest = &b[cursor.offset..];
+                let mut flags = rustix::net::SendFlags::NOSIGNAL;
+                if more {
+                    // A file region follows: let the kernel coalesce the small header with it.
+                    flags |= rustix::net::SendFlags::MORE;
+                }
+                stream.try_io(Interest::WRITABLE, || {
+                    rustix::net::send(stream.as_fd(), rest, flags).map_err(io::Error::from)
+                })
+            }
+            ResponsePart::File(region) => {
+                if !region.file().is_intact() {
+                    return Turn::Truncated;
+                }
+                let mut offset = region.position() + cursor.offset as u64;
+                let count = (region.len() - cursor.offset).min(MAX_SENDFILE_BYTES);
+                let file = region.file().file();
+                match stream.try_io(Interest::WRITABLE, || {
+                    rustix::fs::sendfile(stream.as_fd(), file.as_fd(), Some(&mut offset), count)
+                        .map_err(io::Error::from)
+                }) {
+                    Ok(0) => return Turn::Truncated,
+                    Ok(n) => {
+                        *from_files += n as u64;
+                        Ok(n)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match done {
+            Ok(0) => return Turn::Failed(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                cursor.offset += n;
+                if cursor.offset >= part.len() {
+                    cursor.part += 1;
+                    cursor.offset = 0;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::WouldBlock,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Turn::Failed(e),
+        }
+    }
+    Turn::Done
+}
