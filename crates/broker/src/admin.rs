@@ -89,6 +89,7 @@ fn update_gauges(broker: &Broker) -> String {
     metrics::gauge!(LOG_SEGMENT_FILES_OPEN).set(files.open as f64);
     metrics::gauge!(LOG_SEGMENT_FILES_OPEN_MAX).set(files.max as f64);
     metrics::counter!(LOG_SEGMENT_FILES_EVICTED_TOTAL).absolute(files.evicted_total);
+    metrics::counter!(LOG_SEGMENT_FILES_IDLE_CLOSED_TOTAL).absolute(files.idle_closed_total);
     let index_cache = gregor_log::index_cache::stats();
     metrics::gauge!(LOG_INDEX_CACHE_BYTES).set(index_cache.bytes as f64);
     metrics::gauge!(LOG_INDEX_CACHE_MAX_BYTES).set(index_cache.max_bytes as f64);

@@ -109,6 +109,8 @@ pub const LOG_SEGMENT_FILES_OPEN: &str = "gregor_log_segment_files_open";
 pub const LOG_SEGMENT_FILES_OPEN_MAX: &str = "gregor_log_segment_files_open_max";
 /// Counter: segment files closed to stay within the budget (reopened on their next use).
 pub const LOG_SEGMENT_FILES_EVICTED_TOTAL: &str = "gregor_log_segment_files_evicted_total";
+/// Segment files closed because they were idle (`gregor_log::files::close_idle_files`).
+pub const LOG_SEGMENT_FILES_IDLE_CLOSED_TOTAL: &str = "gregor_log_segment_files_idle_closed_total";
 /// Gauge: heap bytes of inactive segments' index entries held now
 /// ([`gregor_log::index_cache`]).
 pub const LOG_INDEX_CACHE_BYTES: &str = "gregor_log_index_cache_bytes";
@@ -273,6 +275,10 @@ fn describe() {
     describe_counter!(
         LOG_SEGMENT_FILES_EVICTED_TOTAL,
         "Segment files closed to stay within the budget; each is reopened on its next use."
+    );
+    describe_counter!(
+        LOG_SEGMENT_FILES_IDLE_CLOSED_TOTAL,
+        "Segment files closed because nothing used them for a minute or more; each is reopened on its next use."
     );
     describe_gauge!(
         LOG_INDEX_CACHE_BYTES,

@@ -563,6 +563,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(idle_file_closer(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -660,6 +664,26 @@ async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::R
             Ok(Err(e)) => warn!(error = %e, "writing replication-offset-checkpoint failed"),
             Err(e) => warn!(error = %e, "high watermark checkpoint job failed"),
         }
+    }
+}
+
+/// How often segment files are swept for idleness: a file no one used for one to two of these
+/// periods is closed ([`gregor_log::files::close_idle_files`]).
+pub const IDLE_FILE_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Closes segment files nothing used for a while, so that descriptors follow the partitions in
+/// use rather than filling the budget (Kafka keeps one per segment for as long as it exists).
+async fn idle_file_closer(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(IDLE_FILE_SWEEP_INTERVAL) => {}
+            _ = shutdown.changed() => return,
+        }
+        let _ = broker
+            .replica_manager
+            .io_pool()
+            .run(gregor_log::files::close_idle_files)
+            .await;
     }
 }
 

@@ -6,8 +6,9 @@
 //! shares one budget ([`set_max_open_files`]); when opening a file would exceed it, the file
 //! least recently used is closed (the CLOCK "second chance" algorithm: a hit sets a flag without
 //! any shared lock, the eviction sweep clears flags and closes the first file whose flag is
-//! clear). An idle partition therefore holds no descriptor, and a closed file is reopened by its
-//! path on its next use.
+//! clear). Files not used for a while are closed too ([`close_idle_files`], which the broker
+//! calls every minute), so an idle partition holds no descriptor, whatever the budget; a closed
+//! file is reopened by its path on its next use.
 //!
 //! Durability is unchanged by a close: data written through a descriptor stays in the page
 //! cache, and `fsync` through a later descriptor of the same file flushes it (Linux keeps dirty
@@ -19,7 +20,8 @@
 //!
 //! A fetch response sent from the file (zero-copy, [`SendPin`]) holds its descriptor until its
 //! bytes are on the socket, which may take as long as the client takes to read them. Such a
-//! file is *pinned*: the CLOCK hand and [`SegmentFile::close`] pass it by, so its descriptor
+//! file is *pinned*: the CLOCK hand, [`close_idle_files`] and [`SegmentFile::close`] pass it
+//! by, so its descriptor
 //! stays counted in the budget and is never closed under the sender. At most
 //! [`max_send_pinned_files`] files (half the budget) are pinned at once, so eviction always
 //! has unpinned files to close; a read that finds no room for a pin copies the bytes instead.
@@ -52,6 +54,8 @@ struct OpenFiles {
     evicted_total: AtomicU64,
     /// Files with at least one [`SendPin`].
     send_pinned: AtomicUsize,
+    /// Files closed by [`close_idle_files`] since start.
+    idle_closed_total: AtomicU64,
 }
 
 static OPEN_FILES: OpenFiles = OpenFiles {
@@ -61,6 +65,7 @@ static OPEN_FILES: OpenFiles = OpenFiles {
     opened_total: AtomicU64::new(0),
     evicted_total: AtomicU64::new(0),
     send_pinned: AtomicUsize::new(0),
+    idle_closed_total: AtomicU64::new(0),
 };
 
 /// Sets how many segment files (`.log`, `.index`, `.timeindex`) the process keeps open at once,
@@ -142,6 +147,8 @@ pub struct OpenFileStats {
     pub opened_total: u64,
     /// Files closed to stay within the budget since the process started.
     pub evicted_total: u64,
+    /// Files closed because they were idle ([`close_idle_files`]) since the process started.
+    pub idle_closed_total: u64,
 }
 
 /// The budget's current figures.
@@ -151,7 +158,47 @@ pub fn open_file_stats() -> OpenFileStats {
         max: max_open_files(),
         opened_total: OPEN_FILES.opened_total.load(Ordering::Relaxed),
         evicted_total: OPEN_FILES.evicted_total.load(Ordering::Relaxed),
+        idle_closed_total: OPEN_FILES.idle_closed_total.load(Ordering::Relaxed),
     }
+}
+
+/// Closes every open file not used since the previous call (its CLOCK flag is clear) and
+/// clears the flag of the others, so that a file idle for between one and two periods of the
+/// caller's schedule is closed: descriptors follow the partitions in use, not the budget.
+/// Files held by a reader stay open until it drops them; a closed file reopens on its next use.
+/// Returns how many files it closed.
+pub fn close_idle_files() -> usize {
+    let mut closing = Vec::new();
+    {
+        let mut ring = OPEN_FILES.ring.lock();
+        for _ in 0..ring.len() {
+            let Some(weak) = ring.pop_front() else {
+                break;
+            };
+            let Some(slot) = weak.upgrade() else {
+                continue;
+            };
+            if slot.referenced.swap(false, Ordering::Relaxed) {
+                ring.push_back(weak);
+                continue;
+            }
+            // As in `evict`: leave the ring before giving up the file, so that a concurrent
+            // reopen puts the slot back into the ring.
+            slot.in_ring.store(false, Ordering::Relaxed);
+            let taken = slot.file.lock().take();
+            if let Some(f) = taken {
+                OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
+                closing.push(f);
+            }
+        }
+    }
+    OPEN_FILES
+        .idle_closed_total
+        .fetch_add(closing.len() as u64, Ordering::Relaxed);
+    // Close outside the ring lock.
+    let closed = closing.len();
+    drop(closing);
+    closed
 }
 
 struct Slot {
@@ -491,9 +538,11 @@ fn evict(
                 ring.push_back(weak);
                 continue;
             }
+            // Leave the ring before giving up the file, so that a concurrent reopen (which
+            // installs under this lock) puts the slot back into the ring.
+            slot.in_ring.store(false, Ordering::Relaxed);
             file.take()
         };
-        slot.in_ring.store(false, Ordering::Relaxed);
         if let Some(f) = taken {
             OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
             OPEN_FILES.evicted_total.fetch_add(1, Ordering::Relaxed);
@@ -578,7 +627,11 @@ mod tests {
             .collect();
         assert!(pinned.is_open(), "evicted while pinned");
         assert!(open_file_stats().open <= MIN_MAX_OPEN_FILES + 1);
-        // An explicit close keeps it too.
+        // Nor does the idle sweep (twice: the first only clears the flags), or an explicit
+        // close.
+        close_idle_files();
+        close_idle_files();
+        assert!(pinned.is_open(), "swept while pinned");
         pinned.close();
         assert!(pinned.is_open(), "closed while pinned");
         let mut b = [0u8; 4];
@@ -629,5 +682,34 @@ mod tests {
         assert!(!late.is_intact());
         let fresh = f.send_pin(f.truncations(), "t").unwrap().unwrap();
         assert!(fresh.is_intact());
+    }
+
+    #[test]
+    fn idle_files_are_closed_and_reopen_on_use() {
+        let _serial = BUDGET_LOCK.lock();
+        let dir = tempfile::tempdir().unwrap();
+        let hot = SegmentFile::open(&dir.path().join("hot.log"), true, "t").unwrap();
+        let cold = SegmentFile::open(&dir.path().join("cold.log"), true, "t").unwrap();
+        cold.get("t").unwrap().write_all_at(b"c", 0).unwrap();
+        let closed_before = open_file_stats().idle_closed_total;
+        hot.get("t").unwrap().write_all_at(b"h", 0).unwrap();
+        close_idle_files();
+        // Both were used since they were opened: the first sweep only clears their flags.
+        assert!(hot.is_open() && cold.is_open());
+        let held = hot.get("t").unwrap();
+        close_idle_files();
+        assert!(hot.is_open(), "used since the last sweep");
+        assert!(!cold.is_open(), "idle for a whole period");
+        close_idle_files();
+        assert!(!hot.is_open());
+        assert!(open_file_stats().idle_closed_total >= closed_before + 2);
+        // A reader that still holds the descriptor keeps reading through it.
+        let mut b = [0u8; 1];
+        held.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"h");
+        // A closed file reopens on its next use.
+        cold.get("t").unwrap().read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"c");
+        assert!(cold.is_open());
     }
 }
