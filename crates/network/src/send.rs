@@ -209,9 +209,10 @@ fn send_some(
                 if !region.file().is_intact() {
                     return Turn::Truncated;
                 }
-                let mut offset = region.position() + cursor.offset as u64;
+                let position = region.position() + cursor.offset as u64;
                 let count = (region.len() - cursor.offset).min(MAX_SENDFILE_BYTES);
                 let file = region.file().file();
+                let mut offset = position;
                 match stream.try_io(Interest::WRITABLE, || {
                     rustix::fs::sendfile(stream.as_fd(), file.as_fd(), Some(&mut offset), count)
                         .map_err(io::Error::from)
@@ -220,6 +221,13 @@ fn send_some(
                     Ok(n) => {
                         *from_files += n as u64;
                         Ok(n)
+                    }
+                    // A file system whose files cannot be spliced: copy this piece.
+                    Err(e) if sendfile_unsupported(&e) => {
+                        match copy_piece(stream, file, position, count, more) {
+                            Ok(0) => return Turn::Truncated,
+                            other => other,
+                        }
                     }
                     Err(e) => Err(e),
                 }
@@ -240,4 +248,36 @@ fn send_some(
         }
     }
     Turn::Done
+}
+
+/// Whether `sendfile` refused the file itself (not the socket): then the bytes are copied.
+fn sendfile_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
+        Some(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS | rustix::io::Errno::OPNOTSUPP)
+    )
+}
+
+/// Reads up to `count` bytes (at most 256 KiB) of `file` at `position` and sends what the
+/// socket takes: the copying fallback of [`send_some`]. `Ok(0)` when the file ends there.
+fn copy_piece(
+    stream: &TcpStream,
+    file: &std::fs::File,
+    position: u64,
+    count: usize,
+    more: bool,
+) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; count.min(256 * 1024)];
+    let n = file.read_at(&mut buf, position)?;
+    if n == 0 {
+        return Ok(0);
+    }
+    let mut flags = rustix::net::SendFlags::NOSIGNAL;
+    if more || n < count {
+        flags |= rustix::net::SendFlags::MORE;
+    }
+    stream.try_io(Interest::WRITABLE, || {
+        rustix::net::send(stream.as_fd(), &buf[..n], flags).map_err(io::Error::from)
+    })
 }

@@ -794,6 +794,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     #[tokio::test]
     async fn frame_buffer_grows_with_the_bytes_not_the_declared_size() {
