@@ -35,7 +35,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
-/// Records per topic, of [`VALUE_BYTES`] each: about 1.5 MB, six segments.
+/// Records per topic, of [`VALUE_BYTES`] each: about 1.5 MB, in batches of up to 64 KiB, four
+/// to a segment.
 const RECORDS: usize = 1500;
 const VALUE_BYTES: usize = 1024;
 const SEGMENT_BYTES: &str = "262144";
@@ -70,7 +71,7 @@ fn produce(
     if small_batches {
         settings.extend([("linger.ms", "0"), ("batch.num.messages", "1")]);
     } else {
-        settings.extend([("linger.ms", "50"), ("batch.size", "200000")]);
+        settings.extend([("linger.ms", "50"), ("batch.size", "65536")]);
     }
     let p = producer(bootstrap, &settings)?;
     for i in 0..RECORDS {

@@ -415,6 +415,17 @@ struct ReadPass {
     seen: Vec<(Arc<Partition>, i64, i32)>,
 }
 
+impl ReadPass {
+    /// What a waiting fetch keeps of a pass that found too little: its baseline, without the
+    /// results, which the next pass reads again (so a long poll holds no pinned segment file).
+    fn baseline(self) -> Self {
+        Self {
+            results: Vec::new(),
+            ..self
+        }
+    }
+}
+
 /// [`crate::replication::leader::diverging_epoch`] for a follower fetch of `p`.
 fn diverging_epoch(
     p: &Partition,
@@ -716,7 +727,7 @@ impl DelayedFetch {
                 self.plan.record_metrics(&pass.results);
                 return pass.results;
             }
-            self.last_pass = pass;
+            self.last_pass = pass.baseline();
         }
     }
 }
@@ -1121,7 +1132,7 @@ impl ReplicaManager {
         FetchOutcome::Delayed(DelayedFetch {
             deadline_ms: self.clock.now_ms().saturating_add(max_wait_ms),
             plan,
-            last_pass: pass,
+            last_pass: pass.baseline(),
             io: self.io.clone(),
             purgatory: self.delayed.fetch.clone(),
             clock: self.clock.clone(),
