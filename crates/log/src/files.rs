@@ -182,10 +182,19 @@ pub fn close_idle_files() -> usize {
                 ring.push_back(weak);
                 continue;
             }
-            // As in `evict`: leave the ring before giving up the file, so that a concurrent
-            // reopen puts the slot back into the ring.
-            slot.in_ring.store(false, Ordering::Relaxed);
-            let taken = slot.file.lock().take();
+            let taken = {
+                let mut file = slot.file.lock();
+                // A file a response is being sent from stays open (see `evict`).
+                if slot.send_pins.load(Ordering::Acquire) > 0 {
+                    drop(file);
+                    ring.push_back(weak);
+                    continue;
+                }
+                // As in `evict`: leave the ring before giving up the file, so that a
+                // concurrent reopen puts the slot back into the ring.
+                slot.in_ring.store(false, Ordering::Relaxed);
+                file.take()
+            };
             if let Some(f) = taken {
                 OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
                 closing.push(f);

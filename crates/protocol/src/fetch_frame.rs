@@ -351,7 +351,7 @@ mod tests {
         }
         if rich {
             p = p.with_aborted_transactions(Some(vec![AbortedTransaction::default()
-                .with_producer_id(55)
+                .with_producer_id(kafka_protocol::messages::ProducerId(55))
                 .with_first_offset(12)]));
             if version >= 12 {
                 p = p
