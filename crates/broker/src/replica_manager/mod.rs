@@ -19,10 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use gregor_log::{AppendInfo, FetchRecords, LogError, LogManager, SharedClock, TopicPartition};
 use gregor_metadata::{MetadataImage, PartitionRegistration};
-use gregor_protocol::batch::Batches;
 use parking_lot::RwLock;
 use uuid::Uuid;
 
