@@ -35,11 +35,11 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
-/// Records per topic, of [`VALUE_BYTES`] each: about 1.5 MB, in batches of up to 64 KiB, four
+/// Records per topic, of [`VALUE_BYTES`] each: about 3 MB, in batches of up to 64 KiB, sixteen
 /// to a segment.
-const RECORDS: usize = 1500;
+const RECORDS: usize = 3000;
 const VALUE_BYTES: usize = 1024;
-const SEGMENT_BYTES: &str = "262144";
+const SEGMENT_BYTES: &str = "1048576";
 /// Per-partition fetch size of the raw reads: several responses per segment.
 const PARTITION_MAX_BYTES: i32 = 300_000;
 
@@ -181,7 +181,7 @@ fn consume_all(bootstrap: &str, topic: &str, seed: u64) -> Result<()> {
         &[
             ("group.id", "zero-copy-test"),
             ("enable.auto.commit", "false"),
-            ("fetch.max.bytes", "600000"),
+            ("fetch.max.bytes", "1100000"),
             ("max.partition.fetch.bytes", "300000"),
         ],
     )?;
