@@ -584,7 +584,7 @@ pub struct BrokerConfig {
     /// Read at start-up.
     pub log_index_cache_bytes: u64,
     /// `fetch.zero.copy.enable` (gregor's own), default true: Fetch responses on plain TCP
-    /// connections send their record sets from the segment files with `sendfile`, without
+    /// connections send their record sets from the segment files with `splice`, without
     /// copying them through user space; false forces the copying path (read into memory, then
     /// written), which transports that are not plain TCP always use. Read at start-up.
     pub fetch_zero_copy_enable: bool,

@@ -1,5 +1,5 @@
 //! Zero-copy fetch (issue 15, item 1): on plain TCP, Fetch responses send their record sets
-//! from the segment files with `sendfile`; `fetch.zero.copy.enable=false` forces the copying
+//! from the segment files without a copy (`splice`); `fetch.zero.copy.enable=false` forces the copying
 //! path (read into memory, then written). Both must send the same bytes.
 //!
 //! - One broker, a topic per codec (none, gzip, snappy, lz4, zstd, produced by librdkafka in
@@ -8,7 +8,7 @@
 //!   Fetch v4 and v12, the records of all responses together are the segment files byte for
 //!   byte, librdkafka consumes every record; then the same broker restarts with the copying
 //!   path forced and every response's records are the same bytes as before, and librdkafka
-//!   again reads every record. `gregor_network_sendfile_bytes_total` shows which path ran.
+//!   again reads every record. `gregor_network_zero_copy_bytes_total` shows which path ran.
 //! - Followers: a 3-node cluster replicates topics (lz4, zstd) through zero-copy follower
 //!   fetches; every replica's segment files end up byte-identical.
 //!
@@ -211,13 +211,13 @@ fn consume_all(bootstrap: &str, topic: &str, seed: u64) -> Result<()> {
     got.with_context(|| format!("{topic}: librdkafka read {next} of {RECORDS} records"))?
 }
 
-/// `gregor_network_sendfile_bytes_total` (0 while nothing was sent from a file).
-fn sendfile_bytes(g: &Gregor) -> Result<f64> {
+/// `gregor_network_zero_copy_bytes_total` (0 while nothing was sent from a file).
+fn zero_copy_bytes(g: &Gregor) -> Result<f64> {
     let (status, text) = g.admin_get("/metrics")?;
     ensure!(status == 200, "/metrics answered {status}");
     Ok(text
         .lines()
-        .find_map(|l| l.strip_prefix("gregor_network_sendfile_bytes_total "))
+        .find_map(|l| l.strip_prefix("gregor_network_zero_copy_bytes_total "))
         .map_or(Ok(0.0), str::parse)?)
 }
 
@@ -279,17 +279,17 @@ fn zero_copy_and_copying_fetches_send_the_same_bytes() -> Result<()> {
     });
 
     let zero_copy = read_everything(&g, &topics)?;
-    let sent = sendfile_bytes(&g)?;
+    let sent = zero_copy_bytes(&g)?;
     ensure!(
         sent > 1_000_000.0,
-        "only {sent} bytes went out with sendfile: the zero-copy path did not run"
+        "only {sent} bytes went out from files: the zero-copy path did not run"
     );
 
     g.restart_with(&["fetch.zero.copy.enable=false"])?;
     let copying = read_everything(&g, &topics)?;
     ensure!(
-        sendfile_bytes(&g)? == 0.0,
-        "bytes went out with sendfile although fetch.zero.copy.enable=false"
+        zero_copy_bytes(&g)? == 0.0,
+        "bytes went out from files although fetch.zero.copy.enable=false"
     );
     ensure!(zero_copy.len() == copying.len());
     for ((topic, version, a), (_, _, b)) in zero_copy.iter().zip(&copying) {

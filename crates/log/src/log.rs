@@ -100,7 +100,7 @@ impl Default for FetchRecords {
 }
 
 /// A range of a segment's `.log` file whose descriptor is held open ([`SendPin`]) until the
-/// slice is dropped, so the bytes can be sent after the read without copying them (sendfile).
+/// slice is dropped, so the bytes can be sent after the read without copying them (splice).
 /// Retention, DeleteRecords and compaction may delete or replace the file meanwhile: the
 /// descriptor still reads the bytes the slice was made from. A truncation in place (a
 /// follower's) may not: [`FileSlice::is_intact`] then turns false.

@@ -114,7 +114,7 @@ pub struct RequestContext {
     pub received_at: Instant,
     /// Whether the connection can send file regions without copying them (a plain TCP
     /// stream, [`crate::transport::Stream::Tcp`]): a handler may then answer with
-    /// [`crate::Handled::ReadyResponse`] parts that are file regions sent with `sendfile`.
+    /// [`crate::Handled::ReadyResponse`] parts that are file regions sent without a copy.
     /// A region in a response on another connection is read into memory first.
     pub sends_files: bool,
 }

@@ -78,7 +78,7 @@ pub trait RequestHandler: Send + Sync + 'static {
     }
 
     /// Runs `job` off the async workers: the writer's transfers from files to sockets
-    /// (`sendfile`, or reading a file region on the copying path), which may wait for the
+    /// (`splice`, or reading a file region on the copying path), which may wait for the
     /// disk. The default uses tokio's blocking pool; the broker runs them on its I/O pool
     /// (`num.io.threads`), as its log reads. A job that is dropped unrun closes its connection.
     fn run_blocking(&self, job: Box<dyn FnOnce() + Send + 'static>) {

@@ -5,8 +5,8 @@
 //! later), connection quotas (`max.connections`, `max.connections.per.ip`), the request memory
 //! pool (`queued.max.request.bytes`), idle connection expiry (`connections.max.idle.ms`) and
 //! the [`RequestContext`] handed to every handler, and the writing of responses in parts
-//! ([`Response`]: a Fetch response's record sets go from the segment files to the socket with
-//! `sendfile` on plain TCP, [`response`]).
+//! ([`Response`]: a Fetch response's record sets go from the segment files to the socket
+//! without a copy on plain TCP, [`response`]).
 //!
 //! It knows no handler and no partition: the broker plugs in through [`RequestHandler`].
 #![deny(missing_docs)]

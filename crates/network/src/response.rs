@@ -3,15 +3,16 @@
 //! copying them, DESIGN principle 3).
 //!
 //! On a plain TCP connection the writer sends a response with file regions from a blocking
-//! thread ([`crate::RequestHandler::run_blocking`]: `sendfile` may wait for the disk when the
-//! file is not in the page cache), one hop per time the socket's send buffer fills: memory
-//! parts with `send` and file regions with `sendfile`, in order, each resumed where a partial
-//! write stopped. Any other transport (TLS will be one) reads a region into memory on that
+//! thread ([`crate::RequestHandler::run_blocking`]: moving a region reads the file, which may
+//! wait for the disk when it is not in the page cache), one hop per time the socket's send
+//! buffer fills: memory parts with `send` and file regions with `splice` (through a pipe of the
+//! response's own, `sendfile` as the fallback), in order, each resumed where a partial write
+//! stopped. Any other transport (TLS will be one) reads a region into memory on that
 //! thread and writes it as bytes: the copying path.
 //!
 //! A region's length is in the frame before its bytes are sent. When the file turns out
 //! shorter (truncated in place after the response was built, [`RegionFile::is_intact`], or
-//! `sendfile` reaching its end), the frame cannot be completed: the connection is closed, so
+//! its end reached before the region's), the frame cannot be completed: the connection is closed, so
 //! the client retries, rather than sending padding or leaving the stream out of frame.
 
 use std::fs::File;
@@ -19,8 +20,8 @@ use std::io;
 
 use bytes::Bytes;
 
-/// Bytes of responses sent from files with `sendfile` (counter).
-pub const SENDFILE_BYTES_TOTAL: &str = "gregor_network_sendfile_bytes_total";
+/// Bytes of responses sent from files without a copy, `splice` or `sendfile` (counter).
+pub const ZERO_COPY_BYTES_TOTAL: &str = "gregor_network_zero_copy_bytes_total";
 
 /// A file whose bytes a [`FileRegion`] sends, held open until the response is dropped.
 pub trait RegionFile: Send + Sync + 'static {

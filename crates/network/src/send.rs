@@ -1,4 +1,4 @@
-//! A connection's writer: sends [`Response`]s in order, file regions with `sendfile` on plain
+//! A connection's writer: sends [`Response`]s in order, file regions without a copy on plain
 //! TCP (see [`crate::response`]).
 
 use std::io;
@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::handler::RequestHandler;
-use crate::response::{Response, ResponsePart, SENDFILE_BYTES_TOTAL};
+use crate::response::{Response, ResponsePart, ZERO_COPY_BYTES_TOTAL};
 use crate::transport::Transport;
 
 /// The most bytes one `sendfile` call is asked for (Linux moves at most 0x7ffff000 anyway).
@@ -44,7 +44,7 @@ impl From<io::Error> for SendError {
 
 /// The write side of a connection.
 pub(crate) enum ResponseWriter {
-    /// A plain TCP stream: file regions go out with `sendfile`.
+    /// A plain TCP stream: file regions go out with `splice` (or `sendfile`).
     Tcp(Arc<OwnedWriteHalf>),
     /// Any other transport: file regions are read into memory and written.
     Stream(WriteHalf<Box<dyn Transport>>),
@@ -106,7 +106,7 @@ enum Turn {
 }
 
 impl ResponseWriter {
-    /// Sends `response` whole. Blocking work (reading files, `sendfile`) runs through
+    /// Sends `response` whole. Blocking work (reading files, `splice`) runs through
     /// `handler`'s [`RequestHandler::run_blocking`].
     ///
     /// # Errors
@@ -202,7 +202,7 @@ async fn send_with_files<H: RequestHandler>(
         })
         .await
         .ok_or(SendError::Offload)?;
-        metrics::counter!(SENDFILE_BYTES_TOTAL).increment(sent_from_files);
+        metrics::counter!(ZERO_COPY_BYTES_TOTAL).increment(sent_from_files);
         response = r;
         cursor = c;
         match turn {
@@ -215,10 +215,10 @@ async fn send_with_files<H: RequestHandler>(
 }
 
 /// Writes `response` from `cursor` on until it is all sent or the socket's send buffer is
-/// full, advancing `cursor` (and `from_files` by the bytes `sendfile` moved). Runs on a
-/// blocking thread: `sendfile` reads the file, which may wait for the disk. A `sendfile`
-/// that moves nothing although the socket took no error means the file ends before the
-/// region: [`Turn::Truncated`] (never a retry, which would spin).
+/// full, advancing `cursor` (and `from_files` by the bytes moved from files). Runs on a
+/// blocking thread: `splice` and `sendfile` read the file, which may wait for the disk. A
+/// read of the file that moves nothing means the file ends before the region:
+/// [`Turn::Truncated`] (never a retry, which would spin).
 fn send_some(
     stream: &TcpStream,
     response: &Response,

@@ -615,7 +615,7 @@ struct Connection {
     security_protocol: SecurityProtocol,
     principal: KafkaPrincipal,
     peer: SocketAddr,
-    /// A plain TCP stream: responses may send file regions with `sendfile`.
+    /// A plain TCP stream: responses may send file regions without a copy.
     sends_files: bool,
 }
 
@@ -1158,7 +1158,7 @@ mod tests {
     }
 
     /// A client whose receive buffer is 4 KiB, so the broker's send buffer fills at once and
-    /// every `sendfile` and `send` is partial or meets EAGAIN.
+    /// every `splice` and `send` is partial or meets EAGAIN.
     async fn small_window_client(addr: SocketAddr) -> tokio::net::TcpStream {
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
         socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
@@ -1230,7 +1230,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_region_past_the_end_of_its_file_closes_the_connection() {
-        // The file was cut after the response was built: sendfile reaches its end with bytes
+        // The file was cut after the response was built: the splice reaches its end with bytes
         // of the frame still owed.
         let file = patterned_file(1 << 20);
         let handler = Arc::new(Regions {

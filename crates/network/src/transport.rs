@@ -8,7 +8,7 @@
 //!
 //! A layer hands the connection over as a [`Stream`]: [`Stream::Tcp`] when the bytes written
 //! reach the peer as they are (plaintext), so responses may send file regions with
-//! `sendfile` (zero-copy fetch); [`Stream::Other`] for a transport that transforms them (TLS),
+//! `splice` (zero-copy fetch); [`Stream::Other`] for a transport that transforms them (TLS),
 //! whose responses read file regions into memory first.
 
 use std::future::Future;
@@ -27,7 +27,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Transport for T {}
 
 /// The byte stream of an established connection.
 pub enum Stream {
-    /// The TCP stream itself: file regions of responses are sent with `sendfile`.
+    /// The TCP stream itself: file regions of responses are sent without a copy.
     Tcp(TcpStream),
     /// A transport over it (TLS): file regions are read into memory and written.
     Other(Box<dyn Transport>),

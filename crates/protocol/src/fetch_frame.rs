@@ -1,5 +1,5 @@
 //! A Fetch response frame whose record sets are placed apart from the encoded fields, so the
-//! broker can send each from where it lies (a segment file, with sendfile) instead of copying
+//! broker can send each from where it lies (a segment file, with splice) instead of copying
 //! it into the frame.
 //!
 //! [`encode_fetch_response`] writes the same bytes as `kafka-protocol`'s `FetchResponse`

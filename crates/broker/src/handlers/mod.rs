@@ -301,7 +301,7 @@ impl gregor_network::RequestHandler for KafkaApis {
     }
 
     /// On the I/O pool (`num.io.threads`), as the log reads: a zero-copy fetch response's
-    /// `sendfile` waits for the disk when the segment is not in the page cache, and then holds
+    /// `splice` waits for the disk when the segment is not in the page cache, and then holds
     /// an I/O thread, not an async worker; the pool's threads bound how many such waits run at
     /// once. A job refused because the pool is shut down is dropped (its connection closes).
     fn run_blocking(&self, job: Box<dyn FnOnce() + Send + 'static>) {
