@@ -128,6 +128,8 @@ pub fn api_key(name: &str) -> Result<ApiKey> {
         "DescribeTopicPartitions" => ApiKey::DescribeTopicPartitions,
         "UpdateFeatures" => ApiKey::UpdateFeatures,
         "DescribeQuorum" => ApiKey::DescribeQuorum,
+        "WriteTxnMarkers" => ApiKey::WriteTxnMarkers,
+        "DescribeProducers" => ApiKey::DescribeProducers,
         other => bail!("unknown api {other:?} in scenario"),
     })
 }
@@ -247,6 +249,10 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                 .collect::<Result<Vec<_>>>()?;
             RequestKind::Produce(
                 ProduceRequest::default()
+                    .with_transactional_id(
+                        opt_string(b, "transactional_id")
+                            .map(kafka_protocol::messages::TransactionalId),
+                    )
                     .with_acks(i16f(b, "acks", -1)?)
                     .with_timeout_ms(i32f(b, "timeout_ms", 5_000)?)
                     .with_topic_data(topic_data),
@@ -465,8 +471,61 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                     .with_timeout_ms(i32f(b, "timeout_ms", 30_000)?),
             )
         }
+        // `{"markers": [{"producer_id", "producer_epoch", "commit", "coordinator_epoch",
+        //   "topics": [{"name", "partitions": [0]}]}]}`
+        ApiKey::WriteTxnMarkers => {
+            use kafka_protocol::messages::write_txn_markers_request::{
+                WritableTxnMarker, WritableTxnMarkerTopic,
+            };
+            let markers = list(b, "markers")
+                .iter()
+                .map(|m| {
+                    let topics = list(m, "topics")
+                        .iter()
+                        .map(|t| {
+                            Ok(WritableTxnMarkerTopic::default()
+                                .with_name(topic(string(t, "name")?))
+                                .with_partition_indexes(i32_list(t, "partitions")?))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(WritableTxnMarker::default()
+                        .with_producer_id(kafka_protocol::messages::ProducerId(int(
+                            m,
+                            "producer_id",
+                            -1,
+                        )?))
+                        .with_producer_epoch(i16f(m, "producer_epoch", 0)?)
+                        .with_transaction_result(boolf(m, "commit", false))
+                        .with_coordinator_epoch(i32f(m, "coordinator_epoch", 0)?)
+                        .with_topics(topics))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            RequestKind::WriteTxnMarkers(
+                kafka_protocol::messages::WriteTxnMarkersRequest::default().with_markers(markers),
+            )
+        }
+        // `{"topics": [{"name", "partitions": [0]}]}`
+        ApiKey::DescribeProducers => {
+            use kafka_protocol::messages::describe_producers_request::TopicRequest;
+            let topics = list(b, "topics")
+                .iter()
+                .map(|t| {
+                    Ok(TopicRequest::default()
+                        .with_name(topic(string(t, "name")?))
+                        .with_partition_indexes(i32_list(t, "partitions")?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            RequestKind::DescribeProducers(
+                kafka_protocol::messages::DescribeProducersRequest::default().with_topics(topics),
+            )
+        }
         ApiKey::InitProducerId => RequestKind::InitProducerId(
             InitProducerIdRequest::default()
+                // Null unless given (the generated default is the empty string).
+                .with_transactional_id(
+                    opt_string(b, "transactional_id")
+                        .map(kafka_protocol::messages::TransactionalId),
+                )
                 .with_transaction_timeout_ms(i32f(b, "transaction_timeout_ms", 60_000)?)
                 .with_producer_id(kafka_protocol::messages::ProducerId(int(
                     b,
@@ -643,7 +702,9 @@ const BASE_TIMESTAMP_MS: i64 = 1_700_000_000_000;
 /// The records of a Produce partition, from a spec:
 /// `{"count": 3, "value_size": 10, "compression": "none|gzip|snappy|lz4|zstd",
 ///   "base_offset": 0, "corrupt_crc": false, "magic": 2, "timestamp": ms, "step_ms": 1,
-///   "keys": false}`.
+///   "keys": false, "producer_id": -1, "producer_epoch": 0, "base_sequence": 0,
+///   "transactional": false}` (a producer id makes the batch idempotent, and transactional
+/// with `transactional`).
 pub fn records(spec: &Value) -> Result<Vec<u8>> {
     let count = int(spec, "count", 1)?;
     let value_size = usize::try_from(int(spec, "value_size", 10)?)?;
@@ -668,6 +729,16 @@ pub fn records(spec: &Value) -> Result<Vec<u8>> {
         other => bail!("unknown compression {other}"),
     };
     let mut builder = BatchBuilder::new(0, ts).compression(codec);
+    let producer_id = int(spec, "producer_id", -1)?;
+    if producer_id >= 0 {
+        builder = builder
+            .producer(
+                producer_id,
+                i16f(spec, "producer_epoch", 0)?,
+                i32f(spec, "base_sequence", 0)?,
+            )
+            .transactional(boolf(spec, "transactional", false), false);
+    }
     for i in 0..count {
         let key = format!("key-{i}");
         builder = builder.record(

@@ -18,7 +18,8 @@
 //!   `initial * 2^failures`, at most [`Backoff::max`] (10 s); Kafka adds 2% jitter, this
 //!   does not.
 //! - A partition answered with an error is queued again (an assignment of it queued meanwhile
-//!   wins); before each send, assignments that no longer apply are dropped: the topic or
+//!   wins); a response that accepted none counts as a failure for the backoff (Kafka starts
+//!   over at 100 ms, so a lasting refusal is retried ten times a second); before each send, assignments that no longer apply are dropped: the topic or
 //!   partition is gone, this broker is no longer a replica, or the registration already names
 //!   that directory.
 //!
@@ -485,8 +486,11 @@ fn handle_response(
             partitions = assigned,
             "the controller recorded the directories of replicas"
         );
+        return 0;
     }
-    0
+    // Every partition refused: Kafka starts over at the short delay, which retries a lasting
+    // refusal ten times a second; back off as after a failed send until one is accepted.
+    failures.saturating_add(1)
 }
 
 #[cfg(test)]
@@ -792,6 +796,37 @@ mod tests {
             r.stop.send(true).unwrap();
             r.task.await.unwrap();
         }
+    }
+
+    /// A response that refuses every partition backs off as a failed send does; one that
+    /// accepts any starts over.
+    #[test]
+    fn a_response_refusing_every_partition_backs_off() {
+        let topic = Uuid::new_v4();
+        let a = Uuid::new_v4();
+        let manager = AssignmentsManager::new(NODE, Vec::new());
+        let request = build_request(NODE, 42, [(topic, 0, a), (topic, 1, a)]);
+        let batch = |m: &AssignmentsManager| {
+            m.on_assignment(topic, 0, a);
+            m.on_assignment(topic, 1, a);
+            m.take_batch(&image(topic, 2)).0
+        };
+        let refused = answer(&request, |_, _| ec::NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(
+            handle_response(&manager, Ok(refused.clone()), batch(&manager), 3),
+            4
+        );
+        let one_accepted = answer(&request, |_, p| {
+            if p == 0 {
+                ec::NONE
+            } else {
+                ec::NOT_LEADER_OR_FOLLOWER
+            }
+        });
+        assert_eq!(
+            handle_response(&manager, Ok(one_accepted), batch(&manager), 4),
+            0
+        );
     }
 
     /// Assignments that no longer apply are dropped before a send: the topic was deleted,

@@ -24,6 +24,14 @@
 //! | OffsetFetch | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | DeleteGroups, OffsetDelete | `Delete` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | ListGroups | `Describe` on the Cluster, else only the groups with `Describe` | (filtered) |
+//! | FindCoordinator (transactional id) | `Describe` on the TransactionalId | TRANSACTIONAL_ID_AUTHORIZATION_FAILED |
+//! | AddPartitionsToTxn v0-3 | `Write` on the TransactionalId, `Write` on each (non-internal) Topic | TRANSACTIONAL_ID_ / TOPIC_AUTHORIZATION_FAILED |
+//! | AddPartitionsToTxn v4+ (brokers) | `ClusterAction` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | AddOffsetsToTxn | `Write` on the TransactionalId, `Read` on the Group | TRANSACTIONAL_ID_ / GROUP_AUTHORIZATION_FAILED |
+//! | EndTxn | `Write` on the TransactionalId | TRANSACTIONAL_ID_AUTHORIZATION_FAILED |
+//! | TxnOffsetCommit | `Write` on the TransactionalId, `Read` on the Group and each Topic | TRANSACTIONAL_ID_ / GROUP_ / TOPIC_AUTHORIZATION_FAILED |
+//! | DescribeTransactions | `Describe` on the TransactionalId (topics without `Describe` left out) | TRANSACTIONAL_ID_AUTHORIZATION_FAILED |
+//! | ListTransactions | only the transactional ids with `Describe` | (filtered) |
 
 use gregor_network::RequestContext;
 

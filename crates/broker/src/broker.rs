@@ -17,6 +17,10 @@ use crate::config::BrokerConfig;
 use crate::group_coordinator::GroupCoordinator;
 use crate::replica_manager::ReplicaManager;
 
+/// The environment variable that turns transactions on (`1`) until both halves of issue 12
+/// (the transaction coordinator and the partition side) are merged.
+pub const TRANSACTIONS_GATE_ENV: &str = "GREGOR_TRANSACTIONS";
+
 /// Hands out producer ids from blocks the controller allocates durably.
 struct ProducerIdBlock {
     next: i64,
@@ -55,6 +59,14 @@ pub struct Broker {
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
+    /// Transactional ids and their transactions (`__transaction_state`). Serves clients only
+    /// when [`Broker::transactions_enabled`].
+    pub transaction_coordinator: Arc<gregor_coordinator::transaction::TransactionCoordinator>,
+    /// The gate of transactions while the partition side (transactional produce, markers,
+    /// LSO) is not merged: off, InitProducerId and FindCoordinator for a transactional id
+    /// answer TRANSACTIONAL_ID_AUTHORIZATION_FAILED at once and the transaction APIs are not
+    /// advertised. On with the environment variable `GREGOR_TRANSACTIONS=1` (tests).
+    transactions_enabled: bool,
     /// Incremental fetch sessions (KIP-227), sized by
     /// `max.incremental.fetch.session.cache.slots`.
     pub fetch_sessions: crate::fetch_session::FetchSessionCache,
@@ -63,14 +75,19 @@ pub struct Broker {
     pub bound: Vec<SocketAddr>,
     /// Decides what each request's principal may do (allows everything until ACLs land).
     pub authorizer: Arc<dyn Authorizer>,
+    /// What the group coordinator does when a transaction with offset commits ends (called
+    /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
+    /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
+    pub txn_offsets_completion:
+        std::sync::OnceLock<Arc<dyn crate::txn_markers::TxnOffsetsCompletion>>,
     started: Instant,
 }
 
 impl Broker {
     /// Wires the broker's services together. Called once by [`crate::server::start`]. The
-    /// group coordinator reaches the broker's partitions and metadata through weak handles
-    /// (`coordinator_writer`), so the broker is built cyclically: `group_coordinator` builds it
-    /// from the broker's weak handle.
+    /// coordinators reach the broker's partitions and metadata through weak handles
+    /// (`coordinator_writer`), so the broker is built cyclically: `coordinators` builds the
+    /// group and the transaction coordinator from the broker's weak handle.
     pub(crate) fn new(
         config: BrokerConfig,
         cluster_id: String,
@@ -78,28 +95,44 @@ impl Broker {
         replica_manager: ReplicaManager,
         bound: Vec<SocketAddr>,
         authorizer: Arc<dyn Authorizer>,
-        group_coordinator: impl FnOnce(&Weak<Broker>) -> GroupCoordinator,
+        coordinators: impl FnOnce(
+            &Weak<Broker>,
+        ) -> (
+            GroupCoordinator,
+            Arc<gregor_coordinator::transaction::TransactionCoordinator>,
+        ),
     ) -> Arc<Self> {
-        Arc::new_cyclic(|weak| Self {
-            group_coordinator: group_coordinator(weak),
-            fetch_sessions: crate::fetch_session::FetchSessionCache::new(
-                config.max_incremental_fetch_session_cache_slots(),
-                config.min_incremental_fetch_session_eviction_ms(),
-            ),
-            config,
-            cluster_id,
-            controller,
-            replica_manager,
-            raft: std::sync::OnceLock::new(),
-            controller_client: std::sync::OnceLock::new(),
-            replica_fetchers: std::sync::OnceLock::new(),
-            assignments: std::sync::OnceLock::new(),
-            broker_epoch: std::sync::atomic::AtomicI64::new(-1),
-            producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
-            bound,
-            authorizer,
-            started: Instant::now(),
+        Arc::new_cyclic(|weak| {
+            let (group_coordinator, transaction_coordinator) = coordinators(weak);
+            Self {
+                group_coordinator,
+                transaction_coordinator,
+                transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
+                fetch_sessions: crate::fetch_session::FetchSessionCache::new(
+                    config.max_incremental_fetch_session_cache_slots(),
+                    config.min_incremental_fetch_session_eviction_ms(),
+                ),
+                config,
+                cluster_id,
+                controller,
+                replica_manager,
+                raft: std::sync::OnceLock::new(),
+                controller_client: std::sync::OnceLock::new(),
+                replica_fetchers: std::sync::OnceLock::new(),
+                assignments: std::sync::OnceLock::new(),
+                broker_epoch: std::sync::atomic::AtomicI64::new(-1),
+                producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
+                bound,
+                authorizer,
+                txn_offsets_completion: std::sync::OnceLock::new(),
+                started: Instant::now(),
+            }
         })
+    }
+
+    /// Whether transactions are served (see the field): `GREGOR_TRANSACTIONS=1` at start-up.
+    pub fn transactions_enabled(&self) -> bool {
+        self.transactions_enabled
     }
 
     /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal

@@ -590,6 +590,9 @@ pub struct BrokerConfig {
     pub fetch_zero_copy_enable: bool,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
+    /// Transaction coordinator settings (`transaction.*`, `transactional.id.expiration.ms`,
+    /// `request.timeout.ms`).
+    pub transactions: gregor_coordinator::transaction::TransactionConfig,
     /// `queued.max.request.bytes`, default -1 (unbounded): bytes of requests read and not yet
     /// handled, across all connections; when set, at least `socket.request.max.bytes`.
     pub queued_max_request_bytes: i64,
@@ -662,6 +665,16 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "1.7976931348623157E308",
     ),
     ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
+    // How long the broker's own requests (WriteTxnMarkers' appends, KIP-890 verification)
+    // wait (Kafka's `request.timeout.ms`).
+    ("request.timeout.ms", ConfigType::Int, "30000"),
+    // KIP-890: a partition leader asks the transaction coordinator before a producer's first
+    // transactional write to the partition (Kafka's `TransactionLogConfig`).
+    (
+        "transaction.partition.verification.enable",
+        ConfigType::Boolean,
+        "true",
+    ),
     ("num.recovery.threads.per.data.dir", ConfigType::Int, "2"),
     // Replica fetchers (Kafka's `ReplicationConfigs`).
     ("num.replica.fetchers", ConfigType::Int, "1"),
@@ -1165,6 +1178,9 @@ impl BrokerConfig {
             fetch_zero_copy_enable: get("fetch.zero.copy.enable")
                 .is_none_or(|v| v.eq_ignore_ascii_case("true")),
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
+            transactions: gregor_coordinator::transaction::TransactionConfig::from_properties(
+                &props,
+            )?,
             raw: props,
         };
         Ok((cfg, report))
@@ -1911,6 +1927,32 @@ impl BrokerConfig {
                     .or_else(|| brokers().next())
                     .map(|l| l.name.clone())
             })
+    }
+
+    /// `request.timeout.ms` (default 30 s): how long WriteTxnMarkers waits for its markers to
+    /// be replicated (acks=all), and a KIP-890 verification for the transaction
+    /// coordinator's answer.
+    pub fn request_timeout_ms(&self) -> i64 {
+        self.raw
+            .get("request.timeout.ms")
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .filter(|v| *v >= 0)
+            .unwrap_or(30_000)
+    }
+
+    /// `transaction.partition.verification.enable` (default true, KIP-890; a cluster-wide
+    /// dynamic config in Kafka): the dynamic value in `dynamic` if set, else the static one.
+    pub fn transaction_partition_verification_enable(
+        &self,
+        dynamic: &DynamicBrokerConfigs,
+    ) -> bool {
+        let key = "transaction.partition.verification.enable";
+        dynamic
+            .get(key)
+            .map(|(v, _)| v)
+            .or_else(|| self.raw.get(key).map(String::as_str))
+            .and_then(|v| v.trim().parse::<bool>().ok())
+            .unwrap_or(true)
     }
 
     /// `producer.id.expiration.ms` (default one day): idle producers' state is dropped after

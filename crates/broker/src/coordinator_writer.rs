@@ -1,7 +1,9 @@
 //! The broker's side of the coordinator runtime (`gregor-coordinator`): the
 //! [`PartitionWriter`] over the replica manager, the [`TopicMetadata`] over the metadata image,
-//! the creation of `__consumer_offsets`, and the leadership events that load and unload
-//! coordinator partitions. Everything the coordinators need from the broker goes through this
+//! the creation of `__consumer_offsets` and `__transaction_state`, and the transaction
+//! coordinator's services ([`BrokerTransactionServices`]: producer ids from the controller's
+//! blocks, WriteTxnMarkers to partition leaders over the inter-broker listener, the finalized
+//! `transaction.version`). Everything the coordinators need from the broker goes through this
 //! file.
 
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use gregor_coordinator::group::{GroupConfigError, GROUP_METADATA_TOPIC_NAME};
 use gregor_coordinator::runtime::{HighWatermarkFuture, PartitionWriter, TopicMetadata};
 use gregor_metadata::controller::NewTopic;
 use gregor_protocol::error::ErrorCode;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::broker::Broker;
@@ -68,7 +70,9 @@ impl PartitionWriter for BrokerPartitionWriter {
             return Err((ErrorCode::NotLeaderOrFollower, String::new()));
         };
         let append = |p: &Partition, batch: &mut [u8]| {
-            p.append_records_as_leader(batch, -1)
+            // Kafka's AppendOrigin.COORDINATOR: no sequence checks (coordinator batches carry
+            // none), producer epoch and transaction state checked.
+            p.append_records_as_leader_from(batch, -1, gregor_log::AppendOrigin::Coordinator, None)
                 .map(|info| info.last_offset + 1)
                 .map_err(|r| (ErrorCode::for_code(r.code), r.message))
         };
@@ -119,6 +123,26 @@ impl PartitionWriter for BrokerPartitionWriter {
             return Err((ErrorCode::NotLeaderOrFollower, String::new()));
         };
         p.read(offset, max_bytes, 0, true)
+            .map(|r| r.records)
+            .map_err(|e| (e.error_code(), e.to_string()))
+    }
+
+    fn log_end_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partition(topic, partition)
+            .map(|p| p.log.log_end_offset())
+    }
+
+    fn read_for_load(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, (ErrorCode, String)> {
+        let Some(p) = self.partition(topic, partition) else {
+            return Err((ErrorCode::NotLeaderOrFollower, String::new()));
+        };
+        p.read_bounded(offset, max_bytes, p.log.log_end_offset(), true)
             .map(|r| r.records)
             .map_err(|e| (e.error_code(), e.to_string()))
     }
@@ -268,4 +292,323 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), i16> {
         }
     }
     Ok(())
+}
+
+/// The replication factor and `min.insync.replicas` of `__transaction_state`:
+/// `transaction.state.log.replication.factor` and `transaction.state.log.min.isr` (3 and 2,
+/// Kafka's defaults; creation fails with COORDINATOR_NOT_AVAILABLE until that many brokers are
+/// registered). In a single-node cluster both are capped at the registered brokers, as for
+/// `__consumer_offsets` (Kafka's single-node example config sets both to 1).
+fn transaction_state_topic_factors(
+    broker: &Broker,
+    image: &gregor_metadata::MetadataImage,
+) -> (i16, i32) {
+    let config = &broker.config.transactions;
+    let voters = &broker.config.quorum.voters;
+    let single_node = voters.len() == 1 && voters.contains(broker.config.node_id);
+    if single_node {
+        let brokers = image.brokers.len().max(1);
+        let rf = config
+            .state_log_replication_factor
+            .min(i16::try_from(brokers).unwrap_or(i16::MAX));
+        (rf, config.state_log_min_isr.min(i32::from(rf)))
+    } else {
+        (
+            config.state_log_replication_factor,
+            config.state_log_min_isr,
+        )
+    }
+}
+
+/// Creates `__transaction_state` if it does not exist (Kafka creates it on the first
+/// FindCoordinator for a transactional id): `transaction.state.log.num.partitions`
+/// partitions, compacted, uncompressed, `min.insync.replicas` from
+/// `transaction.state.log.min.isr`, `transaction.state.log.segment.bytes`, no unclean leader
+/// election (Kafka's `transactionTopicConfigs`). The metadata loader loads the partitions this
+/// broker leads before the creation returns.
+///
+/// # Errors
+/// The Kafka error code to return to the client (COORDINATOR_NOT_AVAILABLE).
+pub async fn ensure_transaction_state_topic(broker: &Broker) -> Result<(), i16> {
+    use gregor_coordinator::transaction::TRANSACTION_STATE_TOPIC_NAME;
+    let config = &broker.config.transactions;
+    let image = broker.controller.image();
+    if image.topic(TRANSACTION_STATE_TOPIC_NAME).is_some() {
+        return Ok(());
+    }
+    let (rf, min_isr) = transaction_state_topic_factors(broker, &image);
+    let mut configs = BTreeMap::new();
+    configs.insert("cleanup.policy".to_string(), "compact".to_string());
+    configs.insert("compression.type".to_string(), "uncompressed".to_string());
+    configs.insert("min.insync.replicas".to_string(), min_isr.to_string());
+    configs.insert(
+        "segment.bytes".to_string(),
+        config.state_log_segment_bytes.to_string(),
+    );
+    configs.insert(
+        "unclean.leader.election.enable".to_string(),
+        "false".to_string(),
+    );
+    let t = NewTopic {
+        name: TRANSACTION_STATE_TOPIC_NAME.to_string(),
+        num_partitions: config.state_log_num_partitions,
+        replication_factor: rf,
+        assignments: vec![],
+        configs,
+    };
+    let created = broker.create_topics_internal(vec![t]).await.and_then(|r| {
+        r.into_iter().next().unwrap_or(Err(
+            gregor_metadata::ControllerError::UnknownTopicOrPartition,
+        ))
+    });
+    match created {
+        Ok(_) => {
+            info!(
+                partitions = config.state_log_num_partitions,
+                replication_factor = rf,
+                "created {TRANSACTION_STATE_TOPIC_NAME}"
+            );
+        }
+        Err(e) if e.error_code() == ErrorCode::TopicAlreadyExists => {}
+        Err(e) => {
+            warn!(error = %e, "cannot create {TRANSACTION_STATE_TOPIC_NAME}");
+            return Err(ErrorCode::CoordinatorNotAvailable.code());
+        }
+    }
+    Ok(())
+}
+
+/// The transaction coordinator's services over the broker (Kafka's `ProducerIdManager`,
+/// `TransactionMarkerChannelManager` network side and `MetadataCache` feature level).
+pub struct BrokerTransactionServices {
+    broker: Weak<Broker>,
+}
+
+impl BrokerTransactionServices {
+    /// Services of the broker behind `broker`.
+    pub fn new(broker: Weak<Broker>) -> Arc<Self> {
+        Arc::new(Self { broker })
+    }
+}
+
+/// WriteTxnMarkers version sent (v1: flexible; v0 was removed in Kafka 4).
+const WRITE_TXN_MARKERS_VERSION: i16 = 1;
+/// Largest WriteTxnMarkers response accepted (bytes): a few bytes per partition.
+const MARKER_RESPONSE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+impl gregor_coordinator::transaction::TransactionServices for BrokerTransactionServices {
+    fn generate_producer_id(
+        &self,
+    ) -> gregor_coordinator::transaction::BoxFuture<Result<i64, ErrorCode>> {
+        let broker = self.broker.clone();
+        Box::pin(async move {
+            let Some(b) = broker.upgrade() else {
+                return Err(ErrorCode::CoordinatorNotAvailable);
+            };
+            b.next_producer_id().await.map_err(|e| {
+                warn!(error = %e, "cannot allocate producer ids");
+                ErrorCode::CoordinatorNotAvailable
+            })
+        })
+    }
+
+    fn send_markers(
+        &self,
+        request: gregor_coordinator::transaction::MarkerRequest,
+    ) -> gregor_coordinator::transaction::BoxFuture<
+        Vec<(gregor_coordinator::transaction::TxnPartition, ErrorCode)>,
+    > {
+        let broker = self.broker.clone();
+        Box::pin(async move {
+            let Some(b) = broker.upgrade() else {
+                return request
+                    .partitions
+                    .into_iter()
+                    .map(|tp| (tp, ErrorCode::NotLeaderOrFollower))
+                    .collect();
+            };
+            send_markers(&b, request).await
+        })
+    }
+
+    fn transaction_version(&self) -> i16 {
+        self.broker.upgrade().map_or(0, |b| {
+            b.controller
+                .image()
+                .features
+                .get("transaction.version")
+                .copied()
+                .unwrap_or(0)
+        })
+    }
+}
+
+/// Sends `request`'s markers: one WriteTxnMarkers per partition leader, on the inter-broker
+/// listener (to this broker too, as Kafka does), concurrently. A partition whose topic is gone
+/// is done (Kafka drops its marker); a partition without a live leader, or whose leader did not
+/// answer, is NOT_LEADER_OR_FOLLOWER / REQUEST_TIMED_OUT (retried by the coordinator).
+async fn send_markers(
+    broker: &Arc<Broker>,
+    request: gregor_coordinator::transaction::MarkerRequest,
+) -> Vec<(gregor_coordinator::transaction::TxnPartition, ErrorCode)> {
+    use gregor_protocol::kafka_protocol::messages::write_txn_markers_request::{
+        WritableTxnMarker, WritableTxnMarkerTopic,
+    };
+    use gregor_protocol::kafka_protocol::messages::{
+        ApiKey, ProducerId, RequestKind, ResponseKind, TopicName, WriteTxnMarkersRequest,
+    };
+    let image = broker.controller.image();
+    let listener = broker.config.inter_broker_listener_name();
+    let (producer_id, producer_epoch, commit, coordinator_epoch) = (
+        request.producer_id,
+        request.producer_epoch,
+        request.commit,
+        request.coordinator_epoch,
+    );
+    let mut out = Vec::new();
+    let mut by_leader: BTreeMap<(i32, String), Vec<(String, i32)>> = BTreeMap::new();
+    for (topic, partition) in request.partitions {
+        let Some(t) = image.topic(&topic) else {
+            info!(%topic, partition, "the topic of a transaction marker is gone; the marker is dropped");
+            out.push(((topic, partition), ErrorCode::None));
+            continue;
+        };
+        let Some(p) = t.partitions.get(&partition) else {
+            out.push(((topic, partition), ErrorCode::None));
+            continue;
+        };
+        let address = image
+            .brokers
+            .get(&p.leader)
+            .filter(|b| !b.fenced)
+            .and_then(|b| match &listener {
+                Some(name) => b.endpoint(name),
+                None => b.endpoints.first(),
+            })
+            .map(|e| format!("{}:{}", e.host, e.port));
+        match address {
+            Some(a) => by_leader
+                .entry((p.leader, a))
+                .or_default()
+                .push((topic, partition)),
+            None => out.push(((topic, partition), ErrorCode::NotLeaderOrFollower)),
+        }
+    }
+    let timeout = std::time::Duration::from_millis(
+        u64::try_from(broker.config.transactions.request_timeout_ms).unwrap_or(30_000),
+    );
+    let client_id = format!("broker-{}-txn-marker-sender", broker.config.node_id);
+    let sends = by_leader.into_iter().map(|((leader, address), partitions)| {
+        let client_id = client_id.clone();
+        let mut topics: Vec<WritableTxnMarkerTopic> = Vec::new();
+        for (t, p) in &partitions {
+            match topics.last_mut() {
+                Some(last) if last.name.0.as_str() == t => last.partition_indexes.push(*p),
+                _ => topics.push(
+                    WritableTxnMarkerTopic::default()
+                        .with_name(TopicName(crate::handlers::sb(t)))
+                        .with_partition_indexes(vec![*p]),
+                ),
+            }
+        }
+        let body = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+            .with_producer_id(ProducerId(producer_id))
+            .with_producer_epoch(producer_epoch)
+            .with_transaction_result(commit)
+            .with_topics(topics)
+            .with_coordinator_epoch(coordinator_epoch)]);
+        async move {
+            let sent = async {
+                let mut conn = crate::replica_fetcher::connection::BrokerConnection::connect(
+                    &address,
+                    client_id,
+                    timeout,
+                    MARKER_RESPONSE_MAX_BYTES,
+                )
+                .await?;
+                conn.request(
+                    ApiKey::WriteTxnMarkers,
+                    WRITE_TXN_MARKERS_VERSION,
+                    RequestKind::WriteTxnMarkers(body),
+                )
+                .await
+            }
+            .await;
+            let mut results: Vec<((String, i32), ErrorCode)> = Vec::new();
+            match sent {
+                Ok(ResponseKind::WriteTxnMarkers(r)) => {
+                    let answered: BTreeMap<(String, i32), i16> = r
+                        .markers
+                        .iter()
+                        .filter(|m| m.producer_id.0 == producer_id)
+                        .flat_map(|m| {
+                            m.topics.iter().flat_map(|t| {
+                                t.partitions.iter().map(move |p| {
+                                    ((t.name.0.to_string(), p.partition_index), p.error_code)
+                                })
+                            })
+                        })
+                        .collect();
+                    for tp in partitions {
+                        let code = answered
+                            .get(&tp)
+                            .map_or(ErrorCode::RequestTimedOut, |c| ErrorCode::for_code(*c));
+                        results.push((tp, code));
+                    }
+                }
+                Ok(_) => {
+                    warn!(leader, "unexpected response kind to WriteTxnMarkers");
+                    results.extend(partitions.into_iter().map(|tp| (tp, ErrorCode::RequestTimedOut)));
+                }
+                Err(e) => {
+                    debug!(leader, error = %e, "WriteTxnMarkers failed; the markers are retried");
+                    results.extend(partitions.into_iter().map(|tp| (tp, ErrorCode::RequestTimedOut)));
+                }
+            }
+            results
+        }
+    });
+    let handles: Vec<_> = sends.map(tokio::spawn).collect();
+    for h in handles {
+        match h.await {
+            Ok(r) => out.extend(r),
+            Err(e) => warn!(error = %e, "a marker send task failed"),
+        }
+    }
+    out
+}
+
+/// The group coordinator as the hook of transaction markers written to `__consumer_offsets`
+/// partitions ([`crate::txn_markers::TxnOffsetsCompletion`], Kafka's
+/// `GroupCoordinator.onTransactionCompleted`): the producer's pending transactional offsets
+/// there become committed, or are dropped.
+pub struct GroupTxnOffsetsCompletion {
+    broker: Weak<Broker>,
+}
+
+impl GroupTxnOffsetsCompletion {
+    /// The hook of the broker behind `broker`.
+    pub fn new(broker: Weak<Broker>) -> Arc<Self> {
+        Arc::new(Self { broker })
+    }
+}
+
+impl crate::txn_markers::TxnOffsetsCompletion for GroupTxnOffsetsCompletion {
+    fn on_transaction_completed(
+        &self,
+        producer_id: i64,
+        _producer_epoch: i16,
+        partitions: &[i32],
+        result: gregor_protocol::control::TransactionResult,
+    ) -> Result<(), i16> {
+        let Some(b) = self.broker.upgrade() else {
+            return Err(ErrorCode::NotCoordinator.code());
+        };
+        let commit = result == gregor_protocol::control::TransactionResult::Commit;
+        for p in partitions {
+            b.group_coordinator
+                .complete_transaction(*p, producer_id, commit);
+        }
+        Ok(())
+    }
 }

@@ -37,9 +37,13 @@ pub mod replication;
 pub mod server;
 pub mod start_error;
 pub mod storage;
+pub mod txn_markers;
+pub mod txn_verification;
 
 #[cfg(test)]
 mod coordinator_tests;
+#[cfg(test)]
+mod txn_markers_tests;
 
 pub use broker::Broker;
 pub use config::BrokerConfig;

@@ -14,7 +14,7 @@
 //! this node leads the metadata quorum, the controller channel (BrokerRegistration 62,
 //! BrokerHeartbeat 63) otherwise, so every broker of a cluster registers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -144,10 +144,18 @@ pub async fn start(
     client: &Arc<ControllerClient>,
     cluster_id: &str,
     bound_ports: &[(String, u16)],
+    failed_dirs: &BTreeMap<PathBuf, String>,
 ) -> Result<BrokerLifecycle, StartError> {
     let interval = heartbeat_interval(config);
     let listeners = registration_listeners(config, bound_ports);
-    let dirs: BTreeSet<_> = config.log_dirs.iter().cloned().collect();
+    // Failed dirs are not registered (Kafka registers `LogManager.directoryIdsSet`, the
+    // online dirs): the controller then takes their replicas for offline.
+    let dirs: BTreeSet<_> = config
+        .log_dirs
+        .iter()
+        .filter(|d| !failed_dirs.contains_key(*d))
+        .cloned()
+        .collect();
     let dir_ids: Vec<(PathBuf, Uuid)> =
         crate::storage::verify_ensemble(&dirs, None, config.node_id)
             .map_err(|e| StartError::Storage(e.to_string()))?
@@ -164,7 +172,9 @@ pub async fn start(
         log_dirs,
         // KIP-966: the epoch a clean shutdown recorded; -1 after a crash, so the controller
         // takes this broker out of every ISR and ELR until it has caught up again.
-        previous_broker_epoch: gregor_log::read_clean_shutdown_broker_epoch(&config.log_dirs),
+        previous_broker_epoch: gregor_log::read_clean_shutdown_broker_epoch(
+            &dirs.iter().cloned().collect::<Vec<_>>(),
+        ),
     };
     // A Kafka controller refuses a registration whose feature ranges miss a finalized level
     // with a bare UNSUPPORTED_VERSION (BrokerRegistration has no error message); the image

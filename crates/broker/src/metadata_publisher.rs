@@ -281,7 +281,38 @@ pub async fn install_publishers(broker: &Arc<Broker>) -> Result<(), LoaderError>
                 broker: Arc::downgrade(broker),
             }),
         )))
+        .await?;
+    loader
+        .install_publisher(Arc::new(CoordinatorPublisher::new(
+            gregor_coordinator::transaction::TRANSACTION_STATE_TOPIC_NAME,
+            broker.config.node_id,
+            Arc::new(TransactionCoordinatorLeadership {
+                broker: Arc::downgrade(broker),
+            }),
+        )))
         .await
+}
+
+/// Turns leadership of `__transaction_state` partitions into the transaction coordinator's
+/// `on_became_leader` (load the partition's transactional ids; the leader epoch is the
+/// coordinator epoch of its markers) and `on_resigned` (unload).
+struct TransactionCoordinatorLeadership {
+    broker: Weak<Broker>,
+}
+
+impl CoordinatorLeadership for TransactionCoordinatorLeadership {
+    fn on_became_leader(&self, partition: i32, leader_epoch: i32) {
+        if let Some(b) = self.broker.upgrade() {
+            b.transaction_coordinator
+                .on_became_leader(partition, leader_epoch);
+        }
+    }
+
+    fn on_resigned(&self, partition: i32, _leader_epoch: Option<i32>) {
+        if let Some(b) = self.broker.upgrade() {
+            b.transaction_coordinator.on_resigned(partition);
+        }
+    }
 }
 
 /// Turns leadership of `__consumer_offsets` partitions into the group coordinator's

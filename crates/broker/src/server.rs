@@ -36,8 +36,15 @@ pub const METADATA_DIR: &str = "__gregor_metadata";
 /// the cluster's id and a new directory id. When no dir is formatted yet, gregor formats them
 /// itself, as `gregor storage format` would for a one-node static quorum (a new cluster id,
 /// `metadata.version` 4.4-IV2 and the bootstrap snapshot): that is what keeps `gregor serve`
-/// with no configuration working. Returns the cluster id.
-fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
+/// with no configuration working.
+///
+/// A log dir whose `meta.properties` cannot be read or written for an I/O error (the dir is
+/// a file, read-only, EIO) is left out and returned with the cause, to be started offline as
+/// Kafka does (KIP-112), unless it is the metadata log dir or every log dir failed: then the
+/// start fails, as Kafka's does. Returns the cluster id and the failed dirs.
+fn ensure_storage(
+    config: &BrokerConfig,
+) -> Result<(String, BTreeMap<PathBuf, String>), StartError> {
     let to_start_error = |e: storage::StorageError| match e {
         storage::StorageError::Io { ref path, .. } => StartError::LogDir {
             path: path.clone(),
@@ -48,9 +55,42 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
     let metadata_log_dir = metadata_log_dir(config);
     let mut dirs: BTreeSet<PathBuf> = config.log_dirs.iter().cloned().collect();
     dirs.insert(metadata_log_dir.clone());
-    let formatted =
-        storage::verify_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
+    let (formatted, failed) =
+        storage::load_ensemble(&dirs, None, config.node_id).map_err(to_start_error)?;
+    let mut failed: BTreeMap<PathBuf, String> = failed
+        .into_iter()
+        .map(|(d, e)| (d, e.to_string()))
+        .collect();
+    let check_failed = |failed: &BTreeMap<PathBuf, String>| {
+        if let Some(reason) = failed.get(&metadata_log_dir) {
+            return Err(StartError::LogDir {
+                path: metadata_log_dir.clone(),
+                reason: format!(
+                    "the metadata log dir failed ({reason}); a broker cannot start without it \
+                     (set metadata.log.dir to a healthy dir only with the cluster's metadata \
+                     log copied there)"
+                ),
+            });
+        }
+        if config.log_dirs.iter().all(|d| failed.contains_key(d)) {
+            return Err(StartError::LogDir {
+                path: config.log_dirs[0].clone(),
+                reason: format!(
+                    "every log dir failed: {}",
+                    failed.values().cloned().collect::<Vec<_>>().join("; ")
+                ),
+            });
+        }
+        Ok(())
+    };
+    check_failed(&failed)?;
     let Some(existing) = formatted.values().next() else {
+        if let Some((dir, reason)) = failed.iter().next() {
+            return Err(StartError::LogDir {
+                path: dir.clone(),
+                reason: reason.clone(),
+            });
+        }
         let q = &config.quorum;
         // Only a one-node cluster (this node its own quorum's only voter) formats itself on
         // first start. A node of a larger cluster must join that cluster's id: Kafka refuses
@@ -116,30 +156,49 @@ fn ensure_storage(config: &BrokerConfig) -> Result<String, StartError> {
             info!("{line}");
         }
         info!(cluster_id = %cluster_id, "formatted new storage (use `gregor storage format` to choose the cluster id and quorum)");
-        return Ok(cluster_id);
+        return Ok((cluster_id, failed));
     };
     let cluster_id = existing.cluster_id.clone();
     let mut taken: BTreeSet<uuid::Uuid> =
         formatted.values().filter_map(|p| p.directory_id).collect();
-    for dir in dirs.iter().filter(|d| !formatted.contains_key(*d)) {
+    let unformatted: Vec<PathBuf> = dirs
+        .iter()
+        .filter(|d| !formatted.contains_key(*d) && !failed.contains_key(*d))
+        .cloned()
+        .collect();
+    for dir in &unformatted {
         let directory_id = loop {
             let id = storage::random_uuid();
             if taken.insert(id) {
                 break id;
             }
         };
-        storage::write_meta_properties(
-            dir,
-            &storage::MetaProperties {
-                cluster_id: cluster_id.clone(),
-                node_id: config.node_id,
-                directory_id: Some(directory_id),
-            },
-        )
-        .map_err(to_start_error)?;
-        info!(dir = %dir.display(), "wrote meta.properties in a new log dir");
+        let written = std::fs::create_dir_all(dir)
+            .map_err(|source| storage::StorageError::Io {
+                context: "creating",
+                path: dir.clone(),
+                source,
+            })
+            .and_then(|()| {
+                storage::write_meta_properties(
+                    dir,
+                    &storage::MetaProperties {
+                        cluster_id: cluster_id.clone(),
+                        node_id: config.node_id,
+                        directory_id: Some(directory_id),
+                    },
+                )
+            });
+        match written {
+            Ok(()) => info!(dir = %dir.display(), "wrote meta.properties in a new log dir"),
+            Err(e @ storage::StorageError::Io { .. }) => {
+                failed.insert(dir.clone(), e.to_string());
+                check_failed(&failed)?;
+            }
+            Err(e) => return Err(to_start_error(e)),
+        }
     }
-    Ok(cluster_id)
+    Ok((cluster_id, failed))
 }
 
 /// `metadata.log.dir`, default the first of `log.dirs` (Kafka's `metadataLogDir`).
@@ -310,7 +369,7 @@ pub async fn start_with_authorizer(
             reason: "no log.dirs configured".into(),
         });
     }
-    let cluster_id = ensure_storage(&config)?;
+    let (cluster_id, mut failed_dirs) = ensure_storage(&config)?;
     let legacy_dir = config.log_dirs[0].join(METADATA_DIR);
     // Kafka's KafkaRaftManager locks a metadata.log.dir that is not one of log.dirs (the log
     // manager locks those), before the metadata log is opened.
@@ -326,12 +385,30 @@ pub async fn start_with_authorizer(
     // Every log dir is locked now, before the metadata log (in one of them, usually) opens: a
     // second process on the same directories stops here, before it can join the quorum as
     // this node. The log manager holds the locks from then on.
-    let dir_locks = config
-        .log_dirs
-        .iter()
-        .map(|d| gregor_log::lock_dir(d))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| StartError::Logs(e.to_string()))?;
+    // A dir that cannot be locked for an I/O error (read-only: the lock file cannot be
+    // opened for writing) starts offline, as in Kafka's `LogManager.lockLogDirs`; one that
+    // another process holds stops the start.
+    let mut dir_locks = Vec::with_capacity(config.log_dirs.len());
+    for d in &config.log_dirs {
+        if let Some(reason) = failed_dirs.get(d) {
+            dir_locks.push(Err(reason.clone()));
+            continue;
+        }
+        match gregor_log::lock_dir(d) {
+            Ok(lock) => dir_locks.push(Ok(lock)),
+            Err(e @ gregor_log::LogError::Io { .. }) if !same(d, &metadata_dir) => {
+                failed_dirs.insert(d.clone(), e.to_string());
+                dir_locks.push(Err(e.to_string()));
+            }
+            Err(e) => return Err(StartError::Logs(e.to_string())),
+        }
+    }
+    if config.log_dirs.iter().all(|d| failed_dirs.contains_key(d)) {
+        return Err(StartError::Logs(format!(
+            "every log dir failed: {}",
+            failed_dirs.values().cloned().collect::<Vec<_>>().join("; ")
+        )));
+    }
     let raft =
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
@@ -384,7 +461,16 @@ pub async fn start_with_authorizer(
     // A controller-only node does not register as a broker: it is never listed in Metadata
     // and no partition is placed on it (Kafka's controller-only `ControllerServer`).
     let lifecycle = if config.quorum.broker {
-        Some(crate::lifecycle::start(&config, &controller_client, &cluster_id, &bound_ports).await?)
+        Some(
+            crate::lifecycle::start(
+                &config,
+                &controller_client,
+                &cluster_id,
+                &bound_ports,
+                &failed_dirs,
+            )
+            .await?,
+        )
     } else {
         info!("process.roles has no broker role: this node does not register as a broker");
         None
@@ -405,6 +491,13 @@ pub async fn start_with_authorizer(
         logs.set_broker_epoch(lifecycle.broker_epoch);
         // Offline log dirs go to the controller in heartbeats (KIP-858).
         lifecycle.report_log_dirs(logs.dir_health().to_vec());
+        logs.set_dir_ids(
+            &lifecycle
+                .log_dir_ids()
+                .iter()
+                .map(|(p, id)| (p.clone(), *id.as_bytes()))
+                .collect::<Vec<_>>(),
+        );
     }
     info!(
         partitions = loaded.len(),
@@ -421,16 +514,45 @@ pub async fn start_with_authorizer(
         bound,
         authorizer,
         |weak| {
-            crate::group_coordinator::GroupCoordinator::new(
-                config.groups.clone(),
-                crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
-                crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
-                clock,
+            (
+                crate::group_coordinator::GroupCoordinator::new(
+                    config.groups.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTopicMetadata::new(weak.clone()),
+                    clock.clone(),
+                ),
+                gregor_coordinator::transaction::TransactionCoordinator::new(
+                    config.transactions.clone(),
+                    crate::coordinator_writer::BrokerPartitionWriter::new(weak.clone()),
+                    crate::coordinator_writer::BrokerTransactionServices::new(weak.clone()),
+                    clock.clone(),
+                ),
             )
         },
     );
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
+    // Markers written to `__consumer_offsets` complete the group coordinator's pending
+    // transactional offsets (issue 12). Only with transactions on: otherwise no TxnOffsetCommit
+    // is served, so nothing is pending (and in-process tests install their own hook).
+    if broker.transactions_enabled() {
+        let _ = broker.txn_offsets_completion.set(
+            crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
+        );
+    }
+    // KIP-890: a leader verifies a producer's first transactional write to a partition with
+    // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
+    {
+        let controller = broker.controller.clone();
+        broker.replica_manager.set_txn_verifier(Arc::new(
+            crate::txn_verification::NetworkAddPartitionsToTxnSender::new(
+                Arc::new(move || controller.image()),
+                config.inter_broker_listener_name(),
+                format!("broker-{}-txn-verification", config.node_id),
+                config.request_timeout_ms(),
+            ),
+        ));
+    }
     // ISR changes of the partitions led here go to the active controller (AlterPartition),
     // and the ISR-expiration task proposes shrinks (replication, issue 11).
     {
@@ -462,6 +584,12 @@ pub async fn start_with_authorizer(
         broker
             .broker_epoch
             .store(lifecycle.broker_epoch, std::sync::atomic::Ordering::Relaxed);
+    }
+    // A replica assigned to a directory this broker does not have is not created (KIP-858).
+    if let Some(lifecycle) = &lifecycle {
+        broker
+            .replica_manager
+            .set_log_dir_ids(lifecycle.log_dir_ids().iter().map(|(_, id)| *id).collect());
     }
     // Which log directory holds each replica goes to the active controller
     // (AssignReplicasToDirs, KIP-858), before the publishers apply the first image.
@@ -534,6 +662,9 @@ pub async fn start_with_authorizer(
         tasks.push(tokio::spawn(async move {
             b.group_coordinator.run_timers(shutdown).await;
         }));
+        // Timed-out transactions and expired transactional ids (issue 12).
+        let (c, shutdown) = (broker.transaction_coordinator.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(c.run_periodic(shutdown)));
     }
     let socket_server = SocketServer::new(
         SocketServerConfig {
@@ -693,12 +824,16 @@ pub const LOG_DIR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Brings full log directories back online once they have room again, without a restart.
 async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let mut last_offline: Vec<std::path::PathBuf> = Vec::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(LOG_DIR_CHECK_INTERVAL) => {}
             _ = shutdown.changed() => return,
         }
-        if broker.replica_manager.logs().offline_dirs().is_empty() {
+        // Before and after the check, so a dir that went offline since the last tick is acted
+        // on, and one the check brings back is fetched again at once.
+        tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+        if last_offline.is_empty() {
             continue;
         }
         let b = broker.clone();
@@ -707,6 +842,37 @@ async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiv
             .io_pool()
             .run(move || b.replica_manager.logs().check_dir_health())
             .await;
+        tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+    }
+}
+
+/// When the offline log dirs differ from `last_offline`, the replica fetchers stop fetching
+/// the partitions of offline dirs and fetch the followers of online ones again
+/// ([`ReplicaManager::on_log_dirs_changed`](crate::replica_manager::ReplicaManager)).
+async fn tell_fetchers_of_dir_changes(
+    broker: &Arc<Broker>,
+    last_offline: &mut Vec<std::path::PathBuf>,
+) {
+    let offline: Vec<std::path::PathBuf> = broker
+        .replica_manager
+        .logs()
+        .offline_dirs()
+        .into_iter()
+        .map(|(dir, _)| dir)
+        .collect();
+    if offline == *last_offline {
+        return;
+    }
+    *last_offline = offline;
+    let b = broker.clone();
+    let image = broker.controller.image();
+    if let Err(e) = broker
+        .replica_manager
+        .io_pool()
+        .run(move || b.replica_manager.on_log_dirs_changed(&image))
+        .await
+    {
+        warn!(error = %e, "telling the replica fetchers of a log dir change failed");
     }
 }
 
@@ -819,7 +985,9 @@ async fn log_cleaner_thread(
                 .partitions()
                 .into_iter()
                 .filter(|p| p.log.config().cleanup_compact)
-                .map(|p| (p.log.clone(), p.high_watermark()))
+                // Kafka's firstUncleanableOffset: nothing at or above the last stable offset
+                // (open transactions stay as written).
+                .map(|p| (p.log.clone(), p.last_stable_offset()))
                 .collect();
             match cleaner.clean_filthiest(&logs, rm.now_ms()) {
                 Ok(Some((log, _stats))) => {

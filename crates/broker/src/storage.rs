@@ -1225,12 +1225,45 @@ pub fn verify_ensemble(
     cluster_id: Option<&str>,
     node_id: i32,
 ) -> Result<BTreeMap<PathBuf, MetaProperties>, StorageError> {
+    let (found, mut failed) = load_ensemble(dirs, cluster_id, node_id)?;
+    match failed.pop_first() {
+        Some((_, e)) => Err(e),
+        None => Ok(found),
+    }
+}
+
+/// As [`verify_ensemble`], except that a dir whose `meta.properties` cannot be read for an
+/// I/O error (the dir is a file, EIO, ...) is returned apart, with the error, instead of
+/// failing the whole check (Kafka's `MetaPropertiesEnsemble.Loader` `errorLogDirs`): the
+/// broker starts with such a dir offline (KIP-112).
+///
+/// # Errors
+/// As [`verify_ensemble`], for the dirs that could be read.
+#[allow(clippy::type_complexity)]
+pub fn load_ensemble(
+    dirs: &BTreeSet<PathBuf>,
+    cluster_id: Option<&str>,
+    node_id: i32,
+) -> Result<
+    (
+        BTreeMap<PathBuf, MetaProperties>,
+        BTreeMap<PathBuf, StorageError>,
+    ),
+    StorageError,
+> {
     let mut found = BTreeMap::new();
+    let mut failed = BTreeMap::new();
     let mut expected_cluster = cluster_id.map(str::to_string);
     let mut seen_dir_ids: BTreeMap<Uuid, PathBuf> = BTreeMap::new();
     for dir in dirs {
-        let Some(props) = read_meta_properties(dir)? else {
-            continue;
+        let props = match read_meta_properties(dir) {
+            Ok(Some(props)) => props,
+            Ok(None) => continue,
+            Err(e @ StorageError::Io { .. }) => {
+                failed.insert(dir.clone(), e);
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         let path = dir.join(META_PROPERTIES);
         match &expected_cluster {
@@ -1263,7 +1296,7 @@ pub fn verify_ensemble(
         }
         found.insert(dir.clone(), props);
     }
-    Ok(found)
+    Ok((found, failed))
 }
 
 fn new_directory_id(taken: &BTreeSet<Uuid>) -> Uuid {

@@ -1,6 +1,6 @@
 //! gregor-coordinator: the coordinator runtime and the coordinators built on it.
 //!
-//! Kafka's coordinators (the group coordinator, next the transaction coordinator) keep their
+//! Kafka's coordinators (the group coordinator and the transaction coordinator) keep their
 //! state in the partitions of an internal topic (`__consumer_offsets`,
 //! `__transaction_state`). The [`runtime::CoordinatorRuntime`] (Kafka's `CoordinatorRuntime`)
 //! owns what they share: which partitions this broker coordinates (loaded when it becomes the
@@ -10,8 +10,10 @@
 //! ([`error::CoordinatorError::error_code`]).
 //!
 //! The group coordinator ([`group`]) is the first coordinator on it: classic groups, KIP-848
-//! consumer groups, committed offsets, server-side assignors and the `__consumer_offsets`
-//! record schemas.
+//! consumer groups, committed offsets (also transactional ones, KIP-98/KIP-447), server-side
+//! assignors and the `__consumer_offsets` record schemas. The transaction coordinator
+//! ([`transaction`]) is the second: transactional ids in `__transaction_state`, their state
+//! machine, and the transaction markers it has partition leaders write.
 //!
 //! This crate knows nothing of the broker, its handlers or its network: writes go through the
 //! [`runtime::PartitionWriter`] trait and topic metadata comes through
@@ -25,6 +27,7 @@ pub mod group;
 pub mod runtime;
 #[cfg(test)]
 mod tests;
+pub mod transaction;
 
 pub use error::CoordinatorError;
 pub use runtime::{CoordinatorRecord, CoordinatorRuntime, PartitionWriter, TopicMetadata};

@@ -4,7 +4,7 @@
 //! - **Partitions.** A coordinator serves the partitions of its topic that this broker leads.
 //!   [`CoordinatorRuntime::begin_load`] marks a partition as loading (requests get
 //!   COORDINATOR_LOAD_IN_PROGRESS), [`CoordinatorRuntime::replay`] reads its records back from
-//!   the log start offset to the high watermark, [`CoordinatorRuntime::complete_load`] makes it
+//!   the log start offset to the log end offset, [`CoordinatorRuntime::complete_load`] makes it
 //!   active, and [`CoordinatorRuntime::unload`] forgets it when this broker resigns
 //!   (NOT_COORDINATOR from then on). The coordinator on top keeps the state itself.
 //! - **Writes.** [`CoordinatorRuntime::append`] appends records as one batch through the
@@ -80,6 +80,30 @@ pub trait PartitionWriter: Send + Sync + 'static {
         max_bytes: usize,
     ) -> Result<Bytes, (ErrorCode, String)>;
 
+    /// The partition's log end offset, None when it is not hosted here. Loading replays up to
+    /// it (see [`PartitionWriter::read_for_load`]); the default is the high watermark.
+    fn log_end_offset(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.high_watermark(topic, partition)
+    }
+
+    /// Whole batches from `offset` for loading a coordinator partition: as
+    /// [`PartitionWriter::read`] but up to the log end offset, as Kafka's coordinator loaders
+    /// read. A new leader's high watermark may lag what its log holds from the previous
+    /// leader, which that leader may already have answered as committed; the new leader never
+    /// truncates its own log. The default reads below the high watermark.
+    ///
+    /// # Errors
+    /// As [`PartitionWriter::read`].
+    fn read_for_load(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, (ErrorCode, String)> {
+        self.read(topic, partition, offset, max_bytes)
+    }
+
     /// Completes when the high watermark of `topic`-`partition` reaches `offset`: Ok, or
     /// REQUEST_TIMED_OUT after `timeout_ms`, or NOT_LEADER_OR_FOLLOWER when this broker stops
     /// leading the partition first.
@@ -127,12 +151,37 @@ pub struct PendingWrite {
     pub end_offset: i64,
 }
 
+/// One thing [`CoordinatorRuntime::replay_batches`] read, in offset order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayItem<'a> {
+    /// A record with a key (a None value is a tombstone).
+    Record {
+        /// Key.
+        key: &'a [u8],
+        /// Value.
+        value: Option<&'a [u8]>,
+        /// The producer whose transaction wrote it, None outside a transaction.
+        producer_id: Option<i64>,
+        /// Offset of the record.
+        offset: i64,
+    },
+    /// A transaction marker (control batch): the producer's transaction committed or aborted.
+    Marker {
+        /// Producer id.
+        producer_id: i64,
+        /// COMMIT (true) or ABORT.
+        commit: bool,
+        /// Offset of the marker.
+        offset: i64,
+    },
+}
+
 /// What a [`CoordinatorRuntime::replay`] read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadSummary {
     /// Records with a key that were applied.
     pub records: u64,
-    /// The offset the replay stopped at (the high watermark when it started, unless a read
+    /// The offset the replay stopped at (the log end offset when it started, unless a read
     /// failed).
     pub end_offset: i64,
 }
@@ -259,8 +308,8 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         self.partitions.lock().remove(&partition).is_some()
     }
 
-    /// Replays `partition` from its log start offset to its high watermark, calling
-    /// `apply(key, value)` for every record with a key (a None value is a tombstone), in
+    /// Replays `partition` from its log start offset to its log end offset
+    /// ([`PartitionWriter::read_for_load`]), calling `apply(key, value)` for every record with a key (a None value is a tombstone), in
     /// offset order. Control batches are skipped, and so is a batch that does not decode (with
     /// a log line); a read error stops the replay there.
     ///
@@ -271,16 +320,39 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         partition: i32,
         mut apply: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<LoadSummary, CoordinatorError> {
+        self.replay_batches(partition, |item| {
+            if let ReplayItem::Record { key, value, .. } = item {
+                apply(key, value);
+            }
+        })
+    }
+
+    /// Replays `partition` as [`CoordinatorRuntime::replay`] does, also handing over which
+    /// producer wrote each record of a transactional batch and the transaction markers
+    /// (control batches: COMMIT or ABORT of a producer's transaction), in offset order, so a
+    /// coordinator can rebuild state that a transaction's outcome decides (pending
+    /// transactional offset commits, KIP-98).
+    ///
+    /// # Errors
+    /// [`CoordinatorError::NotCoordinator`] when the partition is not hosted here.
+    pub fn replay_batches(
+        &self,
+        partition: i32,
+        mut apply: impl FnMut(ReplayItem<'_>),
+    ) -> Result<LoadSummary, CoordinatorError> {
         let topic = &self.topic;
-        let (Some(mut offset), Some(hw)) = (
+        let (Some(mut offset), Some(end)) = (
             self.writer.log_start_offset(topic, partition),
-            self.writer.high_watermark(topic, partition),
+            self.writer.log_end_offset(topic, partition),
         ) else {
             return Err(self.not_coordinator(partition));
         };
         let mut summary = LoadSummary::default();
-        while offset < hw {
-            let records = match self.writer.read(topic, partition, offset, LOAD_READ_BYTES) {
+        while offset < end {
+            let records = match self
+                .writer
+                .read_for_load(topic, partition, offset, LOAD_READ_BYTES)
+            {
                 Ok(r) => r,
                 Err((code, msg)) => {
                     warn!(partition, offset, %code, %msg, "cannot read {topic}; the rest of this partition is skipped");
@@ -294,9 +366,6 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
             for item in Batches::new(&records) {
                 let Ok((at, h)) = item else { break };
                 next = h.next_offset();
-                if h.is_control() {
-                    continue;
-                }
                 let Some(batch) = records.get(at..at + h.total_size()) else {
                     break;
                 };
@@ -307,10 +376,39 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
                         continue;
                     }
                 };
+                if h.is_control() {
+                    // A control record's key: version (int16) and type (int16: 0 ABORT,
+                    // 1 COMMIT); other types (leader change) are not markers.
+                    for r in recs {
+                        let Some(key) = r.key.as_deref() else {
+                            continue;
+                        };
+                        if key.len() < 4 {
+                            continue;
+                        }
+                        let kind = i16::from_be_bytes([key[2], key[3]]);
+                        if kind == 0 || kind == 1 {
+                            apply(ReplayItem::Marker {
+                                producer_id: h.producer_id,
+                                commit: kind == 1,
+                                offset: h.base_offset,
+                            });
+                        }
+                    }
+                    continue;
+                }
+                let producer_id = h.is_transactional().then_some(h.producer_id);
                 for r in recs {
-                    let Some(key) = r.key else { continue };
+                    let Some(key) = r.key.as_deref() else {
+                        continue;
+                    };
                     summary.records += 1;
-                    apply(&key, r.value.as_deref());
+                    apply(ReplayItem::Record {
+                        key,
+                        value: r.value.as_deref(),
+                        producer_id,
+                        offset: h.base_offset + i64::from(r.offset_delta),
+                    });
                 }
             }
             if next <= offset {
@@ -333,6 +431,32 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         partition: i32,
         records: &[CoordinatorRecord],
     ) -> Result<PendingWrite, CoordinatorError> {
+        self.append_batch(partition, records, None)
+    }
+
+    /// Appends `records` as one transactional batch of producer `producer_id` at
+    /// `producer_epoch` (no sequence, as Kafka's coordinators write them): the records take
+    /// effect only when that producer's COMMIT marker follows them (transactional offset
+    /// commits, KIP-98).
+    ///
+    /// # Errors
+    /// As [`CoordinatorRuntime::append`].
+    pub fn append_transactional(
+        &self,
+        partition: i32,
+        records: &[CoordinatorRecord],
+        producer_id: i64,
+        producer_epoch: i16,
+    ) -> Result<PendingWrite, CoordinatorError> {
+        self.append_batch(partition, records, Some((producer_id, producer_epoch)))
+    }
+
+    fn append_batch(
+        &self,
+        partition: i32,
+        records: &[CoordinatorRecord],
+        producer: Option<(i64, i16)>,
+    ) -> Result<PendingWrite, CoordinatorError> {
         if records.is_empty() {
             return Ok(PendingWrite {
                 partition,
@@ -341,6 +465,11 @@ impl<T: Send + 'static> CoordinatorRuntime<T> {
         }
         let now = self.now_ms();
         let mut b = BatchBuilder::new(0, now);
+        if let Some((producer_id, producer_epoch)) = producer {
+            b = b
+                .producer(producer_id, producer_epoch, -1)
+                .transactional(true, false);
+        }
         for (k, v) in records {
             b = b.record(now, Some(k), v.as_deref(), &[]);
         }

@@ -603,3 +603,152 @@ fn initial_rebalance_delay_is_not_cut_to_the_rebalance_timeout() {
     c.fire_expired_timers();
     assert_eq!(join.try_recv().expect("answered").generation_id, 1);
 }
+
+fn txn_commit(
+    group: &str,
+    producer_id: i64,
+    generation_id: i32,
+    member_id: &str,
+    offset: i64,
+) -> crate::group::txn_offsets::TxnCommitRequest {
+    crate::group::txn_offsets::TxnCommitRequest {
+        group_id: group.into(),
+        producer_id,
+        producer_epoch: 0,
+        generation_id,
+        member_id: member_id.into(),
+        group_instance_id: None,
+        offsets: vec![OffsetToCommit {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+        }],
+    }
+}
+
+fn stable_offset(c: &GroupCoordinator, group: &str) -> (i64, i16) {
+    let f = c
+        .fetch_offsets_stable(group, Some(vec![("t".into(), vec![0])]), None, true)
+        .expect("fetched");
+    (f[0].offset, f[0].error_code)
+}
+
+/// Appends a transaction marker as the partition leader would (control batch, KIP-98
+/// layout: key version 0 + type, value version 0 + coordinator epoch).
+fn append_marker(h: &Harness, partition: i32, producer_id: i64, commit: bool) {
+    let key = [0u8, 0, 0, u8::from(commit)];
+    let value = [0u8, 0, 0, 0, 0, 7];
+    let mut batch = gregor_protocol::batch::BatchBuilder::new(0, 0)
+        .producer(producer_id, 0, -1)
+        .transactional(true, true)
+        .record(0, Some(&key), Some(&value), &[])
+        .build();
+    h.writer
+        .append(
+            crate::group::GROUP_METADATA_TOPIC_NAME,
+            partition,
+            &mut batch,
+        )
+        .expect("marker appended");
+}
+
+#[test]
+fn transactional_offsets_are_pending_until_the_commit_marker() {
+    let h = loaded(1);
+    let c = &h.coordinator;
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("g", 42, -1, "", 10))),
+        vec![NONE]
+    );
+    // Pending: not returned, and UNSTABLE_OFFSET_COMMIT with require_stable (KIP-447).
+    assert_eq!(fetched(c, "g"), -1);
+    assert_eq!(
+        stable_offset(c, "g"),
+        (-1, ErrorCode::UnstableOffsetCommit.code())
+    );
+    assert!(c.has_pending_transactional_offset("g", "t", 0));
+    // Another producer's marker changes nothing.
+    c.complete_transaction(0, 43, true);
+    assert_eq!(fetched(c, "g"), -1);
+    c.complete_transaction(0, 42, true);
+    assert_eq!(fetched(c, "g"), 10);
+    assert_eq!(stable_offset(c, "g"), (10, NONE));
+    // An aborted transaction's offsets are dropped.
+    ready(c.commit_transactional_offsets(txn_commit("g", 44, -1, "", 20)));
+    c.complete_transaction(0, 44, false);
+    assert_eq!(stable_offset(c, "g"), (10, NONE));
+}
+
+#[test]
+fn transactional_offsets_are_rebuilt_on_load_with_their_markers() {
+    let h = loaded(1);
+    let c = &h.coordinator;
+    ready(c.commit_transactional_offsets(txn_commit("committed", 1, -1, "", 5)));
+    append_marker(&h, 0, 1, true);
+    ready(c.commit_transactional_offsets(txn_commit("aborted", 2, -1, "", 6)));
+    append_marker(&h, 0, 2, false);
+    ready(c.commit_transactional_offsets(txn_commit("open", 3, -1, "", 7)));
+    c.on_resigned(0);
+    c.on_became_leader(0);
+    assert_eq!(stable_offset(c, "committed"), (5, NONE));
+    assert_eq!(stable_offset(c, "aborted"), (-1, NONE));
+    assert_eq!(
+        stable_offset(c, "open"),
+        (-1, ErrorCode::UnstableOffsetCommit.code())
+    );
+    // The open transaction still completes after the load.
+    c.complete_transaction(0, 3, true);
+    assert_eq!(stable_offset(c, "open"), (7, NONE));
+}
+
+#[test]
+fn transactional_commits_are_fenced_by_generation_and_member() {
+    let h = loaded(1);
+    let c = &h.coordinator;
+    // An unknown group with group metadata (KIP-447) is a zombie: ILLEGAL_GENERATION.
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("nope", 1, 3, "m", 1))),
+        vec![ErrorCode::IllegalGeneration.code()]
+    );
+    // A KIP-848 group with one member at epoch 1.
+    h.topics
+        .0
+        .lock()
+        .insert("t".into(), (Uuid::from_u128(1), 1));
+    let r = ready(c.consumer_group_heartbeat(HeartbeatRequest {
+        group_id: "cg".into(),
+        member_id: String::new(),
+        member_epoch: 0,
+        instance_id: None,
+        rack_id: None,
+        rebalance_timeout_ms: 30_000,
+        subscribed_topic_names: Some(vec!["t".into()]),
+        subscribed_topic_regex: None,
+        server_assignor: None,
+        owned: Some(Assignment::new()),
+        client_id: "c".into(),
+        client_host: "/127.0.0.1".into(),
+        version: 0,
+    }));
+    let member = r.member_id.expect("member id");
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("cg", 1, 1, "ghost", 1))),
+        vec![ErrorCode::UnknownMemberId.code()]
+    );
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("cg", 1, 0, &member, 1))),
+        vec![ErrorCode::IllegalGeneration.code()]
+    );
+    assert_eq!(
+        ready(c.commit_transactional_offsets(txn_commit("cg", 1, r.member_epoch, &member, 1))),
+        vec![NONE]
+    );
+    // The batch is transactional, of the producer.
+    let parts = h.writer.partitions.lock();
+    let (_, last) = parts[&0].batches.last().expect("a batch");
+    let header = gregor_protocol::batch::BatchHeader::parse(last).expect("header");
+    assert!(header.is_transactional() && !header.is_control());
+    assert_eq!((header.producer_id, header.base_sequence), (1, -1));
+}

@@ -379,9 +379,18 @@ impl LogCleaner {
         };
         let segments = log.published_segments();
 
-        // 2. Offset map over the dirty section.
+        // 2. Offset map over the dirty section. Records of aborted transactions do not enter
+        // it (Kafka's `buildOffsetMap` with its `CleanedTransactionMetadata`): an aborted
+        // value must not make the cleaner drop the committed value of its key. The aborted
+        // transactions of the range are followed as a read_committed consumer does: from its
+        // first offset a producer's transactional batches are aborted until its ABORT marker.
         let mut map = OffsetMap::new(&self.config);
         let mut end = c.first_uncleanable_offset;
+        let mut aborted =
+            log.collect_aborted_transactions(c.first_dirty_offset, c.first_uncleanable_offset)?;
+        aborted.sort_by_key(|a| a.first_offset);
+        let mut next_aborted = 0;
+        let mut aborting: std::collections::HashSet<i64> = std::collections::HashSet::new();
         'segments: for s in segments
             .iter()
             .filter(|s| s.base_offset() < c.first_uncleanable_offset)
@@ -395,7 +404,27 @@ impl LogCleaner {
             s.for_each_batch(0, s.size(), SCAN_CHUNK_BYTES, |_, h, raw| {
                 throttler.maybe_throttle(raw.len() as u64);
                 stats.map_bytes_read += raw.len() as u64;
-                if h.is_control() || h.last_offset() < c.first_dirty_offset {
+                while next_aborted < aborted.len()
+                    && aborted[next_aborted].first_offset <= h.last_offset()
+                {
+                    aborting.insert(aborted[next_aborted].producer_id);
+                    next_aborted += 1;
+                }
+                if h.is_control() {
+                    if h.has_producer_id()
+                        && matches!(
+                            gregor_protocol::control::parse_end_txn_marker(h, raw),
+                            Ok(Some(m)) if m.result == gregor_protocol::control::TransactionResult::Abort
+                        )
+                    {
+                        aborting.remove(&h.producer_id);
+                    }
+                    return Ok(true);
+                }
+                if h.is_transactional() && aborting.contains(&h.producer_id) {
+                    return Ok(true);
+                }
+                if h.last_offset() < c.first_dirty_offset {
                     return Ok(true);
                 }
                 for r in decode_records(raw).map_err(|e| corrupt(s, &e.to_string()))? {
@@ -459,6 +488,14 @@ impl LogCleaner {
                         &mut throttler,
                         &mut stats,
                     )?;
+                }
+                // The markers stay (below), so their aborted-transaction entries move to the
+                // cleaned segment with them: read_committed fetches keep skipping the aborted
+                // records the cleaner kept.
+                for s in &group {
+                    for a in s.aborted_txns()? {
+                        cleaned.append_aborted_txn(&a)?;
+                    }
                 }
                 cleaned.on_become_inactive()?;
                 cleaned.flush()
@@ -564,7 +601,9 @@ fn filter_batch(
     delete_retention_ms: i64,
 ) -> std::result::Result<Option<Retained>, String> {
     if h.is_control() {
-        // Transaction markers are kept (gregor has no transactions yet to complete them).
+        // Transaction markers are kept, and so are aborted records (their `.txnindex` entries
+        // move with them): Kafka removes both once past the delete horizon, gregor does not
+        // yet.
         return Ok(Some((None, 0, false)));
     }
     let records = decode_records(raw).map_err(|e| e.to_string())?;

@@ -83,6 +83,15 @@ pub enum LogError {
     /// without a sequence, empty request, trailing bytes, ...): INVALID_RECORD (87).
     #[error("invalid record: {0}")]
     InvalidRecord(String),
+    /// A transactional write outside an open transaction, a non-transactional write while the
+    /// producer's transaction is open, or a first transactional write the transaction
+    /// coordinator did not verify (KIP-890): INVALID_TXN_STATE (48).
+    #[error("{0}")]
+    InvalidTxnState(String),
+    /// A transaction marker from a coordinator epoch older than the one the partition last
+    /// saw for the producer: TRANSACTION_COORDINATOR_FENCED (52).
+    #[error("{0}")]
+    TransactionCoordinatorFenced(String),
     /// Records of a produced batch failed Kafka's per-record checks (`LogValidator`: a null
     /// key on a compacted topic, a timestamp outside `message.timestamp.before.max.ms` /
     /// `after.max.ms`, LogAppendTime set by the producer). The whole batch is refused and
@@ -152,6 +161,10 @@ pub enum LogError {
         #[source]
         source: Box<LogError>,
     },
+    /// No log directory could be opened at start-up ([`crate::LogManager::open`]): each
+    /// failed (KIP-112; Kafka halts the broker then). KAFKA_STORAGE_ERROR (56).
+    #[error("every log directory failed: {0}")]
+    NoLogDirOnline(String),
 }
 
 impl LogError {
@@ -169,7 +182,8 @@ impl LogError {
             LogError::Io { .. }
             | LogError::CorruptFile { .. }
             | LogError::DirLocked(_)
-            | LogError::LogDirOffline { .. } => ErrorCode::KafkaStorageError,
+            | LogError::LogDirOffline { .. }
+            | LogError::NoLogDirOnline(_) => ErrorCode::KafkaStorageError,
             LogError::Batch(e) => match e {
                 BatchError::Truncated { .. }
                 | BatchError::Corrupt(_)
@@ -184,6 +198,8 @@ impl LogError {
             LogError::OutOfOrderSequence { .. } => ErrorCode::OutOfOrderSequenceNumber,
             LogError::InvalidProducerEpoch { .. } => ErrorCode::InvalidProducerEpoch,
             LogError::InvalidRecord(_) => ErrorCode::InvalidRecord,
+            LogError::InvalidTxnState(_) => ErrorCode::InvalidTxnState,
+            LogError::TransactionCoordinatorFenced(_) => ErrorCode::TransactionCoordinatorFenced,
             LogError::RecordValidation {
                 invalid_timestamp: true,
                 ..
@@ -216,6 +232,32 @@ impl LogError {
                 Some(code) if code == rustix::io::Errno::MFILE.raw_os_error()
                     || code == rustix::io::Errno::NFILE.raw_os_error()
             ),
+            _ => false,
+        }
+    }
+
+    /// Whether this I/O error belongs to the log directory (its file system) rather than to
+    /// one file in it: EROFS (read-only file system), EIO (I/O error), ENODEV/ENXIO (the
+    /// device is gone), ESTALE, EUCLEAN (a corrupt file system). A log whose creation fails so
+    /// takes its directory offline ([`crate::LogDirHealth::record_write_error`]); one that
+    /// fails with another error (ENOTDIR or EEXIST for something in the partition's path,
+    /// EACCES on it) fails alone.
+    pub fn is_dir_failure(&self) -> bool {
+        match self {
+            LogError::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(code) if [
+                    rustix::io::Errno::ROFS,
+                    rustix::io::Errno::IO,
+                    rustix::io::Errno::NODEV,
+                    rustix::io::Errno::NXIO,
+                    rustix::io::Errno::STALE,
+                    rustix::io::Errno::UCLEAN,
+                ]
+                .iter()
+                .any(|e| e.raw_os_error() == code)
+            ),
+            LogError::CreateLog { source, .. } => source.is_dir_failure(),
             _ => false,
         }
     }

@@ -145,9 +145,10 @@ impl LogDirHealth {
                 error = %reason,
                 "log directory is full: appends to its partitions fail with KAFKA_STORAGE_ERROR \
                  (clients retry) and it reports itself offline to the controller and on /ready; \
-                 free space (delete records with kafka-delete-records, lower retention.ms or \
-                 retention.bytes, or remove other files on the disk): appends resume within \
-                 seconds of space being free, without a restart"
+                 free space: remove other files on the disk, or grow it, and appends resume \
+                 within seconds, without a restart; kafka-delete-records or a lower \
+                 retention.ms / retention.bytes free the segments they delete only at the next \
+                 retention check (log.retention.check.interval.ms) plus file.delete.delay.ms"
             ),
             DirState::Failed { reason } => tracing::error!(
                 log_dir = %self.dir.display(),
@@ -159,6 +160,33 @@ impl LogDirHealth {
         }
         *state = next;
         self.offline.store(true, Ordering::Release);
+    }
+
+    /// Marks the directory failed for `reason` (it could not be opened, locked or loaded at
+    /// start-up, KIP-112's offline log dir): its partitions are not served, it is reported
+    /// offline, and it stays so until the broker restarts. Logs one ERROR naming the
+    /// directory and the cause; nothing when it had already failed.
+    pub fn mark_failed(&self, reason: String) {
+        let mut state = self.state.lock();
+        if matches!(*state, DirState::Failed { .. }) {
+            return;
+        }
+        tracing::error!(
+            log_dir = %self.dir.display(),
+            error = %reason,
+            "log directory failed and is offline: its partitions are not served by this \
+             broker and it is reported offline to the controller (leadership of its partitions \
+             moves to other replicas); the other log directories stay in service; repair the \
+             disk and restart the broker"
+        );
+        *state = DirState::Failed { reason };
+        self.offline.store(true, Ordering::Release);
+    }
+
+    /// Whether the directory failed ([`DirState::Failed`]): unlike a full one, it does not
+    /// come back before a restart.
+    pub fn is_failed(&self) -> bool {
+        self.is_offline() && matches!(*self.state.lock(), DirState::Failed { .. })
     }
 
     /// For a full directory, checks whether it has room again ([`MIN_FREE_BYTES_TO_RESUME`]

@@ -7,7 +7,11 @@
 //! [`LogManager`] that loads every partition of every log directory, applies the flush policy
 //! and writes the clean-shutdown marker. It stores record batches exactly as produced (after
 //! patching base offset, partition leader epoch and LogAppendTime), so `kafka-dump-log` reads its
-//! segments. [`PartitionLog::append_as_follower`] and [`PartitionLog::truncate_to`] serve a
+//! segments. Transactions (KIP-98): producer state tracks each producer's open transaction,
+//! the last stable offset follows from it ([`PartitionLog::last_stable_offset`]), markers are
+//! appended by [`PartitionLog::append_txn_marker`], and each segment's `.txnindex` lists the
+//! aborted transactions whose marker it holds ([`PartitionLog::collect_aborted_transactions`]).
+//! [`PartitionLog::append_as_follower`] and [`PartitionLog::truncate_to`] serve a
 //! replica that copies a leader's batches as they are (gregor-raft's `__cluster_metadata-0`).
 //! It never touches the network and knows nothing of requests, replicas or the
 //! high watermark beyond the bounds callers pass in.
@@ -30,6 +34,7 @@ mod producer_state;
 mod rebuild;
 mod segment;
 mod timestamps;
+mod txn_index;
 
 pub use cleaner::{CleanStats, Cleanability, CleanerConfig, LogCleaner, OFFSET_MAP_ENTRY_BYTES};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
@@ -46,3 +51,5 @@ pub use manager::{
     LogManager, CLEANER_OFFSET_CHECKPOINT, CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA_FILE, RECOVERY_POINT_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT,
 };
+pub use producer_state::{AppendOrigin, ProducerSummary, VerificationGuard};
+pub use txn_index::{AbortedTxn, ABORTED_TXN_BYTES};

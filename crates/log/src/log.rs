@@ -11,6 +11,9 @@ use gregor_protocol::batch::{
     Batches, TimestampType,
 };
 use gregor_protocol::compression::DEFAULT_MAX_DECOMPRESSED_BYTES;
+use gregor_protocol::control::{
+    end_txn_marker_batch, parse_end_txn_marker, EndTxnMarker, MAX_CONTROL_BATCH_BYTES,
+};
 use gregor_protocol::records::{decode_records, inspect_records_bounded, RecordView};
 use parking_lot::{Mutex, RwLock};
 
@@ -20,11 +23,14 @@ use crate::epoch::{EpochEntry, LeaderEpochCache};
 use crate::error::{LogError, RecordError, Result};
 use crate::files::SendPin;
 use crate::health::LogDirHealth;
-use crate::producer_state::{ProducerCheck, ProducerStateManager};
+use crate::producer_state::{
+    AppendOrigin, ProducerCheck, ProducerStateManager, ProducerSummary, VerificationGuard,
+};
 use crate::segment::{
     checked_total_size, LogSegment, Lookup, Misled, SegmentAppendError, TimestampOffset,
 };
 use crate::timestamps::record_timestamps;
+use crate::txn_index::AbortedTxn;
 
 /// Result of an append (Kafka's `LogAppendInfo`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +269,12 @@ pub struct LoadStats {
     pub recovered_bytes: u64,
     /// Bytes cut from the log (torn or corrupt tail), including deleted later segments.
     pub truncated_bytes: u64,
+    /// Segments cut where a write was cut short by a crash: at the end of the log, past the
+    /// recovery point.
+    pub torn_tails: u64,
+    /// Segments cut for corruption: before their end, below the recovery point, or short of
+    /// later segments.
+    pub corrupt_truncations: u64,
     /// Segments whose index files were unusable and were rebuilt while opening (only the
     /// active segment's are checked then; an inactive segment's are checked, and rebuilt if
     /// needed, on first use).
@@ -277,8 +289,83 @@ pub struct LoadStats {
     /// Offset of the producer snapshot loaded, if any.
     pub producer_snapshot_offset: Option<i64>,
     /// `leader-epoch-checkpoint` was torn or corrupt (a crash during an unsynced in-place
-    /// rewrite) and its entries were rebuilt from every batch's partition leader epoch.
+    /// rewrite) and its entries were rebuilt from the batches' partition leader epochs.
     pub rebuilt_leader_epochs: bool,
+    /// Segments whose every batch header that rebuild read (the others were known from their
+    /// first header alone).
+    pub leader_epoch_rebuild_walked_segments: u64,
+}
+
+impl LoadStats {
+    fn count_truncation(&mut self, r: &crate::segment::RecoverResult) {
+        if r.truncated_bytes == 0 {
+            return;
+        }
+        if r.torn_tail {
+            self.torn_tails += 1;
+        } else {
+            self.corrupt_truncations += 1;
+        }
+    }
+}
+
+/// Rebuilds the leader epoch entries of `segments` into `epoch_cache` (after
+/// [`LeaderEpochCache::rebuild_start`]) from the batches' partition leader epochs. Epochs never
+/// decrease along a log, so a segment whose first batch has the epoch of the next non-empty
+/// segment's first batch holds that epoch alone: one header stands for it, and only the
+/// segments where the epoch changes are walked whole. A segment with an unreadable header is
+/// warned about and passed (or its walk kept up to there): the entries then miss what it held,
+/// which costs followers a deeper truncation at worst, whereas refusing to open would take the
+/// whole partition offline for a file that recovery (which reads from the recovery point) did
+/// not need. Returns how many segments were walked whole.
+///
+/// # Errors
+/// [`LogError::Io`] when a segment cannot be read at all.
+fn rebuild_leader_epochs(
+    topic_partition: &TopicPartition,
+    segments: &[Arc<LogSegment>],
+    epoch_cache: &mut LeaderEpochCache,
+) -> Result<u64> {
+    let unreadable = |seg: &LogSegment, reason: &str| {
+        tracing::warn!(partition = %topic_partition, segment = %seg.log_path().display(),
+            %reason, "unreadable batch header while rebuilding leader epochs; its epochs are \
+            left out (followers may truncate further back than needed)");
+    };
+    let mut firsts: Vec<Option<(i32, i64)>> = Vec::with_capacity(segments.len());
+    for seg in segments {
+        let mut first = None;
+        match seg.walk_headers(0, seg.size(), 4096, |_, h| {
+            first = Some((h.partition_leader_epoch, h.base_offset));
+            Ok(false)
+        }) {
+            Ok(_) => {}
+            Err(LogError::CorruptFile { reason, .. }) => unreadable(seg, &reason),
+            Err(e) => return Err(e),
+        }
+        firsts.push(first);
+    }
+    let mut walked = 0;
+    for (i, seg) in segments.iter().enumerate() {
+        let Some((epoch, base_offset)) = firsts[i] else {
+            continue;
+        };
+        let next_epoch = firsts[i + 1..].iter().flatten().next().map(|(e, _)| *e);
+        if next_epoch == Some(epoch) {
+            epoch_cache.assign(epoch, base_offset, false)?;
+            continue;
+        }
+        walked += 1;
+        let walk = seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
+            epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
+            Ok(true)
+        });
+        match walk {
+            Ok(_) => {}
+            Err(LogError::CorruptFile { reason, .. }) => unreadable(seg, &reason),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(walked)
 }
 
 struct Inner {
@@ -330,6 +417,77 @@ pub struct PartitionLog {
     /// The health of the log directory holding this log, when a [`crate::LogManager`] manages
     /// it: appends fail fast while it is offline, and write failures are recorded there.
     dir_health: std::sync::OnceLock<Arc<LogDirHealth>>,
+    /// The first unstable offset (producer state's, at least the log start offset), -1 when
+    /// every transaction is decided and replicated: published under the append lock, read by
+    /// [`PartitionLog::last_stable_offset`] without it.
+    first_unstable_offset: AtomicI64,
+    /// A completed transaction waits for the high watermark to pass its marker (so
+    /// [`PartitionLog::on_high_watermark_updated`] has work).
+    unreplicated_txns: std::sync::atomic::AtomicBool,
+}
+
+/// The end-transaction marker of the control batch at `pos` in `seg` (header `h`), read back
+/// for producer state; `None` (with a warning) for a batch that holds none or does not decode.
+fn read_marker(seg: &LogSegment, pos: u64, h: &BatchHeader) -> Result<Option<EndTxnMarker>> {
+    let size = h.total_size();
+    if size > MAX_CONTROL_BATCH_BYTES {
+        tracing::warn!(segment = %seg.log_path().display(), offset = h.base_offset, size,
+            "control batch too large to be a transaction marker; ignored");
+        return Ok(None);
+    }
+    let buf = seg.read_range(pos, size)?;
+    Ok(parse_marker_or_warn(h, &buf))
+}
+
+fn parse_marker_or_warn(h: &BatchHeader, batch: &[u8]) -> Option<EndTxnMarker> {
+    match parse_end_txn_marker(h, batch) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(offset = h.base_offset, error = %e,
+                "control batch without a readable transaction marker; ignored");
+            None
+        }
+    }
+}
+
+/// Replays the batch headers of `seg` from `position` into `producer_state` (markers read
+/// back from the segment), skipping batches below `from_offset`. With `index_aborts`, the
+/// aborted transactions whose marker is replayed are appended to the segment's transaction
+/// index (recovery rebuilds it so). Returns the number of batches replayed.
+fn replay_segment(
+    seg: &LogSegment,
+    position: u64,
+    from_offset: i64,
+    producer_state: &mut ProducerStateManager,
+    index_aborts: bool,
+) -> Result<u64> {
+    let mut replayed = 0u64;
+    seg.walk_headers(
+        position,
+        seg.size(),
+        crate::segment::SCAN_CHUNK_BYTES,
+        |pos, h| {
+            if h.base_offset < from_offset {
+                return Ok(true);
+            }
+            replayed += 1;
+            let marker = if h.is_control() && h.has_producer_id() {
+                read_marker(seg, pos, h)?
+            } else {
+                None
+            };
+            if let Some(c) = producer_state.replay(h, marker) {
+                if index_aborts {
+                    if let Some(a) = producer_state.aborted_entry(&c) {
+                        seg.append_aborted_txn(&a)?;
+                    }
+                }
+                producer_state.complete_txn(&c);
+            }
+            Ok(true)
+        },
+    )?;
+    Ok(replayed)
 }
 
 /// Suffix of segment files waiting for removal (Kafka's `DeletedFileSuffix`).
@@ -633,6 +791,9 @@ impl PartitionLog {
         };
         let mut last_next_offset: Option<i64> = None;
         let mut epochs_changed = false;
+        // The base offset of the first segment recovery found a transaction marker in: its
+        // transaction index and the later ones are rebuilt (the crash may have lost entries).
+        let mut first_recovered_marker: Option<i64> = None;
         let mut i = 0;
         while i < segments.len() {
             let seg = Arc::clone(&segments[i]);
@@ -648,16 +809,25 @@ impl PartitionLog {
                 stats.rebuilt_indexes += 1;
             }
             let expected = last_next_offset.unwrap_or(seg.base_offset());
-            let r = seg.recover(expected, config.index_interval_bytes, |h| {
+            let tail = crate::segment::RecoveryTail {
+                recovery_point,
+                last_segment: i + 1 == segments.len(),
+            };
+            let unclean = i >= recover_from;
+            let r = seg.recover(expected, config.index_interval_bytes, tail, |h| {
                 if let Ok(true) = epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
                 {
                     epochs_changed = true;
+                }
+                if unclean && h.is_control() && h.has_producer_id() {
+                    first_recovered_marker.get_or_insert(seg.base_offset());
                 }
             })?;
             stats.recovered_segments += 1;
             stats.recovered_batches += r.batches;
             stats.recovered_bytes += r.scanned_bytes;
             stats.truncated_bytes += r.truncated_bytes;
+            stats.count_truncation(&r);
             last_next_offset = Some(r.next_offset.unwrap_or(seg.base_offset()));
             i += 1;
             if r.truncated_bytes > 0 && i < segments.len() {
@@ -692,18 +862,31 @@ impl PartitionLog {
                 Err(LogError::CorruptFile { reason, .. }) => {
                     tracing::warn!(segment = %active.log_path().display(), %reason,
                         "torn active segment despite a clean shutdown; recovering it");
-                    let r =
-                        active.recover(active.base_offset(), config.index_interval_bytes, |h| {
+                    let tail = crate::segment::RecoveryTail {
+                        recovery_point,
+                        last_segment: true,
+                    };
+                    let r = active.recover(
+                        active.base_offset(),
+                        config.index_interval_bytes,
+                        tail,
+                        |h| {
                             if let Ok(true) =
                                 epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)
                             {
                                 epochs_changed = true;
                             }
-                        })?;
+                            if h.is_control() && h.has_producer_id() {
+                                first_recovered_marker.get_or_insert(active.base_offset());
+                            }
+                        },
+                    )?;
                     stats.recovered_segments += 1;
                     stats.recovered_batches += r.batches;
                     stats.recovered_bytes += r.scanned_bytes;
                     stats.truncated_bytes += r.truncated_bytes;
+                    stats.count_truncation(&r);
+                    stats.count_truncation(&r);
                     r.next_offset.unwrap_or(active.base_offset())
                 }
                 Err(e) => return Err(e),
@@ -721,12 +904,8 @@ impl PartitionLog {
             tracing::warn!(partition = %topic_partition, %reason,
                 "leader-epoch-checkpoint is unusable; rebuilding it from the log's batches");
             epoch_cache.rebuild_start();
-            for seg in &segments {
-                seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
-                    epoch_cache.assign(h.partition_leader_epoch, h.base_offset, false)?;
-                    Ok(true)
-                })?;
-            }
+            stats.leader_epoch_rebuild_walked_segments =
+                rebuild_leader_epochs(&topic_partition, &segments, &mut epoch_cache)?;
             stats.rebuilt_leader_epochs = true;
             epochs_changed = true;
         }
@@ -735,12 +914,28 @@ impl PartitionLog {
         }
         epoch_cache.truncate_from_end(log_end_offset)?;
 
-        // Producer state: newest usable snapshot, then replay headers after it.
+        // Producer state: the newest usable snapshot, then the batch headers after it. When
+        // recovery found transaction markers, the snapshot must be at or below the first
+        // segment holding one, and that segment's transaction index and the later ones are
+        // rebuilt from the markers replayed (Kafka's `LogSegment.recover`): a crash between a
+        // marker's write and its index entry leaves the entry missing. Without markers in the
+        // recovered range, only entries past the recovered end could be wrong.
+        let rebuild_txn_index_from = first_recovered_marker;
+        if rebuild_txn_index_from.is_none() && stats.truncated_bytes > 0 {
+            if let Some(last) = segments.last() {
+                last.truncate_txn_index(log_end_offset)?;
+            }
+        }
+        let snapshot_limit =
+            rebuild_txn_index_from.map_or(log_end_offset, |b| b.min(log_end_offset));
         let mut producer_state = ProducerStateManager::new(dir);
         let mut replay_from = log_start_offset;
         for snap in producer_state.list_snapshots()?.into_iter().rev() {
             if snap > log_end_offset || snap < log_start_offset {
                 producer_state.delete_snapshot(snap)?;
+                continue;
+            }
+            if snap > snapshot_limit {
                 continue;
             }
             match producer_state.load_snapshot(snap) {
@@ -755,6 +950,11 @@ impl PartitionLog {
                     producer_state.delete_snapshot(snap)?;
                 }
                 Err(e) => return Err(e),
+            }
+        }
+        if let Some(from) = rebuild_txn_index_from {
+            for seg in segments.iter().filter(|s| s.base_offset() >= from) {
+                seg.reset_txn_index()?;
             }
         }
         if replay_from < log_end_offset {
@@ -775,20 +975,19 @@ impl PartitionLog {
                     Some((pos, _)) => pos,
                     None => continue,
                 };
-                seg.walk_headers(
-                    start,
-                    seg.size(),
-                    crate::segment::SCAN_CHUNK_BYTES,
-                    |_, h| {
-                        if h.base_offset >= replay_from {
-                            producer_state.replay(h);
-                            stats.replayed_producer_batches += 1;
-                        }
-                        Ok(true)
-                    },
-                )?;
+                let index_aborts =
+                    rebuild_txn_index_from.is_some_and(|from| seg.base_offset() >= from);
+                stats.replayed_producer_batches +=
+                    replay_segment(seg, start, replay_from, &mut producer_state, index_aborts)?;
             }
         }
+        // Completed transactions are stable once the partition's high watermark passes their
+        // markers; the partition tells ([`PartitionLog::on_high_watermark_updated`]).
+        producer_state.on_log_start_offset_incremented(log_start_offset);
+        let first_unstable = producer_state
+            .first_unstable_offset()
+            .map_or(-1, |o| o.max(log_start_offset));
+        let unreplicated = producer_state.has_unreplicated();
 
         // Only the active segment is written: the others' entries (those recovery or the
         // producer-state replay loaded) go to the index cache, which may drop them.
@@ -850,6 +1049,8 @@ impl PartitionLog {
             clock,
             truncated_since_flush: std::sync::atomic::AtomicBool::new(false),
             dir_health: std::sync::OnceLock::new(),
+            first_unstable_offset: AtomicI64::new(first_unstable),
+            unreplicated_txns: std::sync::atomic::AtomicBool::new(unreplicated),
         })
     }
 
@@ -1065,8 +1266,33 @@ impl PartitionLog {
         leader_epoch: i32,
         now_ms: i64,
     ) -> Result<AppendInfo> {
+        self.append_as_leader_from(records, leader_epoch, now_ms, AppendOrigin::Client, None)
+    }
+
+    /// [`PartitionLog::append_as_leader`] for `origin` (Kafka's `appendAsLeader` with its
+    /// `AppendOrigin` and `VerificationGuard`). A coordinator's batches may be control batches
+    /// (transaction markers) and carry no sequence; only a client's are checked for
+    /// duplicates and sequences. `verification` is `None` when
+    /// `transaction.partition.verification.enable` is off; otherwise a producer's first
+    /// transactional batch on this partition must present the guard
+    /// [`PartitionLog::maybe_start_transaction_verification`] gave (KIP-890), or the append is
+    /// refused with [`LogError::InvalidTxnState`]. A marker completes its producer's
+    /// transaction: an ABORT is recorded in the active segment's `.txnindex`, and the last
+    /// stable offset moves once the high watermark passes the marker.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::append_as_leader`], plus [`LogError::InvalidTxnState`] and
+    /// [`LogError::TransactionCoordinatorFenced`].
+    pub fn append_as_leader_from(
+        &self,
+        records: &mut [u8],
+        leader_epoch: i32,
+        now_ms: i64,
+        origin: AppendOrigin,
+        verification: Option<VerificationGuard>,
+    ) -> Result<AppendInfo> {
         let config = self.config.read().clone();
-        let mut headers = self.analyze_and_validate(records, &config, now_ms)?;
+        let mut headers = self.analyze_and_validate(records, &config, now_ms, origin)?;
         let mut recompressed;
         let records: &mut [u8] = match recompress(
             records,
@@ -1096,26 +1322,42 @@ impl PartitionLog {
             h.base_offset = next;
             next += count;
         }
-        let updated = match inner.producer_state.check_client_batches(&headers)? {
-            ProducerCheck::Duplicate(b) => {
-                return Ok(AppendInfo {
-                    first_offset: b.first_offset,
-                    last_offset: b.last_offset,
-                    log_append_time_ms: if config.message_timestamp_type
-                        == TimestampType::LogAppendTime
-                    {
-                        b.timestamp_ms
-                    } else {
-                        -1
-                    },
-                    log_start_offset: self.log_start_offset(),
-                    duplicate: true,
-                    records: 0,
-                    bytes: 0,
-                });
-            }
-            ProducerCheck::Valid(u) => u,
-        };
+        // Markers are read from the batches as received (offsets do not change them).
+        let mut markers = Vec::with_capacity(headers.len());
+        let mut at = 0;
+        for h in &headers {
+            let size = h.total_size();
+            markers.push(if h.is_control() && h.has_producer_id() {
+                parse_end_txn_marker(h, &records[at..at + size])?
+            } else {
+                None
+            });
+            at += size;
+        }
+        let updated =
+            match inner
+                .producer_state
+                .check_batches(&headers, &markers, origin, verification)?
+            {
+                ProducerCheck::Duplicate(b) => {
+                    return Ok(AppendInfo {
+                        first_offset: b.first_offset,
+                        last_offset: b.last_offset,
+                        log_append_time_ms: if config.message_timestamp_type
+                            == TimestampType::LogAppendTime
+                        {
+                            b.timestamp_ms
+                        } else {
+                            -1
+                        },
+                        log_start_offset: self.log_start_offset(),
+                        duplicate: true,
+                        records: 0,
+                        bytes: 0,
+                    });
+                }
+                ProducerCheck::Valid(u) => u,
+            };
         let log_append = config.message_timestamp_type == TimestampType::LogAppendTime;
         let mut pos = 0;
         let mut record_count = 0u64;
@@ -1155,9 +1397,10 @@ impl PartitionLog {
             }
         }
         self.append_to_active_segment(&mut inner, records, &headers, &config)?;
-        inner.producer_state.commit(updated);
+        let aborted = inner.producer_state.commit(updated);
         debug_assert!(next > self.log_end_offset());
         self.log_end_offset.store(next, Ordering::Release);
+        self.index_aborted_txns(&mut inner, &aborted)?;
         inner.unflushed_messages += record_count;
         let flush_now = inner.unflushed_messages >= config.flush_interval_messages;
         drop(inner);
@@ -1173,6 +1416,159 @@ impl PartitionLog {
             records: record_count,
             bytes: records.len() as u64,
         })
+    }
+
+    /// Records `aborted` (transactions an append's ABORT markers ended) in the active
+    /// segment's transaction index, then publishes the first unstable offset. Kafka appends
+    /// the entries after the batches too: an entry that fails to be written after its marker
+    /// is rebuilt by recovery (the directory is failed, as for any other write error).
+    fn index_aborted_txns(&self, inner: &mut Inner, aborted: &[AbortedTxn]) -> Result<()> {
+        let result = match inner.segments.last() {
+            Some(active) => aborted
+                .iter()
+                .try_for_each(|a| active.append_aborted_txn(a)),
+            None => Ok(()),
+        };
+        self.publish_txn_state(inner);
+        if let Err(e) = result {
+            tracing::error!(partition = %self.topic_partition, error = %e,
+                "writing the transaction index failed; refusing further appends to this log");
+            inner.closed = true;
+            return Err(self.write_failed(e));
+        }
+        Ok(())
+    }
+
+    /// Publishes producer state's first unstable offset (never below the log start offset).
+    fn publish_txn_state(&self, inner: &Inner) {
+        let first = inner
+            .producer_state
+            .first_unstable_offset()
+            .map_or(-1, |o| o.max(self.log_start_offset()));
+        self.first_unstable_offset.store(first, Ordering::Release);
+        self.unreplicated_txns
+            .store(inner.producer_state.has_unreplicated(), Ordering::Release);
+    }
+
+    /// The first unstable offset (Kafka's `firstUnstableOffset`): the first offset of the
+    /// earliest open transaction, or of the earliest completed one whose marker the high
+    /// watermark has not passed; `None` when there is neither.
+    pub fn first_unstable_offset(&self) -> Option<i64> {
+        let o = self.first_unstable_offset.load(Ordering::Acquire);
+        (o >= 0).then_some(o)
+    }
+
+    /// Kafka's `UnifiedLog.lastStableOffset`: the first unstable offset if it is below
+    /// `high_watermark`, else `high_watermark`. read_committed consumers read below it
+    /// (KIP-98).
+    pub fn last_stable_offset(&self, high_watermark: i64) -> i64 {
+        match self.first_unstable_offset() {
+            Some(o) if o < high_watermark => o,
+            _ => high_watermark,
+        }
+    }
+
+    /// Kafka's `ProducerStateManager.onHighWatermarkUpdated`: the partition's high watermark
+    /// is now `high_watermark`; completed transactions whose markers are below it become
+    /// stable (the LSO may move). Cheap when none waits.
+    pub fn on_high_watermark_updated(&self, high_watermark: i64) {
+        if !self.unreplicated_txns.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        inner
+            .producer_state
+            .on_high_watermark_updated(high_watermark);
+        self.publish_txn_state(&inner);
+    }
+
+    /// Kafka's `UnifiedLog.maybeStartTransactionVerification` (KIP-890): the sentinel when
+    /// `producer_id` already has an open transaction here (its writes need no verification),
+    /// else the guard its first transactional write must present once the transaction
+    /// coordinator confirmed the partition is part of its transaction. `sequence` is the
+    /// batch's base sequence.
+    pub fn maybe_start_transaction_verification(
+        &self,
+        producer_id: i64,
+        sequence: i32,
+        producer_epoch: i16,
+    ) -> VerificationGuard {
+        self.inner.lock().producer_state.maybe_start_verification(
+            producer_id,
+            sequence,
+            producer_epoch,
+            self.clock.now_ms(),
+        )
+    }
+
+    /// Appends a transaction marker for `producer_id` (Kafka's WriteTxnMarkers path:
+    /// `MemoryRecords.withEndTransactionMarker` appended with origin COORDINATOR): a control
+    /// batch of one record with `marker`'s type and coordinator epoch, the producer's id and
+    /// `producer_epoch`, stamped `now_ms`. The producer's open transaction completes (an
+    /// ABORT is recorded in the `.txnindex`); a producer with no open transaction here gets
+    /// the marker too, as in Kafka.
+    ///
+    /// # Errors
+    /// [`LogError::InvalidProducerEpoch`] for an epoch older than the producer's,
+    /// [`LogError::TransactionCoordinatorFenced`] for a coordinator epoch older than its last
+    /// marker's; the append's other errors.
+    pub fn append_txn_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: EndTxnMarker,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
+        let mut batch = end_txn_marker_batch(producer_id, producer_epoch, marker, now_ms);
+        self.append_as_leader_from(
+            &mut batch,
+            leader_epoch,
+            now_ms,
+            AppendOrigin::Coordinator,
+            None,
+        )
+    }
+
+    /// Kafka's `LocalLog.collectAbortedTransactions`: the aborted transactions overlapping
+    /// `[fetch_offset, upper_bound_offset)`, from the transaction indexes of the segment
+    /// holding `fetch_offset` and the later ones, until an entry's last stable offset
+    /// reaches the bound (what a read_committed fetch returns as `AbortedTransactions`).
+    ///
+    /// # Errors
+    /// [`LogError::Io`], [`LogError::CorruptFile`] for an unreadable `.txnindex`.
+    pub fn collect_aborted_transactions(
+        &self,
+        fetch_offset: i64,
+        upper_bound_offset: i64,
+    ) -> Result<Vec<AbortedTxn>> {
+        let segments = self.published_segments();
+        let first = segments
+            .partition_point(|s| s.base_offset() <= fetch_offset)
+            .saturating_sub(1);
+        let mut out = Vec::new();
+        for seg in &segments[first..] {
+            if seg.collect_aborted_txns(fetch_offset, upper_bound_offset, &mut out)? {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every segment's aborted transactions, by segment base offset (tests, tools).
+    ///
+    /// # Errors
+    /// As [`PartitionLog::collect_aborted_transactions`].
+    pub fn aborted_transactions_by_segment(&self) -> Result<Vec<(i64, Vec<AbortedTxn>)>> {
+        self.published_segments()
+            .iter()
+            .map(|s| Ok((s.base_offset(), s.aborted_txns()?)))
+            .collect()
+    }
+
+    /// The producers this partition knows, by id (DescribeProducers, KIP-664).
+    pub fn producer_summaries(&self) -> Vec<ProducerSummary> {
+        self.inner.lock().producer_state.summaries()
     }
 
     /// Appends `records` (described by `headers`) to the active segment. A write that fails for
@@ -1262,6 +1658,7 @@ impl PartitionLog {
         records: &[u8],
         config: &LogConfig,
         now_ms: i64,
+        origin: AppendOrigin,
     ) -> Result<Vec<BatchHeader>> {
         if records.is_empty() {
             return Err(LogError::InvalidRecord(
@@ -1288,10 +1685,12 @@ impl PartitionLog {
                 }
             }
             let h = validate_batch(rest)?;
-            if h.is_control() {
-                return Err(LogError::InvalidRecord(
-                    "clients are not allowed to write control records".into(),
-                ));
+            let client = origin == AppendOrigin::Client;
+            if client && h.is_control() {
+                return Err(LogError::InvalidRecord(format!(
+                    "Clients are not allowed to write control records in topic partition {}",
+                    self.topic_partition
+                )));
             }
             // Kafka's `LogValidator` iterates every record of every batch a client sends: the
             // header's count must match the records, each must decode, and offset deltas must
@@ -1315,7 +1714,7 @@ impl PartitionLog {
                     }
                 },
             )?;
-            if h.has_producer_id() && h.base_sequence < 0 {
+            if client && h.has_producer_id() && h.base_sequence < 0 {
                 return Err(LogError::InvalidRecord(format!(
                     "Invalid sequence number {} in record batch with producerId {} in topic partition {}",
                     h.base_sequence, h.producer_id, self.topic_partition
@@ -1485,10 +1884,16 @@ impl PartitionLog {
         self.ensure_dir_online()?;
         let first_offset = self.log_end_offset();
         let mut headers = Vec::new();
+        let mut markers = Vec::new();
         let mut next = first_offset;
         let mut pos = 0;
         while pos < records.len() {
             let h = validate_batch(&records[pos..])?;
+            markers.push(if h.is_control() && h.has_producer_id() {
+                parse_marker_or_warn(&h, &records[pos..pos + h.total_size()])
+            } else {
+                None
+            });
             if h.base_offset != next {
                 return Err(LogError::InvalidRecord(format!(
                     "batch at offset {} does not follow offset {next}",
@@ -1530,12 +1935,21 @@ impl PartitionLog {
         }
         self.append_to_active_segment(&mut inner, records, &headers, &config)?;
         let mut record_count = 0u64;
-        for h in &headers {
-            inner.producer_state.replay(h);
+        // Kafka's append with origin REPLICATION: producer state follows the leader's batches
+        // unchecked, and ABORT markers are indexed here as on the leader.
+        let mut aborted = Vec::new();
+        for (h, marker) in headers.iter().zip(markers) {
+            if let Some(c) = inner.producer_state.replay(h, marker) {
+                if let Some(a) = inner.producer_state.aborted_entry(&c) {
+                    aborted.push(a);
+                }
+                inner.producer_state.complete_txn(&c);
+            }
             record_count += u64::try_from(h.next_offset() - h.base_offset).unwrap_or(0);
         }
         debug_assert!(next > self.log_end_offset());
         self.log_end_offset.store(next, Ordering::Release);
+        self.index_aborted_txns(&mut inner, &aborted)?;
         inner.unflushed_messages += record_count;
         Ok(AppendInfo {
             first_offset,
@@ -1623,14 +2037,14 @@ impl PartitionLog {
                 producer_state.delete_snapshot(snap)?;
             }
         }
-        // Producer state after a truncation: rebuilt from the headers that remain.
+        // Producer state after a truncation: rebuilt from the headers (and markers) that
+        // remain; the truncated segment's transaction index lost the entries of the markers
+        // cut ([`LogSegment::truncate_to`]).
         for seg in inner.segments.iter() {
-            seg.walk_headers(0, seg.size(), crate::segment::SCAN_CHUNK_BYTES, |_, h| {
-                producer_state.replay(h);
-                Ok(true)
-            })?;
+            replay_segment(seg, 0, i64::MIN, &mut producer_state, false)?;
         }
         inner.producer_state = producer_state;
+        self.publish_txn_state(&inner);
         self.truncated_since_flush.store(true, Ordering::Release);
         tracing::info!(partition = %self.topic_partition, offset, log_end_offset = new_end,
             "truncated log");
@@ -1686,6 +2100,7 @@ impl PartitionLog {
             producer_state.delete_snapshot(snap)?;
         }
         inner.producer_state = producer_state;
+        self.publish_txn_state(&inner);
         self.truncated_since_flush.store(true, Ordering::Release);
         tracing::info!(partition = %self.topic_partition, offset = new_offset,
             "truncated the whole log and started it at a new offset");
@@ -2107,7 +2522,11 @@ fn recompress(
     let Some(codec) = target else {
         return Ok(None);
     };
-    if headers.iter().all(|h| h.compression() == Some(codec)) {
+    // Kafka's LogValidator: control batches (transaction markers) are never re-compressed.
+    if headers
+        .iter()
+        .all(|h| h.compression() == Some(codec) || h.is_control())
+    {
         return Ok(None);
     }
     let mut out = Vec::with_capacity(records.len());
@@ -2115,7 +2534,7 @@ fn recompress(
     for h in headers {
         let raw = &records[pos..pos + h.total_size()];
         pos += h.total_size();
-        if h.compression() == Some(codec) {
+        if h.compression() == Some(codec) || h.is_control() {
             out.extend_from_slice(raw);
             continue;
         }
@@ -2261,6 +2680,10 @@ impl PartitionLog {
             // so that whoever sees the shorter list also sees the new start.
             self.log_start_offset.fetch_max(new_start, Ordering::AcqRel);
             *self.segments.write() = Arc::new(inner.segments.clone());
+            inner
+                .producer_state
+                .on_log_start_offset_incremented(self.log_start_offset());
+            self.publish_txn_state(&inner);
             doomed
         };
         let mut result = RetentionResult::default();
@@ -2343,7 +2766,7 @@ impl PartitionLog {
     /// # Errors
     /// [`LogError::OffsetOutOfRange`] beyond the log end offset; [`LogError::Closed`].
     pub fn maybe_increment_log_start_offset(&self, new_log_start_offset: i64) -> Result<i64> {
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
         if inner.closed {
             return Err(LogError::Closed(self.topic_partition.to_string()));
         }
@@ -2361,6 +2784,10 @@ impl PartitionLog {
         if new_log_start_offset > before {
             tracing::info!(partition = %self.topic_partition, log_start_offset = new_log_start_offset,
                 "incremented log start offset");
+            inner
+                .producer_state
+                .on_log_start_offset_incremented(new_log_start_offset);
+            self.publish_txn_state(&inner);
         }
         Ok(before.max(new_log_start_offset))
     }

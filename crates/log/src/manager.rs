@@ -122,10 +122,16 @@ pub struct LogManager {
     /// Threads per log directory that load logs at start-up and close them at shutdown
     /// (`num.recovery.threads.per.data.dir`).
     recovery_threads: usize,
+    /// Each log directory's id (`directory.id` of its `meta.properties`, KIP-858), in
+    /// `log_dirs` order, when the broker told ([`LogManager::set_dir_ids`]).
+    dir_ids: Mutex<Vec<Option<[u8; 16]>>>,
 }
 
 /// A log opened at start-up and its `partition.metadata` topic id.
 type LoadedLog = (Option<[u8; 16]>, Arc<PartitionLog>);
+
+/// A log [`LogManager::load_dir`] opened: its partition, topic id and log.
+type DirLog = (TopicPartition, Option<[u8; 16]>, Arc<PartitionLog>);
 
 /// Kafka's default `num.recovery.threads.per.data.dir`.
 pub const DEFAULT_RECOVERY_THREADS_PER_DATA_DIR: usize = 2;
@@ -319,10 +325,16 @@ impl LogManager {
     /// `.kafka_cleanshutdown` was not shut down cleanly: its logs are recovered from their
     /// recovery points. The marker is removed once everything is loaded.
     ///
+    /// A directory where any of this fails with an I/O error (read-only, EIO, not a
+    /// directory, ...) is not loaded and starts failed ([`DirState::Failed`], one ERROR line
+    /// naming it and the cause), as Kafka's `LogManager` takes it offline (KIP-112); the
+    /// other directories are served.
+    ///
     /// # Errors
-    /// [`LogError::Io`] for unwritable directories, [`LogError::DirLocked`] when another
-    /// process holds a directory, [`LogError::CorruptFile`] when a partition appears in two
-    /// directories, and any error from [`PartitionLog::open_with_recovery_point`].
+    /// [`LogError::NoLogDirOnline`] when every directory failed, [`LogError::DirLocked`]
+    /// when another process holds a directory, [`LogError::CorruptFile`] when a partition
+    /// appears in two directories, and the non-I/O errors of
+    /// [`PartitionLog::open_with_recovery_point`].
     pub fn open(
         log_dirs: &[PathBuf],
         default_config: LogConfig,
@@ -355,12 +367,15 @@ impl LogManager {
     /// directories stops before it can touch them. The manager holds them from then on.
     /// `recovery_threads_per_data_dir` (`num.recovery.threads.per.data.dir`, at least 1)
     /// threads per directory load the logs now and close them at [`LogManager::shutdown`].
+    /// An `Err(reason)` in place of a lock is a directory that already failed (its lock or
+    /// its `meta.properties` could not be read): it starts offline
+    /// ([`DirState::Failed`]).
     ///
     /// # Errors
     /// As [`LogManager::open`], except [`LogError::DirLocked`].
     pub fn open_with_locks(
         log_dirs: &[PathBuf],
-        locks: Vec<DirLock>,
+        locks: Vec<std::result::Result<DirLock, String>>,
         default_config: LogConfig,
         recovery_threads_per_data_dir: usize,
     ) -> Result<(Self, Vec<Arc<PartitionLog>>)> {
@@ -375,7 +390,7 @@ impl LogManager {
 
     fn open_inner(
         log_dirs: &[PathBuf],
-        held: Option<Vec<DirLock>>,
+        held: Option<Vec<std::result::Result<DirLock, String>>>,
         default_config: LogConfig,
         clock: SharedClock,
         recovery_threads: usize,
@@ -388,160 +403,226 @@ impl LogManager {
             .iter()
             .map(|d| Arc::new(LogDirHealth::new(d)))
             .collect();
+        let mut held = held.map(|h| h.into_iter().map(Some).collect::<Vec<_>>());
         for (dir_index, dir) in log_dirs.iter().enumerate() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| LogError::io("creating log directory", dir, e))?;
-            let probe = dir.join(".gregor-write-check");
-            std::fs::write(&probe, b"ok")
-                .and_then(|()| std::fs::remove_file(&probe))
-                .map_err(|e| {
-                    LogError::io("checking that the log directory is writable:", dir, e)
-                })?;
-            if held.is_none() {
-                locks.push(lock_dir(dir)?);
+            // A directory that failed before (its lock or meta.properties) is offline.
+            if let Some(Err(reason)) = held
+                .as_mut()
+                .and_then(|h| h.get_mut(dir_index))
+                .and_then(Option::take)
+                .map(|r| r.map(|lock| locks.push(lock)))
+            {
+                health[dir_index].mark_failed(reason);
+                continue;
             }
-
-            let marker = dir.join(CLEAN_SHUTDOWN_FILE);
-            let clean = marker.exists();
-            let log_start_offsets = read_offset_checkpoint(dir, LOG_START_OFFSET_CHECKPOINT)
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "ignoring unreadable log start offset checkpoint");
-                    HashMap::new()
-                });
-            let cleaner_offsets = read_offset_checkpoint(dir, CLEANER_OFFSET_CHECKPOINT)
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "ignoring unreadable cleaner offset checkpoint");
-                    HashMap::new()
-                });
-            let recovery_points = if clean {
-                HashMap::new()
-            } else {
-                read_recovery_points(dir).unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "ignoring unreadable recovery point checkpoint; recovering whole logs");
-                    HashMap::new()
-                })
-            };
-            if !clean && has_partition_dirs(dir) {
-                tracing::info!(log_dir = %dir.display(), "no clean shutdown marker; logs will be recovered");
-            }
-            let rd = std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))?;
-            let mut names = Vec::new();
-            for entry in rd {
-                let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    if let Ok(name) = entry.file_name().into_string() {
-                        names.push(name);
+            let opened = Self::load_dir(
+                dir,
+                held.is_none(),
+                &logs,
+                &default_config,
+                &clock,
+                recovery_threads,
+            );
+            match opened {
+                Ok((lock, dir_logs)) => {
+                    locks.extend(lock);
+                    for (tp, topic_id, log) in dir_logs {
+                        log.set_dir_health(Arc::clone(&health[dir_index]));
+                        loaded.push(Arc::clone(&log));
+                        logs.insert(
+                            tp,
+                            Entry {
+                                log,
+                                dir_index,
+                                topic_id,
+                            },
+                        );
                     }
                 }
+                // Kafka's LogManager takes a directory offline for an IOException while
+                // creating, locking or loading it (`maybeAddOfflineLogDir`); another process
+                // holding it, a partition in two directories or a corrupt file stop the start.
+                Err(e) if Self::fails_dir_at_load(&e) => {
+                    health[dir_index].mark_failed(e.to_string());
+                }
+                Err(e) => return Err(e),
             }
-            names.sort();
-            let mut jobs = Vec::new();
-            for name in names {
-                let path = dir.join(&name);
-                if name.ends_with("-delete") {
-                    tracing::info!(dir = %path.display(), "finishing deletion of partition directory");
-                    std::fs::remove_dir_all(&path)
-                        .map_err(|e| LogError::io("deleting", &path, e))?;
-                    continue;
-                }
-                if name.ends_with(".deleted")
-                    || name.ends_with("-future")
-                    || name.ends_with("-stray")
-                {
-                    continue;
-                }
-                let Some(tp) = TopicPartition::parse_dir_name(&name) else {
-                    tracing::debug!(dir = %path.display(), "not a partition directory; ignored");
-                    continue;
-                };
-                if tp.topic == CLUSTER_METADATA_TOPIC {
-                    // The KRaft metadata log (gregor-raft's `KafkaMetadataLog`) shares a log dir
-                    // with data partitions but is never one of them, as in Kafka's LogManager.
-                    continue;
-                }
-                if logs.contains_key(&tp) {
-                    return Err(LogError::CorruptFile {
-                        path: path.display().to_string(),
-                        reason: format!("partition {tp} exists in more than one log directory"),
-                    });
-                }
-                jobs.push((path, tp));
-            }
-            // Kafka's LogManager.loadLogs: num.recovery.threads.per.data.dir threads load (and
-            // after a crash, recover) the directory's logs.
-            let started = std::time::Instant::now();
-            let opened: Vec<Result<LoadedLog>> =
-                parallel_map(&jobs, recovery_threads, |(path, tp)| {
-                    let topic_id = read_partition_metadata(path)?;
-                    let log = PartitionLog::open_impl(
-                        path,
-                        tp.clone(),
-                        default_config.clone(),
-                        clean,
-                        recovery_points.get(tp).copied(),
-                        log_start_offsets.get(tp).copied(),
-                        clock.clone(),
-                        false,
-                    )?;
-                    Ok((topic_id, Arc::new(log)))
-                });
-            let mut recovered = crate::log::LoadStats::default();
-            let mut recovered_logs = 0usize;
-            for ((_, tp), result) in jobs.into_iter().zip(opened) {
-                let (topic_id, log) = result?;
-                let stats = log.load_stats();
-                if stats.recovered_segments > 0 {
-                    recovered_logs += 1;
-                    recovered.recovered_segments += stats.recovered_segments;
-                    recovered.recovered_batches += stats.recovered_batches;
-                    recovered.truncated_bytes += stats.truncated_bytes;
-                }
-                if let Some(o) = cleaner_offsets.get(&tp) {
-                    log.set_cleaner_checkpoint(*o);
-                }
-                log.set_dir_health(Arc::clone(&health[dir_index]));
-                loaded.push(Arc::clone(&log));
-                logs.insert(
-                    tp,
-                    Entry {
-                        log,
-                        dir_index,
-                        topic_id,
-                    },
-                );
-            }
-            if recovered_logs > 0 {
-                // What recovery rewrote (truncated tails, rebuilt indexes, epochs) is not
-                // synced here: the recovered logs keep their checkpointed recovery points
-                // (Kafka's LogLoader), so a crash before their next flush recovers them again.
-                // A syncfs here would wait for every dirty page of the file system.
-                tracing::info!(
-                    log_dir = %dir.display(),
-                    logs = recovered_logs,
-                    segments = recovered.recovered_segments,
-                    batches = recovered.recovered_batches,
-                    truncated_bytes = recovered.truncated_bytes,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "recovered logs after an unclean shutdown"
-                );
-            }
-            if clean {
-                std::fs::remove_file(&marker).map_err(|e| LogError::io("removing", &marker, e))?;
-                sync_dir(dir)?;
-            }
+        }
+        if health.iter().all(|h| h.is_failed()) {
+            return Err(LogError::NoLogDirOnline(
+                health
+                    .iter()
+                    .map(|h| match h.state() {
+                        DirState::Failed { reason } => reason,
+                        _ => h.dir().display().to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ));
         }
         let manager = Self {
             log_dirs: log_dirs.to_vec(),
             default_config,
             logs: Mutex::new(logs),
-            _locks: held.unwrap_or(locks),
+            _locks: locks,
             clock,
             broker_epoch: std::sync::atomic::AtomicI64::new(-1),
             health,
             recovery_threads,
+            dir_ids: Mutex::new(Vec::new()),
         };
-        manager.checkpoint_recovery_points()?;
+        // A directory whose checkpoint cannot be written is marked failed by the write.
+        if let Err(e) = manager.checkpoint_recovery_points() {
+            tracing::debug!(error = %e, "recovery point checkpoint at start-up failed");
+        }
         Ok((manager, loaded))
+    }
+
+    /// Whether an error met while opening a log directory takes only that directory offline:
+    /// an I/O error (other than running out of descriptors, which is the process's), as
+    /// Kafka's `IOException`.
+    fn fails_dir_at_load(e: &LogError) -> bool {
+        match e {
+            LogError::Io { .. } => !e.is_out_of_descriptors(),
+            _ => false,
+        }
+    }
+
+    /// Opens one log directory: creates it if missing, checks it is writable, locks it
+    /// (`lock`), finishes interrupted deletions and loads (after a crash: recovers) its logs
+    /// with `recovery_threads` threads, then removes its clean-shutdown marker. `others` are
+    /// the logs of the directories before it (a partition in two is refused).
+    fn load_dir(
+        dir: &Path,
+        lock: bool,
+        others: &HashMap<TopicPartition, Entry>,
+        default_config: &LogConfig,
+        clock: &SharedClock,
+        recovery_threads: usize,
+    ) -> Result<(Option<DirLock>, Vec<DirLog>)> {
+        std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
+        let probe = dir.join(".gregor-write-check");
+        std::fs::write(&probe, b"ok")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .map_err(|e| LogError::io("checking that the log directory is writable:", dir, e))?;
+        let held = if lock { Some(lock_dir(dir)?) } else { None };
+
+        let marker = dir.join(CLEAN_SHUTDOWN_FILE);
+        let clean = marker.exists();
+        let log_start_offsets = read_offset_checkpoint(dir, LOG_START_OFFSET_CHECKPOINT)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "ignoring unreadable log start offset checkpoint");
+                HashMap::new()
+            });
+        let cleaner_offsets = read_offset_checkpoint(dir, CLEANER_OFFSET_CHECKPOINT)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "ignoring unreadable cleaner offset checkpoint");
+                HashMap::new()
+            });
+        let recovery_points = if clean {
+            HashMap::new()
+        } else {
+            read_recovery_points(dir).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "ignoring unreadable recovery point checkpoint; recovering whole logs");
+                HashMap::new()
+            })
+        };
+        if !clean && has_partition_dirs(dir) {
+            tracing::info!(log_dir = %dir.display(), "no clean shutdown marker; logs will be recovered");
+        }
+        let rd = std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))?;
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                if let Ok(name) = entry.file_name().into_string() {
+                    names.push(name);
+                }
+            }
+        }
+        names.sort();
+        let mut jobs = Vec::new();
+        for name in names {
+            let path = dir.join(&name);
+            if name.ends_with("-delete") {
+                tracing::info!(dir = %path.display(), "finishing deletion of partition directory");
+                std::fs::remove_dir_all(&path).map_err(|e| LogError::io("deleting", &path, e))?;
+                continue;
+            }
+            if name.ends_with(".deleted") || name.ends_with("-future") || name.ends_with("-stray") {
+                continue;
+            }
+            let Some(tp) = TopicPartition::parse_dir_name(&name) else {
+                tracing::debug!(dir = %path.display(), "not a partition directory; ignored");
+                continue;
+            };
+            if tp.topic == CLUSTER_METADATA_TOPIC {
+                // The KRaft metadata log (gregor-raft's `KafkaMetadataLog`) shares a log dir
+                // with data partitions but is never one of them, as in Kafka's LogManager.
+                continue;
+            }
+            if others.contains_key(&tp) {
+                return Err(LogError::CorruptFile {
+                    path: path.display().to_string(),
+                    reason: format!("partition {tp} exists in more than one log directory"),
+                });
+            }
+            jobs.push((path, tp));
+        }
+        // Kafka's LogManager.loadLogs: num.recovery.threads.per.data.dir threads load (and
+        // after a crash, recover) the directory's logs.
+        let started = std::time::Instant::now();
+        let opened: Vec<Result<LoadedLog>> = parallel_map(&jobs, recovery_threads, |(path, tp)| {
+            let topic_id = read_partition_metadata(path)?;
+            let log = PartitionLog::open_impl(
+                path,
+                tp.clone(),
+                default_config.clone(),
+                clean,
+                recovery_points.get(tp).copied(),
+                log_start_offsets.get(tp).copied(),
+                clock.clone(),
+                false,
+            )?;
+            Ok((topic_id, Arc::new(log)))
+        });
+        let mut recovered = crate::log::LoadStats::default();
+        let mut recovered_logs = 0usize;
+        let mut out = Vec::with_capacity(jobs.len());
+        for ((_, tp), result) in jobs.into_iter().zip(opened) {
+            let (topic_id, log) = result?;
+            let stats = log.load_stats();
+            if stats.recovered_segments > 0 {
+                recovered_logs += 1;
+                recovered.recovered_segments += stats.recovered_segments;
+                recovered.recovered_batches += stats.recovered_batches;
+                recovered.truncated_bytes += stats.truncated_bytes;
+            }
+            if let Some(o) = cleaner_offsets.get(&tp) {
+                log.set_cleaner_checkpoint(*o);
+            }
+            out.push((tp, topic_id, log));
+        }
+        if recovered_logs > 0 {
+            // What recovery rewrote (truncated tails, rebuilt indexes, epochs) is not
+            // synced here: the recovered logs keep their checkpointed recovery points
+            // (Kafka's LogLoader), so a crash before their next flush recovers them again.
+            // A syncfs here would wait for every dirty page of the file system.
+            tracing::info!(
+                log_dir = %dir.display(),
+                logs = recovered_logs,
+                segments = recovered.recovered_segments,
+                batches = recovered.recovered_batches,
+                truncated_bytes = recovered.truncated_bytes,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "recovered logs after an unclean shutdown"
+            );
+        }
+        if clean {
+            std::fs::remove_file(&marker).map_err(|e| LogError::io("removing", &marker, e))?;
+            sync_dir(dir)?;
+        }
+        Ok((held, out))
     }
 
     /// The log directories, in configuration order.
@@ -594,10 +675,13 @@ impl LogManager {
     /// starts from nothing. A creation that failed for lack of space (ENOSPC, EDQUOT) marks
     /// the directory full ([`LogDirHealth::record_write_error`]), as a failed append does, so
     /// the next creation prefers another directory and the dir comes back by itself once it
-    /// has room. Other creation errors leave the directory's state alone: unlike Kafka, which
-    /// takes the whole directory offline for any `IOException` while creating a log
-    /// (`LogDirFailureChannel`), one partition's trouble (a file where its directory should
-    /// be, a permission) does not stop the directory's other partitions.
+    /// has room. One that failed with an error of the directory's file system
+    /// ([`LogError::is_dir_failure`]: read-only, EIO, ...) marks it failed, so new logs go
+    /// to the other directories. Other creation errors leave the directory's state alone:
+    /// unlike Kafka, which takes the whole directory offline for any `IOException` while
+    /// creating a log (`LogDirFailureChannel`), one partition's trouble (a file where its
+    /// directory should be, a permission on it) does not stop the directory's other
+    /// partitions.
     ///
     /// # Errors
     /// [`LogError::InconsistentTopicId`] when the partition exists with another topic id;
@@ -610,7 +694,44 @@ impl LogManager {
         topic_id: [u8; 16],
         config: LogConfig,
     ) -> Result<Arc<PartitionLog>> {
+        self.get_or_create_in(tp, topic_id, config, None)
+    }
+
+    /// Records each log directory's id (`directory.id` of its `meta.properties`, KIP-858),
+    /// by configured path, for [`LogManager::get_or_create_in`].
+    pub fn set_dir_ids(&self, ids: &[(PathBuf, [u8; 16])]) {
+        *self.dir_ids.lock() = self
+            .log_dirs
+            .iter()
+            .map(|d| ids.iter().find(|(p, _)| p == d).map(|(_, id)| *id))
+            .collect();
+    }
+
+    /// As [`LogManager::get_or_create`] for a partition whose metadata places this broker's
+    /// replica in directory `registered_dir` (None: unassigned). While a directory of this
+    /// broker has failed ([`DirState::Failed`]: its logs were not loaded, or are out of
+    /// service), a missing log is created only when `registered_dir` is unassigned or an
+    /// online directory of this broker: a log registered in the failed directory, or in a
+    /// directory this broker cannot name (its `meta.properties` was unreadable), may be
+    /// there, and an empty one elsewhere would lose its records (Kafka's `getOrCreateLog`
+    /// refuses any log that is not new while a directory is offline).
+    ///
+    /// # Errors
+    /// As [`LogManager::get_or_create`]; [`LogError::LogDirOffline`] for a log that may be
+    /// in a failed directory.
+    pub fn get_or_create_in(
+        &self,
+        tp: &TopicPartition,
+        topic_id: [u8; 16],
+        config: LogConfig,
+        registered_dir: Option<[u8; 16]>,
+    ) -> Result<Arc<PartitionLog>> {
         let mut logs = self.logs.lock();
+        if !logs.contains_key(tp) {
+            if let Some(dir_id) = registered_dir {
+                self.ensure_not_in_failed_dir(dir_id)?;
+            }
+        }
         if let Some(entry) = logs.get_mut(tp) {
             match entry.topic_id {
                 Some(existing) if existing != topic_id => {
@@ -685,7 +806,7 @@ impl LogManager {
                         }
                     }
                 }
-                if e.is_out_of_space() {
+                if e.is_out_of_space() || e.is_dir_failure() {
                     if let Some(h) = self.health.get(dir_index) {
                         h.record_write_error(&e);
                     }
@@ -709,6 +830,35 @@ impl LogManager {
             },
         );
         Ok(log)
+    }
+
+    /// `Ok` unless a directory failed and `dir_id` is not one of this broker's online
+    /// directories (see [`LogManager::get_or_create_in`]).
+    fn ensure_not_in_failed_dir(&self, dir_id: [u8; 16]) -> Result<()> {
+        let Some(failed) = self.health.iter().find(|h| h.is_failed()) else {
+            return Ok(());
+        };
+        let ids = self.dir_ids.lock();
+        let online = ids
+            .iter()
+            .zip(&self.health)
+            .any(|(id, h)| *id == Some(dir_id) && !h.is_failed());
+        if online {
+            return Ok(());
+        }
+        let dir = ids
+            .iter()
+            .zip(&self.health)
+            .find(|(id, _)| **id == Some(dir_id))
+            .map_or(failed, |(_, h)| h);
+        Err(LogError::LogDirOffline {
+            dir: dir.dir().display().to_string(),
+            reason: format!(
+                "the partition's replica is registered in directory {} and its log may be in \
+                 this failed directory; restart the broker once the disk is repaired",
+                topic_id_to_string(&dir_id)
+            ),
+        })
     }
 
     /// The log of `tp`, if loaded.
@@ -870,13 +1020,34 @@ impl LogManager {
         out
     }
 
+    /// Writes checkpoint `file` in every directory that has not failed; the first error.
     fn write_offset_checkpoint(
         &self,
         file: &str,
         offset: impl Fn(&PartitionLog) -> Option<i64>,
     ) -> Result<()> {
+        self.write_offset_checkpoint_per_dir(file, offset)
+            .into_iter()
+            .collect()
+    }
+
+    /// Writes checkpoint `file` in each directory, in `log_dirs` order: a failed directory
+    /// is skipped (`Ok`), and a directory whose write fails is marked full or failed
+    /// ([`LogDirHealth::record_write_error`]), as Kafka takes a directory offline when a
+    /// checkpoint cannot be written in it; the other directories are written all the same.
+    fn write_offset_checkpoint_per_dir(
+        &self,
+        file: &str,
+        offset: impl Fn(&PartitionLog) -> Option<i64>,
+    ) -> Vec<Result<()>> {
         let logs = self.logs.lock();
+        let mut results = Vec::with_capacity(self.log_dirs.len());
         for (i, dir) in self.log_dirs.iter().enumerate() {
+            let health = self.health.get(i);
+            if health.is_some_and(|h| h.is_failed()) {
+                results.push(Ok(()));
+                continue;
+            }
             let mut lines: Vec<String> = logs
                 .iter()
                 .filter(|(_, e)| e.dir_index == i)
@@ -890,9 +1061,13 @@ impl LogManager {
                 text.push_str(&l);
                 text.push('\n');
             }
-            write_atomically(&dir.join(file), text.as_bytes(), true)?;
+            let written = write_atomically(&dir.join(file), text.as_bytes(), true);
+            if let (Err(e), Some(h)) = (&written, health) {
+                h.record_write_error(e);
+            }
+            results.push(written);
         }
-        Ok(())
+        results
     }
 
     /// Removes the `.deleted` segment files of every log whose `file.delete.delay.ms` passed
@@ -919,18 +1094,32 @@ impl LogManager {
     /// `num.recovery.threads.per.data.dir` threads per directory, makes all of it durable with
     /// one `syncfs` per directory rather than several `fsync`s per partition, checkpoints
     /// recovery points (now each log's end), then writes `.kafka_cleanshutdown` in each
-    /// directory whose logs all closed and synced.
+    /// directory whose logs all closed and synced and whose checkpoints were written.
+    ///
+    /// Each directory stands alone: a failed one ([`DirState::Failed`]) is skipped with a
+    /// WARN (its logs are not closed, nothing is written in it), and one whose close, sync or
+    /// checkpoint fails gets no marker (the next start recovers it from its recovery points);
+    /// the other directories get theirs.
     ///
     /// # Errors
-    /// The first error met; directories with a failed log get no marker (the next start
-    /// recovers them from their recovery points).
+    /// The first error met in a directory that had not failed before.
     pub fn shutdown(&self) -> Result<()> {
         let mut first_error = None;
-        let mut failed_dirs = vec![false; self.log_dirs.len()];
+        let mut failed_dirs: Vec<bool> = (0..self.log_dirs.len())
+            .map(|i| self.health.get(i).is_some_and(|h| h.is_failed()))
+            .collect();
+        for (dir, failed) in self.log_dirs.iter().zip(&failed_dirs) {
+            if *failed {
+                tracing::warn!(log_dir = %dir.display(),
+                    "the log directory failed: its logs are not closed and it gets no clean \
+                     shutdown marker (they are recovered when it is back)");
+            }
+        }
         let entries: Vec<(TopicPartition, Arc<PartitionLog>, usize)> = self
             .logs
             .lock()
             .iter()
+            .filter(|(_, e)| !failed_dirs.get(e.dir_index).copied().unwrap_or(false))
             .map(|(tp, e)| (tp.clone(), Arc::clone(&e.log), e.dir_index))
             .collect();
         let threads = self.recovery_threads * self.log_dirs.len().max(1);
@@ -957,13 +1146,30 @@ impl LogManager {
                 log.mark_synced();
             }
         }
-        if let Err(err) = self
-            .checkpoint_recovery_points()
-            .and_then(|()| self.checkpoint_log_start_offsets())
-            .and_then(|()| self.checkpoint_cleaner_offsets())
-        {
-            failed_dirs.iter_mut().for_each(|f| *f = true);
-            first_error.get_or_insert(err);
+        let checkpoints = [
+            self.write_offset_checkpoint_per_dir(RECOVERY_POINT_CHECKPOINT, |log| {
+                Some(log.recovery_point())
+            }),
+            self.write_offset_checkpoint_per_dir(LOG_START_OFFSET_CHECKPOINT, |log| {
+                let first_base = log.segment_base_offsets().first().copied().unwrap_or(0);
+                (log.log_start_offset() > first_base).then(|| log.log_start_offset())
+            }),
+            self.write_offset_checkpoint_per_dir(
+                CLEANER_OFFSET_CHECKPOINT,
+                PartitionLog::cleaner_checkpoint,
+            ),
+        ];
+        for results in checkpoints {
+            for (dir_index, result) in results.into_iter().enumerate() {
+                if let Err(err) = result {
+                    if !failed_dirs[dir_index] {
+                        tracing::error!(log_dir = %self.log_dirs[dir_index].display(),
+                            error = %err, "writing a checkpoint at shutdown failed");
+                    }
+                    failed_dirs[dir_index] = true;
+                    first_error.get_or_insert(err);
+                }
+            }
         }
         for (dir, failed) in self.log_dirs.iter().zip(failed_dirs) {
             if failed {
@@ -1068,6 +1274,136 @@ mod tests {
         let log = m.get_or_create(&tp, [3; 16], LogConfig::default()).unwrap();
         assert_eq!(log.dir(), b.path().join("full-0"));
         assert_eq!(m.topic_id(&tp), Some([3; 16]));
+    }
+
+    /// A log dir that cannot be opened (here: a file in its place) starts failed and the
+    /// others are served; a clean shutdown then marks the healthy dir only, whose logs the
+    /// next start does not recover; every dir failing fails the open.
+    #[test]
+    fn a_failed_dir_starts_offline_and_the_others_shut_down_cleanly() {
+        let root = tempfile::tempdir().unwrap();
+        let (good, bad) = (root.path().join("d1"), root.path().join("d2"));
+        let dirs = vec![good.clone(), bad.clone()];
+        let tp = |p| TopicPartition::new("t", p);
+        {
+            let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+            for p in 0..4 {
+                m.get_or_create(&tp(p), [5; 16], LogConfig::default())
+                    .unwrap();
+            }
+            m.shutdown().unwrap();
+        }
+        let in_bad: Vec<i32> = (0..4)
+            .filter(|p| bad.join(format!("t-{p}")).exists())
+            .collect();
+        assert_eq!(in_bad.len(), 2, "two logs per dir");
+        std::fs::rename(&bad, root.path().join("aside")).unwrap();
+        std::fs::write(&bad, b"a file").unwrap();
+
+        let (m, loaded) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        assert_eq!(loaded.len(), 2);
+        assert_eq!(m.dir_health()[0].state(), DirState::Online);
+        let DirState::Failed { reason } = m.dir_health()[1].state() else {
+            panic!("{:?}", m.dir_health()[1].state())
+        };
+        assert!(reason.contains("d2"), "{reason}");
+        assert_eq!(m.offline_dirs().len(), 1);
+        // New logs go to the healthy dir.
+        let created = m
+            .get_or_create(&tp(9), [5; 16], LogConfig::default())
+            .unwrap();
+        assert_eq!(created.dir(), good.join("t-9"));
+        // A log registered in the failed dir is not created elsewhere; unassigned ones are,
+        // and so are those registered in the healthy dir.
+        m.set_dir_ids(&[(good.clone(), [1; 16]), (bad.clone(), [2; 16])]);
+        let p = in_bad[0];
+        let err = m
+            .get_or_create_in(&tp(p), [5; 16], LogConfig::default(), Some([2; 16]))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, LogError::LogDirOffline { .. }), "{err}");
+        let err = m
+            .get_or_create_in(&tp(p), [5; 16], LogConfig::default(), Some([3; 16]))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(err, LogError::LogDirOffline { .. }),
+            "an unknown dir: {err}"
+        );
+        assert!(!good.join(format!("t-{p}")).exists());
+        m.get_or_create_in(&tp(10), [5; 16], LogConfig::default(), Some([1; 16]))
+            .unwrap();
+        m.get_or_create_in(&tp(11), [5; 16], LogConfig::default(), None)
+            .unwrap();
+        m.shutdown().unwrap();
+        assert!(good.join(CLEAN_SHUTDOWN_FILE).exists());
+        drop(m);
+
+        let (m, loaded) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        assert_eq!(loaded.len(), 5);
+        assert!(
+            loaded
+                .iter()
+                .all(|l| l.load_stats().recovered_segments == 0),
+            "the healthy dir was shut down cleanly"
+        );
+        drop(m);
+
+        std::fs::remove_dir_all(&good).unwrap();
+        std::fs::write(&good, b"a file").unwrap();
+        let err = LogManager::open(&dirs, LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(err, LogError::NoLogDirOnline(_)), "{err}");
+    }
+
+    /// A log whose creation fails with an error of the dir's file system (EROFS, EIO)
+    /// takes the dir offline, and the next log goes to the other dir; a checkpoint that
+    /// cannot be written in a dir takes it offline too, and the other dirs' checkpoints and
+    /// clean-shutdown markers are still written.
+    #[test]
+    fn dir_errors_take_the_dir_offline() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        CREATION_FAULT.set(Some(rustix::io::Errno::ROFS.raw_os_error()));
+        let err = m
+            .get_or_create(&TopicPartition::new("ro", 0), [3; 16], LogConfig::default())
+            .map(|_| ())
+            .unwrap_err();
+        CREATION_FAULT.set(None);
+        assert!(err.is_dir_failure(), "{err}");
+        assert!(m.dir_health()[0].is_failed());
+        for p in 1..4 {
+            let log = m
+                .get_or_create(&TopicPartition::new("ro", p), [3; 16], LogConfig::default())
+                .unwrap();
+            assert!(log.dir().starts_with(b.path()));
+        }
+        drop(m);
+
+        let (m, _) = LogManager::open(&dirs, LogConfig::default()).unwrap();
+        for p in 0..4 {
+            m.get_or_create(&TopicPartition::new("c", p), [4; 16], LogConfig::default())
+                .unwrap();
+        }
+        // The recovery point checkpoint of the second dir cannot be written.
+        let tmp = b.path().join(format!("{RECOVERY_POINT_CHECKPOINT}.tmp"));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(m.checkpoint_recovery_points().is_err());
+        assert!(
+            m.dir_health()[1].is_failed(),
+            "{:?}",
+            m.dir_health()[1].state()
+        );
+        assert!(!m.dir_health()[0].is_offline());
+        // Skipped from now on: no error every time.
+        m.checkpoint_recovery_points().unwrap();
+        let _ = std::fs::remove_file(a.path().join(CLEAN_SHUTDOWN_FILE));
+        m.shutdown().unwrap();
+        assert!(a.path().join(CLEAN_SHUTDOWN_FILE).exists());
+        assert!(!b.path().join(CLEAN_SHUTDOWN_FILE).exists());
     }
 
     /// `replication-offset-checkpoint` in Kafka's format, one file per log dir holding that

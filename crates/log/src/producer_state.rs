@@ -17,15 +17,28 @@
 //!
 //! Like Kafka, a snapshot keeps only the last batch of each producer; batches after the snapshot
 //! are replayed from the log's batch headers on load, which restores up to five per producer.
+//!
+//! Transactions (KIP-98): each producer's open transaction (its first offset,
+//! `current_txn_first_offset`), the open transactions of the partition by first offset
+//! (`ongoing`), and the transactions a marker completed whose marker is not yet below the high
+//! watermark (`unreplicated`): the first unstable offset is the smallest first offset of
+//! either, and the last stable offset (LSO) is that or the high watermark, whichever is lower
+//! (Kafka's `ProducerStateManager.firstUnstableOffset`). Before a producer's first
+//! transactional write to the partition the leader asks the transaction coordinator (KIP-890);
+//! the verification state per producer ([`VerificationStateEntry`]) holds the guard that
+//! write must carry.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gregor_protocol::batch::{BatchHeader, NO_PRODUCER_EPOCH};
+use gregor_protocol::control::{EndTxnMarker, TransactionResult};
 
 use crate::checkpoint::write_atomically;
 use crate::error::{LogError, Result};
 use crate::segment::file_name;
+use crate::txn_index::AbortedTxn;
 
 /// Batches remembered per producer for duplicate detection (Kafka's
 /// `NUM_BATCHES_TO_RETAIN`, matching `max.in.flight.requests.per.connection` <= 5).
@@ -33,6 +46,68 @@ pub(crate) const NUM_BATCHES_TO_RETAIN: usize = 5;
 
 const SNAPSHOT_VERSION: i16 = 1;
 const SNAPSHOT_ENTRY_BYTES: usize = 46;
+
+/// Who appends (Kafka's `AppendOrigin`): it decides how much of the producer state is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOrigin {
+    /// A producer's Produce request: duplicates, sequences, epochs and transaction state are
+    /// checked; control batches are refused.
+    Client,
+    /// A coordinator's write to its internal topic (its batches carry no sequence): only the
+    /// producer epoch and transaction state are checked.
+    Coordinator,
+}
+
+/// The token that proves the transaction coordinator verified a producer's first
+/// transactional write to a partition (Kafka's `VerificationGuard`, KIP-890): the leader
+/// creates it before asking the coordinator, and the append must present the same one. The
+/// sentinel (0) never verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VerificationGuard(u64);
+
+impl VerificationGuard {
+    /// The guard that verifies nothing (Kafka's `VerificationGuard.SENTINEL`).
+    pub const SENTINEL: Self = Self(0);
+
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Whether this is the sentinel.
+    pub fn is_sentinel(self) -> bool {
+        self == Self::SENTINEL
+    }
+
+    /// Kafka's `VerificationGuard.verify`: `presented` is this guard and not the sentinel.
+    pub fn verify(self, presented: Self) -> bool {
+        !presented.is_sentinel() && presented == self
+    }
+}
+
+/// Transaction verification in progress for one producer (Kafka's `VerificationStateEntry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VerificationStateEntry {
+    /// When verification started (ms): entries older than `producer.id.expiration.ms` expire.
+    pub timestamp_ms: i64,
+    pub guard: VerificationGuard,
+    /// The lowest sequence seen while verifying: a higher one may not be written first (it
+    /// would loop in OUT_OF_ORDER_SEQUENCE after the lower one's retriable error).
+    pub lowest_sequence: i32,
+    pub epoch: i16,
+}
+
+impl VerificationStateEntry {
+    fn maybe_update_lowest_sequence_and_epoch(&mut self, sequence: i32, epoch: i16) {
+        if epoch == self.epoch && sequence < self.lowest_sequence {
+            self.lowest_sequence = sequence;
+        }
+        if epoch > self.epoch {
+            self.epoch = epoch;
+            self.lowest_sequence = sequence;
+        }
+    }
+}
 
 /// One appended batch of a producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +119,28 @@ pub(crate) struct BatchMetadata {
     pub timestamp_ms: i64,
 }
 
+/// A transaction a marker ended (Kafka's `CompletedTxn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompletedTxn {
+    pub producer_id: i64,
+    /// The transaction's first offset.
+    pub first_offset: i64,
+    /// The marker's offset.
+    pub last_offset: i64,
+    pub aborted: bool,
+}
+
 /// State of one producer id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProducerEntry {
     pub producer_epoch: i16,
     pub batches: VecDeque<BatchMetadata>,
+    /// The coordinator epoch of the last marker, -1 before any.
     pub coordinator_epoch: i32,
+    /// First offset of the open transaction, -1 when none.
     pub current_txn_first_offset: i64,
+    /// Timestamp (ms) of the last batch or marker: expiry counts from it.
+    pub last_timestamp_ms: i64,
 }
 
 impl ProducerEntry {
@@ -60,6 +150,7 @@ impl ProducerEntry {
             batches: VecDeque::new(),
             coordinator_epoch: -1,
             current_txn_first_offset: -1,
+            last_timestamp_ms: -1,
         }
     }
 
@@ -74,19 +165,18 @@ impl ProducerEntry {
         self.batches.push_back(b);
     }
 
-    /// Applies a batch without checks (log replay, or after validation).
-    fn apply(&mut self, h: &BatchHeader) {
-        if h.producer_epoch != self.producer_epoch {
+    /// Kafka's `maybeUpdateProducerEpoch`: a new epoch forgets the old epoch's batches.
+    fn set_epoch(&mut self, epoch: i16) {
+        if epoch != self.producer_epoch {
             self.batches.clear();
-            self.producer_epoch = h.producer_epoch;
+            self.producer_epoch = epoch;
         }
-        if h.is_control() {
-            self.current_txn_first_offset = -1;
-            return;
-        }
-        if h.is_transactional() && self.current_txn_first_offset < 0 {
-            self.current_txn_first_offset = h.base_offset;
-        }
+    }
+
+    /// Applies a data batch without checks; returns the first offset of the transaction it
+    /// opens, if it opens one.
+    fn apply_data(&mut self, h: &BatchHeader) -> Option<i64> {
+        self.set_epoch(h.producer_epoch);
         self.push(BatchMetadata {
             first_seq: h.base_sequence,
             last_seq: h.last_sequence(),
@@ -94,6 +184,35 @@ impl ProducerEntry {
             last_offset: h.last_offset(),
             timestamp_ms: h.max_timestamp,
         });
+        self.last_timestamp_ms = h.max_timestamp;
+        if h.is_transactional() && self.current_txn_first_offset < 0 {
+            self.current_txn_first_offset = h.base_offset;
+            return Some(h.base_offset);
+        }
+        None
+    }
+
+    /// Applies a marker of `epoch` at `offset` without checks (Kafka's `appendEndTxnMarker`
+    /// after its checks): the open transaction, if any, is completed.
+    fn apply_marker(
+        &mut self,
+        producer_id: i64,
+        epoch: i16,
+        marker: EndTxnMarker,
+        offset: i64,
+        timestamp_ms: i64,
+    ) -> Option<CompletedTxn> {
+        let completed = (self.current_txn_first_offset >= 0).then_some(CompletedTxn {
+            producer_id,
+            first_offset: self.current_txn_first_offset,
+            last_offset: offset,
+            aborted: marker.result == TransactionResult::Abort,
+        });
+        self.set_epoch(epoch);
+        self.coordinator_epoch = marker.coordinator_epoch;
+        self.current_txn_first_offset = -1;
+        self.last_timestamp_ms = timestamp_ms;
+        completed
     }
 }
 
@@ -109,14 +228,50 @@ fn next_sequence(last_seq: i32) -> i32 {
 pub(crate) struct ProducerStateManager {
     dir: PathBuf,
     producers: HashMap<i64, ProducerEntry>,
+    /// Open transactions: first offset -> producer id (Kafka's `ongoingTxns`).
+    ongoing: BTreeMap<i64, i64>,
+    /// Completed transactions whose marker the high watermark has not passed yet: first
+    /// offset -> (producer id, marker offset) (Kafka's `unreplicatedTxns`).
+    unreplicated: BTreeMap<i64, (i64, i64)>,
+    /// Producers whose first transactional write to the partition is being verified.
+    verification: HashMap<i64, VerificationStateEntry>,
 }
 
 /// Result of checking an append against producer state.
 pub(crate) enum ProducerCheck {
     /// A retry of a batch already in the log.
     Duplicate(BatchMetadata),
-    /// Valid: the entries to install once the batches are written.
-    Valid(HashMap<i64, ProducerEntry>),
+    /// Valid: what to install once the batches are written.
+    Valid(PendingUpdate),
+}
+
+/// The producer-state change of a checked append, installed by
+/// [`ProducerStateManager::commit`] once the batches are written.
+pub(crate) struct PendingUpdate {
+    entries: HashMap<i64, ProducerEntry>,
+    /// Transactions the append opens: (first offset, producer id).
+    started: Vec<(i64, i64)>,
+    /// Producers that wrote transactional batches: their verification state is done.
+    transactional: Vec<i64>,
+    /// Transactions the append's markers complete, in order.
+    completed: Vec<CompletedTxn>,
+}
+
+/// A producer as DescribeProducers shows it (KIP-664).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerSummary {
+    /// The producer id.
+    pub producer_id: i64,
+    /// Its current epoch.
+    pub producer_epoch: i16,
+    /// The last sequence written, -1 if none.
+    pub last_sequence: i32,
+    /// Timestamp (ms) of its last batch or marker, -1 if none.
+    pub last_timestamp_ms: i64,
+    /// The coordinator epoch of its last marker, -1 if none.
+    pub coordinator_epoch: i32,
+    /// First offset of its open transaction, -1 if none.
+    pub current_txn_start_offset: i64,
 }
 
 impl ProducerStateManager {
@@ -124,6 +279,9 @@ impl ProducerStateManager {
         Self {
             dir: dir.to_path_buf(),
             producers: HashMap::new(),
+            ongoing: BTreeMap::new(),
+            unreplicated: BTreeMap::new(),
+            verification: HashMap::new(),
         }
     }
 
@@ -132,29 +290,103 @@ impl ProducerStateManager {
         self.producers.len()
     }
 
-    /// Checks client batches (with offsets already assigned in `headers`) as Kafka's
-    /// `ProducerAppendInfo` does: a retried batch (same producer, epoch and sequence range as
-    /// one of the last five) is a duplicate; an older epoch is `InvalidProducerEpoch`; a new
-    /// epoch must start at sequence 0 and a known producer continue at last + 1 (wrapping at
-    /// `i32::MAX`), else `OutOfOrderSequence`. A producer with no state here may start at any
-    /// sequence, as in Kafka.
-    pub(crate) fn check_client_batches(&self, headers: &[BatchHeader]) -> Result<ProducerCheck> {
-        for h in headers.iter().filter(|h| h.has_producer_id()) {
-            if let Some(e) = self.producers.get(&h.producer_id) {
-                if e.producer_epoch == h.producer_epoch {
-                    if let Some(b) = e
-                        .batches
-                        .iter()
-                        .find(|b| b.first_seq == h.base_sequence && b.last_seq == h.last_sequence())
-                    {
-                        return Ok(ProducerCheck::Duplicate(*b));
+    fn has_ongoing_transaction(&self, producer_id: i64) -> bool {
+        self.producers
+            .get(&producer_id)
+            .is_some_and(|e| e.current_txn_first_offset >= 0)
+    }
+
+    /// Kafka's `UnifiedLog.maybeStartTransactionVerification`: the sentinel when the producer
+    /// already has an open transaction here (no verification needed), else its verification
+    /// guard, created on first call and kept (with the lowest sequence seen) until its first
+    /// transactional write lands or it expires.
+    pub(crate) fn maybe_start_verification(
+        &mut self,
+        producer_id: i64,
+        sequence: i32,
+        epoch: i16,
+        now_ms: i64,
+    ) -> VerificationGuard {
+        if self.has_ongoing_transaction(producer_id) {
+            return VerificationGuard::SENTINEL;
+        }
+        let e = self
+            .verification
+            .entry(producer_id)
+            .or_insert_with(|| VerificationStateEntry {
+                timestamp_ms: now_ms,
+                guard: VerificationGuard::fresh(),
+                lowest_sequence: sequence,
+                epoch,
+            });
+        e.maybe_update_lowest_sequence_and_epoch(sequence, epoch);
+        e.guard
+    }
+
+    /// Checks batches (with offsets already assigned in `headers`; `markers[i]` is the
+    /// end-transaction marker of `headers[i]` when it is a control batch) as Kafka's
+    /// `ProducerAppendInfo` does. From a client: a retried batch (same producer, epoch and
+    /// sequence range as one of the last five) is a duplicate; a new epoch must start at
+    /// sequence 0 and a known producer continue at last + 1 (wrapping at `i32::MAX`), else
+    /// `OutOfOrderSequence` (a producer with no state here may start at any sequence, as in
+    /// Kafka), and no sequence may pass the lowest one seen while verifying. From anyone: an
+    /// older epoch is `InvalidProducerEpoch`; a transactional data batch of a producer with no
+    /// open transaction needs `verification` to verify against its guard when verification is
+    /// on (`Some`), else `InvalidTxnState`; a non-transactional batch while its transaction is
+    /// open is `InvalidTxnState`; a marker from a coordinator epoch older than the producer's
+    /// last marker's is `TransactionCoordinatorFenced`. A marker completes the producer's open
+    /// transaction, if it has one (a marker of a producer with no open transaction here
+    /// changes neither the LSO nor the transaction index).
+    pub(crate) fn check_batches(
+        &self,
+        headers: &[BatchHeader],
+        markers: &[Option<EndTxnMarker>],
+        origin: AppendOrigin,
+        verification: Option<VerificationGuard>,
+    ) -> Result<ProducerCheck> {
+        if origin == AppendOrigin::Client {
+            for h in headers
+                .iter()
+                .filter(|h| h.has_producer_id() && !h.is_control())
+            {
+                if let Some(e) = self.producers.get(&h.producer_id) {
+                    if e.producer_epoch == h.producer_epoch {
+                        if let Some(b) = e.batches.iter().find(|b| {
+                            b.first_seq == h.base_sequence && b.last_seq == h.last_sequence()
+                        }) {
+                            return Ok(ProducerCheck::Duplicate(*b));
+                        }
                     }
                 }
             }
         }
-        let mut updated: HashMap<i64, ProducerEntry> = HashMap::new();
-        for h in headers.iter().filter(|h| h.has_producer_id()) {
-            let entry = updated.entry(h.producer_id).or_insert_with(|| {
+        let mut update = PendingUpdate {
+            entries: HashMap::new(),
+            started: Vec::new(),
+            transactional: Vec::new(),
+            completed: Vec::new(),
+        };
+        for (i, h) in headers.iter().enumerate() {
+            if !h.has_producer_id() {
+                continue;
+            }
+            if let Some(presented) = verification {
+                // Kafka's batchMissingRequiredVerification, against the state before this
+                // append (`hasOngoingTransaction`).
+                if h.is_transactional()
+                    && !h.is_control()
+                    && !self.has_ongoing_transaction(h.producer_id)
+                    && !self
+                        .verification
+                        .get(&h.producer_id)
+                        .is_some_and(|v| v.guard.verify(presented))
+                {
+                    return Err(LogError::InvalidTxnState(
+                        "Record was not part of an ongoing transaction".into(),
+                    ));
+                }
+            }
+            let entry = update.entries.entry(h.producer_id).or_insert_with(|| {
                 self.producers
                     .get(&h.producer_id)
                     .cloned()
@@ -167,53 +399,214 @@ impl ProducerStateManager {
                     current_epoch: entry.producer_epoch,
                 });
             }
-            // Kafka's `ProducerAppendInfo.checkSequence`: a new epoch starts at 0, except for a
-            // producer with no state here (new, or whose batches were all removed by retention
-            // or DeleteRecords), which may start anywhere.
-            let unknown = entry.producer_epoch == NO_PRODUCER_EPOCH;
-            let expected = if h.producer_epoch != entry.producer_epoch {
-                0
-            } else {
-                next_sequence(entry.last_seq())
-            };
-            if !unknown && h.base_sequence != expected {
-                return Err(LogError::OutOfOrderSequence {
-                    producer_id: h.producer_id,
-                    producer_epoch: h.producer_epoch,
-                    first_sequence: h.base_sequence,
-                    expected_sequence: expected,
-                });
+            if h.is_transactional() {
+                update.transactional.push(h.producer_id);
             }
-            entry.apply(h);
+            if h.is_control() {
+                // An empty control batch (what the cleaner leaves of a removed transaction)
+                // changes nothing.
+                let Some(marker) = markers.get(i).copied().flatten() else {
+                    continue;
+                };
+                if entry.coordinator_epoch > marker.coordinator_epoch {
+                    return Err(LogError::TransactionCoordinatorFenced(format!(
+                        "Invalid coordinator epoch for producerId {} at offset {}: {} (zombie), {} (current)",
+                        h.producer_id, h.base_offset, marker.coordinator_epoch, entry.coordinator_epoch
+                    )));
+                }
+                if let Some(c) = entry.apply_marker(
+                    h.producer_id,
+                    h.producer_epoch,
+                    marker,
+                    h.base_offset,
+                    h.max_timestamp,
+                ) {
+                    update.completed.push(c);
+                }
+                continue;
+            }
+            if origin == AppendOrigin::Client {
+                if let Some(v) = self.verification.get(&h.producer_id) {
+                    if h.base_sequence > v.lowest_sequence {
+                        return Err(LogError::OutOfOrderSequence {
+                            producer_id: h.producer_id,
+                            producer_epoch: h.producer_epoch,
+                            first_sequence: h.base_sequence,
+                            expected_sequence: v.lowest_sequence,
+                        });
+                    }
+                }
+                // Kafka's `ProducerAppendInfo.checkSequence`: a new epoch starts at 0, except
+                // for a producer with no state here (new, or whose batches were all removed
+                // by retention or DeleteRecords), which may start anywhere.
+                let unknown = entry.producer_epoch == NO_PRODUCER_EPOCH;
+                let expected = if h.producer_epoch != entry.producer_epoch {
+                    0
+                } else {
+                    next_sequence(entry.last_seq())
+                };
+                if !unknown && h.base_sequence != expected {
+                    return Err(LogError::OutOfOrderSequence {
+                        producer_id: h.producer_id,
+                        producer_epoch: h.producer_epoch,
+                        first_sequence: h.base_sequence,
+                        expected_sequence: expected,
+                    });
+                }
+            }
+            if entry.current_txn_first_offset >= 0 && !h.is_transactional() {
+                return Err(LogError::InvalidTxnState(format!(
+                    "Expected transactional write from producer {} at offset {}",
+                    h.producer_id, h.base_offset
+                )));
+            }
+            if let Some(first) = entry.apply_data(h) {
+                update.started.push((first, h.producer_id));
+            }
         }
-        Ok(ProducerCheck::Valid(updated))
+        Ok(ProducerCheck::Valid(update))
     }
 
-    /// Installs entries produced by [`ProducerStateManager::check_client_batches`].
-    pub(crate) fn commit(&mut self, updated: HashMap<i64, ProducerEntry>) {
-        self.producers.extend(updated);
+    /// Installs the update of [`ProducerStateManager::check_batches`] once its batches are
+    /// written, in Kafka's order: producers, the transactions started, then each completed
+    /// transaction. Returns the aborted transactions to record in the transaction index of
+    /// the segment the batches went to (with the LSO after each, computed before it
+    /// completes).
+    pub(crate) fn commit(&mut self, update: PendingUpdate) -> Vec<AbortedTxn> {
+        self.producers.extend(update.entries);
+        for (first, pid) in update.started {
+            self.ongoing.insert(first, pid);
+        }
+        // Kafka's `UnifiedLog.updateProducers`: whether data or marker, the verification is
+        // over (the transaction has a first offset here, or ended).
+        for pid in update.transactional {
+            self.verification.remove(&pid);
+        }
+        let mut aborted = Vec::new();
+        for c in &update.completed {
+            if let Some(a) = self.aborted_entry(c) {
+                aborted.push(a);
+            }
+            self.complete_txn(c);
+        }
+        aborted
     }
 
-    /// Applies a batch read back from the log (no checks).
-    pub(crate) fn replay(&mut self, h: &BatchHeader) {
-        if h.has_producer_id() {
-            self.producers
-                .entry(h.producer_id)
-                .or_insert_with(ProducerEntry::empty)
-                .apply(h);
+    /// Kafka's `lastStableOffset(completedTxn)`: the LSO once `completed` ends, before
+    /// [`ProducerStateManager::complete_txn`] (the first offset of the earliest other open
+    /// transaction, or the marker's offset + 1). What the transaction index records.
+    pub(crate) fn last_stable_offset_after(&self, completed: &CompletedTxn) -> i64 {
+        self.ongoing
+            .iter()
+            .find(|(_, pid)| **pid != completed.producer_id)
+            .map_or(completed.last_offset + 1, |(first, _)| *first)
+    }
+
+    /// Kafka's `completeTxn`: the transaction leaves the open ones and waits for the high
+    /// watermark to pass its marker.
+    pub(crate) fn complete_txn(&mut self, completed: &CompletedTxn) {
+        if self.ongoing.remove(&completed.first_offset).is_none() {
+            tracing::warn!(
+                producer_id = completed.producer_id,
+                first_offset = completed.first_offset,
+                "completed a transaction that was not open in producer state"
+            );
+            return;
+        }
+        self.unreplicated.insert(
+            completed.first_offset,
+            (completed.producer_id, completed.last_offset),
+        );
+    }
+
+    /// The aborted-transaction entry of `completed` if it aborted (for the transaction
+    /// index), computed before [`ProducerStateManager::complete_txn`].
+    pub(crate) fn aborted_entry(&self, completed: &CompletedTxn) -> Option<AbortedTxn> {
+        completed.aborted.then(|| AbortedTxn {
+            producer_id: completed.producer_id,
+            first_offset: completed.first_offset,
+            last_offset: completed.last_offset,
+            last_stable_offset: self.last_stable_offset_after(completed),
+        })
+    }
+
+    /// The first offset that is not stable: of the earliest open transaction, or of the
+    /// earliest completed one whose marker is not below the high watermark yet.
+    pub(crate) fn first_unstable_offset(&self) -> Option<i64> {
+        let ongoing = self.ongoing.keys().next().copied();
+        let unreplicated = self.unreplicated.keys().next().copied();
+        match (ongoing, unreplicated) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
-    /// Drops every producer (before a full rebuild).
-    /// Forgets producers whose last batch timestamp is `expiration_ms` or more before
-    /// `now_ms` and that have no open transaction (Kafka's `isProducerExpired`). Returns how
-    /// many were removed.
+    /// Whether a completed transaction waits for the high watermark.
+    pub(crate) fn has_unreplicated(&self) -> bool {
+        !self.unreplicated.is_empty()
+    }
+
+    /// Kafka's `onHighWatermarkUpdated`: transactions whose marker is below `high_watermark`
+    /// are stable.
+    pub(crate) fn on_high_watermark_updated(&mut self, high_watermark: i64) {
+        self.unreplicated
+            .retain(|_, (_, last)| *last >= high_watermark);
+    }
+
+    /// Kafka's `onLogStartOffsetIncremented`: completed transactions below the new log start
+    /// are gone.
+    pub(crate) fn on_log_start_offset_incremented(&mut self, log_start_offset: i64) {
+        self.unreplicated
+            .retain(|_, (_, last)| *last >= log_start_offset);
+    }
+
+    /// Applies a batch read back from the log (no checks): a data batch, or a control batch
+    /// with its marker (`None` for an empty control batch). Returns the transaction a marker
+    /// completes; the caller records it ([`ProducerStateManager::aborted_entry`] for the
+    /// transaction index, then [`ProducerStateManager::complete_txn`]).
+    pub(crate) fn replay(
+        &mut self,
+        h: &BatchHeader,
+        marker: Option<EndTxnMarker>,
+    ) -> Option<CompletedTxn> {
+        if !h.has_producer_id() {
+            return None;
+        }
+        let entry = self
+            .producers
+            .entry(h.producer_id)
+            .or_insert_with(ProducerEntry::empty);
+        if h.is_control() {
+            let marker = marker?;
+            self.verification.remove(&h.producer_id);
+            return entry.apply_marker(
+                h.producer_id,
+                h.producer_epoch,
+                marker,
+                h.base_offset,
+                h.max_timestamp,
+            );
+        }
+        if let Some(first) = entry.apply_data(h) {
+            self.ongoing.insert(first, h.producer_id);
+        }
+        if h.is_transactional() {
+            self.verification.remove(&h.producer_id);
+        }
+        None
+    }
+
+    /// Forgets producers whose last batch or marker is `expiration_ms` or more before
+    /// `now_ms` and that have no open transaction (Kafka's `isProducerExpired`), and
+    /// verification states that old. Returns how many producers were removed.
     pub(crate) fn remove_expired(&mut self, now_ms: i64, expiration_ms: i64) -> usize {
         let before = self.producers.len();
         self.producers.retain(|_, e| {
-            let last_ts = e.batches.back().map_or(-1, |b| b.timestamp_ms);
-            e.current_txn_first_offset >= 0 || now_ms.saturating_sub(last_ts) < expiration_ms
+            e.current_txn_first_offset >= 0
+                || now_ms.saturating_sub(e.last_timestamp_ms) < expiration_ms
         });
+        self.verification
+            .retain(|_, v| now_ms.saturating_sub(v.timestamp_ms) < expiration_ms);
         before - self.producers.len()
     }
 
@@ -225,8 +618,30 @@ impl ProducerStateManager {
             .collect()
     }
 
+    /// Every producer, by id (DescribeProducers).
+    pub(crate) fn summaries(&self) -> Vec<ProducerSummary> {
+        let mut out: Vec<ProducerSummary> = self
+            .producers
+            .iter()
+            .map(|(pid, e)| ProducerSummary {
+                producer_id: *pid,
+                producer_epoch: e.producer_epoch,
+                last_sequence: e.last_seq(),
+                last_timestamp_ms: e.last_timestamp_ms,
+                coordinator_epoch: e.coordinator_epoch,
+                current_txn_start_offset: e.current_txn_first_offset,
+            })
+            .collect();
+        out.sort_unstable_by_key(|s| s.producer_id);
+        out
+    }
+
+    /// Drops every producer and transaction (before a full rebuild).
     pub(crate) fn clear(&mut self) {
         self.producers.clear();
+        self.ongoing.clear();
+        self.unreplicated.clear();
+        self.verification.clear();
     }
 
     /// Snapshot offsets present in the directory, ascending.
@@ -284,7 +699,7 @@ impl ProducerStateManager {
             body.extend_from_slice(&last.last_offset.to_be_bytes());
             let offset_delta = (last.last_offset - last.first_offset) as i32;
             body.extend_from_slice(&offset_delta.to_be_bytes());
-            body.extend_from_slice(&last.timestamp_ms.to_be_bytes());
+            body.extend_from_slice(&e.last_timestamp_ms.to_be_bytes());
             body.extend_from_slice(&e.coordinator_epoch.to_be_bytes());
             body.extend_from_slice(&e.current_txn_first_offset.to_be_bytes());
         }
@@ -349,6 +764,7 @@ impl ProducerStateManager {
                 batches: VecDeque::new(),
                 coordinator_epoch: i32_at(34),
                 current_txn_first_offset: i64_at(38),
+                last_timestamp_ms: timestamp_ms,
             };
             if last_offset >= 0 {
                 let first_seq = i64::from(last_seq) - i64::from(offset_delta);
@@ -366,6 +782,12 @@ impl ProducerStateManager {
                 });
             }
             producers.insert(pid, entry);
+        }
+        self.clear();
+        for (pid, e) in &producers {
+            if e.current_txn_first_offset >= 0 {
+                self.ongoing.insert(e.current_txn_first_offset, *pid);
+            }
         }
         self.producers = producers;
         Ok(())
@@ -388,7 +810,7 @@ mod tests {
     }
 
     fn append(m: &mut ProducerStateManager, h: BatchHeader) -> Result<Option<BatchMetadata>> {
-        match m.check_client_batches(&[h])? {
+        match m.check_batches(&[h], &[None], AppendOrigin::Client, None)? {
             ProducerCheck::Duplicate(b) => Ok(Some(b)),
             ProducerCheck::Valid(u) => {
                 m.commit(u);
@@ -443,7 +865,7 @@ mod tests {
     fn sequence_wraps_at_max() {
         let dir = tempfile::tempdir().unwrap();
         let mut m = ProducerStateManager::new(dir.path());
-        m.replay(&header(2, 0, i32::MAX - 1, 2, 0));
+        m.replay(&header(2, 0, i32::MAX - 1, 2, 0), None);
         assert_eq!(append(&mut m, header(2, 0, 0, 1, 2)).unwrap(), None);
     }
 
@@ -467,5 +889,97 @@ mod tests {
         raw[12] ^= 1;
         std::fs::write(&p, raw).unwrap();
         assert!(n.load_snapshot(5).is_err());
+    }
+
+    fn txn_header(pid: i64, epoch: i16, seq: i32, n: usize, base_offset: i64) -> BatchHeader {
+        let mut b = BatchBuilder::new(0, 1)
+            .producer(pid, epoch, seq)
+            .transactional(true, false);
+        for _ in 0..n {
+            b = b.record(1, None, Some(b"v"), &[]);
+        }
+        let mut v = b.build();
+        set_base_offset(&mut v, base_offset);
+        validate_batch(&v).unwrap()
+    }
+
+    fn marker_header(pid: i64, epoch: i16, base_offset: i64) -> BatchHeader {
+        let mut v = gregor_protocol::control::end_txn_marker_batch(
+            pid,
+            epoch,
+            EndTxnMarker {
+                result: TransactionResult::Abort,
+                coordinator_epoch: 0,
+            },
+            1,
+        );
+        set_base_offset(&mut v, base_offset);
+        validate_batch(&v).unwrap()
+    }
+
+    fn abort() -> Option<EndTxnMarker> {
+        Some(EndTxnMarker {
+            result: TransactionResult::Abort,
+            coordinator_epoch: 0,
+        })
+    }
+
+    /// The first unstable offset and the LSO recorded with an abort follow Kafka's
+    /// `ProducerStateManager`: the earliest open transaction, completed ones until the high
+    /// watermark passes their marker, and the next other open transaction for the index.
+    #[test]
+    fn open_and_unreplicated_transactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = ProducerStateManager::new(dir.path());
+        let apply =
+            |m: &mut ProducerStateManager, h: BatchHeader, marker: Option<EndTxnMarker>| match m
+                .check_batches(&[h], &[marker], AppendOrigin::Coordinator, None)
+                .unwrap()
+            {
+                ProducerCheck::Valid(u) => m.commit(u),
+                ProducerCheck::Duplicate(_) => panic!("duplicate"),
+            };
+        assert!(apply(&mut m, txn_header(1, 0, 0, 2, 10), None).is_empty());
+        assert!(apply(&mut m, txn_header(2, 0, 0, 1, 12), None).is_empty());
+        assert_eq!(m.first_unstable_offset(), Some(10));
+        let aborted = apply(&mut m, marker_header(1, 0, 13), abort());
+        assert_eq!(
+            aborted,
+            vec![AbortedTxn {
+                producer_id: 1,
+                first_offset: 10,
+                last_offset: 13,
+                last_stable_offset: 12
+            }]
+        );
+        assert_eq!(m.first_unstable_offset(), Some(10));
+        m.on_high_watermark_updated(14);
+        assert_eq!(m.first_unstable_offset(), Some(12));
+        // The open transaction survives a snapshot; completed ones are not in it.
+        m.take_snapshot(14, false).unwrap();
+        let mut n = ProducerStateManager::new(dir.path());
+        n.load_snapshot(14).unwrap();
+        assert_eq!(n.first_unstable_offset(), Some(12));
+        // A producer with an open transaction never expires; its verification state does.
+        assert_eq!(n.remove_expired(i64::MAX, 1), 1);
+        assert_eq!(n.first_unstable_offset(), Some(12));
+        let g = n.maybe_start_verification(9, 0, 0, 100);
+        assert!(!g.is_sentinel());
+        n.remove_expired(200, 50);
+        assert!(n.verification.is_empty());
+        // Replay of the same batches gives the same state.
+        let mut r = ProducerStateManager::new(dir.path());
+        for (h, marker) in [
+            (txn_header(1, 0, 0, 2, 10), None),
+            (txn_header(2, 0, 0, 1, 12), None),
+            (marker_header(1, 0, 13), abort()),
+        ] {
+            if let Some(c) = r.replay(&h, marker) {
+                assert_eq!(r.aborted_entry(&c), Some(aborted[0]));
+                r.complete_txn(&c);
+            }
+        }
+        r.on_high_watermark_updated(14);
+        assert_eq!(r.first_unstable_offset(), Some(12));
     }
 }

@@ -49,6 +49,7 @@ use crate::index::{
     floor_by, push_if_follows, OffsetEntry, OffsetIndex, Tail, TimeEntry, TimeIndex,
 };
 use crate::index_cache::{self, CacheSlot, Evict};
+use crate::txn_index::{AbortedTxn, TransactionIndex};
 
 /// Chunk size for header walks on the read path (a walk starts at an index entry, so it spans
 /// about `index.interval.bytes` plus one batch).
@@ -122,6 +123,25 @@ pub(crate) fn validate_stored_batch(buf: &[u8]) -> std::result::Result<BatchHead
 pub(crate) struct TimestampOffset {
     pub timestamp_ms: i64,
     pub offset: i64,
+}
+
+/// Where a segment being recovered stands in its log ([`LogSegment::recover`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecoveryTail {
+    /// The log's recovery point, when known: offsets below it had been flushed.
+    pub recovery_point: Option<i64>,
+    /// The segment is the last of the log.
+    pub last_segment: bool,
+}
+
+impl Default for RecoveryTail {
+    /// The last segment of a log whose recovery point is unknown.
+    fn default() -> Self {
+        Self {
+            recovery_point: None,
+            last_segment: true,
+        }
+    }
 }
 
 /// What a full scan of a segment found.
@@ -217,6 +237,8 @@ pub(crate) struct LogSegment {
     /// Set when the segment is being deleted: its index files may disappear, and are never
     /// written again.
     deleted: AtomicBool,
+    /// The `.txnindex` (aborted transactions whose marker is in this segment).
+    txn_index: TransactionIndex,
     /// Test hook: the fault the next appends meet.
     #[cfg(test)]
     fail_at: Mutex<Option<FailAt>>,
@@ -516,6 +538,14 @@ impl LogSegment {
     ) -> Result<Self> {
         let log_path = dir.join(file_name(base_offset, "log") + suffix);
         let log = SegmentFile::open(&log_path, true, "creating segment")?;
+        // A leftover transaction index of an earlier segment with this base offset (a log
+        // truncated to it) is not this segment's.
+        let txn_path = dir.join(file_name(base_offset, "txnindex") + suffix);
+        match std::fs::remove_file(&txn_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io("removing", &txn_path, e)),
+        }
         let offset_index = OffsetIndex::create(
             &dir.join(file_name(base_offset, "index") + suffix),
             segment_index_bytes,
@@ -555,6 +585,7 @@ impl LogSegment {
             rolling_based_timestamp: Mutex::new(None),
             created_ms: now_ms,
             deleted: AtomicBool::new(false),
+            txn_index: TransactionIndex::new(),
             #[cfg(test)]
             fail_at: Mutex::new(None),
         }
@@ -1143,6 +1174,70 @@ impl LogSegment {
     /// First offset this segment may hold (its file name).
     pub(crate) fn base_offset(&self) -> i64 {
         self.base_offset
+    }
+
+    /// Path of the `.txnindex` file: the `.log` file's name with `txnindex` for `log`, the
+    /// same suffix (it follows the segment's renames).
+    pub(crate) fn txn_index_path(&self) -> PathBuf {
+        let log_path = self.log_path();
+        let log_name = file_name(self.base_offset, "log");
+        let suffix = log_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(log_name.as_str()))
+            .unwrap_or("")
+            .to_string();
+        log_path.with_file_name(file_name(self.base_offset, "txnindex") + &suffix)
+    }
+
+    /// Records an aborted transaction whose marker is in this segment.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::append`].
+    pub(crate) fn append_aborted_txn(&self, txn: &AbortedTxn) -> Result<()> {
+        self.txn_index.append(&self.txn_index_path(), txn)
+    }
+
+    /// Kafka's `LogSegment.collectAbortedTxns` (see [`TransactionIndex::collect`]).
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::collect`].
+    pub(crate) fn collect_aborted_txns(
+        &self,
+        fetch_offset: i64,
+        upper_bound_offset: i64,
+        out: &mut Vec<AbortedTxn>,
+    ) -> Result<bool> {
+        self.txn_index.collect(
+            &self.txn_index_path(),
+            fetch_offset,
+            upper_bound_offset,
+            out,
+        )
+    }
+
+    /// Every aborted transaction of this segment's index.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::all`].
+    pub(crate) fn aborted_txns(&self) -> Result<Vec<AbortedTxn>> {
+        self.txn_index.all(&self.txn_index_path())
+    }
+
+    /// Removes the transaction-index entries of markers at or after `offset`.
+    ///
+    /// # Errors
+    /// As [`TransactionIndex::truncate_to`].
+    pub(crate) fn truncate_txn_index(&self, offset: i64) -> Result<()> {
+        self.txn_index.truncate_to(&self.txn_index_path(), offset)
+    }
+
+    /// Empties the transaction index (recovery rebuilds it).
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub(crate) fn reset_txn_index(&self) -> Result<()> {
+        self.txn_index.reset(&self.txn_index_path())
     }
 
     /// Path of the `.log` file (its current name: a segment being deleted carries the
@@ -1877,11 +1972,14 @@ impl LogSegment {
     /// timestamp, and truncates the file at the first invalid or torn batch (Kafka's
     /// `LogSegment.recover`). `expected_first_offset` is the lowest offset the first batch may
     /// have; `on_batch` sees every valid header. The indexes stay loaded and pinned (not
-    /// charged to the index cache) until [`LogSegment::set_inactive`].
+    /// charged to the index cache) until [`LogSegment::set_inactive`]. `tail` says where the
+    /// segment stands in the log, so that what is removed is called what it is: a crash can
+    /// cut short only writes that were not yet flushed, at the end of the log.
     pub(crate) fn recover(
         &self,
         expected_first_offset: i64,
         index_interval_bytes: u64,
+        tail: RecoveryTail,
         mut on_batch: impl FnMut(&BatchHeader),
     ) -> Result<RecoverResult> {
         // Written from here on: no lazy load runs meanwhile, and the cache keeps its hands off.
@@ -1964,9 +2062,33 @@ impl LogSegment {
             position += total as u64;
         }
         if position < file_len {
-            let (torn, what) = stop.unwrap_or((true, "unreadable bytes".into()));
+            let (at_end, what) = stop.unwrap_or((true, "unreadable bytes".into()));
             let removed = file_len - position;
-            if torn {
+            let flushed = tail.recovery_point.is_some_and(|rp| next_offset < rp);
+            let torn = at_end && !flushed && tail.last_segment;
+            if at_end && flushed {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    recovery_point = tail.recovery_point,
+                    "recovery truncates the segment at corruption: {what} below the recovery \
+                     point (these offsets had been flushed, so a crash cannot have cut them \
+                     short); everything from there on is removed"
+                );
+            } else if at_end && !tail.last_segment {
+                tracing::warn!(
+                    segment = %path.display(),
+                    position,
+                    removed_bytes = removed,
+                    next_offset,
+                    recovery_point = tail.recovery_point,
+                    "recovery truncates a segment that ends short of the segments after it: \
+                     {what}; corruption, or a crash that lost writes not yet flushed; \
+                     everything from there on is removed"
+                );
+            } else if torn {
                 tracing::warn!(
                     segment = %path.display(),
                     position,
@@ -2024,8 +2146,15 @@ impl LogSegment {
             .set_len(position)
             .map_err(|e| LogError::io("truncating", &self.log_path(), e))?;
         self.size_bytes.store(position, Ordering::Release);
-        let r = self.recover(self.base_offset, index_interval_bytes, |_| {})?;
-        Ok(r.next_offset.unwrap_or(self.base_offset))
+        let r = self.recover(
+            self.base_offset,
+            index_interval_bytes,
+            RecoveryTail::default(),
+            |_| {},
+        )?;
+        let next = r.next_offset.unwrap_or(self.base_offset);
+        self.txn_index.truncate_to(&self.txn_index_path(), next)?;
+        Ok(next)
     }
 
     /// The offset after the last batch, walking from the last offset-index entry. `None` for an
@@ -2063,7 +2192,8 @@ impl LogSegment {
             .sync_data()
             .map_err(|e| LogError::io("syncing", &self.log_path(), e))?;
         self.indexes.offset.flush()?;
-        self.indexes.time.flush()
+        self.indexes.time.flush()?;
+        self.txn_index.flush(&self.txn_index_path())
     }
 }
 
@@ -2108,7 +2238,9 @@ mod tests {
         }
         assert_eq!(seg.read_next_offset().unwrap(), Some(next));
         let entries = seg.index_entry_counts().unwrap();
-        let r = seg.recover(100, 256, |_| {}).unwrap();
+        let r = seg
+            .recover(100, 256, RecoveryTail::default(), |_| {})
+            .unwrap();
         assert_eq!(r.batches, 50);
         assert_eq!(r.next_offset, Some(next));
         assert_eq!(seg.index_entry_counts().unwrap(), entries);

@@ -428,3 +428,54 @@ fn cleaner_throughput() {
         mb / secs,
     );
 }
+
+/// Transactions on a compacted topic: an aborted value does not make the cleaner drop the
+/// committed value of its key (Kafka's offset map skips aborted records), the aborted records
+/// and markers it keeps stay listed in the cleaned segment's `.txnindex`, so read_committed
+/// still skips them.
+#[test]
+fn aborted_values_do_not_shadow_committed_ones_when_cleaning() {
+    use gregor_protocol::control::{EndTxnMarker, TransactionResult};
+    let dir = tempfile::tempdir().unwrap();
+    let log =
+        PartitionLog::open(dir.path(), TopicPartition::new("c", 0), config(1024), true).unwrap();
+    append(&log, &[(1, Some(1))], Compression::None);
+    let mut aborted = BatchBuilder::new(0, NOW_MS)
+        .producer(9, 0, 0)
+        .transactional(true, false)
+        .record(NOW_MS, Some(b"key-1"), Some(b"aborted"), &[])
+        .build();
+    log.append_as_leader(&mut aborted, 0, NOW_MS).unwrap();
+    let marker = EndTxnMarker {
+        result: TransactionResult::Abort,
+        coordinator_epoch: 0,
+    };
+    log.append_txn_marker(9, 0, marker, 0, NOW_MS).unwrap();
+    // Other keys until the transaction sits in closed segments.
+    for i in 0..30u8 {
+        append(&log, &[(10 + i, Some(2))], Compression::None);
+    }
+    let hw = log.log_end_offset();
+    log.on_high_watermark_updated(hw);
+    while cleaner().clean(&log, hw, NOW_MS).unwrap().is_some() {}
+    let (records, _) = read_all(&log);
+    let key1: Vec<_> = records
+        .iter()
+        .filter(|(_, k, _)| k.as_slice() == b"key-1")
+        .map(|(o, _, v)| (*o, v.clone()))
+        .collect();
+    assert_eq!(
+        key1.first().map(|(o, _)| *o),
+        Some(0),
+        "the committed value of key-1 was cleaned away: {key1:?}"
+    );
+    // The aborted record, if kept, is still known to be aborted.
+    if key1.iter().any(|(o, _)| *o == 1) {
+        let txns = log.collect_aborted_transactions(0, hw).unwrap();
+        assert!(
+            txns.iter()
+                .any(|t| t.producer_id == 9 && t.first_offset == 1),
+            "{txns:?}"
+        );
+    }
+}

@@ -166,3 +166,60 @@ fn a_torn_leader_epoch_checkpoint_is_rebuilt_from_the_batches() {
         assert_eq!(log.recovery_point(), 12, "{what}");
     }
 }
+
+/// The rebuild reads one header per segment where the epoch does not change, and a segment
+/// whose batches cannot be read does not stop the log from opening: its epochs are left out
+/// with a warning (before, the whole log failed to open and the broker did not start).
+#[test]
+fn the_rebuild_walks_only_where_the_epoch_changes_and_passes_an_unreadable_segment() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = vec![root.path().join("d")];
+    let epochs = [1, 1, 1, 1, 1, 3, 3, 3, 3, 3];
+    let (log_dir, segments) = {
+        let (mgr, _) = LogManager::open(&dirs, config()).unwrap();
+        let log = mgr.get_or_create(&tp(), [7; 16], config()).unwrap();
+        for (i, epoch) in epochs.iter().enumerate() {
+            log.append_as_follower(&batch(3 * i as i64, *epoch, 3), NOW_MS)
+                .unwrap();
+        }
+        // One batch per segment.
+        assert_eq!(log.segment_base_offsets().len(), epochs.len());
+        log.flush().unwrap();
+        mgr.checkpoint_recovery_points().unwrap();
+        let entries = vec![
+            EpochEntry {
+                epoch: 1,
+                start_offset: 0,
+            },
+            EpochEntry {
+                epoch: 3,
+                start_offset: 15,
+            },
+        ];
+        assert_eq!(log.leader_epoch_entries(), entries);
+        (log.dir().to_path_buf(), log.segment_base_offsets())
+        // Dropped without shutdown: a crash.
+    };
+    std::fs::write(checkpoint(&log_dir), b"0\n2\n1 0\n3").unwrap();
+    {
+        let (_mgr, log) = open(&dirs);
+        let stats = log.load_stats();
+        assert!(stats.rebuilt_leader_epochs);
+        // The segment where epoch 1 ends and the last one; not the eight that hold one epoch.
+        assert_eq!(stats.leader_epoch_rebuild_walked_segments, 2);
+        assert_eq!(log.leader_epoch_entries().len(), 2);
+        assert_eq!(log.end_offset_for_leader_epoch(1), (1, 15));
+    }
+    // Garbage over the header of an old segment (below the recovery point, so recovery does
+    // not read it), and the checkpoint torn again.
+    let victim = log_dir.join(format!("{:020}.log", segments[2]));
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[8..12].copy_from_slice(&[0xff; 4]);
+    std::fs::write(&victim, bytes).unwrap();
+    std::fs::write(checkpoint(&log_dir), b"0\n2\n1 0\n").unwrap();
+    let (_mgr, log) = open(&dirs);
+    assert!(log.load_stats().rebuilt_leader_epochs);
+    assert_eq!(log.end_offset_for_leader_epoch(1), (1, 15));
+    assert_eq!(log.end_offset_for_leader_epoch(3), (3, 30));
+    assert_eq!(log.log_end_offset(), 30);
+}

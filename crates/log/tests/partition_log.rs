@@ -1058,3 +1058,66 @@ fn recovery_reads_only_what_follows_the_recovery_point() {
         stats.recovered_bytes
     );
 }
+
+/// Recovery calls what it removes what it is: a batch cut short at the end of the log past
+/// the recovery point is a crash's torn write; the same cut below the recovery point (flushed
+/// data), or in a segment with segments after it, is corruption.
+#[test]
+fn recovery_tells_a_torn_tail_from_corruption() {
+    // (what, which segment is cut: from the end, recovery point is past the cut)
+    for (what, from_end, below_recovery_point) in [
+        ("torn tail", 1, false),
+        ("flushed tail", 1, true),
+        ("short of later segments", 3, false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path(), small_config(), true);
+        for i in 0..150 {
+            log.append_as_leader(&mut batch(2, NOW_MS + i, 50), 0, NOW_MS)
+                .unwrap();
+        }
+        log.flush().unwrap();
+        let bases = log.segment_base_offsets();
+        let end = log.log_end_offset();
+        assert!(bases.len() >= 4);
+        drop(log);
+        let victim = dir
+            .path()
+            .join(format!("{:020}.log", bases[bases.len() - from_end]));
+        let len = std::fs::metadata(&victim).unwrap().len();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&victim)
+            .unwrap();
+        f.set_len(len - 10).unwrap();
+        drop(f);
+        let recovery_point = if below_recovery_point {
+            Some(end)
+        } else {
+            Some(bases[bases.len() - from_end])
+        };
+        let log = PartitionLog::open_with_recovery_point(
+            dir.path(),
+            tp("t", 0),
+            small_config(),
+            false,
+            recovery_point,
+        )
+        .unwrap();
+        let stats = log.load_stats();
+        assert!(stats.truncated_bytes > 0, "{what}");
+        if what == "torn tail" {
+            assert_eq!(
+                (stats.torn_tails, stats.corrupt_truncations),
+                (1, 0),
+                "{what}"
+            );
+        } else {
+            assert_eq!(
+                (stats.torn_tails, stats.corrupt_truncations),
+                (0, 1),
+                "{what}"
+            );
+        }
+    }
+}

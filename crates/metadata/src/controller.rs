@@ -132,7 +132,9 @@ impl From<MetadataLogError> for ControllerError {
     fn from(e: MetadataLogError) -> Self {
         match e {
             MetadataLogError::NotLeader { leader_id, .. } => Self::NotController { leader_id },
-            MetadataLogError::Closed => Self::NotController { leader_id: None },
+            MetadataLogError::Closed | MetadataLogError::Stopped(_) => {
+                Self::NotController { leader_id: None }
+            }
             e => Self::Log(Arc::new(e)),
         }
     }

@@ -62,6 +62,9 @@ pub enum MetadataLogError {
     /// The log was closed (the node is shutting down).
     #[error("the metadata log is closed")]
     Closed,
+    /// The quorum member stopped on a storage error (a full disk, say): what failed.
+    #[error("the metadata log stopped: {0}")]
+    Stopped(String),
 }
 
 /// A batch of records committed together: the records at offsets
@@ -749,6 +752,14 @@ pub trait SnapshotSink: Send + Sync {
 }
 
 impl RaftMetadataLog {
+    /// The error for a quorum member that is gone: [`MetadataLogError::Stopped`] with its
+    /// storage error when it stopped on one, [`MetadataLogError::Closed`] otherwise.
+    fn closed(&self) -> MetadataLogError {
+        self.manager
+            .failure()
+            .map_or(MetadataLogError::Closed, MetadataLogError::Stopped)
+    }
+
     /// The log over `manager`: starts the distributor task (on the current runtime) reading
     /// the committed batches from the latest snapshot (or the start) of the Raft log.
     pub fn start(manager: Arc<gregor_raft::driver::RaftManager>) -> Self {
@@ -774,18 +785,16 @@ impl RaftMetadataLog {
     /// up with the metadata log before it starts). Returns [`MetadataLog::high_watermark`].
     ///
     /// # Errors
-    /// [`MetadataLogError::Closed`] when the quorum stops first.
+    /// [`MetadataLogError::Closed`] when the quorum stops first ([`MetadataLogError::Stopped`]
+    /// when it stopped on a storage error).
     pub async fn catch_up(&self) -> Result<u64, MetadataLogError> {
         let mut hw = self.manager.high_watermark();
-        let target = *hw
-            .wait_for(|&h| h >= 0)
-            .await
-            .map_err(|_| MetadataLogError::Closed)?;
+        let target = *hw.wait_for(|&h| h >= 0).await.map_err(|_| self.closed())?;
         let mut position = self.position.clone();
         position
             .wait_for(|&p| p >= target)
             .await
-            .map_err(|_| MetadataLogError::Closed)?;
+            .map_err(|_| self.closed())?;
         Ok(self.high_watermark())
     }
 
@@ -801,7 +810,7 @@ impl RaftMetadataLog {
         position
             .wait_for(|&p| p >= raft_offset)
             .await
-            .map_err(|_| MetadataLogError::Closed)?;
+            .map_err(|_| self.closed())?;
         Ok(self.high_watermark())
     }
 
@@ -920,7 +929,7 @@ impl MetadataLog for RaftMetadataLog {
                         leader_epoch: epoch,
                     }
                 }
-                gregor_raft::driver::DriverError::Shutdown => MetadataLogError::Closed,
+                gregor_raft::driver::DriverError::Shutdown => self.closed(),
                 other => MetadataLogError::Encode(other.to_string()),
             })?;
             let offset = u64::try_from(raft_last).map_err(|_| MetadataLogError::Closed)?;
@@ -1002,7 +1011,7 @@ impl SnapshotSink for RaftMetadataLog {
                 .write_snapshot(id, values)
                 .await
                 .map_err(|e| match e {
-                    gregor_raft::driver::DriverError::Shutdown => MetadataLogError::Closed,
+                    gregor_raft::driver::DriverError::Shutdown => self.closed(),
                     other => MetadataLogError::Encode(other.to_string()),
                 })?;
             // New subscribers start from the snapshot; the batches below it are dropped.

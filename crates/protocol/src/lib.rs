@@ -12,6 +12,7 @@
 
 pub mod batch;
 pub mod compression;
+pub mod control;
 pub mod error;
 pub mod fetch_frame;
 pub mod frame;

@@ -74,9 +74,25 @@ pub fn describe_log_dirs(
                     .with_is_future_key(false),
             );
     }
+    // A failed dir (KIP-112) answers KAFKA_STORAGE_ERROR and no partitions, as Kafka's
+    // `describeLogDirs` does for an offline dir.
+    let failed: BTreeSet<std::path::PathBuf> = rm
+        .logs()
+        .dir_health()
+        .iter()
+        .filter(|h| h.is_failed())
+        .map(|h| absolute(h.dir()))
+        .collect();
     let results = dirs
         .into_iter()
         .map(|(dir, topics)| {
+            if failed.contains(&dir) {
+                return DescribeLogDirsResult::default()
+                    .with_error_code(ErrorCode::KafkaStorageError.code())
+                    .with_log_dir(sb(&dir.display().to_string()))
+                    .with_total_bytes(-1)
+                    .with_usable_bytes(-1);
+            }
             DescribeLogDirsResult::default()
                 .with_log_dir(sb(&dir.display().to_string()))
                 .with_total_bytes(-1)

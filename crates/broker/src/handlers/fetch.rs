@@ -29,10 +29,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use gregor_log::TopicPartition;
 use gregor_protocol::kafka_protocol::messages::fetch_response::{
-    EpochEndOffset, FetchableTopicResponse, PartitionData,
+    AbortedTransaction, EpochEndOffset, FetchableTopicResponse, PartitionData,
 };
 use gregor_protocol::kafka_protocol::messages::{
-    ApiKey, BrokerId, FetchRequest, FetchResponse, RequestHeader, ResponseKind, TopicName,
+    ApiKey, BrokerId, FetchRequest, FetchResponse, ProducerId, RequestHeader, ResponseKind,
+    TopicName,
 };
 use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
@@ -120,9 +121,18 @@ fn partition_data(
         .with_preferred_read_replica(BrokerId(r.preferred_read_replica.unwrap_or(-1)))
         .with_aborted_transactions(
             // As Kafka: partitions refused before the read (unknown, not led here, fenced)
-            // carry the default empty list; read results carry a list for read_committed and
-            // null for read_uncommitted.
-            (isolation_level == 1 || refused_before_read(r.error_code)).then(Vec::new),
+            // carry the default empty list; read results carry a list for read_committed (the
+            // aborted transactions of the range returned) and null for read_uncommitted.
+            (isolation_level == 1 || refused_before_read(r.error_code)).then(|| {
+                r.aborted_transactions
+                    .iter()
+                    .map(|a| {
+                        AbortedTransaction::default()
+                            .with_producer_id(ProducerId(a.producer_id))
+                            .with_first_offset(a.first_offset)
+                    })
+                    .collect()
+            }),
         );
     match r.records {
         FetchRecords::Memory(b) => (data.with_records(Some(b)), None),

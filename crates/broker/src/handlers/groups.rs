@@ -85,8 +85,11 @@ pub(crate) fn deferred<T: Send + 'static>(
     }
 }
 
-/// FindCoordinator: this broker, once it leads the group's partition of `__consumer_offsets`
-/// (created on first use). Transaction coordinators (key type 1) are not available yet.
+/// FindCoordinator: the leader of the key's partition of `__consumer_offsets` (key type 0,
+/// a group) or, with transactions enabled (`Broker::transactions_enabled`), of
+/// `__transaction_state` (key type 1, a transactional id); each topic is created on first use.
+/// With transactions disabled, key type 1 answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED at
+/// once, so transactional clients fail fast instead of retrying until their timeout.
 pub async fn find_coordinator(
     broker: &Arc<Broker>,
     ctx: &RequestContext,
@@ -98,25 +101,31 @@ pub async fn find_coordinator(
     } else {
         vec![req.key.to_string()]
     };
-    let offsets_topic = if req.key_type == 0 {
-        crate::coordinator_writer::ensure_offsets_topic(broker).await
-    } else {
-        Ok(())
+    let transactions = broker.transactions_enabled();
+    let internal_topic = match req.key_type {
+        0 => crate::coordinator_writer::ensure_offsets_topic(broker).await,
+        1 if transactions => {
+            crate::coordinator_writer::ensure_transaction_state_topic(broker).await
+        }
+        _ => Ok(()),
     };
     let image = broker.controller.image();
     // Kafka's `KafkaApis.getCoordinator`: the coordinator is the leader of the key's partition of
-    // `__consumer_offsets`, at its endpoint on the listener the request came in on; whether
+    // the internal topic, at its endpoint on the listener the request came in on; whether
     // that broker has loaded the partition yet is for it to answer (COORDINATOR_LOAD_IN_PROGRESS).
     let answer = |key: &str| -> (i16, Option<String>, i32, String, i32) {
         let unavailable = |code: i16, msg: Option<String>| (code, msg, -1, String::new(), -1);
-        match req.key_type {
+        let (topic, partition) = match req.key_type {
             0 if !group_allowed(broker, ctx, AclOperation::Describe, key) => {
                 return unavailable(ec::GROUP_AUTHORIZATION_FAILED, None)
             }
-            0 => {}
-            1 => {
-                // No transaction coordinator yet. COORDINATOR_NOT_AVAILABLE would make the
-                // client retry until its timeout (a minute or more) and then report a timeout;
+            0 => (
+                gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME,
+                broker.group_coordinator.partition_for(key),
+            ),
+            1 if !transactions => {
+                // Transactions are off: COORDINATOR_NOT_AVAILABLE would make the client retry
+                // until its timeout (a minute or more) and then report a timeout;
                 // TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's answer when the id may not be
                 // used, and what InitProducerId answers) fails it at once. The message says why.
                 crate::observability::log_unsupported_once(
@@ -132,19 +141,31 @@ pub async fn find_coordinator(
                     Some("transactions are not supported by this broker (gregor) yet".into()),
                 );
             }
+            1 if !broker.authorize(
+                ctx,
+                AclOperation::Describe,
+                ResourceType::TransactionalId,
+                key,
+            ) =>
+            {
+                return unavailable(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None)
+            }
+            1 => (
+                gregor_coordinator::transaction::TRANSACTION_STATE_TOPIC_NAME,
+                broker.transaction_coordinator.partition_for(key),
+            ),
             _ => {
                 return unavailable(
                     ec::INVALID_REQUEST,
                     Some(format!("Unsupported key type {}", req.key_type)),
                 )
             }
-        }
-        if let Err(e) = offsets_topic {
+        };
+        if let Err(e) = internal_topic {
             return unavailable(e, None);
         }
-        let partition = broker.group_coordinator.partition_for(key);
         let leader = image
-            .topic(gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME)
+            .topic(topic)
             .and_then(|t| t.partitions.get(&partition))
             .map_or(-1, |p| p.leader);
         let endpoint = image
@@ -513,7 +534,12 @@ pub fn offset_fetch(
                 .collect()
         });
         let fetched = if group_allowed(broker, ctx, AclOperation::Describe, &req.group_id) {
-            c.fetch_offsets(&req.group_id, topics, None)
+            c.fetch_offsets_stable(
+                &req.group_id,
+                topics,
+                None,
+                version >= 7 && req.require_stable,
+            )
         } else {
             Err(ec::GROUP_AUTHORIZATION_FAILED)
         };
@@ -536,6 +562,7 @@ pub fn offset_fetch(
                                                 -1
                                             })
                                             .with_metadata(Some(sb(&p.metadata)))
+                                            .with_error_code(p.error_code)
                                     })
                                     .collect(),
                             )
@@ -588,7 +615,7 @@ pub fn offset_fetch(
                 None
             };
             let fetched = if group_allowed(broker, ctx, AclOperation::Describe, &g.group_id) {
-                c.fetch_offsets(&g.group_id, topics, member)
+                c.fetch_offsets_stable(&g.group_id, topics, member, req.require_stable)
             } else {
                 Err(ec::GROUP_AUTHORIZATION_FAILED)
             };
@@ -609,6 +636,7 @@ pub fn offset_fetch(
                                                     .with_committed_offset(p.offset)
                                                     .with_committed_leader_epoch(p.leader_epoch)
                                                     .with_metadata(Some(sb(&p.metadata)))
+                                                    .with_error_code(p.error_code)
                                             })
                                             .collect(),
                                     )

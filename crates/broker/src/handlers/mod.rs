@@ -23,6 +23,8 @@ pub mod produce;
 pub mod producer_id;
 pub mod reassignments;
 pub mod topics;
+pub mod txn;
+pub mod txn_partition;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -75,9 +77,20 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeTopicPartitions,
     ApiKey::UpdateFeatures,
+    // The partition leader's side of transactions (`txn_partition`).
+    ApiKey::WriteTxnMarkers,
+    ApiKey::DescribeProducers,
     // Forwarded to the active controller (Kafka's broker listener advertises it: its
     // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
     ApiKey::DescribeQuorum,
+    // The transaction coordinator (issue 12); advertised only while transactions are enabled
+    // (`txn::is_transaction_api`, `Broker::transactions_enabled`).
+    ApiKey::AddPartitionsToTxn,
+    ApiKey::AddOffsetsToTxn,
+    ApiKey::EndTxn,
+    ApiKey::TxnOffsetCommit,
+    ApiKey::DescribeTransactions,
+    ApiKey::ListTransactions,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -220,6 +233,38 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             ConsumerGroupDescribeRequest::default().into(),
             ConsumerGroupDescribeResponse::default().into(),
         ),
+        ApiKey::AddPartitionsToTxn => (
+            AddPartitionsToTxnRequest::default().into(),
+            AddPartitionsToTxnResponse::default().into(),
+        ),
+        ApiKey::AddOffsetsToTxn => (
+            AddOffsetsToTxnRequest::default().into(),
+            AddOffsetsToTxnResponse::default().into(),
+        ),
+        ApiKey::EndTxn => (
+            EndTxnRequest::default().into(),
+            EndTxnResponse::default().into(),
+        ),
+        ApiKey::TxnOffsetCommit => (
+            TxnOffsetCommitRequest::default().into(),
+            TxnOffsetCommitResponse::default().into(),
+        ),
+        ApiKey::DescribeTransactions => (
+            DescribeTransactionsRequest::default().into(),
+            DescribeTransactionsResponse::default().into(),
+        ),
+        ApiKey::ListTransactions => (
+            ListTransactionsRequest::default().into(),
+            ListTransactionsResponse::default().into(),
+        ),
+        ApiKey::WriteTxnMarkers => (
+            WriteTxnMarkersRequest::default().into(),
+            WriteTxnMarkersResponse::default().into(),
+        ),
+        ApiKey::DescribeProducers => (
+            DescribeProducersRequest::default().into(),
+            DescribeProducersResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -272,6 +317,9 @@ impl KafkaApis {
 
 impl gregor_network::RequestHandler for KafkaApis {
     fn supported_versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
+        if txn::is_transaction_api(api_key) && !self.broker.transactions_enabled() {
+            return None;
+        }
         supported_versions(api_key)
     }
 
@@ -333,6 +381,7 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
                 .is_controller_listener(&ctx.listener_name);
             let image = broker.controller.image();
             let resp = api_versions::handle_on(&r, v, controller);
+            let resp = txn::advertised(resp, broker.transactions_enabled());
             let kraft_version = crate::metadata_publisher::kraft_version(&broker.config);
             ready(api_versions::with_features(resp, Some(&image), kraft_version).into())
         }
@@ -369,9 +418,7 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::DeleteRecords(r) => {
             ready(delete_records::handle(broker, ctx, &r, v).await.into())
         }
-        RequestKind::InitProducerId(r) => {
-            ready(producer_id::handle(broker, ctx, &r, v).await.into())
-        }
+        RequestKind::InitProducerId(r) => producer_id::handle_request(broker, ctx, &r, v).await,
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, ctx, r, v).await.into()),
         RequestKind::OffsetForLeaderEpoch(r) => {
             ready(list_offsets::offset_for_leader_epoch(broker, ctx, &r).into())
@@ -394,6 +441,18 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::ConsumerGroupHeartbeat(r) => consumer_group::heartbeat(broker, ctx, &r),
         RequestKind::ConsumerGroupDescribe(r) => {
             ready(consumer_group::describe(broker, ctx, &r, v).into())
+        }
+        RequestKind::AddPartitionsToTxn(r) => txn::add_partitions_to_txn(broker, ctx, r),
+        RequestKind::AddOffsetsToTxn(r) => txn::add_offsets_to_txn(broker, ctx, &r),
+        RequestKind::EndTxn(r) => txn::end_txn(broker, ctx, &r),
+        RequestKind::TxnOffsetCommit(r) => txn::txn_offset_commit(broker, ctx, r),
+        RequestKind::DescribeTransactions(r) => {
+            ready(txn::describe_transactions(broker, ctx, &r).into())
+        }
+        RequestKind::ListTransactions(r) => ready(txn::list_transactions(broker, ctx, &r).into()),
+        RequestKind::WriteTxnMarkers(r) => txn_partition::write_txn_markers(broker, ctx, r).await,
+        RequestKind::DescribeProducers(r) => {
+            ready(txn_partition::describe_producers(broker, ctx, &r).into())
         }
         other => {
             // decode_request only lets through versions of implemented APIs.

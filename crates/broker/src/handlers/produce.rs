@@ -2,10 +2,20 @@
 //! response; acks=1 answers once the batch is in the leader's log; acks=-1 (all) waits until
 //! the high watermark passes the batch (every in-sync replica has it) or `timeout_ms` expires
 //! (REQUEST_TIMED_OUT). Topics are named by id from v13 (KIP-516).
+//!
+//! Transactions (KIP-98, KIP-890): a request with transactional batches needs a
+//! `transactional_id` the principal may `Write` (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED for
+//! the whole request) and one producer id and epoch (else INVALID_PRODUCER_ID_MAPPING). With
+//! `transaction.partition.verification.enable` (default true), a producer's first
+//! transactional write to a partition is first verified with its transaction coordinator
+//! (AddPartitionsToTxn v4+: verify only up to Produce v11, add the partition from v12;
+//! [`crate::txn_verification`]); a failed verification answers the coordinator's error as
+//! Kafka does (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH, or NOT_ENOUGH_REPLICAS for a
+//! coordinator that cannot answer now).
 
 use std::sync::Arc;
 
-use gregor_log::TopicPartition;
+use gregor_log::{TopicPartition, VerificationGuard};
 
 use gregor_protocol::batch::{Batches, MAGIC_V2};
 use gregor_protocol::kafka_protocol::messages::produce_response::{
@@ -20,7 +30,11 @@ use crate::authorizer::{AclOperation, ResourceType};
 use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
-use crate::replica_manager::{AppendOrigin, AppendOutcome, PartitionAppendResult};
+use crate::replica_manager::{AppendOrigin, AppendOutcome, AppendWork, PartitionAppendResult};
+use crate::txn_verification::{
+    ec as txn_ec, produce_error_for_verification, TransactionSupportedOperation,
+    TxnVerificationRequest,
+};
 use gregor_network::RequestContext;
 use gregor_network::{respond, Handled};
 
@@ -81,8 +95,9 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
 }
 
 /// Handles Produce: decodes, checks what is the request's business (topic ids, one v2 batch
-/// per partition, no transactions yet), hands the batches to
-/// [`ReplicaManager::append_records`](crate::replica_manager::ReplicaManager::append_records)
+/// per partition, the transactional id and KIP-890 verification of transactional batches),
+/// hands the batches to
+/// [`ReplicaManager::append_entries`](crate::replica_manager::ReplicaManager::append_entries)
 /// and encodes its results. The appends happen before this returns (request order); an
 /// acks=all wait is deferred. Needs `Write` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequest) -> Handled {
@@ -123,12 +138,6 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
                         name.as_deref().unwrap_or_default()
                     )),
                 ))
-            } else if req.transactional_id.is_some() {
-                Err(partition_error(
-                    idx,
-                    ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    Some("transactions are not supported yet".into()),
-                ))
             } else if let Some(name) = name.as_deref() {
                 let records = pd.records.unwrap_or_default();
                 match check_single_v2_batch(&records, version) {
@@ -157,15 +166,117 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
         );
     }
     let timeout_ms = i64::from(req.timeout_ms);
-    let outcome = if entries.is_empty() {
+    // Transactional batches (Kafka's `KafkaApis.handleProduceRequest` and
+    // `ReplicaManager.handleProduceAppend`).
+    let txn = match transactional_producer(&entries) {
+        Ok(txn) => txn,
+        Err(()) => {
+            return whole_request_error(
+                &header,
+                topics,
+                slots,
+                acks,
+                txn_ec::INVALID_PRODUCER_ID_MAPPING,
+                "Transactional records contained more than one producer ID",
+            )
+        }
+    };
+    let mut guards: Vec<Option<VerificationGuard>> = vec![None; entries.len()];
+    let mut refused: Vec<Option<PartitionAppendResult>> = vec![None; entries.len()];
+    if let Some((producer_id, producer_epoch)) = txn {
+        let allowed = req.transactional_id.as_ref().is_some_and(|id| {
+            broker.authorize(ctx, AclOperation::Write, ResourceType::TransactionalId, id)
+        });
+        let Some(transactional_id) = req.transactional_id.as_ref().filter(|_| allowed) else {
+            return whole_request_error(
+                &header,
+                topics,
+                slots,
+                acks,
+                ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "",
+            );
+        };
+        let rm = &broker.replica_manager;
+        if broker
+            .config
+            .transaction_partition_verification_enable(&rm.dynamic_configs())
+        {
+            let mut to_verify = Vec::new();
+            for (i, (tp, records)) in entries.iter().enumerate() {
+                let Some(h) = transactional_header(records) else {
+                    continue;
+                };
+                match rm.maybe_start_transaction_verification(
+                    tp,
+                    producer_id,
+                    h.base_sequence,
+                    producer_epoch,
+                ) {
+                    Ok(guard) => {
+                        guards[i] = Some(guard);
+                        if !guard.is_sentinel() {
+                            to_verify.push(i);
+                        }
+                    }
+                    Err(code) => refused[i] = Some(PartitionAppendResult::error(code, None)),
+                }
+            }
+            if !to_verify.is_empty() {
+                let request = TxnVerificationRequest {
+                    transactional_id: transactional_id.0.to_string(),
+                    producer_id,
+                    producer_epoch,
+                    partitions: to_verify.iter().map(|i| entries[*i].0.clone()).collect(),
+                    operation: TransactionSupportedOperation::for_produce_version(version),
+                };
+                let errors = match rm.txn_verifier() {
+                    Some(sender) => sender.add_or_verify(request).await,
+                    None => request
+                        .partitions
+                        .iter()
+                        .map(|tp| (tp.clone(), txn_ec::COORDINATOR_NOT_AVAILABLE))
+                        .collect(),
+                };
+                for i in to_verify {
+                    if let Some(code) = errors.get(&entries[i].0) {
+                        let (code, message) = produce_error_for_verification(*code);
+                        refused[i] = Some(PartitionAppendResult::error(code, message));
+                    }
+                }
+            }
+        }
+    }
+    let mut work = Vec::with_capacity(entries.len());
+    for (i, (tp, records)) in entries.into_iter().enumerate() {
+        if refused[i].is_none() {
+            work.push((tp, AppendWork::Records(records, guards[i])));
+        }
+    }
+    let outcome = if work.is_empty() {
         AppendOutcome::Complete(Vec::new())
     } else {
         broker
             .replica_manager
-            .append_records(timeout_ms, acks, AppendOrigin::Client, entries)
+            .append_entries(timeout_ms, acks, AppendOrigin::Client, work)
             .await
     };
+    // Results in the entries' order: the verification's refusals, the appends' in between.
+    let merge = move |appended: Vec<PartitionAppendResult>| -> Vec<PartitionAppendResult> {
+        let mut appended = appended.into_iter();
+        refused
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    appended.next().unwrap_or_else(|| {
+                        PartitionAppendResult::error(ec::UNKNOWN_SERVER_ERROR, None)
+                    })
+                })
+            })
+            .collect()
+    };
     let encode = move |results: Vec<PartitionAppendResult>| -> Vec<TopicProduceResponse> {
+        let results = merge(results);
         topics
             .into_iter()
             .zip(slots)
@@ -238,4 +349,64 @@ fn partition_response(index: i32, r: &PartitionAppendResult) -> PartitionProduce
         .with_base_offset(r.base_offset)
         .with_log_append_time_ms(r.log_append_time_ms)
         .with_log_start_offset(r.log_start_offset)
+}
+
+/// The producer of the request's transactional batches (Kafka's `handleProduceAppend`):
+/// `Ok(None)` when there are none, `Err` when they carry more than one (producer id, epoch).
+fn transactional_producer(entries: &[(TopicPartition, Vec<u8>)]) -> Result<Option<(i64, i16)>, ()> {
+    let mut found: Option<(i64, i16)> = None;
+    for (_, records) in entries {
+        for (_, h) in Batches::new(records).filter_map(Result::ok) {
+            if !(h.is_transactional() && h.has_producer_id()) {
+                continue;
+            }
+            let this = (h.producer_id, h.producer_epoch);
+            match found {
+                Some(f) if f != this => return Err(()),
+                _ => found = Some(this),
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The header of the first transactional batch of `records`, if any.
+fn transactional_header(records: &[u8]) -> Option<gregor_protocol::batch::BatchHeader> {
+    Batches::new(records)
+        .filter_map(Result::ok)
+        .map(|(_, h)| h)
+        .find(|h| h.is_transactional() && h.has_producer_id())
+}
+
+/// Kafka's error response to a whole Produce request: `code` for every partition (acks=0
+/// gets no response: the connection is closed, as for a failed acks=0 append).
+fn whole_request_error(
+    header: &gregor_protocol::kafka_protocol::messages::RequestHeader,
+    topics: Vec<TopicProduceResponse>,
+    slots: Vec<Vec<(i32, Result<usize, PartitionProduceResponse>)>>,
+    acks: i16,
+    code: i16,
+    message: &str,
+) -> Handled {
+    if acks == 0 {
+        return Handled::CloseConnection;
+    }
+    let message = (!message.is_empty()).then(|| message.to_string());
+    let topics = topics
+        .into_iter()
+        .zip(slots)
+        .map(|(topic, parts)| {
+            topic.with_partition_responses(
+                parts
+                    .into_iter()
+                    .map(|(idx, _)| partition_error(idx, code, message.clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    Handled::Ready(respond(
+        header,
+        ApiKey::Produce,
+        ResponseKind::Produce(ProduceResponse::default().with_responses(topics)),
+    ))
 }

@@ -1,5 +1,7 @@
-//! InitProducerId (key 22) for idempotent producers (KIP-98; KIP-360 for epoch bumps).
-//! Transactions (a non-null transactional id) come with the transaction coordinator.
+//! InitProducerId (key 22): idempotent producers (KIP-98; KIP-360 for epoch bumps) get a
+//! fresh producer id here; transactional producers (a non-null transactional id) are answered
+//! by the transaction coordinator (`gregor_coordinator::transaction`) when transactions are
+//! enabled, and fail fast with TRANSACTIONAL_ID_AUTHORIZATION_FAILED otherwise.
 
 use std::sync::Arc;
 
@@ -11,7 +13,53 @@ use tracing::warn;
 use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
 use crate::broker::Broker;
 use crate::error_codes as ec;
-use gregor_network::RequestContext;
+use gregor_network::{respond, Handled, RequestContext};
+
+/// Answers InitProducerId: a transactional producer through the transaction coordinator
+/// (after the write of its new epoch is committed, so deferred), an idempotent one at once.
+pub async fn handle_request(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    req: &InitProducerIdRequest,
+    version: i16,
+) -> Handled {
+    if let (Some(id), true) = (
+        req.transactional_id.as_deref(),
+        broker.transactions_enabled(),
+    ) {
+        if broker.authorize(ctx, AclOperation::Write, ResourceType::TransactionalId, id) {
+            let id = id.to_string();
+            // KIP-360 (v3+): a producer recovering from an error sends its id and epoch.
+            let expected = (version >= 3 && req.producer_id.0 >= 0)
+                .then_some((req.producer_id.0, req.producer_epoch));
+            let timeout_ms = req.transaction_timeout_ms;
+            let coordinator = broker.transaction_coordinator.clone();
+            let header = ctx.header.clone();
+            return Handled::Deferred(Box::pin(async move {
+                let r = coordinator
+                    .init_producer_id(&id, timeout_ms, expected)
+                    .await;
+                // Clients before v4 do not know PRODUCER_FENCED.
+                let code = if version < 4
+                    && r.error == gregor_protocol::error::ErrorCode::ProducerFenced
+                {
+                    gregor_protocol::error::ErrorCode::InvalidProducerEpoch
+                } else {
+                    r.error
+                };
+                let resp = InitProducerIdResponse::default()
+                    .with_error_code(code.code())
+                    .with_producer_id(ProducerId(r.producer_id))
+                    .with_producer_epoch(r.producer_epoch)
+                    .with_ongoing_txn_producer_id(ProducerId(-1))
+                    .with_ongoing_txn_producer_epoch(-1);
+                respond(&header, ApiKey::InitProducerId, resp.into())
+            }));
+        }
+    }
+    let resp = handle(broker, ctx, req, version).await;
+    Handled::Ready(respond(&ctx.header, ApiKey::InitProducerId, resp.into()))
+}
 
 /// Answers InitProducerId. An idempotent producer (null transactional id) always gets a fresh
 /// producer id with epoch 0, as Kafka's `ProducerIdManager` does: a producer that re-initialises
@@ -44,7 +92,8 @@ pub async fn handle(
         return resp.with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
     }
     if req.transactional_id.is_some() {
-        // No transaction coordinator yet: fail fast rather than make the client retry forever.
+        // Transactions are off (`GREGOR_TRANSACTIONS`): fail fast rather than make the client
+        // retry forever.
         crate::observability::log_unsupported_once(
             ApiKey::InitProducerId,
             ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,

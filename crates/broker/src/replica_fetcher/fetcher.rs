@@ -342,6 +342,20 @@ pub(super) fn apply_fetch_response(
             }
         }
     }
+    // A partition whose dir went offline (an append of this response, or any other write)
+    // leaves the fetcher at once, as Kafka's `handleLogDirFailure` removes its fetcher: the
+    // next fetch forgets it (KIP-227), so the leader stops counting it as a follower catching
+    // up. The manager forgets it too when the broker sees the dir change
+    // ([`ReplicaFetchers::on_log_dirs_changed`](crate::replica_manager::ReplicaFetchers)).
+    partitions.retain(|tp, f| {
+        let offline = super::log_dir_offline(&f.partition);
+        if offline {
+            tracing::info!(partition = %tp,
+                "stopped following: the partition's log dir is offline");
+        }
+        !offline
+    });
+    out_of_range.retain(|(tp, _, _)| partitions.contains_key(tp));
     out_of_range
 }
 

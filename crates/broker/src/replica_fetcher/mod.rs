@@ -220,7 +220,9 @@ impl ReplicaFetcherManager {
             let key = (leader, fetcher_id(&tp.topic, tp.partition, n));
             let previous = self.assigned.lock().get(&tp).copied();
             if let Some((old_key, old_epoch, _)) = previous {
-                if old_key == key && old_epoch == epoch {
+                // A fetcher drops a partition whose log dir went offline on its own
+                // (`fetcher::apply_fetch_response`): then it is added again.
+                if old_key == key && old_epoch == epoch && self.fetches(key, &tp) {
                     self.ensure_address(key, &address);
                     continue;
                 }
@@ -248,6 +250,12 @@ impl ReplicaFetcherManager {
             shared.wake.notify_one();
             self.assigned.lock().insert(tp, (key, epoch, topic_id));
         }
+    }
+
+    /// Whether the fetcher `key` runs and fetches `tp`.
+    fn fetches(&self, key: FetcherKey, tp: &TopicPartition) -> bool {
+        let shared = self.fetchers.lock().get(&key).map(|f| f.shared.clone());
+        shared.is_some_and(|s| s.partitions.lock().contains_key(tp))
     }
 
     /// Removes partitions from their fetchers (Kafka's `removeFetcherForPartitions`); blocks
@@ -399,9 +407,18 @@ impl ReplicaFetchers for ReplicaFetcherManager {
             return;
         }
         let mut adds = Vec::new();
+        let mut offline = 0usize;
         for p in partitions {
             let s = p.state();
             if s.role != Role::Follower {
+                continue;
+            }
+            // Kafka's makeFollowers/applyDelta skip a replica whose log is offline: a failed
+            // or full dir cannot take the follower's appends, and a replica that fetched
+            // anyway would be proposed for the ISR the controller refuses it
+            // (INELIGIBLE_REPLICA) again and again.
+            if log_dir_offline(p) {
+                offline += 1;
                 continue;
             }
             let Some(address) = self.leader_address(image, s.leader) else {
@@ -412,9 +429,43 @@ impl ReplicaFetchers for ReplicaFetcherManager {
             };
             adds.push((p.clone(), s.leader, s.leader_epoch, address));
         }
+        if offline > 0 {
+            tracing::debug!(
+                partitions = offline,
+                "not following partitions whose log dir is offline"
+            );
+        }
         self.add_partitions(adds);
         self.shutdown_idle_fetchers();
     }
+
+    /// Partitions in a dir that went offline stop being fetched at once (Kafka's
+    /// `handleLogDirFailure` removes their fetchers); followers in a dir back online (a full
+    /// dir with room again) are fetched again.
+    fn on_log_dirs_changed(&self, image: &MetadataImage, partitions: &[Arc<Partition>]) {
+        let offline: Vec<TopicPartition> = {
+            let assigned = self.assigned.lock();
+            partitions
+                .iter()
+                .filter(|p| log_dir_offline(p) && assigned.contains_key(p.topic_partition()))
+                .map(|p| p.topic_partition().clone())
+                .collect()
+        };
+        if !offline.is_empty() {
+            tracing::warn!(
+                partitions = offline.len(),
+                "stopped following partitions whose log dir is offline; they are fetched \
+                 again once the dir is back online"
+            );
+            self.remove_partitions(&offline);
+        }
+        self.after_image(image, partitions);
+    }
+}
+
+/// Whether `p`'s log dir is offline (failed, or full until it has room again).
+pub(crate) fn log_dir_offline(p: &Partition) -> bool {
+    p.log.dir_health().is_some_and(|h| h.is_offline())
 }
 
 /// Writes `replication-offset-checkpoint` in every log dir with each hosted partition's high

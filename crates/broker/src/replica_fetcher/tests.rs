@@ -354,3 +354,121 @@ fn the_follower_leaves_throttled_out_of_sync_partitions_out_of_its_fetch() {
         .lag = Some(0);
     assert_eq!(fetched(&shared), vec![0, 1]);
 }
+
+/// Marks the only log dir of `rm` full, as an append failing with ENOSPC does.
+fn fill_dir(rm: &ReplicaManager) {
+    rm.logs().dir_health()[0].record_write_error(&gregor_log::LogError::Io {
+        context: "appending to the test's segment".into(),
+        source: std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
+    });
+}
+
+/// A follower never fetches into an offline log dir (Kafka's `handleLogDirFailure` removes the
+/// fetchers, `makeFollowers`/`applyDelta` skip offline logs): a dir going offline removes its
+/// partitions from their fetchers, a new image (a leader epoch change) does not add them
+/// back, and once the full dir has room again they are fetched again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_in_an_offline_dir_are_not_fetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let rm = ReplicaManager::new(LOCAL, cfg.clone(), logs);
+    let fetchers = Arc::new(ReplicaFetcherManager::new(
+        FetcherConfig::from_broker(&cfg),
+        7,
+        rm.io_pool().clone(),
+        rm.clock().clone(),
+        rm.replication_quotas().clone(),
+    ));
+    rm.set_fetchers(fetchers.clone());
+    let topic_id = Uuid::new_v4();
+    let mut image = image_with_topic(topic_id, 3, 2);
+    rm.apply_image(&image).unwrap();
+    let tp = |p| TopicPartition::new("t", p);
+    let followed = || {
+        (0..3)
+            .filter(|p| fetchers.fetcher_of(&tp(*p)).is_some())
+            .count()
+    };
+    assert_eq!(followed(), 3);
+
+    fill_dir(&rm);
+    rm.on_log_dirs_changed(&image);
+    assert_eq!(
+        followed(),
+        0,
+        "no fetcher for a partition in an offline dir"
+    );
+    assert_eq!(fetchers.num_fetchers(), 0, "idle fetchers stop");
+    // A new leader epoch, and a partition that moves to another leader: still not fetched.
+    set_partition(&mut image, topic_id, 0, 2, 1);
+    set_partition(&mut image, topic_id, 1, 3, 1);
+    rm.apply_image(&image).unwrap();
+    assert_eq!(followed(), 0);
+    assert!(rm
+        .partition("t", 1)
+        .is_some_and(|p| p.state().role == Role::Follower));
+
+    // The dir has room again: every follower is fetched, from its current leader and epoch.
+    assert!(rm.logs().check_dir_health(), "the full dir is back online");
+    rm.on_log_dirs_changed(&image);
+    assert_eq!(followed(), 3);
+    assert_eq!(fetchers.fetcher_of(&tp(1)).map(|k| k.0), Some(3));
+    fetchers.shutdown().await;
+}
+
+/// A fetcher drops a partition whose dir went offline when it applies a response for it (the
+/// next fetch forgets it), without waiting for the broker's dir check; the manager then adds
+/// it again once the dir is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetcher_drops_a_partition_whose_dir_went_offline() {
+    use gregor_protocol::kafka_protocol::messages::fetch_response::{
+        FetchableTopicResponse, PartitionData,
+    };
+    use gregor_protocol::kafka_protocol::messages::FetchResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let (logs, _) = LogManager::open(&[dir.path().to_path_buf()], Default::default()).unwrap();
+    let rm = ReplicaManager::new(LOCAL, cfg.clone(), logs);
+    let fetchers = Arc::new(ReplicaFetcherManager::new(
+        FetcherConfig::from_broker(&cfg),
+        7,
+        rm.io_pool().clone(),
+        rm.clock().clone(),
+        rm.replication_quotas().clone(),
+    ));
+    rm.set_fetchers(fetchers.clone());
+    let topic_id = Uuid::new_v4();
+    let image = image_with_topic(topic_id, 1, 2);
+    rm.apply_image(&image).unwrap();
+    let tp = TopicPartition::new("t", 0);
+    let key = fetchers.fetcher_of(&tp).expect("followed");
+    let shared = fetchers.fetchers.lock()[&key].shared.clone();
+    assert!(shared.partitions.lock().contains_key(&tp));
+
+    fill_dir(&rm);
+    let response = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic_id(topic_id)
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_high_watermark(3)
+            .with_log_start_offset(0)
+            .with_records(Some(bytes::Bytes::from(batch(0, 0, 3))))])]);
+    let sent = BTreeMap::from([(tp.clone(), (0i64, 0i32))]);
+    fetcher::apply_fetch_response(&fetchers.ctx, &shared, &sent, response);
+    assert!(
+        !shared.partitions.lock().contains_key(&tp),
+        "the fetcher dropped it"
+    );
+    let (request, _, _) = fetcher::build_fetch(&fetchers.ctx, &shared, rm.clock().now_ms());
+    assert!(request.topics.is_empty(), "nothing left to fetch");
+    assert_eq!(rm.partition("t", 0).unwrap().log.log_end_offset(), 0);
+
+    assert!(rm.logs().check_dir_health());
+    rm.on_log_dirs_changed(&image);
+    let key = fetchers.fetcher_of(&tp).expect("followed again");
+    let shared = fetchers.fetchers.lock()[&key].shared.clone();
+    assert!(shared.partitions.lock().contains_key(&tp));
+    fetchers.shutdown().await;
+}

@@ -117,16 +117,43 @@ fn describe_apply_error(
     parts.join("; ")
 }
 
-/// Who is appending (Kafka's `AppendOrigin`). Clients and coordinators append as leader with
-/// the same validation today; the origin is carried so that follower appends (`Replication`,
-/// `appendAsFollower`) and transaction markers, which validate differently, enter the same way.
+/// Who is appending (Kafka's `AppendOrigin`): a client's batches are checked for control
+/// batches, sequences and duplicates; a coordinator's (its internal topics' records and
+/// WriteTxnMarkers' markers) for producer epochs and transaction state only. Follower appends
+/// (`Replication`) do not come through [`ReplicaManager::append_records`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendOrigin {
     /// A producer's Produce request.
     Client,
-    /// A coordinator's write to its internal topic (`__consumer_offsets`, later
-    /// `__transaction_state`).
+    /// A coordinator's write: `__consumer_offsets`, `__transaction_state`, transaction
+    /// markers.
     Coordinator,
+}
+
+impl AppendOrigin {
+    fn log_origin(self) -> gregor_log::AppendOrigin {
+        match self {
+            Self::Client => gregor_log::AppendOrigin::Client,
+            Self::Coordinator => gregor_log::AppendOrigin::Coordinator,
+        }
+    }
+}
+
+/// What one partition of an append writes.
+#[derive(Debug, Clone)]
+pub enum AppendWork {
+    /// Record batches as received, with the KIP-890 verification guard of the request's
+    /// producer on this partition (`None`: verification off or not needed).
+    Records(Vec<u8>, Option<gregor_log::VerificationGuard>),
+    /// A transaction marker (WriteTxnMarkers).
+    TxnMarker {
+        /// The transaction's producer id.
+        producer_id: i64,
+        /// The producer epoch the coordinator ends it with.
+        producer_epoch: i16,
+        /// COMMIT or ABORT, and the coordinator epoch.
+        marker: gregor_protocol::control::EndTxnMarker,
+    },
 }
 
 /// The outcome of appending to one partition (Kafka's `PartitionResponse`).
@@ -148,7 +175,8 @@ pub struct PartitionAppendResult {
 }
 
 impl PartitionAppendResult {
-    fn error(code: i16, message: Option<String>) -> Self {
+    /// A result with error `code` (and `message`, if not empty), offsets unknown.
+    pub fn error(code: i16, message: Option<String>) -> Self {
         Self {
             error_code: code,
             error_message: message.filter(|m| !m.is_empty()),
@@ -351,6 +379,10 @@ pub struct FetchPartitionResult {
     /// The replica the consumer should fetch from instead of this leader
     /// (`PreferredReadReplica`, KIP-392); the result then has no records.
     pub preferred_read_replica: Option<i32>,
+    /// For a read_committed consumer (isolation level 1): the aborted transactions overlapping
+    /// the records returned (`AbortedTransactions`, from the segments' `.txnindex`); empty
+    /// otherwise.
+    pub aborted_transactions: Vec<gregor_log::AbortedTxn>,
 }
 
 impl FetchPartitionResult {
@@ -364,6 +396,7 @@ impl FetchPartitionResult {
             record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: None,
+            aborted_transactions: Vec::new(),
         }
     }
 }
@@ -466,6 +499,7 @@ impl FetchPlan {
             record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: Some(id),
+            aborted_transactions: Vec::new(),
         })
     }
 
@@ -539,6 +573,7 @@ impl FetchPlan {
                             record_count: 0,
                             diverging_epoch: Some(diverging),
                             preferred_read_replica: None,
+                            aborted_transactions: Vec::new(),
                         });
                         // An answer the follower acts on at once.
                         any_error = true;
@@ -584,6 +619,37 @@ impl FetchPlan {
                     if n > 0 {
                         min_one_batch = false;
                     }
+                    // Kafka's LocalLog.addAbortedTransactions: the aborted transactions of the
+                    // range returned, for a read_committed consumer.
+                    let aborted_transactions =
+                        if !from_follower && self.params.isolation_level == 1 && n > 0 {
+                            // The offset after the last batch returned; for a range sent
+                            // from the file, the read's bound (the LSO), which covers it: as
+                            // Kafka's bound (the next segment's base offset or the log end
+                            // offset) the list may name more, and consumers filter by offset.
+                            let returned_upper = match &records {
+                                FetchRecords::Memory(b) => gregor_protocol::batch::Batches::new(b)
+                                    .filter_map(Result::ok)
+                                    .last()
+                                    .map_or(fp.fetch_offset, |(_, h)| h.next_offset()),
+                                FetchRecords::File(_) => upper,
+                            };
+                            match p
+                                .log
+                                .collect_aborted_transactions(fp.fetch_offset, returned_upper)
+                            {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    tracing::warn!(partition = %fp.topic_partition, error = %e,
+                                    "reading the transaction index failed");
+                                    any_error = true;
+                                    results.push(FetchPartitionResult::error(e.kafka_error_code()));
+                                    continue;
+                                }
+                            }
+                        } else {
+                            Vec::new()
+                        };
                     remaining = remaining.saturating_sub(n);
                     bytes += n;
                     results.push(FetchPartitionResult {
@@ -595,6 +661,7 @@ impl FetchPlan {
                         record_count,
                         diverging_epoch: None,
                         preferred_read_replica: None,
+                        aborted_transactions,
                     });
                 }
                 Err(e) => {
@@ -752,6 +819,11 @@ pub trait ReplicaFetchers: Send + Sync {
     /// After `image` is applied: every partition of `partitions` (the hosted ones the image
     /// was applied to) that this broker follows is fetched from its leader.
     fn after_image(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
+
+    /// A log dir went offline or came back (`partitions`: every hosted one, `image`: the
+    /// latest, for the leaders' addresses): partitions in an offline dir stop being fetched,
+    /// followers in an online one are fetched from their leaders.
+    fn on_log_dirs_changed(&self, image: &MetadataImage, partitions: &[Arc<Partition>]);
 }
 
 /// The partitions hosted here, keyed by topic name and index, and the data path into them.
@@ -793,6 +865,18 @@ pub struct ReplicaManager {
     latest: parking_lot::Mutex<Option<Arc<MetadataImage>>>,
     /// The partitions of the latest image whose logs could not be created, by partition.
     creation_failures: parking_lot::Mutex<BTreeMap<TopicPartition, LogCreationFailure>>,
+    /// How KIP-890 verifications reach transaction coordinators (Kafka's
+    /// `AddPartitionsToTxnManager`), installed at start-up.
+    txn_verifier: RwLock<Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>>>,
+    /// The ids (`directory.id`) of this broker's log directories, set at start-up
+    /// ([`ReplicaManager::set_log_dir_ids`]); None: no replica's directory is checked.
+    log_dir_ids: std::sync::OnceLock<Vec<Uuid>>,
+    /// Replicas of the latest image with no log here whose registration names a log
+    /// directory this broker does not have (KIP-858): not created, by partition, with that
+    /// directory's id ([`ReplicaManager::missing_dir_of`]).
+    in_missing_dirs: parking_lot::Mutex<BTreeMap<TopicPartition, Uuid>>,
+    /// The missing directories already warned about (one WARN per directory and process).
+    warned_missing_dirs: parking_lot::Mutex<HashSet<Uuid>>,
 }
 
 impl ReplicaManager {
@@ -817,6 +901,10 @@ impl ReplicaManager {
             applying: parking_lot::Mutex::new(()),
             latest: parking_lot::Mutex::new(None),
             creation_failures: parking_lot::Mutex::new(BTreeMap::new()),
+            txn_verifier: RwLock::new(None),
+            log_dir_ids: std::sync::OnceLock::new(),
+            in_missing_dirs: parking_lot::Mutex::new(BTreeMap::new()),
+            warned_missing_dirs: parking_lot::Mutex::new(HashSet::new()),
             replication: ReplicationContext::new(config.replica_lag_time_max_ms()),
             fetchers: std::sync::OnceLock::new(),
             checkpointed_high_watermarks: parking_lot::Mutex::new(checkpointed),
@@ -834,6 +922,41 @@ impl ReplicaManager {
     /// Installs the replica fetchers (once; later calls are ignored).
     pub fn set_fetchers(&self, fetchers: Arc<dyn ReplicaFetchers>) {
         let _ = self.fetchers.set(fetchers);
+    }
+
+    /// Sets the ids (`directory.id`) of this broker's log directories (once, before the first
+    /// image; later calls are ignored). From then on a replica with no log here whose
+    /// registration names another directory is not created ([`ReplicaManager::missing_dir_of`]).
+    pub fn set_log_dir_ids(&self, ids: Vec<Uuid>) {
+        let _ = self.log_dir_ids.set(ids);
+    }
+
+    /// The directory `reg` assigns this broker's replica to when this broker does not have it
+    /// (KIP-858): a real directory id that is none of [`ReplicaManager::set_log_dir_ids`]'s, or
+    /// `LOST`. Such a replica's log is in a directory that is missing (a disk that did not
+    /// mount, a directory replaced by an empty one): creating an empty log elsewhere would
+    /// report it to the controller and lose the records once the directory is back, so it
+    /// stays offline. `UNASSIGNED` and `MIGRATING` (no directory said yet) are never missing.
+    /// Kafka 4.x refuses to start with a log dir that has no `meta.properties`, so it never
+    /// meets the case; its `Partition.createLogInAssignedDirectoryId` skips the creation of a
+    /// replica assigned to a directory it does not have while some directory is offline.
+    pub fn missing_dir_of(&self, reg: &PartitionRegistration) -> Option<Uuid> {
+        let ids = self.log_dir_ids.get()?;
+        let i = reg.replicas.iter().position(|r| *r == self.local_broker)?;
+        let dir = *reg.directories.get(i)?;
+        let unknown = dir == gregor_metadata::record::DIRECTORY_UNASSIGNED
+            || dir == gregor_metadata::record::DIRECTORY_MIGRATING;
+        (!unknown && !ids.contains(&dir)).then_some(dir)
+    }
+
+    /// Tells the replica fetchers that a log dir went offline or came back
+    /// ([`ReplicaFetchers::on_log_dirs_changed`]), between two metadata images (never while
+    /// one is applied).
+    pub fn on_log_dirs_changed(&self, image: &MetadataImage) {
+        let _applying = self.applying.lock();
+        if let Some(f) = self.fetchers.get() {
+            f.on_log_dirs_changed(image, &self.partitions());
+        }
     }
 
     /// This broker's replication throttles (KIP-73): the leader side is applied in
@@ -855,6 +978,15 @@ impl ReplicaManager {
     pub fn hosted(&self, tp: &TopicPartition) -> Hosted {
         if let Some(p) = self.partition(&tp.topic, tp.partition) {
             return Ok(p);
+        }
+        if let Some(dir) = self.in_missing_dirs.lock().get(tp) {
+            return Err((
+                ec::KAFKA_STORAGE_ERROR,
+                format!(
+                    "the replica's log directory {} is not on this broker",
+                    crate::storage::kafka_uuid_string(*dir)
+                ),
+            ));
         }
         match self.creation_failures.lock().get(tp) {
             Some(f) => Err((ec::KAFKA_STORAGE_ERROR, f.error.clone())),
@@ -953,6 +1085,25 @@ impl ReplicaManager {
         origin: AppendOrigin,
         entries: Vec<(TopicPartition, Vec<u8>)>,
     ) -> AppendOutcome {
+        let entries = entries
+            .into_iter()
+            .map(|(tp, records)| (tp, AppendWork::Records(records, None)))
+            .collect();
+        self.append_entries(timeout_ms, required_acks, origin, entries)
+            .await
+    }
+
+    /// [`ReplicaManager::append_records`] for any [`AppendWork`]: record batches with their
+    /// transaction verification guards, and transaction markers (which WriteTxnMarkers
+    /// appends with acks=all and origin Coordinator). Per partition, the log's transaction
+    /// errors too: INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED.
+    pub async fn append_entries(
+        &self,
+        timeout_ms: i64,
+        required_acks: i16,
+        origin: AppendOrigin,
+        entries: Vec<(TopicPartition, AppendWork)>,
+    ) -> AppendOutcome {
         if !matches!(required_acks, -1..=1) {
             return AppendOutcome::Complete(
                 entries
@@ -961,16 +1112,29 @@ impl ReplicaManager {
                     .collect(),
             );
         }
-        let work: Vec<(Hosted, Vec<u8>)> = entries
+        let work: Vec<(Hosted, AppendWork)> = entries
             .into_iter()
-            .map(|(tp, records)| (self.hosted(&tp), records))
+            .map(|(tp, w)| (self.hosted(&tp), w))
             .collect();
         let n = work.len();
         let job = move || {
             work.into_iter()
-                .map(|(p, mut records)| {
+                .map(|(p, w)| {
                     let p = p.map_err(|(code, message)| AppendRejected::new(code, message))?;
-                    let info = p.append_records_as_leader(&mut records, required_acks)?;
+                    let info = match w {
+                        AppendWork::Records(mut records, guard) => p
+                            .append_records_as_leader_from(
+                                &mut records,
+                                required_acks,
+                                origin.log_origin(),
+                                guard,
+                            )?,
+                        AppendWork::TxnMarker {
+                            producer_id,
+                            producer_epoch,
+                            marker,
+                        } => p.append_txn_marker_as_leader(producer_id, producer_epoch, marker)?,
+                    };
                     let epoch = epoch_of_offset(&p, info.last_offset);
                     Ok::<_, AppendRejected>((p, info, epoch))
                 })
@@ -1054,6 +1218,43 @@ impl ReplicaManager {
             waits,
             operation,
         })
+    }
+
+    /// Kafka's `ReplicaManager.maybeStartTransactionVerificationForPartition`: the
+    /// verification guard of `producer_id`'s first transactional write to `tp` (the
+    /// sentinel when its transaction is already open there, so nothing needs verifying), or
+    /// the error of a partition not hosted here.
+    ///
+    /// # Errors
+    /// UNKNOWN_TOPIC_OR_PARTITION, or KAFKA_STORAGE_ERROR for a replica whose log could not
+    /// be created.
+    pub fn maybe_start_transaction_verification(
+        &self,
+        tp: &TopicPartition,
+        producer_id: i64,
+        sequence: i32,
+        producer_epoch: i16,
+    ) -> Result<gregor_log::VerificationGuard, i16> {
+        let p = self.hosted(tp).map_err(|(code, _)| code)?;
+        Ok(p.log
+            .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
+    }
+
+    /// Installs how KIP-890 verifications reach transaction coordinators (start-up installs
+    /// the network sender; a test may replace it). Until one is installed, produce requests
+    /// with transactional batches are answered as for an unreachable coordinator.
+    pub fn set_txn_verifier(
+        &self,
+        sender: Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>,
+    ) {
+        *self.txn_verifier.write() = Some(sender);
+    }
+
+    /// The installed KIP-890 verification sender.
+    pub fn txn_verifier(
+        &self,
+    ) -> Option<Arc<dyn crate::txn_verification::AddPartitionsToTxnSender>> {
+        self.txn_verifier.read().clone()
     }
 
     /// Kafka's `ReplicaManager.fetchMessages`: reads every partition in one job on the I/O
@@ -1536,6 +1737,11 @@ impl ReplicaManager {
                     .get(&(tp.topic.as_str(), tp.partition))
                     .is_some_and(|(id, _, _)| *id == f.topic_id)
         });
+        self.in_missing_dirs.lock().retain(|tp, _| {
+            scope.is_some_and(|names| !names.contains(&tp.topic))
+                || wanted.contains_key(&(tp.topic.as_str(), tp.partition))
+        });
+        let mut missing: BTreeMap<Uuid, usize> = BTreeMap::new();
         // Partitions that stop following their leader leave their fetcher first (Kafka's
         // applyDelta), so no follower append lands after a role change or deletion.
         if let Some(f) = self.fetchers.get() {
@@ -1598,12 +1804,41 @@ impl ReplicaManager {
                 continue;
             }
             let tp = TopicPartition::new(topic.to_string(), index);
-            let log = match self.logs.get_or_create(
+            if self.logs.get(&tp).is_none() {
+                if let Some(dir) = self.missing_dir_of(reg) {
+                    *missing.entry(dir).or_default() += 1;
+                    self.in_missing_dirs.lock().insert(tp, dir);
+                    continue;
+                }
+            }
+            self.in_missing_dirs.lock().remove(&tp);
+            // The directory the metadata places this replica in (KIP-858): a log registered
+            // in a failed directory is not created again elsewhere.
+            let registered_dir = reg
+                .replicas
+                .iter()
+                .position(|r| *r == self.local_broker)
+                .and_then(|i| reg.directories.get(i))
+                .filter(|d| {
+                    **d != gregor_metadata::record::DIRECTORY_UNASSIGNED
+                        && **d != gregor_metadata::record::DIRECTORY_MIGRATING
+                })
+                .map(|d| *d.as_bytes());
+            let log = match self.logs.get_or_create_in(
                 &tp,
                 *topic_id.as_bytes(),
                 settings.log_config.clone(),
+                registered_dir,
             ) {
                 Ok(log) => log,
+                // Its log may be in a failed dir (KIP-112's offline replica): not a creation
+                // to retry; the dir's one ERROR line said so, and the controller does not
+                // elect this replica (its dir is offline).
+                Err(e @ gregor_log::LogError::LogDirOffline { .. }) => {
+                    tracing::debug!(partition = %tp, error = %e,
+                        "replica offline: its registered log dir failed");
+                    continue;
+                }
                 Err(e) => {
                     let failure = LogCreationFailure::new(tp.clone(), topic_id, &e);
                     self.creation_failures.lock().insert(tp, failure.clone());
@@ -1641,6 +1876,7 @@ impl ReplicaManager {
                 .insert(index, p.clone());
             visited.push(p);
         }
+        self.warn_missing_dirs(&missing);
         // New leader epochs are written together, in parallel (a restart or a topic creation
         // makes this broker leader of thousands of partitions at once).
         self.logs.write_leader_epoch_checkpoints();
@@ -1654,6 +1890,37 @@ impl ReplicaManager {
                 not_created,
                 not_deleted,
             })
+        }
+    }
+}
+
+impl ReplicaManager {
+    /// One WARN per missing directory and process, naming it and how many replicas of the
+    /// image it holds (`missing`: directory id -> replicas not created for it).
+    fn warn_missing_dirs(&self, missing: &BTreeMap<Uuid, usize>) {
+        let mut warned = self.warned_missing_dirs.lock();
+        for (dir, replicas) in missing {
+            if !warned.insert(*dir) {
+                continue;
+            }
+            // As `meta.properties` writes them (Kafka's base64 form), so the operator can
+            // find the directory holding it.
+            let ids: Vec<String> = self
+                .log_dir_ids
+                .get()
+                .map(|ids| {
+                    ids.iter()
+                        .map(|id| crate::storage::kafka_uuid_string(*id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            tracing::warn!(directory_id = %crate::storage::kafka_uuid_string(*dir), replicas,
+                log_dirs = ?self.logs.log_dirs(), directory_ids = ?ids,
+                "replicas are assigned to a log directory this broker does not have (a disk \
+                 that did not mount, or a directory replaced by an empty one): they stay \
+                 offline (KAFKA_STORAGE_ERROR) and no empty log is created for them; mount the \
+                 directory holding that directory.id in its meta.properties and restart the \
+                 broker, or reassign the replicas");
         }
     }
 }

@@ -10,7 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use gregor_log::{AppendInfo, LogError, PartitionLog, ReadInfo, SharedClock, TopicPartition};
+use gregor_log::{
+    AppendInfo, AppendOrigin, LogError, PartitionLog, ReadInfo, SharedClock, TopicPartition,
+    VerificationGuard,
+};
+use gregor_protocol::control::EndTxnMarker;
 use parking_lot::{Mutex, RwLock};
 use uuid::Uuid;
 
@@ -247,9 +251,12 @@ impl Partition {
         self.high_watermark.load(Ordering::Acquire)
     }
 
-    /// The last stable offset. Without transactions it equals the high watermark.
+    /// The last stable offset (KIP-98, Kafka's `UnifiedLog.lastStableOffset`): the first
+    /// offset of the earliest transaction not yet decided (or decided by a marker the high
+    /// watermark has not passed), if below the high watermark, else the high watermark.
+    /// read_committed consumers read below it.
     pub fn last_stable_offset(&self) -> i64 {
-        self.high_watermark()
+        self.log.last_stable_offset(self.high_watermark())
     }
 
     /// True when this broker leads the partition.
@@ -400,6 +407,10 @@ impl Partition {
             }
             moved.is_some()
         };
+        if moved {
+            // Completed transactions whose markers the high watermark passed are stable now.
+            self.log.on_high_watermark_updated(self.high_watermark());
+        }
         debug_assert!(
             self.high_watermark() <= self.log.log_end_offset().max(self.log.log_start_offset()),
             "HW <= LEO"
@@ -451,6 +462,9 @@ impl Partition {
             }
             update
         };
+        if update.high_watermark.is_some() {
+            self.log.on_high_watermark_updated(self.high_watermark());
+        }
         if update.high_watermark.is_some() {
             self.delayed.check_and_complete_all(&self.topic_partition);
         } else if update.log_start_offset_moved {
@@ -602,6 +616,53 @@ impl Partition {
         records: &mut [u8],
         required_acks: i16,
     ) -> Result<AppendInfo, AppendRejected> {
+        self.append_records_as_leader_from(records, required_acks, AppendOrigin::Client, None)
+    }
+
+    /// [`Partition::append_records_as_leader`] for `origin`, with the transaction
+    /// verification guard of the request (`None`: verification is off; see
+    /// [`gregor_log::PartitionLog::append_as_leader_from`]). Runs on an I/O thread.
+    ///
+    /// # Errors
+    /// As [`Partition::append_records_as_leader`], plus INVALID_TXN_STATE and
+    /// TRANSACTION_COORDINATOR_FENCED.
+    pub fn append_records_as_leader_from(
+        &self,
+        records: &mut [u8],
+        required_acks: i16,
+        origin: AppendOrigin,
+        verification: Option<VerificationGuard>,
+    ) -> Result<AppendInfo, AppendRejected> {
+        self.append_as_leader_with(required_acks, |log, leader_epoch, now_ms| {
+            log.append_as_leader_from(records, leader_epoch, now_ms, origin, verification)
+        })
+    }
+
+    /// Appends a transaction marker as leader (Kafka's WriteTxnMarkers append: origin
+    /// COORDINATOR, acks=all, so NOT_ENOUGH_REPLICAS below `min.insync.replicas`). Runs on
+    /// an I/O thread.
+    ///
+    /// # Errors
+    /// As [`Partition::append_records_as_leader`]; INVALID_PRODUCER_EPOCH and
+    /// TRANSACTION_COORDINATOR_FENCED from the producer state's checks.
+    pub fn append_txn_marker_as_leader(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: EndTxnMarker,
+    ) -> Result<AppendInfo, AppendRejected> {
+        self.append_as_leader_with(-1, |log, leader_epoch, now_ms| {
+            log.append_txn_marker(producer_id, producer_epoch, marker, leader_epoch, now_ms)
+        })
+    }
+
+    /// The leader checks of an append, `append` with the leader epoch and the partition's
+    /// clock, the error mapping, metrics and the high-watermark move after it.
+    fn append_as_leader_with(
+        &self,
+        required_acks: i16,
+        append: impl FnOnce(&PartitionLog, i32, i64) -> Result<AppendInfo, LogError>,
+    ) -> Result<AppendInfo, AppendRejected> {
         let leader_epoch = {
             let s = self.state.read();
             if s.role != Role::Leader {
@@ -620,27 +681,24 @@ impl Partition {
             }
             s.leader_epoch
         };
-        let info = self
-            .log
-            .append_as_leader(records, leader_epoch, self.clock.now_ms())
-            .map_err(|e| {
-                let code = e.kafka_error_code();
-                match e {
-                    // Kafka's ReplicaManager answers a RecordValidationException with its
-                    // message, the record errors and the log start offset (KIP-467).
-                    LogError::RecordValidation {
-                        message,
-                        record_errors,
-                        ..
-                    } => AppendRejected {
-                        code,
-                        message,
-                        record_errors,
-                        log_start_offset: self.log.log_start_offset(),
-                    },
-                    e => AppendRejected::new(code, e.to_string()),
-                }
-            })?;
+        let info = append(self.log.as_ref(), leader_epoch, self.clock.now_ms()).map_err(|e| {
+            let code = e.kafka_error_code();
+            match e {
+                // Kafka's ReplicaManager answers a RecordValidationException with its
+                // message, the record errors and the log start offset (KIP-467).
+                LogError::RecordValidation {
+                    message,
+                    record_errors,
+                    ..
+                } => AppendRejected {
+                    code,
+                    message,
+                    record_errors,
+                    log_start_offset: self.log.log_start_offset(),
+                },
+                e => AppendRejected::new(code, e.to_string()),
+            }
+        })?;
         if !info.duplicate {
             self.metrics.bytes_in.increment(info.bytes);
             self.metrics.records_in.increment(info.records);

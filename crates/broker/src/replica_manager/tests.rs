@@ -1469,3 +1469,92 @@ async fn a_replica_whose_log_could_not_be_created_answers_kafka_storage_error() 
     let r = fetched(rm.fetch_messages(consumer(0), vec![fetch(0)]).await);
     assert_eq!((r[0].error_code, r[0].high_watermark), (ec::NONE, 1));
 }
+
+/// KIP-858: a replica assigned to a log directory this broker does not have (a disk that did
+/// not mount) gets no empty log: it answers KAFKA_STORAGE_ERROR and no partition directory
+/// is created, while replicas in a present directory, unassigned ones and a log that exists
+/// here anyway are hosted.
+#[test]
+fn a_replica_in_a_missing_log_dir_gets_no_empty_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut props = BTreeMap::new();
+    props.insert("log.dirs".to_string(), dir.path().display().to_string());
+    props.insert("node.id".to_string(), LOCAL.to_string());
+    let (config, _) = BrokerConfig::from_properties(props).expect("config");
+    let (logs, _) =
+        LogManager::open(&[dir.path().to_path_buf()], Default::default()).expect("log manager");
+    let rm = ReplicaManager::new(LOCAL, config, logs);
+    let (present, missing) = (Uuid::new_v4(), Uuid::new_v4());
+    rm.set_log_dir_ids(vec![present]);
+    let topic_id = Uuid::new_v4();
+    let mut image = MetadataImage::default();
+    image.apply(&MetadataRecord::Topic(TopicRecord {
+        name: "t".into(),
+        topic_id,
+        ..TopicRecord::default()
+    }));
+    let lost = gregor_metadata::record::DIRECTORY_LOST;
+    let unassigned = gregor_metadata::record::DIRECTORY_UNASSIGNED;
+    for (p, d) in [
+        (0, present),
+        (1, missing),
+        (2, unassigned),
+        (3, missing),
+        (4, lost),
+    ] {
+        image.apply(&MetadataRecord::Partition(PartitionRecord {
+            topic_id,
+            partition_id: p,
+            replicas: vec![LOCAL],
+            isr: vec![LOCAL],
+            directories: vec![d],
+            leader: LOCAL,
+            ..PartitionRecord::default()
+        }));
+    }
+    // Partition 3's log is here although its registration names the missing dir: it is used.
+    rm.logs()
+        .get_or_create(
+            &TopicPartition::new("t", 3),
+            *topic_id.as_bytes(),
+            Default::default(),
+        )
+        .expect("log 3");
+    rm.apply_image(&image).expect("applied");
+    for p in [0, 2, 3] {
+        assert!(rm.partition("t", p).is_some(), "t-{p} hosted");
+    }
+    for p in [1, 4] {
+        assert!(rm.partition("t", p).is_none(), "t-{p} not hosted");
+        assert!(
+            !dir.path().join(format!("t-{p}")).exists(),
+            "no log created for t-{p}"
+        );
+        match rm.hosted(&TopicPartition::new("t", p)) {
+            Err((code, message)) => {
+                assert_eq!(code, ec::KAFKA_STORAGE_ERROR);
+                assert!(message.contains("not on this broker"), "{message}");
+            }
+            Ok(_) => panic!("t-{p} hosted"),
+        }
+    }
+    assert_eq!(
+        rm.missing_dir_of(&image.topics[&topic_id].partitions[&1]),
+        Some(missing)
+    );
+    // Once the image assigns it to a present dir (a reassignment), the replica is created.
+    image.apply(&MetadataRecord::Partition(PartitionRecord {
+        topic_id,
+        partition_id: 1,
+        replicas: vec![LOCAL],
+        isr: vec![LOCAL],
+        directories: vec![present],
+        leader: LOCAL,
+        leader_epoch: 1,
+        partition_epoch: 1,
+        ..PartitionRecord::default()
+    }));
+    rm.apply_image(&image).expect("applied");
+    assert!(rm.partition("t", 1).is_some());
+    assert!(rm.hosted(&TopicPartition::new("t", 1)).is_ok());
+}

@@ -26,6 +26,7 @@ pub mod classic;
 pub mod consumer;
 pub mod offsets;
 pub mod records;
+pub mod txn_offsets;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::runtime::{
-    CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, TopicMetadata,
+    CoordinatorRecord, CoordinatorRuntime, PartitionWriter, PendingWrite, ReplayItem, TopicMetadata,
 };
 
 pub use classic::{ClassicGroup, ClassicGroupState};
@@ -358,6 +359,9 @@ pub enum Timer {
 /// All groups hosted by this broker.
 pub(crate) struct CoordinatorState {
     pub(crate) groups: HashMap<String, Group>,
+    /// Transactional offset commits waiting for their transaction's marker (KIP-98): by
+    /// group, then producer id. Visible to OffsetFetch only as UNSTABLE_OFFSET_COMMIT.
+    pub(crate) pending_txn_offsets: txn_offsets::PendingTxnOffsets,
     /// Distinguishes timers of re-created members and stale rebalance timers.
     pub(crate) next_timer_id: u64,
 }
@@ -399,6 +403,7 @@ impl GroupCoordinator {
             state: Mutex::new(CoordinatorState {
                 groups: HashMap::new(),
                 next_timer_id: 0,
+                pending_txn_offsets: HashMap::new(),
             }),
             runtime,
             metadata,
@@ -490,8 +495,25 @@ impl GroupCoordinator {
         let started = std::time::Instant::now();
         let now = self.now_ms();
         let mut groups: HashMap<String, Group> = HashMap::new();
-        let summary = match self.runtime.replay(partition, |key, value| {
-            apply_loaded_record(&mut groups, key, value, now);
+        let mut pending = txn_offsets::PendingTxnOffsets::new();
+        let summary = match self.runtime.replay_batches(partition, |item| match item {
+            ReplayItem::Record {
+                key,
+                value,
+                producer_id: None,
+                ..
+            } => apply_loaded_record(&mut groups, key, value, now),
+            ReplayItem::Record {
+                key,
+                value,
+                producer_id: Some(pid),
+                ..
+            } => txn_offsets::apply_loaded_transactional_record(&mut pending, pid, key, value),
+            ReplayItem::Marker {
+                producer_id,
+                commit,
+                ..
+            } => txn_offsets::apply_marker(&mut groups, &mut pending, producer_id, commit, now),
         }) {
             Ok(s) => s,
             Err(e) => {
@@ -516,8 +538,11 @@ impl GroupCoordinator {
             let CoordinatorState {
                 groups: hosted,
                 next_timer_id,
+                pending_txn_offsets,
             } = &mut *st;
             hosted.retain(|id, _| self.partition_for(id) != partition);
+            pending_txn_offsets.retain(|id, _| self.partition_for(id) != partition);
+            pending_txn_offsets.extend(pending);
             for (id, mut g) in groups {
                 if let GroupKind::Consumer(c) = &mut g.kind {
                     // Loaded KIP-848 members keep their assignments; each gets a full session
@@ -576,6 +601,8 @@ impl GroupCoordinator {
             return;
         }
         let mut st = self.state.lock();
+        st.pending_txn_offsets
+            .retain(|id, _| self.partition_for(id) != partition);
         let gone: Vec<String> = st
             .groups
             .keys()

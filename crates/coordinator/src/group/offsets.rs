@@ -54,6 +54,9 @@ pub struct FetchedOffset {
     pub leader_epoch: i32,
     /// Metadata.
     pub metadata: String,
+    /// Per-partition error: UNSTABLE_OFFSET_COMMIT (with offset -1) when `require_stable`
+    /// asked and a transactional commit for the partition is pending (KIP-447), else NONE.
+    pub error_code: i16,
 }
 
 /// A group as DescribeGroups reports it.
@@ -247,6 +250,19 @@ impl GroupCoordinator {
         partitions: Option<Vec<(String, Vec<i32>)>>,
         member: Option<(&str, i32)>,
     ) -> Result<Vec<FetchedOffset>, i16> {
+        self.fetch_offsets_stable(group_id, partitions, member, false)
+    }
+
+    /// OffsetFetch as [`GroupCoordinator::fetch_offsets`], with OffsetFetch v7's
+    /// `require_stable` (KIP-447): a partition with a pending transactional commit answers
+    /// UNSTABLE_OFFSET_COMMIT instead of its offset.
+    pub fn fetch_offsets_stable(
+        &self,
+        group_id: &str,
+        partitions: Option<Vec<(String, Vec<i32>)>>,
+        member: Option<(&str, i32)>,
+        require_stable: bool,
+    ) -> Result<Vec<FetchedOffset>, i16> {
         self.check_coordinator(group_id)?;
         let st = self.state.lock();
         let group = st.groups.get(group_id);
@@ -265,7 +281,16 @@ impl GroupCoordinator {
         }
         let empty = BTreeMap::new();
         let offsets = group.map_or(&empty, |g| &g.offsets);
-        let out = match partitions {
+        let pending = st.pending_txn_offsets.get(group_id);
+        let unstable = |t: &str, p: i32| {
+            require_stable
+                && pending.is_some_and(|by_producer| {
+                    by_producer
+                        .values()
+                        .any(|o| o.contains_key(&(t.to_string(), p)))
+                })
+        };
+        let mut out: Vec<FetchedOffset> = match partitions {
             None => offsets
                 .iter()
                 .map(|((t, p), o)| FetchedOffset {
@@ -274,6 +299,7 @@ impl GroupCoordinator {
                     offset: o.offset,
                     leader_epoch: o.leader_epoch,
                     metadata: o.metadata.clone(),
+                    error_code: 0,
                 })
                 .collect(),
             Some(topics) => topics
@@ -290,6 +316,7 @@ impl GroupCoordinator {
                         offset: o.offset,
                         leader_epoch: o.leader_epoch,
                         metadata: o.metadata.clone(),
+                        error_code: 0,
                     },
                     None => FetchedOffset {
                         topic: t,
@@ -297,10 +324,19 @@ impl GroupCoordinator {
                         offset: -1,
                         leader_epoch: -1,
                         metadata: String::new(),
+                        error_code: 0,
                     },
                 })
                 .collect(),
         };
+        for o in &mut out {
+            if unstable(&o.topic, o.partition) {
+                o.offset = -1;
+                o.leader_epoch = -1;
+                o.metadata = String::new();
+                o.error_code = ErrorCode::UnstableOffsetCommit.code();
+            }
+        }
         Ok(out)
     }
 

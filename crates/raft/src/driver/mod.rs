@@ -270,6 +270,8 @@ pub struct RaftManager {
     high_watermark: watch::Receiver<i64>,
     log_end_offset: watch::Receiver<i64>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Why the driver stopped on its own (a storage error), once it has.
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for RaftManager {
@@ -310,6 +312,8 @@ impl RaftManager {
             // core waits an election timeout, so it gets the shortest one.
             quorum.election_timeout_ms = ONLY_VOTER_ELECTION_TIMEOUT_MS;
         }
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let driver_failure = failure.clone();
         let thread = std::thread::Builder::new()
             .name(format!("raft-{node_id}"))
             .spawn(move || {
@@ -338,6 +342,7 @@ impl RaftManager {
                     next_correlation_id: 0,
                     proposals: BTreeMap::new(),
                     stopped: false,
+                    failure: driver_failure,
                 };
                 driver.execute(actions);
                 runtime.block_on(driver.run(rx));
@@ -351,7 +356,15 @@ impl RaftManager {
             high_watermark: hw_rx,
             log_end_offset: leo_rx,
             thread: Mutex::new(Some(thread)),
+            failure,
         }))
+    }
+
+    /// Why the driver stopped on its own, if it did: the storage error (a full disk, say)
+    /// that made it stop, as a sentence naming the file. `None` while it runs or after a
+    /// shutdown that was asked for.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
     /// This node's id.
@@ -836,6 +849,8 @@ struct Driver<T: Transport> {
     /// Proposals waiting for their commit, by last offset.
     proposals: BTreeMap<i64, PendingProposal>,
     stopped: bool,
+    /// Shared with [`RaftManager::failure`].
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -990,13 +1005,13 @@ impl<T: Transport> Driver<T> {
                 Action::PersistElectionState(state) => {
                     if let Err(e) = self.store.write(&state, &self.node.config().voters) {
                         tracing::error!(error = %e, "writing quorum-state failed; stopping the raft driver");
-                        self.stop();
+                        self.fail(format!("writing quorum-state failed: {e}"));
                     }
                 }
                 Action::FlushLog { .. } => {
                     if let Err(e) = self.node.log().flush() {
                         tracing::error!(error = %e, "flushing __cluster_metadata-0 failed; stopping the raft driver");
-                        self.stop();
+                        self.fail(format!("flushing __cluster_metadata-0 failed: {e}"));
                     }
                 }
                 Action::Send { to, message } => match message {
@@ -1168,6 +1183,12 @@ impl<T: Transport> Driver<T> {
 
     fn stop(&mut self) {
         self.stopped = true;
+    }
+
+    /// Stops after a storage error, keeping `reason` for [`RaftManager::failure`].
+    fn fail(&mut self, reason: String) {
+        self.failure.lock().get_or_insert(reason);
+        self.stop();
     }
 }
 

@@ -122,12 +122,14 @@ impl Partition {
             self.log.log_end_offset(),
         );
         self.high_watermark.store(hw, Ordering::Release);
+        self.log.on_high_watermark_updated(hw);
     }
 
     /// Stores a follower's high watermark (it may go down: the leader's is authoritative) and
     /// completes what the move unblocks.
     fn set_high_watermark(&self, hw: i64) {
         let old = self.high_watermark.swap(hw, Ordering::AcqRel);
+        self.log.on_high_watermark_updated(hw);
         if old != hw {
             self.delayed.check_and_complete_all(&self.topic_partition);
         }
