@@ -308,6 +308,19 @@ impl Gregor {
         }
         self.spawn()
     }
+
+    /// [`Gregor::restart`] with `extra` replacing the `--set` overrides, here and on later
+    /// restarts (the same data dir, served with other settings).
+    ///
+    /// # Errors
+    /// As [`Gregor::start`].
+    pub fn restart_with(&mut self, extra: &[&str]) -> Result<()> {
+        if self.child.is_some() {
+            self.stop()?;
+        }
+        self.extra = extra.iter().map(|s| (*s).to_string()).collect();
+        self.spawn()
+    }
 }
 
 impl Drop for Gregor {

@@ -265,6 +265,7 @@ mod tests {
             client_software_name: "unknown".into(),
             client_software_version: "unknown".into(),
             received_at: Instant::now(),
+            sends_files: false,
         }
     }
 

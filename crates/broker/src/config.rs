@@ -583,6 +583,11 @@ pub struct BrokerConfig {
     /// segments' entries are not counted). Why this default: [`gregor_log::index_cache::set_max_bytes`].
     /// Read at start-up.
     pub log_index_cache_bytes: u64,
+    /// `fetch.zero.copy.enable` (gregor's own), default true: Fetch responses on plain TCP
+    /// connections send their record sets from the segment files with `splice`, without
+    /// copying them through user space; false forces the copying path (read into memory, then
+    /// written), which transports that are not plain TCP always use. Read at start-up.
+    pub fetch_zero_copy_enable: bool,
     /// Group coordinator settings (`group.*`, `offsets.*`, `offset.metadata.max.bytes`).
     pub groups: gregor_coordinator::group::GroupConfig,
     /// Transaction coordinator settings (`transaction.*`, `transactional.id.expiration.ms`,
@@ -706,6 +711,7 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ("admin.listener", ConfigType::String, "127.0.0.1:9644"),
     ("admin.metrics.per.partition", ConfigType::Boolean, "true"),
     ("log.index.cache.bytes", ConfigType::Long, "268435456"),
+    ("fetch.zero.copy.enable", ConfigType::Boolean, "true"),
     // Incremental fetch sessions (KIP-227, Kafka's `ServerConfigs`).
     (
         "max.incremental.fetch.session.cache.slots",
@@ -1169,6 +1175,8 @@ impl BrokerConfig {
             admin_metrics_per_partition: get("admin.metrics.per.partition")
                 .is_none_or(|v| v.eq_ignore_ascii_case("true")),
             log_index_cache_bytes: log_index_cache_bytes.unsigned_abs(),
+            fetch_zero_copy_enable: get("fetch.zero.copy.enable")
+                .is_none_or(|v| v.eq_ignore_ascii_case("true")),
             groups: gregor_coordinator::group::GroupConfig::from_properties(&props)?,
             transactions: gregor_coordinator::transaction::TransactionConfig::from_properties(
                 &props,

@@ -160,6 +160,7 @@ fn closest_known(name: &str) -> Option<&'static str> {
     let gregor_only: &[&'static str] = &[
         "admin.listener",
         "admin.metrics.per.partition",
+        "fetch.zero.copy.enable",
         "log.dir",
         "log.index.cache.bytes",
     ];
@@ -236,10 +237,11 @@ pub fn reference_markdown() -> String {
          differ, and `GREGOR_UPDATE_DOCS=1` with that command rewrites it.\n\n\
          ## Broker configs (`server.properties`, `--set`, dynamic with `kafka-configs`)\n\n\
          Every broker config Apache Kafka 4.4 defines, and gregor's own (`admin.listener`,\n\
-         `admin.metrics.per.partition`, `log.index.cache.bytes`). *gregor's default* is what\n\
-         gregor uses when the key is not set, where it differs from Kafka's or Kafka has none. A\n\
-         key gregor does not act on is accepted, reported once at start-up with the reason given\n\
-         here, stored when changed at run time, and described by DescribeConfigs.\n\n\
+         `admin.metrics.per.partition`, `fetch.zero.copy.enable`, `log.index.cache.bytes`).\n\
+         *gregor's default* is what gregor uses when the key is not set, where it differs from\n\
+         Kafka's or Kafka has none. A key gregor does not act on is accepted, reported once at\n\
+         start-up with the reason given here, stored when changed at run time, and described by\n\
+         DescribeConfigs.\n\n\
          | name | Kafka's default | gregor's default | gregor acts on it |\n|---|---|---|---|\n",
     );
     for name in names {

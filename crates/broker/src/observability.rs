@@ -189,6 +189,11 @@ fn describe() {
         "Record batch bytes fetched by consumers."
     );
     describe_counter!(TOPIC_RECORDS_OUT_TOTAL, "Records fetched by consumers.");
+    describe_counter!(
+        gregor_network::response::ZERO_COPY_BYTES_TOTAL,
+        Unit::Bytes,
+        "Response bytes sent from segment files without a copy (zero-copy fetch)."
+    );
     describe_gauge!(CONNECTIONS_ACTIVE, "Open client connections.");
     describe_counter!(CONNECTIONS_OPENED_TOTAL, "Client connections accepted.");
     describe_counter!(

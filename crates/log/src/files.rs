@@ -17,6 +17,14 @@
 //!
 //! Readers hold an `Arc<File>` only for the duration of one read or write, so the number of
 //! descriptors open at once exceeds the budget by at most the number of operations in flight.
+//!
+//! A fetch response sent from the file (zero-copy, [`SendPin`]) holds its descriptor until its
+//! bytes are on the socket, which may take as long as the client takes to read them. Such a
+//! file is *pinned*: the CLOCK hand, [`close_idle_files`] and [`SegmentFile::close`] pass it
+//! by, so its descriptor
+//! stays counted in the budget and is never closed under the sender. At most
+//! [`max_send_pinned_files`] files (half the budget) are pinned at once, so eviction always
+//! has unpinned files to close; a read that finds no room for a pin copies the bytes instead.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -44,6 +52,8 @@ struct OpenFiles {
     opened_total: AtomicU64,
     /// Files closed by the budget since start.
     evicted_total: AtomicU64,
+    /// Files with at least one [`SendPin`].
+    send_pinned: AtomicUsize,
     /// Files closed by [`close_idle_files`] since start.
     idle_closed_total: AtomicU64,
 }
@@ -54,6 +64,7 @@ static OPEN_FILES: OpenFiles = OpenFiles {
     open: AtomicUsize::new(0),
     opened_total: AtomicU64::new(0),
     evicted_total: AtomicU64::new(0),
+    send_pinned: AtomicUsize::new(0),
     idle_closed_total: AtomicU64::new(0),
 };
 
@@ -69,6 +80,17 @@ pub fn set_max_open_files(max: usize) {
 /// The budget [`set_max_open_files`] set.
 pub fn max_open_files() -> usize {
     OPEN_FILES.max.load(Ordering::Relaxed)
+}
+
+/// The most files that fetch responses being sent may pin at once ([`SendPin`]): half the
+/// budget, so that the CLOCK hand always finds files it may close.
+pub fn max_send_pinned_files() -> usize {
+    max_open_files() / 2
+}
+
+/// Files pinned by responses being sent now.
+pub fn send_pinned_files() -> usize {
+    OPEN_FILES.send_pinned.load(Ordering::Relaxed)
 }
 
 /// What [`size_from_process_limit`] did.
@@ -160,10 +182,19 @@ pub fn close_idle_files() -> usize {
                 ring.push_back(weak);
                 continue;
             }
-            // As in `evict`: leave the ring before giving up the file, so that a concurrent
-            // reopen puts the slot back into the ring.
-            slot.in_ring.store(false, Ordering::Relaxed);
-            let taken = slot.file.lock().take();
+            let taken = {
+                let mut file = slot.file.lock();
+                // A file a response is being sent from stays open (see `evict`).
+                if slot.send_pins.load(Ordering::Acquire) > 0 {
+                    drop(file);
+                    ring.push_back(weak);
+                    continue;
+                }
+                // As in `evict`: leave the ring before giving up the file, so that a
+                // concurrent reopen puts the slot back into the ring.
+                slot.in_ring.store(false, Ordering::Relaxed);
+                file.take()
+            };
             if let Some(f) = taken {
                 OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
                 closing.push(f);
@@ -189,6 +220,11 @@ struct Slot {
     referenced: AtomicBool,
     /// Whether the ring holds an entry for this slot.
     in_ring: AtomicBool,
+    /// Live [`SendPin`]s: while above 0 the descriptor is neither evicted nor closed.
+    send_pins: AtomicUsize,
+    /// Times the file was cut shorter while the log was served
+    /// ([`SegmentFile::note_truncation`]).
+    truncations: AtomicU64,
 }
 
 impl Drop for Slot {
@@ -226,6 +262,8 @@ impl SegmentFile {
                 pinned: Mutex::new(None),
                 referenced: AtomicBool::new(false),
                 in_ring: AtomicBool::new(false),
+                send_pins: AtomicUsize::new(0),
+                truncations: AtomicU64::new(0),
             }),
         };
         f.install(Arc::new(file));
@@ -241,6 +279,8 @@ impl SegmentFile {
                 pinned: Mutex::new(None),
                 referenced: AtomicBool::new(false),
                 in_ring: AtomicBool::new(false),
+                send_pins: AtomicUsize::new(0),
+                truncations: AtomicU64::new(0),
             }),
         }
     }
@@ -318,11 +358,61 @@ impl SegmentFile {
         Ok(())
     }
 
-    /// Closes the descriptor now (the file stays; the next use reopens it).
+    /// Closes the descriptor now (the file stays; the next use reopens it). A file pinned by a
+    /// response being sent keeps its descriptor until the last pin goes (then the CLOCK hand or
+    /// the end of this `SegmentFile` closes it).
     pub(crate) fn close(&self) {
-        if self.slot.file.lock().take().is_some() {
+        let mut file = self.slot.file.lock();
+        if self.slot.send_pins.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        if file.take().is_some() {
             OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records that the file is about to be cut shorter (a follower's truncation): a
+    /// [`SendPin`] taken before sees it ([`SendPin::is_intact`]).
+    pub(crate) fn note_truncation(&self) {
+        self.slot.truncations.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many times the file was cut shorter so far; read before deciding which bytes a
+    /// [`SendPin`] taken afterwards will send.
+    pub(crate) fn truncations(&self) -> u64 {
+        self.slot.truncations.load(Ordering::Acquire)
+    }
+
+    /// Pins the file for a response that will send its bytes from the descriptor
+    /// ([`SendPin`]); `truncations` is what [`SegmentFile::truncations`] said before the bytes
+    /// to send were chosen. `Ok(None)` when [`max_send_pinned_files`] files are pinned
+    /// already (the caller copies the bytes instead).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] naming `what` when the file cannot be reopened.
+    pub(crate) fn send_pin(&self, truncations: u64, what: &'static str) -> Result<Option<SendPin>> {
+        if self.slot.send_pins.fetch_add(1, Ordering::AcqRel) == 0 {
+            let max = max_send_pinned_files();
+            let taken =
+                OPEN_FILES
+                    .send_pinned
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < max).then_some(n + 1)
+                    });
+            if taken.is_err() {
+                self.slot.send_pins.fetch_sub(1, Ordering::AcqRel);
+                return Ok(None);
+            }
+        }
+        let counted = PinCount(Arc::clone(&self.slot));
+        // From here the CLOCK hand passes the slot by, so the descriptor `get` returns (or
+        // reopens and installs) stays in it until the pin is dropped.
+        let file = self.get(what)?;
+        Ok(Some(SendPin {
+            counted,
+            file,
+            truncations,
+        }))
     }
 
     /// Stores `file` in the slot (unless another thread was first) and evicts beyond the budget.
@@ -367,6 +457,62 @@ impl SegmentFile {
     }
 }
 
+/// A segment file's descriptor held open for a response that sends bytes from it (zero-copy
+/// fetch): the file is pinned (see the module docs) until every `SendPin` of it is dropped.
+/// The bytes stay those the response was built from even if the file is renamed, deleted
+/// (retention, DeleteRecords) or replaced (compaction), since the descriptor keeps the old
+/// file; only a truncation in place changes them, which [`SendPin::is_intact`] tells.
+pub struct SendPin {
+    counted: PinCount,
+    file: Arc<File>,
+    truncations: u64,
+}
+
+/// One count in a slot's `send_pins` (and the slot in `send_pinned` while it has any).
+struct PinCount(Arc<Slot>);
+
+impl Drop for PinCount {
+    fn drop(&mut self) {
+        if self.0.send_pins.fetch_sub(1, Ordering::AcqRel) == 1 {
+            OPEN_FILES.send_pinned.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl SendPin {
+    /// The open file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// False once the file was cut shorter (a follower's truncation) after the bytes to send
+    /// were chosen: they may be gone or replaced, and the response must not be sent from it.
+    pub fn is_intact(&self) -> bool {
+        self.counted.0.truncations.load(Ordering::Acquire) == self.truncations
+    }
+}
+
+impl Clone for SendPin {
+    fn clone(&self) -> Self {
+        // The slot already counts in `send_pinned`: another pin of it only adds to its count.
+        self.counted.0.send_pins.fetch_add(1, Ordering::AcqRel);
+        Self {
+            counted: PinCount(Arc::clone(&self.counted.0)),
+            file: Arc::clone(&self.file),
+            truncations: self.truncations,
+        }
+    }
+}
+
+impl std::fmt::Debug for SendPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendPin")
+            .field("path", &*self.counted.0.path.lock())
+            .field("intact", &self.is_intact())
+            .finish()
+    }
+}
+
 /// Moves the CLOCK hand until `want` files are closed (or every entry was visited twice),
 /// never closing `keep`. Closed descriptors go to `closing`, dropped after the lock.
 fn evict(
@@ -385,12 +531,27 @@ fn evict(
         let Some(slot) = weak.upgrade() else {
             continue;
         };
-        if Arc::ptr_eq(&slot, keep) || slot.referenced.swap(false, Ordering::Relaxed) {
+        if Arc::ptr_eq(&slot, keep)
+            || slot.send_pins.load(Ordering::Acquire) > 0
+            || slot.referenced.swap(false, Ordering::Relaxed)
+        {
             ring.push_back(weak);
             continue;
         }
-        slot.in_ring.store(false, Ordering::Relaxed);
-        let taken = slot.file.lock().take();
+        let taken = {
+            let mut file = slot.file.lock();
+            // Checked again under the file's lock, which a new pin's `get` takes after
+            // counting itself: a file pinned meanwhile is not closed.
+            if slot.send_pins.load(Ordering::Acquire) > 0 {
+                drop(file);
+                ring.push_back(weak);
+                continue;
+            }
+            // Leave the ring before giving up the file, so that a concurrent reopen (which
+            // installs under this lock) puts the slot back into the ring.
+            slot.in_ring.store(false, Ordering::Relaxed);
+            file.take()
+        };
         if let Some(f) = taken {
             OPEN_FILES.open.fetch_sub(1, Ordering::Relaxed);
             OPEN_FILES.evicted_total.fetch_add(1, Ordering::Relaxed);
@@ -458,6 +619,78 @@ mod tests {
         assert!(hot.is_open());
         drop(cold);
         set_max_open_files(before);
+    }
+
+    #[test]
+    fn a_pinned_file_is_never_closed_and_pins_are_bounded() {
+        let _serial = BUDGET_LOCK.lock();
+        let before = max_open_files();
+        set_max_open_files(MIN_MAX_OPEN_FILES);
+        let dir = tempfile::tempdir().unwrap();
+        let pinned = SegmentFile::open(&dir.path().join("pinned.log"), true, "t").unwrap();
+        pinned.get("t").unwrap().write_all_at(b"kept", 0).unwrap();
+        let pin = pinned.send_pin(pinned.truncations(), "t").unwrap().unwrap();
+        // Never used again, and many files opened after it: the hand passes it by.
+        let others: Vec<SegmentFile> = (0..100)
+            .map(|i| SegmentFile::open(&dir.path().join(format!("{i}.log")), true, "t").unwrap())
+            .collect();
+        assert!(pinned.is_open(), "evicted while pinned");
+        assert!(open_file_stats().open <= MIN_MAX_OPEN_FILES + 1);
+        // Nor does the idle sweep (twice: the first only clears the flags), or an explicit
+        // close.
+        close_idle_files();
+        close_idle_files();
+        assert!(pinned.is_open(), "swept while pinned");
+        pinned.close();
+        assert!(pinned.is_open(), "closed while pinned");
+        let mut b = [0u8; 4];
+        pin.file().read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"kept");
+        // A second pin of the same file counts once; half the budget may be pinned.
+        let again = pin.clone();
+        assert_eq!(send_pinned_files(), 1);
+        let max = max_send_pinned_files();
+        assert_eq!(max, MIN_MAX_OPEN_FILES / 2);
+        let mut pins: Vec<SendPin> = others[..max - 1]
+            .iter()
+            .map(|f| {
+                f.send_pin(f.truncations(), "t")
+                    .unwrap()
+                    .expect("a free pin")
+            })
+            .collect();
+        assert_eq!(send_pinned_files(), max);
+        let full = &others[max];
+        assert!(
+            full.send_pin(full.truncations(), "t").unwrap().is_none(),
+            "beyond the bound"
+        );
+        pins.pop();
+        assert!(
+            full.send_pin(full.truncations(), "t").unwrap().is_some(),
+            "a pin was freed"
+        );
+        drop((pin, again, pins));
+        assert_eq!(send_pinned_files(), 0);
+        // Unpinned, it is closed like any other file.
+        pinned.close();
+        assert!(!pinned.is_open());
+        drop(others);
+        set_max_open_files(before);
+    }
+
+    #[test]
+    fn a_truncation_after_the_pin_was_decided_breaks_it() {
+        // Pins are counted process-wide: not beside the test that counts them.
+        let _serial = BUDGET_LOCK.lock();
+        let dir = tempfile::tempdir().unwrap();
+        let f = SegmentFile::open(&dir.path().join("t.log"), true, "t").unwrap();
+        let seen = f.truncations();
+        f.note_truncation();
+        let late = f.send_pin(seen, "t").unwrap().unwrap();
+        assert!(!late.is_intact());
+        let fresh = f.send_pin(f.truncations(), "t").unwrap().unwrap();
+        assert!(fresh.is_intact());
     }
 
     #[test]

@@ -43,8 +43,8 @@ pub use epoch::EpochEntry;
 pub use error::{is_out_of_space, LogError, RecordError, Result};
 pub use health::{DirState, LogDirHealth, MIN_FREE_BYTES_TO_RESUME, PROBE_BYTES};
 pub use log::{
-    AppendInfo, DeletionReason, LoadStats, PartitionLog, ReadInfo, RetentionResult,
-    TimestampAndOffset,
+    AppendInfo, DeletionReason, FetchReadInfo, FetchRecords, FileSlice, LoadStats, PartitionLog,
+    ReadInfo, RetentionResult, TimestampAndOffset,
 };
 pub use manager::{
     lock_dir, read_clean_shutdown_broker_epoch, topic_id_from_string, topic_id_to_string, DirLock,

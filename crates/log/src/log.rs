@@ -21,6 +21,7 @@ use crate::checkpoint::sync_dir;
 use crate::config::{LogConfig, TopicPartition};
 use crate::epoch::{EpochEntry, LeaderEpochCache};
 use crate::error::{LogError, RecordError, Result};
+use crate::files::SendPin;
 use crate::health::LogDirHealth;
 use crate::producer_state::{
     AppendOrigin, ProducerCheck, ProducerStateManager, ProducerSummary, VerificationGuard,
@@ -61,6 +62,187 @@ pub struct ReadInfo {
     pub log_start_offset: i64,
     /// The log end offset when the read happened.
     pub log_end_offset: i64,
+}
+
+/// The batches of a Fetch response for one partition ([`PartitionLog::read_for_fetch`]).
+#[derive(Debug, Clone)]
+pub enum FetchRecords {
+    /// Read into memory.
+    Memory(Bytes),
+    /// A range of a segment file, sent from its descriptor.
+    File(FileSlice),
+}
+
+impl FetchRecords {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Memory(b) => b.len(),
+            Self::File(f) => f.len(),
+        }
+    }
+
+    /// Whether there are no batches.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes in memory, reading a file range.
+    ///
+    /// # Errors
+    /// The read's error, or `UnexpectedEof` when the file was truncated meanwhile.
+    pub fn to_bytes(&self) -> std::io::Result<Bytes> {
+        match self {
+            Self::Memory(b) => Ok(b.clone()),
+            Self::File(f) => f.read_to_vec().map(Bytes::from),
+        }
+    }
+}
+
+impl Default for FetchRecords {
+    fn default() -> Self {
+        Self::Memory(Bytes::new())
+    }
+}
+
+/// A range of a segment's `.log` file whose descriptor is held open ([`SendPin`]) until the
+/// slice is dropped, so the bytes can be sent after the read without copying them (splice).
+/// Retention, DeleteRecords and compaction may delete or replace the file meanwhile: the
+/// descriptor still reads the bytes the slice was made from. A truncation in place (a
+/// follower's) may not: [`FileSlice::is_intact`] then turns false.
+#[derive(Debug, Clone)]
+pub struct FileSlice {
+    pin: SendPin,
+    position: u64,
+    len: usize,
+}
+
+impl FileSlice {
+    /// The file.
+    pub fn file(&self) -> &std::fs::File {
+        self.pin.file()
+    }
+
+    /// Where the slice starts in the file (bytes).
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// False once the file was truncated in place after the slice was chosen: its bytes may
+    /// be gone or replaced, and they must not be sent.
+    pub fn is_intact(&self) -> bool {
+        self.pin.is_intact()
+    }
+
+    /// Reads the slice into memory (for a transport that cannot send from a file).
+    ///
+    /// # Errors
+    /// The read's error; `UnexpectedEof` when the file is shorter than the slice, and
+    /// `InvalidData` when it was truncated since the slice was chosen.
+    pub fn read_to_vec(&self) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        if !self.is_intact() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the segment was truncated after the fetch chose its bytes",
+            ));
+        }
+        let mut buf = vec![0u8; self.len];
+        self.file().read_exact_at(&mut buf, self.position)?;
+        Ok(buf)
+    }
+}
+
+/// Result of [`PartitionLog::read_for_fetch`].
+#[derive(Debug, Clone, Default)]
+pub struct FetchReadInfo {
+    /// Whole batches, the first one containing the fetch offset; empty when there is nothing
+    /// to return.
+    pub records: FetchRecords,
+    /// Records in those batches (the sum of their headers' record counts).
+    pub record_count: i64,
+    /// The log start offset when the read happened.
+    pub log_start_offset: i64,
+    /// The log end offset when the read happened.
+    pub log_end_offset: i64,
+}
+
+/// Where a fetch reads ([`PartitionLog::fetch_range`]).
+struct FetchRange {
+    segment: Arc<LogSegment>,
+    /// Position of the first batch.
+    position: u64,
+    /// Its header.
+    first: gregor_protocol::batch::BatchHeader,
+    /// Bytes the read may look at from `position` (within the published size).
+    len: usize,
+    /// Exclusive upper offset: only batches whose last offset is below it.
+    upper: i64,
+    /// The segment's truncation count before the range was chosen.
+    truncations: u64,
+}
+
+impl FetchRange {
+    /// Reads `len` bytes and keeps the whole batches below `upper` (the copying read); also
+    /// their record count.
+    fn read_whole_batches(&self) -> Result<(Vec<u8>, i64)> {
+        let mut buf = self.segment.read_range(self.position, self.len)?;
+        let mut keep = 0;
+        let mut records: i64 = 0;
+        for item in Batches::new(&buf) {
+            match item {
+                Ok((at, b)) if b.last_offset() < self.upper => {
+                    keep = at + b.total_size();
+                    records += i64::from(b.records_count.max(0));
+                }
+                _ => break,
+            }
+        }
+        buf.truncate(keep);
+        Ok((buf, records))
+    }
+
+    /// The same batches as [`FetchRange::read_whole_batches`], found from their headers and
+    /// returned as a pinned file slice, or in memory when the header reads covered them or no
+    /// pin is free.
+    fn file_or_memory(&self) -> Result<(FetchRecords, i64)> {
+        let file = self.segment.log_file()?;
+        let extent = self.segment.fetch_extent(
+            &file,
+            self.position,
+            &self.first,
+            self.position + self.len as u64,
+            self.upper,
+        )?;
+        let len = (extent.end - self.position) as usize;
+        if let Some(bytes) = extent.bytes {
+            return Ok((FetchRecords::Memory(Bytes::from(bytes)), extent.records));
+        }
+        match self.segment.send_pin(self.truncations)? {
+            Some(pin) => Ok((
+                FetchRecords::File(FileSlice {
+                    pin,
+                    position: self.position,
+                    len,
+                }),
+                extent.records,
+            )),
+            None => Ok((
+                FetchRecords::Memory(Bytes::from(self.segment.read_range(self.position, len)?)),
+                extent.records,
+            )),
+        }
+    }
 }
 
 /// A record found by timestamp (ListOffsets).
@@ -1942,6 +2124,68 @@ impl PartitionLog {
         max_offset: i64,
         min_one_batch: bool,
     ) -> Result<ReadInfo> {
+        let (range, log_start_offset, log_end_offset) =
+            self.fetch_range(fetch_offset, max_bytes, max_offset, min_one_batch)?;
+        let records = match range {
+            None => Bytes::new(),
+            Some(r) => Bytes::from(r.read_whole_batches()?.0),
+        };
+        Ok(ReadInfo {
+            records,
+            log_start_offset,
+            log_end_offset,
+        })
+    }
+
+    /// [`PartitionLog::read`] for a Fetch response: the same batches, returned in memory
+    /// ([`FetchRecords::Memory`]) or, with `from_file`, as a range of the segment file that
+    /// the response sends from the descriptor without copying it ([`FetchRecords::File`],
+    /// pinning the file until the response is dropped, see [`crate::files::SendPin`]). The
+    /// range is found from the batch headers (the offset index gives the first, the others are
+    /// read one by one, or a chunk at a time when they are small), by the rule the copying
+    /// read applies to the bytes it read, so both return the same bytes. A range that the
+    /// header reads covered whole, or one for which no pin is free, comes back in memory.
+    ///
+    /// # Errors
+    /// As [`PartitionLog::read`].
+    pub fn read_for_fetch(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+        min_one_batch: bool,
+        from_file: bool,
+    ) -> Result<FetchReadInfo> {
+        let (range, log_start_offset, log_end_offset) =
+            self.fetch_range(fetch_offset, max_bytes, max_offset, min_one_batch)?;
+        let (records, record_count) = match range {
+            None => (FetchRecords::Memory(Bytes::new()), 0),
+            Some(r) if !from_file => {
+                let (bytes, count) = r.read_whole_batches()?;
+                (FetchRecords::Memory(Bytes::from(bytes)), count)
+            }
+            Some(r) => r.file_or_memory()?,
+        };
+        Ok(FetchReadInfo {
+            records,
+            record_count,
+            log_start_offset,
+            log_end_offset,
+        })
+    }
+
+    /// Where a read of [`PartitionLog::read`] looks: the segment holding `fetch_offset`, the
+    /// first batch's position and header, how far the read may look (`max_bytes`, or the first
+    /// batch whole with `min_one_batch`, KIP-74, within the segment's published size) and the
+    /// exclusive upper offset. `None` when there is nothing to return. Also the log start and
+    /// end offsets as of the read.
+    fn fetch_range(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+        min_one_batch: bool,
+    ) -> Result<(Option<FetchRange>, i64, i64)> {
         let log_end_offset = self.log_end_offset();
         let segments = self.published_segments();
         let log_start_offset = self.log_start_offset();
@@ -1952,26 +2196,24 @@ impl PartitionLog {
                 log_end_offset,
             });
         }
-        let empty = ReadInfo {
-            records: Bytes::new(),
-            log_start_offset,
-            log_end_offset,
-        };
         let upper = max_offset.min(log_end_offset);
         if fetch_offset >= upper {
-            return Ok(empty);
+            return Ok((None, log_start_offset, log_end_offset));
         }
         let first = segments
             .partition_point(|s| s.base_offset() <= fetch_offset)
             .saturating_sub(1);
         for seg in &segments[first..] {
+            // Read before the bytes are chosen, so a truncation after it is seen by a
+            // response that sends them from the file.
+            let truncations = seg.truncations();
             let end = seg.size();
             let Some((pos, h)) = self.lookup(seg, |s| s.translate_offset(fetch_offset, end))?
             else {
                 continue;
             };
             if h.last_offset() >= upper {
-                return Ok(empty);
+                return Ok((None, log_start_offset, log_end_offset));
             }
             let first_size = h.total_size();
             let want = if min_one_batch {
@@ -1980,25 +2222,20 @@ impl PartitionLog {
                 max_bytes
             };
             if first_size > want {
-                return Ok(empty);
+                return Ok((None, log_start_offset, log_end_offset));
             }
             let len = (want as u64).min(end - pos) as usize;
-            let mut buf = seg.read_range(pos, len)?;
-            let mut keep = 0;
-            for item in Batches::new(&buf) {
-                match item {
-                    Ok((at, b)) if b.last_offset() < upper => keep = at + b.total_size(),
-                    _ => break,
-                }
-            }
-            buf.truncate(keep);
-            return Ok(ReadInfo {
-                records: Bytes::from(buf),
-                log_start_offset,
-                log_end_offset,
-            });
+            let range = FetchRange {
+                segment: Arc::clone(seg),
+                position: pos,
+                first: h,
+                len,
+                upper,
+                truncations,
+            };
+            return Ok((Some(range), log_start_offset, log_end_offset));
         }
-        Ok(empty)
+        Ok((None, log_start_offset, log_end_offset))
     }
 
     /// ListOffsets by timestamp: the first record (by offset) whose timestamp is

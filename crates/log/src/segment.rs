@@ -204,6 +204,16 @@ impl<'a> ChunkReader<'a> {
     }
 }
 
+/// What [`LogSegment::fetch_extent`] found.
+pub(crate) struct FetchExtent {
+    /// Where the last batch returned ends (the start position when none is).
+    pub end: u64,
+    /// Records in the batches returned (their headers' record counts).
+    pub records: i64,
+    /// The bytes, when the header reads covered them all.
+    pub bytes: Option<Vec<u8>>,
+}
+
 /// One segment of a partition log.
 pub(crate) struct LogSegment {
     base_offset: i64,
@@ -1579,6 +1589,116 @@ impl LogSegment {
         *self.fail_at.lock() = fail;
     }
 
+    /// How many times the `.log` file was truncated in place so far (see
+    /// [`crate::files::SendPin::is_intact`]).
+    pub(crate) fn truncations(&self) -> u64 {
+        self.log.truncations()
+    }
+
+    /// Pins the `.log` file for a response that sends bytes of it from the descriptor;
+    /// `truncations` is [`LogSegment::truncations`] from before the bytes were chosen. `None`
+    /// when no pin is free ([`crate::files::max_send_pinned_files`]).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be reopened.
+    pub(crate) fn send_pin(&self, truncations: u64) -> Result<Option<crate::files::SendPin>> {
+        self.log.send_pin(truncations, "opening segment")
+    }
+
+    /// The `.log` file's descriptor, for [`LogSegment::fetch_extent`].
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be reopened.
+    pub(crate) fn log_file(&self) -> Result<std::sync::Arc<File>> {
+        self.file()
+    }
+
+    /// The bytes a fetch returns from this segment, found from the batch headers alone: the
+    /// whole batches from `position` (where the batch `first` starts) that end by `limit` and
+    /// whose last offsets are below `upper`, stopping at the first that does not, or at a
+    /// header that does not parse. This is the rule the copying read applies to the bytes
+    /// `[position, limit)` it read ([`gregor_protocol::batch::Batches`]), so both send the same
+    /// bytes. After a batch of at least [`WALK_CHUNK_BYTES`] only the next header is read;
+    /// after a smaller one, the next chunk, appended to the previous one (so a walk over small
+    /// batches reads each byte once, one read per chunk). When those reads covered the whole
+    /// range, its bytes come back too: sending them from the file would save nothing.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the file cannot be read.
+    pub(crate) fn fetch_extent(
+        &self,
+        file: &File,
+        position: u64,
+        first: &BatchHeader,
+        limit: u64,
+        upper: i64,
+    ) -> Result<FetchExtent> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut buf_start = position;
+        let mut at = position;
+        let mut records: i64 = 0;
+        // The first header is known; a large first batch needs no read at all.
+        let mut known = Some(*first);
+        let mut next_read = WALK_CHUNK_BYTES;
+        while at < limit {
+            let header_end = at + BATCH_HEADER_LEN as u64;
+            if header_end > limit {
+                break;
+            }
+            let h = match known.take() {
+                Some(h) if h.total_size() >= WALK_CHUNK_BYTES => h,
+                _ => {
+                    let buf_end = buf_start + buf.len() as u64;
+                    let buffered = at >= buf_start && header_end <= buf_end;
+                    if !buffered {
+                        // Small batches read on where the buffer ends, so that a range of
+                        // them is read whole, once; after a large batch the buffer restarts.
+                        let from = if at >= buf_start && at <= buf_end && !buf.is_empty() {
+                            buf_end
+                        } else {
+                            buf.clear();
+                            buf_start = at;
+                            at
+                        };
+                        let want = (next_read.max(BATCH_HEADER_LEN) as u64).min(limit - from);
+                        let old_len = buf.len();
+                        buf.resize(old_len + want as usize, 0);
+                        file.read_exact_at(&mut buf[old_len..], from)
+                            .map_err(|e| LogError::io("reading", &self.log_path(), e))?;
+                    }
+                    let from = (at - buf_start) as usize;
+                    match BatchHeader::parse(&buf[from..]) {
+                        Ok(h) => h,
+                        Err(_) => break,
+                    }
+                }
+            };
+            let Some(total) = checked_total_size(&h) else {
+                break;
+            };
+            if at + total as u64 > limit || h.last_offset() >= upper {
+                break;
+            }
+            records += i64::from(h.records_count.max(0));
+            at += total as u64;
+            next_read = if total >= WALK_CHUNK_BYTES {
+                BATCH_HEADER_LEN
+            } else {
+                WALK_CHUNK_BYTES
+            };
+        }
+        let covered = buf_start == position && buf.len() as u64 >= at - position;
+        let bytes = covered.then(|| {
+            buf.truncate((at - position) as usize);
+            buf
+        });
+        Ok(FetchExtent {
+            end: at,
+            records,
+            bytes,
+        })
+    }
+
     /// Reads `len` bytes at `position`.
     pub(crate) fn read_range(&self, position: u64, len: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len];
@@ -2019,6 +2139,9 @@ impl LogSegment {
             Some((pos, _)) => pos,
             None => self.size(),
         };
+        // Before the cut: a response about to send bytes from this file sees it and closes
+        // its connection instead of sending what replaces them.
+        self.log.note_truncation();
         self.file()?
             .set_len(position)
             .map_err(|e| LogError::io("truncating", &self.log_path(), e))?;

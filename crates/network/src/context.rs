@@ -112,6 +112,11 @@ pub struct RequestContext {
     pub client_software_version: String,
     /// When the request's last byte was read.
     pub received_at: Instant,
+    /// Whether the connection can send file regions without copying them (a plain TCP
+    /// stream, [`crate::transport::Stream::Tcp`]): a handler may then answer with
+    /// [`crate::Handled::ReadyResponse`] parts that are file regions sent without a copy.
+    /// A region in a response on another connection is read into memory first.
+    pub sends_files: bool,
 }
 
 impl RequestContext {
@@ -130,6 +135,7 @@ impl RequestContext {
             client_software_name: "unknown".into(),
             client_software_version: "unknown".into(),
             received_at: Instant::now(),
+            sends_files: false,
         }
     }
 

@@ -11,6 +11,7 @@ use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader, RequestKi
 use tracing::error;
 
 use crate::context::RequestContext;
+use crate::response::Response;
 
 /// A response in the making: ready now, or computed by a deferred task.
 pub enum Handled {
@@ -20,6 +21,11 @@ pub enum Handled {
     /// A response that waits for something (high watermark, new data, a rebalance). The
     /// connection runs it as its own task; responses are still written in request order.
     Deferred(Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>),
+    /// A response in parts, some of them file regions sent without copying (a Fetch
+    /// response's record sets, [`Response`]).
+    ReadyResponse(Response),
+    /// [`Handled::Deferred`] for a response in parts.
+    DeferredResponse(Pin<Box<dyn Future<Output = Option<Response>> + Send>>),
     /// No response, and the connection is closed after the responses before it are sent. Kafka
     /// does this for an acks=0 produce that failed, so the producer notices and refreshes its
     /// metadata.
@@ -69,5 +75,13 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// (for metrics). The default does nothing.
     fn response_sent(&self, ctx: &RequestContext, send_time: Duration) {
         let _ = (ctx, send_time);
+    }
+
+    /// Runs `job` off the async workers: the writer's transfers from files to sockets
+    /// (`splice`, or reading a file region on the copying path), which may wait for the
+    /// disk. The default uses tokio's blocking pool; the broker runs them on its I/O pool
+    /// (`num.io.threads`), as its log reads. A job that is dropped unrun closes its connection.
+    fn run_blocking(&self, job: Box<dyn FnOnce() + Send + 'static>) {
+        drop(tokio::task::spawn_blocking(job));
     }
 }

@@ -4,7 +4,9 @@
 //! behind a trait ([`transport::TransportLayer`], plaintext TCP today; TLS and SASL wrap it
 //! later), connection quotas (`max.connections`, `max.connections.per.ip`), the request memory
 //! pool (`queued.max.request.bytes`), idle connection expiry (`connections.max.idle.ms`) and
-//! the [`RequestContext`] handed to every handler.
+//! the [`RequestContext`] handed to every handler, and the writing of responses in parts
+//! ([`Response`]: a Fetch response's record sets go from the segment files to the socket
+//! without a copy on plain TCP, [`response`]).
 //!
 //! It knows no handler and no partition: the broker plugs in through [`RequestHandler`].
 #![deny(missing_docs)]
@@ -14,9 +16,12 @@ pub mod handler;
 pub mod log_limit;
 pub mod pool;
 pub mod quotas;
+pub mod response;
+mod send;
 pub mod server;
 pub mod transport;
 
 pub use context::{KafkaPrincipal, RequestContext, SecurityProtocol};
 pub use handler::{respond, Handled, RequestHandler};
+pub use response::{FileRegion, RegionFile, Response, ResponsePart};
 pub use server::{bind, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig};

@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use gregor_protocol::frame::{self, DecodedRequest};
 use gregor_protocol::kafka_protocol::messages::RequestKind;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -44,7 +44,9 @@ use crate::log_limit::{
 };
 use crate::pool::{MemoryPool, Reservation};
 use crate::quotas::ConnectionQuotas;
-use crate::transport::{PlaintextTransportLayer, TransportLayer};
+use crate::response::Response;
+use crate::send::{ResponseWriter, SendError};
+use crate::transport::{PlaintextTransportLayer, Stream, TransportLayer};
 
 /// Open client connections (gauge).
 pub const CONNECTIONS_ACTIVE: &str = "gregor_connections_active";
@@ -307,10 +309,9 @@ impl<H: RequestHandler> SocketServer<H> {
                             security_protocol: layer.security_protocol(),
                             principal: established.principal,
                             peer,
+                            sends_files: established.stream.sends_files(),
                         };
-                        server
-                            .serve_connection(conn, established.transport, rx)
-                            .await;
+                        server.serve_connection(conn, established.stream, rx).await;
                     }
                     Err(e) => debug!(%peer, error = %e, "transport handshake failed"),
                 }
@@ -321,14 +322,23 @@ impl<H: RequestHandler> SocketServer<H> {
     async fn serve_connection(
         self: Arc<Self>,
         conn: Connection,
-        transport: Box<dyn crate::transport::Transport>,
+        stream: Stream,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let peer = conn.peer;
         debug!(%peer, listener = %conn.listener_name, "connection opened");
         metrics::counter!(CONNECTIONS_OPENED_TOTAL).increment(1);
         let activity = Arc::new(Activity::new());
-        let (mut rd, mut wr) = tokio::io::split(transport);
+        let (mut rd, mut wr): (Box<dyn AsyncRead + Send + Unpin>, ResponseWriter) = match stream {
+            Stream::Tcp(tcp) => {
+                let (r, w) = tcp.into_split();
+                (Box::new(r), ResponseWriter::Tcp(Arc::new(w)))
+            }
+            Stream::Other(t) => {
+                let (r, w) = tokio::io::split(t);
+                (Box::new(r), ResponseWriter::Stream(w))
+            }
+        };
         let (tx, mut rx) = mpsc::channel::<Slot>(self.config.queued_max_requests.max(1));
         let handler = self.handler.clone();
         let writer_activity = activity.clone();
@@ -345,15 +355,31 @@ impl<H: RequestHandler> SocketServer<H> {
                         }
                     },
                 };
-                if let Some(bytes) = out {
+                if let Some(response) = out {
                     let started = Instant::now();
-                    if wr.write_all(&bytes).await.is_err() {
-                        return;
+                    let len = response.len();
+                    match wr.send(response, &*handler).await {
+                        Ok(()) => {}
+                        Err(SendError::Io(e)) => {
+                            debug!(%peer, error = %e, "writing a response failed; closing connection");
+                            return;
+                        }
+                        Err(SendError::Truncated) => {
+                            if let Some(suppressed) = BAD_CONNECTION_WARNINGS.check(Instant::now())
+                            {
+                                warn!(%peer, suppressed, "a segment was truncated (a follower's truncation) while a fetch response sent from it was being written: closing the connection, the client fetches again");
+                            }
+                            return;
+                        }
+                        Err(SendError::Offload) => {
+                            debug!(%peer, "the I/O pool dropped a response transfer (shutting down); closing connection");
+                            return;
+                        }
                     }
                     let _ = writer_activity.unsent_response_bytes.fetch_update(
                         Ordering::AcqRel,
                         Ordering::Acquire,
-                        |n| Some(n.saturating_sub(bytes.len())),
+                        |n| Some(n.saturating_sub(len)),
                     );
                     writer_activity.response_written.notify_waiters();
                     writer_activity.touch();
@@ -382,6 +408,7 @@ impl<H: RequestHandler> SocketServer<H> {
             }
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
+                () = writer_stopped(&activity) => break,
                 () = idle_expired(&activity, idle) => {
                     debug!(%peer, "closing connection idle for connections.max.idle.ms");
                     metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "idle").increment(1);
@@ -431,6 +458,7 @@ impl<H: RequestHandler> SocketServer<H> {
                         client_software_name,
                         client_software_version,
                         received_at,
+                        sends_files: conn.sends_files,
                     });
                     let span = tracing::debug_span!(
                         "request",
@@ -452,25 +480,39 @@ impl<H: RequestHandler> SocketServer<H> {
                             debug!(%peer, "closing connection as the handler asked");
                             break;
                         }
-                        Handled::Ready(b) => {
+                        Handled::Ready(_) | Handled::ReadyResponse(_) => {
                             span.in_scope(|| {
                                 debug!(
                                     duration_us = started.elapsed().as_micros() as u64,
                                     "handled"
                                 );
                             });
-                            Slot::Ready(b, Some(ctx))
+                            let response = match handled {
+                                Handled::ReadyResponse(r) => Some(r),
+                                Handled::Ready(b) => b.map(Response::from),
+                                _ => None,
+                            };
+                            Slot::Ready(response, Some(ctx))
                         }
-                        Handled::Deferred(fut) => {
+                        Handled::Deferred(_) | Handled::DeferredResponse(_) => {
+                            let fut: std::pin::Pin<
+                                Box<dyn std::future::Future<Output = Option<Response>> + Send>,
+                            > = match handled {
+                                Handled::Deferred(f) => {
+                                    Box::pin(async move { f.await.map(Response::from) })
+                                }
+                                Handled::DeferredResponse(f) => f,
+                                _ => Box::pin(async { None }),
+                            };
                             let deferred_activity = activity.clone();
                             Slot::Pending(
                                 AbortOnDrop(tokio::spawn(
                                     async move {
                                         let out = fut.await;
-                                        if let Some(bytes) = &out {
+                                        if let Some(response) = &out {
                                             deferred_activity
                                                 .unsent_response_bytes
-                                                .fetch_add(bytes.len(), Ordering::AcqRel);
+                                                .fetch_add(response.len(), Ordering::AcqRel);
                                         }
                                         debug!(
                                             duration_us = started.elapsed().as_micros() as u64,
@@ -490,7 +532,12 @@ impl<H: RequestHandler> SocketServer<H> {
                     version,
                 }) => {
                     debug!(%peer, version, "ApiVersions at an unsupported version; answering with v0");
-                    Slot::Ready(self.handler.unsupported_api_versions(correlation_id), None)
+                    Slot::Ready(
+                        self.handler
+                            .unsupported_api_versions(correlation_id)
+                            .map(Response::from),
+                        None,
+                    )
                 }
                 Ok(DecodedRequest::UnsupportedVersion {
                     api_key,
@@ -512,10 +559,10 @@ impl<H: RequestHandler> SocketServer<H> {
             activity.in_flight.fetch_add(1, Ordering::AcqRel);
             // Every ready response is counted here, whichever path made it (deferred ones when
             // they complete), so the writer's subtraction always has its addition.
-            if let Slot::Ready(Some(bytes), _) = &slot {
+            if let Slot::Ready(Some(response), _) = &slot {
                 activity
                     .unsent_response_bytes
-                    .fetch_add(bytes.len(), Ordering::AcqRel);
+                    .fetch_add(response.len(), Ordering::AcqRel);
             }
             if tx.send(slot).await.is_err() {
                 break;
@@ -535,7 +582,8 @@ impl<H: RequestHandler> SocketServer<H> {
 /// Responses a connection may have built and not yet sent before the broker stops reading its
 /// requests (bytes). Kafka handles one request per connection at a time; gregor pipelines
 /// small responses (an idempotent producer's five in-flight requests) but holds further reads
-/// while a client leaves large ones unread.
+/// while a client leaves large ones unread. A response's file regions count too: they are not
+/// in memory, but each holds a segment file open (pinned) until it is sent.
 pub const MAX_UNSENT_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Waits until the connection's unsent responses are at most [`MAX_UNSENT_RESPONSE_BYTES`].
@@ -567,17 +615,19 @@ struct Connection {
     security_protocol: SecurityProtocol,
     principal: KafkaPrincipal,
     peer: SocketAddr,
+    /// A plain TCP stream: responses may send file regions without a copy.
+    sends_files: bool,
 }
 
 enum Slot {
-    Ready(Option<Bytes>, Option<Arc<RequestContext>>),
+    Ready(Option<Response>, Option<Arc<RequestContext>>),
     Pending(AbortOnDrop, Option<Arc<RequestContext>>),
 }
 
 /// A request's deferred part. Dropped unfinished (its connection closed), it is aborted, so a
 /// long poll or an acks=all wait of a closed connection leaves the purgatory at once instead
 /// of at its timeout.
-struct AbortOnDrop(JoinHandle<Option<Bytes>>);
+struct AbortOnDrop(JoinHandle<Option<Response>>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -657,6 +707,21 @@ impl Activity {
     }
 }
 
+/// Resolves once the connection's writer stopped (a response could not be written: the socket
+/// failed, or a file region could not be completed), so the reader stops too and the
+/// connection closes instead of waiting for requests whose responses cannot be sent.
+async fn writer_stopped(activity: &Activity) {
+    loop {
+        let written = activity.response_written.notified();
+        tokio::pin!(written);
+        written.as_mut().enable();
+        if activity.writer_stopped.load(Ordering::Acquire) {
+            return;
+        }
+        written.await;
+    }
+}
+
 /// Resolves once the connection has been idle for `idle` (nothing in flight, no I/O); never
 /// when `idle` is None (`connections.max.idle.ms` < 0).
 async fn idle_expired(activity: &Activity, idle: Option<Duration>) {
@@ -729,6 +794,7 @@ async fn read_frame<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     #[tokio::test]
     async fn frame_buffer_grows_with_the_bytes_not_the_declared_size() {
@@ -930,6 +996,285 @@ mod tests {
         let _ = stop.send(true);
         for t in tasks {
             t.await.expect("accept loop");
+        }
+    }
+
+    /// A file for [`FileRegion`]s whose truncation the test decides.
+    struct TestFile {
+        file: std::fs::File,
+        intact: bool,
+    }
+
+    impl crate::response::RegionFile for TestFile {
+        fn file(&self) -> &std::fs::File {
+            &self.file
+        }
+
+        fn is_intact(&self) -> bool {
+            self.intact
+        }
+    }
+
+    /// Answers every Metadata request with one frame of `parts`: bytes, a region of the file,
+    /// bytes, a region, bytes (what a Fetch response with two record sets looks like).
+    struct Regions {
+        path: std::path::PathBuf,
+        /// (position, length) of the two regions.
+        regions: [(u64, usize); 2],
+        intact: bool,
+    }
+
+    impl Regions {
+        /// The frame's bytes as they must arrive, from the file's current content.
+        fn expected(&self) -> Vec<u8> {
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::File::open(&self.path).expect("open");
+            let mut region_bytes = Vec::new();
+            for (pos, len) in self.regions {
+                let mut b = vec![0u8; len];
+                file.read_exact_at(&mut b, pos).expect("read");
+                region_bytes.push(b);
+            }
+            let (head, middle, tail) = self.memory_parts();
+            let mut out = head;
+            out.extend(&region_bytes[0]);
+            out.extend(middle);
+            out.extend(&region_bytes[1]);
+            out.extend(tail);
+            out
+        }
+
+        /// The frame's memory parts: the size prefix and a correlation id, then two more.
+        fn memory_parts(&self) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+            let middle = b"between the regions".to_vec();
+            let tail = b"after them".to_vec();
+            let total = 4 + self.regions[0].1 + middle.len() + self.regions[1].1 + tail.len();
+            let mut head = ((total) as i32).to_be_bytes().to_vec();
+            head.extend(1i32.to_be_bytes());
+            (head, middle, tail)
+        }
+
+        fn response(&self) -> crate::response::Response {
+            use crate::response::{FileRegion, ResponsePart};
+            let region = |(pos, len): (u64, usize)| {
+                ResponsePart::File(FileRegion::new(
+                    Box::new(TestFile {
+                        file: std::fs::File::open(&self.path).expect("open"),
+                        intact: self.intact,
+                    }),
+                    pos,
+                    len,
+                ))
+            };
+            let (head, middle, tail) = self.memory_parts();
+            crate::response::Response::new(vec![
+                ResponsePart::Bytes(Bytes::from(head)),
+                region(self.regions[0]),
+                ResponsePart::Bytes(Bytes::from(middle)),
+                region(self.regions[1]),
+                ResponsePart::Bytes(Bytes::from(tail)),
+            ])
+        }
+    }
+
+    impl RequestHandler for Regions {
+        fn supported_versions(
+            &self,
+            api_key: gregor_protocol::kafka_protocol::messages::ApiKey,
+        ) -> Option<(i16, i16)> {
+            use gregor_protocol::kafka_protocol::messages::ApiKey;
+            matches!(api_key, ApiKey::Metadata).then_some((0, 12))
+        }
+
+        async fn handle(&self, _ctx: &RequestContext, _body: RequestKind) -> Handled {
+            Handled::ReadyResponse(self.response())
+        }
+
+        fn unsupported_api_versions(&self, _correlation_id: i32) -> Option<Bytes> {
+            None
+        }
+    }
+
+    /// A file of `len` bytes of a pattern that shows misplaced bytes.
+    fn patterned_file(len: usize) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| (i % 251) as u8 ^ (i >> 12) as u8)
+            .collect();
+        std::io::Write::write_all(&mut f, &bytes).expect("write");
+        f
+    }
+
+    /// A layer that hands the TCP stream over as a transport that is not plain TCP (as TLS
+    /// will), so responses take the copying path.
+    struct WrappedLayer;
+
+    impl TransportLayer for WrappedLayer {
+        fn security_protocol(&self) -> SecurityProtocol {
+            SecurityProtocol::Plaintext
+        }
+
+        fn establish(
+            &self,
+            stream: tokio::net::TcpStream,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = std::io::Result<crate::transport::Established>>
+                    + Send
+                    + '_,
+            >,
+        > {
+            Box::pin(async move {
+                Ok(crate::transport::Established {
+                    stream: Stream::Other(Box::new(stream)),
+                    principal: KafkaPrincipal::anonymous(),
+                })
+            })
+        }
+    }
+
+    /// Serves `handler` on 127.0.0.1 (with `layer`, or plaintext); returns the address, the
+    /// stop switch and the accept loops.
+    async fn serve<H: RequestHandler>(
+        handler: Arc<H>,
+        layer: Option<Arc<dyn TransportLayer>>,
+    ) -> (SocketAddr, watch::Sender<bool>, Vec<JoinHandle<()>>) {
+        let mut listeners = bind(&[EndPoint {
+            listener_name: "PLAINTEXT".into(),
+            security_protocol: SecurityProtocol::Plaintext,
+            host: "127.0.0.1".into(),
+            port: 0,
+        }])
+        .await
+        .expect("bind");
+        if let Some(layer) = layer {
+            listeners[0].layer = layer;
+        }
+        let addr = listeners[0].local_addr;
+        let server = SocketServer::new(SocketServerConfig::default(), handler);
+        let (stop, stop_rx) = watch::channel(false);
+        let tasks = server.start(listeners, &stop_rx);
+        (addr, stop, tasks)
+    }
+
+    /// A client whose receive buffer is 4 KiB, so the broker's send buffer fills at once and
+    /// every `splice` and `send` is partial or meets EAGAIN.
+    async fn small_window_client(addr: SocketAddr) -> tokio::net::TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        socket.connect(addr).await.expect("connect")
+    }
+
+    fn metadata_request(correlation_id: i32) -> Vec<u8> {
+        use gregor_protocol::kafka_protocol::messages::{ApiKey, MetadataRequest};
+        request_frame(
+            ApiKey::Metadata,
+            12,
+            correlation_id,
+            &MetadataRequest::default(),
+        )
+    }
+
+    /// Reads whatever arrives until the connection ends.
+    async fn read_to_end(client: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let _ = client.read_to_end(&mut got).await;
+        got
+    }
+
+    #[tokio::test]
+    async fn file_regions_go_out_in_order_through_partial_writes() {
+        let file = patterned_file(9 << 20);
+        let handler = Arc::new(Regions {
+            path: file.path().to_path_buf(),
+            regions: [(12_345, 4 << 20), (5 << 20, (3 << 20) + 17)],
+            intact: true,
+        });
+        let expected = handler.expected();
+        for layer in [
+            None,
+            Some(Arc::new(WrappedLayer) as Arc<dyn TransportLayer>),
+        ] {
+            let copying = layer.is_some();
+            let (addr, stop, tasks) = serve(handler.clone(), layer).await;
+            let mut client = small_window_client(addr).await;
+            // Two requests: the second response starts right after the first, in frame.
+            let mut out = metadata_request(1);
+            out.extend(metadata_request(2));
+            client.write_all(&out).await.expect("write");
+            for _ in 0..2 {
+                let mut got = vec![0u8; expected.len()];
+                // Read in small steps, as a slow client does.
+                let mut at = 0;
+                while at < got.len() {
+                    let end = (at + 1000).min(got.len());
+                    let n = client.read(&mut got[at..end]).await.expect("read");
+                    assert!(
+                        n > 0,
+                        "connection closed after {at} bytes (copying: {copying})"
+                    );
+                    at += n;
+                }
+                assert!(
+                    got == expected,
+                    "the frame's bytes differ (copying: {copying})"
+                );
+            }
+            let _ = stop.send(true);
+            drop(client);
+            for t in tasks {
+                t.await.expect("accept loop");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_region_past_the_end_of_its_file_closes_the_connection() {
+        // The file was cut after the response was built: the splice reaches its end with bytes
+        // of the frame still owed.
+        let file = patterned_file(1 << 20);
+        let handler = Arc::new(Regions {
+            path: file.path().to_path_buf(),
+            regions: [(0, 100_000), (900_000, 400_000)],
+            intact: true,
+        });
+        let (head, middle, tail) = handler.memory_parts();
+        let whole = head.len() + 100_000 + middle.len() + 400_000 + tail.len();
+        let (addr, stop, tasks) = serve(handler.clone(), None).await;
+        let mut client = small_window_client(addr).await;
+        client.write_all(&metadata_request(1)).await.expect("write");
+        let got = read_to_end(&mut client).await;
+        // Everything up to the file's end arrived, in order, and then the connection ended.
+        let expected_prefix_len = head.len() + 100_000 + middle.len() + (1_048_576 - 900_000);
+        assert_eq!(got.len(), expected_prefix_len, "frame of {whole} bytes");
+        let _ = stop.send(true);
+        for t in tasks {
+            t.await.expect("accept loop");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_truncated_file_closes_the_connection_without_sending_its_region() {
+        let file = patterned_file(1 << 20);
+        for layer in [
+            None,
+            Some(Arc::new(WrappedLayer) as Arc<dyn TransportLayer>),
+        ] {
+            let handler = Arc::new(Regions {
+                path: file.path().to_path_buf(),
+                regions: [(0, 100_000), (200_000, 100_000)],
+                intact: false,
+            });
+            let (head, _, _) = handler.memory_parts();
+            let (addr, stop, tasks) = serve(handler, layer).await;
+            let mut client = small_window_client(addr).await;
+            client.write_all(&metadata_request(1)).await.expect("write");
+            let got = read_to_end(&mut client).await;
+            assert_eq!(got, head, "only the bytes before the first region");
+            let _ = stop.send(true);
+            for t in tasks {
+                t.await.expect("accept loop");
+            }
         }
     }
 }

@@ -5,6 +5,11 @@
 //! connection starts with. SASL authenticates with Kafka requests (SaslHandshake,
 //! SaslAuthenticate) on the framed stream, so a SASL layer will also supply the principal
 //! once authentication completes. Only [`PlaintextTransportLayer`] exists today.
+//!
+//! A layer hands the connection over as a [`Stream`]: [`Stream::Tcp`] when the bytes written
+//! reach the peer as they are (plaintext), so responses may send file regions with
+//! `splice` (zero-copy fetch); [`Stream::Other`] for a transport that transforms them (TLS),
+//! whose responses read file regions into memory first.
 
 use std::future::Future;
 use std::io;
@@ -20,10 +25,25 @@ pub trait Transport: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Transport for T {}
 
+/// The byte stream of an established connection.
+pub enum Stream {
+    /// The TCP stream itself: file regions of responses are sent without a copy.
+    Tcp(TcpStream),
+    /// A transport over it (TLS): file regions are read into memory and written.
+    Other(Box<dyn Transport>),
+}
+
+impl Stream {
+    /// Whether responses on this stream can send file regions without copying them.
+    pub fn sends_files(&self) -> bool {
+        matches!(self, Self::Tcp(_))
+    }
+}
+
 /// An accepted connection after its transport handshake.
 pub struct Established {
     /// The stream requests are read from and responses written to.
-    pub transport: Box<dyn Transport>,
+    pub stream: Stream,
     /// Who is at the other end (`User:ANONYMOUS` for plaintext).
     pub principal: KafkaPrincipal,
 }
@@ -58,7 +78,7 @@ impl TransportLayer for PlaintextTransportLayer {
     ) -> Pin<Box<dyn Future<Output = io::Result<Established>> + Send + '_>> {
         Box::pin(async move {
             Ok(Established {
-                transport: Box::new(stream),
+                stream: Stream::Tcp(stream),
                 principal: KafkaPrincipal::anonymous(),
             })
         })

@@ -14,6 +14,7 @@ pub mod batch;
 pub mod compression;
 pub mod control;
 pub mod error;
+pub mod fetch_frame;
 pub mod frame;
 pub mod metadata_records;
 pub mod records;

@@ -47,10 +47,14 @@ use crate::authorizer::{AclOperation, ResourceType, CLUSTER_NAME};
 use crate::broker::Broker;
 use crate::error_codes as ec;
 use crate::observability::record_error;
-use crate::replica_manager::{FetchOutcome, FetchParams, FetchPartition, FetchPartitionResult};
+use crate::replica_manager::{
+    FetchOutcome, FetchParams, FetchPartition, FetchPartitionResult, RecordsMode,
+};
 use crate::replication::replica_selector::ClientMetadata;
-use gregor_network::RequestContext;
-use gregor_network::{respond, Handled};
+use gregor_log::{FetchRecords, FileSlice};
+use gregor_network::{respond, Handled, RequestContext};
+use gregor_network::{FileRegion, RegionFile, Response, ResponsePart};
+use gregor_protocol::fetch_frame::{encode_fetch_response, FramePart};
 
 fn empty_partition(index: i32, code: i16) -> PartitionData {
     PartitionData::default()
@@ -89,7 +93,13 @@ fn refused_before_read(code: i16) -> bool {
     )
 }
 
-fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> PartitionData {
+/// A partition's answer; its records go in the frame (`records` in memory) or apart from it
+/// (a file range, returned with its length, which the encoder writes in its place).
+fn partition_data(
+    index: i32,
+    r: FetchPartitionResult,
+    isolation_level: i8,
+) -> (PartitionData, Option<FileSlice>) {
     if r.error_code != ec::NONE {
         record_error(ApiKey::Fetch, r.error_code);
     }
@@ -101,7 +111,7 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
                 .with_end_offset(end_offset)
         },
     );
-    PartitionData::default()
+    let data = PartitionData::default()
         .with_diverging_epoch(diverging)
         .with_partition_index(index)
         .with_error_code(r.error_code)
@@ -123,18 +133,23 @@ fn partition_data(index: i32, r: &FetchPartitionResult, isolation_level: i8) -> 
                     })
                     .collect()
             }),
-        )
-        .with_records(Some(r.records.clone()))
+        );
+    match r.records {
+        FetchRecords::Memory(b) => (data.with_records(Some(b)), None),
+        FetchRecords::File(f) => (data.with_records(Some(Bytes::new())), Some(f)),
+    }
 }
 
-/// What the session rules look at in one partition's answer.
-fn outcome(p: &PartitionData) -> PartitionOutcome {
+/// What the session rules look at in one partition's answer (its records in the frame, or in
+/// `file`).
+fn outcome(p: &PartitionData, file: Option<&FileSlice>) -> PartitionOutcome {
     PartitionOutcome {
         error_code: p.error_code,
         high_watermark: p.high_watermark,
         last_stable_offset: p.last_stable_offset,
         log_start_offset: p.log_start_offset,
-        records_bytes: p.records.as_ref().map_or(0, Bytes::len),
+        records_bytes: file
+            .map_or_else(|| p.records.as_ref().map_or(0, Bytes::len), FileSlice::len),
         diverging_epoch: p.diverging_epoch.epoch >= 0,
         preferred_read_replica: p.preferred_read_replica.0 >= 0,
     }
@@ -143,24 +158,31 @@ fn outcome(p: &PartitionData) -> PartitionOutcome {
 /// The response: the partitions' answers (slots hold an error found before the read or the
 /// index of the partition's replica manager result), filtered and numbered by the session.
 /// Consecutive partitions of one topic share a topic entry, as Kafka's `FetchResponse.of`.
+/// Also, per partition in the response's order, the file range its records are sent from
+/// (`None`: in the frame).
 fn respond_to(
     broker: &Broker,
     mode: Mode,
     partitions: &[SessionPartition],
     slots: &[Result<usize, i16>],
-    results: &[FetchPartitionResult],
+    results: Vec<FetchPartitionResult>,
     isolation_level: i8,
     version: i16,
-) -> FetchResponse {
-    let data: Vec<PartitionData> = partitions
+) -> (FetchResponse, Vec<Option<FileSlice>>) {
+    let mut results: Vec<Option<FetchPartitionResult>> = results.into_iter().map(Some).collect();
+    let data: Vec<(PartitionData, Option<FileSlice>)> = partitions
         .iter()
         .zip(slots)
-        .map(|(p, slot)| match slot {
-            Ok(i) => partition_data(p.key.partition, &results[*i], isolation_level),
-            Err(code) => {
-                record_error(ApiKey::Fetch, *code);
-                empty_partition(p.key.partition, *code)
-            }
+        .map(|(p, slot)| {
+            let code = match slot {
+                Ok(i) => match results.get_mut(*i).and_then(Option::take) {
+                    Some(r) => return partition_data(p.key.partition, r, isolation_level),
+                    None => ec::UNKNOWN_SERVER_ERROR,
+                },
+                Err(code) => *code,
+            };
+            record_error(ApiKey::Fetch, code);
+            (empty_partition(p.key.partition, code), None)
         })
         .collect();
     let cache = &broker.fetch_sessions;
@@ -173,7 +195,7 @@ fn respond_to(
             let answered: Vec<(SessionPartition, PartitionOutcome)> = partitions
                 .iter()
                 .cloned()
-                .zip(data.iter().map(outcome))
+                .zip(data.iter().map(|(d, f)| outcome(d, f.as_ref())))
                 .collect();
             let id = cache.create_session(
                 privileged,
@@ -188,24 +210,28 @@ fn respond_to(
             session_id,
             request_epoch,
         } => {
-            let outcomes: Vec<PartitionOutcome> = data.iter().map(outcome).collect();
+            let outcomes: Vec<PartitionOutcome> =
+                data.iter().map(|(d, f)| outcome(d, f.as_ref())).collect();
             match cache.complete_incremental(session_id, request_epoch, partitions, &outcomes) {
                 Ok(include) => (session_id, Some(include)),
                 Err(code) => {
                     record_error(ApiKey::Fetch, code);
-                    return FetchResponse::default()
+                    let body = FetchResponse::default()
                         .with_error_code(code)
                         .with_session_id(session_id);
+                    return (body, Vec::new());
                 }
             }
         }
     };
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    let mut files = Vec::new();
     let mut last: Option<&TopicKey> = None;
-    for (i, (p, d)) in partitions.iter().zip(data).enumerate() {
+    for (i, (p, (d, file))) in partitions.iter().zip(data).enumerate() {
         if include.as_ref().is_some_and(|inc| !inc[i]) {
             continue;
         }
+        files.push(file);
         match topics.last_mut() {
             Some(t) if last == Some(&p.key.topic) => t.partitions.push(d),
             _ => {
@@ -223,9 +249,67 @@ fn respond_to(
             }
         }
     }
-    FetchResponse::default()
+    let body = FetchResponse::default()
         .with_session_id(session_id)
-        .with_responses(topics)
+        .with_responses(topics);
+    (body, files)
+}
+
+/// A segment file range as the network sends it.
+struct SegmentRegion(FileSlice);
+
+impl RegionFile for SegmentRegion {
+    fn file(&self) -> &std::fs::File {
+        self.0.file()
+    }
+
+    fn is_intact(&self) -> bool {
+        self.0.is_intact()
+    }
+}
+
+/// Encodes the response: with no file range, as every response is
+/// ([`gregor_network::respond`]); with some, as a frame whose record sets are sent from their
+/// files ([`gregor_protocol::fetch_frame`]), the copying path's bytes but for where they
+/// come from. An encoding failure (a gregor bug) is logged and the request gets no response.
+fn encode(header: &RequestHeader, body: FetchResponse, files: Vec<Option<FileSlice>>) -> Handled {
+    if files.iter().all(Option::is_none) {
+        return Handled::Ready(respond(header, ApiKey::Fetch, ResponseKind::Fetch(body)));
+    }
+    let external = files.into_iter().map(|f| {
+        f.map(|slice| {
+            let len = slice.len();
+            (slice, len)
+        })
+    });
+    match encode_fetch_response(
+        header.request_api_version,
+        header.correlation_id,
+        &body,
+        external,
+    ) {
+        Ok(frame) => Handled::ReadyResponse(Response::new(
+            frame
+                .parts
+                .into_iter()
+                .map(|p| match p {
+                    FramePart::Bytes(b) => ResponsePart::Bytes(b),
+                    FramePart::Records(slice) => {
+                        let (position, len) = (slice.position(), slice.len());
+                        ResponsePart::File(FileRegion::new(
+                            Box::new(SegmentRegion(slice)),
+                            position,
+                            len,
+                        ))
+                    }
+                })
+                .collect(),
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "response encoding failed");
+            Handled::Ready(None)
+        }
+    }
 }
 
 /// The most partitions one fetch session may hold: the cluster's, plus a slack for topics a
@@ -316,6 +400,12 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
     let version = header.request_api_version;
     let reply = move |header: &RequestHeader, body: FetchResponse| {
         respond(header, ApiKey::Fetch, ResponseKind::Fetch(body))
+    };
+    // Zero-copy on plain TCP connections unless the broker forces the copying path.
+    let records_mode = if ctx.sends_files && broker.config.fetch_zero_copy_enable {
+        RecordsMode::FileRegions
+    } else {
+        RecordsMode::InMemory
     };
     let replica_id = if version >= 15 {
         req.replica_state.replica_id.0
@@ -458,35 +548,43 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
             listener_name: ctx.listener_name.clone(),
         }),
     };
-    match broker.replica_manager.fetch_messages(params, entries).await {
+    match broker
+        .replica_manager
+        .fetch_messages_as(params, entries, records_mode)
+        .await
+    {
         FetchOutcome::Complete(mut results) => {
             not_a_replica(&mut results, &in_image);
-            let body = respond_to(
+            let (body, files) = respond_to(
                 broker,
                 mode,
                 &partitions,
                 &slots,
-                &results,
+                results,
                 isolation_level,
                 version,
             );
-            Handled::Ready(reply(&header, body))
+            encode(&header, body, files)
         }
         FetchOutcome::Delayed(delayed) => {
             let broker = broker.clone();
-            Handled::Deferred(Box::pin(async move {
+            Handled::DeferredResponse(Box::pin(async move {
                 let mut results = delayed.complete().await;
                 not_a_replica(&mut results, &in_image);
-                let body = respond_to(
+                let (body, files) = respond_to(
                     &broker,
                     mode,
                     &partitions,
                     &slots,
-                    &results,
+                    results,
                     isolation_level,
                     version,
                 );
-                reply(&header, body)
+                match encode(&header, body, files) {
+                    Handled::ReadyResponse(r) => Some(r),
+                    Handled::Ready(b) => b.map(Response::from),
+                    _ => None,
+                }
             }))
         }
     }

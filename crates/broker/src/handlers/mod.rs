@@ -338,8 +338,22 @@ impl gregor_network::RequestHandler for KafkaApis {
                 m.remote.record(waited.elapsed().as_secs_f64());
                 out
             })),
+            Handled::DeferredResponse(fut) => Handled::DeferredResponse(Box::pin(async move {
+                let waited = Instant::now();
+                let out = fut.await;
+                m.remote.record(waited.elapsed().as_secs_f64());
+                out
+            })),
             other => other,
         }
+    }
+
+    /// On the I/O pool (`num.io.threads`), as the log reads: a zero-copy fetch response's
+    /// `splice` waits for the disk when the segment is not in the page cache, and then holds
+    /// an I/O thread, not an async worker; the pool's threads bound how many such waits run at
+    /// once. A job refused because the pool is shut down is dropped (its connection closes).
+    fn run_blocking(&self, job: Box<dyn FnOnce() + Send + 'static>) {
+        let _ = self.broker.replica_manager.io_pool().submit(job);
     }
 
     fn unsupported_api_versions(&self, correlation_id: i32) -> Option<Bytes> {

@@ -81,8 +81,9 @@ async fn fetch_at(
     fetched(f.rm.fetch_messages(params, parts).await).remove(0)
 }
 
-fn record_offsets(records: &[u8]) -> Vec<i64> {
-    gregor_protocol::batch::Batches::new(records)
+fn record_offsets(records: &gregor_log::FetchRecords) -> Vec<i64> {
+    let records = records.to_bytes().expect("records");
+    gregor_protocol::batch::Batches::new(&records)
         .map(|b| b.expect("batch").1)
         .flat_map(|h| h.base_offset..=h.base_offset + i64::from(h.last_offset_delta))
         .collect()

@@ -21,7 +21,9 @@
 //! faster queue.
 //!
 //! The queue is bounded by its callers: each connection has at most one immediate part in
-//! flight, and deferred parts are bounded by `queued.max.requests` per connection.
+//! flight, deferred parts are bounded by `queued.max.requests` per connection, and a
+//! connection's writer has at most one `sendfile` job (zero-copy fetch, [`IoPool::submit`])
+//! queued at a time.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -163,6 +165,34 @@ impl IoPool {
             }
         }
         rx.await.map_err(|_| IoPoolError::JobPanicked)
+    }
+
+    /// Queues `job` without waiting for it (the network writer's file transfers, which
+    /// report back by their own channel). A panic in it is caught and logged.
+    ///
+    /// # Errors
+    /// [`IoPoolError::ShutDown`] after [`IoPool::shutdown`]; the job is dropped unrun.
+    pub fn submit(&self, job: Box<dyn FnOnce() + Send + 'static>) -> Result<(), IoPoolError> {
+        let boxed: Job = Box::new(move || {
+            if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+                tracing::error!("an I/O job panicked");
+            }
+        });
+        if self.threads == 0 {
+            boxed();
+            return Ok(());
+        }
+        let mut state = self.shared.state.lock();
+        if state.shut_down {
+            return Err(IoPoolError::ShutDown);
+        }
+        state.queue.push_back(boxed);
+        let wake = state.idle.pop();
+        drop(state);
+        if let Some(thread) = wake {
+            thread.unpark();
+        }
+        Ok(())
     }
 
     /// Stops taking jobs; the threads exit after the jobs already queued.

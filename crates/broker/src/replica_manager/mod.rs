@@ -19,10 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use gregor_log::{AppendInfo, LogError, LogManager, SharedClock, TopicPartition};
+use gregor_log::{AppendInfo, FetchRecords, LogError, LogManager, SharedClock, TopicPartition};
 use gregor_metadata::{MetadataImage, PartitionRegistration};
-use gregor_protocol::batch::Batches;
 use parking_lot::RwLock;
 use uuid::Uuid;
 
@@ -370,8 +368,11 @@ pub struct FetchPartitionResult {
     pub last_stable_offset: i64,
     /// Log start offset, -1 on error.
     pub log_start_offset: i64,
-    /// Whole batches (possibly empty, never null on the wire).
-    pub records: Bytes,
+    /// Whole batches (possibly empty, never null on the wire): in memory, or a pinned range
+    /// of a segment file when the fetch asked for [`RecordsMode::FileRegions`].
+    pub records: FetchRecords,
+    /// Records in those batches (their headers' counts), for `gregor_topic_records_out_total`.
+    pub record_count: i64,
     /// For a follower whose `last_fetched_epoch` diverges from this log: the largest epoch
     /// `<=` it here and that epoch's end offset (`DivergingEpoch`); the follower truncates.
     pub diverging_epoch: Option<(i32, i64)>,
@@ -391,12 +392,24 @@ impl FetchPartitionResult {
             high_watermark: -1,
             last_stable_offset: -1,
             log_start_offset: -1,
-            records: Bytes::new(),
+            records: FetchRecords::default(),
+            record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: None,
             aborted_transactions: Vec::new(),
         }
     }
+}
+
+/// How a fetch returns its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordsMode {
+    /// Read into memory (the copying path: in-process callers, transports that are not plain
+    /// TCP, `fetch.zero.copy.enable=false`).
+    InMemory,
+    /// As pinned ranges of the segment files where that pays (see
+    /// [`gregor_log::PartitionLog::read_for_fetch`]), sent from the files with `sendfile`.
+    FileRegions,
 }
 
 /// What [`ReplicaManager::fetch_messages`] returns: data now, or a delayed fetch.
@@ -410,6 +423,8 @@ pub enum FetchOutcome {
 /// The resolved partitions of one fetch, readable in one I/O job.
 struct FetchPlan {
     params: FetchParams,
+    /// Whether batches may come back as file ranges.
+    mode: RecordsMode,
     /// Response size limit after `fetch.max.bytes`.
     max_bytes: i32,
     /// The leader quota throttles follower fetches (KIP-73).
@@ -429,6 +444,17 @@ struct ReadPass {
     /// Per partition read: the upper bound and leader epoch the read saw, the baseline that
     /// new data or a leadership change is measured against.
     seen: Vec<(Arc<Partition>, i64, i32)>,
+}
+
+impl ReadPass {
+    /// What a waiting fetch keeps of a pass that found too little: its baseline, without the
+    /// results, which the next pass reads again (so a long poll holds no pinned segment file).
+    fn baseline(self) -> Self {
+        Self {
+            results: Vec::new(),
+            ..self
+        }
+    }
 }
 
 /// [`crate::replication::leader::diverging_epoch`] for a follower fetch of `p`.
@@ -469,7 +495,8 @@ impl FetchPlan {
             high_watermark: p.high_watermark(),
             last_stable_offset: p.last_stable_offset(),
             log_start_offset: p.log.log_start_offset(),
-            records: Bytes::new(),
+            records: FetchRecords::default(),
+            record_count: 0,
             diverging_epoch: None,
             preferred_read_replica: Some(id),
             aborted_transactions: Vec::new(),
@@ -542,7 +569,8 @@ impl FetchPlan {
                             high_watermark: hw,
                             last_stable_offset: lso,
                             log_start_offset: log_start,
-                            records: Bytes::new(),
+                            records: FetchRecords::default(),
+                            record_count: 0,
                             diverging_epoch: Some(diverging),
                             preferred_read_replica: None,
                             aborted_transactions: Vec::new(),
@@ -558,7 +586,8 @@ impl FetchPlan {
                     }
                 }
             }
-            match p.read_bounded(fp.fetch_offset, limit, upper, min_one_batch) {
+            let from_file = self.mode == RecordsMode::FileRegions;
+            match p.read_for_fetch(fp.fetch_offset, limit, upper, min_one_batch, from_file) {
                 Ok(info) => {
                     if from_follower && update_fetch_state {
                         if let Err(code) = p.update_follower_fetch_state(
@@ -575,16 +604,16 @@ impl FetchPlan {
                     }
                     // Kafka's shouldLeaderThrottle: an out-of-sync follower of a throttled
                     // partition gets no records while the leader quota is exceeded.
-                    let records = if from_follower
+                    let (records, record_count) = if from_follower
                         && !info.records.is_empty()
                         && self.quotas.leader.should_throttle(
                             p.in_committed_isr(self.params.replica_id),
                             &fp.topic_partition.topic,
                             fp.topic_partition.partition,
                         ) {
-                        Bytes::new()
+                        (FetchRecords::default(), 0)
                     } else {
-                        info.records
+                        (info.records, info.record_count)
                     };
                     let n = records.len();
                     if n > 0 {
@@ -594,11 +623,21 @@ impl FetchPlan {
                     // range returned, for a read_committed consumer.
                     let aborted_transactions =
                         if !from_follower && self.params.isolation_level == 1 && n > 0 {
-                            let upper = Batches::new(&records)
-                                .filter_map(Result::ok)
-                                .last()
-                                .map_or(fp.fetch_offset, |(_, h)| h.next_offset());
-                            match p.log.collect_aborted_transactions(fp.fetch_offset, upper) {
+                            // The offset after the last batch returned; for a range sent
+                            // from the file, the read's bound (the LSO), which covers it: as
+                            // Kafka's bound (the next segment's base offset or the log end
+                            // offset) the list may name more, and consumers filter by offset.
+                            let returned_upper = match &records {
+                                FetchRecords::Memory(b) => gregor_protocol::batch::Batches::new(b)
+                                    .filter_map(Result::ok)
+                                    .last()
+                                    .map_or(fp.fetch_offset, |(_, h)| h.next_offset()),
+                                FetchRecords::File(_) => upper,
+                            };
+                            match p
+                                .log
+                                .collect_aborted_transactions(fp.fetch_offset, returned_upper)
+                            {
                                 Ok(a) => a,
                                 Err(e) => {
                                     tracing::warn!(partition = %fp.topic_partition, error = %e,
@@ -619,6 +658,7 @@ impl FetchPlan {
                         last_stable_offset: lso,
                         log_start_offset: log_start,
                         records,
+                        record_count,
                         diverging_epoch: None,
                         preferred_read_replica: None,
                         aborted_transactions,
@@ -673,12 +713,11 @@ impl FetchPlan {
             let (Ok(p), false) = (p, r.records.is_empty()) else {
                 continue;
             };
-            let records: i64 = Batches::new(&r.records)
-                .filter_map(Result::ok)
-                .map(|(_, h)| i64::from(h.records_count))
-                .sum();
+            // Bytes sent from a file count as bytes out like bytes from memory.
             p.metrics.bytes_out.increment(r.records.len() as u64);
-            p.metrics.records_out.increment(records.max(0) as u64);
+            p.metrics
+                .records_out
+                .increment(r.record_count.max(0) as u64);
         }
     }
 
@@ -753,7 +792,7 @@ impl DelayedFetch {
                 self.plan.record_metrics(&pass.results);
                 return pass.results;
             }
-            self.last_pass = pass;
+            self.last_pass = pass.baseline();
         }
     }
 }
@@ -1235,6 +1274,19 @@ impl ReplicaManager {
         params: FetchParams,
         partitions: Vec<FetchPartition>,
     ) -> FetchOutcome {
+        self.fetch_messages_as(params, partitions, RecordsMode::InMemory)
+            .await
+    }
+
+    /// [`ReplicaManager::fetch_messages`] returning the batches as `mode` says: the same
+    /// batches either way, in memory or as pinned ranges of the segment files that the
+    /// response sends without copying (zero-copy fetch on plain TCP connections).
+    pub async fn fetch_messages_as(
+        &self,
+        params: FetchParams,
+        partitions: Vec<FetchPartition>,
+        mode: RecordsMode,
+    ) -> FetchOutcome {
         let max_bytes = if params.replica_id >= 0 {
             params.max_bytes
         } else {
@@ -1247,6 +1299,7 @@ impl ReplicaManager {
             .map(|s| (s, self.broker_nodes.read().clone()));
         let plan = Arc::new(FetchPlan {
             params,
+            mode,
             quotas: self.quotas.clone(),
             selector,
             max_bytes,
@@ -1278,7 +1331,7 @@ impl ReplicaManager {
         FetchOutcome::Delayed(DelayedFetch {
             deadline_ms: self.clock.now_ms().saturating_add(max_wait_ms),
             plan,
-            last_pass: pass,
+            last_pass: pass.baseline(),
             io: self.io.clone(),
             purgatory: self.delayed.fetch.clone(),
             clock: self.clock.clone(),

@@ -774,6 +774,29 @@ impl Partition {
             .read(fetch_offset, max_bytes, max_offset, min_one_batch)
     }
 
+    /// [`Partition::read_bounded`] for a Fetch response: with `from_file`, the batches may come
+    /// back as a pinned range of the segment file, sent without copying
+    /// ([`gregor_log::PartitionLog::read_for_fetch`]).
+    ///
+    /// # Errors
+    /// The log's errors, e.g. OFFSET_OUT_OF_RANGE.
+    pub fn read_for_fetch(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+        min_one_batch: bool,
+        from_file: bool,
+    ) -> Result<gregor_log::FetchReadInfo, LogError> {
+        self.log.read_for_fetch(
+            fetch_offset,
+            max_bytes,
+            max_offset,
+            min_one_batch,
+            from_file,
+        )
+    }
+
     /// Kafka's `Partition.fetchOffsetForTimestamp` (ListOffsets), after the leader check
     /// (KIP-320; with `fetch_only_from_leader` false, ListOffsets' debugging replica id -2, a
     /// follower answers too, [`Partition::check_local_replica`]): -2 earliest and -4 earliest local give the log start offset, -1 latest the
