@@ -325,6 +325,15 @@ pub async fn start_with_authorizer(
     let connections_by_descriptors = std::env::var_os("GREGOR_TEST_NO_DESCRIPTOR_RESERVE")
         .is_none()
         .then(|| max_connections_by_descriptors(limit.soft, limit.budget));
+    if limit.soft < LOW_OPEN_FILE_LIMIT {
+        warn!(
+            open_file_limit = limit.soft,
+            "the open-file limit is low: the metadata log, segment files and connections share \
+             it, and below about 64 the broker cannot work (producers time out, the metadata \
+             log cannot reopen its segment); raise it (ulimit -n, or LimitNOFILE in the \
+             systemd unit, which sets 1048576)"
+        );
+    }
     info!(
         open_file_limit = limit.soft,
         raised_from = limit.soft_before,
@@ -774,6 +783,10 @@ fn controller_config(config: &BrokerConfig) -> gregor_metadata::controller::Cont
         ..defaults
     }
 }
+
+/// Below this open-file limit start-up warns (a new-user trial saw a broker at 32 fail to
+/// reopen its metadata log segment and time producers out; 64 worked).
+const LOW_OPEN_FILE_LIMIT: u64 = 256;
 
 /// Writes `replication-offset-checkpoint` every
 /// `replica.high.watermark.checkpoint.interval.ms` (Kafka's `checkpointHighWatermarks`, started

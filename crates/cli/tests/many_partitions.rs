@@ -446,6 +446,10 @@ fn connections_beyond_their_share_of_descriptors_are_closed_at_once() -> Result<
     produce_round_with(&producer, 2, &mut acked)?;
     let log = g.server_log();
     ensure!(
+        log.contains("the open-file limit is low"),
+        "a limit of {LOW_NOFILE} is warned about at start-up"
+    );
+    ensure!(
         log.contains("closed a new connection at once"),
         "no WARN for the closed connections"
     );
