@@ -28,6 +28,7 @@
 
 pub mod metadata;
 pub mod records;
+pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;

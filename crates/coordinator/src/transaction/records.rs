@@ -15,7 +15,7 @@
 
 use gregor_protocol::wire::{Reader, WireError, Writer};
 
-use super::metadata::TransactionState;
+use super::state::TransactionState;
 
 /// `TransactionLogKey` version.
 pub const TRANSACTION_LOG_KEY_VERSION: i16 = 0;
