@@ -78,8 +78,7 @@ pub struct Broker {
     /// What the group coordinator does when a transaction with offset commits ends (called
     /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
     /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
-    pub txn_offsets_completion:
-        std::sync::OnceLock<Arc<dyn crate::txn_markers::TxnOffsetsCompletion>>,
+    pub txn_offsets_completion: std::sync::OnceLock<Arc<dyn TxnOffsetsCompletion>>,
     started: Instant,
 }
 
@@ -206,4 +205,26 @@ impl Broker {
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// What the group coordinator does when a transaction that committed offsets ends (Kafka's
+/// `GroupCoordinator.onTransactionCompleted`): the marker for `producer_id` was written and
+/// replicated on each of `partitions` (all `__consumer_offsets` partitions led here); with
+/// `TransactionResult::Commit` ([`gregor_protocol::control::TransactionResult`]) the producer's
+/// pending offsets there become committed, with `Abort` they are dropped. An `Err` carries the
+/// Kafka error code the
+/// coordinator answers for those partitions (Kafka answers UNKNOWN_SERVER_ERROR when this
+/// throws).
+pub trait TxnOffsetsCompletion: Send + Sync {
+    /// See the trait.
+    ///
+    /// # Errors
+    /// A Kafka error code for all of `partitions`.
+    fn on_transaction_completed(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        partitions: &[i32],
+        result: gregor_protocol::control::TransactionResult,
+    ) -> Result<(), i16>;
 }

@@ -14,6 +14,7 @@ use gregor_coordinator::group::{GroupConfigError, GROUP_METADATA_TOPIC_NAME};
 use gregor_coordinator::runtime::{HighWatermarkFuture, PartitionWriter, TopicMetadata};
 use gregor_metadata::controller::NewTopic;
 use gregor_protocol::error::ErrorCode;
+use gregor_protocol::kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
@@ -506,7 +507,7 @@ async fn send_markers(
                 Some(last) if last.name.0.as_str() == t => last.partition_indexes.push(*p),
                 _ => topics.push(
                     WritableTxnMarkerTopic::default()
-                        .with_name(TopicName(crate::handlers::sb(t)))
+                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
                         .with_partition_indexes(vec![*p]),
                 ),
             }

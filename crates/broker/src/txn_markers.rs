@@ -35,26 +35,7 @@ use crate::replica_manager::{AppendOrigin, AppendOutcome, AppendWork, PartitionA
 /// The topic whose markers end pending transactional offset commits.
 pub const GROUP_METADATA_TOPIC: &str = "__consumer_offsets";
 
-/// What the group coordinator does when a transaction that committed offsets ends (Kafka's
-/// `GroupCoordinator.onTransactionCompleted`): the marker for `producer_id` was written and
-/// replicated on each of `partitions` (all `__consumer_offsets` partitions led here); with
-/// [`TransactionResult::Commit`] the producer's pending offsets there become committed, with
-/// [`TransactionResult::Abort`] they are dropped. An `Err` carries the Kafka error code the
-/// coordinator answers for those partitions (Kafka answers UNKNOWN_SERVER_ERROR when this
-/// throws).
-pub trait TxnOffsetsCompletion: Send + Sync {
-    /// See the trait.
-    ///
-    /// # Errors
-    /// A Kafka error code for all of `partitions`.
-    fn on_transaction_completed(
-        &self,
-        producer_id: i64,
-        producer_epoch: i16,
-        partitions: &[i32],
-        result: TransactionResult,
-    ) -> Result<(), i16>;
-}
+pub use crate::broker::TxnOffsetsCompletion;
 
 /// Where one partition of the request stands: an error found before the append, or the index
 /// of its append.

@@ -29,6 +29,7 @@ use gregor_protocol::kafka_protocol::messages::{
 };
 
 use crate::replica_fetcher::connection::BrokerConnection;
+use gregor_protocol::kafka_protocol::protocol::StrBytes;
 
 /// The error codes of transactions, from the typed enum (as `crate::error_codes` does for the
 /// others).
@@ -221,15 +222,13 @@ pub fn build_request(request: &TxnVerificationRequest) -> AddPartitionsToTxnRequ
         .into_iter()
         .map(|(name, partitions)| {
             AddPartitionsToTxnTopic::default()
-                .with_name(TopicName(crate::handlers::sb(name)))
+                .with_name(TopicName(sb(name)))
                 .with_partitions(partitions)
         })
         .collect();
     AddPartitionsToTxnRequest::default().with_transactions(vec![
         AddPartitionsToTxnTransaction::default()
-            .with_transactional_id(TransactionalId(crate::handlers::sb(
-                &request.transactional_id,
-            )))
+            .with_transactional_id(TransactionalId(sb(&request.transactional_id)))
             .with_producer_id(ProducerId(request.producer_id))
             .with_producer_epoch(request.producer_epoch)
             .with_verify_only(request.operation.verify_only())
@@ -344,6 +343,12 @@ impl AddPartitionsToTxnSender for NetworkAddPartitionsToTxnSender {
     }
 }
 
+/// A `StrBytes` from a `&str` (as `handlers::sb`, which this module does not import: the
+/// handlers depend on the replica manager, not the other way round).
+fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,9 +369,9 @@ mod tests {
     fn response(codes: &[(i32, i16)]) -> AddPartitionsToTxnResponse {
         AddPartitionsToTxnResponse::default().with_results_by_transaction(vec![
             AddPartitionsToTxnResult::default()
-                .with_transactional_id(TransactionalId(crate::handlers::sb("t")))
+                .with_transactional_id(TransactionalId(sb("t")))
                 .with_topic_results(vec![AddPartitionsToTxnTopicResult::default()
-                    .with_name(TopicName(crate::handlers::sb("a")))
+                    .with_name(TopicName(sb("a")))
                     .with_results_by_partition(
                         codes
                             .iter()
