@@ -43,12 +43,27 @@ impl AdminState {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// The log directories that are offline (full or failed), with their state.
-    fn offline_dirs(&self) -> Vec<(std::path::PathBuf, gregor_log::DirState)> {
-        self.broker
-            .get()
-            .map(|b| b.replica_manager.logs().offline_dirs())
-            .unwrap_or_default()
+    /// The log directories that are offline (full or failed), with their state, then
+    /// `metadata.log.dir` when the metadata log's writes found it offline: `(what, dir,
+    /// state)`, `what` being "log dir" or "metadata log dir".
+    fn offline_dirs(&self) -> Vec<(&'static str, std::path::PathBuf, gregor_log::DirState)> {
+        let Some(b) = self.broker.get() else {
+            return Vec::new();
+        };
+        let mut out: Vec<_> = b
+            .replica_manager
+            .logs()
+            .offline_dirs()
+            .into_iter()
+            .map(|(dir, state)| ("log dir", dir, state))
+            .collect();
+        if let Some(raft) = b.raft.get() {
+            let h = raft.metadata_dir_health();
+            if h.is_offline() {
+                out.push(("metadata log dir", h.dir().to_path_buf(), h.state()));
+            }
+        }
+        out
     }
 }
 
@@ -328,18 +343,26 @@ impl std::fmt::Display for Escaped<'_> {
 }
 
 /// `/ready`'s answer while log directories are offline: which, why, and what to do.
-fn offline_dirs_text(offline: &[(std::path::PathBuf, gregor_log::DirState)]) -> String {
+fn offline_dirs_text(
+    offline: &[(&'static str, std::path::PathBuf, gregor_log::DirState)],
+) -> String {
     let mut out = String::from("not ready:");
-    for (dir, state) in offline {
+    for (what, dir, state) in offline {
         match state {
-            gregor_log::DirState::Full { reason } => out.push_str(&format!(
+            gregor_log::DirState::Full { reason } if *what == "log dir" => out.push_str(&format!(
                 " log dir {} is full ({reason}): free space (kafka-delete-records, lower \
                  retention.ms or retention.bytes, or remove other files); appends resume on \
                  their own.",
                 dir.display()
             )),
+            gregor_log::DirState::Full { reason } => out.push_str(&format!(
+                " {what} {} is full ({reason}): metadata changes (creating topics, leader \
+                 and ISR changes, configs) fail with KAFKA_STORAGE_ERROR until space is freed \
+                 on its file system; they resume on their own.",
+                dir.display()
+            )),
             gregor_log::DirState::Failed { reason } => out.push_str(&format!(
-                " log dir {} failed ({reason}): repair the disk and restart the broker.",
+                " {what} {} failed ({reason}): repair the disk and restart the broker.",
                 dir.display()
             )),
             gregor_log::DirState::Online => {}

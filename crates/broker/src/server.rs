@@ -844,7 +844,8 @@ async fn idle_file_closer(broker: Arc<Broker>, mut shutdown: watch::Receiver<boo
 /// ([`gregor_log::LogManager::check_dir_health`]; nothing is done while every dir is online).
 pub const LOG_DIR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Brings full log directories back online once they have room again, without a restart.
+/// Brings full log directories (and a full `metadata.log.dir`) back online once they have
+/// room again, without a restart.
 async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let mut last_offline: Vec<std::path::PathBuf> = Vec::new();
     loop {
@@ -855,6 +856,20 @@ async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiv
         // Before and after the check, so a dir that went offline since the last tick is acted
         // on, and one the check brings back is fetched again at once.
         tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+        // `metadata.log.dir` as the metadata log's writes found it (full: proposals fail
+        // with KAFKA_STORAGE_ERROR until it has room again).
+        if let Some(h) = broker
+            .raft
+            .get()
+            .map(|r| r.metadata_dir_health().clone())
+            .filter(|h| h.is_offline())
+        {
+            let _ = broker
+                .replica_manager
+                .io_pool()
+                .run(move || h.check())
+                .await;
+        }
         if last_offline.is_empty() {
             continue;
         }

@@ -432,6 +432,108 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
     cluster.stop_all().ok();
 }
 
+/// A full `metadata.log.dir` (a file system of its own; the log dirs have room): a metadata change
+/// (CreateTopics) fails with KAFKA_STORAGE_ERROR naming the full disk, `/ready` says which
+/// dir and what to do, one ERROR line says it, and once space is freed metadata changes
+/// resume without a restart and the metadata log has no hole (a restart loads it).
+#[test]
+fn a_full_metadata_log_dir_refuses_metadata_changes_then_heals_without_a_restart() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let node = cluster.node(1);
+    let bootstrap = node.bootstrap().expect("a broker");
+    let create = |name: &str| -> (i16, Option<String>) {
+        let req = CreateTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(sb(name)))
+                .with_num_partitions(1)
+                .with_replication_factor(1)]);
+        let r: CreateTopicsResponse = conn(&bootstrap)
+            .and_then(|mut c| c.call(ApiKey::CreateTopics, 7, &req))
+            .expect("CreateTopics answered");
+        (
+            r.topics[0].error_code,
+            r.topics[0].error_message.as_ref().map(|m| m.to_string()),
+        )
+    };
+    assert_eq!(create("before").0, 0);
+    // `data/` holds the metadata log; the partitions are in logs-1/ and logs-2/.
+    node.fill_disk().expect("fill the metadata log's disk");
+    // The first metadata append that needs space fails (one may still fit in a page).
+    let mut failure = None;
+    let mut acked = vec!["before".to_string()];
+    for i in 0..50 {
+        let name = format!("full-{i}");
+        let (code, message) = create(&name);
+        if code == 0 {
+            acked.push(name);
+        } else {
+            failure = Some((code, message.unwrap_or_default()));
+            break;
+        }
+    }
+    let (code, message) = failure.expect("metadata appends to a full disk must fail");
+    assert_eq!(code, KAFKA_STORAGE_ERROR, "{message}");
+    assert!(message.contains("No space left on device"), "{message}");
+    // While full, it fails at once, and the broker says why.
+    assert_eq!(create("again").0, KAFKA_STORAGE_ERROR);
+    let (status, body) = admin_get(node, "/ready").expect("/ready");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("metadata log dir") && body.contains("full"),
+        "{body} (CreateTopics: {message})"
+    );
+    assert_eq!(ready_metric(node), Some(0.0), "gregor_ready follows /ready");
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    assert_eq!(
+        log.matches("metadata log directory is full").count(),
+        1,
+        "one ERROR line names the dir and what to do"
+    );
+
+    node.free_disk().expect("free the disk");
+    cluster.wait_for(
+        Duration::from_secs(20),
+        "metadata changes to resume",
+        || (create("after").0 == 0).then_some(()),
+    );
+    cluster.wait_for(Duration::from_secs(10), "/ready ready again", || {
+        admin_get(node, "/ready").filter(|(s, _)| *s == 200)
+    });
+    cluster.restart_node(1).expect("restart");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    let req = MetadataRequest::default().with_topics(None);
+    let r: MetadataResponse = cluster.wait_for(
+        Duration::from_secs(20),
+        "metadata after the restart",
+        || {
+            conn(&bootstrap)
+                .and_then(|mut c| c.call(ApiKey::Metadata, 12, &req))
+                .ok()
+        },
+    );
+    let mut names: Vec<String> = r
+        .topics
+        .iter()
+        .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+        .filter(|n| !n.starts_with("__"))
+        .collect();
+    names.sort();
+    acked.push("after".to_string());
+    acked.sort();
+    assert_eq!(names, acked, "the topics acknowledged, and only those");
+    cluster.stop_all().ok();
+}
+
 /// kill -9 while the disk is full: the broker cannot start (it must write the quorum state
 /// to elect itself, as Kafka must), and it exits with an error that names the full disk
 /// rather than "the metadata log is closed"; once space is freed it starts and every

@@ -102,6 +102,10 @@ pub enum DriverError {
     /// Reading the log failed.
     #[error("metadata log read failed: {0}")]
     Read(String),
+    /// Writing the log failed (a full `metadata.log.dir`, say): the proposal is not in the
+    /// log. Appends fail while the directory is offline ([`RaftManager::metadata_dir_health`]).
+    #[error("{0}")]
+    Storage(String),
     /// The driver stopped (shutdown, or a storage error on a barrier write).
     #[error("the raft driver is stopped")]
     Shutdown,
@@ -272,6 +276,8 @@ pub struct RaftManager {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why the driver stopped on its own (a storage error), once it has.
     failure: Arc<Mutex<Option<String>>>,
+    /// The health of `metadata.log.dir` as the log's writes find it.
+    metadata_dir_health: Arc<gregor_log::LogDirHealth>,
 }
 
 impl std::fmt::Debug for RaftManager {
@@ -293,6 +299,7 @@ impl RaftManager {
         transport: impl FnOnce(InboundSender) -> T,
     ) -> Result<Arc<Self>, StartError> {
         let log = KafkaMetadataLog::open(&config.metadata_log_dir, config.log.clone())?;
+        let metadata_dir_health = log.dir_health();
         let store = FileQuorumStateStore::new(log.dir());
         let stored = store.read()?.map(|(state, _voters)| state);
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
@@ -357,6 +364,7 @@ impl RaftManager {
             log_end_offset: leo_rx,
             thread: Mutex::new(Some(thread)),
             failure,
+            metadata_dir_health,
         }))
     }
 
@@ -365,6 +373,13 @@ impl RaftManager {
     /// shutdown that was asked for.
     pub fn failure(&self) -> Option<String> {
         self.failure.lock().clone()
+    }
+
+    /// The health of `metadata.log.dir`: full after an append failed for lack of space
+    /// (proposals then fail with [`DriverError::Storage`] until
+    /// [`gregor_log::LogDirHealth::check`] finds room again), failed after another write error.
+    pub fn metadata_dir_health(&self) -> &Arc<gregor_log::LogDirHealth> {
+        &self.metadata_dir_health
     }
 
     /// This node's id.
@@ -930,6 +945,12 @@ impl<T: Transport> Driver<T> {
                 }
                 Err(ProposeError::NotLeader { epoch, leader_id }) => {
                     let _ = reply.send(Err(DriverError::NotLeader { leader_id, epoch }));
+                }
+                Err(ProposeError::Log(crate::log::RaftLogError::Io(e))) => {
+                    let _ = reply.send(Err(DriverError::Storage(format!(
+                        "appending to {} failed: {e}",
+                        self.node.log().dir().display()
+                    ))));
                 }
                 Err(e) => {
                     let _ = reply.send(Err(DriverError::Refused(e.to_string())));
