@@ -233,6 +233,18 @@ pub struct RunningBroker {
 }
 
 impl RunningBroker {
+    /// Resolves when this node's metadata quorum member stopped on a storage error at run
+    /// time (writing `quorum-state` or flushing `__cluster_metadata-0` failed: a full or
+    /// failing `metadata.log.dir`), with the reason. The node can no longer follow or change
+    /// the metadata; Kafka halts the process then, and the caller should exit too (the logs
+    /// recover at the next start). Never resolves otherwise.
+    pub async fn metadata_quorum_failed(&self) -> String {
+        match self.broker.raft.get() {
+            Some(raft) => raft.stopped_on_failure().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Stops accepting, lets connections finish their current request, flushes and closes
     /// every log and writes the clean-shutdown marker.
     ///

@@ -534,6 +534,74 @@ fn a_full_metadata_log_dir_refuses_metadata_changes_then_heals_without_a_restart
     cluster.stop_all().ok();
 }
 
+/// A voter whose `metadata.log.dir` is full when an election needs it to write
+/// `quorum-state`: its quorum member cannot go on, so the process exits with an error naming
+/// the full dir, as Kafka's halts (a new-user trial found it running on, stale, reporting
+/// ready, deaf to SIGTERM); freed and started again it rejoins and the cluster has every
+/// acknowledged topic.
+#[test]
+fn a_voter_that_cannot_write_its_election_state_exits_naming_the_full_dir() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(3)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let leader = cluster.active_controller().expect("a leader");
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != leader)
+        .expect("a voter");
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != leader && *n != victim)
+        .expect("a voter");
+    // `data/` holds the metadata log; the partitions are in logs-1/ and logs-2/.
+    cluster
+        .node(victim)
+        .fill_disk()
+        .expect("fill the metadata log's disk");
+    cluster
+        .node_mut(leader)
+        .kill9()
+        .expect("kill -9 the leader");
+    let node = cluster.node_mut(victim);
+    let mut exited = false;
+    for _ in 0..600 {
+        if !node.is_running().expect("status") {
+            exited = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    assert!(
+        exited,
+        "the voter went on without its quorum member:\n{tail}"
+    );
+    assert!(
+        log.contains("the metadata log stopped: writing quorum-state failed")
+            && log.contains("No space left on device")
+            && log.contains("metadata.log.dir"),
+        "{tail}"
+    );
+    cluster.node(victim).free_disk().expect("free the disk");
+    cluster.node_mut(victim).spawn().expect("spawn");
+    cluster.node_mut(leader).spawn().expect("spawn");
+    cluster.wait_ready(Duration::from_secs(60)).expect("ready");
+    let bootstrap = cluster.node(other).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 3, "2");
+    cluster.wait_for(Duration::from_secs(30), "the partition's leader", || {
+        partition_state(&bootstrap)
+    });
+    cluster.stop_all().ok();
+}
+
 /// kill -9 while the disk is full: the broker cannot start (it must write the quorum state
 /// to elect itself, as Kafka must), and it exits with an error that names the full disk
 /// rather than "the metadata log is closed"; once space is freed it starts and every

@@ -276,6 +276,8 @@ pub struct RaftManager {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why the driver stopped on its own (a storage error), once it has.
     failure: Arc<Mutex<Option<String>>>,
+    /// Becomes true when the driver stops on its own ([`RaftManager::stopped_on_failure`]).
+    failed: watch::Receiver<bool>,
     /// The health of `metadata.log.dir` as the log's writes find it.
     metadata_dir_health: Arc<gregor_log::LogDirHealth>,
 }
@@ -321,6 +323,7 @@ impl RaftManager {
         }
         let failure: Arc<Mutex<Option<String>>> = Arc::default();
         let driver_failure = failure.clone();
+        let (failed_tx, failed) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name(format!("raft-{node_id}"))
             .spawn(move || {
@@ -350,6 +353,7 @@ impl RaftManager {
                     proposals: BTreeMap::new(),
                     stopped: false,
                     failure: driver_failure,
+                    failed: failed_tx,
                 };
                 driver.execute(actions);
                 runtime.block_on(driver.run(rx));
@@ -364,6 +368,7 @@ impl RaftManager {
             log_end_offset: leo_rx,
             thread: Mutex::new(Some(thread)),
             failure,
+            failed,
             metadata_dir_health,
         }))
     }
@@ -373,6 +378,19 @@ impl RaftManager {
     /// shutdown that was asked for.
     pub fn failure(&self) -> Option<String> {
         self.failure.lock().clone()
+    }
+
+    /// Resolves when the driver stops on its own for a storage error (writing `quorum-state`
+    /// or flushing the log failed: a full disk, say), with [`RaftManager::failure`]'s reason;
+    /// never while it runs or after a shutdown that was asked for. The node cannot take part
+    /// in the quorum any more: Kafka halts the process then, and so does `gregor serve`.
+    pub async fn stopped_on_failure(&self) -> String {
+        let mut failed = self.failed.clone();
+        if failed.wait_for(|f| *f).await.is_err() {
+            // The driver is gone without a failure (a shutdown): nothing to report, ever.
+            std::future::pending::<()>().await;
+        }
+        self.failure().unwrap_or_default()
     }
 
     /// The health of `metadata.log.dir`: full after an append failed for lack of space
@@ -866,6 +884,8 @@ struct Driver<T: Transport> {
     stopped: bool,
     /// Shared with [`RaftManager::failure`].
     failure: Arc<Mutex<Option<String>>>,
+    /// Set once the driver stopped on a failure ([`RaftManager::stopped_on_failure`]).
+    failed: watch::Sender<bool>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -1209,6 +1229,7 @@ impl<T: Transport> Driver<T> {
     /// Stops after a storage error, keeping `reason` for [`RaftManager::failure`].
     fn fail(&mut self, reason: String) {
         self.failure.lock().get_or_insert(reason);
+        self.failed.send_replace(true);
         self.stop();
     }
 }
