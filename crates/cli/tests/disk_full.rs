@@ -602,6 +602,84 @@ fn a_voter_that_cannot_write_its_election_state_exits_naming_the_full_dir() {
     cluster.stop_all().ok();
 }
 
+/// A log dir that is already full when the broker starts is *full*, not failed: its logs
+/// are loaded and read, `/ready` says it is full, and once it has room appends resume
+/// without a restart (a new-user trial found it marked failed until a restart).
+#[test]
+fn a_log_dir_full_at_start_up_heals_without_a_restart() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 1, "1");
+    cluster.wait_for(Duration::from_secs(30), "the partition's leader", || {
+        partition_state(&bootstrap)
+    });
+    let mut acked: Vec<(i64, String)> = Vec::new();
+    for i in 0..5 {
+        let tag = format!("before-{i}");
+        acked.push((produce(&bootstrap, -1, &tag).expect("produce"), tag));
+    }
+    let dir = cluster
+        .node(1)
+        .log_dirs()
+        .iter()
+        .find(|d| d.join(format!("{TOPIC}-0")).is_dir())
+        .cloned()
+        .expect("the partition's dir");
+    cluster.node_mut(1).stop().expect("clean stop");
+    cluster.node(1).fill_dir(&dir).expect("fill its dir");
+    cluster.node_mut(1).spawn().expect("spawn");
+    cluster
+        .node_mut(1)
+        .wait_listening(Duration::from_secs(60))
+        .expect("listening");
+    let node = cluster.node(1);
+    let (status, body) = cluster.wait_for(Duration::from_secs(30), "/ready", || {
+        admin_get(node, "/ready").filter(|(s, _)| *s != 0)
+    });
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&dir.display().to_string()) && body.contains("is full"),
+        "{body}"
+    );
+    assert!(!body.contains("failed"), "{body}");
+    // Its records are served while it is full.
+    let records = cluster.wait_for(Duration::from_secs(30), "the records", || {
+        let r = read_all(&bootstrap, 0);
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(records.len(), acked.len() * 5);
+    cluster.node(1).free_dir(&dir).expect("free its dir");
+    let offset = cluster.wait_for(Duration::from_secs(30), "appends to resume", || {
+        produce(&bootstrap, -1, "after").ok()
+    });
+    acked.push((offset, "after".into()));
+    cluster.wait_for(Duration::from_secs(10), "/ready ready again", || {
+        admin_get(cluster.node(1), "/ready").filter(|(s, _)| *s == 200)
+    });
+    let records = read_all(&bootstrap, 0);
+    for (offset, tag) in &acked {
+        for (i, v) in values(tag).iter().enumerate() {
+            let at = offset + i as i64;
+            let found = records.iter().find(|(o, _)| *o == at);
+            assert_eq!(
+                found.map(|(_, v)| v),
+                Some(v),
+                "acknowledged record at {at}"
+            );
+        }
+    }
+    cluster.stop_all().ok();
+}
+
 /// kill -9 while the disk is full: the broker cannot start (it must write the quorum state
 /// to elect itself, as Kafka must), and it exits with an error that names the full disk
 /// rather than "the metadata log is closed"; once space is freed it starts and every
