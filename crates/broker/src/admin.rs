@@ -43,6 +43,14 @@ impl AdminState {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// [`ReplicaManager::missing_dirs`](crate::replica_manager::ReplicaManager::missing_dirs).
+    fn missing_dirs(&self) -> std::collections::BTreeMap<uuid::Uuid, usize> {
+        self.broker
+            .get()
+            .map(|b| b.replica_manager.missing_dirs())
+            .unwrap_or_default()
+    }
+
     /// The log directories that are offline (full or failed), with their state, then
     /// `metadata.log.dir` when the metadata log's writes found it offline: `(what, dir,
     /// state)`, `what` being "log dir" or "metadata log dir".
@@ -385,7 +393,8 @@ fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Respo
 fn metrics_body(state: &AdminState) -> String {
     let partition_text = state.broker.get().map(|b| update_gauges(b));
     // What `/ready` answers: ready and no log directory offline.
-    let ready = state.is_ready() && state.offline_dirs().is_empty();
+    let ready =
+        state.is_ready() && state.offline_dirs().is_empty() && state.missing_dirs().is_empty();
     metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
     metrics_process::Collector::default().collect();
     let mut body = handle().render();
@@ -425,12 +434,18 @@ async fn route(
             let offline = state.offline_dirs();
             if !state.is_ready() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", plain)
-            } else if !offline.is_empty() {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    offline_dirs_text(&offline),
-                    plain,
-                )
+            } else if !offline.is_empty() || !state.missing_dirs().is_empty() {
+                let mut body = offline_dirs_text(&offline);
+                for (id, replicas) in state.missing_dirs() {
+                    let id = crate::storage::kafka_uuid_string(id);
+                    body.push_str(&format!(
+                        " {replicas} replicas are assigned to the log dir with directory.id \
+                         {id}, which none of log.dirs is (a disk not mounted, a dir moved \
+                         away?): they are offline until it is back; put it back and restart \
+                         the broker."
+                    ));
+                }
+                text(StatusCode::SERVICE_UNAVAILABLE, body, plain)
             } else {
                 text(StatusCode::OK, "ready\n", plain)
             }

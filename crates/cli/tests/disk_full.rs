@@ -1719,6 +1719,14 @@ fn a_missing_log_dir_loses_nothing() {
             Vec::<i32>::new(),
             "restart {restart}: no log created in the dir that replaced the missing one"
         );
+        // Monitoring says so too (a new-user trial found /ready at 200).
+        let (status, body) = admin_get(cluster.node(1), "/ready").expect("/ready");
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains(&format!("{} replicas", held.len())) && body.contains(&lost_id),
+            "{body}"
+        );
+        assert_eq!(ready_metric(cluster.node(1)), Some(0.0));
         cluster.node_mut(1).stop().expect("stop");
     }
 

@@ -931,6 +931,17 @@ impl ReplicaManager {
         let _ = self.log_dir_ids.set(ids);
     }
 
+    /// The log directory ids (KIP-858) that replicas hosted here are assigned to but none of
+    /// `log.dirs` has (a disk not mounted, a dir moved away), with how many replicas each:
+    /// those replicas are offline (KAFKA_STORAGE_ERROR) until the dir is back.
+    pub fn missing_dirs(&self) -> BTreeMap<Uuid, usize> {
+        let mut out = BTreeMap::new();
+        for dir in self.in_missing_dirs.lock().values() {
+            *out.entry(*dir).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// The directory `reg` assigns this broker's replica to when this broker does not have it
     /// (KIP-858): a real directory id that is none of [`ReplicaManager::set_log_dir_ids`]'s, or
     /// `LOST`. Such a replica's log is in a directory that is missing (a disk that did not
