@@ -99,9 +99,23 @@ fn update_gauges(broker: &Broker) -> String {
             high_watermark: p.high_watermark(),
         });
     }
-    for h in broker.replica_manager.logs().dir_health() {
-        metrics::gauge!(LOG_DIR_OFFLINE, "dir" => h.dir().display().to_string())
-            .set(if h.is_offline() { 1.0 } else { 0.0 });
+    // Each log dir, and `metadata.log.dir` as the metadata log's writes find it (one series
+    // per path: 1 when either is offline).
+    let mut offline_by_dir: std::collections::BTreeMap<String, bool> = Default::default();
+    let metadata_dir = broker.raft.get().map(|r| r.metadata_dir_health().clone());
+    for h in broker
+        .replica_manager
+        .logs()
+        .dir_health()
+        .iter()
+        .chain(metadata_dir.as_ref())
+    {
+        *offline_by_dir
+            .entry(h.dir().display().to_string())
+            .or_default() |= h.is_offline();
+    }
+    for (dir, offline) in offline_by_dir {
+        metrics::gauge!(LOG_DIR_OFFLINE, "dir" => dir).set(if offline { 1.0 } else { 0.0 });
     }
     metrics::gauge!(PARTITIONS).set(partitions.len() as f64);
     metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);

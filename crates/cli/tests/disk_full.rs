@@ -493,6 +493,8 @@ fn a_full_metadata_log_dir_refuses_metadata_changes_then_heals_without_a_restart
         "{body} (CreateTopics: {message})"
     );
     assert_eq!(ready_metric(node), Some(0.0), "gregor_ready follows /ready");
+    // `data/` is the metadata log's dir here.
+    assert_eq!(dir_offline_metric(node), Some(1.0));
     let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
     assert_eq!(
         log.matches("metadata log directory is full").count(),
@@ -509,6 +511,7 @@ fn a_full_metadata_log_dir_refuses_metadata_changes_then_heals_without_a_restart
     cluster.wait_for(Duration::from_secs(10), "/ready ready again", || {
         admin_get(node, "/ready").filter(|(s, _)| *s == 200)
     });
+    assert_eq!(dir_offline_metric(node), Some(0.0));
     cluster.restart_node(1).expect("restart");
     let bootstrap = cluster.node(1).bootstrap().expect("a broker");
     let req = MetadataRequest::default().with_topics(None);
