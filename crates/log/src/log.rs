@@ -1483,20 +1483,28 @@ impl PartitionLog {
     }
 
     /// Kafka's `UnifiedLog.maybeStartTransactionVerification` (KIP-890): the sentinel when
-    /// `producer_id` already has an open transaction here (its writes need no verification),
-    /// else the guard its first transactional write must present once the transaction
-    /// coordinator confirmed the partition is part of its transaction. `sequence` is the
-    /// batch's base sequence.
+    /// `producer_id` already has an open transaction of `producer_epoch` here (its writes need
+    /// no verification), else the guard its first transactional write must present once the
+    /// transaction coordinator confirmed the partition is part of its transaction. `sequence`
+    /// is the batch's base sequence; `supports_epoch_bump` is true for transaction.version 2
+    /// producers (Produce v12+), whose next transaction's guard survives the marker of the
+    /// previous one written with the bumped epoch (KAFKA-18654).
+    ///
+    /// # Errors
+    /// [`LogError::InvalidProducerEpoch`] (INVALID_PRODUCER_EPOCH) when `producer_epoch` is
+    /// older than the producer's epoch here.
     pub fn maybe_start_transaction_verification(
         &self,
         producer_id: i64,
         sequence: i32,
         producer_epoch: i16,
-    ) -> VerificationGuard {
+        supports_epoch_bump: bool,
+    ) -> Result<VerificationGuard> {
         self.inner.lock().producer_state.maybe_start_verification(
             producer_id,
             sequence,
             producer_epoch,
+            supports_epoch_bump,
             self.clock.now_ms(),
         )
     }

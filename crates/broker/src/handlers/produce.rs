@@ -212,6 +212,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
                     producer_id,
                     h.base_sequence,
                     producer_epoch,
+                    TransactionSupportedOperation::for_produce_version(version)
+                        .supports_epoch_bump(),
                 ) {
                     Ok(guard) => {
                         guards[i] = Some(guard);

@@ -1222,22 +1222,29 @@ impl ReplicaManager {
 
     /// Kafka's `ReplicaManager.maybeStartTransactionVerificationForPartition`: the
     /// verification guard of `producer_id`'s first transactional write to `tp` (the
-    /// sentinel when its transaction is already open there, so nothing needs verifying), or
-    /// the error of a partition not hosted here.
+    /// sentinel when its transaction of `producer_epoch` is already open there, so nothing
+    /// needs verifying), or the error of a partition not hosted here.
     ///
     /// # Errors
-    /// UNKNOWN_TOPIC_OR_PARTITION, or KAFKA_STORAGE_ERROR for a replica whose log could not
-    /// be created.
+    /// UNKNOWN_TOPIC_OR_PARTITION, KAFKA_STORAGE_ERROR for a replica whose log could not
+    /// be created, INVALID_PRODUCER_EPOCH for an epoch older than the producer's there.
     pub fn maybe_start_transaction_verification(
         &self,
         tp: &TopicPartition,
         producer_id: i64,
         sequence: i32,
         producer_epoch: i16,
+        supports_epoch_bump: bool,
     ) -> Result<gregor_log::VerificationGuard, i16> {
         let p = self.hosted(tp).map_err(|(code, _)| code)?;
-        Ok(p.log
-            .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
+        p.log
+            .maybe_start_transaction_verification(
+                producer_id,
+                sequence,
+                producer_epoch,
+                supports_epoch_bump,
+            )
+            .map_err(|e| e.kafka_error_code())
     }
 
     /// Installs how KIP-890 verifications reach transaction coordinators (start-up installs
