@@ -2842,11 +2842,13 @@ impl PartitionLog {
         self.cleaning.store(false, Ordering::Release);
     }
 
-    /// Last data offset of each producer with state (Kafka's `lastRecordsOfActiveProducers`):
-    /// the cleaner keeps the batch holding it, even when empty, so the producer's sequence
-    /// survives.
-    pub(crate) fn last_data_offsets_of_producers(&self) -> std::collections::HashMap<i64, i64> {
-        self.inner.lock().producer_state.last_data_offsets()
+    /// The last record of each producer with state (Kafka's `lastRecordsOfActiveProducers`):
+    /// the cleaner keeps the batch holding its last data offset, or the marker of its current
+    /// epoch when it has none, even when empty, so the producer's sequence and epoch survive.
+    pub(crate) fn last_records_of_producers(
+        &self,
+    ) -> std::collections::HashMap<i64, crate::producer_state::LastRecord> {
+        self.inner.lock().producer_state.last_records()
     }
 
     /// Kafka's `UnifiedLog.replaceSegments`: swaps the cleaned segment `cleaned` (files named

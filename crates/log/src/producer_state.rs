@@ -261,6 +261,17 @@ pub(crate) struct PendingUpdate {
     completed: Vec<CompletedTxn>,
 }
 
+/// The last record of a producer with state (Kafka's `LastRecord`): what the cleaner must keep
+/// so that the producer's state survives compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LastRecord {
+    /// The last offset of its last data batch, `None` when its epoch has no batch (its last
+    /// record is a marker, written with that epoch).
+    pub last_data_offset: Option<i64>,
+    /// Its current epoch.
+    pub producer_epoch: i16,
+}
+
 /// A producer as DescribeProducers shows it (KIP-664).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerSummary {
@@ -660,10 +671,18 @@ impl ProducerStateManager {
     }
 
     /// Last offset of the newest batch of each producer that has one.
-    pub(crate) fn last_data_offsets(&self) -> HashMap<i64, i64> {
+    pub(crate) fn last_records(&self) -> HashMap<i64, LastRecord> {
         self.producers
             .iter()
-            .filter_map(|(pid, e)| e.batches.back().map(|b| (*pid, b.last_offset)))
+            .map(|(pid, e)| {
+                (
+                    *pid,
+                    LastRecord {
+                        last_data_offset: e.batches.back().map(|b| b.last_offset),
+                        producer_epoch: e.producer_epoch,
+                    },
+                )
+            })
             .collect()
     }
 
