@@ -17,10 +17,6 @@ use crate::config::BrokerConfig;
 use crate::group_coordinator::GroupCoordinator;
 use crate::replica_manager::ReplicaManager;
 
-/// The environment variable that turns transactions on (`1`) until both halves of issue 12
-/// (the transaction coordinator and the partition side) are merged.
-pub const TRANSACTIONS_GATE_ENV: &str = "GREGOR_TRANSACTIONS";
-
 /// Hands out producer ids from blocks the controller allocates durably.
 struct ProducerIdBlock {
     next: i64,
@@ -59,14 +55,8 @@ pub struct Broker {
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
-    /// Transactional ids and their transactions (`__transaction_state`). Serves clients only
-    /// when [`Broker::transactions_enabled`].
+    /// Transactional ids and their transactions (`__transaction_state`).
     pub transaction_coordinator: Arc<gregor_coordinator::transaction::TransactionCoordinator>,
-    /// The gate of transactions while the partition side (transactional produce, markers,
-    /// LSO) is not merged: off, InitProducerId and FindCoordinator for a transactional id
-    /// answer TRANSACTIONAL_ID_AUTHORIZATION_FAILED at once and the transaction APIs are not
-    /// advertised. On with the environment variable `GREGOR_TRANSACTIONS=1` (tests).
-    transactions_enabled: bool,
     /// Incremental fetch sessions (KIP-227), sized by
     /// `max.incremental.fetch.session.cache.slots`.
     pub fetch_sessions: crate::fetch_session::FetchSessionCache,
@@ -106,7 +96,6 @@ impl Broker {
             Self {
                 group_coordinator,
                 transaction_coordinator,
-                transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
                 fetch_sessions: crate::fetch_session::FetchSessionCache::new(
                     config.max_incremental_fetch_session_cache_slots(),
                     config.min_incremental_fetch_session_eviction_ms(),
@@ -127,11 +116,6 @@ impl Broker {
                 started: Instant::now(),
             }
         })
-    }
-
-    /// Whether transactions are served (see the field): `GREGOR_TRANSACTIONS=1` at start-up.
-    pub fn transactions_enabled(&self) -> bool {
-        self.transactions_enabled
     }
 
     /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal

@@ -4,9 +4,6 @@
 //! inter-broker listener; the Java client's transactional producer end to end; and the
 //! coordinator killed (kill -9) in the middle of a transaction: the new leader of its
 //! `__transaction_state` partition loads the transaction and the commit completes there.
-//!
-//! Its own test binary: it turns transactions on (`GREGOR_TRANSACTIONS=1`) in this process's
-//! environment, which the cluster's processes inherit.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,11 +67,9 @@ fn coordinator_of(bootstrap: &str, id: &str) -> Result<(i32, String)> {
     })
 }
 
-/// A three-node cluster (combined roles) with transactions on, and topics `topics` with 3
-/// partitions and replication factor 3.
+/// A three-node cluster (combined roles) and topics `topics` with 3 partitions and
+/// replication factor 3.
 fn cluster_with_topics(topics: &[&str]) -> Result<(Cluster, KafkaConn)> {
-    // The cluster's processes inherit this (every test of this binary wants it).
-    std::env::set_var("GREGOR_TRANSACTIONS", "1");
     let cluster = Cluster::start(&ClusterConfig::combined(gregor(), 3))?;
     let bootstrap = cluster.bootstrap();
     let first = bootstrap.split(',').next().context("a broker")?.to_string();

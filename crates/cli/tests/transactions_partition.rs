@@ -1,12 +1,12 @@
 //! The partition leader's side of transactions (issue 12), driven at the protocol level with
-//! our raw wire client, below the transaction coordinator (InitProducerId and FindCoordinator
-//! for transactional ids still refuse): a producer id from an idempotent InitProducerId,
+//! our raw wire client, below the transaction coordinator (which these tests do not use): a
+//! producer id from an idempotent InitProducerId,
 //! Produce with a `transactional_id` and transactional batches, WriteTxnMarkers as the
 //! coordinator sends them, then Fetch read_committed and read_uncommitted, ListOffsets and
 //! DescribeProducers, across a kill -9 in the middle of an open transaction. KIP-890
 //! verification is turned off here (`transaction.partition.verification.enable=false`, as
-//! Kafka allows) since no coordinator answers; the second test shows what a producer gets with
-//! it on and no coordinator.
+//! Kafka allows) since no coordinator knows these transactions; one test shows what a
+//! producer gets with it on and no coordinator.
 
 use std::time::{Duration, Instant};
 
@@ -451,8 +451,9 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
     Ok(())
 }
 
-/// With KIP-890 verification on (the default) and no transaction coordinator, a producer's
-/// first transactional write gets Kafka's answer for a coordinator it cannot reach:
+/// With KIP-890 verification on (the default) and no transaction coordinator (no
+/// `__transaction_state` yet: no client asked FindCoordinator for a transactional id), a
+/// producer's first transactional write gets Kafka's answer for a coordinator it cannot reach:
 /// NOT_ENOUGH_REPLICAS (19, retriable), and nothing is written.
 #[test]
 fn verification_without_a_coordinator_is_retriable() -> Result<()> {
@@ -818,12 +819,7 @@ fn kafka_transactions_finds_and_aborts_a_hanging_transaction() -> Result<()> {
     if !jars_or_skip() {
         return Ok(());
     }
-    let mut g = Gregor::spawn_with_env(
-        BIN,
-        &["transaction.partition.verification.enable=false"],
-        &[("GREGOR_TRANSACTIONS", "1")],
-    )?;
-    g.wait_ready()?;
+    let g = Gregor::start(BIN, &["transaction.partition.verification.enable=false"])?;
     let bs = g.bootstrap();
     let mut c = KafkaConn::connect(&bs, "txn-hanging-test")?;
     create_topic(&mut c, TOPIC)?;
@@ -924,6 +920,57 @@ fn kafka_transactions_finds_and_aborts_a_hanging_transaction() -> Result<()> {
             .lines()
             .any(|l| l.split_whitespace().next() == Some(TOPIC)),
         "still hanging: {found}"
+    );
+    Ok(())
+}
+
+/// `producer.id.expiration.ms` checked every `producer.id.expiration.check.interval.ms`
+/// (Kafka's `PeriodicProducerExpirationCheck`): an idle idempotent producer's state is
+/// dropped (DescribeProducers stops listing it); a producer with an open transaction stays.
+#[test]
+fn idle_producers_expire_unless_their_transaction_is_open() -> Result<()> {
+    let g = Gregor::start(
+        BIN,
+        &[
+            "transaction.partition.verification.enable=false",
+            "producer.id.expiration.ms=1000",
+            "producer.id.expiration.check.interval.ms=100",
+        ],
+    )?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-expiry-test")?;
+    create_topic(&mut c, TOPIC)?;
+    let idle = init_producer_id(&mut c)?;
+    let open = init_producer_id(&mut c)?;
+    let started = Instant::now();
+    let idempotent = BatchBuilder::new(0, now_ms())
+        .producer(idle, 0, 0)
+        .record(now_ms(), None, Some(b"i"), &[])
+        .build();
+    ensure!(produce(&mut c, None, idempotent)? == (0, 0));
+    ensure!(produce(&mut c, Some("tx-open"), batch(Some((open, 0, 0)), &["o"]))? == (0, 1));
+    let mut both = vec![(idle, 0, -1), (open, 0, 1)];
+    both.sort_unstable();
+    let mut listed = describe_producers(&mut c)?;
+    listed.sort_unstable();
+    ensure!(
+        listed == both || started.elapsed() >= Duration::from_millis(1000),
+        "{listed:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = describe_producers(&mut c)?;
+        if listed == [(open, 0, 1)] {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the idle producer never expired: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "expired before producer.id.expiration.ms"
     );
     Ok(())
 }

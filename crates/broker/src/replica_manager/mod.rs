@@ -1485,12 +1485,21 @@ impl ReplicaManager {
         results
     }
 
+    /// Kafka's `UnifiedLog.removeExpiredProducers` on every partition: drops the state of
+    /// producers idle for `producer.id.expiration.ms` at `now_ms` (not those with an open
+    /// transaction) and verification entries as old. Blocking: run it on the I/O pool.
+    pub fn remove_expired_producers(&self, now_ms: i64) {
+        let expiration_ms = self.config.producer_id_expiration_ms();
+        for p in self.partitions() {
+            p.log.remove_expired_producers(now_ms, expiration_ms);
+        }
+    }
+
     /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
     /// `log.retention.check.interval.ms`): deletes segments past `retention.ms`,
     /// `retention.bytes` or below the log start offset, bounded by each partition's high
-    /// watermark, expires idle producers (`producer.id.expiration.ms`), and checkpoints the
-    /// log start offsets when they moved. Errors are logged per partition. Blocking: run it on
-    /// the I/O pool.
+    /// watermark, and checkpoints the log start offsets when they moved. Errors are logged
+    /// per partition. Blocking: run it on the I/O pool.
     pub fn run_retention(&self, now_ms: i64) {
         let mut moved = false;
         for p in self.partitions() {
@@ -1500,8 +1509,6 @@ impl ReplicaManager {
                     tracing::error!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
                 }
             }
-            p.log
-                .remove_expired_producers(now_ms, self.config.producer_id_expiration_ms());
         }
         if moved {
             if let Err(e) = self.logs.checkpoint_log_start_offsets() {
