@@ -67,8 +67,9 @@ pub struct Broker {
     pub authorizer: Arc<dyn Authorizer>,
     /// What the group coordinator does when a transaction with offset commits ends (called
     /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
-    /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
-    pub txn_offsets_completion: std::sync::OnceLock<Arc<dyn TxnOffsetsCompletion>>,
+    /// [`crate::txn_markers`]): the group coordinator's, installed at start-up
+    /// ([`Broker::set_txn_offsets_completion`]; an in-process test may replace it).
+    txn_offsets_completion: parking_lot::RwLock<Option<Arc<dyn TxnOffsetsCompletion>>>,
     started: Instant,
 }
 
@@ -112,10 +113,21 @@ impl Broker {
                 producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
                 bound,
                 authorizer,
-                txn_offsets_completion: std::sync::OnceLock::new(),
+                txn_offsets_completion: parking_lot::RwLock::new(None),
                 started: Instant::now(),
             }
         })
+    }
+
+    /// Installs what ends transactional offset commits when markers reach
+    /// `__consumer_offsets` (replacing the one installed before, if any).
+    pub fn set_txn_offsets_completion(&self, hook: Arc<dyn TxnOffsetsCompletion>) {
+        *self.txn_offsets_completion.write() = Some(hook);
+    }
+
+    /// The installed [`TxnOffsetsCompletion`], if any.
+    pub fn txn_offsets_completion(&self) -> Option<Arc<dyn TxnOffsetsCompletion>> {
+        self.txn_offsets_completion.read().clone()
     }
 
     /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal

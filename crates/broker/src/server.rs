@@ -543,9 +543,9 @@ pub async fn start_with_authorizer(
     let _ = broker.controller_client.set(controller_client.clone());
     // Markers written to `__consumer_offsets` complete the group coordinator's pending
     // transactional offsets (issue 12).
-    let _ = broker.txn_offsets_completion.set(
-        crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
-    );
+    broker.set_txn_offsets_completion(crate::coordinator_writer::GroupTxnOffsetsCompletion::new(
+        Arc::downgrade(&broker),
+    ));
     // KIP-890: a leader verifies a producer's first transactional write to a partition with
     // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
     {

@@ -91,7 +91,7 @@ async fn markers_on_consumer_offsets_reach_the_group_coordinator() {
         .await
         .expect("topic");
     let recorder = Arc::new(Recorder::default());
-    assert!(b.txn_offsets_completion.set(recorder.clone()).is_ok());
+    b.set_txn_offsets_completion(recorder.clone());
 
     let out = append_txn_markers(
         b,
