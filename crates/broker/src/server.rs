@@ -554,13 +554,10 @@ pub async fn start_with_authorizer(
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
     // Markers written to `__consumer_offsets` complete the group coordinator's pending
-    // transactional offsets (issue 12). Only with transactions on: otherwise no TxnOffsetCommit
-    // is served, so nothing is pending (and in-process tests install their own hook).
-    if broker.transactions_enabled() {
-        let _ = broker.txn_offsets_completion.set(
-            crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
-        );
-    }
+    // transactional offsets (issue 12).
+    broker.set_txn_offsets_completion(crate::coordinator_writer::GroupTxnOffsetsCompletion::new(
+        Arc::downgrade(&broker),
+    ));
     // KIP-890: a leader verifies a producer's first transactional write to a partition with
     // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
     {
@@ -728,6 +725,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(producer_expiration_checker(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -848,6 +849,28 @@ async fn idle_file_closer(broker: Arc<Broker>, mut shutdown: watch::Receiver<boo
             .replica_manager
             .io_pool()
             .run(gregor_log::files::close_idle_files)
+            .await;
+    }
+}
+
+/// Kafka's `PeriodicProducerExpirationCheck`: every `producer.id.expiration.check.interval.ms`
+/// drops the state of producers idle for `producer.id.expiration.ms` (none with an open
+/// transaction) and expired KIP-890 verification entries, on every partition.
+async fn producer_expiration_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let every = Duration::from_millis(broker.config.producer_id_expiration_check_interval_ms());
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        let b = broker.clone();
+        let _ = broker
+            .replica_manager
+            .io_pool()
+            .run(move || {
+                let rm = &b.replica_manager;
+                rm.remove_expired_producers(rm.now_ms());
+            })
             .await;
     }
 }
