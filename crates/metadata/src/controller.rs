@@ -1430,6 +1430,37 @@ impl ControllerHandle {
             .await
     }
 
+    /// AlterClientQuotas (API 49, KIP-546); see [`Controller::alter_client_quotas`]. Each
+    /// entity's answer; when the batch is not committed or not applied here, that error is the
+    /// answer of every entity that had none of its own.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER when the controller stopped before answering.
+    pub async fn alter_client_quotas(
+        &self,
+        alterations: Vec<crate::client_quota_control::ClientQuotaAlteration>,
+        validate_only: bool,
+    ) -> Result<Vec<(crate::image::QuotaEntity, Result<(), ControllerError>)>, ControllerError>
+    {
+        match self
+            .submit(move |c| Ok(c.alter_client_quotas(alterations, validate_only)))
+            .await
+        {
+            Ok(answers) => Ok(answers),
+            Err(Failed {
+                response: Some(answers),
+                error,
+            }) => Ok(answers
+                .into_iter()
+                .map(|(e, a)| (e, a.and_then(|_| Err(error.clone()))))
+                .collect()),
+            Err(Failed {
+                response: None,
+                error,
+            }) => Err(error),
+        }
+    }
+
     /// AlterPartition (API 56, KIP-497) from a partition leader; see
     /// [`Controller::alter_partition`]. Returns once the change is committed and applied on
     /// this node, with each partition's new state (leader, leader epoch, ISR, partition epoch)
