@@ -79,6 +79,9 @@ pub struct Broker {
     /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
     /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
     pub txn_offsets_completion: std::sync::OnceLock<Arc<dyn TxnOffsetsCompletion>>,
+    /// Client quotas (KIP-13, KIP-124, KIP-599): the rates recorded per user and client id
+    /// and the throttle times they give ([`crate::client_quota`]).
+    pub client_quotas: crate::client_quota::ClientQuotaManagers,
     started: Instant,
 }
 
@@ -107,6 +110,12 @@ impl Broker {
                 group_coordinator,
                 transaction_coordinator,
                 transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
+                client_quotas: crate::client_quota::ClientQuotaManagers::new(
+                    config.quota_window_num(),
+                    config.quota_window_size_seconds(),
+                    config.controller_quota_window_num(),
+                    config.controller_quota_window_size_seconds(),
+                ),
                 fetch_sessions: crate::fetch_session::FetchSessionCache::new(
                     config.max_incremental_fetch_session_cache_slots(),
                     config.min_incremental_fetch_session_eviction_ms(),

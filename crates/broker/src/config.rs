@@ -694,6 +694,11 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         ConfigType::Int,
         "1",
     ),
+    // Client quotas (KIP-13, KIP-599, Kafka's `QuotaConfig`): the rates' samples.
+    ("quota.window.num", ConfigType::Int, "11"),
+    ("quota.window.size.seconds", ConfigType::Int, "1"),
+    ("controller.quota.window.num", ConfigType::Int, "11"),
+    ("controller.quota.window.size.seconds", ConfigType::Int, "1"),
     // DescribeTopicPartitions (KIP-966): the most partitions one response holds.
     ("max.request.partition.size.limit", ConfigType::Int, "2000"),
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
@@ -1072,6 +1077,10 @@ impl BrokerConfig {
         for key in [
             "replication.quota.window.num",
             "replication.quota.window.size.seconds",
+            "quota.window.num",
+            "quota.window.size.seconds",
+            "controller.quota.window.num",
+            "controller.quota.window.size.seconds",
         ] {
             let v = int(key, 1);
             if v < 1 {
@@ -1862,6 +1871,34 @@ impl BrokerConfig {
         ) as i32
     }
 
+    /// `quota.window.num` (default 11, at least 1): samples kept by client quotas' rates.
+    pub fn quota_window_num(&self) -> i32 {
+        self.raw_i64("quota.window.num", 11, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `quota.window.size.seconds` (default 1, at least 1): one sample of client quotas' rates,
+    /// in seconds.
+    pub fn quota_window_size_seconds(&self) -> i32 {
+        self.raw_i64("quota.window.size.seconds", 1, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `controller.quota.window.num` (default 11, at least 1): samples kept by the controller
+    /// mutation quota's rates (KIP-599).
+    pub fn controller_quota_window_num(&self) -> i32 {
+        self.raw_i64("controller.quota.window.num", 11, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `controller.quota.window.size.seconds` (default 1, at least 1): one sample of the
+    /// controller mutation quota's rates, in seconds (KIP-599).
+    pub fn controller_quota_window_size_seconds(&self) -> i32 {
+        self.raw_i64(
+            "controller.quota.window.size.seconds",
+            1,
+            1,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
     /// `max.request.partition.size.limit` (default 2000, at least 1): the most partitions
     /// one DescribeTopicPartitions response holds (KIP-966).
     pub fn max_request_partition_size_limit(&self) -> i32 {
@@ -2140,6 +2177,10 @@ mod tests {
         for key in [
             "replication.quota.window.num",
             "replication.quota.window.size.seconds",
+            "quota.window.num",
+            "quota.window.size.seconds",
+            "controller.quota.window.num",
+            "controller.quota.window.size.seconds",
         ] {
             let e = BrokerConfig::from_properties(props(&[(key, "0")])).unwrap_err();
             assert_eq!(e.name, key);

@@ -398,6 +398,7 @@ impl<H: RequestHandler> SocketServer<H> {
         let mut software = (String::from("unknown"), String::from("unknown"));
         // Set when the client went away: its pending responses can no longer be delivered.
         let mut peer_closed = false;
+        let throttle = crate::context::ConnectionThrottle::default();
         loop {
             // Like Kafka muting a connection while its response is outstanding: no further
             // request is read while more than MAX_UNSENT_RESPONSE_BYTES of responses wait for
@@ -405,6 +406,14 @@ impl<H: RequestHandler> SocketServer<H> {
             // responses in memory.
             if !wait_for_unsent_responses(&activity, &mut shutdown).await {
                 break;
+            }
+            // A quota throttle (KIP-219) mutes the connection's reads until it ends.
+            if throttle.throttled_until().is_some() {
+                tokio::select! {
+                    () = throttle.wait() => {}
+                    () = writer_stopped(&activity) => break,
+                    _ = shutdown.changed() => break,
+                }
             }
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
@@ -431,6 +440,7 @@ impl<H: RequestHandler> SocketServer<H> {
                 }
             };
             let received_at = Instant::now();
+            let size_in_bytes = buf.len();
             let decoded = frame::decode_request(buf, &supported);
             let slot = match decoded {
                 Ok(DecodedRequest::Request {
@@ -459,6 +469,8 @@ impl<H: RequestHandler> SocketServer<H> {
                         client_software_version,
                         received_at,
                         sends_files: conn.sends_files,
+                        size_in_bytes,
+                        throttle: throttle.clone(),
                     });
                     let span = tracing::debug_span!(
                         "request",
