@@ -1,0 +1,409 @@
+//! Client quotas (KIP-13, KIP-219, KIP-546) with clients gregor did not write: librdkafka's
+//! producer under `producer_byte_rate`, its consumer under `consumer_byte_rate`, and the
+//! AlterClientQuotas / DescribeClientQuotas answers at the protocol level.
+//!
+//! `cargo test -p gregor --test client_quotas -- --nocapture` prints the measured rates.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use gregor_tests::wire::KafkaConn;
+use gregor_tests::Gregor;
+use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
+use kafka_protocol::messages::describe_client_quotas_request::ComponentData;
+use kafka_protocol::messages::{
+    AlterClientQuotasRequest, AlterClientQuotasResponse, ApiKey, DescribeClientQuotasRequest,
+    DescribeClientQuotasResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Message};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gregor");
+
+fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+/// Sets (Some) or removes (None) quota `key` of the entity `components`.
+fn alter(
+    bootstrap: &str,
+    components: &[(&str, Option<&str>)],
+    ops: &[(&str, Option<f64>)],
+    validate_only: bool,
+) -> Result<AlterClientQuotasResponse> {
+    let mut conn = KafkaConn::connect(bootstrap, "quota-admin")?;
+    let req = AlterClientQuotasRequest::default()
+        .with_validate_only(validate_only)
+        .with_entries(vec![EntryData::default()
+            .with_entity(
+                components
+                    .iter()
+                    .map(|(t, n)| {
+                        EntityData::default()
+                            .with_entity_type(sb(t))
+                            .with_entity_name(n.map(sb))
+                    })
+                    .collect(),
+            )
+            .with_ops(
+                ops.iter()
+                    .map(|(k, v)| {
+                        OpData::default()
+                            .with_key(sb(k))
+                            .with_value(v.unwrap_or(0.0))
+                            .with_remove(v.is_none())
+                    })
+                    .collect(),
+            )]);
+    conn.call(ApiKey::AlterClientQuotas, 1, &req)
+}
+
+fn set_quota(bootstrap: &str, client_id: &str, key: &str, value: f64) -> Result<()> {
+    let r = alter(
+        bootstrap,
+        &[("client-id", Some(client_id))],
+        &[(key, Some(value))],
+        false,
+    )?;
+    ensure!(
+        r.entries.len() == 1 && r.entries[0].error_code == 0,
+        "AlterClientQuotas: {r:?}"
+    );
+    Ok(())
+}
+
+fn create_topic(bootstrap: &str, topic: &str) -> Result<()> {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(admin.create_topics(
+        &[rdkafka::admin::NewTopic::new(
+            topic,
+            1,
+            rdkafka::admin::TopicReplication::Fixed(1),
+        )],
+        &rdkafka::admin::AdminOptions::new(),
+    ))?;
+    for t in r {
+        t.map_err(|(n, e)| anyhow::anyhow!("creating {n}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Counts acknowledged bytes and keeps the largest broker throttle librdkafka reports.
+#[derive(Default)]
+struct Counting {
+    acked_bytes: AtomicU64,
+    failed: AtomicU64,
+    throttle_max_ms: AtomicI64,
+}
+
+/// The clients' context: a handle on the shared counters.
+#[derive(Clone)]
+struct Ctx(Arc<Counting>);
+
+impl ClientContext for Ctx {
+    fn stats(&self, statistics: Statistics) {
+        for b in statistics.brokers.values() {
+            if let Some(w) = &b.throttle {
+                self.0.throttle_max_ms.fetch_max(w.max, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Ctx {}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                self.0
+                    .acked_bytes
+                    .fetch_add(m.payload_len() as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.0.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// `producer_byte_rate` of 1 MB/s for the producer's client id: librdkafka produces as fast as
+/// it can for 20 s, the bytes it has acknowledged over that wall time stay within 10% of the
+/// quota, and it reports a broker throttle (its statistics' `throttle`, from the responses'
+/// `throttle_time_ms`).
+///
+/// Kafka's rate allows a burst at the start: the rate is measured over at least
+/// `quota.window.num - 1` windows (10 s), so the first 10 MB are not throttled. The 20 s are
+/// measured after that burst (from the first acknowledgement after which the quota holds, i.e.
+/// once 10 windows' worth is acknowledged), as the steady rate the quota enforces.
+#[test]
+fn producer_byte_rate_holds_an_rdkafka_producer_to_its_quota() -> Result<()> {
+    const QUOTA: f64 = 1_000_000.0;
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    create_topic(&bs, "quota-produce")?;
+    set_quota(&bs, "quota-producer", "producer_byte_rate", QUOTA)?;
+
+    let ctx = Arc::new(Counting::default());
+    let producer: ThreadedProducer<Ctx> = ClientConfig::new()
+        .set("bootstrap.servers", &bs)
+        .set("client.id", "quota-producer")
+        .set("statistics.interval.ms", "500")
+        .set("linger.ms", "5")
+        .set("batch.size", "65536")
+        .set("queue.buffering.max.kbytes", "8192")
+        .set("message.timeout.ms", "120000")
+        .create_with_context(Ctx(ctx.clone()))?;
+    let value = vec![7u8; 8 * 1024];
+    let send_until = |until: Instant| {
+        while Instant::now() < until {
+            match producer.send(BaseRecord::<(), [u8]>::to("quota-produce").payload(&value)) {
+                Ok(()) => {}
+                Err((_, _)) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    };
+    // The burst Kafka's minimum window allows: until 10 windows' worth is acknowledged.
+    let burst_deadline = Instant::now() + Duration::from_secs(30);
+    while ctx.acked_bytes.load(Ordering::Relaxed) < (QUOTA * 10.0) as u64 {
+        ensure!(
+            Instant::now() < burst_deadline,
+            "the first 10 MB were not acknowledged within 30 s"
+        );
+        send_until(Instant::now() + Duration::from_millis(50));
+    }
+    let start_bytes = ctx.acked_bytes.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let mut per_second = Vec::new();
+    let mut last = start_bytes;
+    for s in 1..=20 {
+        send_until(started + Duration::from_secs(s));
+        let now = ctx.acked_bytes.load(Ordering::Relaxed);
+        per_second.push((now - last) as f64 / 1e6);
+        last = now;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let rate = (ctx.acked_bytes.load(Ordering::Relaxed) - start_bytes) as f64 / elapsed;
+    let throttle = ctx.throttle_max_ms.load(Ordering::Relaxed);
+    println!(
+        "acknowledged {:.0} B/s over {elapsed:.1} s (quota {QUOTA}); per second (MB): {per_second:?}; max throttle {throttle} ms",
+        rate
+    );
+    ensure!(ctx.failed.load(Ordering::Relaxed) == 0, "deliveries failed");
+    ensure!(
+        (rate - QUOTA).abs() <= QUOTA * 0.10,
+        "acknowledged rate {rate:.0} B/s is not within 10% of {QUOTA}"
+    );
+    ensure!(throttle > 0, "librdkafka saw no throttle_time_ms");
+    drop(producer);
+    Ok(())
+}
+
+/// `consumer_byte_rate` for the consumer's client id: reading 16 MB that are already in the
+/// log, librdkafka gets the first 10 windows' worth at once and the rest at the quota, and it
+/// reports a broker throttle. A consumer with another client id is not throttled.
+#[test]
+fn consumer_byte_rate_throttles_an_rdkafka_consumer() -> Result<()> {
+    const QUOTA: f64 = 1_000_000.0;
+    const TOTAL: usize = 16 * 1024 * 1024;
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    create_topic(&bs, "quota-fetch")?;
+    {
+        let ctx = Arc::new(Counting::default());
+        let producer: ThreadedProducer<Ctx> = ClientConfig::new()
+            .set("bootstrap.servers", &bs)
+            .set("linger.ms", "5")
+            .create_with_context(Ctx(ctx.clone()))?;
+        let value = vec![3u8; 16 * 1024];
+        let mut sent = 0;
+        while sent < TOTAL {
+            match producer.send(BaseRecord::<(), [u8]>::to("quota-fetch").payload(&value)) {
+                Ok(()) => sent += value.len(),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        producer.flush(Duration::from_secs(60))?;
+        ensure!(ctx.acked_bytes.load(Ordering::Relaxed) as usize == TOTAL);
+    }
+    set_quota(&bs, "quota-consumer", "consumer_byte_rate", QUOTA)?;
+
+    let consume = |client_id: &str| -> Result<(Duration, i64)> {
+        let ctx = Arc::new(Counting::default());
+        let consumer: BaseConsumer<Ctx> = ClientConfig::new()
+            .set("bootstrap.servers", &bs)
+            .set("client.id", client_id)
+            .set("group.id", client_id)
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .set("statistics.interval.ms", "500")
+            .create_with_context(Ctx(ctx.clone()))?;
+        consumer.subscribe(&["quota-fetch"])?;
+        let started = Instant::now();
+        let mut read = 0usize;
+        while read < TOTAL {
+            ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "consumed only {read} bytes in 60 s"
+            );
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                read += m.context("consume")?.payload_len();
+            }
+        }
+        let took = started.elapsed();
+        // One more statistics interval, so the last throttle is reported.
+        let until = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < until {
+            let _ = consumer.poll(Duration::from_millis(100));
+        }
+        Ok((took, ctx.throttle_max_ms.load(Ordering::Relaxed)))
+    };
+    let (free_took, free_throttle) = consume("unthrottled-consumer")?;
+    let (took, throttle) = consume("quota-consumer")?;
+    println!(
+        "16 MiB: unthrottled {free_took:?} (throttle {free_throttle} ms), consumer_byte_rate {QUOTA}: {took:?} (max throttle {throttle} ms)"
+    );
+    ensure!(free_throttle == 0, "the other client id was throttled");
+    ensure!(throttle > 0, "librdkafka saw no throttle_time_ms");
+    // The bytes beyond the first 10 windows' worth come at the quota (less 10% for the
+    // window's edges).
+    let floor = (TOTAL as f64 - QUOTA * 11.0) / QUOTA * 0.9;
+    ensure!(
+        took.as_secs_f64() >= floor,
+        "16 MiB were read in {took:?}, faster than the quota allows ({floor:.1} s)"
+    );
+    Ok(())
+}
+
+/// AlterClientQuotas and DescribeClientQuotas as Kafka answers them: validate_only writes
+/// nothing, a set quota is described with its entity, invalid alterations get
+/// INVALID_REQUEST with Kafka's message, and a removal empties the entity.
+#[test]
+fn alter_and_describe_client_quotas() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    let describe =
+        |components: Vec<ComponentData>, strict: bool| -> Result<DescribeClientQuotasResponse> {
+            let mut conn = KafkaConn::connect(&bs, "quota-admin")?;
+            conn.call(
+                ApiKey::DescribeClientQuotas,
+                1,
+                &DescribeClientQuotasRequest::default()
+                    .with_components(components)
+                    .with_strict(strict),
+            )
+        };
+    let user_alice = || {
+        vec![ComponentData::default()
+            .with_entity_type(sb("user"))
+            .with_match_type(0)
+            .with_match(Some(sb("alice")))]
+    };
+    let entity = [("user", Some("alice")), ("client-id", None)];
+    let r = alter(&bs, &entity, &[("producer_byte_rate", Some(1024.0))], true)?;
+    ensure!(r.entries[0].error_code == 0, "{r:?}");
+    let d = describe(user_alice(), false)?;
+    ensure!(
+        d.entries.as_ref().is_some_and(Vec::is_empty),
+        "validate_only wrote: {d:?}"
+    );
+
+    let r = alter(
+        &bs,
+        &entity,
+        &[
+            ("producer_byte_rate", Some(1024.0)),
+            ("request_percentage", Some(12.5)),
+        ],
+        false,
+    )?;
+    ensure!(r.entries[0].error_code == 0, "{r:?}");
+    let d = describe(user_alice(), false)?;
+    let entries = d.entries.context("entries")?;
+    ensure!(entries.len() == 1, "{entries:?}");
+    let mut values: Vec<(String, f64)> = entries[0]
+        .values
+        .iter()
+        .map(|v| (v.key.to_string(), v.value))
+        .collect();
+    values.sort_by(|a, b| a.0.cmp(&b.0));
+    ensure!(
+        values
+            == vec![
+                ("producer_byte_rate".into(), 1024.0),
+                ("request_percentage".into(), 12.5)
+            ],
+        "{values:?}"
+    );
+    // Strict with only the user component: alice's (user, default client-id) entity has two.
+    let d = describe(user_alice(), true)?;
+    ensure!(d.entries.as_ref().is_some_and(Vec::is_empty), "{d:?}");
+
+    for (ops, message) in [
+        (
+            vec![("producer_byte_rate", Some(-5.0))],
+            "Quota producer_byte_rate must be greater than 0",
+        ),
+        (
+            vec![("no_such_quota", Some(1.0))],
+            "Invalid configuration key no_such_quota",
+        ),
+        (
+            vec![("consumer_byte_rate", Some(0.5))],
+            "consumer_byte_rate cannot be a fractional value.",
+        ),
+    ] {
+        let r = alter(&bs, &entity, &ops, false)?;
+        ensure!(
+            r.entries[0].error_code == 42 && r.entries[0].error_message.as_deref() == Some(message),
+            "{ops:?}: {r:?}"
+        );
+    }
+    let r = alter(
+        &bs,
+        &[("group", Some("g"))],
+        &[("producer_byte_rate", Some(1.0))],
+        false,
+    )?;
+    ensure!(
+        r.entries[0].error_code == 42
+            && r.entries[0].error_message.as_deref()
+                == Some("Unhandled client quota entity type: group"),
+        "{r:?}"
+    );
+    let d = describe(
+        vec![ComponentData::default()
+            .with_entity_type(sb("group"))
+            .with_match_type(2)],
+        false,
+    )?;
+    ensure!(d.error_code == 35 && d.entries.is_none(), "{d:?}");
+
+    let r = alter(
+        &bs,
+        &entity,
+        &[("producer_byte_rate", None), ("request_percentage", None)],
+        false,
+    )?;
+    ensure!(r.entries[0].error_code == 0, "{r:?}");
+    let d = describe(user_alice(), false)?;
+    ensure!(
+        d.entries.as_ref().is_some_and(Vec::is_empty),
+        "not removed: {d:?}"
+    );
+    Ok(())
+}
