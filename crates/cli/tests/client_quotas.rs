@@ -454,3 +454,146 @@ fn alter_and_describe_client_quotas() -> Result<()> {
     );
     Ok(())
 }
+
+/// `kafka-configs` (Kafka 4.4.0's tool) adding, describing and deleting client quotas of
+/// users, client ids, both, defaults and an IP, against gregor and against Kafka: the tool
+/// prints the same for both, line for line (Kafka's output is the expectation).
+#[test]
+fn kafka_configs_manages_client_quotas_as_on_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let g = Gregor::start(BIN, &[])?;
+    let (kafka, _guard) = start_kafka()?;
+    let script: &[&[&str]] = &[
+        &[
+            "--alter",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+            "--add-config",
+            "producer_byte_rate=1048576,consumer_byte_rate=2097152",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            "alice",
+            "--add-config",
+            "request_percentage=50.5",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "users",
+            "--entity-default",
+            "--add-config",
+            "producer_byte_rate=1000",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            "alice",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+            "--add-config",
+            "controller_mutation_rate=10",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "ips",
+            "--entity-name",
+            "127.0.0.1",
+            "--add-config",
+            "connection_creation_rate=10",
+        ],
+        &[
+            "--describe",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+        ],
+        &[
+            "--describe",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            "alice",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+        ],
+        &["--describe", "--entity-type", "users", "--entity-default"],
+        &[
+            "--describe",
+            "--entity-type",
+            "ips",
+            "--entity-name",
+            "127.0.0.1",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+            "--delete-config",
+            "producer_byte_rate",
+        ],
+        &[
+            "--alter",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+            "--add-config",
+            "consumer_byte_rate=-1",
+        ],
+        &[
+            "--describe",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            "app1",
+        ],
+    ];
+    let run = |bootstrap: &str| -> Result<Vec<String>> {
+        script
+            .iter()
+            .map(|args| {
+                let mut all = vec!["--bootstrap-server", bootstrap];
+                all.extend_from_slice(args);
+                let out = reference::tool_output("kafka-configs", &all)?;
+                // Only the tool's own lines (not JVM or log noise), stack traces cut.
+                Ok(out
+                    .lines()
+                    .filter(|l| !l.starts_with('\t') && !l.trim().is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+                    .replace(bootstrap, "<bootstrap>"))
+            })
+            .collect()
+    };
+    let on_kafka = run(&kafka.bootstrap())?;
+    let on_gregor = run(&g.bootstrap())?;
+    for ((args, k), gr) in script.iter().zip(&on_kafka).zip(&on_gregor) {
+        println!(
+            "kafka-configs {}\n  kafka:  {k}\n  gregor: {gr}",
+            args.join(" ")
+        );
+    }
+    ensure!(
+        on_gregor == on_kafka,
+        "kafka-configs printed something else on gregor"
+    );
+    Ok(())
+}
