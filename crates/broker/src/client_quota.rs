@@ -333,6 +333,23 @@ impl ClientQuotaManager {
         table.limit(&u, &c)
     }
 
+    /// The metric tags (the entity whose rate is shared) and the quota for `user` /
+    /// `client_id`; None when no quota of this type exists at all (nothing is recorded then).
+    pub fn tags_and_quota(
+        &self,
+        image: &Arc<MetadataImage>,
+        user: &str,
+        client_id: &str,
+    ) -> Option<((String, String), Option<f64>)> {
+        let table = self.table(image);
+        if table.quotas.is_empty() {
+            return None;
+        }
+        let (u, c) = table.metric_tags(user, client_id);
+        let limit = table.limit(&u, &c);
+        Some(((u, c), limit))
+    }
+
     /// Records `value` for `user` / `client_id` at `now_ms` and returns the throttle time in ms
     /// (0 when within the quota). Kafka's `maybeRecordAndGetThrottleTimeMs`: nothing is
     /// recorded while no quota of this type exists.
@@ -436,6 +453,139 @@ impl ClientQuotaManager {
     }
 }
 
+/// Kafka's `TokenBucket` (KIP-599): `tokens` refill at the quota per second up to a burst
+/// of `window_num * window_size_seconds * quota`; a mutation takes as many tokens as
+/// partitions. Starts full.
+#[derive(Debug, Clone)]
+struct TokenBucket {
+    tokens: f64,
+    last_update_ms: i64,
+}
+
+impl TokenBucket {
+    fn refill(&mut self, quota: f64, burst: f64, now_ms: i64) {
+        let elapsed_s = (now_ms - self.last_update_ms).max(0) as f64 / 1000.0;
+        self.tokens = burst.min(self.tokens + quota * elapsed_s);
+        self.last_update_ms = now_ms;
+    }
+}
+
+/// The controller mutation quota of one request (Kafka's `StrictControllerMutationQuota` and
+/// `PermissiveControllerMutationQuota`): strict from CreateTopics v6, DeleteTopics v5 and
+/// CreatePartitions v3 (KIP-599) — a mutation while the bucket is below zero is refused with
+/// THROTTLING_QUOTA_EXCEEDED, one that finds it at or above zero is taken whole, even into
+/// debt —, permissive before them (always taken, the debt throttles).
+pub struct ControllerMutationQuota {
+    manager: Arc<ControllerMutationQuotaManager>,
+    key: (String, String),
+    quota: f64,
+    strict: bool,
+    /// (throttle time in ms, when it was computed on the manager's clock).
+    last_throttle: Mutex<(i64, i64)>,
+}
+
+impl ControllerMutationQuota {
+    /// Takes `partitions` tokens (see the type).
+    ///
+    /// # Errors
+    /// THROTTLING_QUOTA_EXCEEDED (strict only) when the bucket is below zero.
+    pub fn record(
+        &self,
+        partitions: u32,
+    ) -> Result<(), gregor_metadata::controller::ControllerError> {
+        let now = self.manager.now_ms();
+        let burst = self.manager.samples as f64 * self.manager.window_s * self.quota;
+        let mut buckets = self.manager.buckets.lock();
+        let bucket = buckets.entry(self.key.clone()).or_insert(TokenBucket {
+            tokens: burst,
+            last_update_ms: now,
+        });
+        bucket.refill(self.quota, burst, now);
+        let throttle_of = |tokens: f64| (-tokens / self.quota * 1000.0).round() as i64;
+        if self.strict {
+            if bucket.tokens < 0.0 {
+                let t = throttle_of(bucket.tokens);
+                *self.last_throttle.lock() = (t, now);
+                return Err(gregor_metadata::controller::ControllerError::Remote(
+                    gregor_protocol::error::ErrorCode::ThrottlingQuotaExceeded,
+                    "The throttling quota has been exceeded.".into(),
+                ));
+            }
+            bucket.tokens = burst.min(bucket.tokens - f64::from(partitions));
+        } else {
+            bucket.tokens = burst.min(bucket.tokens - f64::from(partitions));
+            if bucket.tokens < 0.0 {
+                *self.last_throttle.lock() = (throttle_of(bucket.tokens), now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The throttle time to answer with (ms): the last one computed, less the time since
+    /// (Kafka's `AbstractControllerMutationQuota.throttleTime`).
+    pub fn throttle_time_ms(&self) -> i64 {
+        let (t, at) = *self.last_throttle.lock();
+        (t - (self.manager.now_ms() - at)).max(0)
+    }
+}
+
+/// Kafka's `ControllerMutationQuotaManager`: a token bucket per quota entity, with the
+/// limits and shared entities of [`ClientQuotaManager`] (`controller_mutation_rate`).
+pub struct ControllerMutationQuotaManager {
+    limits: ClientQuotaManager,
+    samples: usize,
+    window_s: f64,
+    buckets: Mutex<HashMap<(String, String), TokenBucket>>,
+}
+
+impl std::fmt::Debug for ControllerMutationQuotaManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerMutationQuotaManager")
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControllerMutationQuotaManager {
+    /// A manager with `controller.quota.window.num` / `controller.quota.window.size.seconds`.
+    pub fn new(window_num: i32, window_size_seconds: i32) -> Self {
+        Self {
+            limits: ClientQuotaManager::new(
+                QuotaType::ControllerMutation,
+                window_num,
+                window_size_seconds,
+            ),
+            samples: usize::try_from(window_num.max(1)).unwrap_or(1),
+            window_s: f64::from(window_size_seconds.max(1)),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.limits.now_ms()
+    }
+
+    /// The quota of a request of `ctx` at `version` (strict from `strict_since_version`), or
+    /// None when no `controller_mutation_rate` applies to it.
+    pub fn quota_for(
+        self: &Arc<Self>,
+        image: &Arc<MetadataImage>,
+        ctx: &RequestContext,
+        strict_since_version: i16,
+    ) -> Option<Arc<ControllerMutationQuota>> {
+        let (key, limit) =
+            self.limits
+                .tags_and_quota(image, &ctx.principal.name, ctx.client_id())?;
+        let quota = limit.filter(|q| *q > 0.0)?;
+        Some(Arc::new(ControllerMutationQuota {
+            manager: self.clone(),
+            key,
+            quota,
+            strict: ctx.api_version() >= strict_since_version,
+            last_throttle: Mutex::new((0, 0)),
+        }))
+    }
+}
+
 /// The broker's client quota managers (Kafka's `QuotaManagers`).
 #[derive(Debug)]
 pub struct ClientQuotaManagers {
@@ -452,8 +602,9 @@ pub struct ClientQuotaManagers {
     /// handler and network thread time). A quota of 100 is one thread's worth.
     pub request: ClientQuotaManager,
     /// `controller_mutation_rate` (KIP-599): partitions created or deleted by CreateTopics,
-    /// CreatePartitions and DeleteTopics; its window is `controller.quota.window.*`.
-    pub controller_mutation: ClientQuotaManager,
+    /// CreatePartitions and DeleteTopics, on the active controller; its window is
+    /// `controller.quota.window.*`.
+    pub controller_mutation: Arc<ControllerMutationQuotaManager>,
 }
 
 impl ClientQuotaManagers {
@@ -469,11 +620,10 @@ impl ClientQuotaManagers {
             produce: ClientQuotaManager::new(QuotaType::Produce, window_num, window_size_seconds),
             fetch: ClientQuotaManager::new(QuotaType::Fetch, window_num, window_size_seconds),
             request: ClientQuotaManager::new(QuotaType::Request, window_num, window_size_seconds),
-            controller_mutation: ClientQuotaManager::new(
-                QuotaType::ControllerMutation,
+            controller_mutation: Arc::new(ControllerMutationQuotaManager::new(
                 controller_window_num,
                 controller_window_size_seconds,
-            ),
+            )),
         }
     }
 }
@@ -735,6 +885,44 @@ mod tests {
         assert!(m.record_and_get_throttle_time_ms(&img, "u", "a", 1000.0, 0) > 0);
         m.unrecord(&img, "u", "a", 1000.0, 0);
         assert_eq!(m.record_and_get_throttle_time_ms(&img, "u", "a", 0.0, 0), 0);
+    }
+
+    #[test]
+    fn controller_mutations_take_tokens_strictly_or_permissively() {
+        let m = Arc::new(ControllerMutationQuotaManager::new(11, 1));
+        let img = image(&[(&[(CLIENT_ID, Some("c"))], CONTROLLER_MUTATION_RATE, 1.0)]);
+        let ctx = |v: i16| {
+            let mut c = RequestContext::local(
+                gregor_protocol::kafka_protocol::messages::ApiKey::CreateTopics,
+                v,
+            );
+            c.header.client_id =
+                Some(gregor_protocol::kafka_protocol::protocol::StrBytes::from_static_str("c"));
+            c
+        };
+        // No quota for another client id.
+        let mut other = ctx(6);
+        other.header.client_id = None;
+        assert!(m.quota_for(&img, &other, 6).is_none());
+        // Strict: a burst of 11 tokens; 20 partitions are taken whole (into debt), then refused.
+        let q = m.quota_for(&img, &ctx(6), 6).expect("quota");
+        assert!(q.record(20).is_ok());
+        assert_eq!(q.throttle_time_ms(), 0);
+        let e = q.record(1).expect_err("exhausted");
+        assert_eq!(
+            e.error_code(),
+            gregor_protocol::error::ErrorCode::ThrottlingQuotaExceeded
+        );
+        // 9 tokens of debt at 1 per second: about 9 s.
+        assert!(
+            (8_900..=9_000).contains(&q.throttle_time_ms()),
+            "{}",
+            q.throttle_time_ms()
+        );
+        // Permissive (an older version): taken, and throttled.
+        let p = m.quota_for(&img, &ctx(5), 6).expect("quota");
+        assert!(p.record(1).is_ok());
+        assert!(p.throttle_time_ms() >= 9_000);
     }
 
     #[test]

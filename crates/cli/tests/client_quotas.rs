@@ -597,3 +597,50 @@ fn kafka_configs_manages_client_quotas_as_on_kafka() -> Result<()> {
     );
     Ok(())
 }
+
+/// `controller_mutation_rate` (KIP-599) of 1 partition/s for a client id: its burst (11
+/// tokens) lets a 20-partition CreateTopics v7 through whole, into debt; the next one is
+/// refused with THROTTLING_QUOTA_EXCEEDED and a throttle time (strict from v6), while a v5
+/// request (permissive) is accepted and answered with a throttle time. Another client id is
+/// not limited.
+#[test]
+fn controller_mutation_rate_refuses_strict_clients_and_throttles_old_ones() -> Result<()> {
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, TopicName};
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    set_quota(&bs, "mutator", "controller_mutation_rate", 1.0)?;
+    let create =
+        |client_id: &str, version: i16, name: &str, partitions: i32| -> Result<(i16, i32)> {
+            let mut conn = KafkaConn::connect(&bs, client_id)?;
+            let r: CreateTopicsResponse = conn.call(
+                ApiKey::CreateTopics,
+                version,
+                &CreateTopicsRequest::default()
+                    .with_timeout_ms(30_000)
+                    .with_topics(vec![CreatableTopic::default()
+                        .with_name(TopicName(sb(name)))
+                        .with_num_partitions(partitions)
+                        .with_replication_factor(1)]),
+            )?;
+            Ok((r.topics[0].error_code, r.throttle_time_ms))
+        };
+    let (code, throttle) = create("mutator", 7, "mutation-1", 20)?;
+    ensure!(code == 0 && throttle == 0, "first: {code} {throttle}");
+    let (code, throttle) = create("mutator", 7, "mutation-2", 1)?;
+    ensure!(
+        code == 89 && (8_000..=9_000).contains(&throttle),
+        "strict: {code} {throttle}"
+    );
+    let (code, throttle) = create("mutator", 5, "mutation-3", 1)?;
+    ensure!(
+        code == 0 && throttle > 8_000,
+        "permissive: {code} {throttle}"
+    );
+    let (code, throttle) = create("someone-else", 7, "mutation-4", 20)?;
+    ensure!(
+        code == 0 && throttle == 0,
+        "another client id: {code} {throttle}"
+    );
+    Ok(())
+}

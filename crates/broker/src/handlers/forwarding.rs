@@ -54,6 +54,10 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         }
         None => handle_local(broker, ctx, body).await,
     };
+    // Kafka's `sendForwardedResponse`: the client's connection is muted for the controller's
+    // throttle time (KIP-599's controller mutation quota).
+    ctx.throttle
+        .throttle(i64::from(response_throttle_time_ms(&response)));
     Handled::Ready(respond(&ctx.header, ctx.api_key, response))
 }
 
@@ -125,6 +129,16 @@ pub async fn handle_local(
             .await
             .into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
+    }
+}
+
+/// The `throttle_time_ms` of a forwarded API's response.
+fn response_throttle_time_ms(response: &ResponseKind) -> i32 {
+    match response {
+        ResponseKind::CreateTopics(r) => r.throttle_time_ms,
+        ResponseKind::DeleteTopics(r) => r.throttle_time_ms,
+        ResponseKind::CreatePartitions(r) => r.throttle_time_ms,
+        _ => 0,
     }
 }
 
