@@ -754,7 +754,10 @@ mod tests {
 
     use super::*;
 
-    fn image(quotas: &[(&[(&str, Option<&str>)], &str, f64)]) -> Arc<MetadataImage> {
+    /// (entity components, quota key, value).
+    type Quota<'a> = (&'a [(&'a str, Option<&'a str>)], &'a str, f64);
+
+    fn image(quotas: &[Quota<'_>]) -> Arc<MetadataImage> {
         let mut image = MetadataImage::default();
         for (entity, key, value) in quotas {
             let mut e: Vec<(String, Option<String>)> = entity
@@ -811,7 +814,7 @@ mod tests {
 
     #[test]
     fn precedence_is_kip_55s_eight_levels() {
-        let all: Vec<(&[(&str, Option<&str>)], &str, f64)> = vec![
+        let all: Vec<Quota<'_>> = vec![
             (
                 &[(USER, Some("u")), (CLIENT_ID, Some("c"))],
                 PRODUCER_BYTE_RATE,
