@@ -53,110 +53,7 @@ pub const QUOTA_RATE: &str = "gregor_quota_rate";
 /// Throttle times given to clients, in ms (histogram; same labels): Kafka's `throttle-time`.
 pub const QUOTA_THROTTLE_TIME_MS: &str = "gregor_quota_throttle_time_ms";
 
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    start_ms: i64,
-    last_event_ms: i64,
-    value: f64,
-}
-
-impl Sample {
-    fn new(now_ms: i64) -> Self {
-        Self {
-            start_ms: now_ms,
-            last_event_ms: now_ms,
-            value: 0.0,
-        }
-    }
-}
-
-/// Kafka's `Rate` on a `WindowedSum` (`SampledStat`), per second, sans-I/O: time is an
-/// argument in ms.
-#[derive(Debug, Clone)]
-pub struct Rate {
-    /// `quota.window.num`.
-    samples: usize,
-    /// `quota.window.size.seconds` in ms.
-    window_ms: i64,
-    ring: Vec<Sample>,
-    current: usize,
-}
-
-impl Rate {
-    /// A rate of `samples` samples (at least 1) of `window_ms` each (at least 1).
-    pub fn new(samples: usize, window_ms: i64) -> Self {
-        Self {
-            samples: samples.max(1),
-            window_ms: window_ms.max(1),
-            ring: Vec::new(),
-            current: 0,
-        }
-    }
-
-    /// Records `value` at `now_ms` (Kafka's `SampledStat.record`): a new sample starts once
-    /// the current one is a window old; `samples + 1` are kept, the extra one overlapping the
-    /// start of the window.
-    pub fn record(&mut self, value: f64, now_ms: i64) {
-        if self.ring.is_empty() {
-            self.ring.push(Sample::new(now_ms));
-            self.current = 0;
-        }
-        if now_ms - self.ring[self.current].start_ms >= self.window_ms {
-            self.current = (self.current + 1) % (self.samples + 1);
-            if self.current >= self.ring.len() {
-                self.ring.push(Sample::new(now_ms));
-            } else {
-                self.ring[self.current] = Sample::new(now_ms);
-            }
-        }
-        let s = &mut self.ring[self.current];
-        s.value += value;
-        s.last_event_ms = now_ms;
-    }
-
-    /// Samples without an event in the last `samples` windows restart empty at `now_ms`.
-    fn purge(&mut self, now_ms: i64) {
-        let expire = self.samples as i64 * self.window_ms;
-        for s in &mut self.ring {
-            if now_ms - s.last_event_ms >= expire {
-                *s = Sample::new(now_ms);
-            }
-        }
-    }
-
-    /// The window the rate is measured over at `now_ms`, in ms (Kafka's `Rate.windowSize`):
-    /// the time since the oldest sample started, at least `samples - 1` whole windows, at
-    /// least 1 ms.
-    pub fn window_size_ms(&mut self, now_ms: i64) -> i64 {
-        self.purge(now_ms);
-        let oldest = self.ring.iter().map(|s| s.start_ms).min().unwrap_or(now_ms);
-        let mut elapsed = now_ms - oldest;
-        let full_windows = elapsed / self.window_ms;
-        let min_full_windows = self.samples as i64 - 1;
-        if full_windows < min_full_windows {
-            elapsed += (min_full_windows - full_windows) * self.window_ms;
-        }
-        elapsed.max(1)
-    }
-
-    /// The rate at `now_ms`, per second (Kafka's `Rate.measure`).
-    pub fn measure(&mut self, now_ms: i64) -> f64 {
-        let window = self.window_size_ms(now_ms);
-        let total = self.ring.iter().fold(0.0, |acc, s| acc + s.value);
-        total * 1000.0 / window as f64
-    }
-
-    /// Kafka's `QuotaUtils.throttleTime`: ms until the rate is back at `bound` if nothing more
-    /// is recorded, 0 when it is not above it.
-    pub fn throttle_time_ms(&mut self, bound: f64, now_ms: i64) -> i64 {
-        let observed = self.measure(now_ms);
-        if observed <= bound || bound <= 0.0 {
-            return 0;
-        }
-        let window = self.window_size_ms(now_ms) as f64;
-        ((observed - bound) / bound * window).round() as i64
-    }
-}
+pub use gregor_network::quotas::Rate;
 
 /// A quota type (Kafka's `QuotaType`), its key and its metric group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,6 +481,39 @@ impl ControllerMutationQuotaManager {
             last_throttle: Mutex::new((0, 0)),
         }))
     }
+}
+
+/// The per-IP `connection_creation_rate` quotas (KIP-612) from the broker's metadata image:
+/// the quota of `ip=<address>`, else of `ip=<default>` (an entity name is compared as an
+/// address, so `::1` and `0:0::1` are one). None once the broker is gone.
+pub fn ip_connection_rates(
+    broker: std::sync::Weak<crate::broker::Broker>,
+) -> gregor_network::quotas::IpConnectionRates {
+    use gregor_metadata::client_quota_control::{CONNECTION_CREATION_RATE, IP};
+    gregor_network::quotas::IpConnectionRates(Arc::new(move |addr: std::net::IpAddr| {
+        let broker = broker.upgrade()?;
+        let image = broker.controller.image();
+        let mut default = None;
+        for (entity, values) in &image.client_quotas {
+            let [(t, name)] = entity.as_slice() else {
+                continue;
+            };
+            if t != IP {
+                continue;
+            }
+            let Some(v) = values.get(CONNECTION_CREATION_RATE) else {
+                continue;
+            };
+            match name {
+                None => default = Some(*v),
+                Some(n) if n.parse::<std::net::IpAddr>().is_ok_and(|a| a == addr) => {
+                    return Some(*v)
+                }
+                Some(_) => {}
+            }
+        }
+        default
+    }))
 }
 
 /// The broker's client quota managers (Kafka's `QuotaManagers`).

@@ -696,6 +696,11 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
     ),
     // Client quotas (KIP-13, KIP-599, Kafka's `QuotaConfig`): the rates' samples.
     ("quota.window.num", ConfigType::Int, "11"),
+    (
+        "max.connection.creation.rate",
+        ConfigType::Int,
+        "2147483647",
+    ),
     ("quota.window.size.seconds", ConfigType::Int, "1"),
     ("controller.quota.window.num", ConfigType::Int, "11"),
     ("controller.quota.window.size.seconds", ConfigType::Int, "1"),
@@ -970,6 +975,12 @@ impl BrokerConfig {
             max_connections_per_ip_overrides: self.max_connections_per_ip_overrides.clone(),
             connections_max_idle_ms: self.connections_max_idle_ms,
             max_connections_by_descriptors: None,
+            connection_rates: gregor_network::quotas::ConnectionRateConfig {
+                max_connection_creation_rate: self.max_connection_creation_rate(),
+                quota_window_num: self.quota_window_num(),
+                quota_window_size_seconds: self.quota_window_size_seconds(),
+                ip_rates: None,
+            },
         }
     }
 
@@ -1867,6 +1878,17 @@ impl BrokerConfig {
             "replication.quota.window.size.seconds",
             1,
             1,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
+    /// `max.connection.creation.rate` (default `i32::MAX`, no limit; at least 0): new
+    /// connections per second the broker's listeners accept (KIP-612).
+    pub fn max_connection_creation_rate(&self) -> i32 {
+        self.raw_i64(
+            "max.connection.creation.rate",
+            i64::from(i32::MAX),
+            0,
             i64::from(i32::MAX),
         ) as i32
     }

@@ -644,3 +644,71 @@ fn controller_mutation_rate_refuses_strict_clients_and_throttles_old_ones() -> R
     );
     Ok(())
 }
+
+/// One connection and an ApiVersions round trip: true when answered, false when the broker
+/// closed the connection instead.
+fn served(bootstrap: &str) -> Result<bool> {
+    use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
+    let mut conn = KafkaConn::connect(bootstrap, "conn-rate")?;
+    let r: Result<ApiVersionsResponse> = conn.call(
+        ApiKey::ApiVersions,
+        3,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(sb("t"))
+            .with_client_software_version(sb("1")),
+    );
+    Ok(r.is_ok())
+}
+
+/// KIP-612. `max.connection.creation.rate=5`: Kafka's rate lets the first 10 windows' worth
+/// (50) in at once, then holds the acceptor back (200 ms, 400 ms, ...), each connection still
+/// served: 54 connections take more than a second. A `connection_creation_rate` quota of 5 for
+/// `ip=127.0.0.1` (AlterClientQuotas): the 51st connection from that address is closed
+/// without an answer (after the throttle time), while the first 50 are served.
+#[test]
+fn connection_creation_rates_throttle_new_connections() -> Result<()> {
+    let g = Gregor::start(BIN, &["max.connection.creation.rate=5"])?;
+    let bs = g.bootstrap();
+    let started = Instant::now();
+    for i in 0..54 {
+        ensure!(served(&bs)?, "connection {i} was not served");
+    }
+    let took = started.elapsed();
+    println!("54 connections at max.connection.creation.rate=5: {took:?}");
+    ensure!(
+        took >= Duration::from_secs(1),
+        "60 connections in {took:?}: not throttled"
+    );
+    drop(g);
+
+    let g = Gregor::start(BIN, &[])?;
+    let bs = g.bootstrap();
+    let r = alter(
+        &bs,
+        &[("ip", Some("127.0.0.1"))],
+        &[("connection_creation_rate", Some(5.0))],
+        false,
+    )?;
+    ensure!(r.entries[0].error_code == 0, "{r:?}");
+    // The AlterClientQuotas connection counted as one.
+    let mut answered = 1;
+    while answered < 50 {
+        ensure!(
+            served(&bs)?,
+            "connection {answered} was refused below the rate"
+        );
+        answered += 1;
+    }
+    let mut refused = false;
+    for _ in 0..5 {
+        if !served(&bs)? {
+            refused = true;
+            break;
+        }
+    }
+    ensure!(
+        refused,
+        "no connection above connection_creation_rate was closed"
+    );
+    Ok(())
+}
