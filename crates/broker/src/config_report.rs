@@ -54,7 +54,6 @@ const RULES: &[(&str, &str)] = &[
     ("security.providers", "not implemented yet: ACLs and authentication"),
     ("client.quota.callback.class", "no effect in gregor: it loads no Java plug-in classes (Kafka's default quota callback is built in)"),
     ("connection.failed.authentication.delay.ms", "not implemented yet: ACLs and authentication"),
-    ("max.connection.creation.rate", "not implemented yet: connection creation rate limits"),
     ("listener.name.", "not implemented yet: per-listener settings (listener.name.*)"),
     ("log.flush.offset.checkpoint.interval.ms", "no effect in gregor: recovery-point-offset-checkpoint is written after every flush that moves a recovery point, not on a timer"),
     ("log.flush.start.offset.checkpoint.interval.ms", "no effect in gregor: log-start-offset-checkpoint is written whenever retention or DeleteRecords moves a log start offset, not on a timer"),
