@@ -70,6 +70,9 @@ pub struct Broker {
     /// [`crate::txn_markers`]): the group coordinator's, installed at start-up
     /// ([`Broker::set_txn_offsets_completion`]; an in-process test may replace it).
     txn_offsets_completion: parking_lot::RwLock<Option<Arc<dyn TxnOffsetsCompletion>>>,
+    /// Client quotas (KIP-13, KIP-124, KIP-599): the rates recorded per user and client id
+    /// and the throttle times they give ([`crate::client_quota`]).
+    pub client_quotas: crate::client_quota::ClientQuotaManagers,
     started: Instant,
 }
 
@@ -97,6 +100,12 @@ impl Broker {
             Self {
                 group_coordinator,
                 transaction_coordinator,
+                client_quotas: crate::client_quota::ClientQuotaManagers::new(
+                    config.quota_window_num(),
+                    config.quota_window_size_seconds(),
+                    config.controller_quota_window_num(),
+                    config.controller_quota_window_size_seconds(),
+                ),
                 fetch_sessions: crate::fetch_session::FetchSessionCache::new(
                     config.max_incremental_fetch_session_cache_slots(),
                     config.min_incremental_fetch_session_eviction_ms(),

@@ -712,6 +712,16 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         ConfigType::Int,
         "1",
     ),
+    // Client quotas (KIP-13, KIP-599, Kafka's `QuotaConfig`): the rates' samples.
+    ("quota.window.num", ConfigType::Int, "11"),
+    (
+        "max.connection.creation.rate",
+        ConfigType::Int,
+        "2147483647",
+    ),
+    ("quota.window.size.seconds", ConfigType::Int, "1"),
+    ("controller.quota.window.num", ConfigType::Int, "11"),
+    ("controller.quota.window.size.seconds", ConfigType::Int, "1"),
     // DescribeTopicPartitions (KIP-966): the most partitions one response holds.
     ("max.request.partition.size.limit", ConfigType::Int, "2000"),
     // The leader's ISR rule (`Partition.getOutOfSyncReplicas`).
@@ -1016,6 +1026,12 @@ impl BrokerConfig {
             max_connections_per_ip_overrides: self.max_connections_per_ip_overrides.clone(),
             connections_max_idle_ms: self.connections_max_idle_ms,
             max_connections_by_descriptors: None,
+            connection_rates: gregor_network::quotas::ConnectionRateConfig {
+                max_connection_creation_rate: self.max_connection_creation_rate(),
+                quota_window_num: self.quota_window_num(),
+                quota_window_size_seconds: self.quota_window_size_seconds(),
+                ip_rates: None,
+            },
         }
     }
 
@@ -1123,6 +1139,10 @@ impl BrokerConfig {
         for key in [
             "replication.quota.window.num",
             "replication.quota.window.size.seconds",
+            "quota.window.num",
+            "quota.window.size.seconds",
+            "controller.quota.window.num",
+            "controller.quota.window.size.seconds",
         ] {
             let v = int(key, 1);
             if v < 1 {
@@ -1913,6 +1933,45 @@ impl BrokerConfig {
         ) as i32
     }
 
+    /// `max.connection.creation.rate` (default `i32::MAX`, no limit; at least 0): new
+    /// connections per second the broker's listeners accept (KIP-612).
+    pub fn max_connection_creation_rate(&self) -> i32 {
+        self.raw_i64(
+            "max.connection.creation.rate",
+            i64::from(i32::MAX),
+            0,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
+    /// `quota.window.num` (default 11, at least 1): samples kept by client quotas' rates.
+    pub fn quota_window_num(&self) -> i32 {
+        self.raw_i64("quota.window.num", 11, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `quota.window.size.seconds` (default 1, at least 1): one sample of client quotas' rates,
+    /// in seconds.
+    pub fn quota_window_size_seconds(&self) -> i32 {
+        self.raw_i64("quota.window.size.seconds", 1, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `controller.quota.window.num` (default 11, at least 1): samples kept by the controller
+    /// mutation quota's rates (KIP-599).
+    pub fn controller_quota_window_num(&self) -> i32 {
+        self.raw_i64("controller.quota.window.num", 11, 1, i64::from(i32::MAX)) as i32
+    }
+
+    /// `controller.quota.window.size.seconds` (default 1, at least 1): one sample of the
+    /// controller mutation quota's rates, in seconds (KIP-599).
+    pub fn controller_quota_window_size_seconds(&self) -> i32 {
+        self.raw_i64(
+            "controller.quota.window.size.seconds",
+            1,
+            1,
+            i64::from(i32::MAX),
+        ) as i32
+    }
+
     /// `max.request.partition.size.limit` (default 2000, at least 1): the most partitions
     /// one DescribeTopicPartitions response holds (KIP-966).
     pub fn max_request_partition_size_limit(&self) -> i32 {
@@ -2222,6 +2281,10 @@ mod tests {
         for key in [
             "replication.quota.window.num",
             "replication.quota.window.size.seconds",
+            "quota.window.num",
+            "quota.window.size.seconds",
+            "controller.quota.window.num",
+            "controller.quota.window.size.seconds",
         ] {
             let e = BrokerConfig::from_properties(props(&[(key, "0")])).unwrap_err();
             assert_eq!(e.name, key);

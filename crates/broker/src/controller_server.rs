@@ -574,6 +574,8 @@ impl ControllerApis {
             api_key,
             principal,
             client_address: std::net::SocketAddr::new(ip, 0),
+            // Not the forwarding broker's connection: quotas mute the client's, on its broker.
+            throttle: Default::default(),
             ..ctx.clone()
         };
         let response = forwarding::handle_local(broker, &inner_ctx, body).await;

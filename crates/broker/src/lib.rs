@@ -16,6 +16,7 @@ pub mod assignments;
 pub mod authorizer;
 pub mod broker;
 pub mod broker_config_defs;
+pub mod client_quota;
 pub mod config;
 pub mod config_report;
 pub mod config_value;

@@ -696,6 +696,12 @@ pub async fn start_with_authorizer(
     let socket_server = SocketServer::new(
         SocketServerConfig {
             max_connections_by_descriptors: connections_by_descriptors,
+            connection_rates: gregor_network::quotas::ConnectionRateConfig {
+                ip_rates: Some(crate::client_quota::ip_connection_rates(Arc::downgrade(
+                    &broker,
+                ))),
+                ..broker.config.socket_server_config().connection_rates
+            },
             ..broker.config.socket_server_config()
         },
         Arc::new(KafkaApis::new(broker.clone())),

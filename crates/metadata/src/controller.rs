@@ -460,7 +460,15 @@ pub struct Controller {
     /// The offset the log gives the next proposed batch, as the controller task last heard
     /// ([`MetadataLog::next_write_offset`]); never below `image.offset`.
     pub(crate) next_write_offset: u64,
+    /// The controller mutation quota (KIP-599) of the request being handled, if any.
+    pub(crate) partition_change_quota: Option<PartitionChangeQuota>,
 }
+
+/// The controller mutation quota of one request (KIP-599; Kafka's
+/// `ControllerRequestContext.applyPartitionChangeQuota`): called with the number of partitions
+/// a topic creation, deletion or partition creation would change, once it is otherwise
+/// valid; an error (THROTTLING_QUOTA_EXCEEDED) refuses that topic.
+pub type PartitionChangeQuota = Arc<dyn Fn(u32) -> Result<(), ControllerError> + Send + Sync>;
 
 impl Default for Controller {
     fn default() -> Self {
@@ -486,6 +494,7 @@ impl Controller {
             config,
             rng,
             next_write_offset: 0,
+            partition_change_quota: None,
         }
     }
 
@@ -751,6 +760,17 @@ impl Controller {
             .collect()
     }
 
+    /// Applies the request's controller mutation quota to `partitions` (none: no quota).
+    ///
+    /// # Errors
+    /// THROTTLING_QUOTA_EXCEEDED when the quota is exhausted.
+    fn apply_partition_change_quota(&self, partitions: i32) -> Result<(), ControllerError> {
+        match &self.partition_change_quota {
+            Some(q) => q(u32::try_from(partitions).unwrap_or(0)),
+            None => Ok(()),
+        }
+    }
+
     /// Creates topics (or only validates, with `validate_only`); one answer per topic, in
     /// order: its id, or why it was refused. Topics are checked one after the other against the
     /// image with the topics before them, so two colliding names in one request do not both
@@ -819,6 +839,7 @@ impl Controller {
         } else {
             self.check_assignments(image, 0, &t.assignments, None)?
         };
+        self.apply_partition_change_quota(assignments.len() as i32)?;
         let topic_id = Uuid::new_v4();
         // Kafka's order: the topic, its configs, then its partitions.
         let mut records: Vec<MetadataRecord> = vec![TopicRecord {
@@ -854,8 +875,13 @@ impl Controller {
                     .image
                     .topic_by_id(&topic_id)
                     .filter(|_| deleted.insert(topic_id))
-                    .map(|t| t.name.clone())
-                    .ok_or(ControllerError::UnknownTopicId)?;
+                    .map(|t| (t.name.clone(), t.partitions.len()))
+                    .ok_or(ControllerError::UnknownTopicId);
+                let (name, partitions) = name?;
+                if let Err(e) = self.apply_partition_change_quota(partitions as i32) {
+                    deleted.remove(&topic_id);
+                    return Err(e);
+                }
                 records.push(
                     RemoveTopicRecord {
                         topic_id,
@@ -931,6 +957,7 @@ impl Controller {
             }
             self.check_assignments(image, current, &inc.assignments, Some(rf as usize))?
         };
+        self.apply_partition_change_quota(added)?;
         Ok(Self::partition_records(
             image,
             t.topic_id,
@@ -1391,8 +1418,27 @@ impl ControllerHandle {
         topics: Vec<NewTopic>,
         validate_only: bool,
     ) -> Result<Vec<Result<Uuid, ControllerError>>, ControllerError> {
-        self.submit_each(move |c| c.create_topics(topics, validate_only))
+        self.create_topics_with_quota(topics, validate_only, None)
             .await
+    }
+
+    /// [`ControllerHandle::create_topics`] under a controller mutation quota (KIP-599).
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn create_topics_with_quota(
+        &self,
+        topics: Vec<NewTopic>,
+        validate_only: bool,
+        quota: Option<PartitionChangeQuota>,
+    ) -> Result<Vec<Result<Uuid, ControllerError>>, ControllerError> {
+        self.submit_each(move |c| {
+            c.partition_change_quota = quota;
+            let r = c.create_topics(topics, validate_only);
+            c.partition_change_quota = None;
+            r
+        })
+        .await
     }
 
     /// Deletes topics by id; see [`Controller::delete_topics`].
@@ -1403,7 +1449,25 @@ impl ControllerHandle {
         &self,
         topic_ids: Vec<Uuid>,
     ) -> Result<Vec<Result<String, ControllerError>>, ControllerError> {
-        self.submit_each(move |c| c.delete_topics(topic_ids)).await
+        self.delete_topics_with_quota(topic_ids, None).await
+    }
+
+    /// [`ControllerHandle::delete_topics`] under a controller mutation quota (KIP-599).
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn delete_topics_with_quota(
+        &self,
+        topic_ids: Vec<Uuid>,
+        quota: Option<PartitionChangeQuota>,
+    ) -> Result<Vec<Result<String, ControllerError>>, ControllerError> {
+        self.submit_each(move |c| {
+            c.partition_change_quota = quota;
+            let r = c.delete_topics(topic_ids);
+            c.partition_change_quota = None;
+            r
+        })
+        .await
     }
 
     /// Adds partitions; see [`Controller::create_partitions`].
@@ -1415,8 +1479,27 @@ impl ControllerHandle {
         increases: Vec<PartitionsIncrease>,
         validate_only: bool,
     ) -> Result<Vec<Result<(), ControllerError>>, ControllerError> {
-        self.submit_each(move |c| c.create_partitions(increases, validate_only))
+        self.create_partitions_with_quota(increases, validate_only, None)
             .await
+    }
+
+    /// [`ControllerHandle::create_partitions`] under a controller mutation quota (KIP-599).
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn create_partitions_with_quota(
+        &self,
+        increases: Vec<PartitionsIncrease>,
+        validate_only: bool,
+        quota: Option<PartitionChangeQuota>,
+    ) -> Result<Vec<Result<(), ControllerError>>, ControllerError> {
+        self.submit_each(move |c| {
+            c.partition_change_quota = quota;
+            let r = c.create_partitions(increases, validate_only);
+            c.partition_change_quota = None;
+            r
+        })
+        .await
     }
 
     /// Sets or removes configs of one resource; see [`Controller::alter_configs`].
@@ -1432,6 +1515,37 @@ impl ControllerHandle {
         let resource_name = resource_name.to_string();
         self.submit_one(move |c| c.alter_configs(resource, &resource_name, changes))
             .await
+    }
+
+    /// AlterClientQuotas (API 49, KIP-546); see [`Controller::alter_client_quotas`]. Each
+    /// entity's answer; when the batch is not committed or not applied here, that error is the
+    /// answer of every entity that had none of its own.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER when the controller stopped before answering.
+    pub async fn alter_client_quotas(
+        &self,
+        alterations: Vec<crate::client_quota_control::ClientQuotaAlteration>,
+        validate_only: bool,
+    ) -> Result<Vec<(crate::image::QuotaEntity, Result<(), ControllerError>)>, ControllerError>
+    {
+        match self
+            .submit(move |c| Ok(c.alter_client_quotas(alterations, validate_only)))
+            .await
+        {
+            Ok(answers) => Ok(answers),
+            Err(Failed {
+                response: Some(answers),
+                error,
+            }) => Ok(answers
+                .into_iter()
+                .map(|(e, a)| (e, a.and_then(|_| Err(error.clone()))))
+                .collect()),
+            Err(Failed {
+                response: None,
+                error,
+            }) => Err(error),
+        }
     }
 
     /// AlterPartition (API 56, KIP-497) from a partition leader; see

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod broker_sessions;
+pub mod client_quota_control;
 pub mod cluster_control;
 pub mod codec;
 pub mod controller;

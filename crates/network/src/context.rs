@@ -5,7 +5,10 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader};
 
@@ -117,6 +120,54 @@ pub struct RequestContext {
     /// [`crate::Handled::ReadyResponse`] parts that are file regions sent without a copy.
     /// A region in a response on another connection is read into memory first.
     pub sends_files: bool,
+    /// Size of the request as read from the wire, header and body, without the 4-byte
+    /// length prefix (Kafka's `RequestChannel.Request.sizeInBytes`), in bytes: what a
+    /// `producer_byte_rate` quota records for a Produce request.
+    pub size_in_bytes: usize,
+    /// The connection's quota throttle (KIP-219): a handler that computed a throttle time
+    /// mutes the connection's reads for it; shared by the requests of one connection.
+    pub throttle: ConnectionThrottle,
+}
+
+/// Muting of a connection for quota throttling (KIP-219; Kafka's `ThrottledChannel` and the
+/// `MUTED_AND_THROTTLED` channel state): the response goes out at once with its
+/// `throttle_time_ms`, and the broker reads no further request of the connection until the
+/// throttle time has passed. Kafka does so whatever the request's version (only the client's
+/// own back-off depends on the version). Cheap to clone; clones share the state.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionThrottle {
+    until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl ConnectionThrottle {
+    /// Mutes the connection's reads for `throttle_time_ms` from now (a longer throttle
+    /// already in force is kept). 0 or less does nothing.
+    pub fn throttle(&self, throttle_time_ms: i64) {
+        let Ok(ms) = u64::try_from(throttle_time_ms) else {
+            return;
+        };
+        if ms == 0 {
+            return;
+        }
+        let end = Instant::now() + Duration::from_millis(ms);
+        let mut until = self.until.lock();
+        if until.is_none_or(|u| u < end) {
+            *until = Some(end);
+        }
+    }
+
+    /// When the current throttle ends, if one is in force.
+    pub fn throttled_until(&self) -> Option<Instant> {
+        let until = *self.until.lock();
+        until.filter(|u| *u > Instant::now())
+    }
+
+    /// Waits until no throttle is in force (returns at once when none is).
+    pub async fn wait(&self) {
+        while let Some(until) = self.throttled_until() {
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
 }
 
 impl RequestContext {
@@ -136,6 +187,8 @@ impl RequestContext {
             client_software_version: "unknown".into(),
             received_at: Instant::now(),
             sends_files: false,
+            size_in_bytes: 0,
+            throttle: ConnectionThrottle::default(),
         }
     }
 

@@ -21,7 +21,7 @@ mod send;
 pub mod server;
 pub mod transport;
 
-pub use context::{KafkaPrincipal, RequestContext, SecurityProtocol};
+pub use context::{ConnectionThrottle, KafkaPrincipal, RequestContext, SecurityProtocol};
 pub use handler::{respond, Handled, RequestHandler};
 pub use response::{FileRegion, RegionFile, Response, ResponsePart};
 pub use server::{bind, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig};

@@ -104,6 +104,9 @@ pub struct SocketServerConfig {
     /// at once, so that clients cannot take the descriptors the log needs. `None`: connections
     /// are counted but never closed for it (the controller listeners, and the default).
     pub max_connections_by_descriptors: Option<usize>,
+    /// Connection creation rates (KIP-612): `max.connection.creation.rate`, the quota
+    /// windows, and the per-IP `connection_creation_rate` quotas.
+    pub connection_rates: crate::quotas::ConnectionRateConfig,
 }
 
 impl Default for SocketServerConfig {
@@ -117,6 +120,7 @@ impl Default for SocketServerConfig {
             max_connections_per_ip_overrides: HashMap::new(),
             connections_max_idle_ms: 600_000,
             max_connections_by_descriptors: None,
+            connection_rates: crate::quotas::ConnectionRateConfig::default(),
         }
     }
 }
@@ -207,10 +211,11 @@ pub struct SocketServer<H> {
 impl<H: RequestHandler> SocketServer<H> {
     /// A server with `config`'s limits, handing requests to `handler`.
     pub fn new(config: SocketServerConfig, handler: Arc<H>) -> Arc<Self> {
-        let quotas = ConnectionQuotas::new(
+        let quotas = ConnectionQuotas::with_rates(
             config.max_connections,
             config.max_connections_per_ip,
             &config.max_connections_per_ip_overrides,
+            config.connection_rates.clone(),
         );
         let pool = MemoryPool::new(config.queued_max_request_bytes);
         Arc::new(Self {
@@ -284,6 +289,31 @@ impl<H: RequestHandler> SocketServer<H> {
                 drop(stream);
                 continue;
             };
+            // KIP-612: the broker-wide creation rate holds the acceptor back; a connection
+            // above its address's rate is held for the throttle time, then closed.
+            let wait = self.quotas.record_connection_and_get_throttle_ms();
+            if wait > 0 {
+                let wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+            if let Some(throttle) = self.quotas.record_ip_connection(peer.ip()) {
+                debug!(ip = %peer.ip(), throttle, "delaying the close of a connection above its address's connection_creation_rate");
+                metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "connection_creation_rate").increment(1);
+                drop(broker_slot);
+                let mut rx = shutdown.clone();
+                tokio::spawn(async move {
+                    let _active = active;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(u64::try_from(throttle).unwrap_or(0))) => {}
+                        _ = rx.changed() => {}
+                    }
+                    drop(stream);
+                });
+                continue;
+            }
             let slot = match self.quotas.register(peer.ip(), broker_slot) {
                 Ok(slot) => slot,
                 Err(e) => {
@@ -398,6 +428,7 @@ impl<H: RequestHandler> SocketServer<H> {
         let mut software = (String::from("unknown"), String::from("unknown"));
         // Set when the client went away: its pending responses can no longer be delivered.
         let mut peer_closed = false;
+        let throttle = crate::context::ConnectionThrottle::default();
         loop {
             // Like Kafka muting a connection while its response is outstanding: no further
             // request is read while more than MAX_UNSENT_RESPONSE_BYTES of responses wait for
@@ -405,6 +436,14 @@ impl<H: RequestHandler> SocketServer<H> {
             // responses in memory.
             if !wait_for_unsent_responses(&activity, &mut shutdown).await {
                 break;
+            }
+            // A quota throttle (KIP-219) mutes the connection's reads until it ends.
+            if throttle.throttled_until().is_some() {
+                tokio::select! {
+                    () = throttle.wait() => {}
+                    () = writer_stopped(&activity) => break,
+                    _ = shutdown.changed() => break,
+                }
             }
             let read = tokio::select! {
                 r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
@@ -431,6 +470,7 @@ impl<H: RequestHandler> SocketServer<H> {
                 }
             };
             let received_at = Instant::now();
+            let size_in_bytes = buf.len();
             let decoded = frame::decode_request(buf, &supported);
             let slot = match decoded {
                 Ok(DecodedRequest::Request {
@@ -459,6 +499,8 @@ impl<H: RequestHandler> SocketServer<H> {
                         client_software_version,
                         received_at,
                         sends_files: conn.sends_files,
+                        size_in_bytes,
+                        throttle: throttle.clone(),
                     });
                     let span = tracing::debug_span!(
                         "request",

@@ -396,6 +396,7 @@ fn forgotten_partitions(req: &FetchRequest, version: i16) -> Vec<PartitionKey> {
 /// `KafkaApis.handleFetch`. Session errors (FETCH_SESSION_ID_NOT_FOUND,
 /// INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR) are top-level.
 pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchRequest) -> Handled {
+    let started = std::time::Instant::now();
     let header = ctx.header.clone();
     let version = header.request_api_version;
     let reply = move |header: &RequestHeader, body: FetchResponse| {
@@ -519,6 +520,23 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
             Ok(entries.len() - 1)
         })
         .collect();
+    // A consumer asks for no more than its quota lets through in one window (Kafka's
+    // `getMaxValueInQuotaWindow`), or every fetch would be throttled.
+    let (max_bytes, min_bytes) = if replica_id < 0 {
+        let window_max = broker.client_quotas.fetch.max_value_in_quota_window(
+            &image,
+            &ctx.principal.name,
+            ctx.client_id(),
+        );
+        let max = if window_max < f64::from(req.max_bytes) {
+            window_max.max(0.0) as i32
+        } else {
+            req.max_bytes
+        };
+        (max, req.min_bytes.min(max))
+    } else {
+        (req.max_bytes, req.min_bytes)
+    };
     drop(image);
     let isolation_level = req.isolation_level;
     let params = FetchParams {
@@ -529,8 +547,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
         } else {
             i64::from(req.max_wait_ms)
         },
-        min_bytes: req.min_bytes,
-        max_bytes: req.max_bytes,
+        min_bytes,
+        max_bytes,
         isolation_level,
         replica_epoch: if version >= 15 {
             req.replica_state.replica_epoch
@@ -548,6 +566,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
             listener_name: ctx.listener_name.clone(),
         }),
     };
+    let incremental = matches!(mode, Mode::Incremental { .. });
+    let quota = (replica_id < 0).then(|| ctx.clone());
     match broker
         .replica_manager
         .fetch_messages_as(params, entries, records_mode)
@@ -564,6 +584,7 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
                 isolation_level,
                 version,
             );
+            let (body, files) = throttle(broker, quota.as_ref(), started, incremental, body, files);
             encode(&header, body, files)
         }
         FetchOutcome::Delayed(delayed) => {
@@ -580,6 +601,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
                     isolation_level,
                     version,
                 );
+                let (body, files) =
+                    throttle(&broker, quota.as_ref(), started, incremental, body, files);
                 match encode(&header, body, files) {
                     Handled::ReadyResponse(r) => Some(r),
                     Handled::Ready(b) => b.map(Response::from),
@@ -588,6 +611,51 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: FetchReques
             }))
         }
     }
+}
+
+/// Client quotas on a consumer's fetch (Kafka's `handleFetchRequest`; `ctx` is None for a
+/// follower, which is exempt): the response's size (its encoded fields plus its record sets)
+/// is recorded against `consumer_byte_rate` and the request's time against
+/// `request_percentage`. A throttled fetch gets the throttled response of its fetch context
+/// (Kafka's `getThrottledResponse`): no partitions, the throttle time, and no session id unless
+/// the session is incremental; its bytes are not counted. The connection is muted for the
+/// throttle time (KIP-219).
+fn throttle(
+    broker: &Broker,
+    ctx: Option<&RequestContext>,
+    started: std::time::Instant,
+    incremental: bool,
+    body: FetchResponse,
+    files: Vec<Option<FileSlice>>,
+) -> (FetchResponse, Vec<Option<FileSlice>>) {
+    use gregor_protocol::kafka_protocol::protocol::Encodable;
+    let Some(ctx) = ctx else {
+        return (body, files);
+    };
+    let version = ctx.api_version();
+    let size = body.compute_size(version).unwrap_or(0)
+        + files.iter().flatten().map(|f| f.len()).sum::<usize>();
+    let image = broker.controller.image();
+    let throttle_time_ms = broker
+        .client_quotas
+        .throttle_fetch(&image, ctx, size, started);
+    if throttle_time_ms <= 0 {
+        return (body, files);
+    }
+    let throttle_time_ms = i32::try_from(throttle_time_ms).unwrap_or(i32::MAX);
+    let session_id = if incremental && body.error_code == ec::NONE {
+        body.session_id
+    } else {
+        INVALID_SESSION_ID
+    };
+    let throttled = if body.error_code != ec::NONE {
+        body.with_throttle_time_ms(throttle_time_ms)
+    } else {
+        FetchResponse::default()
+            .with_throttle_time_ms(throttle_time_ms)
+            .with_session_id(session_id)
+    };
+    (throttled, Vec::new())
 }
 
 /// Kafka's `getPartitionOrError`: a partition this broker does not host but the metadata

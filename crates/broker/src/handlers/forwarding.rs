@@ -19,7 +19,7 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, elect_leaders, features, kraft, reassignments, sb, topics};
+use super::{client_quotas, configs, elect_leaders, features, kraft, reassignments, sb, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -35,6 +35,7 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeQuorum,
+    ApiKey::AlterClientQuotas,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -53,6 +54,10 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         }
         None => handle_local(broker, ctx, body).await,
     };
+    // Kafka's `sendForwardedResponse`: the client's connection is muted for the controller's
+    // throttle time (KIP-599's controller mutation quota).
+    ctx.throttle
+        .throttle(i64::from(response_throttle_time_ms(&response)));
     Handled::Ready(respond(&ctx.header, ctx.api_key, response))
 }
 
@@ -120,7 +125,20 @@ pub async fn handle_local(
             )
             .into(),
         },
+        RequestKind::AlterClientQuotas(r) => client_quotas::alter_client_quotas(broker, ctx, &r)
+            .await
+            .into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
+    }
+}
+
+/// The `throttle_time_ms` of a forwarded API's response.
+fn response_throttle_time_ms(response: &ResponseKind) -> i32 {
+    match response {
+        ResponseKind::CreateTopics(r) => r.throttle_time_ms,
+        ResponseKind::DeleteTopics(r) => r.throttle_time_ms,
+        ResponseKind::CreatePartitions(r) => r.throttle_time_ms,
+        _ => 0,
     }
 }
 
@@ -230,6 +248,10 @@ pub fn error_response(
             .with_error_code(code)
             .with_error_message(message)
             .into(),
+        RequestKind::AlterClientQuotas(r) => {
+            client_quotas::alter_error(r, ErrorCode::for_code(code), message.map(|m| m.to_string()))
+                .into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }
@@ -282,6 +304,10 @@ mod tests {
             ApiKey::DescribeQuorum => (
                 m::DescribeQuorumRequest::default().into(),
                 m::DescribeQuorumResponse::default().into(),
+            ),
+            ApiKey::AlterClientQuotas => (
+                m::AlterClientQuotasRequest::default().into(),
+                m::AlterClientQuotasResponse::default().into(),
             ),
             other => panic!("{other:?} is not forwarded"),
         }

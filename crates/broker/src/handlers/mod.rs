@@ -6,6 +6,7 @@
 //! advertises exactly what Apache Kafka accepts for each API gregor implements.
 
 pub mod api_versions;
+pub mod client_quotas;
 pub mod configs;
 pub mod consumer_group;
 pub mod delete_records;
@@ -90,6 +91,9 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::TxnOffsetCommit,
     ApiKey::DescribeTransactions,
     ApiKey::ListTransactions,
+    // Client quotas (KIP-546): describe from the image, alter forwarded to the controller.
+    ApiKey::DescribeClientQuotas,
+    ApiKey::AlterClientQuotas,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -264,6 +268,14 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             DescribeProducersRequest::default().into(),
             DescribeProducersResponse::default().into(),
         ),
+        ApiKey::DescribeClientQuotas => (
+            DescribeClientQuotasRequest::default().into(),
+            DescribeClientQuotasResponse::default().into(),
+        ),
+        ApiKey::AlterClientQuotas => (
+            AlterClientQuotasRequest::default().into(),
+            AlterClientQuotasResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -400,7 +412,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::UpdateFeatures(_)
         | RequestKind::AlterPartitionReassignments(_)
         | RequestKind::ListPartitionReassignments(_)
-        | RequestKind::DescribeQuorum(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::DescribeQuorum(_)
+        | RequestKind::AlterClientQuotas(_)) => forwarding::handle(broker, ctx, body).await,
+        RequestKind::DescribeClientQuotas(r) => {
+            ready(client_quotas::describe_client_quotas(broker, ctx, &r).into())
+        }
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }

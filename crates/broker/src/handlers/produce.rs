@@ -101,6 +101,7 @@ fn check_single_v2_batch(records: &[u8], version: i16) -> Result<(), String> {
 /// and encodes its results. The appends happen before this returns (request order); an
 /// acks=all wait is deferred. Needs `Write` on each topic (TOPIC_AUTHORIZATION_FAILED).
 pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequest) -> Handled {
+    let started = std::time::Instant::now();
     let header = ctx.header.clone();
     let version = header.request_api_version;
     let acks = req.acks;
@@ -283,6 +284,12 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
             .append_entries(timeout_ms, acks, AppendOrigin::Client, work)
             .await
     };
+    // Client quotas (KIP-13, KIP-124): recorded once the appends are done; the response
+    // carries the throttle time and the connection's reads are muted for it (KIP-219).
+    let throttle_time_ms = broker
+        .client_quotas
+        .throttle_produce(&image, ctx, acks, started);
+    let throttle_time_ms = i32::try_from(throttle_time_ms).unwrap_or(i32::MAX);
     // Results in the entries' order: the verification's refusals, the appends' in between.
     let merge = move |appended: Vec<PartitionAppendResult>| -> Vec<PartitionAppendResult> {
         let mut appended = appended.into_iter();
@@ -318,7 +325,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
         respond(
             &header,
             ApiKey::Produce,
-            ResponseKind::Produce(ProduceResponse::default().with_responses(topics)),
+            ResponseKind::Produce(
+                ProduceResponse::default()
+                    .with_responses(topics)
+                    .with_throttle_time_ms(throttle_time_ms),
+            ),
         )
     };
     match outcome {

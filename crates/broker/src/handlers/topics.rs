@@ -248,9 +248,15 @@ pub async fn create_topics(
     if new_topics.is_empty() {
         return CreateTopicsResponse::default().with_topics(results);
     }
+    // KIP-599: strict from v6.
+    let quota = mutation_quota(broker, ctx, 6);
     let answers = broker
         .controller
-        .create_topics(new_topics, req.validate_only)
+        .create_topics_with_quota(
+            new_topics,
+            req.validate_only,
+            partition_change_quota(&quota),
+        )
         .await;
     for (i, (slot, name, configs, partitions, rf)) in accepted.into_iter().enumerate() {
         let answer = match &answers {
@@ -303,7 +309,9 @@ pub async fn create_topics(
             Err((code, message)) => failed(&name, code, message),
         };
     }
-    CreateTopicsResponse::default().with_topics(results)
+    CreateTopicsResponse::default()
+        .with_topics(results)
+        .with_throttle_time_ms(throttle(ctx, &quota))
 }
 
 /// The answer for topic `name` that the controller answered `answer` for, once this
@@ -444,9 +452,14 @@ pub async fn delete_topics(
     if to_delete.is_empty() {
         return DeleteTopicsResponse::default().with_responses(responses);
     }
+    // KIP-599: strict from v5.
+    let quota = mutation_quota(broker, ctx, 5);
     let answers = broker
         .controller
-        .delete_topics(to_delete.iter().map(|(_, id)| *id).collect())
+        .delete_topics_with_quota(
+            to_delete.iter().map(|(_, id)| *id).collect(),
+            partition_change_quota(&quota),
+        )
         .await;
     for (i, (slot, _)) in to_delete.into_iter().enumerate() {
         let answer = match &answers {
@@ -470,7 +483,9 @@ pub async fn delete_topics(
             }
         }
     }
-    DeleteTopicsResponse::default().with_responses(responses)
+    DeleteTopicsResponse::default()
+        .with_responses(responses)
+        .with_throttle_time_ms(throttle(ctx, &quota))
 }
 
 /// Answers CreatePartitions: all topics go to the controller in one request; the response is
@@ -533,9 +548,11 @@ pub async fn create_partitions(
             .collect()
     };
     let validate_only = req.validate_only;
+    // KIP-599: strict from v3.
+    let quota = mutation_quota(broker, ctx, 3);
     let answers = broker
         .controller
-        .create_partitions(increases, req.validate_only)
+        .create_partitions_with_quota(increases, req.validate_only, partition_change_quota(&quota))
         .await;
     for (i, slot) in slots.into_iter().enumerate() {
         let r = &mut results[slot];
@@ -562,7 +579,46 @@ pub async fn create_partitions(
             r.error_message = Some(sb(&message));
         }
     }
-    CreatePartitionsResponse::default().with_results(results)
+    CreatePartitionsResponse::default()
+        .with_results(results)
+        .with_throttle_time_ms(throttle(ctx, &quota))
+}
+
+/// The request's controller mutation quota (KIP-599), if a `controller_mutation_rate`
+/// applies to its principal and client id.
+fn mutation_quota(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    strict_since_version: i16,
+) -> Option<Arc<crate::client_quota::ControllerMutationQuota>> {
+    let image = broker.controller.image();
+    broker
+        .client_quotas
+        .controller_mutation
+        .quota_for(&image, ctx, strict_since_version)
+}
+
+/// The quota as the controller applies it per topic.
+fn partition_change_quota(
+    quota: &Option<Arc<crate::client_quota::ControllerMutationQuota>>,
+) -> Option<gregor_metadata::controller::PartitionChangeQuota> {
+    quota.clone().map(|q| {
+        let f: gregor_metadata::controller::PartitionChangeQuota =
+            Arc::new(move |partitions| q.record(partitions));
+        f
+    })
+}
+
+/// The throttle time of the response (ms), with the client's connection muted for it
+/// (KIP-219; a forwarded request's connection is the forwarding broker's, which
+/// `controller_server` gives a throttle of its own, so only the client's broker mutes).
+fn throttle(
+    ctx: &RequestContext,
+    quota: &Option<Arc<crate::client_quota::ControllerMutationQuota>>,
+) -> i32 {
+    let t = quota.as_ref().map_or(0, |q| q.throttle_time_ms());
+    ctx.throttle.throttle(t);
+    i32::try_from(t).unwrap_or(i32::MAX)
 }
 
 /// The answer for the partitions added to topic `name` (id `topic_id`, `count` partitions
