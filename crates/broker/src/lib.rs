@@ -32,6 +32,7 @@ pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;
 pub mod replica_fetcher;
+pub mod sasl_config;
 pub mod replica_manager;
 pub mod replication;
 pub mod server;

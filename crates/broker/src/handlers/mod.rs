@@ -91,6 +91,11 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     ApiKey::TxnOffsetCommit,
     ApiKey::DescribeTransactions,
     ApiKey::ListTransactions,
+    // Served by the network's SASL authenticator on SASL listeners (`gregor_network::sasl`);
+    // reaching the handler (a PLAINTEXT listener, or a handshake on an authenticated
+    // connection that may not re-authenticate) they get ILLEGAL_SASL_STATE, as in Kafka.
+    ApiKey::SaslHandshake,
+    ApiKey::SaslAuthenticate,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -265,6 +270,14 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             DescribeProducersRequest::default().into(),
             DescribeProducersResponse::default().into(),
         ),
+        ApiKey::SaslHandshake => (
+            SaslHandshakeRequest::default().into(),
+            SaslHandshakeResponse::default().into(),
+        ),
+        ApiKey::SaslAuthenticate => (
+            SaslAuthenticateRequest::default().into(),
+            SaslAuthenticateResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -393,6 +406,21 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::EndQuorumEpoch(_)
         | RequestKind::FetchSnapshot(_)) => kraft::handle(broker, ctx, body),
         RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
+        // Kafka's `handleSaslHandshakeRequest`/`handleSaslAuthenticateRequest`: a SASL request
+        // that reaches the API layer is out of place.
+        RequestKind::SaslHandshake(_) => ready(
+            gregor_protocol::kafka_protocol::messages::SaslHandshakeResponse::default()
+                .with_error_code(gregor_protocol::error::ErrorCode::IllegalSaslState.code())
+                .into(),
+        ),
+        RequestKind::SaslAuthenticate(_) => ready(
+            gregor_protocol::kafka_protocol::messages::SaslAuthenticateResponse::default()
+                .with_error_code(gregor_protocol::error::ErrorCode::IllegalSaslState.code())
+                .with_error_message(Some(StrBytes::from_static_str(
+                    "SaslAuthenticate request received after successful authentication",
+                )))
+                .into(),
+        ),
         RequestKind::DescribeCluster(r) => {
             ready(metadata::describe_cluster(broker, ctx, &r, v).into())
         }

@@ -62,14 +62,16 @@ impl ScramMechanism {
         Self::ALL.into_iter().find(|m| m.mechanism_name() == name)
     }
 
-    fn hash(self, data: &[u8]) -> Vec<u8> {
+    /// `H(data)`.
+    pub fn hash(self, data: &[u8]) -> Vec<u8> {
         match self {
             Self::Sha256 => Sha256::digest(data).to_vec(),
             Self::Sha512 => Sha512::digest(data).to_vec(),
         }
     }
 
-    fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+    /// `HMAC(key, data)`.
+    pub fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
         // HMAC accepts keys of any length: new_from_slice cannot fail.
         match self {
             Self::Sha256 => {
