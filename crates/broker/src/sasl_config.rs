@@ -26,7 +26,6 @@ use crate::config_value::{ConfigError, Listener};
 /// Keys read here (besides the listener-prefixed ones, [`acted_on`]).
 const KEYS: &[&str] = &[
     "sasl.enabled.mechanisms",
-    "sasl.mechanism.inter.broker.protocol",
     "sasl.server.max.receive.size",
     "connections.max.reauth.ms",
 ];
@@ -75,7 +74,10 @@ pub struct SaslSettings {
 
 fn get<'a>(props: &'a BTreeMap<String, String>, listener: &str, key: &str) -> Option<&'a str> {
     props
-        .get(&format!("listener.name.{}.{key}", listener.to_ascii_lowercase()))
+        .get(&format!(
+            "listener.name.{}.{key}",
+            listener.to_ascii_lowercase()
+        ))
         .or_else(|| props.get(key))
         .map(|s| s.trim())
 }
@@ -99,7 +101,11 @@ impl SaslSettings {
                 .and_then(|n| usize::try_from(n).ok())
                 .filter(|n| *n > 0)
                 .ok_or_else(|| {
-                    ConfigError::new("sasl.server.max.receive.size", v, "Not a positive number of type INT")
+                    ConfigError::new(
+                        "sasl.server.max.receive.size",
+                        v,
+                        "Not a positive number of type INT",
+                    )
                 })?,
             None => SaslServerConfig::DEFAULT_MAX_RECEIVE_SIZE,
         };
@@ -157,8 +163,9 @@ impl SaslSettings {
             props
                 .get(&key)
                 .map(|v| {
-                    JaasConfig::parse(v)
-                        .map_err(|e| ConfigError::new(&key, "[hidden]", format!("Invalid JAAS config: {e}")))
+                    JaasConfig::parse(v).map_err(|e| {
+                        ConfigError::new(&key, "[hidden]", format!("Invalid JAAS config: {e}"))
+                    })
                 })
                 .transpose()
         };
@@ -189,7 +196,10 @@ impl SaslSettings {
                     return Err(ConfigError::new(
                         &key,
                         "[hidden]",
-                        format!("expected {OAUTHBEARER_LOGIN_MODULE}, found {}", c.login_module),
+                        format!(
+                            "expected {OAUTHBEARER_LOGIN_MODULE}, found {}",
+                            c.login_module
+                        ),
                     ));
                 }
                 let o = &c.options;
@@ -233,7 +243,11 @@ impl SaslSettings {
         }
         let reauth = get(props, name, "connections.max.reauth.ms").unwrap_or("0");
         let connections_max_reauth_ms = reauth.parse::<i64>().map_err(|_| {
-            ConfigError::new("connections.max.reauth.ms", reauth, "Not a number of type LONG")
+            ConfigError::new(
+                "connections.max.reauth.ms",
+                reauth,
+                "Not a number of type LONG",
+            )
         })?;
         Ok(ListenerSasl {
             mechanisms,
@@ -323,14 +337,19 @@ mod tests {
     }
 
     fn props(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn reads_mechanisms_jaas_and_reauth_per_listener() {
         let p = props(&[
             ("sasl.enabled.mechanisms", "SCRAM-SHA-256"),
-            ("listener.name.sasl_plaintext.sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-512,OAUTHBEARER"),
+            (
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms",
+                "PLAIN,SCRAM-SHA-512,OAUTHBEARER",
+            ),
             (
                 "listener.name.sasl_plaintext.plain.sasl.jaas.config",
                 r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="a" password="b" user_alice="alice-secret";"#,
@@ -368,8 +387,12 @@ mod tests {
             [Mechanism::Scram(ScramMechanism::Sha256)]
         );
         assert!(!s.listeners.contains_key("PLAINTEXT"));
-        assert!(acted_on("listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"));
-        assert!(!acted_on("listener.name.sasl_plaintext.gssapi.sasl.jaas.config"));
+        assert!(acted_on(
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"
+        ));
+        assert!(!acted_on(
+            "listener.name.sasl_plaintext.gssapi.sasl.jaas.config"
+        ));
         assert!(!acted_on("sasl.oauthbearer.jwks.endpoint.url"));
     }
 
@@ -378,15 +401,26 @@ mod tests {
         let l = [listener("SASL_PLAINTEXT", SecurityProtocol::SaslPlaintext)];
         // Kafka's default mechanism, GSSAPI, is not implemented.
         assert!(SaslSettings::from_properties(&props(&[]), &l).is_err());
-        assert!(SaslSettings::from_properties(&props(&[("sasl.enabled.mechanisms", "")]), &l).is_err());
-        assert!(SaslSettings::from_properties(&props(&[("sasl.enabled.mechanisms", "plain")]), &l).is_err());
+        assert!(
+            SaslSettings::from_properties(&props(&[("sasl.enabled.mechanisms", "")]), &l).is_err()
+        );
+        assert!(
+            SaslSettings::from_properties(&props(&[("sasl.enabled.mechanisms", "plain")]), &l)
+                .is_err()
+        );
         // PLAIN without users.
         let e = SaslSettings::from_properties(&props(&[("sasl.enabled.mechanisms", "PLAIN")]), &l)
             .unwrap_err();
-        assert_eq!(e.name, "listener.name.sasl_plaintext.plain.sasl.jaas.config");
+        assert_eq!(
+            e.name,
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config"
+        );
         let bad_jaas = props(&[
             ("sasl.enabled.mechanisms", "PLAIN"),
-            ("listener.name.sasl_plaintext.plain.sasl.jaas.config", "PlainLoginModule required user_a=\"x\""),
+            (
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config",
+                "PlainLoginModule required user_a=\"x\"",
+            ),
         ]);
         assert!(SaslSettings::from_properties(&bad_jaas, &l).is_err());
     }

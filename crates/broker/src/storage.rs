@@ -1026,10 +1026,14 @@ fn parse_add_scram(
     let b64 = base64::engine::general_purpose::STANDARD;
     let input = input.trim();
     let (mechanism, config) = input.split_once('=').ok_or_else(|| {
-        invalid(format!("Failed to find equals sign in SCRAM argument '{input}'"))
+        invalid(format!(
+            "Failed to find equals sign in SCRAM argument '{input}'"
+        ))
     })?;
     let mechanism = ScramMechanism::from_mechanism_name(mechanism).ok_or_else(|| {
-        invalid(format!("The add-scram mechanism {mechanism} is not supported."))
+        invalid(format!(
+            "The add-scram mechanism {mechanism} is not supported."
+        ))
     })?;
     let config = config
         .strip_prefix('[')
@@ -1091,8 +1095,9 @@ fn parse_add_scram(
             ScramCredential::from_password(mechanism, p.as_bytes(), &salt, iterations)
         }
         (None, Some(sp)) => {
-            let salt =
-                salt.ok_or_else(|| invalid("You must supply 'salt' with 'saltedpassword' to add-scram"))?;
+            let salt = salt.ok_or_else(|| {
+                invalid("You must supply 'salt' with 'saltedpassword' to add-scram")
+            })?;
             let sp = b64
                 .decode(&sp)
                 .map_err(|_| invalid(format!("Failed to decode given saltedPassword: {sp}")))?;
@@ -1104,15 +1109,17 @@ fn parse_add_scram(
             ))
         }
     };
-    Ok(gregor_protocol::metadata_records::UserScramCredentialRecord {
-        name,
-        mechanism: mechanism.type_code(),
-        salt: credential.salt,
-        stored_key: credential.stored_key,
-        server_key: credential.server_key,
-        iterations,
-        ..Default::default()
-    })
+    Ok(
+        gregor_protocol::metadata_records::UserScramCredentialRecord {
+            name,
+            mechanism: mechanism.type_code(),
+            salt: credential.salt,
+            stored_key: credential.stored_key,
+            server_key: credential.server_key,
+            iterations,
+            ..Default::default()
+        },
+    )
 }
 
 /// The host as Kafka's voter set records it: Kafka goes through `InetSocketAddress`, whose
@@ -1732,12 +1739,21 @@ mod tests {
             .bootstrap_records
             .iter()
             .filter_map(|r| match &r.record {
-                gregor_protocol::metadata_records::MetadataRecord::UserScramCredential(c) => Some(c),
+                gregor_protocol::metadata_records::MetadataRecord::UserScramCredential(c) => {
+                    Some(c)
+                }
                 _ => None,
             })
             .collect();
         assert_eq!(scram.len(), 1);
-        assert_eq!((scram[0].name.as_str(), scram[0].mechanism, scram[0].iterations), ("alice", 1, 4096));
+        assert_eq!(
+            (
+                scram[0].name.as_str(),
+                scram[0].mechanism,
+                scram[0].iterations
+            ),
+            ("alice", 1, 4096)
+        );
         let expected = gregor_network::sasl::ScramCredential::from_password(
             gregor_network::sasl::ScramMechanism::Sha256,
             b"x",
@@ -1746,14 +1762,38 @@ mod tests {
         );
         assert_eq!(scram[0].stored_key, expected.stored_key);
         for (arg, message) in [
-            ("SCRAM-SHA-1=[name=a,password=x]", "The add-scram mechanism SCRAM-SHA-1 is not supported."),
-            ("SCRAM-SHA-512=name=a,password=x]", "Expected configuration string to start with ["),
-            ("SCRAM-SHA-512=[password=x]", "You must supply 'name' to add-scram"),
-            ("SCRAM-SHA-512=[name=a]", "You must supply one of 'password' or 'saltedpassword' to add-scram"),
-            ("SCRAM-SHA-512=[name=a,password=x,iterations=100]", "The 'iterations' value must be >= 4096 for add-scram"),
-            ("SCRAM-SHA-512=[name=a,password=x,iterations=20000]", "The 'iterations' value must be <= 16384 for add-scram"),
-            ("SCRAM-SHA-512=[name=a,password=x,bogus=1]", "Unknown SCRAM configurations: bogus"),
-            ("SCRAM-SHA-512=[name=a,saltedpassword=AAAA]", "You must supply 'salt' with 'saltedpassword' to add-scram"),
+            (
+                "SCRAM-SHA-1=[name=a,password=x]",
+                "The add-scram mechanism SCRAM-SHA-1 is not supported.",
+            ),
+            (
+                "SCRAM-SHA-512=name=a,password=x]",
+                "Expected configuration string to start with [",
+            ),
+            (
+                "SCRAM-SHA-512=[password=x]",
+                "You must supply 'name' to add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a]",
+                "You must supply one of 'password' or 'saltedpassword' to add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,iterations=100]",
+                "The 'iterations' value must be >= 4096 for add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,iterations=20000]",
+                "The 'iterations' value must be <= 16384 for add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,bogus=1]",
+                "Unknown SCRAM configurations: bogus",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,saltedpassword=AAAA]",
+                "You must supply 'salt' with 'saltedpassword' to add-scram",
+            ),
         ] {
             let o = FormatOptions {
                 add_scram: vec![arg.into()],

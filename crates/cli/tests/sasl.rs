@@ -100,7 +100,11 @@ impl SaslNode {
         let deadline = Instant::now() + Duration::from_secs(60);
         let addr = SocketAddr::from(([127, 0, 0, 1], self.plaintext));
         while gregor_tests::process::api_versions_ok(addr, 1_000).is_err() {
-            ensure!(Instant::now() < deadline, "not listening; log:\n{}", self.log());
+            ensure!(
+                Instant::now() < deadline,
+                "not listening; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
@@ -138,7 +142,11 @@ fn client(node: &SaslNode, mechanism: &str, user: &str, password: &str) -> Clien
 fn metadata_ok(config: &ClientConfig) -> Result<()> {
     let consumer: BaseConsumer = config.clone().set("group.id", "g").create()?;
     let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
-    ensure!(md.brokers().len() == 1, "one broker: {:?}", md.brokers().len());
+    ensure!(
+        md.brokers().len() == 1,
+        "one broker: {:?}",
+        md.brokers().len()
+    );
     Ok(())
 }
 
@@ -167,11 +175,18 @@ fn librdkafka_logs_in_with_plain_and_wrong_passwords_fail() -> Result<()> {
         let config = client(&node, mechanism, user, password);
         let consumer: BaseConsumer = config.clone().set("group.id", "g").create()?;
         let r = consumer.fetch_metadata(None, Duration::from_secs(3));
-        ensure!(r.is_err(), "{mechanism} {user}/{password} must fail, got metadata");
+        ensure!(
+            r.is_err(),
+            "{mechanism} {user}/{password} must fail, got metadata"
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !node.log().contains("Failed authentication with 127.0.0.1") {
-        ensure!(Instant::now() < deadline, "no failure logged:\n{}", node.log());
+        ensure!(
+            Instant::now() < deadline,
+            "no failure logged:\n{}",
+            node.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     ensure!(
@@ -191,7 +206,11 @@ fn handshake(conn: &mut KafkaConn, version: i16, mechanism: &str) -> Result<Sasl
     )
 }
 
-fn authenticate(conn: &mut KafkaConn, version: i16, token: &[u8]) -> Result<SaslAuthenticateResponse> {
+fn authenticate(
+    conn: &mut KafkaConn,
+    version: i16,
+    token: &[u8],
+) -> Result<SaslAuthenticateResponse> {
     conn.call(
         ApiKey::SaslAuthenticate,
         version,
@@ -208,7 +227,10 @@ fn handshake_rules_raw_tokens_and_session_expiry() -> Result<()> {
     let r = handshake(&mut c, 1, "GSSAPI")?;
     ensure!(r.error_code == 33, "{r:?}");
     let names: Vec<&str> = r.mechanisms.iter().map(|m| m.as_str()).collect();
-    ensure!(names == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"], "{names:?}");
+    ensure!(
+        names == ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"],
+        "{names:?}"
+    );
     ensure!(c.closed_by_peer(), "open after an unsupported mechanism");
 
     // Any request but ApiVersions/SaslHandshake before authentication closes the connection.
@@ -307,7 +329,11 @@ fn scram_login(
     let salted = m.salted_password(password.as_bytes(), &salt, iterations);
     let client_key = m.hmac(&salted, b"Client Key");
     let signature = m.hmac(&m.hash(&client_key), auth_message.as_bytes());
-    let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+    let proof: Vec<u8> = client_key
+        .iter()
+        .zip(&signature)
+        .map(|(a, b)| a ^ b)
+        .collect();
     let last = authenticate(
         conn,
         2,
