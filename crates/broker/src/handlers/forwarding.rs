@@ -19,7 +19,7 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, elect_leaders, features, kraft, reassignments, sb, topics};
+use super::{configs, elect_leaders, features, kraft, reassignments, sb, scram, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -35,6 +35,7 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeQuorum,
+    ApiKey::AlterUserScramCredentials,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -120,6 +121,7 @@ pub async fn handle_local(
             )
             .into(),
         },
+        RequestKind::AlterUserScramCredentials(r) => scram::alter(broker, ctx, r).await.into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
     }
 }
@@ -230,6 +232,9 @@ pub fn error_response(
             .with_error_code(code)
             .with_error_message(message)
             .into(),
+        RequestKind::AlterUserScramCredentials(r) => {
+            scram::alter_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }
@@ -282,6 +287,10 @@ mod tests {
             ApiKey::DescribeQuorum => (
                 m::DescribeQuorumRequest::default().into(),
                 m::DescribeQuorumResponse::default().into(),
+            ),
+            ApiKey::AlterUserScramCredentials => (
+                m::AlterUserScramCredentialsRequest::default().into(),
+                m::AlterUserScramCredentialsResponse::default().into(),
             ),
             other => panic!("{other:?} is not forwarded"),
         }

@@ -22,6 +22,7 @@ pub mod metadata;
 pub mod produce;
 pub mod producer_id;
 pub mod reassignments;
+pub mod scram;
 pub mod topics;
 pub mod txn;
 pub mod txn_partition;
@@ -96,6 +97,9 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     // connection that may not re-authenticate) they get ILLEGAL_SASL_STATE, as in Kafka.
     ApiKey::SaslHandshake,
     ApiKey::SaslAuthenticate,
+    // KIP-554: Describe from the image, Alter forwarded to the controller (`scram`).
+    ApiKey::DescribeUserScramCredentials,
+    ApiKey::AlterUserScramCredentials,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -270,6 +274,14 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             DescribeProducersRequest::default().into(),
             DescribeProducersResponse::default().into(),
         ),
+        ApiKey::DescribeUserScramCredentials => (
+            DescribeUserScramCredentialsRequest::default().into(),
+            DescribeUserScramCredentialsResponse::default().into(),
+        ),
+        ApiKey::AlterUserScramCredentials => (
+            AlterUserScramCredentialsRequest::default().into(),
+            AlterUserScramCredentialsResponse::default().into(),
+        ),
         ApiKey::SaslHandshake => (
             SaslHandshakeRequest::default().into(),
             SaslHandshakeResponse::default().into(),
@@ -433,7 +445,11 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::UpdateFeatures(_)
         | RequestKind::AlterPartitionReassignments(_)
         | RequestKind::ListPartitionReassignments(_)
-        | RequestKind::DescribeQuorum(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::DescribeQuorum(_)
+        | RequestKind::AlterUserScramCredentials(_)) => forwarding::handle(broker, ctx, body).await,
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ready(scram::describe(broker, ctx, &r).into())
+        }
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }
