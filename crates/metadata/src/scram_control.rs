@@ -236,15 +236,11 @@ mod tests {
         );
         let c = Controller::new(image);
         let r = c.alter_user_scram_credentials(
-            vec![
-                del("old", 1),
-                del("ghost", 1),
-                del("twice", 1),
-                del("bad", 3),
-            ],
+            vec![del("old", 1), del("ghost", 1), del("bad", 3)],
             vec![
                 upsert("alice", 2, 8192),
                 upsert("twice", 1, 4096),
+                upsert("twice", 2, 4096),
                 upsert("few", 1, 4095),
                 upsert("many", 1, 16385),
                 upsert("", 1, 4096),
