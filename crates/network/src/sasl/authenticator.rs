@@ -376,3 +376,252 @@ impl SaslAuthenticator {
         Decision::Respond(response)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use bytes::Buf;
+    use gregor_protocol::kafka_protocol::messages::{
+        ApiVersionsRequest, MetadataRequest, SaslAuthenticateRequest, SaslHandshakeRequest,
+    };
+    use gregor_protocol::kafka_protocol::protocol::Decodable;
+
+    use super::*;
+
+    fn config(reauth_ms: i64) -> Arc<SaslServerConfig> {
+        let mut c = SaslServerConfig::new(vec![
+            Mechanism::Plain,
+            Mechanism::Scram(super::super::ScramMechanism::Sha256),
+        ]);
+        c.plain_users = BTreeMap::from([
+            ("alice".to_string(), "a".to_string()),
+            ("bob".to_string(), "b".to_string()),
+        ]);
+        c.connections_max_reauth_ms = reauth_ms;
+        Arc::new(c)
+    }
+
+    fn header(api_key: ApiKey, version: i16) -> RequestHeader {
+        RequestHeader::default()
+            .with_request_api_key(api_key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(7)
+    }
+
+    fn handshake(a: &mut SaslAuthenticator, mechanism: &str, now: Instant) -> Decision {
+        a.on_request(
+            &header(ApiKey::SaslHandshake, 1),
+            ApiKey::SaslHandshake,
+            &RequestKind::SaslHandshake(
+                SaslHandshakeRequest::default()
+                    .with_mechanism(StrBytes::from_string(mechanism.into())),
+            ),
+            now,
+        )
+    }
+
+    fn authenticate(a: &mut SaslAuthenticator, token: &[u8], now: Instant) -> Decision {
+        a.on_request(
+            &header(ApiKey::SaslAuthenticate, 2),
+            ApiKey::SaslAuthenticate,
+            &RequestKind::SaslAuthenticate(
+                SaslAuthenticateRequest::default().with_auth_bytes(Bytes::copy_from_slice(token)),
+            ),
+            now,
+        )
+    }
+
+    /// The SaslAuthenticate response in a decision (size prefix and header skipped).
+    fn auth_response(d: &Decision) -> SaslAuthenticateResponse {
+        let bytes = match d {
+            Decision::Respond(Some(b)) => b.clone(),
+            Decision::Close {
+                response: Some(b), ..
+            } => b.clone(),
+            other => panic!("no response: {other:?}"),
+        };
+        // size, correlation id, the flexible header's empty tagged fields (v2)
+        let mut b = bytes.slice(9..);
+        let r = SaslAuthenticateResponse::decode(&mut b, 2).unwrap();
+        assert_eq!(b.remaining(), 0);
+        r
+    }
+
+    #[test]
+    fn only_handshake_requests_before_authentication() {
+        let now = Instant::now();
+        let mut a = SaslAuthenticator::new(config(0));
+        let d = a.on_request(
+            &header(ApiKey::ApiVersions, 3),
+            ApiKey::ApiVersions,
+            &RequestKind::ApiVersions(ApiVersionsRequest::default()),
+            now,
+        );
+        assert!(matches!(d, Decision::Handle));
+        // A second ApiVersions is out of place, as any other request.
+        let d = a.on_request(
+            &header(ApiKey::Metadata, 12),
+            ApiKey::Metadata,
+            &RequestKind::Metadata(MetadataRequest::default()),
+            now,
+        );
+        assert!(matches!(
+            d,
+            Decision::Close {
+                response: None,
+                authentication_failed: true,
+                ..
+            }
+        ));
+        assert!(a.principal().is_none());
+
+        // After the handshake only SaslAuthenticate.
+        let mut a = SaslAuthenticator::new(config(0));
+        assert!(matches!(
+            handshake(&mut a, "PLAIN", now),
+            Decision::Respond(Some(_))
+        ));
+        let d = handshake(&mut a, "PLAIN", now);
+        assert!(matches!(d, Decision::Close { .. }), "{d:?}");
+        assert!(a.principal().is_none());
+    }
+
+    #[test]
+    fn success_sets_the_principal_and_the_session_lifetime() {
+        let now = Instant::now();
+        let mut a = SaslAuthenticator::new(config(60_000));
+        handshake(&mut a, "PLAIN", now);
+        let d = authenticate(&mut a, b"\0alice\0a", now);
+        let r = auth_response(&d);
+        assert_eq!((r.error_code, r.session_lifetime_ms), (0, 60_000));
+        assert_eq!(
+            a.principal().map(ToString::to_string).as_deref(),
+            Some("User:alice")
+        );
+        assert!(a.session_expiration().is_some());
+        // Requests are handed on until the session expires.
+        let meta = |a: &mut SaslAuthenticator, at: Instant| {
+            a.on_request(
+                &header(ApiKey::Metadata, 12),
+                ApiKey::Metadata,
+                &RequestKind::Metadata(MetadataRequest::default()),
+                at,
+            )
+        };
+        assert!(matches!(meta(&mut a, now), Decision::Handle));
+        let later = a.session_expiration().unwrap() + Duration::from_millis(1);
+        assert!(matches!(
+            meta(&mut a, later),
+            Decision::Close {
+                authentication_failed: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn no_reauth_config_means_no_expiry_and_no_reauthentication() {
+        let now = Instant::now();
+        let mut a = SaslAuthenticator::new(config(0));
+        handshake(&mut a, "PLAIN", now);
+        let r = auth_response(&authenticate(&mut a, b"\0alice\0a", now));
+        assert_eq!((r.error_code, r.session_lifetime_ms), (0, 0));
+        // A handshake on an authenticated connection goes to the API layer
+        // (ILLEGAL_SASL_STATE there), as Kafka's `maybeBeginServerReauthentication` false.
+        assert!(matches!(handshake(&mut a, "PLAIN", now), Decision::Handle));
+    }
+
+    #[test]
+    fn reauthentication_keeps_mechanism_and_principal() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(2);
+        // Another principal: refused with Kafka's message, connection closed.
+        let mut a = SaslAuthenticator::new(config(60_000));
+        handshake(&mut a, "PLAIN", now);
+        authenticate(&mut a, b"\0alice\0a", now);
+        assert!(matches!(
+            handshake(&mut a, "PLAIN", later),
+            Decision::Respond(Some(_))
+        ));
+        let d = authenticate(&mut a, b"\0bob\0b", later);
+        let r = auth_response(&d);
+        assert_eq!(r.error_code, ErrorCode::SaslAuthenticationFailed.code());
+        assert_eq!(
+            r.error_message.as_deref(),
+            Some("Cannot change principals during re-authentication from User.alice: User.bob")
+        );
+        assert!(matches!(d, Decision::Close { .. }));
+
+        // Another mechanism: the handshake is answered, the next token fails.
+        let mut a = SaslAuthenticator::new(config(60_000));
+        handshake(&mut a, "PLAIN", now);
+        authenticate(&mut a, b"\0alice\0a", now);
+        assert!(matches!(
+            handshake(&mut a, "SCRAM-SHA-256", later),
+            Decision::Respond(Some(_))
+        ));
+        assert!(matches!(
+            authenticate(&mut a, b"n,,n=alice,r=x", later),
+            Decision::Close { response: None, .. }
+        ));
+
+        // The same principal: a new session; at most one re-authentication a second.
+        let mut a = SaslAuthenticator::new(config(60_000));
+        handshake(&mut a, "PLAIN", now);
+        authenticate(&mut a, b"\0alice\0a", now);
+        handshake(&mut a, "PLAIN", later);
+        let r = auth_response(&authenticate(&mut a, b"\0alice\0a", later));
+        assert_eq!(r.error_code, 0);
+        assert_eq!(
+            a.principal().map(ToString::to_string).as_deref(),
+            Some("User:alice")
+        );
+        assert!(matches!(
+            handshake(&mut a, "PLAIN", later + Duration::from_millis(500)),
+            Decision::Handle
+        ));
+    }
+
+    #[test]
+    fn handshake_v0_exchanges_raw_tokens() {
+        let now = Instant::now();
+        let mut a = SaslAuthenticator::new(config(0));
+        let d = a.on_request(
+            &header(ApiKey::SaslHandshake, 0),
+            ApiKey::SaslHandshake,
+            &RequestKind::SaslHandshake(
+                SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            ),
+            now,
+        );
+        assert!(matches!(d, Decision::Respond(Some(_))));
+        assert!(a.expects_raw_token());
+        let d = a.on_raw_token(b"\0alice\0a");
+        assert!(
+            matches!(&d, Decision::Respond(Some(b)) if b.as_ref() == [0, 0, 0, 0]),
+            "{d:?}"
+        );
+        assert!(!a.expects_raw_token());
+        assert!(a.principal().is_some());
+        // A wrong raw token: no response, closed.
+        let mut a = SaslAuthenticator::new(config(0));
+        a.on_request(
+            &header(ApiKey::SaslHandshake, 0),
+            ApiKey::SaslHandshake,
+            &RequestKind::SaslHandshake(
+                SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            ),
+            now,
+        );
+        assert!(matches!(
+            a.on_raw_token(b"\0alice\0wrong"),
+            Decision::Close {
+                response: None,
+                authentication_failed: true,
+                ..
+            }
+        ));
+        assert!(a.principal().is_none());
+    }
+}
