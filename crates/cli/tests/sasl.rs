@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use bytes::Bytes;
+use gregor_network::sasl::ScramMechanism;
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion;
 use kafka_protocol::messages::describe_user_scram_credentials_request::UserName;
@@ -628,5 +629,64 @@ fn kafka_configs_manages_scram_users_and_the_java_client_logs_in() -> Result<()>
         out.contains("Attempt to delete a user credential that does not exist"),
         "{out}"
     );
+    Ok(())
+}
+
+/// AlterUserScramCredentials sent to each node of a 3-node cluster (forwarded to the active
+/// controller from the others) reaches every node's image: DescribeUserScramCredentials on
+/// every node shows each credential, which is what each node's SASL listener authenticates
+/// against.
+#[test]
+fn scram_credentials_replicate_to_every_node_of_a_cluster() -> Result<()> {
+    use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+    let config = ClusterConfig::combined(Implementation::Gregor(BIN.into()), 3);
+    let mut cluster = Cluster::start(&config)?;
+    cluster.wait_ready(Duration::from_secs(60))?;
+    let addrs: Vec<SocketAddr> = cluster
+        .nodes()
+        .iter()
+        .map(|n| -> Result<SocketAddr> { Ok(n.bootstrap().context("a broker listener")?.parse()?) })
+        .collect::<Result<_>>()?;
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut c = KafkaConn::connect(*addr, "t")?;
+        let salted = ScramMechanism::Sha512.salted_password(b"pw", b"salt", 4096);
+        let r: AlterUserScramCredentialsResponse = c.call(
+            ApiKey::AlterUserScramCredentials,
+            0,
+            &AlterUserScramCredentialsRequest::default().with_upsertions(vec![
+                ScramCredentialUpsertion::default()
+                    .with_name(sb(&format!("user{i}")))
+                    .with_mechanism(2)
+                    .with_iterations(4096)
+                    .with_salt(Bytes::from_static(b"salt"))
+                    .with_salted_password(Bytes::from(salted)),
+            ]),
+        )?;
+        ensure!(
+            r.results.len() == 1 && r.results[0].error_code == 0,
+            "node {i}: {r:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for addr in &addrs {
+        loop {
+            let mut c = KafkaConn::connect(*addr, "t")?;
+            let r: DescribeUserScramCredentialsResponse = c.call(
+                ApiKey::DescribeUserScramCredentials,
+                0,
+                &DescribeUserScramCredentialsRequest::default(),
+            )?;
+            let users: Vec<&str> = r.results.iter().map(|x| x.user.as_str()).collect();
+            if users == ["user0", "user1", "user2"]
+                && r.results
+                    .iter()
+                    .all(|x| x.credential_infos.len() == 1 && x.credential_infos[0].mechanism == 2)
+            {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "{addr}: {r:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     Ok(())
 }
