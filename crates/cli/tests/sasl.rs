@@ -690,3 +690,61 @@ fn scram_credentials_replicate_to_every_node_of_a_cluster() -> Result<()> {
     }
     Ok(())
 }
+
+/// `gregor_connections_opened_total` from the admin listener's /metrics.
+fn connections_opened(admin_port: u16) -> Result<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", admin_port))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("gregor_connections_opened_total"))
+        .context("no gregor_connections_opened_total")?;
+    Ok(line.rsplit(' ').next().context("a value")?.parse::<f64>()? as u64)
+}
+
+/// librdkafka re-authenticates (KIP-368) within the session lifetime the broker sends, so a
+/// producer keeps its connections past many lifetimes: no new connection is opened and every
+/// record is acknowledged. (Without re-authentication the broker would close each connection
+/// at its first request after expiry and the count would grow.)
+#[test]
+fn librdkafka_reauthenticates_within_connections_max_reauth_ms() -> Result<()> {
+    let admin = gregor_tests::free_port()?;
+    let node = SaslNode::start(&[
+        "connections.max.reauth.ms=1500",
+        &format!("admin.listener=127.0.0.1:{admin}"),
+    ])?;
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        client(&node, "PLAIN", "alice", "alice-secret")
+            .set("linger.ms", "0")
+            .create()?;
+    let send = |i: usize| -> Result<()> {
+        producer
+            .send(BaseRecord::to("reauth").key("k").payload(&format!("{i}")))
+            .map_err(|(e, _)| e)?;
+        producer.flush(Duration::from_secs(10))?;
+        ensure!(
+            producer.in_flight_count() == 0,
+            "record {i} not acknowledged"
+        );
+        Ok(())
+    };
+    send(0)?;
+    let before = connections_opened(admin)?;
+    let started = Instant::now();
+    let mut i = 1;
+    while started.elapsed() < Duration::from_secs(6) {
+        send(i)?;
+        i += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = connections_opened(admin)?;
+    ensure!(
+        after == before,
+        "{} connections opened during 4 session lifetimes (librdkafka did not re-authenticate?)",
+        after - before
+    );
+    Ok(())
+}
