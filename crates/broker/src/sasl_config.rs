@@ -46,8 +46,11 @@ pub fn acted_on(name: &str) -> bool {
     if key == "sasl.enabled.mechanisms" || key == "connections.max.reauth.ms" {
         return true;
     }
-    key.strip_suffix(".sasl.jaas.config")
-        .is_some_and(|m| Mechanism::from_name(&m.to_ascii_uppercase()).is_some())
+    let mechanism = |m: &str| Mechanism::from_name(&m.to_ascii_uppercase()).is_some();
+    key.strip_suffix(".sasl.jaas.config").is_some_and(mechanism)
+        || key
+            .strip_suffix(".connections.max.reauth.ms")
+            .is_some_and(mechanism)
 }
 
 /// One SASL listener's settings.
@@ -61,6 +64,8 @@ pub struct ListenerSasl {
     pub oauthbearer: OAuthBearerConfig,
     /// `connections.max.reauth.ms` (or its listener-prefixed form).
     pub connections_max_reauth_ms: i64,
+    /// `listener.name.<l>.<mechanism>.connections.max.reauth.ms`, where set.
+    pub connections_max_reauth_ms_by_mechanism: Vec<(Mechanism, i64)>,
 }
 
 /// The SASL settings of every SASL listener.
@@ -249,7 +254,22 @@ impl SaslSettings {
                 "Not a number of type LONG",
             )
         })?;
+        let mut connections_max_reauth_ms_by_mechanism = Vec::new();
+        for m in &mechanisms {
+            let key = format!(
+                "listener.name.{lower}.{}.connections.max.reauth.ms",
+                m.name().to_ascii_lowercase()
+            );
+            if let Some(v) = props.get(&key) {
+                let ms = v
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|_| ConfigError::new(&key, v, "Not a number of type LONG"))?;
+                connections_max_reauth_ms_by_mechanism.push((*m, ms));
+            }
+        }
         Ok(ListenerSasl {
+            connections_max_reauth_ms_by_mechanism,
             mechanisms,
             plain_users,
             oauthbearer,
@@ -298,6 +318,8 @@ impl SaslSettings {
                 c.scram_credentials = Some(store.clone());
                 c.oauthbearer = l.oauthbearer.clone();
                 c.connections_max_reauth_ms = l.connections_max_reauth_ms;
+                c.connections_max_reauth_ms_by_mechanism =
+                    l.connections_max_reauth_ms_by_mechanism.clone();
                 c.max_receive_size = self.max_receive_size;
                 (name.clone(), Arc::new(c))
             })
@@ -359,6 +381,10 @@ mod tests {
                 r#"org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required unsecuredValidatorRequiredScope="w r" unsecuredValidatorAllowableClockSkewMs="1000";"#,
             ),
             ("connections.max.reauth.ms", "5000"),
+            (
+                "listener.name.sasl_plaintext.oauthbearer.connections.max.reauth.ms",
+                "700",
+            ),
         ]);
         let s = SaslSettings::from_properties(
             &p,
@@ -382,6 +408,13 @@ mod tests {
         assert_eq!(l.oauthbearer.required_scope, ["w", "r"]);
         assert_eq!(l.oauthbearer.allowable_clock_skew_ms, 1000);
         assert_eq!(l.connections_max_reauth_ms, 5000);
+        assert_eq!(
+            l.connections_max_reauth_ms_by_mechanism,
+            [(Mechanism::OAuthBearer, 700)]
+        );
+        assert!(acted_on(
+            "listener.name.sasl_plaintext.oauthbearer.connections.max.reauth.ms"
+        ));
         assert_eq!(
             s.listeners["OTHER"].mechanisms,
             [Mechanism::Scram(ScramMechanism::Sha256)]

@@ -276,8 +276,12 @@ impl SaslAuthenticator {
 
     /// The session lifetime to send, and the expiration it sets (Kafka's
     /// `calcCompletionTimesAndReturnSessionLifetimeMs`).
-    fn complete_session(&mut self, credential_expiration_ms: Option<i64>) -> i64 {
-        let max_reauth = Some(self.config.connections_max_reauth_ms).filter(|m| *m > 0);
+    fn complete_session(
+        &mut self,
+        mechanism: Mechanism,
+        credential_expiration_ms: Option<i64>,
+    ) -> i64 {
+        let max_reauth = Some(self.config.connections_max_reauth_ms(mechanism)).filter(|m| *m > 0);
         let lifetime_ms = match (credential_expiration_ms, max_reauth) {
             (None, None) => {
                 self.session_expiration = None;
@@ -340,7 +344,7 @@ impl SaslAuthenticator {
                         }
                     }
                 }
-                let lifetime_ms = self.complete_session(credential_expiration_ms);
+                let lifetime_ms = self.complete_session(mechanism, credential_expiration_ms);
                 self.authenticated = Some((principal, mechanism));
                 self.state = State::Complete;
                 self.reauthenticating = false;

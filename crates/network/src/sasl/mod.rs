@@ -136,6 +136,9 @@ pub struct SaslServerConfig {
     pub oauthbearer: OAuthBearerConfig,
     /// `connections.max.reauth.ms` (default 0: sessions do not expire, KIP-368).
     pub connections_max_reauth_ms: i64,
+    /// Per mechanism, `listener.name.<l>.<mechanism>.connections.max.reauth.ms` (Kafka's
+    /// `SaslChannelBuilder.createConnectionsMaxReauthMsMap`), over the value above.
+    pub connections_max_reauth_ms_by_mechanism: Vec<(Mechanism, i64)>,
     /// `sasl.server.max.receive.size` (default 524288): the largest frame read before
     /// authentication completes, bytes.
     pub max_receive_size: usize,
@@ -166,8 +169,17 @@ impl SaslServerConfig {
             scram_credentials: None,
             oauthbearer: OAuthBearerConfig::default(),
             connections_max_reauth_ms: 0,
+            connections_max_reauth_ms_by_mechanism: Vec::new(),
             max_receive_size: Self::DEFAULT_MAX_RECEIVE_SIZE,
         }
+    }
+
+    /// `connections.max.reauth.ms` for `mechanism`.
+    pub fn connections_max_reauth_ms(&self, mechanism: Mechanism) -> i64 {
+        self.connections_max_reauth_ms_by_mechanism
+            .iter()
+            .find(|(m, _)| *m == mechanism)
+            .map_or(self.connections_max_reauth_ms, |(_, ms)| *ms)
     }
 
     /// The server side of one exchange for `mechanism`.
