@@ -5,7 +5,8 @@
 //! handshake (UNSUPPORTED_SASL_MECHANISM with the enabled list, any other request before
 //! authentication closes the connection, SaslHandshake v0 with raw tokens); with
 //! `connections.max.reauth.ms` SaslAuthenticate returns the session lifetime and a connection
-//! past it is closed at its next request.
+//! past it is closed at its next request; OAUTHBEARER unsecured JWTs (an expired token fails, the
+//! session follows `exp`); kafka-configs and the Java client; a 3-node cluster.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -746,5 +747,56 @@ fn librdkafka_reauthenticates_within_connections_max_reauth_ms() -> Result<()> {
         "{} connections opened during 4 session lifetimes (librdkafka did not re-authenticate?)",
         after - before
     );
+    Ok(())
+}
+
+/// OAUTHBEARER over the wire with unsecured JWTs: an expired token gets Kafka's error challenge
+/// and, after the client's 0x01, SASL_AUTHENTICATION_FAILED and a closed connection; a valid
+/// one logs in as its `sub` with a session lifetime that follows its `exp` (KIP-368).
+#[test]
+fn oauthbearer_expired_token_fails_and_session_follows_exp() -> Result<()> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+    use base64::Engine;
+    let node = SaslNode::start(&[])?;
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let jwt = |claims: String| {
+        format!(
+            "{}.{}.",
+            B64URL.encode(r#"{"alg":"none"}"#),
+            B64URL.encode(claims)
+        )
+    };
+    let initial = |token: &str| format!("n,,\x01auth=Bearer {token}\x01\x01").into_bytes();
+
+    let mut c = KafkaConn::connect(node.sasl_addr(), "t")?;
+    ensure!(handshake(&mut c, 1, "OAUTHBEARER")?.error_code == 0);
+    let expired = jwt(format!(r#"{{"sub":"dave","exp":{}}}"#, now_s - 60));
+    let r = authenticate(&mut c, 2, &initial(&expired))?;
+    ensure!(
+        r.error_code == 0 && r.auth_bytes.as_ref() == br#"{"status":"invalid_token"}"#,
+        "{r:?}"
+    );
+    let r = authenticate(&mut c, 2, b"\x01")?;
+    ensure!(r.error_code == 58, "{r:?}");
+    ensure!(c.closed_by_peer(), "open after an expired token");
+
+    let mut c = KafkaConn::connect(node.sasl_addr(), "t")?;
+    ensure!(handshake(&mut c, 1, "OAUTHBEARER")?.error_code == 0);
+    let valid = jwt(format!(r#"{{"sub":"dave","exp":{}}}"#, now_s + 3));
+    let r = authenticate(&mut c, 2, &initial(&valid))?;
+    ensure!(
+        r.error_code == 0 && (1..=3000).contains(&r.session_lifetime_ms),
+        "{r:?}"
+    );
+    let md: MetadataResponse = c.call(ApiKey::Metadata, 12, &MetadataRequest::default())?;
+    ensure!(md.brokers.len() == 1);
+    // Past the token's expiry the next request closes the connection.
+    std::thread::sleep(Duration::from_millis(
+        u64::try_from(r.session_lifetime_ms)? + 100,
+    ));
+    c.send(ApiKey::Metadata, 12, &MetadataRequest::default())?;
+    ensure!(c.closed_by_peer(), "served after the token expired");
     Ok(())
 }
