@@ -1,12 +1,14 @@
-//! SASL on a SASL_PLAINTEXT listener (issue 13): librdkafka logs in with PLAIN (users from the
-//! JAAS config), SCRAM-SHA-256 and SCRAM-SHA-512 (credentials from `gregor storage format
-//! --add-scram`, KIP-900) and OAUTHBEARER (librdkafka's unsecured JWT); a wrong password fails
-//! with SASL_AUTHENTICATION_FAILED and is logged with the peer; raw-protocol checks of the
-//! handshake (UNSUPPORTED_SASL_MECHANISM with the enabled list, any other request before
-//! authentication closes the connection, SaslHandshake v0 with raw tokens); with
-//! `connections.max.reauth.ms` SaslAuthenticate returns the session lifetime and a connection
-//! past it is closed at its next request; OAUTHBEARER unsecured JWTs (an expired token fails, the
-//! session follows `exp`); kafka-configs and the Java client; a 3-node cluster.
+//! SASL on a SASL_PLAINTEXT listener (issue 13), from clients we did not write where they can:
+//! librdkafka with PLAIN (users from the JAAS config; the workspace's librdkafka has no OpenSSL,
+//! so no SCRAM or OAUTHBEARER) including re-authentication (KIP-368) and wrong passwords; the
+//! Java client and `kafka-configs` (SCRAM-SHA-512 and OAUTHBEARER logins, adding, describing
+//! and deleting SCRAM users, a wrong password); raw-protocol checks of what the clients do not
+//! show: SCRAM-SHA-256/512 exchanges with credentials from `gregor storage format
+//! --add-scram` (KIP-900, surviving a restart), the handshake rules (UNSUPPORTED_SASL_MECHANISM
+//! with the enabled list, any other request before authentication closes the connection,
+//! SaslHandshake v0 with raw tokens), session expiry and re-authentication, OAUTHBEARER
+//! unsecured JWTs (an expired token fails, the session follows `exp`); and the credentials of
+//! a 3-node cluster.
 
 use std::net::SocketAddr;
 use std::path::Path;
