@@ -609,6 +609,9 @@ pub struct BrokerConfig {
     pub connections_max_idle_ms: i64,
     /// The effective `listener.security.protocol.map` (listener name -> protocol).
     pub listener_security_protocol_map: BTreeMap<String, SecurityProtocol>,
+    /// The SASL settings of the SASL listeners (`sasl.enabled.mechanisms`, JAAS configs,
+    /// `connections.max.reauth.ms`).
+    pub sasl: crate::sasl_config::SaslSettings,
     /// Roles and metadata quorum (`process.roles`, `controller.quorum.*`,
     /// `controller.listener.names`).
     pub quorum: crate::quorum_config::QuorumSettings,
@@ -864,6 +867,9 @@ fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
         .iter()
         .filter(|(k, v)| {
             let v = v.trim();
+            if crate::sasl_config::acted_on(k) {
+                return false;
+            }
             match k.as_str() {
                 "authorizer.class.name" => !v.is_empty(),
                 "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
@@ -1104,6 +1110,7 @@ impl BrokerConfig {
             _ => listeners.clone(),
         };
         let advertised_listeners = resolve_advertised_hosts(advertised_listeners)?;
+        let sasl = crate::sasl_config::SaslSettings::from_properties(&props, &listeners)?;
         let log_dirs: Vec<PathBuf> = get("log.dirs")
             .or_else(|| get("log.dir"))
             .unwrap_or_else(|| "./gregor-data".into())
@@ -1225,6 +1232,7 @@ impl BrokerConfig {
             max_connections_per_ip_overrides,
             connections_max_idle_ms: int("connections.max.idle.ms", 600_000),
             listener_security_protocol_map: protocol_map,
+            sasl,
             node_id,
             listeners,
             advertised_listeners,
@@ -1254,6 +1262,7 @@ impl BrokerConfig {
             )?,
             raw: props,
         };
+        cfg.sasl.check_roles(&cfg)?;
         Ok((cfg, report))
     }
 
@@ -1586,6 +1595,7 @@ pub fn acted_on(name: &str) -> bool {
         || TOPIC_CONFIGS.iter().any(|d| d.broker_synonym == Some(name))
         || crate::quorum_config::QUORUM_KEYS.contains(&name)
         || READ_ELSEWHERE.contains(&name)
+        || crate::sasl_config::acted_on(name)
 }
 
 /// The type and Kafka default of a broker config gregor or Kafka knows, if any (gregor's own
@@ -2508,10 +2518,13 @@ mod tests {
         // Defect 6: these used to be ignored, starting a broker that looks secured.
         for key in [
             "ssl.keystore.location",
-            "sasl.enabled.mechanisms",
+            // SASL keys gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER
+            // settings are read: sasl_config).
+            "sasl.oauthbearer.jwks.endpoint.url",
+            "sasl.kerberos.service.name",
             "listener.name.external.ssl.keystore.password",
-            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config",
-            "listener.name.external.sasl.enabled.mechanisms",
+            "listener.name.sasl_ssl.gssapi.sasl.jaas.config",
+            "listener.name.external.sasl.login.callback.handler.class",
         ] {
             let e = BrokerConfig::from_properties(props(&[(key, "secret")])).unwrap_err();
             assert_eq!(e.name, key);

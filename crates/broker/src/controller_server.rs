@@ -178,7 +178,8 @@ impl ControllerApis {
             | ApiKey::ElectLeaders
             | ApiKey::UpdateFeatures
             | ApiKey::AlterPartitionReassignments
-            | ApiKey::ListPartitionReassignments => crate::handlers::supported_versions(api_key),
+            | ApiKey::ListPartitionReassignments
+            | ApiKey::AlterUserScramCredentials => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -322,7 +323,8 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::ElectLeaders(_)
             | RequestKind::UpdateFeatures(_)
             | RequestKind::AlterPartitionReassignments(_)
-            | RequestKind::ListPartitionReassignments(_)) => {
+            | RequestKind::ListPartitionReassignments(_)
+            | RequestKind::AlterUserScramCredentials(_)) => {
                 let response = match self.broker.get() {
                     Some(broker) if self.is_active() => {
                         forwarding::handle_local(broker, ctx, body).await

@@ -35,6 +35,7 @@ pub mod quorum_config;
 pub mod replica_fetcher;
 pub mod replica_manager;
 pub mod replication;
+pub mod sasl_config;
 pub mod server;
 pub mod start_error;
 pub mod storage;

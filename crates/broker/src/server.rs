@@ -473,7 +473,14 @@ pub async fn start_with_authorizer(
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
-    let listeners = gregor_network::bind(&broker_endpoints).await?;
+    let scram_store: Arc<dyn gregor_network::sasl::ScramCredentialStore> = Arc::new(
+        crate::sasl_config::ImageScramCredentials(controller.clone()),
+    );
+    let listeners = gregor_network::bind_with_sasl(
+        &broker_endpoints,
+        &config.sasl.server_configs(&scram_store),
+    )
+    .await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
     let bound_ports: Vec<(String, u16)> = listeners
         .iter()

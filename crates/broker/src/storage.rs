@@ -807,7 +807,7 @@ pub struct FormatOptions {
     pub ignore_formatted: bool,
     /// `--standalone`, `--initial-controllers`, `--no-initial-controllers`.
     pub initial_controllers: InitialControllers,
-    /// `--add-scram` arguments (refused: not supported yet).
+    /// `--add-scram` arguments (KIP-900: UserScramCredentialRecords in the bootstrap).
     pub add_scram: Vec<String>,
 }
 
@@ -883,11 +883,11 @@ pub fn plan_format(cfg: &StorageConfig, opts: &FormatOptions) -> Result<FormatPl
             "Because controller.quorum.voters is not set on this controller, you must specify one of the following: --standalone, --initial-controllers, or --no-initial-controllers.",
         ));
     }
-    if !opts.add_scram.is_empty() {
-        return Err(invalid(
-            "--add-scram: SCRAM credentials are not supported by gregor yet (gregor has no SASL/SCRAM authentication); format without --add-scram",
-        ));
-    }
+    let scram_records = opts
+        .add_scram
+        .iter()
+        .map(|a| parse_add_scram(a))
+        .collect::<Result<Vec<_>, _>>()?;
     if cfg.node_id < 0 {
         return Err(invalid("You must specify a valid non-negative node ID."));
     }
@@ -993,12 +993,133 @@ pub fn plan_format(cfg: &StorageConfig, opts: &FormatOptions) -> Result<FormatPl
             bootstrap_records.push(record(name, *level));
         }
     }
+    if !scram_records.is_empty() {
+        // Formatter: "SCRAM is only supported in metadata.version 3.5-IV2 or later."
+        if release_version.feature_level() < 11 {
+            return Err(invalid(
+                "SCRAM is only supported in metadata.version 3.5-IV2 or later.",
+            ));
+        }
+        bootstrap_records.extend(
+            scram_records
+                .into_iter()
+                .map(|r| ApiMessageAndVersion::new(r, 0)),
+        );
+    }
     Ok(FormatPlan {
         release_version,
         feature_levels: levels,
         voters,
         bootstrap_records,
     })
+}
+
+/// One `--add-scram` argument, as Kafka's `ScramParser`:
+/// `SCRAM-SHA-256=[name=alice,password=alice-secret]`, with optional `salt` (base64),
+/// `iterations` (default 4096, within 4096..=16384) and `saltedpassword` (base64, with `salt`)
+/// instead of `password`; values may be quoted.
+fn parse_add_scram(
+    input: &str,
+) -> Result<gregor_protocol::metadata_records::UserScramCredentialRecord, StorageError> {
+    use base64::Engine;
+    use gregor_network::sasl::{ScramCredential, ScramMechanism};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let input = input.trim();
+    let (mechanism, config) = input.split_once('=').ok_or_else(|| {
+        invalid(format!(
+            "Failed to find equals sign in SCRAM argument '{input}'"
+        ))
+    })?;
+    let mechanism = ScramMechanism::from_mechanism_name(mechanism).ok_or_else(|| {
+        invalid(format!(
+            "The add-scram mechanism {mechanism} is not supported."
+        ))
+    })?;
+    let config = config
+        .strip_prefix('[')
+        .ok_or_else(|| invalid("Expected configuration string to start with ["))?
+        .strip_suffix(']')
+        .ok_or_else(|| invalid("Expected configuration string to end with ]"))?;
+    let mut components = BTreeMap::new();
+    for c in config.split(',') {
+        let (k, v) = c
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("No equals sign found in SCRAM component: {c}")))?;
+        let v = if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
+            &v[1..v.len() - 1]
+        } else {
+            v
+        };
+        components.insert(k.to_string(), v.to_string());
+    }
+    let name = components
+        .remove("name")
+        .ok_or_else(|| invalid("You must supply 'name' to add-scram"))?;
+    let salt = components
+        .remove("salt")
+        .map(|s| {
+            b64.decode(&s)
+                .map_err(|_| invalid(format!("Failed to decode given salt: {s}")))
+        })
+        .transpose()?;
+    let iterations = match components.remove("iterations") {
+        Some(i) => i
+            .parse::<i32>()
+            .map_err(|_| invalid(format!("Failed to parse iterations count: {i}")))?,
+        None => 4096,
+    };
+    let password = components.remove("password");
+    let salted = components.remove("saltedpassword");
+    if !components.is_empty() {
+        let keys: Vec<&str> = components.keys().map(String::as_str).collect();
+        return Err(invalid(format!(
+            "Unknown SCRAM configurations: {}",
+            keys.join(", ")
+        )));
+    }
+    if iterations < ScramMechanism::MIN_ITERATIONS {
+        return Err(invalid(format!(
+            "The 'iterations' value must be >= {} for add-scram",
+            ScramMechanism::MIN_ITERATIONS
+        )));
+    }
+    if iterations > ScramMechanism::MAX_ITERATIONS {
+        return Err(invalid(format!(
+            "The 'iterations' value must be <= {} for add-scram",
+            ScramMechanism::MAX_ITERATIONS
+        )));
+    }
+    let credential = match (password, salted) {
+        (Some(p), _) => {
+            let salt = salt.unwrap_or_else(ScramCredential::random_salt);
+            ScramCredential::from_password(mechanism, p.as_bytes(), &salt, iterations)
+        }
+        (None, Some(sp)) => {
+            let salt = salt.ok_or_else(|| {
+                invalid("You must supply 'salt' with 'saltedpassword' to add-scram")
+            })?;
+            let sp = b64
+                .decode(&sp)
+                .map_err(|_| invalid(format!("Failed to decode given saltedPassword: {sp}")))?;
+            ScramCredential::from_salted_password(mechanism, &sp, &salt, iterations)
+        }
+        (None, None) => {
+            return Err(invalid(
+                "You must supply one of 'password' or 'saltedpassword' to add-scram",
+            ))
+        }
+    };
+    Ok(
+        gregor_protocol::metadata_records::UserScramCredentialRecord {
+            name,
+            mechanism: mechanism.type_code(),
+            salt: credential.salt,
+            stored_key: credential.stored_key,
+            server_key: credential.server_key,
+            iterations,
+            ..Default::default()
+        },
+    )
 }
 
 /// The host as Kafka's voter set records it: Kafka goes through `InetSocketAddress`, whose
@@ -1608,11 +1729,78 @@ mod tests {
             err(plan_format(&s, &o)),
             "Use --release-version instead of --feature metadata.version=X to avoid ambiguity."
         );
+        // KIP-900: --add-scram puts a UserScramCredentialRecord in the bootstrap records.
         let o = FormatOptions {
             add_scram: vec!["SCRAM-SHA-256=[name=alice,password=x]".into()],
             ..FormatOptions::default()
         };
-        assert!(err(plan_format(&s, &o)).contains("SCRAM"));
+        let plan = plan_format(&s, &o).unwrap();
+        let scram: Vec<_> = plan
+            .bootstrap_records
+            .iter()
+            .filter_map(|r| match &r.record {
+                gregor_protocol::metadata_records::MetadataRecord::UserScramCredential(c) => {
+                    Some(c)
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(scram.len(), 1);
+        assert_eq!(
+            (
+                scram[0].name.as_str(),
+                scram[0].mechanism,
+                scram[0].iterations
+            ),
+            ("alice", 1, 4096)
+        );
+        let expected = gregor_network::sasl::ScramCredential::from_password(
+            gregor_network::sasl::ScramMechanism::Sha256,
+            b"x",
+            &scram[0].salt,
+            4096,
+        );
+        assert_eq!(scram[0].stored_key, expected.stored_key);
+        for (arg, message) in [
+            (
+                "SCRAM-SHA-1=[name=a,password=x]",
+                "The add-scram mechanism SCRAM-SHA-1 is not supported.",
+            ),
+            (
+                "SCRAM-SHA-512=name=a,password=x]",
+                "Expected configuration string to start with [",
+            ),
+            (
+                "SCRAM-SHA-512=[password=x]",
+                "You must supply 'name' to add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a]",
+                "You must supply one of 'password' or 'saltedpassword' to add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,iterations=100]",
+                "The 'iterations' value must be >= 4096 for add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,iterations=20000]",
+                "The 'iterations' value must be <= 16384 for add-scram",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,password=x,bogus=1]",
+                "Unknown SCRAM configurations: bogus",
+            ),
+            (
+                "SCRAM-SHA-512=[name=a,saltedpassword=AAAA]",
+                "You must supply 'salt' with 'saltedpassword' to add-scram",
+            ),
+        ] {
+            let o = FormatOptions {
+                add_scram: vec![arg.into()],
+                ..FormatOptions::default()
+            };
+            assert_eq!(err(plan_format(&s, &o)), message, "{arg}");
+        }
         assert!(err(parse_feature_arg("transaction.version")).contains("equals sign not found"));
         assert!(err(parse_feature_arg("transaction.version=x"))
             .contains("unable to parse x as a short"));

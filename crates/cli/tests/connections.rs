@@ -517,8 +517,30 @@ fn security_config_stops_start_up() -> Result<()> {
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
     ])?;
     ensure!(err.contains("authorizer.class.name"), "stderr: {err}");
-    let err = serve_refuses(&["sasl.enabled.mechanisms=PLAIN"])?;
-    ensure!(err.contains("sasl.enabled.mechanisms"), "stderr: {err}");
+    // SASL settings gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER are
+    // served: tests/sasl.rs).
+    let err = serve_refuses(&["sasl.oauthbearer.jwks.endpoint.url=https://idp/jwks"])?;
+    ensure!(
+        err.contains("sasl.oauthbearer.jwks.endpoint.url"),
+        "stderr: {err}"
+    );
+    // A SASL listener that would not authenticate: Kafka's default mechanism (GSSAPI), or
+    // PLAIN without users.
+    let ports = gregor_tests::process::free_ports(2)?;
+    let listeners = format!(
+        "listeners=PLAINTEXT://127.0.0.1:{},SASL_PLAINTEXT://127.0.0.1:{}",
+        ports[0], ports[1]
+    );
+    let err = serve_refuses(&[&listeners])?;
+    ensure!(
+        err.contains("SASL_PLAINTEXT") && err.contains("GSSAPI"),
+        "stderr: {err}"
+    );
+    let err = serve_refuses(&[&listeners, "sasl.enabled.mechanisms=PLAIN"])?;
+    ensure!(
+        err.contains("listener.name.sasl_plaintext.plain.sasl.jaas.config"),
+        "stderr: {err}"
+    );
     // A stock Kafka listener map (SSL entries, no ssl.* keys) still starts.
     let g = Gregor::start(
         BIN,

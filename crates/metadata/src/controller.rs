@@ -1648,6 +1648,21 @@ impl ControllerHandle {
             .await
     }
 
+    /// AlterUserScramCredentials (API 51, KIP-554); see
+    /// [`Controller::alter_user_scram_credentials`]. Returns one result per user once the
+    /// accepted changes are committed and applied on this node.
+    ///
+    /// # Errors
+    /// NOT_CONTROLLER, or the log's or the loader's failure.
+    pub async fn alter_user_scram_credentials(
+        &self,
+        deletions: Vec<crate::scram_control::ScramDeletion>,
+        upsertions: Vec<crate::scram_control::ScramUpsertion>,
+    ) -> Result<Vec<crate::scram_control::ScramAlterResult>, ControllerError> {
+        self.submit_one(move |c| Ok(c.alter_user_scram_credentials(deletions, upsertions)))
+            .await
+    }
+
     /// Takes a block of [`PRODUCER_ID_BLOCK_SIZE`] producer ids for `broker_id`; returns its
     /// first id.
     ///

@@ -29,6 +29,7 @@ pub mod placement;
 pub mod publisher;
 pub mod record;
 pub mod replication_control;
+pub mod scram_control;
 pub mod snapshot;
 
 pub use controller::{Controller, ControllerError, ControllerHandle};

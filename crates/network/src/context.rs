@@ -51,10 +51,11 @@ impl SecurityProtocol {
             .find(|p| p.name().eq_ignore_ascii_case(name.trim()))
     }
 
-    /// Whether gregor can serve this protocol. Only PLAINTEXT until TLS and SASL land; any
-    /// other listener is refused at start-up rather than served as plaintext.
+    /// Whether gregor can serve this protocol: PLAINTEXT, and SASL_PLAINTEXT with a SASL
+    /// configuration; any other listener is refused at start-up rather than served as
+    /// plaintext.
     pub fn is_implemented(self) -> bool {
-        self == Self::Plaintext
+        matches!(self, Self::Plaintext | Self::SaslPlaintext)
     }
 }
 

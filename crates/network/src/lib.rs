@@ -17,6 +17,7 @@ pub mod log_limit;
 pub mod pool;
 pub mod quotas;
 pub mod response;
+pub mod sasl;
 mod send;
 pub mod server;
 pub mod transport;
@@ -24,4 +25,6 @@ pub mod transport;
 pub use context::{ConnectionThrottle, KafkaPrincipal, RequestContext, SecurityProtocol};
 pub use handler::{respond, Handled, RequestHandler};
 pub use response::{FileRegion, RegionFile, Response, ResponsePart};
-pub use server::{bind, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig};
+pub use server::{
+    bind, bind_with_sasl, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig,
+};

@@ -64,6 +64,9 @@ impl LogLimiter {
 /// The limiter of the client-triggered connection warnings: 10 lines per 10 seconds.
 pub static BAD_CONNECTION_WARNINGS: LogLimiter = LogLimiter::new(10, Duration::from_secs(10));
 
+/// Failed SASL authentications (each logged once with its peer, at most 10 per 10 s).
+pub static AUTHENTICATION_FAILURES: LogLimiter = LogLimiter::new(10, Duration::from_secs(10));
+
 /// The limiter of `accept` failures (EMFILE when a client holds every descriptor, retried
 /// every 50 ms): 10 lines per 10 seconds.
 pub static ACCEPT_FAILURE_WARNINGS: LogLimiter = LogLimiter::new(10, Duration::from_secs(10));

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use gregor_protocol::frame::{self, DecodedRequest};
-use gregor_protocol::kafka_protocol::messages::RequestKind;
+use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestKind};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpListener;
@@ -40,11 +40,13 @@ use tracing::{debug, error, info, warn, Instrument};
 use crate::context::{KafkaPrincipal, RequestContext, SecurityProtocol};
 use crate::handler::{Handled, RequestHandler};
 use crate::log_limit::{
-    ACCEPT_FAILURE_WARNINGS, BAD_CONNECTION_WARNINGS, DESCRIPTOR_RESERVE_WARNINGS,
+    ACCEPT_FAILURE_WARNINGS, AUTHENTICATION_FAILURES, BAD_CONNECTION_WARNINGS,
+    DESCRIPTOR_RESERVE_WARNINGS,
 };
 use crate::pool::{MemoryPool, Reservation};
 use crate::quotas::ConnectionQuotas;
 use crate::response::Response;
+use crate::sasl::{Decision, SaslAuthenticator, SaslServerConfig};
 use crate::send::{ResponseWriter, SendError};
 use crate::transport::{PlaintextTransportLayer, Stream, TransportLayer};
 
@@ -71,6 +73,14 @@ pub enum NetworkError {
     /// served as plaintext).
     #[error("listener {listener} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served")]
     UnsupportedSecurityProtocol {
+        /// Listener name.
+        listener: String,
+        /// Its security protocol.
+        protocol: SecurityProtocol,
+    },
+    /// A SASL listener has no SASL settings (no enabled mechanism gregor implements).
+    #[error("listener {listener} uses security protocol {protocol} but has no SASL configuration (sasl.enabled.mechanisms with PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)")]
+    MissingSaslConfig {
         /// Listener name.
         listener: String,
         /// Its security protocol.
@@ -146,12 +156,25 @@ pub struct BoundListener {
     pub local_addr: SocketAddr,
     tcp: TcpListener,
     layer: Arc<dyn TransportLayer>,
+    /// The SASL settings of a `SASL_PLAINTEXT`/`SASL_SSL` listener: its connections
+    /// authenticate before any other request is served.
+    sasl: Option<Arc<SaslServerConfig>>,
 }
 
 /// The transport layer for `endpoint`, refusing protocols gregor does not implement.
-fn transport_layer(endpoint: &EndPoint) -> Result<Arc<dyn TransportLayer>, NetworkError> {
+/// `SASL_PLAINTEXT` is plain TCP under the SASL authenticator (which needs `sasl`); `SASL_SSL`
+/// will be the TLS layer under it.
+fn transport_layer(
+    endpoint: &EndPoint,
+    sasl: Option<&Arc<SaslServerConfig>>,
+) -> Result<Arc<dyn TransportLayer>, NetworkError> {
     match endpoint.security_protocol {
         SecurityProtocol::Plaintext => Ok(Arc::new(PlaintextTransportLayer)),
+        SecurityProtocol::SaslPlaintext if sasl.is_some() => Ok(Arc::new(PlaintextTransportLayer)),
+        protocol @ SecurityProtocol::SaslPlaintext => Err(NetworkError::MissingSaslConfig {
+            listener: endpoint.listener_name.clone(),
+            protocol,
+        }),
         protocol => Err(NetworkError::UnsupportedSecurityProtocol {
             listener: endpoint.listener_name.clone(),
             protocol,
@@ -165,12 +188,31 @@ fn transport_layer(endpoint: &EndPoint) -> Result<Arc<dyn TransportLayer>, Netwo
 /// [`NetworkError::UnsupportedSecurityProtocol`] for a listener that is not PLAINTEXT (checked
 /// for all of them before binding any), [`NetworkError::Bind`] when an address cannot be bound.
 pub async fn bind(endpoints: &[EndPoint]) -> Result<Vec<BoundListener>, NetworkError> {
+    bind_with_sasl(endpoints, &HashMap::new()).await
+}
+
+/// [`bind`], with the SASL settings of the SASL listeners by listener name.
+///
+/// # Errors
+/// As [`bind`]; [`NetworkError::MissingSaslConfig`] for a SASL listener missing from `sasl`.
+pub async fn bind_with_sasl(
+    endpoints: &[EndPoint],
+    sasl: &HashMap<String, Arc<SaslServerConfig>>,
+) -> Result<Vec<BoundListener>, NetworkError> {
     let layers = endpoints
         .iter()
-        .map(transport_layer)
+        .map(|e| {
+            let sasl = sasl.get(&e.listener_name).filter(|_| {
+                matches!(
+                    e.security_protocol,
+                    SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+                )
+            });
+            transport_layer(e, sasl).map(|layer| (layer, sasl.cloned()))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = Vec::new();
-    for (endpoint, layer) in endpoints.iter().zip(layers) {
+    for (endpoint, (layer, sasl)) in endpoints.iter().zip(layers) {
         let host = if endpoint.host.is_empty() {
             "0.0.0.0"
         } else {
@@ -195,6 +237,7 @@ pub async fn bind(endpoints: &[EndPoint]) -> Result<Vec<BoundListener>, NetworkE
             local_addr,
             tcp,
             layer,
+            sasl,
         });
     }
     Ok(out)
@@ -326,6 +369,7 @@ impl<H: RequestHandler> SocketServer<H> {
             let _ = stream.set_nodelay(true);
             let server = self.clone();
             let layer = listener.layer.clone();
+            let sasl = listener.sasl.clone();
             let listener_name = listener_name.clone();
             let rx = shutdown.clone();
             tokio::spawn(async move {
@@ -340,6 +384,7 @@ impl<H: RequestHandler> SocketServer<H> {
                             principal: established.principal,
                             peer,
                             sends_files: established.stream.sends_files(),
+                            sasl: sasl.map(SaslAuthenticator::new),
                         };
                         server.serve_connection(conn, established.stream, rx).await;
                     }
@@ -351,7 +396,7 @@ impl<H: RequestHandler> SocketServer<H> {
 
     async fn serve_connection(
         self: Arc<Self>,
-        conn: Connection,
+        mut conn: Connection,
         stream: Stream,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -424,7 +469,14 @@ impl<H: RequestHandler> SocketServer<H> {
             .ok()
             .map(Duration::from_millis);
         let versions_handler = self.handler.clone();
-        let supported = move |k| versions_handler.supported_versions(k);
+        let sasl_listener = conn.sasl.is_some();
+        // A SASL listener serves SaslHandshake and SaslAuthenticate itself (Kafka 4's ranges),
+        // whatever the handler says.
+        let supported = move |k| match k {
+            ApiKey::SaslHandshake if sasl_listener => Some((0, 1)),
+            ApiKey::SaslAuthenticate if sasl_listener => Some((0, 2)),
+            k => versions_handler.supported_versions(k),
+        };
         let mut software = (String::from("unknown"), String::from("unknown"));
         // Set when the client went away: its pending responses can no longer be delivered.
         let mut peer_closed = false;
@@ -445,8 +497,16 @@ impl<H: RequestHandler> SocketServer<H> {
                     _ = shutdown.changed() => break,
                 }
             }
+            // Before authentication, frames are bounded by sasl.server.max.receive.size.
+            let max_frame_bytes = match &conn.sasl {
+                Some(a) if a.principal().is_none() => self
+                    .config
+                    .socket_request_max_bytes
+                    .min(a.max_receive_size()),
+                _ => self.config.socket_request_max_bytes,
+            };
             let read = tokio::select! {
-                r = read_frame(&mut rd, self.config.socket_request_max_bytes, &self.pool, &activity) => r,
+                r = read_frame(&mut rd, max_frame_bytes, &self.pool, &activity) => r,
                 () = writer_stopped(&activity) => break,
                 () = idle_expired(&activity, idle) => {
                     debug!(%peer, "closing connection idle for connections.max.idle.ms");
@@ -462,14 +522,31 @@ impl<H: RequestHandler> SocketServer<H> {
                     break;
                 }
                 Err(FrameReadError::Size(size)) => {
-                    let max = self.config.socket_request_max_bytes;
+                    let max = max_frame_bytes;
                     if let Some(suppressed) = BAD_CONNECTION_WARNINGS.check(Instant::now()) {
-                        warn!(%peer, size, suppressed, "request size {size} is outside 0..=socket.request.max.bytes ({max}); closing connection");
+                        warn!(%peer, size, suppressed, "request size {size} is outside 0..=socket.request.max.bytes ({max}, sasl.server.max.receive.size before SASL authentication); closing connection");
                     }
                     break;
                 }
             };
             let received_at = Instant::now();
+            if let Some(auth) = conn.sasl.as_mut().filter(|a| a.expects_raw_token()) {
+                // After SaslHandshake v0: a raw SASL token, no Kafka header.
+                let decision = auth.on_raw_token(&buf);
+                drop(reservation);
+                match sasl_decision(&mut conn, decision) {
+                    Some(slot) => {
+                        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+                        count_ready(&activity, &slot);
+                        let close = matches!(slot, SaslSlot::Close(_));
+                        if tx.send(slot.into_slot()).await.is_err() || close {
+                            break;
+                        }
+                        continue;
+                    }
+                    None => continue,
+                }
+            }
             let size_in_bytes = buf.len();
             let decoded = frame::decode_request(buf, &supported);
             let slot = match decoded {
@@ -478,6 +555,26 @@ impl<H: RequestHandler> SocketServer<H> {
                     api_key,
                     body,
                 }) => {
+                    if let Some(auth) = conn.sasl.as_mut() {
+                        let decision = auth.on_request(&header, api_key, &body, received_at);
+                        if !matches!(decision, Decision::Handle) {
+                            drop(reservation);
+                            if let Some(slot) = sasl_decision(&mut conn, decision) {
+                                activity.in_flight.fetch_add(1, Ordering::AcqRel);
+                                count_ready(&activity, &slot);
+                                let close = matches!(slot, SaslSlot::Close(_));
+                                if tx.send(slot.into_slot()).await.is_err() || close {
+                                    break;
+                                }
+                            }
+                            continue;
+                        }
+                        if let Some(p) = auth.principal() {
+                            if *p != conn.principal {
+                                conn.principal = p.clone();
+                            }
+                        }
+                    }
                     if let RequestKind::ApiVersions(r) = body.as_ref() {
                         // KIP-511: remembered for the connection's later requests.
                         if header.request_api_version >= 3 {
@@ -659,6 +756,64 @@ struct Connection {
     peer: SocketAddr,
     /// A plain TCP stream: responses may send file regions without a copy.
     sends_files: bool,
+    /// The SASL authenticator of a SASL listener's connection.
+    sasl: Option<SaslAuthenticator>,
+}
+
+/// A response the SASL authenticator made: written like any other, then (`Close`) the
+/// connection closes.
+enum SaslSlot {
+    Respond(Option<Response>),
+    Close(Option<Response>),
+}
+
+impl SaslSlot {
+    fn into_slot(self) -> Slot {
+        match self {
+            Self::Respond(r) | Self::Close(r) => Slot::Ready(r, None),
+        }
+    }
+}
+
+/// Applies the authenticator's decision: the principal once authenticated, the log line of a
+/// failed authentication (once, with the peer, as Kafka's `Selector` logs it at INFO).
+/// None when nothing is to be sent.
+fn sasl_decision(conn: &mut Connection, decision: Decision) -> Option<SaslSlot> {
+    match decision {
+        Decision::Handle => None,
+        Decision::Respond(r) => {
+            if let Some(p) = conn.sasl.as_ref().and_then(|a| a.principal()) {
+                if *p != conn.principal {
+                    debug!(peer = %conn.peer, principal = %p, "SASL authentication complete");
+                    conn.principal = p.clone();
+                }
+            }
+            Some(SaslSlot::Respond(r.map(Response::from)))
+        }
+        Decision::Close {
+            response,
+            reason,
+            authentication_failed,
+        } => {
+            if authentication_failed {
+                if let Some(suppressed) = AUTHENTICATION_FAILURES.check(Instant::now()) {
+                    info!(peer = %conn.peer, listener = %conn.listener_name, suppressed, "Failed authentication with {} ({reason})", conn.peer.ip());
+                }
+            } else {
+                debug!(peer = %conn.peer, "{reason}");
+            }
+            Some(SaslSlot::Close(response.map(Response::from)))
+        }
+    }
+}
+
+/// Counts a SASL response in the connection's unsent bytes, as every ready response is.
+fn count_ready(activity: &Activity, slot: &SaslSlot) {
+    if let SaslSlot::Respond(Some(r)) | SaslSlot::Close(Some(r)) = slot {
+        activity
+            .unsent_response_bytes
+            .fetch_add(r.len(), Ordering::AcqRel);
+    }
 }
 
 enum Slot {

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{client_quotas, configs, elect_leaders, features, kraft, reassignments, sb, topics};
+use super::{
+    client_quotas, configs, elect_leaders, features, kraft, reassignments, sb, scram, topics,
+};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -36,6 +38,7 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeQuorum,
     ApiKey::AlterClientQuotas,
+    ApiKey::AlterUserScramCredentials,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -128,6 +131,7 @@ pub async fn handle_local(
         RequestKind::AlterClientQuotas(r) => client_quotas::alter_client_quotas(broker, ctx, &r)
             .await
             .into(),
+        RequestKind::AlterUserScramCredentials(r) => scram::alter(broker, ctx, r).await.into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
     }
 }
@@ -252,6 +256,9 @@ pub fn error_response(
             client_quotas::alter_error(r, ErrorCode::for_code(code), message.map(|m| m.to_string()))
                 .into()
         }
+        RequestKind::AlterUserScramCredentials(r) => {
+            scram::alter_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }
@@ -308,6 +315,10 @@ mod tests {
             ApiKey::AlterClientQuotas => (
                 m::AlterClientQuotasRequest::default().into(),
                 m::AlterClientQuotasResponse::default().into(),
+            ),
+            ApiKey::AlterUserScramCredentials => (
+                m::AlterUserScramCredentialsRequest::default().into(),
+                m::AlterUserScramCredentialsResponse::default().into(),
             ),
             other => panic!("{other:?} is not forwarded"),
         }

@@ -23,6 +23,7 @@ pub mod metadata;
 pub mod produce;
 pub mod producer_id;
 pub mod reassignments;
+pub mod scram;
 pub mod topics;
 pub mod txn;
 pub mod txn_partition;
@@ -94,6 +95,14 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     // Client quotas (KIP-546): describe from the image, alter forwarded to the controller.
     ApiKey::DescribeClientQuotas,
     ApiKey::AlterClientQuotas,
+    // Served by the network's SASL authenticator on SASL listeners (`gregor_network::sasl`);
+    // reaching the handler (a PLAINTEXT listener, or a handshake on an authenticated
+    // connection that may not re-authenticate) they get ILLEGAL_SASL_STATE, as in Kafka.
+    ApiKey::SaslHandshake,
+    ApiKey::SaslAuthenticate,
+    // KIP-554: Describe from the image, Alter forwarded to the controller (`scram`).
+    ApiKey::DescribeUserScramCredentials,
+    ApiKey::AlterUserScramCredentials,
 ];
 
 /// A default request and response of `api_key`, to probe which versions the codec handles.
@@ -276,6 +285,22 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             AlterClientQuotasRequest::default().into(),
             AlterClientQuotasResponse::default().into(),
         ),
+        ApiKey::DescribeUserScramCredentials => (
+            DescribeUserScramCredentialsRequest::default().into(),
+            DescribeUserScramCredentialsResponse::default().into(),
+        ),
+        ApiKey::AlterUserScramCredentials => (
+            AlterUserScramCredentialsRequest::default().into(),
+            AlterUserScramCredentialsResponse::default().into(),
+        ),
+        ApiKey::SaslHandshake => (
+            SaslHandshakeRequest::default().into(),
+            SaslHandshakeResponse::default().into(),
+        ),
+        ApiKey::SaslAuthenticate => (
+            SaslAuthenticateRequest::default().into(),
+            SaslAuthenticateResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -400,6 +425,21 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::EndQuorumEpoch(_)
         | RequestKind::FetchSnapshot(_)) => kraft::handle(broker, ctx, body),
         RequestKind::Metadata(r) => ready(metadata::handle(broker, ctx, r, v).await.into()),
+        // Kafka's `handleSaslHandshakeRequest`/`handleSaslAuthenticateRequest`: a SASL request
+        // that reaches the API layer is out of place.
+        RequestKind::SaslHandshake(_) => ready(
+            gregor_protocol::kafka_protocol::messages::SaslHandshakeResponse::default()
+                .with_error_code(gregor_protocol::error::ErrorCode::IllegalSaslState.code())
+                .into(),
+        ),
+        RequestKind::SaslAuthenticate(_) => ready(
+            gregor_protocol::kafka_protocol::messages::SaslAuthenticateResponse::default()
+                .with_error_code(gregor_protocol::error::ErrorCode::IllegalSaslState.code())
+                .with_error_message(Some(StrBytes::from_static_str(
+                    "SaslAuthenticate request received after successful authentication",
+                )))
+                .into(),
+        ),
         RequestKind::DescribeCluster(r) => {
             ready(metadata::describe_cluster(broker, ctx, &r, v).into())
         }
@@ -413,9 +453,13 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::AlterPartitionReassignments(_)
         | RequestKind::ListPartitionReassignments(_)
         | RequestKind::DescribeQuorum(_)
-        | RequestKind::AlterClientQuotas(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::AlterClientQuotas(_)
+        | RequestKind::AlterUserScramCredentials(_)) => forwarding::handle(broker, ctx, body).await,
         RequestKind::DescribeClientQuotas(r) => {
             ready(client_quotas::describe_client_quotas(broker, ctx, &r).into())
+        }
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ready(scram::describe(broker, ctx, &r).into())
         }
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
