@@ -557,35 +557,46 @@ fn security_config_stops_start_up() -> Result<()> {
 /// own `server.properties`: `PLAINTEXT://:9092`) made start-up fail with a lookup error.
 #[test]
 fn empty_listener_host_binds_every_interface() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let port = gregor_tests::free_port()?;
-    let mut child = std::process::Command::new(BIN)
-        .arg("serve")
-        .arg("--set")
-        .arg(format!("listeners=PLAINTEXT://:{port}"))
-        .arg("--set")
-        .arg(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{port}"))
-        .arg("--set")
-        .arg(format!("log.dirs={}", dir.path().display()))
-        .arg("--set")
-        .arg("admin.listener=")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let result = loop {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            break api_versions_round_trip(&mut s, 1);
+    // A port picked free may be taken by a parallel test before gregor binds it (gregor then
+    // exits naming the address in use): another port is tried, up to three.
+    let mut last = None;
+    for _ in 0..3 {
+        let dir = tempfile::tempdir()?;
+        let port = gregor_tests::free_port()?;
+        let log = dir.path().join("server.log");
+        let mut child = std::process::Command::new(BIN)
+            .arg("serve")
+            .arg("--set")
+            .arg(format!("listeners=PLAINTEXT://:{port}"))
+            .arg("--set")
+            .arg(format!("advertised.listeners=PLAINTEXT://127.0.0.1:{port}"))
+            .arg("--set")
+            .arg(format!("log.dirs={}", dir.path().join("data").display()))
+            .arg("--set")
+            .arg("admin.listener=")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let result = loop {
+            if let Some(status) = child.try_wait()? {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                break Err(anyhow::anyhow!("gregor exited with {status}: {text}"));
+            }
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                break api_versions_round_trip(&mut s, 1);
+            }
+            if std::time::Instant::now() > deadline {
+                break Err(anyhow::anyhow!("gregor did not listen"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        match result {
+            Err(e) if e.to_string().contains("Address already in use") => last = Some(e),
+            other => return other,
         }
-        if let Some(status) = child.try_wait()? {
-            break Err(anyhow::anyhow!("gregor exited with {status}"));
-        }
-        if std::time::Instant::now() > deadline {
-            break Err(anyhow::anyhow!("gregor did not listen"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt")))
 }
