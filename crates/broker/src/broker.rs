@@ -150,6 +150,19 @@ impl Broker {
             .is_some_and(|r| *r == AuthorizationResult::Allowed)
     }
 
+    /// Whether `ctx`'s principal may perform `operation` on some resource of `resource_type`
+    /// (Kafka's `authorizeByResourceType`, KIP-679).
+    pub fn authorize_by_resource_type(
+        &self,
+        ctx: &RequestContext,
+        operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool {
+        self.authorizer
+            .authorize_by_resource_type(ctx, operation, resource_type)
+            == AuthorizationResult::Allowed
+    }
+
     /// A fresh producer id (InitProducerId). Ids come from durable blocks of 1000, so they are
     /// never reused across restarts.
     ///

@@ -178,7 +178,9 @@ impl ControllerApis {
             | ApiKey::ElectLeaders
             | ApiKey::UpdateFeatures
             | ApiKey::AlterPartitionReassignments
-            | ApiKey::ListPartitionReassignments => crate::handlers::supported_versions(api_key),
+            | ApiKey::ListPartitionReassignments
+            | ApiKey::CreateAcls
+            | ApiKey::DeleteAcls => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -322,7 +324,9 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::ElectLeaders(_)
             | RequestKind::UpdateFeatures(_)
             | RequestKind::AlterPartitionReassignments(_)
-            | RequestKind::ListPartitionReassignments(_)) => {
+            | RequestKind::ListPartitionReassignments(_)
+            | RequestKind::CreateAcls(_)
+            | RequestKind::DeleteAcls(_)) => {
                 let response = match self.broker.get() {
                     Some(broker) if self.is_active() => {
                         forwarding::handle_local(broker, ctx, body).await

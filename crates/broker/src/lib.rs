@@ -35,6 +35,7 @@ pub mod replica_fetcher;
 pub mod replica_manager;
 pub mod replication;
 pub mod server;
+pub mod standard_authorizer;
 pub mod start_error;
 pub mod storage;
 pub mod txn_markers;

@@ -303,7 +303,16 @@ fn max_connections_by_descriptors(soft: u64, budget: usize) -> usize {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
-    start_with_authorizer(config, Arc::new(AllowEverythingAuthorizer)).await
+    let authorizer: Arc<dyn crate::authorizer::Authorizer> =
+        match config.authorizer_class_name.as_deref() {
+            // `BrokerConfig::from_properties` lets no other class name through.
+            Some(_) => Arc::new(crate::standard_authorizer::StandardAuthorizer::new(
+                &config.super_users,
+                config.allow_everyone_if_no_acl_found,
+            )),
+            None => Arc::new(AllowEverythingAuthorizer),
+        };
+    start_with_authorizer(config, authorizer).await
 }
 
 /// [`start`] with an [`Authorizer`](crate::authorizer::Authorizer) other than allow-everything.

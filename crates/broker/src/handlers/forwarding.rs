@@ -19,7 +19,7 @@ use std::sync::Arc;
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
-use super::{configs, elect_leaders, features, kraft, reassignments, sb, topics};
+use super::{acls, configs, elect_leaders, features, kraft, reassignments, sb, topics};
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
 
@@ -35,6 +35,8 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
     ApiKey::DescribeQuorum,
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -120,6 +122,8 @@ pub async fn handle_local(
             )
             .into(),
         },
+        RequestKind::CreateAcls(r) => acls::create_acls(broker, ctx, &r).await.into(),
+        RequestKind::DeleteAcls(r) => acls::delete_acls(broker, ctx, &r).await.into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
     }
 }
@@ -230,6 +234,12 @@ pub fn error_response(
             .with_error_code(code)
             .with_error_message(message)
             .into(),
+        RequestKind::CreateAcls(r) => {
+            acls::create_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
+        RequestKind::DeleteAcls(r) => {
+            acls::delete_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }
@@ -282,6 +292,14 @@ mod tests {
             ApiKey::DescribeQuorum => (
                 m::DescribeQuorumRequest::default().into(),
                 m::DescribeQuorumResponse::default().into(),
+            ),
+            ApiKey::CreateAcls => (
+                m::CreateAclsRequest::default().into(),
+                m::CreateAclsResponse::default().into(),
+            ),
+            ApiKey::DeleteAcls => (
+                m::DeleteAclsRequest::default().into(),
+                m::DeleteAclsResponse::default().into(),
             ),
             other => panic!("{other:?} is not forwarded"),
         }

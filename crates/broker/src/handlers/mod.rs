@@ -5,6 +5,7 @@
 //! `kafka-protocol` crate (generated from Kafka 4.1's message schemas), so ApiVersions
 //! advertises exactly what Apache Kafka accepts for each API gregor implements.
 
+pub mod acls;
 pub mod api_versions;
 pub mod configs;
 pub mod consumer_group;
@@ -80,6 +81,10 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     // The partition leader's side of transactions (`txn_partition`).
     ApiKey::WriteTxnMarkers,
     ApiKey::DescribeProducers,
+    // ACLs (`acls`): answered SECURITY_DISABLED without `authorizer.class.name`, as Kafka.
+    ApiKey::DescribeAcls,
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
     // Forwarded to the active controller (Kafka's broker listener advertises it: its
     // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
     ApiKey::DescribeQuorum,
@@ -265,6 +270,18 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             DescribeProducersRequest::default().into(),
             DescribeProducersResponse::default().into(),
         ),
+        ApiKey::DescribeAcls => (
+            DescribeAclsRequest::default().into(),
+            DescribeAclsResponse::default().into(),
+        ),
+        ApiKey::CreateAcls => (
+            CreateAclsRequest::default().into(),
+            CreateAclsResponse::default().into(),
+        ),
+        ApiKey::DeleteAcls => (
+            DeleteAclsRequest::default().into(),
+            DeleteAclsResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -405,7 +422,10 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::UpdateFeatures(_)
         | RequestKind::AlterPartitionReassignments(_)
         | RequestKind::ListPartitionReassignments(_)
+        | RequestKind::CreateAcls(_)
+        | RequestKind::DeleteAcls(_)
         | RequestKind::DescribeQuorum(_)) => forwarding::handle(broker, ctx, body).await,
+        RequestKind::DescribeAcls(r) => ready(acls::describe_acls(broker, ctx, &r).into()),
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }
