@@ -1017,7 +1017,7 @@ impl BrokerConfig {
                 return Err(ConfigError::new(
                     "authorizer.class.name",
                     v,
-                    &format!(
+                    format!(
                         "gregor implements one authorizer, {} (Kafka's ACL authorizer); it loads no Java classes",
                         crate::standard_authorizer::STANDARD_AUTHORIZER_CLASS
                     ),

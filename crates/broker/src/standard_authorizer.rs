@@ -208,11 +208,9 @@ impl StandardAuthorizer {
                 }
             },
         );
-        let result = if deny {
-            AuthorizationResult::Denied
-        } else if allow {
-            AuthorizationResult::Allowed
-        } else if !has_resource_acls && self.allow_if_no_acl {
+        // Any DENY wins; then any ALLOW; a resource without any ACL gets the default.
+        let allowed = !deny && (allow || (!has_resource_acls && self.allow_if_no_acl));
+        let result = if allowed {
             AuthorizationResult::Allowed
         } else {
             AuthorizationResult::Denied
