@@ -123,7 +123,7 @@ pub async fn create_acls(
         results
             .into_iter()
             .map(|res| match res {
-                Ok(()) => AclCreationResult::default(),
+                Ok(()) => AclCreationResult::default().with_error_message(None),
                 Err(e) => AclCreationResult::default()
                     .with_error_code(e.kafka_error_code())
                     .with_error_message(Some(sb(&e.to_string()))),
@@ -170,21 +170,24 @@ pub async fn delete_acls(
         results
             .into_iter()
             .map(|res| match res {
-                Ok(bindings) => DeleteAclsFilterResult::default().with_matching_acls(
-                    bindings
-                        .into_iter()
-                        .map(|b| {
-                            DeleteAclsMatchingAcl::default()
-                                .with_resource_type(b.resource_type)
-                                .with_resource_name(sb(&b.resource_name))
-                                .with_pattern_type(b.pattern_type)
-                                .with_principal(sb(&b.principal))
-                                .with_host(sb(&b.host))
-                                .with_operation(b.operation)
-                                .with_permission_type(b.permission_type)
-                        })
-                        .collect(),
-                ),
+                Ok(bindings) => DeleteAclsFilterResult::default()
+                    .with_error_message(None)
+                    .with_matching_acls(
+                        bindings
+                            .into_iter()
+                            .map(|b| {
+                                DeleteAclsMatchingAcl::default()
+                                    .with_error_message(None)
+                                    .with_resource_type(b.resource_type)
+                                    .with_resource_name(sb(&b.resource_name))
+                                    .with_pattern_type(b.pattern_type)
+                                    .with_principal(sb(&b.principal))
+                                    .with_host(sb(&b.host))
+                                    .with_operation(b.operation)
+                                    .with_permission_type(b.permission_type)
+                            })
+                            .collect(),
+                    ),
                 Err(e) => DeleteAclsFilterResult::default()
                     .with_error_code(e.kafka_error_code())
                     .with_error_message(Some(sb(&e.to_string()))),
@@ -244,16 +247,18 @@ pub fn describe_acls(
                     .with_permission_type(b.permission_type),
             );
     }
-    DescribeAclsResponse::default().with_resources(
-        by_resource
-            .into_iter()
-            .map(|((rt, name, pt), acls)| {
-                DescribeAclsResource::default()
-                    .with_resource_type(rt)
-                    .with_resource_name(sb(&name))
-                    .with_pattern_type(pt)
-                    .with_acls(acls)
-            })
-            .collect(),
-    )
+    DescribeAclsResponse::default()
+        .with_error_message(None)
+        .with_resources(
+            by_resource
+                .into_iter()
+                .map(|((rt, name, pt), acls)| {
+                    DescribeAclsResource::default()
+                        .with_resource_type(rt)
+                        .with_resource_name(sb(&name))
+                        .with_pattern_type(pt)
+                        .with_acls(acls)
+                })
+                .collect(),
+        )
 }
