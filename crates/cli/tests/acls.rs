@@ -987,3 +987,229 @@ fn acl_validation_and_persistence_gregor() -> Result<()> {
     );
     Ok(())
 }
+
+const ACL_COMMAND: &str = "org.apache.kafka.tools.AclCommand";
+
+/// `kafka-acls --bootstrap-server <b> <args>`; fails when the tool reports an error.
+fn kafka_acls(bootstrap: &str, args: &[&str]) -> Result<String> {
+    let mut all = vec!["--bootstrap-server", bootstrap];
+    all.extend_from_slice(args);
+    let out = reference::tool_output(ACL_COMMAND, &all)?;
+    ensure!(
+        !out.contains("Error") && !out.contains("Exception"),
+        "kafka-acls {args:?}:\n{out}"
+    );
+    Ok(out)
+}
+
+/// Produces one record to `topic` with librdkafka's idempotent producer; the delivery's
+/// error, if any.
+fn rdkafka_produce(bootstrap: &str, topic: &str) -> Result<Option<String>> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let p: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("message.timeout.ms", "10000")
+        .set("enable.idempotence", "true")
+        .create()?;
+    let sent = gregor_tests::clients::runtime()?.block_on(p.send(
+        FutureRecord::<(), str>::to(topic).payload("v"),
+        Duration::from_secs(10),
+    ));
+    Ok(sent.err().map(|(e, _)| e.to_string()))
+}
+
+/// Whether a librdkafka consumer in group `group` can read `topic` from the start: Ok(count)
+/// or the first error it reports.
+fn rdkafka_consume(bootstrap: &str, topic: &str, group: &str) -> Result<Result<usize, String>> {
+    use rdkafka::consumer::Consumer;
+    let c = gregor_tests::clients::consumer(
+        bootstrap,
+        &[("group.id", group), ("auto.offset.reset", "earliest")],
+    )?;
+    c.subscribe(&[topic])?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(_)) => {
+                n += 1;
+                return Ok(Ok(n));
+            }
+            Some(Err(e)) => return Ok(Err(e.to_string())),
+            None => {}
+        }
+    }
+    Ok(Ok(n))
+}
+
+/// Kafka's `kafka-acls` adds, lists and removes ACLs on gregor; librdkafka clients are admitted
+/// and refused by them: PREFIXED ALLOW, a DENY that beats it, a wildcard ALLOW limited to
+/// another host (which takes allow.everyone.if.no.acl.found away from every topic), a group
+/// ALLOW.
+#[test]
+fn kafka_acls_and_librdkafka_on_gregor() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let g = start_gregor(&properties())?;
+    let b = g.bootstrap();
+    for t in ["app-data", "app-secret", "other"] {
+        gregor_tests::clients::create_topic(&b, t, 1)?;
+    }
+    let anon = "User:ANONYMOUS";
+    kafka_acls(
+        &b,
+        &[
+            "--add",
+            "--allow-principal",
+            anon,
+            "--operation",
+            "All",
+            "--cluster",
+        ],
+    )?;
+    kafka_acls(
+        &b,
+        &[
+            "--add",
+            "--allow-principal",
+            anon,
+            "--producer",
+            "--topic",
+            "app-",
+            "--resource-pattern-type",
+            "prefixed",
+        ],
+    )?;
+    kafka_acls(
+        &b,
+        &[
+            "--add",
+            "--allow-principal",
+            anon,
+            "--allow-host",
+            "127.0.0.1",
+            "--operation",
+            "Read",
+            "--topic",
+            "app-",
+            "--resource-pattern-type",
+            "prefixed",
+            "--group",
+            "g",
+        ],
+    )?;
+    kafka_acls(
+        &b,
+        &[
+            "--add",
+            "--deny-principal",
+            anon,
+            "--operation",
+            "Read",
+            "--topic",
+            "app-secret",
+        ],
+    )?;
+    kafka_acls(
+        &b,
+        &[
+            "--add",
+            "--allow-principal",
+            "User:*",
+            "--allow-host",
+            "10.0.0.1",
+            "--operation",
+            "All",
+            "--topic",
+            "*",
+        ],
+    )?;
+    let listed = kafka_acls(&b, &["--list"])?;
+    for want in [
+        "ResourcePattern(resourceType=TOPIC, name=app-, patternType=PREFIXED)",
+        "ResourcePattern(resourceType=TOPIC, name=app-secret, patternType=LITERAL)",
+        "ResourcePattern(resourceType=TOPIC, name=*, patternType=LITERAL)",
+        "ResourcePattern(resourceType=GROUP, name=g, patternType=PREFIXED)",
+        "ResourcePattern(resourceType=CLUSTER, name=kafka-cluster, patternType=LITERAL)",
+        "(principal=User:ANONYMOUS, host=*, operation=READ, permissionType=DENY)",
+        "(principal=User:*, host=10.0.0.1, operation=ALL, permissionType=ALLOW)",
+    ] {
+        ensure!(
+            listed.contains(want),
+            "kafka-acls --list lacks {want}:\n{listed}"
+        );
+    }
+    let topic_only = kafka_acls(&b, &["--list", "--topic", "app-secret"])?;
+    ensure!(
+        topic_only.contains("app-secret") && !topic_only.contains("name=g,"),
+        "{topic_only}"
+    );
+
+    // Produce: app-data (PREFIXED Write) yes; other (only the 10.0.0.1 wildcard) no.
+    let mut c = KafkaConn::connect(b.as_str(), "acl")?;
+    let produce_to = |c: &mut KafkaConn, topic: &'static str| -> Result<i16> {
+        let (k, v, req) = produce_request();
+        let RequestKind::Produce(mut req) = req else {
+            bail!("produce")
+        };
+        req.topic_data[0].name = topic_name(topic);
+        let r = c.call_kind(k, v, &RequestKind::Produce(req))?;
+        let ResponseKind::Produce(r) = r else {
+            bail!("produce response")
+        };
+        Ok(r.responses[0].partition_responses[0].error_code)
+    };
+    ensure!(produce_to(&mut c, "app-data")? == 0, "produce to app-data");
+    ensure!(
+        produce_to(&mut c, "app-secret")? == 0,
+        "produce to app-secret"
+    );
+    ensure!(produce_to(&mut c, "other")? == 29, "produce to other");
+    // librdkafka: an idempotent producer (InitProducerId by KIP-679's Write on some topic).
+    let sent = rdkafka_produce(&b, "app-data")?;
+    ensure!(sent.is_none(), "librdkafka produce to app-data: {sent:?}");
+    let sent = rdkafka_produce(&b, "other")?;
+    ensure!(
+        matches!(&sent, Some(e) if e.contains("uthoriz")),
+        "librdkafka produce to other: {sent:?}"
+    );
+    // Consume: app-data with group g yes; app-secret (DENY Read) no.
+    let got = rdkafka_consume(&b, "app-data", "g")?;
+    ensure!(matches!(got, Ok(n) if n > 0), "consume app-data: {got:?}");
+    let got = rdkafka_consume(&b, "app-secret", "g")?;
+    ensure!(
+        matches!(&got, Err(e) if e.contains("uthoriz")),
+        "consume app-secret: {got:?}"
+    );
+    // Group g2 is covered by the PREFIXED "g" ALLOW, so the refusal is the topic's (only the
+    // 10.0.0.1 wildcard applies to it).
+    let got = rdkafka_consume(&b, "other", "g2")?;
+    ensure!(
+        matches!(&got, Err(e) if e.contains("uthoriz")),
+        "consume other: {got:?}"
+    );
+
+    // Remove the DENY: app-secret is readable.
+    kafka_acls(
+        &b,
+        &[
+            "--remove",
+            "--force",
+            "--deny-principal",
+            anon,
+            "--operation",
+            "Read",
+            "--topic",
+            "app-secret",
+        ],
+    )?;
+    let got = rdkafka_consume(&b, "app-secret", "g")?;
+    ensure!(
+        matches!(got, Ok(n) if n > 0),
+        "consume app-secret after removal: {got:?}"
+    );
+    let listed = kafka_acls(&b, &["--list", "--topic", "app-secret"])?;
+    ensure!(!listed.contains("DENY"), "{listed}");
+    Ok(())
+}
