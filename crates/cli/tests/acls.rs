@@ -131,6 +131,35 @@ fn produce_request() -> (ApiKey, i16, RequestKind) {
     (ApiKey::Produce, 9, req.into())
 }
 
+fn offset_commit_request() -> (ApiKey, i16, RequestKind) {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    let r = kafka_protocol::messages::OffsetCommitRequest::default()
+        .with_group_id(GroupId(sb("acl-g")))
+        .with_generation_id_or_member_epoch(-1)
+        .with_member_id(sb(""))
+        .with_group_instance_id(None)
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(topic_name(T))
+            .with_partitions(vec![OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(0)
+                .with_committed_metadata(None)])]);
+    (ApiKey::OffsetCommit, 8, r.into())
+}
+
+fn offset_commit_code(r: &ResponseKind) -> i16 {
+    match r {
+        ResponseKind::OffsetCommit(o) => o
+            .topics
+            .first()
+            .and_then(|t| t.partitions.first())
+            .map_or(-1, |p| p.error_code),
+        _ => -2,
+    }
+}
+
 fn cases() -> Vec<Case> {
     use ResponseKind as R;
     const TOPIC_AUTH: i16 = 29;
@@ -519,6 +548,20 @@ fn cases() -> Vec<Case> {
             denied_code: GROUP_AUTH,
         },
         Case {
+            name: "OffsetCommit: Read Group",
+            deny: &[(GROUP, "acl-g", READ)],
+            request: offset_commit_request,
+            code: offset_commit_code,
+            denied_code: GROUP_AUTH,
+        },
+        Case {
+            name: "OffsetCommit: Read Topic",
+            deny: &[(TOPIC, T, READ)],
+            request: offset_commit_request,
+            code: offset_commit_code,
+            denied_code: TOPIC_AUTH,
+        },
+        Case {
             name: "DeleteGroups: Delete Group",
             deny: &[(GROUP, "acl-g", DELETE)],
             request: || {
@@ -677,6 +720,87 @@ fn settled(code: i16, denied_code: i16) -> bool {
 }
 
 impl Matrix {
+    /// KIP-430's authorized operations with ALLOW Read and DENY Write on the topic, ALLOW ALL
+    /// on the Cluster and no ACL on the group (allow.everyone.if.no.acl.found): Metadata
+    /// (v10: topic and cluster), DescribeCluster and DescribeGroups.
+    fn kip430(&self, c: &mut KafkaConn) -> Result<Vec<String>> {
+        let p = self.principal.as_str();
+        let acls = [
+            (TOPIC, T, LITERAL, READ, ALLOW),
+            (TOPIC, T, LITERAL, WRITE, DENY),
+        ];
+        create_acls(c, p, &acls)?;
+        let mut lines = Vec::new();
+        let mut topic_ops = 0;
+        eventually("the topic's ACLs", || {
+            let r: kafka_protocol::messages::MetadataResponse = c.call(
+                ApiKey::Metadata,
+                10,
+                &MetadataRequest::default()
+                    .with_topics(Some(vec![
+                        MetadataRequestTopic::default().with_name(Some(topic_name(T)))
+                    ]))
+                    .with_allow_auto_topic_creation(false)
+                    .with_include_topic_authorized_operations(true)
+                    .with_include_cluster_authorized_operations(true),
+            )?;
+            topic_ops = r
+                .topics
+                .first()
+                .map_or(-1, |t| t.topic_authorized_operations);
+            if topic_ops == 264 {
+                lines.push(format!("KIP-430 Metadata topic operations: {topic_ops}"));
+                lines.push(format!(
+                    "KIP-430 Metadata cluster operations: {}",
+                    r.cluster_authorized_operations
+                ));
+            }
+            Ok(topic_ops == 264)
+        })
+        .with_context(|| format!("topic operations {topic_ops}"))?;
+        let r: kafka_protocol::messages::DescribeClusterResponse = c.call(
+            ApiKey::DescribeCluster,
+            1,
+            &DescribeClusterRequest::default().with_include_cluster_authorized_operations(true),
+        )?;
+        lines.push(format!(
+            "KIP-430 DescribeCluster operations: {}",
+            r.cluster_authorized_operations
+        ));
+        // Once the group coordinator is available (`__consumer_offsets` is being created):
+        // operations come only with a group described without error.
+        let mut group_ops = (-1, -1);
+        eventually("the group coordinator", || {
+            // Creates `__consumer_offsets` on first use (one node: the coordinator is here).
+            let _: kafka_protocol::messages::FindCoordinatorResponse = c.call(
+                ApiKey::FindCoordinator,
+                4,
+                &FindCoordinatorRequest::default()
+                    .with_key_type(0)
+                    .with_coordinator_keys(vec![sb("acl-g")]),
+            )?;
+            let r: kafka_protocol::messages::DescribeGroupsResponse = c.call(
+                ApiKey::DescribeGroups,
+                5,
+                &DescribeGroupsRequest::default()
+                    .with_groups(vec![GroupId(sb("acl-g"))])
+                    .with_include_authorized_operations(true),
+            )?;
+            group_ops = r
+                .groups
+                .first()
+                .map_or((-1, -1), |g| (g.error_code, g.authorized_operations));
+            Ok(group_ops.0 == 0)
+        })
+        .with_context(|| format!("DescribeGroups {group_ops:?}"))?;
+        lines.push(format!(
+            "KIP-430 DescribeGroups operations: {}",
+            group_ops.1
+        ));
+        delete_acls(c, p, &acls)?;
+        Ok(lines)
+    }
+
     /// Runs every case on the broker at `bootstrap`: one line per case, `name: allowed=<code>
     /// denied=<code>`.
     fn run(&self, bootstrap: &str) -> Result<Vec<String>> {
@@ -707,6 +831,7 @@ impl Matrix {
         for t in &r.topics {
             ensure!(t.error_code == 0, "creating {}: {}", t.name.0, t.error_code);
         }
+        let kip430 = self.kip430(&mut c)?;
         let mut lines = Vec::new();
         for case in cases() {
             let (key, version, req) = (case.request)();
@@ -748,6 +873,9 @@ impl Matrix {
             let line = format!("{}: allowed={allowed} denied={denied}", case.name);
             eprintln!("{line}");
             lines.push(line);
+            if case.name.starts_with("DeleteGroups") {
+                lines.extend(kip430.iter().cloned());
+            }
         }
         Ok(lines)
     }
@@ -777,7 +905,13 @@ fn expected() -> Vec<String> {
         "OffsetFetch: Describe Group: allowed=0 denied=30",
         "DescribeGroups: Describe Group: allowed=0 denied=30",
         "Heartbeat: Read Group: allowed=25 denied=30",
-        "DeleteGroups: Delete Group: allowed=69 denied=30",
+        "OffsetCommit: Read Group: allowed=0 denied=30",
+        "OffsetCommit: Read Topic: allowed=0 denied=29",
+        "DeleteGroups: Delete Group: allowed=0 denied=30",
+        "KIP-430 Metadata topic operations: 264",
+        "KIP-430 Metadata cluster operations: 8096",
+        "KIP-430 DescribeCluster operations: 8096",
+        "KIP-430 DescribeGroups operations: 3400",
         "ListGroups: Describe Cluster, else only groups with Describe: allowed=0 denied=0",
         "DescribeAcls: Describe Cluster: allowed=0 denied=31",
         "DeleteTopics: Delete Cluster, else Delete Topic: allowed=0 denied=29",
