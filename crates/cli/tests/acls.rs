@@ -1347,3 +1347,133 @@ fn kafka_acls_and_librdkafka_on_gregor() -> Result<()> {
     ensure!(!listed.contains("DENY"), "{listed}");
     Ok(())
 }
+
+/// Runs `gregor acl <args> -b <bootstrap>`; stdout, or the failure with stderr.
+fn gregor_acl(bootstrap: &str, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(BIN)
+        .arg("acl")
+        .args(args)
+        .args(["-b", bootstrap])
+        .output()
+        .context("running gregor acl")?;
+    ensure!(
+        out.status.success(),
+        "gregor acl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `gregor acl add|list|remove` on gregor, and its refusals: without an authorizer
+/// (SECURITY_DISABLED) and without a principal type.
+#[test]
+fn gregor_acl_command() -> Result<()> {
+    let g = start_gregor(&properties())?;
+    let b = g.bootstrap();
+    gregor_acl(
+        &b,
+        &[
+            "add",
+            "--allow-principal",
+            "User:ANONYMOUS",
+            "--operation",
+            "all",
+            "--cluster",
+        ],
+    )?;
+    let added = gregor_acl(
+        &b,
+        &[
+            "add",
+            "--allow-principal",
+            "User:bob",
+            "--deny-principal",
+            "User:eve",
+            "--deny-host",
+            "10.0.0.9",
+            "--operation",
+            "read",
+            "--operation",
+            "describe",
+            "--topic",
+            "orders-",
+            "--group",
+            "billing",
+            "--resource-pattern-type",
+            "prefixed",
+        ],
+    )?;
+    ensure!(added.contains("Added 8 ACL(s)"), "{added}");
+    let listed = gregor_acl(&b, &["list", "--output", "json"])?;
+    let v: serde_json::Value = serde_json::from_str(listed.trim())?;
+    let acls = v.as_array().context("a JSON array")?;
+    ensure!(acls.len() == 9, "{listed}");
+    ensure!(
+        acls.iter().any(|a| a["principal"] == "User:eve"
+            && a["host"] == "10.0.0.9"
+            && a["permission_type"] == "DENY"
+            && a["resource_type"] == "GROUP"
+            && a["pattern_type"] == "PREFIXED"
+            && a["operation"] == "DESCRIBE"),
+        "{listed}"
+    );
+    // list --resource-pattern-type match: what applies to topic orders-eu.
+    let matching = gregor_acl(
+        &b,
+        &[
+            "list",
+            "--topic",
+            "orders-eu",
+            "--resource-pattern-type",
+            "match",
+        ],
+    )?;
+    ensure!(
+        matching.contains("TOPIC orders- (PREFIXED)") && !matching.contains("GROUP"),
+        "{matching}"
+    );
+    let removed = gregor_acl(
+        &b,
+        &[
+            "remove",
+            "--deny-principal",
+            "User:eve",
+            "--deny-host",
+            "10.0.0.9",
+            "--operation",
+            "read",
+            "--operation",
+            "describe",
+            "--topic",
+            "orders-",
+            "--group",
+            "billing",
+            "--resource-pattern-type",
+            "prefixed",
+        ],
+    )?;
+    ensure!(removed.contains("Removed 4 ACL(s)"), "{removed}");
+    let listed = gregor_acl(&b, &["list", "--principal", "User:eve"])?;
+    ensure!(listed.trim().is_empty(), "{listed}");
+    ensure!(
+        gregor_acl(
+            &b,
+            &[
+                "add",
+                "--allow-principal",
+                "bob",
+                "--operation",
+                "read",
+                "--topic",
+                "t"
+            ]
+        )
+        .is_err(),
+        "a principal without its type"
+    );
+    drop(g);
+    let plain = Gregor::start(BIN, &[])?;
+    let e = gregor_acl(&plain.bootstrap(), &["list"]).unwrap_err();
+    ensure!(format!("{e:#}").contains("SECURITY_DISABLED"), "{e:#}");
+    Ok(())
+}
