@@ -2,10 +2,11 @@
 //! in its shape: `authorize(context, actions) -> results`, one result per action, where an
 //! action is an operation on a resource pattern (type, name, pattern type).
 //!
-//! Today the broker runs [`AllowEverythingAuthorizer`] (what Kafka does with no
-//! `authorizer.class.name`); start-up refuses `authorizer.class.name` until an ACL authorizer
-//! exists, so nobody believes ACLs are enforced. Handlers call it where Kafka's `KafkaApis`
-//! does:
+//! Without `authorizer.class.name` the broker runs [`AllowEverythingAuthorizer`] (what Kafka
+//! does then); with Kafka's `StandardAuthorizer` class name it runs
+//! [`crate::standard_authorizer::StandardAuthorizer`] (ACLs from the metadata log); start-up
+//! refuses any other class. Handlers call it where Kafka's `KafkaApis` does (the ACL matrix
+//! in `crates/cli/tests/acls.rs` checks these against Kafka 4.4.0):
 //!
 //! | API | action | error when denied |
 //! |---|---|---|
@@ -14,13 +15,19 @@
 //! | Fetch (follower, `replica_id >= 0`) | `ClusterAction` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | Metadata, ListOffsets | `Describe` on each Topic (auto-creation also needs `Create` on the Cluster or Topic) | TOPIC_AUTHORIZATION_FAILED |
 //! | CreateTopics | `Create` on the Cluster, else on each Topic | TOPIC_AUTHORIZATION_FAILED |
-//! | DeleteTopics, DeleteRecords | `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DeleteTopics | `Delete` on the Cluster, else `Describe` (else the name's existence is not told) and `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DeleteRecords | `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
 //! | CreatePartitions | `Alter` on each Topic | TOPIC_AUTHORIZATION_FAILED |
 //! | DescribeConfigs / (Incremental)AlterConfigs | `DescribeConfigs` / `AlterConfigs` on the Topic or the Cluster (broker resources) | TOPIC_ / CLUSTER_AUTHORIZATION_FAILED |
-//! | DescribeCluster | `Describe` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
-//! | InitProducerId | `Write` on the TransactionalId, or `IdempotentWrite` on the Cluster without one | TRANSACTIONAL_ID_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeCluster | nothing (KIP-430: the cluster's operations are 0 without `Describe` on it) | |
+//! | InitProducerId | `Write` on the TransactionalId, or without one `IdempotentWrite` on the Cluster or `Write` on some Topic (KIP-679, [`Authorizer::authorize_by_resource_type`]) | TRANSACTIONAL_ID_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | CreateAcls, DeleteAcls / DescribeAcls | `Alter` / `Describe` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeLogDirs, ListPartitionReassignments / ElectLeaders, AlterPartitionReassignments, UpdateFeatures | `Describe` / `Alter` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeProducers | `Read` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | WriteTxnMarkers | `ClusterAction` (or `Alter`) on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | FindCoordinator, DescribeGroups, ConsumerGroupDescribe | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
-//! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | OffsetCommit | `Read` on the Group, `Read` on each Topic | GROUP_ / TOPIC_AUTHORIZATION_FAILED |
 //! | OffsetFetch | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | DeleteGroups, OffsetDelete | `Delete` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | ListGroups | `Describe` on the Cluster, else only the groups with `Describe` | (filtered) |
