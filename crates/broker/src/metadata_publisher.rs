@@ -267,11 +267,6 @@ pub async fn migrate_file_log(log: &RaftMetadataLog, dir: &Path) -> Result<(), S
 /// The publisher's failure on the current image.
 pub async fn install_publishers(broker: &Arc<Broker>) -> Result<(), LoaderError> {
     let loader = broker.controller.loader();
-    // The ACL authorizer first: it is ready (Kafka's `completeInitialLoad`) once it has the
-    // image the broker listeners start with.
-    if let Some(acls) = broker.authorizer.clone().metadata_publisher() {
-        loader.install_publisher(acls).await?;
-    }
     loader
         .install_publisher(Arc::new(ReplicaManagerPublisher {
             broker: Arc::downgrade(broker),

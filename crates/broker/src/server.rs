@@ -459,6 +459,16 @@ pub async fn start_with_authorizer(
     )
     .await?;
     tasks.extend(metadata_tasks);
+    // The ACL authorizer is ready (Kafka's `completeInitialLoad`) once the metadata has caught
+    // up: before this node registers, so that the other nodes' registrations and heartbeats
+    // on its controller listener are decided with the committed ACLs.
+    if let Some(acls) = authorizer.clone().metadata_publisher() {
+        controller
+            .loader()
+            .install_publisher(acls)
+            .await
+            .map_err(|e| StartError::Metadata(e.to_string()))?;
+    }
     controller_apis.set_controller(controller.clone());
     // BrokerRegistration, heartbeats, forwarded admin requests: to the active controller.
     let controller_client = Arc::new(crate::controller_channel::ControllerClient::new(

@@ -1477,3 +1477,75 @@ fn gregor_acl_command() -> Result<()> {
     ensure!(format!("{e:#}").contains("SECURITY_DISABLED"), "{e:#}");
     Ok(())
 }
+
+/// Three combined gregor nodes: CreateAcls and DeleteAcls sent to any node reach the active
+/// controller (forwarded in an Envelope from the others), and every node's authorizer follows
+/// the committed ACLs.
+#[test]
+fn acls_in_a_three_node_cluster() -> Result<()> {
+    use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
+    let mut config = ClusterConfig::combined(Implementation::Gregor(BIN.into()), 3);
+    for p in properties() {
+        let (k, v) = p.split_once('=').context("key=value")?;
+        config.properties.push((k.to_string(), v.to_string()));
+    }
+    let mut cluster = Cluster::start(&config)?;
+    cluster.wait_ready(Duration::from_secs(60))?;
+    let nodes: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .filter_map(|n| n.bootstrap())
+        .collect();
+    ensure!(nodes.len() == 3, "{nodes:?}");
+    let p = "User:ANONYMOUS";
+    let mut first = KafkaConn::connect(nodes[0].as_str(), "acl")?;
+    create_acls(
+        &mut first,
+        p,
+        &[(CLUSTER, "kafka-cluster", LITERAL, ALL, ALLOW)],
+    )?;
+    let req = CreateTopicsRequest::default()
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(T))
+            .with_num_partitions(1)
+            .with_replication_factor(3)])
+        .with_timeout_ms(30_000);
+    let r: kafka_protocol::messages::CreateTopicsResponse =
+        first.call(ApiKey::CreateTopics, 7, &req)?;
+    ensure!(
+        r.topics[0].error_code == 0,
+        "CreateTopics: {}",
+        r.topics[0].error_code
+    );
+    let metadata_code = |bootstrap: &str| -> Result<i16> {
+        let mut c = KafkaConn::connect(bootstrap, "acl")?;
+        let r: kafka_protocol::messages::MetadataResponse = c.call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(topic_name(T)))
+                ]))
+                .with_allow_auto_topic_creation(false),
+        )?;
+        Ok(r.topics.first().map_or(-1, |t| t.error_code))
+    };
+    // A DENY added through each node in turn is enforced by every node, then removed.
+    for via in &nodes {
+        let mut c = KafkaConn::connect(via.as_str(), "acl")?;
+        let deny = [(TOPIC, T, LITERAL, DESCRIBE, DENY)];
+        create_acls(&mut c, p, &deny)?;
+        for n in &nodes {
+            eventually("the DENY on every node", || Ok(metadata_code(n)? == 29))
+                .with_context(|| format!("added via {via}, read on {n}"))?;
+        }
+        delete_acls(&mut c, p, &deny)?;
+        for n in &nodes {
+            eventually("the DENY removed on every node", || {
+                Ok(metadata_code(n)? == 0)
+            })
+            .with_context(|| format!("removed via {via}, read on {n}"))?;
+        }
+    }
+    Ok(())
+}
