@@ -130,6 +130,8 @@ pub fn api_key(name: &str) -> Result<ApiKey> {
         "DescribeQuorum" => ApiKey::DescribeQuorum,
         "WriteTxnMarkers" => ApiKey::WriteTxnMarkers,
         "DescribeProducers" => ApiKey::DescribeProducers,
+        "AddPartitionsToTxn" => ApiKey::AddPartitionsToTxn,
+        "EndTxn" => ApiKey::EndTxn,
         other => bail!("unknown api {other:?} in scenario"),
     })
 }
@@ -533,6 +535,45 @@ pub fn build_request(api: ApiKey, version: i16, b: &Value) -> Result<RequestKind
                     -1,
                 )?))
                 .with_producer_epoch(i16f(b, "producer_epoch", -1)?),
+        ),
+        // The client's form (v0-3): one transaction, its topics and partitions.
+        ApiKey::AddPartitionsToTxn => {
+            use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+            let topics = list(b, "topics")
+                .iter()
+                .map(|t| {
+                    Ok(AddPartitionsToTxnTopic::default()
+                        .with_name(topic(string(t, "name")?))
+                        .with_partitions(i32_list(t, "partitions")?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            RequestKind::AddPartitionsToTxn(
+                kafka_protocol::messages::AddPartitionsToTxnRequest::default()
+                    .with_v3_and_below_transactional_id(kafka_protocol::messages::TransactionalId(
+                        sb(string(b, "transactional_id")?),
+                    ))
+                    .with_v3_and_below_producer_id(kafka_protocol::messages::ProducerId(int(
+                        b,
+                        "producer_id",
+                        -1,
+                    )?))
+                    .with_v3_and_below_producer_epoch(i16f(b, "producer_epoch", 0)?)
+                    .with_v3_and_below_topics(topics),
+            )
+        }
+        ApiKey::EndTxn => RequestKind::EndTxn(
+            kafka_protocol::messages::EndTxnRequest::default()
+                .with_transactional_id(kafka_protocol::messages::TransactionalId(sb(string(
+                    b,
+                    "transactional_id",
+                )?)))
+                .with_producer_id(kafka_protocol::messages::ProducerId(int(
+                    b,
+                    "producer_id",
+                    -1,
+                )?))
+                .with_producer_epoch(i16f(b, "producer_epoch", 0)?)
+                .with_committed(boolf(b, "commit", false)),
         ),
         ApiKey::FindCoordinator => {
             let key = string(b, "key")?;

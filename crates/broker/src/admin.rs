@@ -43,12 +43,35 @@ impl AdminState {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// The log directories that are offline (full or failed), with their state.
-    fn offline_dirs(&self) -> Vec<(std::path::PathBuf, gregor_log::DirState)> {
+    /// [`ReplicaManager::missing_dirs`](crate::replica_manager::ReplicaManager::missing_dirs).
+    fn missing_dirs(&self) -> std::collections::BTreeMap<uuid::Uuid, usize> {
         self.broker
             .get()
-            .map(|b| b.replica_manager.logs().offline_dirs())
+            .map(|b| b.replica_manager.missing_dirs())
             .unwrap_or_default()
+    }
+
+    /// The log directories that are offline (full or failed), with their state, then
+    /// `metadata.log.dir` when the metadata log's writes found it offline: `(what, dir,
+    /// state)`, `what` being "log dir" or "metadata log dir".
+    fn offline_dirs(&self) -> Vec<(&'static str, std::path::PathBuf, gregor_log::DirState)> {
+        let Some(b) = self.broker.get() else {
+            return Vec::new();
+        };
+        let mut out: Vec<_> = b
+            .replica_manager
+            .logs()
+            .offline_dirs()
+            .into_iter()
+            .map(|(dir, state)| ("log dir", dir, state))
+            .collect();
+        if let Some(raft) = b.raft.get() {
+            let h = raft.metadata_dir_health();
+            if h.is_offline() {
+                out.push(("metadata log dir", h.dir().to_path_buf(), h.state()));
+            }
+        }
+        out
     }
 }
 
@@ -76,9 +99,23 @@ fn update_gauges(broker: &Broker) -> String {
             high_watermark: p.high_watermark(),
         });
     }
-    for h in broker.replica_manager.logs().dir_health() {
-        metrics::gauge!(LOG_DIR_OFFLINE, "dir" => h.dir().display().to_string())
-            .set(if h.is_offline() { 1.0 } else { 0.0 });
+    // Each log dir, and `metadata.log.dir` as the metadata log's writes find it (one series
+    // per path: 1 when either is offline).
+    let mut offline_by_dir: std::collections::BTreeMap<String, bool> = Default::default();
+    let metadata_dir = broker.raft.get().map(|r| r.metadata_dir_health().clone());
+    for h in broker
+        .replica_manager
+        .logs()
+        .dir_health()
+        .iter()
+        .chain(metadata_dir.as_ref())
+    {
+        *offline_by_dir
+            .entry(h.dir().display().to_string())
+            .or_default() |= h.is_offline();
+    }
+    for (dir, offline) in offline_by_dir {
+        metrics::gauge!(LOG_DIR_OFFLINE, "dir" => dir).set(if offline { 1.0 } else { 0.0 });
     }
     metrics::gauge!(PARTITIONS).set(partitions.len() as f64);
     metrics::gauge!(LEADER_PARTITIONS).set(leaders as f64);
@@ -328,18 +365,26 @@ impl std::fmt::Display for Escaped<'_> {
 }
 
 /// `/ready`'s answer while log directories are offline: which, why, and what to do.
-fn offline_dirs_text(offline: &[(std::path::PathBuf, gregor_log::DirState)]) -> String {
+fn offline_dirs_text(
+    offline: &[(&'static str, std::path::PathBuf, gregor_log::DirState)],
+) -> String {
     let mut out = String::from("not ready:");
-    for (dir, state) in offline {
+    for (what, dir, state) in offline {
         match state {
-            gregor_log::DirState::Full { reason } => out.push_str(&format!(
+            gregor_log::DirState::Full { reason } if *what == "log dir" => out.push_str(&format!(
                 " log dir {} is full ({reason}): free space (kafka-delete-records, lower \
                  retention.ms or retention.bytes, or remove other files); appends resume on \
                  their own.",
                 dir.display()
             )),
+            gregor_log::DirState::Full { reason } => out.push_str(&format!(
+                " {what} {} is full ({reason}): metadata changes (creating topics, leader \
+                 and ISR changes, configs) fail with KAFKA_STORAGE_ERROR until space is freed \
+                 on its file system; they resume on their own.",
+                dir.display()
+            )),
             gregor_log::DirState::Failed { reason } => out.push_str(&format!(
-                " log dir {} failed ({reason}): repair the disk and restart the broker.",
+                " {what} {} failed ({reason}): repair the disk and restart the broker.",
                 dir.display()
             )),
             gregor_log::DirState::Online => {}
@@ -362,7 +407,8 @@ fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Respo
 fn metrics_body(state: &AdminState) -> String {
     let partition_text = state.broker.get().map(|b| update_gauges(b));
     // What `/ready` answers: ready and no log directory offline.
-    let ready = state.is_ready() && state.offline_dirs().is_empty();
+    let ready =
+        state.is_ready() && state.offline_dirs().is_empty() && state.missing_dirs().is_empty();
     metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
     metrics_process::Collector::default().collect();
     let mut body = handle().render();
@@ -402,12 +448,18 @@ async fn route(
             let offline = state.offline_dirs();
             if !state.is_ready() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", plain)
-            } else if !offline.is_empty() {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    offline_dirs_text(&offline),
-                    plain,
-                )
+            } else if !offline.is_empty() || !state.missing_dirs().is_empty() {
+                let mut body = offline_dirs_text(&offline);
+                for (id, replicas) in state.missing_dirs() {
+                    let id = crate::storage::kafka_uuid_string(id);
+                    body.push_str(&format!(
+                        " {replicas} replicas are assigned to the log dir with directory.id \
+                         {id}, which none of log.dirs is (a disk not mounted, a dir moved \
+                         away?): they are offline until it is back; put it back and restart \
+                         the broker."
+                    ));
+                }
+                text(StatusCode::SERVICE_UNAVAILABLE, body, plain)
             } else {
                 text(StatusCode::OK, "ready\n", plain)
             }

@@ -17,10 +17,6 @@ use crate::config::BrokerConfig;
 use crate::group_coordinator::GroupCoordinator;
 use crate::replica_manager::ReplicaManager;
 
-/// The environment variable that turns transactions on (`1`) until both halves of issue 12
-/// (the transaction coordinator and the partition side) are merged.
-pub const TRANSACTIONS_GATE_ENV: &str = "GREGOR_TRANSACTIONS";
-
 /// Hands out producer ids from blocks the controller allocates durably.
 struct ProducerIdBlock {
     next: i64,
@@ -59,14 +55,8 @@ pub struct Broker {
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub group_coordinator: GroupCoordinator,
-    /// Transactional ids and their transactions (`__transaction_state`). Serves clients only
-    /// when [`Broker::transactions_enabled`].
+    /// Transactional ids and their transactions (`__transaction_state`).
     pub transaction_coordinator: Arc<gregor_coordinator::transaction::TransactionCoordinator>,
-    /// The gate of transactions while the partition side (transactional produce, markers,
-    /// LSO) is not merged: off, InitProducerId and FindCoordinator for a transactional id
-    /// answer TRANSACTIONAL_ID_AUTHORIZATION_FAILED at once and the transaction APIs are not
-    /// advertised. On with the environment variable `GREGOR_TRANSACTIONS=1` (tests).
-    transactions_enabled: bool,
     /// Incremental fetch sessions (KIP-227), sized by
     /// `max.incremental.fetch.session.cache.slots`.
     pub fetch_sessions: crate::fetch_session::FetchSessionCache,
@@ -77,8 +67,9 @@ pub struct Broker {
     pub authorizer: Arc<dyn Authorizer>,
     /// What the group coordinator does when a transaction with offset commits ends (called
     /// after the markers of WriteTxnMarkers reach `__consumer_offsets` partitions,
-    /// [`crate::txn_markers`]); set once by whoever implements transactional offset commits.
-    pub txn_offsets_completion: std::sync::OnceLock<Arc<dyn TxnOffsetsCompletion>>,
+    /// [`crate::txn_markers`]): the group coordinator's, installed at start-up
+    /// ([`Broker::set_txn_offsets_completion`]; an in-process test may replace it).
+    txn_offsets_completion: parking_lot::RwLock<Option<Arc<dyn TxnOffsetsCompletion>>>,
     started: Instant,
 }
 
@@ -106,7 +97,6 @@ impl Broker {
             Self {
                 group_coordinator,
                 transaction_coordinator,
-                transactions_enabled: std::env::var(TRANSACTIONS_GATE_ENV).is_ok_and(|v| v == "1"),
                 fetch_sessions: crate::fetch_session::FetchSessionCache::new(
                     config.max_incremental_fetch_session_cache_slots(),
                     config.min_incremental_fetch_session_eviction_ms(),
@@ -123,15 +113,21 @@ impl Broker {
                 producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
                 bound,
                 authorizer,
-                txn_offsets_completion: std::sync::OnceLock::new(),
+                txn_offsets_completion: parking_lot::RwLock::new(None),
                 started: Instant::now(),
             }
         })
     }
 
-    /// Whether transactions are served (see the field): `GREGOR_TRANSACTIONS=1` at start-up.
-    pub fn transactions_enabled(&self) -> bool {
-        self.transactions_enabled
+    /// Installs what ends transactional offset commits when markers reach
+    /// `__consumer_offsets` (replacing the one installed before, if any).
+    pub fn set_txn_offsets_completion(&self, hook: Arc<dyn TxnOffsetsCompletion>) {
+        *self.txn_offsets_completion.write() = Some(hook);
+    }
+
+    /// The installed [`TxnOffsetsCompletion`], if any.
+    pub fn txn_offsets_completion(&self) -> Option<Arc<dyn TxnOffsetsCompletion>> {
+        self.txn_offsets_completion.read().clone()
     }
 
     /// Whether `ctx`'s principal may perform `operation` on the named resource (one literal

@@ -682,6 +682,24 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "1.7976931348623157E308",
     ),
     ("producer.id.expiration.ms", ConfigType::Int, "86400000"),
+    (
+        "producer.id.expiration.check.interval.ms",
+        ConfigType::Int,
+        "600000",
+    ),
+    // KIP-890 part 2: a leader adding a partition to a transaction retries the coordinator's
+    // CONCURRENT_TRANSACTIONS (the previous transaction still completing) itself (Kafka's
+    // `AddPartitionsToTxnConfig`).
+    (
+        "add.partitions.to.txn.retry.backoff.ms",
+        ConfigType::Int,
+        "20",
+    ),
+    (
+        "add.partitions.to.txn.retry.backoff.max.ms",
+        ConfigType::Int,
+        "100",
+    ),
     // How long the broker's own requests (WriteTxnMarkers' appends, KIP-890 verification)
     // wait (Kafka's `request.timeout.ms`).
     ("request.timeout.ms", ConfigType::Int, "30000"),
@@ -773,6 +791,39 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         "group.consumer.assignors",
         ConfigType::List,
         "uniform,range",
+    ),
+    // Transaction coordinator (gregor_coordinator::transaction::TransactionConfig).
+    (
+        "transactional.id.expiration.ms",
+        ConfigType::Int,
+        "604800000",
+    ),
+    ("transaction.max.timeout.ms", ConfigType::Int, "900000"),
+    (
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        ConfigType::Int,
+        "10000",
+    ),
+    (
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        ConfigType::Int,
+        "3600000",
+    ),
+    (
+        "transaction.state.log.num.partitions",
+        ConfigType::Int,
+        "50",
+    ),
+    (
+        "transaction.state.log.replication.factor",
+        ConfigType::Short,
+        "3",
+    ),
+    ("transaction.state.log.min.isr", ConfigType::Int, "2"),
+    (
+        "transaction.state.log.segment.bytes",
+        ConfigType::Int,
+        "104857600",
     ),
 ];
 
@@ -1996,6 +2047,37 @@ impl BrokerConfig {
             .get("producer.id.expiration.ms")
             .and_then(|v| v.trim().parse::<i64>().ok())
             .unwrap_or(86_400_000)
+    }
+
+    /// `producer.id.expiration.check.interval.ms` (default 10 min, at least 1): how often idle
+    /// producers' state is looked for.
+    pub fn producer_id_expiration_check_interval_ms(&self) -> u64 {
+        self.raw
+            .get("producer.id.expiration.check.interval.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|v| *v >= 1)
+            .unwrap_or(600_000)
+    }
+
+    /// `add.partitions.to.txn.retry.backoff.ms` (default 20, at least 1) and
+    /// `add.partitions.to.txn.retry.backoff.max.ms` (default 100, capped by
+    /// `request.timeout.ms`): how long a leader waits between, and retries for, the KIP-890
+    /// verifications a transaction coordinator answers CONCURRENT_TRANSACTIONS (Kafka's
+    /// `ReplicaManager.maybeRetryOnConcurrentTransactions`); dynamic values in `dynamic` win.
+    pub fn add_partitions_to_txn_retry_ms(&self, dynamic: &DynamicBrokerConfigs) -> (u64, u64) {
+        let get = |key: &str, default: u64, min: u64| {
+            dynamic
+                .get(key)
+                .map(|(v, _)| v)
+                .or_else(|| self.raw.get(key).map(String::as_str))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|v| *v >= min)
+                .unwrap_or(default)
+        };
+        let backoff_ms = get("add.partitions.to.txn.retry.backoff.ms", 20, 1);
+        let max_ms = get("add.partitions.to.txn.retry.backoff.max.ms", 100, 0)
+            .min(self.request_timeout_ms().unsigned_abs());
+        (backoff_ms, max_ms)
     }
 
     /// `replica.selector.class` (KIP-392): the built-in selector it names, `None` when unset

@@ -24,8 +24,7 @@ const HONOURED_AS_IS: &[&str] = &[
 const RULES: &[(&str, &str)] = &[
     ("ssl.", "not implemented yet: TLS (until it is, start-up refuses ssl.* keys)"),
     ("sasl.", "not implemented yet: SASL (until it is, start-up refuses sasl.* keys)"),
-    ("transaction.", "not implemented yet: transactions"),
-    ("add.partitions.to.txn.", "not implemented yet: transactions"),
+    ("transaction.two.phase.commit.enable", "not implemented yet: two-phase commit transactions (KIP-939)"),
     ("errors.deadletterqueue.", "not implemented yet: share groups (KIP-932, KIP-1191)"),
     ("log.remote.", "not implemented yet: tiered storage (KIP-405)"),
     ("follower.fetch.last.tiered.offset.enable", "not implemented yet: tiered storage (KIP-405)"),
@@ -37,7 +36,6 @@ const RULES: &[(&str, &str)] = &[
     ("create.topic.policy.class.name", "no effect in gregor: it loads no Java plug-in classes"),
     ("alter.config.policy.class.name", "no effect in gregor: it loads no Java plug-in classes"),
     ("config.providers", "no effect in gregor: it loads no Java plug-in classes"),
-    ("transactional.id.", "not implemented yet: transactions"),
     ("share.", "not implemented yet: share groups (KIP-932)"),
     ("group.share.", "not implemented yet: share groups (KIP-932)"),
     ("group.streams.", "not implemented yet: streams groups (KIP-1071)"),
@@ -346,9 +344,7 @@ mod tests {
                 .find(|(_, keys)| keys.iter().any(|x| x == k))
                 .map(|(w, _)| *w)
         };
-        assert!(why("transaction.state.log.min.isr")
-            .unwrap()
-            .contains("transactions"));
+        assert_eq!(why("transaction.state.log.min.isr"), None);
         assert!(why("share.coordinator.state.topic.min.isr")
             .unwrap()
             .contains("share groups"));
@@ -367,7 +363,40 @@ mod tests {
         }
         // Every key once.
         let n: usize = report.not_acted_on.values().map(Vec::len).sum();
-        assert_eq!(n, 7, "{report:?}");
+        assert_eq!(n, 5, "{report:?}");
+    }
+
+    #[test]
+    fn transaction_settings_are_acted_on() {
+        let honoured = [
+            "transactional.id.expiration.ms",
+            "transaction.max.timeout.ms",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            "transaction.remove.expired.transaction.cleanup.interval.ms",
+            "transaction.state.log.num.partitions",
+            "transaction.state.log.replication.factor",
+            "transaction.state.log.min.isr",
+            "transaction.state.log.segment.bytes",
+            "transaction.partition.verification.enable",
+            "producer.id.expiration.ms",
+            "producer.id.expiration.check.interval.ms",
+            "add.partitions.to.txn.retry.backoff.ms",
+            "add.partitions.to.txn.retry.backoff.max.ms",
+        ];
+        let mut keys = honoured.to_vec();
+        keys.push("transaction.two.phase.commit.enable");
+        let report = ConfigReport::of(&props(&keys));
+        assert!(report.unknown.is_empty(), "{report:?}");
+        let reported: Vec<&String> = report.not_acted_on.values().flatten().collect();
+        assert_eq!(
+            reported,
+            ["transaction.two.phase.commit.enable"],
+            "{report:?}"
+        );
+        assert!(report
+            .not_acted_on
+            .keys()
+            .any(|why| why.contains("KIP-939")));
     }
 
     #[test]

@@ -349,54 +349,6 @@ pub fn record_error(api_key: ApiKey, code: i16) {
     }
 }
 
-/// Most (feature, client) pairs [`log_unsupported_once`] remembers; past it, new pairs are
-/// still counted but no longer logged, so a client that changes its id per connection cannot
-/// grow the set without bound.
-const UNSUPPORTED_LOG_CAPACITY: usize = 4096;
-
-/// Logs, once per feature and client (client id and software name, as the client sends them in
-/// its request header and ApiVersions), that a client asked for a feature gregor does not have
-/// yet, and counts every such answer in `gregor_request_errors_total{api,error}`. Clients such as
-/// a transactional producer retry the retriable answer for a minute or more; without this line
-/// the broker's log would not say why they hang.
-pub fn log_unsupported_once(
-    api_key: ApiKey,
-    code: i16,
-    feature: &str,
-    client_id: &str,
-    client_software: &str,
-    client_address: std::net::SocketAddr,
-) {
-    record_error(api_key, code);
-    static SEEN: OnceLock<parking_lot::Mutex<std::collections::HashSet<(String, String)>>> =
-        OnceLock::new();
-    let seen = SEEN.get_or_init(Default::default);
-    let first = {
-        let mut seen = seen.lock();
-        let key = (
-            feature.to_string(),
-            format!("{client_id}\u{0}{client_software}"),
-        );
-        if seen.len() >= UNSUPPORTED_LOG_CAPACITY || seen.contains(&key) {
-            false
-        } else {
-            seen.insert(key)
-        }
-    };
-    if first {
-        warn!(
-            api = api_name(api_key),
-            error = error_name(code),
-            client_id,
-            client_software,
-            client_address = %client_address,
-            "a client asked for {feature}, which gregor does not support yet; it is answered \
-             with {} (logged once per client)",
-            error_name(code)
-        );
-    }
-}
-
 /// Per-request metric handles, cached by (api key, version) so the request path does no
 /// registry lookups.
 pub struct RequestMetrics {

@@ -233,6 +233,18 @@ pub struct RunningBroker {
 }
 
 impl RunningBroker {
+    /// Resolves when this node's metadata quorum member stopped on a storage error at run
+    /// time (writing `quorum-state` or flushing `__cluster_metadata-0` failed: a full or
+    /// failing `metadata.log.dir`), with the reason. The node can no longer follow or change
+    /// the metadata; Kafka halts the process then, and the caller should exit too (the logs
+    /// recover at the next start). Never resolves otherwise.
+    pub async fn metadata_quorum_failed(&self) -> String {
+        match self.broker.raft.get() {
+            Some(raft) => raft.stopped_on_failure().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Stops accepting, lets connections finish their current request, flushes and closes
     /// every log and writes the clean-shutdown marker.
     ///
@@ -561,13 +573,10 @@ pub async fn start_with_authorizer(
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
     // Markers written to `__consumer_offsets` complete the group coordinator's pending
-    // transactional offsets (issue 12). Only with transactions on: otherwise no TxnOffsetCommit
-    // is served, so nothing is pending (and in-process tests install their own hook).
-    if broker.transactions_enabled() {
-        let _ = broker.txn_offsets_completion.set(
-            crate::coordinator_writer::GroupTxnOffsetsCompletion::new(Arc::downgrade(&broker)),
-        );
-    }
+    // transactional offsets (issue 12).
+    broker.set_txn_offsets_completion(crate::coordinator_writer::GroupTxnOffsetsCompletion::new(
+        Arc::downgrade(&broker),
+    ));
     // KIP-890: a leader verifies a producer's first transactional write to a partition with
     // the transaction coordinator (AddPartitionsToTxn v5 on the inter-broker listener).
     {
@@ -735,6 +744,10 @@ pub async fn start_with_authorizer(
         broker.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(producer_expiration_checker(
+        broker.clone(),
+        shutdown_rx.clone(),
+    )));
     if broker.config.log_cleaner_enable() {
         let threads = broker
             .config
@@ -859,11 +872,34 @@ async fn idle_file_closer(broker: Arc<Broker>, mut shutdown: watch::Receiver<boo
     }
 }
 
+/// Kafka's `PeriodicProducerExpirationCheck`: every `producer.id.expiration.check.interval.ms`
+/// drops the state of producers idle for `producer.id.expiration.ms` (none with an open
+/// transaction) and expired KIP-890 verification entries, on every partition.
+async fn producer_expiration_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let every = Duration::from_millis(broker.config.producer_id_expiration_check_interval_ms());
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        let b = broker.clone();
+        let _ = broker
+            .replica_manager
+            .io_pool()
+            .run(move || {
+                let rm = &b.replica_manager;
+                rm.remove_expired_producers(rm.now_ms());
+            })
+            .await;
+    }
+}
+
 /// How often a full log directory is checked for room again
 /// ([`gregor_log::LogManager::check_dir_health`]; nothing is done while every dir is online).
 pub const LOG_DIR_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Brings full log directories back online once they have room again, without a restart.
+/// Brings full log directories (and a full `metadata.log.dir`) back online once they have
+/// room again, without a restart.
 async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let mut last_offline: Vec<std::path::PathBuf> = Vec::new();
     loop {
@@ -874,6 +910,20 @@ async fn log_dir_health_checker(broker: Arc<Broker>, mut shutdown: watch::Receiv
         // Before and after the check, so a dir that went offline since the last tick is acted
         // on, and one the check brings back is fetched again at once.
         tell_fetchers_of_dir_changes(&broker, &mut last_offline).await;
+        // `metadata.log.dir` as the metadata log's writes found it (full: proposals fail
+        // with KAFKA_STORAGE_ERROR until it has room again).
+        if let Some(h) = broker
+            .raft
+            .get()
+            .map(|r| r.metadata_dir_health().clone())
+            .filter(|h| h.is_offline())
+        {
+            let _ = broker
+                .replica_manager
+                .io_pool()
+                .run(move || h.check())
+                .await;
+        }
         if last_offline.is_empty() {
             continue;
         }

@@ -203,7 +203,7 @@ fn answer(
 /// Tells the group coordinator about the `__consumer_offsets` partitions of `m` whose marker
 /// succeeded (`codes` per topic and partition, updated with its error if it fails).
 fn completed_offsets(broker: &Arc<Broker>, m: &WritableTxnMarker, codes: &mut [Vec<i16>]) {
-    let Some(hook) = broker.txn_offsets_completion.get() else {
+    let Some(hook) = broker.txn_offsets_completion() else {
         return;
     };
     let mut done: BTreeMap<i32, (usize, usize)> = BTreeMap::new();

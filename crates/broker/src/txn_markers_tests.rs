@@ -91,7 +91,7 @@ async fn markers_on_consumer_offsets_reach_the_group_coordinator() {
         .await
         .expect("topic");
     let recorder = Arc::new(Recorder::default());
-    assert!(b.txn_offsets_completion.set(recorder.clone()).is_ok());
+    b.set_txn_offsets_completion(recorder.clone());
 
     let out = append_txn_markers(
         b,
@@ -158,11 +158,24 @@ async fn markers_on_consumer_offsets_reach_the_group_coordinator() {
 struct FakeCoordinator {
     requests: Mutex<Vec<TxnVerificationRequest>>,
     answer: Mutex<Option<i16>>,
+    /// Requests answered CONCURRENT_TRANSACTIONS before `answer` applies.
+    concurrent_first: Mutex<usize>,
 }
 
 impl AddPartitionsToTxnSender for FakeCoordinator {
     fn add_or_verify(&self, request: TxnVerificationRequest) -> VerificationFuture {
-        let errors: VerificationErrors = match *self.answer.lock() {
+        let concurrent = {
+            let mut left = self.concurrent_first.lock();
+            let c = *left > 0;
+            *left = left.saturating_sub(1);
+            c
+        };
+        let answer = if concurrent {
+            Some(crate::txn_verification::ec::CONCURRENT_TRANSACTIONS)
+        } else {
+            *self.answer.lock()
+        };
+        let errors: VerificationErrors = match answer {
             Some(code) => request
                 .partitions
                 .iter()
@@ -328,6 +341,92 @@ async fn the_produce_path_verifies_first_transactional_writes() {
     let p0 = b.replica_manager.partition("t", 0).expect("hosted");
     assert_eq!(p0.log.log_end_offset(), 2);
     assert_eq!(p0.last_stable_offset(), 0);
+    drop(s);
+    running.shutdown().await.expect("shutdown");
+}
+
+/// KIP-890 part 2 (Kafka's `maybeRetryOnConcurrentTransactions`): while the producer's previous
+/// transaction is still completing the coordinator answers CONCURRENT_TRANSACTIONS; the leader
+/// asks again every `add.partitions.to.txn.retry.backoff.ms` until
+/// `add.partitions.to.txn.retry.backoff.max.ms` has passed, then answers the producer with the
+/// retriable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_retries_concurrent_transactions() {
+    use bytes::Bytes;
+    use gregor_protocol::batch::BatchBuilder;
+    use gregor_protocol::kafka_protocol::messages::produce_request::{
+        PartitionProduceData, TopicProduceData,
+    };
+    use gregor_protocol::kafka_protocol::messages::{
+        ApiKey, ProduceRequest, ProduceResponse, TransactionalId,
+    };
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let props: BTreeMap<String, String> = [
+        ("log.dirs", dir.path().display().to_string()),
+        ("listeners", "PLAINTEXT://127.0.0.1:0".into()),
+        ("admin.listener", String::new()),
+        ("add.partitions.to.txn.retry.backoff.ms", "10".into()),
+        ("add.partitions.to.txn.retry.backoff.max.ms", "2000".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let (config, _) = BrokerConfig::from_properties(props).expect("config");
+    let running = server::start(config).await.expect("start");
+    let b = running.broker.clone();
+    let created = b
+        .create_topics_internal(vec![gregor_metadata::controller::NewTopic {
+            name: "t".into(),
+            num_partitions: 2,
+            replication_factor: 1,
+            assignments: vec![],
+            configs: BTreeMap::new(),
+        }])
+        .await
+        .expect("create t");
+    created[0].as_ref().expect("create t");
+    let coordinator = Arc::new(FakeCoordinator::default());
+    b.replica_manager.set_txn_verifier(coordinator.clone());
+    let mut s = tokio::net::TcpStream::connect(b.bound[0])
+        .await
+        .expect("connect");
+    let mut produce = async |partition: i32| -> i16 {
+        let batch = BatchBuilder::new(0, crate::replica_manager::now_ms())
+            .producer(5_000, 0, 0)
+            .transactional(true, false)
+            .record(crate::replica_manager::now_ms(), None, Some(b"v"), &[])
+            .build();
+        let req = ProduceRequest::default()
+            .with_transactional_id(Some(TransactionalId(crate::handlers::sb("tx"))))
+            .with_acks(-1)
+            .with_timeout_ms(5_000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(gregor_protocol::kafka_protocol::messages::TopicName(
+                    crate::handlers::sb("t"),
+                ))
+                .with_partition_data(vec![PartitionProduceData::default()
+                    .with_index(partition)
+                    .with_records(Some(Bytes::from(batch)))])]);
+        let r: ProduceResponse = wire::call(&mut s, ApiKey::Produce, 12, &req).await;
+        r.responses[0].partition_responses[0].error_code
+    };
+    // Three CONCURRENT_TRANSACTIONS, then the partition is added: the producer sees success.
+    *coordinator.concurrent_first.lock() = 3;
+    assert_eq!(produce(0).await, ec::NONE);
+    assert_eq!(coordinator.requests.lock().len(), 4);
+    // Still completing after the retry time (2 s): the producer gets the retriable error.
+    *coordinator.concurrent_first.lock() = usize::MAX;
+    let started = std::time::Instant::now();
+    assert_eq!(produce(1).await, ec::NOT_ENOUGH_REPLICAS);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(2_000));
+    let asked = coordinator.requests.lock().len() - 4;
+    assert!(
+        (2..=201).contains(&asked),
+        "{asked} requests in 2 s at 10 ms"
+    );
+    let p1 = b.replica_manager.partition("t", 1).expect("hosted");
+    assert_eq!(p1.log.log_end_offset(), 0);
     drop(s);
     running.shutdown().await.expect("shutdown");
 }

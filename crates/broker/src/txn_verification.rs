@@ -92,6 +92,12 @@ impl TransactionSupportedOperation {
         }
     }
 
+    /// Whether the producer uses transaction.version 2, whose coordinator bumps the epoch
+    /// on every EndTxn (Kafka's `supportsEpochBump`): Produce v12+.
+    pub fn supports_epoch_bump(self) -> bool {
+        self == Self::AddPartition
+    }
+
     /// AddPartitionsToTxn's `VerifyOnly`: true unless the partition is added.
     pub fn verify_only(self) -> bool {
         self != Self::AddPartition

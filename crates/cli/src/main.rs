@@ -132,7 +132,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
         node_id = running.broker.config.node_id,
         "gregor {VERSION} started"
     );
-    signals.wait().await;
+    tokio::select! {
+        () = signals.wait() => {}
+        reason = running.metadata_quorum_failed() => {
+            // As Kafka's broker halts: no clean shutdown (it would wait on the quorum); the
+            // logs recover at the next start.
+            let metadata_dir = gregor_broker::server::metadata_log_dir(&running.broker.config);
+            tracing::error!(%reason, metadata_log_dir = %metadata_dir.display(),
+                "the metadata quorum member stopped on a storage error; exiting");
+            bail!(
+                "the metadata log stopped: {reason}; free space in (or repair) the metadata \
+                 log dir {} (metadata.log.dir, by default the first of log.dirs) and start \
+                 the broker again",
+                metadata_dir.display()
+            );
+        }
+    }
     info!("shutting down: flushing and closing logs");
     running
         .shutdown()
@@ -237,7 +252,10 @@ fn run() -> Result<()> {
     match command {
         Command::Serve(args) => {
             init_logging(cli.log_format, "info");
-            rt.block_on(serve(args))
+            let result = rt.block_on(serve(args));
+            // After a fatal error the broker's tasks are still running: do not wait for them.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
         }
         Command::Client(cmd) => {
             init_logging(cli.log_format, "warn");

@@ -432,6 +432,257 @@ fn a_full_disk_refuses_appends_then_heals_without_a_restart() {
     cluster.stop_all().ok();
 }
 
+/// A full `metadata.log.dir` (a file system of its own; the log dirs have room): a metadata change
+/// (CreateTopics) fails with KAFKA_STORAGE_ERROR naming the full disk, `/ready` says which
+/// dir and what to do, one ERROR line says it, and once space is freed metadata changes
+/// resume without a restart and the metadata log has no hole (a restart loads it).
+#[test]
+fn a_full_metadata_log_dir_refuses_metadata_changes_then_heals_without_a_restart() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let node = cluster.node(1);
+    let bootstrap = node.bootstrap().expect("a broker");
+    let create = |name: &str| -> (i16, Option<String>) {
+        let req = CreateTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(sb(name)))
+                .with_num_partitions(1)
+                .with_replication_factor(1)]);
+        let r: CreateTopicsResponse = conn(&bootstrap)
+            .and_then(|mut c| c.call(ApiKey::CreateTopics, 7, &req))
+            .expect("CreateTopics answered");
+        (
+            r.topics[0].error_code,
+            r.topics[0].error_message.as_ref().map(|m| m.to_string()),
+        )
+    };
+    assert_eq!(create("before").0, 0);
+    // `data/` holds the metadata log; the partitions are in logs-1/ and logs-2/.
+    node.fill_disk().expect("fill the metadata log's disk");
+    // The first metadata append that needs space fails (one may still fit in a page).
+    let mut failure = None;
+    let mut acked = vec!["before".to_string()];
+    for i in 0..50 {
+        let name = format!("full-{i}");
+        let (code, message) = create(&name);
+        if code == 0 {
+            acked.push(name);
+        } else {
+            failure = Some((code, message.unwrap_or_default()));
+            break;
+        }
+    }
+    let (code, message) = failure.expect("metadata appends to a full disk must fail");
+    assert_eq!(code, KAFKA_STORAGE_ERROR, "{message}");
+    assert!(message.contains("No space left on device"), "{message}");
+    // While full, it fails at once, and the broker says why.
+    assert_eq!(create("again").0, KAFKA_STORAGE_ERROR);
+    let (status, body) = admin_get(node, "/ready").expect("/ready");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("metadata log dir") && body.contains("full"),
+        "{body} (CreateTopics: {message})"
+    );
+    assert_eq!(ready_metric(node), Some(0.0), "gregor_ready follows /ready");
+    // `data/` is the metadata log's dir here.
+    assert_eq!(dir_offline_metric(node), Some(1.0));
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    assert_eq!(
+        log.matches("metadata log directory is full").count(),
+        1,
+        "one ERROR line names the dir and what to do"
+    );
+
+    node.free_disk().expect("free the disk");
+    cluster.wait_for(
+        Duration::from_secs(20),
+        "metadata changes to resume",
+        || (create("after").0 == 0).then_some(()),
+    );
+    cluster.wait_for(Duration::from_secs(10), "/ready ready again", || {
+        admin_get(node, "/ready").filter(|(s, _)| *s == 200)
+    });
+    assert_eq!(dir_offline_metric(node), Some(0.0));
+    cluster.restart_node(1).expect("restart");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    let req = MetadataRequest::default().with_topics(None);
+    let r: MetadataResponse = cluster.wait_for(
+        Duration::from_secs(20),
+        "metadata after the restart",
+        || {
+            conn(&bootstrap)
+                .and_then(|mut c| c.call(ApiKey::Metadata, 12, &req))
+                .ok()
+        },
+    );
+    let mut names: Vec<String> = r
+        .topics
+        .iter()
+        .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+        .filter(|n| !n.starts_with("__"))
+        .collect();
+    names.sort();
+    acked.push("after".to_string());
+    acked.sort();
+    assert_eq!(names, acked, "the topics acknowledged, and only those");
+    cluster.stop_all().ok();
+}
+
+/// A voter whose `metadata.log.dir` is full when an election needs it to write
+/// `quorum-state`: its quorum member cannot go on, so the process exits with an error naming
+/// the full dir, as Kafka's halts (a new-user trial found it running on, stale, reporting
+/// ready, deaf to SIGTERM); freed and started again it rejoins and the cluster has every
+/// acknowledged topic.
+#[test]
+fn a_voter_that_cannot_write_its_election_state_exits_naming_the_full_dir() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(3)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let leader = cluster.active_controller().expect("a leader");
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != leader)
+        .expect("a voter");
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != leader && *n != victim)
+        .expect("a voter");
+    // `data/` holds the metadata log; the partitions are in logs-1/ and logs-2/.
+    cluster
+        .node(victim)
+        .fill_disk()
+        .expect("fill the metadata log's disk");
+    cluster
+        .node_mut(leader)
+        .kill9()
+        .expect("kill -9 the leader");
+    let node = cluster.node_mut(victim);
+    let mut exited = false;
+    for _ in 0..600 {
+        if !node.is_running().expect("status") {
+            exited = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = std::fs::read_to_string(node.log_file()).unwrap_or_default();
+    let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    assert!(
+        exited,
+        "the voter went on without its quorum member:\n{tail}"
+    );
+    assert!(
+        log.contains("the metadata log stopped: writing quorum-state failed")
+            && log.contains("No space left on device")
+            && log.contains("metadata.log.dir"),
+        "{tail}"
+    );
+    cluster.node(victim).free_disk().expect("free the disk");
+    cluster.node_mut(victim).spawn().expect("spawn");
+    cluster.node_mut(leader).spawn().expect("spawn");
+    cluster.wait_ready(Duration::from_secs(60)).expect("ready");
+    let bootstrap = cluster.node(other).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 3, "2");
+    cluster.wait_for(Duration::from_secs(30), "the partition's leader", || {
+        partition_state(&bootstrap)
+    });
+    cluster.stop_all().ok();
+}
+
+/// A log dir that is already full when the broker starts is *full*, not failed: its logs
+/// are loaded and read, `/ready` says it is full, and once it has room appends resume
+/// without a restart (a new-user trial found it marked failed until a restart).
+#[test]
+fn a_log_dir_full_at_start_up_heals_without_a_restart() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(1)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let bootstrap = cluster.node(1).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 1, "1");
+    cluster.wait_for(Duration::from_secs(30), "the partition's leader", || {
+        partition_state(&bootstrap)
+    });
+    let mut acked: Vec<(i64, String)> = Vec::new();
+    for i in 0..5 {
+        let tag = format!("before-{i}");
+        acked.push((produce(&bootstrap, -1, &tag).expect("produce"), tag));
+    }
+    let dir = cluster
+        .node(1)
+        .log_dirs()
+        .iter()
+        .find(|d| d.join(format!("{TOPIC}-0")).is_dir())
+        .cloned()
+        .expect("the partition's dir");
+    cluster.node_mut(1).stop().expect("clean stop");
+    cluster.node(1).fill_dir(&dir).expect("fill its dir");
+    cluster.node_mut(1).spawn().expect("spawn");
+    cluster
+        .node_mut(1)
+        .wait_listening(Duration::from_secs(60))
+        .expect("listening");
+    let node = cluster.node(1);
+    let (status, body) = cluster.wait_for(Duration::from_secs(30), "/ready", || {
+        admin_get(node, "/ready").filter(|(s, _)| *s != 0)
+    });
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&dir.display().to_string()) && body.contains("is full"),
+        "{body}"
+    );
+    assert!(!body.contains("failed"), "{body}");
+    // Its records are served while it is full.
+    let records = cluster.wait_for(Duration::from_secs(30), "the records", || {
+        let r = read_all(&bootstrap, 0);
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(records.len(), acked.len() * 5);
+    cluster.node(1).free_dir(&dir).expect("free its dir");
+    let offset = cluster.wait_for(Duration::from_secs(30), "appends to resume", || {
+        produce(&bootstrap, -1, "after").ok()
+    });
+    acked.push((offset, "after".into()));
+    cluster.wait_for(Duration::from_secs(10), "/ready ready again", || {
+        admin_get(cluster.node(1), "/ready").filter(|(s, _)| *s == 200)
+    });
+    let records = read_all(&bootstrap, 0);
+    for (offset, tag) in &acked {
+        for (i, v) in values(tag).iter().enumerate() {
+            let at = offset + i as i64;
+            let found = records.iter().find(|(o, _)| *o == at);
+            assert_eq!(
+                found.map(|(_, v)| v),
+                Some(v),
+                "acknowledged record at {at}"
+            );
+        }
+    }
+    cluster.stop_all().ok();
+}
+
 /// kill -9 while the disk is full: the broker cannot start (it must write the quorum state
 /// to elect itself, as Kafka must), and it exits with an error that names the full disk
 /// rather than "the metadata log is closed"; once space is freed it starts and every
@@ -1471,6 +1722,14 @@ fn a_missing_log_dir_loses_nothing() {
             Vec::<i32>::new(),
             "restart {restart}: no log created in the dir that replaced the missing one"
         );
+        // Monitoring says so too (a new-user trial found /ready at 200).
+        let (status, body) = admin_get(cluster.node(1), "/ready").expect("/ready");
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains(&format!("{} replicas", held.len())) && body.contains(&lost_id),
+            "{body}"
+        );
+        assert_eq!(ready_metric(cluster.node(1)), Some(0.0));
         cluster.node_mut(1).stop().expect("stop");
     }
 

@@ -338,46 +338,6 @@ fn lag_is_end_minus_committed_for_a_group_that_stopped_halfway() -> Result<()> {
     Ok(())
 }
 
-/// A transactional producer against a broker without transactions: the broker says why once per
-/// client in its log and counts every answer in `gregor_request_errors_total`.
-#[test]
-fn an_unsupported_feature_is_logged_once_per_client_and_counted() -> Result<()> {
-    let g = Gregor::start(BIN, &[])?;
-    for _ in 0..2 {
-        let p: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", g.bootstrap())
-            .set("client.id", "txn-tester")
-            .set("transactional.id", "t1")
-            .create()?;
-        // A fatal error at once (it used to be retried until the timeout: 60 s by default).
-        let started = Instant::now();
-        let result = p.init_transactions(Duration::from_secs(30));
-        ensure!(
-            result.is_err(),
-            "init_transactions succeeded on a broker without transactions"
-        );
-        ensure!(
-            started.elapsed() < Duration::from_secs(10),
-            "init_transactions took {:?} to fail: {result:?}",
-            started.elapsed()
-        );
-    }
-    let (_, body) = g.admin_get("/metrics")?;
-    let errors = sum_prefix(
-        &parse(&body),
-        "gregor_request_errors_total{",
-        "error=\"TransactionalIdAuthorizationFailed\"",
-    );
-    ensure!(errors >= 2.0, "no FindCoordinator errors counted:\n{body}");
-    let log = g.server_log();
-    let lines = log
-        .lines()
-        .filter(|l| l.contains("transaction coordinator") && l.contains("txn-tester"))
-        .count();
-    ensure!(lines == 1, "{lines} log lines about it:\n{log}");
-    Ok(())
-}
-
 // The Grafana dashboard (`packaging/grafana/gregor-dashboard.json`) against a live broker:
 // every metric its queries name is one the broker exports, and every query, run by a real
 // Prometheus server (Debian's package; Grafana itself is not in our registries) that scrapes

@@ -2,8 +2,7 @@
 //! InitProducerId with a transactional id (fencing, KIP-360), AddPartitionsToTxn (client
 //! v0-3, and v4+ verify-only from brokers), AddOffsetsToTxn, TxnOffsetCommit (KIP-447
 //! fencing, pending until the marker), EndTxn, DescribeTransactions and ListTransactions,
-//! each API's errors, and the state surviving a restart. Transactions are behind
-//! `GREGOR_TRANSACTIONS=1` until the partition side is merged; without it they stay off.
+//! each API's errors, and the state surviving a restart.
 
 use anyhow::{bail, ensure, Context, Result};
 use gregor_tests::wire::{sb, KafkaConn};
@@ -26,9 +25,7 @@ use kafka_protocol::messages::{
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 
 fn start() -> Result<Gregor> {
-    let mut g = Gregor::spawn_with_env(BIN, &[], &[("GREGOR_TRANSACTIONS", "1")])?;
-    g.wait_ready()?;
-    Ok(g)
+    Gregor::start(BIN, &[])
 }
 
 fn call(c: &mut KafkaConn, key: ApiKey, version: i16, req: RequestKind) -> Result<ResponseKind> {
@@ -158,10 +155,12 @@ fn wait_for_state(c: &mut KafkaConn, id: &str, state: &str) -> Result<()> {
     }
 }
 
+/// Transactions are on by default: the transaction APIs are advertised, and a transactional
+/// id finds its coordinator and gets a producer id.
 #[test]
-fn transactions_are_off_without_the_gate() -> Result<()> {
+fn transactions_are_on_by_default() -> Result<()> {
     let g = Gregor::start(BIN, &[])?;
-    let mut c = KafkaConn::connect(g.bootstrap(), "txn-gate")?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-default")?;
     let ResponseKind::ApiVersions(v) = call(
         &mut c,
         ApiKey::ApiVersions,
@@ -174,16 +173,19 @@ fn transactions_are_off_without_the_gate() -> Result<()> {
     else {
         bail!("not ApiVersions")
     };
-    for key in [24, 25, 26, 28, 65, 66] {
+    for key in [24, 25, 26, 27, 28, 61, 65, 66] {
         ensure!(
-            !v.api_keys.iter().any(|k| k.api_key == key),
-            "API {key} advertised: {v:?}"
+            v.api_keys.iter().any(|k| k.api_key == key),
+            "API {key} not advertised: {v:?}"
         );
     }
     let (code, _) = find_txn_coordinator(&mut c, "tx")?;
-    ensure!(code == 53, "FindCoordinator: {code}");
-    let (code, _, _) = init(&mut c, "tx", 60_000, None)?;
-    ensure!(code == 53, "InitProducerId: {code}");
+    ensure!(code == 0, "FindCoordinator: {code}");
+    let (code, pid, epoch) = init(&mut c, "tx", 60_000, None)?;
+    ensure!(
+        code == 0 && pid >= 0 && epoch == 0,
+        "InitProducerId: {code}"
+    );
     Ok(())
 }
 
@@ -703,12 +705,10 @@ fn java_transactional_producer_end_to_end() -> Result<()> {
 /// here 100 ms): its markers are written, and the producer that opened it is fenced.
 #[test]
 fn a_timed_out_transaction_is_aborted() -> Result<()> {
-    let mut g = Gregor::spawn_with_env(
+    let g = Gregor::start(
         BIN,
         &["transaction.abort.timed.out.transaction.cleanup.interval.ms=100"],
-        &[("GREGOR_TRANSACTIONS", "1")],
     )?;
-    g.wait_ready()?;
     let mut c = KafkaConn::connect(g.bootstrap(), "txn-timeout")?;
     find_txn_coordinator(&mut c, "slow")?;
     create_topic(&mut c, "st", 1)?;

@@ -1,12 +1,12 @@
 //! The partition leader's side of transactions (issue 12), driven at the protocol level with
-//! our raw wire client, below the transaction coordinator (InitProducerId and FindCoordinator
-//! for transactional ids still refuse): a producer id from an idempotent InitProducerId,
+//! our raw wire client, below the transaction coordinator (which these tests do not use): a
+//! producer id from an idempotent InitProducerId,
 //! Produce with a `transactional_id` and transactional batches, WriteTxnMarkers as the
 //! coordinator sends them, then Fetch read_committed and read_uncommitted, ListOffsets and
 //! DescribeProducers, across a kill -9 in the middle of an open transaction. KIP-890
 //! verification is turned off here (`transaction.partition.verification.enable=false`, as
-//! Kafka allows) since no coordinator answers; the second test shows what a producer gets with
-//! it on and no coordinator.
+//! Kafka allows) since no coordinator knows these transactions; one test shows what a
+//! producer gets with it on and no coordinator.
 
 use std::time::{Duration, Instant};
 
@@ -451,8 +451,9 @@ fn markers_lso_read_committed_and_recovery() -> Result<()> {
     Ok(())
 }
 
-/// With KIP-890 verification on (the default) and no transaction coordinator, a producer's
-/// first transactional write gets Kafka's answer for a coordinator it cannot reach:
+/// With KIP-890 verification on (the default) and no transaction coordinator (no
+/// `__transaction_state` yet: no client asked FindCoordinator for a transactional id), a
+/// producer's first transactional write gets Kafka's answer for a coordinator it cannot reach:
 /// NOT_ENOUGH_REPLICAS (19, retriable), and nothing is written.
 #[test]
 fn verification_without_a_coordinator_is_retriable() -> Result<()> {
@@ -588,5 +589,388 @@ fn a_new_leader_keeps_the_lso_and_aborted_transactions() -> Result<()> {
     );
     ensure!(ended.aborted == Some(vec![(pid, 0), (pid, 5)]), "{ended:?}");
     ensure!(ended.committed_values() == ["plain-3"], "{ended:?}");
+    Ok(())
+}
+
+/// A keyed batch (compacted topics need keys); transactional when `pid` is given.
+fn keyed_batch(pid: Option<(i64, i16, i32)>, records: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = BatchBuilder::new(0, now_ms());
+    if let Some((pid, epoch, seq)) = pid {
+        b = b.producer(pid, epoch, seq).transactional(true, false);
+    }
+    for (k, v) in records {
+        b = b.record(now_ms(), Some(k.as_bytes()), Some(v.as_bytes()), &[]);
+    }
+    b.build()
+}
+
+/// The latest value of each key a read_committed consumer delivers, or a read_uncommitted
+/// one (all data records), from offset 0 to the end.
+fn latest_per_key(c: &mut KafkaConn, isolation: i8) -> Result<Vec<String>> {
+    let f = fetch(c, isolation, 0)?;
+    let values = if isolation == 1 {
+        f.committed_values()
+    } else {
+        f.batches
+            .iter()
+            .filter(|b| b.control.is_none())
+            .flat_map(|b| b.values.iter().cloned())
+            .collect()
+    };
+    let mut latest = std::collections::BTreeMap::new();
+    for v in values {
+        // Values are "<key>=<value>" so that the key is visible here.
+        let key = v.split('=').next().unwrap_or_default().to_string();
+        latest.insert(key, v);
+    }
+    Ok(latest.into_values().collect())
+}
+
+/// The log cleaner and transactions on a compacted topic, as Kafka's: an aborted
+/// transaction's records go first (its ABORT marker stays), then, after `delete.retention.ms`,
+/// the marker whose transaction has nothing left; the committed transaction's marker stays
+/// while its record does; an aborted batch holding its producer's last sequence is kept empty,
+/// and its marker and `.txnindex` entry with it. read_committed consumers read the same values
+/// before and after; read_uncommitted ones stop seeing the aborted values. Kafka's
+/// `kafka-dump-log` reads the cleaned segment and its transaction index.
+#[test]
+fn the_cleaner_removes_aborted_transactions_then_their_markers() -> Result<()> {
+    let g = Gregor::start(
+        BIN,
+        &[
+            "transaction.partition.verification.enable=false",
+            "log.cleaner.backoff.ms=50",
+        ],
+    )?;
+    let bs = g.bootstrap();
+    let mut c = KafkaConn::connect(&bs, "txn-cleaner-test")?;
+    let configs = [
+        ("cleanup.policy", "compact"),
+        ("segment.ms", "100"),
+        ("min.cleanable.dirty.ratio", "0.01"),
+        ("delete.retention.ms", "5000"),
+    ];
+    let r: CreateTopicsResponse = c.call(
+        ApiKey::CreateTopics,
+        7,
+        &CreateTopicsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(sb(TOPIC)))
+                .with_num_partitions(1)
+                .with_replication_factor(1)
+                .with_configs(
+                    configs
+                        .iter()
+                        .map(|(k, v)| {
+                            CreatableTopicConfig::default()
+                                .with_name(sb(k))
+                                .with_value(Some(sb(v)))
+                        })
+                        .collect(),
+                )]),
+    )?;
+    ensure!(r.topics[0].error_code == 0, "create: {r:?}");
+    let pid = init_producer_id(&mut c)?;
+    let txid = Some("tx-clean");
+    // Aborted: 0-1, ABORT at 2; a plain k1 at 3; committed k3 at 4, COMMIT at 5.
+    let aborted = keyed_batch(
+        Some((pid, 0, 0)),
+        &[("k1", "k1=aborted"), ("k2", "k2=aborted")],
+    );
+    ensure!(produce(&mut c, txid, aborted)? == (0, 0));
+    ensure!(write_marker(&mut c, pid, 0, false, 0, TOPIC, vec![0])? == vec![0]);
+    ensure!(produce(&mut c, None, keyed_batch(None, &[("k1", "k1=plain")]))? == (0, 3));
+    let committed = keyed_batch(Some((pid, 0, 2)), &[("k3", "k3=committed")]);
+    ensure!(produce(&mut c, txid, committed)? == (0, 4));
+    ensure!(write_marker(&mut c, pid, 0, true, 0, TOPIC, vec![0])? == vec![0]);
+    // Another producer's aborted transaction at 6, ABORT at 7: its batch holds the producer's
+    // last sequence, so the cleaner keeps it empty, and the marker and its index entry with it.
+    let pid2 = init_producer_id(&mut c)?;
+    let last = keyed_batch(Some((pid2, 0, 0)), &[("k4", "k4=aborted")]);
+    ensure!(produce(&mut c, Some("tx-clean-2"), last)? == (0, 6));
+    ensure!(write_marker(&mut c, pid2, 0, false, 0, TOPIC, vec![0])? == vec![0]);
+    let committed_view = latest_per_key(&mut c, 1)?;
+    ensure!(
+        committed_view == ["k1=plain", "k3=committed"],
+        "{committed_view:?}"
+    );
+    ensure!(latest_per_key(&mut c, 0)? == ["k1=plain", "k2=aborted", "k3=committed", "k4=aborted"]);
+
+    let markers = |c: &mut KafkaConn| -> Result<Vec<String>> {
+        Ok(fetch(c, 0, 0)?
+            .batches
+            .into_iter()
+            .filter_map(|b| b.control)
+            .collect())
+    };
+    // Fillers (each in its own segment once segment.ms passes) make the log dirty, so the
+    // cleaner runs; `until` is checked after each.
+    let mut filler = 0;
+    let mut fill_until = |c: &mut KafkaConn,
+                          what: &str,
+                          until: &mut dyn FnMut(&mut KafkaConn) -> Result<bool>|
+     -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let key = format!("f{filler}");
+            filler += 1;
+            let value = format!("{key}=x");
+            ensure!(produce(c, None, keyed_batch(None, &[(&key, &value)]))?.0 == 0);
+            if until(c)? {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the cleaner did not {what} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let fillers =
+        |v: Vec<String>| -> Vec<String> { v.into_iter().filter(|v| !v.starts_with('f')).collect() };
+
+    // Pass 1: the aborted records go, both markers stay (the ABORT marker at least until
+    // delete.retention.ms after a later pass found its transaction empty). Its index entry
+    // stays while the pass that removed its records is the last one; the next pass (the
+    // fillers keep the log dirty, so it may already have run) drops it with nothing left to
+    // skip.
+    fill_until(&mut c, "remove the aborted records", &mut |c| {
+        Ok(fetch(c, 0, 0)?.batches.first().map(|b| b.base_offset) != Some(0))
+    })?;
+    ensure!(fillers(latest_per_key(&mut c, 0)?) == committed_view);
+    ensure!(fillers(latest_per_key(&mut c, 1)?) == committed_view);
+    ensure!(markers(&mut c)? == ["<ABORT>", "<COMMIT>", "<ABORT>"]);
+    let listed = fetch(&mut c, 1, 0)?.aborted.unwrap_or_default();
+    ensure!(
+        listed == [(pid2, 6)] || listed == [(pid, 0), (pid2, 6)],
+        "aborted transactions after the first pass: {listed:?}"
+    );
+    let dir = g.data_dir().join(format!("{TOPIC}-0"));
+    let first_segment = dir.join("00000000000000000000.log");
+    let dump = |path: &std::path::Path| -> Result<String> {
+        gregor_tests::reference::tool_output(
+            "kafka-dump-log",
+            &[
+                "--files",
+                &path.display().to_string(),
+                "--deep-iteration",
+                "--print-data-log",
+            ],
+        )
+    };
+    let jars = gregor_tests::reference::jars_or_skip();
+    if jars {
+        let out = dump(&first_segment)?;
+        ensure!(
+            out.contains("endTxnMarker: ABORT coordinatorEpoch: 0")
+                && out.contains("endTxnMarker: COMMIT coordinatorEpoch: 0")
+                && out.contains("payload: k3=committed")
+                && !out.contains("aborted"),
+            "kafka-dump-log after the first pass: {out}"
+        );
+        let empty = format!("baseOffset: 6 lastOffset: 6 count: 0 baseSequence: 0 lastSequence: 0 producerId: {pid2}");
+        ensure!(
+            out.contains(&empty),
+            "the empty batch of producer {pid2}: {out}"
+        );
+        let out = dump(&dir.join("00000000000000000000.txnindex"))?;
+        ensure!(
+            out.contains(&format!("producerId: {pid2} firstOffset: 6 lastOffset: 7")),
+            "kafka-dump-log of the cleaned .txnindex: {out}"
+        );
+    }
+
+    // Later passes: the ABORT marker has no record left: it goes after delete.retention.ms;
+    // the COMMIT marker's record is still there, so it stays.
+    fill_until(&mut c, "remove the ABORT marker", &mut |c| {
+        Ok(markers(c)? == ["<COMMIT>", "<ABORT>"])
+    })?;
+    ensure!(fillers(latest_per_key(&mut c, 1)?) == committed_view);
+    ensure!(fillers(latest_per_key(&mut c, 0)?) == committed_view);
+    ensure!(fetch(&mut c, 1, 0)?.aborted == Some(vec![(pid2, 6)]));
+    if jars {
+        let out = dump(&first_segment)?;
+        ensure!(
+            out.matches("endTxnMarker: ABORT").count() == 1
+                && out.contains("endTxnMarker: COMMIT coordinatorEpoch: 0")
+                && out.contains("payload: k3=committed"),
+            "kafka-dump-log after the marker's removal: {out}"
+        );
+        let out = dump(&dir.join("00000000000000000000.txnindex"))?;
+        ensure!(
+            out.contains(&format!("producerId: {pid2} firstOffset: 6 lastOffset: 7"))
+                && !out.contains(&format!("producerId: {pid} ")),
+            "kafka-dump-log of the cleaned .txnindex: {out}"
+        );
+    }
+    Ok(())
+}
+
+/// `kafka-transactions find-hanging` and `abort` (KIP-664) as an operator uses them: a
+/// transaction open on a partition that no coordinator knows of (written here with
+/// verification off, as a buggy pre-KIP-890 client could) holds the LSO back; the tool finds
+/// it (DescribeProducers, then ListTransactions filtered by producer id), aborts it by its
+/// start offset (DescribeProducers, then WriteTxnMarkers from Kafka's Admin client), and the
+/// LSO moves; afterwards nothing hangs.
+#[test]
+fn kafka_transactions_finds_and_aborts_a_hanging_transaction() -> Result<()> {
+    use gregor_tests::reference::{jars_or_skip, tool_output};
+    if !jars_or_skip() {
+        return Ok(());
+    }
+    let g = Gregor::start(BIN, &["transaction.partition.verification.enable=false"])?;
+    let bs = g.bootstrap();
+    let mut c = KafkaConn::connect(&bs, "txn-hanging-test")?;
+    create_topic(&mut c, TOPIC)?;
+    let pid = init_producer_id(&mut c)?;
+    ensure!(
+        produce(
+            &mut c,
+            Some("hung"),
+            batch(Some((pid, 0, 0)), &["h0", "h1"])
+        )? == (0, 0)
+    );
+    ensure!(produce(&mut c, None, batch(None, &["plain-2"]))? == (0, 2));
+    ensure!(list_latest(&mut c, 1)? == 0 && list_latest(&mut c, 0)? == 3);
+
+    let tool = "kafka-transactions";
+    // Any transaction open longer than 0 minutes is a candidate; one the coordinator does not
+    // list for its producer id is hanging.
+    let find = || {
+        tool_output(
+            tool,
+            &[
+                "--bootstrap-server",
+                &bs,
+                "find-hanging",
+                "--topic",
+                TOPIC,
+                "--max-transaction-timeout",
+                "0",
+            ],
+        )
+    };
+    // The candidate must be older than 0 ms: wait until the clock has moved past the batch.
+    let written_at = now_ms();
+    while now_ms() <= written_at + 1 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let found = find()?;
+    let row = found
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(TOPIC))
+        .with_context(|| format!("find-hanging found nothing: {found}"))?;
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    // Topic Partition ProducerId ProducerEpoch CoordinatorEpoch StartOffset ...
+    ensure!(
+        cols.get(1..6) == Some(&["0", &pid.to_string(), "0", "-1", "0"][..]),
+        "find-hanging: {found}"
+    );
+
+    // No open transaction starts at 1: the tool refuses.
+    let refused = tool_output(
+        tool,
+        &[
+            "--bootstrap-server",
+            &bs,
+            "abort",
+            "--topic",
+            TOPIC,
+            "--partition",
+            "0",
+            "--start-offset",
+            "1",
+        ],
+    )?;
+    ensure!(
+        refused.contains("Could not find any open transactions starting at offset 1"),
+        "{refused}"
+    );
+    ensure!(list_latest(&mut c, 1)? == 0);
+
+    let aborted = tool_output(
+        tool,
+        &[
+            "--bootstrap-server",
+            &bs,
+            "abort",
+            "--topic",
+            TOPIC,
+            "--partition",
+            "0",
+            "--start-offset",
+            "0",
+        ],
+    )?;
+    ensure!(
+        !aborted.contains("Failed") && !aborted.contains("Exception"),
+        "abort: {aborted}"
+    );
+    // The ABORT marker is at 3: the LSO is the high watermark again, read_committed skips the
+    // aborted records.
+    ensure!(list_latest(&mut c, 1)? == 4 && list_latest(&mut c, 0)? == 4);
+    let rc = fetch(&mut c, 1, 0)?;
+    ensure!(rc.aborted == Some(vec![(pid, 0)]), "{rc:?}");
+    ensure!(rc.committed_values() == ["plain-2"], "{rc:?}");
+    ensure!(describe_producers(&mut c)? == vec![(pid, 0, -1)]);
+    let found = find()?;
+    ensure!(
+        !found
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(TOPIC)),
+        "still hanging: {found}"
+    );
+    Ok(())
+}
+
+/// `producer.id.expiration.ms` checked every `producer.id.expiration.check.interval.ms`
+/// (Kafka's `PeriodicProducerExpirationCheck`): an idle idempotent producer's state is
+/// dropped (DescribeProducers stops listing it); a producer with an open transaction stays.
+#[test]
+fn idle_producers_expire_unless_their_transaction_is_open() -> Result<()> {
+    let g = Gregor::start(
+        BIN,
+        &[
+            "transaction.partition.verification.enable=false",
+            "producer.id.expiration.ms=1000",
+            "producer.id.expiration.check.interval.ms=100",
+        ],
+    )?;
+    let mut c = KafkaConn::connect(g.bootstrap(), "txn-expiry-test")?;
+    create_topic(&mut c, TOPIC)?;
+    let idle = init_producer_id(&mut c)?;
+    let open = init_producer_id(&mut c)?;
+    let started = Instant::now();
+    let idempotent = BatchBuilder::new(0, now_ms())
+        .producer(idle, 0, 0)
+        .record(now_ms(), None, Some(b"i"), &[])
+        .build();
+    ensure!(produce(&mut c, None, idempotent)? == (0, 0));
+    ensure!(produce(&mut c, Some("tx-open"), batch(Some((open, 0, 0)), &["o"]))? == (0, 1));
+    let mut both = vec![(idle, 0, -1), (open, 0, 1)];
+    both.sort_unstable();
+    let mut listed = describe_producers(&mut c)?;
+    listed.sort_unstable();
+    ensure!(
+        listed == both || started.elapsed() >= Duration::from_millis(1000),
+        "{listed:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = describe_producers(&mut c)?;
+        if listed == [(open, 0, 1)] {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the idle producer never expired: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "expired before producer.id.expiration.ms"
+    );
     Ok(())
 }

@@ -22,14 +22,20 @@
 //!    without a key are dropped. Offsets are never rewritten: a batch that lost records is
 //!    rebuilt with its base offset, last offset delta, producer fields and codec; a batch
 //!    that lost all records is kept empty when it holds an active producer's last sequence or
-//!    ends the round. Control batches are kept.
+//!    ends the round. Transactions (Kafka's `CleanedTransactionMetadata`): the batches of
+//!    aborted transactions are removed, and a marker stays while its transaction still has a
+//!    batch in the log (an ABORT marker's `.txnindex` entry moves to the cleaned segment with
+//!    it). A marker whose transaction has nothing left is removed in two passes, as a
+//!    tombstone: the first sets its batch's delete horizon (now + `delete.retention.ms`), the
+//!    first pass after that horizon removes it (kept empty if it is its producer's last
+//!    record, for the epoch).
 //! 4. **Swap.** [`PartitionLog::replace_segments`] swaps the group in with the `.cleaned` ->
 //!    `.swap` -> final rename protocol, recoverable after a crash at any step.
 //!
 //! I/O is throttled to `log.cleaner.io.max.bytes.per.second` (read plus written bytes), as
 //! Kafka's `Throttler`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,8 +45,10 @@ use gregor_protocol::records::decode_records;
 
 use crate::error::{LogError, Result};
 use crate::log::{PartitionLog, CLEANED_SUFFIX};
+use crate::producer_state::LastRecord;
 use crate::rebuild::{empty_batch, rebuild_batch};
 use crate::segment::{LogSegment, SCAN_CHUNK_BYTES};
+use crate::txn_index::AbortedTxn;
 
 /// Bytes one offset-map entry accounts for: a 16-byte key hash and an 8-byte offset (Kafka's
 /// `SkimpyOffsetMap` with MD5).
@@ -199,6 +207,93 @@ impl OffsetMap {
 
     fn get(&self, key: &[u8]) -> Option<i64> {
         self.map.get(&Self::hash(key)).copied()
+    }
+}
+
+/// The transactions seen while copying one round's segments (Kafka's
+/// `CleanedTransactionMetadata`): which batches belong to aborted transactions (removed), which
+/// markers still have batches of their transaction before them in this round (kept), and the
+/// aborted transactions whose markers are kept (their `.txnindex` entries go to the cleaned
+/// segment).
+#[derive(Default)]
+struct CleanedTransactions {
+    /// Producers whose committed (or not yet ended) transaction had a batch in this round.
+    ongoing_committed: HashSet<i64>,
+    /// Producers inside an aborted transaction: its entry and whether one of its batches was
+    /// read in this round.
+    ongoing_aborted: HashMap<i64, (AbortedTxn, bool)>,
+    /// Aborted transactions not reached yet, by descending first offset (the next at the end).
+    pending: Vec<AbortedTxn>,
+    /// The entries of the markers kept since the last [`CleanedTransactions::take_index`].
+    index: Vec<AbortedTxn>,
+}
+
+impl CleanedTransactions {
+    /// Adds the aborted transactions overlapping the segment about to be read.
+    fn add_aborted(&mut self, txns: Vec<AbortedTxn>) {
+        self.pending.extend(txns);
+        self.pending
+            .sort_by_key(|a| std::cmp::Reverse(a.first_offset));
+    }
+
+    fn consume_aborted_up_to(&mut self, offset: i64) {
+        while self
+            .pending
+            .last()
+            .is_some_and(|a| a.first_offset <= offset)
+        {
+            if let Some(a) = self.pending.pop() {
+                self.ongoing_aborted
+                    .entry(a.producer_id)
+                    .or_insert((a, false));
+            }
+        }
+    }
+
+    /// Kafka's `onBatchRead`: whether the data batch `h` belongs to an aborted transaction
+    /// (and may be removed).
+    fn on_batch(&mut self, h: &BatchHeader) -> bool {
+        self.consume_aborted_up_to(h.last_offset());
+        if !h.is_transactional() {
+            return false;
+        }
+        if let Some((_, seen)) = self.ongoing_aborted.get_mut(&h.producer_id) {
+            *seen = true;
+            true
+        } else {
+            self.ongoing_committed.insert(h.producer_id);
+            false
+        }
+    }
+
+    /// Kafka's `onControlBatchRead`: whether the control batch `h` (bytes `raw`) may be
+    /// removed: an empty one (what an earlier round left), or a marker none of whose
+    /// transaction's batches was read in this round. An ABORT marker that stays has its
+    /// transaction's index entry recorded for the cleaned segment.
+    fn on_control_batch(&mut self, h: &BatchHeader, raw: &[u8]) -> bool {
+        self.consume_aborted_up_to(h.last_offset());
+        if h.records_count == 0 {
+            return true;
+        }
+        match gregor_protocol::control::parse_end_txn_marker(h, raw) {
+            Ok(Some(m)) if m.result == gregor_protocol::control::TransactionResult::Abort => {
+                match self.ongoing_aborted.remove(&h.producer_id) {
+                    Some((a, true)) => {
+                        self.index.push(a);
+                        false
+                    }
+                    _ => true,
+                }
+            }
+            Ok(Some(_)) => !self.ongoing_committed.remove(&h.producer_id),
+            // Another control type, or one that does not parse: kept.
+            _ => false,
+        }
+    }
+
+    /// The index entries of the markers kept since the last call, in marker order.
+    fn take_index(&mut self) -> Vec<AbortedTxn> {
+        std::mem::take(&mut self.index)
     }
 }
 
@@ -457,7 +552,8 @@ impl LogCleaner {
         stats.end_offset = end;
 
         // 3 + 4. Clean groups of segments below `end` and swap them in.
-        let producers = log.last_data_offsets_of_producers();
+        let producers = log.last_records_of_producers();
+        let mut txns = CleanedTransactions::default();
         let candidates: Vec<Arc<LogSegment>> = segments[..segments.len().saturating_sub(1)]
             .iter()
             .filter(|s| s.base_offset() < end)
@@ -476,11 +572,19 @@ impl LogCleaner {
             )?;
             let written = (|| -> Result<()> {
                 for s in &group {
+                    // The aborted transactions overlapping the whole segment (from every
+                    // later segment's index too), as the cleaned segment's index is rebuilt.
+                    let upper = segments
+                        .iter()
+                        .find(|n| n.base_offset() > s.base_offset())
+                        .map_or_else(|| log.log_end_offset(), |n| n.base_offset());
+                    txns.add_aborted(log.collect_aborted_transactions(s.base_offset(), upper)?);
                     self.clean_segment(
                         s,
                         &cleaned,
                         &map,
                         &producers,
+                        &mut txns,
                         end,
                         now_ms,
                         config.delete_retention_ms,
@@ -489,13 +593,10 @@ impl LogCleaner {
                         &mut stats,
                     )?;
                 }
-                // The markers stay (below), so their aborted-transaction entries move to the
-                // cleaned segment with them: read_committed fetches keep skipping the aborted
-                // records the cleaner kept.
-                for s in &group {
-                    for a in s.aborted_txns()? {
-                        cleaned.append_aborted_txn(&a)?;
-                    }
+                // The kept ABORT markers' entries: read_committed fetches keep skipping the
+                // aborted batches still in the log (kept empty, or in a later round).
+                for a in txns.take_index() {
+                    cleaned.append_aborted_txn(&a)?;
                 }
                 cleaned.on_become_inactive()?;
                 cleaned.flush()
@@ -538,7 +639,8 @@ impl LogCleaner {
         source: &LogSegment,
         dest: &LogSegment,
         map: &OffsetMap,
-        producers: &HashMap<i64, i64>,
+        producers: &HashMap<i64, LastRecord>,
+        txns: &mut CleanedTransactions,
         round_end: i64,
         now_ms: i64,
         delete_retention_ms: i64,
@@ -554,13 +656,14 @@ impl LogCleaner {
                 raw,
                 map,
                 producers,
+                txns,
                 round_end,
                 now_ms,
                 delete_retention_ms,
             )
             .map_err(|e| corrupt(source, &e))?;
             stats.records_read += u64::try_from(h.records_count).unwrap_or(0);
-            let Some((bytes, retained, tombstones)) = out else {
+            let Some((bytes, retained, removable)) = out else {
                 return Ok(true);
             };
             stats.records_retained += retained;
@@ -572,7 +675,7 @@ impl LogCleaner {
                 .map_err(|e| corrupt(source, &e.to_string()))?;
             dest.append(written, &[out_header], index_interval_bytes)
                 .map_err(|e| e.error)?;
-            if out_header.has_delete_horizon() && tombstones {
+            if out_header.has_delete_horizon() && removable {
                 let t = out_header.base_timestamp;
                 stats.min_delete_horizon_ms =
                     Some(stats.min_delete_horizon_ms.map_or(t, |m| m.min(t)));
@@ -585,26 +688,70 @@ impl LogCleaner {
 }
 
 /// A batch kept by [`filter_batch`]: rebuilt bytes (`None`: copy the original), records kept,
-/// whether tombstones are among them.
+/// whether it holds what a delete horizon removes (tombstones, or a marker whose transaction
+/// has nothing left).
 type Retained = (Option<Vec<u8>>, u64, bool);
 
-/// What to write for one batch: `None` to drop it; `Some((None, n, t))` to copy it unchanged
-/// (`n` records, `t`: tombstones among them); `Some((Some(bytes), n, t))` to write a rebuilt
-/// batch.
+/// What to write for one batch (Kafka's `cleanInto` filter): `None` to drop it;
+/// `Some((None, n, r))` to copy it unchanged (`n` records, `r`: removable at its delete
+/// horizon); `Some((Some(bytes), n, r))` to write a rebuilt batch. `txns` follows the round's
+/// transactions: a batch of an aborted transaction is removed, a marker whose transaction has
+/// no batch left is removed once past its delete horizon (which the first such pass sets). A
+/// batch holding a producer's last record, or ending the round, is kept empty rather than
+/// removed.
+#[allow(clippy::too_many_arguments)]
 fn filter_batch(
     h: &BatchHeader,
     raw: &[u8],
     map: &OffsetMap,
-    producers: &HashMap<i64, i64>,
+    producers: &HashMap<i64, LastRecord>,
+    txns: &mut CleanedTransactions,
     round_end: i64,
     now_ms: i64,
     delete_retention_ms: i64,
 ) -> std::result::Result<Option<Retained>, String> {
+    let can_discard = if h.is_control() {
+        txns.on_control_batch(h, raw)
+    } else {
+        txns.on_batch(h)
+    };
+    let horizon = h.has_delete_horizon().then_some(h.base_timestamp);
+    let discard_records = if h.is_control() {
+        can_discard && horizon.is_some_and(|t| t <= now_ms)
+    } else {
+        can_discard
+    };
+    // Kafka's isBatchLastRecordOfProducer: the batch with an active producer's last data
+    // offset (its last sequence), or the marker of its epoch when it has no data batch.
+    let last_of_producer = h.has_producer_id()
+        && producers
+            .get(&h.producer_id)
+            .is_some_and(|last| match last.last_data_offset {
+                Some(o) => h.last_offset() == o,
+                None => h.is_control() && h.producer_epoch == last.producer_epoch,
+            });
+    let retain_empty = last_of_producer || h.next_offset() == round_end;
+    if discard_records || (h.is_control() && h.records_count == 0) {
+        return Ok(retain_empty.then(|| (Some(empty_batch(h)), 0, false)));
+    }
     if h.is_control() {
-        // Transaction markers are kept, and so are aborted records (their `.txnindex` entries
-        // move with them): Kafka removes both once past the delete horizon, gregor does not
-        // yet.
-        return Ok(Some((None, 0, false)));
+        let count = u64::try_from(h.records_count).unwrap_or(0);
+        if can_discard && horizon.is_none() {
+            // First pass over a marker whose transaction has nothing left: it stays until
+            // the delete horizon, as a tombstone would (KIP-534).
+            let records = decode_records(raw).map_err(|e| e.to_string())?;
+            let codec = h.compression().unwrap_or(Compression::None);
+            let rebuilt = rebuild_batch(
+                h,
+                &records,
+                codec,
+                None,
+                Some(now_ms.saturating_add(delete_retention_ms)),
+            )
+            .map_err(|e| e.to_string())?;
+            return Ok(Some((Some(rebuilt), count, true)));
+        }
+        return Ok(Some((None, count, can_discard)));
     }
     let records = decode_records(raw).map_err(|e| e.to_string())?;
     let horizon = h.has_delete_horizon().then_some(h.base_timestamp);
@@ -628,12 +775,7 @@ fn filter_batch(
         }
     }
     if kept.is_empty() {
-        let last_of_producer =
-            h.has_producer_id() && producers.get(&h.producer_id) == Some(&h.last_offset());
-        if last_of_producer || h.next_offset() == round_end {
-            return Ok(Some((Some(empty_batch(h)), 0, false)));
-        }
-        return Ok(None);
+        return Ok(retain_empty.then(|| (Some(empty_batch(h)), 0, false)));
     }
     let set_horizon = tombstones && horizon.is_none();
     if kept.len() == total && !set_horizon {

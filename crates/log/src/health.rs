@@ -60,6 +60,9 @@ pub struct LogDirHealth {
     state: Mutex<DirState>,
     /// Mirrors `state.is_offline()` for the append path's check.
     offline: AtomicBool,
+    /// Whether this is `metadata.log.dir` as the metadata log sees it (only the log lines
+    /// differ: what fails is metadata changes, not partitions).
+    metadata: bool,
 }
 
 impl LogDirHealth {
@@ -69,6 +72,16 @@ impl LogDirHealth {
             dir: dir.to_path_buf(),
             state: Mutex::new(DirState::Online),
             offline: AtomicBool::new(false),
+            metadata: false,
+        }
+    }
+
+    /// An online `metadata.log.dir`, as the metadata log (`__cluster_metadata-0`) finds it:
+    /// the same states, with log lines that say metadata changes fail.
+    pub fn for_metadata_log(dir: &Path) -> Self {
+        Self {
+            metadata: true,
+            ..Self::new(dir)
         }
     }
 
@@ -140,6 +153,20 @@ impl LogDirHealth {
             }
         };
         match &next {
+            DirState::Full { reason } if self.metadata => tracing::error!(
+                metadata_log_dir = %self.dir.display(),
+                error = %reason,
+                "metadata log directory is full: metadata changes (creating or deleting \
+                 topics, leader and ISR changes, configs) fail with KAFKA_STORAGE_ERROR and \
+                 /ready reports it; free space on its file system and they resume within \
+                 seconds, without a restart"
+            ),
+            DirState::Failed { reason } if self.metadata => tracing::error!(
+                metadata_log_dir = %self.dir.display(),
+                error = %reason,
+                "metadata log directory failed: metadata changes fail with \
+                 KAFKA_STORAGE_ERROR; repair the disk and restart the broker"
+            ),
             DirState::Full { reason } => tracing::warn!(
                 log_dir = %self.dir.display(),
                 error = %reason,

@@ -1483,20 +1483,28 @@ impl PartitionLog {
     }
 
     /// Kafka's `UnifiedLog.maybeStartTransactionVerification` (KIP-890): the sentinel when
-    /// `producer_id` already has an open transaction here (its writes need no verification),
-    /// else the guard its first transactional write must present once the transaction
-    /// coordinator confirmed the partition is part of its transaction. `sequence` is the
-    /// batch's base sequence.
+    /// `producer_id` already has an open transaction of `producer_epoch` here (its writes need
+    /// no verification), else the guard its first transactional write must present once the
+    /// transaction coordinator confirmed the partition is part of its transaction. `sequence`
+    /// is the batch's base sequence; `supports_epoch_bump` is true for transaction.version 2
+    /// producers (Produce v12+), whose next transaction's guard survives the marker of the
+    /// previous one written with the bumped epoch (KAFKA-18654).
+    ///
+    /// # Errors
+    /// [`LogError::InvalidProducerEpoch`] (INVALID_PRODUCER_EPOCH) when `producer_epoch` is
+    /// older than the producer's epoch here.
     pub fn maybe_start_transaction_verification(
         &self,
         producer_id: i64,
         sequence: i32,
         producer_epoch: i16,
-    ) -> VerificationGuard {
+        supports_epoch_bump: bool,
+    ) -> Result<VerificationGuard> {
         self.inner.lock().producer_state.maybe_start_verification(
             producer_id,
             sequence,
             producer_epoch,
+            supports_epoch_bump,
             self.clock.now_ms(),
         )
     }
@@ -2834,11 +2842,13 @@ impl PartitionLog {
         self.cleaning.store(false, Ordering::Release);
     }
 
-    /// Last data offset of each producer with state (Kafka's `lastRecordsOfActiveProducers`):
-    /// the cleaner keeps the batch holding it, even when empty, so the producer's sequence
-    /// survives.
-    pub(crate) fn last_data_offsets_of_producers(&self) -> std::collections::HashMap<i64, i64> {
-        self.inner.lock().producer_state.last_data_offsets()
+    /// The last record of each producer with state (Kafka's `lastRecordsOfActiveProducers`):
+    /// the cleaner keeps the batch holding its last data offset, or the marker of its current
+    /// epoch when it has none, even when empty, so the producer's sequence and epoch survive.
+    pub(crate) fn last_records_of_producers(
+        &self,
+    ) -> std::collections::HashMap<i64, crate::producer_state::LastRecord> {
+        self.inner.lock().producer_state.last_records()
     }
 
     /// Kafka's `UnifiedLog.replaceSegments`: swaps the cleaned segment `cleaned` (files named

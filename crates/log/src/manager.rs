@@ -424,8 +424,11 @@ impl LogManager {
                 recovery_threads,
             );
             match opened {
-                Ok((lock, dir_logs)) => {
+                Ok((lock, dir_logs, full)) => {
                     locks.extend(lock);
+                    if let Some(e) = full {
+                        health[dir_index].record_write_error(&e);
+                    }
                     for (tp, topic_id, log) in dir_logs {
                         log.set_dir_health(Arc::clone(&health[dir_index]));
                         loaded.push(Arc::clone(&log));
@@ -491,7 +494,9 @@ impl LogManager {
     /// Opens one log directory: creates it if missing, checks it is writable, locks it
     /// (`lock`), finishes interrupted deletions and loads (after a crash: recovers) its logs
     /// with `recovery_threads` threads, then removes its clean-shutdown marker. `others` are
-    /// the logs of the directories before it (a partition in two is refused).
+    /// the logs of the directories before it (a partition in two is refused). The last item
+    /// is the write check's error when the directory has no space: it is loaded all the same
+    /// and starts *full* (it comes back once it has room).
     fn load_dir(
         dir: &Path,
         lock: bool,
@@ -499,12 +504,22 @@ impl LogManager {
         default_config: &LogConfig,
         clock: &SharedClock,
         recovery_threads: usize,
-    ) -> Result<(Option<DirLock>, Vec<DirLog>)> {
+    ) -> Result<(Option<DirLock>, Vec<DirLog>, Option<LogError>)> {
         std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating log directory", dir, e))?;
         let probe = dir.join(".gregor-write-check");
-        std::fs::write(&probe, b"ok")
-            .and_then(|()| std::fs::remove_file(&probe))
-            .map_err(|e| LogError::io("checking that the log directory is writable:", dir, e))?;
+        let full = match std::fs::write(&probe, b"ok").and_then(|()| std::fs::remove_file(&probe)) {
+            Ok(()) => None,
+            Err(e) => {
+                let _ = std::fs::remove_file(&probe);
+                let e = LogError::io("checking that the log directory is writable:", dir, e);
+                // Full, not broken: its logs are loaded and served for reads, and the dir
+                // comes back once it has room, as one that fills at run time does.
+                if !e.is_out_of_space() {
+                    return Err(e);
+                }
+                Some(e)
+            }
+        };
         let held = if lock { Some(lock_dir(dir)?) } else { None };
 
         let marker = dir.join(CLEAN_SHUTDOWN_FILE);
@@ -622,7 +637,7 @@ impl LogManager {
             std::fs::remove_file(&marker).map_err(|e| LogError::io("removing", &marker, e))?;
             sync_dir(dir)?;
         }
-        Ok((held, out))
+        Ok((held, out, full))
     }
 
     /// The log directories, in configuration order.

@@ -95,6 +95,10 @@ pub(crate) struct VerificationStateEntry {
     /// would loop in OUT_OF_ORDER_SEQUENCE after the lower one's retriable error).
     pub lowest_sequence: i32,
     pub epoch: i16,
+    /// Whether the producer uses transaction.version 2 (Produce v12+, KIP-890 part 2), where
+    /// the coordinator bumps the epoch on every EndTxn and writes the markers with the new
+    /// epoch (Kafka's `supportsEpochBump`).
+    pub supports_epoch_bump: bool,
 }
 
 impl VerificationStateEntry {
@@ -251,10 +255,21 @@ pub(crate) struct PendingUpdate {
     entries: HashMap<i64, ProducerEntry>,
     /// Transactions the append opens: (first offset, producer id).
     started: Vec<(i64, i64)>,
-    /// Producers that wrote transactional batches: their verification state is done.
-    transactional: Vec<i64>,
+    /// Producers that wrote transactional batches: (producer id, whether a marker, epoch).
+    transactional: Vec<(i64, bool, i16)>,
     /// Transactions the append's markers complete, in order.
     completed: Vec<CompletedTxn>,
+}
+
+/// The last record of a producer with state (Kafka's `LastRecord`): what the cleaner must keep
+/// so that the producer's state survives compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LastRecord {
+    /// The last offset of its last data batch, `None` when its epoch has no batch (its last
+    /// record is a marker, written with that epoch).
+    pub last_data_offset: Option<i64>,
+    /// Its current epoch.
+    pub producer_epoch: i16,
 }
 
 /// A producer as DescribeProducers shows it (KIP-664).
@@ -290,25 +305,45 @@ impl ProducerStateManager {
         self.producers.len()
     }
 
-    fn has_ongoing_transaction(&self, producer_id: i64) -> bool {
+    /// Kafka's `UnifiedLog.hasOngoingTransaction(producerId, producerEpoch)`: the producer has
+    /// an open transaction here *of this epoch*. With transaction.version 2 the coordinator
+    /// bumps the epoch on every EndTxn, so a write of a newer epoch while the previous
+    /// transaction is still open here (its marker on its way) belongs to the next
+    /// transaction, which must be verified, not taken for the open one (KAFKA-18575).
+    fn has_ongoing_transaction(&self, producer_id: i64, producer_epoch: i16) -> bool {
         self.producers
             .get(&producer_id)
-            .is_some_and(|e| e.current_txn_first_offset >= 0)
+            .is_some_and(|e| e.current_txn_first_offset >= 0 && e.producer_epoch == producer_epoch)
     }
 
     /// Kafka's `UnifiedLog.maybeStartTransactionVerification`: the sentinel when the producer
-    /// already has an open transaction here (no verification needed), else its verification
-    /// guard, created on first call and kept (with the lowest sequence seen) until its first
-    /// transactional write lands or it expires.
+    /// already has an open transaction of `epoch` here (no verification needed), else its
+    /// verification guard, created on first call and kept (with the lowest sequence seen)
+    /// until its first transactional write or a marker ends it, or it expires.
+    /// `supports_epoch_bump` is true for transaction.version 2 producers (Produce v12+).
+    ///
+    /// # Errors
+    /// `InvalidProducerEpoch` when `epoch` is older than the producer's epoch here (a fenced
+    /// or late producer: refused before the coordinator is asked, KAFKA-19690).
     pub(crate) fn maybe_start_verification(
         &mut self,
         producer_id: i64,
         sequence: i32,
         epoch: i16,
+        supports_epoch_bump: bool,
         now_ms: i64,
-    ) -> VerificationGuard {
-        if self.has_ongoing_transaction(producer_id) {
-            return VerificationGuard::SENTINEL;
+    ) -> Result<VerificationGuard> {
+        if let Some(e) = self.producers.get(&producer_id) {
+            if epoch < e.producer_epoch {
+                return Err(LogError::InvalidProducerEpoch {
+                    producer_id,
+                    producer_epoch: epoch,
+                    current_epoch: e.producer_epoch,
+                });
+            }
+        }
+        if self.has_ongoing_transaction(producer_id, epoch) {
+            return Ok(VerificationGuard::SENTINEL);
         }
         let e = self
             .verification
@@ -318,9 +353,10 @@ impl ProducerStateManager {
                 guard: VerificationGuard::fresh(),
                 lowest_sequence: sequence,
                 epoch,
+                supports_epoch_bump,
             });
         e.maybe_update_lowest_sequence_and_epoch(sequence, epoch);
-        e.guard
+        Ok(e.guard)
     }
 
     /// Checks batches (with offsets already assigned in `headers`; `markers[i]` is the
@@ -372,18 +408,30 @@ impl ProducerStateManager {
             }
             if let Some(presented) = verification {
                 // Kafka's batchMissingRequiredVerification, against the state before this
-                // append (`hasOngoingTransaction`).
+                // append (`hasOngoingTransaction` of the batch's epoch); an older epoch is
+                // refused first with the error a client recovers from (KAFKA-19690).
                 if h.is_transactional()
                     && !h.is_control()
-                    && !self.has_ongoing_transaction(h.producer_id)
-                    && !self
+                    && !self.has_ongoing_transaction(h.producer_id, h.producer_epoch)
+                {
+                    if let Some(e) = self.producers.get(&h.producer_id) {
+                        if h.producer_epoch < e.producer_epoch {
+                            return Err(LogError::InvalidProducerEpoch {
+                                producer_id: h.producer_id,
+                                producer_epoch: h.producer_epoch,
+                                current_epoch: e.producer_epoch,
+                            });
+                        }
+                    }
+                    if !self
                         .verification
                         .get(&h.producer_id)
                         .is_some_and(|v| v.guard.verify(presented))
-                {
-                    return Err(LogError::InvalidTxnState(
-                        "Record was not part of an ongoing transaction".into(),
-                    ));
+                    {
+                        return Err(LogError::InvalidTxnState(
+                            "Record was not part of an ongoing transaction".into(),
+                        ));
+                    }
                 }
             }
             let entry = update.entries.entry(h.producer_id).or_insert_with(|| {
@@ -400,7 +448,9 @@ impl ProducerStateManager {
                 });
             }
             if h.is_transactional() {
-                update.transactional.push(h.producer_id);
+                update
+                    .transactional
+                    .push((h.producer_id, h.is_control(), h.producer_epoch));
             }
             if h.is_control() {
                 // An empty control batch (what the cleaner leaves of a removed transaction)
@@ -478,9 +528,19 @@ impl ProducerStateManager {
             self.ongoing.insert(first, pid);
         }
         // Kafka's `UnifiedLog.updateProducers`: whether data or marker, the verification is
-        // over (the transaction has a first offset here, or ended).
-        for pid in update.transactional {
-            self.verification.remove(&pid);
+        // over (the transaction has a first offset here, or ended); except a transaction.version
+        // 2 marker of the epoch being verified: the coordinator wrote it with the epoch it
+        // bumped, which is the next transaction's, so the verification belongs to that next
+        // transaction and its first write must still find the guard (KAFKA-18654).
+        for (pid, is_marker, epoch) in update.transactional {
+            let next_transaction_started = is_marker
+                && self
+                    .verification
+                    .get(&pid)
+                    .is_some_and(|v| v.supports_epoch_bump && v.epoch == epoch);
+            if !next_transaction_started {
+                self.verification.remove(&pid);
+            }
         }
         let mut aborted = Vec::new();
         for c in &update.completed {
@@ -611,10 +671,18 @@ impl ProducerStateManager {
     }
 
     /// Last offset of the newest batch of each producer that has one.
-    pub(crate) fn last_data_offsets(&self) -> HashMap<i64, i64> {
+    pub(crate) fn last_records(&self) -> HashMap<i64, LastRecord> {
         self.producers
             .iter()
-            .filter_map(|(pid, e)| e.batches.back().map(|b| (*pid, b.last_offset)))
+            .map(|(pid, e)| {
+                (
+                    *pid,
+                    LastRecord {
+                        last_data_offset: e.batches.back().map(|b| b.last_offset),
+                        producer_epoch: e.producer_epoch,
+                    },
+                )
+            })
             .collect()
     }
 
@@ -963,7 +1031,7 @@ mod tests {
         // A producer with an open transaction never expires; its verification state does.
         assert_eq!(n.remove_expired(i64::MAX, 1), 1);
         assert_eq!(n.first_unstable_offset(), Some(12));
-        let g = n.maybe_start_verification(9, 0, 0, 100);
+        let g = n.maybe_start_verification(9, 0, 0, false, 100).unwrap();
         assert!(!g.is_sentinel());
         n.remove_expired(200, 50);
         assert!(n.verification.is_empty());

@@ -479,3 +479,184 @@ fn aborted_values_do_not_shadow_committed_ones_when_cleaning() {
         );
     }
 }
+
+/// One batch of a transactional producer: `records` as (key, value).
+fn append_txn(log: &PartitionLog, pid: i64, epoch: i16, seq: i32, records: &[(&str, &str)]) {
+    let mut b = BatchBuilder::new(0, NOW_MS)
+        .producer(pid, epoch, seq)
+        .transactional(true, false);
+    for (k, v) in records {
+        b = b.record(NOW_MS, Some(k.as_bytes()), Some(v.as_bytes()), &[]);
+    }
+    log.append_as_leader(&mut b.build(), 0, NOW_MS).unwrap();
+}
+
+fn append_marker(log: &PartitionLog, pid: i64, epoch: i16, commit: bool) -> i64 {
+    use gregor_protocol::control::{EndTxnMarker, TransactionResult};
+    let marker = EndTxnMarker {
+        result: TransactionResult::from_commit_flag(commit),
+        coordinator_epoch: 0,
+    };
+    log.append_txn_marker(pid, epoch, marker, 0, NOW_MS)
+        .unwrap()
+        .first_offset
+}
+
+/// What consumers read, as the latest value of each key: read_uncommitted takes every data
+/// record; read_committed skips the batches of the aborted transactions the log reports for
+/// the range (Kafka's consumer with `AbortedTransactions`). Also the control batches' (base
+/// offset, record count, has a delete horizon).
+#[allow(clippy::type_complexity)]
+fn consumer_views(
+    log: &PartitionLog,
+) -> (
+    BTreeMap<Vec<u8>, Vec<u8>>,
+    BTreeMap<Vec<u8>, Vec<u8>>,
+    Vec<(i64, i32, bool)>,
+) {
+    let leo = log.log_end_offset();
+    let aborted = log.collect_aborted_transactions(0, leo).unwrap();
+    let (mut uncommitted, mut committed, mut markers) =
+        (BTreeMap::new(), BTreeMap::new(), Vec::new());
+    let mut offset = log.log_start_offset();
+    while offset < leo {
+        let r = log.read(offset, 1 << 20, i64::MAX, true).unwrap();
+        if r.records.is_empty() {
+            break;
+        }
+        for b in Batches::new(&r.records) {
+            let (at, h) = b.unwrap();
+            offset = h.next_offset();
+            if h.is_control() {
+                markers.push((h.base_offset, h.records_count, h.has_delete_horizon()));
+                continue;
+            }
+            let is_aborted = h.is_transactional()
+                && aborted.iter().any(|a| {
+                    a.producer_id == h.producer_id
+                        && a.first_offset <= h.base_offset
+                        && h.base_offset <= a.last_offset
+                });
+            let raw = &r.records[at..at + h.total_size()];
+            for rec in decode_records(raw).unwrap() {
+                let (k, v) = (rec.key.unwrap().to_vec(), rec.value.unwrap().to_vec());
+                uncommitted.insert(k.clone(), v.clone());
+                if !is_aborted {
+                    committed.insert(k, v);
+                }
+            }
+        }
+    }
+    (uncommitted, committed, markers)
+}
+
+/// Kafka's cleaner and transactions (`CleanedTransactionMetadata`, KIP-98 and KIP-534): the
+/// first pass removes the aborted batches and keeps their ABORT marker with its `.txnindex`
+/// entry; a later pass finds markers whose transaction has no batch left (the aborted one, and
+/// a committed one whose only record was superseded) and sets their delete horizon; the first
+/// pass after `delete.retention.ms` removes them, and their index entry with them. Markers
+/// whose transaction still has data, or that are their producer's last record, stay.
+/// read_committed reads the same latest values throughout.
+#[test]
+fn aborted_transactions_and_then_their_markers_are_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let log =
+        PartitionLog::open(dir.path(), TopicPartition::new("c", 0), config(1024), true).unwrap();
+    append(&log, &[(1, Some(1))], Compression::None); // 0
+    append_txn(&log, 9, 0, 0, &[("key-1", "aborted"), ("key-2", "aborted")]); // 1-2
+    assert_eq!(append_marker(&log, 9, 1, false), 3); // transaction.version 2: bumped epoch
+    append_txn(&log, 8, 0, 0, &[("key-3", "committed")]); // 4
+    assert_eq!(append_marker(&log, 8, 1, true), 5);
+    append_txn(&log, 9, 1, 0, &[("key-5", "committed")]); // 6
+    assert_eq!(append_marker(&log, 9, 2, true), 7);
+    append_txn(&log, 8, 1, 0, &[("key-3", "committed-2")]); // 8
+    assert_eq!(append_marker(&log, 8, 2, true), 9);
+    let fill = |from: u8| {
+        for i in 0..30u8 {
+            append(&log, &[(from + i, Some(2))], Compression::None);
+        }
+        let hw = log.log_end_offset();
+        log.on_high_watermark_updated(hw);
+        hw
+    };
+    let hw = fill(20);
+    let (uncommitted, committed_before, markers) = consumer_views(&log);
+    assert_eq!(uncommitted[b"key-1".as_slice()], b"aborted");
+    assert_eq!(
+        markers,
+        vec![(3, 1, false), (5, 1, false), (7, 1, false), (9, 1, false)]
+    );
+    assert_eq!(
+        log.collect_aborted_transactions(0, hw)
+            .unwrap()
+            .iter()
+            .map(|a| (a.producer_id, a.first_offset, a.last_offset))
+            .collect::<Vec<_>>(),
+        vec![(9, 1, 3)]
+    );
+
+    // Pass 1: the aborted batch goes; every marker stays (each transaction had a batch in the
+    // pass), the ABORT marker with its index entry.
+    cleaner().clean(&log, hw, NOW_MS).unwrap().unwrap();
+    let (uncommitted, committed, markers) = consumer_views(&log);
+    assert_eq!(committed, committed_before);
+    assert_eq!(uncommitted, committed, "no aborted record is left");
+    assert_eq!(
+        markers,
+        vec![(3, 1, false), (5, 1, false), (7, 1, false), (9, 1, false)]
+    );
+    assert_eq!(
+        log.collect_aborted_transactions(0, hw)
+            .unwrap()
+            .iter()
+            .map(|a| (a.producer_id, a.first_offset, a.last_offset))
+            .collect::<Vec<_>>(),
+        vec![(9, 1, 3)]
+    );
+
+    // Pass 2 (new dirty data): markers 3 and 5 have no batch left; they get a delete horizon.
+    let hw = fill(60);
+    let now = NOW_MS + 1;
+    cleaner().clean(&log, hw, now).unwrap().unwrap();
+    let (_, committed, markers) = consumer_views(&log);
+    let mut expected = committed_before.clone();
+    for i in 60..90u8 {
+        expected.insert(
+            format!("key-{i}").into_bytes(),
+            format!("value-2-{}", "x".repeat(2)).into_bytes(),
+        );
+    }
+    assert_eq!(committed, expected);
+    assert_eq!(
+        markers,
+        vec![(3, 1, true), (5, 1, true), (7, 1, false), (9, 1, false)]
+    );
+    // Before the horizon nothing more goes, even when cleaned again.
+    let hw = fill(100);
+    cleaner()
+        .clean(&log, hw, now + DELETE_RETENTION_MS - 1)
+        .unwrap();
+    assert_eq!(consumer_views(&log).2.len(), 4);
+
+    // Pass 3, past the horizon: the log is due for cleaning without new data (KIP-534), and
+    // both markers go with the ABORT's index entry. Producer 9's and 8's last markers stay.
+    let later = now + DELETE_RETENTION_MS;
+    let c = LogCleaner::cleanability(&log, hw, later).unwrap();
+    assert!(c.must_clean, "{c:?}");
+    cleaner().clean(&log, hw, later).unwrap().unwrap();
+    let (_, committed_after, markers) = consumer_views(&log);
+    assert_eq!(markers, vec![(7, 1, false), (9, 1, false)]);
+    assert!(log.collect_aborted_transactions(0, hw).unwrap().is_empty());
+    assert_eq!(committed_after[b"key-1".as_slice()], b"value-1-x");
+    assert_eq!(committed_after[b"key-3".as_slice()], b"committed-2");
+    assert_eq!(committed_after[b"key-5".as_slice()], b"committed");
+    assert!(!committed_after.contains_key(b"key-2".as_slice()));
+
+    // The cleaned log reopens with the same producer state (epochs from the kept markers).
+    drop(log);
+    let log =
+        PartitionLog::open(dir.path(), TopicPartition::new("c", 0), config(1024), false).unwrap();
+    assert_eq!(consumer_views(&log).1, committed_after);
+    log.on_high_watermark_updated(log.log_end_offset());
+    assert_eq!(log.first_unstable_offset(), None);
+}

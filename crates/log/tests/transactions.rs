@@ -233,10 +233,16 @@ fn first_transactional_write_needs_the_verification_guard() {
         append(txn_batch(3, 0, 0, 1), Some(VerificationGuard::SENTINEL)),
         Err(LogError::InvalidTxnState(_))
     ));
-    let guard = log.maybe_start_transaction_verification(3, 0, 0);
+    let guard = log
+        .maybe_start_transaction_verification(3, 0, 0, false)
+        .unwrap();
     assert!(!guard.is_sentinel());
     // The same producer asks again (a retry): the same guard.
-    assert_eq!(log.maybe_start_transaction_verification(3, 0, 0), guard);
+    assert_eq!(
+        log.maybe_start_transaction_verification(3, 0, 0, false)
+            .unwrap(),
+        guard
+    );
     // A higher sequence than the lowest seen while verifying: OUT_OF_ORDER_SEQUENCE.
     assert_eq!(
         append(txn_batch(3, 0, 5, 1), Some(guard))
@@ -245,12 +251,15 @@ fn first_transactional_write_needs_the_verification_guard() {
         45
     );
     // Another guard does not verify.
-    let other = log.maybe_start_transaction_verification(4, 0, 0);
+    let other = log
+        .maybe_start_transaction_verification(4, 0, 0, false)
+        .unwrap();
     assert!(append(txn_batch(3, 0, 0, 1), Some(other)).is_err());
     append(txn_batch(3, 0, 0, 1), Some(guard)).unwrap();
     // Open now: no verification needed.
     assert!(log
-        .maybe_start_transaction_verification(3, 1, 0)
+        .maybe_start_transaction_verification(3, 1, 0, false)
+        .unwrap()
         .is_sentinel());
     append(txn_batch(3, 0, 1, 1), Some(VerificationGuard::SENTINEL)).unwrap();
     marker(&log, 3, 0, true, 0);
@@ -258,6 +267,76 @@ fn first_transactional_write_needs_the_verification_guard() {
     assert!(append(txn_batch(3, 0, 2, 1), Some(VerificationGuard::SENTINEL)).is_err());
     // Verification off (None): accepted.
     append(txn_batch(3, 0, 2, 1), None).unwrap();
+}
+
+/// Transaction version 2 (KIP-890 part 2, KAFKA-18575/KAFKA-18654): EndTxn bumps the epoch and
+/// the coordinator writes the markers with the bumped epoch, so a producer's next
+/// transaction can reach a partition leader before the previous one's marker does. That first
+/// write of the new epoch is not part of the open transaction: it needs a verification of its
+/// own, and the marker of the previous transaction (written with the new epoch) leaves that
+/// verification in place, so the write lands as the first of a new transaction and the marker
+/// commits only the old one.
+#[test]
+fn next_transaction_after_an_epoch_bump_is_verified_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open(dir.path(), LogConfig::default(), true);
+    let append = |b: Vec<u8>, g: Option<VerificationGuard>| {
+        let mut b = b;
+        log.append_as_leader_from(&mut b, 0, NOW_MS, AppendOrigin::Client, g)
+    };
+    // Transaction 1 at epoch 0: verified first write, then one without verification.
+    let g0 = log
+        .maybe_start_transaction_verification(7, 0, 0, true)
+        .unwrap();
+    append(txn_batch(7, 0, 0, 2), Some(g0)).unwrap();
+    assert!(log
+        .maybe_start_transaction_verification(7, 2, 0, true)
+        .unwrap()
+        .is_sentinel());
+    append(txn_batch(7, 0, 2, 1), Some(VerificationGuard::SENTINEL)).unwrap();
+    // EndTxn bumped the epoch to 1; the client's next transaction starts before the marker.
+    let g1 = log
+        .maybe_start_transaction_verification(7, 0, 1, true)
+        .unwrap();
+    assert!(!g1.is_sentinel(), "epoch 1 is not the open transaction's");
+    // Without the guard the new epoch's write is refused (it is not in the open transaction).
+    assert!(matches!(
+        append(txn_batch(7, 1, 0, 1), Some(VerificationGuard::SENTINEL)),
+        Err(LogError::InvalidTxnState(_))
+    ));
+    // The previous transaction's COMMIT marker, written with the bumped epoch, arrives.
+    let marker_offset = marker(&log, 7, 1, true, 0);
+    assert_eq!(marker_offset, 3);
+    log.on_high_watermark_updated(4);
+    assert_eq!(log.first_unstable_offset(), None);
+    // The verification of the next transaction survived the marker: its first write lands
+    // and opens a new transaction at its own first offset.
+    append(txn_batch(7, 1, 0, 1), Some(g1)).unwrap();
+    assert_eq!(log.first_unstable_offset(), Some(4));
+    // An older epoch asking to verify is refused at once (INVALID_PRODUCER_EPOCH).
+    assert_eq!(
+        log.maybe_start_transaction_verification(7, 3, 0, true)
+            .unwrap_err()
+            .kafka_error_code(),
+        47
+    );
+    // Its ABORT (epoch 2 after the next bump) aborts only the new transaction.
+    let abort_offset = marker(&log, 7, 2, false, 0);
+    assert_eq!(
+        all_aborted(&log),
+        vec![aborted(7, 4, abort_offset, abort_offset + 1)]
+    );
+
+    // Without transaction.version 2 (no epoch bump support) a marker ends the verification
+    // as before: the guard is gone and a new one is needed.
+    let g = log
+        .maybe_start_transaction_verification(8, 0, 0, false)
+        .unwrap();
+    marker(&log, 8, 0, false, 0);
+    assert!(matches!(
+        append(txn_batch(8, 0, 0, 1), Some(g)),
+        Err(LogError::InvalidTxnState(_))
+    ));
 }
 
 /// After a crash the open transaction and the aborted ones survive: producer state is

@@ -135,6 +135,10 @@ impl From<MetadataLogError> for ControllerError {
             MetadataLogError::Closed | MetadataLogError::Stopped(_) => {
                 Self::NotController { leader_id: None }
             }
+            MetadataLogError::Storage(m) => Self::Remote(
+                ErrorCode::KafkaStorageError,
+                format!("the metadata log cannot be written: {m}"),
+            ),
             e => Self::Log(Arc::new(e)),
         }
     }

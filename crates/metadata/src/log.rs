@@ -65,6 +65,11 @@ pub enum MetadataLogError {
     /// The quorum member stopped on a storage error (a full disk, say): what failed.
     #[error("the metadata log stopped: {0}")]
     Stopped(String),
+    /// The batch could not be written (a full `metadata.log.dir`, say) and is not in the log;
+    /// the quorum member keeps running and later proposals may succeed (answered to clients
+    /// as KAFKA_STORAGE_ERROR).
+    #[error("the metadata log cannot be written: {0}")]
+    Storage(String),
 }
 
 /// A batch of records committed together: the records at offsets
@@ -930,6 +935,7 @@ impl MetadataLog for RaftMetadataLog {
                     }
                 }
                 gregor_raft::driver::DriverError::Shutdown => self.closed(),
+                gregor_raft::driver::DriverError::Storage(e) => MetadataLogError::Storage(e),
                 other => MetadataLogError::Encode(other.to_string()),
             })?;
             let offset = u64::try_from(raft_last).map_err(|_| MetadataLogError::Closed)?;

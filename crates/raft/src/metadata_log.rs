@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use gregor_log::{LogConfig, LogError, PartitionLog, TopicPartition};
+use gregor_log::{LogConfig, LogDirHealth, LogError, PartitionLog, TopicPartition};
 use gregor_protocol::batch::{self, Batches};
 
 use crate::log::{check_new_snapshot, LogAppendInfo, RaftLog, RaftLogError};
@@ -157,6 +157,10 @@ pub struct KafkaMetadataLog {
     snapshots: BTreeMap<(i64, i32), SnapshotEntry>,
     /// The snapshot being fetched from the leader (`<id>.checkpoint.part`).
     pending: Option<PendingSnapshot>,
+    /// The health of `metadata.log.dir` as the metadata log's writes find it: a write that
+    /// fails for lack of space marks it full (appends then fail at once until a
+    /// [`LogDirHealth::check`] finds room), any other failed write marks it failed.
+    dir_health: std::sync::Arc<LogDirHealth>,
 }
 
 /// A snapshot being received in FetchSnapshot chunks.
@@ -184,6 +188,12 @@ fn to_raft(e: LogError) -> RaftLogError {
 }
 
 impl KafkaMetadataLog {
+    /// The health of `metadata.log.dir` as this log's writes find it (shared: the broker
+    /// reports it on `/ready` and checks a full one for room again).
+    pub fn dir_health(&self) -> std::sync::Arc<LogDirHealth> {
+        self.dir_health.clone()
+    }
+
     /// The partition directory inside `metadata_log_dir`.
     pub fn partition_dir(metadata_log_dir: &Path) -> PathBuf {
         metadata_log_dir.join(format!("{METADATA_TOPIC}-0"))
@@ -253,6 +263,8 @@ impl KafkaMetadataLog {
         let tp = TopicPartition::new(METADATA_TOPIC, 0);
         let log =
             PartitionLog::open(&dir, tp, config.log_config(), false).map_err(log_err(&dir))?;
+        let dir_health = std::sync::Arc::new(LogDirHealth::for_metadata_log(metadata_log_dir));
+        log.set_dir_health(dir_health.clone());
         let first_base = log.segment_base_offsets().first().copied().unwrap_or(0);
         if first_base > 0 {
             // Segments were deleted up to a snapshot: the log starts at the oldest snapshot
@@ -278,6 +290,7 @@ impl KafkaMetadataLog {
             high_watermark: 0,
             snapshots,
             pending: None,
+            dir_health,
         };
         // A follower that crashed after completing a fetched snapshot and before (durably)
         // replacing its log with it finishes here (Kafka's `KafkaMetadataLog.apply`).
@@ -634,6 +647,7 @@ impl KafkaMetadataLog {
         let tp = TopicPartition::new(METADATA_TOPIC, 0);
         self.log =
             PartitionLog::open(&self.dir, tp, self.config.log_config(), false).map_err(to_raft)?;
+        self.log.set_dir_health(self.dir_health.clone());
         if self.log.log_start_offset() != offset || self.log.log_end_offset() != offset {
             return Err(RaftLogError::Io(format!(
                 "the log reopened at [{}, {}) after starting it at {offset}",

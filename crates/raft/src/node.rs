@@ -1499,7 +1499,11 @@ impl<L: RaftLog> RaftNode<L> {
         } else {
             if !r.records.is_empty() {
                 if let Err(e) = self.log.append_as_follower(&r.records) {
-                    tracing::warn!(node = self.config.node_id, error = %e, "fetched records not appended");
+                    // Retried every retry backoff (a full disk: until it has room): logged the
+                    // 1st, 2nd, 4th, 8th, ... time.
+                    if let Some(count) = self.count_repeated("fetched records not appended") {
+                        tracing::warn!(node = self.config.node_id, error = %e, count, "fetched records not appended; fetching them again");
+                    }
                     return false;
                 }
                 if self.config.is_voter() {

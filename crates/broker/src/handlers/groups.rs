@@ -86,10 +86,8 @@ pub(crate) fn deferred<T: Send + 'static>(
 }
 
 /// FindCoordinator: the leader of the key's partition of `__consumer_offsets` (key type 0,
-/// a group) or, with transactions enabled (`Broker::transactions_enabled`), of
-/// `__transaction_state` (key type 1, a transactional id); each topic is created on first use.
-/// With transactions disabled, key type 1 answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED at
-/// once, so transactional clients fail fast instead of retrying until their timeout.
+/// a group) or of `__transaction_state` (key type 1, a transactional id); each topic is
+/// created on first use.
 pub async fn find_coordinator(
     broker: &Arc<Broker>,
     ctx: &RequestContext,
@@ -101,12 +99,9 @@ pub async fn find_coordinator(
     } else {
         vec![req.key.to_string()]
     };
-    let transactions = broker.transactions_enabled();
     let internal_topic = match req.key_type {
         0 => crate::coordinator_writer::ensure_offsets_topic(broker).await,
-        1 if transactions => {
-            crate::coordinator_writer::ensure_transaction_state_topic(broker).await
-        }
+        1 => crate::coordinator_writer::ensure_transaction_state_topic(broker).await,
         _ => Ok(()),
     };
     let image = broker.controller.image();
@@ -123,24 +118,6 @@ pub async fn find_coordinator(
                 gregor_coordinator::group::GROUP_METADATA_TOPIC_NAME,
                 broker.group_coordinator.partition_for(key),
             ),
-            1 if !transactions => {
-                // Transactions are off: COORDINATOR_NOT_AVAILABLE would make the client retry
-                // until its timeout (a minute or more) and then report a timeout;
-                // TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's answer when the id may not be
-                // used, and what InitProducerId answers) fails it at once. The message says why.
-                crate::observability::log_unsupported_once(
-                    ApiKey::FindCoordinator,
-                    ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    "a transaction coordinator (transactions)",
-                    ctx.client_id(),
-                    &ctx.client_software_name,
-                    ctx.client_address,
-                );
-                return unavailable(
-                    ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    Some("transactions are not supported by this broker (gregor) yet".into()),
-                );
-            }
             1 if !broker.authorize(
                 ctx,
                 AclOperation::Describe,

@@ -1,7 +1,7 @@
 //! ListOffsets (key 2), <https://kafka.apache.org/protocol#The_Messages_ListOffsets>:
 //! -2 earliest, -1 latest (high watermark, or last stable offset for read_committed),
-//! -3 max timestamp (KIP-734, the exact record), -4 earliest local (KIP-405), -5 earliest
-//! pending upload and -6 latest tiered (KIP-1005; no tiered storage: offset -1), otherwise the
+//! -3 max timestamp (KIP-734, the exact record), -4 earliest local (KIP-405), -5 latest
+//! tiered (KIP-1005) and -6 earliest pending upload (KIP-1023; no tiered storage: offset -1), otherwise the
 //! first offset whose timestamp is at or after the target (KIP-79). The lookups are
 //! [`ReplicaManager::fetch_offsets`](crate::replica_manager::ReplicaManager::fetch_offsets)
 //! (`Partition::fetch_offset_for_timestamp`).

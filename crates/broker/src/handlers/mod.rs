@@ -88,8 +88,7 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     // Forwarded to the active controller (Kafka's broker listener advertises it: its
     // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
     ApiKey::DescribeQuorum,
-    // The transaction coordinator (issue 12); advertised only while transactions are enabled
-    // (`txn::is_transaction_api`, `Broker::transactions_enabled`).
+    // The transaction coordinator (issue 12).
     ApiKey::AddPartitionsToTxn,
     ApiKey::AddOffsetsToTxn,
     ApiKey::EndTxn,
@@ -334,9 +333,6 @@ impl KafkaApis {
 
 impl gregor_network::RequestHandler for KafkaApis {
     fn supported_versions(&self, api_key: ApiKey) -> Option<(i16, i16)> {
-        if txn::is_transaction_api(api_key) && !self.broker.transactions_enabled() {
-            return None;
-        }
         supported_versions(api_key)
     }
 
@@ -398,7 +394,6 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
                 .is_controller_listener(&ctx.listener_name);
             let image = broker.controller.image();
             let resp = api_versions::handle_on(&r, v, controller);
-            let resp = txn::advertised(resp, broker.transactions_enabled());
             let kraft_version = crate::metadata_publisher::kraft_version(&broker.config);
             ready(api_versions::with_features(resp, Some(&image), kraft_version).into())
         }

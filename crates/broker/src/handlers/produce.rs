@@ -212,6 +212,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
                     producer_id,
                     h.base_sequence,
                     producer_epoch,
+                    TransactionSupportedOperation::for_produce_version(version)
+                        .supports_epoch_bump(),
                 ) {
                     Ok(guard) => {
                         guards[i] = Some(guard);
@@ -231,7 +233,27 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, req: ProduceRequ
                     operation: TransactionSupportedOperation::for_produce_version(version),
                 };
                 let errors = match rm.txn_verifier() {
-                    Some(sender) => sender.add_or_verify(request).await,
+                    Some(sender) => {
+                        // Kafka's `maybeRetryOnConcurrentTransactions`: the previous
+                        // transaction is still completing; ask again after a backoff until
+                        // add.partitions.to.txn.retry.backoff.max.ms has passed.
+                        let (backoff_ms, max_ms) = broker
+                            .config
+                            .add_partitions_to_txn_retry_ms(&rm.dynamic_configs());
+                        let started = std::time::Instant::now();
+                        loop {
+                            let errors = sender.add_or_verify(request.clone()).await;
+                            let concurrent = errors
+                                .values()
+                                .any(|c| *c == txn_ec::CONCURRENT_TRANSACTIONS);
+                            if !concurrent
+                                || started.elapsed() >= std::time::Duration::from_millis(max_ms)
+                            {
+                                break errors;
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(backoff_ms)).await;
+                        }
+                    }
                     None => request
                         .partitions
                         .iter()

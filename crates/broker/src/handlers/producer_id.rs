@@ -1,7 +1,6 @@
 //! InitProducerId (key 22): idempotent producers (KIP-98; KIP-360 for epoch bumps) get a
 //! fresh producer id here; transactional producers (a non-null transactional id) are answered
-//! by the transaction coordinator (`gregor_coordinator::transaction`) when transactions are
-//! enabled, and fail fast with TRANSACTIONAL_ID_AUTHORIZATION_FAILED otherwise.
+//! by the transaction coordinator (`gregor_coordinator::transaction`).
 
 use std::sync::Arc;
 
@@ -23,10 +22,7 @@ pub async fn handle_request(
     req: &InitProducerIdRequest,
     version: i16,
 ) -> Handled {
-    if let (Some(id), true) = (
-        req.transactional_id.as_deref(),
-        broker.transactions_enabled(),
-    ) {
+    if let Some(id) = req.transactional_id.as_deref() {
         if broker.authorize(ctx, AclOperation::Write, ResourceType::TransactionalId, id) {
             let id = id.to_string();
             // KIP-360 (v3+): a producer recovering from an error sends its id and epoch.
@@ -94,16 +90,8 @@ pub async fn handle(
         return resp.with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
     }
     if req.transactional_id.is_some() {
-        // Transactions are off (`GREGOR_TRANSACTIONS`): fail fast rather than make the client
-        // retry forever.
-        crate::observability::log_unsupported_once(
-            ApiKey::InitProducerId,
-            ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "InitProducerId with a transactional id (transactions)",
-            ctx.client_id(),
-            &ctx.client_software_name,
-            ctx.client_address,
-        );
+        // Authorized transactional producers are answered by the transaction coordinator
+        // (`handle_request`); this one may not use its id.
         return resp.with_error_code(ec::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     match broker.next_producer_id().await {

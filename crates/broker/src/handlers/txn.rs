@@ -9,9 +9,6 @@
 //! ClusterAction on the cluster (AddPartitionsToTxn v4+, brokers), Write on topics added by a
 //! client, Read on the group and its topics for offsets, Describe on transactional ids for
 //! the KIP-664 admin APIs.
-//!
-//! Served only while [`Broker::transactions_enabled`]; otherwise these APIs are not
-//! advertised and the dispatcher never calls these handlers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,32 +41,6 @@ use crate::group_coordinator::offsets::OffsetToCommit;
 use crate::group_coordinator::txn_offsets::TxnCommitRequest;
 use crate::group_coordinator::Wait;
 use gregor_network::{respond, Handled, RequestContext};
-
-/// Whether `api_key` is one of the transaction APIs this module serves (not advertised while
-/// transactions are disabled).
-pub fn is_transaction_api(api_key: ApiKey) -> bool {
-    matches!(
-        api_key,
-        ApiKey::AddPartitionsToTxn
-            | ApiKey::AddOffsetsToTxn
-            | ApiKey::EndTxn
-            | ApiKey::TxnOffsetCommit
-            | ApiKey::DescribeTransactions
-            | ApiKey::ListTransactions
-    )
-}
-
-/// ApiVersions without the transaction APIs while transactions are disabled.
-pub fn advertised(
-    mut resp: gregor_protocol::kafka_protocol::messages::ApiVersionsResponse,
-    transactions_enabled: bool,
-) -> gregor_protocol::kafka_protocol::messages::ApiVersionsResponse {
-    if !transactions_enabled {
-        resp.api_keys
-            .retain(|k| !matches!(ApiKey::try_from(k.api_key), Ok(key) if is_transaction_api(key)));
-    }
-    resp
-}
 
 /// A response computed by a future (a coordinator write that waits for the high watermark).
 fn deferred(

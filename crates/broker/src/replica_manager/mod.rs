@@ -931,6 +931,17 @@ impl ReplicaManager {
         let _ = self.log_dir_ids.set(ids);
     }
 
+    /// The log directory ids (KIP-858) that replicas hosted here are assigned to but none of
+    /// `log.dirs` has (a disk not mounted, a dir moved away), with how many replicas each:
+    /// those replicas are offline (KAFKA_STORAGE_ERROR) until the dir is back.
+    pub fn missing_dirs(&self) -> BTreeMap<Uuid, usize> {
+        let mut out = BTreeMap::new();
+        for dir in self.in_missing_dirs.lock().values() {
+            *out.entry(*dir).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// The directory `reg` assigns this broker's replica to when this broker does not have it
     /// (KIP-858): a real directory id that is none of [`ReplicaManager::set_log_dir_ids`]'s, or
     /// `LOST`. Such a replica's log is in a directory that is missing (a disk that did not
@@ -1222,22 +1233,29 @@ impl ReplicaManager {
 
     /// Kafka's `ReplicaManager.maybeStartTransactionVerificationForPartition`: the
     /// verification guard of `producer_id`'s first transactional write to `tp` (the
-    /// sentinel when its transaction is already open there, so nothing needs verifying), or
-    /// the error of a partition not hosted here.
+    /// sentinel when its transaction of `producer_epoch` is already open there, so nothing
+    /// needs verifying), or the error of a partition not hosted here.
     ///
     /// # Errors
-    /// UNKNOWN_TOPIC_OR_PARTITION, or KAFKA_STORAGE_ERROR for a replica whose log could not
-    /// be created.
+    /// UNKNOWN_TOPIC_OR_PARTITION, KAFKA_STORAGE_ERROR for a replica whose log could not
+    /// be created, INVALID_PRODUCER_EPOCH for an epoch older than the producer's there.
     pub fn maybe_start_transaction_verification(
         &self,
         tp: &TopicPartition,
         producer_id: i64,
         sequence: i32,
         producer_epoch: i16,
+        supports_epoch_bump: bool,
     ) -> Result<gregor_log::VerificationGuard, i16> {
         let p = self.hosted(tp).map_err(|(code, _)| code)?;
-        Ok(p.log
-            .maybe_start_transaction_verification(producer_id, sequence, producer_epoch))
+        p.log
+            .maybe_start_transaction_verification(
+                producer_id,
+                sequence,
+                producer_epoch,
+                supports_epoch_bump,
+            )
+            .map_err(|e| e.kafka_error_code())
     }
 
     /// Installs how KIP-890 verifications reach transaction coordinators (start-up installs
@@ -1478,12 +1496,21 @@ impl ReplicaManager {
         results
     }
 
+    /// Kafka's `UnifiedLog.removeExpiredProducers` on every partition: drops the state of
+    /// producers idle for `producer.id.expiration.ms` at `now_ms` (not those with an open
+    /// transaction) and verification entries as old. Blocking: run it on the I/O pool.
+    pub fn remove_expired_producers(&self, now_ms: i64) {
+        let expiration_ms = self.config.producer_id_expiration_ms();
+        for p in self.partitions() {
+            p.log.remove_expired_producers(now_ms, expiration_ms);
+        }
+    }
+
     /// Runs retention on every hosted partition (Kafka's `LogManager.cleanupLogs`, every
     /// `log.retention.check.interval.ms`): deletes segments past `retention.ms`,
     /// `retention.bytes` or below the log start offset, bounded by each partition's high
-    /// watermark, expires idle producers (`producer.id.expiration.ms`), and checkpoints the
-    /// log start offsets when they moved. Errors are logged per partition. Blocking: run it on
-    /// the I/O pool.
+    /// watermark, and checkpoints the log start offsets when they moved. Errors are logged
+    /// per partition. Blocking: run it on the I/O pool.
     pub fn run_retention(&self, now_ms: i64) {
         let mut moved = false;
         for p in self.partitions() {
@@ -1493,8 +1520,6 @@ impl ReplicaManager {
                     tracing::error!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
                 }
             }
-            p.log
-                .remove_expired_producers(now_ms, self.config.producer_id_expiration_ms());
         }
         if moved {
             if let Err(e) = self.logs.checkpoint_log_start_offsets() {

@@ -871,7 +871,9 @@ pub const LATEST_TIMESTAMP: i64 = -1;
 pub const MAX_TIMESTAMP: i64 = -3;
 /// ListOffsets: earliest offset in local storage (KIP-405).
 pub const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
-/// ListOffsets: earliest offset not yet uploaded to tiered storage (KIP-1005).
-pub const EARLIEST_PENDING_UPLOAD_TIMESTAMP: i64 = -5;
-/// ListOffsets: latest offset in tiered storage (KIP-1005).
-pub const LATEST_TIERED_TIMESTAMP: i64 = -6;
+/// ListOffsets: latest offset in tiered storage (KIP-1005; Kafka's
+/// `ListOffsetsRequest.LATEST_TIERED_TIMESTAMP`).
+pub const LATEST_TIERED_TIMESTAMP: i64 = -5;
+/// ListOffsets: earliest offset not yet uploaded to tiered storage (KIP-1023; Kafka's
+/// `ListOffsetsRequest.EARLIEST_PENDING_UPLOAD_TIMESTAMP`).
+pub const EARLIEST_PENDING_UPLOAD_TIMESTAMP: i64 = -6;

@@ -102,6 +102,10 @@ pub enum DriverError {
     /// Reading the log failed.
     #[error("metadata log read failed: {0}")]
     Read(String),
+    /// Writing the log failed (a full `metadata.log.dir`, say): the proposal is not in the
+    /// log. Appends fail while the directory is offline ([`RaftManager::metadata_dir_health`]).
+    #[error("{0}")]
+    Storage(String),
     /// The driver stopped (shutdown, or a storage error on a barrier write).
     #[error("the raft driver is stopped")]
     Shutdown,
@@ -272,6 +276,10 @@ pub struct RaftManager {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Why the driver stopped on its own (a storage error), once it has.
     failure: Arc<Mutex<Option<String>>>,
+    /// Becomes true when the driver stops on its own ([`RaftManager::stopped_on_failure`]).
+    failed: watch::Receiver<bool>,
+    /// The health of `metadata.log.dir` as the log's writes find it.
+    metadata_dir_health: Arc<gregor_log::LogDirHealth>,
 }
 
 impl std::fmt::Debug for RaftManager {
@@ -293,6 +301,7 @@ impl RaftManager {
         transport: impl FnOnce(InboundSender) -> T,
     ) -> Result<Arc<Self>, StartError> {
         let log = KafkaMetadataLog::open(&config.metadata_log_dir, config.log.clone())?;
+        let metadata_dir_health = log.dir_health();
         let store = FileQuorumStateStore::new(log.dir());
         let stored = store.read()?.map(|(state, _voters)| state);
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
@@ -314,6 +323,7 @@ impl RaftManager {
         }
         let failure: Arc<Mutex<Option<String>>> = Arc::default();
         let driver_failure = failure.clone();
+        let (failed_tx, failed) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name(format!("raft-{node_id}"))
             .spawn(move || {
@@ -343,6 +353,7 @@ impl RaftManager {
                     proposals: BTreeMap::new(),
                     stopped: false,
                     failure: driver_failure,
+                    failed: failed_tx,
                 };
                 driver.execute(actions);
                 runtime.block_on(driver.run(rx));
@@ -357,6 +368,8 @@ impl RaftManager {
             log_end_offset: leo_rx,
             thread: Mutex::new(Some(thread)),
             failure,
+            failed,
+            metadata_dir_health,
         }))
     }
 
@@ -365,6 +378,26 @@ impl RaftManager {
     /// shutdown that was asked for.
     pub fn failure(&self) -> Option<String> {
         self.failure.lock().clone()
+    }
+
+    /// Resolves when the driver stops on its own for a storage error (writing `quorum-state`
+    /// or flushing the log failed: a full disk, say), with [`RaftManager::failure`]'s reason;
+    /// never while it runs or after a shutdown that was asked for. The node cannot take part
+    /// in the quorum any more: Kafka halts the process then, and so does `gregor serve`.
+    pub async fn stopped_on_failure(&self) -> String {
+        let mut failed = self.failed.clone();
+        if failed.wait_for(|f| *f).await.is_err() {
+            // The driver is gone without a failure (a shutdown): nothing to report, ever.
+            std::future::pending::<()>().await;
+        }
+        self.failure().unwrap_or_default()
+    }
+
+    /// The health of `metadata.log.dir`: full after an append failed for lack of space
+    /// (proposals then fail with [`DriverError::Storage`] until
+    /// [`gregor_log::LogDirHealth::check`] finds room again), failed after another write error.
+    pub fn metadata_dir_health(&self) -> &Arc<gregor_log::LogDirHealth> {
+        &self.metadata_dir_health
     }
 
     /// This node's id.
@@ -851,6 +884,8 @@ struct Driver<T: Transport> {
     stopped: bool,
     /// Shared with [`RaftManager::failure`].
     failure: Arc<Mutex<Option<String>>>,
+    /// Set once the driver stopped on a failure ([`RaftManager::stopped_on_failure`]).
+    failed: watch::Sender<bool>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -930,6 +965,12 @@ impl<T: Transport> Driver<T> {
                 }
                 Err(ProposeError::NotLeader { epoch, leader_id }) => {
                     let _ = reply.send(Err(DriverError::NotLeader { leader_id, epoch }));
+                }
+                Err(ProposeError::Log(crate::log::RaftLogError::Io(e))) => {
+                    let _ = reply.send(Err(DriverError::Storage(format!(
+                        "appending to {} failed: {e}",
+                        self.node.log().dir().display()
+                    ))));
                 }
                 Err(e) => {
                     let _ = reply.send(Err(DriverError::Refused(e.to_string())));
@@ -1188,6 +1229,7 @@ impl<T: Transport> Driver<T> {
     /// Stops after a storage error, keeping `reason` for [`RaftManager::failure`].
     fn fail(&mut self, reason: String) {
         self.failure.lock().get_or_insert(reason);
+        self.failed.send_replace(true);
         self.stop();
     }
 }
