@@ -963,11 +963,7 @@ fn start_gregor(extra: &[String]) -> Result<Gregor> {
 
 #[test]
 fn acl_matrix_gregor() -> Result<()> {
-    // Transactions are gated off by default until the partition side is merged.
-    let sets = properties();
-    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    let mut g = Gregor::spawn_with_env(BIN, &sets, &[("GREGOR_TRANSACTIONS", "1")])?;
-    g.wait_ready()?;
+    let g = start_gregor(&properties())?;
     let matrix = Matrix {
         principal: "User:ANONYMOUS".into(),
     };
