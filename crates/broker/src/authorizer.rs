@@ -2,10 +2,11 @@
 //! in its shape: `authorize(context, actions) -> results`, one result per action, where an
 //! action is an operation on a resource pattern (type, name, pattern type).
 //!
-//! Today the broker runs [`AllowEverythingAuthorizer`] (what Kafka does with no
-//! `authorizer.class.name`); start-up refuses `authorizer.class.name` until an ACL authorizer
-//! exists, so nobody believes ACLs are enforced. Handlers call it where Kafka's `KafkaApis`
-//! does:
+//! Without `authorizer.class.name` the broker runs [`AllowEverythingAuthorizer`] (what Kafka
+//! does then); with Kafka's `StandardAuthorizer` class name it runs
+//! [`crate::standard_authorizer::StandardAuthorizer`] (ACLs from the metadata log); start-up
+//! refuses any other class. Handlers call it where Kafka's `KafkaApis` does (the ACL matrix
+//! in `crates/cli/tests/acls.rs` checks these against Kafka 4.4.0):
 //!
 //! | API | action | error when denied |
 //! |---|---|---|
@@ -14,13 +15,19 @@
 //! | Fetch (follower, `replica_id >= 0`) | `ClusterAction` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | Metadata, ListOffsets | `Describe` on each Topic (auto-creation also needs `Create` on the Cluster or Topic) | TOPIC_AUTHORIZATION_FAILED |
 //! | CreateTopics | `Create` on the Cluster, else on each Topic | TOPIC_AUTHORIZATION_FAILED |
-//! | DeleteTopics, DeleteRecords | `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DeleteTopics | `Delete` on the Cluster, else `Describe` (else the name's existence is not told) and `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | DeleteRecords | `Delete` on each Topic | TOPIC_AUTHORIZATION_FAILED |
 //! | CreatePartitions | `Alter` on each Topic | TOPIC_AUTHORIZATION_FAILED |
 //! | DescribeConfigs / (Incremental)AlterConfigs | `DescribeConfigs` / `AlterConfigs` on the Topic or the Cluster (broker resources) | TOPIC_ / CLUSTER_AUTHORIZATION_FAILED |
-//! | DescribeCluster | `Describe` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
-//! | InitProducerId | `Write` on the TransactionalId, or `IdempotentWrite` on the Cluster without one | TRANSACTIONAL_ID_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeCluster | nothing (KIP-430: the cluster's operations are 0 without `Describe` on it) | |
+//! | InitProducerId | `Write` on the TransactionalId, or without one `IdempotentWrite` on the Cluster or `Write` on some Topic (KIP-679, [`Authorizer::authorize_by_resource_type`]) | TRANSACTIONAL_ID_ / CLUSTER_AUTHORIZATION_FAILED |
+//! | CreateAcls, DeleteAcls / DescribeAcls | `Alter` / `Describe` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeLogDirs, ListPartitionReassignments / ElectLeaders, AlterPartitionReassignments, UpdateFeatures | `Describe` / `Alter` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | DescribeProducers | `Read` on each Topic | TOPIC_AUTHORIZATION_FAILED |
+//! | WriteTxnMarkers | `ClusterAction` (or `Alter`) on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | FindCoordinator, DescribeGroups, ConsumerGroupDescribe | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
-//! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
+//! | OffsetCommit | `Read` on the Group, `Read` on each Topic | GROUP_ / TOPIC_AUTHORIZATION_FAILED |
 //! | OffsetFetch | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | DeleteGroups, OffsetDelete | `Delete` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | ListGroups | `Describe` on the Cluster, else only the groups with `Describe` | (filtered) |
@@ -103,6 +110,10 @@ pub enum AclOperation {
     AlterConfigs,
     /// IDEMPOTENT_WRITE (12).
     IdempotentWrite,
+    /// CREATE_TOKENS (13).
+    CreateTokens,
+    /// DESCRIBE_TOKENS (14).
+    DescribeTokens,
 }
 
 impl AclOperation {
@@ -120,7 +131,29 @@ impl AclOperation {
             Self::DescribeConfigs => 10,
             Self::AlterConfigs => 11,
             Self::IdempotentWrite => 12,
+            Self::CreateTokens => 13,
+            Self::DescribeTokens => 14,
         }
+    }
+
+    /// The operation of a wire code; None for UNKNOWN, ANY and codes Kafka does not define.
+    pub fn from_code(code: i8) -> Option<Self> {
+        Some(match code {
+            2 => Self::All,
+            3 => Self::Read,
+            4 => Self::Write,
+            5 => Self::Create,
+            6 => Self::Delete,
+            7 => Self::Alter,
+            8 => Self::Describe,
+            9 => Self::ClusterAction,
+            10 => Self::DescribeConfigs,
+            11 => Self::AlterConfigs,
+            12 => Self::IdempotentWrite,
+            13 => Self::CreateTokens,
+            14 => Self::DescribeTokens,
+            _ => return None,
+        })
     }
 }
 
@@ -192,6 +225,50 @@ pub enum AuthorizationResult {
 pub trait Authorizer: Send + Sync {
     /// One result per action, in the same order.
     fn authorize(&self, ctx: &RequestContext, actions: &[Action]) -> Vec<AuthorizationResult>;
+
+    /// Kafka's `Authorizer.authorizeByResourceType` (KIP-679): whether the principal may do
+    /// `op` on at least one resource of `resource_type`. This default asks about one made-up
+    /// name, as Kafka's default does first; ACL authorizers look at their ACLs.
+    fn authorize_by_resource_type(
+        &self,
+        ctx: &RequestContext,
+        op: AclOperation,
+        resource_type: ResourceType,
+    ) -> AuthorizationResult {
+        let probe = Action {
+            resource_reference_count: 0,
+            log_if_denied: false,
+            ..Action::new(op, ResourcePattern::literal(resource_type, "hardcode"))
+        };
+        self.authorize(ctx, std::slice::from_ref(&probe))
+            .first()
+            .copied()
+            .unwrap_or(AuthorizationResult::Denied)
+    }
+
+    /// Whether this authorizer keeps ACLs (CreateAcls, DeleteAcls and DescribeAcls answer
+    /// SECURITY_DISABLED otherwise).
+    fn keeps_acls(&self) -> bool {
+        false
+    }
+
+    /// The ACLs matching `filter` (DescribeAcls, Kafka's `Authorizer.acls`); None when this
+    /// authorizer keeps no ACLs (DescribeAcls/CreateAcls/DeleteAcls answer SECURITY_DISABLED,
+    /// as Kafka without `authorizer.class.name`).
+    fn acls(
+        &self,
+        _filter: &gregor_metadata::acl::AclBindingFilter,
+    ) -> Option<Vec<gregor_metadata::acl::AclBinding>> {
+        None
+    }
+
+    /// The publisher that keeps this authorizer's ACLs up to date with the metadata log,
+    /// installed on the loader at start-up; None when it keeps none.
+    fn metadata_publisher(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn gregor_metadata::MetadataPublisher>> {
+        None
+    }
 }
 
 /// Allows everything: Kafka's behaviour without `authorizer.class.name`.

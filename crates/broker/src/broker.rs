@@ -155,6 +155,77 @@ impl Broker {
             .is_some_and(|r| *r == AuthorizationResult::Allowed)
     }
 
+    /// KIP-430's authorized operations of one resource: a bit field with bit `code` set for
+    /// each operation of the resource type (Kafka's `AclEntry.supportedOperations`) that
+    /// `ctx`'s principal may perform (Kafka's `AuthHelper.authorizedOperations`). Nothing is
+    /// logged for these checks.
+    pub fn authorized_operations(
+        &self,
+        ctx: &RequestContext,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> i32 {
+        use AclOperation as O;
+        let supported: &[AclOperation] = match resource_type {
+            ResourceType::Topic => &[
+                O::Read,
+                O::Write,
+                O::Create,
+                O::Describe,
+                O::Delete,
+                O::Alter,
+                O::DescribeConfigs,
+                O::AlterConfigs,
+            ],
+            ResourceType::Group => &[
+                O::Read,
+                O::Describe,
+                O::Delete,
+                O::DescribeConfigs,
+                O::AlterConfigs,
+            ],
+            ResourceType::Cluster => &[
+                O::Create,
+                O::ClusterAction,
+                O::DescribeConfigs,
+                O::AlterConfigs,
+                O::IdempotentWrite,
+                O::Alter,
+                O::Describe,
+            ],
+            ResourceType::TransactionalId => &[O::Describe, O::Write],
+            ResourceType::DelegationToken => &[O::Describe],
+            ResourceType::User => &[O::CreateTokens, O::DescribeTokens],
+        };
+        let actions: Vec<Action> = supported
+            .iter()
+            .map(|op| Action {
+                log_if_allowed: false,
+                log_if_denied: false,
+                ..Action::new(*op, ResourcePattern::literal(resource_type, name))
+            })
+            .collect();
+        self.authorizer
+            .authorize(ctx, &actions)
+            .iter()
+            .zip(supported)
+            .filter(|(r, _)| **r == AuthorizationResult::Allowed)
+            .fold(0i32, |bits, (_, op)| bits | (1 << op.code()))
+    }
+
+    /// Whether `ctx`'s principal may perform `operation` on some resource of `resource_type`
+    /// (Kafka's `authorizeByResourceType`, KIP-679).
+    pub fn authorize_by_resource_type(
+        &self,
+        ctx: &RequestContext,
+        operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool {
+        self.authorizer
+            .authorize_by_resource_type(ctx, operation, resource_type)
+            == AuthorizationResult::Allowed
+    }
+
     /// A fresh producer id (InitProducerId). Ids come from durable blocks of 1000, so they are
     /// never reused across restarts.
     ///

@@ -561,6 +561,15 @@ pub struct BrokerConfig {
     pub default_replication_factor: i16,
     /// `auto.create.topics.enable`, default true.
     pub auto_create_topics_enable: bool,
+    /// `authorizer.class.name`: None (Kafka's default, everything allowed) or Kafka's
+    /// `StandardAuthorizer` ([`crate::standard_authorizer::STANDARD_AUTHORIZER_CLASS`]); any
+    /// other value stops start-up.
+    pub authorizer_class_name: Option<String>,
+    /// `super.users`: `;`-separated principals the authorizer allows everything.
+    pub super_users: String,
+    /// `allow.everyone.if.no.acl.found`, default false: what the authorizer answers for a
+    /// resource with no ACL at all.
+    pub allow_everyone_if_no_acl_found: bool,
     /// `socket.request.max.bytes`, default 104857600 (100 MiB).
     pub socket_request_max_bytes: usize,
     /// `queued.max.requests`, default 500: per connection, requests read ahead of responses.
@@ -642,6 +651,14 @@ const BROKER_KEYS: &[(&str, ConfigType, &str)] = &[
         LONG_MAX,
     ),
     ("broker.rack", ConfigType::String, ""),
+    // Authorization (issue 13): the ACL authorizer, Kafka's `StandardAuthorizer`.
+    ("authorizer.class.name", ConfigType::String, ""),
+    ("super.users", ConfigType::String, ""),
+    (
+        "allow.everyone.if.no.acl.found",
+        ConfigType::Boolean,
+        "false",
+    ),
     // Retention and the log cleaner (Kafka's `ServerLogConfigs`, `CleanerConfig`).
     (
         "log.retention.check.interval.ms",
@@ -858,9 +875,10 @@ pub(crate) fn broker_keys(
     BROKER_KEYS.iter().chain(SOCKET_SERVER_KEYS)
 }
 
-/// Keys that configure security gregor does not implement yet (TLS, SASL, authorization):
+/// Keys that configure security gregor does not implement yet (TLS, SASL, other authorizers):
 /// accepting them would start a broker that looks secured and is not, so start-up stops.
-/// Empty `authorizer.class.name` (Kafka's default: no authorizer) and
+/// Empty `authorizer.class.name` (Kafka's default: no authorizer), Kafka's
+/// `StandardAuthorizer` ([`crate::standard_authorizer`]) and
 /// `security.inter.broker.protocol=PLAINTEXT` are fine.
 fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
     props
@@ -871,7 +889,7 @@ fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
                 return false;
             }
             match k.as_str() {
-                "authorizer.class.name" => !v.is_empty(),
+                "authorizer.class.name" => false,
                 "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
                 k if k.starts_with("ssl.") || k.starts_with("sasl.") => true,
                 // listener.name.<listener>.ssl.* / .sasl.* / .<mechanism>.sasl.*
@@ -1067,6 +1085,18 @@ impl BrokerConfig {
         mut props: BTreeMap<String, String>,
     ) -> Result<(Self, crate::config_report::ConfigReport), ConfigError> {
         apply_broker_id_synonym(&mut props)?;
+        if let Some(v) = props.get("authorizer.class.name").map(|v| v.trim()) {
+            if !v.is_empty() && v != crate::standard_authorizer::STANDARD_AUTHORIZER_CLASS {
+                return Err(ConfigError::new(
+                    "authorizer.class.name",
+                    v,
+                    format!(
+                        "gregor implements one authorizer, {} (Kafka's ACL authorizer); it loads no Java classes",
+                        crate::standard_authorizer::STANDARD_AUTHORIZER_CLASS
+                    ),
+                ));
+            }
+        }
         let refused = unimplemented_security_keys(&props);
         if !refused.is_empty() {
             return Err(ConfigError::new(
@@ -1241,6 +1271,10 @@ impl BrokerConfig {
             default_replication_factor: rf as i16,
             auto_create_topics_enable: get("auto.create.topics.enable")
                 .is_none_or(|v| v.eq_ignore_ascii_case("true")),
+            authorizer_class_name: get("authorizer.class.name").filter(|v| !v.is_empty()),
+            super_users: get("super.users").unwrap_or_default(),
+            allow_everyone_if_no_acl_found: get("allow.everyone.if.no.acl.found")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
             socket_request_max_bytes: request_max as usize,
             queued_max_requests: int("queued.max.requests", 500).clamp(1, 10_000) as usize,
             log_flush_scheduler_interval_ms: int("log.flush.scheduler.interval.ms", 1000)
@@ -2540,9 +2574,37 @@ mod tests {
                 "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             ),
             ("ssl.truststore.location", "/x"),
+            ("sasl.enabled.mechanisms", "PLAIN"),
         ]))
         .unwrap_err();
-        assert_eq!(e.name, "authorizer.class.name, ssl.truststore.location");
+        assert_eq!(e.name, "sasl.enabled.mechanisms, ssl.truststore.location");
+        // StandardAuthorizer is accepted; any other authorizer is refused by name.
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            (
+                "authorizer.class.name",
+                " org.apache.kafka.metadata.authorizer.StandardAuthorizer ",
+            ),
+            ("super.users", "User:admin; User:ops"),
+            ("allow.everyone.if.no.acl.found", "TRUE"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.authorizer_class_name.as_deref(),
+            Some("org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+        );
+        assert!(c.allow_everyone_if_no_acl_found);
+        assert_eq!(c.super_users, "User:admin; User:ops");
+        let e = BrokerConfig::from_properties(props(&[(
+            "authorizer.class.name",
+            "kafka.security.authorizer.AclAuthorizer",
+        )]))
+        .unwrap_err();
+        assert_eq!(e.name, "authorizer.class.name");
+        assert!(e.reason.contains("StandardAuthorizer"), "{e}");
+        let e =
+            BrokerConfig::from_properties(props(&[("allow.everyone.if.no.acl.found", "maybe")]))
+                .unwrap_err();
+        assert_eq!(e.name, "allow.everyone.if.no.acl.found");
         let e = BrokerConfig::from_properties(props(&[("security.inter.broker.protocol", "SSL")]))
             .unwrap_err();
         assert_eq!(e.name, "security.inter.broker.protocol");

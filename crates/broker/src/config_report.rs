@@ -13,8 +13,7 @@ use crate::config::{acted_on, TOPIC_CONFIGS};
 /// Keys that are honoured at the values gregor accepts them at (any other value stops start-up
 /// in [`crate::config::BrokerConfig::from_properties`]).
 const HONOURED_AS_IS: &[&str] = &[
-    // Only an empty value (no authorizer) and PLAINTEXT get this far.
-    "authorizer.class.name",
+    // Only PLAINTEXT gets this far.
     "security.inter.broker.protocol",
     // The synonym of node.id (Kafka's KafkaConfig.populateSynonyms); checked to agree with it.
     "broker.id",
@@ -44,8 +43,6 @@ const RULES: &[(&str, &str)] = &[
     ("remote.log.", "not implemented yet: tiered storage (KIP-405)"),
     ("log.local.retention.", "not implemented yet: tiered storage (KIP-405)"),
     ("remote.", "not implemented yet: tiered storage (KIP-405)"),
-    ("super.users", "not implemented yet: ACLs and authentication"),
-    ("allow.everyone.if.no.acl.found", "not implemented yet: ACLs and authentication"),
     ("principal.builder.class", "not implemented yet: ACLs and authentication"),
     ("connections.max.reauth.ms", "not implemented yet: ACLs and authentication"),
     ("delegation.token.", "not implemented yet: delegation tokens"),

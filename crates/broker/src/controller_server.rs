@@ -179,7 +179,9 @@ impl ControllerApis {
             | ApiKey::UpdateFeatures
             | ApiKey::AlterPartitionReassignments
             | ApiKey::ListPartitionReassignments
-            | ApiKey::AlterUserScramCredentials => crate::handlers::supported_versions(api_key),
+            | ApiKey::AlterUserScramCredentials
+            | ApiKey::CreateAcls
+            | ApiKey::DeleteAcls => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -324,7 +326,9 @@ impl gregor_network::RequestHandler for ControllerApis {
             | RequestKind::UpdateFeatures(_)
             | RequestKind::AlterPartitionReassignments(_)
             | RequestKind::ListPartitionReassignments(_)
-            | RequestKind::AlterUserScramCredentials(_)) => {
+            | RequestKind::AlterUserScramCredentials(_)
+            | RequestKind::CreateAcls(_)
+            | RequestKind::DeleteAcls(_)) => {
                 let response = match self.broker.get() {
                     Some(broker) if self.is_active() => {
                         forwarding::handle_local(broker, ctx, body).await

@@ -37,6 +37,7 @@ pub mod replica_manager;
 pub mod replication;
 pub mod sasl_config;
 pub mod server;
+pub mod standard_authorizer;
 pub mod start_error;
 pub mod storage;
 pub mod txn_markers;

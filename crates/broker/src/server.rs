@@ -315,7 +315,16 @@ fn max_connections_by_descriptors(soft: u64, budget: usize) -> usize {
 /// # Errors
 /// [`StartError`] naming the directory, file or address at fault.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, StartError> {
-    start_with_authorizer(config, Arc::new(AllowEverythingAuthorizer)).await
+    let authorizer: Arc<dyn crate::authorizer::Authorizer> =
+        match config.authorizer_class_name.as_deref() {
+            // `BrokerConfig::from_properties` lets no other class name through.
+            Some(_) => Arc::new(crate::standard_authorizer::StandardAuthorizer::new(
+                &config.super_users,
+                config.allow_everyone_if_no_acl_found,
+            )),
+            None => Arc::new(AllowEverythingAuthorizer),
+        };
+    start_with_authorizer(config, authorizer).await
 }
 
 /// [`start`] with an [`Authorizer`](crate::authorizer::Authorizer) other than allow-everything.
@@ -462,6 +471,16 @@ pub async fn start_with_authorizer(
     )
     .await?;
     tasks.extend(metadata_tasks);
+    // The ACL authorizer is ready (Kafka's `completeInitialLoad`) once the metadata has caught
+    // up: before this node registers, so that the other nodes' registrations and heartbeats
+    // on its controller listener are decided with the committed ACLs.
+    if let Some(acls) = authorizer.clone().metadata_publisher() {
+        controller
+            .loader()
+            .install_publisher(acls)
+            .await
+            .map_err(|e| StartError::Metadata(e.to_string()))?;
+    }
     controller_apis.set_controller(controller.clone());
     // BrokerRegistration, heartbeats, forwarded admin requests: to the active controller.
     let controller_client = Arc::new(crate::controller_channel::ControllerClient::new(

@@ -1502,6 +1502,29 @@ impl ControllerHandle {
         .await
     }
 
+    /// Creates ACLs (CreateAcls); see [`Controller::create_acls`]. One answer per binding.
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn create_acls(
+        &self,
+        bindings: Vec<crate::acl::AclBinding>,
+    ) -> Result<Vec<Result<(), ControllerError>>, ControllerError> {
+        self.submit_each(move |c| c.create_acls(bindings)).await
+    }
+
+    /// Deletes the ACLs matching each filter (DeleteAcls); see [`Controller::delete_acls`].
+    /// One answer per filter: the bindings it removed.
+    ///
+    /// # Errors
+    /// As [`ControllerHandle::create_topics`].
+    pub async fn delete_acls(
+        &self,
+        filters: Vec<crate::acl::AclBindingFilter>,
+    ) -> Result<Vec<Result<Vec<crate::acl::AclBinding>, ControllerError>>, ControllerError> {
+        self.submit_each(move |c| c.delete_acls(filters)).await
+    }
+
     /// Sets or removes configs of one resource; see [`Controller::alter_configs`].
     ///
     /// # Errors

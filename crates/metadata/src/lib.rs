@@ -15,6 +15,7 @@
 //! changes no handler. This crate knows nothing of sockets or partition data files.
 #![deny(missing_docs)]
 
+pub mod acl;
 pub mod broker_sessions;
 pub mod client_quota_control;
 pub mod cluster_control;

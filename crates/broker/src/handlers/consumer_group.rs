@@ -156,7 +156,14 @@ pub fn describe(
                     .with_group_epoch(d.group_epoch)
                     .with_assignment_epoch(d.assignment_epoch)
                     .with_assignor_name(sb(&d.assignor_name))
-                    .with_authorized_operations(i32::MIN)
+                    // KIP-430, as Kafka: only for a group described without error.
+                    .with_authorized_operations(
+                        if req.include_authorized_operations && d.error_code == ec::NONE {
+                            broker.authorized_operations(ctx, ResourceType::Group, gid)
+                        } else {
+                            i32::MIN
+                        },
+                    )
                     .with_members(
                         d.members
                             .into_iter()

@@ -20,7 +20,7 @@ use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{self as m, ApiKey, RequestKind, ResponseKind};
 
 use super::{
-    client_quotas, configs, elect_leaders, features, kraft, reassignments, sb, scram, topics,
+    acls, client_quotas, configs, elect_leaders, features, kraft, reassignments, sb, scram, topics,
 };
 use crate::broker::Broker;
 use gregor_network::{respond, Handled, RequestContext};
@@ -39,6 +39,8 @@ pub const FORWARDED: &[ApiKey] = &[
     ApiKey::DescribeQuorum,
     ApiKey::AlterClientQuotas,
     ApiKey::AlterUserScramCredentials,
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
 ];
 
 /// Handles a request of [`FORWARDED`] received on a broker listener: locally when this node's
@@ -132,6 +134,8 @@ pub async fn handle_local(
             .await
             .into(),
         RequestKind::AlterUserScramCredentials(r) => scram::alter(broker, ctx, r).await.into(),
+        RequestKind::CreateAcls(r) => acls::create_acls(broker, ctx, &r).await.into(),
+        RequestKind::DeleteAcls(r) => acls::delete_acls(broker, ctx, &r).await.into(),
         other => error_response(&other, ErrorCode::InvalidRequest, None),
     }
 }
@@ -259,6 +263,12 @@ pub fn error_response(
         RequestKind::AlterUserScramCredentials(r) => {
             scram::alter_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
         }
+        RequestKind::CreateAcls(r) => {
+            acls::create_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
+        RequestKind::DeleteAcls(r) => {
+            acls::delete_error_response(r, ErrorCode::from_code(code).unwrap_or(ErrorCode::UnknownServerError), message.as_deref()).into()
+        }
         // Only the APIs above are forwarded.
         _ => m::CreateTopicsResponse::default().into(),
     }
@@ -319,6 +329,14 @@ mod tests {
             ApiKey::AlterUserScramCredentials => (
                 m::AlterUserScramCredentialsRequest::default().into(),
                 m::AlterUserScramCredentialsResponse::default().into(),
+            ),
+            ApiKey::CreateAcls => (
+                m::CreateAclsRequest::default().into(),
+                m::CreateAclsResponse::default().into(),
+            ),
+            ApiKey::DeleteAcls => (
+                m::DeleteAclsRequest::default().into(),
+                m::DeleteAclsResponse::default().into(),
             ),
             other => panic!("{other:?} is not forwarded"),
         }

@@ -401,9 +401,21 @@ pub fn offset_commit(
         return Handled::Ready(respond(header, ApiKey::OffsetCommit, r.into()));
     }
     let image = broker.controller.image();
-    let known = |name: &str| image.topic(name).is_some();
+    // As Kafka's `handleOffsetCommitRequest`: a topic the principal may not Read is
+    // TOPIC_AUTHORIZATION_FAILED, then an unknown one UNKNOWN_TOPIC_OR_PARTITION; 0: committed.
+    let skip_code = |name: &str| {
+        if !broker.authorize(ctx, AclOperation::Read, ResourceType::Topic, name) {
+            ec::TOPIC_AUTHORIZATION_FAILED
+        } else if image.topic(name).is_none() {
+            ec::UNKNOWN_TOPIC_OR_PARTITION
+        } else {
+            ec::NONE
+        }
+    };
+    let skips: Vec<i16> = req.topics.iter().map(|t| skip_code(&t.name)).collect();
+    let known = |i: usize| skips.get(i).is_some_and(|c| *c == ec::NONE);
     let mut offsets = Vec::new();
-    for t in req.topics.iter().filter(|t| known(&t.name)) {
+    for (_, t) in req.topics.iter().enumerate().filter(|(i, _)| known(*i)) {
         for p in &t.partitions {
             offsets.push(OffsetToCommit {
                 topic: t.name.to_string(),
@@ -439,12 +451,13 @@ pub fn offset_commit(
             offsets,
         })
     };
-    let topics: Vec<(TopicName, bool, Vec<i32>)> = req
+    let topics: Vec<(TopicName, i16, Vec<i32>)> = req
         .topics
         .iter()
-        .map(|t| {
+        .zip(&skips)
+        .map(|(t, skip)| {
             let partitions = t.partitions.iter().map(|p| p.partition_index).collect();
-            (t.name.clone(), known(&t.name), partitions)
+            (t.name.clone(), *skip, partitions)
         })
         .collect();
     deferred(
@@ -457,24 +470,24 @@ pub fn offset_commit(
 }
 
 fn offset_commit_response(
-    topics: Vec<(TopicName, bool, Vec<i32>)>,
+    topics: Vec<(TopicName, i16, Vec<i32>)>,
     errors: Vec<i16>,
 ) -> OffsetCommitResponse {
     let mut it = errors.into_iter();
     OffsetCommitResponse::default().with_topics(
         topics
             .into_iter()
-            .map(|(name, exists, partitions)| {
+            .map(|(name, skip, partitions)| {
                 OffsetCommitResponseTopic::default()
                     .with_name(name)
                     .with_partitions(
                         partitions
                             .into_iter()
                             .map(|partition_index| {
-                                let code = if exists {
+                                let code = if skip == ec::NONE {
                                     it.next().unwrap_or(ec::UNKNOWN_SERVER_ERROR)
                                 } else {
-                                    ec::UNKNOWN_TOPIC_OR_PARTITION
+                                    skip
                                 };
                                 OffsetCommitResponsePartition::default()
                                     .with_partition_index(partition_index)
@@ -660,7 +673,14 @@ pub fn describe_groups(
                 .with_group_state(sb(&d.state))
                 .with_protocol_type(sb(&d.protocol_type))
                 .with_protocol_data(sb(&d.protocol))
-                .with_authorized_operations(i32::MIN)
+                // KIP-430, as Kafka: only for a group described without error.
+                .with_authorized_operations(
+                    if req.include_authorized_operations && d.error_code == ec::NONE {
+                        broker.authorized_operations(ctx, ResourceType::Group, gid)
+                    } else {
+                        i32::MIN
+                    },
+                )
                 .with_members(
                     d.members
                         .into_iter()

@@ -243,12 +243,38 @@ pub async fn handle(
             }
         }
     }
+    // KIP-430, as Kafka's `handleTopicMetadataRequest`: every topic answered (not those
+    // refused for Describe) gets its operations; the cluster's (v8-10) are 0 without
+    // Describe on the Cluster.
+    if req.include_topic_authorized_operations {
+        for t in &mut topics {
+            if t.error_code == ec::TOPIC_AUTHORIZATION_FAILED {
+                continue;
+            }
+            if let Some(name) = &t.name {
+                t.topic_authorized_operations =
+                    broker.authorized_operations(ctx, ResourceType::Topic, name);
+            }
+        }
+    }
+    let cluster_authorized_operations = if !req.include_cluster_authorized_operations {
+        AUTHORIZED_OPERATIONS_OMITTED
+    } else if broker.authorize(
+        ctx,
+        AclOperation::Describe,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) {
+        broker.authorized_operations(ctx, ResourceType::Cluster, CLUSTER_NAME)
+    } else {
+        0
+    };
     MetadataResponse::default()
         .with_brokers(brokers(&image, &ctx.listener_name))
         .with_cluster_id(Some(sb(&broker.cluster_id)))
         .with_controller_id(BrokerId(broker.config.node_id))
         .with_topics(topics)
-        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_cluster_authorized_operations(cluster_authorized_operations)
 }
 
 /// Answers DescribeCluster (KIP-700).
@@ -258,23 +284,25 @@ pub fn describe_cluster(
     req: &DescribeClusterRequest,
     version: i16,
 ) -> DescribeClusterResponse {
-    if !broker.authorize(
+    // Kafka authorises nothing here (`AuthHelper.computeDescribeClusterResponse`): the
+    // cluster's authorized operations (KIP-430) are 0 without Describe on the Cluster.
+    let cluster_authorized_operations = if !req.include_cluster_authorized_operations {
+        AUTHORIZED_OPERATIONS_OMITTED
+    } else if broker.authorize(
         ctx,
         AclOperation::Describe,
         ResourceType::Cluster,
         CLUSTER_NAME,
     ) {
-        return DescribeClusterResponse::default()
-            .with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED)
-            .with_cluster_id(sb(&broker.cluster_id))
-            .with_controller_id(BrokerId(-1))
-            .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED);
-    }
+        broker.authorized_operations(ctx, ResourceType::Cluster, CLUSTER_NAME)
+    } else {
+        0
+    };
     let image = broker.controller.image();
     let mut resp = DescribeClusterResponse::default()
         .with_cluster_id(sb(&broker.cluster_id))
         .with_controller_id(BrokerId(broker.config.node_id))
-        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+        .with_cluster_authorized_operations(cluster_authorized_operations)
         .with_endpoint_type(1)
         .with_brokers(
             image

@@ -5,6 +5,7 @@
 //! `kafka-protocol` crate (generated from Kafka 4.1's message schemas), so ApiVersions
 //! advertises exactly what Apache Kafka accepts for each API gregor implements.
 
+pub mod acls;
 pub mod api_versions;
 pub mod client_quotas;
 pub mod configs;
@@ -82,6 +83,10 @@ pub const IMPLEMENTED: &[ApiKey] = &[
     // The partition leader's side of transactions (`txn_partition`).
     ApiKey::WriteTxnMarkers,
     ApiKey::DescribeProducers,
+    // ACLs (`acls`): answered SECURITY_DISABLED without `authorizer.class.name`, as Kafka.
+    ApiKey::DescribeAcls,
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
     // Forwarded to the active controller (Kafka's broker listener advertises it: its
     // `listeners` are broker and controller), with Kafka 4.4's range 0-2.
     ApiKey::DescribeQuorum,
@@ -301,6 +306,18 @@ fn defaults(api_key: ApiKey) -> Option<(RequestKind, ResponseKind)> {
             SaslAuthenticateRequest::default().into(),
             SaslAuthenticateResponse::default().into(),
         ),
+        ApiKey::DescribeAcls => (
+            DescribeAclsRequest::default().into(),
+            DescribeAclsResponse::default().into(),
+        ),
+        ApiKey::CreateAcls => (
+            CreateAclsRequest::default().into(),
+            CreateAclsResponse::default().into(),
+        ),
+        ApiKey::DeleteAcls => (
+            DeleteAclsRequest::default().into(),
+            DeleteAclsResponse::default().into(),
+        ),
         _ => return None,
     })
 }
@@ -454,13 +471,16 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::ListPartitionReassignments(_)
         | RequestKind::DescribeQuorum(_)
         | RequestKind::AlterClientQuotas(_)
-        | RequestKind::AlterUserScramCredentials(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::AlterUserScramCredentials(_)
+        | RequestKind::CreateAcls(_)
+        | RequestKind::DeleteAcls(_)) => forwarding::handle(broker, ctx, body).await,
         RequestKind::DescribeClientQuotas(r) => {
             ready(client_quotas::describe_client_quotas(broker, ctx, &r).into())
         }
         RequestKind::DescribeUserScramCredentials(r) => {
             ready(scram::describe(broker, ctx, &r).into())
         }
+        RequestKind::DescribeAcls(r) => ready(acls::describe_acls(broker, ctx, &r).into()),
         RequestKind::DescribeConfigs(r) => {
             ready(configs::describe_configs(broker, ctx, &r, v).into())
         }

@@ -84,7 +84,9 @@ pub async fn handle(
         AclOperation::IdempotentWrite,
         ResourceType::Cluster,
         CLUSTER_NAME,
-    ) {
+    ) && !broker.authorize_by_resource_type(ctx, AclOperation::Write, ResourceType::Topic)
+    {
+        // KIP-679: Write on any topic is enough for an idempotent producer.
         return resp.with_error_code(ec::CLUSTER_AUTHORIZATION_FAILED);
     }
     if req.transactional_id.is_some() {

@@ -402,7 +402,29 @@ pub async fn delete_topics(
     let mut responses = Vec::new();
     // Topic ids for the controller, with their place in `responses`.
     let mut to_delete: Vec<(usize, Uuid)> = Vec::new();
+    // Kafka's `ControllerApis.deleteTopics`: Delete on the Cluster allows every topic; else a
+    // name the principal may not Describe is TOPIC_AUTHORIZATION_FAILED whether or not it
+    // exists, and Delete on the topic is needed.
+    let cluster_delete = broker.authorize(
+        ctx,
+        AclOperation::Delete,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    );
     for (name, id) in wanted.drain(..) {
+        if let (Some(n), true) = (&name, id.is_nil()) {
+            if !cluster_delete
+                && !broker.authorize(ctx, AclOperation::Describe, ResourceType::Topic, n)
+            {
+                responses.push(
+                    DeletableTopicResult::default()
+                        .with_name(Some(TopicName(sb(n))))
+                        .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)
+                        .with_error_message(Some(sb(NOT_AUTHORIZED))),
+                );
+                continue;
+            }
+        }
         let (lookup, not_found) = match (&name, id.is_nil()) {
             (Some(n), true) => (image.topic(n), ec::UNKNOWN_TOPIC_OR_PARTITION),
             (None, false) => (image.topic_by_id(&id), ec::UNKNOWN_TOPIC_ID),
@@ -438,7 +460,9 @@ pub async fn delete_topics(
         let result = DeletableTopicResult::default()
             .with_name(Some(TopicName(sb(&topic_name))))
             .with_topic_id(if version >= 6 { topic_id } else { Uuid::nil() });
-        if !broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, &topic_name) {
+        if !cluster_delete
+            && !broker.authorize(ctx, AclOperation::Delete, ResourceType::Topic, &topic_name)
+        {
             responses.push(
                 result
                     .with_error_code(ec::TOPIC_AUTHORIZATION_FAILED)

@@ -1,10 +1,12 @@
 //! The client side of the `gregor` binary: `topic`, `produce`, `consume`, `group`, `config`,
 //! `status` and `perf`, built on rdkafka (librdkafka), so they work against gregor and against
-//! any Apache Kafka broker alike.
+//! any Apache Kafka broker alike; `acl` speaks the Kafka protocol itself (the binding has no
+//! ACL calls).
 //!
 //! Tables (comfy-table) are for people; `--output json` is for scripts. Client properties that
 //! have no flag of their own can be passed through with `-X key=value` (librdkafka names).
 
+mod acl;
 mod config;
 mod consume;
 mod delete_records;
@@ -40,6 +42,8 @@ pub enum ClientCommand {
     Group(group::GroupArgs),
     /// Describe, set and delete topic and broker configs.
     Config(config::ConfigArgs),
+    /// Add, list and remove ACLs (as Kafka's `kafka-acls`).
+    Acl(acl::AclArgs),
     /// One screen about a running broker: uptime, topics, throughput, largest lags.
     Status(status::StatusArgs),
     /// Load generator: produce or consume and report throughput and latency (JSON).
@@ -55,6 +59,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
         ClientCommand::Consume(a) => Some(&a.connection),
         ClientCommand::Group(a) => Some(&a.connection),
         ClientCommand::Config(a) => Some(&a.connection),
+        ClientCommand::Acl(a) => Some(&a.connection),
         // `status` asks the admin listener first and explains its own failures.
         ClientCommand::Status(_) => None,
         ClientCommand::Perf(a) => Some(a.connection()),
@@ -70,6 +75,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
         ClientCommand::Consume(args) => consume::run(args).await,
         ClientCommand::Group(args) => group::run(args).await,
         ClientCommand::Config(args) => config::run(args).await,
+        ClientCommand::Acl(args) => acl::run(args).await,
         ClientCommand::Status(args) => status::run(args).await,
         ClientCommand::Perf(args) => perf::run(args).await,
     }
