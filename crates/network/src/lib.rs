@@ -19,9 +19,12 @@ pub mod quotas;
 pub mod response;
 mod send;
 pub mod server;
+pub mod tls;
 pub mod transport;
 
 pub use context::{KafkaPrincipal, RequestContext, SecurityProtocol};
 pub use handler::{respond, Handled, RequestHandler};
 pub use response::{FileRegion, RegionFile, Response, ResponsePart};
-pub use server::{bind, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig};
+pub use server::{
+    bind, bind_with_layers, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig,
+};

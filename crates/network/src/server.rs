@@ -163,10 +163,21 @@ fn transport_layer(endpoint: &EndPoint) -> Result<Arc<dyn TransportLayer>, Netwo
 pub async fn bind(endpoints: &[EndPoint]) -> Result<Vec<BoundListener>, NetworkError> {
     let layers = endpoints
         .iter()
-        .map(transport_layer)
+        .map(|e| transport_layer(e).map(|l| (e.clone(), l)))
         .collect::<Result<Vec<_>, _>>()?;
+    bind_with_layers(layers).await
+}
+
+/// Binds every endpoint with the transport layer the caller built for it (TLS listeners:
+/// [`crate::tls::TlsTransportLayer`]). Nothing is accepted until [`SocketServer::start`].
+///
+/// # Errors
+/// [`NetworkError::Bind`] when an address cannot be bound.
+pub async fn bind_with_layers(
+    endpoints: Vec<(EndPoint, Arc<dyn TransportLayer>)>,
+) -> Result<Vec<BoundListener>, NetworkError> {
     let mut out = Vec::new();
-    for (endpoint, layer) in endpoints.iter().zip(layers) {
+    for (endpoint, layer) in endpoints {
         let host = if endpoint.host.is_empty() {
             "0.0.0.0"
         } else {
@@ -187,7 +198,7 @@ pub async fn bind(endpoints: &[EndPoint]) -> Result<Vec<BoundListener>, NetworkE
             .local_addr()
             .map_err(|source| NetworkError::Bind { addr, source })?;
         out.push(BoundListener {
-            endpoint: endpoint.clone(),
+            endpoint,
             local_addr,
             tcp,
             layer,
