@@ -343,6 +343,10 @@ pub async fn start_with_authorizer(
          connections beyond their share of the limit are closed at once"
     );
     gregor_log::index_cache::set_max_bytes(config.log_index_cache_bytes);
+    // TLS listeners read their keystores and truststores before anything else starts, so a
+    // wrong file stops start-up at once, naming the listener and the key.
+    let (mut listener_layers, tls_states) =
+        crate::listener_security::transport_layers(&config.raw, config.endpoints())?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
@@ -422,17 +426,19 @@ pub async fn start_with_authorizer(
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
     // elect a leader before any node can load its metadata.
-    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = config
-        .endpoints()
-        .into_iter()
-        .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
+    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = std::mem::take(
+        &mut listener_layers,
+    )
+    .into_iter()
+    .partition(|(e, _)| config.quorum.is_controller_listener(&e.listener_name));
+    tasks.extend(crate::listener_security::start_reloads(tls_states, &shutdown_rx));
     let controller_apis = Arc::new(
         crate::controller_server::ControllerApis::new(raft.clone(), cluster_id.clone())
             .with_kraft_version(crate::metadata_publisher::kraft_version(&config))
             .with_authorizer(authorizer.clone()),
     );
     if !controller_endpoints.is_empty() {
-        let listeners = match gregor_network::bind(&controller_endpoints).await {
+        let listeners = match gregor_network::bind_with_layers(controller_endpoints).await {
             Ok(l) => l,
             Err(e) => {
                 raft.shutdown().await;
@@ -461,7 +467,7 @@ pub async fn start_with_authorizer(
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
-    let listeners = gregor_network::bind(&broker_endpoints).await?;
+    let listeners = gregor_network::bind_with_layers(broker_endpoints).await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
     let bound_ports: Vec<(String, u16)> = listeners
         .iter()

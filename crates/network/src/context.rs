@@ -12,7 +12,7 @@ use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader};
 /// Kafka's `SecurityProtocol`: how a listener's connections are secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SecurityProtocol {
-    /// Un-authenticated, non-encrypted channel (the only one gregor implements today).
+    /// Un-authenticated, non-encrypted channel.
     Plaintext,
     /// TLS.
     Ssl,
@@ -48,10 +48,11 @@ impl SecurityProtocol {
             .find(|p| p.name().eq_ignore_ascii_case(name.trim()))
     }
 
-    /// Whether gregor can serve this protocol. Only PLAINTEXT until TLS and SASL land; any
-    /// other listener is refused at start-up rather than served as plaintext.
+    /// Whether gregor can serve this protocol: PLAINTEXT and SSL (the TLS transport,
+    /// [`crate::tls`]). Until SASL lands a SASL listener is refused at start-up rather than
+    /// served without authentication.
     pub fn is_implemented(self) -> bool {
-        self == Self::Plaintext
+        matches!(self, Self::Plaintext | Self::Ssl)
     }
 }
 
@@ -170,6 +171,7 @@ mod tests {
         }
         assert_eq!(SecurityProtocol::from_name("TLS"), None);
         assert!(SecurityProtocol::Plaintext.is_implemented());
+        assert!(SecurityProtocol::Ssl.is_implemented());
         assert!(!SecurityProtocol::SaslSsl.is_implemented());
         assert_eq!(KafkaPrincipal::anonymous().to_string(), "User:ANONYMOUS");
     }

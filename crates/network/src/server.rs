@@ -67,6 +67,16 @@ pub enum NetworkError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A TLS listener's keystore, truststore or settings cannot work.
+    #[error("listener {listener}: {key}: {message}")]
+    Tls {
+        /// Listener name.
+        listener: String,
+        /// The config key at fault, as set (`listener.name.<l>.ssl.keystore.location`, ...).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A listener uses a security protocol gregor does not implement (it would otherwise be
     /// served as plaintext).
     #[error("listener {listener} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served")]
