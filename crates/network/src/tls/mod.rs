@@ -591,3 +591,104 @@ impl TransportLayer for TlsTransportLayer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair};
+
+    fn self_signed() -> (String, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem(), key)
+    }
+
+    fn encrypted_pem(key: &KeyPair, password: &str) -> String {
+        let der = key.serialize_der();
+        let info = pkcs8::PrivateKeyInfo::try_from(der.as_slice()).unwrap();
+        let params =
+            pkcs8::pkcs5::pbes2::Parameters::pbkdf2_sha256_aes256cbc(2048, b"saltsalt", &[7; 16])
+                .unwrap();
+        info.encrypt_with_params(params, password)
+            .unwrap()
+            .to_pem("ENCRYPTED PRIVATE KEY", pkcs8::LineEnding::LF)
+            .unwrap()
+            .to_string()
+    }
+
+    fn settings(keystore: KeyStore, key_password: Option<&str>) -> TlsSettings {
+        TlsSettings {
+            keystore,
+            key_password: key_password.map(str::to_string),
+            truststore: None,
+            client_auth: ClientAuth::None,
+            protocols: parse_protocols("TLSv1.2,TLSv1.3", "TLSv1.3").unwrap(),
+            cipher_suites: Vec::new(),
+            principal_mapper: SslPrincipalMapper::default(),
+            handshake_timeout_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn encrypted_pkcs8_keys_need_the_right_password() {
+        let (cert, key) = self_signed();
+        let inline = |password: Option<&str>| {
+            build_server_config(&settings(
+                KeyStore::Inline {
+                    certificate_chain: cert.clone(),
+                    key: encrypted_pem(&key, "s3cret"),
+                },
+                password,
+            ))
+        };
+        assert!(inline(Some("s3cret")).is_ok());
+        let e = inline(Some("wrong")).unwrap_err();
+        assert_eq!(e.key, "ssl.key.password");
+        let e = inline(None).unwrap_err();
+        assert_eq!(e.key, "ssl.key.password");
+        assert!(e.message.contains("encrypted"), "{e}");
+    }
+
+    #[test]
+    fn cipher_suites_use_kafka_names_and_unknown_ones_are_refused() {
+        let p = crypto_provider(&["TLS_AES_256_GCM_SHA384".to_string()]).unwrap();
+        assert_eq!(p.cipher_suites.len(), 1);
+        let p =
+            crypto_provider(&["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".to_string()]).unwrap();
+        assert_eq!(p.cipher_suites.len(), 1);
+        let e = crypto_provider(&["TLS_RSA_WITH_AES_128_CBC_SHA".to_string()]).unwrap_err();
+        assert_eq!(e.key, "ssl.cipher.suites");
+        assert!(e.message.contains("TLS_AES_128_GCM_SHA256"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_times_out_the_handshake() {
+        let (cert, key) = self_signed();
+        let state = TlsServerState::new(
+            "SSL",
+            settings(
+                KeyStore::Inline {
+                    certificate_chain: cert,
+                    key: key.serialize_pem(),
+                },
+                None,
+            ),
+        )
+        .unwrap();
+        let layer = TlsTransportLayer::new(SecurityProtocol::Ssl, state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let started = Instant::now();
+        let err = match layer.establish(server).await {
+            Ok(_) => panic!("a handshake without a client hello succeeded"),
+            Err(e) => e,
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}
