@@ -809,9 +809,9 @@ fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
                 k if k.starts_with("sasl.") => true,
                 // listener.name.<listener>.sasl.* / .<mechanism>.sasl.* (ssl.* keys are read
                 // by crate::listener_security).
-                k => k.strip_prefix("listener.name.").is_some_and(|rest| {
-                    rest.split('.').skip(1).any(|seg| seg == "sasl")
-                }),
+                k => k
+                    .strip_prefix("listener.name.")
+                    .is_some_and(|rest| rest.split('.').skip(1).any(|seg| seg == "sasl")),
             }
         })
         .map(|(k, _)| k.as_str())
@@ -930,9 +930,10 @@ fn check_ssl_listeners(
         .keys()
         .filter(|k| crate::listener_security::acted_on(k))
         .filter(|k| match k.strip_prefix("listener.name.") {
-            Some(rest) => !ssl_listeners
-                .iter()
-                .any(|l| rest.strip_prefix(l.as_str()).is_some_and(|r| r.starts_with('.'))),
+            Some(rest) => !ssl_listeners.iter().any(|l| {
+                rest.strip_prefix(l.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+            }),
             None => ssl_listeners.is_empty(),
         })
         .map(String::as_str)
@@ -944,7 +945,10 @@ fn check_ssl_listeners(
             "these TLS keys apply to no SSL listener, so nothing would be encrypted: add the listener (listeners and listener.security.protocol.map) or remove them",
         ));
     }
-    for l in listeners.iter().filter(|l| l.security_protocol == SecurityProtocol::Ssl) {
+    for l in listeners
+        .iter()
+        .filter(|l| l.security_protocol == SecurityProtocol::Ssl)
+    {
         let cfg = crate::listener_security::ListenerConfig::new(props, &l.name);
         cfg.ssl_settings()?;
         cfg.reload_check_interval_ms()?;
@@ -957,7 +961,11 @@ fn check_ssl_listeners(
         }
     }
     // The effective inter-broker listener, as BrokerConfig::inter_broker_listener_name.
-    let brokers = || listeners.iter().filter(|l| !quorum.is_controller_listener(&l.name));
+    let brokers = || {
+        listeners
+            .iter()
+            .filter(|l| !quorum.is_controller_listener(&l.name))
+    };
     let inter_broker = match props
         .get("inter.broker.listener.name")
         .map(|v| v.trim().to_ascii_uppercase())

@@ -200,7 +200,11 @@ impl<'a> ListenerConfig<'a> {
         ConfigError::new(
             &self.shown(key),
             &value,
-            format!("listener {}: {}", self.listener.to_ascii_uppercase(), reason.into()),
+            format!(
+                "listener {}: {}",
+                self.listener.to_ascii_uppercase(),
+                reason.into()
+            ),
         )
     }
 
@@ -338,8 +342,12 @@ impl<'a> ListenerConfig<'a> {
     /// [`ConfigError`] for a value that is not a non-negative number.
     pub fn reload_check_interval_ms(&self) -> Result<u64, ConfigError> {
         let v = self.value_or_default("ssl.reload.check.interval.ms");
-        v.parse::<u64>()
-            .map_err(|_| self.error("ssl.reload.check.interval.ms", "Not a number of type LONG (>= 0)"))
+        v.parse::<u64>().map_err(|_| {
+            self.error(
+                "ssl.reload.check.interval.ms",
+                "Not a number of type LONG (>= 0)",
+            )
+        })
     }
 
     fn positive_ms(&self, key: &str) -> Result<u64, ConfigError> {
@@ -385,7 +393,10 @@ mod tests {
         let r = raw(&[
             ("ssl.keystore.type", "PEM"),
             ("ssl.keystore.location", "/broker-wide.pem"),
-            ("listener.name.external.ssl.keystore.location", "/external.pem"),
+            (
+                "listener.name.external.ssl.keystore.location",
+                "/external.pem",
+            ),
         ]);
         let s = ListenerConfig::new(&r, "EXTERNAL").ssl_settings().unwrap();
         assert_eq!(s.keystore, KeyStore::File("/external.pem".into()));
@@ -397,7 +408,9 @@ mod tests {
 
     #[test]
     fn refusals_name_the_listener_and_the_key() {
-        let e = ListenerConfig::new(&raw(&[]), "SSL").ssl_settings().unwrap_err();
+        let e = ListenerConfig::new(&raw(&[]), "SSL")
+            .ssl_settings()
+            .unwrap_err();
         assert_eq!(e.name, "ssl.keystore.location");
         assert!(e.reason.starts_with("listener SSL:"), "{e}");
         let e = ListenerConfig::new(
@@ -442,7 +455,10 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.name, "ssl.enabled.protocols");
         let e = ListenerConfig::new(
-            &raw(&[("ssl.keystore.type", "PKCS12"), ("ssl.keystore.location", "/k.p12")]),
+            &raw(&[
+                ("ssl.keystore.type", "PKCS12"),
+                ("ssl.keystore.location", "/k.p12"),
+            ]),
             "SSL",
         )
         .ssl_settings()
@@ -472,5 +488,90 @@ mod tests {
         assert!(acted_on("listener.name.external.ssl.client.auth"));
         assert!(!acted_on("ssl.keymanager.algorithm"));
         assert!(!acted_on("listener.name.x.sasl.enabled.mechanisms"));
+    }
+}
+
+/// Applies dynamic broker configs (`kafka-configs --alter --entity-type brokers --entity-name
+/// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
+/// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
+/// default) over the static config; when a listener's resulting keys changed, its TLS config
+/// is rebuilt. New connections get the new certificates; a change that does not make a
+/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
+/// has stored it by then).
+pub struct TlsConfigPublisher {
+    node_id: i32,
+    raw: BTreeMap<String, String>,
+    listeners: Vec<(String, Arc<TlsServerState>)>,
+    applied: parking_lot::Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+}
+
+impl TlsConfigPublisher {
+    /// A publisher for the TLS listeners `states` of broker `node_id` with static config `raw`.
+    pub fn new(
+        node_id: i32,
+        raw: BTreeMap<String, String>,
+        states: &[(Arc<TlsServerState>, u64)],
+    ) -> Self {
+        Self {
+            node_id,
+            raw,
+            listeners: states
+                .iter()
+                .map(|(s, _)| (s.listener_name().to_string(), s.clone()))
+                .collect(),
+            applied: parking_lot::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The `ssl.*` keys of `listener` after the dynamic configs `dynamic`, as the listener sees
+    /// them (static config with dynamic prefixed keys over it).
+    fn effective(
+        &self,
+        listener: &str,
+        dynamic: &crate::config::DynamicBrokerConfigs,
+    ) -> BTreeMap<String, String> {
+        let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+        let mut merged = self.raw.clone();
+        for source in [&dynamic.cluster_default, &dynamic.per_broker] {
+            for (k, v) in source {
+                if k.strip_prefix(&prefix).is_some_and(|key| acted_on(key)) {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        merged.into_iter().filter(|(k, _)| acted_on(k)).collect()
+    }
+}
+
+impl gregor_metadata::MetadataPublisher for TlsConfigPublisher {
+    fn name(&self) -> &str {
+        "tls-listeners"
+    }
+
+    fn on_metadata_update(
+        &self,
+        _delta: &gregor_metadata::MetadataDelta<'_>,
+        image: &Arc<gregor_metadata::MetadataImage>,
+    ) -> Result<(), String> {
+        let dynamic = crate::config::DynamicBrokerConfigs::from_image(image, self.node_id);
+        let mut applied = self.applied.lock();
+        for (listener, state) in &self.listeners {
+            let effective = self.effective(listener, &dynamic);
+            let before = applied
+                .entry(listener.clone())
+                .or_insert_with(|| self.effective(listener, &Default::default()));
+            if *before == effective {
+                continue;
+            }
+            *before = effective.clone();
+            let result = ListenerConfig::new(&effective, listener)
+                .ssl_settings()
+                .map_err(|e| e.to_string())
+                .and_then(|s| state.reconfigure(s).map_err(|e| e.to_string()));
+            if let Err(e) = result {
+                warn!(listener = %listener, error = %e, "a dynamic TLS config change cannot be used; the listener keeps its current certificates");
+            }
+        }
+        Ok(())
     }
 }

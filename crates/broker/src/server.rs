@@ -426,12 +426,21 @@ pub async fn start_with_authorizer(
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
     // elect a leader before any node can load its metadata.
-    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = std::mem::take(
-        &mut listener_layers,
-    )
-    .into_iter()
-    .partition(|(e, _)| config.quorum.is_controller_listener(&e.listener_name));
-    tasks.extend(crate::listener_security::start_reloads(tls_states, &shutdown_rx));
+    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut listener_layers)
+            .into_iter()
+            .partition(|(e, _)| config.quorum.is_controller_listener(&e.listener_name));
+    let tls_publisher = (!tls_states.is_empty()).then(|| {
+        Arc::new(crate::listener_security::TlsConfigPublisher::new(
+            config.node_id,
+            config.raw.clone(),
+            &tls_states,
+        ))
+    });
+    tasks.extend(crate::listener_security::start_reloads(
+        tls_states,
+        &shutdown_rx,
+    ));
     let controller_apis = Arc::new(
         crate::controller_server::ControllerApis::new(raft.clone(), cluster_id.clone())
             .with_kraft_version(crate::metadata_publisher::kraft_version(&config))
@@ -652,6 +661,15 @@ pub async fn start_with_authorizer(
     crate::metadata_publisher::install_publishers(&broker)
         .await
         .map_err(|e| StartError::Logs(e.to_string()))?;
+    // Dynamic listener.name.<l>.ssl.* changes (kafka-configs) rebuild the TLS listeners.
+    if let Some(p) = tls_publisher {
+        broker
+            .controller
+            .loader()
+            .install_publisher(p)
+            .await
+            .map_err(|e| StartError::Logs(e.to_string()))?;
+    }
     // Logs left on disk for partitions the metadata no longer has (a crash between a topic
     // deletion and the removal of its files) are removed now.
     for log in loaded {

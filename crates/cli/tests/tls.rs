@@ -150,7 +150,10 @@ fn broker(pki: &Pki, extra: &[&str]) -> Result<(Gregor, u16, u16)> {
         format!("ssl.keystore.location={}", pki.p("server.pem")),
         "listener.name.mtls.ssl.client.auth=required".to_string(),
         "listener.name.mtls.ssl.truststore.type=PEM".to_string(),
-        format!("listener.name.mtls.ssl.truststore.location={}", pki.p("ca.pem")),
+        format!(
+            "listener.name.mtls.ssl.truststore.location={}",
+            pki.p("ca.pem")
+        ),
         "listener.name.mtls.ssl.principal.mapping.rules=RULE:^CN=([^,]+),.*$/$1/L,DEFAULT"
             .to_string(),
     ];
@@ -173,7 +176,10 @@ fn ssl_client(pki: &Pki, ca: &str, cert: Option<&str>) -> Vec<(String, String)> 
         ("socket.timeout.ms".to_string(), "10000".to_string()),
     ];
     if let Some(name) = cert {
-        c.push(("ssl.certificate.location".into(), pki.p(&format!("{name}.pem"))));
+        c.push((
+            "ssl.certificate.location".into(),
+            pki.p(&format!("{name}.pem")),
+        ));
         c.push(("ssl.key.location".into(), pki.p(&format!("{name}.key"))));
     }
     c
@@ -202,7 +208,10 @@ fn produce(bootstrap: &str, client: &[(String, String)], topic: &str, n: usize) 
 
 /// Consumes partition 0 of `topic` from the start until `n` records arrived; checks them.
 fn consume(bootstrap: &str, client: &[(String, String)], topic: &str, n: usize) -> Result<()> {
-    let c = consumer(bootstrap, &pairs(client))?;
+    let mut settings = pairs(client);
+    settings.push(("group.id", "tls-test"));
+    settings.push(("enable.auto.commit", "false"));
+    let c = consumer(bootstrap, &settings)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
     c.assign(&tpl)?;
@@ -259,10 +268,9 @@ fn librdkafka_over_ssl_and_mtls_with_the_certificate_principal() -> Result<()> {
     consume(&format!("127.0.0.1:{mtls}"), &over_mtls, "tls", 700)?;
     let log = g.server_log();
     ensure!(
-        log.lines()
-            .any(|l| l.contains("TLS connection established")
-                && l.contains("listener=MTLS")
-                && l.contains("principal=User:alice")),
+        log.lines().any(|l| l.contains("TLS connection established")
+            && l.contains("listener=MTLS")
+            && l.contains("principal=User:alice")),
         "no mTLS connection as User:alice in the log:\n{log}"
     );
     // The SSL listener does not ask for a certificate: anonymous even with one offered.
@@ -330,7 +338,10 @@ fn untrusted_certificates_fail_cleanly() -> Result<()> {
         "no log line with the peer for a failed handshake:\n{log}"
     );
     // Everything else still works.
-    ensure!(metadata_ok(&mtls_addr, &ssl_client(&pki, "ca.pem", Some("alice")))?);
+    ensure!(metadata_ok(
+        &mtls_addr,
+        &ssl_client(&pki, "ca.pem", Some("alice"))
+    )?);
     ensure!(metadata_ok(
         &format!("127.0.0.1:{ssl}"),
         &ssl_client(&pki, "ca.pem", None)
@@ -474,18 +485,31 @@ fn rotated_certificates_reach_new_connections_without_restart() -> Result<()> {
     let mut settings = pairs(&client);
     settings.push(("acks", "all"));
     let p = producer(&format!("127.0.0.1:{ssl}"), &settings)?;
-    p.send(BaseRecord::to("rotate").partition(0).key("0").payload(&vec![b'a'; 2048]))
-        .map_err(|(e, _)| e)?;
+    p.send(
+        BaseRecord::to("rotate")
+            .partition(0)
+            .key("0")
+            .payload(&vec![b'a'; 2048]),
+    )
+    .map_err(|(e, _)| e)?;
     p.flush(TIMEOUT)?;
 
     pki.write_server_keystore("server.pem", 2)?;
     let rotated = poll(Duration::from_secs(15), || {
         (served_serial(ssl, &ca).ok()? == [2]).then_some(())
     });
-    ensure!(rotated.is_some(), "new connections never saw the new certificate");
+    ensure!(
+        rotated.is_some(),
+        "new connections never saw the new certificate"
+    );
     // The connection from before keeps working.
-    p.send(BaseRecord::to("rotate").partition(0).key("1").payload(&vec![b'b'; 2048]))
-        .map_err(|(e, _)| e)?;
+    p.send(
+        BaseRecord::to("rotate")
+            .partition(0)
+            .key("1")
+            .payload(&vec![b'b'; 2048]),
+    )
+    .map_err(|(e, _)| e)?;
     p.flush(TIMEOUT)?;
     consume(&format!("127.0.0.1:{ssl}"), &client, "rotate", 2)?;
 
@@ -497,6 +521,56 @@ fn rotated_certificates_reach_new_connections_without_restart() -> Result<()> {
             .then_some(())
     });
     ensure!(logged.is_some(), "the failed reload was not logged");
-    ensure!(served_serial(ssl, &ca)? == [2], "a broken file replaced the certificate");
+    ensure!(
+        served_serial(ssl, &ca)? == [2],
+        "a broken file replaced the certificate"
+    );
+    Ok(())
+}
+
+#[test]
+fn dynamic_listener_keystore_change_reaches_new_connections() -> Result<()> {
+    use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
+    let pki = Pki::new()?;
+    // No file polling: only the dynamic config can change the certificate.
+    let (g, ssl, _) = broker(&pki, &["ssl.reload.check.interval.ms=0"])?;
+    let ca = pki.path("ca.pem");
+    ensure!(served_serial(ssl, &ca)? == [1], "the first certificate");
+    pki.write_server_keystore("server-3.pem", 3)?;
+    let admin = gregor_tests::clients::admin(&g.bootstrap())?;
+    let opts = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    let location = pki.p("server-3.pem");
+    let change = AlterConfig::new(ResourceSpecifier::Broker(1))
+        .set("listener.name.ssl.ssl.keystore.location", &location);
+    let results =
+        gregor_tests::clients::runtime()?.block_on(admin.alter_configs(&[change], &opts))?;
+    for r in results {
+        if let Err((_, e)) = r {
+            bail!("AlterConfigs: {e}");
+        }
+    }
+    let rotated = poll(Duration::from_secs(15), || {
+        (served_serial(ssl, &ca).ok()? == [3]).then_some(())
+    });
+    ensure!(
+        rotated.is_some(),
+        "the dynamic keystore change did not reach new connections"
+    );
+    // A dynamic change to a file that does not exist keeps the certificate.
+    let change = AlterConfig::new(ResourceSpecifier::Broker(1)).set(
+        "listener.name.ssl.ssl.keystore.location",
+        "/nonexistent/keystore.pem",
+    );
+    gregor_tests::clients::runtime()?.block_on(admin.alter_configs(&[change], &opts))?;
+    let logged = poll(Duration::from_secs(15), || {
+        g.server_log()
+            .contains("a dynamic TLS config change cannot be used")
+            .then_some(())
+    });
+    ensure!(logged.is_some(), "the failed dynamic change was not logged");
+    ensure!(
+        served_serial(ssl, &ca)? == [3],
+        "a failed change replaced the certificate"
+    );
     Ok(())
 }

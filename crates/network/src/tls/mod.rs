@@ -168,12 +168,14 @@ pub fn parse_protocols(
             "TLSv1.3" if cap13 => out.push(&rustls::version::TLS13),
             "TLSv1.3" => {}
             "TLSv1.2" => out.push(&rustls::version::TLS12),
-            other => return Err(TlsError::new(
-                "ssl.enabled.protocols",
-                format!(
+            other => {
+                return Err(TlsError::new(
+                    "ssl.enabled.protocols",
+                    format!(
                     "{other} is not supported (rustls offers TLSv1.2 and TLSv1.3 only); remove it"
                 ),
-            )),
+                ))
+            }
         }
     }
     if out.is_empty() {
@@ -436,6 +438,11 @@ impl TlsServerState {
         }))
     }
 
+    /// The listener's name.
+    pub fn listener_name(&self) -> &str {
+        &self.listener_name
+    }
+
     /// The config new connections get.
     pub fn current(&self) -> Arc<ServerConfig> {
         self.inner.read().1.clone()
@@ -656,8 +663,7 @@ mod tests {
     fn cipher_suites_use_kafka_names_and_unknown_ones_are_refused() {
         let p = crypto_provider(&["TLS_AES_256_GCM_SHA384".to_string()]).unwrap();
         assert_eq!(p.cipher_suites.len(), 1);
-        let p =
-            crypto_provider(&["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".to_string()]).unwrap();
+        let p = crypto_provider(&["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".to_string()]).unwrap();
         assert_eq!(p.cipher_suites.len(), 1);
         let e = crypto_provider(&["TLS_RSA_WITH_AES_128_CBC_SHA".to_string()]).unwrap_err();
         assert_eq!(e.key, "ssl.cipher.suites");
