@@ -377,6 +377,91 @@ fn check_store_type(
     }
 }
 
+/// Applies dynamic broker configs (`kafka-configs --alter --entity-type brokers --entity-name
+/// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
+/// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
+/// default) over the static config; when a listener's resulting keys changed, its TLS config
+/// is rebuilt. New connections get the new certificates; a change that does not make a
+/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
+/// has stored it by then).
+pub struct TlsConfigPublisher {
+    node_id: i32,
+    raw: BTreeMap<String, String>,
+    listeners: Vec<(String, Arc<TlsServerState>)>,
+    applied: parking_lot::Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+}
+
+impl TlsConfigPublisher {
+    /// A publisher for the TLS listeners `states` of broker `node_id` with static config `raw`.
+    pub fn new(
+        node_id: i32,
+        raw: BTreeMap<String, String>,
+        states: &[(Arc<TlsServerState>, u64)],
+    ) -> Self {
+        Self {
+            node_id,
+            raw,
+            listeners: states
+                .iter()
+                .map(|(s, _)| (s.listener_name().to_string(), s.clone()))
+                .collect(),
+            applied: parking_lot::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The `ssl.*` keys of `listener` after the dynamic configs `dynamic`, as the listener sees
+    /// them (static config with dynamic prefixed keys over it).
+    fn effective(
+        &self,
+        listener: &str,
+        dynamic: &crate::config::DynamicBrokerConfigs,
+    ) -> BTreeMap<String, String> {
+        let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+        let mut merged = self.raw.clone();
+        for source in [&dynamic.cluster_default, &dynamic.per_broker] {
+            for (k, v) in source {
+                if k.strip_prefix(&prefix).is_some_and(acted_on) {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        merged.into_iter().filter(|(k, _)| acted_on(k)).collect()
+    }
+}
+
+impl gregor_metadata::MetadataPublisher for TlsConfigPublisher {
+    fn name(&self) -> &str {
+        "tls-listeners"
+    }
+
+    fn on_metadata_update(
+        &self,
+        _delta: &gregor_metadata::MetadataDelta<'_>,
+        image: &Arc<gregor_metadata::MetadataImage>,
+    ) -> Result<(), String> {
+        let dynamic = crate::config::DynamicBrokerConfigs::from_image(image, self.node_id);
+        let mut applied = self.applied.lock();
+        for (listener, state) in &self.listeners {
+            let effective = self.effective(listener, &dynamic);
+            let before = applied
+                .entry(listener.clone())
+                .or_insert_with(|| self.effective(listener, &Default::default()));
+            if *before == effective {
+                continue;
+            }
+            *before = effective.clone();
+            let result = ListenerConfig::new(&effective, listener)
+                .ssl_settings()
+                .map_err(|e| e.to_string())
+                .and_then(|s| state.reconfigure(s).map_err(|e| e.to_string()));
+            if let Err(e) = result {
+                warn!(listener = %listener, error = %e, "a dynamic TLS config change cannot be used; the listener keeps its current certificates");
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,90 +573,5 @@ mod tests {
         assert!(acted_on("listener.name.external.ssl.client.auth"));
         assert!(!acted_on("ssl.keymanager.algorithm"));
         assert!(!acted_on("listener.name.x.sasl.enabled.mechanisms"));
-    }
-}
-
-/// Applies dynamic broker configs (`kafka-configs --alter --entity-type brokers --entity-name
-/// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
-/// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
-/// default) over the static config; when a listener's resulting keys changed, its TLS config
-/// is rebuilt. New connections get the new certificates; a change that does not make a
-/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
-/// has stored it by then).
-pub struct TlsConfigPublisher {
-    node_id: i32,
-    raw: BTreeMap<String, String>,
-    listeners: Vec<(String, Arc<TlsServerState>)>,
-    applied: parking_lot::Mutex<BTreeMap<String, BTreeMap<String, String>>>,
-}
-
-impl TlsConfigPublisher {
-    /// A publisher for the TLS listeners `states` of broker `node_id` with static config `raw`.
-    pub fn new(
-        node_id: i32,
-        raw: BTreeMap<String, String>,
-        states: &[(Arc<TlsServerState>, u64)],
-    ) -> Self {
-        Self {
-            node_id,
-            raw,
-            listeners: states
-                .iter()
-                .map(|(s, _)| (s.listener_name().to_string(), s.clone()))
-                .collect(),
-            applied: parking_lot::Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// The `ssl.*` keys of `listener` after the dynamic configs `dynamic`, as the listener sees
-    /// them (static config with dynamic prefixed keys over it).
-    fn effective(
-        &self,
-        listener: &str,
-        dynamic: &crate::config::DynamicBrokerConfigs,
-    ) -> BTreeMap<String, String> {
-        let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
-        let mut merged = self.raw.clone();
-        for source in [&dynamic.cluster_default, &dynamic.per_broker] {
-            for (k, v) in source {
-                if k.strip_prefix(&prefix).is_some_and(|key| acted_on(key)) {
-                    merged.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        merged.into_iter().filter(|(k, _)| acted_on(k)).collect()
-    }
-}
-
-impl gregor_metadata::MetadataPublisher for TlsConfigPublisher {
-    fn name(&self) -> &str {
-        "tls-listeners"
-    }
-
-    fn on_metadata_update(
-        &self,
-        _delta: &gregor_metadata::MetadataDelta<'_>,
-        image: &Arc<gregor_metadata::MetadataImage>,
-    ) -> Result<(), String> {
-        let dynamic = crate::config::DynamicBrokerConfigs::from_image(image, self.node_id);
-        let mut applied = self.applied.lock();
-        for (listener, state) in &self.listeners {
-            let effective = self.effective(listener, &dynamic);
-            let before = applied
-                .entry(listener.clone())
-                .or_insert_with(|| self.effective(listener, &Default::default()));
-            if *before == effective {
-                continue;
-            }
-            *before = effective.clone();
-            let result = ListenerConfig::new(&effective, listener)
-                .ssl_settings()
-                .map_err(|e| e.to_string())
-                .and_then(|s| state.reconfigure(s).map_err(|e| e.to_string()));
-            if let Err(e) = result {
-                warn!(listener = %listener, error = %e, "a dynamic TLS config change cannot be used; the listener keeps its current certificates");
-            }
-        }
-        Ok(())
     }
 }

@@ -63,7 +63,7 @@ fn keyword(oid: &str) -> Option<&'static str> {
 /// The value of a directory string (UTF8String, PrintableString, IA5String, T61String,
 /// BMPString, UniversalString), or `None` for another type (rendered as hex).
 fn string_value(value: &Any<'_>) -> Option<String> {
-    let data = value.data.as_ref();
+    let data = value.data;
     match value.tag() {
         Tag::Utf8String | Tag::PrintableString | Tag::Ia5String | Tag::VisibleString => {
             std::str::from_utf8(data).ok().map(str::to_string)
