@@ -129,6 +129,40 @@ impl Gregor {
         Ok(g)
     }
 
+    /// Like [`Gregor::start`] with more listeners beside the PLAINTEXT one the harness
+    /// waits on (`extra_listeners`, e.g. `SSL://127.0.0.1:<port>`), and extra environment
+    /// variables, here and on every restart.
+    ///
+    /// # Errors
+    /// As [`Gregor::start`].
+    pub fn start_with_listeners(
+        bin: impl AsRef<Path>,
+        extra_listeners: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let port = free_port()?;
+        let mut all = vec![format!(
+            "listeners=PLAINTEXT://127.0.0.1:{port},{extra_listeners}"
+        )];
+        all.extend(extra.iter().map(|s| (*s).to_string()));
+        let mut g = Self {
+            bin: bin.as_ref().to_path_buf(),
+            child: None,
+            port,
+            admin_port: free_port()?,
+            data: tempfile::tempdir().context("creating a data dir")?,
+            extra: all,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            nofile: None,
+        };
+        g.spawn()?;
+        Ok(g)
+    }
+
     /// Like [`Gregor::start`] with extra environment variables, and without waiting for the
     /// client listener (for tests of start-up itself).
     ///

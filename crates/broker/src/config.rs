@@ -875,7 +875,8 @@ pub(crate) fn broker_keys(
     BROKER_KEYS.iter().chain(SOCKET_SERVER_KEYS)
 }
 
-/// Keys that configure security gregor does not implement yet (TLS, SASL, other authorizers):
+/// Keys that configure security gregor does not implement yet (SASL mechanisms and options
+/// it does not read, other authorizers):
 /// accepting them would start a broker that looks secured and is not, so start-up stops.
 /// Empty `authorizer.class.name` (Kafka's default: no authorizer), Kafka's
 /// `StandardAuthorizer` ([`crate::standard_authorizer`]) and
@@ -891,13 +892,12 @@ fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
             match k.as_str() {
                 "authorizer.class.name" => false,
                 "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
-                k if k.starts_with("ssl.") || k.starts_with("sasl.") => true,
-                // listener.name.<listener>.ssl.* / .sasl.* / .<mechanism>.sasl.*
-                k => k.strip_prefix("listener.name.").is_some_and(|rest| {
-                    rest.split('.')
-                        .skip(1)
-                        .any(|seg| seg == "ssl" || seg == "sasl")
-                }),
+                k if k.starts_with("sasl.") => true,
+                // listener.name.<listener>.sasl.* / .<mechanism>.sasl.* (ssl.* keys are read
+                // by crate::listener_security).
+                k => k
+                    .strip_prefix("listener.name.")
+                    .is_some_and(|rest| rest.split('.').skip(1).any(|seg| seg == "sasl")),
             }
         })
         .map(|(k, _)| k.as_str())
@@ -992,6 +992,82 @@ fn apply_security_protocols(
             ));
         }
         l.security_protocol = protocol;
+    }
+    Ok(())
+}
+
+/// Every SSL listener must have settings that can work (a keystore, PEM stores, known
+/// protocols; the files are read when it is bound), named in the error with the listener. A
+/// controller listener or an inter-broker listener on SSL is refused while gregor's own
+/// clients (raft, controller channel, replica fetcher) cannot connect over TLS.
+fn check_ssl_listeners(
+    props: &BTreeMap<String, String>,
+    listeners: &[Listener],
+    quorum: &crate::quorum_config::QuorumSettings,
+) -> Result<(), ConfigError> {
+    // ssl.* keys with no SSL listener to use them: the broker would look secured and serve
+    // everything in plaintext (Kafka starts; gregor refuses, as it did before TLS existed).
+    let ssl_listeners: Vec<String> = listeners
+        .iter()
+        .filter(|l| l.security_protocol == SecurityProtocol::Ssl)
+        .map(|l| l.name.to_ascii_lowercase())
+        .collect();
+    let unused: Vec<&str> = props
+        .keys()
+        .filter(|k| crate::listener_security::acted_on(k))
+        .filter(|k| match k.strip_prefix("listener.name.") {
+            Some(rest) => !ssl_listeners.iter().any(|l| {
+                rest.strip_prefix(l.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+            }),
+            None => ssl_listeners.is_empty(),
+        })
+        .map(String::as_str)
+        .collect();
+    if !unused.is_empty() {
+        return Err(ConfigError::new(
+            &unused.join(", "),
+            "[hidden]",
+            "these TLS keys apply to no SSL listener, so nothing would be encrypted: add the listener (listeners and listener.security.protocol.map) or remove them",
+        ));
+    }
+    for l in listeners
+        .iter()
+        .filter(|l| l.security_protocol == SecurityProtocol::Ssl)
+    {
+        let cfg = crate::listener_security::ListenerConfig::new(props, &l.name);
+        cfg.ssl_settings()?;
+        cfg.reload_check_interval_ms()?;
+        if quorum.is_controller_listener(&l.name) {
+            return Err(ConfigError::new(
+                "controller.listener.names",
+                &l.name,
+                format!("listener {} is a controller listener on SSL: gregor's raft and controller clients cannot connect over TLS yet; use a PLAINTEXT controller listener", l.name),
+            ));
+        }
+    }
+    // The effective inter-broker listener, as BrokerConfig::inter_broker_listener_name.
+    let brokers = || {
+        listeners
+            .iter()
+            .filter(|l| !quorum.is_controller_listener(&l.name))
+    };
+    let inter_broker = match props
+        .get("inter.broker.listener.name")
+        .map(|v| v.trim().to_ascii_uppercase())
+        .filter(|v| !v.is_empty())
+    {
+        Some(name) => brokers().find(|l| l.name == name),
+        None => brokers()
+            .find(|l| l.name == "PLAINTEXT")
+            .or_else(|| brokers().next()),
+    };
+    if let Some(l) = inter_broker.filter(|l| l.security_protocol == SecurityProtocol::Ssl) {
+        return Err(ConfigError::new(
+            "inter.broker.listener.name",
+            &l.name,
+            format!("the inter-broker listener {} is on SSL: gregor's replica fetcher, transaction marker and verification clients cannot connect over TLS yet; add a PLAINTEXT listener and set inter.broker.listener.name to it", l.name),
+        ));
     }
     Ok(())
 }
@@ -1102,7 +1178,7 @@ impl BrokerConfig {
             return Err(ConfigError::new(
                 &refused.join(", "),
                 "[hidden]",
-                "TLS, SASL and authorizers are not implemented in gregor yet; remove these keys (a broker started with them would look secured and not be)",
+                "SASL and authorizers are not implemented in gregor yet; remove these keys (a broker started with them would look secured and not be)",
             ));
         }
         for (k, v) in &props {
@@ -1254,6 +1330,7 @@ impl BrokerConfig {
             .map_err(|why| ConfigError::new("replica.selector.class", &selector, why))?;
         let node_id = int("node.id", 1) as i32;
         let quorum = crate::quorum_config::parse(&props, node_id, &listeners)?;
+        check_ssl_listeners(&props, &listeners, &quorum)?;
         let cfg = Self {
             quorum,
             queued_max_request_bytes,
@@ -2413,7 +2490,8 @@ mod tests {
             e.reason.contains("SASL_SSL") && e.reason.contains("not implement"),
             "{e}"
         );
-        // A custom name mapped to SSL is refused, naming the listener and the protocol.
+        // A custom name mapped to SSL without a keystore is refused, naming the listener and
+        // the key.
         let e = err(&[
             (
                 "listeners",
@@ -2424,11 +2502,30 @@ mod tests {
                 "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL",
             ),
         ]);
-        assert!(
-            e.reason
-                .contains("listener EXTERNAL uses security protocol SSL"),
-            "{e}"
-        );
+        assert_eq!(e.name, "ssl.keystore.location");
+        assert!(e.reason.contains("listener EXTERNAL"), "{e}");
+        // With a keystore it is an SSL listener.
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,EXTERNAL://127.0.0.1:9093",
+            ),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,EXTERNAL:SSL",
+            ),
+            ("listener.name.external.ssl.keystore.type", "PEM"),
+            ("listener.name.external.ssl.keystore.location", "/k.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(c.listeners[1].security_protocol, SecurityProtocol::Ssl);
+        // ... but not the inter-broker listener (gregor's clients speak no TLS yet).
+        let e = err(&[
+            ("listeners", "SSL://127.0.0.1:9093"),
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/k.pem"),
+        ]);
+        assert_eq!(e.name, "inter.broker.listener.name");
         // A name not in an explicit map is an error, as in Kafka.
         let e = err(&[
             ("listeners", "INTERNAL://127.0.0.1:9092"),
@@ -2460,7 +2557,7 @@ mod tests {
         let e = err(&[("listener.security.protocol.map", "PLAINTEXT:TLS")]);
         assert!(e.reason.contains("Invalid security protocol `TLS`"), "{e}");
         // Advertised listeners are checked too.
-        let e = err(&[("advertised.listeners", "SSL://example.com:9093")]);
+        let e = err(&[("advertised.listeners", "SASL_SSL://example.com:9093")]);
         assert_eq!(e.name, "advertised.listeners");
     }
 
@@ -2551,12 +2648,10 @@ mod tests {
 
         // Defect 6: these used to be ignored, starting a broker that looks secured.
         for key in [
-            "ssl.keystore.location",
             // SASL keys gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER
             // settings are read: sasl_config).
             "sasl.oauthbearer.jwks.endpoint.url",
             "sasl.kerberos.service.name",
-            "listener.name.external.ssl.keystore.password",
             "listener.name.sasl_ssl.gssapi.sasl.jaas.config",
             "listener.name.external.sasl.login.callback.handler.class",
         ] {
@@ -2573,11 +2668,10 @@ mod tests {
                 "authorizer.class.name",
                 "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             ),
-            ("ssl.truststore.location", "/x"),
-            ("sasl.enabled.mechanisms", "PLAIN"),
+            ("sasl.kerberos.service.name", "kafka"),
         ]))
         .unwrap_err();
-        assert_eq!(e.name, "sasl.enabled.mechanisms, ssl.truststore.location");
+        assert_eq!(e.name, "sasl.kerberos.service.name");
         // StandardAuthorizer is accepted; any other authorizer is refused by name.
         let (c, _) = BrokerConfig::from_properties(props(&[
             (
@@ -2605,6 +2699,16 @@ mod tests {
             BrokerConfig::from_properties(props(&[("allow.everyone.if.no.acl.found", "maybe")]))
                 .unwrap_err();
         assert_eq!(e.name, "allow.everyone.if.no.acl.found");
+        // TLS keys that no SSL listener uses would leave everything in plaintext.
+        for key in [
+            "ssl.keystore.location",
+            "listener.name.external.ssl.keystore.password",
+        ] {
+            let e = BrokerConfig::from_properties(props(&[(key, "secret")])).unwrap_err();
+            assert_eq!(e.name, key);
+            assert_eq!(e.value, "[hidden]");
+            assert!(e.reason.contains("no SSL listener"), "{e}");
+        }
         let e = BrokerConfig::from_properties(props(&[("security.inter.broker.protocol", "SSL")]))
             .unwrap_err();
         assert_eq!(e.name, "security.inter.broker.protocol");

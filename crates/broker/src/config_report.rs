@@ -22,8 +22,8 @@ const HONOURED_AS_IS: &[&str] = &[
 /// Why a key is not acted on: (key prefix or exact name, reason). The first match wins; an
 /// entry ending in '.' is a prefix.
 const RULES: &[(&str, &str)] = &[
-    ("ssl.", "not implemented yet: TLS (until it is, start-up refuses ssl.* keys)"),
-    ("sasl.", "not implemented yet: SASL (until it is, start-up refuses sasl.* keys)"),
+    ("ssl.", "no effect in gregor: TLS is rustls with PEM stores, which has no counterpart for this key"),
+    ("sasl.", "not implemented yet: this SASL mechanism or option (start-up refuses it)"),
     ("transaction.two.phase.commit.enable", "not implemented yet: two-phase commit transactions (KIP-939)"),
     ("errors.deadletterqueue.", "not implemented yet: share groups (KIP-932, KIP-1191)"),
     ("log.remote.", "not implemented yet: tiered storage (KIP-405)"),
@@ -82,7 +82,11 @@ impl ConfigReport {
         let mut report = Self::default();
         for key in props.keys() {
             let k = key.as_str();
-            if acted_on(k) || HONOURED_AS_IS.contains(&k) || is_log_dir_alias(k) {
+            if acted_on(k)
+                || HONOURED_AS_IS.contains(&k)
+                || is_log_dir_alias(k)
+                || crate::listener_security::acted_on(k)
+            {
                 continue;
             }
             if let Some((_, why)) = RULES.iter().find(|(p, _)| {
@@ -185,7 +189,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// Why gregor does not act on broker config `name`, or `None` when it does. Kafka configs
 /// without a rule of their own get the generic "no counterpart" reason.
 pub fn not_acted_on_because(name: &str) -> Option<&'static str> {
-    if acted_on(name) || HONOURED_AS_IS.contains(&name) || is_log_dir_alias(name) {
+    if acted_on(name)
+        || HONOURED_AS_IS.contains(&name)
+        || is_log_dir_alias(name)
+        || crate::listener_security::acted_on(name)
+    {
         return None;
     }
     Some(
@@ -216,6 +224,7 @@ pub fn reference_markdown() -> String {
     names.extend(TOPIC_CONFIGS.iter().filter_map(|d| d.broker_synonym));
     names.extend(crate::quorum_config::QUORUM_KEYS.iter().copied());
     names.extend(crate::config::BROKER_QUOTA_KEYS.iter().copied());
+    names.extend(crate::listener_security::SSL_KEYS.iter().map(|(n, _)| *n));
     let cell = |v: Option<&str>| match v {
         None => String::new(),
         Some("") => "(empty)".to_string(),
@@ -229,7 +238,9 @@ pub fn reference_markdown() -> String {
          differ, and `GREGOR_UPDATE_DOCS=1` with that command rewrites it.\n\n\
          ## Broker configs (`server.properties`, `--set`, dynamic with `kafka-configs`)\n\n\
          Every broker config Apache Kafka 4.4 defines, and gregor's own (`admin.listener`,\n\
-         `admin.metrics.per.partition`, `fetch.zero.copy.enable`, `log.index.cache.bytes`).\n\
+         `admin.metrics.per.partition`, `fetch.zero.copy.enable`, `log.index.cache.bytes`,\n\
+         `ssl.handshake.timeout.ms`, `ssl.reload.check.interval.ms`). The `ssl.*` keys also\n\
+         apply per listener as `listener.name.<listener>.<key>`.\n\
          *gregor's default* is what gregor uses when the key is not set, where it differs from\n\
          Kafka's or Kafka has none. A key gregor does not act on is accepted, reported once at\n\
          start-up with the reason given here, stored when changed at run time, and described by\n\
@@ -246,6 +257,12 @@ pub fn reference_markdown() -> String {
                     .iter()
                     .find(|d| d.broker_synonym == Some(name))
                     .map(|d| d.default)
+            })
+            .or_else(|| {
+                crate::listener_security::SSL_KEYS
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, d)| *d)
             });
         let gregor = match (gregor, kafka) {
             (Some(g), Some(k)) if g == k => None,

@@ -29,6 +29,7 @@ pub mod fetch_session;
 pub use gregor_coordinator::group as group_coordinator;
 pub mod handlers;
 pub mod lifecycle;
+pub mod listener_security;
 pub mod metadata_publisher;
 pub mod observability;
 pub mod quorum_config;

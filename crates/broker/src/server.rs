@@ -364,6 +364,10 @@ pub async fn start_with_authorizer(
          connections beyond their share of the limit are closed at once"
     );
     gregor_log::index_cache::set_max_bytes(config.log_index_cache_bytes);
+    // TLS listeners read their keystores and truststores before anything else starts, so a
+    // wrong file stops start-up at once, naming the listener and the key.
+    let (mut listener_layers, tls_states) =
+        crate::listener_security::transport_layers(&config.raw, config.endpoints())?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
@@ -443,23 +447,36 @@ pub async fn start_with_authorizer(
         crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
     // elect a leader before any node can load its metadata.
-    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) = config
-        .endpoints()
-        .into_iter()
-        .partition(|e| config.quorum.is_controller_listener(&e.listener_name));
+    let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut listener_layers)
+            .into_iter()
+            .partition(|(e, _)| config.quorum.is_controller_listener(&e.listener_name));
+    let tls_publisher = (!tls_states.is_empty()).then(|| {
+        Arc::new(crate::listener_security::TlsConfigPublisher::new(
+            config.node_id,
+            config.raw.clone(),
+            &tls_states,
+        ))
+    });
+    tasks.extend(crate::listener_security::start_reloads(
+        tls_states,
+        &shutdown_rx,
+    ));
     let controller_apis = Arc::new(
         crate::controller_server::ControllerApis::new(raft.clone(), cluster_id.clone())
             .with_kraft_version(crate::metadata_publisher::kraft_version(&config))
             .with_authorizer(authorizer.clone()),
     );
     if !controller_endpoints.is_empty() {
-        let listeners = match gregor_network::bind(&controller_endpoints).await {
-            Ok(l) => l,
-            Err(e) => {
-                raft.shutdown().await;
-                return Err(e.into());
-            }
-        };
+        let listeners =
+            match gregor_network::bind_with_layers(controller_endpoints, &Default::default()).await
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    raft.shutdown().await;
+                    return Err(e.into());
+                }
+            };
         let server = SocketServer::new(config.socket_server_config(), controller_apis.clone());
         tasks.extend(server.start(listeners, &shutdown_rx));
     }
@@ -495,8 +512,8 @@ pub async fn start_with_authorizer(
     let scram_store: Arc<dyn gregor_network::sasl::ScramCredentialStore> = Arc::new(
         crate::sasl_config::ImageScramCredentials(controller.clone()),
     );
-    let listeners = gregor_network::bind_with_sasl(
-        &broker_endpoints,
+    let listeners = gregor_network::bind_with_layers(
+        broker_endpoints,
         &config.sasl.server_configs(&scram_store),
     )
     .await?;
@@ -681,6 +698,15 @@ pub async fn start_with_authorizer(
     crate::metadata_publisher::install_publishers(&broker)
         .await
         .map_err(|e| StartError::Logs(e.to_string()))?;
+    // Dynamic listener.name.<l>.ssl.* changes (kafka-configs) rebuild the TLS listeners.
+    if let Some(p) = tls_publisher {
+        broker
+            .controller
+            .loader()
+            .install_publisher(p)
+            .await
+            .map_err(|e| StartError::Logs(e.to_string()))?;
+    }
     // Logs left on disk for partitions the metadata no longer has (a crash between a topic
     // deletion and the removal of its files) are removed now.
     for log in loaded {

@@ -486,6 +486,8 @@ mod tests {
             client_software_version: "t".into(),
             received_at: Instant::now(),
             sends_files: false,
+            size_in_bytes: 0,
+            throttle: Default::default(),
         }
     }
 

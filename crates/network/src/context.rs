@@ -15,7 +15,7 @@ use gregor_protocol::kafka_protocol::messages::{ApiKey, RequestHeader};
 /// Kafka's `SecurityProtocol`: how a listener's connections are secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SecurityProtocol {
-    /// Un-authenticated, non-encrypted channel (the only one gregor implements today).
+    /// Un-authenticated, non-encrypted channel.
     Plaintext,
     /// TLS.
     Ssl,
@@ -51,11 +51,11 @@ impl SecurityProtocol {
             .find(|p| p.name().eq_ignore_ascii_case(name.trim()))
     }
 
-    /// Whether gregor can serve this protocol: PLAINTEXT, and SASL_PLAINTEXT with a SASL
-    /// configuration; any other listener is refused at start-up rather than served as
-    /// plaintext.
+    /// Whether gregor can serve this protocol: PLAINTEXT, SSL (the TLS transport,
+    /// [`crate::tls`]), and SASL_PLAINTEXT with a SASL configuration; any other listener is
+    /// refused at start-up rather than served without the security it names.
     pub fn is_implemented(self) -> bool {
-        matches!(self, Self::Plaintext | Self::SaslPlaintext)
+        matches!(self, Self::Plaintext | Self::Ssl | Self::SaslPlaintext)
     }
 }
 
@@ -224,6 +224,7 @@ mod tests {
         }
         assert_eq!(SecurityProtocol::from_name("TLS"), None);
         assert!(SecurityProtocol::Plaintext.is_implemented());
+        assert!(SecurityProtocol::Ssl.is_implemented());
         assert!(!SecurityProtocol::SaslSsl.is_implemented());
         assert_eq!(KafkaPrincipal::anonymous().to_string(), "User:ANONYMOUS");
     }

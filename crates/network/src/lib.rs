@@ -20,11 +20,13 @@ pub mod response;
 pub mod sasl;
 mod send;
 pub mod server;
+pub mod tls;
 pub mod transport;
 
 pub use context::{ConnectionThrottle, KafkaPrincipal, RequestContext, SecurityProtocol};
 pub use handler::{respond, Handled, RequestHandler};
 pub use response::{FileRegion, RegionFile, Response, ResponsePart};
 pub use server::{
-    bind, bind_with_sasl, BoundListener, EndPoint, NetworkError, SocketServer, SocketServerConfig,
+    bind, bind_with_layers, bind_with_sasl, BoundListener, EndPoint, NetworkError, SocketServer,
+    SocketServerConfig,
 };

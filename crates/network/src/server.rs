@@ -69,6 +69,16 @@ pub enum NetworkError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A TLS listener's keystore, truststore or settings cannot work.
+    #[error("listener {listener}: {key}: {message}")]
+    Tls {
+        /// Listener name.
+        listener: String,
+        /// The config key at fault, as set (`listener.name.<l>.ssl.keystore.location`, ...).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A listener uses a security protocol gregor does not implement (it would otherwise be
     /// served as plaintext).
     #[error("listener {listener} uses security protocol {protocol}, which gregor does not implement yet; only PLAINTEXT listeners can be served")]
@@ -208,11 +218,47 @@ pub async fn bind_with_sasl(
                     SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
                 )
             });
-            transport_layer(e, sasl).map(|layer| (layer, sasl.cloned()))
+            transport_layer(e, sasl).map(|layer| (e.clone(), layer))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    bind_with_layers(layers, sasl).await
+}
+
+/// Binds every endpoint with the transport layer the caller built for it (TLS listeners:
+/// [`crate::tls::TlsTransportLayer`]), and the SASL settings of the SASL listeners by listener
+/// name. Nothing is accepted until [`SocketServer::start`].
+///
+/// # Errors
+/// [`NetworkError::MissingSaslConfig`] for a SASL listener missing from `sasl`;
+/// [`NetworkError::Bind`] when an address cannot be bound.
+pub async fn bind_with_layers(
+    endpoints: Vec<(EndPoint, Arc<dyn TransportLayer>)>,
+    sasl: &HashMap<String, Arc<SaslServerConfig>>,
+) -> Result<Vec<BoundListener>, NetworkError> {
+    // A SASL listener is never served without its authenticator (checked before binding any).
+    for (endpoint, _) in &endpoints {
+        if matches!(
+            endpoint.security_protocol,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        ) && !sasl.contains_key(&endpoint.listener_name)
+        {
+            return Err(NetworkError::MissingSaslConfig {
+                listener: endpoint.listener_name.clone(),
+                protocol: endpoint.security_protocol,
+            });
+        }
+    }
     let mut out = Vec::new();
-    for (endpoint, (layer, sasl)) in endpoints.iter().zip(layers) {
+    for (endpoint, layer) in endpoints {
+        let sasl = sasl
+            .get(&endpoint.listener_name)
+            .filter(|_| {
+                matches!(
+                    endpoint.security_protocol,
+                    SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+                )
+            })
+            .cloned();
         let host = if endpoint.host.is_empty() {
             "0.0.0.0"
         } else {
@@ -233,7 +279,7 @@ pub async fn bind_with_sasl(
             .local_addr()
             .map_err(|source| NetworkError::Bind { addr, source })?;
         out.push(BoundListener {
-            endpoint: endpoint.clone(),
+            endpoint,
             local_addr,
             tcp,
             layer,

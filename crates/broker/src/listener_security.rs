@@ -1,0 +1,581 @@
+//! A listener's security settings from the broker config: the `ssl.*` keys of an `SSL`
+//! listener, each overridden by `listener.name.<listener>.<key>` (the listener name in lower
+//! case, as Kafka's `ListenerName.configPrefix`), turned into the network's
+//! [`TlsSettings`]; and the start-up checks that refuse a listener that cannot work (an `SSL`
+//! listener without a keystore, a keystore type gregor cannot read) with an error naming the
+//! listener and the key. Nothing falls back to plaintext.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gregor_network::tls::{
+    parse_protocols, ClientAuth, KeyStore, SslPrincipalMapper, TlsSettings, TrustStore,
+};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gregor_network::tls::{TlsServerState, TlsTransportLayer};
+use gregor_network::transport::{PlaintextTransportLayer, TransportLayer};
+use gregor_network::{EndPoint, NetworkError, SecurityProtocol};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::config_value::ConfigError;
+
+/// The transport layer of every endpoint: plaintext, or TLS with its keystore and truststore
+/// read now; plus the TLS listeners' states with their file check intervals (ms), for
+/// [`start_reloads`].
+///
+/// # Errors
+/// [`NetworkError::Tls`] naming the listener and the key (as set) whose file or value cannot
+/// work; [`NetworkError::UnsupportedSecurityProtocol`] for SASL_SSL listeners.
+#[allow(clippy::type_complexity)]
+pub fn transport_layers(
+    raw: &BTreeMap<String, String>,
+    endpoints: Vec<EndPoint>,
+) -> Result<
+    (
+        Vec<(EndPoint, Arc<dyn TransportLayer>)>,
+        Vec<(Arc<TlsServerState>, u64)>,
+    ),
+    NetworkError,
+> {
+    let mut layers = Vec::new();
+    let mut states = Vec::new();
+    for e in endpoints {
+        let layer: Arc<dyn TransportLayer> = match e.security_protocol {
+            // SASL_PLAINTEXT: plain bytes, authenticated by the SASL authenticator that
+            // `gregor_network::bind_with_layers` requires for it.
+            SecurityProtocol::Plaintext | SecurityProtocol::SaslPlaintext => {
+                Arc::new(PlaintextTransportLayer)
+            }
+            SecurityProtocol::Ssl => {
+                let cfg = ListenerConfig::new(raw, &e.listener_name);
+                let config_error = |c: ConfigError| NetworkError::Tls {
+                    listener: e.listener_name.clone(),
+                    key: c.name,
+                    message: c.reason,
+                };
+                let settings = cfg.ssl_settings().map_err(config_error)?;
+                let interval_ms = cfg.reload_check_interval_ms().map_err(config_error)?;
+                let state = TlsServerState::new(&e.listener_name, settings).map_err(|t| {
+                    NetworkError::Tls {
+                        listener: e.listener_name.clone(),
+                        key: cfg.shown(t.key),
+                        message: t.message,
+                    }
+                })?;
+                states.push((state.clone(), interval_ms));
+                Arc::new(TlsTransportLayer::new(SecurityProtocol::Ssl, state))
+            }
+            protocol => {
+                return Err(NetworkError::UnsupportedSecurityProtocol {
+                    listener: e.listener_name.clone(),
+                    protocol,
+                })
+            }
+        };
+        layers.push((e, layer));
+    }
+    Ok((layers, states))
+}
+
+/// Checks each TLS listener's keystore and truststore files every interval and rebuilds its
+/// config when they changed; a rebuild that fails keeps the old certificates and logs why.
+pub fn start_reloads(
+    states: Vec<(Arc<TlsServerState>, u64)>,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    states
+        .into_iter()
+        .filter(|(_, interval_ms)| *interval_ms > 0)
+        .map(|(state, interval_ms)| {
+            let mut shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(interval_ms));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    // Reading and parsing PEM files is blocking file I/O.
+                    let s = state.clone();
+                    match tokio::task::spawn_blocking(move || s.reload_if_changed()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => warn!(error = %e, "the TLS keystore or truststore files changed but cannot be used; the listener keeps its current certificates"),
+                        Err(e) => warn!(error = %e, "TLS reload task failed"),
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The `ssl.*` keys gregor reads for a listener, with Kafka's defaults (`ssl.keystore.type`
+/// and `ssl.truststore.type` default to JKS, which gregor cannot read: PEM must be set).
+pub const SSL_KEYS: &[(&str, &str)] = &[
+    ("ssl.keystore.type", "JKS"),
+    ("ssl.keystore.location", ""),
+    ("ssl.keystore.password", ""),
+    ("ssl.keystore.certificate.chain", ""),
+    ("ssl.keystore.key", ""),
+    ("ssl.key.password", ""),
+    ("ssl.truststore.type", "JKS"),
+    ("ssl.truststore.location", ""),
+    ("ssl.truststore.password", ""),
+    ("ssl.truststore.certificates", ""),
+    ("ssl.client.auth", "none"),
+    ("ssl.enabled.protocols", "TLSv1.2,TLSv1.3"),
+    ("ssl.protocol", "TLSv1.3"),
+    ("ssl.cipher.suites", ""),
+    ("ssl.principal.mapping.rules", "DEFAULT"),
+    // gregor's own: how long a TLS handshake may take (ms).
+    ("ssl.handshake.timeout.ms", "10000"),
+    // gregor's own: how often the keystore and truststore files are checked for changes (ms).
+    ("ssl.reload.check.interval.ms", "30000"),
+];
+
+/// Whether gregor reads `name` (an `ssl.*` key of [`SSL_KEYS`], alone or under
+/// `listener.name.<listener>.`).
+pub fn acted_on(name: &str) -> bool {
+    let key = name
+        .strip_prefix("listener.name.")
+        .and_then(|rest| rest.split_once('.'))
+        .map_or(name, |(_, k)| k);
+    SSL_KEYS.iter().any(|(k, _)| *k == key)
+}
+
+/// A listener's view of the config: `listener.name.<listener>.<key>` before `<key>`.
+pub struct ListenerConfig<'a> {
+    raw: &'a BTreeMap<String, String>,
+    listener: String,
+}
+
+impl<'a> ListenerConfig<'a> {
+    /// The view of `listener` (any case) over the raw broker config.
+    pub fn new(raw: &'a BTreeMap<String, String>, listener: &str) -> Self {
+        Self {
+            raw,
+            listener: listener.to_ascii_lowercase(),
+        }
+    }
+
+    /// The key a value was read from and the value (trimmed), if set and not empty.
+    pub fn get(&self, key: &str) -> Option<(String, String)> {
+        let prefixed = format!("listener.name.{}.{key}", self.listener);
+        [prefixed, key.to_string()].into_iter().find_map(|k| {
+            self.raw
+                .get(&k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .map(|v| (k, v))
+        })
+    }
+
+    fn value_or_default(&self, key: &str) -> String {
+        self.get(key).map_or_else(
+            || {
+                SSL_KEYS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, d)| (*d).to_string())
+                    .unwrap_or_default()
+            },
+            |(_, v)| v,
+        )
+    }
+
+    /// The name to show for `key`: the prefixed name if that is what is set, else the
+    /// broker-wide name.
+    pub fn shown(&self, key: &str) -> String {
+        self.get(key).map_or_else(|| key.to_string(), |(k, _)| k)
+    }
+
+    fn error(&self, key: &str, reason: impl Into<String>) -> ConfigError {
+        let value = if key.contains("password") || key.ends_with(".key") {
+            "[hidden]".to_string()
+        } else {
+            self.get(key).map(|(_, v)| v).unwrap_or_default()
+        };
+        ConfigError::new(
+            &self.shown(key),
+            &value,
+            format!(
+                "listener {}: {}",
+                self.listener.to_ascii_uppercase(),
+                reason.into()
+            ),
+        )
+    }
+
+    /// The listener's TLS settings (Kafka's `DefaultSslEngineFactory` inputs).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the listener and the key: no keystore, a store type other than
+    /// PEM (JKS cannot be read; PKCS12 is not supported yet), both a location and inline PEM,
+    /// a bad `ssl.client.auth`, protocol, cipher suite or mapping rule. The files themselves
+    /// are read when the listener starts ([`gregor_network::tls::TlsServerState::new`]).
+    pub fn ssl_settings(&self) -> Result<TlsSettings, ConfigError> {
+        let keystore_type = self.value_or_default("ssl.keystore.type");
+        let location = self.get("ssl.keystore.location");
+        let chain = self.get("ssl.keystore.certificate.chain");
+        let key = self.get("ssl.keystore.key");
+        let any_set = location.is_some() || chain.is_some() || key.is_some();
+        if any_set {
+            check_store_type(self, "ssl.keystore.type", &keystore_type)?;
+        }
+        if self.get("ssl.keystore.password").is_some() {
+            // Kafka: "SSL key store password cannot be specified with PEM format, only key
+            // password may be specified".
+            return Err(self.error(
+                "ssl.keystore.password",
+                "a PEM keystore has no store password; an encrypted private key takes ssl.key.password",
+            ));
+        }
+        let keystore = match (location, chain, key) {
+            (None, None, None) => {
+                return Err(self.error(
+                    "ssl.keystore.location",
+                    "an SSL listener needs a certificate and its private key: set ssl.keystore.type=PEM and ssl.keystore.location (a PEM file with the key and the chain), or ssl.keystore.certificate.chain and ssl.keystore.key",
+                ))
+            }
+            (Some((_, path)), None, None) => KeyStore::File(PathBuf::from(path)),
+            (None, Some((_, chain)), Some((_, key))) => KeyStore::Inline {
+                certificate_chain: chain,
+                key,
+            },
+            (Some(_), _, _) => {
+                return Err(self.error(
+                    "ssl.keystore.location",
+                    "set either ssl.keystore.location or ssl.keystore.certificate.chain with ssl.keystore.key, not both",
+                ))
+            }
+            (None, None, Some(_)) => {
+                return Err(self.error(
+                    "ssl.keystore.certificate.chain",
+                    "ssl.keystore.key is set without ssl.keystore.certificate.chain",
+                ))
+            }
+            (None, Some(_), None) => {
+                return Err(self.error(
+                    "ssl.keystore.key",
+                    "ssl.keystore.certificate.chain is set without ssl.keystore.key",
+                ))
+            }
+        };
+        let truststore = match (
+            self.get("ssl.truststore.location"),
+            self.get("ssl.truststore.certificates"),
+        ) {
+            (None, None) => None,
+            (location, inline) => {
+                check_store_type(
+                    self,
+                    "ssl.truststore.type",
+                    &self.value_or_default("ssl.truststore.type"),
+                )?;
+                if self.get("ssl.truststore.password").is_some() {
+                    return Err(self.error(
+                        "ssl.truststore.password",
+                        "a PEM truststore has no password; remove it",
+                    ));
+                }
+                match (location, inline) {
+                    (Some((_, p)), None) => Some(TrustStore::File(PathBuf::from(p))),
+                    (None, Some((_, pem))) => Some(TrustStore::Inline(pem)),
+                    _ => {
+                        return Err(self.error(
+                            "ssl.truststore.location",
+                            "set either ssl.truststore.location or ssl.truststore.certificates, not both",
+                        ))
+                    }
+                }
+            }
+        };
+        let client_auth_value = self.value_or_default("ssl.client.auth");
+        let client_auth = ClientAuth::from_name(&client_auth_value).ok_or_else(|| {
+            self.error(
+                "ssl.client.auth",
+                "String must be one of: required, requested, none",
+            )
+        })?;
+        if client_auth != ClientAuth::None && truststore.is_none() {
+            return Err(self.error(
+                "ssl.truststore.location",
+                format!("ssl.client.auth={client_auth_value} needs the CA certificates to check client certificates against: set ssl.truststore.type=PEM and ssl.truststore.location or ssl.truststore.certificates"),
+            ));
+        }
+        let protocols = parse_protocols(
+            &self.value_or_default("ssl.enabled.protocols"),
+            &self.value_or_default("ssl.protocol"),
+        )
+        .map_err(|e| self.error(e.key, e.message))?;
+        let cipher_suites: Vec<String> = self
+            .value_or_default("ssl.cipher.suites")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        gregor_network::tls::crypto_provider(&cipher_suites)
+            .map_err(|e| self.error(e.key, e.message))?;
+        let principal_mapper =
+            SslPrincipalMapper::from_rules(&self.value_or_default("ssl.principal.mapping.rules"))
+                .map_err(|e| self.error("ssl.principal.mapping.rules", e.0))?;
+        let handshake_timeout_ms = self.positive_ms("ssl.handshake.timeout.ms")?;
+        Ok(TlsSettings {
+            keystore,
+            key_password: self.get("ssl.key.password").map(|(_, v)| v),
+            truststore,
+            client_auth,
+            protocols,
+            cipher_suites,
+            principal_mapper,
+            handshake_timeout_ms,
+        })
+    }
+
+    /// `ssl.reload.check.interval.ms` (gregor's own, default 30000): how often the listener's
+    /// keystore and truststore files are checked for changes; 0 turns the check off.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a value that is not a non-negative number.
+    pub fn reload_check_interval_ms(&self) -> Result<u64, ConfigError> {
+        let v = self.value_or_default("ssl.reload.check.interval.ms");
+        v.parse::<u64>().map_err(|_| {
+            self.error(
+                "ssl.reload.check.interval.ms",
+                "Not a number of type LONG (>= 0)",
+            )
+        })
+    }
+
+    fn positive_ms(&self, key: &str) -> Result<u64, ConfigError> {
+        let v = self.value_or_default(key);
+        match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(self.error(key, "Not a number of type LONG (> 0)")),
+        }
+    }
+}
+
+fn check_store_type(
+    cfg: &ListenerConfig<'_>,
+    key: &str,
+    store_type: &str,
+) -> Result<(), ConfigError> {
+    match store_type.to_ascii_uppercase().as_str() {
+        "PEM" => Ok(()),
+        "PKCS12" => Err(cfg.error(
+            key,
+            "PKCS12 stores are not supported by gregor yet; convert to PEM (openssl pkcs12 -in store.p12 -nodes) and set PEM",
+        )),
+        other => Err(cfg.error(
+            key,
+            format!("{other} stores cannot be read by gregor; use PEM (Kafka's default type JKS must be changed to PEM explicitly)"),
+        )),
+    }
+}
+
+/// Applies dynamic broker configs (`kafka-configs --alter --entity-type brokers --entity-name
+/// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
+/// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
+/// default) over the static config; when a listener's resulting keys changed, its TLS config
+/// is rebuilt. New connections get the new certificates; a change that does not make a
+/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
+/// has stored it by then).
+pub struct TlsConfigPublisher {
+    node_id: i32,
+    raw: BTreeMap<String, String>,
+    listeners: Vec<(String, Arc<TlsServerState>)>,
+    applied: parking_lot::Mutex<BTreeMap<String, BTreeMap<String, String>>>,
+}
+
+impl TlsConfigPublisher {
+    /// A publisher for the TLS listeners `states` of broker `node_id` with static config `raw`.
+    pub fn new(
+        node_id: i32,
+        raw: BTreeMap<String, String>,
+        states: &[(Arc<TlsServerState>, u64)],
+    ) -> Self {
+        Self {
+            node_id,
+            raw,
+            listeners: states
+                .iter()
+                .map(|(s, _)| (s.listener_name().to_string(), s.clone()))
+                .collect(),
+            applied: parking_lot::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The `ssl.*` keys of `listener` after the dynamic configs `dynamic`, as the listener sees
+    /// them (static config with dynamic prefixed keys over it).
+    fn effective(
+        &self,
+        listener: &str,
+        dynamic: &crate::config::DynamicBrokerConfigs,
+    ) -> BTreeMap<String, String> {
+        let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+        let mut merged = self.raw.clone();
+        for source in [&dynamic.cluster_default, &dynamic.per_broker] {
+            for (k, v) in source {
+                if k.strip_prefix(&prefix).is_some_and(acted_on) {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        merged.into_iter().filter(|(k, _)| acted_on(k)).collect()
+    }
+}
+
+impl gregor_metadata::MetadataPublisher for TlsConfigPublisher {
+    fn name(&self) -> &str {
+        "tls-listeners"
+    }
+
+    fn on_metadata_update(
+        &self,
+        _delta: &gregor_metadata::MetadataDelta<'_>,
+        image: &Arc<gregor_metadata::MetadataImage>,
+    ) -> Result<(), String> {
+        let dynamic = crate::config::DynamicBrokerConfigs::from_image(image, self.node_id);
+        let mut applied = self.applied.lock();
+        for (listener, state) in &self.listeners {
+            let effective = self.effective(listener, &dynamic);
+            let before = applied
+                .entry(listener.clone())
+                .or_insert_with(|| self.effective(listener, &Default::default()));
+            if *before == effective {
+                continue;
+            }
+            *before = effective.clone();
+            let result = ListenerConfig::new(&effective, listener)
+                .ssl_settings()
+                .map_err(|e| e.to_string())
+                .and_then(|s| state.reconfigure(s).map_err(|e| e.to_string()));
+            if let Err(e) = result {
+                warn!(listener = %listener, error = %e, "a dynamic TLS config change cannot be used; the listener keeps its current certificates");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn listener_prefix_overrides_the_broker_wide_key() {
+        let r = raw(&[
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/broker-wide.pem"),
+            (
+                "listener.name.external.ssl.keystore.location",
+                "/external.pem",
+            ),
+        ]);
+        let s = ListenerConfig::new(&r, "EXTERNAL").ssl_settings().unwrap();
+        assert_eq!(s.keystore, KeyStore::File("/external.pem".into()));
+        let s = ListenerConfig::new(&r, "INTERNAL").ssl_settings().unwrap();
+        assert_eq!(s.keystore, KeyStore::File("/broker-wide.pem".into()));
+        assert_eq!(s.client_auth, ClientAuth::None);
+        assert_eq!(s.protocols.len(), 2);
+    }
+
+    #[test]
+    fn refusals_name_the_listener_and_the_key() {
+        let e = ListenerConfig::new(&raw(&[]), "SSL")
+            .ssl_settings()
+            .unwrap_err();
+        assert_eq!(e.name, "ssl.keystore.location");
+        assert!(e.reason.starts_with("listener SSL:"), "{e}");
+        let e = ListenerConfig::new(
+            &raw(&[("listener.name.ext.ssl.keystore.location", "/k.pem")]),
+            "EXT",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert_eq!(e.name, "ssl.keystore.type");
+        assert!(e.reason.contains("JKS"), "{e}");
+        let e = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PEM"),
+                ("ssl.keystore.location", "/k.pem"),
+                ("listener.name.ext.ssl.client.auth", "required"),
+            ]),
+            "EXT",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert_eq!(e.name, "ssl.truststore.location");
+        let e = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PEM"),
+                ("ssl.keystore.location", "/k.pem"),
+                ("ssl.cipher.suites", "TLS_RSA_WITH_NULL_SHA"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert_eq!(e.name, "ssl.cipher.suites");
+        let e = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PEM"),
+                ("ssl.keystore.location", "/k.pem"),
+                ("ssl.enabled.protocols", "TLSv1.1"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert_eq!(e.name, "ssl.enabled.protocols");
+        let e = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PKCS12"),
+                ("ssl.keystore.location", "/k.p12"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert!(e.reason.contains("PKCS12"), "{e}");
+    }
+
+    #[test]
+    fn ssl_protocol_caps_the_enabled_protocols() {
+        let s = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PEM"),
+                ("ssl.keystore.location", "/k.pem"),
+                ("ssl.protocol", "TLSv1.2"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap();
+        assert_eq!(s.protocols.len(), 1);
+        assert_eq!(s.protocols[0].version, rustls::ProtocolVersion::TLSv1_2);
+    }
+
+    #[test]
+    fn prefixed_keys_are_acted_on() {
+        assert!(acted_on("ssl.keystore.location"));
+        assert!(acted_on("listener.name.external.ssl.client.auth"));
+        assert!(!acted_on("ssl.keymanager.algorithm"));
+        assert!(!acted_on("listener.name.x.sasl.enabled.mechanisms"));
+    }
+}
