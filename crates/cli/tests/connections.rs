@@ -514,9 +514,8 @@ fn security_config_stops_start_up() -> Result<()> {
         "stderr: {err}"
     );
     ensure!(!err.contains("changeit"), "a password was printed: {err}");
-    let err = serve_refuses(&[
-        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-    ])?;
+    // Kafka's StandardAuthorizer is served (tests/acls.rs); any other class is refused.
+    let err = serve_refuses(&["authorizer.class.name=kafka.security.authorizer.AclAuthorizer"])?;
     ensure!(err.contains("authorizer.class.name"), "stderr: {err}");
     // SASL settings gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER are
     // served: tests/sasl.rs).
