@@ -1989,6 +1989,9 @@ impl LogSegment {
         self.indexes.time.reset()?;
         // Whatever misled a lookup before is gone; a heal under way finds nothing to install.
         self.indexes.generation.fetch_add(1, Ordering::AcqRel);
+        // The entries are rebuilt from a validated scan: a later misleading entry is new
+        // damage, which may be healed once more rather than failing every read.
+        self.indexes.healed.store(false, Ordering::Release);
         *self.max_timestamp.lock() = Some(NO_TIMESTAMP);
         *self.rolling_based_timestamp.lock() = None;
         self.bytes_since_last_index_entry
@@ -2376,6 +2379,53 @@ mod tests {
                 ".{ext}"
             );
         }
+    }
+
+    /// Recovery (here through a follower's truncation) rebuilds the entries from a validated
+    /// scan, so a segment whose indexes were healed once may heal again afterwards instead of
+    /// failing every read that new damage misleads.
+    #[test]
+    fn recovery_lets_a_healed_segment_heal_again() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let seg = LogSegment::create(dir.path(), 100, 1 << 20, 256, 0).unwrap();
+            for i in 0..40 {
+                let b = batch(100 + 3 * i, 3, 1_000 + i);
+                let h = validate_batch(&b).unwrap();
+                seg.append(&b, &[h], 256).unwrap();
+            }
+        }
+        let index = dir.path().join(file_name(100, "index"));
+        let mut b = std::fs::read(&index).unwrap();
+        let n = b.len() / 8;
+        for e in b.chunks_exact_mut(8).take(2 * n / 3).skip(n / 3) {
+            let pos = u32::from_be_bytes([e[4], e[5], e[6], e[7]]) + 61;
+            e[4..8].copy_from_slice(&pos.to_be_bytes());
+        }
+        let e = n / 2;
+        let at = 100 + i64::from(u32::from_be_bytes(b[e * 8..e * 8 + 4].try_into().unwrap()));
+        std::fs::write(&index, b).unwrap();
+        let (seg, problem) = LogSegment::open(dir.path(), 100, 1 << 20, 256, 0).unwrap();
+        assert!(problem.is_none());
+        let Err(misled) = seg.translate_offset(at + 1, seg.size()).unwrap() else {
+            panic!("the moved entry was trusted");
+        };
+        seg.heal_exclusive("t-0", &misled, false).unwrap();
+        assert_eq!(seg.index_rebuilds(), 1);
+        assert!(seg.indexes.healed.load(Ordering::Acquire));
+        // A healed segment whose entries mislead again gives up ...
+        let stale = Misled {
+            generation: seg.indexes.generation.load(Ordering::Acquire),
+            ..misled.clone()
+        };
+        assert!(seg.heal_decision("t-0", &stale).is_err());
+        // ... until recovery rebuilds them from the log.
+        assert_eq!(seg.truncate_to(100 + 3 * 30, 256, "t-0").unwrap(), 190);
+        let fresh = Misled {
+            generation: seg.indexes.generation.load(Ordering::Acquire),
+            ..misled
+        };
+        assert!(matches!(seg.heal_decision("t-0", &fresh), Ok(Some(_))));
     }
 
     /// What an offset-index entry promises is checked on the walk's first header: a batch that
