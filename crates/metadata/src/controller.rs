@@ -44,6 +44,7 @@ use crate::log::{
 };
 use crate::placement::{place, UsableBroker};
 use crate::record::{ConfigResource, MetadataRecord};
+use crate::txn_replay::TransactionalReplay;
 
 /// Longest legal topic name (Kafka's `Topic.MAX_NAME_LENGTH`).
 pub const MAX_TOPIC_NAME_LENGTH: usize = 249;
@@ -462,6 +463,9 @@ pub struct Controller {
     pub(crate) next_write_offset: u64,
     /// The controller mutation quota (KIP-599) of the request being handled, if any.
     pub(crate) partition_change_quota: Option<PartitionChangeQuota>,
+    /// Metadata transactions (KIP-868) in the replayed log: an aborted one's records are
+    /// taken back out of `image`.
+    pub(crate) txn: TransactionalReplay,
 }
 
 /// The controller mutation quota of one request (KIP-599; Kafka's
@@ -495,6 +499,7 @@ impl Controller {
             rng,
             next_write_offset: 0,
             partition_change_quota: None,
+            txn: TransactionalReplay::default(),
         }
     }
 
@@ -506,13 +511,26 @@ impl Controller {
     /// Applies a committed batch. Offsets the batch skips (a KRaft log's control records,
     /// which are not metadata records) are skipped in the image too, so a new broker epoch,
     /// the offset of its `RegisterBrokerRecord`, is the record's offset in the log.
+    ///
+    /// Records of a metadata transaction (KIP-868) apply as they come and are taken back by
+    /// its `AbortTransactionRecord` ([`TransactionalReplay`]); a broker registration offset
+    /// an aborted record left in the sessions is replaced by the broker's next registration.
     pub fn replay(&mut self, batch: &CommittedBatch) {
         debug_assert!(self.image.offset <= batch.base_offset, "batches in order");
-        self.image.offset = self.image.offset.max(batch.base_offset);
-        for r in batch.records.iter() {
-            self.sessions.replayed(self.image.offset, r);
-            self.image.apply(r);
-        }
+        let sessions = &mut self.sessions;
+        self.txn.replay(&mut self.image, batch, None, |offset, r| {
+            sessions.replayed(offset, r)
+        });
+    }
+
+    /// Whether this controller, once active, has records to write before any other change
+    /// (Kafka's activation records, [`activation_event`]): an abort of the metadata
+    /// transaction a previous controller left open, or the bootstrap records of a log without
+    /// `metadata.version`.
+    fn needs_activation(&self) -> bool {
+        let committed = self.txn.image_before_open().unwrap_or(&self.image);
+        self.txn.open_since().is_some()
+            || (!self.config.bootstrap_records.is_empty() && committed.metadata_version().is_none())
     }
 
     /// Replaces the controller's image with `snapshot` (Kafka's `handleLoadSnapshot`): every
@@ -528,6 +546,7 @@ impl Controller {
         }
         image.offset = snapshot.end_offset;
         self.image = image;
+        self.txn.reset();
     }
 
     /// Applies what the committed stream delivered: a batch ([`Controller::replay`]) or a
@@ -1073,23 +1092,43 @@ pub fn start_controller_with(
     Ok((ControllerHandle { events: tx, loader }, task))
 }
 
-/// The activation event: commit the bootstrap records if the committed image has no
-/// `metadata.version` (a new cluster's log); nothing otherwise.
-fn bootstrap_event(records: Vec<MetadataRecord>) -> Event {
+/// The activation event (Kafka's `ActivationRecordsGenerator`), committed before any other
+/// change of an active controller: an `AbortTransactionRecord` for a metadata transaction
+/// (KIP-868) a previous controller began and did not end, then the bootstrap records if the
+/// log, without that transaction, has no `metadata.version` (a new cluster's log). One
+/// atomic batch; nothing when neither is needed.
+fn activation_event(bootstrap: Vec<MetadataRecord>) -> Event {
     Box::new(move |c: &mut Controller| {
-        let records = if c.image.metadata_version().is_none() {
-            records
-        } else {
-            Vec::new()
-        };
+        let mut records = Vec::new();
+        if let Some(begin_offset) = c.txn.open_since() {
+            tracing::warn!(
+                begin_offset,
+                "aborting the metadata transaction a previous controller left open"
+            );
+            records.push(
+                gregor_protocol::metadata_records::AbortTransactionRecord {
+                    reason: Some("Controller failover".into()),
+                    ..Default::default()
+                }
+                .into(),
+            );
+        }
+        let committed = c.txn.image_before_open().unwrap_or(&c.image);
+        let bootstrapped = !bootstrap.is_empty() && committed.metadata_version().is_none();
+        if bootstrapped {
+            records.extend(bootstrap);
+        }
         Pending {
             records,
-            complete: Box::new(|outcome| match outcome {
-                Ok(Outcome::Committed(offset)) => {
+            complete: Box::new(move |outcome| match outcome {
+                Ok(Outcome::Committed(offset)) if bootstrapped => {
                     tracing::info!(offset, "committed the bootstrap metadata records")
                 }
+                Ok(Outcome::Committed(offset)) => {
+                    tracing::info!(offset, "committed the metadata transaction's abort")
+                }
                 Ok(Outcome::Unchanged(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "committing the bootstrap records failed"),
+                Err(e) => tracing::warn!(error = %e, "committing the activation records failed"),
             }),
         }
     })
@@ -1157,10 +1196,9 @@ async fn run_controller(
             },
             event = events.recv() => {
                 let Some(event) = event else { return };
-                if !bootstrap_records.is_empty()
-                    && controller.image.metadata_version().is_none()
+                if controller.needs_activation()
                     && log.is_leader()
-                    && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                    && !process_event(&log, &mut committed, &mut controller, activation_event(bootstrap_records.clone())).await
                 {
                     return;
                 }
@@ -1183,9 +1221,8 @@ async fn run_controller(
                     controller.forget_sessions();
                     continue;
                 }
-                if !bootstrap_records.is_empty()
-                    && controller.image.metadata_version().is_none()
-                    && !process_event(&log, &mut committed, &mut controller, bootstrap_event(bootstrap_records.clone())).await
+                if controller.needs_activation()
+                    && !process_event(&log, &mut committed, &mut controller, activation_event(bootstrap_records.clone())).await
                 {
                     return;
                 }
@@ -1211,8 +1248,32 @@ async fn run_controller(
 }
 
 /// Runs one event against the committed image: its records are proposed and the controller's
-/// image follows the committed stream past them. False when the log closed.
+/// image follows the committed stream past them. An active controller that has activation
+/// records to write ([`activation_event`]) writes them first. False when the log closed.
 async fn process_event(
+    log: &Arc<dyn MetadataLog>,
+    committed: &mut CommittedBatches,
+    controller: &mut Controller,
+    event: Event,
+) -> bool {
+    // Batches committed by another leader, not yet read from the stream.
+    while controller.image.offset < log.high_watermark() {
+        let Some(b) = committed.next().await else {
+            return false;
+        };
+        controller.apply_committed(&b);
+    }
+    if log.is_leader() && controller.needs_activation() {
+        let activation = activation_event(controller.config.bootstrap_records.clone());
+        if !run_event(log, committed, controller, activation).await {
+            return false;
+        }
+    }
+    run_event(log, committed, controller, event).await
+}
+
+/// [`process_event`] once the controller has replayed what is committed.
+async fn run_event(
     log: &Arc<dyn MetadataLog>,
     committed: &mut CommittedBatches,
     controller: &mut Controller,
@@ -1220,13 +1281,6 @@ async fn process_event(
 ) -> bool {
     {
         {
-            // Batches committed by another leader, not yet read from the stream.
-            while controller.image.offset < log.high_watermark() {
-                let Some(b) = committed.next().await else {
-                    return false;
-                };
-                controller.apply_committed(&b);
-            }
             controller.next_write_offset = log.next_write_offset();
             let pending = event(controller);
             if pending.records.is_empty() {
@@ -2052,6 +2106,103 @@ mod tests {
             .count();
         assert_eq!(features, 1, "{records:?}");
         assert!(matches!(records[0], MetadataRecord::FeatureLevel(_)));
+    }
+
+    /// A metadata transaction (KIP-868) a previous controller began and did not end (here:
+    /// Kafka's bootstrap records in a transaction, cut short) is aborted by the next active
+    /// controller before anything else; the bootstrap records are then committed again, and
+    /// no publisher ever sees a record of the aborted transaction.
+    #[tokio::test]
+    async fn an_open_metadata_transaction_is_aborted_on_activation() {
+        use gregor_protocol::metadata_records::{BeginTransactionRecord, ConfigRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let feature = |level: i16| -> MetadataRecord {
+            FeatureLevelRecord {
+                name: "metadata.version".into(),
+                feature_level: level,
+                ..FeatureLevelRecord::default()
+            }
+            .into()
+        };
+        let partial: MetadataRecord = ConfigRecord {
+            resource_type: ConfigResource::Broker.resource_type(),
+            resource_name: String::new(),
+            name: "from.the.aborted.transaction".into(),
+            value: Some("1".into()),
+            ..Default::default()
+        }
+        .into();
+        let log: Arc<dyn MetadataLog> = Arc::new(FileMetadataLog::open(dir.path()).unwrap());
+        let begin: MetadataRecord = BeginTransactionRecord {
+            name: Some("Bootstrap records".into()),
+            ..Default::default()
+        }
+        .into();
+        log.propose(vec![begin, feature(25), partial])
+            .await
+            .unwrap();
+        let (shutdown, rx) = watch::channel(false);
+        let (loader, loader_task) = start_loader(log.subscribe().unwrap(), rx.clone());
+        /// Every config name and metadata.version a publisher was shown.
+        type Shown = Arc<Mutex<Vec<(Vec<String>, Option<i16>)>>>;
+        struct Watch(Shown);
+        impl MetadataPublisher for Watch {
+            fn name(&self) -> &str {
+                "watch"
+            }
+            fn on_metadata_update(
+                &self,
+                _delta: &MetadataDelta<'_>,
+                image: &Arc<MetadataImage>,
+            ) -> Result<(), String> {
+                let names = image
+                    .configs_of(ConfigResource::Broker, "")
+                    .keys()
+                    .cloned()
+                    .collect();
+                self.0.lock().push((names, image.metadata_version()));
+                Ok(())
+            }
+        }
+        let shown: Shown = Arc::default();
+        loader
+            .install_publisher(Arc::new(Watch(shown.clone())))
+            .await
+            .unwrap();
+        let config = ControllerConfig {
+            bootstrap_records: vec![feature(33)],
+            ..ControllerConfig::default()
+        };
+        let (c, controller_task) = start_controller_with(log.clone(), loader, rx, config).unwrap();
+        c.register_broker(registration(1)).await.unwrap();
+        assert_eq!(c.image().metadata_version(), Some(33));
+        assert!(c.image().configs_of(ConfigResource::Broker, "").is_empty());
+        let shown = shown.lock().clone();
+        assert!(
+            shown
+                .iter()
+                .all(|(names, mv)| names.is_empty() && *mv != Some(25)),
+            "{shown:?}"
+        );
+        shutdown.send(true).unwrap();
+        controller_task.await.unwrap();
+        loader_task.await.unwrap();
+        let records = FileMetadataLog::open(dir.path())
+            .unwrap()
+            .read_all()
+            .unwrap();
+        let kinds: Vec<&str> = records
+            .iter()
+            .map(|r| match r {
+                MetadataRecord::BeginTransaction(_) => "begin",
+                MetadataRecord::AbortTransaction(_) => "abort",
+                MetadataRecord::FeatureLevel(_) => "feature",
+                MetadataRecord::Config(_) => "config",
+                _ => "other",
+            })
+            .take(5)
+            .collect();
+        assert_eq!(kinds, ["begin", "feature", "config", "abort", "feature"]);
     }
 
     /// The controller task fences a broker whose session expired on its clock, by itself, and

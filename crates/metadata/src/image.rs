@@ -450,8 +450,8 @@ impl MetadataImage {
             }
             // Nothing to replay: NoOpRecord only moves the offset; the ZooKeeper migration
             // state means nothing to a KRaft-only cluster (Kafka 4 ignores it too); metadata
-            // transactions (KIP-868) are applied record by record as they come, which is what
-            // their committed outcome is (gregor's controller writes no transactions).
+            // transactions (KIP-868) are the replay's business, not the image's
+            // (`crate::txn_replay`: an abort returns to the image from before the transaction).
             MetadataRecord::NoOp(_)
             | MetadataRecord::ZkMigrationState(_)
             | MetadataRecord::BeginTransaction(_)

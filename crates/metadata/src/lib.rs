@@ -32,6 +32,7 @@ pub mod record;
 pub mod replication_control;
 pub mod scram_control;
 pub mod snapshot;
+pub mod txn_replay;
 
 pub use controller::{Controller, ControllerError, ControllerHandle};
 pub use image::{BrokerRegistration, MetadataImage, PartitionRegistration, TopicImage};

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::image::MetadataImage;
 use crate::log::{Committed, CommittedBatch, CommittedBatches, MetadataSnapshot};
 use crate::record::MetadataRecord;
+use crate::txn_replay::{is_transaction_marker, TransactionalReplay};
 
 /// Gauge: offset of the last metadata record this node applied (Kafka's
 /// `last-applied-record-offset`, -1 before any).
@@ -189,6 +190,8 @@ async fn run(
 ) {
     let mut publishers: Vec<Arc<dyn MetadataPublisher>> = Vec::new();
     let mut image = Arc::new(MetadataImage::default());
+    let mut replay = TransactionalReplay::default();
+    let mut pending: Option<Pending> = None;
     metrics::describe_gauge!(
         LAST_APPLIED_RECORD_OFFSET,
         "Offset of the last metadata record this node applied (-1 before any)."
@@ -205,7 +208,11 @@ async fn run(
         tokio::select! {
             batch = batches.next() => {
                 let Some(batch) = batch else { return };
-                let (next, failure) = apply_and_publish(&image, &batch, &publishers).await;
+                let Some(change) = replay_committed(&image, &batch, &mut replay, &mut pending) else {
+                    // Inside an open metadata transaction: nothing is published until it ends.
+                    continue;
+                };
+                let (next, failure) = publish(&image, change, &publishers).await;
                 image = next;
                 last_applied.set(batch.next_offset() as f64 - 1.0);
                 if failure.is_some() {
@@ -269,20 +276,71 @@ pub fn apply_batch(image: &MetadataImage, batch: &CommittedBatch) -> MetadataIma
     next
 }
 
-/// Applies `committed` to `image` (or replaces it with a snapshot) and calls every
-/// publisher, in order, on a blocking thread.
-async fn apply_and_publish(
-    image: &Arc<MetadataImage>,
+/// What the loader built past the published image while a metadata transaction (KIP-868) is
+/// open: the image with the records so far, and those records (the delta to publish).
+struct Pending {
+    image: MetadataImage,
+    records: Vec<MetadataRecord>,
+}
+
+/// An image to publish and what made it.
+struct Change {
+    next: MetadataImage,
+    records: Arc<[MetadataRecord]>,
+    snapshot: bool,
+    epoch: i32,
+    /// The offset of the last record (or the snapshot's) it holds.
+    last_offset: u64,
+}
+
+/// Applies `committed` to the published `image` (or replaces it with a snapshot). `None`
+/// while a metadata transaction is open after it: its records wait in `pending` and are
+/// published with the batch that ends it (or dropped by an abort), as Kafka's
+/// `MetadataBatchLoader` publishes no part of a transaction.
+fn replay_committed(
+    image: &MetadataImage,
     committed: &Committed,
-    publishers: &[Arc<dyn MetadataPublisher>],
-) -> (Arc<MetadataImage>, Option<(u64, String)>) {
-    let (next, records, snapshot, epoch) = match committed {
-        Committed::Batch(batch) => (
-            apply_batch(image, batch),
-            batch.records.clone(),
-            false,
-            batch.epoch,
-        ),
+    replay: &mut TransactionalReplay,
+    pending: &mut Option<Pending>,
+) -> Option<Change> {
+    let last_offset = committed.next_offset().saturating_sub(1);
+    match committed {
+        Committed::Batch(batch) => {
+            if pending.is_none()
+                && replay.open_since().is_none()
+                && !batch.records.iter().any(is_transaction_marker)
+            {
+                return Some(Change {
+                    next: apply_batch(image, batch),
+                    records: batch.records.clone(),
+                    snapshot: false,
+                    epoch: batch.epoch,
+                    last_offset,
+                });
+            }
+            let Pending {
+                image: mut next,
+                mut records,
+            } = pending.take().unwrap_or_else(|| Pending {
+                image: image.clone(),
+                records: Vec::new(),
+            });
+            replay.replay(&mut next, batch, Some(&mut records), |_, _| {});
+            if replay.open_since().is_some() {
+                *pending = Some(Pending {
+                    image: next,
+                    records,
+                });
+                return None;
+            }
+            Some(Change {
+                next,
+                records: records.into(),
+                snapshot: false,
+                epoch: batch.epoch,
+                last_offset,
+            })
+        }
         Committed::Snapshot(s) => {
             tracing::info!(
                 end_offset = s.end_offset,
@@ -290,11 +348,34 @@ async fn apply_and_publish(
                 previous_offset = image.offset,
                 "metadata image loaded from a snapshot"
             );
-            (image_from_snapshot(s), s.records.clone(), true, s.epoch)
+            replay.reset();
+            *pending = None;
+            Some(Change {
+                next: image_from_snapshot(s),
+                records: s.records.clone(),
+                snapshot: true,
+                epoch: s.epoch,
+                last_offset,
+            })
         }
-    };
+    }
+}
+
+/// Calls every publisher, in order, on a blocking thread with `change`; returns the new image
+/// and the publishers' failures.
+async fn publish(
+    image: &Arc<MetadataImage>,
+    change: Change,
+    publishers: &[Arc<dyn MetadataPublisher>],
+) -> (Arc<MetadataImage>, Option<(u64, String)>) {
+    let Change {
+        next,
+        records,
+        snapshot,
+        epoch,
+        last_offset,
+    } = change;
     let next = Arc::new(next);
-    let last_offset = committed.next_offset().saturating_sub(1);
     let (previous, published) = (image.clone(), next.clone());
     let publishers = publishers.to_vec();
     let failure = tokio::task::spawn_blocking(move || {
@@ -535,6 +616,75 @@ mod tests {
                 (false, 2, 3, 42),
             ]
         );
+    }
+
+    /// A metadata transaction (KIP-868) is published whole when it ends, and not at all when
+    /// it is aborted; the records around it are published as usual.
+    #[tokio::test]
+    async fn publishers_see_a_metadata_transaction_whole_or_not_at_all() {
+        use gregor_protocol::metadata_records::{
+            AbortTransactionRecord, BeginTransactionRecord, EndTransactionRecord,
+        };
+        let begin = || -> MetadataRecord { BeginTransactionRecord::default().into() };
+        let (tx, rx) = mpsc::channel(8);
+        let (_shutdown_tx, shutdown) = watch::channel(false);
+        let (loader, _task) = start_loader(CommittedBatches::new(vec![], rx), shutdown);
+        /// (configs in the image, records in the delta, image offset) per call.
+        type Seen = Arc<Mutex<Vec<(usize, usize, u64)>>>;
+        let seen: Seen = Arc::default();
+        struct See(Seen);
+        impl MetadataPublisher for See {
+            fn name(&self) -> &str {
+                "see"
+            }
+            fn on_metadata_update(
+                &self,
+                delta: &MetadataDelta<'_>,
+                image: &Arc<MetadataImage>,
+            ) -> Result<(), String> {
+                let configs = image.configs_of(ConfigResource::Broker, "").len();
+                self.0
+                    .lock()
+                    .push((configs, delta.records.len(), image.offset));
+                Ok(())
+            }
+        }
+        loader
+            .install_publisher(Arc::new(See(seen.clone())))
+            .await
+            .unwrap();
+        let send = |base_offset: u64, records: Vec<MetadataRecord>| {
+            let tx = tx.clone();
+            async move {
+                tx.send(
+                    CommittedBatch {
+                        base_offset,
+                        epoch: 1,
+                        records: records.into(),
+                    }
+                    .into(),
+                )
+                .await
+                .unwrap();
+            }
+        };
+        // c0, then a transaction of c1..c3 over two batches, committed.
+        send(0, vec![config(0), begin(), config(1)]).await;
+        send(3, vec![config(2), config(3)]).await;
+        send(5, vec![EndTransactionRecord::default().into()]).await;
+        assert_eq!(loader.wait_for_offset(5).await.unwrap().offset, 6);
+        // A transaction of c4 aborted, then c5 in the same batch as the abort.
+        send(6, vec![begin(), config(4)]).await;
+        send(8, vec![AbortTransactionRecord::default().into(), config(5)]).await;
+        let image = loader.wait_for_offset(9).await.unwrap();
+        let names: Vec<String> = image
+            .configs_of(ConfigResource::Broker, "")
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(names, ["c0", "c1", "c2", "c3", "c5"]);
+        // Only once each transaction ended; its delta holds the records it applied.
+        assert_eq!(seen.lock().clone(), vec![(0, 0, 0), (4, 4, 6), (5, 1, 10)]);
     }
 
     #[tokio::test]
