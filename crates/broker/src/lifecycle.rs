@@ -60,6 +60,9 @@ pub struct BrokerLifecycle {
     heartbeats: tokio::task::JoinHandle<()>,
     /// The log directories' health, reported in heartbeats once the logs are loaded.
     log_dirs: Arc<OnceLock<Vec<Arc<LogDirHealth>>>>,
+    /// `metadata.log.dir`'s health: while this node cannot append to its metadata log it
+    /// falls behind the cluster's metadata, so its heartbeats ask to be fenced.
+    metadata_dir: Arc<OnceLock<Arc<LogDirHealth>>>,
     /// Each log directory's id (`directory.id` of its `meta.properties`), as registered.
     log_dir_ids: Vec<(PathBuf, Uuid)>,
 }
@@ -315,6 +318,8 @@ pub async fn start(
     let c = client.clone();
     let log_dir_health: Arc<OnceLock<Vec<Arc<LogDirHealth>>>> = Arc::default();
     let health = log_dir_health.clone();
+    let metadata_dir_health: Arc<OnceLock<Arc<LogDirHealth>>> = Arc::default();
+    let metadata_dir = metadata_dir_health.clone();
     let cluster_id = cluster_id.to_string();
     let log_dir_ids = dir_ids.clone();
     let heartbeats = tokio::spawn(async move {
@@ -327,17 +332,42 @@ pub async fn start(
         // A directory came back and the amended registration is not accepted yet (retried at
         // each heartbeat; the heartbeats go on meanwhile).
         let mut amend_pending = false;
+        // Whether the last accepted heartbeat asked to be fenced.
+        let mut fence_reported = false;
+        let metadata_failed = || metadata_dir.get().is_some_and(|h| h.is_offline());
         loop {
             tokio::select! {
                 _ = stop.changed() => return,
                 _ = tick.tick() => {}
                 _ = poll.tick() => {
-                    if offline_dir_ids(&health, &dir_ids) == reported {
+                    if offline_dir_ids(&health, &dir_ids) == reported
+                        && metadata_failed() == fence_reported
+                    {
                         continue;
                     }
                 }
             }
             let offline = offline_dir_ids(&health, &dir_ids);
+            // A node that cannot write its metadata log stops following the cluster's
+            // metadata (Kafka's broker halts on a failed metadata log dir): it asks to be
+            // fenced, so its partitions' leadership moves to replicas that follow, and asks
+            // to be unfenced once the dir has room again and the log appends again.
+            let want_fence = metadata_failed();
+            if want_fence != fence_reported {
+                if want_fence {
+                    warn!(
+                        broker_id,
+                        broker_epoch,
+                        "the metadata log dir cannot be written: asking the controller to fence this broker until it can"
+                    );
+                } else {
+                    info!(
+                        broker_id,
+                        broker_epoch,
+                        "the metadata log dir can be written again: asking the controller to unfence this broker"
+                    );
+                }
+            }
             // A directory the controller took offline is back: amend the registration (same
             // incarnation, every directory online; the epoch stays), as Kafka's broker
             // re-sends its registration, so its replicas may lead and rejoin ISRs again.
@@ -373,7 +403,7 @@ pub async fn start(
                     broker_id,
                     broker_epoch,
                     current_metadata_offset: applied_offset(&c),
-                    want_fence: false,
+                    want_fence,
                     want_shut_down: false,
                     cordoned_log_dirs: None,
                     offline_log_dirs: offline.iter().copied().collect(),
@@ -381,7 +411,8 @@ pub async fn start(
                 .await;
             match r {
                 Ok(reply) => {
-                    if reply.is_fenced {
+                    fence_reported = want_fence;
+                    if reply.is_fenced && !want_fence {
                         warn!(
                             broker_id,
                             broker_epoch, "the active controller has fenced this broker"
@@ -400,6 +431,7 @@ pub async fn start(
         stop_heartbeats,
         heartbeats,
         log_dirs: log_dir_health,
+        metadata_dir: metadata_dir_health,
         log_dir_ids,
     })
 }
@@ -410,6 +442,13 @@ impl BrokerLifecycle {
     /// `OfflineLogDirs` (KIP-858). A second call is ignored.
     pub fn report_log_dirs(&self, health: Vec<Arc<LogDirHealth>>) {
         let _ = self.log_dirs.set(health);
+    }
+
+    /// Reports the health of `metadata.log.dir` (the metadata log's): while it is offline the
+    /// heartbeats ask the controller to fence this broker (`WantFence`). A second call is
+    /// ignored.
+    pub fn report_metadata_dir(&self, health: Arc<LogDirHealth>) {
+        let _ = self.metadata_dir.set(health);
     }
 
     /// Each log directory's id (`directory.id`), by configured path, as this broker

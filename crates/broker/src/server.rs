@@ -555,6 +555,7 @@ pub async fn start_with_authorizer(
         logs.set_broker_epoch(lifecycle.broker_epoch);
         // Offline log dirs go to the controller in heartbeats (KIP-858).
         lifecycle.report_log_dirs(logs.dir_health().to_vec());
+        lifecycle.report_metadata_dir(raft.metadata_dir_health().clone());
         logs.set_dir_ids(
             &lifecycle
                 .log_dir_ids()

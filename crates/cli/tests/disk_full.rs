@@ -605,6 +605,120 @@ fn a_voter_that_cannot_write_its_election_state_exits_naming_the_full_dir() {
     cluster.stop_all().ok();
 }
 
+/// A node whose `metadata.log.dir` fills while it need not vote (the two other voters are a
+/// majority) cannot follow the cluster's metadata: it asks the controller to fence it, so
+/// the partition it led gets a leader that follows, and Metadata stops listing it; once the
+/// dir has room its metadata log appends again, it catches up, is unfenced and listed again,
+/// without a restart. (Kafka's broker halts on a failed metadata log dir.)
+#[test]
+fn a_node_whose_metadata_log_dir_is_full_is_fenced_until_it_has_room() {
+    if skip() {
+        return;
+    }
+    let mut cluster = Cluster::start_with(
+        &config(Layout::Combined(3)),
+        &ClusterOptions::default()
+            .with_disk_limit_mib(48)
+            .with_log_dirs_per_broker(2),
+    )
+    .expect("cluster");
+    let leader = cluster.active_controller().expect("a leader");
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != leader)
+        .expect("a voter");
+    let bootstrap = cluster.node(leader).bootstrap().expect("a broker");
+    create_topic(&bootstrap, 3, "2");
+    cluster.wait_for(Duration::from_secs(30), "the partition's ISR", || {
+        partition_state(&bootstrap).filter(|(_, isr)| isr.len() == 3)
+    });
+    // `data/` holds the metadata log; the partitions are in logs-1/ and logs-2/.
+    cluster
+        .node(victim)
+        .fill_disk()
+        .expect("fill the metadata log's disk");
+    // Metadata changes go on; the victim's follower cannot append them.
+    let mut i = 0;
+    cluster.wait_for(
+        Duration::from_secs(60),
+        "the victim's metadata log dir to be reported offline",
+        || {
+            i += 1;
+            let req = CreateTopicsRequest::default()
+                .with_timeout_ms(10_000)
+                .with_topics(vec![CreatableTopic::default()
+                    .with_name(TopicName(sb(&format!("filler-{i}"))))
+                    .with_num_partitions(8)
+                    .with_replication_factor(1)]);
+            let _ = conn(&bootstrap)
+                .and_then(|mut c| c.call::<_, CreateTopicsResponse>(ApiKey::CreateTopics, 7, &req));
+            (dir_offline_metric(cluster.node(victim)) == Some(1.0)).then_some(())
+        },
+    );
+    cluster.wait_for(
+        Duration::from_secs(30),
+        "the victim to be fenced (not listed in Metadata)",
+        || {
+            let ids = cluster_broker_ids(&bootstrap)?;
+            (!ids.contains(&victim) && ids.len() == 2).then_some(())
+        },
+    );
+    let (led_by, _) = cluster.wait_for(
+        Duration::from_secs(30),
+        "a leader that follows the metadata",
+        || partition_state(&bootstrap).filter(|(l, _)| *l != victim),
+    );
+    assert_ne!(led_by, victim);
+    let log = std::fs::read_to_string(cluster.node(victim).log_file()).unwrap_or_default();
+    assert!(
+        log.contains("asking the controller to fence this broker"),
+        "{}",
+        cluster.node(victim).log_tail(30)
+    );
+
+    cluster.node(victim).free_disk().expect("free the disk");
+    cluster.wait_for(
+        Duration::from_secs(60),
+        "the victim to be unfenced (listed again)",
+        || {
+            cluster_broker_ids(&bootstrap)
+                .filter(|ids| ids.contains(&victim))
+                .map(|_| ())
+        },
+    );
+    assert_eq!(dir_offline_metric(cluster.node(victim)), Some(0.0));
+    // It followed the metadata meanwhile: it knows the topics created while it was full.
+    let victim_bootstrap = cluster.node(victim).bootstrap().expect("a broker");
+    let last = format!("filler-{i}");
+    cluster.wait_for(
+        Duration::from_secs(30),
+        "the victim to know the topics created while it was full",
+        || {
+            let req = MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(TopicName(sb(&last))))
+                ]))
+                .with_allow_auto_topic_creation(false);
+            let m: MetadataResponse = conn(&victim_bootstrap)
+                .ok()?
+                .call(ApiKey::Metadata, 12, &req)
+                .ok()?;
+            (m.topics.first()?.error_code == 0).then_some(())
+        },
+    );
+    cluster.stop_all().ok();
+}
+
+/// The broker ids listed in `bootstrap`'s Metadata (the unfenced ones).
+fn cluster_broker_ids(bootstrap: &str) -> Option<Vec<i32>> {
+    let req = MetadataRequest::default().with_topics(Some(Vec::new()));
+    let m: MetadataResponse = conn(bootstrap)
+        .ok()?
+        .call(ApiKey::Metadata, 12, &req)
+        .ok()?;
+    Some(m.brokers.iter().map(|b| b.node_id.0).collect())
+}
+
 /// A log dir that is already full when the broker starts is *full*, not failed: its logs
 /// are loaded and read, `/ready` says it is full, and once it has room appends resume
 /// without a restart (a new-user trial found it marked failed until a restart).
