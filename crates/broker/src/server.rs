@@ -870,6 +870,8 @@ async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::R
             .replica_high_watermark_checkpoint_interval_ms()
             .max(1) as u64,
     );
+    // Failed attempts in a row.
+    let mut failures: u64 = 0;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -884,10 +886,32 @@ async fn high_watermark_checkpointer(broker: Arc<Broker>, mut shutdown: watch::R
                 crate::replica_fetcher::checkpoint_high_watermarks(&b.replica_manager, fetchers)
             })
             .await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "writing replication-offset-checkpoint failed"),
-            Err(e) => warn!(error = %e, "high watermark checkpoint job failed"),
+        // A full or failed dir fails every attempt until it heals (`/ready` and the dir's own
+        // ERROR line say so): logged at the 1st, 2nd, 4th, 8th ... failure in a row, and once
+        // when it works again.
+        let error = match written {
+            Ok(Ok(())) => {
+                if failures > 0 {
+                    info!(
+                        failures,
+                        "replication-offset-checkpoint written again after failed attempts"
+                    );
+                }
+                failures = 0;
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("the checkpoint job failed: {e}"),
+        };
+        failures += 1;
+        if failures.is_power_of_two() {
+            warn!(
+                error = %error,
+                failures,
+                "writing replication-offset-checkpoint failed (retried every {} ms; logged again at {} failures in a row)",
+                period.as_millis(),
+                failures * 2
+            );
         }
     }
 }
