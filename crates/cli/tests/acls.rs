@@ -1171,7 +1171,10 @@ fn sasl_rows(sasl: &str) -> Result<Vec<String>> {
                 .with_permission_type(perm)]);
             let r: kafka_protocol::messages::CreateAclsResponse =
                 c.call(ApiKey::CreateAcls, 3, &req)?;
-            ensure!(r.results.iter().all(|x| x.error_code == 0), "{rule:?}: {r:?}");
+            ensure!(
+                r.results.iter().all(|x| x.error_code == 0),
+                "{rule:?}: {r:?}"
+            );
         } else {
             let req = DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default()
                 .with_resource_type_filter(TOPIC)
@@ -1196,7 +1199,9 @@ fn sasl_rows(sasl: &str) -> Result<Vec<String>> {
     let deny_everyone: Rule = ("User:*", "*", LITERAL, topic, DENY);
     let bob_prefix: Rule = ("User:bob", "*", PREFIXED, "sasl-", ALLOW);
     let deny_bob_prefix: Rule = ("User:bob", "*", PREFIXED, "sasl-acl", DENY);
-    let rows: Vec<(&str, Vec<(bool, Rule)>, [i16; 3])> = vec![
+    // (row, ACL changes (true: add), the codes of alice, bob and admin).
+    type Row = (&'static str, Vec<(bool, Rule)>, [i16; 3]);
+    let rows: Vec<Row> = vec![
         ("no ACL (allow.everyone.if.no.acl.found)", vec![], [0, 0, 0]),
         (
             "ALLOW alice from another host",

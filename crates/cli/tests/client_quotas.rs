@@ -750,8 +750,11 @@ fn request_percentage_on_other_apis(bootstrap: &str, implementation: &str) -> Re
         "{implementation}: Metadata throttle_time_ms {first}, want 1..=1000"
     );
     let mut other = KafkaConn::connect(bootstrap, "busy")?;
-    let r: DescribeClusterResponse =
-        other.call(ApiKey::DescribeCluster, 1, &DescribeClusterRequest::default())?;
+    let r: DescribeClusterResponse = other.call(
+        ApiKey::DescribeCluster,
+        1,
+        &DescribeClusterRequest::default(),
+    )?;
     eprintln!(
         "{implementation}: DescribeCluster throttle_time_ms {}",
         r.throttle_time_ms
@@ -775,7 +778,10 @@ fn request_percentage_on_other_apis(bootstrap: &str, implementation: &str) -> Re
     let mut idle = KafkaConn::connect(bootstrap, "idle")?;
     for _ in 0..20 {
         let t = metadata(&mut idle)?;
-        ensure!(t == 0, "{implementation}: client id idle has no quota: {t} ms");
+        ensure!(
+            t == 0,
+            "{implementation}: client id idle has no quota: {t} ms"
+        );
     }
     Ok(())
 }

@@ -428,9 +428,7 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
     // which answers here).
     let ready = |mut b: ResponseKind| {
         let image = broker.controller.image();
-        let throttle = broker
-            .client_quotas
-            .throttle_request(&image, ctx, started);
+        let throttle = broker.client_quotas.throttle_request(&image, ctx, started);
         if throttle > 0 {
             set_throttle_time_ms(&mut b, i32::try_from(throttle).unwrap_or(i32::MAX));
         }
