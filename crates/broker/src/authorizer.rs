@@ -25,6 +25,8 @@
 //! | DescribeLogDirs, ListPartitionReassignments / ElectLeaders, AlterPartitionReassignments, UpdateFeatures | `Describe` / `Alter` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | DescribeProducers | `Read` on each Topic | TOPIC_AUTHORIZATION_FAILED |
 //! | WriteTxnMarkers | `ClusterAction` (or `Alter`) on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | Vote, BeginQuorumEpoch, EndQuorumEpoch, FetchSnapshot, Fetch of the metadata log, BrokerRegistration, BrokerHeartbeat, AlterPartition, AllocateProducerIds, AssignReplicasToDirs, Envelope (any listener that serves them) | `ClusterAction` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
+//! | UnregisterBroker, DescribeCluster on a controller listener | `Alter` on the Cluster | CLUSTER_AUTHORIZATION_FAILED |
 //! | FindCoordinator, DescribeGroups, ConsumerGroupDescribe | `Describe` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat | `Read` on the Group | GROUP_AUTHORIZATION_FAILED |
 //! | OffsetCommit | `Read` on the Group, `Read` on each Topic | GROUP_ / TOPIC_AUTHORIZATION_FAILED |

@@ -619,7 +619,8 @@ impl ClientQuotaManagers {
 
     /// Records `started`'s elapsed time as a percentage of one second against
     /// `request_percentage` (Kafka's `ClientRequestQuotaManager.nanosToPercentage`); the
-    /// throttle time (ms).
+    /// throttle time (ms), at most one quota window (`quota.window.size.seconds`, Kafka's
+    /// `ClientRequestQuotaManager.throttleTime` through `QuotaUtils.boundedThrottleTime`).
     pub fn record_request_time(
         &self,
         image: &Arc<MetadataImage>,
@@ -627,13 +628,30 @@ impl ClientQuotaManagers {
         started: Instant,
     ) -> i64 {
         let percent = started.elapsed().as_nanos() as f64 * 100.0 / 1e9;
-        self.request.record_and_get_throttle_time_ms(
-            image,
-            ctx.principal.name.as_str(),
-            ctx.client_id(),
-            percent,
-            self.request.now_ms(),
-        )
+        self.request
+            .record_and_get_throttle_time_ms(
+                image,
+                ctx.principal.name.as_str(),
+                ctx.client_id(),
+                percent,
+                self.request.now_ms(),
+            )
+            .min(self.request.window_ms)
+    }
+
+    /// Records a request other than Produce and Fetch against `request_percentage` (Kafka's
+    /// `RequestHandlerHelper.sendResponseMaybeThrottle`): `started`'s elapsed time; returns
+    /// the throttle time (ms, at most one quota window), records it as the throttle-time
+    /// metric and mutes `ctx`'s connection for it. 0 while no `request_percentage` quota
+    /// exists.
+    pub fn throttle_request(
+        &self,
+        image: &Arc<MetadataImage>,
+        ctx: &RequestContext,
+        started: Instant,
+    ) -> i64 {
+        let request = self.record_request_time(image, ctx, started);
+        self.apply(image, ctx, &self.request, 0, request)
     }
 
     /// The larger of a type's throttle and the request quota's, recorded as the throttle-time

@@ -80,6 +80,90 @@ pub fn controller_rpc_versions(api_key: ApiKey) -> Option<(i16, i16)> {
     }
 }
 
+/// The operation on the Cluster a controller-listener request needs before anything else
+/// (Kafka's `ControllerApis`, `authHelper.authorizeClusterOperation`): `ClusterAction` for
+/// the requests only brokers and controllers send (Fetch of the metadata log, FetchSnapshot,
+/// Vote, BeginQuorumEpoch, EndQuorumEpoch, BrokerRegistration, BrokerHeartbeat,
+/// AlterPartition, AllocateProducerIds, AssignReplicasToDirs), `Alter` for UnregisterBroker
+/// and DescribeCluster (on a controller listener, unlike a broker's). None for the requests
+/// whose handlers check their own resources (and Envelope, which checks `ClusterAction`
+/// itself), and for ApiVersions.
+///
+/// With an ACL authorizer the principal of brokers and controllers therefore needs
+/// `ClusterAction` on the Cluster, in practice by being listed in `super.users`: before its
+/// first metadata image the authorizer denies everyone else (KIP-801), and a quorum of
+/// several controllers cannot elect a leader without Vote.
+pub fn required_cluster_operation(api_key: ApiKey) -> Option<crate::authorizer::AclOperation> {
+    use crate::authorizer::AclOperation;
+    match api_key {
+        ApiKey::Fetch
+        | ApiKey::FetchSnapshot
+        | ApiKey::Vote
+        | ApiKey::BeginQuorumEpoch
+        | ApiKey::EndQuorumEpoch
+        | ApiKey::BrokerRegistration
+        | ApiKey::BrokerHeartbeat
+        | ApiKey::AlterPartition
+        | ApiKey::AllocateProducerIds
+        | ApiKey::AssignReplicasToDirs => Some(AclOperation::ClusterAction),
+        ApiKey::UnregisterBroker | ApiKey::DescribeCluster => Some(AclOperation::Alter),
+        _ => None,
+    }
+}
+
+/// The answer to a request of `api_key` refused with CLUSTER_AUTHORIZATION_FAILED (Kafka's
+/// `getErrorResponse` of each request: the top-level error code, nothing else but the
+/// defaults it sets, e.g. a fenced heartbeat and broker epoch -1). None for APIs
+/// [`required_cluster_operation`] does not cover.
+pub fn cluster_authorization_failed(api_key: ApiKey, principal: &str) -> Option<ResponseKind> {
+    let code = ErrorCode::ClusterAuthorizationFailed.code();
+    Some(match api_key {
+        ApiKey::Fetch => m::FetchResponse::default().with_error_code(code).into(),
+        ApiKey::FetchSnapshot => m::FetchSnapshotResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::Vote => m::VoteResponse::default().with_error_code(code).into(),
+        ApiKey::BeginQuorumEpoch => m::BeginQuorumEpochResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::EndQuorumEpoch => m::EndQuorumEpochResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::BrokerRegistration => m::BrokerRegistrationResponse::default()
+            .with_error_code(code)
+            .with_broker_epoch(-1)
+            .into(),
+        ApiKey::BrokerHeartbeat => m::BrokerHeartbeatResponse::default()
+            .with_error_code(code)
+            .with_is_fenced(true)
+            .into(),
+        ApiKey::AlterPartition => m::AlterPartitionResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::AllocateProducerIds => m::AllocateProducerIdsResponse::default()
+            .with_error_code(code)
+            .with_producer_id_start(m::ProducerId(-1))
+            .into(),
+        ApiKey::AssignReplicasToDirs => m::AssignReplicasToDirsResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::UnregisterBroker => m::UnregisterBrokerResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(sb(&format!(
+                "{principal} may not unregister brokers (ALTER on the cluster resource)"
+            ))))
+            .into(),
+        ApiKey::DescribeCluster => DescribeClusterResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(sb(&format!(
+                "{principal} may not describe the controllers (ALTER on the cluster resource)"
+            ))))
+            .with_cluster_authorized_operations(i32::MIN)
+            .into(),
+        _ => return None,
+    })
+}
+
 /// [`gregor_network::RequestHandler`] of the controller listeners.
 pub struct ControllerApis {
     raft: Arc<RaftManager>,
@@ -247,6 +331,24 @@ impl gregor_network::RequestHandler for ControllerApis {
         let header = ctx.header.clone();
         let api_key = ctx.api_key;
         let version = header.request_api_version;
+        if let Some(operation) = required_cluster_operation(api_key) {
+            let action = crate::authorizer::Action::new(
+                operation,
+                crate::authorizer::ResourcePattern::cluster(),
+            );
+            let allowed = self
+                .authorizer
+                .authorize(ctx, std::slice::from_ref(&action))
+                .first()
+                .is_some_and(|r| *r == crate::authorizer::AuthorizationResult::Allowed);
+            if !allowed {
+                if let Some(response) =
+                    cluster_authorization_failed(api_key, &ctx.principal.to_string())
+                {
+                    return Handled::Ready(respond(&header, api_key, response));
+                }
+            }
+        }
         match body {
             RequestKind::ApiVersions(_) => Handled::Ready(respond(
                 &header,
@@ -763,6 +865,171 @@ mod tests {
                 );
             }
         }
+        raft.shutdown().await;
+    }
+
+    /// Denies `ClusterAction` and `Alter` on the Cluster to `User:mallory`, allows the rest.
+    struct DenyMallory;
+
+    impl crate::authorizer::Authorizer for DenyMallory {
+        fn authorize(
+            &self,
+            ctx: &RequestContext,
+            actions: &[crate::authorizer::Action],
+        ) -> Vec<crate::authorizer::AuthorizationResult> {
+            use crate::authorizer::{AclOperation, AuthorizationResult};
+            actions
+                .iter()
+                .map(|a| {
+                    let cluster =
+                        a.resource_pattern == crate::authorizer::ResourcePattern::cluster();
+                    let op = matches!(
+                        a.operation,
+                        AclOperation::ClusterAction | AclOperation::Alter
+                    );
+                    if ctx.principal.name == "mallory" && cluster && op {
+                        AuthorizationResult::Denied
+                    } else {
+                        AuthorizationResult::Allowed
+                    }
+                })
+                .collect()
+        }
+    }
+
+    /// `body` through [`ControllerApis`]' request handler as `User:principal`, decoded.
+    async fn call_as(
+        apis: &ControllerApis,
+        principal: &str,
+        api_key: ApiKey,
+        body: RequestKind,
+    ) -> ResponseKind {
+        use gregor_network::RequestHandler;
+        let (_, version) = apis.versions(api_key).expect("served");
+        let mut ctx = RequestContext::local(api_key, version);
+        ctx.principal = gregor_network::KafkaPrincipal {
+            principal_type: "User".into(),
+            name: principal.into(),
+        };
+        let frame = match apis.handle(&ctx, body).await {
+            Handled::Ready(Some(frame)) => frame,
+            Handled::Deferred(answer) => answer.await.expect("a response"),
+            _ => panic!("{api_key:?}: no response"),
+        };
+        crate::controller_channel::decode_response(api_key, version, frame.slice(4..))
+            .unwrap()
+            .1
+    }
+
+    /// The top-level error code of a controller-listener answer.
+    fn top_level_error(r: &ResponseKind) -> i16 {
+        match r {
+            ResponseKind::Fetch(r) => r.error_code,
+            ResponseKind::FetchSnapshot(r) => r.error_code,
+            ResponseKind::Vote(r) => r.error_code,
+            ResponseKind::BeginQuorumEpoch(r) => r.error_code,
+            ResponseKind::EndQuorumEpoch(r) => r.error_code,
+            ResponseKind::BrokerRegistration(r) => r.error_code,
+            ResponseKind::BrokerHeartbeat(r) => r.error_code,
+            ResponseKind::AlterPartition(r) => r.error_code,
+            ResponseKind::AllocateProducerIds(r) => r.error_code,
+            ResponseKind::AssignReplicasToDirs(r) => r.error_code,
+            ResponseKind::UnregisterBroker(r) => r.error_code,
+            ResponseKind::DescribeCluster(r) => r.error_code,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn inter_node_requests_need_cluster_action_and_unregister_broker_alter() {
+        let dir = tempfile::tempdir().unwrap();
+        let raft = single_voter_leader(dir.path()).await;
+        let apis =
+            ControllerApis::new(raft.clone(), "c1".into()).with_authorizer(Arc::new(DenyMallory));
+        let epoch = raft.leader_and_epoch().borrow().epoch;
+        let metadata_fetch = m::FetchRequest::default()
+            .with_replica_state(
+                m::fetch_request::ReplicaState::default().with_replica_id(BrokerId(2)),
+            )
+            .with_topics(vec![m::fetch_request::FetchTopic::default()
+                .with_topic_id(gregor_raft::convert::METADATA_TOPIC_ID)
+                .with_partitions(vec![
+                    m::fetch_request::FetchPartition::default().with_current_leader_epoch(epoch)
+                ])]);
+        // A Vote for a later epoch: refused, it must not move the quorum.
+        let vote =
+            m::VoteRequest::default().with_topics(vec![m::vote_request::TopicData::default()
+                .with_topic_name(m::TopicName(sb("__cluster_metadata")))
+                .with_partitions(vec![m::vote_request::PartitionData::default()
+                    .with_replica_epoch(epoch + 100)
+                    .with_replica_id(BrokerId(2))])]);
+        let requests: Vec<(ApiKey, RequestKind)> = vec![
+            (ApiKey::Vote, vote.into()),
+            (
+                ApiKey::BeginQuorumEpoch,
+                m::BeginQuorumEpochRequest::default().into(),
+            ),
+            (
+                ApiKey::EndQuorumEpoch,
+                m::EndQuorumEpochRequest::default().into(),
+            ),
+            (
+                ApiKey::FetchSnapshot,
+                m::FetchSnapshotRequest::default().into(),
+            ),
+            (ApiKey::Fetch, metadata_fetch.into()),
+            (
+                ApiKey::BrokerRegistration,
+                m::BrokerRegistrationRequest::default()
+                    .with_cluster_id(sb("c1"))
+                    .into(),
+            ),
+            (
+                ApiKey::BrokerHeartbeat,
+                m::BrokerHeartbeatRequest::default().into(),
+            ),
+            (
+                ApiKey::AlterPartition,
+                m::AlterPartitionRequest::default().into(),
+            ),
+            (
+                ApiKey::AllocateProducerIds,
+                m::AllocateProducerIdsRequest::default().into(),
+            ),
+            (
+                ApiKey::AssignReplicasToDirs,
+                m::AssignReplicasToDirsRequest::default().into(),
+            ),
+            (
+                ApiKey::UnregisterBroker,
+                m::UnregisterBrokerRequest::default().into(),
+            ),
+            (
+                ApiKey::DescribeCluster,
+                m::DescribeClusterRequest::default()
+                    .with_endpoint_type(2)
+                    .into(),
+            ),
+        ];
+        let denied = ErrorCode::ClusterAuthorizationFailed.code();
+        for (key, body) in requests {
+            let before = raft.leader_and_epoch().borrow().epoch;
+            let r = call_as(&apis, "mallory", key, body.clone()).await;
+            assert_eq!(top_level_error(&r), denied, "{key:?} as mallory: {r:?}");
+            // Refused before the quorum saw it: a later epoch's Vote moved nothing.
+            assert_eq!(raft.leader_and_epoch().borrow().epoch, before, "{key:?}");
+            let r = call_as(&apis, "alice", key, body).await;
+            assert_ne!(top_level_error(&r), denied, "{key:?} as alice: {r:?}");
+        }
+        // ApiVersions needs nothing.
+        let r = call_as(
+            &apis,
+            "mallory",
+            ApiKey::ApiVersions,
+            m::ApiVersionsRequest::default().into(),
+        )
+        .await;
+        assert!(matches!(r, ResponseKind::ApiVersions(v) if v.error_code == 0));
         raft.shutdown().await;
     }
 

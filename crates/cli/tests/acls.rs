@@ -107,6 +107,133 @@ struct Case {
 /// The matrix, parameterised by the principal its ACLs name.
 struct Matrix {
     principal: String,
+    /// `(user, password)` to log in with SASL/PLAIN (the broker address is then its
+    /// SASL_PLAINTEXT listener), or None for a PLAINTEXT connection (`User:ANONYMOUS`).
+    sasl: Option<(&'static str, &'static str)>,
+}
+
+impl Matrix {
+    /// The matrix as `User:ANONYMOUS` on a PLAINTEXT listener.
+    fn anonymous() -> Self {
+        Self {
+            principal: "User:ANONYMOUS".into(),
+            sasl: None,
+        }
+    }
+
+    /// The matrix as `User:alice`, authenticated with SASL/PLAIN.
+    fn alice() -> Self {
+        Self {
+            principal: "User:alice".into(),
+            sasl: Some(("alice", "alice-secret")),
+        }
+    }
+
+    fn connect(&self, addr: &str) -> Result<KafkaConn> {
+        match self.sasl {
+            Some((user, password)) => plain_login(addr, user, password),
+            None => KafkaConn::connect(addr, "acl-matrix"),
+        }
+    }
+}
+
+/// A connection to the SASL_PLAINTEXT listener at `addr`, logged in as `user` with SASL/PLAIN
+/// (SaslHandshake v1, SaslAuthenticate v2).
+fn plain_login(addr: &str, user: &str, password: &str) -> Result<KafkaConn> {
+    use kafka_protocol::messages::{
+        SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    };
+    let mut c = KafkaConn::connect(addr, "acl-sasl")?;
+    let h: SaslHandshakeResponse = c.call(
+        ApiKey::SaslHandshake,
+        1,
+        &SaslHandshakeRequest::default().with_mechanism(sb("PLAIN")),
+    )?;
+    ensure!(h.error_code == 0, "SaslHandshake PLAIN on {addr}: {h:?}");
+    let token = format!("\0{user}\0{password}");
+    let a: SaslAuthenticateResponse = c.call(
+        ApiKey::SaslAuthenticate,
+        2,
+        &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token.into_bytes())),
+    )?;
+    ensure!(
+        a.error_code == 0,
+        "SaslAuthenticate as {user} on {addr}: {} {:?}",
+        a.error_code,
+        a.error_message
+    );
+    Ok(c)
+}
+
+/// The PLAIN users of the SASL listener (Kafka's `PlainLoginModule` options, which gregor
+/// reads the same way).
+const PLAIN_JAAS: &str = r#"org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret" user_bob="bob-secret" user_admin="admin-secret";"#;
+
+/// The broker properties of the SASL runs, besides the listeners: [`properties`] with the
+/// nodes' own principal (`User:ANONYMOUS`, on the PLAINTEXT and controller listeners) among
+/// the super users, as a deployment must (brokers register and heartbeat with ClusterAction,
+/// which an ACL for alice on the Cluster would otherwise take from them), and SASL/PLAIN on
+/// the SASL_PLAINTEXT listener.
+fn sasl_properties() -> Vec<String> {
+    vec![
+        format!("authorizer.class.name={STANDARD_AUTHORIZER}"),
+        "allow.everyone.if.no.acl.found=true".into(),
+        "super.users=User:admin;User:ANONYMOUS".into(),
+        "sasl.enabled.mechanisms=PLAIN".into(),
+        format!("listener.name.sasl_plaintext.plain.sasl.jaas.config={PLAIN_JAAS}"),
+    ]
+}
+
+/// gregor with a SASL_PLAINTEXT listener beside its PLAINTEXT one; returns it and the SASL
+/// listener's address.
+fn start_gregor_sasl() -> Result<(Gregor, String)> {
+    let sasl = free_port()?;
+    let mut sets = vec![
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+            .to_string(),
+    ];
+    sets.extend(sasl_properties());
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let g = Gregor::start_with_listeners(
+        BIN,
+        &format!("SASL_PLAINTEXT://127.0.0.1:{sasl}"),
+        &sets,
+        &[],
+    )?;
+    Ok((g, format!("127.0.0.1:{sasl}")))
+}
+
+/// Kafka 4.4.0 configured as [`start_gregor_sasl`]; returns it and the SASL listener's address.
+fn start_kafka_sasl() -> Result<(Instance, ChildGuard, String)> {
+    let mut last = None;
+    for _ in 0..5 {
+        let sasl = free_port()?;
+        let mut instance = Instance::new(free_port()?, None, None)?;
+        let mut extra = vec![
+            format!(
+                "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+                instance.port, instance.controller_port
+            ),
+            format!(
+                "advertised.listeners=PLAINTEXT://127.0.0.1:{},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+                instance.port
+            ),
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT".into(),
+        ];
+        extra.extend(sasl_properties());
+        instance.extra_properties = extra;
+        match instance.spawn() {
+            Ok(child) => {
+                let mut guard = ChildGuard::new("kafka", child);
+                instance.wait_ready(|| guard.check_alive())?;
+                return Ok((instance, guard, format!("127.0.0.1:{sasl}")));
+            }
+            Err(e) if format!("{e:#}").contains("is not free") => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no free port")))
 }
 
 fn topic_name(s: &str) -> TopicName {
@@ -804,7 +931,7 @@ impl Matrix {
     /// Runs every case on the broker at `bootstrap`: one line per case, `name: allowed=<code>
     /// denied=<code>`.
     fn run(&self, bootstrap: &str) -> Result<Vec<String>> {
-        let mut c = KafkaConn::connect(bootstrap, "acl-matrix")?;
+        let mut c = self.connect(bootstrap)?;
         let p = self.principal.as_str();
         // The principal may do everything on the Cluster (its Alter is what CreateAcls needs).
         create_acls(
@@ -964,9 +1091,7 @@ fn start_gregor(extra: &[String]) -> Result<Gregor> {
 #[test]
 fn acl_matrix_gregor() -> Result<()> {
     let g = start_gregor(&properties())?;
-    let matrix = Matrix {
-        principal: "User:ANONYMOUS".into(),
-    };
+    let matrix = Matrix::anonymous();
     let got = matrix.run(&g.bootstrap())?;
     check_matrix(&got, "gregor")
 }
@@ -977,11 +1102,200 @@ fn acl_matrix_kafka() -> Result<()> {
         return Ok(());
     }
     let (instance, _guard) = start_kafka(&properties())?;
-    let matrix = Matrix {
-        principal: "User:ANONYMOUS".into(),
-    };
+    let matrix = Matrix::anonymous();
     let got = matrix.run(&instance.bootstrap())?;
     check_matrix(&got, "kafka")
+}
+
+/// The matrix with a principal SASL authenticated (`User:alice` over SASL/PLAIN), not
+/// ANONYMOUS: the same answers as Kafka's.
+#[test]
+fn acl_matrix_sasl_gregor() -> Result<()> {
+    let (_g, sasl) = start_gregor_sasl()?;
+    let got = Matrix::alice().run(&sasl)?;
+    check_matrix(&got, "gregor (User:alice over SASL/PLAIN)")
+}
+
+#[test]
+fn acl_matrix_sasl_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let (_instance, _guard, sasl) = start_kafka_sasl()?;
+    let got = Matrix::alice().run(&sasl)?;
+    check_matrix(&got, "kafka (User:alice over SASL/PLAIN)")
+}
+
+/// ACLs naming SASL principals, with host filters, DENY beating ALLOW, PREFIXED patterns, the
+/// `User:*` wildcard and a super user: each row changes the ACLs of the topic (as `admin`, a
+/// super user) and reads the Metadata error code of the topic as alice, bob and admin, each
+/// logged in with SASL/PLAIN. One line per row, `row: alice=<code> bob=<code> admin=<code>`.
+fn sasl_rows(sasl: &str) -> Result<Vec<String>> {
+    let mut admin = plain_login(sasl, "admin", "admin-secret")?;
+    let mut alice = plain_login(sasl, "alice", "alice-secret")?;
+    let mut bob = plain_login(sasl, "bob", "bob-secret")?;
+    let topic = "sasl-acl-t";
+    let req = CreateTopicsRequest::default()
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(topic))
+            .with_num_partitions(1)
+            .with_replication_factor(1)])
+        .with_timeout_ms(30_000);
+    let r: kafka_protocol::messages::CreateTopicsResponse =
+        admin.call(ApiKey::CreateTopics, 7, &req)?;
+    ensure!(r.topics[0].error_code == 0, "creating: {:?}", r.topics[0]);
+    let metadata_code = |c: &mut KafkaConn| -> Result<i16> {
+        let r: kafka_protocol::messages::MetadataResponse = c.call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![
+                    MetadataRequestTopic::default().with_name(Some(topic_name(topic)))
+                ]))
+                .with_allow_auto_topic_creation(false),
+        )?;
+        Ok(r.topics.first().map_or(-1, |t| t.error_code))
+    };
+    // (principal, host, pattern type, name, permission) on Describe of the topic.
+    type Rule = (&'static str, &'static str, i8, &'static str, i8);
+    let change = |c: &mut KafkaConn, add: bool, rule: Rule| -> Result<()> {
+        let (principal, host, pt, name, perm) = rule;
+        if add {
+            let req = CreateAclsRequest::default().with_creations(vec![AclCreation::default()
+                .with_resource_type(TOPIC)
+                .with_resource_name(sb(name))
+                .with_resource_pattern_type(pt)
+                .with_principal(sb(principal))
+                .with_host(sb(host))
+                .with_operation(DESCRIBE)
+                .with_permission_type(perm)]);
+            let r: kafka_protocol::messages::CreateAclsResponse =
+                c.call(ApiKey::CreateAcls, 3, &req)?;
+            ensure!(
+                r.results.iter().all(|x| x.error_code == 0),
+                "{rule:?}: {r:?}"
+            );
+        } else {
+            let req = DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default()
+                .with_resource_type_filter(TOPIC)
+                .with_resource_name_filter(Some(sb(name)))
+                .with_pattern_type_filter(pt)
+                .with_principal_filter(Some(sb(principal)))
+                .with_host_filter(Some(sb(host)))
+                .with_operation(DESCRIBE)
+                .with_permission_type(perm)]);
+            let r: kafka_protocol::messages::DeleteAclsResponse =
+                c.call(ApiKey::DeleteAcls, 3, &req)?;
+            ensure!(
+                r.filter_results.iter().all(|x| x.error_code == 0),
+                "{rule:?}: {r:?}"
+            );
+        }
+        Ok(())
+    };
+    // Each row: the ACL changes, then the codes it must settle at (alice, bob, admin).
+    let alice_elsewhere: Rule = ("User:alice", "10.0.0.1", LITERAL, topic, ALLOW);
+    let alice_here: Rule = ("User:alice", "127.0.0.1", LITERAL, topic, ALLOW);
+    let deny_everyone: Rule = ("User:*", "*", LITERAL, topic, DENY);
+    let bob_prefix: Rule = ("User:bob", "*", PREFIXED, "sasl-", ALLOW);
+    let deny_bob_prefix: Rule = ("User:bob", "*", PREFIXED, "sasl-acl", DENY);
+    // (row, ACL changes (true: add), the codes of alice, bob and admin).
+    type Row = (&'static str, Vec<(bool, Rule)>, [i16; 3]);
+    let rows: Vec<Row> = vec![
+        ("no ACL (allow.everyone.if.no.acl.found)", vec![], [0, 0, 0]),
+        (
+            "ALLOW alice from another host",
+            vec![(true, alice_elsewhere)],
+            [29, 29, 0],
+        ),
+        (
+            "and ALLOW alice from 127.0.0.1",
+            vec![(true, alice_here)],
+            [0, 29, 0],
+        ),
+        (
+            "and DENY User:* from any host",
+            vec![(true, deny_everyone)],
+            [29, 29, 0],
+        ),
+        (
+            "DENY removed, PREFIXED ALLOW bob on sasl-",
+            vec![(false, deny_everyone), (true, bob_prefix)],
+            [0, 0, 0],
+        ),
+        (
+            "and PREFIXED DENY bob on sasl-acl",
+            vec![(true, deny_bob_prefix)],
+            [0, 29, 0],
+        ),
+        (
+            "every ACL removed",
+            vec![
+                (false, alice_elsewhere),
+                (false, alice_here),
+                (false, bob_prefix),
+                (false, deny_bob_prefix),
+            ],
+            [0, 0, 0],
+        ),
+    ];
+    let mut lines = Vec::new();
+    for (name, changes, want) in rows {
+        for (add, rule) in changes {
+            change(&mut admin, add, rule)?;
+        }
+        let mut got = [-3; 3];
+        let settled = eventually(name, || {
+            got = [
+                metadata_code(&mut alice)?,
+                metadata_code(&mut bob)?,
+                metadata_code(&mut admin)?,
+            ];
+            Ok(got == want)
+        });
+        if let Err(e) = settled {
+            eprintln!("{name}: {e:#}");
+        }
+        let line = format!("{name}: alice={} bob={} admin={}", got[0], got[1], got[2]);
+        eprintln!("{line}");
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+/// Kafka 4.4.0's answers to [`sasl_rows`].
+fn sasl_rows_expected() -> Vec<String> {
+    [
+        "no ACL (allow.everyone.if.no.acl.found): alice=0 bob=0 admin=0",
+        "ALLOW alice from another host: alice=29 bob=29 admin=0",
+        "and ALLOW alice from 127.0.0.1: alice=0 bob=29 admin=0",
+        "and DENY User:* from any host: alice=29 bob=29 admin=0",
+        "DENY removed, PREFIXED ALLOW bob on sasl-: alice=0 bob=0 admin=0",
+        "and PREFIXED DENY bob on sasl-acl: alice=0 bob=29 admin=0",
+        "every ACL removed: alice=0 bob=0 admin=0",
+    ]
+    .iter()
+    .map(|s| (*s).to_string())
+    .collect()
+}
+
+#[test]
+fn sasl_principals_hosts_prefixes_and_super_users_gregor() -> Result<()> {
+    let (_g, sasl) = start_gregor_sasl()?;
+    let got = sasl_rows(&sasl)?;
+    ensure!(got == sasl_rows_expected(), "gregor: {got:#?}");
+    Ok(())
+}
+
+#[test]
+fn sasl_principals_hosts_prefixes_and_super_users_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let (_instance, _guard, sasl) = start_kafka_sasl()?;
+    let got = sasl_rows(&sasl)?;
+    ensure!(got == sasl_rows_expected(), "kafka: {got:#?}");
+    Ok(())
 }
 
 #[test]
@@ -1479,8 +1793,20 @@ fn gregor_acl_command() -> Result<()> {
 /// the committed ACLs.
 #[test]
 fn acls_in_a_three_node_cluster() -> Result<()> {
+    use gregor_tests::cluster::Layout;
     use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
-    let mut config = ClusterConfig::combined(Implementation::Gregor(BIN.into()), 3);
+    // One voter: the nodes talk to each other as User:ANONYMOUS, which is not in super.users,
+    // and controllers that are not super users cannot elect a leader among several voters
+    // (Vote needs ClusterAction, denied by every authorizer until it has loaded the
+    // metadata: KIP-801, as Kafka). The two other nodes are brokers, whose registrations,
+    // heartbeats and follower fetches are allowed by ALLOW ALL on the Cluster.
+    let mut config = ClusterConfig::new(
+        Implementation::Gregor(BIN.into()),
+        Layout::CombinedAndBrokers {
+            combined: 1,
+            brokers: 2,
+        },
+    );
     for p in properties() {
         let (k, v) = p.split_once('=').context("key=value")?;
         config.properties.push((k.to_string(), v.to_string()));

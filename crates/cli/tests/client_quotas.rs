@@ -712,3 +712,92 @@ fn connection_creation_rates_throttle_new_connections() -> Result<()> {
     );
     Ok(())
 }
+
+/// `request_percentage` on APIs other than Produce and Fetch (Kafka's
+/// `sendResponseMaybeThrottle`): a client id with a tiny quota (0.01 % of a thread) that sends
+/// Metadata requests is throttled within a few requests, `throttle_time_ms` in the answer is
+/// at most one quota window (1 s, `quota.window.size.seconds`), the next request on a new
+/// connection (DescribeCluster, ListGroups) is throttled too (the rate is the client id's),
+/// and another client id is not throttled.
+fn request_percentage_on_other_apis(bootstrap: &str, implementation: &str) -> Result<()> {
+    use kafka_protocol::messages::{
+        DescribeClusterRequest, DescribeClusterResponse, ListGroupsRequest, ListGroupsResponse,
+        MetadataRequest, MetadataResponse,
+    };
+    set_quota(bootstrap, "busy", "request_percentage", 0.01)?;
+    let metadata = |c: &mut KafkaConn| -> Result<i32> {
+        let r: MetadataResponse = c.call(ApiKey::Metadata, 12, &MetadataRequest::default())?;
+        Ok(r.throttle_time_ms)
+    };
+    // Quotas reach the broker through its metadata: poll until the first throttle.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut busy = KafkaConn::connect(bootstrap, "busy")?;
+    let mut sent = 0;
+    let first = loop {
+        let t = metadata(&mut busy)?;
+        sent += 1;
+        if t > 0 {
+            break t;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{implementation}: {sent} Metadata requests of client id busy, never throttled"
+        );
+    };
+    eprintln!("{implementation}: Metadata throttled after {sent} requests: {first} ms");
+    ensure!(
+        (1..=1000).contains(&first),
+        "{implementation}: Metadata throttle_time_ms {first}, want 1..=1000"
+    );
+    let mut other = KafkaConn::connect(bootstrap, "busy")?;
+    let r: DescribeClusterResponse = other.call(
+        ApiKey::DescribeCluster,
+        1,
+        &DescribeClusterRequest::default(),
+    )?;
+    eprintln!(
+        "{implementation}: DescribeCluster throttle_time_ms {}",
+        r.throttle_time_ms
+    );
+    ensure!(
+        (1..=1000).contains(&r.throttle_time_ms),
+        "{implementation}: DescribeCluster of a throttled client id: {}",
+        r.throttle_time_ms
+    );
+    let mut other = KafkaConn::connect(bootstrap, "busy")?;
+    let r: ListGroupsResponse = other.call(ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
+    eprintln!(
+        "{implementation}: ListGroups throttle_time_ms {}",
+        r.throttle_time_ms
+    );
+    ensure!(
+        (1..=1000).contains(&r.throttle_time_ms),
+        "{implementation}: ListGroups of a throttled client id: {}",
+        r.throttle_time_ms
+    );
+    let mut idle = KafkaConn::connect(bootstrap, "idle")?;
+    for _ in 0..20 {
+        let t = metadata(&mut idle)?;
+        ensure!(
+            t == 0,
+            "{implementation}: client id idle has no quota: {t} ms"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn request_percentage_throttles_other_apis() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    request_percentage_on_other_apis(&g.bootstrap(), "gregor")
+}
+
+/// The same against Apache Kafka 4.4.0.
+#[test]
+fn request_percentage_throttles_other_apis_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let (instance, _guard) = start_kafka()?;
+    request_percentage_on_other_apis(&instance.bootstrap(), "kafka")
+}

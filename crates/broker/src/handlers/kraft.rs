@@ -37,8 +37,10 @@ pub fn is_metadata_fetch(r: &FetchRequest) -> bool {
         .any(|t| t.topic_id == METADATA_TOPIC_ID || t.topic.0.as_str() == METADATA_TOPIC_NAME)
 }
 
-/// Hands `body` to the quorum member; the answer comes when the node gives it (a parked
-/// Fetch later). A node without one yet (start-up) closes the connection, as for an API it
+/// Hands `body` to the quorum member once its principal has `ClusterAction` on the Cluster
+/// (CLUSTER_AUTHORIZATION_FAILED otherwise, see
+/// [`crate::controller_server::required_cluster_operation`]); the answer comes when the node
+/// gives it (a parked Fetch later). A node without one yet (start-up) closes the connection, as for an API it
 /// does not serve.
 pub fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> Handled {
     let Some(raft) = broker.raft.get().cloned() else {
@@ -46,6 +48,23 @@ pub fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> 
     };
     let header = ctx.header.clone();
     let api_key = ctx.api_key;
+    // Only brokers and controllers send these: ClusterAction on the Cluster, as on a
+    // controller listener (Kafka's `ControllerApis`).
+    if let Some(operation) = crate::controller_server::required_cluster_operation(api_key) {
+        if !broker.authorize(
+            ctx,
+            operation,
+            crate::authorizer::ResourceType::Cluster,
+            crate::authorizer::CLUSTER_NAME,
+        ) {
+            if let Some(response) = crate::controller_server::cluster_authorization_failed(
+                api_key,
+                &ctx.principal.to_string(),
+            ) {
+                return Handled::Ready(respond(&header, api_key, response));
+            }
+        }
+    }
     Handled::Deferred(Box::pin(async move {
         let version = header.request_api_version;
         let response = raft.handle_kafka_request(&body, version).await?;

@@ -422,7 +422,18 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
     let header = &ctx.header;
     let api_key = ctx.api_key;
     let v = header.request_api_version;
-    let ready = |b| Handled::Ready(respond(header, api_key, b));
+    let started = Instant::now();
+    // Answers at once, throttled by `request_percentage` (Kafka's `sendResponseMaybeThrottle`:
+    // every API but replication, WriteTxnMarkers, AlterPartition and acks=0 Produce, none of
+    // which answers here).
+    let ready = |mut b: ResponseKind| {
+        let image = broker.controller.image();
+        let throttle = broker.client_quotas.throttle_request(&image, ctx, started);
+        if throttle > 0 {
+            set_throttle_time_ms(&mut b, i32::try_from(throttle).unwrap_or(i32::MAX));
+        }
+        Handled::Ready(respond(header, api_key, b))
+    };
     match body {
         RequestKind::ApiVersions(r) => {
             let controller = broker
@@ -539,6 +550,47 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
             Handled::Ready(None)
         }
     }
+}
+
+/// Sets `throttle_time_ms` of a response that has one (to the larger of its own and
+/// `throttle_ms`); SaslHandshake and SaslAuthenticate have none.
+pub fn set_throttle_time_ms(response: &mut ResponseKind, throttle_ms: i32) {
+    macro_rules! set {
+        ($($kind:ident),* $(,)?) => {
+            match response {
+                $(ResponseKind::$kind(r) => {
+                    r.throttle_time_ms = r.throttle_time_ms.max(throttle_ms);
+                })*
+                _ => {}
+            }
+        };
+    }
+    set!(
+        ApiVersions,
+        Metadata,
+        DescribeCluster,
+        DescribeClientQuotas,
+        DescribeUserScramCredentials,
+        DescribeAcls,
+        DescribeConfigs,
+        DescribeTopicPartitions,
+        DescribeLogDirs,
+        DeleteRecords,
+        ListOffsets,
+        OffsetForLeaderEpoch,
+        FindCoordinator,
+        Heartbeat,
+        LeaveGroup,
+        OffsetFetch,
+        DescribeGroups,
+        ListGroups,
+        DeleteGroups,
+        OffsetDelete,
+        ConsumerGroupDescribe,
+        DescribeTransactions,
+        ListTransactions,
+        DescribeProducers,
+    );
 }
 
 /// A `StrBytes` from a `&str`.
