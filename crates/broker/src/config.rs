@@ -2575,13 +2575,72 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.listeners[1].security_protocol, SecurityProtocol::Ssl);
-        // ... but not the inter-broker listener (gregor's clients speak no TLS yet).
+        // An SSL inter-broker listener needs a truststore for gregor's own client (it has no
+        // system trust store) ...
         let e = err(&[
             ("listeners", "SSL://127.0.0.1:9093"),
             ("ssl.keystore.type", "PEM"),
             ("ssl.keystore.location", "/k.pem"),
         ]);
-        assert_eq!(e.name, "inter.broker.listener.name");
+        assert_eq!(e.name, "ssl.truststore.location");
+        assert!(e.reason.contains("gregor's own connections"), "{e}");
+        // ... and with one it is served.
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            ("listeners", "SSL://127.0.0.1:9093"),
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/k.pem"),
+            ("ssl.truststore.type", "PEM"),
+            ("ssl.truststore.location", "/ca.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(c.inter_broker_listener_name().as_deref(), Some("SSL"));
+        // A SASL_SSL inter-broker listener needs a mechanism gregor's client speaks and its
+        // credentials, named by key.
+        let sasl_ssl = [
+            ("listeners", "SASL_SSL://127.0.0.1:9093"),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-512"),
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/k.pem"),
+            ("ssl.truststore.type", "PEM"),
+            ("ssl.truststore.location", "/ca.pem"),
+        ];
+        let e = err(&sasl_ssl);
+        assert_eq!(e.name, "sasl.mechanism.inter.broker.protocol");
+        assert!(e.reason.contains("GSSAPI"), "{e}");
+        let mut with_mechanism = sasl_ssl.to_vec();
+        with_mechanism.push(("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512"));
+        let e = err(&with_mechanism);
+        assert_eq!(
+            e.name,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"
+        );
+        with_mechanism.push((
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="broker";"#,
+        ));
+        let e = err(&with_mechanism);
+        assert!(e.reason.contains("username and password"), "{e}");
+        with_mechanism.pop();
+        with_mechanism.push((
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="broker" password="s";"#,
+        ));
+        BrokerConfig::from_properties(props(&with_mechanism)).unwrap();
+        // The mechanism must be enabled on the listener (Kafka's rule).
+        let mut plain = with_mechanism.clone();
+        plain.push(("sasl.mechanism.inter.broker.protocol", "PLAIN"));
+        plain.push((
+            "listener.name.sasl_ssl.plain.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="b" password="s";"#,
+        ));
+        let e = err(&plain);
+        assert_eq!(e.name, "sasl.mechanism.inter.broker.protocol");
+        assert!(e.reason.contains("sasl.enabled.mechanisms"), "{e}");
+        // security.inter.broker.protocol names the listener; not with inter.broker.listener.name.
+        let mut both = with_mechanism.clone();
+        both.push(("inter.broker.listener.name", "SASL_SSL"));
+        both.push(("security.inter.broker.protocol", "SASL_SSL"));
+        assert_eq!(err(&both).name, "security.inter.broker.protocol");
         // A name not in an explicit map is an error, as in Kafka.
         let e = err(&[
             ("listeners", "INTERNAL://127.0.0.1:9092"),

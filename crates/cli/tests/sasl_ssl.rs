@@ -196,12 +196,18 @@ fn metadata_ok(bootstrap: &str, client: &[(String, String)]) -> Result<bool> {
     Ok(c.fetch_metadata(None, Duration::from_secs(5)).is_ok())
 }
 
-/// Produces `n` records to partition 0 of `topic`, acks=all.
-fn produce(bootstrap: &str, client: &[(String, String)], topic: &str, n: usize) -> Result<()> {
+/// Produces records `first..first + n` (`record-<i>`) to partition 0 of `topic`, acks=all.
+fn produce(
+    bootstrap: &str,
+    client: &[(String, String)],
+    topic: &str,
+    first: usize,
+    n: usize,
+) -> Result<()> {
     let mut settings = pairs(client);
     settings.push(("acks", "all"));
     let p = producer(bootstrap, &settings)?;
-    for i in 0..n {
+    for i in first..first + n {
         let key = i.to_string();
         let value = format!("record-{i}");
         p.send(BaseRecord::to(topic).partition(0).key(&key).payload(&value))
@@ -254,11 +260,11 @@ fn librdkafka_over_sasl_ssl_with_plain_and_scram() -> Result<()> {
 
     // PLAIN over TLS: produce and consume.
     let alice = node.client(&ca, "PLAIN", "alice", "alice-secret");
-    produce(&bootstrap, &alice, "secure", 20).context("PLAIN over SASL_SSL")?;
+    produce(&bootstrap, &alice, "secure", 0, 20).context("PLAIN over SASL_SSL")?;
     consume(&bootstrap, &alice, "secure", 20).context("PLAIN over SASL_SSL")?;
     // SCRAM-SHA-512 (credentials from storage format --add-scram) over TLS.
     let carol = node.client(&ca, "SCRAM-SHA-512", "carol", "carol-secret");
-    produce(&bootstrap, &carol, "secure", 5).context("SCRAM-SHA-512 over SASL_SSL")?;
+    produce(&bootstrap, &carol, "secure", 20, 5).context("SCRAM-SHA-512 over SASL_SSL")?;
     consume(&bootstrap, &carol, "secure", 25).context("SCRAM-SHA-512 over SASL_SSL")?;
 
     // Wrong passwords fail, for both mechanisms.
@@ -370,7 +376,7 @@ fn cluster_with_mtls_controllers_and_sasl_ssl_inter_broker_fails_over() -> Resul
     }
     // acks=all with min.insync.replicas=3: every record is on both followers, which fetched
     // it over SASL_SSL.
-    produce(&bootstrap, &[], "replicated", 200).context("producing acks=all")?;
+    produce(&bootstrap, &[], "replicated", 0, 200).context("producing acks=all")?;
     let leader = leader_of(&bootstrap, "replicated")?;
     cluster.node_mut(leader).kill9()?;
     let survivors = cluster.bootstrap_of_running()?;
