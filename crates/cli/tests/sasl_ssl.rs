@@ -306,8 +306,12 @@ fn librdkafka_over_sasl_ssl_with_plain_and_scram() -> Result<()> {
     Ok(())
 }
 
-/// The leader of partition 0 of `topic` as `bootstrap` reports it.
+/// The leader and the ISR size of partition 0 of `topic` as `bootstrap` reports them.
 fn leader_of(bootstrap: &str, topic: &str) -> Result<i32> {
+    leader_and_isr(bootstrap, topic).map(|(l, _)| l)
+}
+
+fn leader_and_isr(bootstrap: &str, topic: &str) -> Result<(i32, usize)> {
     let c = consumer(bootstrap, &[])?;
     let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let t = md
@@ -321,15 +325,17 @@ fn leader_of(bootstrap: &str, topic: &str) -> Result<i32> {
         .find(|p| p.id() == 0)
         .context("partition 0 missing")?;
     ensure!(p.error().is_none(), "partition 0: {:?}", p.error());
-    Ok(p.leader())
+    Ok((p.leader(), p.isr().len()))
 }
 
 /// gregor's own connections secured end to end: a 3-node cluster whose controller listener is
 /// SSL with mTLS (raft, the controller channel) and whose inter-broker listener is SASL_SSL
 /// with SCRAM-SHA-512 (replica fetchers; credentials from `storage format --add-scram`). A
-/// topic with RF 3 and `min.insync.replicas=3` takes acks=all records only when both followers
-/// replicated them over SASL_SSL; the leader is killed with SIGKILL and a new leader serves
-/// every record. No node logs a failed handshake or authentication of its own clients.
+/// topic with RF 3 takes acks=all records while its ISR keeps all 3 replicas (both followers
+/// replicated them over SASL_SSL: a follower that cannot fetch leaves the ISR after
+/// `replica.lag.time.max.ms`); the leader is killed with SIGKILL and a new leader serves every
+/// record (`min.insync.replicas=2`: with KIP-966 the high watermark only advances while the
+/// ISR has that many). Until the kill no node logs a failed handshake or authentication of its own clients.
 #[test]
 fn cluster_with_mtls_controllers_and_sasl_ssl_inter_broker_fails_over() -> Result<()> {
     use gregor_tests::cluster::{
@@ -364,7 +370,7 @@ fn cluster_with_mtls_controllers_and_sasl_ssl_inter_broker_fails_over() -> Resul
     }
     let bootstrap = cluster.bootstrap();
     let topic =
-        NewTopic::new("replicated", 1, TopicReplication::Fixed(3)).set("min.insync.replicas", "3");
+        NewTopic::new("replicated", 1, TopicReplication::Fixed(3)).set("min.insync.replicas", "2");
     let opts = AdminOptions::new().operation_timeout(Some(TIMEOUT));
     let rt = gregor_tests::clients::runtime()?;
     for r in
@@ -374,10 +380,26 @@ fn cluster_with_mtls_controllers_and_sasl_ssl_inter_broker_fails_over() -> Resul
             bail!("creating {t}: {e}");
         }
     }
-    // acks=all with min.insync.replicas=3: every record is on both followers, which fetched
-    // it over SASL_SSL.
+    // acks=all with all 3 replicas in the ISR: every record is on both followers, which
+    // fetched it over SASL_SSL.
     produce(&bootstrap, &[], "replicated", 0, 200).context("producing acks=all")?;
-    let leader = leader_of(&bootstrap, "replicated")?;
+    let (leader, isr) = leader_and_isr(&bootstrap, "replicated")?;
+    ensure!(
+        isr == 3,
+        "ISR of {isr} after acks=all\n{}",
+        cluster.logs(40)
+    );
+    // Until the kill (which resets handshakes in flight to the killed node), every TLS
+    // handshake and SCRAM login of gregor's own clients succeeded.
+    for n in cluster.nodes() {
+        let log = std::fs::read_to_string(n.log_file()).unwrap_or_default();
+        ensure!(
+            !log.contains("could not secure a connection"),
+            "node {} logged a failed handshake or authentication:\n{}",
+            n.node_id,
+            n.log_tail(60)
+        );
+    }
     cluster.node_mut(leader).kill9()?;
     let survivors = cluster.bootstrap_of_running()?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -392,21 +414,17 @@ fn cluster_with_mtls_controllers_and_sasl_ssl_inter_broker_fails_over() -> Resul
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    consume(&survivors, &[], "replicated", 200).context("consuming from the new leader")?;
+    if let Err(e) = consume(&survivors, &[], "replicated", 200) {
+        bail!(
+            "consuming from the new leader (old leader {leader}): {e:#}\n{}",
+            cluster.logs(60)
+        );
+    }
     // The quorum still answers through a surviving broker's controller channel (mTLS).
     let status = cluster
         .describe_quorum()?
         .context("no DescribeQuorum answer after the kill")?;
     ensure!(status.leader_id >= 0, "{status:?}");
-    for n in cluster.nodes() {
-        let log = std::fs::read_to_string(n.log_file()).unwrap_or_default();
-        ensure!(
-            !log.contains("could not secure a connection"),
-            "node {} logged a failed handshake or authentication:\n{}",
-            n.node_id,
-            n.log_tail(60)
-        );
-    }
     Ok(())
 }
 
