@@ -1258,6 +1258,22 @@ impl BrokerConfig {
             }
             _ => listeners.clone(),
         };
+        // Kafka's KafkaConfig: advertised names must be listener names.
+        if let Some(extra) = advertised_listeners
+            .iter()
+            .find(|a| !listeners.iter().any(|l| l.name == a.name))
+        {
+            let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+            return Err(ConfigError::new(
+                "advertised.listeners",
+                &extra.name,
+                format!(
+                    "advertised.listeners listener names must be equal to or a subset of the ones defined in listeners. Found {}. The valid options based on the current configuration are {}",
+                    extra.name,
+                    names.join(",")
+                ),
+            ));
+        }
         let advertised_listeners = resolve_advertised_hosts(advertised_listeners)?;
         let sasl = crate::sasl_config::SaslSettings::from_properties(&props, &listeners)?;
         let log_dirs: Vec<PathBuf> = get("log.dirs")
@@ -2674,6 +2690,7 @@ mod tests {
         // Advertised listeners are checked too.
         let e = err(&[("advertised.listeners", "SASL_SSL://example.com:9093")]);
         assert_eq!(e.name, "advertised.listeners");
+        assert!(e.reason.contains("subset"), "{e}");
     }
 
     #[test]
