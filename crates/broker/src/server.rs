@@ -1169,26 +1169,6 @@ async fn log_cleaner_thread(
     }
 }
 
-#[cfg(test)]
-mod descriptor_reserve_tests {
-    use super::max_connections_by_descriptors;
-
-    #[test]
-    fn connections_get_what_the_budget_and_the_reserve_leave() {
-        // 1,024: 512 segment files, a reserve of 64.
-        assert_eq!(max_connections_by_descriptors(1024, 512), 448);
-        // 128: 64 segment files, the smallest reserve (32).
-        assert_eq!(max_connections_by_descriptors(128, 64), 32);
-        // 1,048,576: 1/16 reserved.
-        assert_eq!(
-            max_connections_by_descriptors(1 << 20, 1 << 19),
-            (1 << 19) - (1 << 16)
-        );
-        // A limit too small for the reserve still lets a few clients in.
-        assert_eq!(max_connections_by_descriptors(40, 20), 8);
-    }
-}
-
 /// The connectors of this node's own clients: to the inter-broker listener (a node with the
 /// broker role) and to the first controller listener, each secured as its listener's security
 /// protocol asks ([`crate::listener_security::client_security`]); plaintext otherwise.
@@ -1236,4 +1216,24 @@ fn own_client_security(
         None => ClientSecurity::plaintext(),
     };
     Ok((inter_broker, controller))
+}
+
+#[cfg(test)]
+mod descriptor_reserve_tests {
+    use super::max_connections_by_descriptors;
+
+    #[test]
+    fn connections_get_what_the_budget_and_the_reserve_leave() {
+        // 1,024: 512 segment files, a reserve of 64.
+        assert_eq!(max_connections_by_descriptors(1024, 512), 448);
+        // 128: 64 segment files, the smallest reserve (32).
+        assert_eq!(max_connections_by_descriptors(128, 64), 32);
+        // 1,048,576: 1/16 reserved.
+        assert_eq!(
+            max_connections_by_descriptors(1 << 20, 1 << 19),
+            (1 << 19) - (1 << 16)
+        );
+        // A limit too small for the reserve still lets a few clients in.
+        assert_eq!(max_connections_by_descriptors(40, 20), 8);
+    }
 }
