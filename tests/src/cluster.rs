@@ -252,9 +252,71 @@ pub struct ClusterOptions {
     /// `data/`, which keeps the metadata log (`metadata.log.dir`), each on a tmpfs of its own
     /// with [`ClusterOptions::disk_limit_mib`] ([`Node::log_dirs`], [`Node::fill_dir`]).
     pub log_dirs_per_broker: usize,
+    /// Secure the cluster's own traffic (issue 13): see [`InternalSecurity`].
+    pub internal_security: Option<InternalSecurity>,
+}
+
+/// A cluster whose own traffic is secured: the CONTROLLER listener is `SSL` with
+/// `ssl.client.auth=required` (mTLS), and every broker has an `INTERNAL` listener on
+/// `SASL_SSL` with SCRAM-SHA-512, the inter-broker listener
+/// (`sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512`, the user formatted into the
+/// controllers with `--add-scram`). Every node uses the same keystore and truststore. The
+/// PLAINTEXT listener stays for the test's clients. With it, the harness checks the controller
+/// and internal listeners with a TCP connect (not ApiVersions) and asks DescribeQuorum through
+/// the brokers.
+#[derive(Debug, Clone)]
+pub struct InternalSecurity {
+    /// A PEM file with a private key (PKCS #8) and its certificate, valid for 127.0.0.1.
+    pub keystore: PathBuf,
+    /// A PEM file with the CA certificate that signed it.
+    pub truststore: PathBuf,
+    /// The SCRAM-SHA-512 user of the inter-broker listener.
+    pub scram_user: String,
+    /// Its password.
+    pub scram_password: String,
+}
+
+impl InternalSecurity {
+    /// The properties of a node with it.
+    fn properties(&self) -> Vec<(String, String)> {
+        let p = |k: &str, v: String| (k.to_string(), v);
+        vec![
+            p(
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:SSL,INTERNAL:SASL_SSL".into(),
+            ),
+            p("ssl.keystore.type", "PEM".into()),
+            p("ssl.keystore.location", self.keystore.display().to_string()),
+            p("ssl.truststore.type", "PEM".into()),
+            p(
+                "ssl.truststore.location",
+                self.truststore.display().to_string(),
+            ),
+            p("listener.name.controller.ssl.client.auth", "required".into()),
+            p("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512".into()),
+            p(
+                "listener.name.internal.sasl.enabled.mechanisms",
+                "SCRAM-SHA-512".into(),
+            ),
+            p(
+                "listener.name.internal.scram-sha-512.sasl.jaas.config",
+                format!(
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"{}\" password=\"{}\";",
+                    self.scram_user, self.scram_password
+                ),
+            ),
+        ]
+    }
 }
 
 impl ClusterOptions {
+    /// With secured internal traffic (see [`InternalSecurity`]).
+    #[must_use]
+    pub fn with_internal_security(mut self, security: InternalSecurity) -> Self {
+        self.internal_security = Some(security);
+        self
+    }
+
     /// With these JVM options on Kafka nodes (see [`ClusterOptions::kafka_jvm_opts`]).
     #[must_use]
     pub fn with_kafka_jvm_opts(mut self, opts: &[&str]) -> Self {
@@ -313,6 +375,10 @@ pub struct Node {
     jvm_opts: Vec<String>,
     /// Extra `storage format` arguments ([`ClusterConfig::controller_format_args`]).
     format_args: Vec<String>,
+    /// The INTERNAL (SASL_SSL, inter-broker) port on brokers of a cluster with
+    /// [`ClusterOptions::internal_security`].
+    pub internal_port: Option<u16>,
+    security: Option<InternalSecurity>,
 }
 
 impl Node {
@@ -405,6 +471,9 @@ impl Node {
         if let Some(p) = self.controller_port {
             listeners.push(format!("CONTROLLER://127.0.0.1:{p}"));
         }
+        if let Some(p) = self.internal_port {
+            listeners.push(format!("INTERNAL://127.0.0.1:{p}"));
+        }
         // Internal topics as replicated as the cluster allows, as a production cluster.
         let rf = brokers.clamp(1, 3);
         let min_isr = rf.min(2);
@@ -439,7 +508,19 @@ impl Node {
         let mut advertised = Vec::new();
         if let Some(p) = self.client_proxy_port.or(self.client_port) {
             advertised.push(format!("PLAINTEXT://127.0.0.1:{p}"));
-            lines.push("inter.broker.listener.name=PLAINTEXT".into());
+            if self.internal_port.is_none() {
+                lines.push("inter.broker.listener.name=PLAINTEXT".into());
+            }
+        }
+        if let Some(p) = self.internal_port {
+            advertised.push(format!("INTERNAL://127.0.0.1:{p}"));
+            lines.push("inter.broker.listener.name=INTERNAL".into());
+        }
+        if let Some(security) = &self.security {
+            // Later lines win: this replaces the PLAINTEXT-only protocol map above.
+            for (k, v) in security.properties() {
+                lines.push(format!("{k}={v}"));
+            }
         }
         // Behind a proxy the controller listener is advertised too: Kafka 4's followers fetch
         // from the endpoint the leader advertises (KIP-853), not from controller.quorum.voters.
@@ -720,12 +801,28 @@ impl Node {
         }
     }
 
-    /// Whether every listener of the node answers ApiVersions.
+    /// Whether every listener of the node answers ApiVersions (the secured ones of
+    /// [`ClusterOptions::internal_security`]: accept a TCP connection).
     fn listeners_answer(&self) -> bool {
-        [self.client_port, self.controller_port]
+        let (plain, secured) = if self.security.is_some() {
+            (
+                vec![self.client_port],
+                vec![self.controller_port, self.internal_port],
+            )
+        } else {
+            (vec![self.client_port, self.controller_port], Vec::new())
+        };
+        plain
             .into_iter()
             .flatten()
             .all(|p| api_versions_ok(SocketAddr::from(([127, 0, 0, 1], p)), 1_000).is_ok())
+            && secured.into_iter().flatten().all(|p| {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddr::from(([127, 0, 0, 1], p)),
+                    Duration::from_secs(1),
+                )
+                .is_ok()
+            })
     }
 }
 
@@ -925,12 +1022,14 @@ impl Cluster {
                 .is_ok_and(|id| matches!(config.implementation_of(id), Implementation::Gregor(_)))
         };
         let per_listener = if options.proxies { 2 } else { 1 };
+        let secured = options.internal_security.is_some();
         let wanted: usize = roles
             .iter()
             .enumerate()
             .map(|(i, r)| {
                 per_listener * (usize::from(r.is_broker()) + usize::from(r.is_controller()))
                     + usize::from(is_gregor(i))
+                    + usize::from(secured && r.is_broker())
             })
             .sum();
         let mut ports = process::free_ports(wanted)?.into_iter();
@@ -1008,10 +1107,22 @@ impl Cluster {
                     .clone()
                     .unwrap_or_else(|| KAFKA_JVM_OPTS.iter().map(|s| (*s).to_string()).collect()),
                 format_args: if role.is_controller() {
-                    config.controller_format_args.clone()
+                    let mut args = config.controller_format_args.clone();
+                    if let Some(sec) = &options.internal_security {
+                        args.push("--add-scram".into());
+                        args.push(format!(
+                            "SCRAM-SHA-512=[name={},password={}]",
+                            sec.scram_user, sec.scram_password
+                        ));
+                    }
+                    args
                 } else {
                     Vec::new()
                 },
+                internal_port: (secured && role.is_broker())
+                    .then(|| ports.next())
+                    .flatten(),
+                security: options.internal_security.clone(),
             });
         }
         let mut network = network;
@@ -1196,6 +1307,22 @@ impl Cluster {
     /// Never for an unreachable or silent controller (that is `None`); only for a response
     /// that cannot be decoded.
     pub fn describe_quorum(&mut self) -> Result<Option<QuorumStatus>> {
+        // Secured controller listeners: through the brokers, which forward it on their
+        // controller channel (over mTLS).
+        if self.nodes.iter().any(|n| n.security.is_some()) {
+            for n in &mut self.nodes {
+                if !n.role.is_broker() || n.paused || !n.is_running()? {
+                    continue;
+                }
+                let Some(port) = n.client_port else {
+                    continue;
+                };
+                if let Some(s) = describe_quorum_at(SocketAddr::from(([127, 0, 0, 1], port))) {
+                    return Ok(Some(s));
+                }
+            }
+            return Ok(None);
+        }
         for n in &mut self.nodes {
             if !n.role.is_controller() || n.paused || !n.is_running()? {
                 continue;

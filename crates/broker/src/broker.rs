@@ -51,6 +51,10 @@ pub struct Broker {
     /// once at start-up on a node with the broker role; the metadata publisher queues the
     /// assignments.
     pub assignments: std::sync::OnceLock<Arc<crate::assignments::AssignmentsManager>>,
+    /// How this broker's own connections to the inter-broker listener of other brokers are
+    /// secured (transaction markers and verification), set once at start-up; unset:
+    /// plaintext.
+    pub inter_broker_client: std::sync::OnceLock<gregor_network::client::ClientSecurity>,
     /// This incarnation's broker epoch (-1 before registration).
     pub broker_epoch: std::sync::atomic::AtomicI64,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
@@ -77,6 +81,11 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// The connector of this broker's own inter-broker connections (plaintext until set).
+    pub fn inter_broker_security(&self) -> gregor_network::client::ClientSecurity {
+        self.inter_broker_client.get().cloned().unwrap_or_default()
+    }
+
     /// Wires the broker's services together. Called once by [`crate::server::start`]. The
     /// coordinators reach the broker's partitions and metadata through weak handles
     /// (`coordinator_writer`), so the broker is built cyclically: `coordinators` builds the
@@ -118,6 +127,7 @@ impl Broker {
                 controller_client: std::sync::OnceLock::new(),
                 replica_fetchers: std::sync::OnceLock::new(),
                 assignments: std::sync::OnceLock::new(),
+                inter_broker_client: std::sync::OnceLock::new(),
                 broker_epoch: std::sync::atomic::AtomicI64::new(-1),
                 producer_ids: tokio::sync::Mutex::new(ProducerIdBlock { next: 0, end: 0 }),
                 bound,

@@ -879,19 +879,19 @@ pub(crate) fn broker_keys(
 /// it does not read, other authorizers):
 /// accepting them would start a broker that looks secured and is not, so start-up stops.
 /// Empty `authorizer.class.name` (Kafka's default: no authorizer), Kafka's
-/// `StandardAuthorizer` ([`crate::standard_authorizer`]) and
-/// `security.inter.broker.protocol=PLAINTEXT` are fine.
+/// `StandardAuthorizer` ([`crate::standard_authorizer`]) and `security.inter.broker.protocol`
+/// (its listener is checked by `check_own_clients`) are fine.
 fn unimplemented_security_keys(props: &BTreeMap<String, String>) -> Vec<&str> {
     props
         .iter()
-        .filter(|(k, v)| {
-            let v = v.trim();
+        .filter(|(k, _)| {
             if crate::sasl_config::acted_on(k) {
                 return false;
             }
             match k.as_str() {
                 "authorizer.class.name" => false,
-                "security.inter.broker.protocol" => !v.eq_ignore_ascii_case("PLAINTEXT"),
+                // Any of the four protocols: the listener it names is checked with the others.
+                "security.inter.broker.protocol" => false,
                 k if k.starts_with("sasl.") => true,
                 // listener.name.<listener>.sasl.* / .<mechanism>.sasl.* (ssl.* keys are read
                 // by crate::listener_security).
@@ -997,9 +997,7 @@ fn apply_security_protocols(
 }
 
 /// Every SSL listener must have settings that can work (a keystore, PEM stores, known
-/// protocols; the files are read when it is bound), named in the error with the listener. A
-/// controller listener or an inter-broker listener on SSL is refused while gregor's own
-/// clients (raft, controller channel, replica fetcher) cannot connect over TLS.
+/// protocols; the files are read when it is bound), named in the error with the listener.
 fn check_ssl_listeners(
     props: &BTreeMap<String, String>,
     listeners: &[Listener],
@@ -1007,11 +1005,24 @@ fn check_ssl_listeners(
 ) -> Result<(), ConfigError> {
     // ssl.* keys with no SSL listener to use them: the broker would look secured and serve
     // everything in plaintext (Kafka starts; gregor refuses, as it did before TLS existed).
-    let ssl_listeners: Vec<String> = listeners
+    let mut ssl_listeners: Vec<String> = listeners
         .iter()
-        .filter(|l| l.security_protocol == SecurityProtocol::Ssl)
+        .filter(|l| l.security_protocol.uses_tls())
         .map(|l| l.name.to_ascii_lowercase())
         .collect();
+    // A broker-only node's client settings for the controller listener it does not serve.
+    if let Some(map) = props
+        .get("listener.security.protocol.map")
+        .and_then(|v| parse_security_protocol_map(v).ok())
+    {
+        ssl_listeners.extend(
+            quorum
+                .controller_listener_names
+                .iter()
+                .filter(|c| map.get(*c).is_some_and(|p| p.uses_tls()))
+                .map(|c| c.to_ascii_lowercase()),
+        );
+    }
     let unused: Vec<&str> = props
         .keys()
         .filter(|k| crate::listener_security::acted_on(k))
@@ -1031,43 +1042,75 @@ fn check_ssl_listeners(
             "these TLS keys apply to no SSL listener, so nothing would be encrypted: add the listener (listeners and listener.security.protocol.map) or remove them",
         ));
     }
-    for l in listeners
-        .iter()
-        .filter(|l| l.security_protocol == SecurityProtocol::Ssl)
-    {
+    for l in listeners.iter().filter(|l| l.security_protocol.uses_tls()) {
         let cfg = crate::listener_security::ListenerConfig::new(props, &l.name);
         cfg.ssl_settings()?;
         cfg.reload_check_interval_ms()?;
-        if quorum.is_controller_listener(&l.name) {
-            return Err(ConfigError::new(
-                "controller.listener.names",
-                &l.name,
-                format!("listener {} is a controller listener on SSL: gregor's raft and controller clients cannot connect over TLS yet; use a PLAINTEXT controller listener", l.name),
-            ));
+    }
+    Ok(())
+}
+
+/// The listeners gregor's own clients connect to, and the settings they connect with
+/// (Kafka's `KafkaConfig` validation of `inter.broker.listener.name`,
+/// `security.inter.broker.protocol`, `controller.listener.names` and the SASL mechanism
+/// keys): the inter-broker listener (a broker listener of this node) and the first controller
+/// listener (of the protocol map on a broker-only node) must have client settings that work
+/// ([`crate::listener_security::client_settings`]), naming the key when they do not.
+fn check_own_clients(
+    props: &BTreeMap<String, String>,
+    listeners: &[Listener],
+    quorum: &crate::quorum_config::QuorumSettings,
+    protocol_map: &BTreeMap<String, SecurityProtocol>,
+) -> Result<(), ConfigError> {
+    use crate::listener_security::{client_settings, ClientRole};
+    let named = |k: &str| {
+        props
+            .get(k)
+            .map(|v| v.trim().to_ascii_uppercase())
+            .filter(|v| !v.is_empty())
+    };
+    let (ibl, sibp) = (
+        named("inter.broker.listener.name"),
+        named("security.inter.broker.protocol"),
+    );
+    if ibl.is_some() && sibp.is_some() {
+        return Err(ConfigError::new(
+            "security.inter.broker.protocol",
+            sibp.as_deref().unwrap_or_default(),
+            "Only one of inter.broker.listener.name and security.inter.broker.protocol should be set.",
+        ));
+    }
+    if quorum.broker {
+        let brokers = || {
+            listeners
+                .iter()
+                .filter(|l| !quorum.is_controller_listener(&l.name))
+        };
+        let inter_broker = match (&ibl, &sibp) {
+            (Some(name), _) => brokers().find(|l| &l.name == name),
+            (None, Some(protocol)) => {
+                let found = brokers().find(|l| &l.name == protocol);
+                if found.is_none() {
+                    return Err(ConfigError::new(
+                        "security.inter.broker.protocol",
+                        protocol,
+                        format!("no broker listener is named {protocol}: the inter-broker listener is the listener named after security.inter.broker.protocol; add it to listeners or set inter.broker.listener.name"),
+                    ));
+                }
+                found
+            }
+            (None, None) => brokers()
+                .find(|l| l.name == "PLAINTEXT")
+                .or_else(|| brokers().next()),
+        };
+        if let Some(l) = inter_broker {
+            client_settings(props, &l.name, l.security_protocol, ClientRole::InterBroker)?;
         }
     }
-    // The effective inter-broker listener, as BrokerConfig::inter_broker_listener_name.
-    let brokers = || {
-        listeners
-            .iter()
-            .filter(|l| !quorum.is_controller_listener(&l.name))
-    };
-    let inter_broker = match props
-        .get("inter.broker.listener.name")
-        .map(|v| v.trim().to_ascii_uppercase())
-        .filter(|v| !v.is_empty())
-    {
-        Some(name) => brokers().find(|l| l.name == name),
-        None => brokers()
-            .find(|l| l.name == "PLAINTEXT")
-            .or_else(|| brokers().next()),
-    };
-    if let Some(l) = inter_broker.filter(|l| l.security_protocol == SecurityProtocol::Ssl) {
-        return Err(ConfigError::new(
-            "inter.broker.listener.name",
-            &l.name,
-            format!("the inter-broker listener {} is on SSL: gregor's replica fetcher, transaction marker and verification clients cannot connect over TLS yet; add a PLAINTEXT listener and set inter.broker.listener.name to it", l.name),
-        ));
+    if let Some(first) = quorum.controller_listener_names.first() {
+        if let Some(protocol) = protocol_map.get(first) {
+            client_settings(props, first, *protocol, ClientRole::Controller)?;
+        }
     }
     Ok(())
 }
@@ -1215,6 +1258,22 @@ impl BrokerConfig {
             }
             _ => listeners.clone(),
         };
+        // Kafka's KafkaConfig: advertised names must be listener names.
+        if let Some(extra) = advertised_listeners
+            .iter()
+            .find(|a| !listeners.iter().any(|l| l.name == a.name))
+        {
+            let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+            return Err(ConfigError::new(
+                "advertised.listeners",
+                &extra.name,
+                format!(
+                    "advertised.listeners listener names must be equal to or a subset of the ones defined in listeners. Found {}. The valid options based on the current configuration are {}",
+                    extra.name,
+                    names.join(",")
+                ),
+            ));
+        }
         let advertised_listeners = resolve_advertised_hosts(advertised_listeners)?;
         let sasl = crate::sasl_config::SaslSettings::from_properties(&props, &listeners)?;
         let log_dirs: Vec<PathBuf> = get("log.dirs")
@@ -1331,6 +1390,7 @@ impl BrokerConfig {
         let node_id = int("node.id", 1) as i32;
         let quorum = crate::quorum_config::parse(&props, node_id, &listeners)?;
         check_ssl_listeners(&props, &listeners, &quorum)?;
+        check_own_clients(&props, &listeners, &quorum, &protocol_map)?;
         let cfg = Self {
             quorum,
             queued_max_request_bytes,
@@ -2138,26 +2198,32 @@ impl BrokerConfig {
         )
     }
 
-    /// `inter.broker.listener.name`: the listener followers fetch from. Unset: `PLAINTEXT`
-    /// (Kafka's default, the listener named after `security.inter.broker.protocol`, which
-    /// gregor accepts only as PLAINTEXT) when such a broker listener exists, else the first
-    /// broker listener.
+    /// `inter.broker.listener.name`: the listener followers fetch from. Unset: the listener
+    /// named after `security.inter.broker.protocol` when that is set, else `PLAINTEXT` (Kafka's
+    /// default) when such a broker listener exists, else the first broker listener.
     pub fn inter_broker_listener_name(&self) -> Option<String> {
-        self.raw
-            .get("inter.broker.listener.name")
-            .map(|v| v.trim().to_ascii_uppercase())
-            .filter(|v| !v.is_empty())
-            .or_else(|| {
-                let brokers = || {
-                    self.listeners
-                        .iter()
-                        .filter(|l| !self.quorum.is_controller_listener(&l.name))
-                };
-                brokers()
-                    .find(|l| l.name == "PLAINTEXT")
-                    .or_else(|| brokers().next())
-                    .map(|l| l.name.clone())
-            })
+        [
+            "inter.broker.listener.name",
+            "security.inter.broker.protocol",
+        ]
+        .into_iter()
+        .find_map(|k| {
+            self.raw
+                .get(k)
+                .map(|v| v.trim().to_ascii_uppercase())
+                .filter(|v| !v.is_empty())
+        })
+        .or_else(|| {
+            let brokers = || {
+                self.listeners
+                    .iter()
+                    .filter(|l| !self.quorum.is_controller_listener(&l.name))
+            };
+            brokers()
+                .find(|l| l.name == "PLAINTEXT")
+                .or_else(|| brokers().next())
+                .map(|l| l.name.clone())
+        })
     }
 
     /// `request.timeout.ms` (default 30 s): how long WriteTxnMarkers waits for its markers to
@@ -2483,13 +2549,19 @@ mod tests {
     #[test]
     fn listeners_get_protocols_from_the_map_and_fail_closed() {
         let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
-        // Defect 5: a SASL_SSL listener used to be served as plaintext.
+        // Defect 5: a SASL_SSL listener used to be served as plaintext. It is served now,
+        // but never without its SASL side (Kafka's default mechanism GSSAPI is not
+        // implemented) ...
         let e = err(&[("listeners", "SASL_SSL://127.0.0.1:9093")]);
-        assert_eq!(e.name, "listeners");
-        assert!(
-            e.reason.contains("SASL_SSL") && e.reason.contains("not implement"),
-            "{e}"
-        );
+        assert_eq!(e.name, "sasl.enabled.mechanisms");
+        assert!(e.reason.contains("GSSAPI"), "{e}");
+        // ... nor without its TLS side.
+        let e = err(&[
+            ("listeners", "SASL_SSL://127.0.0.1:9093"),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-512"),
+        ]);
+        assert_eq!(e.name, "ssl.keystore.location");
+        assert!(e.reason.contains("listener SASL_SSL"), "{e}");
         // A custom name mapped to SSL without a keystore is refused, naming the listener and
         // the key.
         let e = err(&[
@@ -2519,13 +2591,72 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.listeners[1].security_protocol, SecurityProtocol::Ssl);
-        // ... but not the inter-broker listener (gregor's clients speak no TLS yet).
+        // An SSL inter-broker listener needs a truststore for gregor's own client (it has no
+        // system trust store) ...
         let e = err(&[
             ("listeners", "SSL://127.0.0.1:9093"),
             ("ssl.keystore.type", "PEM"),
             ("ssl.keystore.location", "/k.pem"),
         ]);
-        assert_eq!(e.name, "inter.broker.listener.name");
+        assert_eq!(e.name, "ssl.truststore.location");
+        assert!(e.reason.contains("gregor's own connections"), "{e}");
+        // ... and with one it is served.
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            ("listeners", "SSL://127.0.0.1:9093"),
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/k.pem"),
+            ("ssl.truststore.type", "PEM"),
+            ("ssl.truststore.location", "/ca.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(c.inter_broker_listener_name().as_deref(), Some("SSL"));
+        // A SASL_SSL inter-broker listener needs a mechanism gregor's client speaks and its
+        // credentials, named by key.
+        let sasl_ssl = [
+            ("listeners", "SASL_SSL://127.0.0.1:9093"),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-512"),
+            ("ssl.keystore.type", "PEM"),
+            ("ssl.keystore.location", "/k.pem"),
+            ("ssl.truststore.type", "PEM"),
+            ("ssl.truststore.location", "/ca.pem"),
+        ];
+        let e = err(&sasl_ssl);
+        assert_eq!(e.name, "sasl.mechanism.inter.broker.protocol");
+        assert!(e.reason.contains("GSSAPI"), "{e}");
+        let mut with_mechanism = sasl_ssl.to_vec();
+        with_mechanism.push(("sasl.mechanism.inter.broker.protocol", "SCRAM-SHA-512"));
+        let e = err(&with_mechanism);
+        assert_eq!(
+            e.name,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"
+        );
+        with_mechanism.push((
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="broker";"#,
+        ));
+        let e = err(&with_mechanism);
+        assert!(e.reason.contains("username and password"), "{e}");
+        with_mechanism.pop();
+        with_mechanism.push((
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="broker" password="s";"#,
+        ));
+        BrokerConfig::from_properties(props(&with_mechanism)).unwrap();
+        // The mechanism must be enabled on the listener (Kafka's rule).
+        let mut plain = with_mechanism.clone();
+        plain.push(("sasl.mechanism.inter.broker.protocol", "PLAIN"));
+        plain.push((
+            "listener.name.sasl_ssl.plain.sasl.jaas.config",
+            r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="b" password="s";"#,
+        ));
+        let e = err(&plain);
+        assert_eq!(e.name, "sasl.mechanism.inter.broker.protocol");
+        assert!(e.reason.contains("sasl.enabled.mechanisms"), "{e}");
+        // security.inter.broker.protocol names the listener; not with inter.broker.listener.name.
+        let mut both = with_mechanism.clone();
+        both.push(("inter.broker.listener.name", "SASL_SSL"));
+        both.push(("security.inter.broker.protocol", "SASL_SSL"));
+        assert_eq!(err(&both).name, "security.inter.broker.protocol");
         // A name not in an explicit map is an error, as in Kafka.
         let e = err(&[
             ("listeners", "INTERNAL://127.0.0.1:9092"),
@@ -2559,6 +2690,7 @@ mod tests {
         // Advertised listeners are checked too.
         let e = err(&[("advertised.listeners", "SASL_SSL://example.com:9093")]);
         assert_eq!(e.name, "advertised.listeners");
+        assert!(e.reason.contains("subset"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::config::{acted_on, TOPIC_CONFIGS};
 /// Keys that are honoured at the values gregor accepts them at (any other value stops start-up
 /// in [`crate::config::BrokerConfig::from_properties`]).
 const HONOURED_AS_IS: &[&str] = &[
-    // Only PLAINTEXT gets this far.
+    // Names the inter-broker listener when inter.broker.listener.name is not set; checked
+    // with gregor's own client settings (config::check_own_clients).
     "security.inter.broker.protocol",
     // The synonym of node.id (Kafka's KafkaConfig.populateSynonyms); checked to agree with it.
     "broker.id",

@@ -48,7 +48,6 @@ use gregor_raft::driver::{LeaderAndEpoch, RaftManager};
 use gregor_raft::types::VoterEndpoints;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -147,7 +146,7 @@ enum Attempt {
 
 struct Connection {
     node_id: i32,
-    stream: TcpStream,
+    stream: gregor_network::client::ClientStream,
 }
 
 /// A channel to the active controller (one connection, one request in flight).
@@ -159,6 +158,7 @@ pub struct ControllerChannel {
     correlation_id: AtomicI32,
     max_response_bytes: usize,
     socket_timeout: Duration,
+    security: gregor_network::client::ClientSecurity,
 }
 
 impl ControllerChannel {
@@ -180,7 +180,15 @@ impl ControllerChannel {
             correlation_id: AtomicI32::new(0),
             max_response_bytes: MAX_RESPONSE_BYTES,
             socket_timeout: Duration::from_millis(DEFAULT_CONTROLLER_SOCKET_TIMEOUT_MS),
+            security: gregor_network::client::ClientSecurity::plaintext(),
         }
+    }
+
+    /// Secures the connections as the controller listener asks (TLS, SASL).
+    #[must_use]
+    pub fn with_security(mut self, security: gregor_network::client::ClientSecurity) -> Self {
+        self.security = security;
+        self
     }
 
     /// Sets how long one request waits for its answer on the connection (connecting
@@ -320,14 +328,20 @@ impl ControllerChannel {
                 let (host, port) = self.endpoints.get(&leader).cloned().ok_or_else(|| {
                     Attempt::Retry(format!("no controller endpoint for node {leader}"))
                 })?;
-                let stream = TcpStream::connect((host.as_str(), port))
+                let address = if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                let stream = self
+                    .security
+                    .connect(&address, &self.client_id, self.socket_timeout)
                     .await
                     .map_err(|e| {
                         Attempt::Retry(format!(
-                            "connecting to controller {leader} at {host}:{port}: {e}"
+                            "connecting to controller {leader} at {address}: {e}"
                         ))
                     })?;
-                let _ = stream.set_nodelay(true);
                 info!(client_id = %self.client_id, controller = leader, "connected to the active controller");
                 Connection {
                     node_id: leader,
@@ -342,6 +356,7 @@ impl ControllerChannel {
             Attempt::Retry(format!("connection to controller {leader} lost: {e}"))
         };
         conn.stream.write_all(&frame).await.map_err(lost)?;
+        conn.stream.flush().await.map_err(lost)?;
         let size = conn.stream.read_i32().await.map_err(lost)?;
         let size = usize::try_from(size)
             .ok()
@@ -581,6 +596,19 @@ impl ControllerClient {
             raft,
             timeouts,
         }
+    }
+
+    /// Secures the channels' connections as the controller listener asks (TLS, SASL).
+    #[must_use]
+    pub fn with_security(mut self, security: &gregor_network::client::ClientSecurity) -> Self {
+        for channel in [
+            &mut self.heartbeat,
+            &mut self.forwarding,
+            &mut self.assignments,
+        ] {
+            channel.security = security.clone();
+        }
+        self
     }
 
     /// This node's controller.

@@ -518,9 +518,11 @@ async fn send_markers(
             .with_transaction_result(commit)
             .with_topics(topics)
             .with_coordinator_epoch(coordinator_epoch)]);
+        let security = broker.inter_broker_security();
         async move {
             let sent = async {
                 let mut conn = crate::replica_fetcher::connection::BrokerConnection::connect(
+                    &security,
                     &address,
                     client_id,
                     timeout,

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use gregor_network::client::{ClientMechanism, ClientSasl, ClientSecurity, ClientTlsSettings};
+use gregor_network::sasl::jaas::{JaasConfig, PLAIN_LOGIN_MODULE, SCRAM_LOGIN_MODULE};
 use gregor_network::tls::{
     parse_protocols, ClientAuth, KeyStore, SslPrincipalMapper, TlsSettings, TrustStore,
 };
@@ -30,7 +32,7 @@ use crate::config_value::ConfigError;
 ///
 /// # Errors
 /// [`NetworkError::Tls`] naming the listener and the key (as set) whose file or value cannot
-/// work; [`NetworkError::UnsupportedSecurityProtocol`] for SASL_SSL listeners.
+/// work.
 #[allow(clippy::type_complexity)]
 pub fn transport_layers(
     raw: &BTreeMap<String, String>,
@@ -51,7 +53,9 @@ pub fn transport_layers(
             SecurityProtocol::Plaintext | SecurityProtocol::SaslPlaintext => {
                 Arc::new(PlaintextTransportLayer)
             }
-            SecurityProtocol::Ssl => {
+            // SASL_SSL: the TLS transport here, the SASL authenticator on top of it (required
+            // by `bind_with_layers`).
+            protocol @ (SecurityProtocol::Ssl | SecurityProtocol::SaslSsl) => {
                 let cfg = ListenerConfig::new(raw, &e.listener_name);
                 let config_error = |c: ConfigError| NetworkError::Tls {
                     listener: e.listener_name.clone(),
@@ -68,18 +72,140 @@ pub fn transport_layers(
                     }
                 })?;
                 states.push((state.clone(), interval_ms));
-                Arc::new(TlsTransportLayer::new(SecurityProtocol::Ssl, state))
-            }
-            protocol => {
-                return Err(NetworkError::UnsupportedSecurityProtocol {
-                    listener: e.listener_name.clone(),
-                    protocol,
-                })
+                Arc::new(TlsTransportLayer::new(protocol, state))
             }
         };
         layers.push((e, layer));
     }
     Ok((layers, states))
+}
+
+/// Which of gregor's own clients connects: it names the SASL mechanism key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientRole {
+    /// Replica fetchers, transaction markers and verification, to `inter.broker.listener.name`
+    /// with `sasl.mechanism.inter.broker.protocol`.
+    InterBroker,
+    /// The controller channel and the raft transport, to the first of
+    /// `controller.listener.names` with `sasl.mechanism.controller.protocol`.
+    Controller,
+}
+
+impl ClientRole {
+    /// The key of the SASL mechanism (Kafka's default for both: GSSAPI).
+    pub fn mechanism_key(self) -> &'static str {
+        match self {
+            Self::InterBroker => "sasl.mechanism.inter.broker.protocol",
+            Self::Controller => "sasl.mechanism.controller.protocol",
+        }
+    }
+}
+
+/// The TLS and SASL settings of gregor's client to `listener` (of `protocol`), from the
+/// listener's keys as Kafka's brokers read them: `listener.name.<l>.ssl.*` over `ssl.*`, and
+/// the `username`/`password` options of `listener.name.<l>.<mechanism>.sasl.jaas.config`. No
+/// file is read.
+///
+/// # Errors
+/// [`ConfigError`] naming the key: no truststore for a TLS listener, a mechanism gregor's
+/// client does not speak (Kafka's default GSSAPI included), no JAAS config or no
+/// username/password in it.
+pub fn client_settings(
+    raw: &BTreeMap<String, String>,
+    listener: &str,
+    protocol: SecurityProtocol,
+    role: ClientRole,
+) -> Result<(Option<ClientTlsSettings>, Option<ClientSasl>), ConfigError> {
+    let tls = if protocol.uses_tls() {
+        Some(ListenerConfig::new(raw, listener).client_tls_settings()?)
+    } else {
+        None
+    };
+    let sasl = if protocol.uses_sasl() {
+        let key = role.mechanism_key();
+        let name = raw.get(key).map_or("GSSAPI", |v| v.trim());
+        let mechanism = ClientMechanism::from_name(name).ok_or_else(|| {
+            ConfigError::new(
+                key,
+                name,
+                format!("gregor's own client connects to the {protocol} listener {listener} with this mechanism, and speaks only PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 (Kafka's default is GSSAPI): set it to one of them"),
+            )
+        })?;
+        let jaas_key = format!(
+            "listener.name.{}.{}.sasl.jaas.config",
+            listener.to_ascii_lowercase(),
+            mechanism.name().to_ascii_lowercase()
+        );
+        let Some(text) = raw.get(&jaas_key) else {
+            return Err(ConfigError::new(
+                &jaas_key,
+                "",
+                format!("gregor's own client authenticates to listener {listener} with {} ({key}) and takes its credentials from this JAAS config's username and password options, which is not set", mechanism.name()),
+            ));
+        };
+        let jaas = JaasConfig::parse(text).map_err(|e| {
+            ConfigError::new(&jaas_key, "[hidden]", format!("Invalid JAAS config: {e}"))
+        })?;
+        let module = match mechanism {
+            ClientMechanism::Plain => PLAIN_LOGIN_MODULE,
+            ClientMechanism::Scram(_) => SCRAM_LOGIN_MODULE,
+        };
+        if jaas.login_module != module {
+            return Err(ConfigError::new(
+                &jaas_key,
+                "[hidden]",
+                format!("expected {module}, found {}", jaas.login_module),
+            ));
+        }
+        let (Some(username), Some(password)) =
+            (jaas.options.get("username"), jaas.options.get("password"))
+        else {
+            return Err(ConfigError::new(
+                &jaas_key,
+                "[hidden]",
+                format!("gregor's own client authenticates to listener {listener} with the username and password options of this JAAS config; set both"),
+            ));
+        };
+        Some(ClientSasl {
+            mechanism,
+            username: username.clone(),
+            password: password.clone(),
+        })
+    } else {
+        None
+    };
+    Ok((tls, sasl))
+}
+
+/// The connector of gregor's client to `listener` ([`client_settings`]), with its truststore
+/// and keystore read now.
+///
+/// # Errors
+/// [`NetworkError::Tls`] naming the listener and the key whose settings or files cannot work.
+pub fn client_security(
+    raw: &BTreeMap<String, String>,
+    listener: &str,
+    protocol: SecurityProtocol,
+    role: ClientRole,
+) -> Result<ClientSecurity, NetworkError> {
+    let config_error = |c: ConfigError| NetworkError::Tls {
+        listener: listener.to_string(),
+        key: c.name,
+        message: c.reason,
+    };
+    let (tls, sasl) = client_settings(raw, listener, protocol, role).map_err(config_error)?;
+    ClientSecurity::new(protocol, listener, tls.as_ref(), sasl).map_err(|e| match e {
+        gregor_network::client::ClientSecurityError::Tls(t) => NetworkError::Tls {
+            listener: listener.to_string(),
+            key: ListenerConfig::new(raw, listener).shown(t.key),
+            message: format!("gregor's own client: {}", t.message),
+        },
+        other => NetworkError::Tls {
+            listener: listener.to_string(),
+            key: role.mechanism_key().to_string(),
+            message: other.to_string(),
+        },
+    })
 }
 
 /// Checks each TLS listener's keystore and truststore files every interval and rebuilds its
@@ -133,6 +259,9 @@ pub const SSL_KEYS: &[(&str, &str)] = &[
     ("ssl.protocol", "TLSv1.3"),
     ("ssl.cipher.suites", ""),
     ("ssl.principal.mapping.rules", "DEFAULT"),
+    // gregor's own client (inter-broker, controller): `https` checks that the server
+    // certificate names the host connected to; empty turns the check off.
+    ("ssl.endpoint.identification.algorithm", "https"),
     // gregor's own: how long a TLS handshake may take (ms).
     ("ssl.handshake.timeout.ms", "10000"),
     // gregor's own: how often the keystore and truststore files are checked for changes (ms).
@@ -220,6 +349,94 @@ impl<'a> ListenerConfig<'a> {
     /// a bad `ssl.client.auth`, protocol, cipher suite or mapping rule. The files themselves
     /// are read when the listener starts ([`gregor_network::tls::TlsServerState::new`]).
     pub fn ssl_settings(&self) -> Result<TlsSettings, ConfigError> {
+        let (keystore, truststore, protocols, cipher_suites) = self.stores_and_protocols()?;
+        let Some(keystore) = keystore else {
+            return Err(self.error(
+                "ssl.keystore.location",
+                "an SSL listener needs a certificate and its private key: set ssl.keystore.type=PEM and ssl.keystore.location (a PEM file with the key and the chain), or ssl.keystore.certificate.chain and ssl.keystore.key",
+            ));
+        };
+        let client_auth_value = self.value_or_default("ssl.client.auth");
+        let client_auth = ClientAuth::from_name(&client_auth_value).ok_or_else(|| {
+            self.error(
+                "ssl.client.auth",
+                "String must be one of: required, requested, none",
+            )
+        })?;
+        if client_auth != ClientAuth::None && truststore.is_none() {
+            return Err(self.error(
+                "ssl.truststore.location",
+                format!("ssl.client.auth={client_auth_value} needs the CA certificates to check client certificates against: set ssl.truststore.type=PEM and ssl.truststore.location or ssl.truststore.certificates"),
+            ));
+        }
+        let principal_mapper =
+            SslPrincipalMapper::from_rules(&self.value_or_default("ssl.principal.mapping.rules"))
+                .map_err(|e| self.error("ssl.principal.mapping.rules", e.0))?;
+        let handshake_timeout_ms = self.positive_ms("ssl.handshake.timeout.ms")?;
+        Ok(TlsSettings {
+            keystore,
+            key_password: self.get("ssl.key.password").map(|(_, v)| v),
+            truststore,
+            client_auth,
+            protocols,
+            cipher_suites,
+            principal_mapper,
+            handshake_timeout_ms,
+        })
+    }
+
+    /// The client side of the listener's TLS (gregor's connections to it on other nodes): the
+    /// truststore the server certificate is checked against (required), the keystore offered
+    /// for mTLS (optional), `ssl.endpoint.identification.algorithm`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the listener and the key.
+    pub fn client_tls_settings(&self) -> Result<ClientTlsSettings, ConfigError> {
+        let (keystore, truststore, protocols, cipher_suites) = self.stores_and_protocols()?;
+        let Some(truststore) = truststore else {
+            return Err(self.error(
+                "ssl.truststore.location",
+                "gregor's own connections to this listener (inter-broker or controller) verify the server certificate against CA certificates, and gregor has no system trust store: set ssl.truststore.type=PEM and ssl.truststore.location or ssl.truststore.certificates",
+            ));
+        };
+        let verify_hostname = match self
+            .value_or_default("ssl.endpoint.identification.algorithm")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "https" => true,
+            "" => false,
+            _ => {
+                return Err(self.error(
+                    "ssl.endpoint.identification.algorithm",
+                    "gregor knows https (check the host name, the default) and the empty value (no check)",
+                ))
+            }
+        };
+        Ok(ClientTlsSettings {
+            truststore,
+            keystore,
+            key_password: self.get("ssl.key.password").map(|(_, v)| v),
+            protocols,
+            cipher_suites,
+            verify_hostname,
+        })
+    }
+
+    /// The keystore (`None` when no keystore key is set), truststore, protocols and cipher
+    /// suites.
+    #[allow(clippy::type_complexity)]
+    fn stores_and_protocols(
+        &self,
+    ) -> Result<
+        (
+            Option<KeyStore>,
+            Option<TrustStore>,
+            Vec<&'static rustls::SupportedProtocolVersion>,
+            Vec<String>,
+        ),
+        ConfigError,
+    > {
         let keystore_type = self.value_or_default("ssl.keystore.type");
         let location = self.get("ssl.keystore.location");
         let chain = self.get("ssl.keystore.certificate.chain");
@@ -237,17 +454,12 @@ impl<'a> ListenerConfig<'a> {
             ));
         }
         let keystore = match (location, chain, key) {
-            (None, None, None) => {
-                return Err(self.error(
-                    "ssl.keystore.location",
-                    "an SSL listener needs a certificate and its private key: set ssl.keystore.type=PEM and ssl.keystore.location (a PEM file with the key and the chain), or ssl.keystore.certificate.chain and ssl.keystore.key",
-                ))
-            }
-            (Some((_, path)), None, None) => KeyStore::File(PathBuf::from(path)),
-            (None, Some((_, chain)), Some((_, key))) => KeyStore::Inline {
+            (None, None, None) => None,
+            (Some((_, path)), None, None) => Some(KeyStore::File(PathBuf::from(path))),
+            (None, Some((_, chain)), Some((_, key))) => Some(KeyStore::Inline {
                 certificate_chain: chain,
                 key,
-            },
+            }),
             (Some(_), _, _) => {
                 return Err(self.error(
                     "ssl.keystore.location",
@@ -296,19 +508,6 @@ impl<'a> ListenerConfig<'a> {
                 }
             }
         };
-        let client_auth_value = self.value_or_default("ssl.client.auth");
-        let client_auth = ClientAuth::from_name(&client_auth_value).ok_or_else(|| {
-            self.error(
-                "ssl.client.auth",
-                "String must be one of: required, requested, none",
-            )
-        })?;
-        if client_auth != ClientAuth::None && truststore.is_none() {
-            return Err(self.error(
-                "ssl.truststore.location",
-                format!("ssl.client.auth={client_auth_value} needs the CA certificates to check client certificates against: set ssl.truststore.type=PEM and ssl.truststore.location or ssl.truststore.certificates"),
-            ));
-        }
         let protocols = parse_protocols(
             &self.value_or_default("ssl.enabled.protocols"),
             &self.value_or_default("ssl.protocol"),
@@ -323,20 +522,7 @@ impl<'a> ListenerConfig<'a> {
             .collect();
         gregor_network::tls::crypto_provider(&cipher_suites)
             .map_err(|e| self.error(e.key, e.message))?;
-        let principal_mapper =
-            SslPrincipalMapper::from_rules(&self.value_or_default("ssl.principal.mapping.rules"))
-                .map_err(|e| self.error("ssl.principal.mapping.rules", e.0))?;
-        let handshake_timeout_ms = self.positive_ms("ssl.handshake.timeout.ms")?;
-        Ok(TlsSettings {
-            keystore,
-            key_password: self.get("ssl.key.password").map(|(_, v)| v),
-            truststore,
-            client_auth,
-            protocols,
-            cipher_suites,
-            principal_mapper,
-            handshake_timeout_ms,
-        })
+        Ok((keystore, truststore, protocols, cipher_suites))
     }
 
     /// `ssl.reload.check.interval.ms` (gregor's own, default 30000): how often the listener's

@@ -36,6 +36,42 @@ pub fn start_quorum(
     metadata_log_dir: &Path,
     cluster_id: &str,
 ) -> Result<Arc<RaftManager>, StartError> {
+    start_quorum_with(
+        config,
+        metadata_log_dir,
+        cluster_id,
+        gregor_network::client::ClientSecurity::plaintext(),
+    )
+}
+
+/// The raft transport's connector: gregor's client connector to the controller listener.
+struct SecureRaftConnector(gregor_network::client::ClientSecurity);
+
+impl gregor_raft::driver::transport::Connector for SecureRaftConnector {
+    fn connect<'a>(
+        &'a self,
+        address: &'a str,
+        client_id: &'a str,
+        timeout: std::time::Duration,
+    ) -> gregor_raft::driver::transport::ConnectFuture<'a> {
+        Box::pin(async move {
+            let stream = self.0.connect(address, client_id, timeout).await?;
+            Ok(Box::new(stream) as Box<dyn gregor_raft::driver::transport::PeerStream>)
+        })
+    }
+}
+
+/// [`start_quorum`] with the raft transport's connections to the other voters secured by
+/// `security` (the controller listener's TLS and SASL).
+///
+/// # Errors
+/// As [`start_quorum`].
+pub fn start_quorum_with(
+    config: &BrokerConfig,
+    metadata_log_dir: &Path,
+    cluster_id: &str,
+    security: gregor_network::client::ClientSecurity,
+) -> Result<Arc<RaftManager>, StartError> {
     let q = &config.quorum;
     let listener_name = q
         .controller_listener_names
@@ -94,7 +130,7 @@ pub fn start_quorum(
         retry_backoff_ms: q.retry_backoff_ms,
     };
     RaftManager::start(raft_config, |inbound| {
-        SocketTransport::new(transport, inbound)
+        SocketTransport::with_connector(transport, inbound, Arc::new(SecureRaftConnector(security)))
     })
     .map_err(|e| StartError::Metadata(e.to_string()))
 }

@@ -26,6 +26,9 @@ use crate::config_value::{ConfigError, Listener};
 /// Keys read here (besides the listener-prefixed ones, [`acted_on`]).
 const KEYS: &[&str] = &[
     "sasl.enabled.mechanisms",
+    // gregor's own clients (crate::listener_security::client_settings).
+    "sasl.mechanism.inter.broker.protocol",
+    "sasl.mechanism.controller.protocol",
     "sasl.server.max.receive.size",
     "connections.max.reauth.ms",
 ];
@@ -277,28 +280,39 @@ impl SaslSettings {
         })
     }
 
-    /// Refuses SASL where gregor's own clients would need to authenticate: the inter-broker
-    /// listener (replica fetchers, coordinator writes) and controller listeners. Not
-    /// implemented yet: gregor's clients do not speak SASL.
+    /// Checks the SASL listeners gregor's own clients use: the inter-broker listener must
+    /// enable `sasl.mechanism.inter.broker.protocol` (Kafka: "must be included in
+    /// sasl.enabled.mechanisms when SASL is used for inter-broker communication"); a
+    /// controller listener cannot use SASL yet (controller listeners are bound without an
+    /// authenticator; SSL with mTLS secures them).
     ///
     /// # Errors
-    /// The key that points gregor's own traffic at a SASL listener.
+    /// The key at fault.
     pub fn check_roles(&self, config: &crate::config::BrokerConfig) -> Result<(), ConfigError> {
         if let Some(l) = config.inter_broker_listener_name() {
-            if self.listeners.contains_key(&l) {
-                return Err(ConfigError::new(
-                    "inter.broker.listener.name",
-                    &l,
-                    format!("the inter-broker listener {l} uses SASL, which gregor's own clients (replica fetchers, coordinators) do not implement yet; add a PLAINTEXT listener and name it in inter.broker.listener.name"),
-                ));
+            if let Some(listener) = self.listeners.get(&l) {
+                let key = "sasl.mechanism.inter.broker.protocol";
+                let name = config.raw.get(key).map_or("GSSAPI", |v| v.trim());
+                if !listener.mechanisms.iter().any(|m| m.name() == name) {
+                    return Err(ConfigError::new(
+                        key,
+                        name,
+                        format!("sasl.mechanism.inter.broker.protocol must be included in sasl.enabled.mechanisms of the inter-broker listener {l} when SASL is used for inter-broker communication"),
+                    ));
+                }
             }
         }
         for l in &config.quorum.controller_listener_names {
-            if self.listeners.contains_key(l) {
+            let sasl = self.listeners.contains_key(l)
+                || config
+                    .listener_security_protocol_map
+                    .get(l)
+                    .is_some_and(|p| p.uses_sasl());
+            if sasl {
                 return Err(ConfigError::new(
                     "controller.listener.names",
                     l,
-                    format!("controller listener {l} uses SASL, which gregor's controller channel does not implement yet"),
+                    format!("controller listener {l} uses SASL, which gregor's controller listeners do not serve yet; use SSL (with ssl.client.auth=required for mTLS) or PLAINTEXT"),
                 ));
             }
         }

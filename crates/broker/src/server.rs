@@ -368,6 +368,10 @@ pub async fn start_with_authorizer(
     // wrong file stops start-up at once, naming the listener and the key.
     let (mut listener_layers, tls_states) =
         crate::listener_security::transport_layers(&config.raw, config.endpoints())?;
+    // gregor's own clients read their truststores and keystores now too: the inter-broker
+    // listener's (replica fetchers, transaction markers and verification) and the first
+    // controller listener's (raft transport, controller channel).
+    let (inter_broker_security, controller_security) = own_client_security(&config)?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // The admin listener comes up first, so /health answers and /ready says "not ready" while
@@ -443,8 +447,12 @@ pub async fn start_with_authorizer(
             failed_dirs.values().cloned().collect::<Vec<_>>().join("; ")
         )));
     }
-    let raft =
-        crate::metadata_publisher::start_quorum(&config, &metadata_log_dir(&config), &cluster_id)?;
+    let raft = crate::metadata_publisher::start_quorum_with(
+        &config,
+        &metadata_log_dir(&config),
+        &cluster_id,
+        controller_security.clone(),
+    )?;
     // Controller listeners are served first (Kafka's ControllerServer): the voters must
     // elect a leader before any node can load its metadata.
     let (controller_endpoints, broker_endpoints): (Vec<_>, Vec<_>) =
@@ -500,12 +508,15 @@ pub async fn start_with_authorizer(
     }
     controller_apis.set_controller(controller.clone());
     // BrokerRegistration, heartbeats, forwarded admin requests: to the active controller.
-    let controller_client = Arc::new(crate::controller_channel::ControllerClient::new(
-        config.node_id,
-        controller.clone(),
-        metadata_log,
-        crate::controller_channel::ChannelTimeouts::from_config(&config),
-    ));
+    let controller_client = Arc::new(
+        crate::controller_channel::ControllerClient::new(
+            config.node_id,
+            controller.clone(),
+            metadata_log,
+            crate::controller_channel::ChannelTimeouts::from_config(&config),
+        )
+        .with_security(&controller_security),
+    );
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
@@ -597,6 +608,9 @@ pub async fn start_with_authorizer(
     );
     let _ = broker.raft.set(raft);
     let _ = broker.controller_client.set(controller_client.clone());
+    let _ = broker
+        .inter_broker_client
+        .set(inter_broker_security.clone());
     // Markers written to `__consumer_offsets` complete the group coordinator's pending
     // transactional offsets (issue 12).
     broker.set_txn_offsets_completion(crate::coordinator_writer::GroupTxnOffsetsCompletion::new(
@@ -612,7 +626,8 @@ pub async fn start_with_authorizer(
                 config.inter_broker_listener_name(),
                 format!("broker-{}-txn-verification", config.node_id),
                 config.request_timeout_ms(),
-            ),
+            )
+            .with_security(inter_broker_security.clone()),
         ));
     }
     // ISR changes of the partitions led here go to the active controller (AlterPartition),
@@ -685,8 +700,10 @@ pub async fn start_with_authorizer(
     // broker role hosts no partition.
     if let Some(lifecycle) = &lifecycle {
         let rm = &broker.replica_manager;
+        let mut fetcher_config = crate::replica_fetcher::FetcherConfig::from_broker(&broker.config);
+        fetcher_config.security = inter_broker_security.clone();
         let fetchers = Arc::new(crate::replica_fetcher::ReplicaFetcherManager::new(
-            crate::replica_fetcher::FetcherConfig::from_broker(&broker.config),
+            fetcher_config,
             lifecycle.broker_epoch,
             rm.io_pool().clone(),
             rm.clock().clone(),
@@ -1175,6 +1192,55 @@ async fn log_cleaner_thread(
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// The connectors of this node's own clients: to the inter-broker listener (a node with the
+/// broker role) and to the first controller listener, each secured as its listener's security
+/// protocol asks ([`crate::listener_security::client_security`]); plaintext otherwise.
+///
+/// # Errors
+/// [`gregor_network::NetworkError::Tls`] naming the listener and key whose settings or files
+/// cannot work.
+fn own_client_security(
+    config: &BrokerConfig,
+) -> Result<
+    (
+        gregor_network::client::ClientSecurity,
+        gregor_network::client::ClientSecurity,
+    ),
+    gregor_network::NetworkError,
+> {
+    use crate::listener_security::{client_security, ClientRole};
+    use gregor_network::client::ClientSecurity;
+    let inter_broker = match config
+        .inter_broker_listener_name()
+        .filter(|_| config.quorum.broker)
+        .and_then(|name| config.listeners.iter().find(|l| l.name == name))
+    {
+        Some(l) => client_security(
+            &config.raw,
+            &l.name,
+            l.security_protocol,
+            ClientRole::InterBroker,
+        )?,
+        None => ClientSecurity::plaintext(),
+    };
+    let controller = match config
+        .quorum
+        .controller_listener_names
+        .first()
+        .and_then(|name| {
+            config
+                .listener_security_protocol_map
+                .get(name)
+                .map(|p| (name, *p))
+        }) {
+        Some((name, protocol)) => {
+            client_security(&config.raw, name, protocol, ClientRole::Controller)?
+        }
+        None => ClientSecurity::plaintext(),
+    };
+    Ok((inter_broker, controller))
 }
 
 #[cfg(test)]

@@ -271,6 +271,7 @@ pub struct NetworkAddPartitionsToTxnSender {
     listener_name: Option<String>,
     client_id: String,
     timeout: Duration,
+    security: gregor_network::client::ClientSecurity,
 }
 
 impl NetworkAddPartitionsToTxnSender {
@@ -287,7 +288,15 @@ impl NetworkAddPartitionsToTxnSender {
             listener_name,
             client_id,
             timeout: Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(30_000)),
+            security: gregor_network::client::ClientSecurity::plaintext(),
         }
+    }
+
+    /// Secures the connections to the coordinators as the inter-broker listener asks.
+    #[must_use]
+    pub fn with_security(mut self, security: gregor_network::client::ClientSecurity) -> Self {
+        self.security = security;
+        self
     }
 
     fn coordinator_address(&self, transactional_id: &str) -> Option<String> {
@@ -312,6 +321,7 @@ impl AddPartitionsToTxnSender for NetworkAddPartitionsToTxnSender {
         let address = self.coordinator_address(&request.transactional_id);
         let client_id = self.client_id.clone();
         let timeout = self.timeout;
+        let security = self.security.clone();
         Box::pin(async move {
             let all = |code: i16| -> VerificationErrors {
                 request
@@ -325,9 +335,14 @@ impl AddPartitionsToTxnSender for NetworkAddPartitionsToTxnSender {
             };
             let body = RequestKind::AddPartitionsToTxn(build_request(&request));
             let answer = async {
-                let mut conn =
-                    BrokerConnection::connect(&address, client_id, timeout, MAX_RESPONSE_BYTES)
-                        .await?;
+                let mut conn = BrokerConnection::connect(
+                    &security,
+                    &address,
+                    client_id,
+                    timeout,
+                    MAX_RESPONSE_BYTES,
+                )
+                .await?;
                 conn.request(
                     ApiKey::AddPartitionsToTxn,
                     ADD_PARTITIONS_TO_TXN_VERSION,

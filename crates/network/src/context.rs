@@ -51,11 +51,26 @@ impl SecurityProtocol {
             .find(|p| p.name().eq_ignore_ascii_case(name.trim()))
     }
 
-    /// Whether gregor can serve this protocol: PLAINTEXT, SSL (the TLS transport,
-    /// [`crate::tls`]), and SASL_PLAINTEXT with a SASL configuration; any other listener is
-    /// refused at start-up rather than served without the security it names.
+    /// Whether gregor can serve this protocol: all four of Kafka's (SSL and SASL_SSL with
+    /// the TLS transport, [`crate::tls`]; SASL_PLAINTEXT and SASL_SSL with a SASL
+    /// configuration). Kept so that a protocol added later is refused at start-up rather than
+    /// served without the security it names.
     pub fn is_implemented(self) -> bool {
-        matches!(self, Self::Plaintext | Self::Ssl | Self::SaslPlaintext)
+        matches!(
+            self,
+            Self::Plaintext | Self::Ssl | Self::SaslPlaintext | Self::SaslSsl
+        )
+    }
+
+    /// Whether connections of this protocol run TLS (`SSL`, `SASL_SSL`).
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+
+    /// Whether connections of this protocol authenticate with SASL (`SASL_PLAINTEXT`,
+    /// `SASL_SSL`).
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
     }
 }
 
@@ -225,7 +240,9 @@ mod tests {
         assert_eq!(SecurityProtocol::from_name("TLS"), None);
         assert!(SecurityProtocol::Plaintext.is_implemented());
         assert!(SecurityProtocol::Ssl.is_implemented());
-        assert!(!SecurityProtocol::SaslSsl.is_implemented());
+        assert!(SecurityProtocol::SaslSsl.is_implemented());
+        assert!(SecurityProtocol::SaslSsl.uses_tls() && SecurityProtocol::SaslSsl.uses_sasl());
+        assert!(!SecurityProtocol::SaslPlaintext.uses_tls());
         assert_eq!(KafkaPrincipal::anonymous().to_string(), "User:ANONYMOUS");
     }
 }

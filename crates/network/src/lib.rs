@@ -11,6 +11,7 @@
 //! It knows no handler and no partition: the broker plugs in through [`RequestHandler`].
 #![deny(missing_docs)]
 
+pub mod client;
 pub mod context;
 pub mod handler;
 pub mod log_limit;

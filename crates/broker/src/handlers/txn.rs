@@ -422,6 +422,7 @@ async fn remote_add_partitions(
     ]);
     let sent = async {
         let mut conn = crate::replica_fetcher::connection::BrokerConnection::connect(
+            &broker.inter_broker_security(),
             &address,
             format!("broker-{}-txn-verification", broker.config.node_id),
             timeout,

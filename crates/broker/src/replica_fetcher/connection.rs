@@ -1,18 +1,18 @@
-//! One connection from a replica fetcher to its source broker (Kafka's `BrokerBlockingSender`):
-//! Kafka's framing (4-byte size, request header with client id
+//! One connection from a replica fetcher to its source broker (Kafka's `BrokerBlockingSender`),
+//! secured as the inter-broker listener asks ([`ClientSecurity`]: TLS, SASL): Kafka's framing (4-byte size, request header with client id
 //! `broker-<id>-fetcher-<fetcher id>`), one request in flight, responses bounded before they
 //! are allocated.
 
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use gregor_network::client::{ClientSecurity, ClientStream};
 use gregor_protocol::kafka_protocol::messages::{
     ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
 };
 use gregor_protocol::kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Why a request to the source broker gave no response. Any of them closes the connection.
 #[derive(Debug, Error)]
@@ -53,7 +53,7 @@ pub enum ConnectionError {
 
 /// A connection to a source broker's inter-broker listener.
 pub struct BrokerConnection {
-    stream: TcpStream,
+    stream: ClientStream,
     address: String,
     client_id: String,
     next_correlation_id: i32,
@@ -62,28 +62,32 @@ pub struct BrokerConnection {
 }
 
 impl BrokerConnection {
-    /// Connects to `address` within `timeout`.
+    /// Connects to `address` within `timeout`, with the TLS handshake and SASL
+    /// authentication `security` asks for.
     ///
     /// # Errors
-    /// [`ConnectionError::Io`] or [`ConnectionError::Timeout`].
+    /// [`ConnectionError::Io`] (a failed handshake or authentication too) or
+    /// [`ConnectionError::Timeout`].
     pub async fn connect(
+        security: &ClientSecurity,
         address: &str,
         client_id: String,
         timeout: Duration,
         max_response_bytes: usize,
     ) -> Result<Self, ConnectionError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(source)) => {
+        let stream = match security.connect(address, &client_id, timeout).await {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                return Err(ConnectionError::Timeout(address.to_string()))
+            }
+            Err(source) => {
                 return Err(ConnectionError::Io {
                     context: "connecting to",
                     address: address.to_string(),
                     source,
                 })
             }
-            Err(_) => return Err(ConnectionError::Timeout(address.to_string())),
         };
-        let _ = stream.set_nodelay(true);
         Ok(Self {
             stream,
             address: address.to_string(),
@@ -157,6 +161,11 @@ impl BrokerConnection {
         buf[0..4].copy_from_slice(&size.to_be_bytes());
         self.stream
             .write_all(&buf)
+            .await
+            .map_err(|e| self.io("writing to", e))?;
+        // TLS buffers what is written until flushed.
+        self.stream
+            .flush()
             .await
             .map_err(|e| self.io("writing to", e))?;
         let mut frame = self.read_frame().await?;

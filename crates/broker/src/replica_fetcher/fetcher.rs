@@ -72,7 +72,7 @@ pub(crate) async fn run(
         }
         if conn.is_none() {
             let connected = tokio::select! {
-                c = BrokerConnection::connect(&address, client_id.clone(), timeout, ctx.config.max_response_bytes) => c,
+                c = BrokerConnection::connect(&ctx.config.security, &address, client_id.clone(), timeout, ctx.config.max_response_bytes) => c,
                 _ = stop.changed() => return,
             };
             match connected {

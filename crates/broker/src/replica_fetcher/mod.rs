@@ -72,6 +72,9 @@ pub struct FetcherConfig {
     pub max_response_bytes: usize,
     /// The listener of the leaders' registrations to connect to (`inter.broker.listener.name`).
     pub listener_name: Option<String>,
+    /// How connections to that listener are secured (TLS, SASL); plaintext unless the broker
+    /// sets it at start-up.
+    pub security: gregor_network::client::ClientSecurity,
 }
 
 impl FetcherConfig {
@@ -91,6 +94,7 @@ impl FetcherConfig {
                 .socket_request_max_bytes
                 .max(max_bytes.max(0) as usize + (1 << 20)),
             listener_name: config.inter_broker_listener_name(),
+            security: gregor_network::client::ClientSecurity::plaintext(),
         }
     }
 }

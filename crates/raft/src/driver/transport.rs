@@ -2,6 +2,8 @@
 //! controller listener (`controller.quorum.voters`), Kafka's request framing (4-byte size,
 //! request header v2 with client id `raft-client-<node id>`), the node's correlation ids on
 //! the wire, and responses handed back to the driver as [`Message::Response`].
+//! Connections are opened by a [`Connector`]: plain TCP by default, or the broker's, which
+//! runs the controller listener's TLS handshake and SASL authentication.
 //!
 //! - **Versions** are fixed, not negotiated: Vote v2 (KIP-996 `PreVote`), BeginQuorumEpoch v1,
 //!   EndQuorumEpoch v1 (Kafka 4.x's highest), Fetch v18 (KIP-1166's `HighWatermark`, which the
@@ -17,6 +19,9 @@
 //!   per peer (more are dropped).
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +29,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -68,6 +73,52 @@ pub struct TransportConfig {
     pub retry_backoff_ms: u64,
 }
 
+/// A connected byte stream to a voter: TCP, or TLS over it.
+pub trait PeerStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> PeerStream for T {}
+
+/// The future of [`Connector::connect`].
+pub type ConnectFuture<'a> =
+    Pin<Box<dyn Future<Output = io::Result<Box<dyn PeerStream>>> + Send + 'a>>;
+
+/// Opens the connection to a voter's controller listener: [`TcpConnector`] by default; the
+/// broker plugs in one that runs the listener's TLS handshake and SASL authentication, so this
+/// crate needs no network or security dependency.
+pub trait Connector: Send + Sync + 'static {
+    /// Connects to `address` (`host:port`) as `client_id` within `timeout`.
+    ///
+    /// # Errors
+    /// The connect, handshake or authentication error; the transport retries with backoff.
+    fn connect<'a>(
+        &'a self,
+        address: &'a str,
+        client_id: &'a str,
+        timeout: Duration,
+    ) -> ConnectFuture<'a>;
+}
+
+/// Plain TCP (`PLAINTEXT` controller listeners).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TcpConnector;
+
+impl Connector for TcpConnector {
+    fn connect<'a>(
+        &'a self,
+        address: &'a str,
+        _client_id: &'a str,
+        timeout: Duration,
+    ) -> ConnectFuture<'a> {
+        Box::pin(async move {
+            let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            let _ = stream.set_nodelay(true);
+            Ok(Box::new(stream) as Box<dyn PeerStream>)
+        })
+    }
+}
+
 /// [`Transport`] over TCP. Connection tasks run on the tokio runtime current when
 /// [`SocketTransport::new`] is called.
 pub struct SocketTransport {
@@ -75,8 +126,19 @@ pub struct SocketTransport {
 }
 
 impl SocketTransport {
-    /// Starts one connection task per peer voter. Must be called inside a tokio runtime.
+    /// Starts one connection task per peer voter over plain TCP. Must be called inside a
+    /// tokio runtime.
     pub fn new(config: TransportConfig, inbound: InboundSender) -> Self {
+        Self::with_connector(config, inbound, Arc::new(TcpConnector))
+    }
+
+    /// Starts one connection task per peer voter, connecting with `connector`. Must be called
+    /// inside a tokio runtime.
+    pub fn with_connector(
+        config: TransportConfig,
+        inbound: InboundSender,
+        connector: Arc<dyn Connector>,
+    ) -> Self {
         let config = Arc::new(config);
         let mut peers = BTreeMap::new();
         for (&id, (host, port)) in &config.endpoints {
@@ -87,6 +149,7 @@ impl SocketTransport {
             peers.insert(id, tx);
             tokio::spawn(peer_task(
                 config.clone(),
+                connector.clone(),
                 id,
                 format!("{host}:{port}"),
                 rx,
@@ -201,7 +264,7 @@ pub fn decode_response(
 }
 
 /// Reads frames from `reader` into `tx` until the connection fails or a frame is too large.
-async fn read_frames(mut reader: tokio::net::tcp::OwnedReadHalf, tx: mpsc::Sender<Bytes>) {
+async fn read_frames(mut reader: ReadHalf<Box<dyn PeerStream>>, tx: mpsc::Sender<Bytes>) {
     loop {
         let mut size = [0u8; 4];
         if reader.read_exact(&mut size).await.is_err() {
@@ -236,6 +299,7 @@ async fn read_frames(mut reader: tokio::net::tcp::OwnedReadHalf, tx: mpsc::Sende
 
 async fn peer_task(
     config: Arc<TransportConfig>,
+    connector: Arc<dyn Connector>,
     peer: NodeId,
     address: String,
     mut requests: mpsc::Receiver<Message>,
@@ -245,11 +309,13 @@ async fn peer_task(
     let request_timeout = Duration::from_millis(config.request_timeout_ms.max(1));
     let mut backoff_ms = config.retry_backoff_ms.max(1);
     loop {
-        let stream = match tokio::time::timeout(request_timeout, TcpStream::connect(&address)).await
+        let stream = match connector
+            .connect(&address, &client_id, request_timeout)
+            .await
         {
-            Ok(Ok(s)) => s,
-            failed => {
-                tracing::debug!(peer, %address, ?failed, "raft connection failed; retrying after {backoff_ms} ms");
+            Ok(s) => s,
+            Err(failed) => {
+                tracing::debug!(peer, %address, error = %failed, "raft connection failed; retrying after {backoff_ms} ms");
                 let until = Instant::now() + Duration::from_millis(backoff_ms);
                 backoff_ms = (backoff_ms * 2).min(MAX_RECONNECT_BACKOFF_MS);
                 // Requests for an unreachable peer are dropped, not queued behind the backoff.
@@ -262,10 +328,9 @@ async fn peer_task(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         tracing::debug!(peer, %address, "raft connection open");
         backoff_ms = config.retry_backoff_ms.max(1);
-        let (reader, mut writer) = stream.into_split();
+        let (reader, mut writer) = tokio::io::split(stream);
         let (frames_tx, mut frames) = mpsc::channel(16);
         let reader_task = tokio::spawn(read_frames(reader, frames_tx));
         // Requests in flight on this connection: correlation id -> (api, version, sent at).
@@ -288,7 +353,10 @@ async fn peer_task(
                     };
                     match encode_request(&client_id, correlation_id, &request) {
                         Ok((api, version, frame)) => {
-                            if writer.write_all(&frame).await.is_err() {
+                            // TLS buffers what is written until flushed.
+                            if writer.write_all(&frame).await.is_err()
+                                || writer.flush().await.is_err()
+                            {
                                 break;
                             }
                             inflight.insert(correlation_id, (api, version, Instant::now()));
