@@ -558,7 +558,10 @@ fn jwks_settings(
     };
     let defaults = JwksRefresh::default();
     let refresh = JwksRefresh {
-        refresh_ms: long("sasl.oauthbearer.jwks.endpoint.refresh.ms", defaults.refresh_ms)?,
+        refresh_ms: long(
+            "sasl.oauthbearer.jwks.endpoint.refresh.ms",
+            defaults.refresh_ms,
+        )?,
         retry_backoff_ms: long(
             "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms",
             defaults.retry_backoff_ms,
@@ -589,12 +592,22 @@ fn jwks_settings(
         claims.expected_issuer = Some(v).filter(|v| !v.is_empty());
     }
     for (key, field) in [
-        ("sasl.oauthbearer.sub.claim.name", &mut claims.sub_claim_name),
-        ("sasl.oauthbearer.scope.claim.name", &mut claims.scope_claim_name),
+        (
+            "sasl.oauthbearer.sub.claim.name",
+            &mut claims.sub_claim_name,
+        ),
+        (
+            "sasl.oauthbearer.scope.claim.name",
+            &mut claims.scope_claim_name,
+        ),
     ] {
         if let Some((k, v)) = oauthbearer_get(props, listener, key) {
             if v.is_empty() {
-                return Err(ConfigError::new(&k, &v, format!("The OAuth configuration option {k} value must be non-empty")));
+                return Err(ConfigError::new(
+                    &k,
+                    &v,
+                    format!("The OAuth configuration option {k} value must be non-empty"),
+                ));
             }
             *field = v;
         }

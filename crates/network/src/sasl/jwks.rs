@@ -187,7 +187,10 @@ impl VerificationKeys {
     ///
     /// # Errors
     /// [`JwksError`] when the file or URL cannot be read or is not a JWKS.
-    pub async fn load(location: JwksLocation, refresh: JwksRefresh) -> Result<Arc<Self>, JwksError> {
+    pub async fn load(
+        location: JwksLocation,
+        refresh: JwksRefresh,
+    ) -> Result<Arc<Self>, JwksError> {
         let tls = match &location {
             JwksLocation::Http { url, truststore } if url.starts_with("https://") => {
                 Some(Arc::new(https_client_config(url, truststore.as_ref())?))
@@ -299,15 +302,16 @@ impl VerificationKeys {
                 match self.fetch().await {
                     Ok(keys) => {
                         self.missing_key_ids.lock().retain(|(kid, _)| {
-                            !keys
-                                .iter()
-                                .any(|k| k.common.key_id.as_deref() == Some(kid))
+                            !keys.iter().any(|k| k.common.key_id.as_deref() == Some(kid))
                         });
                         tracing::info!(location = %self.location(), keys = keys.len(), "JWKS refreshed");
                         *self.keys.write() = Arc::new(keys);
                         break;
                     }
-                    Err(e) if tokio::time::Instant::now() + Duration::from_millis(wait_ms) > deadline => {
+                    Err(e)
+                        if tokio::time::Instant::now() + Duration::from_millis(wait_ms)
+                            > deadline =>
+                    {
                         tracing::warn!(error = %e, "JWKS refresh failed; the listener keeps its current verification keys");
                         break;
                     }
@@ -465,12 +469,18 @@ fn key_fits(jwk: &Jwk, alg: Algorithm) -> bool {
             .is_none_or(|a| a.to_string() == format!("{alg:?}"))
 }
 
-fn numeric_date(claims: &Map<String, Value>, name: &str, what: &str) -> Result<Option<i64>, TokenError> {
+fn numeric_date(
+    claims: &Map<String, Value>,
+    name: &str,
+    what: &str,
+) -> Result<Option<i64>, TokenError> {
     match claims.get(name) {
         None => Ok(None),
         Some(Value::Number(n)) => match n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)) {
             Some(v) => Ok(Some(v)),
-            None => Err(fail(format!("The value of the '{name}' claim is not the expected type ({what} NumericDate)"))),
+            None => Err(fail(format!(
+                "The value of the '{name}' claim is not the expected type ({what} NumericDate)"
+            ))),
         },
         Some(v) => Err(fail(format!(
             "The value of the '{name}' claim is not the expected type ({v} - {what})"
@@ -553,7 +563,11 @@ impl SignedJwtValidator {
         self.check_claims(&claims, now_ms)
     }
 
-    fn check_claims(&self, claims: &Map<String, Value>, now_ms: i64) -> Result<ValidToken, TokenError> {
+    fn check_claims(
+        &self,
+        claims: &Map<String, Value>,
+        now_ms: i64,
+    ) -> Result<ValidToken, TokenError> {
         let c = &self.config;
         let skew = c.clock_skew_seconds;
         let now = now_ms.div_euclid(1000);
@@ -583,11 +597,9 @@ impl SignedJwtValidator {
                     )))
                 }
                 Some(Value::String(iss)) if iss == expected => {}
-                Some(iss) => {
-                    return Err(fail(format!(
-                        "Issuer (iss) claim value ({iss}) doesn't match expected value of {expected}"
-                    )))
-                }
+                Some(iss) => return Err(fail(format!(
+                    "Issuer (iss) claim value ({iss}) doesn't match expected value of {expected}"
+                ))),
             }
         }
         let audience: Option<Vec<&str>> = match claims.get("aud") {
@@ -653,5 +665,419 @@ impl SignedJwtValidator {
             principal_name: sub,
             lifetime_ms: exp.saturating_mul(1000),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    use jsonwebtoken::{EncodingKey, Header};
+
+    /// An ES256 key made now: its signing key and its JWK.
+    fn es256_key(kid: &str) -> (EncodingKey, Value) {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let point = kp.public_key_raw();
+        let jwk = serde_json::json!({
+            "kty": "EC", "crv": "P-256", "use": "sig", "kid": kid,
+            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+            "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
+        });
+        (EncodingKey::from_ec_der(&kp.serialize_der()), jwk)
+    }
+
+    fn token(key: &EncodingKey, alg: Algorithm, kid: Option<&str>, claims: &Value) -> String {
+        let mut h = Header::new(alg);
+        h.kid = kid.map(String::from);
+        jsonwebtoken::encode(&h, claims, key).unwrap()
+    }
+
+    const NOW_MS: i64 = 1_700_000_000_000;
+
+    fn claims(extra: &Value) -> Value {
+        let mut c = serde_json::json!({"sub": "alice", "iat": 1_700_000_000, "exp": 1_700_000_600});
+        if let (Value::Object(c), Value::Object(e)) = (&mut c, extra) {
+            for (k, v) in e {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        c
+    }
+
+    async fn validator_from_file(
+        jwks: &Value,
+        config: SignedJwtConfig,
+    ) -> (tempfile::TempDir, SignedJwtValidator) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, jwks.to_string()).unwrap();
+        let keys = VerificationKeys::load(JwksLocation::File(path), JwksRefresh::default())
+            .await
+            .unwrap();
+        (dir, SignedJwtValidator { config, keys })
+    }
+
+    #[tokio::test]
+    async fn es256_token_from_a_file_jwks_and_the_claim_checks() {
+        let (key, jwk) = es256_key("k1");
+        let (other_key, _) = es256_key("k1");
+        let config = SignedJwtConfig {
+            expected_audience: vec!["kafka".into()],
+            expected_issuer: Some("https://idp.test".into()),
+            ..Default::default()
+        };
+        let (_dir, v) = validator_from_file(&serde_json::json!({"keys": [jwk]}), config).await;
+        let good = serde_json::json!({"aud": ["x", "kafka"], "iss": "https://idp.test"});
+        let t = token(&key, Algorithm::ES256, Some("k1"), &claims(&good));
+        let ok = v.validate(&t, NOW_MS).unwrap();
+        assert_eq!(ok.principal_name, "alice");
+        assert_eq!(ok.lifetime_ms, 1_700_000_600_000);
+        // Without a kid the key is found by type.
+        let t = token(&key, Algorithm::ES256, None, &claims(&good));
+        assert!(v.validate(&t, NOW_MS).is_ok());
+
+        let refused = |t: String, why: &str| {
+            let e = v.validate(&t, NOW_MS).unwrap_err();
+            assert!(
+                e.description
+                    .starts_with("Could not validate the access token: ")
+                    && e.description.contains(why),
+                "{why}: {}",
+                e.description
+            );
+        };
+        // Signed by another key under the same kid.
+        refused(
+            token(&other_key, Algorithm::ES256, Some("k1"), &claims(&good)),
+            "signature is invalid",
+        );
+        // A tampered payload.
+        let t = token(&key, Algorithm::ES256, Some("k1"), &claims(&good));
+        let parts: Vec<&str> = t.split('.').collect();
+        let forged = URL_SAFE_NO_PAD.encode(
+            claims(&serde_json::json!({"sub": "admin", "aud": "kafka", "iss": "https://idp.test"}))
+                .to_string(),
+        );
+        refused(
+            format!("{}.{forged}.{}", parts[0], parts[2]),
+            "signature is invalid",
+        );
+        refused(
+            token(
+                &key,
+                Algorithm::ES256,
+                Some("k1"),
+                &claims(&serde_json::json!({"aud": "other", "iss": "https://idp.test"})),
+            ),
+            "Audience",
+        );
+        refused(
+            token(
+                &key,
+                Algorithm::ES256,
+                Some("k1"),
+                &claims(&serde_json::json!({"iss": "https://idp.test"})),
+            ),
+            "No Audience",
+        );
+        refused(
+            token(
+                &key,
+                Algorithm::ES256,
+                Some("k1"),
+                &claims(&serde_json::json!({"aud": "kafka", "iss": "https://evil.test"})),
+            ),
+            "Issuer",
+        );
+        // Expired beyond the 30 s of skew; within it passes.
+        let expired =
+            serde_json::json!({"aud": "kafka", "iss": "https://idp.test", "exp": 1_699_999_960});
+        refused(
+            token(&key, Algorithm::ES256, Some("k1"), &claims(&expired)),
+            "no longer valid",
+        );
+        let skewed =
+            serde_json::json!({"aud": "kafka", "iss": "https://idp.test", "exp": 1_699_999_990});
+        assert!(v
+            .validate(
+                &token(&key, Algorithm::ES256, Some("k1"), &claims(&skewed)),
+                NOW_MS
+            )
+            .is_ok());
+        let early =
+            serde_json::json!({"aud": "kafka", "iss": "https://idp.test", "nbf": 1_700_000_100});
+        refused(
+            token(&key, Algorithm::ES256, Some("k1"), &claims(&early)),
+            "not yet valid",
+        );
+        let mut no_iat = claims(&good);
+        no_iat.as_object_mut().unwrap().remove("iat");
+        refused(
+            token(&key, Algorithm::ES256, Some("k1"), &no_iat),
+            "Issued At",
+        );
+        let mut no_sub = claims(&good);
+        no_sub.as_object_mut().unwrap().remove("sub");
+        refused(
+            token(&key, Algorithm::ES256, Some("k1"), &no_sub),
+            "sub value must be non-null",
+        );
+        // alg none, HMAC (with the JWK's coordinates as the secret), junk.
+        let none = format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(claims(&good).to_string())
+        );
+        refused(none, "none");
+        let hs = token(
+            &EncodingKey::from_secret(b"k"),
+            Algorithm::HS256,
+            Some("k1"),
+            &claims(&good),
+        );
+        refused(hs, "symmetric");
+        for junk in ["", "a.b", "!!.!!.!!", "e30.e30.AA"] {
+            assert!(v.validate(junk, NOW_MS).is_err(), "{junk}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_without_aud_is_required_when_no_audience_is_expected() {
+        let (key, jwk) = es256_key("k1");
+        let (_dir, v) = validator_from_file(
+            &serde_json::json!({"keys": [jwk]}),
+            SignedJwtConfig::default(),
+        )
+        .await;
+        let t = token(
+            &key,
+            Algorithm::ES256,
+            Some("k1"),
+            &claims(&serde_json::json!({"aud": "kafka"})),
+        );
+        assert!(v
+            .validate(&t, NOW_MS)
+            .unwrap_err()
+            .description
+            .contains("no expected audience"));
+        let t = token(
+            &key,
+            Algorithm::ES256,
+            Some("k1"),
+            &claims(&serde_json::json!({"user": "bob"})),
+        );
+        assert_eq!(v.validate(&t, NOW_MS).unwrap().principal_name, "alice");
+        let (_dir, v) = validator_from_file(
+            &serde_json::json!({"keys": [es256_key("k1").1]}),
+            SignedJwtConfig {
+                sub_claim_name: "user".into(),
+                ..Default::default()
+            },
+        )
+        .await;
+        // Another key now: a bad signature, whatever the claims.
+        assert!(v.validate(&t, NOW_MS).is_err());
+    }
+
+    #[tokio::test]
+    async fn rs256_token_with_a_key_made_by_openssl() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = dir.path().join("rsa.pem");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let pem_s = pem.to_str().unwrap();
+        run(&[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            pem_s,
+        ]);
+        let der = run(&["rsa", "-in", pem_s, "-outform", "DER", "-traditional"]);
+        let modulus = String::from_utf8(run(&["rsa", "-in", pem_s, "-noout", "-modulus"])).unwrap();
+        let n: Vec<u8> = (0..modulus.trim().len() - "Modulus=".len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&modulus.trim()["Modulus=".len() + i..][..2], 16).unwrap())
+            .collect();
+        let jwk = serde_json::json!({"kty": "RSA", "kid": "r1", "alg": "RS256", "n": URL_SAFE_NO_PAD.encode(&n), "e": "AQAB"});
+        let (_d, v) = validator_from_file(
+            &serde_json::json!({"keys": [jwk]}),
+            SignedJwtConfig::default(),
+        )
+        .await;
+        let key = EncodingKey::from_rsa_der(&der);
+        let t = token(&key, Algorithm::RS256, Some("r1"), &claims(&Value::Null));
+        assert_eq!(v.validate(&t, NOW_MS).unwrap().principal_name, "alice");
+        // The JWK says RS256: another algorithm with the same key is refused.
+        let t = token(&key, Algorithm::RS512, Some("r1"), &claims(&Value::Null));
+        assert!(v
+            .validate(&t, NOW_MS)
+            .unwrap_err()
+            .description
+            .contains("suitable verification key"));
+        // An EC token under the RSA key's kid finds no key of its type.
+        let (ec, _) = es256_key("r1");
+        assert!(v
+            .validate(
+                &token(&ec, Algorithm::ES256, Some("r1"), &claims(&Value::Null)),
+                NOW_MS
+            )
+            .is_err());
+    }
+
+    /// Waits until `f` holds (at most 20 s).
+    async fn eventually(mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "condition not met in time"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_changed_jwks_file_is_read_again() {
+        let (k1, j1) = es256_key("k1");
+        let (k2, j2) = es256_key("k2");
+        let (dir, v) = validator_from_file(
+            &serde_json::json!({"keys": [j1]}),
+            SignedJwtConfig::default(),
+        )
+        .await;
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(v.keys.clone().run(rx));
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+        };
+        let c = serde_json::json!({"sub": "alice", "iat": now() / 1000, "exp": now() / 1000 + 600});
+        let t1 = token(&k1, Algorithm::ES256, Some("k1"), &c);
+        let t2 = token(&k2, Algorithm::ES256, Some("k2"), &c);
+        assert!(v.validate(&t1, now()).is_ok());
+        assert!(v.validate(&t2, now()).is_err());
+        // A rotation: k2 replaces k1 (the length changes with the kid too).
+        std::fs::write(
+            dir.path().join("jwks.json"),
+            serde_json::json!({"keys": [j2, {"kty": "unknown"}]}).to_string(),
+        )
+        .unwrap();
+        eventually(|| v.validate(&t2, now()).is_ok()).await;
+        assert!(v.validate(&t1, now()).is_err());
+        // A file that is no JWKS any more keeps the keys.
+        std::fs::write(dir.path().join("jwks.json"), "{not json").unwrap();
+        tokio::time::sleep(Duration::from_millis(2 * JWKS_FILE_CHECK_INTERVAL_MS)).await;
+        assert!(v.validate(&t2, now()).is_ok());
+        task.abort();
+    }
+
+    /// A JWKS endpoint on 127.0.0.1 that answers every GET with the current document and
+    /// counts the requests.
+    async fn jwks_server(
+        doc: Arc<Mutex<String>>,
+        hits: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let doc = doc.clone();
+                let hits = hits.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let body = doc.lock().clone();
+                    let resp = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        format!("http://{addr}/.well-known/jwks.json")
+    }
+
+    #[tokio::test]
+    async fn an_unknown_kid_refreshes_an_http_jwks_once() {
+        let (k1, j1) = es256_key("k1");
+        let (k2, j2) = es256_key("k2");
+        let doc = Arc::new(Mutex::new(serde_json::json!({"keys": [j1]}).to_string()));
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let url = jwks_server(doc.clone(), hits.clone()).await;
+        let keys = VerificationKeys::load(
+            JwksLocation::Http {
+                url,
+                truststore: None,
+            },
+            JwksRefresh {
+                refresh_ms: 3_600_000,
+                retry_backoff_ms: 10,
+                retry_backoff_max_ms: 1000,
+            },
+        )
+        .await
+        .unwrap();
+        let v = SignedJwtValidator {
+            config: SignedJwtConfig::default(),
+            keys,
+        };
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(v.keys.clone().run(rx));
+        let c = claims(&Value::Null);
+        assert!(v
+            .validate(&token(&k1, Algorithm::ES256, Some("k1"), &c), NOW_MS)
+            .is_ok());
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The provider rotates to k2: the first k2 token is refused and asks for a refresh.
+        *doc.lock() = serde_json::json!({"keys": [j2]}).to_string();
+        let t2 = token(&k2, Algorithm::ES256, Some("k2"), &c);
+        assert!(v.validate(&t2, NOW_MS).is_err());
+        eventually(|| v.validate(&t2, NOW_MS).is_ok()).await;
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // An unknown kid asks once a minute at most.
+        let (k3, _) = es256_key("k3");
+        let t3 = token(&k3, Algorithm::ES256, Some("k3"), &c);
+        assert!(v.validate(&t3, NOW_MS).is_err());
+        eventually(|| hits.load(std::sync::atomic::Ordering::SeqCst) == 3).await;
+        assert!(v.validate(&t3, NOW_MS + 1000).is_err());
+        assert!(!v.keys.maybe_expedite_refresh("k3", NOW_MS + 1000));
+        assert!(v
+            .keys
+            .maybe_expedite_refresh("k3", NOW_MS + MISSING_KEY_ID_CACHE_IN_FLIGHT_MS));
+        assert!(!v.keys.maybe_expedite_refresh(&"x".repeat(1001), NOW_MS));
+        task.abort();
+        // A JWKS that cannot be fetched stops the start.
+        let err = VerificationKeys::load(
+            JwksLocation::Http {
+                url: "http://127.0.0.1:1/jwks".into(),
+                truststore: None,
+            },
+            JwksRefresh::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("cannot read the JWKS"), "{err}");
     }
 }

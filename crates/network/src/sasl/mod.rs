@@ -199,10 +199,12 @@ impl SaslServerConfig {
                 Some(store) => MechanismServer::Scram(scram::ScramServer::new(m, store.clone())),
                 None => MechanismServer::Scram(scram::ScramServer::new(m, Arc::new(NoCredentials))),
             },
-            Mechanism::OAuthBearer => MechanismServer::OAuthBearer(match &self.oauthbearer_signed {
-                Some(v) => oauthbearer::OAuthBearerServer::signed(v.clone()),
-                None => oauthbearer::OAuthBearerServer::new(self.oauthbearer.clone()),
-            }),
+            Mechanism::OAuthBearer => {
+                MechanismServer::OAuthBearer(match &self.oauthbearer_signed {
+                    Some(v) => oauthbearer::OAuthBearerServer::signed(v.clone()),
+                    None => oauthbearer::OAuthBearerServer::new(self.oauthbearer.clone()),
+                })
+            }
         }
     }
 }
