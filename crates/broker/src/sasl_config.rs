@@ -722,6 +722,85 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_signed_jwt_validator_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
+        let l = [listener("SASL_PLAINTEXT", SecurityProtocol::SaslPlaintext)];
+        let base = [("sasl.enabled.mechanisms", "OAUTHBEARER")];
+        let with = |kv: &[(&str, &str)]| {
+            let mut p = props(&base);
+            p.extend(props(kv));
+            SaslSettings::from_properties(&p, &l)
+        };
+        // Unsecured unless a validator or a JWKS is named.
+        let s = with(&[]).unwrap();
+        assert!(s.listeners["SASL_PLAINTEXT"].oauthbearer_jwks.is_none());
+        let file_url = format!("file://{}", jwks.display());
+        let s = with(&[
+            ("sasl.oauthbearer.jwks.endpoint.url", "http://127.0.0.1:1/x"),
+            (
+                "listener.name.sasl_plaintext.oauthbearer.sasl.oauthbearer.jwks.endpoint.url",
+                &file_url,
+            ),
+            (
+                "listener.name.sasl_plaintext.sasl.oauthbearer.expected.audience",
+                "a, b",
+            ),
+            ("sasl.oauthbearer.expected.issuer", "iss"),
+            ("sasl.oauthbearer.clock.skew.seconds", "5"),
+            ("sasl.oauthbearer.sub.claim.name", "user"),
+        ])
+        .unwrap();
+        let j = s.listeners["SASL_PLAINTEXT"]
+            .oauthbearer_jwks
+            .clone()
+            .unwrap();
+        assert_eq!(j.location, JwksLocation::File(jwks.clone()));
+        assert_eq!(j.claims.expected_audience, ["a", "b"]);
+        assert_eq!(j.claims.expected_issuer.as_deref(), Some("iss"));
+        assert_eq!(j.claims.clock_skew_seconds, 5);
+        assert_eq!(j.claims.sub_claim_name, "user");
+        assert_eq!(j.refresh, JwksRefresh::default());
+        for k in [
+            "listener.name.sasl_plaintext.oauthbearer.sasl.oauthbearer.jwks.endpoint.url",
+            "listener.name.x.sasl.oauthbearer.expected.audience",
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms",
+            "listener.name.x.oauthbearer.sasl.server.callback.handler.class",
+        ] {
+            assert!(acted_on(k), "{k}");
+        }
+        assert!(!acted_on("sasl.oauthbearer.token.endpoint.url"));
+        // The validator class without a JWKS, a missing file, another scheme, another class.
+        let class = (
+            "listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class",
+            OAUTHBEARER_VALIDATOR_CLASSES[0],
+        );
+        assert_eq!(
+            with(&[class]).unwrap_err().name,
+            "sasl.oauthbearer.jwks.endpoint.url"
+        );
+        let e = with(&[(
+            "sasl.oauthbearer.jwks.endpoint.url",
+            "file:///nope/jwks.json",
+        )])
+        .unwrap_err();
+        assert!(e.reason.contains("doesn't exist"), "{e}");
+        assert!(with(&[("sasl.oauthbearer.jwks.endpoint.url", "ftp://x/y")]).is_err());
+        assert!(with(&[(class.0, "com.example.MyHandler")]).is_err());
+        assert!(with(&[
+            (class.0, OAUTHBEARER_UNSECURED_VALIDATOR_CLASS),
+            ("sasl.oauthbearer.jwks.endpoint.url", &file_url)
+        ])
+        .is_err());
+        assert!(with(&[
+            ("sasl.oauthbearer.jwks.endpoint.url", &file_url),
+            ("sasl.oauthbearer.jwks.endpoint.refresh.ms", "-1")
+        ])
+        .is_err());
+    }
+
+    #[test]
     fn refuses_listeners_that_would_not_authenticate() {
         let l = [listener("SASL_PLAINTEXT", SecurityProtocol::SaslPlaintext)];
         // Kafka's default mechanism, GSSAPI, is not implemented.

@@ -709,6 +709,7 @@ pub async fn start_with_authorizer(
         .map_err(|e| StartError::Logs(e.to_string()))?;
     // Dynamic listener.name.<l>.ssl.* changes (kafka-configs) rebuild the TLS listeners.
     if let Some(p) = tls_publisher {
+        let _ = broker.tls_listeners.set(p.clone());
         broker
             .controller
             .loader()

@@ -597,9 +597,11 @@ impl SignedJwtValidator {
                     )))
                 }
                 Some(Value::String(iss)) if iss == expected => {}
-                Some(iss) => return Err(fail(format!(
+                Some(iss) => {
+                    return Err(fail(format!(
                     "Issuer (iss) claim value ({iss}) doesn't match expected value of {expected}"
-                ))),
+                )))
+                }
             }
         }
         let audience: Option<Vec<&str>> = match claims.get("aud") {
