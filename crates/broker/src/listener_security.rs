@@ -456,9 +456,9 @@ fn check_store_type(
 /// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
 /// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
 /// default) over the static config; when a listener's resulting keys changed, its TLS config
-/// is rebuilt. New connections get the new certificates; a change that does not make a
-/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
-/// has stored it by then).
+/// is rebuilt. New connections get the new certificates. AlterConfigs checks a change first
+/// ([`TlsConfigPublisher::validate_change`]); one that still does not make a config here is
+/// logged and the old certificates stay.
 pub struct TlsConfigPublisher {
     node_id: i32,
     raw: BTreeMap<String, String>,

@@ -718,7 +718,8 @@ mod tests {
         assert!(!acted_on(
             "listener.name.sasl_plaintext.gssapi.sasl.jaas.config"
         ));
-        assert!(!acted_on("sasl.oauthbearer.jwks.endpoint.url"));
+        assert!(acted_on("sasl.oauthbearer.jwks.endpoint.url"));
+        assert!(!acted_on("sasl.oauthbearer.token.endpoint.url"));
     }
 
     #[test]
