@@ -47,6 +47,9 @@ pub struct Broker {
     /// [`crate::replica_manager::ReplicaFetchers`]); shutdown stops them, the checkpoints read
     /// them.
     pub replica_fetchers: std::sync::OnceLock<Arc<crate::replica_fetcher::ReplicaFetcherManager>>,
+    /// The TLS listeners' dynamic config publisher, set once at start-up when there are TLS
+    /// listeners: AlterConfigs validates `listener.name.<l>.ssl.*` changes with it.
+    pub tls_listeners: std::sync::OnceLock<Arc<crate::listener_security::TlsConfigPublisher>>,
     /// Tells the active controller which log directory holds each replica (KIP-858), set
     /// once at start-up on a node with the broker role; the metadata publisher queues the
     /// assignments.
@@ -126,6 +129,7 @@ impl Broker {
                 raft: std::sync::OnceLock::new(),
                 controller_client: std::sync::OnceLock::new(),
                 replica_fetchers: std::sync::OnceLock::new(),
+                tls_listeners: std::sync::OnceLock::new(),
                 assignments: std::sync::OnceLock::new(),
                 inter_broker_client: std::sync::OnceLock::new(),
                 broker_epoch: std::sync::atomic::AtomicI64::new(-1),

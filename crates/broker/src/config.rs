@@ -2780,9 +2780,9 @@ mod tests {
 
         // Defect 6: these used to be ignored, starting a broker that looks secured.
         for key in [
-            // SASL keys gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER
-            // settings are read: sasl_config).
-            "sasl.oauthbearer.jwks.endpoint.url",
+            // SASL keys gregor does not implement (PLAIN, SCRAM and OAUTHBEARER validator
+            // settings are read: sasl_config; the client-side token endpoint is not).
+            "sasl.oauthbearer.token.endpoint.url",
             "sasl.kerberos.service.name",
             "listener.name.sasl_ssl.gssapi.sasl.jaas.config",
             "listener.name.external.sasl.login.callback.handler.class",

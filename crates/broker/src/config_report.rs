@@ -23,7 +23,7 @@ const HONOURED_AS_IS: &[&str] = &[
 /// Why a key is not acted on: (key prefix or exact name, reason). The first match wins; an
 /// entry ending in '.' is a prefix.
 const RULES: &[(&str, &str)] = &[
-    ("ssl.", "no effect in gregor: TLS is rustls with PEM stores, which has no counterpart for this key"),
+    ("ssl.", "no effect in gregor: TLS is rustls with PEM and PKCS12 stores, which has no counterpart for this key"),
     ("sasl.", "not implemented yet: this SASL mechanism or option (start-up refuses it)"),
     ("transaction.two.phase.commit.enable", "not implemented yet: two-phase commit transactions (KIP-939)"),
     ("errors.deadletterqueue.", "not implemented yet: share groups (KIP-932, KIP-1191)"),

@@ -101,6 +101,15 @@ impl ClientRole {
     }
 }
 
+/// A listener's keystore (`None` when no keystore key is set), truststore, protocols and
+/// cipher suites.
+type Stores = (
+    Option<KeyStore>,
+    Option<TrustStore>,
+    Vec<&'static rustls::SupportedProtocolVersion>,
+    Vec<String>,
+);
+
 /// The TLS and SASL settings of gregor's client to `listener` (of `protocol`), from the
 /// listener's keys as Kafka's brokers read them: `listener.name.<l>.ssl.*` over `ssl.*`, and
 /// the `username`/`password` options of `listener.name.<l>.<mechanism>.sasl.jaas.config`. No
@@ -242,7 +251,8 @@ pub fn start_reloads(
 }
 
 /// The `ssl.*` keys gregor reads for a listener, with Kafka's defaults (`ssl.keystore.type`
-/// and `ssl.truststore.type` default to JKS, which gregor cannot read: PEM must be set).
+/// and `ssl.truststore.type` default to JKS, which gregor cannot read: PEM or PKCS12 must be
+/// set).
 pub const SSL_KEYS: &[(&str, &str)] = &[
     ("ssl.keystore.type", "JKS"),
     ("ssl.keystore.location", ""),
@@ -266,6 +276,10 @@ pub const SSL_KEYS: &[(&str, &str)] = &[
     ("ssl.handshake.timeout.ms", "10000"),
     // gregor's own: how often the keystore and truststore files are checked for changes (ms).
     ("ssl.reload.check.interval.ms", "30000"),
+    // Kafka's BrokerSecurityConfigs: whether a dynamic keystore change may change the
+    // certificate's subject / drop subject alternative names.
+    ("ssl.allow.dn.changes", "false"),
+    ("ssl.allow.san.changes", "false"),
 ];
 
 /// Whether gregor reads `name` (an `ssl.*` key of [`SSL_KEYS`], alone or under
@@ -345,7 +359,8 @@ impl<'a> ListenerConfig<'a> {
     ///
     /// # Errors
     /// [`ConfigError`] naming the listener and the key: no keystore, a store type other than
-    /// PEM (JKS cannot be read; PKCS12 is not supported yet), both a location and inline PEM,
+    /// PEM or PKCS12 (JKS cannot be read), a PKCS12 store without its password, both a
+    /// location and inline PEM,
     /// a bad `ssl.client.auth`, protocol, cipher suite or mapping rule. The files themselves
     /// are read when the listener starts ([`gregor_network::tls::TlsServerState::new`]).
     pub fn ssl_settings(&self) -> Result<TlsSettings, ConfigError> {
@@ -425,18 +440,7 @@ impl<'a> ListenerConfig<'a> {
 
     /// The keystore (`None` when no keystore key is set), truststore, protocols and cipher
     /// suites.
-    #[allow(clippy::type_complexity)]
-    fn stores_and_protocols(
-        &self,
-    ) -> Result<
-        (
-            Option<KeyStore>,
-            Option<TrustStore>,
-            Vec<&'static rustls::SupportedProtocolVersion>,
-            Vec<String>,
-        ),
-        ConfigError,
-    > {
+    fn stores_and_protocols(&self) -> Result<Stores, ConfigError> {
         let keystore_type = self.value_or_default("ssl.keystore.type");
         let location = self.get("ssl.keystore.location");
         let chain = self.get("ssl.keystore.certificate.chain");
@@ -445,6 +449,50 @@ impl<'a> ListenerConfig<'a> {
         if any_set {
             check_store_type(self, "ssl.keystore.type", &keystore_type)?;
         }
+        if keystore_type.eq_ignore_ascii_case("PKCS12") && any_set {
+            return self.pkcs12_settings(location, chain.or(key));
+        }
+        self.pem_settings(location, chain, key)
+    }
+
+    /// [`Self::ssl_settings`] for `ssl.keystore.type=PKCS12`: a file and its password
+    /// (Kafka's `DefaultSslEngineFactory`: "SSL key store is specified, but key store password
+    /// is not specified").
+    fn pkcs12_settings(
+        &self,
+        location: Option<(String, String)>,
+        inline: Option<(String, String)>,
+    ) -> Result<Stores, ConfigError> {
+        if let Some((k, _)) = inline {
+            return Err(self.error(
+                &k,
+                "a PKCS12 keystore is a file: set ssl.keystore.location, not inline PEM",
+            ));
+        }
+        let Some((_, path)) = location else {
+            return Err(self.error(
+                "ssl.keystore.location",
+                "PKCS12 needs ssl.keystore.location",
+            ));
+        };
+        let Some((_, password)) = self.get("ssl.keystore.password") else {
+            return Err(self.error(
+                "ssl.keystore.password",
+                "SSL key store is specified, but key store password is not specified.",
+            ));
+        };
+        self.finish_settings(Some(KeyStore::Pkcs12 {
+            location: PathBuf::from(path),
+            password,
+        }))
+    }
+
+    fn pem_settings(
+        &self,
+        location: Option<(String, String)>,
+        chain: Option<(String, String)>,
+        key: Option<(String, String)>,
+    ) -> Result<Stores, ConfigError> {
         if self.get("ssl.keystore.password").is_some() {
             // Kafka: "SSL key store password cannot be specified with PEM format, only key
             // password may be specified".
@@ -479,24 +527,47 @@ impl<'a> ListenerConfig<'a> {
                 ))
             }
         };
+        self.finish_settings(keystore)
+    }
+
+    /// The settings besides the keystore.
+    fn finish_settings(&self, keystore: Option<KeyStore>) -> Result<Stores, ConfigError> {
         let truststore = match (
             self.get("ssl.truststore.location"),
             self.get("ssl.truststore.certificates"),
         ) {
             (None, None) => None,
             (location, inline) => {
-                check_store_type(
-                    self,
-                    "ssl.truststore.type",
-                    &self.value_or_default("ssl.truststore.type"),
-                )?;
-                if self.get("ssl.truststore.password").is_some() {
-                    return Err(self.error(
-                        "ssl.truststore.password",
-                        "a PEM truststore has no password; remove it",
-                    ));
-                }
-                match (location, inline) {
+                let truststore_type = self.value_or_default("ssl.truststore.type");
+                check_store_type(self, "ssl.truststore.type", &truststore_type)?;
+                if truststore_type.eq_ignore_ascii_case("PKCS12") {
+                    let Some((_, path)) = location else {
+                        return Err(self.error(
+                            "ssl.truststore.certificates",
+                            "a PKCS12 truststore is a file: set ssl.truststore.location",
+                        ));
+                    };
+                    if inline.is_some() {
+                        return Err(self.error(
+                            "ssl.truststore.certificates",
+                            "set either ssl.truststore.location or ssl.truststore.certificates, not both",
+                        ));
+                    }
+                    Some(TrustStore::Pkcs12 {
+                        location: PathBuf::from(path),
+                        password: self
+                            .get("ssl.truststore.password")
+                            .map(|(_, p)| p)
+                            .unwrap_or_default(),
+                    })
+                } else {
+                    if self.get("ssl.truststore.password").is_some() {
+                        return Err(self.error(
+                            "ssl.truststore.password",
+                            "a PEM truststore has no password; remove it",
+                        ));
+                    }
+                    match (location, inline) {
                     (Some((_, p)), None) => Some(TrustStore::File(PathBuf::from(p))),
                     (None, Some((_, pem))) => Some(TrustStore::Inline(pem)),
                     _ => {
@@ -505,6 +576,7 @@ impl<'a> ListenerConfig<'a> {
                             "set either ssl.truststore.location or ssl.truststore.certificates, not both",
                         ))
                     }
+                }
                 }
             }
         };
@@ -556,13 +628,10 @@ fn check_store_type(
 ) -> Result<(), ConfigError> {
     match store_type.to_ascii_uppercase().as_str() {
         "PEM" => Ok(()),
-        "PKCS12" => Err(cfg.error(
-            key,
-            "PKCS12 stores are not supported by gregor yet; convert to PEM (openssl pkcs12 -in store.p12 -nodes) and set PEM",
-        )),
+        "PKCS12" => Ok(()),
         other => Err(cfg.error(
             key,
-            format!("{other} stores cannot be read by gregor; use PEM (Kafka's default type JKS must be changed to PEM explicitly)"),
+            format!("{other} stores cannot be read by gregor; use PKCS12 (keytool -importkeystore -deststoretype PKCS12 converts a JKS store) or PEM (Kafka's default type JKS must be changed explicitly)"),
         )),
     }
 }
@@ -571,9 +640,9 @@ fn check_store_type(
 /// <id> --add-config listener.name.<l>.ssl.keystore.location=...`, KIP-226) to the TLS
 /// listeners: each image's `listener.name.<l>.ssl.*` keys of this broker (then the cluster
 /// default) over the static config; when a listener's resulting keys changed, its TLS config
-/// is rebuilt. New connections get the new certificates; a change that does not make a
-/// config is logged and the old certificates stay (Kafka refuses it in AlterConfigs; gregor
-/// has stored it by then).
+/// is rebuilt. New connections get the new certificates. AlterConfigs checks a change first
+/// ([`TlsConfigPublisher::validate_change`]); one that still does not make a config here is
+/// logged and the old certificates stay.
 pub struct TlsConfigPublisher {
     node_id: i32,
     raw: BTreeMap<String, String>,
@@ -616,6 +685,44 @@ impl TlsConfigPublisher {
             }
         }
         merged.into_iter().filter(|(k, _)| acted_on(k)).collect()
+    }
+}
+
+impl TlsConfigPublisher {
+    /// Checks a dynamic config change before it is stored (Kafka's
+    /// `DynamicBrokerConfig.validate` through `SslFactory.validateReconfiguration`): for each TLS
+    /// listener whose `ssl.*` keys would change under `next`, the new keys must make a TLS
+    /// config, and a new keystore must keep the certificate's subject and subject alternative
+    /// names unless `ssl.allow.dn.changes` / `ssl.allow.san.changes` (in the new keys) allow it.
+    ///
+    /// # Errors
+    /// Kafka's message, for INVALID_REQUEST.
+    pub fn validate_change(
+        &self,
+        current: &crate::config::DynamicBrokerConfigs,
+        next: &crate::config::DynamicBrokerConfigs,
+    ) -> Result<(), String> {
+        for (listener, state) in &self.listeners {
+            let before = self.effective(listener, current);
+            let after = self.effective(listener, next);
+            if before == after {
+                continue;
+            }
+            let cfg = ListenerConfig::new(&after, listener);
+            let settings = cfg.ssl_settings().map_err(|e| {
+                format!("Validation of dynamic config update of SSLFactory failed: {e}")
+            })?;
+            let allowed = |k: &str| {
+                cfg.get(k)
+                    .is_some_and(|(_, v)| v.eq_ignore_ascii_case("true"))
+            };
+            state.validate_change(
+                &settings,
+                allowed("ssl.allow.dn.changes"),
+                allowed("ssl.allow.san.changes"),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -738,7 +845,33 @@ mod tests {
         )
         .ssl_settings()
         .unwrap_err();
-        assert!(e.reason.contains("PKCS12"), "{e}");
+        assert_eq!(e.name, "ssl.keystore.password");
+        let s = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.type", "PKCS12"),
+                ("ssl.keystore.location", "/k.p12"),
+                ("ssl.keystore.password", "pw"),
+                ("ssl.truststore.type", "PKCS12"),
+                ("ssl.truststore.location", "/t.p12"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap();
+        assert!(matches!(s.keystore, KeyStore::Pkcs12 { ref password, .. } if password == "pw"));
+        assert!(matches!(s.truststore, Some(TrustStore::Pkcs12 { .. })));
+        // JKS (Kafka's default type) is refused naming the key.
+        let e = ListenerConfig::new(
+            &raw(&[
+                ("ssl.keystore.location", "/k.jks"),
+                ("ssl.keystore.password", "pw"),
+            ]),
+            "SSL",
+        )
+        .ssl_settings()
+        .unwrap_err();
+        assert_eq!(e.name, "ssl.keystore.type");
+        assert!(e.reason.contains("JKS stores cannot be read"), "{e}");
     }
 
     #[test]

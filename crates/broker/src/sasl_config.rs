@@ -8,13 +8,22 @@
 //! `sasl.server.max.receive.size`. SCRAM credentials come from the metadata image
 //! (UserScramCredentialRecords), not from the config.
 //!
-//! Every other `sasl.*` key (Kerberos, the OAUTHBEARER JWKS validator, callback handler
-//! classes, ...) still stops start-up (`config::unimplemented_security_keys`).
+//! OAUTHBEARER with signed JWTs (KIP-768): `listener.name.<l>.oauthbearer.sasl.server.callback.handler.class`
+//! naming Kafka's `OAuthBearerValidatorCallbackHandler`, or `sasl.oauthbearer.jwks.endpoint.url`
+//! set, makes the listener verify tokens against that JWKS ([`OAUTHBEARER_KEYS`], each also
+//! under `listener.name.<l>.` and `listener.name.<l>.oauthbearer.`, as Kafka's
+//! `ConfigurationUtils` looks them up).
+//!
+//! Every other `sasl.*` key (Kerberos, other callback handler classes, the client-side
+//! OAUTHBEARER keys, ...) still stops start-up (`config::unimplemented_security_keys`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gregor_network::sasl::jaas::{JaasConfig, OAUTHBEARER_LOGIN_MODULE, PLAIN_LOGIN_MODULE};
+use gregor_network::sasl::jwks::{
+    JwksLocation, JwksRefresh, SignedJwtConfig, SignedJwtValidator, VerificationKeys,
+};
 use gregor_network::sasl::{
     Mechanism, OAuthBearerConfig, SaslServerConfig, ScramCredential, ScramCredentialStore,
     ScramMechanism,
@@ -33,11 +42,35 @@ const KEYS: &[&str] = &[
     "connections.max.reauth.ms",
 ];
 
+/// The broker keys of Kafka's OAUTHBEARER validator (`SaslConfigs`) that gregor reads.
+pub const OAUTHBEARER_KEYS: &[&str] = &[
+    "sasl.oauthbearer.jwks.endpoint.url",
+    "sasl.oauthbearer.jwks.endpoint.refresh.ms",
+    "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms",
+    "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms",
+    "sasl.oauthbearer.clock.skew.seconds",
+    "sasl.oauthbearer.expected.audience",
+    "sasl.oauthbearer.expected.issuer",
+    "sasl.oauthbearer.sub.claim.name",
+    "sasl.oauthbearer.scope.claim.name",
+];
+
+/// Kafka's signed-token validator (`sasl.server.callback.handler.class`); the second name is
+/// its pre-3.4 package.
+pub const OAUTHBEARER_VALIDATOR_CLASSES: &[&str] = &[
+    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+    "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerValidatorCallbackHandler",
+];
+
+/// Kafka's default OAUTHBEARER server callback handler (unsecured JWTs).
+pub const OAUTHBEARER_UNSECURED_VALIDATOR_CLASS: &str =
+    "org.apache.kafka.common.security.oauthbearer.internals.unsecured.OAuthBearerUnsecuredValidatorCallbackHandler";
+
 /// Whether `name` is a SASL key gregor reads: [`KEYS`],
 /// `listener.name.<l>.sasl.enabled.mechanisms`, `listener.name.<l>.<mechanism>.sasl.jaas.config`
 /// for a mechanism gregor implements, and `listener.name.<l>.connections.max.reauth.ms`.
 pub fn acted_on(name: &str) -> bool {
-    if KEYS.contains(&name) {
+    if KEYS.contains(&name) || OAUTHBEARER_KEYS.contains(&name) {
         return true;
     }
     let Some(rest) = name.strip_prefix("listener.name.") else {
@@ -46,7 +79,14 @@ pub fn acted_on(name: &str) -> bool {
     let Some((_, key)) = rest.split_once('.') else {
         return false;
     };
-    if key == "sasl.enabled.mechanisms" || key == "connections.max.reauth.ms" {
+    if key == "sasl.enabled.mechanisms"
+        || key == "connections.max.reauth.ms"
+        || key == "oauthbearer.sasl.server.callback.handler.class"
+        || OAUTHBEARER_KEYS.contains(&key)
+        || key
+            .strip_prefix("oauthbearer.")
+            .is_some_and(|k| OAUTHBEARER_KEYS.contains(&k))
+    {
         return true;
     }
     let mechanism = |m: &str| Mechanism::from_name(&m.to_ascii_uppercase()).is_some();
@@ -65,10 +105,33 @@ pub struct ListenerSasl {
     pub plain_users: BTreeMap<String, String>,
     /// OAUTHBEARER's unsecured validator options.
     pub oauthbearer: OAuthBearerConfig,
+    /// Set: OAUTHBEARER tokens must be JWTs signed with a key of this JWKS (KIP-768).
+    pub oauthbearer_jwks: Option<JwksSettings>,
     /// `connections.max.reauth.ms` (or its listener-prefixed form).
     pub connections_max_reauth_ms: i64,
     /// `listener.name.<l>.<mechanism>.connections.max.reauth.ms`, where set.
     pub connections_max_reauth_ms_by_mechanism: Vec<(Mechanism, i64)>,
+}
+
+/// A listener's signed-JWT validator settings (KIP-768).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksSettings {
+    /// `sasl.oauthbearer.jwks.endpoint.url`.
+    pub location: JwksLocation,
+    /// The refresh keys.
+    pub refresh: JwksRefresh,
+    /// The claim checks.
+    pub claims: SignedJwtConfig,
+}
+
+/// Why a listener's JWKS could not be read at start-up.
+#[derive(Debug, thiserror::Error)]
+#[error("listener {listener}: sasl.oauthbearer.jwks.endpoint.url: {source}")]
+pub struct JwksStartError {
+    /// The listener.
+    pub listener: String,
+    /// The cause.
+    pub source: gregor_network::sasl::jwks::JwksError,
 }
 
 /// The SASL settings of every SASL listener.
@@ -249,6 +312,12 @@ impl SaslSettings {
                 }
             }
         }
+        let oauthbearer_jwks = if mechanisms.contains(&Mechanism::OAuthBearer) {
+            let options = jaas(Mechanism::OAuthBearer)?.map(|c| c.options);
+            jwks_settings(props, name, options.as_ref())?
+        } else {
+            None
+        };
         let reauth = get(props, name, "connections.max.reauth.ms").unwrap_or("0");
         let connections_max_reauth_ms = reauth.parse::<i64>().map_err(|_| {
             ConfigError::new(
@@ -276,6 +345,7 @@ impl SaslSettings {
             mechanisms,
             plain_users,
             oauthbearer,
+            oauthbearer_jwks,
             connections_max_reauth_ms,
         })
     }
@@ -319,10 +389,60 @@ impl SaslSettings {
         Ok(())
     }
 
+    /// Reads the JWKS of every listener with signed OAUTHBEARER tokens and starts the tasks
+    /// that keep them current until `shutdown`.
+    ///
+    /// # Errors
+    /// A JWKS that cannot be read (Kafka's broker does not start either).
+    pub async fn start_jwks_validators(
+        &self,
+        shutdown: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<
+        (
+            HashMap<String, Arc<SignedJwtValidator>>,
+            Vec<tokio::task::JoinHandle<()>>,
+        ),
+        JwksStartError,
+    > {
+        let mut validators = HashMap::new();
+        let mut tasks = Vec::new();
+        for (name, l) in &self.listeners {
+            let Some(j) = &l.oauthbearer_jwks else {
+                continue;
+            };
+            let keys = VerificationKeys::load(j.location.clone(), j.refresh)
+                .await
+                .map_err(|source| JwksStartError {
+                    listener: name.clone(),
+                    source,
+                })?;
+            tracing::info!(listener = %name, location = %keys.location(), keys = keys.keys().len(), "OAUTHBEARER tokens are verified with this JWKS");
+            tasks.push(tokio::spawn(keys.clone().run(shutdown.clone())));
+            validators.insert(
+                name.clone(),
+                Arc::new(SignedJwtValidator {
+                    config: j.claims.clone(),
+                    keys,
+                }),
+            );
+        }
+        Ok((validators, tasks))
+    }
+
     /// The network's SASL configs by listener, with SCRAM credentials from `store`.
     pub fn server_configs(
         &self,
         store: &Arc<dyn ScramCredentialStore>,
+    ) -> HashMap<String, Arc<SaslServerConfig>> {
+        self.server_configs_with(store, &HashMap::new())
+    }
+
+    /// [`Self::server_configs`] with the signed-JWT validators of
+    /// [`Self::start_jwks_validators`].
+    pub fn server_configs_with(
+        &self,
+        store: &Arc<dyn ScramCredentialStore>,
+        validators: &HashMap<String, Arc<SignedJwtValidator>>,
     ) -> HashMap<String, Arc<SaslServerConfig>> {
         self.listeners
             .iter()
@@ -331,6 +451,7 @@ impl SaslSettings {
                 c.plain_users = l.plain_users.clone();
                 c.scram_credentials = Some(store.clone());
                 c.oauthbearer = l.oauthbearer.clone();
+                c.oauthbearer_signed = validators.get(name).cloned();
                 c.connections_max_reauth_ms = l.connections_max_reauth_ms;
                 c.connections_max_reauth_ms_by_mechanism =
                     l.connections_max_reauth_ms_by_mechanism.clone();
@@ -339,6 +460,177 @@ impl SaslSettings {
             })
             .collect()
     }
+}
+
+/// A listener's OAUTHBEARER key: `listener.name.<l>.oauthbearer.<key>`, then
+/// `listener.name.<l>.<key>`, then `<key>`; the key found and its trimmed value.
+fn oauthbearer_get(
+    props: &BTreeMap<String, String>,
+    listener: &str,
+    key: &str,
+) -> Option<(String, String)> {
+    let lower = listener.to_ascii_lowercase();
+    [
+        format!("listener.name.{lower}.oauthbearer.{key}"),
+        format!("listener.name.{lower}.{key}"),
+        key.to_string(),
+    ]
+    .into_iter()
+    .find_map(|k| props.get(&k).map(|v| (k, v.trim().to_string())))
+}
+
+/// The signed-JWT settings of `listener`, if its OAUTHBEARER validator is Kafka's
+/// `OAuthBearerValidatorCallbackHandler` or a JWKS URL is set.
+fn jwks_settings(
+    props: &BTreeMap<String, String>,
+    listener: &str,
+    jaas_options: Option<&BTreeMap<String, String>>,
+) -> Result<Option<JwksSettings>, ConfigError> {
+    let lower = listener.to_ascii_lowercase();
+    let class_key = format!("listener.name.{lower}.oauthbearer.sasl.server.callback.handler.class");
+    let class = props.get(&class_key).map(|v| v.trim());
+    let url = oauthbearer_get(props, listener, "sasl.oauthbearer.jwks.endpoint.url")
+        .filter(|(_, v)| !v.is_empty());
+    match (class, &url) {
+        (None | Some(""), None) => return Ok(None),
+        (Some(c), None) if c == OAUTHBEARER_UNSECURED_VALIDATOR_CLASS => return Ok(None),
+        (Some(c), Some((k, _))) if c == OAUTHBEARER_UNSECURED_VALIDATOR_CLASS => {
+            return Err(ConfigError::new(
+                k,
+                "",
+                format!("listener {listener}: a JWKS is set but {class_key} names the unsecured validator, which would ignore it"),
+            ))
+        }
+        (Some(c), _) if !c.is_empty() && !OAUTHBEARER_VALIDATOR_CLASSES.contains(&c) => {
+            return Err(ConfigError::new(
+                &class_key,
+                c,
+                format!("gregor loads no Java classes; it implements {} and {OAUTHBEARER_UNSECURED_VALIDATOR_CLASS}", OAUTHBEARER_VALIDATOR_CLASSES[0]),
+            ))
+        }
+        (_, None) => {
+            return Err(ConfigError::new(
+                "sasl.oauthbearer.jwks.endpoint.url",
+                "",
+                "The OAuth configuration option sasl.oauthbearer.jwks.endpoint.url is required",
+            ))
+        }
+        _ => {}
+    }
+    let Some((url_key, url)) = url else {
+        return Ok(None);
+    };
+    let lower_url = url.to_ascii_lowercase();
+    let location = if lower_url.starts_with("file:") {
+        // file:///path, file:/path (java.net.URL forms); no host part.
+        let rest = &url["file:".len()..];
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        if !path.starts_with('/') {
+            return Err(ConfigError::new(
+                &url_key,
+                &url,
+                format!("The OAuth configuration option {url_key} contains a URL ({url}) that is malformed: a file URL needs an absolute path"),
+            ));
+        }
+        let path = std::path::PathBuf::from(path);
+        if !path.exists() {
+            return Err(ConfigError::new(
+                &url_key,
+                &url,
+                format!("The OAuth configuration option {url_key} contains a file ({}) that doesn't exist", path.display()),
+            ));
+        }
+        if path.is_dir() {
+            return Err(ConfigError::new(
+                &url_key,
+                &url,
+                format!("The OAuth configuration option {url_key} references a directory ({}), not a file", path.display()),
+            ));
+        }
+        JwksLocation::File(path)
+    } else if lower_url.starts_with("http://") || lower_url.starts_with("https://") {
+        JwksLocation::Http {
+            url: url.clone(),
+            truststore: jaas_options
+                .and_then(|o| o.get("ssl.truststore.location"))
+                .map(|p| std::path::PathBuf::from(p.trim())),
+        }
+    } else {
+        return Err(ConfigError::new(
+            &url_key,
+            &url,
+            format!("The OAuth configuration option {url_key} contains a URL ({url}) that is malformed: only file:, http: and https: URLs are read"),
+        ));
+    };
+    let long = |key: &str, default: u64| -> Result<u64, ConfigError> {
+        match oauthbearer_get(props, listener, key) {
+            None => Ok(default),
+            Some((k, v)) => v.parse::<u64>().map_err(|_| {
+                ConfigError::new(&k, &v, format!("The OAuth configuration option {k} must be a non-negative number of type LONG"))
+            }),
+        }
+    };
+    let defaults = JwksRefresh::default();
+    let refresh = JwksRefresh {
+        refresh_ms: long(
+            "sasl.oauthbearer.jwks.endpoint.refresh.ms",
+            defaults.refresh_ms,
+        )?,
+        retry_backoff_ms: long(
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.ms",
+            defaults.retry_backoff_ms,
+        )?,
+        retry_backoff_max_ms: long(
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms",
+            defaults.retry_backoff_max_ms,
+        )?,
+    };
+    let mut claims = SignedJwtConfig::default();
+    if let Some((k, v)) = oauthbearer_get(props, listener, "sasl.oauthbearer.clock.skew.seconds") {
+        claims.clock_skew_seconds = v
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(i64::from)
+            .ok_or_else(|| ConfigError::new(&k, &v, "Not a non-negative number of type INT"))?;
+    }
+    if let Some((_, v)) = oauthbearer_get(props, listener, "sasl.oauthbearer.expected.audience") {
+        claims.expected_audience = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+    }
+    if let Some((_, v)) = oauthbearer_get(props, listener, "sasl.oauthbearer.expected.issuer") {
+        claims.expected_issuer = Some(v).filter(|v| !v.is_empty());
+    }
+    for (key, field) in [
+        (
+            "sasl.oauthbearer.sub.claim.name",
+            &mut claims.sub_claim_name,
+        ),
+        (
+            "sasl.oauthbearer.scope.claim.name",
+            &mut claims.scope_claim_name,
+        ),
+    ] {
+        if let Some((k, v)) = oauthbearer_get(props, listener, key) {
+            if v.is_empty() {
+                return Err(ConfigError::new(
+                    &k,
+                    &v,
+                    format!("The OAuth configuration option {k} value must be non-empty"),
+                ));
+            }
+            *field = v;
+        }
+    }
+    Ok(Some(JwksSettings {
+        location,
+        refresh,
+        claims,
+    }))
 }
 
 /// SCRAM credentials from the node's metadata image (UserScramCredentialRecords).
@@ -440,7 +732,87 @@ mod tests {
         assert!(!acted_on(
             "listener.name.sasl_plaintext.gssapi.sasl.jaas.config"
         ));
-        assert!(!acted_on("sasl.oauthbearer.jwks.endpoint.url"));
+        assert!(acted_on("sasl.oauthbearer.jwks.endpoint.url"));
+        assert!(!acted_on("sasl.oauthbearer.token.endpoint.url"));
+    }
+
+    #[test]
+    fn reads_the_signed_jwt_validator_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
+        let l = [listener("SASL_PLAINTEXT", SecurityProtocol::SaslPlaintext)];
+        let base = [("sasl.enabled.mechanisms", "OAUTHBEARER")];
+        let with = |kv: &[(&str, &str)]| {
+            let mut p = props(&base);
+            p.extend(props(kv));
+            SaslSettings::from_properties(&p, &l)
+        };
+        // Unsecured unless a validator or a JWKS is named.
+        let s = with(&[]).unwrap();
+        assert!(s.listeners["SASL_PLAINTEXT"].oauthbearer_jwks.is_none());
+        let file_url = format!("file://{}", jwks.display());
+        let s = with(&[
+            ("sasl.oauthbearer.jwks.endpoint.url", "http://127.0.0.1:1/x"),
+            (
+                "listener.name.sasl_plaintext.oauthbearer.sasl.oauthbearer.jwks.endpoint.url",
+                &file_url,
+            ),
+            (
+                "listener.name.sasl_plaintext.sasl.oauthbearer.expected.audience",
+                "a, b",
+            ),
+            ("sasl.oauthbearer.expected.issuer", "iss"),
+            ("sasl.oauthbearer.clock.skew.seconds", "5"),
+            ("sasl.oauthbearer.sub.claim.name", "user"),
+        ])
+        .unwrap();
+        let j = s.listeners["SASL_PLAINTEXT"]
+            .oauthbearer_jwks
+            .clone()
+            .unwrap();
+        assert_eq!(j.location, JwksLocation::File(jwks.clone()));
+        assert_eq!(j.claims.expected_audience, ["a", "b"]);
+        assert_eq!(j.claims.expected_issuer.as_deref(), Some("iss"));
+        assert_eq!(j.claims.clock_skew_seconds, 5);
+        assert_eq!(j.claims.sub_claim_name, "user");
+        assert_eq!(j.refresh, JwksRefresh::default());
+        for k in [
+            "listener.name.sasl_plaintext.oauthbearer.sasl.oauthbearer.jwks.endpoint.url",
+            "listener.name.x.sasl.oauthbearer.expected.audience",
+            "sasl.oauthbearer.jwks.endpoint.retry.backoff.max.ms",
+            "listener.name.x.oauthbearer.sasl.server.callback.handler.class",
+        ] {
+            assert!(acted_on(k), "{k}");
+        }
+        assert!(!acted_on("sasl.oauthbearer.token.endpoint.url"));
+        // The validator class without a JWKS, a missing file, another scheme, another class.
+        let class = (
+            "listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class",
+            OAUTHBEARER_VALIDATOR_CLASSES[0],
+        );
+        assert_eq!(
+            with(&[class]).unwrap_err().name,
+            "sasl.oauthbearer.jwks.endpoint.url"
+        );
+        let e = with(&[(
+            "sasl.oauthbearer.jwks.endpoint.url",
+            "file:///nope/jwks.json",
+        )])
+        .unwrap_err();
+        assert!(e.reason.contains("doesn't exist"), "{e}");
+        assert!(with(&[("sasl.oauthbearer.jwks.endpoint.url", "ftp://x/y")]).is_err());
+        assert!(with(&[(class.0, "com.example.MyHandler")]).is_err());
+        assert!(with(&[
+            (class.0, OAUTHBEARER_UNSECURED_VALIDATOR_CLASS),
+            ("sasl.oauthbearer.jwks.endpoint.url", &file_url)
+        ])
+        .is_err());
+        assert!(with(&[
+            ("sasl.oauthbearer.jwks.endpoint.url", &file_url),
+            ("sasl.oauthbearer.jwks.endpoint.refresh.ms", "-1")
+        ])
+        .is_err());
     }
 
     #[test]

@@ -523,9 +523,18 @@ pub async fn start_with_authorizer(
     let scram_store: Arc<dyn gregor_network::sasl::ScramCredentialStore> = Arc::new(
         crate::sasl_config::ImageScramCredentials(controller.clone()),
     );
+    // Signed OAUTHBEARER tokens (KIP-768): each JWKS is read before the listener serves.
+    let (jwks_validators, jwks_tasks) = config
+        .sasl
+        .start_jwks_validators(&shutdown_rx)
+        .await
+        .map_err(|e| StartError::Sasl(e.to_string()))?;
+    tasks.extend(jwks_tasks);
     let listeners = gregor_network::bind_with_layers(
         broker_endpoints,
-        &config.sasl.server_configs(&scram_store),
+        &config
+            .sasl
+            .server_configs_with(&scram_store, &jwks_validators),
     )
     .await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
@@ -718,6 +727,7 @@ pub async fn start_with_authorizer(
         .map_err(|e| StartError::Logs(e.to_string()))?;
     // Dynamic listener.name.<l>.ssl.* changes (kafka-configs) rebuild the TLS listeners.
     if let Some(p) = tls_publisher {
+        let _ = broker.tls_listeners.set(p.clone());
         broker
             .controller
             .loader()

@@ -30,6 +30,9 @@ pub enum StartError {
     /// A Kafka listener could not be served (bind failure, unimplemented security protocol).
     #[error(transparent)]
     Network(#[from] NetworkError),
+    /// A SASL listener's credentials source could not be read (an OAUTHBEARER JWKS).
+    #[error("SASL: {0}")]
+    Sasl(String),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

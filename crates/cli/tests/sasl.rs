@@ -1,6 +1,7 @@
 //! SASL on a SASL_PLAINTEXT listener (issue 13), from clients we did not write where they can:
-//! librdkafka with PLAIN (users from the JAAS config; the workspace's librdkafka has no OpenSSL,
-//! so no SCRAM or OAUTHBEARER) including re-authentication (KIP-368) and wrong passwords; the
+//! librdkafka with PLAIN (users from the JAAS config), SCRAM-SHA-256/512 and OAUTHBEARER
+//! signed tokens (KIP-768, a JWKS served on 127.0.0.1) including re-authentication (KIP-368)
+//! and wrong passwords; the
 //! Java client and `kafka-configs` (SCRAM-SHA-512 and OAUTHBEARER logins, adding, describing
 //! and deleting SCRAM users, a wrong password); raw-protocol checks of what the clients do not
 //! show: SCRAM-SHA-256/512 exchanges with credentials from `gregor storage format
@@ -161,10 +162,11 @@ fn metadata_ok(config: &ClientConfig) -> Result<()> {
 #[test]
 fn librdkafka_logs_in_with_plain_and_wrong_passwords_fail() -> Result<()> {
     let node = SaslNode::start(&[])?;
-    // The workspace's librdkafka is built without OpenSSL, so it offers PLAIN only ("No
-    // provider for SASL mechanism SCRAM-SHA-256"); SCRAM is exercised by the raw-protocol
-    // client below, OAUTHBEARER by the unit tests.
     metadata_ok(&client(&node, "PLAIN", "alice", "alice-secret")).context("PLAIN")?;
+    // librdkafka is built with OpenSSL (ssl-vendored): SCRAM with the users formatted in.
+    metadata_ok(&client(&node, "SCRAM-SHA-256", "bob", "bob-secret")).context("SCRAM-SHA-256")?;
+    metadata_ok(&client(&node, "SCRAM-SHA-512", "carol", "carol-secret"))
+        .context("SCRAM-SHA-512")?;
 
     // Produce as a PLAIN user: requests after authentication are served.
     let producer: ThreadedProducer<DefaultProducerContext> =
@@ -179,6 +181,10 @@ fn librdkafka_logs_in_with_plain_and_wrong_passwords_fail() -> Result<()> {
     for (mechanism, user, password) in [
         ("PLAIN", "alice", "wrong"),
         ("PLAIN", "nobody", "alice-secret"),
+        ("SCRAM-SHA-256", "bob", "wrong"),
+        ("SCRAM-SHA-512", "carol", "bob-secret"),
+        ("SCRAM-SHA-512", "bob", "bob-secret"),
+        ("SCRAM-SHA-256", "nobody", "x"),
     ] {
         let config = client(&node, mechanism, user, password);
         let consumer: BaseConsumer = config.clone().set("group.id", "g").create()?;
@@ -800,5 +806,243 @@ fn oauthbearer_expired_token_fails_and_session_follows_exp() -> Result<()> {
     ));
     c.send(ApiKey::Metadata, 12, &MetadataRequest::default())?;
     ensure!(c.closed_by_peer(), "served after the token expired");
+    Ok(())
+}
+
+/// An ES256 key made now: its signing key and its JWK.
+fn es256_key(kid: &str) -> Result<(jsonwebtoken::EncodingKey, serde_json::Value)> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+    use base64::Engine;
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let point = kp.public_key_raw();
+    let jwk = serde_json::json!({
+        "kty": "EC", "crv": "P-256", "use": "sig", "kid": kid,
+        "x": B64URL.encode(&point[1..33]),
+        "y": B64URL.encode(&point[33..65]),
+    });
+    Ok((
+        jsonwebtoken::EncodingKey::from_ec_der(&kp.serialize_der()),
+        jwk,
+    ))
+}
+
+fn signed_jwt(
+    key: &jsonwebtoken::EncodingKey,
+    kid: &str,
+    claims: &serde_json::Value,
+) -> Result<String> {
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    h.kid = Some(kid.into());
+    Ok(jsonwebtoken::encode(&h, claims, key)?)
+}
+
+/// Serves `body` as JSON to every HTTP GET on 127.0.0.1 (a JWKS endpoint); the thread ends
+/// with the test process.
+fn serve_jwks(body: String) -> Result<String> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok(format!("http://{addr}/jwks.json"))
+}
+
+/// librdkafka's OAUTHBEARER token refresh callback, handing out a fixed token.
+struct StaticToken {
+    token: String,
+    exp_ms: i64,
+}
+
+impl rdkafka::ClientContext for StaticToken {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _: Option<&str>,
+    ) -> std::result::Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        Ok(rdkafka::client::OAuthToken {
+            token: self.token.clone(),
+            principal_name: "erin".into(),
+            lifetime_ms: self.exp_ms,
+        })
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for StaticToken {}
+
+/// Metadata through librdkafka logged in over OAUTHBEARER with `token`.
+fn librdkafka_oauth_metadata(node: &SaslNode, token: String, exp_ms: i64) -> Result<()> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", format!("127.0.0.1:{}", node.sasl))
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "OAUTHBEARER")
+        .set("group.id", "g");
+    let consumer: BaseConsumer<StaticToken> =
+        c.create_with_context(StaticToken { token, exp_ms })?;
+    // Serves the token refresh event that librdkafka queues at creation.
+    let _ = consumer.poll(Duration::from_millis(200));
+    let md = consumer.fetch_metadata(None, Duration::from_secs(5))?;
+    ensure!(md.brokers().len() == 1);
+    Ok(())
+}
+
+/// OAUTHBEARER with signed JWTs (KIP-768): the listener verifies ES256 tokens (key made now)
+/// against a JWKS served over http on 127.0.0.1, with the expected audience and issuer.
+/// librdkafka (token refresh callback) and the Java client (Kafka's
+/// OAuthBearerLoginCallbackHandler with a token file as its token endpoint) log in with a good
+/// token; a bad signature, a wrong audience and an expired token fail, the broker logging
+/// why; the session lifetime follows `exp`.
+#[test]
+fn oauthbearer_signed_tokens_are_verified_with_a_jwks() -> Result<()> {
+    let (key, jwk) = es256_key("k1")?;
+    let (other_key, _) = es256_key("k1")?;
+    let url = serve_jwks(serde_json::json!({ "keys": [jwk] }).to_string())?;
+    let node = SaslNode::start(&[
+        "listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+        &format!("listener.name.sasl_plaintext.sasl.oauthbearer.jwks.endpoint.url={url}"),
+        "sasl.oauthbearer.expected.audience=gregor",
+        "sasl.oauthbearer.expected.issuer=https://idp.test",
+    ])?;
+    let now_s = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    )?;
+    let claims = |aud: &str, exp: i64| serde_json::json!({"sub": "erin", "aud": aud, "iss": "https://idp.test", "iat": now_s, "exp": exp});
+    let good = signed_jwt(&key, "k1", &claims("gregor", now_s + 600))?;
+    librdkafka_oauth_metadata(&node, good.clone(), (now_s + 600) * 1000)?;
+    for (token, why) in [
+        (
+            signed_jwt(&other_key, "k1", &claims("gregor", now_s + 600))?,
+            "signature is invalid",
+        ),
+        (
+            signed_jwt(&key, "k1", &claims("other", now_s + 600))?,
+            "Audience (aud) claim",
+        ),
+        (
+            signed_jwt(&key, "k1", &claims("gregor", now_s - 120))?,
+            "The JWT is no longer valid",
+        ),
+    ] {
+        ensure!(
+            librdkafka_oauth_metadata(&node, token.clone(), (now_s + 600) * 1000).is_err(),
+            "logged in although {why}"
+        );
+        ensure!(node.log().contains(why), "{why}: {}", node.log());
+        // On the wire: Kafka's error challenge, then SASL_AUTHENTICATION_FAILED.
+        let mut c = KafkaConn::connect(node.sasl_addr(), "t")?;
+        ensure!(handshake(&mut c, 1, "OAUTHBEARER")?.error_code == 0);
+        let initial = format!("n,,\x01auth=Bearer {token}\x01\x01");
+        let r = authenticate(&mut c, 2, initial.as_bytes())?;
+        ensure!(
+            r.auth_bytes.as_ref() == br#"{"status":"invalid_token"}"#,
+            "{r:?}"
+        );
+        ensure!(authenticate(&mut c, 2, b"\x01")?.error_code == 58);
+    }
+    // An unsecured JWT is refused on this listener.
+    {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
+        use base64::Engine;
+        let unsecured = format!(
+            "{}.{}.",
+            B64URL.encode(r#"{"alg":"none"}"#),
+            B64URL.encode(claims("gregor", now_s + 600).to_string())
+        );
+        ensure!(librdkafka_oauth_metadata(&node, unsecured, (now_s + 600) * 1000).is_err());
+    }
+    // The session lifetime follows exp.
+    let now_s = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    )?;
+    let short = signed_jwt(&key, "k1", &claims("gregor", now_s + 60))?;
+    let mut c = KafkaConn::connect(node.sasl_addr(), "t")?;
+    ensure!(handshake(&mut c, 1, "OAUTHBEARER")?.error_code == 0);
+    let r = authenticate(
+        &mut c,
+        2,
+        format!("n,,\x01auth=Bearer {short}\x01\x01").as_bytes(),
+    )?;
+    ensure!(
+        r.error_code == 0 && (50_000..=61_000).contains(&r.session_lifetime_ms),
+        "{r:?}"
+    );
+
+    // The Java client: Kafka's login callback handler reads the token from a file URL (the
+    // token endpoint); Kafka 4 allows only the URLs named in a system property.
+    if !gregor_tests::reference::jars_or_skip() {
+        return Ok(());
+    }
+    let token_file = node.dir.path().join("token.jwt");
+    let props = node.dir.path().join("oauth-signed.properties");
+    let java_create = |token: &str| -> Result<String> {
+        std::fs::write(&token_file, token)?;
+        std::fs::write(
+            &props,
+            format!(
+                "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n\
+                 sasl.login.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler\n\
+                 sasl.oauthbearer.token.endpoint.url=file://{}\n\
+                 sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;\n",
+                token_file.display()
+            ),
+        )?;
+        let sasl = format!("127.0.0.1:{}", node.sasl);
+        let props_s = props.display().to_string();
+        let out = gregor_tests::reference::tool_command(
+            "kafka-topics",
+            &[
+                "--bootstrap-server".into(),
+                sasl,
+                "--command-config".into(),
+                props_s,
+                "--create".into(),
+                "--topic".into(),
+                "java-oauth".into(),
+                "--partitions".into(),
+                "1".into(),
+            ],
+        )?
+        .env(
+            "JAVA_TOOL_OPTIONS",
+            format!(
+                "-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=file://{}",
+                token_file.display()
+            ),
+        )
+        .stdin(Stdio::null())
+        .output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    };
+    let out = java_create(&good)?;
+    ensure!(out.contains("Created topic java-oauth"), "{out}");
+    let out = java_create(&signed_jwt(
+        &other_key,
+        "k1",
+        &claims("gregor", now_s + 600),
+    )?)?;
+    ensure!(out.contains("invalid_token"), "{out}");
     Ok(())
 }

@@ -556,21 +556,247 @@ fn dynamic_listener_keystore_change_reaches_new_connections() -> Result<()> {
         rotated.is_some(),
         "the dynamic keystore change did not reach new connections"
     );
-    // A dynamic change to a file that does not exist keeps the certificate.
-    let change = AlterConfig::new(ResourceSpecifier::Broker(1)).set(
-        "listener.name.ssl.ssl.keystore.location",
-        "/nonexistent/keystore.pem",
-    );
-    gregor_tests::clients::runtime()?.block_on(admin.alter_configs(&[change], &opts))?;
-    let logged = poll(Duration::from_secs(15), || {
-        g.server_log()
-            .contains("a dynamic TLS config change cannot be used")
-            .then_some(())
+    // Refused before it is stored (Kafka's SslFactory validation, INVALID_REQUEST): a file
+    // that does not exist, and a certificate with another subject unless
+    // ssl.allow.dn.changes; the certificate in use stays.
+    let (cert, key) = pki
+        .ca
+        .leaf(&[(rcgen::DnType::CommonName, "another broker")], 4, true)?;
+    std::fs::write(pki.path("server-4.pem"), format!("{key}{cert}"))?;
+    let server_4 = pki.p("server-4.pem");
+    // rdkafka's binding reports every AlterConfigs resource as a success, so the refusals are
+    // read off the wire.
+    let alter = |pairs: &[(&str, &str)]| -> Result<(i16, String)> {
+        use kafka_protocol::messages::alter_configs_request::{
+            AlterConfigsResource, AlterableConfig,
+        };
+        use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse, ApiKey};
+        let sb = gregor_tests::wire::sb;
+        let req =
+            AlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+                .with_resource_type(4)
+                .with_resource_name(sb("1"))
+                .with_configs(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| {
+                            AlterableConfig::default()
+                                .with_name(sb(k))
+                                .with_value(Some(sb(v)))
+                        })
+                        .collect(),
+                )]);
+        let mut conn = gregor_tests::wire::KafkaConn::connect(g.bootstrap(), "t")?;
+        let r: AlterConfigsResponse = conn.call(ApiKey::AlterConfigs, 2, &req)?;
+        let r = r.responses.first().context("no response")?;
+        Ok((
+            r.error_code,
+            r.error_message
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        ))
+    };
+    for (location, why) in [
+        ("/nonexistent/keystore.pem", "cannot read"),
+        (
+            server_4.as_str(),
+            "Keystore DistinguishedName does not match",
+        ),
+    ] {
+        let (code, message) = alter(&[("listener.name.ssl.ssl.keystore.location", location)])?;
+        ensure!(
+            code == 42
+                && message.starts_with("Validation of dynamic config update of SSLFactory failed")
+                && message.contains(why),
+            "{location}: {code} {message}"
+        );
+        ensure!(
+            served_serial(ssl, &ca)? == [3],
+            "a refused change replaced the certificate"
+        );
+    }
+    let (code, message) = alter(&[
+        ("listener.name.ssl.ssl.keystore.location", &server_4),
+        ("listener.name.ssl.ssl.allow.dn.changes", "true"),
+    ])?;
+    ensure!(code == 0, "{code} {message}");
+    let rotated = poll(Duration::from_secs(15), || {
+        (served_serial(ssl, &ca).ok()? == [4]).then_some(())
     });
-    ensure!(logged.is_some(), "the failed dynamic change was not logged");
     ensure!(
-        served_serial(ssl, &ca)? == [3],
-        "a failed change replaced the certificate"
+        rotated.is_some(),
+        "the allowed DN change did not reach new connections"
     );
+    Ok(())
+}
+
+/// Runs `program` with `args`; fails with its output if it fails.
+fn run_tool(program: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    ensure!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// PKCS12 stores (`ssl.keystore.type=PKCS12`, `ssl.truststore.type=PKCS12`), made now by
+/// `openssl pkcs12 -export` (the server's key and chain) and `keytool -importcert` (the CA as
+/// a trusted entry): librdkafka over SSL and mTLS, the Java client with a PKCS12 truststore
+/// over SSL; a wrong store password and an openssl-made truststore without trusted entries
+/// stop start-up naming the key.
+#[test]
+fn pkcs12_keystore_and_truststore() -> Result<()> {
+    let pki = Pki::new()?;
+    let server = std::fs::read_to_string(pki.path("server.pem"))?;
+    let cert_start = server
+        .find("-----BEGIN CERTIFICATE-----")
+        .context("no certificate")?;
+    std::fs::write(pki.path("server.key"), &server[..cert_start])?;
+    std::fs::write(pki.path("server.crt"), &server[cert_start..])?;
+    run_tool(
+        "openssl",
+        &[
+            "pkcs12",
+            "-export",
+            "-in",
+            &pki.p("server.crt"),
+            "-inkey",
+            &pki.p("server.key"),
+            "-certfile",
+            &pki.p("ca.pem"),
+            "-name",
+            "broker",
+            "-passout",
+            "pass:store-secret",
+            "-out",
+            &pki.p("server.p12"),
+        ],
+    )?;
+    run_tool(
+        "keytool",
+        &[
+            "-importcert",
+            "-noprompt",
+            "-storetype",
+            "PKCS12",
+            "-alias",
+            "ca",
+            "-file",
+            &pki.p("ca.pem"),
+            "-keystore",
+            &pki.p("trust.p12"),
+            "-storepass",
+            "trust-secret",
+        ],
+    )?;
+    let ssl = gregor_tests::free_port()?;
+    let mtls = gregor_tests::free_port()?;
+    let sets = [
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,MTLS:SSL".to_string(),
+        "ssl.keystore.type=PKCS12".to_string(),
+        format!("ssl.keystore.location={}", pki.p("server.p12")),
+        "ssl.keystore.password=store-secret".to_string(),
+        "listener.name.mtls.ssl.client.auth=required".to_string(),
+        "listener.name.mtls.ssl.truststore.type=PKCS12".to_string(),
+        format!(
+            "listener.name.mtls.ssl.truststore.location={}",
+            pki.p("trust.p12")
+        ),
+        "listener.name.mtls.ssl.truststore.password=trust-secret".to_string(),
+    ];
+    let set_refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let g = Gregor::start_with_listeners(
+        BIN,
+        &format!("SSL://127.0.0.1:{ssl},MTLS://127.0.0.1:{mtls}"),
+        &set_refs,
+        &[("RUST_LOG", "info,gregor_network::tls=debug")],
+    )?;
+    create_topic(&g.bootstrap(), "p12", 1)?;
+    let over_ssl = ssl_client(&pki, "ca.pem", None);
+    produce(&format!("127.0.0.1:{ssl}"), &over_ssl, "p12", 50)?;
+    let over_mtls = ssl_client(&pki, "ca.pem", Some("alice"));
+    consume(&format!("127.0.0.1:{mtls}"), &over_mtls, "p12", 50)?;
+    // A client certificate from a CA the PKCS12 truststore does not hold is refused.
+    ensure!(!metadata_ok(
+        &format!("127.0.0.1:{mtls}"),
+        &ssl_client(&pki, "ca.pem", Some("mallory"))
+    )?);
+
+    if gregor_tests::reference::jars_or_skip() {
+        let props = pki.path("client.properties");
+        std::fs::write(
+            &props,
+            format!(
+                "security.protocol=SSL\nssl.truststore.type=PKCS12\nssl.truststore.location={}\nssl.truststore.password=trust-secret\n",
+                pki.p("trust.p12")
+            ),
+        )?;
+        let out = gregor_tests::reference::tool_output(
+            "kafka-topics",
+            &[
+                "--bootstrap-server",
+                &format!("127.0.0.1:{ssl}"),
+                "--command-config",
+                &props.display().to_string(),
+                "--create",
+                "--topic",
+                "java-p12",
+                "--partitions",
+                "1",
+            ],
+        )?;
+        ensure!(out.contains("Created topic java-p12"), "{out}");
+    }
+    drop(g);
+
+    // Start-up refusals.
+    let port = gregor_tests::free_port()?;
+    let base = vec![
+        format!("listeners=PLAINTEXT://127.0.0.1:0,EXTERNAL://127.0.0.1:{port}"),
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXTERNAL:SSL".to_string(),
+        "ssl.keystore.type=PKCS12".to_string(),
+        format!("ssl.keystore.location={}", pki.p("server.p12")),
+    ];
+    let mut wrong = base.clone();
+    wrong.push("ssl.keystore.password=nope".into());
+    let err = serve_refuses(&wrong)?;
+    ensure!(
+        err.contains("ssl.keystore.location") && err.contains("wrong ssl.keystore.password"),
+        "{err}"
+    );
+    let err = serve_refuses(&base)?;
+    ensure!(err.contains("ssl.keystore.password"), "{err}");
+    run_tool(
+        "openssl",
+        &[
+            "pkcs12",
+            "-export",
+            "-nokeys",
+            "-in",
+            &pki.p("ca.pem"),
+            "-passout",
+            "pass:trust-secret",
+            "-out",
+            &pki.p("openssl-trust.p12"),
+        ],
+    )?;
+    let mut untrusted = base.clone();
+    untrusted.extend([
+        "ssl.keystore.password=store-secret".to_string(),
+        "ssl.client.auth=required".to_string(),
+        "ssl.truststore.type=PKCS12".to_string(),
+        format!("ssl.truststore.location={}", pki.p("openssl-trust.p12")),
+        "ssl.truststore.password=trust-secret".to_string(),
+    ]);
+    let err = serve_refuses(&untrusted)?;
+    ensure!(err.contains("no trusted certificate entry"), "{err}");
     Ok(())
 }

@@ -382,7 +382,7 @@ pub fn build_client_config(settings: &ClientTlsSettings) -> Result<ClientConfig,
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| TlsError {
                     key: match keystore {
-                        KeyStore::File(_) => "ssl.keystore.location",
+                        KeyStore::File(_) | KeyStore::Pkcs12 { .. } => "ssl.keystore.location",
                         KeyStore::Inline { .. } => "ssl.keystore.key",
                     },
                     message: format!(

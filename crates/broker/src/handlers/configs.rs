@@ -546,7 +546,26 @@ async fn alter_resource(
             next.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             !name.is_empty(),
         )
-        .map_err(|m| (ec::INVALID_REQUEST, Some(m)))?,
+        .map_err(|m| (ec::INVALID_REQUEST, Some(m)))
+        .and_then(|()| {
+            // A TLS listener's new keystore is checked before it is stored (its file must
+            // make a config; its certificate keeps its DN and SANs unless allowed).
+            let Some(tls) = broker.tls_listeners.get() else {
+                return Ok(());
+            };
+            let own = broker.config.node_id.to_string();
+            let current_dynamic = broker.replica_manager.dynamic_configs();
+            let mut proposed = current_dynamic.clone();
+            if name.is_empty() {
+                proposed.cluster_default = next.clone();
+            } else if name == own {
+                proposed.per_broker = next.clone();
+            } else {
+                return Ok(());
+            }
+            tls.validate_change(&current_dynamic, &proposed)
+                .map_err(|m| (ec::INVALID_REQUEST, Some(m)))
+        })?,
         // Kafka's ControllerConfigurationValidator: GroupConfig.validate, INVALID_CONFIG.
         Kind::Group => {
             let dynamic = broker.replica_manager.dynamic_configs();

@@ -2,7 +2,8 @@
 //! `SaslServerAuthenticator` (KIP-43 SaslHandshake, KIP-152 SaslAuthenticate, KIP-368
 //! re-authentication) with the mechanisms PLAIN (RFC 4616, users from the listener's JAAS
 //! config), SCRAM-SHA-256/512 (RFC 5802/7677, KIP-84, credentials from the metadata image,
-//! [`scram`]) and OAUTHBEARER with unsecured JWTs (KIP-255, [`oauthbearer`]).
+//! [`scram`]) and OAUTHBEARER with unsecured JWTs (KIP-255, [`oauthbearer`]) or JWTs signed
+//! with a key of a JWKS (KIP-768, [`jwks`]).
 //!
 //! The authenticator ([`SaslAuthenticator`]) sits in the connection's reader, in front of the
 //! handler: until authentication completes only ApiVersions (passed to the handler),
@@ -12,6 +13,7 @@
 
 pub mod authenticator;
 pub mod jaas;
+pub mod jwks;
 pub mod oauthbearer;
 pub mod plain;
 pub mod scram;
@@ -134,6 +136,9 @@ pub struct SaslServerConfig {
     pub scram_credentials: Option<Arc<dyn ScramCredentialStore>>,
     /// OAUTHBEARER's unsecured validator options.
     pub oauthbearer: OAuthBearerConfig,
+    /// Set: OAUTHBEARER tokens must be JWTs signed with a key of this validator's JWKS
+    /// (KIP-768); the unsecured options above are then unused.
+    pub oauthbearer_signed: Option<Arc<jwks::SignedJwtValidator>>,
     /// `connections.max.reauth.ms` (default 0: sessions do not expire, KIP-368).
     pub connections_max_reauth_ms: i64,
     /// Per mechanism, `listener.name.<l>.<mechanism>.connections.max.reauth.ms` (Kafka's
@@ -151,6 +156,7 @@ impl std::fmt::Debug for SaslServerConfig {
             .field("plain_users", &self.plain_users.keys().collect::<Vec<_>>())
             .field("scram_credentials", &self.scram_credentials.is_some())
             .field("oauthbearer", &self.oauthbearer)
+            .field("oauthbearer_signed", &self.oauthbearer_signed)
             .field("connections_max_reauth_ms", &self.connections_max_reauth_ms)
             .field("max_receive_size", &self.max_receive_size)
             .finish()
@@ -168,6 +174,7 @@ impl SaslServerConfig {
             plain_users: BTreeMap::new(),
             scram_credentials: None,
             oauthbearer: OAuthBearerConfig::default(),
+            oauthbearer_signed: None,
             connections_max_reauth_ms: 0,
             connections_max_reauth_ms_by_mechanism: Vec::new(),
             max_receive_size: Self::DEFAULT_MAX_RECEIVE_SIZE,
@@ -192,9 +199,12 @@ impl SaslServerConfig {
                 Some(store) => MechanismServer::Scram(scram::ScramServer::new(m, store.clone())),
                 None => MechanismServer::Scram(scram::ScramServer::new(m, Arc::new(NoCredentials))),
             },
-            Mechanism::OAuthBearer => MechanismServer::OAuthBearer(
-                oauthbearer::OAuthBearerServer::new(self.oauthbearer.clone()),
-            ),
+            Mechanism::OAuthBearer => {
+                MechanismServer::OAuthBearer(match &self.oauthbearer_signed {
+                    Some(v) => oauthbearer::OAuthBearerServer::signed(v.clone()),
+                    None => oauthbearer::OAuthBearerServer::new(self.oauthbearer.clone()),
+                })
+            }
         }
     }
 }

@@ -13,11 +13,16 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde_json::{Map, Value};
 
+use std::sync::Arc;
+
+use super::jwks::SignedJwtValidator;
 use super::{OAuthBearerConfig, SaslError, SaslStep};
 
 /// One OAUTHBEARER exchange on the server side.
 pub struct OAuthBearerServer {
     config: OAuthBearerConfig,
+    /// Set: tokens must be signed JWTs (KIP-768, [`super::jwks`]); unsecured ones are refused.
+    signed: Option<Arc<SignedJwtValidator>>,
     /// The error challenge sent, awaiting the client's `0x01`.
     error_message: Option<String>,
 }
@@ -48,7 +53,7 @@ pub struct ValidToken {
     pub lifetime_ms: i64,
 }
 
-fn decode_part(part: &str) -> Result<Map<String, Value>, TokenError> {
+pub(crate) fn decode_part(part: &str) -> Result<Map<String, Value>, TokenError> {
     let bytes = URL_SAFE_NO_PAD
         .decode(part.trim_end_matches('='))
         .map_err(|_| fail("malformed Base64 URL encoded value"))?;
@@ -219,6 +224,17 @@ impl OAuthBearerServer {
     pub fn new(config: OAuthBearerConfig) -> Self {
         Self {
             config,
+            signed: None,
+            error_message: None,
+        }
+    }
+
+    /// A server that validates signed JWTs with `validator` (Kafka's
+    /// `OAuthBearerValidatorCallbackHandler`).
+    pub fn signed(validator: Arc<SignedJwtValidator>) -> Self {
+        Self {
+            config: OAuthBearerConfig::default(),
+            signed: Some(validator),
             error_message: None,
         }
     }
@@ -236,7 +252,11 @@ impl OAuthBearerServer {
         }
         self.error_message = None;
         let initial = parse_initial_response(token)?;
-        match validate_unsecured(&initial.token, &self.config, now_ms) {
+        let validated = match &self.signed {
+            Some(v) => v.validate(&initial.token, now_ms),
+            None => validate_unsecured(&initial.token, &self.config, now_ms),
+        };
+        match validated {
             Ok(valid) => {
                 if !initial.authorization_id.is_empty()
                     && initial.authorization_id != valid.principal_name
@@ -253,7 +273,12 @@ impl OAuthBearerServer {
                 })
             }
             Err(e) => {
-                tracing::debug!(reason = %e.description, "OAUTHBEARER token refused");
+                if self.signed.is_some() {
+                    // Kafka's OAuthBearerValidatorCallbackHandler logs the reason at WARN.
+                    tracing::warn!(reason = %e.description, "OAUTHBEARER token refused");
+                } else {
+                    tracing::debug!(reason = %e.description, "OAUTHBEARER token refused");
+                }
                 let json = match &e.failure_scope {
                     Some(scope) => {
                         format!("{{\"status\":\"insufficient_scope\", \"scope\":\"{scope}\"}}")

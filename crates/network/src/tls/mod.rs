@@ -96,8 +96,9 @@ impl ClientAuth {
     }
 }
 
-/// Where the listener's certificate chain and private key come from (`ssl.keystore.type=PEM`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the listener's certificate chain and private key come from (`ssl.keystore.type` PEM
+/// or PKCS12).
+#[derive(Clone, PartialEq, Eq)]
 pub enum KeyStore {
     /// `ssl.keystore.location`: one PEM file holding the private key and the chain (leaf
     /// first).
@@ -109,16 +110,64 @@ pub enum KeyStore {
         /// The private key (PKCS #8; encrypted with `ssl.key.password` when set).
         key: String,
     },
+    /// `ssl.keystore.type=PKCS12`: `ssl.keystore.location` with `ssl.keystore.password`,
+    /// holding one private key and its chain.
+    Pkcs12 {
+        /// `ssl.keystore.location`.
+        location: PathBuf,
+        /// `ssl.keystore.password` (also the key's password).
+        password: String,
+    },
+}
+
+impl std::fmt::Debug for TrustStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(p) => f.debug_tuple("File").field(p).finish(),
+            Self::Inline(pem) => f.debug_tuple("Inline").field(pem).finish(),
+            Self::Pkcs12 { location, .. } => f
+                .debug_struct("Pkcs12")
+                .field("location", location)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(p) => f.debug_tuple("File").field(p).finish(),
+            Self::Inline {
+                certificate_chain, ..
+            } => f
+                .debug_struct("Inline")
+                .field("certificate_chain", certificate_chain)
+                .finish_non_exhaustive(),
+            Self::Pkcs12 { location, .. } => f
+                .debug_struct("Pkcs12")
+                .field("location", location)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 /// Where the CA certificates that client certificates are checked against come from
-/// (`ssl.truststore.type=PEM`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// (`ssl.truststore.type` PEM or PKCS12).
+#[derive(Clone, PartialEq, Eq)]
 pub enum TrustStore {
     /// `ssl.truststore.location`: a PEM file of CA certificates.
     File(PathBuf),
     /// `ssl.truststore.certificates`: PEM text in the config.
     Inline(String),
+    /// `ssl.truststore.type=PKCS12`: `ssl.truststore.location` with `ssl.truststore.password`;
+    /// its trusted certificate entries (Java's `trustedCertEntry`, as `keytool -importcert`
+    /// writes them) are the CA certificates.
+    Pkcs12 {
+        /// `ssl.truststore.location`.
+        location: PathBuf,
+        /// `ssl.truststore.password`.
+        password: String,
+    },
 }
 
 /// A listener's TLS settings, with Kafka's names.
@@ -228,6 +277,97 @@ fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
         .map_err(|e| TlsError::new(key, format!("cannot read {}: {e}", path.display())))
 }
 
+/// The private key and chain of a PKCS12 keystore file.
+fn pkcs12_keystore(
+    path: &Path,
+    password: &str,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+    const KEY: &str = "ssl.keystore.location";
+    let data = read_file(KEY, path)?;
+    let store = p12_keystore::KeyStore::from_pkcs12(
+        &data,
+        password,
+        p12_keystore::Pkcs12ImportPolicy::Strict,
+    )
+    .map_err(|e| {
+        TlsError::new(
+            KEY,
+            format!(
+                "cannot read the PKCS12 keystore {} (wrong ssl.keystore.password or not PKCS12): {e}",
+                path.display()
+            ),
+        )
+    })?;
+    let keys = store
+        .entries()
+        .filter(|(_, e)| matches!(e, p12_keystore::KeyStoreEntry::PrivateKeyChain(_)))
+        .count();
+    if keys > 1 {
+        return Err(TlsError::new(
+            KEY,
+            format!(
+                "the PKCS12 keystore {} holds {keys} private keys; gregor serves one",
+                path.display()
+            ),
+        ));
+    }
+    let Some((_, chain)) = store.private_key_chain() else {
+        return Err(TlsError::new(
+            KEY,
+            format!(
+                "the PKCS12 keystore {} holds no private key with its certificate",
+                path.display()
+            ),
+        ));
+    };
+    let certs = chain
+        .certs()
+        .iter()
+        .map(|c| CertificateDer::from(c.as_der().to_vec()))
+        .collect::<Vec<_>>();
+    if certs.is_empty() {
+        return Err(TlsError::new(
+            KEY,
+            "the PKCS12 private key has no certificate",
+        ));
+    }
+    Ok((
+        certs,
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(chain.key().as_der().to_vec())),
+    ))
+}
+
+/// The trusted certificates of a PKCS12 truststore file.
+fn pkcs12_truststore(
+    path: &Path,
+    password: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    const KEY: &str = "ssl.truststore.location";
+    let data = read_file(KEY, path)?;
+    let archive = p12_keystore::Pkcs12Archive::from_pkcs12(&data, password).map_err(|e| {
+        TlsError::new(
+            KEY,
+            format!(
+                "cannot read the PKCS12 truststore {} (wrong ssl.truststore.password or not PKCS12): {e}",
+                path.display()
+            ),
+        )
+    })?;
+    let certs: Vec<_> = archive
+        .certs
+        .iter()
+        .filter(|c| c.trusted)
+        .map(|c| CertificateDer::from(c.cert.as_der().to_vec()))
+        .collect();
+    if certs.is_empty() {
+        return Err(TlsError::new(
+            KEY,
+            format!("the PKCS12 truststore {} has no trusted certificate entry (Java reads only those: import CA certificates with keytool -importcert)", path.display()),
+        ));
+    }
+    Ok(certs)
+}
+
 /// The certificates of a PEM text (`CERTIFICATE` sections).
 fn pem_certificates(
     key: &'static str,
@@ -312,6 +452,15 @@ pub fn load_keystore(
             )?,
             pem_private_key("ssl.keystore.key", key.as_bytes(), key_password)?,
         )),
+        KeyStore::Pkcs12 { location, password } => {
+            if key_password.is_some_and(|k| k != password) {
+                return Err(TlsError::new(
+                    "ssl.key.password",
+                    "gregor reads PKCS12 keystores whose private key is protected by the store password; ssl.key.password must be unset or equal to ssl.keystore.password",
+                ));
+            }
+            pkcs12_keystore(location, password)
+        }
     }
 }
 
@@ -329,6 +478,10 @@ pub fn load_truststore(truststore: &TrustStore) -> Result<RootCertStore, TlsErro
             const KEY: &str = "ssl.truststore.certificates";
             (KEY, pem_certificates(KEY, pem.as_bytes())?)
         }
+        TrustStore::Pkcs12 { location, password } => (
+            "ssl.truststore.location",
+            pkcs12_truststore(location, password)?,
+        ),
     };
     let mut roots = RootCertStore::empty();
     for c in certs {
@@ -383,7 +536,7 @@ pub fn build_server_config(settings: &TlsSettings) -> Result<ServerConfig, TlsEr
     let mut config = builder.with_single_cert(chain, key).map_err(|e| {
         TlsError::new(
             match settings.keystore {
-                KeyStore::File(_) => "ssl.keystore.location",
+                KeyStore::File(_) | KeyStore::Pkcs12 { .. } => "ssl.keystore.location",
                 KeyStore::Inline { .. } => "ssl.keystore.key",
             },
             format!("the private key does not fit the certificate chain or is unsupported: {e}"),
@@ -399,10 +552,11 @@ type FileStamp = Vec<(PathBuf, Option<SystemTime>, Option<u64>)>;
 
 fn stamp(settings: &TlsSettings) -> FileStamp {
     let mut paths = Vec::new();
-    if let KeyStore::File(p) = &settings.keystore {
+    if let KeyStore::File(p) | KeyStore::Pkcs12 { location: p, .. } = &settings.keystore {
         paths.push(p.clone());
     }
-    if let Some(TrustStore::File(p)) = &settings.truststore {
+    if let Some(TrustStore::File(p) | TrustStore::Pkcs12 { location: p, .. }) = &settings.truststore
+    {
         paths.push(p.clone());
     }
     paths
@@ -473,6 +627,56 @@ impl TlsServerState {
         self.install(settings).map(|()| true)
     }
 
+    /// Checks a dynamic change to `new` before it is stored (Kafka's
+    /// `SslFactory.validateReconfiguration`): the new settings must make a config, and when the
+    /// keystore changes, its certificate must have the current subject (unless
+    /// `allow_dn_changes`, `ssl.allow.dn.changes`) and at least the current subject
+    /// alternative names (unless `allow_san_changes`, `ssl.allow.san.changes`).
+    ///
+    /// # Errors
+    /// Kafka's message ("Validation of dynamic config update of SSLFactory failed: ...").
+    pub fn validate_change(
+        &self,
+        new: &TlsSettings,
+        allow_dn_changes: bool,
+        allow_san_changes: bool,
+    ) -> Result<(), String> {
+        let failed =
+            |m: String| format!("Validation of dynamic config update of SSLFactory failed: {m}");
+        build_server_config(new).map_err(|e| failed(e.to_string()))?;
+        let current = self.settings();
+        if current.keystore == new.keystore && current.key_password == new.key_password {
+            return Ok(());
+        }
+        let leaf = |s: &TlsSettings| -> Result<CertificateIdentity, String> {
+            let (chain, _) =
+                load_keystore(&s.keystore, s.key_password.as_deref()).map_err(|e| e.to_string())?;
+            let first = chain.first().ok_or("no certificate")?;
+            CertificateIdentity::of(first.as_ref())
+        };
+        let old = leaf(&current).map_err(failed)?;
+        let next = leaf(new).map_err(failed)?;
+        if !allow_dn_changes && !old.subject.eq_ignore_ascii_case(&next.subject) {
+            return Err(failed(format!(
+                "org.apache.kafka.common.config.ConfigException: Keystore DistinguishedName does not match:  existing={{DN={}}}, new={{DN={}}}",
+                old.subject, next.subject
+            )));
+        }
+        if !allow_san_changes
+            && !old
+                .subject_alt_names
+                .iter()
+                .all(|n| next.subject_alt_names.contains(n))
+        {
+            return Err(failed(format!(
+                "org.apache.kafka.common.config.ConfigException: Keystore SubjectAltNames do not match:  existing={{SAN={}}}, new={{SAN={}}}",
+                CertificateIdentity::render_sans(&old.subject_alt_names),
+                CertificateIdentity::render_sans(&next.subject_alt_names)
+            )));
+        }
+        Ok(())
+    }
+
     /// Replaces the settings (dynamic broker config) and rebuilds the config.
     ///
     /// # Errors
@@ -495,6 +699,59 @@ impl TlsServerState {
                 Err(e)
             }
         }
+    }
+}
+
+/// What Kafka's `SslFactory.CertificateEntries` compares of a keystore's certificate.
+#[derive(Debug, PartialEq, Eq)]
+struct CertificateIdentity {
+    /// The subject, RFC 2253.
+    subject: String,
+    /// (GeneralName tag as Java numbers them, value): 1 email, 2 DNS, 6 URI, 7 IP.
+    subject_alt_names: Vec<(u8, String)>,
+}
+
+impl CertificateIdentity {
+    fn of(der: &[u8]) -> Result<Self, String> {
+        use x509_parser::extensions::GeneralName;
+        let subject = dn::subject_rfc2253(der)?;
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|e| format!("invalid certificate: {e}"))?;
+        let mut subject_alt_names = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for n in &san.value.general_names {
+                subject_alt_names.push(match n {
+                    GeneralName::RFC822Name(v) => (1, (*v).to_string()),
+                    GeneralName::DNSName(v) => (2, (*v).to_string()),
+                    GeneralName::URI(v) => (6, (*v).to_string()),
+                    GeneralName::IPAddress(b) => (
+                        7,
+                        match b.len() {
+                            4 => std::net::Ipv4Addr::from(
+                                <[u8; 4]>::try_from(*b).unwrap_or_default(),
+                            )
+                            .to_string(),
+                            16 => std::net::Ipv6Addr::from(
+                                <[u8; 16]>::try_from(*b).unwrap_or_default(),
+                            )
+                            .to_string(),
+                            _ => format!("{b:02x?}"),
+                        },
+                    ),
+                    other => (0, format!("{other:?}")),
+                });
+            }
+        }
+        Ok(Self {
+            subject,
+            subject_alt_names,
+        })
+    }
+
+    /// As Java prints `getSubjectAlternativeNames()`: `[[2, localhost], [7, 127.0.0.1]]`.
+    fn render_sans(sans: &[(u8, String)]) -> String {
+        let items: Vec<String> = sans.iter().map(|(t, v)| format!("[{t}, {v}]")).collect();
+        format!("[{}]", items.join(", "))
     }
 }
 
@@ -624,6 +881,73 @@ mod tests {
             .to_pem("ENCRYPTED PRIVATE KEY", pkcs8::LineEnding::LF)
             .unwrap()
             .to_string()
+    }
+
+    /// A PEM keystore file for a certificate with `cn` and `sans`.
+    fn keystore_file(dir: &Path, name: &str, cn: &str, sans: &[&str]) -> KeyStore {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.self_signed(&key).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{}{}", key.serialize_pem(), cert.pem())).unwrap();
+        KeyStore::File(path)
+    }
+
+    #[test]
+    fn a_dynamic_keystore_change_keeps_the_dn_and_sans_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let current = keystore_file(d, "a.pem", "broker1", &["127.0.0.1", "b1.example"]);
+        let state = TlsServerState::new("SSL", settings(current, None)).unwrap();
+        // Same DN, more SANs: fine.
+        let same = keystore_file(
+            d,
+            "b.pem",
+            "broker1",
+            &["127.0.0.1", "b1.example", "x.example"],
+        );
+        state
+            .validate_change(&settings(same, None), false, false)
+            .unwrap();
+        let other_dn = keystore_file(d, "c.pem", "broker2", &["127.0.0.1", "b1.example"]);
+        let e = state
+            .validate_change(&settings(other_dn.clone(), None), false, false)
+            .unwrap_err();
+        assert!(
+            e.starts_with("Validation of dynamic config update of SSLFactory failed: ")
+                && e.contains("Keystore DistinguishedName does not match")
+                && e.contains("CN=broker1")
+                && e.contains("CN=broker2"),
+            "{e}"
+        );
+        state
+            .validate_change(&settings(other_dn, None), true, false)
+            .unwrap();
+        let fewer_sans = keystore_file(d, "e.pem", "broker1", &["127.0.0.1"]);
+        let e = state
+            .validate_change(&settings(fewer_sans.clone(), None), false, false)
+            .unwrap_err();
+        assert!(
+            e.contains("Keystore SubjectAltNames do not match") && e.contains("[2, b1.example]"),
+            "{e}"
+        );
+        state
+            .validate_change(&settings(fewer_sans, None), false, true)
+            .unwrap();
+        // A file that cannot be read is refused whatever is allowed.
+        let e = state
+            .validate_change(
+                &settings(KeyStore::File(d.join("nope.pem")), None),
+                true,
+                true,
+            )
+            .unwrap_err();
+        assert!(e.contains("nope.pem"), "{e}");
     }
 
     fn settings(keystore: KeyStore, key_password: Option<&str>) -> TlsSettings {
