@@ -32,15 +32,12 @@ const INPUT: &str = "wc-input";
 const OUTPUT: &str = "wc-output";
 const APP_ID: &str = "wc-eos";
 /// Input lines (two to four words each).
-const LINES: u32 = 1500;
+const LINES: u32 = 3000;
 /// Milliseconds the topology spends per input line, so that a run is still processing (with a
-/// transaction open) when it is killed: about 7.5 s for the whole input.
+/// transaction open) when it is killed: about 15 s for the whole input.
 const DELAY_MS_PER_LINE: u32 = 5;
 /// Kills of the Streams process before the run that is let finish.
 const KILLS: usize = 3;
-/// Input lines a run processes (its own count, from its start) before it is killed.
-const LINES_BEFORE_KILL: u64 = 200;
-
 /// JVM options of the Java programs: small heap, quick start (behaviour, not speed).
 const JVM_OPTS: &[&str] = &["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"];
 
@@ -208,10 +205,19 @@ impl StreamsRun {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
-    /// Waits until the run reports `lines` processed input lines (its "processed <n>" lines);
-    /// fails on a "FAIL" line, on the process's exit, or after `timeout`.
-    fn wait_processed(&mut self, lines: u64, timeout: Duration) -> Result<()> {
+    /// Waits until the run reports counts sent to the output ("counted <n>", every 20): the
+    /// process is then in the middle of a transaction with output records in the log (its
+    /// producer sends without delay). Counts come from the repartition topic, which Streams
+    /// reads with read_committed, so they follow a commit of this run or of an earlier one.
+    /// Fails on a "FAIL" line, on the process's exit, or after `timeout`.
+    fn wait_counting(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        self.wait_line(deadline, |line| line.starts_with("counted "))
+    }
+
+    /// Waits for a line of standard output that satisfies `want`.
+    fn wait_line(&mut self, deadline: Instant, want: impl Fn(&str) -> bool) -> Result<()> {
+        let mut last = String::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
@@ -219,14 +225,13 @@ impl StreamsRun {
                     if line.starts_with("FAIL") {
                         bail!("the Streams process: {line}\n{}", self.stderr_tail());
                     }
-                    if let Some(n) = line.strip_prefix("processed ") {
-                        if n.trim().parse::<u64>().is_ok_and(|n| n >= lines) {
-                            return Ok(());
-                        }
+                    if want(&line) {
+                        return Ok(());
                     }
+                    last = line;
                 }
                 Err(RecvTimeoutError::Timeout) => bail!(
-                    "the Streams process did not process {lines} lines in {timeout:?}\n{}",
+                    "the Streams process did not get this far in time (its last line: {last:?})\n{}",
                     self.stderr_tail()
                 ),
                 Err(RecvTimeoutError::Disconnected) => bail!(
@@ -295,10 +300,10 @@ fn word_count_survives_kill9(implementation: Implementation) -> Result<()> {
         let mut streams = StreamsRun::start(&program, &bootstrap, &state_dir, run)
             .with_context(|| format!("run {run}"))?;
         streams
-            .wait_processed(LINES_BEFORE_KILL, Duration::from_secs(120))
+            .wait_counting(Duration::from_secs(120))
             .with_context(|| format!("run {run}"))?;
         streams.kill9()?;
-        eprintln!("run {run}: killed with SIGKILL after {LINES_BEFORE_KILL} input lines");
+        eprintln!("run {run}: killed with SIGKILL while it was sending counts");
     }
     let mut last = StreamsRun::start(&program, &bootstrap, &state_dir, KILLS)?;
     let checked = program.run_to_end(&["check", &bootstrap, OUTPUT, &lines], "ok done");

@@ -13,8 +13,8 @@
 //        <state-dir> <replication-factor> <delay-ms-per-line>
 //   java -cp "$KAFKA_LIBS/*:/tmp/wc" WordCountEos check <bootstrap> <output> <lines>
 //
-// `run` prints "state <STATE>" on every state change and "processed <n>" every 20 input lines
-// (counted from the process's start); `produce` and `check` print "ok ..." lines, or
+// `run` prints "state <STATE>" on every state change, "processed <n>" every 20 input lines
+// and "counted <n>" every 20 counts sent to the output (both counted from the process's start); `produce` and `check` print "ok ..." lines, or
 // "FAIL ..." and exit 1.
 import java.time.Duration;
 import java.util.*;
@@ -32,7 +32,6 @@ import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
-import org.apache.kafka.streams.state.Stores;
 
 public class WordCountEos {
     static final String[] WORDS = {
@@ -101,7 +100,12 @@ public class WordCountEos {
         p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), "6000");
         p.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), "1500");
 
+        // Counts are sent at once (no batching delay), so that a transaction that is open when
+        // the test kills the process already has counts in the output topic's log.
+        p.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), "0");
+
         final long[] processed = {0};
+        final long[] counted = {0};
         StreamsBuilder b = new StreamsBuilder();
         b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                 .peek((k, v) -> {
@@ -120,10 +124,19 @@ public class WordCountEos {
                 })
                 .flatMapValues(v -> Arrays.asList(v.split(" ")))
                 .groupBy((k, w) -> w, Grouped.with("words", Serdes.String(), Serdes.String()))
-                .count(Materialized.<String, Long>as(Stores.inMemoryKeyValueStore("counts"))
-                        .withKeySerde(Serdes.String())
-                        .withValueSerde(Serdes.Long()))
+                // A persistent (RocksDB) store, Streams' default: with one, Streams keeps its
+                // process id in the state directory, so a restart on the same directory has the
+                // same transactional id and fences (and aborts) the killed run's transaction at
+                // once, instead of its timeout.
+                .count(Materialized.with(Serdes.String(), Serdes.Long()))
                 .toStream()
+                .peek((w, c) -> {
+                    counted[0]++;
+                    if (counted[0] % 20 == 0) {
+                        System.out.println("counted " + counted[0]);
+                        System.out.flush();
+                    }
+                })
                 .mapValues(c -> Long.toString(c))
                 .to(output, Produced.with(Serdes.String(), Serdes.String()));
 
