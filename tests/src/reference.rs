@@ -89,6 +89,7 @@ fn generated_pom() -> String {
   <dependencies>
     <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{KAFKA_VERSION}</version></dependency>
     <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{KAFKA_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-streams</artifactId><version>{KAFKA_VERSION}</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{LOG4J_VERSION}</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{LOG4J_VERSION}</version></dependency>
   </dependencies>
@@ -111,11 +112,70 @@ fn log4j_config(level: &str) -> String {
     )
 }
 
-/// Resolves the jars once; later calls return at once.
+/// Jars the cache must hold, besides their dependencies: the broker, the tools and Kafka
+/// Streams (the Streams exactly-once test, issue 12).
+fn required_jars() -> [String; 3] {
+    [
+        format!("kafka_2.13-{KAFKA_VERSION}.jar"),
+        format!("kafka-tools-{KAFKA_VERSION}.jar"),
+        format!("kafka-streams-{KAFKA_VERSION}.jar"),
+    ]
+}
+
+/// Runs Maven's copy-dependencies on `pom` into `out`.
+fn resolve_into(pom: &Path, out: &Path) -> Result<()> {
+    proc::run_checked(
+        Command::new("mvn")
+            .arg("-B")
+            .arg("-q")
+            .arg("-f")
+            .arg(pom)
+            .arg(format!("{DEPENDENCY_PLUGIN}:copy-dependencies"))
+            .arg("-DincludeScope=runtime")
+            .arg(format!("-DoutputDirectory={}", out.display())),
+    )
+    .context("resolving Kafka jars with Maven (is `mvn` installed and Maven Central reachable?)")
+}
+
+/// Resolves the jars once; later calls return at once. A cache completed before a jar was
+/// added to [`required_jars`] (kafka-streams) is topped up: the missing jars are resolved
+/// into a scratch directory and renamed into `libs/` one by one, so that JVMs started from
+/// the cache meanwhile never see a half-written jar.
 pub fn fetch() -> Result<PathBuf> {
     let dir = cache_dir();
     let complete = dir.join(".complete");
+    let libs = dir.join("libs");
     if complete.exists() {
+        if required_jars().iter().all(|j| libs.join(j).exists()) {
+            return Ok(dir);
+        }
+        eprintln!(
+            "Adding the jars missing from {} (kafka-streams) with Maven",
+            libs.display()
+        );
+        let pom = dir.join("pom.xml");
+        std::fs::write(&pom, generated_pom())
+            .with_context(|| format!("writing {}", pom.display()))?;
+        let scratch = dir.join(format!("libs.add-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        resolve_into(&pom, &scratch)?;
+        for entry in std::fs::read_dir(&scratch)? {
+            let entry = entry?;
+            let target = libs.join(entry.file_name());
+            if !target.exists() {
+                std::fs::rename(entry.path(), &target)
+                    .with_context(|| format!("moving {} into libs", target.display()))?;
+            }
+        }
+        std::fs::remove_dir_all(&scratch)
+            .with_context(|| format!("removing {}", scratch.display()))?;
+        for jar in required_jars() {
+            ensure!(
+                libs.join(&jar).exists(),
+                "Maven finished but {jar} is missing from {}",
+                libs.display()
+            );
+        }
         return Ok(dir);
     }
     eprintln!(
@@ -123,24 +183,13 @@ pub fn fetch() -> Result<PathBuf> {
         dir.display()
     );
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let libs = dir.join("libs");
     if libs.exists() {
         std::fs::remove_dir_all(&libs)
             .with_context(|| format!("removing partial {}", libs.display()))?;
     }
     let pom = dir.join("pom.xml");
     std::fs::write(&pom, generated_pom()).with_context(|| format!("writing {}", pom.display()))?;
-    proc::run_checked(
-        Command::new("mvn")
-            .arg("-B")
-            .arg("-q")
-            .arg("-f")
-            .arg(&pom)
-            .arg(format!("{DEPENDENCY_PLUGIN}:copy-dependencies"))
-            .arg("-DincludeScope=runtime")
-            .arg(format!("-DoutputDirectory={}", libs.display())),
-    )
-    .context("resolving Kafka jars with Maven (is `mvn` installed and Maven Central reachable?)")?;
+    resolve_into(&pom, &libs)?;
     let config = dir.join("config");
     std::fs::create_dir_all(&config)?;
     std::fs::write(config.join("tools-log4j2.properties"), log4j_config("warn"))?;
@@ -148,10 +197,7 @@ pub fn fetch() -> Result<PathBuf> {
         config.join("server-log4j2.properties"),
         log4j_config("info"),
     )?;
-    for jar in [
-        format!("kafka_2.13-{KAFKA_VERSION}.jar"),
-        format!("kafka-tools-{KAFKA_VERSION}.jar"),
-    ] {
+    for jar in required_jars() {
         ensure!(
             libs.join(&jar).exists(),
             "Maven finished but {jar} is missing from {}",

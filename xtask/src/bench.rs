@@ -119,6 +119,9 @@ pub(crate) struct Produce {
     pub(crate) compression: &'static str,
     /// Records per second, -1 unthrottled.
     pub(crate) throughput: i64,
+    /// Transactions of this many records each (KIP-98), committed one after the other, with
+    /// the transactional id `bench-txn-<topic>`; None: no transactions.
+    pub(crate) transaction_records: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -126,8 +129,10 @@ struct Workload {
     id: &'static str,
     name: String,
     produce: Produce,
-    /// (f): the produce phase only fills the topic; consuming it is measured.
+    /// (f), (i): the produce phase only fills the topic; consuming it is measured.
     consume: bool,
+    /// (i): consuming with `isolation.level=read_committed`.
+    read_committed: bool,
     /// (g): a three-node cluster (`gregor_tests::cluster`, every node combined broker and
     /// controller), the topic with replication factor 3 and `min.insync.replicas=2`.
     cluster: bool,
@@ -138,6 +143,9 @@ const CLUSTER_NODES: usize = 3;
 
 const PARTITIONS: u32 = 6;
 
+/// Records per transaction of the transactional workloads (h) and (i), as issue 12 asks.
+const TXN_RECORDS: u64 = 100;
+
 fn workloads(quick: bool) -> Vec<Workload> {
     let s = |full: u64, small: u64| if quick { small } else { full };
     let kib = |records, acks, compression| Produce {
@@ -146,16 +154,19 @@ fn workloads(quick: bool) -> Vec<Workload> {
         acks,
         compression,
         throughput: -1,
+        transaction_records: None,
     };
     let e_secs = s(60, 5);
     let e_rate = 20_000; // 1000-byte records: 20 MB/s
     let f_records = s(2_000_000, 50_000);
+    let i_records = s(500_000, 20_000);
     vec![
         Workload {
             id: "a",
             name: "1 KiB, acks=1".into(),
             produce: kib(s(1_000_000, 20_000), "1", "none"),
             consume: false,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -163,6 +174,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             name: "1 KiB, acks=all".into(),
             produce: kib(s(1_000_000, 20_000), "all", "none"),
             consume: false,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -170,6 +182,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             name: "1 KiB, acks=1, lz4".into(),
             produce: kib(s(1_000_000, 20_000), "1", "lz4"),
             consume: false,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -181,8 +194,10 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 acks: "1",
                 compression: "none",
                 throughput: -1,
+                transaction_records: None,
             },
             consume: false,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -194,8 +209,10 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 acks: "1",
                 compression: "none",
                 throughput: i64::try_from(e_rate).unwrap_or(20_000),
+                transaction_records: None,
             },
             consume: false,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -207,8 +224,10 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 acks: "1",
                 compression: "none",
                 throughput: -1,
+                transaction_records: None,
             },
             consume: true,
+            read_committed: false,
             cluster: false,
         },
         Workload {
@@ -216,7 +235,34 @@ fn workloads(quick: bool) -> Vec<Workload> {
             name: format!("1 KiB, acks=all, {CLUSTER_NODES} nodes, RF 3"),
             produce: kib(s(500_000, 10_000), "all", "none"),
             consume: false,
+            read_committed: false,
             cluster: true,
+        },
+        Workload {
+            id: "h",
+            name: format!("1 KiB, transactions of {TXN_RECORDS}"),
+            produce: Produce {
+                transaction_records: Some(TXN_RECORDS),
+                ..kib(s(300_000, 10_000), "all", "none")
+            },
+            consume: false,
+            read_committed: false,
+            cluster: false,
+        },
+        Workload {
+            id: "i",
+            name: format!("consume {} MB, read_committed", i_records / 1000),
+            produce: Produce {
+                records: i_records,
+                record_size: 1000,
+                acks: "all",
+                compression: "none",
+                throughput: -1,
+                transaction_records: Some(TXN_RECORDS),
+            },
+            consume: true,
+            read_committed: true,
+            cluster: false,
         },
     ]
 }
@@ -726,6 +772,12 @@ pub(crate) fn produce_command(
         .arg(p.acks)
         .arg("--compression")
         .arg(p.compression);
+    if let Some(n) = p.transaction_records {
+        c.arg("--transactional-id")
+            .arg(format!("bench-txn-{topic}"))
+            .arg("--transaction-records")
+            .arg(n.to_string());
+    }
     if latency {
         c.arg("--latency");
     }
@@ -823,6 +875,7 @@ fn run_workload(
         acks: "1",
         compression: w.produce.compression,
         throughput: -1,
+        transaction_records: None,
     };
     create_topic(binary, bootstrap, "bench-warmup", replicated)?;
     wait_for_topic(bootstrap, "bench-warmup")?;
@@ -845,6 +898,9 @@ fn run_workload(
         c.args(["perf", "consume", "--topic", &topic])
             .arg("--num-records")
             .arg(w.produce.records.to_string());
+        if w.read_committed {
+            c.args(["--isolation-level", "read_committed"]);
+        }
         let v = perf(&mut c)?;
         (v, cpu_total(clk_tck)? - cpu0)
     } else {
@@ -968,7 +1024,10 @@ fn markdown(report: &Value) -> String {
              {} partitions, {} core(s), nothing pinned; medians of {} repetition(s). \
              Latency is end to end (producer send to consumer receipt). CPU seconds are the \
              server's over the measured phase, peak RSS (VmHWM) over its life (a fresh broker per \
-             run, warmed up with {} records{both}). (f) measures consuming; the others producing. \
+             run, warmed up with {} records{both}). (f) and (i) measure consuming (i: read_committed, \
+             of a topic filled in transactions); the others producing. (h) produces in \
+             transactions of 100 records, each committed before the next begins; its latency \
+             runs until a read_committed consumer sees the record. \
              In the unthrottled workloads (a)-(d) the latency is mostly the backlog of a producer \
              that outruns its consumer (both in the load generator); (e) measures latency.\n",
             report["command"].as_str().unwrap_or_default(),
@@ -996,7 +1055,8 @@ fn markdown(report: &Value) -> String {
              of it for the new binary (better for records/s and MB/s, worse for latency, CPU \
              and RSS). Latency is end to end (producer send to consumer receipt). CPU seconds \
              are the server's over the measured phase, peak RSS (VmHWM) over its life (a fresh \
-             broker per run, warmed up with {} records). (f) measures consuming; the others \
+             broker per run, warmed up with {} records). (f) and (i) measure consuming (i: \
+             read_committed); the others \
              producing. In the unthrottled workloads (a)-(d) the latency is mostly the backlog \
              of a producer that outruns its consumer; (e) measures latency.\n",
             report["command"].as_str().unwrap_or_default(),

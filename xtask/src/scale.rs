@@ -1069,6 +1069,7 @@ fn throughput_on(node: &mut Node, binary: &Path, records: u64, r: &mut Value) ->
             acks: "all",
             compression: "none",
             throughput: -1,
+            transaction_records: None,
         };
         let mut c = bench::produce_command(binary, &bootstrap, topic, &p, false);
         // Records without a key spread over every partition instead of one at a time.

@@ -9,6 +9,13 @@
 //! is measured on one clock. `consume` reads `--num-records` from the beginning of every
 //! partition. Both print one JSON object: records/s, MB/s (10^6 bytes of record values) and,
 //! for `--latency`, p50/p99/p99.9 in milliseconds.
+//!
+//! Transactions (KIP-98, issue 12): `produce --transactional-id ID` produces in transactions
+//! of `--transaction-records` records (InitProducerId once, then begin, send, commit, each
+//! commit waited for), and its latency consumer reads with read_committed, so the latency runs
+//! until the record's transaction is committed and its marker written; `consume
+//! --isolation-level read_committed` reads committed records only (up to the last stable
+//! offset, skipping aborted data and control batches).
 
 use super::ConnectionArgs;
 use anyhow::{bail, Context, Result};
@@ -58,9 +65,17 @@ struct ProduceArgs {
     /// compression.type: none, gzip, snappy, lz4, zstd.
     #[arg(long, default_value = "none")]
     compression: String,
-    /// Also consume the topic while producing and report end-to-end latency.
+    /// Also consume the topic while producing and report end-to-end latency (with
+    /// `--transactional-id`, read_committed: the latency until the commit is visible).
     #[arg(long)]
     latency: bool,
+    /// Produce in transactions with this `transactional.id` (KIP-98): `--transaction-records`
+    /// records per transaction, each committed before the next begins.
+    #[arg(long)]
+    transactional_id: Option<String>,
+    /// Records per transaction (with `--transactional-id`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    transaction_records: u64,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -76,6 +91,10 @@ struct ConsumeArgs {
     /// Records to read.
     #[arg(long)]
     num_records: u64,
+    /// `isolation.level`: read_uncommitted, or read_committed (records of committed
+    /// transactions only, up to the last stable offset; KIP-98).
+    #[arg(long, default_value = "read_uncommitted", value_parser = ["read_uncommitted", "read_committed"])]
+    isolation_level: String,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -147,19 +166,35 @@ fn produce(a: &ProduceArgs) -> Result<()> {
         delivered: AtomicU64::new(0),
         failed: AtomicU64::new(0),
     };
+    let mut config = vec![
+        ("acks", a.acks.as_str()),
+        ("compression.type", a.compression.as_str()),
+        ("linger.ms", "5"),
+        ("queue.buffering.max.kbytes", "262144"),
+    ];
+    if let Some(id) = &a.transactional_id {
+        config.push(("transactional.id", id.as_str()));
+    }
     let producer: BaseProducer<CountingContext> = a
         .connection
-        .client_config(&[
-            ("acks", a.acks.as_str()),
-            ("compression.type", a.compression.as_str()),
-            ("linger.ms", "5"),
-            ("queue.buffering.max.kbytes", "262144"),
-        ])
+        .client_config(&config)
         .create_with_context(context)
         .context("creating the producer")?;
+    let deadline = Instant::now() + Duration::from_secs(a.timeout_secs);
+    let transactional = a.transactional_id.is_some();
+    if transactional {
+        producer
+            .init_transactions(deadline.saturating_duration_since(Instant::now()))
+            .context("initialising transactions (InitProducerId)")?;
+    }
+    let isolation = if transactional {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
 
     let latency = if a.latency {
-        let consumer = assigned_consumer(&a.connection, &a.topic)?;
+        let consumer = assigned_consumer(&a.connection, &a.topic, isolation)?;
         let expected = a.num_records;
         let deadline = Instant::now() + Duration::from_secs(a.timeout_secs);
         Some(std::thread::spawn(move || -> Result<Vec<u32>> {
@@ -189,9 +224,20 @@ fn produce(a: &ProduceArgs) -> Result<()> {
 
     let mut value = payload(a.record_size);
     let start = Instant::now();
-    let deadline = start + Duration::from_secs(a.timeout_secs);
+    let mut transactions = 0u64;
     let interval = (a.throughput > 0).then(|| Duration::from_secs_f64(1.0 / a.throughput as f64));
     for i in 0..a.num_records {
+        if transactional && i % a.transaction_records == 0 {
+            if i > 0 {
+                producer
+                    .commit_transaction(deadline.saturating_duration_since(Instant::now()))
+                    .context("committing a transaction")?;
+                transactions += 1;
+            }
+            producer
+                .begin_transaction()
+                .context("beginning a transaction")?;
+        }
         if let Some(interval) = interval {
             // A fixed rate: wait for this record's slot (the throttle is the point here).
             let due = start + interval.mul_f64(i as f64);
@@ -219,6 +265,12 @@ fn produce(a: &ProduceArgs) -> Result<()> {
             producer.poll(Duration::ZERO);
         }
     }
+    if transactional && a.num_records > 0 {
+        producer
+            .commit_transaction(deadline.saturating_duration_since(Instant::now()))
+            .context("committing the last transaction")?;
+        transactions += 1;
+    }
     producer
         .flush(deadline.saturating_duration_since(Instant::now()))
         .context("flushing the producer")?;
@@ -227,6 +279,9 @@ fn produce(a: &ProduceArgs) -> Result<()> {
     let failed = producer.context().failed.load(Ordering::Relaxed);
     let mut out = summary(delivered, a.record_size, seconds);
     out["failed"] = json!(failed);
+    if transactional {
+        out["transactions"] = json!(transactions);
+    }
     if let Some(handle) = latency {
         let mut lat = handle
             .join()
@@ -259,11 +314,17 @@ fn summary(records: u64, record_size: usize, seconds: f64) -> serde_json::Value 
     })
 }
 
-/// A consumer assigned to every partition of `topic` from the beginning (no group, no commits).
-fn assigned_consumer(connection: &ConnectionArgs, topic: &str) -> Result<BaseConsumer> {
+/// A consumer assigned to every partition of `topic` from the beginning (no group, no
+/// commits), with `isolation.level` `isolation`.
+fn assigned_consumer(
+    connection: &ConnectionArgs,
+    topic: &str,
+    isolation: &str,
+) -> Result<BaseConsumer> {
     let consumer: BaseConsumer = connection
         .client_config(&[
             ("group.id", "gregor-perf"),
+            ("isolation.level", isolation),
             ("enable.auto.commit", "false"),
             ("enable.partition.eof", "false"),
             ("fetch.wait.max.ms", "100"),
@@ -289,7 +350,7 @@ fn assigned_consumer(connection: &ConnectionArgs, topic: &str) -> Result<BaseCon
 }
 
 fn consume(a: &ConsumeArgs) -> Result<()> {
-    let consumer = assigned_consumer(&a.connection, &a.topic)?;
+    let consumer = assigned_consumer(&a.connection, &a.topic, &a.isolation_level)?;
     let deadline = Instant::now() + Duration::from_secs(a.timeout_secs);
     let mut records = 0u64;
     let mut bytes = 0u64;
