@@ -531,11 +531,11 @@ fn security_config_stops_start_up() -> Result<()> {
     // Kafka's StandardAuthorizer is served (tests/acls.rs); any other class is refused.
     let err = serve_refuses(&["authorizer.class.name=kafka.security.authorizer.AclAuthorizer"])?;
     ensure!(err.contains("authorizer.class.name"), "stderr: {err}");
-    // SASL settings gregor does not implement (PLAIN, SCRAM and unsecured OAUTHBEARER are
-    // served: tests/sasl.rs).
-    let err = serve_refuses(&["sasl.oauthbearer.jwks.endpoint.url=https://idp/jwks"])?;
+    // SASL settings gregor does not implement (PLAIN, SCRAM, OAUTHBEARER unsecured and with
+    // a JWKS are served: tests/sasl.rs): the OAUTHBEARER login's token endpoint.
+    let err = serve_refuses(&["sasl.oauthbearer.token.endpoint.url=https://idp/token"])?;
     ensure!(
-        err.contains("sasl.oauthbearer.jwks.endpoint.url"),
+        err.contains("sasl.oauthbearer.token.endpoint.url") && !err.contains("idp/token"),
         "stderr: {err}"
     );
     // A SASL listener that would not authenticate: Kafka's default mechanism (GSSAPI), or
