@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gregor_protocol::error::ErrorCode;
 use gregor_protocol::kafka_protocol::messages::{
-    ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, FetchRequest, RequestKind,
+    self as m, ApiKey, DescribeQuorumRequest, DescribeQuorumResponse, FetchRequest, RequestKind,
 };
 use gregor_raft::convert::{METADATA_TOPIC_ID, METADATA_TOPIC_NAME};
 use gregor_raft::driver::RaftManager;
@@ -39,7 +39,7 @@ pub fn is_metadata_fetch(r: &FetchRequest) -> bool {
 
 /// Hands `body` to the quorum member once its principal has `ClusterAction` on the Cluster
 /// (CLUSTER_AUTHORIZATION_FAILED otherwise, see
-/// [`crate::controller_server::required_cluster_operation`]); the answer comes when the node
+/// [`required_cluster_operation`]); the answer comes when the node
 /// gives it (a parked Fetch later). A node without one yet (start-up) closes the connection, as for an API it
 /// does not serve.
 pub fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> Handled {
@@ -50,17 +50,16 @@ pub fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKind) -> 
     let api_key = ctx.api_key;
     // Only brokers and controllers send these: ClusterAction on the Cluster, as on a
     // controller listener (Kafka's `ControllerApis`).
-    if let Some(operation) = crate::controller_server::required_cluster_operation(api_key) {
+    if let Some(operation) = required_cluster_operation(api_key) {
         if !broker.authorize(
             ctx,
             operation,
             crate::authorizer::ResourceType::Cluster,
             crate::authorizer::CLUSTER_NAME,
         ) {
-            if let Some(response) = crate::controller_server::cluster_authorization_failed(
-                api_key,
-                &ctx.principal.to_string(),
-            ) {
+            if let Some(response) =
+                cluster_authorization_failed(api_key, &ctx.principal.to_string())
+            {
                 return Handled::Ready(respond(&header, api_key, response));
             }
         }
@@ -108,4 +107,88 @@ pub fn describe_quorum_error(code: ErrorCode, message: Option<String>) -> Descri
     DescribeQuorumResponse::default()
         .with_error_code(code.code())
         .with_error_message(message.map(|m| m.into()))
+}
+
+/// The operation on the Cluster a controller-listener request needs before anything else
+/// (Kafka's `ControllerApis`, `authHelper.authorizeClusterOperation`): `ClusterAction` for
+/// the requests only brokers and controllers send (Fetch of the metadata log, FetchSnapshot,
+/// Vote, BeginQuorumEpoch, EndQuorumEpoch, BrokerRegistration, BrokerHeartbeat,
+/// AlterPartition, AllocateProducerIds, AssignReplicasToDirs), `Alter` for UnregisterBroker
+/// and DescribeCluster (on a controller listener, unlike a broker's). None for the requests
+/// whose handlers check their own resources (and Envelope, which checks `ClusterAction`
+/// itself), and for ApiVersions.
+///
+/// With an ACL authorizer the principal of brokers and controllers therefore needs
+/// `ClusterAction` on the Cluster, in practice by being listed in `super.users`: before its
+/// first metadata image the authorizer denies everyone else (KIP-801), and a quorum of
+/// several controllers cannot elect a leader without Vote.
+pub fn required_cluster_operation(api_key: ApiKey) -> Option<crate::authorizer::AclOperation> {
+    use crate::authorizer::AclOperation;
+    match api_key {
+        ApiKey::Fetch
+        | ApiKey::FetchSnapshot
+        | ApiKey::Vote
+        | ApiKey::BeginQuorumEpoch
+        | ApiKey::EndQuorumEpoch
+        | ApiKey::BrokerRegistration
+        | ApiKey::BrokerHeartbeat
+        | ApiKey::AlterPartition
+        | ApiKey::AllocateProducerIds
+        | ApiKey::AssignReplicasToDirs => Some(AclOperation::ClusterAction),
+        ApiKey::UnregisterBroker | ApiKey::DescribeCluster => Some(AclOperation::Alter),
+        _ => None,
+    }
+}
+
+/// The answer to a request of `api_key` refused with CLUSTER_AUTHORIZATION_FAILED (Kafka's
+/// `getErrorResponse` of each request: the top-level error code, nothing else but the
+/// defaults it sets, e.g. a fenced heartbeat and broker epoch -1). None for APIs
+/// [`required_cluster_operation`] does not cover.
+pub fn cluster_authorization_failed(api_key: ApiKey, principal: &str) -> Option<m::ResponseKind> {
+    let code = ErrorCode::ClusterAuthorizationFailed.code();
+    Some(match api_key {
+        ApiKey::Fetch => m::FetchResponse::default().with_error_code(code).into(),
+        ApiKey::FetchSnapshot => m::FetchSnapshotResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::Vote => m::VoteResponse::default().with_error_code(code).into(),
+        ApiKey::BeginQuorumEpoch => m::BeginQuorumEpochResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::EndQuorumEpoch => m::EndQuorumEpochResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::BrokerRegistration => m::BrokerRegistrationResponse::default()
+            .with_error_code(code)
+            .with_broker_epoch(-1)
+            .into(),
+        ApiKey::BrokerHeartbeat => m::BrokerHeartbeatResponse::default()
+            .with_error_code(code)
+            .with_is_fenced(true)
+            .into(),
+        ApiKey::AlterPartition => m::AlterPartitionResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::AllocateProducerIds => m::AllocateProducerIdsResponse::default()
+            .with_error_code(code)
+            .with_producer_id_start(m::ProducerId(-1))
+            .into(),
+        ApiKey::AssignReplicasToDirs => m::AssignReplicasToDirsResponse::default()
+            .with_error_code(code)
+            .into(),
+        ApiKey::UnregisterBroker => m::UnregisterBrokerResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(super::sb(&format!(
+                "{principal} may not unregister brokers (ALTER on the cluster resource)"
+            ))))
+            .into(),
+        ApiKey::DescribeCluster => m::DescribeClusterResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(super::sb(&format!(
+                "{principal} may not describe the controllers (ALTER on the cluster resource)"
+            ))))
+            .with_cluster_authorized_operations(i32::MIN)
+            .into(),
+        _ => return None,
+    })
 }
