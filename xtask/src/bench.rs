@@ -10,6 +10,16 @@
 //! Kafka is measured with a warm JIT. Kafka's own ProducerPerformance is run once
 //! per broker on workload (a)'s shape as a cross-check of the load generator.
 //!
+//! Every run has a produce phase and a consume phase, each with the broker's CPU seconds
+//! sampled around it (`/proc/<pid>/stat`), reported per GB of record values: a produce
+//! workload measures producing and then reads the topic back once; a consume workload fills
+//! the topic and measures reading it. Each run starts from the same page-cache state
+//! (`bench_cache`: `sync`, and the caches dropped when running as root), and each phase after
+//! a `sync`. (j) and (k) repeat (a) and (f) over an SSL listener configured alike on both
+//! brokers (`bench_tls`), (l) consumes from 1,000 partitions, (m) repeats (f) with the
+//! broker's files evicted from the page cache before the consume; the report sets each of
+//! them against its twin.
+//!
 //! Output: `target/bench/report.json`, `report.md` (a table) and `report.png` (throughput bars
 //! and latency percentiles). `--quick` shrinks every size so that CI tests the harness, and
 //! writes to `target/bench/quick/` instead.
@@ -24,7 +34,9 @@
 //! gregor-vs-Kafka report alone. `--no-kafka` skips the reference broker (and the
 //! ProducerPerformance cross-check, which needs it to mean anything).
 
+use crate::bench_cache::{self, PageCache};
 use crate::bench_png::{self, Canvas, Group};
+use crate::bench_tls::BenchTls;
 use crate::difftest::Gregor;
 use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
@@ -63,6 +75,9 @@ pub struct BenchArgs {
     /// target/bench/baseline/ with --baseline, or of target/bench/quick/ with --quick).
     #[arg(long)]
     pub render: bool,
+    /// Do not drop the page cache before each run even when running as root (`sync` only).
+    #[arg(long)]
+    pub no_drop_caches: bool,
 }
 
 /// One broker measured: a gregor binary or the reference Kafka broker.
@@ -129,19 +144,78 @@ struct Workload {
     id: &'static str,
     name: String,
     produce: Produce,
-    /// (f), (i): the produce phase only fills the topic; consuming it is measured.
+    /// (f), (i), (k), (l), (m): the produce phase only fills the topic; consuming it is
+    /// measured. Otherwise the produce phase is measured, and the topic is then read back once
+    /// (the consume phase, for its CPU seconds per GB).
     consume: bool,
     /// (i): consuming with `isolation.level=read_committed`.
     read_committed: bool,
     /// (g): a three-node cluster (`gregor_tests::cluster`, every node combined broker and
     /// controller), the topic with replication factor 3 and `min.insync.replicas=2`.
     cluster: bool,
+    /// Partitions of the measured topic.
+    partitions: u32,
+    /// (j), (k): the load generator (warm-up included) talks to an SSL listener of the broker
+    /// (`bench_tls`: the same PEM keystore on both brokers).
+    tls: bool,
+    /// (m): before the measured consume the broker's files are evicted from the page cache
+    /// (and the caches dropped where root), so the consumer reads from the disk.
+    cold: bool,
+    /// librdkafka properties (`-X`) of the produce phase: (l) spreads records over its
+    /// partitions (`sticky.partitioning.linger.ms=0`: each record to a random partition).
+    produce_properties: &'static [(&'static str, &'static str)],
+    /// The workload this one is compared with in the report's table of twins (same shape, one
+    /// thing changed), and what changed.
+    twin: Option<(&'static str, &'static str)>,
+}
+
+impl Workload {
+    /// A produce workload on one node over PLAINTEXT, [`PARTITIONS`] partitions.
+    fn produce(id: &'static str, name: impl Into<String>, produce: Produce) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            produce,
+            consume: false,
+            read_committed: false,
+            cluster: false,
+            partitions: PARTITIONS,
+            tls: false,
+            cold: false,
+            produce_properties: &[],
+            twin: None,
+        }
+    }
+
+    /// A consume workload: `records` records of 1000 bytes fill the topic, reading them from
+    /// the start is measured.
+    fn consume(id: &'static str, name: impl Into<String>, records: u64) -> Self {
+        Self {
+            consume: true,
+            ..Self::produce(
+                id,
+                name,
+                Produce {
+                    records,
+                    record_size: 1000,
+                    acks: "1",
+                    compression: "none",
+                    throughput: -1,
+                    transaction_records: None,
+                },
+            )
+        }
+    }
 }
 
 /// Nodes of the cluster workload.
 const CLUSTER_NODES: usize = 3;
 
 const PARTITIONS: u32 = 6;
+
+/// Partitions of the many-partition consume workload (l) (issue 15: fetch sessions matter
+/// there).
+const MANY_PARTITIONS: u32 = 1000;
 
 /// Records per transaction of the transactional workloads (h) and (i), as issue 12 asks.
 const TXN_RECORDS: u64 = 100;
@@ -160,35 +234,23 @@ fn workloads(quick: bool) -> Vec<Workload> {
     let e_rate = 20_000; // 1000-byte records: 20 MB/s
     let f_records = s(2_000_000, 50_000);
     let i_records = s(500_000, 20_000);
+    let l_records = s(1_000_000, 20_000);
     vec![
-        Workload {
-            id: "a",
-            name: "1 KiB, acks=1".into(),
-            produce: kib(s(1_000_000, 20_000), "1", "none"),
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
-        Workload {
-            id: "b",
-            name: "1 KiB, acks=all".into(),
-            produce: kib(s(1_000_000, 20_000), "all", "none"),
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
-        Workload {
-            id: "c",
-            name: "1 KiB, acks=1, lz4".into(),
-            produce: kib(s(1_000_000, 20_000), "1", "lz4"),
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
-        Workload {
-            id: "d",
-            name: "100 B, acks=1".into(),
-            produce: Produce {
+        Workload::produce("a", "1 KiB, acks=1", kib(s(1_000_000, 20_000), "1", "none")),
+        Workload::produce(
+            "b",
+            "1 KiB, acks=all",
+            kib(s(1_000_000, 20_000), "all", "none"),
+        ),
+        Workload::produce(
+            "c",
+            "1 KiB, acks=1, lz4",
+            kib(s(1_000_000, 20_000), "1", "lz4"),
+        ),
+        Workload::produce(
+            "d",
+            "100 B, acks=1",
+            Produce {
                 records: s(5_000_000, 100_000),
                 record_size: 100,
                 acks: "1",
@@ -196,14 +258,11 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: -1,
                 transaction_records: None,
             },
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
-        Workload {
-            id: "e",
-            name: format!("20 MB/s for {e_secs} s"),
-            produce: Produce {
+        ),
+        Workload::produce(
+            "e",
+            format!("20 MB/s for {e_secs} s"),
+            Produce {
                 records: e_rate * e_secs,
                 record_size: 1000,
                 acks: "1",
@@ -211,47 +270,26 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: i64::try_from(e_rate).unwrap_or(20_000),
                 transaction_records: None,
             },
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
+        ),
+        Workload::consume("f", format!("consume {} MB", f_records / 1000), f_records),
         Workload {
-            id: "f",
-            name: format!("consume {} MB", f_records / 1000),
-            produce: Produce {
-                records: f_records,
-                record_size: 1000,
-                acks: "1",
-                compression: "none",
-                throughput: -1,
-                transaction_records: None,
-            },
-            consume: true,
-            read_committed: false,
-            cluster: false,
-        },
-        Workload {
-            id: "g",
-            name: format!("1 KiB, acks=all, {CLUSTER_NODES} nodes, RF 3"),
-            produce: kib(s(500_000, 10_000), "all", "none"),
-            consume: false,
-            read_committed: false,
             cluster: true,
+            ..Workload::produce(
+                "g",
+                format!("1 KiB, acks=all, {CLUSTER_NODES} nodes, RF 3"),
+                kib(s(500_000, 10_000), "all", "none"),
+            )
         },
-        Workload {
-            id: "h",
-            name: format!("1 KiB, transactions of {TXN_RECORDS}"),
-            produce: Produce {
+        Workload::produce(
+            "h",
+            format!("1 KiB, transactions of {TXN_RECORDS}"),
+            Produce {
                 transaction_records: Some(TXN_RECORDS),
                 ..kib(s(300_000, 10_000), "all", "none")
             },
-            consume: false,
-            read_committed: false,
-            cluster: false,
-        },
+        ),
         Workload {
-            id: "i",
-            name: format!("consume {} MB, read_committed", i_records / 1000),
+            read_committed: true,
             produce: Produce {
                 records: i_records,
                 record_size: 1000,
@@ -260,9 +298,51 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: -1,
                 transaction_records: Some(TXN_RECORDS),
             },
-            consume: true,
-            read_committed: true,
-            cluster: false,
+            ..Workload::consume(
+                "i",
+                format!("consume {} MB, read_committed", i_records / 1000),
+                i_records,
+            )
+        },
+        Workload {
+            tls: true,
+            twin: Some(("a", "SSL vs PLAINTEXT")),
+            ..Workload::produce(
+                "j",
+                "1 KiB, acks=1, SSL",
+                kib(s(1_000_000, 20_000), "1", "none"),
+            )
+        },
+        Workload {
+            tls: true,
+            twin: Some(("f", "SSL vs PLAINTEXT")),
+            ..Workload::consume(
+                "k",
+                format!("consume {} MB, SSL", f_records / 1000),
+                f_records,
+            )
+        },
+        Workload {
+            partitions: MANY_PARTITIONS,
+            twin: Some(("f", "1000 vs 6 partitions")),
+            produce_properties: &[("sticky.partitioning.linger.ms", "0"), ("linger.ms", "100")],
+            ..Workload::consume(
+                "l",
+                format!(
+                    "consume {} MB, {MANY_PARTITIONS} partitions",
+                    l_records / 1000
+                ),
+                l_records,
+            )
+        },
+        Workload {
+            cold: true,
+            twin: Some(("f", "cold vs page cache")),
+            ..Workload::consume(
+                "m",
+                format!("consume {} MB, cold", f_records / 1000),
+                f_records,
+            )
         },
     ]
 }
@@ -276,6 +356,11 @@ const METRICS: &[&str] = &[
     "p999_ms",
     "cpu_s",
     "rss_mb",
+    "cpu_s_per_gb",
+    "produce_cpu_s_per_gb",
+    "consume_cpu_s_per_gb",
+    "produce_mb_per_sec",
+    "consume_mb_per_sec",
 ];
 
 pub fn run(args: &BenchArgs) -> Result<i32> {
@@ -325,11 +410,18 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     if selected.is_empty() {
         bail!("no workload selected");
     }
+    let tls = if selected.iter().any(|w| w.tls) {
+        Some(BenchTls::create(&work.join("tls"))?)
+    } else {
+        None
+    };
+    let mut cache = PageCache::new(args.no_drop_caches);
 
     let started = Instant::now();
     // runs[workload][side] = one JSON object per repetition.
     let mut runs: Vec<Vec<Vec<Value>>> = vec![vec![vec![]; sides.len()]; selected.len()];
     let mut cross_check = json!({});
+    let mut consumer_check = json!({});
     for rep in 0..repeat {
         for (wi, w) in selected.iter().enumerate() {
             for bi in run_order(&sides, rep, wi) {
@@ -341,12 +433,29 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
                     w.id,
                     w.name
                 );
+                // Every run starts from the same page-cache state (issue 15).
+                cache.settle();
+                let ssl = match (&tls, w.tls) {
+                    (Some(t), true) => Some((t, proc::free_port()?)),
+                    _ => None,
+                };
                 let mut server = if w.cluster {
                     Server::start_cluster(side)?
                 } else {
-                    Server::start(side, &work)?
+                    Server::start(side, &work, ssl)?
                 };
-                let result = run_workload(&binary, &server, w, clk_tck, args.quick)
+                let client = match ssl {
+                    Some((t, port)) => Client {
+                        bootstrap: format!("127.0.0.1:{port}"),
+                        properties: t.client_properties(),
+                    },
+                    None => Client {
+                        bootstrap: server.bootstrap().to_string(),
+                        properties: Vec::new(),
+                    },
+                };
+                let result =
+                    run_workload(&binary, &server, &client, w, clk_tck, args.quick, &mut cache)
                     .with_context(|| format!("workload ({}) on {broker}", w.id));
                 let result = match result {
                     Ok(r) => r,
@@ -372,6 +481,13 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
                         Err(e) => eprintln!("warning: ProducerPerformance cross-check: {e:#}"),
                     }
                 }
+                // (l) again with the Java consumer, which uses KIP-227 fetch sessions.
+                if with_kafka && side.key != "baseline" && rep == 0 && w.id == "l" {
+                    match consumer_performance(&server, w, clk_tck) {
+                        Ok(v) => consumer_check[*broker] = v,
+                        Err(e) => eprintln!("warning: ConsumerPerformance cross-check: {e:#}"),
+                    }
+                }
                 server.check_alive()?;
                 server.stop();
             }
@@ -395,14 +511,19 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
             "name": w.name,
             "records": w.produce.records,
             "record_size": w.produce.record_size,
-            "partitions": PARTITIONS,
+            "partitions": w.partitions,
             "nodes": if w.cluster { CLUSTER_NODES } else { 1 },
+            "listener": if w.tls { "SSL" } else { "PLAINTEXT" },
+            "page_cache_before_consume": if w.cold { "evicted (cold)" } else { "warm" },
             "replication_factor": if w.cluster { 3 } else { 1 },
             "acks": w.produce.acks,
             "compression": w.produce.compression,
             "throughput_limit": w.produce.throughput,
             "measured": if w.consume { "consume" } else { "produce" },
         });
+        if let Some((of, what)) = w.twin {
+            entry["twin"] = json!({"of": of, "what": what});
+        }
         entry["gregor"] = med["gregor"].clone();
         if args.baseline.is_some() {
             let ratio = ratios(&med["gregor"], &med["baseline"]);
@@ -433,6 +554,12 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         "quick": args.quick,
         "repeat": repeat,
         "machine": {"cores": nproc(), "note": "nothing pinned; broker and load generator share the cores"},
+        "page_cache": {
+            "before_each_run": cache.describe(),
+            "dropped": cache.dropped(),
+            "cold_read": "sync, then posix_fadvise(DONTNEED) on every file of the broker's log dirs, \
+                          then the run-start treatment again",
+        },
     });
     if with_kafka {
         report["kafka"] = json!({"version": kafka::KAFKA_VERSION, "jvm": "-Xmx1g -Xms256m"});
@@ -453,6 +580,7 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     report["workloads"] = json!(report_workloads);
     if with_kafka {
         report["producer_performance_cross_check"] = cross_check;
+        report["consumer_performance_cross_check"] = consumer_check;
     }
     report["seconds"] = json!(started.elapsed().as_secs());
     std::fs::write(
@@ -491,6 +619,9 @@ fn command_line(args: &BenchArgs) -> String {
     if args.no_kafka {
         s.push_str(" --no-kafka");
     }
+    if args.no_drop_caches {
+        s.push_str(" --no-drop-caches");
+    }
     if let Some(b) = &args.baseline {
         if let Some(n) = &args.binary {
             let _ = write!(s, " --binary {}", n.display());
@@ -524,9 +655,11 @@ fn worse_than_baseline(id: &str, ratio: &Value, new: &Value, baseline: &Value) -
         };
         let is_worse = match *m {
             // mb_per_sec is records_per_sec times a constant.
-            "mb_per_sec" => false,
-            "records_per_sec" => r < 1.0 - WORSE_THRESHOLD,
-            "cpu_s" => {
+            "mb_per_sec" | "cpu_s_per_gb" => false,
+            "records_per_sec" | "produce_mb_per_sec" | "consume_mb_per_sec" => {
+                r < 1.0 - WORSE_THRESHOLD
+            }
+            "cpu_s" | "produce_cpu_s_per_gb" | "consume_cpu_s_per_gb" => {
                 let diff = new[*m].as_f64().unwrap_or(0.0) - baseline[*m].as_f64().unwrap_or(0.0);
                 r > 1.0 + WORSE_THRESHOLD && diff >= CPU_NOISE_S
             }
@@ -587,15 +720,45 @@ fn refuses_replication(e: &anyhow::Error) -> bool {
 }
 
 impl Server {
-    fn start(side: &Side, work: &Path) -> Result<Self> {
+    /// A single broker with a PLAINTEXT listener and, with `ssl`, an SSL listener on that
+    /// port with the bench's keystore (configured alike on gregor and Kafka).
+    fn start(side: &Side, work: &Path, ssl: Option<(&BenchTls, u16)>) -> Result<Self> {
         let ports = proc::free_ports(2)?;
         if let Some(binary) = &side.binary {
-            let mut g = Gregor::start(binary, work, ports[0], ports[1])?;
+            let mut sets = Vec::new();
+            if let Some((tls, ssl_port)) = ssl {
+                sets.push(format!(
+                    "listeners=PLAINTEXT://127.0.0.1:{},SSL://127.0.0.1:{ssl_port}",
+                    ports[0]
+                ));
+                sets.push("listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL".into());
+                sets.extend(tls.broker_settings());
+            }
+            let mut g = Gregor::start_with(binary, work, ports[0], ports[1], &sets)?;
             g.wait_ready()?;
             Ok(Self::Gregor(g))
         } else {
             let data_dir = work.join(format!("kafka-data-{}", ports[0]));
-            let instance = kafka::Instance::new(ports[0], Some(ports[1]), Some(data_dir.clone()))?;
+            let mut instance =
+                kafka::Instance::new(ports[0], Some(ports[1]), Some(data_dir.clone()))?;
+            if let Some((tls, ssl_port)) = ssl {
+                // Later lines of server.properties win over the generated ones.
+                instance.extra_properties.extend([
+                    format!(
+                        "listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{},\
+                         SSL://127.0.0.1:{ssl_port}",
+                        ports[0], ports[1]
+                    ),
+                    format!(
+                        "advertised.listeners=PLAINTEXT://127.0.0.1:{},SSL://127.0.0.1:{ssl_port}",
+                        ports[0]
+                    ),
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,\
+                     SSL:SSL"
+                        .to_string(),
+                ]);
+                instance.extra_properties.extend(tls.broker_settings());
+            }
             let mut guard = ChildGuard::new("kafka", instance.spawn()?);
             instance.wait_ready(|| guard.check_alive())?;
             Ok(Self::Kafka {
@@ -642,6 +805,16 @@ impl Server {
 
     fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster { .. })
+    }
+
+    /// The log dirs of a single broker (a cluster's are not needed: no cold workload runs
+    /// on one).
+    fn log_dirs(&self) -> Vec<&Path> {
+        match self {
+            Self::Gregor(g) => vec![g.log_dir.as_path()],
+            Self::Kafka { data_dir, .. } => vec![data_dir.as_path()],
+            Self::Cluster { .. } => Vec::new(),
+        }
     }
 
     fn check_alive(&mut self) -> Result<()> {
@@ -784,12 +957,18 @@ pub(crate) fn produce_command(
     c
 }
 
-/// Creates `topic` with [`PARTITIONS`] partitions; on a cluster with replication factor 3
+/// Creates `topic` with `partitions` partitions; on a cluster with replication factor 3
 /// and `min.insync.replicas=2`.
-fn create_topic(binary: &Path, bootstrap: &str, topic: &str, replicated: bool) -> Result<()> {
+fn create_topic(
+    binary: &Path,
+    bootstrap: &str,
+    topic: &str,
+    partitions: u32,
+    replicated: bool,
+) -> Result<()> {
     let mut c = gregor_client(binary, bootstrap);
     c.args(["topic", "create", topic, "--partitions"])
-        .arg(PARTITIONS.to_string());
+        .arg(partitions.to_string());
     if replicated {
         c.args([
             "--replication-factor",
@@ -810,9 +989,9 @@ fn create_topic(binary: &Path, bootstrap: &str, topic: &str, replicated: bool) -
 }
 
 /// Waits until every broker in `bootstrap` (comma-separated) has a leader for each of the
-/// [`PARTITIONS`] partitions of `topic` in its Metadata: on a cluster the controller
+/// `partitions` partitions of `topic` in its Metadata: on a cluster the controller
 /// acknowledges a creation before the brokers learn of it.
-fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
+fn wait_for_topic(bootstrap: &str, topic: &str, partitions: u32) -> Result<()> {
     use gregor_tests::wire::{sb, KafkaConn};
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
@@ -833,7 +1012,7 @@ fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
                     .is_ok_and(|resp| {
                         resp.topics.iter().any(|t| {
                             t.error_code == 0
-                                && t.partitions.len() == PARTITIONS as usize
+                                && t.partitions.len() == partitions as usize
                                 && t.partitions
                                     .iter()
                                     .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
@@ -855,19 +1034,76 @@ fn wait_for_topic(bootstrap: &str, topic: &str) -> Result<()> {
 /// that Kafka's JIT compiler has warmed up (and gregor's page cache is in the same state).
 const WARMUP_RECORDS: u64 = 50_000;
 
+/// How the load generator reaches the broker: the bootstrap of the PLAINTEXT or the SSL
+/// listener, and the librdkafka properties (`-X`) that go with it.
+struct Client {
+    bootstrap: String,
+    properties: Vec<(String, String)>,
+}
+
+impl Client {
+    /// Adds the client's properties, then `extra`, as `-X key=value` (later ones win).
+    fn add_properties(&self, c: &mut Command, extra: &[(&str, &str)]) {
+        for (k, v) in &self.properties {
+            c.arg("-X").arg(format!("{k}={v}"));
+        }
+        for (k, v) in extra {
+            c.arg("-X").arg(format!("{k}={v}"));
+        }
+    }
+
+    fn produce(
+        &self,
+        binary: &Path,
+        topic: &str,
+        p: &Produce,
+        latency: bool,
+        extra: &[(&str, &str)],
+    ) -> Command {
+        let mut c = produce_command(binary, &self.bootstrap, topic, p, latency);
+        self.add_properties(&mut c, extra);
+        c
+    }
+
+    /// `gregor perf consume` of `records` records from the start of every partition.
+    fn consume(&self, binary: &Path, topic: &str, records: u64, read_committed: bool) -> Command {
+        let mut c = gregor_client(binary, &self.bootstrap);
+        c.args(["perf", "consume", "--topic", topic])
+            .arg("--num-records")
+            .arg(records.to_string());
+        if read_committed {
+            c.args(["--isolation-level", "read_committed"]);
+        }
+        self.add_properties(&mut c, &[]);
+        c
+    }
+}
+
+/// CPU seconds per 10^9 bytes of record values, `None` when nothing moved.
+fn per_gb(cpu_s: f64, records: &Value, record_size: usize) -> Option<f64> {
+    let gb = records.as_f64()? * record_size as f64 / 1e9;
+    (gb > 0.0).then(|| round(cpu_s / gb, 3))
+}
+
+/// One run of `w`: warm-up, then the produce phase and the consume phase, each with the
+/// broker's CPU seconds sampled around it. A produce workload measures the produce phase (with
+/// `--latency`, an end-to-end consumer reading along) and then reads the topic back once; a
+/// consume workload fills the topic and measures reading it.
 fn run_workload(
     binary: &Path,
     server: &Server,
+    client: &Client,
     w: &Workload,
     clk_tck: f64,
     quick: bool,
+    cache: &mut PageCache,
 ) -> Result<Value> {
-    let bootstrap = server.bootstrap();
+    // Topics are created over the PLAINTEXT listener; the load goes through `client`.
+    let admin = server.bootstrap();
     let pids = server.pids();
     let replicated = server.is_cluster();
     // A cluster's CPU and peak RSS are the sums over its nodes.
-    let cpu_total =
-        |clk_tck: f64| -> Result<f64> { pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum() };
+    let cpu_total = || -> Result<f64> { pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum() };
     let rss_total = || -> Result<f64> { pids.iter().map(|p| peak_rss_mb(*p)).sum() };
     let warmup = Produce {
         records: if quick { 5_000 } else { WARMUP_RECORDS },
@@ -877,39 +1113,47 @@ fn run_workload(
         throughput: -1,
         transaction_records: None,
     };
-    create_topic(binary, bootstrap, "bench-warmup", replicated)?;
-    wait_for_topic(bootstrap, "bench-warmup")?;
-    perf(&mut produce_command(
-        binary,
-        bootstrap,
-        "bench-warmup",
-        &warmup,
-        true,
-    ))?;
+    create_topic(binary, admin, "bench-warmup", PARTITIONS, replicated)?;
+    wait_for_topic(admin, "bench-warmup", PARTITIONS)?;
+    perf(&mut client.produce(binary, "bench-warmup", &warmup, true, &[]))?;
     let topic = format!("bench-{}", w.id);
-    create_topic(binary, bootstrap, &topic, replicated)?;
-    wait_for_topic(bootstrap, &topic)?;
-    let (measured, cpu) = if w.consume {
-        perf(&mut produce_command(
-            binary, bootstrap, &topic, &w.produce, false,
-        ))?;
-        let cpu0 = cpu_total(clk_tck)?;
-        let mut c = gregor_client(binary, bootstrap);
-        c.args(["perf", "consume", "--topic", &topic])
-            .arg("--num-records")
-            .arg(w.produce.records.to_string());
-        if w.read_committed {
-            c.args(["--isolation-level", "read_committed"]);
-        }
-        let v = perf(&mut c)?;
-        (v, cpu_total(clk_tck)? - cpu0)
+    create_topic(binary, admin, &topic, w.partitions, replicated)?;
+    wait_for_topic(admin, &topic, w.partitions)?;
+
+    // Each phase starts with nothing dirty in the page cache.
+    rustix::fs::sync();
+    let cpu0 = cpu_total()?;
+    let produced = perf(&mut client.produce(
+        binary,
+        &topic,
+        &w.produce,
+        !w.consume,
+        w.produce_properties,
+    ))?;
+    let produce_cpu = cpu_total()? - cpu0;
+    let mut evicted_mb = None;
+    if w.cold {
+        let bytes = bench_cache::evict_files(&server.log_dirs())?;
+        evicted_mb = Some(round(bytes as f64 / 1e6, 1));
+        cache.settle();
     } else {
-        let cpu0 = cpu_total(clk_tck)?;
-        let v = perf(&mut produce_command(
-            binary, bootstrap, &topic, &w.produce, true,
-        ))?;
-        (v, cpu_total(clk_tck)? - cpu0)
+        rustix::fs::sync();
+    }
+    let cpu1 = cpu_total()?;
+    let consumed = perf(&mut client.consume(
+        binary,
+        &topic,
+        w.produce.records,
+        w.read_committed,
+    ))?;
+    let consume_cpu = cpu_total()? - cpu1;
+
+    let (measured, cpu) = if w.consume {
+        (&consumed, consume_cpu)
+    } else {
+        (&produced, produce_cpu)
     };
+    let size = w.produce.record_size;
     let lat = &measured["latency_ms"];
     Ok(json!({
         "records_per_sec": round(measured["records_per_sec"].as_f64().unwrap_or(0.0), 1),
@@ -920,6 +1164,75 @@ fn run_workload(
         "cpu_s": round(cpu, 2),
         "rss_mb": round(rss_total()?, 1),
         "seconds": round(measured["seconds"].as_f64().unwrap_or(0.0), 2),
+        "cpu_s_per_gb": per_gb(cpu, &measured["records"], size),
+        "produce_cpu_s": round(produce_cpu, 2),
+        "produce_cpu_s_per_gb": per_gb(produce_cpu, &produced["records"], size),
+        "produce_mb_per_sec": round(produced["mb_per_sec"].as_f64().unwrap_or(0.0), 2),
+        "consume_cpu_s": round(consume_cpu, 2),
+        "consume_cpu_s_per_gb": per_gb(consume_cpu, &consumed["records"], size),
+        "consume_mb_per_sec": round(consumed["mb_per_sec"].as_f64().unwrap_or(0.0), 2),
+        "evicted_mb": evicted_mb,
+    }))
+}
+
+/// Kafka's ConsumerPerformance (the Java consumer: a group, KIP-227 fetch sessions) reading
+/// workload `w`'s topic, already filled, from the start; with the broker's CPU seconds around
+/// it. Its summary line is "start.time, end.time, data.consumed.in.MB, MB.sec,
+/// data.consumed.in.nMsg, nMsg.sec, rebalance.time.ms, fetch.time.ms, fetch.MB.sec,
+/// fetch.nMsg.sec" (MB of 2^20 bytes); fetch.* leave out the group join.
+fn consumer_performance(server: &Server, w: &Workload, clk_tck: f64) -> Result<Value> {
+    let mut c = kafka::tool_command(
+        "org.apache.kafka.tools.ConsumerPerformance",
+        &[
+            "--bootstrap-server".into(),
+            server.bootstrap().into(),
+            "--topic".into(),
+            format!("bench-{}", w.id),
+            "--messages".into(),
+            w.produce.records.to_string(),
+            "--group".into(),
+            "bench-consumer-performance".into(),
+            "--timeout".into(),
+            "60000".into(),
+            "--hide-header".into(),
+        ],
+    )?;
+    let pids = server.pids();
+    let cpu = || -> Result<f64> { pids.iter().map(|p| cpu_seconds(*p, clk_tck)).sum() };
+    rustix::fs::sync();
+    let cpu0 = cpu()?;
+    eprintln!("$ {}", proc::display_command(&c));
+    let out = c.output().context("running ConsumerPerformance")?;
+    let cpu_s = cpu()? - cpu0;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "ConsumerPerformance failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let fields: Vec<&str> = stdout
+        .lines()
+        .rev()
+        .map(|l| l.split(',').map(str::trim).collect::<Vec<_>>())
+        .find(|f| f.len() >= 10)
+        .ok_or_else(|| anyhow!("no summary line from ConsumerPerformance:\n{stdout}"))?;
+    let num = |i: usize| -> Option<f64> { fields.get(i)?.parse().ok() };
+    let records = num(4).ok_or_else(|| anyhow!("ConsumerPerformance: no record count"))?;
+    if records < w.produce.records as f64 {
+        bail!(
+            "ConsumerPerformance read {records} of {} records:\n{stdout}",
+            w.produce.records
+        );
+    }
+    Ok(json!({
+        "records": records,
+        "mb_per_sec": num(3).map(|x| round(x * 1_048_576.0 / 1e6, 2)),
+        "fetch_mb_per_sec": num(8).map(|x| round(x * 1_048_576.0 / 1e6, 2)),
+        "cpu_s": round(cpu_s, 2),
+        "cpu_s_per_gb": per_gb(cpu_s, &json!(records), w.produce.record_size),
+        "summary": stdout.lines().last().unwrap_or_default().trim(),
     }))
 }
 
@@ -1021,11 +1334,12 @@ fn markdown(report: &Value) -> String {
         let _ = writeln!(
             s,
             "`{}`: {brokers}, same load generator (`gregor perf`, librdkafka), \
-             {} partitions, {} core(s), nothing pinned; medians of {} repetition(s). \
+             {} partitions (unless named), {} core(s), nothing pinned; medians of {} \
+             repetition(s). \
              Latency is end to end (producer send to consumer receipt). CPU seconds are the \
              server's over the measured phase, peak RSS (VmHWM) over its life (a fresh broker per \
-             run, warmed up with {} records{both}). (f) and (i) measure consuming (i: read_committed, \
-             of a topic filled in transactions); the others producing. (h) produces in \
+             run, warmed up with {} records{both}). (f), (i), (k), (l) and (m) measure consuming (i: \
+             read_committed, of a topic filled in transactions); the others producing. (h) produces in \
              transactions of 100 records, each committed before the next begins; its latency \
              runs until a read_committed consumer sees the record. \
              In the unthrottled workloads (a)-(d) the latency is mostly the backlog of a producer \
@@ -1055,9 +1369,8 @@ fn markdown(report: &Value) -> String {
              of it for the new binary (better for records/s and MB/s, worse for latency, CPU \
              and RSS). Latency is end to end (producer send to consumer receipt). CPU seconds \
              are the server's over the measured phase, peak RSS (VmHWM) over its life (a fresh \
-             broker per run, warmed up with {} records). (f) and (i) measure consuming (i: \
-             read_committed); the others \
-             producing. In the unthrottled workloads (a)-(d) the latency is mostly the backlog \
+             broker per run, warmed up with {} records). (f), (i), (k), (l) and (m) measure \
+             consuming (i: read_committed); the others producing. In the unthrottled workloads (a)-(d) the latency is mostly the backlog \
              of a producer that outruns its consumer; (e) measures latency.\n",
             report["command"].as_str().unwrap_or_default(),
             baseline["new_binary"].as_str().unwrap_or_default(),
@@ -1070,9 +1383,22 @@ fn markdown(report: &Value) -> String {
     }
     let _ = writeln!(
         s,
-        "| workload | broker | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | CPU s | peak RSS MB |"
+        "CPU s/GB is the broker's CPU seconds per 10^9 bytes of record values in the measured \
+         phase. (j) and (k) are (a) and (f) over an SSL listener (TLS on both brokers with the \
+         same PEM keystore, ECDSA P-256; the load generator on librdkafka/OpenSSL; warm-up over \
+         SSL too); (l) consumes from {MANY_PARTITIONS} partitions (filled with each record sent \
+         to a random partition; librdkafka's consumer sends full fetch requests, no KIP-227 \
+         fetch session); (m) is (f) read cold: after the fill, the broker's files are evicted \
+         from the page cache. Page cache before each run: {}.\n",
+        report["page_cache"]["before_each_run"]
+            .as_str()
+            .unwrap_or("not recorded")
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| workload | broker | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | CPU s | CPU s/GB | peak RSS MB |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for w in report["workloads"].as_array().into_iter().flatten() {
         let label = format!(
             "({}) {}",
@@ -1083,7 +1409,7 @@ fn markdown(report: &Value) -> String {
             let m = &w[key];
             let _ = writeln!(
                 s,
-                "| {} | {broker} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {broker} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 if key == "gregor" { label.as_str() } else { "" },
                 fmt_num(&m["records_per_sec"], digits),
                 fmt_num(&m["mb_per_sec"], digits),
@@ -1091,10 +1417,13 @@ fn markdown(report: &Value) -> String {
                 fmt_num(&m["p99_ms"], digits),
                 fmt_num(&m["p999_ms"], digits),
                 fmt_num(&m["cpu_s"], digits),
+                fmt_num(&m["cpu_s_per_gb"], digits.max(2)),
                 fmt_num(&m["rss_mb"], digits),
             );
         }
     }
+    phase_table(&mut s, report);
+    twin_table(&mut s, report);
     for w in report["workloads"].as_array().into_iter().flatten() {
         if w["nodes"].as_u64().unwrap_or(1) > 1 {
             let _ = writeln!(
@@ -1129,6 +1458,19 @@ fn markdown(report: &Value) -> String {
             fmt_num(&x["kafka"]["mb_per_sec"], 1),
         );
     }
+    let x = &report["consumer_performance_cross_check"];
+    if x.get("gregor").is_some() || x.get("kafka").is_some() {
+        let _ = writeln!(
+            s,
+            "\nCross-check of (l) with Kafka's ConsumerPerformance (the Java consumer, which \
+             uses KIP-227 fetch sessions; one run, after the measured consume, group join \
+             included): gregor {} MB/s, {} broker CPU s/GB; Kafka {} MB/s, {} broker CPU s/GB.",
+            fmt_num(&x["gregor"]["mb_per_sec"], 1),
+            fmt_num(&x["gregor"]["cpu_s_per_gb"], 2),
+            fmt_num(&x["kafka"]["mb_per_sec"], 1),
+            fmt_num(&x["kafka"]["cpu_s_per_gb"], 2),
+        );
+    }
     if let Some(worse) = baseline["worse_than_baseline"].as_array() {
         let threshold = baseline["worse_threshold"]
             .as_f64()
@@ -1158,6 +1500,98 @@ fn markdown(report: &Value) -> String {
     s
 }
 
+/// The second table: the broker's CPU seconds per GB in each phase of every workload.
+fn phase_table(s: &mut String, report: &Value) {
+    let _ = writeln!(
+        s,
+        "\nBroker CPU seconds per GB (10^9 bytes of record values) by phase. In (a)-(e), (g), \
+         (h) and (j) the produce phase is the measured one (its end-to-end latency consumer \
+         reads along) and the consume phase reads the topic back once afterwards; in the \
+         consume workloads the produce phase fills the topic (no consumer) and the consume \
+         phase is the measured one.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workload | broker | produce MB/s | produce CPU s/GB | consume MB/s | consume CPU s/GB |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    for w in report["workloads"].as_array().into_iter().flatten() {
+        let label = format!("({})", w["id"].as_str().unwrap_or(""));
+        for (broker, key, digits) in rows(report) {
+            let m = &w[key];
+            let _ = writeln!(
+                s,
+                "| {} | {broker} | {} | {} | {} | {} |",
+                if key == "gregor" { label.as_str() } else { "" },
+                fmt_num(&m["produce_mb_per_sec"], digits),
+                fmt_num(&m["produce_cpu_s_per_gb"], 2),
+                fmt_num(&m["consume_mb_per_sec"], digits),
+                fmt_num(&m["consume_cpu_s_per_gb"], 2),
+            );
+        }
+    }
+}
+
+/// The third table: each workload with a twin against it (one thing changed: SSL, a cold
+/// page cache), per broker: the measured phase's MB/s and CPU seconds per GB.
+fn twin_table(s: &mut String, report: &Value) {
+    let workloads: Vec<&Value> = report["workloads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let pairs: Vec<(&Value, &Value)> = workloads
+        .iter()
+        .filter_map(|w| {
+            let of = w["twin"]["of"].as_str()?;
+            let twin = workloads.iter().find(|t| t["id"] == of)?;
+            Some((*w, *twin))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nOne thing changed (medians of the measured phase; this/twin above 1 is more of it):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| workloads | broker | twin MB/s | MB/s | this/twin | twin CPU s/GB | CPU s/GB | this/twin |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+    let sides: Vec<(&str, &str)> = rows(report)
+        .into_iter()
+        .filter(|(_, key, _)| !key.starts_with("ratio"))
+        .map(|(broker, key, _)| (broker, key))
+        .collect();
+    for (w, twin) in pairs {
+        let label = format!(
+            "({}) vs ({}): {}",
+            w["id"].as_str().unwrap_or(""),
+            twin["id"].as_str().unwrap_or(""),
+            w["twin"]["what"].as_str().unwrap_or("")
+        );
+        for (i, (broker, key)) in sides.iter().enumerate() {
+            let ratio = |m: &str| match (w[*key][m].as_f64(), twin[*key][m].as_f64()) {
+                (Some(a), Some(b)) if b > 0.0 => json!(round(a / b, 3)),
+                _ => Value::Null,
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {broker} | {} | {} | {} | {} | {} | {} |",
+                if i == 0 { label.as_str() } else { "" },
+                fmt_num(&twin[*key]["mb_per_sec"], 1),
+                fmt_num(&w[*key]["mb_per_sec"], 1),
+                fmt_num(&ratio("mb_per_sec"), 2),
+                fmt_num(&twin[*key]["cpu_s_per_gb"], 2),
+                fmt_num(&w[*key]["cpu_s_per_gb"], 2),
+                fmt_num(&ratio("cpu_s_per_gb"), 2),
+            );
+        }
+    }
+}
+
 /// A metric's name as in the table's header.
 fn metric_label(metric: &str) -> &str {
     match metric {
@@ -1168,6 +1602,11 @@ fn metric_label(metric: &str) -> &str {
         "p999_ms" => "p99.9 ms",
         "cpu_s" => "CPU s",
         "rss_mb" => "peak RSS MB",
+        "cpu_s_per_gb" => "CPU s/GB",
+        "produce_cpu_s_per_gb" => "produce CPU s/GB",
+        "consume_cpu_s_per_gb" => "consume CPU s/GB",
+        "produce_mb_per_sec" => "produce MB/s",
+        "consume_mb_per_sec" => "consume MB/s",
         other => other,
     }
 }
@@ -1295,6 +1734,57 @@ mod tests {
             metrics,
             [json!("records_per_sec"), json!("p99_ms"), json!("rss_mb")]
         );
+    }
+
+    #[test]
+    fn twins_and_phases_are_tabled_per_broker() {
+        let f = json!({"mb_per_sec": 800.0, "cpu_s_per_gb": 0.5, "produce_mb_per_sec": 200.0,
+                       "produce_cpu_s_per_gb": 1.5, "consume_mb_per_sec": 800.0,
+                       "consume_cpu_s_per_gb": 0.5});
+        let k = json!({"mb_per_sec": 400.0, "cpu_s_per_gb": 1.0});
+        let report = json!({
+            "command": "cargo xtask bench", "repeat": 1, "machine": {"cores": 2},
+            "warmup_records": 5, "kafka": {"version": "4.4.0", "jvm": "-Xmx1g"},
+            "page_cache": {"before_each_run": "sync only (caches not dropped: not running as root)"},
+            "workloads": [
+                {"id": "f", "name": "consume", "gregor": f, "kafka": f,
+                 "ratio_gregor_over_kafka": ratios(&f, &f)},
+                {"id": "k", "name": "consume, SSL", "twin": {"of": "f", "what": "SSL vs PLAINTEXT"},
+                 "gregor": k, "kafka": {}, "ratio_gregor_over_kafka": {}},
+            ],
+        });
+        let md = markdown(&report);
+        assert!(md.contains("Page cache before each run: sync only (caches not dropped: not running as root)."), "{md}");
+        assert!(
+            md.contains("| (f) | gregor | 200.0 | 1.50 | 800.0 | 0.50 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| (k) vs (f): SSL vs PLAINTEXT | gregor | 800.0 | 400.0 | 0.50 | 0.50 | 1.00 | 2.00 |"),
+            "{md}"
+        );
+        // A side without figures shows dashes, not a division by nothing.
+        assert!(md.contains("|  | Kafka | 800.0 | – | – | 0.50 | – | – |"), "{md}");
+        assert!(!md.contains("| gregor/Kafka | 800.0"), "{md}");
+    }
+
+    #[test]
+    fn every_new_workload_has_its_shape() {
+        for quick in [false, true] {
+            let ws = workloads(quick);
+            let get = |id: &str| ws.iter().find(|w| w.id == id).cloned().unwrap();
+            let (f, k, l, m) = (get("f"), get("k"), get("l"), get("m"));
+            assert!(get("j").tls && !get("j").consume && k.tls && k.consume);
+            assert_eq!(k.produce.records, f.produce.records);
+            assert_eq!(m.produce.records, f.produce.records);
+            assert!(m.cold && m.consume && !f.cold);
+            assert_eq!(l.partitions, MANY_PARTITIONS);
+            for w in &ws {
+                if let Some((of, _)) = w.twin {
+                    assert!(ws.iter().any(|t| t.id == of), "({}) has no twin {of}", w.id);
+                }
+            }
+        }
     }
 
     #[test]

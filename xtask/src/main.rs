@@ -15,7 +15,9 @@
 //!   (and the reference Kafka) and checks the results against its expectations file.
 
 mod bench;
+mod bench_cache;
 mod bench_png;
+mod bench_tls;
 mod chaos;
 mod difftest;
 mod difftest_requests;

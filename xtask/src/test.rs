@@ -356,6 +356,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                 baseline: None,
                 no_kafka: false,
                 render: false,
+                no_drop_caches: false,
             })
             .map(|_| ())
         };
