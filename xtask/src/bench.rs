@@ -454,9 +454,10 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
                         properties: Vec::new(),
                     },
                 };
-                let result =
-                    run_workload(&binary, &server, &client, w, clk_tck, args.quick, &mut cache)
-                    .with_context(|| format!("workload ({}) on {broker}", w.id));
+                let result = run_workload(
+                    &binary, &server, &client, w, clk_tck, args.quick, &mut cache,
+                )
+                .with_context(|| format!("workload ({}) on {broker}", w.id));
                 let result = match result {
                     Ok(r) => r,
                     // A gregor without partition replication refuses replication factor 3:
@@ -1123,13 +1124,8 @@ fn run_workload(
     // Each phase starts with nothing dirty in the page cache.
     rustix::fs::sync();
     let cpu0 = cpu_total()?;
-    let produced = perf(&mut client.produce(
-        binary,
-        &topic,
-        &w.produce,
-        !w.consume,
-        w.produce_properties,
-    ))?;
+    let produced =
+        perf(&mut client.produce(binary, &topic, &w.produce, !w.consume, w.produce_properties))?;
     let produce_cpu = cpu_total()? - cpu0;
     let mut evicted_mb = None;
     if w.cold {
@@ -1140,12 +1136,7 @@ fn run_workload(
         rustix::fs::sync();
     }
     let cpu1 = cpu_total()?;
-    let consumed = perf(&mut client.consume(
-        binary,
-        &topic,
-        w.produce.records,
-        w.read_committed,
-    ))?;
+    let consumed = perf(&mut client.consume(binary, &topic, w.produce.records, w.read_committed))?;
     let consume_cpu = cpu_total()? - cpu1;
 
     let (measured, cpu) = if w.consume {
@@ -1754,7 +1745,12 @@ mod tests {
             ],
         });
         let md = markdown(&report);
-        assert!(md.contains("Page cache before each run: sync only (caches not dropped: not running as root)."), "{md}");
+        assert!(
+            md.contains(
+                "Page cache before each run: sync only (caches not dropped: not running as root)."
+            ),
+            "{md}"
+        );
         assert!(
             md.contains("| (f) | gregor | 200.0 | 1.50 | 800.0 | 0.50 |"),
             "{md}"
@@ -1764,7 +1760,10 @@ mod tests {
             "{md}"
         );
         // A side without figures shows dashes, not a division by nothing.
-        assert!(md.contains("|  | Kafka | 800.0 | – | – | 0.50 | – | – |"), "{md}");
+        assert!(
+            md.contains("|  | Kafka | 800.0 | – | – | 0.50 | – | – |"),
+            "{md}"
+        );
         assert!(!md.contains("| gregor/Kafka | 800.0"), "{md}");
     }
 

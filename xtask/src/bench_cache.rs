@@ -50,7 +50,10 @@ impl PageCache {
             Err(e) => {
                 self.can_drop = Some(false);
                 self.reason = format!("writing {DROP_CACHES}: {e}");
-                eprintln!("warning: cannot drop the page cache ({}); sync only", self.reason);
+                eprintln!(
+                    "warning: cannot drop the page cache ({}); sync only",
+                    self.reason
+                );
             }
         }
     }

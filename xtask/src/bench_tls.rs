@@ -6,9 +6,7 @@
 //! `ssl.ca.location`, hostname verification left on).
 
 use anyhow::{Context, Result};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use std::path::{Path, PathBuf};
 
 /// The PEM files of one bench run.
