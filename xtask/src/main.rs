@@ -25,6 +25,7 @@ mod parallel_test;
 mod proc;
 mod rdkafka_suite;
 mod scale;
+mod secure;
 mod sim;
 mod test;
 
