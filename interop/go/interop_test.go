@@ -428,15 +428,20 @@ func TestGroupTransactSession(t *testing.T) {
 			t.Fatalf("Begin: %v", err)
 		}
 		n := 0
+		var mu sync.Mutex
+		var failed []error
 		fs.EachRecord(func(r *kgo.Record) {
 			sess.Produce(ctx, &kgo.Record{Key: r.Key, Value: []byte("copied")}, func(_ *kgo.Record, err error) {
 				if err != nil {
-					t.Errorf("producing the copy of %s: %v", r.Key, err)
+					mu.Lock()
+					failed = append(failed, fmt.Errorf("the copy of %s: %w", r.Key, err))
+					mu.Unlock()
 				}
 			})
 			n++
 		})
-		// The first round is aborted: its input must be read again, its output never seen.
+		// The first round is aborted: its input must be read again, its output never seen
+		// (its buffered copies fail with "aborting buffered records").
 		end := kgo.TryCommit
 		if !aborted {
 			end, aborted = kgo.TryAbort, true
@@ -446,6 +451,11 @@ func TestGroupTransactSession(t *testing.T) {
 			t.Fatalf("End: %v", err)
 		}
 		if ok && end == kgo.TryCommit {
+			mu.Lock()
+			if len(failed) > 0 {
+				t.Fatalf("a committed round lost records: %v", failed)
+			}
+			mu.Unlock()
 			copied += n
 		}
 	}
