@@ -259,6 +259,7 @@ impl SecureTarget {
             ("GREGOR_SCRAM256_PASSWORD", SCRAM256_USER.1.into()),
             ("GREGOR_SCRAM512_USER", SCRAM512_USER.0.into()),
             ("GREGOR_SCRAM512_PASSWORD", SCRAM512_USER.1.into()),
+            ("GREGOR_SECURE_LOG", path(&log_file)),
         ];
         Ok(Self {
             name,
@@ -273,7 +274,8 @@ impl SecureTarget {
     /// `GREGOR_SECURE_PLAINTEXT_BOOTSTRAP`), the PEM files (`GREGOR_CA`, `GREGOR_UNTRUSTED_CA`,
     /// `GREGOR_CLIENT_CERT`, `GREGOR_CLIENT_KEY`, `GREGOR_CLIENT_KEYSTORE` (key and
     /// certificate in one file), `GREGOR_UNTRUSTED_CLIENT_CERT`/`_KEY`) and the users
-    /// (`GREGOR_PLAIN_USER`/`_PASSWORD`, `GREGOR_SCRAM256_...`, `GREGOR_SCRAM512_...`).
+    /// (`GREGOR_PLAIN_USER`/`_PASSWORD`, `GREGOR_SCRAM256_...`, `GREGOR_SCRAM512_...`), and the
+    /// broker's log (`GREGOR_SECURE_LOG`).
     pub fn env(&self, cmd: &mut Command) {
         for (k, v) in &self.env {
             cmd.env(k, v);
