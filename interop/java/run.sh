@@ -431,33 +431,37 @@ if [[ -n "${GREGOR_SASL_SSL_BOOTSTRAP:-}" ]]; then
         --partitions 1 --replication-factor 1 >"$WORK/secure-create"
     expect_line "$WORK/secure-create" "Created topic $STOPIC."
     for ((i = 0; i < 10; i++)); do printf 'scram-%d\tvalue-%d\n' "$i" "$i"; done >"$WORK/secure-in1"
-    kafka kafka-console-producer --bootstrap-server "$S" --producer.config "$WORK/scram.properties" --topic "$STOPIC" \
-        --property parse.key=true <"$WORK/secure-in1"
-    kafka kafka-console-consumer --bootstrap-server "$S" --consumer.config "$WORK/scram.properties" --topic "$STOPIC" \
-        --partition 0 --offset earliest --max-messages 10 --timeout-ms 30000 --property print.key=true \
+    kafka kafka-console-producer --bootstrap-server "$S" --command-config "$WORK/scram.properties" --topic "$STOPIC" \
+        --reader-property parse.key=true <"$WORK/secure-in1"
+    kafka kafka-console-consumer --bootstrap-server "$S" --command-config "$WORK/scram.properties" --topic "$STOPIC" \
+        --partition 0 --offset earliest --max-messages 10 --timeout-ms 30000 --formatter-property print.key=true \
         >"$WORK/secure-out1" 2>"$WORK/secure-out1.err" || { cat "$WORK/secure-out1.err"; fail "the SCRAM consumer failed"; }
     diff -u "$WORK/secure-in1" "$WORK/secure-out1" || fail "records did not round-trip over SASL_SSL SCRAM-SHA-512"
     echo "10 records over SASL_SSL SCRAM-SHA-512"
 
     step "SASL_SSL OAUTHBEARER (unsecured JWT): console producer, then a group consumer reads all"
     for ((i = 0; i < 5; i++)); do printf 'oauth-%d\tvalue-%d\n' "$i" "$i"; done >"$WORK/secure-in2"
-    kafka kafka-console-producer --bootstrap-server "$S" --producer.config "$WORK/oauth.properties" --topic "$STOPIC" \
-        --property parse.key=true <"$WORK/secure-in2"
-    kafka kafka-console-consumer --bootstrap-server "$S" --consumer.config "$WORK/oauth.properties" --topic "$STOPIC" \
-        --group "interop-java-oauth-$SUFFIX" --from-beginning --max-messages 15 --timeout-ms 60000 --property print.key=true \
+    kafka kafka-console-producer --bootstrap-server "$S" --command-config "$WORK/oauth.properties" --topic "$STOPIC" \
+        --reader-property parse.key=true <"$WORK/secure-in2"
+    kafka kafka-console-consumer --bootstrap-server "$S" --command-config "$WORK/oauth.properties" --topic "$STOPIC" \
+        --group "interop-java-oauth-$SUFFIX" --from-beginning --max-messages 15 --timeout-ms 60000 --formatter-property print.key=true \
         >"$WORK/secure-out2" 2>"$WORK/secure-out2.err" || { cat "$WORK/secure-out2.err"; fail "the OAUTHBEARER group consumer failed"; }
     cat "$WORK/secure-in1" "$WORK/secure-in2" | diff -u - "$WORK/secure-out2" || fail "the OAUTHBEARER consumer read other records"
     echo "5 records produced and 15 read in a group over SASL_SSL OAUTHBEARER"
 
     step "refused: a wrong SCRAM password, an expired token (each fails cleanly, at once)"
+    # The broker's answers as the Java client reports them: SCRAM's generic failure message, and
+    # for the token the OAUTHBEARER error challenge (RFC 7628) the broker sends before failing.
+    declare -A REFUSAL=([scram-wrong]="SaslAuthenticationException: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+        [oauth-expired]='SaslAuthenticationException: \{"status":"invalid_token"\}')
     for refused in scram-wrong oauth-expired; do
         if timeout 120 "${XTASK_CMD[@]}" kafka run kafka-topics --bootstrap-server "$S" --command-config "$WORK/$refused.properties" \
             --list >"$WORK/$refused.out" 2>&1; then
             cat "$WORK/$refused.out"
             fail "$refused: kafka-topics --list succeeded"
         fi
-        expect_match "$WORK/$refused.out" "Authentication failed"
-        echo "$refused: $(grep -m1 -oE "(SaslAuthenticationException|Authentication failed)[^.]*" "$WORK/$refused.out")"
+        expect_match "$WORK/$refused.out" "${REFUSAL[$refused]}"
+        echo "$refused: refused ($(grep -m1 -oE "${REFUSAL[$refused]}" "$WORK/$refused.out"))"
     done
 fi
 
