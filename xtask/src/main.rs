@@ -27,6 +27,7 @@ mod parallel_test;
 mod proc;
 mod rdkafka_suite;
 mod scale;
+mod secure;
 mod sim;
 mod test;
 

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: everything CI runs, in order, installing what it needs.
 //!
 //! Suites: fmt, clippy, test (cargo test --workspace), build (release gregor), then the interop
-//! suites (python, java, kcat) against a `gregor` this command starts on a free port (or, with
+//! suites (python, java, kcat, go) against a `gregor` this command starts on a free port, and a
+//! secured twin with a listener per security protocol (`secure.rs`; or, with
 //! `--against-kafka`, against the reference Apache Kafka broker, to check the suites
 //! themselves). Every suite runs even if an earlier one failed, except that the interop suites
 //! need the release build. Then `difftest` (gregor against the reference Apache Kafka, see
@@ -27,6 +28,7 @@
 
 use crate::kafka;
 use crate::proc::{self, repo_root, ChildGuard};
+use crate::secure::SecureTarget;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use gregor_tests::process::GregorServer;
@@ -47,7 +49,7 @@ pub enum Suite {
     /// cargo xtask fuzz --dev --seconds 10: every fuzz target briefly on its committed corpus
     /// (nightly toolchain; installs cargo-fuzz when missing)
     Fuzz,
-    /// The interop suites: python, java, kcat (and the release build they need).
+    /// The interop suites: python, java, kcat, go (and the release build they need).
     Interop,
     /// interop/python (pytest with confluent-kafka and kafka-python)
     Python,
@@ -55,6 +57,8 @@ pub enum Suite {
     Java,
     /// interop/kcat (Debian's kcat, librdkafka 2.0.2; installed with apt-get when missing)
     Kcat,
+    /// interop/go (`go test` with franz-go: groups, transactions, SCRAM over TLS; needs Go)
+    Go,
     /// The python and java interop suites again, against a 3-node gregor cluster
     /// (`gregor dev cluster --nodes 3`, replication factor 3)
     InteropCluster,
@@ -75,7 +79,7 @@ pub enum Suite {
 
 #[derive(Args)]
 pub struct TestArgs {
-    /// Run only these suites (repeat or comma-separate). `interop` means python, java and kcat.
+    /// Run only these suites (repeat or comma-separate). `interop` means python, java, kcat and go.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Suite>,
     /// Skip the interop, difftest and bench suites (they need Java and the release build).
@@ -111,7 +115,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
     let selected = |s: Suite| -> bool {
         let interop = matches!(
             s,
-            Suite::Python | Suite::Java | Suite::Kcat | Suite::InteropCluster
+            Suite::Python | Suite::Java | Suite::Kcat | Suite::Go | Suite::InteropCluster
         );
         // Like the interop suites, these need Java, Kafka's jars and the release build.
         let reference = matches!(s, Suite::Difftest | Suite::Bench);
@@ -253,12 +257,14 @@ pub fn run(args: &TestArgs) -> Result<i32> {
             (Suite::Python, "interop-python"),
             (Suite::Java, "interop-java"),
             (Suite::Kcat, "interop-kcat"),
+            (Suite::Go, "interop-go"),
         ]
         .into_iter()
         .filter(|(s, _)| {
             let keep = if cluster {
-                // kcat's checks name the one broker's id in partition listings.
-                *s != Suite::Kcat && (!args.cluster || selected(*s))
+                // kcat's checks name the one broker's id in partition listings; the Go suite
+                // runs against one node only, to keep CI's time.
+                !matches!(s, Suite::Kcat | Suite::Go) && (!args.cluster || selected(*s))
             } else {
                 selected(*s)
             };
@@ -289,6 +295,26 @@ pub fn run(args: &TestArgs) -> Result<i32> {
         } else {
             Target::start(&root, args.against_kafka)
         };
+        // The one-node runs also get the secured broker (issue 13), whose endpoints and
+        // credentials the suites read from the environment; cluster runs do without (their
+        // suites skip the security checks).
+        let target = target.and_then(|mut t| {
+            if !cluster {
+                let binary = root.join("target").join("release").join("gregor");
+                let work = root.join("target").join("interop");
+                let secure =
+                    SecureTarget::start(&work, (!args.against_kafka).then_some(binary.as_path()))
+                        .context("starting the secured broker");
+                match secure {
+                    Ok(s) => t.secure = Some(s),
+                    Err(e) => {
+                        t.stop();
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(t)
+        });
         match target {
             Err(e) => {
                 let msg = format!("{e:#}");
@@ -307,6 +333,7 @@ pub fn run(args: &TestArgs) -> Result<i32> {
                     let result = match suite {
                         Suite::Python => python_suite(&root, &target),
                         Suite::Kcat => kcat_suite(&root, &target),
+                        Suite::Go => go_suite(&root, &target),
                         _ => java_suite(&root, &target),
                     }
                     .and_then(|()| target.check_alive());
@@ -432,6 +459,8 @@ struct Target {
     log_dir: PathBuf,
     log_file: PathBuf,
     guard: ChildGuard,
+    /// The secured broker of the one-node runs.
+    secure: Option<SecureTarget>,
 }
 
 impl Target {
@@ -454,6 +483,7 @@ impl Target {
                 log_dir: instance.data_dir.clone(),
                 log_file: instance.server_log(),
                 guard,
+                secure: None,
             })
         } else {
             let binary = root.join("target").join("release").join("gregor");
@@ -470,6 +500,7 @@ impl Target {
                 log_dir: server.log_dir,
                 log_file: server.log_file,
                 guard: server.guard,
+                secure: None,
             })
         }
     }
@@ -535,10 +566,14 @@ impl Target {
             log_dir: PathBuf::from(log_dir),
             log_file: dir.join("node-1").join("server.log"),
             guard,
+            secure: None,
         })
     }
 
     fn check_alive(&mut self) -> Result<()> {
+        if let Some(secure) = self.secure.as_mut() {
+            secure.check_alive()?;
+        }
         self.guard.check_alive().with_context(|| {
             format!(
                 "{} died during the suite; last lines of {}:\n{}",
@@ -550,6 +585,9 @@ impl Target {
     }
 
     fn stop(mut self) {
+        if let Some(secure) = self.secure.take() {
+            secure.stop();
+        }
         eprintln!("Stopping {} (pid {})", self.name, self.guard.id());
         if let Err(e) = self.guard.stop() {
             eprintln!("warning: stopping {}: {e:#}", self.name);
@@ -563,6 +601,9 @@ impl Target {
         if self.bootstrap.contains(',') {
             cmd.env("GREGOR_REPLICATION_FACTOR", "3")
                 .env("GREGOR_BROKERS", "3");
+        }
+        if let Some(secure) = &self.secure {
+            secure.env(cmd);
         }
     }
 }
@@ -657,6 +698,30 @@ fn kcat_suite(root: &Path, target: &Target) -> Result<()> {
     if let Ok(exe) = std::env::current_exe() {
         cmd.env("XTASK", exe);
     }
+    target.env(&mut cmd);
+    proc::run_checked(&mut cmd)
+}
+
+/// interop/go: `go test` of the franz-go package against the broker (and its secured twin).
+/// Modules come from the Go module proxy, pinned by the committed go.sum (`go mod download`
+/// first, so that a download failure is told apart from a test failure).
+fn go_suite(root: &Path, target: &Target) -> Result<()> {
+    let go = which("go")
+        .or_else(|| {
+            let p = PathBuf::from("/usr/local/go/bin/go");
+            p.is_file().then_some(p)
+        })
+        .context("Go is not installed (interop/go needs the Go toolchain named in its go.mod)")?;
+    let dir = root.join("interop").join("go");
+    proc::run_checked(
+        Command::new(&go)
+            .args(["mod", "download"])
+            .current_dir(&dir),
+    )
+    .context("go mod download in interop/go")?;
+    let mut cmd = Command::new(&go);
+    cmd.args(["test", "-count=1", "-v", "-timeout", "300s", "./..."])
+        .current_dir(&dir);
     target.env(&mut cmd);
     proc::run_checked(&mut cmd)
 }

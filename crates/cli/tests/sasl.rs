@@ -1,6 +1,7 @@
 //! SASL on a SASL_PLAINTEXT listener (issue 13), from clients we did not write where they can:
 //! librdkafka with PLAIN (users from the JAAS config), SCRAM-SHA-256/512 and OAUTHBEARER
-//! signed tokens (KIP-768, a JWKS served on 127.0.0.1) including re-authentication (KIP-368)
+//! signed tokens (KIP-768, a JWKS served on 127.0.0.1 over http, and over https with the CA in
+//! the JAAS `ssl.truststore.location`) including re-authentication (KIP-368)
 //! and wrong passwords; the
 //! Java client and `kafka-configs` (SCRAM-SHA-512 and OAUTHBEARER logins, adding, describing
 //! and deleting SCRAM users, a wrong password); raw-protocol checks of what the clients do not
@@ -860,6 +861,119 @@ fn serve_jwks(body: String) -> Result<String> {
         }
     });
     Ok(format!("http://{addr}/jwks.json"))
+}
+
+/// Serves `body` as JSON to every HTTPS GET on 127.0.0.1, with a certificate for 127.0.0.1
+/// signed by a CA made now; returns the URL and the CA's PEM. The thread ends with the test
+/// process.
+fn serve_jwks_https(body: String) -> Result<(String, String)> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    use std::io::{Read, Write};
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "JWKS test CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_pem = ca_params.self_signed(&ca_key)?.pem();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
+    let config = std::sync::Arc::new(
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )?,
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let Ok(conn) = rustls::ServerConnection::new(config.clone()) else {
+                continue;
+            };
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.conn.send_close_notify();
+            let _ = s.flush();
+        }
+    });
+    Ok((format!("https://{addr}/jwks.json"), ca_pem))
+}
+
+/// KIP-768 with the JWKS over https: the broker trusts the CA named by `ssl.truststore.location`
+/// in the listener's OAUTHBEARER JAAS options (gregor has no system trust store in this test's
+/// eyes: the CA was made now), fetches the keys at start-up, and verifies a signed token with
+/// them; a token signed by another key is refused.
+#[test]
+fn oauthbearer_jwks_over_https_with_a_truststore() -> Result<()> {
+    let (key, jwk) = es256_key("k1")?;
+    let (other_key, _) = es256_key("k1")?;
+    let (url, ca_pem) = serve_jwks_https(serde_json::json!({ "keys": [jwk] }).to_string())?;
+    let ca_dir = tempfile::tempdir()?;
+    let ca = ca_dir.path().join("jwks-ca.pem");
+    std::fs::write(&ca, ca_pem)?;
+    let jaas = format!(
+        "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ssl.truststore.location=\"{}\";",
+        ca.display()
+    );
+    let node = SaslNode::start(&[
+        "listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+        &format!("listener.name.sasl_plaintext.sasl.oauthbearer.jwks.endpoint.url={url}"),
+        &jaas,
+        "sasl.oauthbearer.expected.audience=gregor",
+        "sasl.oauthbearer.expected.issuer=https://idp.test",
+    ])?;
+    let now_s = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    )?;
+    let claims = serde_json::json!({"sub": "erin", "aud": "gregor", "iss": "https://idp.test", "iat": now_s, "exp": now_s + 600});
+    librdkafka_oauth_metadata(
+        &node,
+        signed_jwt(&key, "k1", &claims)?,
+        (now_s + 600) * 1000,
+    )?;
+    ensure!(
+        librdkafka_oauth_metadata(
+            &node,
+            signed_jwt(&other_key, "k1", &claims)?,
+            (now_s + 600) * 1000
+        )
+        .is_err(),
+        "a token signed by a key not in the JWKS logged in"
+    );
+    ensure!(
+        node.log().contains("signature is invalid"),
+        "{}",
+        node.log()
+    );
+    Ok(())
 }
 
 /// librdkafka's OAUTHBEARER token refresh callback, handing out a fixed token.
