@@ -9,7 +9,14 @@
 //! read_uncommitted view must hold records of aborted transactions, which shows that the kills
 //! did cut transactions short.
 //!
-//! The same run on three Apache Kafka JVMs: `cargo test -p gregor --test streams_eos --
+//! A second application's transactions commit no records (Streams does this whenever a commit
+//! interval passes with consumer offsets to commit and nothing produced): its topology drops
+//! every input line, so each transaction holds only the group's offsets. Killed with SIGKILL
+//! once mid-run and restarted, it must end with the group's stable committed offsets at the
+//! input's end, its transactional id's last transaction committed, and an output log that is
+//! empty (no records and no transaction markers).
+//!
+//! The same runs on three Apache Kafka JVMs: `cargo test -p gregor --test streams_eos --
 //! --ignored`.
 
 use std::io::{BufRead, BufReader};
@@ -38,6 +45,12 @@ const LINES: u32 = 3000;
 const DELAY_MS_PER_LINE: u32 = 5;
 /// Kills of the Streams process before the run that is let finish.
 const KILLS: usize = 3;
+const EMPTY_INPUT: &str = "empty-input";
+const EMPTY_OUTPUT: &str = "empty-output";
+const EMPTY_APP_ID: &str = "offsets-only-eos";
+/// Input lines of the offsets-only application: about 6 s of processing at
+/// [`DELAY_MS_PER_LINE`].
+const EMPTY_LINES: u32 = 1200;
 /// JVM options of the Java programs: small heap, quick start (behaviour, not speed).
 const JVM_OPTS: &[&str] = &["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"];
 
@@ -170,11 +183,21 @@ struct StreamsRun {
 
 impl StreamsRun {
     fn start(program: &Program, bootstrap: &str, state_dir: &Path, run: usize) -> Result<Self> {
-        let stderr = state_dir.with_file_name(format!("streams-run-{run}.err"));
         let state = state_dir.display().to_string();
         let delay = DELAY_MS_PER_LINE.to_string();
+        Self::spawn(
+            program,
+            &["run", bootstrap, APP_ID, INPUT, OUTPUT, &state, "3", &delay],
+            state_dir,
+            run,
+        )
+    }
+
+    /// Starts `WordCountEos` with `args` (a mode that runs until killed).
+    fn spawn(program: &Program, args: &[&str], state_dir: &Path, run: usize) -> Result<Self> {
+        let stderr = state_dir.with_file_name(format!("streams-run-{run}.err"));
         let mut child = program
-            .command(&["run", bootstrap, APP_ID, INPUT, OUTPUT, &state, "3", &delay])
+            .command(args)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr)?)
             .spawn()
@@ -325,10 +348,79 @@ fn word_count_survives_kill9(implementation: Implementation) -> Result<()> {
     Ok(())
 }
 
+/// The application of [`EMPTY_APP_ID`], whose transactions hold only consumer offsets.
+fn offsets_only_transactions_survive_kill9(implementation: Implementation) -> Result<()> {
+    let program = Program::compile()?;
+    let cluster = Cluster::start(
+        &ClusterConfig::combined(implementation, 3).with("group.initial.rebalance.delay.ms", "0"),
+    )?;
+    let bootstrap = cluster.bootstrap();
+    create_topics(&bootstrap, &[EMPTY_INPUT, EMPTY_OUTPUT])?;
+    let lines = EMPTY_LINES.to_string();
+    program.run_to_end(
+        &["produce", &bootstrap, EMPTY_INPUT, &lines],
+        "ok produced",
+    )?;
+    let work = tempfile::tempdir()?;
+    let state_dir = work.path().join("state");
+    let state = state_dir.display().to_string();
+    let delay = DELAY_MS_PER_LINE.to_string();
+    let args = [
+        "runempty",
+        &bootstrap,
+        EMPTY_APP_ID,
+        EMPTY_INPUT,
+        EMPTY_OUTPUT,
+        &state,
+        "3",
+        &delay,
+    ];
+    let mut first = StreamsRun::spawn(&program, &args, &state_dir, 0)?;
+    // Past the first commits (every 300 ms): "processed 400" comes about 2 s in.
+    first.wait_line(Instant::now() + Duration::from_secs(120), |l| {
+        l == "processed 400"
+    })?;
+    first.kill9()?;
+    eprintln!("offsets-only run 0: killed with SIGKILL mid-run");
+    let mut last = StreamsRun::spawn(&program, &args, &state_dir, 1)?;
+    let checked = program.run_to_end(
+        &[
+            "committed",
+            &bootstrap,
+            EMPTY_APP_ID,
+            EMPTY_INPUT,
+            EMPTY_OUTPUT,
+        ],
+        "ok done",
+    );
+    last.check_alive()
+        .context("the Streams process that was let run")?;
+    let checked = checked.with_context(|| format!("\n{}", last.stderr_tail()))?;
+    eprintln!("{checked}");
+    drop(last);
+    Ok(())
+}
+
 /// The word count on three gregor nodes, replication factor 3 (see the module doc).
 #[test]
 fn streams_exactly_once_v2_word_count_survives_kill9() -> Result<()> {
     word_count_survives_kill9(gregor())
+}
+
+/// Transactions that commit only offsets, on three gregor nodes (see the module doc).
+#[test]
+fn streams_transactions_without_records_commit_offsets_only() -> Result<()> {
+    offsets_only_transactions_survive_kill9(gregor())
+}
+
+/// The same on three Apache Kafka 4.4 JVMs.
+#[test]
+#[ignore = "the reference run on three Kafka JVMs; run by hand"]
+fn streams_transactions_without_records_commit_offsets_only_on_kafka() -> Result<()> {
+    if !gregor_tests::reference::jars_or_skip() {
+        return Ok(());
+    }
+    offsets_only_transactions_survive_kill9(Implementation::Kafka)
 }
 
 /// The same on three Apache Kafka 4.4 JVMs, the reference for the test itself.

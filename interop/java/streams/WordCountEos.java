@@ -12,12 +12,28 @@
 //   java -cp "$KAFKA_LIBS/*:/tmp/wc" WordCountEos run <bootstrap> <app-id> <input> <output>
 //        <state-dir> <replication-factor> <delay-ms-per-line>
 //   java -cp "$KAFKA_LIBS/*:/tmp/wc" WordCountEos check <bootstrap> <output> <lines>
+//   java -cp "$KAFKA_LIBS/*:/tmp/wc" WordCountEos runempty <bootstrap> <app-id> <input> <output>
+//        <state-dir> <replication-factor> <delay-ms-per-line>
+//   java -cp "$KAFKA_LIBS/*:/tmp/wc" WordCountEos committed <bootstrap> <app-id> <input> <output>
+//
+// `runempty` is an application whose transactions commit no records: its topology drops every
+// input line, so each commit of Streams is a transaction holding only the consumer offsets
+// (AddOffsetsToTxn, TxnOffsetCommit, EndTxn). `committed` waits until the group's committed
+// offsets, fetched as stable (require_stable, KIP-447), reach the input's end, then checks that
+// the application's transactional ids committed transactions and that the output is empty
+// (not even a transaction marker).
 //
 // `run` prints "state <STATE>" on every state change, "processed <n>" every 20 input lines
 // and "counted <n>" every 20 counts sent to the output (both counted from the process's start); `produce` and `check` print "ok ..." lines, or
 // "FAIL ..." and exit 1.
 import java.time.Duration;
 import java.util.*;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsOptions;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionListing;
+import org.apache.kafka.clients.admin.TransactionState;
 import org.apache.kafka.clients.consumer.*;
 import org.apache.kafka.clients.producer.*;
 import org.apache.kafka.common.TopicPartition;
@@ -163,6 +179,108 @@ public class WordCountEos {
         }
     }
 
+    static void runEmpty(String bootstrap, String appId, String input, String output, String stateDir,
+            String replicationFactor, long delayMs) throws Exception {
+        Properties p = new Properties();
+        p.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
+        p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
+        p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, replicationFactor);
+        p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
+        p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, "1");
+        p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, "300");
+        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), "6000");
+        p.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), "1500");
+        final long[] processed = {0};
+        StreamsBuilder b = new StreamsBuilder();
+        b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
+                .peek((k, v) -> {
+                    processed[0]++;
+                    if (processed[0] % 20 == 0) {
+                        System.out.println("processed " + processed[0]);
+                        System.out.flush();
+                    }
+                    if (delayMs > 0) {
+                        try {
+                            Thread.sleep(delayMs);
+                        } catch (InterruptedException e) {
+                            Thread.currentThread().interrupt();
+                        }
+                    }
+                })
+                .filter((k, v) -> false)
+                .to(output, Produced.with(Serdes.String(), Serdes.String()));
+        KafkaStreams streams = new KafkaStreams(b.build(), p);
+        streams.setStateListener((now, before) -> {
+            System.out.println("state " + now);
+            System.out.flush();
+        });
+        streams.setUncaughtExceptionHandler(e -> {
+            System.out.println("FAIL uncaught " + e);
+            e.printStackTrace(System.out);
+            System.out.flush();
+            return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+        });
+        Runtime.getRuntime().addShutdownHook(new Thread(streams::close));
+        streams.start();
+        while (true) {
+            Thread.sleep(1000);
+            KafkaStreams.State s = streams.state();
+            if (s == KafkaStreams.State.ERROR || s == KafkaStreams.State.NOT_RUNNING) {
+                fail("streams stopped in state " + s);
+            }
+        }
+    }
+
+    static void committed(String bootstrap, String appId, String input, String output) throws Exception {
+        Properties a = new Properties();
+        a.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(a);
+                KafkaConsumer<String, String> consumer = consumer(bootstrap, "read_uncommitted")) {
+            List<TopicPartition> tps = partitions(consumer, input);
+            Map<TopicPartition, Long> end = consumer.endOffsets(tps);
+            long deadline = System.currentTimeMillis() + 120_000;
+            Map<TopicPartition, Long> got = new TreeMap<>(Comparator.comparing(TopicPartition::toString));
+            while (true) {
+                got.clear();
+                Map<TopicPartition, OffsetAndMetadata> offsets = admin
+                        .listConsumerGroupOffsets(appId, new ListConsumerGroupOffsetsOptions().requireStable(true))
+                        .partitionsToOffsetAndMetadata().get();
+                for (Map.Entry<TopicPartition, OffsetAndMetadata> e : offsets.entrySet())
+                    if (e.getKey().topic().equals(input) && e.getValue() != null)
+                        got.put(e.getKey(), e.getValue().offset());
+                boolean done = true;
+                for (TopicPartition tp : tps) if (!end.get(tp).equals(got.get(tp))) done = false;
+                if (done) break;
+                if (System.currentTimeMillis() > deadline)
+                    fail("committed offsets " + got + " after 120 s, expected the input's end " + end);
+                Thread.sleep(200);
+            }
+            System.out.println("ok committed offsets at the input's end: " + got);
+            long committedTxns = 0;
+            for (TransactionListing t : admin.listTransactions().all().get()) {
+                if (!t.transactionalId().startsWith(appId)) continue;
+                TransactionDescription d = admin.describeTransactions(List.of(t.transactionalId()))
+                        .description(t.transactionalId()).get();
+                System.out.println("transaction " + t.transactionalId() + " " + d.state()
+                        + " producer epoch " + d.producerEpoch());
+                if (d.state() == TransactionState.COMPLETE_COMMIT) committedTxns++;
+                if (d.state() == TransactionState.ONGOING || d.state() == TransactionState.PREPARE_COMMIT
+                        || d.state() == TransactionState.PREPARE_ABORT)
+                    System.out.println("note " + t.transactionalId() + " is " + d.state());
+            }
+            if (committedTxns == 0) fail("no transactional id of " + appId + " has committed a transaction");
+            System.out.println("ok " + committedTxns + " transactional ids of " + appId + " last committed");
+            List<TopicPartition> outs = partitions(consumer, output);
+            Map<TopicPartition, Long> outEnd = consumer.endOffsets(outs);
+            for (Map.Entry<TopicPartition, Long> e : outEnd.entrySet())
+                if (e.getValue() != 0L) fail("output " + e.getKey() + " ends at " + e.getValue() + ", expected an empty log");
+            System.out.println("ok the output is empty: " + outEnd);
+            System.out.println("ok done");
+        }
+    }
+
     static KafkaConsumer<String, String> consumer(String bootstrap, String isolation) {
         Properties c = new Properties();
         c.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -238,6 +356,8 @@ public class WordCountEos {
             case "produce" -> produce(args[1], args[2], Integer.parseInt(args[3]));
             case "run" -> run(args[1], args[2], args[3], args[4], args[5], args[6], Long.parseLong(args[7]));
             case "check" -> check(args[1], args[2], Integer.parseInt(args[3]));
+            case "runempty" -> runEmpty(args[1], args[2], args[3], args[4], args[5], args[6], Long.parseLong(args[7]));
+            case "committed" -> committed(args[1], args[2], args[3], args[4]);
             default -> fail("unknown mode " + args[0]);
         }
     }
