@@ -357,10 +357,7 @@ fn offsets_only_transactions_survive_kill9(implementation: Implementation) -> Re
     let bootstrap = cluster.bootstrap();
     create_topics(&bootstrap, &[EMPTY_INPUT, EMPTY_OUTPUT])?;
     let lines = EMPTY_LINES.to_string();
-    program.run_to_end(
-        &["produce", &bootstrap, EMPTY_INPUT, &lines],
-        "ok produced",
-    )?;
+    program.run_to_end(&["produce", &bootstrap, EMPTY_INPUT, &lines], "ok produced")?;
     let work = tempfile::tempdir()?;
     let state_dir = work.path().join("state");
     let state = state_dir.display().to_string();

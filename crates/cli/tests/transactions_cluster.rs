@@ -3,19 +3,28 @@
 //! the coordinator on one broker writing markers to partition leaders on the others over the
 //! inter-broker listener; the Java client's transactional producer end to end; and the
 //! coordinator killed (kill -9) in the middle of a transaction: the new leader of its
-//! `__transaction_state` partition loads the transaction and the commit completes there.
+//! `__transaction_state` partition loads the transaction and the commit completes there; and a
+//! partition leader stopped after the commit is decided and killed before its marker: the
+//! coordinator writes that marker to the partition's next leader.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use bytes::Bytes;
+use gregor_protocol::batch::{BatchBuilder, Batches};
+use gregor_protocol::records::decode_records;
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    AddPartitionsToTxnRequest, ApiKey, CreateTopicsRequest, DescribeTransactionsRequest,
-    EndTxnRequest, FindCoordinatorRequest, InitProducerIdRequest, ProducerId, RequestKind,
+    AddPartitionsToTxnRequest, ApiKey, BrokerId, CreateTopicsRequest, DescribeTransactionsRequest,
+    EndTxnRequest, FetchRequest, FetchResponse, FindCoordinatorRequest, InitProducerIdRequest,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, RequestKind,
     ResponseKind, TopicName, TransactionalId,
 };
 
@@ -70,7 +79,12 @@ fn coordinator_of(bootstrap: &str, id: &str) -> Result<(i32, String)> {
 /// A three-node cluster (combined roles) and topics `topics` with 3 partitions and
 /// replication factor 3.
 fn cluster_with_topics(topics: &[&str]) -> Result<(Cluster, KafkaConn)> {
-    let cluster = Cluster::start(&ClusterConfig::combined(gregor(), 3))?;
+    cluster_with_topics_of(&ClusterConfig::combined(gregor(), 3), topics)
+}
+
+/// [`cluster_with_topics`] with the cluster of `config`.
+fn cluster_with_topics_of(config: &ClusterConfig, topics: &[&str]) -> Result<(Cluster, KafkaConn)> {
+    let cluster = Cluster::start(config)?;
     let bootstrap = cluster.bootstrap();
     let first = bootstrap.split(',').next().context("a broker")?.to_string();
     let mut c = KafkaConn::connect(first.as_str(), "txn-cluster")?;
@@ -279,5 +293,257 @@ fn coordinator_failover_with_replication_factor_3() -> Result<()> {
     until("CompleteCommit", || {
         Ok(describe(&address)?.filter(|(s, _)| s == "CompleteCommit"))
     })?;
+    Ok(())
+}
+
+/// Each partition of `topic` with its leader's node id and address, once all have leaders, as
+/// `broker` sees them.
+fn leaders(broker: &str, topic: &str) -> Result<Vec<(i32, i32, String)>> {
+    until("partition leaders", || {
+        let mut c = KafkaConn::connect(broker, "txn-cluster")?;
+        let m: MetadataResponse = c.call(
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default().with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(sb(topic))))
+            ])),
+        )?;
+        let Some(t) = m.topics.first().filter(|t| t.error_code == 0) else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        for p in &t.partitions {
+            let Some(b) = m.brokers.iter().find(|b| b.node_id == p.leader_id) else {
+                return Ok(None);
+            };
+            out.push((
+                p.partition_index,
+                p.leader_id.0,
+                format!("{}:{}", b.host, b.port),
+            ));
+        }
+        out.sort();
+        Ok((out.len() == 3).then_some(out))
+    })
+}
+
+/// The values of `topic`-`partition` read with read_committed from `broker` (its leader), and
+/// whether a COMMIT marker follows them; fails unless the last stable offset reached the high
+/// watermark.
+fn read_committed(broker: &str, topic: &str, partition: i32) -> Result<(Vec<String>, bool)> {
+    let mut c = KafkaConn::connect(broker, "txn-cluster")?;
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_isolation_level(1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(1 << 20)])]);
+    let r: FetchResponse = c.call(ApiKey::Fetch, 12, &req)?;
+    let p = &r.responses[0].partitions[0];
+    ensure!(p.error_code == 0, "fetch error {}", p.error_code);
+    ensure!(
+        p.last_stable_offset == p.high_watermark,
+        "{topic}-{partition}: last stable offset {} below the high watermark {}",
+        p.last_stable_offset,
+        p.high_watermark
+    );
+    let mut values = Vec::new();
+    let mut committed = false;
+    if let Some(raw) = &p.records {
+        for item in Batches::new(raw) {
+            let (pos, h) = item?;
+            let recs = decode_records(&raw[pos..pos + h.total_size()])?;
+            if h.is_control() {
+                committed |= recs.first().and_then(|r| r.key.as_deref()) == Some(&[0, 0, 0, 1]);
+            } else {
+                values.extend(recs.iter().map(|r| {
+                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
+                }));
+            }
+        }
+    }
+    Ok((values, committed))
+}
+
+/// A partition leader crashes between the markers (issue 12): a transaction writes to the
+/// three partitions of a topic (replication factor 3, leaders on different nodes); the leader
+/// of one partition that is not the coordinator is stopped (SIGSTOP), then the producer
+/// commits. The coordinator decides the commit (PrepareCommit, once the stopped node has left
+/// the ISR of its `__transaction_state` partition) but cannot write that partition's marker;
+/// the stopped leader is then killed (SIGKILL). The coordinator must write the marker to the
+/// partition's next leader and complete the transaction, and read_committed must see every
+/// record of the transaction on every partition, followed by its COMMIT marker.
+#[test]
+fn a_partition_leader_killed_between_the_markers() -> Result<()> {
+    let topic = "between";
+    let (mut cluster, _c) = cluster_with_topics_of(
+        // The stopped node leaves ISRs after 3 s instead of 30 s, so the commit is decided
+        // quickly.
+        &ClusterConfig::combined(gregor(), 3).with("replica.lag.time.max.ms", "3000"),
+        &[topic],
+    )?;
+    let bootstrap = cluster.bootstrap();
+    let id = "between-markers";
+    let (node, address, r) = until("InitProducerId", || {
+        let (node, address) = coordinator_of(&bootstrap, id)?;
+        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
+        let ResponseKind::InitProducerId(r) = call(
+            &mut k,
+            ApiKey::InitProducerId,
+            5,
+            InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb(id))))
+                .with_transaction_timeout_ms(120_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .into(),
+        )?
+        else {
+            bail!("not InitProducerId")
+        };
+        Ok((![14, 15, 16].contains(&r.error_code)).then_some((node, address, r)))
+    })?;
+    ensure!(r.error_code == 0, "{r:?}");
+    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let before = leaders(&address, topic)?;
+    let (victim_partition, victim, _) = before
+        .iter()
+        .find(|(_, leader, _)| *leader != node)
+        .cloned()
+        .with_context(|| {
+            format!("every partition of {topic} is led by the coordinator: {before:?}")
+        })?;
+
+    let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
+    let ResponseKind::AddPartitionsToTxn(r) = call(
+        &mut k,
+        ApiKey::AddPartitionsToTxn,
+        3,
+        AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(sb(id)))
+            .with_v3_and_below_producer_id(ProducerId(pid))
+            .with_v3_and_below_producer_epoch(epoch)
+            .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(sb(topic)))
+                .with_partitions(vec![0, 1, 2])])
+            .into(),
+    )?
+    else {
+        bail!("not AddPartitionsToTxn")
+    };
+    ensure!(
+        r.results_by_topic_v3_and_below[0]
+            .results_by_partition
+            .iter()
+            .all(|p| p.partition_error_code == 0),
+        "{r:?}"
+    );
+    // Two records to each partition's leader, in the transaction (sequence 0 on each).
+    for (partition, _, leader) in &before {
+        let values = [format!("p{partition}-a"), format!("p{partition}-b")];
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+        let mut b = BatchBuilder::new(0, now)
+            .producer(pid, epoch, 0)
+            .transactional(true, false);
+        for v in &values {
+            b = b.record(now, None, Some(v.as_bytes()), &[]);
+        }
+        let records = Bytes::from(b.build());
+        let code = until("a transactional Produce", || {
+            let mut c = KafkaConn::connect(leader.as_str(), "txn-cluster")?;
+            let req = ProduceRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb(id))))
+                .with_acks(-1)
+                .with_timeout_ms(10_000)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(TopicName(sb(topic)))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(*partition)
+                        .with_records(Some(records.clone()))])]);
+            let r: ProduceResponse = c.call(ApiKey::Produce, 9, &req)?;
+            let code = r.responses[0].partition_responses[0].error_code;
+            // Retriable: NOT_ENOUGH_REPLICAS (19), CONCURRENT_TRANSACTIONS (51).
+            Ok((![19, 51].contains(&code)).then_some(code))
+        })?;
+        ensure!(code == 0, "Produce to {topic}-{partition}: error {code}");
+    }
+
+    // The victim stops before the commit: its marker cannot be written.
+    cluster.node_mut(victim).pause()?;
+    let code = until("EndTxn", || {
+        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
+        let ResponseKind::EndTxn(r) = call(
+            &mut k,
+            ApiKey::EndTxn,
+            4,
+            EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(sb(id)))
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_committed(true)
+                .into(),
+        )?
+        else {
+            bail!("not EndTxn")
+        };
+        // Retriable: REQUEST_TIMED_OUT (7), NOT_ENOUGH_REPLICAS (19, 20), coordinator moves.
+        Ok((![7, 14, 15, 16, 19, 20].contains(&r.error_code)).then_some(r.error_code))
+    })?;
+    ensure!(code == 0, "EndTxn: {code}");
+    let describe = |address: &str| -> Result<Option<String>> {
+        let mut k = KafkaConn::connect(address, "txn-cluster")?;
+        let ResponseKind::DescribeTransactions(d) = call(
+            &mut k,
+            ApiKey::DescribeTransactions,
+            0,
+            DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(sb(id))])
+                .into(),
+        )?
+        else {
+            bail!("not DescribeTransactions")
+        };
+        let s = &d.transaction_states[0];
+        Ok((s.error_code == 0).then(|| s.transaction_state.to_string()))
+    };
+    let state = until("the transaction's state", || describe(&address))?;
+    ensure!(
+        state == "PrepareCommit",
+        "the commit completed while the leader of {topic}-{victim_partition} (node {victim}) \
+         was stopped: {state}"
+    );
+    cluster.node_mut(victim).kill9()?;
+    eprintln!(
+        "node {victim}, leader of {topic}-{victim_partition}, killed with the transaction in \
+         PrepareCommit"
+    );
+    until("CompleteCommit", || {
+        Ok(describe(&address)?.filter(|s| s == "CompleteCommit"))
+    })?;
+    let after = leaders(&address, topic)?;
+    for (partition, leader, addr) in &after {
+        ensure!(
+            *leader != victim,
+            "{topic}-{partition} still led by the killed node"
+        );
+        let (values, committed) = until("the records and the marker", || {
+            Ok(read_committed(addr, topic, *partition)
+                .ok()
+                .filter(|(_, c)| *c))
+        })?;
+        ensure!(
+            values == [format!("p{partition}-a"), format!("p{partition}-b")],
+            "{topic}-{partition} read_committed: {values:?}"
+        );
+        ensure!(committed);
+    }
     Ok(())
 }
