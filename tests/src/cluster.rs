@@ -308,7 +308,6 @@ impl ControllerSasl {
                     self.protocol
                 ),
             ),
-            p("listener.name.controller.ssl.client.auth", "none".into()),
             p(
                 "listener.name.controller.sasl.enabled.mechanisms",
                 self.mechanism.into(),
@@ -610,6 +609,12 @@ impl Node {
         if let Some(security) = &self.security {
             // Later lines win: this replaces the PLAINTEXT-only protocol map above.
             for (k, v) in security.properties() {
+                // A SASL controller listener authenticates with SASL, not a client
+                // certificate (and a SASL_PLAINTEXT one has no TLS keys at all).
+                if self.controller_sasl.is_some() && k == "listener.name.controller.ssl.client.auth"
+                {
+                    continue;
+                }
                 lines.push(format!("{k}={v}"));
             }
             for (k, v) in self
