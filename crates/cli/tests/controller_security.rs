@@ -474,7 +474,7 @@ fn sasl_ssl_controller_listener_with_plain() -> Result<()> {
     Ok(())
 }
 
-/// SCRAM on the controller listener (SASL_PLAINTEXT, SCRAM-SHA-256) of a one-controller
+/// SCRAM on the controller listener (SASL_SSL, SCRAM-SHA-256) of a one-controller
 /// quorum with two brokers: the controller serves SCRAM logins with the credentials formatted
 /// into its bootstrap checkpoint (`storage format --add-scram`, KIP-900) once its metadata is
 /// loaded, so both brokers register and replicate.
@@ -483,7 +483,7 @@ fn scram_controller_listener_of_a_single_controller() -> Result<()> {
     let pki = tempfile::tempdir()?;
     make_pki(pki.path())?;
     let controller_sasl = ControllerSasl {
-        protocol: "SASL_PLAINTEXT",
+        protocol: "SASL_SSL",
         mechanism: "SCRAM-SHA-256",
         user: "ctrl".into(),
         password: "ctrl-secret".into(),
@@ -505,7 +505,7 @@ fn scram_controller_listener_of_a_single_controller() -> Result<()> {
     cluster.wait_ready(Duration::from_secs(120))?;
     let text = std::fs::read_to_string(cluster.node(2).config_file())?;
     ensure!(
-        text.contains("CONTROLLER:SASL_PLAINTEXT")
+        text.contains("CONTROLLER:SASL_SSL")
             && text.contains("sasl.mechanism.controller.protocol=SCRAM-SHA-256"),
         "{text}"
     );
