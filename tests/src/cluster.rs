@@ -268,7 +268,8 @@ pub struct ClusterOptions {
 /// in to each other before their metadata is loaded).
 #[derive(Debug, Clone)]
 pub struct ControllerSasl {
-    /// `SASL_SSL` or `SASL_PLAINTEXT`.
+    /// `SASL_SSL`, or `SASL_PLAINTEXT` where every node is a broker (a controller-only node
+    /// would have no TLS listener for the shared `ssl.*` keys, which gregor refuses).
     pub protocol: &'static str,
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
     pub mechanism: &'static str,
