@@ -254,6 +254,87 @@ pub struct ClusterOptions {
     pub log_dirs_per_broker: usize,
     /// Secure the cluster's own traffic (issue 13): see [`InternalSecurity`].
     pub internal_security: Option<InternalSecurity>,
+    /// With [`ClusterOptions::internal_security`]: a SASL controller listener instead of SSL
+    /// with mTLS (see [`ControllerSasl`]).
+    pub controller_sasl: Option<ControllerSasl>,
+}
+
+/// The CONTROLLER listener of a cluster with [`InternalSecurity`] on SASL (`SASL_SSL`, or
+/// `SASL_PLAINTEXT`) instead of SSL with mTLS: the listener enables `mechanism`, and every node
+/// logs in to it as `user` (`sasl.mechanism.controller.protocol` and the listener's JAAS
+/// config `username`/`password`). With PLAIN the listener's users are `user` and
+/// `other_users`; with SCRAM-SHA-256/512 they are formatted into the controllers with
+/// `--add-scram` (KIP-900), which a quorum of one controller can use (voters could not log
+/// in to each other before their metadata is loaded).
+#[derive(Debug, Clone)]
+pub struct ControllerSasl {
+    /// `SASL_SSL`, or `SASL_PLAINTEXT` where every node is a broker (a controller-only node
+    /// would have no TLS listener for the shared `ssl.*` keys, which gregor refuses).
+    pub protocol: &'static str,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: &'static str,
+    /// The nodes' own user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// More users of the listener (for the test's own tools), name and password.
+    pub other_users: Vec<(String, String)>,
+}
+
+impl ControllerSasl {
+    /// The properties that replace [`InternalSecurity`]'s controller listener.
+    fn properties(&self) -> Vec<(String, String)> {
+        let p = |k: &str, v: String| (k.to_string(), v);
+        let lower = self.mechanism.to_ascii_lowercase();
+        let jaas = if self.mechanism == "PLAIN" {
+            let mut users = format!(" user_{}=\"{}\"", self.user, self.password);
+            for (u, pw) in &self.other_users {
+                let _ = write!(users, " user_{u}=\"{pw}\"");
+            }
+            format!(
+                "org.apache.kafka.common.security.plain.PlainLoginModule required username=\"{}\" password=\"{}\"{users};",
+                self.user, self.password
+            )
+        } else {
+            format!(
+                "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"{}\" password=\"{}\";",
+                self.user, self.password
+            )
+        };
+        vec![
+            p(
+                "listener.security.protocol.map",
+                format!(
+                    "PLAINTEXT:PLAINTEXT,CONTROLLER:{},INTERNAL:SASL_SSL",
+                    self.protocol
+                ),
+            ),
+            p(
+                "listener.name.controller.sasl.enabled.mechanisms",
+                self.mechanism.into(),
+            ),
+            p("sasl.mechanism.controller.protocol", self.mechanism.into()),
+            p(
+                &format!("listener.name.controller.{lower}.sasl.jaas.config"),
+                jaas,
+            ),
+        ]
+    }
+
+    /// The `--add-scram` arguments of a controller's format.
+    fn format_args(&self) -> Vec<String> {
+        if self.mechanism == "PLAIN" {
+            return Vec::new();
+        }
+        let mut args = Vec::new();
+        for (u, pw) in std::iter::once((&self.user, &self.password))
+            .chain(self.other_users.iter().map(|(u, pw)| (u, pw)))
+        {
+            args.push("--add-scram".to_string());
+            args.push(format!("{}=[name={u},password={pw}]", self.mechanism));
+        }
+        args
+    }
 }
 
 /// A cluster whose own traffic is secured: the CONTROLLER listener is `SSL` with
@@ -314,6 +395,14 @@ impl ClusterOptions {
     #[must_use]
     pub fn with_internal_security(mut self, security: InternalSecurity) -> Self {
         self.internal_security = Some(security);
+        self
+    }
+
+    /// With a SASL controller listener (see [`ControllerSasl`]; needs
+    /// [`ClusterOptions::with_internal_security`]).
+    #[must_use]
+    pub fn with_controller_sasl(mut self, sasl: ControllerSasl) -> Self {
+        self.controller_sasl = Some(sasl);
         self
     }
 
@@ -379,6 +468,8 @@ pub struct Node {
     /// [`ClusterOptions::internal_security`].
     pub internal_port: Option<u16>,
     security: Option<InternalSecurity>,
+    /// [`ClusterOptions::controller_sasl`].
+    controller_sasl: Option<ControllerSasl>,
 }
 
 impl Node {
@@ -519,6 +610,19 @@ impl Node {
         if let Some(security) = &self.security {
             // Later lines win: this replaces the PLAINTEXT-only protocol map above.
             for (k, v) in security.properties() {
+                // A SASL controller listener authenticates with SASL, not a client
+                // certificate (and a SASL_PLAINTEXT one has no TLS keys at all).
+                if self.controller_sasl.is_some() && k == "listener.name.controller.ssl.client.auth"
+                {
+                    continue;
+                }
+                lines.push(format!("{k}={v}"));
+            }
+            for (k, v) in self
+                .controller_sasl
+                .iter()
+                .flat_map(ControllerSasl::properties)
+            {
                 lines.push(format!("{k}={v}"));
             }
         }
@@ -1114,6 +1218,9 @@ impl Cluster {
                             "SCRAM-SHA-512=[name={},password={}]",
                             sec.scram_user, sec.scram_password
                         ));
+                        if let Some(c) = &options.controller_sasl {
+                            args.extend(c.format_args());
+                        }
                     }
                     args
                 } else {
@@ -1123,6 +1230,10 @@ impl Cluster {
                     .then(|| ports.next())
                     .flatten(),
                 security: options.internal_security.clone(),
+                controller_sasl: options
+                    .controller_sasl
+                    .clone()
+                    .filter(|_| options.internal_security.is_some()),
             });
         }
         let mut network = network;

@@ -61,6 +61,11 @@ const CONTROLLER_API_KEYS: &[ApiKey] = &[
     ApiKey::UpdateFeatures,
     ApiKey::AlterPartitionReassignments,
     ApiKey::ListPartitionReassignments,
+    // Answered by the SASL authenticator on a SASL listener (Kafka lists them on every
+    // controller listener; the Java client picks its SaslHandshake and SaslAuthenticate
+    // versions from this list, and falls back to handshake v0 without them).
+    ApiKey::SaslHandshake,
+    ApiKey::SaslAuthenticate,
 ];
 
 /// Kafka 4.4's version ranges of the broker-to-controller RPCs (`BrokerRegistration` 0-4,
@@ -181,7 +186,9 @@ impl ControllerApis {
             | ApiKey::ListPartitionReassignments
             | ApiKey::AlterUserScramCredentials
             | ApiKey::CreateAcls
-            | ApiKey::DeleteAcls => crate::handlers::supported_versions(api_key),
+            | ApiKey::DeleteAcls
+            | ApiKey::SaslHandshake
+            | ApiKey::SaslAuthenticate => crate::handlers::supported_versions(api_key),
             other => controller_rpc_versions(other).or_else(|| kraft::versions(other)),
         }
     }
@@ -359,6 +366,26 @@ impl gregor_network::RequestHandler for ControllerApis {
                 };
                 Handled::Ready(respond(&header, api_key, response))
             }
+            // Kafka's `handleSaslHandshakeRequest`/`handleSaslAuthenticateRequest`: a SASL
+            // request that reaches the API layer (a listener without SASL, or one already
+            // authenticated) is out of place.
+            RequestKind::SaslHandshake(_) => Handled::Ready(respond(
+                &header,
+                api_key,
+                m::SaslHandshakeResponse::default()
+                    .with_error_code(ErrorCode::IllegalSaslState.code())
+                    .into(),
+            )),
+            RequestKind::SaslAuthenticate(_) => Handled::Ready(respond(
+                &header,
+                api_key,
+                m::SaslAuthenticateResponse::default()
+                    .with_error_code(ErrorCode::IllegalSaslState.code())
+                    .with_error_message(Some(sb(
+                        "SaslAuthenticate request received after successful authentication",
+                    )))
+                    .into(),
+            )),
             RequestKind::DescribeQuorum(r) => {
                 let (raft, authorizer, ctx) =
                     (self.raft.clone(), self.authorizer.clone(), ctx.clone());
@@ -693,6 +720,9 @@ mod tests {
         assert_eq!(range(62), (0, 4), "BrokerRegistration");
         assert_eq!(range(63), (0, 2), "BrokerHeartbeat");
         assert_eq!(range(58), (0, 0), "Envelope");
+        // SaslHandshake and SaslAuthenticate, as Kafka lists them on controller listeners.
+        assert_eq!(range(17), (0, 1), "SaslHandshake");
+        assert_eq!(range(36), (0, 2), "SaslAuthenticate");
         // No controller handed over yet: NOT_CONTROLLER, never a hang.
         let hb = apis
             .broker_heartbeat(&m::BrokerHeartbeatRequest::default().with_broker_id(BrokerId(1)))

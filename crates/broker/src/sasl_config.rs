@@ -352,9 +352,10 @@ impl SaslSettings {
 
     /// Checks the SASL listeners gregor's own clients use: the inter-broker listener must
     /// enable `sasl.mechanism.inter.broker.protocol` (Kafka: "must be included in
-    /// sasl.enabled.mechanisms when SASL is used for inter-broker communication"); a
-    /// controller listener cannot use SASL yet (controller listeners are bound without an
-    /// authenticator; SSL with mTLS secures them).
+    /// sasl.enabled.mechanisms when SASL is used for inter-broker communication"). A SASL
+    /// controller listener is served like any other (its SCRAM credentials from the metadata
+    /// image once this node has loaded it, as Kafka's `ControllerServer` with its
+    /// `ScramPublisher`); Kafka checks nothing more about it, and neither does this.
     ///
     /// # Errors
     /// The key at fault.
@@ -370,20 +371,6 @@ impl SaslSettings {
                         format!("sasl.mechanism.inter.broker.protocol must be included in sasl.enabled.mechanisms of the inter-broker listener {l} when SASL is used for inter-broker communication"),
                     ));
                 }
-            }
-        }
-        for l in &config.quorum.controller_listener_names {
-            let sasl = self.listeners.contains_key(l)
-                || config
-                    .listener_security_protocol_map
-                    .get(l)
-                    .is_some_and(|p| p.uses_sasl());
-            if sasl {
-                return Err(ConfigError::new(
-                    "controller.listener.names",
-                    l,
-                    format!("controller listener {l} uses SASL, which gregor's controller listeners do not serve yet; use SSL (with ssl.client.auth=required for mTLS) or PLAINTEXT"),
-                ));
             }
         }
         Ok(())
@@ -651,6 +638,40 @@ impl ScramCredentialStore for ImageScramCredentials {
     }
 }
 
+/// SCRAM credentials from the metadata image of a controller that is not loaded yet: the
+/// controller listeners serve before this node's metadata is loaded (the voters must elect a
+/// leader first), and until the handle is set every SCRAM login fails for an unknown user, as
+/// Kafka's controller answers before its `ScramPublisher` has filled its credential cache.
+#[derive(Default)]
+pub struct LoadedImageScramCredentials(
+    pub Arc<std::sync::OnceLock<gregor_metadata::controller::ControllerHandle>>,
+);
+
+impl ScramCredentialStore for LoadedImageScramCredentials {
+    fn credential(&self, user: &str, mechanism: ScramMechanism) -> Option<ScramCredential> {
+        let controller = self.0.get()?;
+        ImageScramCredentials(controller.clone()).credential(user, mechanism)
+    }
+}
+
+/// Why this node's controller listener cannot carry its voters' own traffic, if it cannot:
+/// `sasl.mechanism.controller.protocol` is a SCRAM mechanism and the quorum has other voters.
+/// SCRAM credentials live in the metadata log, which a voter loads only after a leader is
+/// elected, so voters that must log in with SCRAM to vote never elect one on a new cluster
+/// (KAFKA-15513; KIP-900 bootstraps the credentials for brokers). Kafka starts anyway; gregor
+/// too, with this warning.
+pub fn controller_scram_warning(config: &crate::config::BrokerConfig) -> Option<String> {
+    let name = config.quorum.controller_listener_names.first()?;
+    let protocol = config.listener_security_protocol_map.get(name)?;
+    let mechanism = config
+        .raw
+        .get("sasl.mechanism.controller.protocol")
+        .map(|m| m.trim())?;
+    let others = config.quorum.voters.ids().any(|v| v != config.node_id);
+    (protocol.uses_sasl() && mechanism.starts_with("SCRAM-") && config.quorum.controller && others)
+        .then(|| format!("the controller listener {name} authenticates the voters to each other with {mechanism} (sasl.mechanism.controller.protocol), whose credentials are in the metadata log that a voter loads only after a leader is elected: a new quorum cannot elect one; use PLAIN (or SSL with mTLS) for the controller listener"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -813,6 +834,64 @@ mod tests {
             ("sasl.oauthbearer.jwks.endpoint.refresh.ms", "-1")
         ])
         .is_err());
+    }
+
+    #[test]
+    fn sasl_controller_listeners_are_served_with_the_controller_mechanism() {
+        use crate::config::BrokerConfig;
+        let base = [
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+            ),
+            ("controller.listener.names", "CONTROLLER"),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            ),
+            ("listener.name.controller.sasl.enabled.mechanisms", "PLAIN"),
+            (
+                "listener.name.controller.plain.sasl.jaas.config",
+                r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="ctrl" password="s" user_ctrl="s";"#,
+            ),
+        ];
+        let with = |kv: &[(&str, &str)]| {
+            let mut p = props(&base);
+            p.extend(props(kv));
+            BrokerConfig::from_properties(p)
+        };
+        // gregor's own client needs a mechanism it speaks (Kafka's default is GSSAPI).
+        let e = with(&[]).unwrap_err();
+        assert_eq!(e.name, "sasl.mechanism.controller.protocol");
+        let (c, _) = with(&[("sasl.mechanism.controller.protocol", "PLAIN")]).unwrap();
+        assert_eq!(
+            c.sasl.listeners["CONTROLLER"].mechanisms,
+            [Mechanism::Plain]
+        );
+        assert_eq!(c.sasl.listeners["CONTROLLER"].plain_users["ctrl"], "s");
+        assert!(controller_scram_warning(&c).is_none());
+        // SCRAM between voters is accepted (as by Kafka) with a warning; alone, without one.
+        let scram = [
+            ("sasl.mechanism.controller.protocol", "SCRAM-SHA-512"),
+            (
+                "listener.name.controller.sasl.enabled.mechanisms",
+                "SCRAM-SHA-512",
+            ),
+            (
+                "listener.name.controller.scram-sha-512.sasl.jaas.config",
+                r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="ctrl" password="s";"#,
+            ),
+        ];
+        let (c, _) = with(&scram).unwrap();
+        assert!(controller_scram_warning(&c).is_none());
+        let mut voters = scram.to_vec();
+        voters.push((
+            "controller.quorum.voters",
+            "1@127.0.0.1:9093,2@127.0.0.1:9095,3@127.0.0.1:9097",
+        ));
+        let (c, _) = with(&voters).unwrap();
+        let w = controller_scram_warning(&c).unwrap();
+        assert!(w.contains("SCRAM-SHA-512"), "{w}");
     }
 
     #[test]

@@ -447,6 +447,26 @@ pub async fn start_with_authorizer(
             failed_dirs.values().cloned().collect::<Vec<_>>().join("; ")
         )));
     }
+    // Signed OAUTHBEARER tokens (KIP-768): each JWKS is read before any listener serves (the
+    // controller listeners serve before the metadata is loaded).
+    let (jwks_validators, jwks_tasks) = config
+        .sasl
+        .start_jwks_validators(&shutdown_rx)
+        .await
+        .map_err(|e| StartError::Sasl(e.to_string()))?;
+    tasks.extend(jwks_tasks);
+    if let Some(w) = crate::sasl_config::controller_scram_warning(&config) {
+        warn!("{w}");
+    }
+    // SCRAM credentials of the listeners: the metadata image's, once it is loaded (a SASL
+    // controller listener serves before; its SCRAM logins fail until then).
+    let image_for_scram = Arc::new(std::sync::OnceLock::new());
+    let scram_store: Arc<dyn gregor_network::sasl::ScramCredentialStore> = Arc::new(
+        crate::sasl_config::LoadedImageScramCredentials(image_for_scram.clone()),
+    );
+    let sasl_configs = config
+        .sasl
+        .server_configs_with(&scram_store, &jwks_validators);
     let raft = crate::metadata_publisher::start_quorum_with(
         &config,
         &metadata_log_dir(&config),
@@ -477,8 +497,7 @@ pub async fn start_with_authorizer(
     );
     if !controller_endpoints.is_empty() {
         let listeners =
-            match gregor_network::bind_with_layers(controller_endpoints, &Default::default()).await
-            {
+            match gregor_network::bind_with_layers(controller_endpoints, &sasl_configs).await {
                 Ok(l) => l,
                 Err(e) => {
                     raft.shutdown().await;
@@ -507,6 +526,7 @@ pub async fn start_with_authorizer(
             .map_err(|e| StartError::Metadata(e.to_string()))?;
     }
     controller_apis.set_controller(controller.clone());
+    let _ = image_for_scram.set(controller.clone());
     // BrokerRegistration, heartbeats, forwarded admin requests: to the active controller.
     let controller_client = Arc::new(
         crate::controller_channel::ControllerClient::new(
@@ -520,23 +540,7 @@ pub async fn start_with_authorizer(
 
     // Listeners with a security protocol gregor does not implement are refused here (and
     // already by the config), never served as plaintext.
-    let scram_store: Arc<dyn gregor_network::sasl::ScramCredentialStore> = Arc::new(
-        crate::sasl_config::ImageScramCredentials(controller.clone()),
-    );
-    // Signed OAUTHBEARER tokens (KIP-768): each JWKS is read before the listener serves.
-    let (jwks_validators, jwks_tasks) = config
-        .sasl
-        .start_jwks_validators(&shutdown_rx)
-        .await
-        .map_err(|e| StartError::Sasl(e.to_string()))?;
-    tasks.extend(jwks_tasks);
-    let listeners = gregor_network::bind_with_layers(
-        broker_endpoints,
-        &config
-            .sasl
-            .server_configs_with(&scram_store, &jwks_validators),
-    )
-    .await?;
+    let listeners = gregor_network::bind_with_layers(broker_endpoints, &sasl_configs).await?;
     let bound: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr).collect();
     let bound_ports: Vec<(String, u16)> = listeners
         .iter()
