@@ -1191,8 +1191,12 @@ impl BrokerConfig {
         for l in &self.listeners {
             let prefix = format!("listener.name.{}.", l.name.to_ascii_lowercase());
             let get = |key: &str| {
-                self.raw_i64(&format!("{prefix}{key}"), i64::from(i32::MAX), 0, i64::from(i32::MAX))
-                    as i32
+                self.raw_i64(
+                    &format!("{prefix}{key}"),
+                    i64::from(i32::MAX),
+                    0,
+                    i64::from(i32::MAX),
+                ) as i32
             };
             let quota = gregor_network::quotas::ListenerConnectionQuota {
                 max_connections: get("max.connections"),
@@ -2632,7 +2636,10 @@ mod tests {
         let e = err(&[("listener.name.plaintext.max.connections", "-1")]);
         assert_eq!(e.name, "listener.name.plaintext.max.connections");
         let e = err(&[("listener.name.plaintext.max.connection.creation.rate", "x")]);
-        assert_eq!(e.name, "listener.name.plaintext.max.connection.creation.rate");
+        assert_eq!(
+            e.name,
+            "listener.name.plaintext.max.connection.creation.rate"
+        );
     }
 
     /// Defect: the dynamic `listener.name.<l>.ssl.*` keys (applied at run time by the TLS
@@ -2640,10 +2647,14 @@ mod tests {
     #[test]
     fn per_listener_keys_are_acted_on() {
         assert!(acted_on("listener.name.external.ssl.keystore.location"));
-        assert!(acted_on("listener.name.external.ssl.keystore.certificate.chain"));
+        assert!(acted_on(
+            "listener.name.external.ssl.keystore.certificate.chain"
+        ));
         assert!(acted_on("listener.name.external.ssl.client.auth"));
         assert!(acted_on("listener.name.external.max.connections"));
-        assert!(acted_on("listener.name.external.max.connection.creation.rate"));
+        assert!(acted_on(
+            "listener.name.external.max.connection.creation.rate"
+        ));
         assert!(!acted_on("listener.name.external.ssl.keymanager.algorithm"));
         assert!(!acted_on("listener.name.external.max.connections.per.ip"));
         assert!(!acted_on("listener.name..max.connections"));

@@ -55,13 +55,15 @@ impl ConnectionLimitsPublisher {
     /// Every connection limit key (set anywhere) with its value: the dynamic one for this
     /// broker, else the cluster default, else the static one.
     fn effective(&self, dynamic: &DynamicBrokerConfigs) -> BTreeMap<String, String> {
-        let keys = BROKER_KEYS.iter().map(|k| (*k).to_string()).chain(
-            self.listeners.iter().flat_map(|l| {
-                LISTENER_KEYS
-                    .iter()
-                    .map(move |k| format!("listener.name.{}.{k}", l.to_ascii_lowercase()))
-            }),
-        );
+        let keys =
+            BROKER_KEYS
+                .iter()
+                .map(|k| (*k).to_string())
+                .chain(self.listeners.iter().flat_map(|l| {
+                    LISTENER_KEYS
+                        .iter()
+                        .map(move |k| format!("listener.name.{}.{k}", l.to_ascii_lowercase()))
+                }));
         keys.filter_map(|k| {
             let v = dynamic
                 .get(&k)
@@ -172,7 +174,10 @@ mod tests {
         let fixed = p.limits(&p.effective(&DynamicBrokerConfigs::default()));
         assert_eq!(fixed.max_connections, 100);
         assert_eq!(fixed.listeners["EXTERNAL"].max_connections, 5);
-        assert_eq!(fixed.listeners["PLAINTEXT"], ListenerConnectionQuota::default());
+        assert_eq!(
+            fixed.listeners["PLAINTEXT"],
+            ListenerConnectionQuota::default()
+        );
         let dynamic = DynamicBrokerConfigs {
             per_broker: BTreeMap::from([(
                 "listener.name.external.max.connections".to_string(),

@@ -854,6 +854,33 @@ fn request_percentage_on_coordinator_apis(bootstrap: &str, implementation: &str)
         Ok(())
     };
 
+    // The coordinators' topics exist before the quota'd clients start (Kafka creates them on
+    // the first FindCoordinator).
+    let find = |key: &str, key_type: i8| -> Result<()> {
+        let mut c = KafkaConn::connect(bootstrap, "rp-setup")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r: FindCoordinatorResponse = c.call(
+                ApiKey::FindCoordinator,
+                4,
+                &FindCoordinatorRequest::default()
+                    .with_key_type(key_type)
+                    .with_coordinator_keys(vec![sb(key)]),
+            )?;
+            if r.coordinators.first().is_some_and(|c| c.error_code == 0) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{implementation}: no coordinator for {key}: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    find("rp-group", 0)?;
+    find("rp-txn-group", 0)?;
+    find("rp-txn-id", 1)?;
+
     // A group member.
     saturate_request_quota(bootstrap, "rp-member", implementation)?;
     let mut m = KafkaConn::connect(bootstrap, "rp-member")?;
@@ -875,7 +902,10 @@ fn request_percentage_on_coordinator_apis(bootstrap: &str, implementation: &str)
     let r = join(&mut m, "")?;
     // MEMBER_ID_REQUIRED (79) is the expected first answer of v4+.
     check("JoinGroup (member id required)", r.throttle_time_ms, 0)?;
-    ensure!(r.error_code == 79, "{implementation}: first JoinGroup: {r:?}");
+    ensure!(
+        r.error_code == 79,
+        "{implementation}: first JoinGroup: {r:?}"
+    );
     let member = r.member_id.to_string();
     let r = join(&mut m, &member)?;
     check("JoinGroup", r.throttle_time_ms, r.error_code)?;
@@ -931,15 +961,24 @@ fn request_percentage_on_coordinator_apis(bootstrap: &str, implementation: &str)
     // A transactional producer.
     saturate_request_quota(bootstrap, "rp-txn", implementation)?;
     let mut p = KafkaConn::connect(bootstrap, "rp-txn")?;
-    let r: InitProducerIdResponse = p.call(
-        ApiKey::InitProducerId,
-        3,
-        &InitProducerIdRequest::default()
-            .with_transactional_id(Some(TransactionalId(sb("rp-txn-id"))))
-            .with_transaction_timeout_ms(60_000)
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1),
-    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r: InitProducerIdResponse = p.call(
+            ApiKey::InitProducerId,
+            3,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb("rp-txn-id"))))
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        )?;
+        // Retriable while the transaction coordinator loads: COORDINATOR_LOAD_IN_PROGRESS,
+        // COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, CONCURRENT_TRANSACTIONS.
+        if ![14, 15, 16, 51].contains(&r.error_code) || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     check("InitProducerId", r.throttle_time_ms, r.error_code)?;
     let (pid, epoch) = (r.producer_id, r.producer_epoch);
     let r: AddPartitionsToTxnResponse = p.call(

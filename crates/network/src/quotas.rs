@@ -408,7 +408,13 @@ impl ConnectionQuotas {
     fn slot_available(&self, counts: &Counts, listener: &str) -> bool {
         let limits = self.limits.lock();
         let open = counts.listeners.get(listener).copied().unwrap_or(0);
-        if open >= limits.listener_max.get(listener).copied().unwrap_or(usize::MAX) {
+        if open
+            >= limits
+                .listener_max
+                .get(listener)
+                .copied()
+                .unwrap_or(usize::MAX)
+        {
             false
         } else if self.protected(counts, listener) {
             true
@@ -441,7 +447,10 @@ impl ConnectionQuotas {
         let listener = listener.to_ascii_uppercase();
         let (broker_bound, listener_bound) = {
             let limits = self.limits.lock();
-            (limits.broker_rate, limits.listener_rates.get(&listener).copied())
+            (
+                limits.broker_rate,
+                limits.listener_rates.get(&listener).copied(),
+            )
         };
         if broker_bound.is_none() && listener_bound.is_none() {
             return 0;
@@ -459,9 +468,7 @@ impl ConnectionQuotas {
         let own = match listener_bound {
             Some(bound) => {
                 let mut rates = self.listener_rates.lock();
-                let rate = rates
-                    .entry(listener)
-                    .or_insert_with(|| self.new_rate());
+                let rate = rates.entry(listener).or_insert_with(|| self.new_rate());
                 rate.record(1.0, now);
                 rate.throttle_time_ms(bound, now)
             }
@@ -500,7 +507,10 @@ impl ConnectionQuotas {
         let listener = listener.to_ascii_uppercase();
         let (broker_bound, listener_bound) = {
             let limits = self.limits.lock();
-            (limits.broker_rate, limits.listener_rates.get(&listener).copied())
+            (
+                limits.broker_rate,
+                limits.listener_rates.get(&listener).copied(),
+            )
         };
         if broker_bound.is_some() && !self.protected(&self.counts.lock(), &listener) {
             self.broker_rate.lock().record(-1.0, now);
@@ -663,7 +673,9 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().expect("ip");
         let b: IpAddr = "10.0.0.2".parse().expect("ip");
         let q = ConnectionQuotas::new(100, 1, &HashMap::from([(b, 2)]));
-        let a1 = q.register(a, slot_now(&q, "L").await).expect("first from a");
+        let a1 = q
+            .register(a, slot_now(&q, "L").await)
+            .expect("first from a");
         assert_eq!(
             q.register(a, slot_now(&q, "L").await).err(),
             Some(TooManyConnections { ip: a, max: 1 })

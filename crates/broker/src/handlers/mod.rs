@@ -525,8 +525,12 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::FindCoordinator(r) => {
             ready(groups::find_coordinator(broker, ctx, &r, v).await.into())
         }
-        RequestKind::JoinGroup(r) => maybe_throttle(broker, ctx, started, groups::join_group(broker, ctx, r)),
-        RequestKind::SyncGroup(r) => maybe_throttle(broker, ctx, started, groups::sync_group(broker, ctx, r)),
+        RequestKind::JoinGroup(r) => {
+            maybe_throttle(broker, ctx, started, groups::join_group(broker, ctx, r))
+        }
+        RequestKind::SyncGroup(r) => {
+            maybe_throttle(broker, ctx, started, groups::sync_group(broker, ctx, r))
+        }
         RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, ctx, &r, v).into()),
         RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, ctx, &r, v).into()),
         RequestKind::OffsetCommit(r) => {
@@ -537,19 +541,30 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::ListGroups(r) => ready(groups::list_groups(broker, ctx, &r, v).into()),
         RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, ctx, &r, v).into()),
         RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, ctx, &r, v).into()),
-        RequestKind::ConsumerGroupHeartbeat(r) => {
-            maybe_throttle(broker, ctx, started, consumer_group::heartbeat(broker, ctx, &r))
-        }
+        RequestKind::ConsumerGroupHeartbeat(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            consumer_group::heartbeat(broker, ctx, &r),
+        ),
         RequestKind::ConsumerGroupDescribe(r) => {
             ready(consumer_group::describe(broker, ctx, &r, v).into())
         }
-        RequestKind::AddPartitionsToTxn(r) => {
-            maybe_throttle(broker, ctx, started, txn::add_partitions_to_txn(broker, ctx, r))
+        RequestKind::AddPartitionsToTxn(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            txn::add_partitions_to_txn(broker, ctx, r),
+        ),
+        RequestKind::AddOffsetsToTxn(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            txn::add_offsets_to_txn(broker, ctx, &r),
+        ),
+        RequestKind::EndTxn(r) => {
+            maybe_throttle(broker, ctx, started, txn::end_txn(broker, ctx, &r))
         }
-        RequestKind::AddOffsetsToTxn(r) => {
-            maybe_throttle(broker, ctx, started, txn::add_offsets_to_txn(broker, ctx, &r))
-        }
-        RequestKind::EndTxn(r) => maybe_throttle(broker, ctx, started, txn::end_txn(broker, ctx, &r)),
         RequestKind::TxnOffsetCommit(r) => {
             maybe_throttle(broker, ctx, started, txn::txn_offset_commit(broker, ctx, r))
         }
