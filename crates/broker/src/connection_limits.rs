@@ -108,10 +108,11 @@ impl ConnectionLimitsPublisher {
                     (
                         l.clone(),
                         ListenerConnectionQuota {
-                            max_connections: int(&format!("{prefix}max.connections")),
-                            max_connection_creation_rate: int(&format!(
+                            max_connections: int(format!("{prefix}max.connections").as_str()),
+                            max_connection_creation_rate: int(format!(
                                 "{prefix}max.connection.creation.rate"
-                            )),
+                            )
+                            .as_str()),
                         },
                     )
                 })
