@@ -549,6 +549,23 @@ impl ConnectionQuotas {
         }
     }
 
+    /// Waits until `listener` may take another connection, without taking it: the acceptor
+    /// waits here before `accept()`, so that a listener waiting for its next connection holds
+    /// no slot, and takes the slot with [`Self::wait_for_connection_slot`] once it has one.
+    pub async fn wait_for_free_slot(&self, listener: &str) {
+        let listener = listener.to_ascii_uppercase();
+        loop {
+            let freed = self.slot_freed.notified();
+            tokio::pin!(freed);
+            // Registered before the check, so that a slot freed in between wakes it.
+            freed.as_mut().enable();
+            if self.slot_available(&self.counts.lock(), &listener) {
+                return;
+            }
+            freed.await;
+        }
+    }
+
     /// Open connections on `listener` (any case).
     pub fn connections_on(&self, listener: &str) -> usize {
         self.counts
@@ -749,6 +766,28 @@ mod tests {
             out.push(slot_now(q, l).await);
         }
         out
+    }
+
+    /// Defect: each listener's acceptor took a slot before `accept()` and held it while idle,
+    /// so with `max.connections` 2 and two listeners only one client connection was served.
+    #[tokio::test]
+    async fn an_idle_acceptor_holds_no_slot() {
+        let q = ConnectionQuotas::new(2, i32::MAX, &HashMap::new());
+        q.add_listener("A");
+        q.add_listener("B");
+        tokio::time::timeout(Duration::from_secs(5), q.wait_for_free_slot("A"))
+            .await
+            .expect("a free slot on A");
+        assert_eq!(q.connections_on("A"), 0);
+        let _b = futures_slots(&q, "B", 2).await;
+        assert!(blocked(&q, "B").await);
+        let q2 = q.clone();
+        let waiting = tokio::spawn(async move { q2.wait_for_free_slot("A").await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "A waits while the broker is full");
+        waiting.abort();
     }
 
     /// Kafka's `protectedListener`: the inter-broker listener goes past `max.connections`

@@ -365,12 +365,13 @@ impl<H: RequestHandler> SocketServer<H> {
     ) {
         let listener_name: Arc<str> = listener.endpoint.listener_name.as_str().into();
         loop {
-            // max.connections and the listener's: wait for a slot before accepting, as
-            // Kafka's acceptor blocks.
-            let broker_slot = tokio::select! {
-                s = self.quotas.wait_for_connection_slot(&listener_name) => s,
+            // max.connections and the listener's: wait until a slot is free before accepting,
+            // as Kafka's acceptor blocks. Nothing is taken while this acceptor waits in
+            // accept(), so an idle listener holds no slot another listener needs.
+            tokio::select! {
+                () = self.quotas.wait_for_free_slot(&listener_name) => {}
                 _ = shutdown.changed() => return,
-            };
+            }
             let accepted = tokio::select! {
                 a = listener.tcp.accept() => a,
                 _ = shutdown.changed() => return,
@@ -385,6 +386,12 @@ impl<H: RequestHandler> SocketServer<H> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            };
+            // Counted now (Kafka's `inc` after accept); waits again only if another listener
+            // took the free slot in between.
+            let broker_slot = tokio::select! {
+                s = self.quotas.wait_for_connection_slot(&listener_name) => s,
+                _ = shutdown.changed() => return,
             };
             // Counted from here (before the task starts), so that two listeners' accept loops
             // cannot both take the last connection the descriptor reserve allows.
