@@ -627,7 +627,17 @@ impl ClientQuotaManagers {
         ctx: &RequestContext,
         started: Instant,
     ) -> i64 {
-        let percent = started.elapsed().as_nanos() as f64 * 100.0 / 1e9;
+        self.record_request_duration(image, ctx, started.elapsed())
+    }
+
+    /// [`ClientQuotaManagers::record_request_time`] of a time already measured.
+    fn record_request_duration(
+        &self,
+        image: &Arc<MetadataImage>,
+        ctx: &RequestContext,
+        took: std::time::Duration,
+    ) -> i64 {
+        let percent = took.as_nanos() as f64 * 100.0 / 1e9;
         self.request
             .record_and_get_throttle_time_ms(
                 image,
@@ -651,6 +661,19 @@ impl ClientQuotaManagers {
         started: Instant,
     ) -> i64 {
         let request = self.record_request_time(image, ctx, started);
+        self.apply(image, ctx, &self.request, 0, request)
+    }
+
+    /// [`ClientQuotaManagers::throttle_request`] of a request whose handler time `took` was
+    /// measured earlier (a response completed later, Kafka's `sendMaybeThrottle` in a
+    /// coordinator's callback).
+    pub fn throttle_request_time(
+        &self,
+        image: &Arc<MetadataImage>,
+        ctx: &RequestContext,
+        took: std::time::Duration,
+    ) -> i64 {
+        let request = self.record_request_duration(image, ctx, took);
         self.apply(image, ctx, &self.request, 0, request)
     }
 

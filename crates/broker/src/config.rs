@@ -1117,7 +1117,7 @@ fn check_own_clients(
 
 /// Parses `max.connections.per.ip.overrides` (`host:count,...`); hostnames are resolved now,
 /// as Kafka's `ConnectionQuotas` does.
-fn parse_connection_overrides(value: &str) -> Result<HashMap<IpAddr, i32>, ConfigError> {
+pub(crate) fn parse_connection_overrides(value: &str) -> Result<HashMap<IpAddr, i32>, ConfigError> {
     const NAME: &str = "max.connections.per.ip.overrides";
     let mut out = HashMap::new();
     let mut invalid = Vec::new();
@@ -1175,7 +1175,38 @@ impl BrokerConfig {
                 quota_window_size_seconds: self.quota_window_size_seconds(),
                 ip_rates: None,
             },
+            listener_quotas: self.listener_connection_quotas(),
+            inter_broker_listener_name: self.inter_broker_listener_name(),
         }
+    }
+
+    /// Each listener's `listener.name.<listener>.max.connections` and
+    /// `listener.name.<listener>.max.connection.creation.rate` (Kafka's
+    /// `ListenerConnectionQuota`; default `i32::MAX`, no limit; checked at least 0 at
+    /// start-up), by listener name, for the listeners that set either.
+    pub fn listener_connection_quotas(
+        &self,
+    ) -> HashMap<String, gregor_network::quotas::ListenerConnectionQuota> {
+        let mut out = HashMap::new();
+        for l in &self.listeners {
+            let prefix = format!("listener.name.{}.", l.name.to_ascii_lowercase());
+            let get = |key: &str| {
+                self.raw_i64(
+                    &format!("{prefix}{key}"),
+                    i64::from(i32::MAX),
+                    0,
+                    i64::from(i32::MAX),
+                ) as i32
+            };
+            let quota = gregor_network::quotas::ListenerConnectionQuota {
+                max_connections: get("max.connections"),
+                max_connection_creation_rate: get("max.connection.creation.rate"),
+            };
+            if quota != Default::default() {
+                out.insert(l.name.clone(), quota);
+            }
+        }
+        out
     }
 
     /// The listeners to bind, with their security protocols.
@@ -1373,6 +1404,22 @@ impl BrokerConfig {
             ));
         }
         let max_connections_per_ip = at_least_zero("max.connections.per.ip", i64::from(i32::MAX))?;
+        // Kafka's ListenerConnectionQuota reads these with the broker-wide definitions: Int,
+        // at least 0.
+        for key in props.keys().filter(|k| is_listener_connection_quota(k)) {
+            let value = get(key.as_str()).unwrap_or_default();
+            match value.parse::<i32>() {
+                Ok(v) if v >= 0 => {}
+                Ok(_) => return Err(ConfigError::new(key, &value, "Value must be at least 0")),
+                Err(_) => {
+                    return Err(ConfigError::new(
+                        key,
+                        &value,
+                        "Expected value to be a 32-bit integer",
+                    ))
+                }
+            }
+        }
         let max_connections_per_ip_overrides = parse_connection_overrides(
             &get("max.connections.per.ip.overrides").unwrap_or_default(),
         )?;
@@ -1745,10 +1792,23 @@ pub fn is_dynamic_broker_config(name: &str) -> bool {
         .is_none_or(|d| d.update != crate::broker_config_defs::Update::ReadOnly)
 }
 
+/// `listener.name.<listener>.max.connections` or
+/// `listener.name.<listener>.max.connection.creation.rate`.
+pub fn is_listener_connection_quota(name: &str) -> bool {
+    name.strip_prefix("listener.name.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(listener, key)| {
+            !listener.is_empty()
+                && matches!(key, "max.connections" | "max.connection.creation.rate")
+        })
+}
+
 /// Whether gregor acts on broker config `name` (reads it at start-up or applies it when it
 /// changes): the keys read into [`BrokerConfig`] and its components, the broker synonyms of
-/// topic configs, the replication throttles and the quorum keys. Every other config Kafka
-/// knows is accepted, stored and described, and changes nothing in gregor.
+/// topic configs, the replication throttles, the quorum keys, the SASL and TLS keys (also as
+/// `listener.name.<listener>.<key>`; the TLS ones change at run time) and the listeners'
+/// connection quotas. Every other config Kafka knows is accepted, stored and described, and
+/// changes nothing in gregor.
 pub fn acted_on(name: &str) -> bool {
     const READ_ELSEWHERE: &[&str] = &[
         "broker.heartbeat.interval.ms",
@@ -1767,6 +1827,8 @@ pub fn acted_on(name: &str) -> bool {
         || crate::quorum_config::QUORUM_KEYS.contains(&name)
         || READ_ELSEWHERE.contains(&name)
         || crate::sasl_config::acted_on(name)
+        || crate::listener_security::acted_on(name)
+        || is_listener_connection_quota(name)
 }
 
 /// The type and Kafka default of a broker config gregor or Kafka knows, if any (gregor's own
@@ -2546,6 +2608,62 @@ mod tests {
         );
     }
 
+    /// `listener.name.<l>.max.connections` and `.max.connection.creation.rate` (Kafka's
+    /// `ListenerConnectionQuota`): read per listener, validated as the broker-wide keys.
+    #[test]
+    fn listener_connection_quotas() {
+        let (c, _) = BrokerConfig::from_properties(props(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,EXTERNAL://127.0.0.1:9093",
+            ),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT",
+            ),
+            ("listener.name.external.max.connections", "3"),
+            ("listener.name.external.max.connection.creation.rate", "7"),
+        ]))
+        .unwrap();
+        let s = c.socket_server_config();
+        let external = s.listener_quotas.get("EXTERNAL").expect("EXTERNAL's quota");
+        assert_eq!(external.max_connections, 3);
+        assert_eq!(external.max_connection_creation_rate, 7);
+        assert!(!s.listener_quotas.contains_key("PLAINTEXT"));
+        assert_eq!(s.inter_broker_listener_name.as_deref(), Some("PLAINTEXT"));
+
+        let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
+        let e = err(&[("listener.name.plaintext.max.connections", "-1")]);
+        assert_eq!(e.name, "listener.name.plaintext.max.connections");
+        let e = err(&[("listener.name.plaintext.max.connection.creation.rate", "x")]);
+        assert_eq!(
+            e.name,
+            "listener.name.plaintext.max.connection.creation.rate"
+        );
+    }
+
+    /// Defect: the dynamic `listener.name.<l>.ssl.*` keys (applied at run time by the TLS
+    /// listeners) were logged as "gregor does not act on it" when changed.
+    #[test]
+    fn per_listener_keys_are_acted_on() {
+        assert!(acted_on("listener.name.external.ssl.keystore.location"));
+        assert!(acted_on(
+            "listener.name.external.ssl.keystore.certificate.chain"
+        ));
+        assert!(acted_on("listener.name.external.ssl.client.auth"));
+        assert!(acted_on("listener.name.external.max.connections"));
+        assert!(acted_on(
+            "listener.name.external.max.connection.creation.rate"
+        ));
+        assert!(!acted_on("listener.name.external.ssl.keymanager.algorithm"));
+        assert!(!acted_on("listener.name.external.max.connections.per.ip"));
+        assert!(!acted_on("listener.name..max.connections"));
+        assert!(crate::config_report::not_acted_on_because(
+            "listener.name.external.ssl.truststore.location"
+        )
+        .is_none());
+    }
+
     #[test]
     fn listeners_get_protocols_from_the_map_and_fail_closed() {
         let err = |kv: &[(&str, &str)]| BrokerConfig::from_properties(props(kv)).unwrap_err();
@@ -2852,9 +2970,7 @@ mod tests {
         ]))
         .unwrap();
         assert!(unknown.unknown.is_empty(), "{unknown:?}");
-        assert_eq!(
-            unknown.not_acted_on.values().flatten().collect::<Vec<_>>(),
-            ["listener.name.plaintext.max.connections"]
-        );
+        // A listener's max.connections is acted on (Kafka's ListenerConnectionQuota).
+        assert!(unknown.not_acted_on.is_empty(), "{unknown:?}");
     }
 }

@@ -240,8 +240,9 @@ pub fn reference_markdown() -> String {
          ## Broker configs (`server.properties`, `--set`, dynamic with `kafka-configs`)\n\n\
          Every broker config Apache Kafka 4.4 defines, and gregor's own (`admin.listener`,\n\
          `admin.metrics.per.partition`, `fetch.zero.copy.enable`, `log.index.cache.bytes`,\n\
-         `ssl.handshake.timeout.ms`, `ssl.reload.check.interval.ms`). The `ssl.*` keys also\n\
-         apply per listener as `listener.name.<listener>.<key>`.\n\
+         `ssl.handshake.timeout.ms`, `ssl.reload.check.interval.ms`). The `ssl.*` keys,\n\
+         `max.connections` and `max.connection.creation.rate` also apply per listener as\n\
+         `listener.name.<listener>.<key>`.\n\
          *gregor's default* is what gregor uses when the key is not set, where it differs from\n\
          Kafka's or Kafka has none. A key gregor does not act on is accepted, reported once at\n\
          start-up with the reason given here, stored when changed at run time, and described by\n\

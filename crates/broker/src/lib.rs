@@ -20,6 +20,7 @@ pub mod client_quota;
 pub mod config;
 pub mod config_report;
 pub mod config_value;
+pub mod connection_limits;
 pub mod controller_channel;
 pub mod controller_server;
 pub mod coordinator_writer;

@@ -495,6 +495,7 @@ pub async fn start_with_authorizer(
             .with_kraft_version(crate::metadata_publisher::kraft_version(&config))
             .with_authorizer(authorizer.clone()),
     );
+    let mut controller_connection_quotas = None;
     if !controller_endpoints.is_empty() {
         let listeners =
             match gregor_network::bind_with_layers(controller_endpoints, &sasl_configs).await {
@@ -505,6 +506,7 @@ pub async fn start_with_authorizer(
                 }
             };
         let server = SocketServer::new(config.socket_server_config(), controller_apis.clone());
+        controller_connection_quotas = Some(server.connection_quotas().clone());
         tasks.extend(server.start(listeners, &shutdown_rx));
     }
     let (controller, metadata_log, metadata_tasks) = crate::metadata_publisher::start_metadata(
@@ -791,6 +793,20 @@ pub async fn start_with_authorizer(
         Arc::new(KafkaApis::new(broker.clone())),
     );
     tasks.extend(socket_server.start(listeners, &shutdown_rx));
+    // Dynamic max.connections, listener.name.<l>.max.connections, ... (kafka-configs).
+    broker
+        .controller
+        .loader()
+        .install_publisher(Arc::new(
+            crate::connection_limits::ConnectionLimitsPublisher::new(
+                &broker.config,
+                std::iter::once(socket_server.connection_quotas().clone())
+                    .chain(controller_connection_quotas)
+                    .collect(),
+            ),
+        ))
+        .await
+        .map_err(|e| StartError::Logs(e.to_string()))?;
     tasks.push(tokio::spawn(flush_scheduler(
         broker.clone(),
         shutdown_rx.clone(),

@@ -801,3 +801,371 @@ fn request_percentage_throttles_other_apis_kafka() -> Result<()> {
     let (instance, _guard) = start_kafka()?;
     request_percentage_on_other_apis(&instance.bootstrap(), "kafka")
 }
+
+/// Sends Metadata requests as `client_id` until one is throttled (the quota reaches the
+/// broker through its metadata), so that the client id's request rate is above its
+/// `request_percentage` for the next requests.
+fn saturate_request_quota(bootstrap: &str, client_id: &str, implementation: &str) -> Result<()> {
+    use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut conn = KafkaConn::connect(bootstrap, client_id)?;
+    loop {
+        let r: MetadataResponse = conn.call(ApiKey::Metadata, 12, &MetadataRequest::default())?;
+        if r.throttle_time_ms > 0 {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{implementation}: Metadata of client id {client_id} never throttled"
+        );
+    }
+}
+
+/// `request_percentage` (KIP-124) on the group and transaction coordinators' APIs (Kafka's
+/// `sendMaybeThrottle` / `sendResponseMaybeThrottle` in `KafkaApis`): a group member
+/// (JoinGroup twice, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch) and a transactional
+/// producer (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
+/// whose client ids have a quota of 0.01 % of a thread, once above it, get every answer with
+/// `throttle_time_ms` > 0 (at most one quota window, 1 s) and no error. A forwarded admin
+/// request (CreateTopics) is throttled too.
+fn request_percentage_on_coordinator_apis(bootstrap: &str, implementation: &str) -> Result<()> {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::*;
+
+    create_topic(bootstrap, "rp-topic")?;
+    set_quota(bootstrap, "rp-member", "request_percentage", 0.01)?;
+    set_quota(bootstrap, "rp-txn", "request_percentage", 0.01)?;
+    let check = |api: &str, throttle: i32, error: i16| -> Result<()> {
+        eprintln!("{implementation}: {api}: throttle_time_ms {throttle}, error {error}");
+        ensure!(
+            (1..=1000).contains(&throttle),
+            "{implementation}: {api} throttle_time_ms {throttle}, want 1..=1000"
+        );
+        ensure!(error == 0, "{implementation}: {api} error {error}");
+        Ok(())
+    };
+
+    // The coordinators' topics exist before the quota'd clients start (Kafka creates them on
+    // the first FindCoordinator).
+    let find = |key: &str, key_type: i8| -> Result<()> {
+        let mut c = KafkaConn::connect(bootstrap, "rp-setup")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r: FindCoordinatorResponse = c.call(
+                ApiKey::FindCoordinator,
+                4,
+                &FindCoordinatorRequest::default()
+                    .with_key_type(key_type)
+                    .with_coordinator_keys(vec![sb(key)]),
+            )?;
+            if r.coordinators.first().is_some_and(|c| c.error_code == 0) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{implementation}: no coordinator for {key}: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    find("rp-group", 0)?;
+    find("rp-txn-group", 0)?;
+    find("rp-txn-id", 1)?;
+
+    // A group member.
+    saturate_request_quota(bootstrap, "rp-member", implementation)?;
+    let mut m = KafkaConn::connect(bootstrap, "rp-member")?;
+    let join = |m: &mut KafkaConn, member: &str| -> Result<JoinGroupResponse> {
+        m.call(
+            ApiKey::JoinGroup,
+            5,
+            &JoinGroupRequest::default()
+                .with_group_id(GroupId(sb("rp-group")))
+                .with_session_timeout_ms(30_000)
+                .with_rebalance_timeout_ms(30_000)
+                .with_member_id(sb(member))
+                .with_protocol_type(sb("consumer"))
+                .with_protocols(vec![JoinGroupRequestProtocol::default()
+                    .with_name(sb("range"))
+                    .with_metadata(bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0]))]),
+        )
+    };
+    let r = join(&mut m, "")?;
+    // MEMBER_ID_REQUIRED (79) is the expected first answer of v4+.
+    check("JoinGroup (member id required)", r.throttle_time_ms, 0)?;
+    ensure!(
+        r.error_code == 79,
+        "{implementation}: first JoinGroup: {r:?}"
+    );
+    let member = r.member_id.to_string();
+    let r = join(&mut m, &member)?;
+    check("JoinGroup", r.throttle_time_ms, r.error_code)?;
+    let generation = r.generation_id;
+    let r: SyncGroupResponse = m.call(
+        ApiKey::SyncGroup,
+        3,
+        &SyncGroupRequest::default()
+            .with_group_id(GroupId(sb("rp-group")))
+            .with_generation_id(generation)
+            .with_member_id(sb(&member))
+            .with_assignments(vec![SyncGroupRequestAssignment::default()
+                .with_member_id(sb(&member))
+                .with_assignment(bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0]))]),
+    )?;
+    check("SyncGroup", r.throttle_time_ms, r.error_code)?;
+    let r: HeartbeatResponse = m.call(
+        ApiKey::Heartbeat,
+        3,
+        &HeartbeatRequest::default()
+            .with_group_id(GroupId(sb("rp-group")))
+            .with_generation_id(generation)
+            .with_member_id(sb(&member)),
+    )?;
+    check("Heartbeat", r.throttle_time_ms, r.error_code)?;
+    let r: OffsetCommitResponse = m.call(
+        ApiKey::OffsetCommit,
+        7,
+        &OffsetCommitRequest::default()
+            .with_group_id(GroupId(sb("rp-group")))
+            .with_generation_id_or_member_epoch(generation)
+            .with_member_id(sb(&member))
+            .with_topics(vec![OffsetCommitRequestTopic::default()
+                .with_name(TopicName(sb("rp-topic")))
+                .with_partitions(vec![OffsetCommitRequestPartition::default()
+                    .with_partition_index(0)
+                    .with_committed_offset(0)])]),
+    )?;
+    check(
+        "OffsetCommit",
+        r.throttle_time_ms,
+        r.topics[0].partitions[0].error_code,
+    )?;
+    let r: OffsetFetchResponse = m.call(
+        ApiKey::OffsetFetch,
+        7,
+        &OffsetFetchRequest::default()
+            .with_group_id(GroupId(sb("rp-group")))
+            .with_topics(None),
+    )?;
+    check("OffsetFetch", r.throttle_time_ms, r.error_code)?;
+
+    // A transactional producer.
+    saturate_request_quota(bootstrap, "rp-txn", implementation)?;
+    let mut p = KafkaConn::connect(bootstrap, "rp-txn")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r: InitProducerIdResponse = p.call(
+            ApiKey::InitProducerId,
+            3,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb("rp-txn-id"))))
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        )?;
+        // Retriable while the transaction coordinator loads: COORDINATOR_LOAD_IN_PROGRESS,
+        // COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, CONCURRENT_TRANSACTIONS.
+        if ![14, 15, 16, 51].contains(&r.error_code) || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    check("InitProducerId", r.throttle_time_ms, r.error_code)?;
+    let (pid, epoch) = (r.producer_id, r.producer_epoch);
+    let r: AddPartitionsToTxnResponse = p.call(
+        ApiKey::AddPartitionsToTxn,
+        3,
+        &AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(sb("rp-txn-id")))
+            .with_v3_and_below_producer_id(pid)
+            .with_v3_and_below_producer_epoch(epoch)
+            .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(sb("rp-topic")))
+                .with_partitions(vec![0])]),
+    )?;
+    let error = r
+        .results_by_topic_v3_and_below
+        .first()
+        .and_then(|t| t.results_by_partition.first())
+        .map_or(-1, |p| p.partition_error_code);
+    check("AddPartitionsToTxn", r.throttle_time_ms, error)?;
+    let r: AddOffsetsToTxnResponse = p.call(
+        ApiKey::AddOffsetsToTxn,
+        3,
+        &AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("rp-txn-id")))
+            .with_producer_id(pid)
+            .with_producer_epoch(epoch)
+            .with_group_id(GroupId(sb("rp-txn-group"))),
+    )?;
+    check("AddOffsetsToTxn", r.throttle_time_ms, r.error_code)?;
+    let r: TxnOffsetCommitResponse = p.call(
+        ApiKey::TxnOffsetCommit,
+        3,
+        &TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(sb("rp-txn-id")))
+            .with_group_id(GroupId(sb("rp-txn-group")))
+            .with_producer_id(pid)
+            .with_producer_epoch(epoch)
+            .with_generation_id(-1)
+            .with_member_id(sb(""))
+            .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+                .with_name(TopicName(sb("rp-topic")))
+                .with_partitions(vec![TxnOffsetCommitRequestPartition::default()
+                    .with_partition_index(0)
+                    .with_committed_offset(0)])]),
+    )?;
+    check(
+        "TxnOffsetCommit",
+        r.throttle_time_ms,
+        r.topics[0].partitions[0].error_code,
+    )?;
+    let r: EndTxnResponse = p.call(
+        ApiKey::EndTxn,
+        3,
+        &EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(sb("rp-txn-id")))
+            .with_producer_id(pid)
+            .with_producer_epoch(epoch)
+            .with_committed(true),
+    )?;
+    check("EndTxn", r.throttle_time_ms, r.error_code)?;
+
+    // An admin request forwarded to the controller.
+    let r: CreateTopicsResponse = p.call(
+        ApiKey::CreateTopics,
+        7,
+        &CreateTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![CreatableTopic::default()
+                .with_name(TopicName(sb("rp-created")))
+                .with_num_partitions(1)
+                .with_replication_factor(1)]),
+    )?;
+    check("CreateTopics", r.throttle_time_ms, r.topics[0].error_code)?;
+    Ok(())
+}
+
+#[test]
+fn request_percentage_throttles_group_and_transaction_apis() -> Result<()> {
+    let g = Gregor::start(BIN, &[])?;
+    request_percentage_on_coordinator_apis(&g.bootstrap(), "gregor")
+}
+
+/// The same against Apache Kafka 4.4.0.
+#[test]
+fn request_percentage_throttles_group_and_transaction_apis_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let (instance, _guard) = start_kafka()?;
+    request_percentage_on_coordinator_apis(&instance.bootstrap(), "kafka")
+}
+
+/// KIP-612 with Kafka's own tool on a running broker: `kafka-configs --alter --entity-type ips
+/// --entity-name 127.0.0.1 --add-config connection_creation_rate=5` takes effect without a
+/// restart. Kafka's rate is measured over at least 10 s (`quota.window.num` 11 of 1 s), so
+/// of the connections that follow about 50 are served (fewer by the tool's own), then one is
+/// closed without an answer; `--delete-config` lifts the quota. Counted, not timed.
+fn ips_quota_from_kafka_configs(bootstrap: &str, implementation: &str) -> Result<()> {
+    let kafka_configs = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["--bootstrap-server", bootstrap];
+        all.extend_from_slice(args);
+        reference::tool_output("kafka-configs", &all)
+    };
+    for i in 0..60 {
+        ensure!(
+            served(bootstrap)?,
+            "{implementation}: connection {i} refused with no quota"
+        );
+    }
+    let out = kafka_configs(&[
+        "--alter",
+        "--entity-type",
+        "ips",
+        "--entity-name",
+        "127.0.0.1",
+        "--add-config",
+        "connection_creation_rate=5",
+    ])?;
+    ensure!(
+        out.contains("Completed updating config"),
+        "{implementation}: kafka-configs: {out}"
+    );
+    let mut answered = 0;
+    let mut refused = false;
+    for _ in 0..80 {
+        if served(bootstrap)? {
+            answered += 1;
+        } else {
+            refused = true;
+            break;
+        }
+    }
+    eprintln!("{implementation}: {answered} connections served before one was refused");
+    ensure!(
+        refused,
+        "{implementation}: 80 connections at connection_creation_rate=5, none refused"
+    );
+    ensure!(
+        (35..=60).contains(&answered),
+        "{implementation}: {answered} connections served, want about 50"
+    );
+    let out = kafka_configs(&[
+        "--alter",
+        "--entity-type",
+        "ips",
+        "--entity-name",
+        "127.0.0.1",
+        "--delete-config",
+        "connection_creation_rate",
+    ])?;
+    ensure!(
+        out.contains("Completed updating config"),
+        "{implementation}: kafka-configs: {out}"
+    );
+    // The removal reaches the broker through its metadata: the first few may still be refused.
+    let mut lifted = false;
+    for _ in 0..30 {
+        if served(bootstrap)? {
+            lifted = true;
+            break;
+        }
+    }
+    ensure!(lifted, "{implementation}: the quota was not lifted");
+    for i in 0..20 {
+        ensure!(
+            served(bootstrap)?,
+            "{implementation}: connection {i} refused after the quota was deleted"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn ips_connection_creation_rate_from_kafka_configs_applies_at_once() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let g = Gregor::start(BIN, &[])?;
+    ips_quota_from_kafka_configs(&g.bootstrap(), "gregor")
+}
+
+/// The same against Apache Kafka 4.4.0.
+#[test]
+fn ips_connection_creation_rate_from_kafka_configs_applies_at_once_kafka() -> Result<()> {
+    if !reference::jars_or_skip() {
+        return Ok(());
+    }
+    let (instance, _guard) = start_kafka()?;
+    ips_quota_from_kafka_configs(&instance.bootstrap(), "kafka")
+}

@@ -614,3 +614,127 @@ fn empty_listener_host_binds_every_interface() -> Result<()> {
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no attempt")))
 }
+
+/// `listener.name.<listener>.max.connections` (Kafka's `ListenerConnectionQuota`): with 2 on
+/// EXTERNAL, its third connection is not served (it waits in the backlog, as in Kafka: the
+/// acceptor blocks) and librdkafka cannot get metadata through it, while the PLAINTEXT
+/// listener still serves librdkafka; a close on EXTERNAL lets the waiting one in. Raised
+/// with AlterConfigs (librdkafka's admin client, dynamic broker config) the waiting
+/// connection is served without a restart.
+#[test]
+fn listener_max_connections_holds_only_its_listener() -> Result<()> {
+    use rdkafka::admin::{AdminOptions, AlterConfig, ResourceSpecifier};
+    let port = gregor_tests::process::free_port()?;
+    let g = Gregor::start_with_listeners(
+        BIN,
+        &format!("EXTERNAL://127.0.0.1:{port}"),
+        &[
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.name.external.max.connections=2",
+        ],
+        &[],
+    )?;
+    let external = format!("127.0.0.1:{port}");
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut s = TcpStream::connect(&external)?;
+        api_versions_round_trip(&mut s, i)?;
+        open.push(s);
+    }
+    let api_versions = frame(
+        ApiKey::ApiVersions,
+        3,
+        42,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("conn-test"))
+            .with_client_software_version(StrBytes::from_static_str("1.0")),
+    );
+    let mut third = TcpStream::connect(&external)?;
+    third.write_all(&api_versions)?;
+    ensure!(
+        !answered_within(&mut third, Duration::from_millis(1500))?,
+        "a third connection on EXTERNAL was served with listener.name.external.max.connections=2"
+    );
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &external)
+        .create()?;
+    ensure!(
+        c.fetch_metadata(None, Duration::from_secs(3)).is_err(),
+        "librdkafka got metadata through a full listener"
+    );
+    drop(c);
+    // The other listener is not limited.
+    broker_still_serves(&g.bootstrap())?;
+    drop(open.remove(0));
+    ensure!(
+        answered_within(&mut third, Duration::from_secs(10))?,
+        "the third connection was not served after one closed"
+    );
+    // Full again (2 open): a fourth waits until the limit is raised at run time.
+    let mut fourth = TcpStream::connect(&external)?;
+    fourth.write_all(&api_versions)?;
+    ensure!(
+        !answered_within(&mut fourth, Duration::from_millis(1500))?,
+        "a fourth connection on EXTERNAL was served with 2 open"
+    );
+    let admin = gregor_tests::clients::admin(&g.bootstrap())?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let change = AlterConfig::new(ResourceSpecifier::Broker(1))
+        .set("listener.name.external.max.connections", "3");
+    for r in gregor_tests::clients::runtime()?.block_on(admin.alter_configs(&[change], &opts))? {
+        if let Err((_, e)) = r {
+            anyhow::bail!("AlterConfigs: {e}");
+        }
+    }
+    ensure!(
+        answered_within(&mut fourth, Duration::from_secs(15))?,
+        "the fourth connection was not served after the limit was raised to 3"
+    );
+    Ok(())
+}
+
+/// Kafka's `protectedListener`: `max.connections` does not hold the inter-broker listener
+/// back while the broker has another listener; a client listener waits.
+#[test]
+fn inter_broker_listener_is_exempt_from_max_connections() -> Result<()> {
+    let port = gregor_tests::process::free_port()?;
+    let g = Gregor::start_with_listeners(
+        BIN,
+        &format!("CLIENTS://127.0.0.1:{port}"),
+        &[
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CLIENTS:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            "max.connections=2",
+        ],
+        &[],
+    )?;
+    wait_for_metric(&g, "gregor_connections_active", |v| v == 0.0)?;
+    let clients = format!("127.0.0.1:{port}");
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut s = TcpStream::connect(&clients)?;
+        api_versions_round_trip(&mut s, i)?;
+        open.push(s);
+    }
+    let mut waiting = TcpStream::connect(&clients)?;
+    waiting.write_all(&frame(
+        ApiKey::ApiVersions,
+        3,
+        7,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("conn-test"))
+            .with_client_software_version(StrBytes::from_static_str("1.0")),
+    ))?;
+    ensure!(
+        !answered_within(&mut waiting, Duration::from_millis(1500))?,
+        "a third client connection was served with max.connections=2"
+    );
+    // The inter-broker listener takes connections beyond max.connections.
+    for i in 0..3 {
+        let mut s = TcpStream::connect(g.bootstrap())?;
+        api_versions_round_trip(&mut s, 10 + i)?;
+        open.push(s);
+    }
+    broker_still_serves(&g.bootstrap())?;
+    Ok(())
+}

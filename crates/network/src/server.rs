@@ -13,7 +13,9 @@
 //!   size prefix alone costs nothing.
 //! - `queued.max.request.bytes`: the [`MemoryPool`] a reader reserves a frame's size from
 //!   before reading its body.
-//! - `max.connections`, `max.connections.per.ip[.overrides]`: [`ConnectionQuotas`].
+//! - `max.connections`, `listener.name.<l>.max.connections`,
+//!   `max.connections.per.ip[.overrides]`, and the creation rates of KIP-612:
+//!   [`ConnectionQuotas`].
 //! - `connections.max.idle.ms`: a connection with no request in flight on which nothing was
 //!   read or written for that long is closed.
 //! - The descriptor reserve (gregor's, not Kafka's; [`SocketServerConfig::max_connections_by_descriptors`]):
@@ -127,6 +129,13 @@ pub struct SocketServerConfig {
     /// Connection creation rates (KIP-612): `max.connection.creation.rate`, the quota
     /// windows, and the per-IP `connection_creation_rate` quotas.
     pub connection_rates: crate::quotas::ConnectionRateConfig,
+    /// Per listener (by name): `listener.name.<listener>.max.connections` and
+    /// `listener.name.<listener>.max.connection.creation.rate`, where set.
+    pub listener_quotas: HashMap<String, crate::quotas::ListenerConnectionQuota>,
+    /// `inter.broker.listener.name`: exempt from `max.connections` and
+    /// `max.connection.creation.rate` when this server serves more than one listener (Kafka's
+    /// `protectedListener`). None on servers without it.
+    pub inter_broker_listener_name: Option<String>,
 }
 
 impl Default for SocketServerConfig {
@@ -141,6 +150,8 @@ impl Default for SocketServerConfig {
             connections_max_idle_ms: 600_000,
             max_connections_by_descriptors: None,
             connection_rates: crate::quotas::ConnectionRateConfig::default(),
+            listener_quotas: HashMap::new(),
+            inter_broker_listener_name: None,
         }
     }
 }
@@ -300,11 +311,13 @@ pub struct SocketServer<H> {
 impl<H: RequestHandler> SocketServer<H> {
     /// A server with `config`'s limits, handing requests to `handler`.
     pub fn new(config: SocketServerConfig, handler: Arc<H>) -> Arc<Self> {
-        let quotas = ConnectionQuotas::with_rates(
+        let quotas = ConnectionQuotas::with_listeners(
             config.max_connections,
             config.max_connections_per_ip,
             &config.max_connections_per_ip_overrides,
             config.connection_rates.clone(),
+            &config.listener_quotas,
+            config.inter_broker_listener_name.as_deref(),
         );
         let pool = MemoryPool::new(config.queued_max_request_bytes);
         Arc::new(Self {
@@ -313,6 +326,12 @@ impl<H: RequestHandler> SocketServer<H> {
             quotas,
             pool,
         })
+    }
+
+    /// The connection quotas, to reconfigure at run time
+    /// ([`ConnectionQuotas::reconfigure`]).
+    pub fn connection_quotas(&self) -> &Arc<ConnectionQuotas> {
+        &self.quotas
     }
 
     /// The request memory pool (`queued.max.request.bytes`).
@@ -327,6 +346,9 @@ impl<H: RequestHandler> SocketServer<H> {
         listeners: Vec<BoundListener>,
         shutdown: &watch::Receiver<bool>,
     ) -> Vec<JoinHandle<()>> {
+        for l in &listeners {
+            self.quotas.add_listener(&l.endpoint.listener_name);
+        }
         listeners
             .into_iter()
             .map(|l| {
@@ -343,14 +365,13 @@ impl<H: RequestHandler> SocketServer<H> {
     ) {
         let listener_name: Arc<str> = listener.endpoint.listener_name.as_str().into();
         loop {
-            // max.connections: wait for a slot before accepting, as Kafka's acceptor blocks.
-            let broker_slot = tokio::select! {
-                s = self.quotas.wait_for_connection_slot() => s,
+            // max.connections and the listener's: wait until a slot is free before accepting,
+            // as Kafka's acceptor blocks. Nothing is taken while this acceptor waits in
+            // accept(), so an idle listener holds no slot another listener needs.
+            tokio::select! {
+                () = self.quotas.wait_for_free_slot(&listener_name) => {}
                 _ = shutdown.changed() => return,
-            };
-            let Some(broker_slot) = broker_slot else {
-                return;
-            };
+            }
             let accepted = tokio::select! {
                 a = listener.tcp.accept() => a,
                 _ = shutdown.changed() => return,
@@ -366,6 +387,12 @@ impl<H: RequestHandler> SocketServer<H> {
                     continue;
                 }
             };
+            // Counted now (Kafka's `inc` after accept); waits again only if another listener
+            // took the free slot in between.
+            let broker_slot = tokio::select! {
+                s = self.quotas.wait_for_connection_slot(&listener_name) => s,
+                _ = shutdown.changed() => return,
+            };
             // Counted from here (before the task starts), so that two listeners' accept loops
             // cannot both take the last connection the descriptor reserve allows.
             let Some(active) = ActiveConnection::within(self.config.max_connections_by_descriptors)
@@ -380,7 +407,9 @@ impl<H: RequestHandler> SocketServer<H> {
             };
             // KIP-612: the broker-wide creation rate holds the acceptor back; a connection
             // above its address's rate is held for the throttle time, then closed.
-            let wait = self.quotas.record_connection_and_get_throttle_ms();
+            let wait = self
+                .quotas
+                .record_connection_and_get_throttle_ms(&listener_name);
             if wait > 0 {
                 let wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
                 tokio::select! {
@@ -388,7 +417,7 @@ impl<H: RequestHandler> SocketServer<H> {
                     _ = shutdown.changed() => return,
                 }
             }
-            if let Some(throttle) = self.quotas.record_ip_connection(peer.ip()) {
+            if let Some(throttle) = self.quotas.record_ip_connection(peer.ip(), &listener_name) {
                 debug!(ip = %peer.ip(), throttle, "delaying the close of a connection above its address's connection_creation_rate");
                 metrics::counter!(CONNECTIONS_CLOSED_BY_BROKER_TOTAL, "reason" => "connection_creation_rate").increment(1);
                 drop(broker_slot);

@@ -425,7 +425,8 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
     let started = Instant::now();
     // Answers at once, throttled by `request_percentage` (Kafka's `sendResponseMaybeThrottle`:
     // every API but replication, WriteTxnMarkers, AlterPartition and acks=0 Produce, none of
-    // which answers here).
+    // which answers here). Handlers that encode their own responses (the group and
+    // transaction coordinators', forwarded admin requests) go through `maybe_throttle`.
     let ready = |mut b: ResponseKind| {
         let image = broker.controller.image();
         let throttle = broker.client_quotas.throttle_request(&image, ctx, started);
@@ -484,7 +485,12 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         | RequestKind::AlterClientQuotas(_)
         | RequestKind::AlterUserScramCredentials(_)
         | RequestKind::CreateAcls(_)
-        | RequestKind::DeleteAcls(_)) => forwarding::handle(broker, ctx, body).await,
+        | RequestKind::DeleteAcls(_)) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            forwarding::handle(broker, ctx, body).await,
+        ),
         RequestKind::DescribeClientQuotas(r) => {
             ready(client_quotas::describe_client_quotas(broker, ctx, &r).into())
         }
@@ -504,7 +510,12 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::DeleteRecords(r) => {
             ready(delete_records::handle(broker, ctx, &r, v).await.into())
         }
-        RequestKind::InitProducerId(r) => producer_id::handle_request(broker, ctx, &r, v).await,
+        RequestKind::InitProducerId(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            producer_id::handle_request(broker, ctx, &r, v).await,
+        ),
         RequestKind::ListOffsets(r) => ready(list_offsets::handle(broker, ctx, r, v).await.into()),
         RequestKind::OffsetForLeaderEpoch(r) => {
             ready(list_offsets::offset_for_leader_epoch(broker, ctx, &r).into())
@@ -514,24 +525,49 @@ pub async fn handle(broker: &Arc<Broker>, ctx: &RequestContext, body: RequestKin
         RequestKind::FindCoordinator(r) => {
             ready(groups::find_coordinator(broker, ctx, &r, v).await.into())
         }
-        RequestKind::JoinGroup(r) => groups::join_group(broker, ctx, r),
-        RequestKind::SyncGroup(r) => groups::sync_group(broker, ctx, r),
+        RequestKind::JoinGroup(r) => {
+            maybe_throttle(broker, ctx, started, groups::join_group(broker, ctx, r))
+        }
+        RequestKind::SyncGroup(r) => {
+            maybe_throttle(broker, ctx, started, groups::sync_group(broker, ctx, r))
+        }
         RequestKind::Heartbeat(r) => ready(groups::heartbeat(broker, ctx, &r, v).into()),
         RequestKind::LeaveGroup(r) => ready(groups::leave_group(broker, ctx, &r, v).into()),
-        RequestKind::OffsetCommit(r) => groups::offset_commit(broker, ctx, &r),
+        RequestKind::OffsetCommit(r) => {
+            maybe_throttle(broker, ctx, started, groups::offset_commit(broker, ctx, &r))
+        }
         RequestKind::OffsetFetch(r) => ready(groups::offset_fetch(broker, ctx, &r, v).into()),
         RequestKind::DescribeGroups(r) => ready(groups::describe_groups(broker, ctx, &r, v).into()),
         RequestKind::ListGroups(r) => ready(groups::list_groups(broker, ctx, &r, v).into()),
         RequestKind::DeleteGroups(r) => ready(groups::delete_groups(broker, ctx, &r, v).into()),
         RequestKind::OffsetDelete(r) => ready(groups::offset_delete(broker, ctx, &r, v).into()),
-        RequestKind::ConsumerGroupHeartbeat(r) => consumer_group::heartbeat(broker, ctx, &r),
+        RequestKind::ConsumerGroupHeartbeat(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            consumer_group::heartbeat(broker, ctx, &r),
+        ),
         RequestKind::ConsumerGroupDescribe(r) => {
             ready(consumer_group::describe(broker, ctx, &r, v).into())
         }
-        RequestKind::AddPartitionsToTxn(r) => txn::add_partitions_to_txn(broker, ctx, r),
-        RequestKind::AddOffsetsToTxn(r) => txn::add_offsets_to_txn(broker, ctx, &r),
-        RequestKind::EndTxn(r) => txn::end_txn(broker, ctx, &r),
-        RequestKind::TxnOffsetCommit(r) => txn::txn_offset_commit(broker, ctx, r),
+        RequestKind::AddPartitionsToTxn(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            txn::add_partitions_to_txn(broker, ctx, r),
+        ),
+        RequestKind::AddOffsetsToTxn(r) => maybe_throttle(
+            broker,
+            ctx,
+            started,
+            txn::add_offsets_to_txn(broker, ctx, &r),
+        ),
+        RequestKind::EndTxn(r) => {
+            maybe_throttle(broker, ctx, started, txn::end_txn(broker, ctx, &r))
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            maybe_throttle(broker, ctx, started, txn::txn_offset_commit(broker, ctx, r))
+        }
         RequestKind::DescribeTransactions(r) => {
             ready(txn::describe_transactions(broker, ctx, &r).into())
         }
@@ -590,7 +626,104 @@ pub fn set_throttle_time_ms(response: &mut ResponseKind, throttle_ms: i32) {
         DescribeTransactions,
         ListTransactions,
         DescribeProducers,
+        JoinGroup,
+        SyncGroup,
+        OffsetCommit,
+        ConsumerGroupHeartbeat,
+        InitProducerId,
+        AddPartitionsToTxn,
+        AddOffsetsToTxn,
+        EndTxn,
+        TxnOffsetCommit,
+        CreateTopics,
+        DeleteTopics,
+        CreatePartitions,
+        AlterConfigs,
+        IncrementalAlterConfigs,
+        ElectLeaders,
+        UpdateFeatures,
+        AlterPartitionReassignments,
+        ListPartitionReassignments,
+        AlterClientQuotas,
+        AlterUserScramCredentials,
+        CreateAcls,
+        DeleteAcls,
     );
+}
+
+/// `request_percentage` (KIP-124) for a handler that answers with an encoded response, now
+/// or later (Kafka's `sendMaybeThrottle`, `sendResponseMaybeThrottle` and, for requests
+/// forwarded to the controller, `sendForwardedResponse`): when the response is ready, the
+/// immediate part's time (from `started` until the handler returned) is recorded against the
+/// client's quota; a throttle time above 0 goes into the response's `throttle_time_ms` (the
+/// larger of it and the one already there, such as the controller's for a forwarded request)
+/// and mutes the connection for it. The time a deferred part waits (a rebalance, the
+/// coordinator's log write) is not recorded, as Kafka records request handler thread time.
+fn maybe_throttle(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    started: Instant,
+    handled: Handled,
+) -> Handled {
+    let immediate = started.elapsed();
+    match handled {
+        Handled::Ready(Some(encoded)) => {
+            Handled::Ready(Some(throttle_encoded(broker, ctx, immediate, encoded)))
+        }
+        Handled::Deferred(fut) => {
+            let (broker, ctx) = (broker.clone(), ctx.clone());
+            Handled::Deferred(Box::pin(async move {
+                let encoded = fut.await?;
+                Some(throttle_encoded(&broker, &ctx, immediate, encoded))
+            }))
+        }
+        other => other,
+    }
+}
+
+/// Records `immediate` against `request_percentage` and, when that throttles, puts the throttle
+/// time into the encoded response (decoded and encoded again; only throttled responses pay it).
+fn throttle_encoded(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    immediate: Duration,
+    encoded: Bytes,
+) -> Bytes {
+    let image = broker.controller.image();
+    let throttle = broker
+        .client_quotas
+        .throttle_request_time(&image, ctx, immediate);
+    if throttle <= 0 {
+        return encoded;
+    }
+    let throttle = i32::try_from(throttle).unwrap_or(i32::MAX);
+    match with_throttle_time_ms(ctx, &encoded, throttle) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(api_key = ?ctx.api_key, error = %e, "could not set throttle_time_ms in a response");
+            encoded
+        }
+    }
+}
+
+/// `encoded` (size prefix, response header, body of `ctx`'s API and version) with its
+/// `throttle_time_ms` raised to `throttle_ms`.
+fn with_throttle_time_ms(
+    ctx: &RequestContext,
+    encoded: &Bytes,
+    throttle_ms: i32,
+) -> Result<Bytes, String> {
+    use gregor_protocol::kafka_protocol::messages::ResponseHeader;
+    use gregor_protocol::kafka_protocol::protocol::Decodable;
+    let version = ctx.header.request_api_version;
+    let mut rest = encoded.slice(4.min(encoded.len())..);
+    let header = ResponseHeader::decode(&mut rest, ctx.api_key.response_header_version(version))
+        .map_err(|e| e.to_string())?;
+    let mut body =
+        ResponseKind::decode(ctx.api_key, &mut rest, version).map_err(|e| e.to_string())?;
+    set_throttle_time_ms(&mut body, throttle_ms);
+    gregor_protocol::frame::encode_response(ctx.api_key, version, header.correlation_id, &body)
+        .map_err(|e| e.to_string())
 }
 
 /// A `StrBytes` from a `&str`.
