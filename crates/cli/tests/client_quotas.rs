@@ -28,6 +28,17 @@ use rdkafka::ClientContext;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gregor");
 
+/// The tests of this file measure rates against wall time (bytes/s, connections/s, throttle
+/// times), and several start a Kafka JVM: run side by side on two cores, one test's JVM starves
+/// another's measured client or broker. They run one at a time; each holds this lock.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
 }
@@ -156,6 +167,7 @@ impl ProducerContext for Ctx {
 /// as a producer that has been running does, and the 20 s are measured after that, flat out.
 #[test]
 fn producer_byte_rate_holds_an_rdkafka_producer_to_its_quota() -> Result<()> {
+    let _serial = one_at_a_time();
     let g = Gregor::start(BIN, &[])?;
     produce_under_quota(&g.bootstrap(), "gregor")
 }
@@ -163,6 +175,7 @@ fn producer_byte_rate_holds_an_rdkafka_producer_to_its_quota() -> Result<()> {
 /// The same against Apache Kafka 4.4.0.
 #[test]
 fn producer_byte_rate_holds_an_rdkafka_producer_to_its_quota_kafka() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
@@ -267,6 +280,7 @@ const WARM_UP: Duration = Duration::from_secs(10);
 /// librdkafka reports the broker's throttle.
 #[test]
 fn consumer_byte_rate_throttles_an_rdkafka_consumer() -> Result<()> {
+    let _serial = one_at_a_time();
     const QUOTA: f64 = 200_000.0;
     const TOTAL: usize = 6 * 1024 * 1024;
     let g = Gregor::start(BIN, &[])?;
@@ -341,6 +355,7 @@ fn consumer_byte_rate_throttles_an_rdkafka_consumer() -> Result<()> {
 /// INVALID_REQUEST with Kafka's message, and a removal empties the entity.
 #[test]
 fn alter_and_describe_client_quotas() -> Result<()> {
+    let _serial = one_at_a_time();
     let g = Gregor::start(BIN, &[])?;
     let bs = g.bootstrap();
     let describe =
@@ -460,6 +475,7 @@ fn alter_and_describe_client_quotas() -> Result<()> {
 /// prints the same for both, line for line (Kafka's output is the expectation).
 #[test]
 fn kafka_configs_manages_client_quotas_as_on_kafka() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
@@ -605,6 +621,7 @@ fn kafka_configs_manages_client_quotas_as_on_kafka() -> Result<()> {
 /// not limited.
 #[test]
 fn controller_mutation_rate_refuses_strict_clients_and_throttles_old_ones() -> Result<()> {
+    let _serial = one_at_a_time();
     use kafka_protocol::messages::create_topics_request::CreatableTopic;
     use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, TopicName};
     let g = Gregor::start(BIN, &[])?;
@@ -667,6 +684,7 @@ fn served(bootstrap: &str) -> Result<bool> {
 /// without an answer (after the throttle time), while the first 50 are served.
 #[test]
 fn connection_creation_rates_throttle_new_connections() -> Result<()> {
+    let _serial = one_at_a_time();
     let g = Gregor::start(BIN, &["max.connection.creation.rate=5"])?;
     let bs = g.bootstrap();
     let started = Instant::now();
@@ -788,6 +806,7 @@ fn request_percentage_on_other_apis(bootstrap: &str, implementation: &str) -> Re
 
 #[test]
 fn request_percentage_throttles_other_apis() -> Result<()> {
+    let _serial = one_at_a_time();
     let g = Gregor::start(BIN, &[])?;
     request_percentage_on_other_apis(&g.bootstrap(), "gregor")
 }
@@ -795,6 +814,7 @@ fn request_percentage_throttles_other_apis() -> Result<()> {
 /// The same against Apache Kafka 4.4.0.
 #[test]
 fn request_percentage_throttles_other_apis_kafka() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
@@ -1057,6 +1077,7 @@ fn request_percentage_on_coordinator_apis(bootstrap: &str, implementation: &str)
 
 #[test]
 fn request_percentage_throttles_group_and_transaction_apis() -> Result<()> {
+    let _serial = one_at_a_time();
     let g = Gregor::start(BIN, &[])?;
     request_percentage_on_coordinator_apis(&g.bootstrap(), "gregor")
 }
@@ -1064,6 +1085,7 @@ fn request_percentage_throttles_group_and_transaction_apis() -> Result<()> {
 /// The same against Apache Kafka 4.4.0.
 #[test]
 fn request_percentage_throttles_group_and_transaction_apis_kafka() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
@@ -1153,6 +1175,7 @@ fn ips_quota_from_kafka_configs(bootstrap: &str, implementation: &str) -> Result
 
 #[test]
 fn ips_connection_creation_rate_from_kafka_configs_applies_at_once() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
@@ -1163,6 +1186,7 @@ fn ips_connection_creation_rate_from_kafka_configs_applies_at_once() -> Result<(
 /// The same against Apache Kafka 4.4.0.
 #[test]
 fn ips_connection_creation_rate_from_kafka_configs_applies_at_once_kafka() -> Result<()> {
+    let _serial = one_at_a_time();
     if !reference::jars_or_skip() {
         return Ok(());
     }
