@@ -191,31 +191,8 @@ fn coordinator_failover_with_replication_factor_3() -> Result<()> {
     let bootstrap = cluster.bootstrap();
     // A transaction whose coordinator is killed between AddPartitionsToTxn and EndTxn.
     let id = "failover-txn";
-    // As a client does: find the coordinator, and look again while it answers NOT_COORDINATOR
-    // or COORDINATOR_LOAD_IN_PROGRESS (a new topic's leaders learn of their leadership from
-    // the metadata log a moment after the others do).
-    let (node, address, r) = until("InitProducerId", || {
-        let (node, address) = coordinator_of(&bootstrap, id)?;
-        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-        let ResponseKind::InitProducerId(r) = call(
-            &mut k,
-            ApiKey::InitProducerId,
-            5,
-            InitProducerIdRequest::default()
-                .with_transactional_id(Some(TransactionalId(sb(id))))
-                .with_transaction_timeout_ms(120_000)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1)
-                .into(),
-        )?
-        else {
-            bail!("not InitProducerId")
-        };
-        Ok((![14, 15, 16].contains(&r.error_code)).then_some((node, address, r)))
-    })?;
-    ensure!(r.error_code == 0, "{r:?}");
+    let (node, address, pid, epoch) = init_transactional_id(&bootstrap, id)?;
     let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
     let ResponseKind::AddPartitionsToTxn(r) = call(
         &mut k,
         ApiKey::AddPartitionsToTxn,
@@ -390,27 +367,7 @@ fn a_partition_leader_killed_between_the_markers() -> Result<()> {
     )?;
     let bootstrap = cluster.bootstrap();
     let id = "between-markers";
-    let (node, address, r) = until("InitProducerId", || {
-        let (node, address) = coordinator_of(&bootstrap, id)?;
-        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-        let ResponseKind::InitProducerId(r) = call(
-            &mut k,
-            ApiKey::InitProducerId,
-            5,
-            InitProducerIdRequest::default()
-                .with_transactional_id(Some(TransactionalId(sb(id))))
-                .with_transaction_timeout_ms(120_000)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1)
-                .into(),
-        )?
-        else {
-            bail!("not InitProducerId")
-        };
-        Ok((![14, 15, 16].contains(&r.error_code)).then_some((node, address, r)))
-    })?;
-    ensure!(r.error_code == 0, "{r:?}");
-    let (pid, epoch) = (r.producer_id.0, r.producer_epoch);
+    let (node, address, pid, epoch) = init_transactional_id(&bootstrap, id)?;
     let before = leaders(&address, topic)?;
     let (victim_partition, victim, _) = before
         .iter()
@@ -546,4 +503,32 @@ fn a_partition_leader_killed_between_the_markers() -> Result<()> {
         ensure!(committed);
     }
     Ok(())
+}
+
+/// Finds the coordinator of transactional id `id` (looking again while it answers
+/// NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, as a client does: a new topic's leaders
+/// learn of their leadership from the metadata log a moment after the others) and initialises
+/// the id there; returns the coordinator's node id and address, the producer id and epoch.
+fn init_transactional_id(bootstrap: &str, id: &str) -> Result<(i32, String, i64, i16)> {
+    let (node, address, r) = until("InitProducerId", || {
+        let (node, address) = coordinator_of(bootstrap, id)?;
+        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
+        let ResponseKind::InitProducerId(r) = call(
+            &mut k,
+            ApiKey::InitProducerId,
+            5,
+            InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(sb(id))))
+                .with_transaction_timeout_ms(120_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .into(),
+        )?
+        else {
+            bail!("not InitProducerId")
+        };
+        Ok((![14, 15, 16].contains(&r.error_code)).then_some((node, address, r)))
+    })?;
+    ensure!(r.error_code == 0, "{r:?}");
+    Ok((node, address, r.producer_id.0, r.producer_epoch))
 }
