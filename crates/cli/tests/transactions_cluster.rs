@@ -224,22 +224,7 @@ fn coordinator_failover_with_replication_factor_3() -> Result<()> {
         let (n, a) = coordinator_of(&survivors, id)?;
         Ok((n != node).then_some((n, a)))
     })?;
-    let describe = |address: &str| -> Result<Option<(String, i16)>> {
-        let mut k = KafkaConn::connect(address, "txn-cluster")?;
-        let ResponseKind::DescribeTransactions(d) = call(
-            &mut k,
-            ApiKey::DescribeTransactions,
-            0,
-            DescribeTransactionsRequest::default()
-                .with_transactional_ids(vec![TransactionalId(sb(id))])
-                .into(),
-        )?
-        else {
-            bail!("not DescribeTransactions")
-        };
-        let s = &d.transaction_states[0];
-        Ok((s.error_code == 0).then(|| (s.transaction_state.to_string(), s.producer_epoch)))
-    };
+    let describe = |address: &str| describe_transaction(address, id);
     let (state, e) = until("the loaded transaction", || describe(&address))?;
     ensure!(
         state == "Ongoing" && e == epoch,
@@ -247,25 +232,8 @@ fn coordinator_failover_with_replication_factor_3() -> Result<()> {
     );
     // The producer commits with the new coordinator; the markers reach the three partitions
     // (their leaders among the two live brokers) and the commit completes.
-    let code = until("EndTxn", || {
-        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-        let ResponseKind::EndTxn(r) = call(
-            &mut k,
-            ApiKey::EndTxn,
-            4,
-            EndTxnRequest::default()
-                .with_transactional_id(TransactionalId(sb(id)))
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
-                .with_committed(true)
-                .into(),
-        )?
-        else {
-            bail!("not EndTxn")
-        };
-        // Retriable while the partition settles.
-        Ok((![14, 15, 16, 51].contains(&r.error_code)).then_some(r.error_code))
-    })?;
+    // Retriable while the partition settles.
+    let code = commit(&address, id, pid, epoch, &[14, 15, 16, 51])?;
     ensure!(code == 0, "EndTxn: {code}");
     until("CompleteCommit", || {
         Ok(describe(&address)?.filter(|(s, _)| s == "CompleteCommit"))
@@ -435,42 +403,10 @@ fn a_partition_leader_killed_between_the_markers() -> Result<()> {
 
     // The victim stops before the commit: its marker cannot be written.
     cluster.node_mut(victim).pause()?;
-    let code = until("EndTxn", || {
-        let mut k = KafkaConn::connect(address.as_str(), "txn-cluster")?;
-        let ResponseKind::EndTxn(r) = call(
-            &mut k,
-            ApiKey::EndTxn,
-            4,
-            EndTxnRequest::default()
-                .with_transactional_id(TransactionalId(sb(id)))
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
-                .with_committed(true)
-                .into(),
-        )?
-        else {
-            bail!("not EndTxn")
-        };
-        // Retriable: REQUEST_TIMED_OUT (7), NOT_ENOUGH_REPLICAS (19, 20), coordinator moves.
-        Ok((![7, 14, 15, 16, 19, 20].contains(&r.error_code)).then_some(r.error_code))
-    })?;
+    // Retriable: REQUEST_TIMED_OUT (7), NOT_ENOUGH_REPLICAS (19, 20), coordinator moves.
+    let code = commit(&address, id, pid, epoch, &[7, 14, 15, 16, 19, 20])?;
     ensure!(code == 0, "EndTxn: {code}");
-    let describe = |address: &str| -> Result<Option<String>> {
-        let mut k = KafkaConn::connect(address, "txn-cluster")?;
-        let ResponseKind::DescribeTransactions(d) = call(
-            &mut k,
-            ApiKey::DescribeTransactions,
-            0,
-            DescribeTransactionsRequest::default()
-                .with_transactional_ids(vec![TransactionalId(sb(id))])
-                .into(),
-        )?
-        else {
-            bail!("not DescribeTransactions")
-        };
-        let s = &d.transaction_states[0];
-        Ok((s.error_code == 0).then(|| s.transaction_state.to_string()))
-    };
+    let describe = |address: &str| Ok(describe_transaction(address, id)?.map(|(state, _)| state));
     let state = until("the transaction's state", || describe(&address))?;
     ensure!(
         state == "PrepareCommit",
@@ -531,4 +467,46 @@ fn init_transactional_id(bootstrap: &str, id: &str) -> Result<(i32, String, i64,
     })?;
     ensure!(r.error_code == 0, "{r:?}");
     Ok((node, address, r.producer_id.0, r.producer_epoch))
+}
+
+/// The state and producer epoch of transactional id `id` from DescribeTransactions at the
+/// coordinator `address`; None while it answers an error (not the coordinator yet, loading).
+fn describe_transaction(address: &str, id: &str) -> Result<Option<(String, i16)>> {
+    let mut k = KafkaConn::connect(address, "txn-cluster")?;
+    let ResponseKind::DescribeTransactions(d) = call(
+        &mut k,
+        ApiKey::DescribeTransactions,
+        0,
+        DescribeTransactionsRequest::default()
+            .with_transactional_ids(vec![TransactionalId(sb(id))])
+            .into(),
+    )?
+    else {
+        bail!("not DescribeTransactions")
+    };
+    let s = &d.transaction_states[0];
+    Ok((s.error_code == 0).then(|| (s.transaction_state.to_string(), s.producer_epoch)))
+}
+
+/// EndTxn v4 committing `id`'s transaction at `address`, sent again while the answer is one of
+/// `retriable`; the final error code.
+fn commit(address: &str, id: &str, pid: i64, epoch: i16, retriable: &[i16]) -> Result<i16> {
+    until("EndTxn", || {
+        let mut k = KafkaConn::connect(address, "txn-cluster")?;
+        let ResponseKind::EndTxn(r) = call(
+            &mut k,
+            ApiKey::EndTxn,
+            4,
+            EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(sb(id)))
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_committed(true)
+                .into(),
+        )?
+        else {
+            bail!("not EndTxn")
+        };
+        Ok((!retriable.contains(&r.error_code)).then_some(r.error_code))
+    })
 }
