@@ -35,6 +35,7 @@
 //! ProducerPerformance cross-check, which needs it to mean anything).
 
 use crate::bench_cache::{self, PageCache};
+use crate::bench_loopback;
 use crate::bench_png::{self, Canvas, Group};
 use crate::bench_tls::BenchTls;
 use crate::difftest::Gregor;
@@ -418,6 +419,24 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
     let mut cache = PageCache::new(args.no_drop_caches);
 
     let started = Instant::now();
+    // The loopback limit the consume workloads are judged against (issue 15: consume
+    // throughput within 80% of it, broker CPU per GB against its floor).
+    let loopback = if selected.iter().any(|w| w.consume) {
+        cache.settle();
+        eprintln!("==== bench: loopback limit (sendfile over one 127.0.0.1 connection)");
+        let l = if args.quick {
+            bench_loopback::measure(&work, 64 << 20, 1)?
+        } else {
+            bench_loopback::measure(&work, 1 << 30, 3)?
+        };
+        eprintln!(
+            "loopback: {:.0} MB/s, sender {:.3} CPU s/GB, receiver {:.3} CPU s/GB",
+            l.mb_per_sec, l.sender_cpu_s_per_gb, l.receiver_cpu_s_per_gb
+        );
+        Some(l)
+    } else {
+        None
+    };
     // runs[workload][side] = one JSON object per repetition.
     let mut runs: Vec<Vec<Vec<Value>>> = vec![vec![vec![]; sides.len()]; selected.len()];
     let mut cross_check = json!({});
@@ -578,6 +597,9 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         report["load_generator"] = json!("gregor perf (librdkafka), linger.ms=5");
     }
     report["warmup_records"] = json!(if args.quick { 5_000 } else { WARMUP_RECORDS });
+    if let Some(l) = &loopback {
+        report["loopback"] = l.to_json();
+    }
     report["workloads"] = json!(report_workloads);
     if with_kafka {
         report["producer_performance_cross_check"] = cross_check;
@@ -1449,6 +1471,23 @@ fn markdown(report: &Value) -> String {
             fmt_num(&x["kafka"]["mb_per_sec"], 1),
         );
     }
+    let l = &report["loopback"];
+    if l.get("mb_per_sec").is_some() {
+        let _ = writeln!(
+            s,
+            "\nLoopback limit on this machine ({} MB, median of {}): one TCP connection over \
+             127.0.0.1, `sendfile` of a file in the page cache to a thread that reads and \
+             discards, nothing parsed: {} MB/s; the sending thread {} CPU s/GB, the receiving \
+             thread {} CPU s/GB. On loopback the receiver's TCP processing mostly runs in the \
+             sender's context, so the sender's figure is the floor under any broker's consume \
+             CPU per GB.",
+            fmt_num(&json!(l["bytes"].as_f64().unwrap_or(0.0) / 1e6), 0),
+            l["repetitions"],
+            fmt_num(&l["mb_per_sec"], 0),
+            fmt_num(&l["sender_cpu_s_per_gb"], 3),
+            fmt_num(&l["receiver_cpu_s_per_gb"], 3),
+        );
+    }
     let x = &report["consumer_performance_cross_check"];
     if x.get("gregor").is_some() || x.get("kafka").is_some() {
         let _ = writeln!(
@@ -1807,6 +1846,24 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("warmed up with 5 records on both)"), "{md}");
+        assert!(!md.contains("Loopback"), "{md}");
+        report["loopback"] = bench_loopback::Loopback {
+            bytes: 1 << 30,
+            repetitions: 3,
+            mb_per_sec: 1500.0,
+            sender_cpu_s_per_gb: 0.26,
+            receiver_cpu_s_per_gb: 0.4,
+        }
+        .to_json();
+        let md = markdown(&report);
+        assert!(
+            md.contains("Loopback limit on this machine (1074 MB, median of 3)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("1500 MB/s; the sending thread 0.260 CPU s/GB"),
+            "{md}"
+        );
         report["baseline"] = json!({"binary": "old", "new_binary": "new",
                                     "worse_threshold": 0.05, "worse_than_baseline": []});
         report["workloads"][0]["baseline"] = m.clone();

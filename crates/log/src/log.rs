@@ -14,7 +14,7 @@ use gregor_protocol::compression::DEFAULT_MAX_DECOMPRESSED_BYTES;
 use gregor_protocol::control::{
     end_txn_marker_batch, parse_end_txn_marker, EndTxnMarker, MAX_CONTROL_BATCH_BYTES,
 };
-use gregor_protocol::records::{decode_records, inspect_records_bounded, RecordView};
+use gregor_protocol::records::{decode_records, inspect_validated_records_bounded, RecordView};
 use parking_lot::{Mutex, RwLock};
 
 use crate::checkpoint::sync_dir;
@@ -1708,7 +1708,7 @@ impl PartitionLog {
             // gzip batch of garbage was stored and broke every consumer of the partition.
             let mut record_errors = Vec::new();
             let mut invalid_timestamp = false;
-            inspect_records_bounded(
+            inspect_validated_records_bounded(
                 &rest[..h.total_size()],
                 DEFAULT_MAX_DECOMPRESSED_BYTES,
                 |r| {
