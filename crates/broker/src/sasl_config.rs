@@ -261,8 +261,18 @@ impl SaslSettings {
         }
         let mut oauthbearer = OAuthBearerConfig::default();
         if mechanisms.contains(&Mechanism::OAuthBearer) {
-            if let Some(c) = jaas(Mechanism::OAuthBearer)? {
-                let key = format!("listener.name.{lower}.oauthbearer.sasl.jaas.config");
+            let key = format!("listener.name.{lower}.oauthbearer.sasl.jaas.config");
+            // Kafka's `JaasContext.loadServerContext` refuses a mechanism without a JAAS entry;
+            // without one here OAUTHBEARER would fall to the unsecured validator by accident,
+            // letting any client name itself any principal.
+            let Some(c) = jaas(Mechanism::OAuthBearer)? else {
+                return Err(ConfigError::new(
+                    &key,
+                    "",
+                    format!("listener {name} enables OAUTHBEARER but has no JAAS config for it (Kafka: Could not find a 'KafkaServer' or '{lower}.KafkaServer' entry in the JAAS configuration); set it to {OAUTHBEARER_LOGIN_MODULE} required; and set sasl.oauthbearer.jwks.endpoint.url to verify signed tokens: without it the listener accepts unsecured tokens, in which a client names its own principal"),
+                ));
+            };
+            {
                 if c.login_module != OAUTHBEARER_LOGIN_MODULE {
                     return Err(ConfigError::new(
                         &key,
@@ -654,6 +664,22 @@ impl ScramCredentialStore for LoadedImageScramCredentials {
     }
 }
 
+impl SaslSettings {
+    /// One start-up warning per listener that accepts unsecured OAUTHBEARER tokens (Kafka's
+    /// `OAuthBearerUnsecuredValidatorCallbackHandler`, its default when no JWKS is set): a
+    /// client signs nothing and names its own principal, super users included. Kafka serves
+    /// it silently; it is meant for development only.
+    pub fn unsecured_oauthbearer_warnings(&self) -> Vec<String> {
+        self.listeners
+            .iter()
+            .filter(|(_, l)| {
+                l.mechanisms.contains(&Mechanism::OAuthBearer) && l.oauthbearer_jwks.is_none()
+            })
+            .map(|(name, _)| format!("listener {name} accepts unsecured OAUTHBEARER tokens (no sasl.oauthbearer.jwks.endpoint.url): any client can log in as any principal it names; use it for development only"))
+            .collect()
+    }
+}
+
 /// Why this node's controller listener cannot carry its voters' own traffic, if it cannot:
 /// `sasl.mechanism.controller.protocol` is a SCRAM mechanism and the quorum has other voters.
 /// SCRAM credentials live in the metadata log, which a voter loads only after a leader is
@@ -921,5 +947,41 @@ mod tests {
             ),
         ]);
         assert!(SaslSettings::from_properties(&bad_jaas, &l).is_err());
+        // OAUTHBEARER without a JAAS config: refused (it would accept unsecured tokens).
+        let e = SaslSettings::from_properties(
+            &props(&[("sasl.enabled.mechanisms", "OAUTHBEARER")]),
+            &l,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.name,
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config"
+        );
+        assert!(e.reason.contains("KafkaServer"), "{e}");
+        // With it, unsecured tokens are served with a warning; with a JWKS, none.
+        let jaas = (
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config",
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+        );
+        let unsecured = SaslSettings::from_properties(
+            &props(&[("sasl.enabled.mechanisms", "OAUTHBEARER"), jaas]),
+            &l,
+        )
+        .unwrap();
+        let w = unsecured.unsecured_oauthbearer_warnings();
+        assert!(w.len() == 1 && w[0].contains("SASL_PLAINTEXT"), "{w:?}");
+        let signed = SaslSettings::from_properties(
+            &props(&[
+                ("sasl.enabled.mechanisms", "OAUTHBEARER"),
+                jaas,
+                (
+                    "sasl.oauthbearer.jwks.endpoint.url",
+                    "file:///nonexistent/jwks.json",
+                ),
+            ]),
+            &l,
+        )
+        .unwrap();
+        assert!(signed.unsecured_oauthbearer_warnings().is_empty());
     }
 }

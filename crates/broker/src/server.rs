@@ -458,6 +458,9 @@ pub async fn start_with_authorizer(
     if let Some(w) = crate::sasl_config::controller_scram_warning(&config) {
         warn!("{w}");
     }
+    for w in config.sasl.unsecured_oauthbearer_warnings() {
+        warn!("{w}");
+    }
     // SCRAM credentials of the listeners: the metadata image's, once it is loaded (a SASL
     // controller listener serves before; its SCRAM logins fail until then).
     let image_for_scram = Arc::new(std::sync::OnceLock::new());

@@ -7,7 +7,8 @@
 //! - **TLS** (`SSL`, `SASL_SSL`): the server certificate is verified against the listener's
 //!   truststore, and against the host connected to unless `ssl.endpoint.identification.algorithm`
 //!   is empty (Kafka's default `https` checks it); the listener's keystore is offered when the
-//!   server asks for a client certificate (mTLS).
+//!   server asks for a client certificate (mTLS). Both stores are re-read when their files
+//!   change, at the next connection.
 //! - **SASL** (`SASL_PLAINTEXT`, `SASL_SSL`): Kafka's `SaslClientAuthenticator` without the
 //!   ApiVersions probe: SaslHandshake v1 with the mechanism, then SaslAuthenticate v2 tokens.
 //!   PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802, the server's signature is checked) with
@@ -40,12 +41,15 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::context::SecurityProtocol;
 use crate::log_limit::LogLimiter;
 use crate::sasl::ScramMechanism;
-use crate::tls::{crypto_provider, load_keystore, load_truststore, KeyStore, TlsError, TrustStore};
+use crate::tls::{
+    crypto_provider, load_keystore, load_truststore, stamp_stores, FileStamp, KeyStore, TlsError,
+    TrustStore,
+};
 use crate::transport::Transport;
 
 /// Client connections whose TLS handshake or SASL authentication failed (counter).
@@ -138,8 +142,54 @@ impl ClientMechanism {
 pub struct ClientSecurity {
     protocol: SecurityProtocol,
     listener_name: String,
-    tls: Option<Arc<ClientConfig>>,
+    tls: Option<Arc<ClientTls>>,
     sasl: Option<Arc<ClientSasl>>,
+}
+
+/// The client TLS config of a listener, rebuilt when its keystore or truststore file changes
+/// (as the listener's server side, [`crate::tls::TlsServerState::reload_if_changed`]): a
+/// certificate rotated in place on disk reaches the certificate gregor's client presents for
+/// mTLS and the CAs it trusts with the next connection, without a restart. Files that do not
+/// make a config are logged and the previous config stays until they change again.
+struct ClientTls {
+    settings: ClientTlsSettings,
+    current: parking_lot::Mutex<(FileStamp, Arc<ClientConfig>)>,
+}
+
+impl ClientTls {
+    fn new(settings: &ClientTlsSettings) -> Result<Self, TlsError> {
+        let files = stamp_stores(settings.keystore.as_ref(), Some(&settings.truststore));
+        let config = Arc::new(build_client_config(settings)?);
+        Ok(Self {
+            settings: settings.clone(),
+            current: parking_lot::Mutex::new((files, config)),
+        })
+    }
+
+    /// The config for a new connection, rebuilt first if a file changed since it was read.
+    fn config(&self, listener_name: &str) -> Arc<ClientConfig> {
+        let now = stamp_stores(
+            self.settings.keystore.as_ref(),
+            Some(&self.settings.truststore),
+        );
+        let mut current = self.current.lock();
+        if current.0 != now {
+            current.0 = now;
+            match build_client_config(&self.settings) {
+                Ok(config) => {
+                    current.1 = Arc::new(config);
+                    metrics::counter!(crate::tls::TLS_RELOADS_TOTAL, "result" => "ok").increment(1);
+                    info!(listener = %listener_name, "gregor's own client reloaded its TLS keystore and truststore; new connections use them");
+                }
+                Err(e) => {
+                    metrics::counter!(crate::tls::TLS_RELOADS_TOTAL, "result" => "failed")
+                        .increment(1);
+                    warn!(listener = %listener_name, key = e.key, error = %e.message, "gregor's own client cannot use the changed TLS files; it keeps the previous ones until they change again");
+                }
+            }
+        }
+        current.1.clone()
+    }
 }
 
 impl Default for ClientSecurity {
@@ -193,7 +243,7 @@ impl ClientSecurity {
         sasl: Option<ClientSasl>,
     ) -> Result<Self, ClientSecurityError> {
         let tls = match (protocol.uses_tls(), tls) {
-            (true, Some(t)) => Some(Arc::new(build_client_config(t)?)),
+            (true, Some(t)) => Some(Arc::new(ClientTls::new(t)?)),
             (true, None) => {
                 return Err(ClientSecurityError::Missing(format!(
                     "listener {listener_name} ({protocol}) needs client TLS settings"
@@ -259,7 +309,8 @@ impl ClientSecurity {
         let secured = async {
             let mut stream: ClientStream = match &self.tls {
                 None => Box::new(tcp),
-                Some(config) => {
+                Some(tls) => {
+                    let config = tls.config(&self.listener_name);
                     let host = host_of(address);
                     let name = ServerName::try_from(host.to_string()).map_err(|e| {
                         io::Error::new(
@@ -267,7 +318,7 @@ impl ClientSecurity {
                             format!("{host} is not a TLS server name: {e}"),
                         )
                     })?;
-                    let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    let tls = tokio_rustls::TlsConnector::from(config)
                         .connect(name, tcp)
                         .await
                         .map_err(|e| {
@@ -717,6 +768,124 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         assert!(client.verify_server_final(b"e=invalid-proof").is_err());
+    }
+
+    /// A CA and certificates signed by it (rcgen), PEM.
+    struct Ca {
+        pem: String,
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    }
+
+    impl Ca {
+        fn new() -> Self {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "test-ca");
+            let pem = params.self_signed(&key).unwrap().pem();
+            Self {
+                pem,
+                issuer: rcgen::Issuer::new(params, key),
+            }
+        }
+
+        /// Key and certificate, PEM, for `cn` (and 127.0.0.1).
+        fn issue(&self, cn: &str) -> String {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+            params.distinguished_name = rcgen::DistinguishedName::new();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            format!("{}{}", key.serialize_pem(), cert.pem())
+        }
+    }
+
+    /// Writes `pem` to `path` and moves its modification time `secs` ahead, so a rewrite within
+    /// one tick of the file system clock is still seen as a change.
+    fn write_keystore(path: &std::path::Path, pem: &str, secs: u64) {
+        std::fs::write(path, pem).unwrap();
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(std::time::SystemTime::now() + Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_keystore_rotated_on_disk_reaches_the_client_certificate_without_a_restart() {
+        use crate::tls::{build_server_config, parse_protocols, ClientAuth, TlsSettings};
+        let ca = Ca::new();
+        let dir = tempfile::tempdir().unwrap();
+        // A server that requires a client certificate from the CA and reports its subject.
+        let server_keystore = dir.path().join("server.pem");
+        std::fs::write(&server_keystore, ca.issue("server")).unwrap();
+        let server = build_server_config(&TlsSettings {
+            keystore: KeyStore::File(server_keystore),
+            key_password: None,
+            truststore: Some(TrustStore::Inline(ca.pem.clone())),
+            client_auth: ClientAuth::Required,
+            protocols: parse_protocols("TLSv1.2,TLSv1.3", "TLSv1.3").unwrap(),
+            cipher_suites: Vec::new(),
+            principal_mapper: crate::tls::principal::SslPrincipalMapper::default(),
+            handshake_timeout_ms: 5_000,
+        })
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (subjects, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let subject = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| crate::tls::dn::subject_rfc2253(c.as_ref()).unwrap());
+                let _ = subjects.send(subject);
+            }
+        });
+
+        let keystore = dir.path().join("client.pem");
+        write_keystore(&keystore, &ca.issue("client-a"), 0);
+        let client = ClientSecurity::new(
+            SecurityProtocol::Ssl,
+            "INTERNAL",
+            Some(&ClientTlsSettings {
+                truststore: TrustStore::Inline(ca.pem.clone()),
+                keystore: Some(KeyStore::File(keystore.clone())),
+                key_password: None,
+                protocols: parse_protocols("TLSv1.2,TLSv1.3", "TLSv1.3").unwrap(),
+                cipher_suites: Vec::new(),
+                verify_hostname: true,
+            }),
+            None,
+        )
+        .unwrap();
+        let mut expect = Vec::new();
+        for (cn, pem) in [
+            ("CN=client-a", ca.issue("client-a")),
+            // Rotated in place: the next connection presents the new certificate.
+            ("CN=client-b", ca.issue("client-b")),
+            // A broken file is not taken: the last good certificate stays.
+            ("CN=client-b", "not a keystore".to_string()),
+        ] {
+            expect.push(cn);
+            write_keystore(&keystore, &pem, 10 * expect.len() as u64);
+            let mut s = client
+                .connect(&address, "test", Duration::from_secs(10))
+                .await
+                .unwrap();
+            // TLS 1.3: the server checks the certificate after the client's handshake ends.
+            s.write_all(b"x").await.unwrap();
+            s.flush().await.unwrap();
+            assert_eq!(seen.recv().await.unwrap().as_deref(), Some(cn));
+        }
     }
 
     #[test]

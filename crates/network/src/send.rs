@@ -147,6 +147,11 @@ impl ResponseWriter {
                         }
                     }
                 }
+                // A TLS stream takes the plaintext and may keep some of its records unsent when
+                // the socket's buffer fills; only a flush (or a later write) sends them. Without
+                // this a large Fetch response over TLS could stay partly unsent until the
+                // client timed out (librdkafka: 60 s, REQTMOUT).
+                wr.flush().await?;
                 Ok(())
             }
         }

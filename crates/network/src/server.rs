@@ -1390,8 +1390,9 @@ mod tests {
         f
     }
 
-    /// A layer that hands the TCP stream over as a transport that is not plain TCP (as TLS
-    /// will), so responses take the copying path.
+    /// A layer that hands the TCP stream over as a transport that is not plain TCP, so
+    /// responses take the copying path; like TLS it may keep written bytes until a flush (a
+    /// 16 KiB write buffer here; rustls keeps records the socket did not take).
     struct WrappedLayer;
 
     impl TransportLayer for WrappedLayer {
@@ -1411,7 +1412,10 @@ mod tests {
         > {
             Box::pin(async move {
                 Ok(crate::transport::Established {
-                    stream: Stream::Other(Box::new(stream)),
+                    stream: Stream::Other(Box::new(tokio::io::BufWriter::with_capacity(
+                        16 * 1024,
+                        stream,
+                    ))),
                     principal: KafkaPrincipal::anonymous(),
                 })
             })
@@ -1493,7 +1497,14 @@ mod tests {
                 let mut at = 0;
                 while at < got.len() {
                     let end = (at + 1000).min(got.len());
-                    let n = client.read(&mut got[at..end]).await.expect("read");
+                    // A response left partly unsent (unflushed) would wait forever.
+                    let n = tokio::time::timeout(
+                        std::time::Duration::from_secs(30),
+                        client.read(&mut got[at..end]),
+                    )
+                    .await
+                    .unwrap_or_else(|_| panic!("no bytes for 30 s after {at} (copying: {copying})"))
+                    .expect("read");
                     assert!(
                         n > 0,
                         "connection closed after {at} bytes (copying: {copying})"
@@ -1550,12 +1561,19 @@ mod tests {
                 regions: [(0, 100_000), (200_000, 100_000)],
                 intact: false,
             });
+            let buffering = layer.is_some();
             let (head, _, _) = handler.memory_parts();
             let (addr, stop, tasks) = serve(handler, layer).await;
             let mut client = small_window_client(addr).await;
             client.write_all(&metadata_request(1)).await.expect("write");
             let got = read_to_end(&mut client).await;
-            assert_eq!(got, head, "only the bytes before the first region");
+            if buffering {
+                // A buffering transport (as TLS) may not have sent the head before the
+                // connection closed; nothing past it ever goes out.
+                assert!(head.starts_with(&got), "only bytes of the head, {got:?}");
+            } else {
+                assert_eq!(got, head, "only the bytes before the first region");
+            }
             let _ = stop.send(true);
             for t in tasks {
                 t.await.expect("accept loop");

@@ -548,15 +548,23 @@ pub fn build_server_config(settings: &TlsSettings) -> Result<ServerConfig, TlsEr
 }
 
 /// What a keystore or truststore file looked like when last read: (path, modified, length).
-type FileStamp = Vec<(PathBuf, Option<SystemTime>, Option<u64>)>;
+pub(crate) type FileStamp = Vec<(PathBuf, Option<SystemTime>, Option<u64>)>;
 
 fn stamp(settings: &TlsSettings) -> FileStamp {
+    stamp_stores(Some(&settings.keystore), settings.truststore.as_ref())
+}
+
+/// The modification time and length of the keystore's and truststore's files (none for inline
+/// stores): what [`TlsServerState::reload_if_changed`] and gregor's own client compare.
+pub(crate) fn stamp_stores(
+    keystore: Option<&KeyStore>,
+    truststore: Option<&TrustStore>,
+) -> FileStamp {
     let mut paths = Vec::new();
-    if let KeyStore::File(p) | KeyStore::Pkcs12 { location: p, .. } = &settings.keystore {
+    if let Some(KeyStore::File(p) | KeyStore::Pkcs12 { location: p, .. }) = keystore {
         paths.push(p.clone());
     }
-    if let Some(TrustStore::File(p) | TrustStore::Pkcs12 { location: p, .. }) = &settings.truststore
-    {
+    if let Some(TrustStore::File(p) | TrustStore::Pkcs12 { location: p, .. }) = truststore {
         paths.push(p.clone());
     }
     paths
