@@ -789,7 +789,13 @@ mod tests {
         let jwks = dir.path().join("jwks.json");
         std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
         let l = [listener("SASL_PLAINTEXT", SecurityProtocol::SaslPlaintext)];
-        let base = [("sasl.enabled.mechanisms", "OAUTHBEARER")];
+        let base = [
+            ("sasl.enabled.mechanisms", "OAUTHBEARER"),
+            (
+                "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config",
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+            ),
+        ];
         let with = |kv: &[(&str, &str)]| {
             let mut p = props(&base);
             p.extend(props(kv));
@@ -970,14 +976,15 @@ mod tests {
         .unwrap();
         let w = unsecured.unsecured_oauthbearer_warnings();
         assert!(w.len() == 1 && w[0].contains("SASL_PLAINTEXT"), "{w:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
+        let url = format!("file://{}", jwks.display());
         let signed = SaslSettings::from_properties(
             &props(&[
                 ("sasl.enabled.mechanisms", "OAUTHBEARER"),
                 jaas,
-                (
-                    "sasl.oauthbearer.jwks.endpoint.url",
-                    "file:///nonexistent/jwks.json",
-                ),
+                ("sasl.oauthbearer.jwks.endpoint.url", url.as_str()),
             ]),
             &l,
         )
