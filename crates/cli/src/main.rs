@@ -122,18 +122,41 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // Installed before anything starts: the client listener opens before `start` returns, and
     // a SIGTERM then (a process manager, `gregor dev cluster`) must not find the default
     // action, which ends the process without flushing or the clean shutdown marker. A signal
-    // during start-up is kept and handled once start-up is done.
-    let signals = ShutdownSignals::install()?;
-    let running = gregor_broker::start(config)
-        .await
-        .context("starting the broker")?;
+    // during start-up lets start-up finish for up to START_GRACE and then shuts down cleanly;
+    // a start-up that cannot finish (a node waiting for a quorum whose other voters are
+    // down) is abandoned then, or at a second signal, and the logs are recovered at the next
+    // start, as after a crash.
+    let mut signals = ShutdownSignals::install()?;
+    let start = gregor_broker::start(config);
+    tokio::pin!(start);
+    let mut signalled = false;
+    let running = tokio::select! {
+        r = &mut start => r,
+        () = signals.wait() => {
+            signalled = true;
+            info!(grace_s = START_GRACE.as_secs(), "a shutdown signal arrived during start-up; letting start-up finish first");
+            tokio::select! {
+                r = &mut start => r,
+                () = signals.wait() => {
+                    warn!("a second shutdown signal during start-up: exiting without a clean shutdown; the logs are recovered at the next start");
+                    return Ok(());
+                }
+                () = tokio::time::sleep(START_GRACE) => {
+                    warn!(grace_s = START_GRACE.as_secs(), "start-up did not finish (is a majority of the metadata quorum's voters running?): exiting without a clean shutdown; the logs are recovered at the next start");
+                    return Ok(());
+                }
+            }
+        }
+    }
+    .context("starting the broker")?;
     info!(
         cluster_id = %running.broker.cluster_id,
         node_id = running.broker.config.node_id,
         "gregor {VERSION} started"
     );
     tokio::select! {
-        () = signals.wait() => {}
+        () = signals.wait(), if !signalled => {}
+        () = std::future::ready(()), if signalled => {}
         reason = running.metadata_quorum_failed() => {
             // As Kafka's broker halts: no clean shutdown (it would wait on the quorum); the
             // logs recover at the next start.
@@ -157,6 +180,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long a shutdown signal that arrives during start-up waits for start-up to finish (and
+/// then shut down cleanly) before the process exits without a clean shutdown.
+const START_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// SIGTERM and SIGINT, caught from the moment [`ShutdownSignals::install`] runs.
 struct ShutdownSignals {
     term: tokio::signal::unix::Signal,
@@ -172,8 +199,9 @@ impl ShutdownSignals {
         })
     }
 
-    /// Until SIGTERM or SIGINT, including one that came before this call.
-    async fn wait(mut self) {
+    /// Until SIGTERM or SIGINT, including one that came before this call (and after the
+    /// previous call returned).
+    async fn wait(&mut self) {
         tokio::select! {
             _ = self.term.recv() => info!("received SIGTERM"),
             _ = self.int.recv() => info!("received SIGINT"),

@@ -433,3 +433,80 @@ fn sigterm_during_start_up_shuts_down_cleanly() -> Result<()> {
     }
     Ok(())
 }
+
+/// A node that cannot finish starting (one voter of three, the others never started, so no
+/// quorum forms) still stops on SIGTERM: it gives start-up its grace (10 s), then exits 0
+/// without a clean shutdown, saying why. It used to ignore SIGTERM and SIGINT for as long as
+/// it waited, which was forever.
+#[test]
+fn sigterm_while_waiting_for_the_metadata_quorum_exits() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ports = gregor_tests::process::free_ports(4)?;
+    let props = dir.path().join("node-1.properties");
+    std::fs::write(
+        &props,
+        format!(
+            "node.id=1\nprocess.roles=broker,controller\n\
+             listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}\n\
+             controller.listener.names=CONTROLLER\n\
+             controller.quorum.voters=1@127.0.0.1:{},2@127.0.0.1:{},3@127.0.0.1:{}\n\
+             log.dirs={}\nadmin.listener=\n",
+            ports[0],
+            ports[1],
+            ports[1],
+            ports[2],
+            ports[3],
+            dir.path().join("data").display()
+        ),
+    )?;
+    let format = std::process::Command::new(BIN)
+        .args(["storage", "format", "-t", "MkU3OEVBNTcwNTJENDM2Qg", "-c"])
+        .arg(&props)
+        .output()?;
+    ensure!(
+        format.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&format.stderr)
+    );
+    let log_path = dir.path().join("server.log");
+    let log = std::fs::File::create(&log_path)?;
+    let child = std::process::Command::new(BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&props)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let mut guard = gregor_tests::process::ChildGuard::new("gregor serve", child);
+    gregor_tests::process::poll(TIMEOUT, || {
+        std::fs::read_to_string(&log_path)
+            .ok()?
+            .contains("waiting for the metadata quorum's high watermark")
+            .then_some(())
+    })
+    .context("the node never logged that it waits for its quorum")?;
+    let signalled = std::time::Instant::now();
+    gregor_tests::process::signal(guard.id(), "TERM")?;
+    let deadline = signalled + Duration::from_secs(40);
+    while gregor_tests::process::pid_alive(guard.id()) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "gregor serve still runs 40 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let waited = signalled.elapsed();
+    let status = guard.stop()?.context("no exit status")?;
+    let out = std::fs::read_to_string(&log_path)?;
+    ensure!(status.success(), "{status}; log:\n{out}");
+    ensure!(
+        out.contains("start-up did not finish") && !out.contains("shut down cleanly"),
+        "log:\n{out}"
+    );
+    ensure!(
+        waited >= Duration::from_secs(9),
+        "exited after {waited:?}, before the grace ended"
+    );
+    Ok(())
+}
