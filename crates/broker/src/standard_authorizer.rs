@@ -23,6 +23,10 @@
 //! metadata update.
 
 use std::collections::{BTreeMap, HashMap};
+
+/// Denials before the metadata is loaded: at most 10 lines per 10 s.
+static NOT_READY_LOGS: gregor_network::log_limit::LogLimiter =
+    gregor_network::log_limit::LogLimiter::new(10, std::time::Duration::from_secs(10));
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -189,7 +193,24 @@ impl StandardAuthorizer {
         if self.is_super_user(principal) {
             return AuthorizationResult::Allowed;
         }
-        if !self.is_ready() || action.resource_pattern.pattern_type != PatternType::Literal {
+        if !self.is_ready() {
+            // Only the controller listener serves before the metadata is loaded; what it is
+            // asked then (votes, the quorum's fetches, registrations) needs the nodes'
+            // principals in super.users, or no quorum forms. Say so, naming the principal.
+            if let Some(suppressed) = NOT_READY_LOGS.check(std::time::Instant::now()) {
+                tracing::warn!(
+                    target: "kafka.authorizer.logger",
+                    principal,
+                    host,
+                    operation = ?action.operation,
+                    resource = ?action.resource_pattern,
+                    suppressed,
+                    "denied: the authorizer has not loaded the metadata yet, so only super.users are allowed (list the nodes' own principals there, e.g. User:CN=node1 for mTLS between controllers)"
+                );
+            }
+            return AuthorizationResult::Denied;
+        }
+        if action.resource_pattern.pattern_type != PatternType::Literal {
             return AuthorizationResult::Denied;
         }
         let op = action.operation.code();

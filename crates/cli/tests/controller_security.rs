@@ -574,6 +574,53 @@ fn metadata_quorum_tool_over_an_mtls_controller_listener() -> Result<()> {
     Ok(())
 }
 
+/// With StandardAuthorizer and the voters' own principal (here `User:CN=gregor node`, from the mTLS
+/// controller listener) missing from `super.users`, no quorum forms, as in Kafka: before a
+/// leader is elected the authorizer has no ACLs. Both sides say why: the voter asked logs the
+/// denial naming the principal and `super.users`, the voter asking logs the refusal of its
+/// requests (the security trial found a cluster that never formed with nothing in the logs
+/// but "a majority of the voters must be running").
+#[test]
+fn voters_missing_from_super_users_are_told_why_no_quorum_forms() -> Result<()> {
+    let pki = tempfile::tempdir()?;
+    make_pki(pki.path())?;
+    let config = ClusterConfig::combined(Implementation::Gregor(BIN.into()), 3)
+        .with("authorizer.class.name", STANDARD_AUTHORIZER)
+        .with("super.users", "User:admin");
+    let mut cluster = Cluster::prepare_with(
+        &config,
+        &ClusterOptions::default().with_internal_security(internal_security(pki.path())),
+    )?;
+    cluster.format()?;
+    for id in 1..=3 {
+        cluster.node_mut(id).spawn()?;
+    }
+    let logs = |cluster: &Cluster| -> String {
+        (1..=3)
+            .filter_map(|id| std::fs::read_to_string(cluster.node(id).log_file()).ok())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let told = gregor_tests::process::poll(Duration::from_secs(60), || {
+        let text = logs(&cluster);
+        (text.contains("denied: the authorizer has not loaded the metadata yet")
+            && text.contains("User:CN=gregor node")
+            && text.contains("refused this node's Vote request with CLUSTER_AUTHORIZATION_FAILED"))
+        .then_some(())
+    });
+    ensure!(
+        told.is_some(),
+        "no denial and refusal logged within 60 s:{}",
+        cluster.logs(40)
+    );
+    ensure!(
+        !logs(&cluster).contains("elected leader"),
+        "a leader was elected although the voters are not super users:{}",
+        cluster.logs(40)
+    );
+    Ok(())
+}
+
 /// Certificate rotation on the controller listener (SSL with mTLS) of a running 3-voter
 /// cluster: a new keystore is written over the file all nodes read; every controller listener
 /// presents the new certificate to new connections within `ssl.reload.check.interval.ms`,

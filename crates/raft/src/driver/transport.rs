@@ -38,6 +38,7 @@ use super::{InboundSender, Transport};
 use crate::convert;
 use crate::message::{Message, Request, Response};
 use crate::types::{NodeId, VoterEndpoints};
+use gregor_protocol::error::ErrorCode;
 
 /// Largest response frame read (bytes): a Fetch response holds at most
 /// `MAX_BATCH_SIZE_BYTES` (8 MiB) of records plus headers.
@@ -263,6 +264,38 @@ pub fn decode_response(
     Ok((header.correlation_id, response))
 }
 
+/// Refusals of this node's raft requests for want of authorisation: at most 10 lines per 10 s.
+static REFUSED_LOGS: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// Logs (at most once per 10 s) a peer answering CLUSTER_AUTHORIZATION_FAILED: the principal
+/// this node logs in with on the controller listener lacks ClusterAction there, so no quorum
+/// forms until it is in the peer's `super.users` (the peer's authorizer has no ACLs before a
+/// leader is elected).
+fn warn_if_refused(peer: NodeId, address: &str, api: ApiKey, response: &Response) {
+    let error = match response {
+        Response::Vote(r) => r.error,
+        Response::BeginQuorumEpoch(r) => r.error,
+        Response::EndQuorumEpoch(r) => r.error,
+        Response::Fetch(r) => r.error,
+        Response::FetchSnapshot(r) => r.error,
+    };
+    if error != ErrorCode::ClusterAuthorizationFailed {
+        return;
+    }
+    let now = std::time::Instant::now();
+    let mut last = REFUSED_LOGS.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(10)) {
+        return;
+    }
+    *last = Some(now);
+    tracing::warn!(
+        peer,
+        %address,
+        request = ?api,
+        "voter {peer} refused this node's {api:?} request with CLUSTER_AUTHORIZATION_FAILED: the principal this node logs in with on the controller listener needs ClusterAction on the cluster there; list it in that node's super.users (e.g. User:CN=node1 with mTLS)"
+    );
+}
+
 /// Reads frames from `reader` into `tx` until the connection fails or a frame is too large.
 async fn read_frames(mut reader: ReadHalf<Box<dyn PeerStream>>, tx: mpsc::Sender<Bytes>) {
     loop {
@@ -375,7 +408,10 @@ async fn peer_task(
                         break;
                     };
                     match decode_response(api, version, frame) {
-                        Ok((cid, response)) => inbound.deliver(peer, Message::Response { correlation_id: cid, response }),
+                        Ok((cid, response)) => {
+                            warn_if_refused(peer, &address, api, &response);
+                            inbound.deliver(peer, Message::Response { correlation_id: cid, response })
+                        }
                         Err(e) => {
                             tracing::warn!(peer, error = %e, "undecodable raft response; closing");
                             break;
