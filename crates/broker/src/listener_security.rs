@@ -241,7 +241,10 @@ pub fn start_reloads(
                     let s = state.clone();
                     match tokio::task::spawn_blocking(move || s.reload_if_changed()).await {
                         Ok(Ok(_)) => {}
-                        Ok(Err(e)) => warn!(error = %e, "the TLS keystore or truststore files changed but cannot be used; the listener keeps its current certificates"),
+                        Ok(Err(e)) => {
+                            let settings = state.settings();
+                            warn!(listener = %state.listener_name(), keystore = ?settings.keystore, truststore = ?settings.truststore, error = %e, "the TLS keystore or truststore files changed but cannot be used; the listener keeps its current certificates");
+                        }
                         Err(e) => warn!(error = %e, "TLS reload task failed"),
                     }
                 }

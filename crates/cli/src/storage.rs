@@ -39,7 +39,8 @@ pub struct FormatArgs {
     /// The cluster ID to use (e.g. from `gregor storage random-uuid`); the same on every node.
     #[arg(short = 't', long = "cluster-id", value_name = "CLUSTER_ID")]
     cluster_id: String,
-    /// A SCRAM credential to add to the metadata log. Not supported by gregor yet: refused.
+    /// A SCRAM credential to add to the metadata log (KIP-900), e.g.
+    /// 'SCRAM-SHA-512=[name=admin,password=admin-secret]'; repeatable.
     #[arg(short = 'S', long = "add-scram", value_name = "ADD_SCRAM")]
     add_scram: Vec<String>,
     /// Skip directories that are already formatted instead of failing.

@@ -274,6 +274,19 @@ struct Conn {
 
 impl Conn {
     fn connect(connection: &ConnectionArgs) -> Result<Self> {
+        // This client speaks the protocol itself, without librdkafka: `-X` security settings
+        // would be ignored, so say so instead of failing later with an unreadable answer.
+        if let Some((_, protocol)) = connection
+            .client_properties
+            .iter()
+            .find(|(k, v)| k == "security.protocol" && !v.eq_ignore_ascii_case("plaintext"))
+        {
+            bail!(
+                "gregor acl connects with PLAINTEXT only (-X security.protocol={protocol} is not \
+                 supported here); use a PLAINTEXT listener, or Kafka's kafka-acls with \
+                 --command-config"
+            );
+        }
         let mut errors = Vec::new();
         for server in connection.bootstrap_server.split(',').map(str::trim) {
             let hostport = server.split_once("://").map_or(server, |(_, rest)| rest);
@@ -324,10 +337,21 @@ impl Conn {
         let mut size = [0u8; 4];
         self.stream
             .read_exact(&mut size)
-            .with_context(|| format!("reading the {key:?} response (is this a Kafka listener?)"))?;
+            .with_context(|| format!("reading the {key:?} response (is this a Kafka listener? gregor acl connects with PLAINTEXT only: a SASL listener closes the connection)"))?;
+        // A TLS listener answers bytes that are not Kafka's framing with a TLS alert record
+        // (content type 21, version 3.x), which reads as a size of about 350 MB.
+        ensure!(
+            !(size[0] == 0x15 && size[1] == 0x03),
+            "the listener answered with a TLS alert: it speaks SSL or SASL_SSL, and gregor acl \
+             connects with PLAINTEXT only; use a PLAINTEXT listener, or Kafka's kafka-acls with \
+             --command-config"
+        );
         let size = usize::try_from(i32::from_be_bytes(size))
             .map_err(|_| anyhow!("negative response size"))?;
-        ensure!(size <= MAX_RESPONSE_BYTES, "response of {size} bytes");
+        ensure!(
+            size <= MAX_RESPONSE_BYTES,
+            "response of {size} bytes (is this a Kafka listener?)"
+        );
         let mut body = vec![0u8; size];
         self.stream.read_exact(&mut body)?;
         let mut body: &[u8] = &body;

@@ -273,12 +273,13 @@ impl OAuthBearerServer {
                 })
             }
             Err(e) => {
-                if self.signed.is_some() {
-                    // Kafka's OAuthBearerValidatorCallbackHandler logs the reason at WARN.
-                    tracing::warn!(reason = %e.description, "OAUTHBEARER token refused");
-                } else {
-                    tracing::debug!(reason = %e.description, "OAUTHBEARER token refused");
-                }
+                // Kafka's OAuthBearerValidatorCallbackHandler logs the reason at WARN; the
+                // unsecured validator's reasons (expired, no `sub`, ...) are as useful.
+                tracing::warn!(
+                    reason = %e.description,
+                    signed = self.signed.is_some(),
+                    "OAUTHBEARER token refused"
+                );
                 let json = match &e.failure_scope {
                     Some(scope) => {
                         format!("{{\"status\":\"insufficient_scope\", \"scope\":\"{scope}\"}}")
