@@ -165,7 +165,9 @@ fn retention_by_time_deletes_everything_old() -> Result<()> {
     create_topic(
         &b,
         "timed",
-        &[("retention.ms", "1500"), ("segment.ms", "200")],
+        // Long enough that the records are surely still there when first checked on a
+        // loaded machine (1,500 ms was not, in a full CI run), short enough to wait for.
+        &[("retention.ms", "5000"), ("segment.ms", "200")],
     )?;
     let p = producer(&b)?;
     produce(&p, "timed", 50, |i| format!("a{i}"), 100)?;
