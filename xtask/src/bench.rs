@@ -35,6 +35,7 @@
 //! ProducerPerformance cross-check, which needs it to mean anything).
 
 use crate::bench_cache::{self, PageCache};
+use crate::bench_client_limit;
 use crate::bench_loopback;
 use crate::bench_png::{self, Canvas, Group};
 use crate::bench_tls::BenchTls;
@@ -193,6 +194,7 @@ impl Workload {
     fn consume(id: &'static str, name: impl Into<String>, records: u64) -> Self {
         Self {
             consume: true,
+            produce_properties: EVEN_FILL,
             ..Self::produce(
                 id,
                 name,
@@ -208,6 +210,15 @@ impl Workload {
         }
     }
 }
+
+/// librdkafka properties of a consume workload's fill: each record to a random partition
+/// (`sticky.partitioning.linger.ms=0`), so the partitions end within a fraction of a percent of
+/// each other. librdkafka's sticky partitioner (10 ms on one partition, then another at random)
+/// left a 2 GB fill up to twice as large in one partition as in another on the broker that
+/// took it in 2.5 s (about 250 stints) and within 15% on one that took 10 s; the consumer then
+/// reads the largest partition's tail alone, one batch per fetch, and the two brokers were
+/// compared on different data layouts.
+const EVEN_FILL: &[(&str, &str)] = &[("sticky.partitioning.linger.ms", "0")];
 
 /// Nodes of the cluster workload.
 const CLUSTER_NODES: usize = 3;
@@ -299,6 +310,8 @@ fn workloads(quick: bool) -> Vec<Workload> {
                 throughput: -1,
                 transaction_records: Some(TXN_RECORDS),
             },
+            // Each transaction's records stay together (the sticky partitioner).
+            produce_properties: &[],
             ..Workload::consume(
                 "i",
                 format!("consume {} MB, read_committed", i_records / 1000),
@@ -436,6 +449,29 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         Some(l)
     } else {
         None
+    };
+    // The same limit as the load generator meets it (issue 15: "measure it with the same
+    // tool"): `gregor perf consume` of (f)'s records from a server that does no broker work.
+    let client_limit = match selected.iter().find(|w| w.id == "f") {
+        Some(f) => {
+            cache.settle();
+            eprintln!(
+                "==== bench: the load generator's consume limit (a server with no broker work)"
+            );
+            let c = bench_client_limit::measure(
+                &binary,
+                f.produce.records,
+                f.produce.record_size,
+                i32::try_from(f.partitions)?,
+                if args.quick { 1 } else { 3 },
+            )?;
+            eprintln!(
+                "client limit: {:.0} MB/s ({:.0} records/s), server {:.3} CPU s/GB, load generator {:.3} CPU s/GB",
+                c.mb_per_sec, c.records_per_sec, c.server_cpu_s_per_gb, c.client_cpu_s_per_gb
+            );
+            Some(c)
+        }
+        None => None,
     };
     // runs[workload][side] = one JSON object per repetition.
     let mut runs: Vec<Vec<Vec<Value>>> = vec![vec![vec![]; sides.len()]; selected.len()];
@@ -597,6 +633,9 @@ pub fn run(args: &BenchArgs) -> Result<i32> {
         report["load_generator"] = json!("gregor perf (librdkafka), linger.ms=5");
     }
     report["warmup_records"] = json!(if args.quick { 5_000 } else { WARMUP_RECORDS });
+    if let Some(c) = &client_limit {
+        report["client_limit"] = c.to_json();
+    }
     if let Some(l) = &loopback {
         report["loopback"] = l.to_json();
     }
@@ -905,7 +944,7 @@ fn peak_rss_mb(pid: u32) -> Result<f64> {
     Ok(kb * 1024.0 / 1e6)
 }
 
-fn clock_ticks() -> f64 {
+pub(crate) fn clock_ticks() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
         .output()
@@ -1488,6 +1527,39 @@ fn markdown(report: &Value) -> String {
             fmt_num(&l["receiver_cpu_s_per_gb"], 3),
         );
     }
+    let c = &report["client_limit"];
+    if let Some(limit) = c["mb_per_sec"].as_f64() {
+        let f = report["workloads"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["id"] == "f"));
+        let share = |side: &str| -> Option<String> {
+            let mb = f?[side]["mb_per_sec"].as_f64()?;
+            Some(format!("{side} {:.0}%", 100.0 * mb / limit))
+        };
+        let shares: Vec<String> = ["gregor", "baseline", "kafka"]
+            .into_iter()
+            .filter_map(share)
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nThe load generator's own limit (median of {}): the same `gregor perf consume` of \
+             (f)'s {} records over {} partitions from a server that writes record batches built \
+             in memory beforehand, no broker work: {} MB/s ({} records/s); that server {} CPU \
+             s/GB, the load generator {} CPU s/GB.{}",
+            c["repetitions"],
+            fmt_num(&c["records"], 0),
+            c["partitions"],
+            fmt_num(&c["mb_per_sec"], 0),
+            fmt_num(&c["records_per_sec"], 0),
+            fmt_num(&c["server_cpu_s_per_gb"], 3),
+            fmt_num(&c["client_cpu_s_per_gb"], 3),
+            if shares.is_empty() {
+                String::new()
+            } else {
+                format!(" (f) reaches {} of it.", shares.join(", "))
+            },
+        );
+    }
     let x = &report["consumer_performance_cross_check"];
     if x.get("gregor").is_some() || x.get("kafka").is_some() {
         let _ = writeln!(
@@ -1864,6 +1936,24 @@ mod tests {
             md.contains("1500 MB/s; the sending thread 0.260 CPU s/GB"),
             "{md}"
         );
+        report["client_limit"] = bench_client_limit::ClientLimit {
+            records: 2_000_000,
+            record_size: 1000,
+            partitions: 6,
+            records_per_batch: 990,
+            repetitions: 3,
+            mb_per_sec: 1200.0,
+            records_per_sec: 1_200_000.0,
+            server_cpu_s_per_gb: 0.2,
+            client_cpu_s_per_gb: 1.5,
+        }
+        .to_json();
+        let md = markdown(&report);
+        assert!(
+            md.contains("(f)'s 2,000,000 records over 6 partitions"),
+            "{md}"
+        );
+        assert!(md.contains("1200 MB/s (1,200,000 records/s)"), "{md}");
         report["baseline"] = json!({"binary": "old", "new_binary": "new",
                                     "worse_threshold": 0.05, "worse_than_baseline": []});
         report["workloads"][0]["baseline"] = m.clone();

@@ -44,7 +44,7 @@ impl Loopback {
 }
 
 /// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
+pub(crate) fn thread_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(
         u64::try_from(t.tv_sec).unwrap_or(0),

@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_cache;
+mod bench_client_limit;
 mod bench_loopback;
 mod bench_png;
 mod bench_tls;
