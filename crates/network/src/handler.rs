@@ -84,4 +84,13 @@ pub trait RequestHandler: Send + Sync + 'static {
     fn run_blocking(&self, job: Box<dyn FnOnce() + Send + 'static>) {
         drop(tokio::task::spawn_blocking(job));
     }
+
+    /// Whether a job of [`RequestHandler::run_blocking`] that sends a response may keep its
+    /// thread a little longer, waiting for the client to drain the socket, rather than hand
+    /// the rest back to the async writer (two thread wake-ups). Asked from that job, before
+    /// each wait. The default (tokio's blocking pool, which grows) always allows it; the
+    /// broker allows it while its I/O pool has an idle thread, so no queued work waits.
+    fn transfer_may_wait(&self) -> bool {
+        true
+    }
 }

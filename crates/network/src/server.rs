@@ -508,7 +508,7 @@ impl<H: RequestHandler> SocketServer<H> {
                 if let Some(response) = out {
                     let started = Instant::now();
                     let len = response.len();
-                    match wr.send(response, &*handler).await {
+                    match wr.send(response, &handler).await {
                         Ok(()) => {}
                         Err(SendError::Io(e)) => {
                             debug!(%peer, error = %e, "writing a response failed; closing connection");
@@ -1307,6 +1307,8 @@ mod tests {
         /// (position, length) of the two regions.
         regions: [(u64, usize); 2],
         intact: bool,
+        /// What [`RequestHandler::transfer_may_wait`] answers.
+        may_wait: bool,
     }
 
     impl Regions {
@@ -1377,6 +1379,10 @@ mod tests {
 
         fn unsupported_api_versions(&self, _correlation_id: i32) -> Option<Bytes> {
             None
+        }
+
+        fn transfer_may_wait(&self) -> bool {
+            self.may_wait
         }
     }
 
@@ -1478,6 +1484,7 @@ mod tests {
             path: file.path().to_path_buf(),
             regions: [(12_345, 4 << 20), (5 << 20, (3 << 20) + 17)],
             intact: true,
+            may_wait: true,
         });
         let expected = handler.expected();
         for layer in [
@@ -1524,6 +1531,55 @@ mod tests {
         }
     }
 
+    /// A client that stops reading for longer than a transfer job may wait for it
+    /// (`DRAIN_WAIT`), again and again: the job hands the rest back to the async writer,
+    /// which must pick it up where the job stopped once the client reads again, every byte in
+    /// place. With and without waiting in the job.
+    #[tokio::test]
+    async fn a_client_that_pauses_gets_the_whole_response() {
+        let file = patterned_file(6 << 20);
+        for may_wait in [true, false] {
+            let handler = Arc::new(Regions {
+                path: file.path().to_path_buf(),
+                regions: [(7, 3 << 20), (3 << 20, (2 << 20) + 5)],
+                intact: true,
+                may_wait,
+            });
+            let expected = handler.expected();
+            let (addr, stop, tasks) = serve(handler.clone(), None).await;
+            let mut client = small_window_client(addr).await;
+            client.write_all(&metadata_request(1)).await.expect("write");
+            let mut got = vec![0u8; expected.len()];
+            let mut at = 0;
+            let mut reads = 0u32;
+            while at < got.len() {
+                if reads.is_multiple_of(64) {
+                    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                }
+                reads += 1;
+                let end = (at + 64 * 1024).min(got.len());
+                let n = tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    client.read(&mut got[at..end]),
+                )
+                .await
+                .unwrap_or_else(|_| panic!("no bytes for 30 s after {at} (may_wait: {may_wait})"))
+                .expect("read");
+                assert!(n > 0, "connection closed after {at} bytes");
+                at += n;
+            }
+            assert!(
+                got == expected,
+                "the frame's bytes differ (may_wait: {may_wait})"
+            );
+            let _ = stop.send(true);
+            drop(client);
+            for t in tasks {
+                t.await.expect("accept loop");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_region_past_the_end_of_its_file_closes_the_connection() {
         // The file was cut after the response was built: the splice reaches its end with bytes
@@ -1533,6 +1589,7 @@ mod tests {
             path: file.path().to_path_buf(),
             regions: [(0, 100_000), (900_000, 400_000)],
             intact: true,
+            may_wait: true,
         });
         let (head, middle, tail) = handler.memory_parts();
         let whole = head.len() + 100_000 + middle.len() + 400_000 + tail.len();
@@ -1560,6 +1617,7 @@ mod tests {
                 path: file.path().to_path_buf(),
                 regions: [(0, 100_000), (200_000, 100_000)],
                 intact: false,
+                may_wait: true,
             });
             let buffering = layer.is_some();
             let (head, _, _) = handler.memory_parts();

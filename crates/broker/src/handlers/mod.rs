@@ -406,6 +406,12 @@ impl gregor_network::RequestHandler for KafkaApis {
         let _ = self.broker.replica_manager.io_pool().submit(job);
     }
 
+    /// While another I/O thread is idle: a transfer that waits for its client then delays no
+    /// log append or read.
+    fn transfer_may_wait(&self) -> bool {
+        self.broker.replica_manager.io_pool().idle_threads() > 0
+    }
+
     fn unsupported_api_versions(&self, correlation_id: i32) -> Option<Bytes> {
         api_versions::unsupported_version_response(correlation_id)
     }

@@ -134,6 +134,16 @@ impl IoPool {
         self.threads
     }
 
+    /// How many I/O threads wait for a job now (0 when every one is busy or the pool runs
+    /// jobs on the caller's thread).
+    pub fn idle_threads(&self) -> usize {
+        let state = self.shared.state.lock();
+        if state.shut_down || !state.queue.is_empty() {
+            return 0;
+        }
+        state.idle.len()
+    }
+
     /// Runs `job` on an I/O thread and returns its result.
     ///
     /// # Errors
@@ -285,5 +295,37 @@ mod tests {
         assert!(!stalled.is_finished());
         release_tx.send(()).expect("release");
         assert_eq!(stalled.await.ok(), Some(Ok(true)));
+    }
+
+    /// `idle_threads` counts the threads parked for work: all of them once started, one fewer
+    /// while a job holds one, none after shutdown.
+    #[tokio::test]
+    async fn idle_threads_counts_the_threads_waiting_for_work() {
+        let pool = Arc::new(IoPool::new(2));
+        let until = |want: usize| {
+            let pool = pool.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(30), async {
+                    while pool.idle_threads() != want {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("idle_threads never became {want}"));
+            }
+        };
+        until(2).await;
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let p = pool.clone();
+        let held = tokio::spawn(async move {
+            p.run(move || release_rx.recv_timeout(Duration::from_secs(30)).is_ok())
+                .await
+        });
+        until(1).await;
+        release_tx.send(()).expect("release");
+        assert_eq!(held.await.ok(), Some(Ok(true)));
+        until(2).await;
+        pool.shutdown();
+        assert_eq!(pool.idle_threads(), 0);
     }
 }
