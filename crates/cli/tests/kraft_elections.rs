@@ -20,8 +20,12 @@ use std::time::{Duration, Instant};
 use gregor_tests::cluster::{Cluster, ClusterConfig, Implementation};
 use gregor_tests::reference::tool_output;
 use gregor_tests::wire::{sb, KafkaConn};
+use kafka_protocol::messages::describe_topic_partitions_request::TopicRequest;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
+use kafka_protocol::messages::{
+    ApiKey, DescribeClusterRequest, DescribeClusterResponse, DescribeTopicPartitionsRequest,
+    DescribeTopicPartitionsResponse, MetadataRequest, MetadataResponse, TopicName,
+};
 
 const LEADER_ELECTION: &str = "org.apache.kafka.tools.LeaderElectionCommand";
 const REASSIGN: &str = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand";
@@ -66,6 +70,65 @@ fn partition(bootstrap: &str, topic: &str) -> (i32, Vec<i32>, Vec<i32>) {
     )
 }
 
+/// What the controller committed for partition 0 of `topic` (DescribeTopicPartitions: leader,
+/// leader epoch, ISR, ELR and last known ELR, KIP-966) and which brokers are fenced
+/// (DescribeCluster v2), on one line: for the message of a failed assertion, which is all CI
+/// keeps of it.
+fn state(bootstrap: &str, topic: &str) -> String {
+    let describe = || -> anyhow::Result<String> {
+        let addr: SocketAddr = bootstrap.parse()?;
+        let mut conn = KafkaConn::connect_timeout(addr, Duration::from_secs(10), "elections")?;
+        let d: DescribeTopicPartitionsResponse = conn.call(
+            ApiKey::DescribeTopicPartitions,
+            0,
+            &DescribeTopicPartitionsRequest::default()
+                .with_topics(vec![TopicRequest::default().with_name(TopicName(sb(topic)))])
+                .with_response_partition_limit(1),
+        )?;
+        let c: DescribeClusterResponse = conn.call(
+            ApiKey::DescribeCluster,
+            2,
+            &DescribeClusterRequest::default().with_include_fenced_brokers(true),
+        )?;
+        let ids = |v: &[kafka_protocol::messages::BrokerId]| -> Vec<i32> {
+            v.iter().map(|b| b.0).collect()
+        };
+        let partitions: Vec<String> = d
+            .topics
+            .iter()
+            .flat_map(|t| &t.partitions)
+            .map(|p| {
+                format!(
+                    "leader {} epoch {} ISR {:?} ELR {:?} last known ELR {:?}",
+                    p.leader_id.0,
+                    p.leader_epoch,
+                    ids(&p.isr_nodes),
+                    p.eligible_leader_replicas.as_deref().map(ids),
+                    p.last_known_elr.as_deref().map(ids),
+                )
+            })
+            .collect();
+        let brokers: Vec<String> = c
+            .brokers
+            .iter()
+            .map(|b| {
+                format!(
+                    "{}{}",
+                    b.broker_id.0,
+                    if b.is_fenced { " fenced" } else { "" }
+                )
+            })
+            .collect();
+        Ok(format!(
+            "{topic}-0: {}; brokers {} (controller {})",
+            partitions.join(", "),
+            brokers.join(", "),
+            c.controller_id.0
+        ))
+    };
+    describe().unwrap_or_else(|e| format!("{topic}-0: not described: {e:#}"))
+}
+
 /// Waits until `check` holds for partition 0 of `topic` as seen from `bootstrap`.
 fn wait_partition(
     bootstrap: &str,
@@ -79,7 +142,11 @@ fn wait_partition(
         if check(&p) {
             return p;
         }
-        assert!(Instant::now() < deadline, "{what}: partition is {p:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: partition is {p:?}; {}",
+            state(bootstrap, topic)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -151,13 +218,20 @@ fn kafka_leader_election_preferred_and_unclean() {
     wait_partition(&b3, "elect", "2 out of the ISR", |p| p.2 == vec![1]);
     cluster.node_mut(1).stop().expect("stop 1");
     wait_partition(&b3, "elect", "no leader", |p| p.0 == -1);
+    eprintln!("leaderless: {}", state(&b3, "elect"));
     cluster.node_mut(2).spawn().expect("restart 2");
     cluster
         .node_mut(2)
         .wait_listening(Duration::from_secs(60))
         .expect("2 is back");
     let p = wait_partition(&b3, "auto", "unclean election by config", |p| p.0 == 2);
-    assert_eq!(partition(&b3, "elect").0, -1, "no clean leader for elect-0");
+    assert_eq!(
+        partition(&b3, "elect").0,
+        -1,
+        "no clean leader for elect-0; {}; {}",
+        state(&b3, "elect"),
+        state(&b3, "auto")
+    );
     assert_eq!(p.2, vec![2]);
 
     let out = elect(&b3, "PREFERRED", "elect");
