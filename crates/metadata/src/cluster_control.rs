@@ -1452,6 +1452,95 @@ mod tests {
         assert!(p.elr.is_empty() && p.last_known_elr.is_empty());
     }
 
+    /// The sequence of `kraft_elections`' leaderless check, with ELR on: the follower stops
+    /// (controlled shutdown, out of the ISR), then the last ISR member, whose process stops
+    /// before the go-ahead; the active controller changes; the follower comes back as a new
+    /// incarnation, and the old leader's session expires. The partition stays leaderless at
+    /// every step: the returning replica was in neither the ISR nor the ELR.
+    #[test]
+    fn a_replica_out_of_the_isr_and_elr_is_not_elected_when_it_returns() {
+        let mut k = cluster();
+        commit(
+            &mut k.c,
+            vec![FeatureLevelRecord {
+                name: ELR_FEATURE.into(),
+                feature_level: 1,
+                ..Default::default()
+            }
+            .into()],
+        );
+        let e1 = k.join(1);
+        let e2 = k.join(2);
+        let e3 = k.join(3);
+        let r = k.c.create_topics(
+            vec![NewTopic {
+                name: "elect".into(),
+                num_partitions: -1,
+                replication_factor: -1,
+                assignments: vec![vec![1, 2]],
+                configs: BTreeMap::new(),
+            }],
+            false,
+        );
+        commit(&mut k.c, r.records);
+        // Broker 2's controlled shutdown, to the go-ahead.
+        let mut shut2 = heartbeat(2, e2, k.offset());
+        shut2.want_shut_down = true;
+        k.beat(shut2.clone()).unwrap();
+        for (id, e) in [(1, e1), (3, e3)] {
+            let offset = k.offset();
+            k.beat(heartbeat(id, e, offset)).unwrap();
+        }
+        shut2.current_metadata_offset = k.offset();
+        let (reply, _) = k.beat(shut2).unwrap();
+        assert!(reply.should_shut_down);
+        let p = k.partition("elect", 0);
+        assert_eq!((p.leader, p.isr.clone()), (1, vec![1]));
+        assert!(p.elr.is_empty());
+        // Broker 1's controlled shutdown begins; its process stops before the go-ahead.
+        let mut shut1 = heartbeat(1, e1, k.offset());
+        shut1.want_shut_down = true;
+        let (reply, _) = k.beat(shut1).unwrap();
+        assert!(!reply.should_shut_down);
+        let p = k.partition("elect", 0);
+        assert_eq!(
+            (
+                p.leader,
+                p.isr.clone(),
+                p.elr.clone(),
+                p.last_known_elr.clone()
+            ),
+            (-1, vec![], vec![1], vec![1])
+        );
+        // Another controller takes over; broker 2 registers again (no clean-shutdown epoch)
+        // and catches up.
+        k.c.forget_sessions();
+        assert_eq!(k.c.fence_stale_broker().response, None);
+        let e2 = k.register(request(2)).unwrap();
+        let offset = k.offset();
+        let (reply, _) = k.beat(heartbeat(2, e2, offset)).unwrap();
+        assert!(!reply.is_fenced);
+        assert_eq!(k.partition("elect", 0).leader, -1, "2 was in no ISR or ELR");
+        assert_eq!(
+            k.c.elect_unclean_leaders().response,
+            0,
+            "unclean election is off"
+        );
+        // Broker 1's session expires.
+        k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
+        for (id, e) in [(2, e2), (3, e3)] {
+            let offset = k.offset();
+            k.beat(heartbeat(id, e, offset)).unwrap();
+        }
+        let r = k.c.fence_stale_broker();
+        assert_eq!(r.response, Some(1));
+        commit(&mut k.c, r.records);
+        let p = k.partition("elect", 0);
+        assert_eq!((p.leader, p.elr.clone()), (-1, vec![1]));
+        assert_eq!(k.c.elect_unclean_leaders().response, 0);
+        assert_eq!(k.partition("elect", 0).leader, -1);
+    }
+
     #[test]
     fn controlled_shutdown_moves_leadership_first() {
         let mut k = cluster();
