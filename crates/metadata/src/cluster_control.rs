@@ -970,6 +970,34 @@ mod tests {
             r.response.into_iter().next().unwrap()
         }
 
+        /// Turns on `eligible.leader.replicas.version` (KIP-966).
+        fn enable_elr(&mut self) {
+            commit(
+                &mut self.c,
+                vec![FeatureLevelRecord {
+                    name: ELR_FEATURE.into(),
+                    feature_level: 1,
+                    ..Default::default()
+                }
+                .into()],
+            );
+        }
+
+        /// Creates `name` with one partition on `replicas`, its first the leader.
+        fn create_on(&mut self, name: &str, replicas: Vec<i32>) {
+            let r = self.c.create_topics(
+                vec![NewTopic {
+                    name: name.into(),
+                    num_partitions: -1,
+                    replication_factor: -1,
+                    assignments: vec![replicas],
+                    configs: BTreeMap::new(),
+                }],
+                false,
+            );
+            commit(&mut self.c, r.records);
+        }
+
         fn partition(&self, topic: &str, p: i32) -> PartitionRegistration {
             self.c.image.topic(topic).unwrap().partitions[&p].clone()
         }
@@ -1418,15 +1446,7 @@ mod tests {
     #[test]
     fn with_elr_a_fenced_last_isr_member_becomes_eligible_and_leads_again() {
         let mut k = cluster();
-        commit(
-            &mut k.c,
-            vec![FeatureLevelRecord {
-                name: ELR_FEATURE.into(),
-                feature_level: 1,
-                ..Default::default()
-            }
-            .into()],
-        );
+        k.enable_elr();
         let e1 = k.join(1);
         k.create("t", 1, 1).unwrap();
         k.clock.advance(DEFAULT_BROKER_SESSION_TIMEOUT_MS + 1);
@@ -1460,29 +1480,11 @@ mod tests {
     #[test]
     fn a_replica_out_of_the_isr_and_elr_is_not_elected_when_it_returns() {
         let mut k = cluster();
-        commit(
-            &mut k.c,
-            vec![FeatureLevelRecord {
-                name: ELR_FEATURE.into(),
-                feature_level: 1,
-                ..Default::default()
-            }
-            .into()],
-        );
+        k.enable_elr();
         let e1 = k.join(1);
         let e2 = k.join(2);
         let e3 = k.join(3);
-        let r = k.c.create_topics(
-            vec![NewTopic {
-                name: "elect".into(),
-                num_partitions: -1,
-                replication_factor: -1,
-                assignments: vec![vec![1, 2]],
-                configs: BTreeMap::new(),
-            }],
-            false,
-        );
-        commit(&mut k.c, r.records);
+        k.create_on("elect", vec![1, 2]);
         // Broker 2's controlled shutdown, to the go-ahead.
         let mut shut2 = heartbeat(2, e2, k.offset());
         shut2.want_shut_down = true;
@@ -1546,17 +1548,7 @@ mod tests {
         let mut k = cluster();
         let e1 = k.join(1);
         let e2 = k.join(2);
-        let r = k.c.create_topics(
-            vec![NewTopic {
-                name: "t".into(),
-                num_partitions: -1,
-                replication_factor: -1,
-                assignments: vec![vec![1, 2]],
-                configs: BTreeMap::new(),
-            }],
-            false,
-        );
-        commit(&mut k.c, r.records);
+        k.create_on("t", vec![1, 2]);
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
@@ -1599,17 +1591,7 @@ mod tests {
         let mut k = cluster();
         let e1 = k.join(1);
         k.join(2);
-        let r = k.c.create_topics(
-            vec![NewTopic {
-                name: "t".into(),
-                num_partitions: -1,
-                replication_factor: -1,
-                assignments: vec![vec![1, 2]],
-                configs: BTreeMap::new(),
-            }],
-            false,
-        );
-        commit(&mut k.c, r.records);
+        k.create_on("t", vec![1, 2]);
         let offset = k.offset();
         let mut shut = heartbeat(1, e1, offset);
         shut.want_shut_down = true;
