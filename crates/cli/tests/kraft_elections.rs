@@ -23,8 +23,9 @@ use gregor_tests::wire::{sb, KafkaConn};
 use kafka_protocol::messages::describe_topic_partitions_request::TopicRequest;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, DescribeClusterRequest, DescribeClusterResponse, DescribeTopicPartitionsRequest,
-    DescribeTopicPartitionsResponse, MetadataRequest, MetadataResponse, TopicName,
+    ApiKey, BrokerId, DescribeClusterRequest, DescribeClusterResponse,
+    DescribeTopicPartitionsRequest, DescribeTopicPartitionsResponse, MetadataRequest,
+    MetadataResponse, TopicName,
 };
 
 const LEADER_ELECTION: &str = "org.apache.kafka.tools.LeaderElectionCommand";
@@ -48,11 +49,20 @@ fn start_with_session_timeout(session_timeout_ms: u64) -> Cluster {
     .expect("a 3-node cluster")
 }
 
+/// A connection to the broker at `bootstrap` (host:port).
+fn connect(bootstrap: &str) -> anyhow::Result<KafkaConn> {
+    let addr: SocketAddr = bootstrap.parse()?;
+    KafkaConn::connect_timeout(addr, Duration::from_secs(10), "elections")
+}
+
+/// Broker ids as numbers.
+fn ids(brokers: &[BrokerId]) -> Vec<i32> {
+    brokers.iter().map(|b| b.0).collect()
+}
+
 /// (leader, replicas, ISR) of partition 0 of `topic`, from the broker at `bootstrap`.
 fn partition(bootstrap: &str, topic: &str) -> (i32, Vec<i32>, Vec<i32>) {
-    let addr: SocketAddr = bootstrap.parse().expect("an address");
-    let mut conn =
-        KafkaConn::connect_timeout(addr, Duration::from_secs(10), "elections").expect("connect");
+    let mut conn = connect(bootstrap).expect("connect");
     let m: MetadataResponse = conn
         .call(
             ApiKey::Metadata,
@@ -63,11 +73,7 @@ fn partition(bootstrap: &str, topic: &str) -> (i32, Vec<i32>, Vec<i32>) {
         )
         .expect("Metadata");
     let p = &m.topics[0].partitions[0];
-    (
-        p.leader_id.0,
-        p.replica_nodes.iter().map(|b| b.0).collect(),
-        p.isr_nodes.iter().map(|b| b.0).collect(),
-    )
+    (p.leader_id.0, ids(&p.replica_nodes), ids(&p.isr_nodes))
 }
 
 /// What the controller committed for partition 0 of `topic` (DescribeTopicPartitions: leader,
@@ -76,8 +82,7 @@ fn partition(bootstrap: &str, topic: &str) -> (i32, Vec<i32>, Vec<i32>) {
 /// keeps of it.
 fn state(bootstrap: &str, topic: &str) -> String {
     let describe = || -> anyhow::Result<String> {
-        let addr: SocketAddr = bootstrap.parse()?;
-        let mut conn = KafkaConn::connect_timeout(addr, Duration::from_secs(10), "elections")?;
+        let mut conn = connect(bootstrap)?;
         let d: DescribeTopicPartitionsResponse = conn.call(
             ApiKey::DescribeTopicPartitions,
             0,
@@ -90,9 +95,6 @@ fn state(bootstrap: &str, topic: &str) -> String {
             2,
             &DescribeClusterRequest::default().with_include_fenced_brokers(true),
         )?;
-        let ids = |v: &[kafka_protocol::messages::BrokerId]| -> Vec<i32> {
-            v.iter().map(|b| b.0).collect()
-        };
         let partitions: Vec<String> = d
             .topics
             .iter()
